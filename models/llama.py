@@ -1,0 +1,130 @@
+"""Llama-family decoders: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
+``Qwen3ForCausalLM``.
+
+One pre-norm decoder (Touvron et al., arXiv:2302.13971) covers all four; they differ only
+in config fields that the ops already take:
+
+* Mistral: sliding-window attention (applied through the attention mask by the runtime);
+* Qwen2: bias on the q/k/v projections (``ModelConfig.qkv_bias``);
+* Qwen3: RMSNorm on each query/key head before RoPE (``q_norm``/``k_norm``), explicit
+  ``head_dim``;
+* Llama 3.x: ``llama3`` RoPE scaling (and ``linear`` / ``dynamic`` / ``yarn``).
+
+The network's I/O (contiguous KV cache mode) is described by :func:`io_spec`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trtcore import ops
+from trtcore.config import ModelConfig
+from trtcore.ops import Graph, Tensor
+from trtcore.rope import rope_spec
+
+
+def io_spec(config: ModelConfig, dtype: Any) -> list[tuple[str, Any, tuple[int, ...]]]:
+    """Network inputs as ``(name, numpy dtype, shape)``; -1 marks dynamic dimensions.
+
+    ``B`` batch, ``S`` new tokens per sequence (padded), ``P`` cached tokens, ``T = P + S``:
+
+    * ``input_ids`` int32 ``[B, S]``, ``position_ids`` int32 ``[B, S]``;
+    * ``attention_mask`` float32 ``[B, 1, 1, S, T]``: 0 where query may attend, else a large
+      negative number (causal, padding and sliding window all folded in by the runtime);
+    * ``last_token_ids`` int32 ``[B]``: flat index (``b * S + s``) of each sequence's last
+      token, whose logits are returned;
+    * ``past_key_values.{i}.key`` / ``.value`` ``[B, num_key_value_heads, P, head_dim]``.
+
+    Outputs: ``logits`` float32 ``[B, vocab_size]``; ``present.{i}.key`` / ``.value``
+    ``[B, num_key_value_heads, T, head_dim]`` (past then new, in the engine dtype).
+    """
+    kv = (-1, config.num_key_value_heads, -1, config.head_dim)
+    spec: list[tuple[str, Any, tuple[int, ...]]] = [
+        ("input_ids", np.int32, (-1, -1)),
+        ("position_ids", np.int32, (-1, -1)),
+        ("attention_mask", np.float32, (-1, 1, 1, -1, -1)),
+        ("last_token_ids", np.int32, (-1,)),
+    ]
+    for i in range(config.num_hidden_layers):
+        spec.append((f"past_key_values.{i}.key", dtype, kv))
+        spec.append((f"past_key_values.{i}.value", dtype, kv))
+    return spec
+
+
+def _bias(weights: Any, name: str, size: int, present: bool) -> np.ndarray | None:
+    return weights.get(name, shape=(size,)) if present else None
+
+
+def build(g: Graph, config: ModelConfig, weights: Any) -> None:
+    """Add the whole decoder to ``g.network``: inputs (:func:`io_spec`), layers, outputs.
+
+    Args:
+        g: the graph (TensorRT module, network, dtype).
+        config: the model config (Hugging Face field names).
+        weights: a :class:`trtcore.checkpoint.Checkpoint` (``get(name, shape=...)``).
+
+    Raises:
+        MissingTensorError / TensorShapeError: a checkpoint tensor is absent or mis-shaped.
+    """
+    c = config
+    E, H, Hkv, D = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    inputs = {name: g.input(name, dt, shape) for name, dt, shape in io_spec(c, g.np_dtype)}
+    spec = rope_spec(c)
+    qk_norm = c.model_type == "qwen3"
+
+    def w(name: str, *shape: int) -> np.ndarray:
+        return weights.get(name, shape=tuple(shape))
+
+    embed = w("model.embed_tokens.weight", c.vocab_size, E)
+    with g.scope("model"):
+        h = ops.embedding(g, inputs["input_ids"], embed, "embed_tokens")
+        cos, sin = ops.rope_cos_sin(g, inputs["position_ids"], spec)
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}"
+            with g.scope(f"layers.{i}"):
+                x = ops.rms_norm(g, h, w(f"{p}.input_layernorm.weight", E), c.rms_norm_eps, "input_layernorm")
+                with g.scope("self_attn"):
+                    a = f"{p}.self_attn"
+                    q = ops.linear(g, x, w(f"{a}.q_proj.weight", H * D, E), _bias(weights, f"{a}.q_proj.bias", H * D, c.qkv_bias), "q_proj")
+                    k = ops.linear(g, x, w(f"{a}.k_proj.weight", Hkv * D, E), _bias(weights, f"{a}.k_proj.bias", Hkv * D, c.qkv_bias), "k_proj")
+                    v = ops.linear(g, x, w(f"{a}.v_proj.weight", Hkv * D, E), _bias(weights, f"{a}.v_proj.bias", Hkv * D, c.qkv_bias), "v_proj")
+                    q = ops.reshape(g, q, (0, 0, H, D), "q_heads")
+                    k = ops.reshape(g, k, (0, 0, Hkv, D), "k_heads")
+                    v = ops.reshape(g, v, (0, 0, Hkv, D), "v_heads")
+                    if qk_norm:
+                        q = ops.rms_norm(g, q, w(f"{a}.q_norm.weight", D), c.rms_norm_eps, "q_norm")
+                        k = ops.rms_norm(g, k, w(f"{a}.k_norm.weight", D), c.rms_norm_eps, "k_norm")
+                    q = ops.apply_rope(g, q, cos, sin, spec, "q_rope")
+                    k = ops.apply_rope(g, k, cos, sin, spec, "k_rope")
+                    k_new = ops.transpose(g, k, (0, 2, 1, 3), "k_bhsd")
+                    v_new = ops.transpose(g, v, (0, 2, 1, 3), "v_bhsd")
+                    k_all = ops.concat(g, [inputs[f"past_key_values.{i}.key"], k_new], 2, "k_cache")
+                    v_all = ops.concat(g, [inputs[f"past_key_values.{i}.value"], v_new], 2, "v_cache")
+                    g.output(k_all, f"present.{i}.key")
+                    g.output(v_all, f"present.{i}.value")
+                    ctx = ops.attention(g, q, k_all, v_all, inputs["attention_mask"], Hkv, D, D**-0.5, "attention")
+                    o = ops.linear(g, ctx, w(f"{a}.o_proj.weight", E, H * D), _bias(weights, f"{a}.o_proj.bias", E, c.o_bias), "o_proj")
+                h = ops.add(g, h, o, "attn_residual")
+                x = ops.rms_norm(g, h, w(f"{p}.post_attention_layernorm.weight", E), c.rms_norm_eps, "post_attention_layernorm")
+                m = f"{p}.mlp"
+                mlp_biases = tuple(_bias(weights, f"{m}.{n}.bias", size, c.mlp_bias) for n, size in (("gate_proj", c.intermediate_size), ("up_proj", c.intermediate_size), ("down_proj", E)))
+                mlp = ops.swiglu_mlp(
+                    g, x,
+                    w(f"{m}.gate_proj.weight", c.intermediate_size, E),
+                    w(f"{m}.up_proj.weight", c.intermediate_size, E),
+                    w(f"{m}.down_proj.weight", E, c.intermediate_size),
+                    mlp_biases,  # type: ignore[arg-type]
+                    "mlp",
+                )
+                h = ops.add(g, h, mlp, "mlp_residual")
+        flat = ops.reshape(g, h, (-1, E), "flat_hidden")
+        last = ops.gather(g, flat, inputs["last_token_ids"], 0, "last_hidden")
+        last = ops.rms_norm(g, last, w("model.norm.weight", E), c.rms_norm_eps, "norm")
+    lm_head = embed if c.tie_word_embeddings else w("lm_head.weight", c.vocab_size, E)
+    logits = ops.linear(g, last, lm_head, None, "lm_head")
+    g.output(ops.cast(g, logits, np.float32, "logits_float"), "logits")
+
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")

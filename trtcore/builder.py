@@ -1,0 +1,226 @@
+"""From a checkpoint to a TensorRT network, and from a network to a serialized engine.
+
+One code path for every backend: :func:`define_network` builds the model's
+``INetworkDefinition`` with whichever TensorRT module it is given (``tensorrt``,
+``tensorrt_rtx`` or :mod:`trtcore.reference`), and :func:`build_engine` hands it to that
+module's ``Builder.build_serialized_network`` with one optimization profile. Engines are
+strongly typed (TensorRT 10.12+ / 11); TF32 is cleared for float32 engines so that float32
+means float32.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import ops
+from .config import ModelConfig
+from .models import family_for
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Engine build options.
+
+    Attributes:
+        dtype: engine precision, one of :data:`DTYPES`.
+        max_batch_size: largest batch (sequences per step) the profile admits.
+        max_seq_len: largest number of tokens (cached + new) per sequence; capped at the
+            model's ``max_position_embeddings`` by :meth:`for_model`.
+        opt_batch_size / opt_seq_len: the profile's ``opt`` point (TensorRT tunes for it).
+    """
+
+    dtype: str = "float32"
+    max_batch_size: int = 8
+    max_seq_len: int = 2048
+    opt_batch_size: int = 1
+    opt_seq_len: int = 128
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
+        if self.max_batch_size < 1 or self.max_seq_len < 2:
+            raise ValueError(
+                f"max_batch_size must be >= 1 and max_seq_len >= 2, got {self.max_batch_size} and {self.max_seq_len}"
+            )
+
+    def for_model(self, config: ModelConfig) -> "BuildConfig":
+        """A copy whose lengths fit ``config`` (max_seq_len <= max_position_embeddings)."""
+        max_len = min(self.max_seq_len, config.max_position_embeddings)
+        return BuildConfig(
+            dtype=self.dtype,
+            max_batch_size=self.max_batch_size,
+            max_seq_len=max_len,
+            opt_batch_size=min(self.opt_batch_size, self.max_batch_size),
+            opt_seq_len=min(self.opt_seq_len, max_len),
+        )
+
+
+def profile_shapes(config: ModelConfig, bc: BuildConfig) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """min / opt / max shape of every dynamic network input (one optimization profile).
+
+    New tokens per step ``S`` range over [1, max_seq_len], cached tokens ``P`` over
+    [0, max_seq_len - 1], so ``T = P + S`` over [1, 2 * max_seq_len - 1] for the mask.
+    """
+    B, L = bc.max_batch_size, bc.max_seq_len
+    b, s = bc.opt_batch_size, bc.opt_seq_len
+    Hkv, D = config.num_key_value_heads, config.head_dim
+    shapes: dict[str, tuple[tuple[int, ...], ...]] = {
+        "input_ids": ((1, 1), (b, s), (B, L)),
+        "position_ids": ((1, 1), (b, s), (B, L)),
+        "attention_mask": ((1, 1, 1, 1, 1), (b, 1, 1, s, 2 * s), (B, 1, 1, L, 2 * L - 1)),
+        "last_token_ids": ((1,), (b,), (B,)),
+    }
+    for i in range(config.num_hidden_layers):
+        for kind in ("key", "value"):
+            shapes[f"past_key_values.{i}.{kind}"] = ((1, Hkv, 0, D), (b, Hkv, s, D), (B, Hkv, L - 1, D))
+    return shapes
+
+
+@dataclass
+class DefinedNetwork:
+    """A network defined from a checkpoint: its builder, network and graph (keep all alive)."""
+
+    trt: Any
+    builder: Any
+    network: Any
+    graph: ops.Graph
+    config: ModelConfig
+    build_config: BuildConfig
+
+
+def define_network(trt: Any, config: ModelConfig, weights: Any, build_config: BuildConfig) -> DefinedNetwork:
+    """Define ``config``'s model in a strongly typed network of the module ``trt``.
+
+    Args:
+        trt: the TensorRT module (see :func:`trtcore.trt.load_trt`).
+        config: the model config.
+        weights: a :class:`trtcore.checkpoint.Checkpoint` (or anything with ``get(name, shape=)``).
+        build_config: precision and limits.
+
+    Raises:
+        UnsupportedArchitectureError: the architecture has no model family.
+        MissingTensorError / TensorShapeError: the checkpoint does not fit the config.
+    """
+    family = family_for(config.architecture)
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    network.name = config.architecture
+    graph = ops.Graph(trt, network, build_config.dtype)
+    family.build(graph, config, weights)
+    return DefinedNetwork(trt, builder, network, graph, config, build_config)
+
+
+def _builder_config(d: DefinedNetwork, compute_capability: str | None) -> Any:
+    trt = d.trt
+    cfg = d.builder.create_builder_config()
+    profile = d.builder.create_optimization_profile()
+    for name, (lo, opt, hi) in profile_shapes(d.config, d.build_config).items():
+        profile.set_shape(name, lo, opt, hi)
+    cfg.add_optimization_profile(profile)
+    if d.build_config.dtype == "float32" and hasattr(trt, "BuilderFlag") and hasattr(trt.BuilderFlag, "TF32"):
+        cfg.clear_flag(trt.BuilderFlag.TF32)
+    if compute_capability is not None:
+        if not hasattr(trt, "ComputeCapability"):
+            raise ValueError(
+                f"compute capability {compute_capability!r} can only be chosen with tensorrt_rtx; "
+                "TensorRT builds for the GPU it runs on"
+            )
+        key = "SM" + compute_capability.lower().removeprefix("sm").removeprefix("_")
+        if key not in trt.ComputeCapability.__members__:
+            choices = [m.lower() for m in trt.ComputeCapability.__members__ if m.startswith("SM")]
+            raise ValueError(f"compute capability {compute_capability!r} is not supported; expected one of {choices}")
+        cfg.num_compute_capabilities = 1
+        cfg.set_compute_capability(trt.ComputeCapability.__members__[key], 0)
+    return cfg
+
+
+def build_engine(d: DefinedNetwork, compute_capability: str | None = None) -> bytes:
+    """Build ``d.network`` into a serialized engine with one optimization profile.
+
+    Args:
+        d: from :func:`define_network`.
+        compute_capability: ``"sm89"`` etc., tensorrt_rtx only (ahead-of-time, no GPU needed).
+
+    Raises:
+        RuntimeError: the TensorRT builder returned no engine (its log says why).
+        ValueError: a compute capability was given where it cannot be used.
+    """
+    cfg = _builder_config(d, compute_capability)
+    serialized = d.builder.build_serialized_network(d.network, cfg)
+    if serialized is None:
+        raise RuntimeError(f"TensorRT failed to build the {d.config.architecture} network; see the log above")
+    return bytes(memoryview(serialized))
+
+
+def build_reference_engine(d: DefinedNetwork) -> Any:
+    """Validate ``d`` (a :mod:`trtcore.reference` network) with the same builder config and
+    optimization profile a TensorRT build gets, without serializing; returns its ``ICudaEngine``."""
+    return d.builder.build_engine(d.network, _builder_config(d, None))
+
+
+def sidecar(d: DefinedNetwork, engine: bytes, *, backend: str, engine_file: str, compute_capability: str | None) -> dict[str, Any]:
+    """The JSON description written beside an engine file."""
+    from . import __version__
+
+    return {
+        "format": "trtcore-engine/1",
+        "trtcore_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "engine_file": engine_file,
+        "engine_sha256": hashlib.sha256(engine).hexdigest(),
+        "engine_bytes": len(engine),
+        "backend": backend,
+        "tensorrt_version": getattr(d.trt, "__version__", "unknown"),
+        "target": {"compute_capability": compute_capability or "native"},
+        "dtype": d.build_config.dtype,
+        "kv_cache": "contiguous",
+        "build_config": asdict(d.build_config),
+        "optimization_profiles": [
+            {name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in profile_shapes(d.config, d.build_config).items()}
+        ],
+        "model_config": d.config.to_dict(),
+    }
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_engine(d: DefinedNetwork, engine: bytes, output: Path, *, backend: str, compute_capability: str | None) -> Path:
+    """Write the engine to ``output`` and its sidecar to ``output + '.json'``; return the sidecar path."""
+    output = Path(output)
+    meta = sidecar(d, engine, backend=backend, engine_file=output.name, compute_capability=compute_capability)
+    side = output.with_name(output.name + ".json")
+    write_atomic(output, engine)
+    write_atomic(side, (json.dumps(meta, indent=2, default=_json_default) + "\n").encode())
+    return side
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer, np.floating)):
+        return o.item()
+    if isinstance(o, tuple):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -1,0 +1,179 @@
+"""The ``trtcore`` command: ``generate``, ``build``, ``convert``, ``check``.
+
+Every trtcore error (bad model folder, bad request, missing backend) is printed as one
+line ``trtcore: error: ...`` on stderr with exit status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import TrtcoreError
+
+DEFAULT_PROMPT = "Once upon a time"
+
+
+def _model_dir(model: str | None) -> Path:
+    if model:
+        return Path(model)
+    from .default_model import default_model_dir
+
+    return default_model_dir(progress=True)
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="0 disables")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 disables")
+    p.add_argument("--seed", type=int, default=None)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="trtcore", description="LLM inference through TensorRT's network-definition API")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text from a prompt (streams to stdout)")
+    g.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT, help=f"prompt text (default {DEFAULT_PROMPT!r})")
+    g.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    _add_sampling(g)
+    g.add_argument("--backend", help="reference | tensorrt | tensorrt_rtx")
+    g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+
+    b = sub.add_parser("build", help="build a serialized TensorRT engine and its JSON sidecar")
+    b.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
+    b.add_argument("--output", required=True, help="engine file to write; the sidecar is OUTPUT.json")
+    b.add_argument("--backend", default=None, choices=("tensorrt", "tensorrt_rtx"), help="default: tensorrt if installed, else tensorrt_rtx")
+    b.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
+    b.add_argument("--compute-capability", help="tensorrt_rtx only: target such as sm89 (no GPU needed)")
+    b.add_argument("--max-batch-size", type=int, default=8)
+    b.add_argument("--max-seq-len", type=int, default=2048)
+
+    c = sub.add_parser("convert", help="convert a GGUF file into a Hugging Face model folder")
+    c.add_argument("--gguf", required=True, help="GGUF file (llama or qwen2 architecture)")
+    c.add_argument("--output", required=True, help="folder to create")
+
+    k = sub.add_parser("check", help="compare trtcore's logits with Hugging Face transformers'")
+    k.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
+    k.add_argument("--prompt", default=DEFAULT_PROMPT)
+    k.add_argument("--tolerance", type=float, default=1e-4, help="max relative logit error (default 1e-4)")
+    return ap
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .llm import LLM
+    from .runtime.sampling import SamplingParams
+
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens
+    )
+    t0 = time.perf_counter()
+    llm = LLM(_model_dir(args.model), backend=args.backend, dtype=args.dtype)
+    load_s = time.perf_counter() - t0
+    prompt = args.prompt
+    if args.chat:
+        prompt = llm.apply_chat_template([{"role": "user", "content": prompt}])
+    if args.json:
+        [out] = llm.generate(prompt, params)
+        comp = out.outputs[0]
+        print(json.dumps({
+            "model": str(llm.model_dir),
+            "backend": llm.backend,
+            "dtype": llm.build_config.dtype,
+            "prompt": prompt,
+            "prompt_token_ids": out.prompt_token_ids,
+            "token_ids": comp.token_ids,
+            "text": comp.text,
+            "finish_reason": comp.finish_reason,
+            "timings": {"load_s": load_s, **out.metrics,
+                        "tokens_per_s": len(comp.token_ids) / out.metrics["e2e_s"] if out.metrics.get("e2e_s") else None},
+        }))
+        return 0
+    if not args.chat:
+        sys.stdout.write(prompt)
+    ids: list[int] = []
+    shown = ""
+    for _, event in llm.stream(prompt, params):
+        ids.append(event.token_id)
+        text = llm.decode(ids)
+        if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+            sys.stdout.write(text[len(shown):])
+            sys.stdout.flush()
+            shown = text
+    sys.stdout.write("\n")
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from .builder import BuildConfig, build_engine, define_network, save_engine
+    from .checkpoint import Checkpoint
+    from .config import load_config
+    from .trt import is_available, load_trt
+
+    backend = args.backend or ("tensorrt" if is_available("tensorrt") else "tensorrt_rtx")
+    trt = load_trt(backend)
+    model = _model_dir(args.model)
+    config = load_config(model)
+    bc = BuildConfig(dtype=args.dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len).for_model(config)
+    with Checkpoint(model) as weights, tqdm(total=3, desc="build") as bar:
+        bar.set_postfix_str("defining network")
+        d = define_network(trt, config, weights, bc)
+        bar.update()
+        bar.set_postfix_str(f"building engine ({backend})")
+        engine = build_engine(d, args.compute_capability)
+        bar.update()
+        bar.set_postfix_str("writing")
+        side = save_engine(d, engine, Path(args.output), backend=backend, compute_capability=args.compute_capability)
+        bar.update()
+    print(f"wrote {args.output} ({len(engine)} bytes) and {side}")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .gguf_convert import convert_gguf
+
+    out = convert_gguf(args.gguf, args.output, progress=True)
+    print(f"wrote {out}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .check import compare_with_transformers
+
+    report = compare_with_transformers(_model_dir(args.model), args.prompt)
+    ok = report["max_rel_error"] <= args.tolerance
+    print(
+        f"{report['architecture']}: {report['num_tokens']} prompt tokens; max relative logit error "
+        f"{report['max_rel_error']:.3g} (tolerance {args.tolerance:g}); greedy next token "
+        f"trtcore {report['trtcore_token']} vs transformers {report['transformers_token']} -> {'OK' if ok else 'FAIL'}"
+    )
+    return 0 if ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``trtcore`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    handlers: dict[str, Any] = {"generate": _generate, "build": _build, "convert": _convert, "check": _check}
+    try:
+        return int(handlers[args.command](args))
+    except TrtcoreError as exc:
+        print(f"trtcore: error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+        print(f"trtcore: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Exceptions raised by trtcore.
+
+Every error trtcore raises on bad input derives from :class:`TrtcoreError`, so a caller
+(or the CLI, which prints one line per error) can catch them all at once. Each class also
+derives from the closest built-in exception, so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class TrtcoreError(Exception):
+    """Base class of every error trtcore raises on purpose."""
+
+
+class BackendNotAvailableError(TrtcoreError, ImportError):
+    """The requested TensorRT module (``tensorrt``, ``tensorrt_rtx``) is not installed."""
+
+
+class ConfigError(TrtcoreError, ValueError):
+    """``config.json`` / ``generation_config.json`` is missing, unreadable or inconsistent."""
+
+
+class UnsupportedArchitectureError(ConfigError):
+    """The checkpoint's ``architectures`` entry is not one trtcore can build."""
+
+
+class CheckpointError(TrtcoreError, ValueError):
+    """A safetensors checkpoint is missing, corrupted, or does not match its config."""
+
+
+class MissingTensorError(CheckpointError, KeyError):
+    """A tensor the model needs is not in the checkpoint."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class TensorShapeError(CheckpointError):
+    """A checkpoint tensor has another shape than the config implies."""
+
+
+class ConversionError(TrtcoreError, ValueError):
+    """A GGUF file cannot be converted (unsupported architecture, tensor type, tokenizer)."""
+
+
+class DownloadError(TrtcoreError, OSError):
+    """The default model could not be fetched or failed its checksum."""
+
+
+class InvalidRequestError(TrtcoreError, ValueError):
+    """A generation request is invalid (empty prompt, prompt too long, bad sampling params)."""
+
+
+class NetworkError(TrtcoreError, ValueError):
+    """A network-definition call was given inconsistent tensors (shapes, dtypes)."""

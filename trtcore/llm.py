@@ -1,0 +1,342 @@
+"""The Python API, shaped like vLLM's: ``LLM(...).generate(prompts, SamplingParams(...))``.
+
+Example::
+
+    from trtcore import LLM, SamplingParams
+    llm = LLM()                          # SmolLM2-135M-Instruct, fetched and converted once
+    [out] = llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=32))
+    print(out.outputs[0].text)
+
+Errors in a batch: when ``generate`` is given a *list* of prompts, a bad prompt (empty,
+too long, token ids outside the vocabulary) does not stop the others: its
+:class:`RequestOutput` has ``error`` set (an :class:`~trtcore.errors.InvalidRequestError`)
+and ``finish_reason == "error"``. A single prompt passed on its own raises instead.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .builder import BuildConfig, build_engine, build_reference_engine, define_network
+from .checkpoint import Checkpoint
+from .config import GenerationConfig, ModelConfig, load_config, load_generation_config
+from .errors import InvalidRequestError, TrtcoreError
+from .runtime.executor import Executor
+from .runtime.generate import ContiguousGenerator, Request, TokenEvent
+from .runtime.sampling import Logprob, SamplingParams
+from .trt import is_available, load_trt, normalize_backend
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a request (vLLM's ``CompletionOutput``).
+
+    Attributes:
+        index: 0 (one completion per request).
+        text: the generated text (special tokens skipped); "" without a tokenizer.
+        token_ids: generated token ids, including a final EOS / stop token.
+        cumulative_logprob: sum of the generated tokens' log-probabilities, when requested.
+        logprobs: per generated token, ``{token_id: Logprob}`` with the top-k and the
+            sampled token, when ``SamplingParams(logprobs=k)``; else None.
+        finish_reason: ``"stop"``, ``"length"``, or ``"error"``.
+        stop_reason: the stop token id that ended it, if any.
+    """
+
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+
+
+@dataclass
+class RequestOutput:
+    """The result for one prompt (vLLM's ``RequestOutput``).
+
+    Attributes:
+        request_id: position of the prompt in the ``generate`` call, as a string.
+        prompt: the prompt text (None when given as token ids).
+        prompt_token_ids: the prompt's token ids.
+        outputs: ``[CompletionOutput]``.
+        finished: True.
+        error: the exception that rejected this request, or None.
+        metrics: ``{"ttft_s": time to first token, "e2e_s": time to last token,
+            "tpot_s": mean time per output token after the first}`` in seconds.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+    error: Exception | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _default_backend() -> str:
+    env = os.environ.get("TRTCORE_BACKEND")
+    if env:
+        return normalize_backend(env)
+    return "tensorrt" if is_available("tensorrt") else "reference"
+
+
+class LLM:
+    """A model ready to generate.
+
+    Args:
+        model: a Hugging Face model folder (``config.json``, ``*.safetensors``, optionally
+            ``tokenizer.json`` / ``generation_config.json``); None for the default model
+            (SmolLM2-135M-Instruct, see :func:`trtcore.default_model.default_model_dir`).
+        backend: ``"reference"`` (NumPy), ``"tensorrt"`` or ``"tensorrt_rtx"`` (a
+            TensorRT engine built at start-up); default ``$TRTCORE_BACKEND``, else
+            ``tensorrt`` when installed, else ``reference``.
+        dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; default float32 on the
+            reference backend, the checkpoint's dtype (float16 for float32 checkpoints)
+            on TensorRT.
+        max_batch_size: sequences per engine call.
+        max_seq_len: most tokens (prompt + generated) per sequence; default and upper
+            bound: the model's ``max_position_embeddings``.
+        progress: show progress bars while loading and building.
+
+    Raises:
+        ConfigError / UnsupportedArchitectureError / CheckpointError: bad model folder.
+        BackendNotAvailableError: the backend's module is not installed.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        backend: str | None = None,
+        dtype: str | None = None,
+        max_batch_size: int = 8,
+        max_seq_len: int | None = None,
+        progress: bool = True,
+    ):
+        if model is None:
+            from .default_model import default_model_dir
+
+            model = default_model_dir(progress=progress)
+        self.model_dir = Path(model)
+        self.config: ModelConfig = load_config(self.model_dir)
+        self.generation_config: GenerationConfig = load_generation_config(self.model_dir, self.config)
+        self.backend = normalize_backend(backend) if backend else _default_backend()
+        if dtype is None:
+            dtype = "float32" if self.backend == "reference" else _engine_dtype(self.config.dtype)
+        limit = self.config.max_position_embeddings
+        self.build_config = BuildConfig(
+            dtype=dtype,
+            max_batch_size=max_batch_size,
+            max_seq_len=min(max_seq_len or limit, limit),
+        ).for_model(self.config)
+        self.tokenizer = _load_tokenizer(self.model_dir)
+        self.executor = self._make_executor(progress)
+        self._generator = ContiguousGenerator(
+            self.executor,
+            self.config,
+            self.build_config.dtype if self.build_config.dtype != "bfloat16" else _bf16(),
+            self.build_config.max_batch_size,
+            self.build_config.max_seq_len,
+        )
+
+    # construction -----------------------------------------------------------------------
+    def _make_executor(self, progress: bool) -> Executor:
+        from tqdm.auto import tqdm
+
+        trt = load_trt(self.backend)
+        with Checkpoint(self.model_dir) as weights, tqdm(total=2, desc="build", disable=not progress, leave=False) as bar:
+            bar.set_postfix_str(f"defining {self.config.architecture} network ({self.backend})")
+            net = define_network(trt, self.config, weights, self.build_config)
+            bar.update()
+            if self.backend == "reference":
+                from .runtime.reference_executor import ReferenceExecutor
+
+                executor: Executor = ReferenceExecutor(build_reference_engine(net))
+            else:
+                from .runtime.trt_executor import TensorRTExecutor
+
+                bar.set_postfix_str("building TensorRT engine")
+                executor = TensorRTExecutor(trt, build_engine(net))
+            bar.update()
+        return executor
+
+    # text ---------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (with the tokenizer's own special-token rules).
+
+        Raises:
+            InvalidRequestError: the model folder has no ``tokenizer.json``.
+        """
+        if self.tokenizer is None:
+            raise InvalidRequestError(f"{self.model_dir} has no tokenizer.json; pass prompts as lists of token ids")
+        return list(self.tokenizer.encode(text).ids)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids``, special tokens skipped ("" without a tokenizer)."""
+        if self.tokenizer is None:
+            return ""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` (``[{"role": ..., "content": ...}]``) with the model's chat template.
+
+        The template is the Jinja2 ``chat_template`` of ``tokenizer_config.json``, rendered
+        as transformers renders it (``messages``, ``add_generation_prompt``, special tokens).
+
+        Raises:
+            InvalidRequestError: the model has no chat template.
+        """
+        from .chat import render_chat_template
+
+        return render_chat_template(self.model_dir, messages, add_generation_prompt)
+
+    # generation ---------------------------------------------------------------------------
+    def _request(self, index: int, prompt: Any, params: SamplingParams) -> tuple[Request, str | None]:
+        text: str | None = None
+        if isinstance(prompt, dict):
+            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
+        if isinstance(prompt, str):
+            text = prompt
+            ids = self.encode(prompt)
+        elif isinstance(prompt, (list, tuple, np.ndarray)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
+            ids = [int(t) for t in prompt]
+        else:
+            raise InvalidRequestError(f"prompt {index} must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise InvalidRequestError(f"prompt {index} is empty; give at least one token")
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"prompt {index} has token ids outside [0, {self.config.vocab_size}): {bad[:5]}")
+        limit = self.build_config.max_seq_len
+        if len(ids) >= limit:
+            raise InvalidRequestError(
+                f"prompt {index} has {len(ids)} tokens; at most {limit - 1} fit "
+                f"(max_seq_len={limit}, max_position_embeddings={self.config.max_position_embeddings})"
+            )
+        eos = frozenset(self.generation_config.eos_token_id or self.config.eos_token_id)
+        return Request(index, ids, params, eos), text
+
+    def stream(
+        self,
+        prompts: Any,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[tuple[int, TokenEvent]]:
+        """Like :meth:`generate` but yields ``(prompt index, TokenEvent)`` per new token.
+
+        Invalid prompts raise :class:`InvalidRequestError` before anything runs.
+        """
+        items, params = self._normalize(prompts, sampling_params)
+        requests = [self._request(i, p, sp)[0] for i, (p, sp) in enumerate(zip(items, params))]
+        for event in self._generator.generate(requests):
+            yield int(event.request_id), event
+
+    def _normalize(self, prompts: Any, sampling_params: Any) -> tuple[list[Any], list[SamplingParams]]:
+        single = isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, (list, tuple)) and len(prompts) > 0 and all(isinstance(t, (int, np.integer)) for t in prompts)
+        )
+        items = [prompts] if single else list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(items)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(items):
+                raise InvalidRequestError(f"got {len(params)} SamplingParams for {len(items)} prompts")
+        for p in params:
+            if not isinstance(p, SamplingParams):
+                raise InvalidRequestError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+        return items, params
+
+    def generate(
+        self,
+        prompts: Any,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Complete every prompt.
+
+        Args:
+            prompts: a string, a list of token ids, ``{"prompt_token_ids": [...]}``, or a
+                list of those.
+            sampling_params: one for all prompts or one per prompt (default
+                ``SamplingParams()``, vLLM's defaults: temperature 1, 16 tokens).
+
+        Returns:
+            One :class:`RequestOutput` per prompt, in order.
+
+        Raises:
+            InvalidRequestError: a single (unlisted) prompt is invalid, or the parameters
+                do not match the prompts. Invalid prompts inside a list are reported in
+                their output's ``error`` instead.
+        """
+        single = isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, (list, tuple)) and len(prompts) > 0 and all(isinstance(t, (int, np.integer)) for t in prompts)
+        )
+        items, params = self._normalize(prompts, sampling_params)
+        outputs: list[RequestOutput] = []
+        requests: list[Request] = []
+        for i, (p, sp) in enumerate(zip(items, params)):
+            try:
+                req, text = self._request(i, p, sp)
+            except TrtcoreError as exc:
+                if single:
+                    raise
+                outputs.append(RequestOutput(str(i), p if isinstance(p, str) else None, [], [CompletionOutput(finish_reason="error")], error=exc))
+                continue
+            requests.append(req)
+            outputs.append(RequestOutput(str(i), text, req.prompt_token_ids, [CompletionOutput(logprobs=[] if sp.logprobs is not None else None)]))
+        start = time.perf_counter()
+        first: dict[int, float] = {}
+        for event in self._generator.generate(requests):
+            i = int(event.request_id)
+            now = time.perf_counter()
+            first.setdefault(i, now)
+            comp = outputs[i].outputs[0]
+            comp.token_ids.append(event.token_id)
+            if event.logprobs is not None and comp.logprobs is not None:
+                comp.logprobs.append(event.logprobs.as_dict())
+                comp.cumulative_logprob = (comp.cumulative_logprob or 0.0) + event.logprobs.logprob
+            if event.finish_reason is not None:
+                comp.finish_reason, comp.stop_reason = event.finish_reason, event.stop_reason
+                n = len(comp.token_ids)
+                outputs[i].metrics = {
+                    "ttft_s": first[i] - start,
+                    "e2e_s": now - start,
+                    "tpot_s": (now - first[i]) / (n - 1) if n > 1 else 0.0,
+                }
+        for out in outputs:
+            if out.error is None:
+                comp = out.outputs[0]
+                comp.text = self.decode(comp.token_ids)
+                if comp.logprobs and self.tokenizer is not None:
+                    for d in comp.logprobs:
+                        for tok, lp in d.items():
+                            lp.decoded_token = self.tokenizer.id_to_token(tok)
+        return outputs
+
+
+def _engine_dtype(checkpoint_dtype: str | None) -> str:
+    return checkpoint_dtype if checkpoint_dtype in ("float16", "bfloat16") else "float16"
+
+
+def _bf16() -> Any:
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
+
+
+def _load_tokenizer(model_dir: Path) -> Any:
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))

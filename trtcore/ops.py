@@ -1,0 +1,419 @@
+"""The functional layer over TensorRT's ``INetworkDefinition``.
+
+This module (like TensorRT-LLM's ``functional.py``) is the only code in trtcore that calls
+``network.add_*``. Model files compose these ops; they never touch the network.
+
+Every op takes a :class:`Graph` (the TensorRT module in use, the network, a name scope) and
+``ITensor`` arguments, and returns an ``ITensor``. Layers and their output tensors are
+named after the model's structure (``model.layers.3.self_attn.q_proj``), so any
+intermediate tensor can be read back by name on the reference backend.
+
+Precision is explicit, as in TensorRT's strongly typed networks: weights are constants of
+the engine's dtype, RMSNorm and softmax compute in float32 through casts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import ml_dtypes
+import numpy as np
+
+from .errors import NetworkError
+from .rope import RopeSpec
+
+if TYPE_CHECKING:  # checked by mypy against tensorrt-stubs; never imported at run time
+    import tensorrt as trt_types
+
+    Tensor = trt_types.ITensor
+    Network = trt_types.INetworkDefinition
+    Layer = trt_types.ILayer
+else:
+    Tensor = Network = Layer = Any
+
+_NP_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+}
+
+
+class Graph:
+    """A network under construction, with its TensorRT module and a naming scope.
+
+    Args:
+        trt: the TensorRT module (``tensorrt``, ``tensorrt_rtx`` or ``trtcore.reference``).
+        network: a strongly typed ``INetworkDefinition`` created from that module.
+        dtype: the engine's activation/weight type, ``"float32"``, ``"float16"`` or
+            ``"bfloat16"``.
+
+    Attributes:
+        keepalive: arrays whose memory TensorRT reads at build time (constants made with
+            ``trt.Weights(type, pointer, count)``); keep the graph alive until the build ends.
+    """
+
+    def __init__(self, trt: Any, network: Network, dtype: str = "float32"):
+        if dtype not in _NP_DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not supported; expected one of {sorted(_NP_DTYPES)}")
+        self.trt = trt
+        self.network = network
+        self.dtype = dtype
+        self.np_dtype = _NP_DTYPES[dtype]
+        self.trt_dtype = self.trt_type(self.np_dtype)
+        self.keepalive: list[np.ndarray] = []
+        self._scope: list[str] = []
+        self._used: dict[str, int] = {}
+
+    # naming ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Prefix the names of layers added inside with ``name`` (joined by dots)."""
+        self._scope.append(name)
+        try:
+            yield
+        finally:
+            self._scope.pop()
+
+    def unique(self, name: str) -> str:
+        """``scope.name``, suffixed ``_1``, ``_2``... if already used."""
+        full = ".".join([*self._scope, name]) if name else ".".join(self._scope)
+        n = self._used.get(full, 0)
+        self._used[full] = n + 1
+        return full if n == 0 else f"{full}_{n}"
+
+    def named(self, layer: Layer, name: str) -> Tensor:
+        """Name ``layer`` and its first output ``name`` (made unique); return that output."""
+        full = self.unique(name)
+        layer.name = full
+        out = layer.get_output(0)
+        out.name = full
+        return out
+
+    # types ---------------------------------------------------------------------------------
+    def trt_type(self, dtype: Any) -> Any:
+        """The TensorRT ``DataType`` of a NumPy dtype."""
+        d = np.dtype(dtype)
+        table = {
+            np.dtype(np.float32): self.trt.float32,
+            np.dtype(np.float16): self.trt.float16,
+            np.dtype(ml_dtypes.bfloat16): self.trt.bfloat16,
+            np.dtype(np.int32): self.trt.int32,
+            np.dtype(np.int64): self.trt.int64,
+            np.dtype(np.bool_): self.trt.bool,
+        }
+        if d not in table:
+            raise TypeError(f"NumPy dtype {d} has no TensorRT equivalent here")
+        return table[d]
+
+    # inputs / outputs ------------------------------------------------------------------------
+    def input(self, name: str, dtype: Any, shape: Sequence[int]) -> Tensor:
+        """Add a network input; ``dtype`` a NumPy dtype, -1 for dynamic dimensions."""
+        return self.network.add_input(name, self.trt_type(dtype), tuple(shape))
+
+    def output(self, tensor: Tensor, name: str) -> Tensor:
+        """Mark ``tensor`` as a network output called ``name``."""
+        tensor.name = name
+        self.network.mark_output(tensor)
+        return tensor
+
+
+# ---------------------------------------------------------------------------------------
+# constants and shape ops
+# ---------------------------------------------------------------------------------------
+
+
+def constant(g: Graph, array: np.ndarray, name: str, dtype: Any = None) -> Tensor:
+    """A constant tensor holding ``array`` (converted to ``dtype``, default: its own)."""
+    arr = np.ascontiguousarray(array, dtype=dtype if dtype is not None else array.dtype)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    g.keepalive.append(arr)
+    weights = g.trt.Weights(g.trt_type(arr.dtype), arr.ctypes.data, arr.size)
+    layer = g.network.add_constant(tuple(arr.shape), weights)
+    return g.named(layer, name)
+
+
+def scalar(g: Graph, value: float, rank: int, dtype: Any, name: str) -> Tensor:
+    """A constant of shape ``[1] * rank`` (broadcasts against any tensor of that rank)."""
+    return constant(g, np.full((1,) * rank, value), name, dtype=dtype)
+
+
+def reshape(g: Graph, x: Tensor, dims: Sequence[int], name: str = "reshape") -> Tensor:
+    """Reshape; ``0`` copies the input dimension at that index, one ``-1`` is inferred."""
+    layer = g.network.add_shuffle(x)
+    layer.reshape_dims = tuple(dims)
+    return g.named(layer, name)
+
+
+def transpose(g: Graph, x: Tensor, perm: Sequence[int], name: str = "transpose") -> Tensor:
+    """Permute dimensions: output dim ``i`` is input dim ``perm[i]``."""
+    layer = g.network.add_shuffle(x)
+    layer.first_transpose = tuple(perm)
+    return g.named(layer, name)
+
+
+def cast(g: Graph, x: Tensor, dtype: Any, name: str = "cast") -> Tensor:
+    """Convert ``x`` to the NumPy dtype ``dtype`` (no layer if already of that type)."""
+    target = g.trt_type(dtype)
+    if x.dtype == target:
+        return x
+    return g.named(g.network.add_cast(x, target), name)
+
+
+def concat(g: Graph, xs: Sequence[Tensor], axis: int, name: str = "concat") -> Tensor:
+    """Concatenate along ``axis``."""
+    layer = g.network.add_concatenation(list(xs))
+    layer.axis = axis
+    return g.named(layer, name)
+
+
+def gather(g: Graph, data: Tensor, indices: Tensor, axis: int, name: str = "gather") -> Tensor:
+    """``numpy.take(data, indices, axis)``: output shape ``data[:axis] + indices + data[axis+1:]``."""
+    return g.named(g.network.add_gather(data, indices, axis), name)
+
+
+def gather_const(g: Graph, data: Tensor, indices: Sequence[int], axis: int, name: str) -> Tensor:
+    """Gather constant ``indices`` along ``axis`` (a static slice/permutation of that axis)."""
+    idx = constant(g, np.asarray(indices, dtype=np.int32), f"{name}.indices")
+    return gather(g, data, idx, axis, name)
+
+
+# ---------------------------------------------------------------------------------------
+# arithmetic
+# ---------------------------------------------------------------------------------------
+
+
+def _ew(g: Graph, a: Tensor, b: Tensor, op: Any, name: str) -> Tensor:
+    return g.named(g.network.add_elementwise(a, b, op), name)
+
+
+def add(g: Graph, a: Tensor, b: Tensor, name: str = "add") -> Tensor:
+    return _ew(g, a, b, g.trt.ElementWiseOperation.SUM, name)
+
+
+def sub(g: Graph, a: Tensor, b: Tensor, name: str = "sub") -> Tensor:
+    return _ew(g, a, b, g.trt.ElementWiseOperation.SUB, name)
+
+
+def mul(g: Graph, a: Tensor, b: Tensor, name: str = "mul") -> Tensor:
+    return _ew(g, a, b, g.trt.ElementWiseOperation.PROD, name)
+
+
+def div(g: Graph, a: Tensor, b: Tensor, name: str = "div") -> Tensor:
+    return _ew(g, a, b, g.trt.ElementWiseOperation.DIV, name)
+
+
+def maximum(g: Graph, a: Tensor, b: Tensor, name: str = "max") -> Tensor:
+    return _ew(g, a, b, g.trt.ElementWiseOperation.MAX, name)
+
+
+def power(g: Graph, a: Tensor, b: Tensor, name: str = "pow") -> Tensor:
+    return _ew(g, a, b, g.trt.ElementWiseOperation.POW, name)
+
+
+def unary(g: Graph, x: Tensor, op: str, name: str) -> Tensor:
+    """``op`` names a ``UnaryOperation`` member (``"EXP"``, ``"SQRT"``, ``"COS"``...)."""
+    return g.named(g.network.add_unary(x, getattr(g.trt.UnaryOperation, op)), name)
+
+
+def reduce(g: Graph, x: Tensor, op: str, axes: Sequence[int], keep_dims: bool = True, name: str = "reduce") -> Tensor:
+    """Reduce over ``axes`` (negative allowed) with the ``ReduceOperation`` named ``op``."""
+    rank = len(x.shape)
+    mask = 0
+    for a in axes:
+        mask |= 1 << (a % rank)
+    layer = g.network.add_reduce(x, getattr(g.trt.ReduceOperation, op), mask, keep_dims)
+    return g.named(layer, name)
+
+
+def softmax(g: Graph, x: Tensor, axis: int = -1, name: str = "softmax") -> Tensor:
+    """Softmax along ``axis``."""
+    layer = g.network.add_softmax(x)
+    layer.axes = 1 << (axis % len(x.shape))
+    return g.named(layer, name)
+
+
+def matmul(g: Graph, a: Tensor, b: Tensor, transpose_b: bool = False, name: str = "matmul") -> Tensor:
+    """Batched matrix product ``a @ b`` (or ``a @ b^T``); ranks must be equal, batch dims broadcast."""
+    mo = g.trt.MatrixOperation
+    layer = g.network.add_matrix_multiply(a, mo.NONE, b, mo.TRANSPOSE if transpose_b else mo.NONE)
+    return g.named(layer, name)
+
+
+# ---------------------------------------------------------------------------------------
+# neural-network ops
+# ---------------------------------------------------------------------------------------
+
+
+def linear(g: Graph, x: Tensor, weight: np.ndarray, bias: np.ndarray | None = None, name: str = "linear") -> Tensor:
+    """``x @ weight.T + bias`` (``torch.nn.Linear``).
+
+    Args:
+        x: ``[..., in_features]`` of the graph dtype.
+        weight: ``[out_features, in_features]`` (Hugging Face layout), any float dtype;
+            stored as a constant of the graph dtype.
+        bias: ``[out_features]`` or None.
+
+    Returns:
+        ``[..., out_features]`` of the graph dtype, named ``name``.
+    """
+    if weight.ndim != 2 or (x.shape[-1] != -1 and x.shape[-1] != weight.shape[1]):
+        raise NetworkError(f"{name}: weight {weight.shape} does not fit input {tuple(x.shape)}")
+    rank = len(x.shape)
+    w = constant(g, weight.reshape((1,) * (rank - 2) + weight.shape), f"{name}.weight", g.np_dtype)
+    y = matmul(g, x, w, transpose_b=True, name=name if bias is None else f"{name}.matmul")
+    if bias is not None:
+        b = constant(g, bias.reshape((1,) * (rank - 1) + bias.shape), f"{name}.bias", g.np_dtype)
+        y = add(g, y, b, name)
+    return y
+
+
+def embedding(g: Graph, ids: Tensor, table: np.ndarray, name: str = "embed_tokens") -> Tensor:
+    """Look up rows of ``table`` (``[vocab_size, hidden_size]``) for int32 ``ids`` ``[...]``."""
+    t = constant(g, table, f"{name}.weight", g.np_dtype)
+    return gather(g, t, ids, 0, name)
+
+
+def rms_norm(g: Graph, x: Tensor, weight: np.ndarray, eps: float, name: str = "norm") -> Tensor:
+    """RMSNorm (Zhang & Sennrich, arXiv:1910.07467) over the last axis, as ``LlamaRMSNorm``.
+
+    Computes ``weight * (x32 / sqrt(mean(x32**2) + eps)).to(dtype)`` with ``x32`` = x in
+    float32; ``x`` is ``[..., hidden]``, ``weight`` ``[hidden]``. Output: graph dtype.
+    """
+    rank = len(x.shape)
+    with g.scope(name):
+        x32 = cast(g, x, np.float32, "to_float")
+        sq = mul(g, x32, x32, "square")
+        var = reduce(g, sq, "AVG", [-1], True, "variance")
+        var = add(g, var, scalar(g, eps, rank, np.float32, "eps"), "add_eps")
+        inv = unary(g, unary(g, var, "SQRT", "sqrt"), "RECIP", "rsqrt")
+        normed = cast(g, mul(g, x32, inv, "normalize"), g.np_dtype, "to_dtype")
+    w = constant(g, weight.reshape((1,) * (rank - 1) + weight.shape), f"{name}.weight", g.np_dtype)
+    return mul(g, normed, w, name)
+
+
+def silu(g: Graph, x: Tensor, name: str = "silu") -> Tensor:
+    """``x * sigmoid(x)`` (SiLU / swish)."""
+    s = g.named(g.network.add_activation(x, g.trt.ActivationType.SIGMOID), f"{name}.sigmoid")
+    return mul(g, x, s, name)
+
+
+def swiglu_mlp(
+    g: Graph,
+    x: Tensor,
+    gate: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    biases: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] = (None, None, None),
+    name: str = "mlp",
+) -> Tensor:
+    """``down(silu(gate(x)) * up(x))`` (Shazeer, "GLU Variants", arXiv:2002.05202; ``LlamaMLP``)."""
+    with g.scope(name):
+        h = mul(g, silu(g, linear(g, x, gate, biases[0], "gate_proj"), "act_fn"), linear(g, x, up, biases[1], "up_proj"), "gated")
+        return linear(g, h, down, biases[2], "down_proj")
+
+
+# ---------------------------------------------------------------------------------------
+# rotary embedding (composed standard layers)
+# ---------------------------------------------------------------------------------------
+
+
+def rope_cos_sin(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb") -> tuple[Tensor, Tensor]:
+    """cos and sin of ``position * inv_freq`` for int32 ``position_ids`` ``[batch, seq]``.
+
+    Returns two float32 tensors ``[batch, seq, 1, rotary_dim]`` (each half repeated, as
+    transformers' ``cat((freqs, freqs), -1)``), scaled by the attention factor. For
+    ``dynamic`` scaling the base is recomputed per sequence from its largest position
+    (:func:`trtcore.rope.dynamic_ntk_base`), as transformers does per forward call.
+    """
+    half = spec.rotary_dim // 2
+    with g.scope(name):
+        pos = reshape(g, cast(g, position_ids, np.float32, "positions"), (0, 0, 1), "positions_3d")
+        if spec.rope_type == "dynamic":
+            # inv_freq = base'^(-2i/d), base' = base * (f*s/L - (f-1))^(d/(d-2)), s = max(L, max_pos+1)
+            d, f, L = spec.rotary_dim, spec.dynamic_factor, float(spec.max_position_embeddings)
+            smax = reduce(g, pos, "MAX", [1], True, "max_position")  # [B, 1, 1]
+            s = add(g, smax, scalar(g, 1.0, 3, np.float32, "one"), "seq_len")
+            s = maximum(g, s, scalar(g, L, 3, np.float32, "max_position_embeddings"), "seq_len_clamped")
+            ratio = sub(g, mul(g, s, scalar(g, f / L, 3, np.float32, "f_over_L"), "scaled"), scalar(g, f - 1, 3, np.float32, "f_minus_1"), "ratio")
+            base = mul(g, power(g, ratio, scalar(g, d / (d - 2), 3, np.float32, "exponent"), "ratio_pow"), scalar(g, spec.base, 3, np.float32, "theta"), "base")
+            expo = constant(g, (-np.arange(0, d, 2, dtype=np.float64) / d).reshape(1, 1, half), "neg_exponents", np.float32)
+            inv_freq = power(g, base, expo, "inv_freq")  # [B, 1, half]
+        else:
+            inv_freq = constant(g, spec.inv_freq.reshape(1, 1, half), "inv_freq", np.float32)
+        freqs = mul(g, pos, inv_freq, "freqs")  # [B, S, half]
+        emb = concat(g, [freqs, freqs], 2, "emb")
+        cos, sin = unary(g, emb, "COS", "cos"), unary(g, emb, "SIN", "sin")
+        if spec.attention_scaling != 1.0:
+            sc = scalar(g, spec.attention_scaling, 3, np.float32, "attention_scaling")
+            cos, sin = mul(g, cos, sc, "cos_scaled"), mul(g, sin, sc, "sin_scaled")
+        return reshape(g, cos, (0, 0, 1, spec.rotary_dim), "cos_4d"), reshape(g, sin, (0, 0, 1, spec.rotary_dim), "sin_4d")
+
+
+def apply_rope(g: Graph, x: Tensor, cos: Tensor, sin: Tensor, spec: RopeSpec, name: str) -> Tensor:
+    """Rotate ``x`` ``[batch, seq, heads, head_dim]`` (neox / half-split pairing).
+
+    ``x * cos + rotate_half(x) * sin`` on the first ``rotary_dim`` features (transformers'
+    ``apply_rotary_pos_emb``), the rest passed through; cos/sin from :func:`rope_cos_sin`,
+    cast to the graph dtype first as transformers does.
+    """
+    d, rd = spec.head_dim, spec.rotary_dim
+    half = rd // 2
+    with g.scope(name):
+        cos_t, sin_t = cast(g, cos, g.np_dtype, "cos"), cast(g, sin, g.np_dtype, "sin")
+        rot = x if rd == d else gather_const(g, x, range(rd), 3, "rot_part")
+        # rotate_half: cat(-x2, x1) == gather [x2, x1] then multiply by sign [-1]*half + [1]*half
+        swapped = gather_const(g, rot, [*range(half, rd), *range(half)], 3, "swap_halves")
+        sign = constant(g, np.concatenate([-np.ones(half), np.ones(half)]).reshape(1, 1, 1, rd), "sign", g.np_dtype)
+        rotated = add(g, mul(g, rot, cos_t, "x_cos"), mul(g, mul(g, swapped, sign, "rotate_half"), sin_t, "rot_sin"), "rotated")
+        if rd == d:
+            return rotated
+        passed = gather_const(g, x, range(rd, d), 3, "pass_part")
+        return concat(g, [rotated, passed], 3, "out")
+
+
+# ---------------------------------------------------------------------------------------
+# attention over a contiguous KV cache (composed standard layers)
+# ---------------------------------------------------------------------------------------
+
+
+def attention(
+    g: Graph,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    mask: Tensor,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    name: str = "attention",
+) -> Tensor:
+    """Scaled dot-product attention with GQA/MQA over a contiguous cache.
+
+    Args:
+        q: ``[batch, seq, num_heads, head_dim]`` (graph dtype, RoPE applied).
+        k_cache, v_cache: ``[batch, num_kv_heads, total_len, head_dim]`` (past + new).
+        mask: float32 additive mask ``[batch, 1, 1, seq, total_len]`` (0 or a large negative).
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+
+    Returns:
+        ``[batch, seq, num_heads * head_dim]``. Query head ``h`` attends to KV head
+        ``h // (num_heads // num_kv_heads)`` (transformers' ``repeat_kv``); scores are
+        scaled, masked and soft-maxed in float32 (Vaswani et al., arXiv:1706.03762).
+    """
+    num_heads = q.shape[2]
+    groups = num_heads // num_kv_heads
+    with g.scope(name):
+        q5 = reshape(g, q, (0, 0, num_kv_heads, groups, head_dim), "q_grouped")
+        q5 = transpose(g, q5, (0, 2, 3, 1, 4), "q_bhgsd")  # [B, Hkv, G, S, D]
+        k5 = reshape(g, k_cache, (0, 0, 1, -1, head_dim), "k_5d")  # [B, Hkv, 1, T, D]
+        v5 = reshape(g, v_cache, (0, 0, 1, -1, head_dim), "v_5d")
+        scores = cast(g, matmul(g, q5, k5, transpose_b=True, name="qk"), np.float32, "qk_float")
+        scores = mul(g, scores, scalar(g, scale, 5, np.float32, "scale"), "scaled")
+        scores = add(g, scores, mask, "masked")
+        probs = cast(g, softmax(g, scores, -1, "softmax"), g.np_dtype, "probs")
+        ctx = matmul(g, probs, v5, name="pv")  # [B, Hkv, G, S, D]
+        ctx = transpose(g, ctx, (0, 3, 1, 2, 4), "context_bshgd")
+        return reshape(g, ctx, (0, 0, num_heads * head_dim), "context")

@@ -1,0 +1,593 @@
+"""``INetworkDefinition`` and its layers, as trtcore's reference implementation.
+
+This is the subset of TensorRT's network-definition API that trtcore's ops use, with
+TensorRT's names and semantics (TensorRT 10 Python API and "Operators" documentation):
+
+* networks are strongly typed: every layer's output type follows from its inputs' types
+  (``ICastLayer`` changes it), and mixed-type inputs are an error;
+* shapes use ``-1`` for dimensions only known at run time; ``IShuffleLayer.reshape_dims``
+  treats ``0`` as "copy the input dimension" and one ``-1`` as "infer";
+* elementwise, matrix-multiply and select inputs must have equal rank and broadcast
+  dimensions of size 1;
+* reduce and softmax axes are bitmasks.
+
+Shapes are inferred when a layer is added and again when one of its attributes is set,
+so ``tensor.shape`` can be read as in TensorRT; a shape or type error raises
+:class:`trtcore.errors.NetworkError` at once (TensorRT would report it at build time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import NetworkError
+from .types import (
+    FLOATING,
+    ActivationType,
+    DataType,
+    ElementWiseOperation,
+    GatherMode,
+    LayerType,
+    MatrixOperation,
+    ReduceOperation,
+    UnaryOperation,
+    Weights,
+)
+
+Shape = tuple[int, ...]
+
+
+class ITensor:
+    """A tensor of the network: an input, a layer output or a constant."""
+
+    def __init__(self, network: INetworkDefinition, name: str, producer: ILayer | None, index: int = 0):
+        self._network = network
+        self._name = name
+        self.producer = producer
+        self.index = index
+        self._shape: Shape = ()
+        self._dtype = DataType.FLOAT
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._network._rename(self, value)
+
+    @property
+    def shape(self) -> Shape:
+        """Dimensions; -1 where only known at run time."""
+        return self._shape
+
+    @property
+    def dtype(self) -> DataType:
+        return self._dtype
+
+    @property
+    def is_network_input(self) -> bool:
+        return self.producer is None
+
+    @property
+    def is_network_output(self) -> bool:
+        return self in self._network._outputs
+
+    def __repr__(self) -> str:
+        return f"ITensor({self._name!r}, shape={self._shape}, dtype={self._dtype.name})"
+
+
+def _bad(layer: ILayer, msg: str) -> NetworkError:
+    return NetworkError(f"{layer.type.name} layer {layer.name!r}: {msg}")
+
+
+def _broadcast(layer: ILayer, shapes: Sequence[Shape]) -> Shape:
+    ranks = {len(s) for s in shapes}
+    if len(ranks) != 1:
+        raise _bad(layer, f"inputs must have equal rank, got shapes {list(shapes)}")
+    out = []
+    for dims in zip(*shapes):
+        known = {d for d in dims if d not in (-1, 1)}
+        if len(known) > 1:
+            raise _bad(layer, f"shapes {list(shapes)} do not broadcast")
+        if known:
+            out.append(known.pop())
+        elif -1 in dims:
+            out.append(-1)
+        else:
+            out.append(1)
+    return tuple(out)
+
+
+def _axes(mask: int, rank: int) -> tuple[int, ...]:
+    return tuple(i for i in range(rank) if mask >> i & 1)
+
+
+class ILayer:
+    """Base of every layer: ``name``, ``type``, inputs and outputs."""
+
+    type: LayerType
+    _attrs: tuple[str, ...] = ()
+
+    def __init__(self, network: INetworkDefinition, inputs: Sequence[ITensor | None], num_outputs: int = 1):
+        object.__setattr__(self, "_ready", False)
+        self._network = network
+        self._inputs: list[ITensor | None] = list(inputs)
+        index = network.num_layers
+        self.name = f"({type(self).__name__[1:]} {index})"
+        self._outputs = [
+            ITensor(network, f"{self.name}_output_{i}", self, i) for i in range(num_outputs)
+        ]
+        self.metadata = ""
+        object.__setattr__(self, "_ready", True)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        object.__setattr__(self, key, value)
+        if key in self._attrs and getattr(self, "_ready", False):
+            self._update()
+
+    # TensorRT API -----------------------------------------------------------------
+    @property
+    def num_inputs(self) -> int:
+        return len(self._inputs)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self._outputs)
+
+    def get_input(self, index: int) -> ITensor | None:
+        return self._inputs[index]
+
+    def get_output(self, index: int) -> ITensor:
+        return self._outputs[index]
+
+    def set_input(self, index: int, tensor: ITensor) -> None:
+        while len(self._inputs) <= index:
+            self._inputs.append(None)
+        self._inputs[index] = tensor
+        self._update()
+
+    # inference ----------------------------------------------------------------------
+    def _update(self) -> None:
+        shapes, dtypes = self._infer()
+        for out, shape, dtype in zip(self._outputs, shapes, dtypes):
+            out._shape = tuple(int(d) for d in shape)
+            out._dtype = DataType(dtype)
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _in(self, i: int) -> ITensor:
+        t = self._inputs[i]
+        if t is None:
+            raise _bad(self, f"input {i} is not set")
+        return t
+
+    def _same_dtype(self, tensors: Sequence[ITensor]) -> DataType:
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) != 1:
+            desc = ", ".join(f"{t.name}: {t.dtype.name}" for t in tensors)
+            raise _bad(self, f"strongly typed network needs one input type, got {desc}; add a cast")
+        return dtypes.pop()
+
+
+class IConstantLayer(ILayer):
+    type = LayerType.CONSTANT
+    _attrs = ("shape", "weights")
+
+    def __init__(self, network: INetworkDefinition, shape: Shape, weights: Weights):
+        self.shape = tuple(int(d) for d in shape)
+        self.weights = weights
+        super().__init__(network, [])
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        if int(np.prod(self.shape)) != self.weights.size:
+            raise _bad(self, f"shape {self.shape} needs {int(np.prod(self.shape))} values, weights have {self.weights.size}")
+        return [self.shape], [self.weights.dtype]
+
+
+class IElementWiseLayer(ILayer):
+    type = LayerType.ELEMENTWISE
+    _attrs = ("op",)
+
+    def __init__(self, network: INetworkDefinition, a: ITensor, b: ITensor, op: ElementWiseOperation):
+        self.op = ElementWiseOperation(op)
+        super().__init__(network, [a, b])
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        a, b = self._in(0), self._in(1)
+        dtype = self._same_dtype([a, b])
+        if self.op in (ElementWiseOperation.AND, ElementWiseOperation.OR, ElementWiseOperation.XOR):
+            if dtype != DataType.BOOL:
+                raise _bad(self, f"{self.op.name} needs BOOL inputs, got {dtype.name}")
+        out = DataType.BOOL if self.op in (ElementWiseOperation.EQUAL, ElementWiseOperation.GREATER, ElementWiseOperation.LESS) else dtype
+        return [_broadcast(self, [a.shape, b.shape])], [out]
+
+
+class IUnaryLayer(ILayer):
+    type = LayerType.UNARY
+    _attrs = ("op",)
+
+    def __init__(self, network: INetworkDefinition, x: ITensor, op: UnaryOperation):
+        self.op = UnaryOperation(op)
+        super().__init__(network, [x])
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        x = self._in(0)
+        out = DataType.BOOL if self.op in (UnaryOperation.ISINF, UnaryOperation.ISNAN) else x.dtype
+        if self.op == UnaryOperation.NOT and x.dtype != DataType.BOOL:
+            raise _bad(self, "NOT needs a BOOL input")
+        return [x.shape], [out]
+
+
+class IActivationLayer(ILayer):
+    type = LayerType.ACTIVATION
+    _attrs = ("type_",)
+
+    def __init__(self, network: INetworkDefinition, x: ITensor, kind: ActivationType):
+        self.alpha = 0.0
+        self.beta = 0.0
+        object.__setattr__(self, "_kind", ActivationType(kind))
+        super().__init__(network, [x])
+        self._update()
+
+    # TensorRT names the activation kind ``type``; the layer kind is ``LayerType.ACTIVATION``.
+    @property  # type: ignore[override]
+    def type(self) -> ActivationType:  # noqa: D401
+        return self._kind
+
+    @type.setter
+    def type(self, value: ActivationType) -> None:
+        object.__setattr__(self, "_kind", ActivationType(value))
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        x = self._in(0)
+        if x.dtype not in FLOATING:
+            raise _bad(self, f"activation needs a floating-point input, got {x.dtype.name}")
+        return [x.shape], [x.dtype]
+
+
+class IReduceLayer(ILayer):
+    type = LayerType.REDUCE
+    _attrs = ("op", "axes", "keep_dims")
+
+    def __init__(self, network: INetworkDefinition, x: ITensor, op: ReduceOperation, axes: int, keep_dims: bool):
+        self.op = ReduceOperation(op)
+        self.axes = int(axes)
+        self.keep_dims = bool(keep_dims)
+        super().__init__(network, [x])
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        x = self._in(0)
+        axes = _axes(self.axes, len(x.shape))
+        if not axes or self.axes >> len(x.shape):
+            raise _bad(self, f"axes bitmask {self.axes:#b} does not fit rank {len(x.shape)}")
+        if self.keep_dims:
+            shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        else:
+            shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        return [shape], [x.dtype]
+
+
+class ISoftMaxLayer(ILayer):
+    type = LayerType.SOFTMAX
+    _attrs = ("axes",)
+
+    def __init__(self, network: INetworkDefinition, x: ITensor):
+        self.axes = 1 << max(len(x.shape) - 1, 0)
+        super().__init__(network, [x])
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        x = self._in(0)
+        if len(_axes(self.axes, len(x.shape))) != 1:
+            raise _bad(self, f"softmax axes {self.axes:#b} must name exactly one axis of rank {len(x.shape)}")
+        if x.dtype not in FLOATING:
+            raise _bad(self, "softmax needs a floating-point input")
+        return [x.shape], [x.dtype]
+
+
+class IConcatenationLayer(ILayer):
+    type = LayerType.CONCATENATION
+    _attrs = ("axis",)
+
+    def __init__(self, network: INetworkDefinition, tensors: Sequence[ITensor]):
+        self.axis = max(len(tensors[0].shape) - 1, 0) if tensors else 0
+        super().__init__(network, list(tensors))
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        ts = [self._in(i) for i in range(self.num_inputs)]
+        dtype = self._same_dtype(ts)
+        rank = len(ts[0].shape)
+        axis = self.axis
+        if any(len(t.shape) != rank for t in ts) or not 0 <= axis < rank:
+            raise _bad(self, f"cannot concatenate shapes {[t.shape for t in ts]} on axis {axis}")
+        out = list(ts[0].shape)
+        total = 0
+        for t in ts:
+            total = -1 if total == -1 or t.shape[axis] == -1 else total + t.shape[axis]
+        for i in range(rank):
+            if i == axis:
+                out[i] = total
+                continue
+            known = {t.shape[i] for t in ts if t.shape[i] != -1}
+            if len(known) > 1:
+                raise _bad(self, f"shapes {[t.shape for t in ts]} differ outside axis {axis}")
+            out[i] = known.pop() if known else -1
+        return [tuple(out)], [dtype]
+
+
+class IShuffleLayer(ILayer):
+    type = LayerType.SHUFFLE
+    _attrs = ("first_transpose", "reshape_dims", "second_transpose", "zero_is_placeholder")
+
+    def __init__(self, network: INetworkDefinition, x: ITensor):
+        rank = len(x.shape)
+        self.first_transpose = tuple(range(rank))
+        self.reshape_dims: Shape | None = None
+        self.second_transpose: tuple[int, ...] | None = None
+        self.zero_is_placeholder = True
+        super().__init__(network, [x])
+        self._update()
+
+    def resolve_reshape(self, in_shape: Shape) -> Shape:
+        """The reshape target for a concrete (or partly -1) ``in_shape``."""
+        dims = list(self.reshape_dims or ())
+        out: list[int] = []
+        for i, d in enumerate(dims):
+            if d == 0 and self.zero_is_placeholder:
+                if i >= len(in_shape):
+                    raise _bad(self, f"placeholder 0 at index {i} beyond input rank {len(in_shape)}")
+                out.append(in_shape[i])
+            else:
+                out.append(int(d))
+        if out.count(-1) > 1 and -1 not in in_shape:
+            raise _bad(self, f"reshape {dims} has more than one -1")
+        if -1 not in in_shape:
+            vol = int(np.prod(in_shape))
+            if out.count(-1) == 1:
+                rest = int(np.prod([d for d in out if d != -1]))
+                if rest == 0 or vol % rest:
+                    raise _bad(self, f"cannot reshape {in_shape} into {dims}")
+                out[out.index(-1)] = vol // rest
+            elif int(np.prod(out)) != vol:
+                raise _bad(self, f"cannot reshape {in_shape} ({vol} elements) into {tuple(out)}")
+        return tuple(out)
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        x = self._in(0)
+        perm = tuple(self.first_transpose)
+        if sorted(perm) != list(range(len(x.shape))):
+            raise _bad(self, f"first_transpose {perm} is no permutation of rank {len(x.shape)}")
+        shape = tuple(x.shape[p] for p in perm)
+        if self.reshape_dims is not None:
+            shape = self.resolve_reshape(shape)
+        if self.second_transpose is not None:
+            perm2 = tuple(self.second_transpose)
+            if sorted(perm2) != list(range(len(shape))):
+                raise _bad(self, f"second_transpose {perm2} is no permutation of rank {len(shape)}")
+            shape = tuple(shape[p] for p in perm2)
+        return [shape], [x.dtype]
+
+
+class IMatrixMultiplyLayer(ILayer):
+    type = LayerType.MATRIX_MULTIPLY
+    _attrs = ("op0", "op1")
+
+    def __init__(self, network: INetworkDefinition, a: ITensor, op0: MatrixOperation, b: ITensor, op1: MatrixOperation):
+        self.op0 = MatrixOperation(op0)
+        self.op1 = MatrixOperation(op1)
+        super().__init__(network, [a, b])
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        a, b = self._in(0), self._in(1)
+        dtype = self._same_dtype([a, b])
+        if self.op0 == MatrixOperation.VECTOR or self.op1 == MatrixOperation.VECTOR:
+            raise _bad(self, "MatrixOperation.VECTOR is not supported by the reference backend")
+        if len(a.shape) != len(b.shape) or len(a.shape) < 2:
+            raise _bad(self, f"inputs need equal rank >= 2, got {a.shape} and {b.shape}")
+        m, ka = (a.shape[-1], a.shape[-2]) if self.op0 == MatrixOperation.TRANSPOSE else a.shape[-2:]
+        kb, n = (b.shape[-1], b.shape[-2]) if self.op1 == MatrixOperation.TRANSPOSE else b.shape[-2:]
+        if -1 not in (ka, kb) and ka != kb:
+            raise _bad(self, f"inner dimensions differ: {a.shape} ({self.op0.name}) x {b.shape} ({self.op1.name})")
+        batch = _broadcast(self, [a.shape[:-2], b.shape[:-2]]) if len(a.shape) > 2 else ()
+        return [batch + (m, n)], [dtype]
+
+
+class IGatherLayer(ILayer):
+    type = LayerType.GATHER
+    _attrs = ("axis", "mode", "num_elementwise_dims")
+
+    def __init__(self, network: INetworkDefinition, data: ITensor, indices: ITensor, axis: int):
+        self.axis = int(axis)
+        self.mode = GatherMode.DEFAULT
+        self.num_elementwise_dims = 0
+        super().__init__(network, [data, indices])
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        data, idx = self._in(0), self._in(1)
+        if self.mode != GatherMode.DEFAULT or self.num_elementwise_dims:
+            raise _bad(self, "only GatherMode.DEFAULT without elementwise dims is supported")
+        if idx.dtype not in (DataType.INT32, DataType.INT64):
+            raise _bad(self, f"indices must be INT32 or INT64, got {idx.dtype.name}")
+        if not 0 <= self.axis < len(data.shape):
+            raise _bad(self, f"axis {self.axis} out of range for rank {len(data.shape)}")
+        shape = data.shape[: self.axis] + idx.shape + data.shape[self.axis + 1 :]
+        return [shape], [data.dtype]
+
+
+class ICastLayer(ILayer):
+    type = LayerType.CAST
+    _attrs = ("to_type",)
+
+    def __init__(self, network: INetworkDefinition, x: ITensor, to_type: DataType):
+        self.to_type = DataType(to_type)
+        super().__init__(network, [x])
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        return [self._in(0).shape], [self.to_type]
+
+
+class IIdentityLayer(ILayer):
+    type = LayerType.IDENTITY
+
+    def __init__(self, network: INetworkDefinition, x: ITensor):
+        super().__init__(network, [x])
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        x = self._in(0)
+        return [x.shape], [x.dtype]
+
+
+class ISelectLayer(ILayer):
+    type = LayerType.SELECT
+
+    def __init__(self, network: INetworkDefinition, cond: ITensor, then: ITensor, other: ITensor):
+        super().__init__(network, [cond, then, other])
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        c, t, e = self._in(0), self._in(1), self._in(2)
+        if c.dtype != DataType.BOOL:
+            raise _bad(self, f"condition must be BOOL, got {c.dtype.name}")
+        dtype = self._same_dtype([t, e])
+        return [_broadcast(self, [c.shape, t.shape, e.shape])], [dtype]
+
+
+class INetworkDefinition:
+    """A strongly typed network (``tensorrt.INetworkDefinition`` subset).
+
+    Layers execute in the order they were added (each layer's inputs must already exist),
+    which :class:`trtcore.reference.executor.ReferenceExecutor` relies on.
+    """
+
+    def __init__(self, flags: int = 0):
+        self.flags = flags
+        self.name = "network"
+        self._layers: list[ILayer] = []
+        self._inputs: list[ITensor] = []
+        self._outputs: list[ITensor] = []
+        self._tensors: dict[str, ITensor] = {}
+
+    # bookkeeping ------------------------------------------------------------------------
+    def _rename(self, tensor: ITensor, name: str) -> None:
+        if name == tensor._name:
+            return
+        if name in self._tensors:
+            raise NetworkError(f"tensor name {name!r} is already used in the network")
+        self._tensors.pop(tensor._name, None)
+        tensor._name = name
+        self._tensors[name] = tensor
+
+    def _add(self, layer: ILayer) -> ILayer:
+        for t in layer._inputs:
+            if t is not None and t._network is not self:
+                raise NetworkError(f"tensor {t.name!r} belongs to another network")
+        self._layers.append(layer)
+        for out in layer._outputs:
+            self._tensors[out._name] = out
+        return layer
+
+    def tensor(self, name: str) -> ITensor:
+        """The tensor called ``name`` (trtcore extension, for layer-by-layer debugging)."""
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in network {self.name!r}") from None
+
+    @property
+    def layers(self) -> list[ILayer]:
+        """All layers in execution order (trtcore extension)."""
+        return list(self._layers)
+
+    # TensorRT API ------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self._inputs)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self._outputs)
+
+    def get_layer(self, index: int) -> ILayer:
+        return self._layers[index]
+
+    def get_input(self, index: int) -> ITensor:
+        return self._inputs[index]
+
+    def get_output(self, index: int) -> ITensor:
+        return self._outputs[index]
+
+    def add_input(self, name: str, dtype: DataType, shape: Sequence[int]) -> ITensor:
+        if name in self._tensors:
+            raise NetworkError(f"tensor name {name!r} is already used in the network")
+        t = ITensor(self, name, None)
+        t._shape = tuple(int(d) for d in shape)
+        t._dtype = DataType(dtype)
+        self._inputs.append(t)
+        self._tensors[name] = t
+        return t
+
+    def mark_output(self, tensor: ITensor) -> None:
+        if tensor not in self._outputs:
+            self._outputs.append(tensor)
+
+    def unmark_output(self, tensor: ITensor) -> None:
+        self._outputs.remove(tensor)
+
+    def add_constant(self, shape: Sequence[int], weights: Weights | np.ndarray) -> IConstantLayer:
+        w = weights if isinstance(weights, Weights) else Weights(np.asarray(weights))
+        return self._add(IConstantLayer(self, tuple(shape), w))  # type: ignore[return-value]
+
+    def add_elementwise(self, a: ITensor, b: ITensor, op: ElementWiseOperation) -> IElementWiseLayer:
+        return self._add(IElementWiseLayer(self, a, b, op))  # type: ignore[return-value]
+
+    def add_unary(self, x: ITensor, op: UnaryOperation) -> IUnaryLayer:
+        return self._add(IUnaryLayer(self, x, op))  # type: ignore[return-value]
+
+    def add_activation(self, x: ITensor, type: ActivationType) -> IActivationLayer:  # noqa: A002
+        return self._add(IActivationLayer(self, x, type))  # type: ignore[return-value]
+
+    def add_reduce(self, x: ITensor, op: ReduceOperation, axes: int, keep_dims: bool) -> IReduceLayer:
+        return self._add(IReduceLayer(self, x, op, axes, keep_dims))  # type: ignore[return-value]
+
+    def add_softmax(self, x: ITensor) -> ISoftMaxLayer:
+        return self._add(ISoftMaxLayer(self, x))  # type: ignore[return-value]
+
+    def add_concatenation(self, inputs: Sequence[ITensor]) -> IConcatenationLayer:
+        return self._add(IConcatenationLayer(self, inputs))  # type: ignore[return-value]
+
+    def add_shuffle(self, x: ITensor) -> IShuffleLayer:
+        return self._add(IShuffleLayer(self, x))  # type: ignore[return-value]
+
+    def add_matrix_multiply(self, a: ITensor, op0: MatrixOperation, b: ITensor, op1: MatrixOperation) -> IMatrixMultiplyLayer:
+        return self._add(IMatrixMultiplyLayer(self, a, op0, b, op1))  # type: ignore[return-value]
+
+    def add_gather(self, data: ITensor, indices: ITensor, axis: int) -> IGatherLayer:
+        return self._add(IGatherLayer(self, data, indices, axis))  # type: ignore[return-value]
+
+    def add_cast(self, x: ITensor, to_type: DataType) -> ICastLayer:
+        return self._add(ICastLayer(self, x, to_type))  # type: ignore[return-value]
+
+    def add_identity(self, x: ITensor) -> IIdentityLayer:
+        return self._add(IIdentityLayer(self, x))  # type: ignore[return-value]
+
+    def add_select(self, condition: ITensor, then_input: ITensor, else_input: ITensor) -> ISelectLayer:
+        return self._add(ISelectLayer(self, condition, then_input, else_input))  # type: ignore[return-value]
+

@@ -1,0 +1,236 @@
+"""Enums, data types and ``Weights`` of trtcore's reference TensorRT API.
+
+Names and members follow the TensorRT Python API (``tensorrt.DataType``,
+``tensorrt.ElementWiseOperation``, ...; TensorRT 10 "Python API" reference), so code written
+against :mod:`trtcore.reference` runs unchanged against ``tensorrt`` or ``tensorrt_rtx``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+
+class DataType(enum.IntEnum):
+    """Tensor element types (``tensorrt.DataType``); values equal TensorRT's."""
+
+    FLOAT = 0
+    HALF = 1
+    INT8 = 2
+    INT32 = 3
+    BOOL = 4
+    UINT8 = 5
+    FP8 = 6
+    BF16 = 7
+    INT64 = 8
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return int(np.dtype(nptype(self)).itemsize)
+
+
+_NP_OF = {
+    DataType.FLOAT: np.dtype(np.float32),
+    DataType.HALF: np.dtype(np.float16),
+    DataType.BF16: np.dtype(ml_dtypes.bfloat16),
+    DataType.INT8: np.dtype(np.int8),
+    DataType.UINT8: np.dtype(np.uint8),
+    DataType.INT32: np.dtype(np.int32),
+    DataType.INT64: np.dtype(np.int64),
+    DataType.BOOL: np.dtype(np.bool_),
+}
+_DT_OF = {v: k for k, v in _NP_OF.items()}
+
+FLOATING = frozenset({DataType.FLOAT, DataType.HALF, DataType.BF16})
+
+
+def nptype(dtype: DataType) -> Any:
+    """The NumPy dtype of a :class:`DataType` (BF16 -> ``ml_dtypes.bfloat16``), like ``trt.nptype``."""
+    try:
+        return _NP_OF[DataType(dtype)].type
+    except (KeyError, ValueError):
+        raise TypeError(f"no NumPy type for TensorRT data type {dtype!r}") from None
+
+
+def from_numpy_dtype(dtype: Any) -> DataType:
+    """The :class:`DataType` of a NumPy dtype; TypeError if there is none."""
+    try:
+        return _DT_OF[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"NumPy dtype {np.dtype(dtype)} has no TensorRT data type") from None
+
+
+class NetworkDefinitionCreationFlag(enum.IntEnum):
+    """``tensorrt.NetworkDefinitionCreationFlag``; networks are always strongly typed here."""
+
+    STRONGLY_TYPED = 1
+
+
+class ElementWiseOperation(enum.IntEnum):
+    SUM = 0
+    PROD = 1
+    MAX = 2
+    MIN = 3
+    SUB = 4
+    DIV = 5
+    POW = 6
+    FLOOR_DIV = 7
+    AND = 8
+    OR = 9
+    XOR = 10
+    EQUAL = 11
+    GREATER = 12
+    LESS = 13
+
+
+class UnaryOperation(enum.IntEnum):
+    EXP = 0
+    LOG = 1
+    SQRT = 2
+    RECIP = 3
+    ABS = 4
+    NEG = 5
+    SIN = 6
+    COS = 7
+    TAN = 8
+    SINH = 9
+    COSH = 10
+    ASIN = 11
+    ACOS = 12
+    ATAN = 13
+    ASINH = 14
+    ACOSH = 15
+    ATANH = 16
+    CEIL = 17
+    FLOOR = 18
+    ERF = 19
+    NOT = 20
+    SIGN = 21
+    ROUND = 22
+    ISINF = 23
+    ISNAN = 24
+
+
+class ActivationType(enum.IntEnum):
+    RELU = 0
+    SIGMOID = 1
+    TANH = 2
+    LEAKY_RELU = 3
+    ELU = 4
+    SELU = 5
+    SOFTSIGN = 6
+    SOFTPLUS = 7
+    CLIP = 8
+    HARD_SIGMOID = 9
+    SCALED_TANH = 10
+    THRESHOLDED_RELU = 11
+    GELU_ERF = 12
+    GELU_TANH = 13
+
+
+class ReduceOperation(enum.IntEnum):
+    SUM = 0
+    PROD = 1
+    MAX = 2
+    MIN = 3
+    AVG = 4
+
+
+class MatrixOperation(enum.IntEnum):
+    NONE = 0
+    TRANSPOSE = 1
+    VECTOR = 2
+
+
+class GatherMode(enum.IntEnum):
+    DEFAULT = 0
+    ELEMENT = 1
+    ND = 2
+
+
+class LayerType(enum.IntEnum):
+    ACTIVATION = 3
+    SOFTMAX = 7
+    CONCATENATION = 9
+    ELEMENTWISE = 10
+    PLUGIN = 11
+    UNARY = 12
+    SHUFFLE = 14
+    REDUCE = 15
+    GATHER = 17
+    MATRIX_MULTIPLY = 18
+    CONSTANT = 20
+    IDENTITY = 21
+    CAST = 22
+    SLICE = 24
+    SHAPE = 25
+    SELECT = 30
+    PLUGIN_V3 = 44
+
+
+class MemoryPoolType(enum.IntEnum):
+    WORKSPACE = 0
+    TACTIC_SHARED_MEMORY = 5
+
+
+class TensorIOMode(enum.IntEnum):
+    NONE = 0
+    INPUT = 1
+    OUTPUT = 2
+
+
+class Weights:
+    """Constant data, like ``tensorrt.Weights``.
+
+    Accepts ``Weights(array)`` (a NumPy array; its dtype decides the type) or TensorRT's
+    pointer form ``Weights(DataType, pointer, count)`` (the bytes are copied, so the caller
+    need not keep the buffer alive here, unlike TensorRT).
+    """
+
+    def __init__(self, *args: Any) -> None:
+        if len(args) == 1:
+            array = np.ascontiguousarray(args[0])
+            self.dtype = from_numpy_dtype(array.dtype)
+            self.array = array
+        elif len(args) == 3:
+            dtype, ptr, count = DataType(args[0]), int(args[1]), int(args[2])
+            nbytes = count * dtype.itemsize
+            raw = (ctypes.c_char * nbytes).from_address(ptr) if nbytes else b""
+            self.array = np.frombuffer(bytes(raw), dtype=nptype(dtype)).copy()
+            self.dtype = dtype
+        else:
+            raise TypeError("Weights(array) or Weights(DataType, pointer, count)")
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(self.array.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Number of bytes."""
+        return int(self.array.nbytes)
+
+
+class Logger:
+    """Severity-filtered logger (``tensorrt.Logger``); prints to stderr."""
+
+    INTERNAL_ERROR = 0
+    ERROR = 1
+    WARNING = 2
+    INFO = 3
+    VERBOSE = 4
+
+    def __init__(self, min_severity: int = WARNING) -> None:
+        self.min_severity = min_severity
+
+    def log(self, severity: int, msg: str) -> None:
+        if severity <= self.min_severity:
+            import sys
+
+            print(f"[trtcore.reference] {msg}", file=sys.stderr)

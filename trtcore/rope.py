@@ -1,0 +1,152 @@
+"""Rotary position embedding (RoPE) frequencies, as Hugging Face transformers computes them.
+
+RoPE (Su et al., "RoFormer", arXiv:2104.09864) rotates pairs of query/key features by the
+angle ``position * inv_freq[i]``. The scaling variants and their formulas follow
+transformers' ``modeling_rope_utils.py`` (``_compute_default_rope_parameters``,
+``_compute_linear_scaling_rope_parameters``, ``_compute_dynamic_ntk_parameters``,
+``_compute_llama3_parameters``, ``_compute_yarn_parameters``):
+
+* ``linear``: ``inv_freq / factor`` (Chen et al., arXiv:2306.15595);
+* ``dynamic`` (NTK-aware, /u/bloc97 and /u/emozilla): the base grows with the current
+  sequence length ``s > max_position_embeddings`` as
+  ``base * (factor * s / max_position_embeddings - (factor - 1)) ** (dim / (dim - 2))``;
+  because it depends on ``s`` it is evaluated inside the network (see :mod:`trtcore.ops`);
+* ``llama3``: wavelength-dependent interpolation between ``inv_freq`` and
+  ``inv_freq / factor`` (Llama 3.1 reference code);
+* ``yarn`` (Peng et al., arXiv:2309.00071): ramp between interpolation and extrapolation,
+  plus an attention factor that scales cos and sin.
+
+All arrays here are float64; the network casts to float32 as transformers computes in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Everything a RoPE implementation needs, derived from a model config.
+
+    Attributes:
+        rotary_dim: number of rotated features per head (``head_dim * partial_rotary_factor``).
+        head_dim: features per head.
+        base: ``rope_theta``.
+        rope_type: one of :data:`SUPPORTED_ROPE_TYPES`.
+        inv_freq: float64 ``[rotary_dim // 2]`` inverse frequencies (for ``dynamic``: those
+            at ``seq_len <= max_position_embeddings``).
+        attention_scaling: factor applied to cos and sin (YaRN's attention factor, else 1).
+        dynamic_factor: the ``factor`` of dynamic NTK scaling, 0 for other types.
+        max_position_embeddings: the length beyond which dynamic NTK scaling starts.
+    """
+
+    rotary_dim: int
+    head_dim: int
+    base: float
+    rope_type: str
+    inv_freq: np.ndarray
+    attention_scaling: float = 1.0
+    dynamic_factor: float = 0.0
+    max_position_embeddings: int = 0
+
+
+def default_inv_freq(base: float, dim: int) -> np.ndarray:
+    """``1 / base ** (arange(0, dim, 2) / dim)`` in float64, shape ``[dim // 2]``."""
+    return 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+
+
+def dynamic_ntk_base(base: float, factor: float, seq_len: float, max_position_embeddings: int, dim: int) -> float:
+    """The dynamic-NTK base for a sequence of ``seq_len`` tokens (unchanged up to the max length)."""
+    s = max(seq_len, max_position_embeddings)
+    return base * ((factor * s / max_position_embeddings) - (factor - 1)) ** (dim / (dim - 2))
+
+
+def _llama3(inv_freq: np.ndarray, p: dict[str, Any]) -> np.ndarray:
+    factor = float(p["factor"])
+    low, high = float(p["low_freq_factor"]), float(p["high_freq_factor"])
+    old_len = float(p["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled)
+
+
+def _yarn(base: float, dim: int, p: dict[str, Any], max_position_embeddings: int) -> tuple[np.ndarray, float]:
+    original = int(p.get("original_max_position_embeddings") or max_position_embeddings)
+    factor = p.get("factor")
+    factor = float(factor) if factor is not None else max_position_embeddings / original
+
+    def mscale_of(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = p.get("mscale"), p.get("mscale_all_dim")
+        attention_factor = mscale_of(factor, m) / mscale_of(factor, m_all) if m and m_all else mscale_of(factor)
+    beta_fast = p.get("beta_fast") or 32
+    beta_slow = p.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: avoid a zero-width ramp
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv, float(attention_factor)
+
+
+def rope_spec(config: Any) -> RopeSpec:
+    """The :class:`RopeSpec` of a :class:`trtcore.config.ModelConfig`.
+
+    Raises:
+        ConfigError: the ``rope_type`` is not supported, or a field it needs is missing.
+    """
+    from .errors import ConfigError
+
+    head_dim = int(config.head_dim)
+    scaling = dict(config.rope_scaling or {})
+    partial = float(scaling.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0) or 1.0))
+    dim = int(head_dim * partial)
+    base = float(config.rope_theta)
+    rope_type = scaling.get("rope_type", "default")
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ConfigError(f"rope_scaling rope_type {rope_type!r} is not supported; expected one of {SUPPORTED_ROPE_TYPES}")
+    try:
+        inv = default_inv_freq(base, dim)
+        scale, dyn = 1.0, 0.0
+        if rope_type == "linear":
+            inv = inv / float(scaling["factor"])
+        elif rope_type == "llama3":
+            inv = _llama3(inv, scaling)
+        elif rope_type == "yarn":
+            inv, scale = _yarn(base, dim, scaling, int(config.max_position_embeddings))
+        elif rope_type == "dynamic":
+            dyn = float(scaling["factor"])
+    except KeyError as exc:
+        raise ConfigError(f"rope_scaling of type {rope_type!r} needs the field {exc.args[0]!r}") from None
+    return RopeSpec(
+        rotary_dim=dim,
+        head_dim=head_dim,
+        base=base,
+        rope_type=rope_type,
+        inv_freq=inv,
+        attention_scaling=scale,
+        dynamic_factor=dyn,
+        max_position_embeddings=int(config.max_position_embeddings),
+    )

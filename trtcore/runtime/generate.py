@@ -1,0 +1,182 @@
+"""The generate loop over a contiguous KV cache: prefill, then decode, for a batch of prompts.
+
+Contiguous mode (DESIGN.md, "KV cache modes"): the engine takes each layer's cache
+``past_key_values.{i}.key`` ``[batch, num_key_value_heads, P, head_dim]`` and returns
+``present.{i}.key`` with the step's tokens appended (``P + S``). Prompts of different
+lengths are right-padded; every cache slot remembers its token's position (``-1`` for
+padding), and the attention mask given to the engine allows query ``q`` to see slot ``k``
+exactly when the slot is real, ``pos(k) <= pos(q)`` (causal) and, with a sliding window
+``W``, ``pos(q) - pos(k) < W`` (transformers' sliding-window mask). So each sequence
+computes what it would compute alone.
+
+Finished sequences leave the batch at once; cache columns no live sequence uses are
+dropped, so the cache never grows past the longest live sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config import ModelConfig
+from .executor import Executor
+from .sampling import Sampler, SamplingParams, TokenLogprobs
+
+#: additive mask value for disallowed (query, key) pairs; finite, so no NaN even if a row
+#: were fully masked, and exp() of it underflows to exactly 0 in float32.
+MASK_VALUE = np.float32(-1e30)
+
+
+@dataclass
+class Request:
+    """One prompt to complete.
+
+    Attributes:
+        request_id: caller's id, echoed in every :class:`TokenEvent`.
+        prompt_token_ids: the prompt, at least one token id.
+        params: sampling parameters.
+        eos_token_ids: ids that end generation unless ``params.ignore_eos``.
+    """
+
+    request_id: Any
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+
+
+@dataclass
+class TokenEvent:
+    """One generated token of one request.
+
+    Attributes:
+        request_id: the request.
+        token_id: the new token.
+        logprobs: its log-probabilities when the request asked for them.
+        finish_reason: None while running, else ``"stop"`` (EOS or a stop token) or
+            ``"length"`` (``max_tokens`` or the engine's ``max_seq_len`` reached).
+        stop_reason: the stop token id when a ``stop_token_ids`` entry ended it.
+    """
+
+    request_id: Any
+    token_id: int
+    logprobs: TokenLogprobs | None
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+
+
+def attention_mask(key_pos: np.ndarray, query_pos: np.ndarray, sliding_window: int | None) -> np.ndarray:
+    """Additive float32 mask ``[B, 1, 1, S, T]`` from slot positions.
+
+    Args:
+        key_pos: int ``[B, T]``, each cache slot's position, -1 for padding.
+        query_pos: int ``[B, S]``, each query's position (padding queries: 0).
+        sliding_window: ``W`` or None.
+    """
+    k = key_pos[:, None, :]
+    q = query_pos[:, :, None]
+    allowed = (k >= 0) & (k <= q)
+    if sliding_window:
+        allowed &= (q - k) < sliding_window
+    mask = np.where(allowed, np.float32(0), MASK_VALUE).astype(np.float32)
+    return mask[:, None, None, :, :]
+
+
+class ContiguousGenerator:
+    """Runs batches of :class:`Request` through an executor with a contiguous KV cache.
+
+    Args:
+        executor: runs the model network (:func:`trtcore.models.llama.io_spec` I/O).
+        config: the model config (layers, KV heads, head_dim, sliding_window).
+        kv_dtype: NumPy dtype of the cache (the engine dtype).
+        max_batch_size: sequences per engine call (the profile's max batch).
+        max_seq_len: most tokens (prompt + generated) per sequence.
+    """
+
+    def __init__(self, executor: Executor, config: ModelConfig, kv_dtype: Any, max_batch_size: int, max_seq_len: int):
+        self.executor = executor
+        self.config = config
+        self.kv_dtype = np.dtype(kv_dtype)
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self._kv_names = [
+            (f"past_key_values.{i}.{kind}", f"present.{i}.{kind}")
+            for i in range(config.num_hidden_layers)
+            for kind in ("key", "value")
+        ]
+
+    def generate(self, requests: Sequence[Request]) -> Iterator[TokenEvent]:
+        """Yield one :class:`TokenEvent` per generated token, request by request per step.
+
+        Requests run in batches of ``max_batch_size`` in the given order. The caller
+        validates them (non-empty prompt shorter than ``max_seq_len``).
+        """
+        for start in range(0, len(requests), self.max_batch_size):
+            yield from self._run_batch(list(requests[start : start + self.max_batch_size]))
+
+    def _step(self, ids: np.ndarray, qpos: np.ndarray, key_pos: np.ndarray, last: np.ndarray, past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        feeds = {
+            "input_ids": ids.astype(np.int32),
+            "position_ids": qpos.astype(np.int32),
+            "attention_mask": attention_mask(key_pos, qpos, self.config.sliding_window),
+            "last_token_ids": last.astype(np.int32),
+            **past,
+        }
+        out = self.executor.run(feeds)
+        return np.asarray(out["logits"], dtype=np.float32), {p: out[o] for p, o in self._kv_names}
+
+    def _run_batch(self, batch: list[Request]) -> Iterator[TokenEvent]:
+        n = len(batch)
+        lens = np.array([len(r.prompt_token_ids) for r in batch])
+        S = int(lens.max())
+        ids = np.zeros((n, S), np.int64)
+        valid = np.arange(S)[None, :] < lens[:, None]
+        for b, r in enumerate(batch):
+            ids[b, : lens[b]] = r.prompt_token_ids
+        qpos = np.where(valid, np.arange(S)[None, :], 0)
+        key_pos = np.where(valid, qpos, -1)
+        c = self.config
+        empty = np.zeros((n, c.num_key_value_heads, 0, c.head_dim), self.kv_dtype)
+        past = {p: empty for p, _ in self._kv_names}
+        last = np.arange(n) * S + lens - 1
+
+        sampler = Sampler()
+        for b, r in enumerate(batch):
+            sampler.add_request(b, r.params)
+        alive = list(range(n))  # batch rows -> index into `batch`
+        generated = [0] * n
+        seq_len = lens.copy()
+
+        logits, past = self._step(ids, qpos, key_pos, last, past)
+        while True:
+            result = sampler.sample(logits, alive)
+            keep: list[int] = []
+            for row, b in enumerate(alive):
+                r = batch[b]
+                tok = int(result.token_ids[row])
+                generated[b] += 1
+                seq_len[b] += 1
+                reason, stop = None, None
+                if r.params.stop_token_ids and tok in r.params.stop_token_ids:
+                    reason, stop = "stop", tok
+                elif not r.params.ignore_eos and tok in r.eos_token_ids:
+                    reason = "stop"
+                elif generated[b] >= r.params.max_tokens or seq_len[b] >= self.max_seq_len:
+                    reason = "length"
+                yield TokenEvent(r.request_id, tok, result.logprobs[row], reason, stop)
+                if reason is None:
+                    keep.append(row)
+            if not keep:
+                return
+            next_ids = result.token_ids[keep].reshape(-1, 1)
+            if len(keep) < len(alive):
+                alive = [alive[i] for i in keep]
+                key_pos = key_pos[keep]
+                used = (key_pos >= 0).any(axis=0)
+                past = {k: v[keep][:, :, used] if not used.all() else v[keep] for k, v in past.items()}
+                key_pos = key_pos[:, used]
+            new_pos = np.array([[seq_len[b] - 1] for b in alive])
+            key_pos = np.concatenate([key_pos, new_pos], axis=1)
+            logits, past = self._step(next_ids, new_pos, key_pos, np.arange(len(alive)), past)
