@@ -32,7 +32,8 @@ def io_spec(config: ModelConfig, dtype: Any) -> list[tuple[str, Any, tuple[int, 
 
     * ``input_ids`` int32 ``[B, S]``, ``position_ids`` int32 ``[B, S]``;
     * ``attention_mask`` float32 ``[B, 1, 1, S, T]``: 0 where query may attend, else a large
-      negative number (causal, padding and sliding window all folded in by the runtime);
+      negative number (causal and padding folded in by the runtime); with sliding-window
+      layers (``config.layer_types``) also ``sliding_attention_mask``, the same with the window;
     * ``last_token_ids`` int32 ``[B]``: flat index (``b * S + s``) of each sequence's last
       token, whose logits are returned;
     * ``past_key_values.{i}.key`` / ``.value`` ``[B, num_key_value_heads, P, head_dim]``.
@@ -47,6 +48,8 @@ def io_spec(config: ModelConfig, dtype: Any) -> list[tuple[str, Any, tuple[int, 
         ("attention_mask", np.float32, (-1, 1, 1, -1, -1)),
         ("last_token_ids", np.int32, (-1,)),
     ]
+    if "sliding_attention" in config.layer_types:
+        spec.insert(3, ("sliding_attention_mask", np.float32, (-1, 1, 1, -1, -1)))
     for i in range(config.num_hidden_layers):
         spec.append((f"past_key_values.{i}.key", dtype, kv))
         spec.append((f"past_key_values.{i}.value", dtype, kv))
@@ -104,7 +107,8 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                     v_all = ops.concat(g, [inputs[f"past_key_values.{i}.value"], v_new], 2, "v_cache")
                     g.output(k_all, f"present.{i}.key")
                     g.output(v_all, f"present.{i}.value")
-                    ctx = ops.attention(g, q, k_all, v_all, inputs["attention_mask"], Hkv, D, D**-0.5, "attention")
+                    mask = inputs["sliding_attention_mask" if c.layer_types[i] == "sliding_attention" else "attention_mask"]
+                    ctx = ops.attention(g, q, k_all, v_all, mask, Hkv, D, D**-0.5, "attention")
                     o = ops.linear(g, ctx, w(f"{a}.o_proj.weight", E, H * D), _bias(weights, f"{a}.o_proj.bias", E, c.o_bias), "o_proj")
                 h = ops.add(g, h, o, "attn_residual")
                 x = ops.rms_norm(g, h, w(f"{p}.post_attention_layernorm.weight", E), c.rms_norm_eps, "post_attention_layernorm")

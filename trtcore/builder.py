@@ -81,6 +81,8 @@ def profile_shapes(config: ModelConfig, bc: BuildConfig) -> dict[str, tuple[tupl
         "attention_mask": ((1, 1, 1, 1, 1), (b, 1, 1, s, 2 * s), (B, 1, 1, L, 2 * L - 1)),
         "last_token_ids": ((1,), (b,), (B,)),
     }
+    if "sliding_attention" in config.layer_types:
+        shapes["sliding_attention_mask"] = shapes["attention_mask"]
     for i in range(config.num_hidden_layers):
         for kind in ("key", "value"):
             shapes[f"past_key_values.{i}.{kind}"] = ((1, Hkv, 0, D), (b, Hkv, s, D), (B, Hkv, L - 1, D))

@@ -58,7 +58,7 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
 
 def _trtcore_logits(llm: Any, prompt: list[int], continuation: list[int]) -> np.ndarray:
     """Logits ``[1 + len(continuation), vocab]`` at the last prompt position and each step."""
-    from .runtime.generate import attention_mask
+    from .runtime.generate import mask_feeds
 
     c = llm.config
     kv_dtype = llm._generator.kv_dtype
@@ -76,7 +76,7 @@ def _trtcore_logits(llm: Any, prompt: list[int], continuation: list[int]) -> np.
         out = llm.executor.run({
             "input_ids": np.array([chunk], np.int32),
             "position_ids": pos.astype(np.int32),
-            "attention_mask": attention_mask(key_pos, pos, c.sliding_window),
+            **mask_feeds(c, key_pos, pos),
             "last_token_ids": np.array([len(chunk) - 1], np.int32),
             **past,
         })

@@ -561,8 +561,10 @@ class ModelConfig:
             raise ConfigError(f"field 'model_type' is {model_type!r}, expected a string")
         family = MODEL_FAMILIES.get(model_type)
         if family is None:
+            archs = sorted(f.architecture for f in MODEL_FAMILIES.values())
             raise UnsupportedArchitectureError(
-                f"field 'model_type' is {model_type!r}, expected one of {sorted(MODEL_FAMILIES)}"
+                f"model_type {model_type!r} (architectures {list(d.get('architectures') or [])}) is not supported; "
+                f"supported model types: {sorted(MODEL_FAMILIES)}; architectures: {', '.join(archs)}"
             )
         defaults = family.defaults
         for name in REQUIRED_FIELDS:

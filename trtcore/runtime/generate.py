@@ -84,6 +84,15 @@ def attention_mask(key_pos: np.ndarray, query_pos: np.ndarray, sliding_window: i
     return mask[:, None, None, :, :]
 
 
+def mask_feeds(config: ModelConfig, key_pos: np.ndarray, query_pos: np.ndarray) -> dict[str, np.ndarray]:
+    """The mask inputs of one step: ``attention_mask`` (causal) and, when some layers use a
+    sliding window (``config.layer_types``), ``sliding_attention_mask``."""
+    feeds = {"attention_mask": attention_mask(key_pos, query_pos, None)}
+    if "sliding_attention" in config.layer_types:
+        feeds["sliding_attention_mask"] = attention_mask(key_pos, query_pos, config.sliding_window)
+    return feeds
+
+
 class ContiguousGenerator:
     """Runs batches of :class:`Request` through an executor with a contiguous KV cache.
 
@@ -120,7 +129,7 @@ class ContiguousGenerator:
         feeds = {
             "input_ids": ids.astype(np.int32),
             "position_ids": qpos.astype(np.int32),
-            "attention_mask": attention_mask(key_pos, qpos, self.config.sliding_window),
+            **mask_feeds(self.config, key_pos, qpos),
             "last_token_ids": last.astype(np.int32),
             **past,
         }
