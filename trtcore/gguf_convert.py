@@ -700,9 +700,11 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
 
     # CONTROL tokens are special; in a byte-level vocabulary one spelled outside the byte
     # alphabet is a llama.cpp mislabel and is skipped (as transformers does).
-    alphabet = set(_bytes_to_unicode().values()) if byte_level else None
+    byte_alphabet = set(_bytes_to_unicode().values()) if byte_level else None
     control = [
-        t for t, ty in zip(tokens, token_types) if ty == _TOKEN_CONTROL and (alphabet is None or set(t) <= alphabet)
+        t
+        for t, ty in zip(tokens, token_types)
+        if ty == _TOKEN_CONTROL and (byte_alphabet is None or set(t) <= byte_alphabet)
     ]
     if control:
         tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
@@ -715,9 +717,9 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
     if extra:
         tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in dict.fromkeys(extra)])
 
-    bos, eos = named["bos_token"], named["eos_token"]
-    add_bos = add_bos and bos is not None
-    add_eos = add_eos and eos is not None
+    add_bos = add_bos and named["bos_token"] is not None
+    add_eos = add_eos and named["eos_token"] is not None
+    bos, eos = named["bos_token"] or "", named["eos_token"] or ""
     single = f"{bos + ':0 ' if add_bos else ''}$A:0{' ' + eos + ':0' if add_eos else ''}"
     pair = f"{single}{' ' + bos + ':1' if add_bos else ''} $B:1{' ' + eos + ':1' if add_eos else ''}"
     special = []
@@ -780,7 +782,10 @@ def _move_into_place(tmp: Path, output_dir: Path, *, overwrite: bool) -> None:
             except BaseException:
                 trash.rename(output_dir)  # put the old directory back
                 raise
-            shutil.rmtree(trash, ignore_errors=True)
+            if trash.is_dir():
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                trash.unlink(missing_ok=True)
             return
         else:
             raise ConversionError(f"{output_dir} already exists and is not empty (pass overwrite=True)")
