@@ -14,6 +14,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import numpy as np
 
 from . import ops
 from .config import ModelConfig
+from .errors import EngineBuildError, InvalidArgumentError
 from .models import family_for
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -48,9 +50,9 @@ class BuildConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
+            raise InvalidArgumentError(f"dtype {self.dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
         if self.max_batch_size < 1 or self.max_seq_len < 2:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"max_batch_size must be >= 1 and max_seq_len >= 2, got {self.max_batch_size} and {self.max_seq_len}"
             )
 
@@ -74,18 +76,19 @@ def profile_shapes(config: ModelConfig, bc: BuildConfig) -> dict[str, tuple[tupl
     """
     B, L = bc.max_batch_size, bc.max_seq_len
     b, s = bc.opt_batch_size, bc.opt_seq_len
+    p = min(s, L - 1)  # opt cached length
     Hkv, D = config.num_key_value_heads, config.head_dim
     shapes: dict[str, tuple[tuple[int, ...], ...]] = {
         "input_ids": ((1, 1), (b, s), (B, L)),
         "position_ids": ((1, 1), (b, s), (B, L)),
-        "attention_mask": ((1, 1, 1, 1, 1), (b, 1, 1, s, 2 * s), (B, 1, 1, L, 2 * L - 1)),
+        "attention_mask": ((1, 1, 1, 1, 1), (b, 1, 1, s, p + s), (B, 1, 1, L, 2 * L - 1)),
         "last_token_ids": ((1,), (b,), (B,)),
     }
     if "sliding_attention" in config.layer_types:
         shapes["sliding_attention_mask"] = shapes["attention_mask"]
     for i in range(config.num_hidden_layers):
         for kind in ("key", "value"):
-            shapes[f"past_key_values.{i}.{kind}"] = ((1, Hkv, 0, D), (b, Hkv, s, D), (B, Hkv, L - 1, D))
+            shapes[f"past_key_values.{i}.{kind}"] = ((1, Hkv, 0, D), (b, Hkv, p, D), (B, Hkv, L - 1, D))
     return shapes
 
 
@@ -99,6 +102,35 @@ class DefinedNetwork:
     graph: ops.Graph
     config: ModelConfig
     build_config: BuildConfig
+
+
+_LOGGERS: dict[str, Any] = {}
+
+
+def trt_logger(trt: Any) -> Any:
+    """One logger per TensorRT module for the whole process (TensorRT keeps the first one
+    it is given); it prints warnings and errors to stderr and remembers the errors, which
+    :func:`build_engine` puts into its exception."""
+    name = getattr(trt, "__name__", "trt")
+    if name not in _LOGGERS:
+        base = getattr(trt, "ILogger", None)
+        if base is None:  # the reference module: its Logger prints already
+            _LOGGERS[name] = trt.Logger(trt.Logger.WARNING)
+        else:
+
+            class _Logger(base):  # type: ignore[misc, valid-type]
+                def __init__(self) -> None:
+                    base.__init__(self)
+                    self.errors: list[str] = []
+
+                def log(self, severity: Any, msg: str) -> None:
+                    if severity <= trt.ILogger.Severity.WARNING:
+                        print(f"[TensorRT] {msg}", file=sys.stderr)
+                    if severity <= trt.ILogger.Severity.ERROR:
+                        self.errors.append(msg)
+
+            _LOGGERS[name] = _Logger()
+    return _LOGGERS[name]
 
 
 def define_network(trt: Any, config: ModelConfig, weights: Any, build_config: BuildConfig) -> DefinedNetwork:
@@ -115,8 +147,7 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, build_config: Bu
         MissingTensorError / TensorShapeError: the checkpoint does not fit the config.
     """
     family = family_for(config.architecture)
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
+    builder = trt.Builder(trt_logger(trt))
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     network.name = config.architecture
@@ -136,14 +167,14 @@ def _builder_config(d: DefinedNetwork, compute_capability: str | None) -> Any:
         cfg.clear_flag(trt.BuilderFlag.TF32)
     if compute_capability is not None:
         if not hasattr(trt, "ComputeCapability"):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"compute capability {compute_capability!r} can only be chosen with tensorrt_rtx; "
                 "TensorRT builds for the GPU it runs on"
             )
         key = "SM" + compute_capability.lower().removeprefix("sm").removeprefix("_")
         if key not in trt.ComputeCapability.__members__:
             choices = [m.lower() for m in trt.ComputeCapability.__members__ if m.startswith("SM")]
-            raise ValueError(f"compute capability {compute_capability!r} is not supported; expected one of {choices}")
+            raise InvalidArgumentError(f"compute capability {compute_capability!r} is not supported; expected one of {choices}")
         cfg.num_compute_capabilities = 1
         cfg.set_compute_capability(trt.ComputeCapability.__members__[key], 0)
     return cfg
@@ -157,13 +188,17 @@ def build_engine(d: DefinedNetwork, compute_capability: str | None = None) -> by
         compute_capability: ``"sm89"`` etc., tensorrt_rtx only (ahead-of-time, no GPU needed).
 
     Raises:
-        RuntimeError: the TensorRT builder returned no engine (its log says why).
-        ValueError: a compute capability was given where it cannot be used.
+        EngineBuildError: the TensorRT builder returned no engine (its log says why).
+        InvalidArgumentError: a compute capability was given where it cannot be used.
     """
     cfg = _builder_config(d, compute_capability)
+    logger = trt_logger(d.trt)
+    errors = getattr(logger, "errors", [])
+    seen = len(errors)
     serialized = d.builder.build_serialized_network(d.network, cfg)
     if serialized is None:
-        raise RuntimeError(f"TensorRT failed to build the {d.config.architecture} network; see the log above")
+        why = "; ".join(errors[seen:]) or "see TensorRT's log above"
+        raise EngineBuildError(f"TensorRT failed to build the {d.config.architecture} network: {why}")
     return bytes(memoryview(serialized))
 
 

@@ -107,7 +107,7 @@ def _generate(args: argparse.Namespace) -> int:
             sys.stdout.write(text[len(shown):])
             sys.stdout.flush()
             shown = text
-    sys.stdout.write("\n")
+    sys.stdout.write(llm.decode(ids)[len(shown):] + "\n")  # whatever was held back
     return 0
 
 

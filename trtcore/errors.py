@@ -51,5 +51,13 @@ class InvalidRequestError(TrtcoreError, ValueError):
     """A generation request is invalid (empty prompt, prompt too long, bad sampling params)."""
 
 
+class InvalidArgumentError(TrtcoreError, ValueError):
+    """An option is out of range: unknown backend or dtype, bad build limits or target."""
+
+
+class EngineBuildError(TrtcoreError, RuntimeError):
+    """TensorRT's builder returned no engine (its log says why)."""
+
+
 class NetworkError(TrtcoreError, ValueError):
     """A network-definition call was given inconsistent tensors (shapes, dtypes)."""

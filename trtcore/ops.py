@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import ml_dtypes
 import numpy as np
 
-from .errors import NetworkError
+from .errors import InvalidArgumentError, NetworkError
 from .rope import RopeSpec
 
 if TYPE_CHECKING:  # checked by mypy against tensorrt-stubs; never imported at run time
@@ -56,7 +56,7 @@ class Graph:
 
     def __init__(self, trt: Any, network: Network, dtype: str = "float32"):
         if dtype not in _NP_DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not supported; expected one of {sorted(_NP_DTYPES)}")
+            raise InvalidArgumentError(f"dtype {dtype!r} is not supported; expected one of {sorted(_NP_DTYPES)}")
         self.trt = trt
         self.network = network
         self.dtype = dtype

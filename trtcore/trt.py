@@ -22,7 +22,7 @@ import os
 from types import ModuleType
 from typing import Any
 
-from .errors import BackendNotAvailableError
+from .errors import BackendNotAvailableError, InvalidArgumentError
 
 BACKENDS: tuple[str, ...] = ("tensorrt", "tensorrt_rtx", "reference")
 
@@ -43,11 +43,11 @@ def normalize_backend(backend: str) -> str:
     """Return the canonical backend name for ``backend`` (aliases: trt, rtx, ref).
 
     Raises:
-        ValueError: ``backend`` is not one of :data:`BACKENDS` or an alias.
+        InvalidArgumentError: ``backend`` is not one of :data:`BACKENDS` or an alias.
     """
     name = _ALIASES.get(backend.strip().lower(), backend.strip().lower())
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+        raise InvalidArgumentError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     return name
 
 
@@ -95,7 +95,7 @@ def load_trt(backend: str | None = None) -> Any:
     Raises:
         BackendNotAvailableError: the requested module is not installed; the message says
             how to install it.
-        ValueError: unknown backend name.
+        InvalidArgumentError: unknown backend name.
     """
     return _import(resolve_backend(backend))
 

@@ -1,0 +1,125 @@
+"""The ``trtcore`` command as a user runs it: convert, generate (streamed, --json, --chat),
+build (tensorrt_rtx on the CPU, with its sidecar), check.
+
+The model is a synthetic GGUF (tiny llama, real BPE tokenizer and chat template) written
+by the GGUF tests' helper, converted with ``trtcore convert``; expectations come from
+transformers or from an independent hash, never from trtcore itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_gguf import write_synthetic_gguf
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "trtcore.cli", *args], capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    write_synthetic_gguf(root / "tiny.gguf", "llama", tokenizer="gpt2", pre="llama-bpe", tied=False, seed=3)
+    proc = _cli("convert", "--gguf", str(root / "tiny.gguf"), "--output", str(root / "hf"))
+    assert proc.returncode == 0, proc.stderr
+    return root / "hf"
+
+
+def _hf_greedy(model: Path, ids: list[int], steps: int) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float64, attn_implementation="eager").eval()
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(steps):
+            seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):]
+
+
+def test_convert_refuses_an_existing_folder(model: Path, tmp_path: Path) -> None:
+    proc = _cli("convert", "--gguf", str(tmp_path / "missing.gguf"), "--output", str(tmp_path / "out"))
+    assert proc.returncode == 2 and proc.stderr.startswith("trtcore: error:")
+    assert not (tmp_path / "out").exists()
+
+
+def test_generate_json_matches_transformers(model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    proc = _cli("generate", "the theory of", "--model", str(model), "--max-tokens", "8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    tok = AutoTokenizer.from_pretrained(str(model))
+    assert out["prompt"] == "the theory of"
+    assert out["prompt_token_ids"] == tok("the theory of")["input_ids"]
+    ref = _hf_greedy(model, out["prompt_token_ids"], 8)
+    eos = json.loads((model / "generation_config.json").read_text())["eos_token_id"]
+    eos = {eos} if isinstance(eos, int) else set(eos)
+    cut = next((i + 1 for i, t in enumerate(ref) if t in eos), len(ref))
+    assert out["token_ids"] == ref[:cut]
+    assert out["text"] == tok.decode(out["token_ids"], skip_special_tokens=True)
+    assert out["backend"] == "reference" and out["dtype"] == "float32"
+    assert set(out["timings"]) >= {"load_s", "ttft_s", "e2e_s", "tpot_s"}
+
+
+def test_generate_streams_prompt_and_continuation(model: Path) -> None:
+    js = json.loads(_cli("generate", "the theory of", "--model", str(model), "--max-tokens", "8", "--json").stdout)
+    proc = _cli("generate", "the theory of", "--model", str(model), "--max-tokens", "8")
+    assert proc.returncode == 0
+    assert proc.stdout == "the theory of" + js["text"] + "\n"
+
+
+def test_generate_chat_applies_the_template(model: Path) -> None:
+    proc = _cli("generate", "hello", "--model", str(model), "--chat", "--max-tokens", "4", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    expected = tok.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True)
+    assert out["prompt"] == expected
+
+
+def test_build_rtx_engine_and_sidecar(model: Path, tmp_path: Path) -> None:
+    engine = tmp_path / "tiny.engine"
+    proc = _cli(
+        "build", "--model", str(model), "--output", str(engine), "--backend", "tensorrt_rtx",
+        "--dtype", "float16", "--compute-capability", "sm89", "--max-batch-size", "2", "--max-seq-len", "64",
+    )
+    assert proc.returncode == 0, proc.stderr
+    side = json.loads((tmp_path / "tiny.engine.json").read_text())
+    assert side["engine_sha256"] == hashlib.sha256(engine.read_bytes()).hexdigest()
+    assert side["dtype"] == "float16" and side["backend"] == "tensorrt_rtx"
+    assert side["target"]["compute_capability"] == "sm89"
+    import tensorrt_rtx
+
+    assert side["tensorrt_version"] == tensorrt_rtx.__version__
+    prof = side["optimization_profiles"][0]
+    assert prof["input_ids"]["max"] == [2, 64]
+    cfg = json.loads((model / "config.json").read_text())
+    assert side["model_config"]["hidden_size"] == cfg["hidden_size"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.engine", "tiny.engine.json"]
+
+
+def test_build_rejects_bad_target(model: Path, tmp_path: Path) -> None:
+    proc = _cli("build", "--model", str(model), "--output", str(tmp_path / "x.engine"), "--backend", "tensorrt_rtx",
+                "--compute-capability", "sm90")
+    assert proc.returncode == 2 and "sm90" in proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_check_reports_agreement(model: Path) -> None:
+    proc = _cli("check", "--model", str(model), "--prompt", "the theory of")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK" in proc.stdout
+    err = float(proc.stdout.split("max relative logit error ")[1].split()[0])
+    assert np.isfinite(err) and err <= 1e-4
