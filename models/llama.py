@@ -32,8 +32,9 @@ def io_spec(config: ModelConfig, dtype: Any) -> list[tuple[str, Any, tuple[int, 
 
     * ``input_ids`` int32 ``[B, S]``, ``position_ids`` int32 ``[B, S]``;
     * ``attention_mask`` float32 ``[B, 1, 1, S, T]``: 0 where query may attend, else a large
-      negative number (causal and padding folded in by the runtime); with sliding-window
-      layers (``config.layer_types``) also ``sliding_attention_mask``, the same with the window;
+      negative number (causal and padding folded in by the runtime), when some layer is
+      ``full_attention`` in ``config.layer_types``; ``sliding_attention_mask``, the same with
+      the sliding window, when some layer is ``sliding_attention``;
     * ``last_token_ids`` int32 ``[B]``: flat index (``b * S + s``) of each sequence's last
       token, whose logits are returned;
     * ``past_key_values.{i}.key`` / ``.value`` ``[B, num_key_value_heads, P, head_dim]``.
@@ -45,11 +46,11 @@ def io_spec(config: ModelConfig, dtype: Any) -> list[tuple[str, Any, tuple[int, 
     spec: list[tuple[str, Any, tuple[int, ...]]] = [
         ("input_ids", np.int32, (-1, -1)),
         ("position_ids", np.int32, (-1, -1)),
-        ("attention_mask", np.float32, (-1, 1, 1, -1, -1)),
-        ("last_token_ids", np.int32, (-1,)),
     ]
-    if "sliding_attention" in config.layer_types:
-        spec.insert(3, ("sliding_attention_mask", np.float32, (-1, 1, 1, -1, -1)))
+    for name, kind in (("attention_mask", "full_attention"), ("sliding_attention_mask", "sliding_attention")):
+        if kind in config.layer_types:
+            spec.append((name, np.float32, (-1, 1, 1, -1, -1)))
+    spec.append(("last_token_ids", np.int32, (-1,)))
     for i in range(config.num_hidden_layers):
         spec.append((f"past_key_values.{i}.key", dtype, kv))
         spec.append((f"past_key_values.{i}.value", dtype, kv))

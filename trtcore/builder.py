@@ -39,7 +39,8 @@ class BuildConfig:
         max_batch_size: largest batch (sequences per step) the profile admits.
         max_seq_len: largest number of tokens (cached + new) per sequence; capped at the
             model's ``max_position_embeddings`` by :meth:`for_model`.
-        opt_batch_size / opt_seq_len: the profile's ``opt`` point (TensorRT tunes for it).
+        opt_batch_size / opt_seq_len: the profile's ``opt`` point (TensorRT tunes for it);
+            clamped to the maxima.
     """
 
     dtype: str = "float32"
@@ -55,6 +56,11 @@ class BuildConfig:
             raise InvalidArgumentError(
                 f"max_batch_size must be >= 1 and max_seq_len >= 2, got {self.max_batch_size} and {self.max_seq_len}"
             )
+        if self.opt_batch_size < 1 or self.opt_seq_len < 1:
+            raise InvalidArgumentError(f"opt_batch_size and opt_seq_len must be >= 1, got {self.opt_batch_size}, {self.opt_seq_len}")
+        # the opt point lies inside [min, max]
+        object.__setattr__(self, "opt_batch_size", min(self.opt_batch_size, self.max_batch_size))
+        object.__setattr__(self, "opt_seq_len", min(self.opt_seq_len, self.max_seq_len))
 
     def for_model(self, config: ModelConfig) -> "BuildConfig":
         """A copy whose lengths fit ``config`` (max_seq_len <= max_position_embeddings)."""
@@ -63,8 +69,8 @@ class BuildConfig:
             dtype=self.dtype,
             max_batch_size=self.max_batch_size,
             max_seq_len=max_len,
-            opt_batch_size=min(self.opt_batch_size, self.max_batch_size),
-            opt_seq_len=min(self.opt_seq_len, max_len),
+            opt_batch_size=self.opt_batch_size,
+            opt_seq_len=self.opt_seq_len,
         )
 
 
@@ -81,11 +87,13 @@ def profile_shapes(config: ModelConfig, bc: BuildConfig) -> dict[str, tuple[tupl
     shapes: dict[str, tuple[tuple[int, ...], ...]] = {
         "input_ids": ((1, 1), (b, s), (B, L)),
         "position_ids": ((1, 1), (b, s), (B, L)),
-        "attention_mask": ((1, 1, 1, 1, 1), (b, 1, 1, s, p + s), (B, 1, 1, L, 2 * L - 1)),
         "last_token_ids": ((1,), (b,), (B,)),
     }
+    mask = ((1, 1, 1, 1, 1), (b, 1, 1, s, p + s), (B, 1, 1, L, 2 * L - 1))
+    if "full_attention" in config.layer_types:
+        shapes["attention_mask"] = mask
     if "sliding_attention" in config.layer_types:
-        shapes["sliding_attention_mask"] = shapes["attention_mask"]
+        shapes["sliding_attention_mask"] = mask
     for i in range(config.num_hidden_layers):
         for kind in ("key", "value"):
             shapes[f"past_key_values.{i}.{kind}"] = ((1, Hkv, 0, D), (b, Hkv, p, D), (B, Hkv, L - 1, D))

@@ -76,7 +76,7 @@ def _trtcore_logits(llm: Any, prompt: list[int], continuation: list[int]) -> np.
         out = llm.executor.run({
             "input_ids": np.array([chunk], np.int32),
             "position_ids": pos.astype(np.int32),
-            **mask_feeds(c, key_pos, pos),
+            **mask_feeds(c, llm.executor.input_names, key_pos, pos),
             "last_token_ids": np.array([len(chunk) - 1], np.int32),
             **past,
         })

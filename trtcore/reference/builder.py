@@ -25,8 +25,8 @@ class BuilderFlag(enum.IntEnum):
     """Subset of ``tensorrt.BuilderFlag``; accepted and recorded, no effect on the reference."""
 
     DEBUG = 2
-    TF32 = 7
-    REFIT = 5
+    REFIT = 4
+    TF32 = 6
 
 
 class IOptimizationProfile:
@@ -135,6 +135,10 @@ def validate(network: INetworkDefinition, profiles: Sequence[IOptimizationProfil
     """Check what TensorRT checks before building; raises :class:`NetworkError`."""
     if not network.num_outputs:
         raise NetworkError("network has no outputs; call mark_output")
+    for layer in network._layers:  # shape/type errors are reported at build time, as in TensorRT
+        layer._update()
+        if layer._error is not None:
+            raise layer._error
     dynamic = [t for t in network._inputs if -1 in t.shape]
     if dynamic and not profiles:
         raise NetworkError(f"inputs {[t.name for t in dynamic]} have dynamic shapes but no optimization profile was added")
@@ -142,13 +146,19 @@ def validate(network: INetworkDefinition, profiles: Sequence[IOptimizationProfil
         for t in dynamic:
             if t.name not in profile._shapes:
                 raise NetworkError(f"optimization profile {i} has no shape for dynamic input {t.name!r}")
-        for name, (lo, _, hi) in profile._shapes.items():
-            t = network.tensor(name)
+        inputs = {t.name: t for t in network._inputs}
+        for name, (lo, opt, hi) in profile._shapes.items():
+            t = inputs.get(name)
+            if t is None:  # TensorRT ignores shapes for tensors that are not inputs
+                continue
             if len(lo) != len(t.shape):
                 raise NetworkError(f"profile {i}: {name!r} has rank {len(t.shape)}, profile gives {lo}")
-            for d, a, b in zip(t.shape, lo, hi):
-                if d != -1 and not a <= d <= b:
-                    raise NetworkError(f"profile {i}: {name!r} static shape {t.shape} outside [{lo}, {hi}]")
+            for d, a, o, b in zip(t.shape, lo, opt, hi):
+                if d != -1 and not a == o == b == d:
+                    raise NetworkError(
+                        f"profile {i}: {name!r} has static shape {t.shape}; min/opt/max must equal it "
+                        f"on static dimensions, got {lo}, {opt}, {hi}"
+                    )
 
 
 class Builder:

@@ -122,6 +122,18 @@ def _activation(layer: IActivationLayer, xp: Any, x: Any) -> Any:
         return alpha * xp.log1p(xp.exp(beta * x))
     if kind == ActivationType.CLIP:
         return xp.clip(x, alpha, beta)
+    if kind == ActivationType.ELU:
+        return xp.where(x >= 0, x, alpha * (xp.exp(x) - 1))
+    if kind == ActivationType.SELU:
+        return beta * xp.where(x >= 0, x, alpha * (xp.exp(x) - 1))
+    if kind == ActivationType.SOFTSIGN:
+        return x / (1 + xp.abs(x))
+    if kind == ActivationType.HARD_SIGMOID:
+        return xp.clip(alpha * x + beta, 0, 1)
+    if kind == ActivationType.SCALED_TANH:
+        return alpha * xp.tanh(beta * x)
+    if kind == ActivationType.THRESHOLDED_RELU:
+        return xp.where(x > alpha, x, 0)
     if kind == ActivationType.GELU_TANH:
         return 0.5 * x * (1.0 + xp.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
     if kind == ActivationType.GELU_ERF:
@@ -181,9 +193,9 @@ def _layer_outputs(layer: ILayer, args: list[Any], xp: Any) -> list[Any]:
     if isinstance(layer, IGatherLayer):
         data, idx = args
         n = data.shape[layer.axis]
-        if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):  # TensorRT: 0 <= index < dim
             raise NetworkError(
-                f"gather {layer.name!r}: index out of range [{-n}, {n}) on axis {layer.axis}: "
+                f"gather {layer.name!r}: index out of range [0, {n}) on axis {layer.axis}: "
                 f"min {int(idx.min())}, max {int(idx.max())}"
             )
         return [xp.take(data, idx, axis=layer.axis)]
@@ -227,6 +239,9 @@ def evaluate(
     Raises:
         NetworkError: a layer cannot run on these inputs (e.g. gather index out of range).
     """
+    for layer in network._layers:
+        if layer._error is not None:
+            raise layer._error
     want = {t.name for t in network._outputs}
     keep_all = capture == "all"
     if not keep_all:

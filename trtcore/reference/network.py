@@ -12,8 +12,10 @@ TensorRT's names and semantics (TensorRT 10 Python API and "Operators" documenta
 * reduce and softmax axes are bitmasks.
 
 Shapes are inferred when a layer is added and again when one of its attributes is set,
-so ``tensor.shape`` can be read as in TensorRT; a shape or type error raises
-:class:`trtcore.errors.NetworkError` at once (TensorRT would report it at build time).
+so ``tensor.shape`` can be read as in TensorRT. A shape or type error is remembered, not
+raised, while attributes may still change (``add_concatenation`` then ``.axis``); reading
+the shape of an affected tensor, validating the network for a build, or evaluating it
+raises :class:`trtcore.errors.NetworkError`.
 """
 
 from __future__ import annotations
@@ -61,12 +63,22 @@ class ITensor:
 
     @property
     def shape(self) -> Shape:
-        """Dimensions; -1 where only known at run time."""
+        """Dimensions; -1 where only known at run time.
+
+        Raises:
+            NetworkError: the producing layer (or one before it) is inconsistent.
+        """
+        self._check()
         return self._shape
 
     @property
     def dtype(self) -> DataType:
+        self._check()
         return self._dtype
+
+    def _check(self) -> None:
+        if self.producer is not None and self.producer._error is not None:
+            raise self.producer._error
 
     @property
     def is_network_input(self) -> bool:
@@ -114,6 +126,7 @@ class ILayer:
 
     def __init__(self, network: INetworkDefinition, inputs: Sequence[ITensor | None], num_outputs: int = 1):
         object.__setattr__(self, "_ready", False)
+        self._error: NetworkError | None = None
         self._network = network
         self._inputs: list[ITensor | None] = list(inputs)
         index = network.num_layers
@@ -152,7 +165,12 @@ class ILayer:
 
     # inference ----------------------------------------------------------------------
     def _update(self) -> None:
-        shapes, dtypes = self._infer()
+        try:
+            shapes, dtypes = self._infer()
+        except NetworkError as exc:
+            self._error = exc
+            return
+        self._error = None
         for out, shape, dtype in zip(self._outputs, shapes, dtypes):
             out._shape = tuple(int(d) for d in shape)
             out._dtype = DataType(dtype)
@@ -205,6 +223,8 @@ class IElementWiseLayer(ILayer):
         if self.op in (ElementWiseOperation.AND, ElementWiseOperation.OR, ElementWiseOperation.XOR):
             if dtype != DataType.BOOL:
                 raise _bad(self, f"{self.op.name} needs BOOL inputs, got {dtype.name}")
+        elif dtype == DataType.BOOL and self.op != ElementWiseOperation.EQUAL:
+            raise _bad(self, f"{self.op.name} does not take BOOL inputs")
         out = DataType.BOOL if self.op in (ElementWiseOperation.EQUAL, ElementWiseOperation.GREATER, ElementWiseOperation.LESS) else dtype
         return [_broadcast(self, [a.shape, b.shape])], [out]
 
@@ -221,8 +241,14 @@ class IUnaryLayer(ILayer):
     def _infer(self) -> tuple[list[Shape], list[DataType]]:
         x = self._in(0)
         out = DataType.BOOL if self.op in (UnaryOperation.ISINF, UnaryOperation.ISNAN) else x.dtype
-        if self.op == UnaryOperation.NOT and x.dtype != DataType.BOOL:
-            raise _bad(self, "NOT needs a BOOL input")
+        if self.op == UnaryOperation.NOT:
+            allowed = {DataType.BOOL}
+        elif self.op in (UnaryOperation.ABS, UnaryOperation.NEG, UnaryOperation.SIGN):
+            allowed = set(FLOATING) | {DataType.INT32, DataType.INT64, DataType.INT8}
+        else:
+            allowed = set(FLOATING)
+        if x.dtype not in allowed:
+            raise _bad(self, f"{self.op.name} does not take {x.dtype.name} inputs")
         return [x.shape], [out]
 
 
@@ -230,9 +256,20 @@ class IActivationLayer(ILayer):
     type = LayerType.ACTIVATION
     _attrs = ("type_",)
 
+    #: TensorRT's default alpha / beta per activation (``IActivationLayer`` documentation)
+    DEFAULTS = {
+        ActivationType.LEAKY_RELU: (0.01, 0.0),
+        ActivationType.ELU: (1.0, 0.0),
+        ActivationType.SELU: (1.6732632423543772, 1.0507009873554805),
+        ActivationType.SOFTPLUS: (1.0, 1.0),
+        ActivationType.CLIP: (-3.4028234663852886e38, 3.4028234663852886e38),
+        ActivationType.HARD_SIGMOID: (0.2, 0.5),
+        ActivationType.SCALED_TANH: (1.0, 1.0),
+        ActivationType.THRESHOLDED_RELU: (1.0, 0.0),
+    }
+
     def __init__(self, network: INetworkDefinition, x: ITensor, kind: ActivationType):
-        self.alpha = 0.0
-        self.beta = 0.0
+        self.alpha, self.beta = self.DEFAULTS.get(ActivationType(kind), (0.0, 0.0))
         object.__setattr__(self, "_kind", ActivationType(kind))
         super().__init__(network, [x])
         self._update()
@@ -248,8 +285,9 @@ class IActivationLayer(ILayer):
 
     def _infer(self) -> tuple[list[Shape], list[DataType]]:
         x = self._in(0)
-        if x.dtype not in FLOATING:
-            raise _bad(self, f"activation needs a floating-point input, got {x.dtype.name}")
+        ints = {DataType.INT32, DataType.INT64} if self._kind == ActivationType.RELU else set()
+        if x.dtype not in FLOATING and x.dtype not in ints:
+            raise _bad(self, f"activation {self._kind.name} does not take {x.dtype.name} inputs")
         return [x.shape], [x.dtype]
 
 
@@ -266,6 +304,8 @@ class IReduceLayer(ILayer):
 
     def _infer(self) -> tuple[list[Shape], list[DataType]]:
         x = self._in(0)
+        if x.dtype == DataType.BOOL:
+            raise _bad(self, "reduce does not take BOOL inputs")
         axes = _axes(self.axes, len(x.shape))
         if not axes or self.axes >> len(x.shape):
             raise _bad(self, f"axes bitmask {self.axes:#b} does not fit rank {len(x.shape)}")
@@ -281,7 +321,7 @@ class ISoftMaxLayer(ILayer):
     _attrs = ("axes",)
 
     def __init__(self, network: INetworkDefinition, x: ITensor):
-        self.axes = 1 << max(len(x.shape) - 1, 0)
+        self.axes = 1 << max(len(x.shape) - 3, 0)  # TensorRT's default axis
         super().__init__(network, [x])
         self._update()
 
@@ -299,7 +339,7 @@ class IConcatenationLayer(ILayer):
     _attrs = ("axis",)
 
     def __init__(self, network: INetworkDefinition, tensors: Sequence[ITensor]):
-        self.axis = max(len(tensors[0].shape) - 1, 0) if tensors else 0
+        self.axis = max(len(tensors[0].shape) - 3, 0) if tensors else 0  # TensorRT's default axis
         super().__init__(network, list(tensors))
         self._update()
 
@@ -349,8 +389,18 @@ class IShuffleLayer(ILayer):
                 out.append(in_shape[i])
             else:
                 out.append(int(d))
-        if out.count(-1) > 1 and -1 not in in_shape:
+        explicit_infer = [i for i, d in enumerate(dims) if d == -1]
+        if len(explicit_infer) > 1:
             raise _bad(self, f"reshape {dims} has more than one -1")
+        if -1 in in_shape and explicit_infer:
+            # TensorRT still resolves the -1 when every unknown input dim is copied by a 0
+            copied = {i for i, d in enumerate(dims) if d == 0 and self.zero_is_placeholder and i < len(in_shape)}
+            rest = [d for i, d in enumerate(in_shape) if i not in copied]
+            if -1 not in rest:
+                known = int(np.prod([d for i, d in enumerate(out) if i not in copied and i != explicit_infer[0]]))
+                if known and int(np.prod(rest)) % known == 0:
+                    out[explicit_infer[0]] = int(np.prod(rest)) // known
+            return tuple(out)
         if -1 not in in_shape:
             vol = int(np.prod(in_shape))
             if out.count(-1) == 1:
@@ -391,6 +441,8 @@ class IMatrixMultiplyLayer(ILayer):
     def _infer(self) -> tuple[list[Shape], list[DataType]]:
         a, b = self._in(0), self._in(1)
         dtype = self._same_dtype([a, b])
+        if dtype not in FLOATING:
+            raise _bad(self, f"matrix multiply needs floating-point inputs, got {dtype.name}")
         if self.op0 == MatrixOperation.VECTOR or self.op1 == MatrixOperation.VECTOR:
             raise _bad(self, "MatrixOperation.VECTOR is not supported by the reference backend")
         if len(a.shape) != len(b.shape) or len(a.shape) < 2:

@@ -154,23 +154,25 @@ class GatherMode(enum.IntEnum):
 
 
 class LayerType(enum.IntEnum):
-    ACTIVATION = 3
-    SOFTMAX = 7
-    CONCATENATION = 9
-    ELEMENTWISE = 10
-    PLUGIN = 11
-    UNARY = 12
-    SHUFFLE = 14
-    REDUCE = 15
-    GATHER = 17
-    MATRIX_MULTIPLY = 18
-    CONSTANT = 20
-    IDENTITY = 21
-    CAST = 22
-    SLICE = 24
-    SHAPE = 25
+    """Layer kinds; values equal TensorRT's (checked against tensorrt_rtx)."""
+
+    CAST = 1
+    ACTIVATION = 2
+    SOFTMAX = 6
+    CONCATENATION = 8
+    ELEMENTWISE = 9
+    PLUGIN = 10
+    UNARY = 11
+    SHUFFLE = 13
+    REDUCE = 14
+    GATHER = 16
+    MATRIX_MULTIPLY = 17
+    CONSTANT = 19
+    IDENTITY = 20
+    SLICE = 22
+    SHAPE = 23
     SELECT = 30
-    PLUGIN_V3 = 44
+    PLUGIN_V3 = 46
 
 
 class MemoryPoolType(enum.IntEnum):

@@ -84,11 +84,13 @@ def attention_mask(key_pos: np.ndarray, query_pos: np.ndarray, sliding_window: i
     return mask[:, None, None, :, :]
 
 
-def mask_feeds(config: ModelConfig, key_pos: np.ndarray, query_pos: np.ndarray) -> dict[str, np.ndarray]:
-    """The mask inputs of one step: ``attention_mask`` (causal) and, when some layers use a
-    sliding window (``config.layer_types``), ``sliding_attention_mask``."""
-    feeds = {"attention_mask": attention_mask(key_pos, query_pos, None)}
-    if "sliding_attention" in config.layer_types:
+def mask_feeds(config: ModelConfig, input_names: Sequence[str], key_pos: np.ndarray, query_pos: np.ndarray) -> dict[str, np.ndarray]:
+    """The mask inputs of one step that the network has: ``attention_mask`` (causal, for
+    full-attention layers) and ``sliding_attention_mask`` (with ``config.sliding_window``)."""
+    feeds = {}
+    if "attention_mask" in input_names:
+        feeds["attention_mask"] = attention_mask(key_pos, query_pos, None)
+    if "sliding_attention_mask" in input_names:
         feeds["sliding_attention_mask"] = attention_mask(key_pos, query_pos, config.sliding_window)
     return feeds
 
@@ -129,7 +131,7 @@ class ContiguousGenerator:
         feeds = {
             "input_ids": ids.astype(np.int32),
             "position_ids": qpos.astype(np.int32),
-            **mask_feeds(self.config, key_pos, qpos),
+            **mask_feeds(self.config, self.executor.input_names, key_pos, qpos),
             "last_token_ids": last.astype(np.int32),
             **past,
         }
