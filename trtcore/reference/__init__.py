@@ -18,7 +18,16 @@ from .builder import (
     IOptimizationProfile,
     Runtime,
 )
-from .network import INetworkDefinition, ITensor
+from .network import INetworkDefinition, IPluginV3Layer, ITensor
+from .plugin import (
+    IPluginRegistry,
+    PluginCreator,
+    PluginField,
+    PluginFieldCollection,
+    PluginFieldType,
+    TensorRTPhase,
+    get_plugin_registry,
+)
 from .types import (
     ActivationType,
     DataType,
@@ -51,7 +60,8 @@ bool = DataType.BOOL  # noqa: A001 - TensorRT's name
 __all__ = [
     "ActivationType", "Builder", "BuilderFlag", "DataType", "ElementWiseOperation", "GatherMode",
     "IBuilderConfig", "ICudaEngine", "IHostMemory", "INetworkDefinition", "IOptimizationProfile",
-    "ITensor", "LayerType", "Logger", "MatrixOperation", "MemoryPoolType",
+    "IPluginRegistry", "IPluginV3Layer", "ITensor", "LayerType", "PluginCreator", "PluginField",
+    "PluginFieldCollection", "PluginFieldType", "TensorRTPhase", "get_plugin_registry", "Logger", "MatrixOperation", "MemoryPoolType",
     "NetworkDefinitionCreationFlag", "ReduceOperation", "Runtime", "TensorIOMode",
     "UnaryOperation", "Weights", "bfloat16", "bool", "float16", "float32", "from_numpy_dtype",
     "int32", "int64", "int8", "nptype", "uint8",

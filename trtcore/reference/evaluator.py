@@ -25,12 +25,14 @@ from .network import (
     ILayer,
     IMatrixMultiplyLayer,
     INetworkDefinition,
+    IPluginV3Layer,
     IReduceLayer,
     ISelectLayer,
     IShuffleLayer,
     ISoftMaxLayer,
     IUnaryLayer,
     _axes,
+    _Dim,
 )
 from .types import (
     FLOATING,
@@ -208,6 +210,27 @@ def _layer_outputs(layer: ILayer, args: list[Any], xp: Any) -> list[Any]:
     raise NetworkError(f"layer {layer.name!r} of type {type(layer).__name__} is not implemented by the reference backend")
 
 
+def _run_plugin(layer: IPluginV3Layer, args: list[Any], xp: Any) -> list[Any]:
+    """NumPy: the plugin's ``reference``; other array modules (CuPy): its ``enqueue`` on the
+    current stream, into freshly allocated outputs (no host synchronisation)."""
+    plugin = layer.plugin
+    if xp is np:
+        return list(plugin.reference(*args))
+    shapes = plugin.output_shapes([[_Dim(int(d)) for d in a.shape] for a in args])
+    dtypes = plugin.output_dtypes([a.dtype for a in args])
+    outs = [xp.empty(tuple(int(_Dim.of(d)) for d in shape), dtype=np.dtype(dt)) for shape, dt in zip(shapes, dtypes)]
+    from types import SimpleNamespace
+
+    def dev(a: Any) -> Any:
+        return SimpleNamespace(ptr=int(a.data.ptr), shape=tuple(int(x) for x in a.shape), dtype=np.dtype(a.dtype), size=int(a.size))
+
+    ws = int(plugin.workspace_size([(tuple(a.shape), a.dtype) for a in args], [(tuple(o.shape), o.dtype) for o in outs]))
+    workspace = xp.empty(max(ws, 1), dtype=np.uint8)
+    stream = int(xp.cuda.get_current_stream().ptr)
+    plugin.enqueue([dev(a) for a in args], [dev(o) for o in outs], int(workspace.data.ptr) if ws else 0, stream)
+    return outs
+
+
 def _erf(xp: Any, x: Any) -> Any:
     from math import erf
 
@@ -267,6 +290,13 @@ def evaluate(
             values[id(out)] = constants[id(layer)]
             if keep_all or out.name in want:
                 result[out.name] = values[id(out)]
+            continue
+        if isinstance(layer, IPluginV3Layer):  # plugins take their inputs in their own types
+            outs = _run_plugin(layer, [values[id(t)] for t in layer._inputs if t is not None], xp)
+            for t, value in zip(layer._outputs, outs):
+                values[id(t)] = _store(value, t.dtype, xp)
+                if keep_all or t.name in want:
+                    result[t.name] = values[id(t)]
             continue
         args = [_compute(values[id(t)], xp) for t in layer._inputs if t is not None]
         try:

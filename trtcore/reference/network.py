@@ -518,6 +518,66 @@ class ISelectLayer(ILayer):
         return [_broadcast(self, [c.shape, t.shape, e.shape])], [dtype]
 
 
+class IPluginV3Layer(ILayer):
+    """A plugin in the network; shapes and types come from the plugin object."""
+
+    type = LayerType.PLUGIN_V3
+
+    def __init__(self, network: INetworkDefinition, inputs: Sequence[ITensor], plugin: Any):
+        self.plugin = plugin
+        super().__init__(network, list(inputs), num_outputs=int(plugin.num_outputs))
+        self._update()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        from .types import from_numpy_dtype, nptype
+
+        ins = [self._in(i) for i in range(self.num_inputs)]
+        try:
+            dtypes = self.plugin.output_dtypes([np.dtype(nptype(t.dtype)) for t in ins])
+            shapes = self.plugin.output_shapes([[_Dim(d) for d in t.shape] for t in ins])
+        except Exception as exc:  # the plugin rejected its inputs
+            raise _bad(self, f"plugin {self.plugin.plugin_name}: {exc}") from exc
+        out_shapes = [tuple(-1 if _Dim.of(d) is None else _Dim.of(d) for d in s) for s in shapes]
+        return out_shapes, [from_numpy_dtype(d) for d in dtypes]  # type: ignore[misc]
+
+
+class _Dim:
+    """Static stand-in for ``trtcore.plugins.base.Dim`` during shape inference (-1 = unknown)."""
+
+    def __init__(self, value: int | None):
+        self.value = None if value is None or value < 0 else int(value)
+
+    @staticmethod
+    def of(d: Any) -> int | None:
+        if isinstance(d, int):
+            return d
+        return getattr(d, "value", None)
+
+    def _op(self, other: Any, fn: Any) -> _Dim:
+        o = _Dim.of(other)
+        return _Dim(None if self.value is None or o is None else fn(self.value, o))
+
+    def __add__(self, o: Any) -> _Dim:
+        return self._op(o, lambda a, b: a + b)
+
+    def __sub__(self, o: Any) -> _Dim:
+        return self._op(o, lambda a, b: a - b)
+
+    def __mul__(self, o: Any) -> _Dim:
+        return self._op(o, lambda a, b: a * b)
+
+    def __floordiv__(self, o: Any) -> _Dim:
+        return self._op(o, lambda a, b: a // b)
+
+    def cdiv(self, o: Any) -> _Dim:
+        return self._op(o, lambda a, b: -(-a // b))
+
+    def __int__(self) -> int:
+        if self.value is None:
+            raise NetworkError("dimension is only known at run time")
+        return self.value
+
+
 class INetworkDefinition:
     """A strongly typed network (``tensorrt.INetworkDefinition`` subset).
 
@@ -639,6 +699,12 @@ class INetworkDefinition:
 
     def add_identity(self, x: ITensor) -> IIdentityLayer:
         return self._add(IIdentityLayer(self, x))  # type: ignore[return-value]
+
+    def add_plugin_v3(self, inputs: Sequence[ITensor], shape_inputs: Sequence[ITensor], plugin: Any) -> IPluginV3Layer:
+        """Add a plugin created by a registered creator (``shape_inputs`` must be empty)."""
+        if shape_inputs:
+            raise NetworkError("shape inputs to plugins are not supported by the reference backend")
+        return self._add(IPluginV3Layer(self, inputs, plugin))  # type: ignore[return-value]
 
     def add_select(self, condition: ITensor, then_input: ITensor, else_input: ITensor) -> ISelectLayer:
         return self._add(ISelectLayer(self, condition, then_input, else_input))  # type: ignore[return-value]

@@ -1,0 +1,445 @@
+"""Plugin authoring: one Python class becomes a TensorRT ``IPluginV3`` plugin.
+
+A kernel developer writes a dataclass deriving from :class:`Plugin`: its fields are the
+plugin's attributes (serialized through ``PluginFieldCollection``), and it implements
+
+* :meth:`Plugin.output_dtypes` and :meth:`Plugin.output_shapes` (symbolic: :class:`Dim`),
+* :meth:`Plugin.supports` (which dtype combinations it accepts; formats are linear),
+* :meth:`Plugin.enqueue` (launch the kernel on the given stream: no host sync, no allocation),
+* :meth:`Plugin.reference` (the same computation in NumPy).
+
+:func:`register` generates the ``IPluginCreatorV3One`` and registers it in the TensorRT
+module's plugin registry (namespace ``trtcore``, versioned); :func:`create` instantiates a
+plugin through that creator from its field collection — the same path TensorRT takes when
+it deserializes an engine — and returns the object ``network.add_plugin_v3`` takes. With
+``tensorrt`` that object is an adapter implementing ``IPluginV3OneCore`` /
+``IPluginV3OneBuild`` / ``IPluginV3OneRuntime`` (TensorRT "Python plugins" API, TensorRT 10
+Developer Guide, "Extending TensorRT with Custom Layers"); with :mod:`trtcore.reference` it
+is the plugin itself, which the reference executes with ``reference`` (NumPy) or
+``enqueue`` (CuPy).
+
+Plugins from other packages register the same way: expose the class under the
+entry-point group ``trtcore.plugins`` and call :func:`load_entry_point_plugins`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import ml_dtypes
+import numpy as np
+
+from trtcore.errors import TrtcoreError
+
+ENTRY_POINT_GROUP = "trtcore.plugins"
+NAMESPACE = "trtcore"
+
+
+class PluginError(TrtcoreError, ValueError):
+    """A plugin's fields or inputs are invalid, or it is not registered."""
+
+
+# ---------------------------------------------------------------------------------------
+# data types
+# ---------------------------------------------------------------------------------------
+
+_NP_OF_NAME = {
+    "FLOAT": np.dtype(np.float32),
+    "HALF": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "INT8": np.dtype(np.int8),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "BOOL": np.dtype(np.bool_),
+}
+_NAME_OF_NP = {v: k for k, v in _NP_OF_NAME.items()}
+
+
+def np_dtype(trt_dtype: Any) -> np.dtype:
+    """NumPy dtype of a TensorRT ``DataType`` of any TensorRT module (bf16 -> ml_dtypes)."""
+    return _NP_OF_NAME[trt_dtype.name]
+
+
+def trt_dtype(trt: Any, dtype: Any) -> Any:
+    """The ``trt.DataType`` member for a NumPy dtype."""
+    return getattr(trt.DataType, _NAME_OF_NP[np.dtype(dtype)])
+
+
+# ---------------------------------------------------------------------------------------
+# symbolic dimensions
+# ---------------------------------------------------------------------------------------
+
+
+class Dim:
+    """A dimension in :meth:`Plugin.output_shapes`: an int, unknown, or a TensorRT expression.
+
+    Supports ``+``, ``-``, ``*``, ``//`` (floor division) and ``cdiv`` with ints and other
+    ``Dim``s. On the reference backend it wraps an ``int`` (``None`` when only known at run
+    time); inside TensorRT it wraps an ``IDimensionExpr`` built with the ``IExprBuilder``.
+    """
+
+    __slots__ = ("value", "expr", "_builder", "_trt")
+
+    def __init__(self, value: int | None = None, expr: Any = None, builder: Any = None, trt: Any = None):
+        self.value, self.expr, self._builder, self._trt = value, expr, builder, trt
+
+    def _lift(self, other: Dim | int) -> Dim:
+        if isinstance(other, Dim):
+            return other
+        if self._builder is not None:
+            return Dim(expr=self._builder.constant(int(other)), builder=self._builder, trt=self._trt)
+        return Dim(int(other))
+
+    def _op(self, other: Dim | int, name: str, fn: Any) -> Dim:
+        o = self._lift(other)
+        if self._builder is not None:
+            op = getattr(self._trt.DimensionOperation, name)
+            return Dim(expr=self._builder.operation(op, self.expr, o.expr), builder=self._builder, trt=self._trt)
+        if self.value is None or o.value is None:
+            return Dim(None)
+        return Dim(fn(self.value, o.value))
+
+    def __add__(self, other: Dim | int) -> Dim:
+        return self._op(other, "SUM", lambda a, b: a + b)
+
+    def __sub__(self, other: Dim | int) -> Dim:
+        return self._op(other, "SUB", lambda a, b: a - b)
+
+    def __mul__(self, other: Dim | int) -> Dim:
+        return self._op(other, "PROD", lambda a, b: a * b)
+
+    def __floordiv__(self, other: Dim | int) -> Dim:
+        return self._op(other, "FLOOR_DIV", lambda a, b: a // b)
+
+    def cdiv(self, other: Dim | int) -> Dim:
+        """Ceiling division."""
+        return self._op(other, "CEIL_DIV", lambda a, b: -(-a // b))
+
+    def __int__(self) -> int:
+        if self.value is None:
+            raise PluginError("dimension is only known at run time")
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"Dim({self.value if self._builder is None else self.expr})"
+
+
+@dataclass(frozen=True)
+class DeviceTensor:
+    """An input or output given to :meth:`Plugin.enqueue`: device pointer, shape, dtype."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+
+# ---------------------------------------------------------------------------------------
+# fields
+# ---------------------------------------------------------------------------------------
+
+# Python annotation -> (PluginFieldType member name, NumPy dtype of the serialized data)
+_FIELD_KINDS: dict[Any, tuple[str, Any]] = {
+    int: ("INT32", np.int32),
+    float: ("FLOAT32", np.float32),
+    bool: ("INT8", np.int8),
+    str: ("CHAR", np.int8),
+    list[int]: ("INT32", np.int32),
+    list[float]: ("FLOAT32", np.float32),
+    tuple[int, ...]: ("INT32", np.int32),
+    tuple[float, ...]: ("FLOAT32", np.float32),
+    np.ndarray: ("FLOAT32", np.float32),
+}
+
+
+@dataclass
+class Plugin:
+    """Base class of trtcore plugins; subclasses are dataclasses whose fields are attributes.
+
+    Class attributes to set: ``plugin_name`` (unique in the namespace), ``plugin_version``
+    (bump when fields or semantics change), ``num_outputs``. Field types: ``int``,
+    ``float``, ``bool``, ``str``, ``list[int]``, ``list[float]``, ``tuple[int, ...]``,
+    ``tuple[float, ...]`` or ``np.ndarray`` (float32).
+    """
+
+    plugin_name: ClassVar[str] = ""
+    plugin_version: ClassVar[str] = "1"
+    plugin_namespace: ClassVar[str] = NAMESPACE
+    num_outputs: ClassVar[int] = 1
+
+    # --- to implement --------------------------------------------------------------------
+    def output_dtypes(self, input_dtypes: Sequence[np.dtype]) -> list[np.dtype]:
+        """Output dtypes from input dtypes (NumPy dtypes; bfloat16 is ``ml_dtypes.bfloat16``)."""
+        raise NotImplementedError
+
+    def output_shapes(self, input_shapes: Sequence[Sequence[Dim]]) -> list[list[Dim]]:
+        """Output shapes from input shapes, with :class:`Dim` arithmetic only."""
+        raise NotImplementedError
+
+    def supports(self, pos: int, dtypes: Sequence[np.dtype], num_inputs: int) -> bool:
+        """Whether I/O ``pos`` (inputs first, then outputs) may have ``dtypes[pos]`` given
+        ``dtypes[:pos]`` (TensorRT's ``supports_format_combination``). Default: outputs have
+        the dtype of input 0, inputs anything."""
+        return pos < num_inputs or dtypes[pos] == dtypes[0]
+
+    def workspace_size(self, inputs: Sequence[tuple[tuple[int, ...], np.dtype]], outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
+        """Device scratch bytes :meth:`enqueue` needs for the largest shapes (default 0)."""
+        return 0
+
+    def enqueue(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], workspace: int, stream: int) -> None:
+        """Launch the kernel(s) on ``stream`` (a ``cudaStream_t`` as int). No host
+        synchronisation and no allocation, so that the step can be captured in a CUDA Graph."""
+        raise NotImplementedError
+
+    def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """The same computation in NumPy (the numerical contract of :meth:`enqueue`)."""
+        raise NotImplementedError
+
+    def validate(self) -> None:
+        """Check field values; raise :class:`PluginError` naming the field (default: nothing)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # --- fields ----------------------------------------------------------------------------
+    @classmethod
+    def field_specs(cls) -> list[tuple[str, str, Any, Any]]:
+        """``(name, PluginFieldType name, NumPy dtype, Python type)`` of every field."""
+        hints = typing.get_type_hints(cls)
+        specs = []
+        for f in dataclasses.fields(cls):
+            t = hints[f.name]
+            if t not in _FIELD_KINDS:
+                raise PluginError(f"{cls.__name__}.{f.name}: field type {t!r} cannot be serialized; use one of {list(_FIELD_KINDS)}")
+            kind, dt = _FIELD_KINDS[t]
+            specs.append((f.name, kind, dt, t))
+        return specs
+
+    def field_values(self) -> list[tuple[str, str, np.ndarray]]:
+        """``(name, PluginFieldType name, data)`` with data a 1-D NumPy array."""
+        out = []
+        for name, kind, dt, t in self.field_specs():
+            v = getattr(self, name)
+            if t is str:
+                data = np.frombuffer(v.encode("utf-8"), dtype=np.int8).copy()
+            else:
+                data = np.atleast_1d(np.asarray(v, dtype=dt)).ravel().copy()
+            out.append((name, kind, data))
+        return out
+
+    @classmethod
+    def from_field_data(cls, data: dict[str, Any]) -> Plugin:
+        """Rebuild a plugin from ``{field name: serialized data}`` (what a creator receives).
+
+        Raises:
+            PluginError: a field is missing or does not parse.
+        """
+        kwargs: dict[str, Any] = {}
+        for name, _, dt, t in cls.field_specs():
+            if name not in data:
+                raise PluginError(f"plugin {cls.plugin_name}: field {name!r} missing from the field collection")
+            raw = np.asarray(data[name])
+            if t is str:
+                kwargs[name] = raw.astype(np.int8).tobytes().decode("utf-8")
+            elif t in (int, float, bool):
+                if raw.size != 1:
+                    raise PluginError(f"plugin {cls.plugin_name}: field {name!r} has {raw.size} values, expected 1")
+                kwargs[name] = t(raw.reshape(-1)[0])
+            elif t in (list[int], tuple[int, ...]):
+                vals = [int(x) for x in raw.reshape(-1)]
+                kwargs[name] = vals if t == list[int] else tuple(vals)
+            elif t in (list[float], tuple[float, ...]):
+                fvals = [float(x) for x in raw.reshape(-1)]
+                kwargs[name] = fvals if t == list[float] else tuple(fvals)
+            else:
+                kwargs[name] = raw.astype(np.float32).reshape(-1).copy()
+        return cls(**kwargs)
+
+    def field_collection(self, trt: Any) -> Any:
+        """This plugin's fields as ``trt.PluginFieldCollection``."""
+        return trt.PluginFieldCollection(
+            [trt.PluginField(name, data, getattr(trt.PluginFieldType, kind)) for name, kind, data in self.field_values()]
+        )
+
+    @classmethod
+    def from_field_collection(cls, fc: Any) -> Plugin:
+        """Rebuild from a ``PluginFieldCollection`` (TensorRT's or the reference's)."""
+        data = {}
+        for f in fc:
+            data[f.name] = np.asarray(f.data)
+        return cls.from_field_data(data)
+
+
+# ---------------------------------------------------------------------------------------
+# registration
+# ---------------------------------------------------------------------------------------
+
+_REGISTERED: dict[tuple[int, str, str, str], Any] = {}
+
+
+def _trt_adapter_class(trt: Any, plugin_cls: type[Plugin]) -> type:
+    """A ``trt.IPluginV3`` implementation wrapping ``plugin_cls`` for the module ``trt``."""
+
+    class Adapter(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):  # type: ignore[misc, name-defined]
+        def __init__(self, plugin: Plugin, phase: Any = None):
+            trt.IPluginV3.__init__(self)
+            trt.IPluginV3OneCore.__init__(self)
+            trt.IPluginV3OneBuild.__init__(self)
+            trt.IPluginV3OneRuntime.__init__(self)
+            self.plugin = plugin
+            self.phase = phase
+            self.plugin_name = plugin_cls.plugin_name
+            self.plugin_version = plugin_cls.plugin_version
+            self.plugin_namespace = plugin_cls.plugin_namespace
+            self.num_outputs = plugin_cls.num_outputs
+            self.timing_cache_id = ""
+
+        # IPluginV3
+        def get_capability_interface(self, type: Any) -> Any:  # noqa: A002
+            return self
+
+        def clone(self) -> Any:
+            return Adapter(dataclasses.replace(self.plugin), self.phase)
+
+        # IPluginV3OneCore / Build
+        def get_fields_to_serialize(self) -> Any:
+            return self.plugin.field_collection(trt)
+
+        def get_output_data_types(self, input_types: Sequence[Any]) -> list[Any]:
+            return [trt_dtype(trt, d) for d in self.plugin.output_dtypes([np_dtype(t) for t in input_types])]
+
+        def get_output_shapes(self, inputs: Sequence[Any], shape_inputs: Sequence[Any], expr_builder: Any) -> list[Any]:
+            shapes = [[Dim(expr=e, builder=expr_builder, trt=trt) for e in dims] for dims in inputs]
+            outs = self.plugin.output_shapes(shapes)
+            result = []
+            for dims in outs:
+                de = trt.DimsExprs(len(dims))
+                for i, d in enumerate(dims):
+                    de[i] = d.expr if isinstance(d, Dim) else expr_builder.constant(int(d))
+                result.append(de)
+            return result
+
+        def supports_format_combination(self, pos: int, in_out: Sequence[Any], num_inputs: int) -> bool:
+            desc = in_out[pos].desc
+            if desc.format != trt.TensorFormat.LINEAR:
+                return False
+            try:
+                dtypes = [np_dtype(io.desc.type) for io in in_out[: pos + 1]]
+            except KeyError:
+                return False
+            return bool(self.plugin.supports(pos, dtypes, num_inputs))
+
+        def configure_plugin(self, inp: Any, out: Any) -> None:
+            pass
+
+        def get_workspace_size(self, inp: Sequence[Any], out: Sequence[Any]) -> int:
+            def desc(d: Any) -> tuple[tuple[int, ...], np.dtype]:
+                return tuple(int(x) for x in d.max), np_dtype(d.desc.type)
+
+            return int(self.plugin.workspace_size([desc(d) for d in inp], [desc(d) for d in out]))
+
+        # IPluginV3OneRuntime
+        def on_shape_change(self, inp: Any, out: Any) -> None:
+            pass
+
+        def set_tactic(self, tactic: int) -> None:
+            pass
+
+        def attach_to_context(self, context: Any) -> Any:
+            return self.clone()
+
+        def enqueue(self, input_desc: Sequence[Any], output_desc: Sequence[Any], inputs: Sequence[int], outputs: Sequence[int], workspace: int, stream: int) -> None:
+            def tensors(descs: Sequence[Any], ptrs: Sequence[int]) -> list[DeviceTensor]:
+                return [DeviceTensor(int(p), tuple(int(x) for x in d.dims), np_dtype(d.type)) for d, p in zip(descs, ptrs)]
+
+            self.plugin.enqueue(tensors(input_desc, inputs), tensors(output_desc, outputs), int(workspace), int(stream))
+
+    Adapter.__name__ = f"{plugin_cls.__name__}TRTPlugin"
+    return Adapter
+
+
+def _trt_creator(trt: Any, plugin_cls: type[Plugin]) -> Any:
+    adapter = _trt_adapter_class(trt, plugin_cls)
+
+    class Creator(trt.IPluginCreatorV3One):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            trt.IPluginCreatorV3One.__init__(self)
+            self.name = plugin_cls.plugin_name
+            self.plugin_namespace = plugin_cls.plugin_namespace
+            self.plugin_version = plugin_cls.plugin_version
+            self.field_names = trt.PluginFieldCollection(
+                [trt.PluginField(n, np.zeros(0, dt), getattr(trt.PluginFieldType, k)) for n, k, dt, _ in plugin_cls.field_specs()]
+            )
+
+        def create_plugin(self, name: str, fc: Any, phase: Any) -> Any:
+            return adapter(plugin_cls.from_field_collection(fc), phase)
+
+    Creator.__name__ = f"{plugin_cls.__name__}Creator"
+    return Creator()
+
+
+def register(plugin_cls: type[Plugin], trt: Any) -> Any:
+    """Register ``plugin_cls``'s creator in ``trt``'s plugin registry (once); return it.
+
+    Raises:
+        PluginError: ``plugin_cls`` has no ``plugin_name`` or a field type that cannot be
+            serialized; or ``trt`` cannot host plugins (``tensorrt_rtx`` has no
+            ``add_plugin_v3`` in Python).
+    """
+    if not plugin_cls.plugin_name:
+        raise PluginError(f"{plugin_cls.__name__} has no plugin_name")
+    plugin_cls.field_specs()  # validates field types
+    key = (id(trt), plugin_cls.plugin_name, plugin_cls.plugin_version, plugin_cls.plugin_namespace)
+    if key in _REGISTERED:
+        return _REGISTERED[key]
+    if not hosts_plugins(trt):
+        raise PluginError(f"TensorRT module {trt.__name__!r} cannot host IPluginV3 plugins from Python")
+    if hasattr(trt, "IPluginCreatorV3One"):
+        creator = _trt_creator(trt, plugin_cls)
+    else:  # trtcore.reference: its registry creates the plugin object itself
+        creator = trt.PluginCreator(plugin_cls)
+    registry = trt.get_plugin_registry()
+    existing = registry.get_creator(plugin_cls.plugin_name, plugin_cls.plugin_version, plugin_cls.plugin_namespace)
+    if existing is None and not registry.register_creator(creator, plugin_cls.plugin_namespace):
+        raise PluginError(f"could not register plugin {plugin_cls.plugin_name} v{plugin_cls.plugin_version} with {trt.__name__}")
+    _REGISTERED[key] = existing or creator
+    return _REGISTERED[key]
+
+
+def hosts_plugins(trt: Any) -> bool:
+    """Whether networks of module ``trt`` can take Python ``IPluginV3`` plugins."""
+    if getattr(trt, "__name__", "") == "trtcore.reference":
+        return True
+    return hasattr(trt, "IPluginV3") and hasattr(trt, "INetworkDefinition") and hasattr(trt.INetworkDefinition, "add_plugin_v3")
+
+
+def create(plugin: Plugin, trt: Any, name: str | None = None) -> Any:
+    """The object to pass to ``network.add_plugin_v3``: created by the registered creator
+    from ``plugin``'s field collection (so serialization is exercised on every build)."""
+    creator = register(type(plugin), trt)
+    phase = trt.TensorRTPhase.BUILD
+    made = creator.create_plugin(name or plugin.plugin_name, plugin.field_collection(trt), phase)
+    if made is None:
+        raise PluginError(f"creator of {plugin.plugin_name} returned no plugin")
+    return made
+
+
+def load_entry_point_plugins(trt: Any) -> list[type[Plugin]]:
+    """Register every plugin class published under the entry-point group ``trtcore.plugins``."""
+    from importlib.metadata import entry_points
+
+    loaded = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        cls = ep.load()
+        if not (isinstance(cls, type) and issubclass(cls, Plugin)):
+            raise PluginError(f"entry point {ep.name!r} ({ep.value}) is not a trtcore Plugin subclass")
+        register(cls, trt)
+        loaded.append(cls)
+    return loaded
