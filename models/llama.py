@@ -84,7 +84,6 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
     embed = w("model.embed_tokens.weight", c.vocab_size, E)
     with g.scope("model"):
         h = ops.embedding(g, inputs["input_ids"], embed, "embed_tokens")
-        cos, sin = ops.rope_cos_sin(g, inputs["position_ids"], spec)
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}"
             with g.scope(f"layers.{i}"):
@@ -100,8 +99,7 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                     if qk_norm:
                         q = ops.rms_norm(g, q, w(f"{a}.q_norm.weight", D), c.rms_norm_eps, "q_norm")
                         k = ops.rms_norm(g, k, w(f"{a}.k_norm.weight", D), c.rms_norm_eps, "k_norm")
-                    q = ops.apply_rope(g, q, cos, sin, spec, "q_rope")
-                    k = ops.apply_rope(g, k, cos, sin, spec, "k_rope")
+                    q, k = ops.rotary(g, q, k, inputs["position_ids"], spec)
                     k_new = ops.transpose(g, k, (0, 2, 1, 3), "k_bhsd")
                     v_new = ops.transpose(g, v, (0, 2, 1, 3), "v_bhsd")
                     k_all = ops.concat(g, [inputs[f"past_key_values.{i}.key"], k_new], 2, "k_cache")

@@ -263,10 +263,17 @@ class Plugin:
         return cls(**kwargs)
 
     def field_collection(self, trt: Any) -> Any:
-        """This plugin's fields as ``trt.PluginFieldCollection``."""
-        return trt.PluginFieldCollection(
-            [trt.PluginField(name, data, getattr(trt.PluginFieldType, kind)) for name, kind, data in self.field_values()]
-        )
+        """This plugin's fields as ``trt.PluginFieldCollection``.
+
+        TensorRT's collection only points at the ``PluginField`` objects (and they at their
+        NumPy data), so the fields and data are kept alive on this plugin until the next
+        call; the collection is valid while the plugin lives.
+        """
+        values = self.field_values()
+        fields = [trt.PluginField(name, data, getattr(trt.PluginFieldType, kind)) for name, kind, data in values]
+        fc = trt.PluginFieldCollection(fields)
+        object.__setattr__(self, "_field_keepalive", (values, fields, fc))
+        return fc
 
     @classmethod
     def from_field_collection(cls, fc: Any) -> Plugin:

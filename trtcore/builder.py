@@ -41,6 +41,8 @@ class BuildConfig:
             model's ``max_position_embeddings`` by :meth:`for_model`.
         opt_batch_size / opt_seq_len: the profile's ``opt`` point (TensorRT tunes for it);
             clamped to the maxima.
+        rope: RoPE implementation, ``"plugin"`` (fused kernel) or ``"layers"`` (composed
+            standard layers); None picks the plugin where the TensorRT module hosts plugins.
     """
 
     dtype: str = "float32"
@@ -48,8 +50,11 @@ class BuildConfig:
     max_seq_len: int = 2048
     opt_batch_size: int = 1
     opt_seq_len: int = 128
+    rope: str | None = None
 
     def __post_init__(self) -> None:
+        if self.rope is not None and self.rope not in ops.IMPLEMENTATIONS["rope"]:
+            raise InvalidArgumentError(f"rope {self.rope!r} is not supported; expected one of {', '.join(ops.IMPLEMENTATIONS['rope'])}")
         if self.dtype not in DTYPES:
             raise InvalidArgumentError(f"dtype {self.dtype!r} is not supported; expected one of {', '.join(DTYPES)}")
         if self.max_batch_size < 1 or self.max_seq_len < 2:
@@ -71,6 +76,7 @@ class BuildConfig:
             max_seq_len=max_len,
             opt_batch_size=self.opt_batch_size,
             opt_seq_len=self.opt_seq_len,
+            rope=self.rope,
         )
 
 
@@ -141,6 +147,25 @@ def trt_logger(trt: Any) -> Any:
     return _LOGGERS[name]
 
 
+def implementations(trt: Any, build_config: BuildConfig) -> dict[str, str]:
+    """The implementation of each fused op for this module and build config.
+
+    Raises:
+        InvalidArgumentError: a plugin was asked for on a module that cannot host plugins.
+    """
+    from .plugins.base import hosts_plugins
+
+    chosen = ops.default_implementations(trt)
+    if build_config.rope is not None:
+        if build_config.rope == "plugin" and not hosts_plugins(trt):
+            raise InvalidArgumentError(
+                f"rope='plugin' needs a TensorRT module that hosts plugins; {getattr(trt, '__name__', trt)} does not "
+                "(tensorrt_rtx's Python network has no add_plugin_v3); use rope='layers'"
+            )
+        chosen["rope"] = build_config.rope
+    return chosen
+
+
 def define_network(trt: Any, config: ModelConfig, weights: Any, build_config: BuildConfig) -> DefinedNetwork:
     """Define ``config``'s model in a strongly typed network of the module ``trt``.
 
@@ -159,7 +184,7 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, build_config: Bu
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     network.name = config.architecture
-    graph = ops.Graph(trt, network, build_config.dtype)
+    graph = ops.Graph(trt, network, build_config.dtype, implementations(trt, build_config))
     family.build(graph, config, weights)
     return DefinedNetwork(trt, builder, network, graph, config, build_config)
 
@@ -232,6 +257,7 @@ def sidecar(d: DefinedNetwork, engine: bytes, *, backend: str, engine_file: str,
         "target": {"compute_capability": compute_capability or "native"},
         "dtype": d.build_config.dtype,
         "kv_cache": "contiguous",
+        "implementations": d.graph.implementations,
         "build_config": asdict(d.build_config),
         "optimization_profiles": [
             {name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in profile_shapes(d.config, d.build_config).items()}
@@ -240,13 +266,41 @@ def sidecar(d: DefinedNetwork, engine: bytes, *, backend: str, engine_file: str,
     }
 
 
+def check_writable(path: Path) -> None:
+    """Fail early (before a long build) when ``path`` cannot be written.
+
+    Raises:
+        InvalidArgumentError: the folder cannot be created or written, or ``path`` is a folder.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise InvalidArgumentError(f"output {path} is a folder; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot create the folder of {path}: {exc.strerror}") from exc
+    if not os.access(path.parent, os.W_OK):
+        raise InvalidArgumentError(f"cannot write {path}: folder {path.parent} is not writable")
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename
+    (file mode 0666 minus the umask, like ``open``).
+
+    Raises:
+        InvalidArgumentError: the file cannot be written (the message names ``path``).
+    """
+    check_writable(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot write {path}: {exc.strerror}") from exc
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -31,11 +31,14 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="0 disables")
     p.add_argument("--top-p", type=float, default=1.0, help="1 disables")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="per-request random seed (same seed, same text)")
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     ap = argparse.ArgumentParser(prog="trtcore", description="LLM inference through TensorRT's network-definition API")
+    ap.add_argument("--version", action="version", version=f"trtcore {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text from a prompt (streams to stdout)")
@@ -45,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_sampling(g)
     g.add_argument("--backend", help="reference | tensorrt | tensorrt_rtx")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
+    g.add_argument("--rope", choices=("plugin", "layers"), help="RoPE implementation (default: plugin where the backend hosts plugins)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
 
     b = sub.add_parser("build", help="build a serialized TensorRT engine and its JSON sidecar")
@@ -55,10 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--compute-capability", help="tensorrt_rtx only: target such as sm89 (no GPU needed)")
     b.add_argument("--max-batch-size", type=int, default=8)
     b.add_argument("--max-seq-len", type=int, default=2048)
+    b.add_argument("--rope", choices=("plugin", "layers"), help="RoPE implementation (default: plugin where the backend hosts plugins)")
 
     c = sub.add_parser("convert", help="convert a GGUF file into a Hugging Face model folder")
     c.add_argument("--gguf", required=True, help="GGUF file (llama or qwen2 architecture)")
     c.add_argument("--output", required=True, help="folder to create")
+    c.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
 
     k = sub.add_parser("check", help="compare trtcore's logits with Hugging Face transformers'")
     k.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
@@ -75,7 +81,7 @@ def _generate(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens
     )
     t0 = time.perf_counter()
-    llm = LLM(_model_dir(args.model), backend=args.backend, dtype=args.dtype)
+    llm = LLM(_model_dir(args.model), backend=args.backend, dtype=args.dtype, rope=args.rope)
     load_s = time.perf_counter() - t0
     prompt = args.prompt
     if args.chat:
@@ -114,7 +120,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    from .builder import BuildConfig, build_engine, define_network, save_engine
+    from .builder import BuildConfig, build_engine, check_writable, define_network, save_engine
     from .checkpoint import Checkpoint
     from .config import load_config
     from .trt import is_available, load_trt
@@ -123,7 +129,13 @@ def _build(args: argparse.Namespace) -> int:
     trt = load_trt(backend)
     model = _model_dir(args.model)
     config = load_config(model)
-    bc = BuildConfig(dtype=args.dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len).for_model(config)
+    bc = BuildConfig(
+        dtype=args.dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, rope=args.rope
+    ).for_model(config)
+    if bc.max_seq_len < args.max_seq_len:
+        print(f"trtcore: note: --max-seq-len {args.max_seq_len} capped at the model's max_position_embeddings "
+              f"({bc.max_seq_len})", file=sys.stderr)
+    check_writable(Path(args.output))
     with Checkpoint(model) as weights, tqdm(total=3, desc="build") as bar:
         bar.set_postfix_str("defining network")
         d = define_network(trt, config, weights, bc)
@@ -141,7 +153,7 @@ def _build(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from .gguf_convert import convert_gguf
 
-    out = convert_gguf(args.gguf, args.output, progress=True)
+    out = convert_gguf(args.gguf, args.output, progress=True, overwrite=args.overwrite)
     print(f"wrote {out}")
     return 0
 

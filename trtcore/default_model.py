@@ -60,8 +60,10 @@ def cache_dir() -> Path:
     env = os.environ.get(ENV_CACHE)
     if env:
         return Path(env).expanduser()
-    import platformdirs
-
+    try:
+        import platformdirs
+    except ImportError:  # a --no-deps install (e.g. the GPU check): the XDG default
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtcore"
     return Path(platformdirs.user_cache_dir("trtcore"))
 
 

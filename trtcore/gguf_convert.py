@@ -167,7 +167,7 @@ def convert_gguf(
     output_dir = Path(output_dir)
     if output_dir.exists() and not overwrite:
         if not output_dir.is_dir() or any(output_dir.iterdir()):
-            raise ConversionError(f"{output_dir} already exists and is not empty (pass overwrite=True)")
+            raise ConversionError(f"{output_dir} already exists and is not empty (pass overwrite=True, or --overwrite on the command line)")
 
     reader = _open_gguf(gguf_path)
     meta = _Metadata(reader)
@@ -788,5 +788,5 @@ def _move_into_place(tmp: Path, output_dir: Path, *, overwrite: bool) -> None:
                 trash.unlink(missing_ok=True)
             return
         else:
-            raise ConversionError(f"{output_dir} already exists and is not empty (pass overwrite=True)")
+            raise ConversionError(f"{output_dir} already exists and is not empty (pass overwrite=True, or --overwrite on the command line)")
     tmp.rename(output_dir)

@@ -27,7 +27,7 @@ import numpy as np
 from .builder import BuildConfig, build_engine, build_reference_engine, define_network
 from .checkpoint import Checkpoint
 from .config import GenerationConfig, ModelConfig, load_config, load_generation_config
-from .errors import InvalidRequestError, TrtcoreError
+from .errors import InvalidArgumentError, InvalidRequestError, TrtcoreError
 from .runtime.executor import Executor
 from .runtime.generate import ContiguousGenerator, Request, TokenEvent
 from .runtime.sampling import Logprob, SamplingParams
@@ -96,7 +96,7 @@ class LLM:
         model: a Hugging Face model folder (``config.json``, ``*.safetensors``, optionally
             ``tokenizer.json`` / ``generation_config.json``); None for the default model
             (SmolLM2-135M-Instruct, see :func:`trtcore.default_model.default_model_dir`).
-        backend: ``"reference"`` (NumPy), ``"tensorrt"`` or ``"tensorrt_rtx"`` (a
+        backend: ``"reference"`` (NumPy, or CuPy: see ``device``), ``"tensorrt"`` or ``"tensorrt_rtx"`` (a
             TensorRT engine built at start-up); default ``$TRTCORE_BACKEND``, else
             ``tensorrt`` when installed, else ``reference``.
         dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; default float32 on the
@@ -106,10 +106,22 @@ class LLM:
         max_seq_len: most tokens (prompt + generated) per sequence; default and upper
             bound: the model's ``max_position_embeddings``.
         progress: show progress bars while loading and building.
+        rope: RoPE implementation, ``"plugin"`` (fused kernel) or ``"layers"``; default:
+            the plugin where the backend hosts plugins (reference, tensorrt).
+        device: where the reference backend executes: ``"cuda"`` / ``"gpu"`` (CuPy on the
+            current CUDA device), ``"cpu"`` (NumPy), or None: ``"cuda"`` when CuPy imports
+            and a GPU is visible, else ``"cpu"`` (:func:`trtcore.runtime.device.resolve_device`).
+            TensorRT backends always execute on the GPU (``"cpu"`` is refused). The choice
+            is :attr:`device`.
+
+    Attributes:
+        device: ``"cpu"`` or ``"cuda"``, where the network executes.
 
     Raises:
         ConfigError / UnsupportedArchitectureError / CheckpointError: bad model folder.
         BackendNotAvailableError: the backend's module is not installed.
+        InvalidArgumentError: an unknown ``device``, or ``device="cuda"`` without CuPy or a
+            GPU (the message says how to install ``trtcore[gpu]``).
     """
 
     def __init__(
@@ -120,6 +132,8 @@ class LLM:
         max_batch_size: int = 8,
         max_seq_len: int | None = None,
         progress: bool = True,
+        rope: str | None = None,
+        device: str | None = None,
     ):
         if model is None:
             from .default_model import default_model_dir
@@ -129,6 +143,7 @@ class LLM:
         self.config: ModelConfig = load_config(self.model_dir)
         self.generation_config: GenerationConfig = load_generation_config(self.model_dir, self.config)
         self.backend = normalize_backend(backend) if backend else _default_backend()
+        self.device = _execution_device(self.backend, device)
         if dtype is None:
             dtype = "float32" if self.backend == "reference" else _engine_dtype(self.config.dtype)
         limit = self.config.max_position_embeddings
@@ -136,6 +151,7 @@ class LLM:
             dtype=dtype,
             max_batch_size=max_batch_size,
             max_seq_len=min(max_seq_len or limit, limit),
+            rope=rope,
         ).for_model(self.config)
         self.tokenizer = _load_tokenizer(self.model_dir)
         self.executor = self._make_executor(progress)
@@ -152,14 +168,19 @@ class LLM:
         from tqdm.auto import tqdm
 
         trt = load_trt(self.backend)
+        if self.backend != "reference":
+            from .runtime.trt_executor import require_gpu
+
+            require_gpu()  # before a long engine build
         with Checkpoint(self.model_dir) as weights, tqdm(total=2, desc="build", disable=not progress, leave=False) as bar:
             bar.set_postfix_str(f"defining {self.config.architecture} network ({self.backend})")
             net = define_network(trt, self.config, weights, self.build_config)
             bar.update()
             if self.backend == "reference":
+                from .runtime.device import array_module
                 from .runtime.reference_executor import ReferenceExecutor
 
-                executor: Executor = ReferenceExecutor(build_reference_engine(net))
+                executor: Executor = ReferenceExecutor(build_reference_engine(net), xp=array_module(self.device))
             else:
                 from .runtime.trt_executor import TensorRTExecutor
 
@@ -203,6 +224,8 @@ class LLM:
         text: str | None = None
         if isinstance(prompt, dict):
             prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
+        if prompt is None:
+            raise InvalidRequestError(f"prompt {index} is None; expected a string or a list of token ids")
         if isinstance(prompt, str):
             text = prompt
             ids = self.encode(prompt)
@@ -242,6 +265,11 @@ class LLM:
         single = isinstance(prompts, (str, dict)) or (
             isinstance(prompts, (list, tuple)) and len(prompts) > 0 and all(isinstance(t, (int, np.integer)) for t in prompts)
         )
+        if not single and not isinstance(prompts, (list, tuple)):
+            raise InvalidRequestError(
+                f"prompts must be a string, a list of token ids, a dict with 'prompt_token_ids', or a list of those; "
+                f"got {type(prompts).__name__}"
+            )
         items = [prompts] if single else list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -321,6 +349,18 @@ class LLM:
                         for tok, lp in d.items():
                             lp.decoded_token = self.tokenizer.id_to_token(tok)
         return outputs
+
+
+def _execution_device(backend: str, device: str | None) -> str:
+    """``"cpu"`` or ``"cuda"``: the reference backend resolves ``device`` (CuPy when it can),
+    TensorRT backends execute on the GPU."""
+    from .runtime.device import normalize_device, resolve_device
+
+    if backend == "reference":
+        return resolve_device(device)
+    if normalize_device(device) == "cpu":
+        raise InvalidArgumentError(f"backend {backend!r} executes TensorRT engines on a CUDA GPU; device='cpu' needs backend='reference'")
+    return "cuda"
 
 
 def _engine_dtype(checkpoint_dtype: str | None) -> str:

@@ -49,12 +49,15 @@ class Graph:
         dtype: the engine's activation/weight type, ``"float32"``, ``"float16"`` or
             ``"bfloat16"``.
 
+        implementations: per fused op, the implementation to use (``{"rope": "plugin"}``);
+            see :data:`IMPLEMENTATIONS` and :func:`default_implementations`.
+
     Attributes:
         keepalive: arrays whose memory TensorRT reads at build time (constants made with
             ``trt.Weights(type, pointer, count)``); keep the graph alive until the build ends.
     """
 
-    def __init__(self, trt: Any, network: Network, dtype: str = "float32"):
+    def __init__(self, trt: Any, network: Network, dtype: str = "float32", implementations: dict[str, str] | None = None):
         if dtype not in _NP_DTYPES:
             raise InvalidArgumentError(f"dtype {dtype!r} is not supported; expected one of {sorted(_NP_DTYPES)}")
         self.trt = trt
@@ -63,6 +66,10 @@ class Graph:
         self.np_dtype = _NP_DTYPES[dtype]
         self.trt_dtype = self.trt_type(self.np_dtype)
         self.keepalive: list[np.ndarray] = []
+        #: which implementation each fused op uses, e.g. ``{"rope": "plugin"}`` (see ``IMPLEMENTATIONS``)
+        self.implementations = dict(implementations or {})
+        #: tensors shared by all layers (e.g. RoPE's cos/sin), keyed by op
+        self.shared: dict[Any, Any] = {}
         self._scope: list[str] = []
         self._used: dict[str, int] = {}
 
@@ -75,6 +82,16 @@ class Graph:
             yield
         finally:
             self._scope.pop()
+
+    @contextlib.contextmanager
+    def scope_at(self, path: str) -> Iterator[None]:
+        """Name layers added inside under the absolute scope ``path`` (for tensors shared by
+        all layers, such as RoPE's cos/sin, whatever scope first asks for them)."""
+        saved, self._scope = self._scope, [p for p in path.split(".") if p]
+        try:
+            yield
+        finally:
+            self._scope = saved
 
     def unique(self, name: str) -> str:
         """``scope.name``, suffixed ``_1``, ``_2``... if already used."""
@@ -320,40 +337,52 @@ def swiglu_mlp(
 # ---------------------------------------------------------------------------------------
 
 
-def rope_cos_sin(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb") -> tuple[Tensor, Tensor]:
-    """cos and sin of ``position * inv_freq`` for int32 ``position_ids`` ``[batch, seq]``.
+def rope_cos_sin(
+    g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """cos and sin of ``position * inv_freq`` for int32 ``position_ids`` ``[...]``
+    (``[batch, seq]`` padded, or ``[num_tokens]`` packed).
 
-    Returns two float32 tensors ``[batch, seq, 1, rotary_dim]`` (each half repeated, as
-    transformers' ``cat((freqs, freqs), -1)``), scaled by the attention factor. For
-    ``dynamic`` scaling the base is recomputed per sequence from its largest position
-    (:func:`trtcore.rope.dynamic_ntk_base`), as transformers does per forward call.
+    Returns two float32 tensors ``[..., 1, rotary_dim]`` (each half repeated, as
+    transformers' ``cat((freqs, freqs), -1)``; the 1 broadcasts over heads), scaled by the
+    attention factor. For ``dynamic`` scaling the base is recomputed per sequence
+    (:func:`trtcore.rope.dynamic_ntk_base`) from ``seq_lens`` (int32, same shape as
+    ``position_ids``: each token's sequence length in this call) or, when None, from the
+    largest position of each row of a ``[batch, seq]`` input, as transformers does per
+    forward call.
     """
     half = spec.rotary_dim // 2
+    r = len(position_ids.shape)
+    keep = (0,) * r
     with g.scope(name):
-        pos = reshape(g, cast(g, position_ids, np.float32, "positions"), (0, 0, 1), "positions_3d")
+        pos = reshape(g, cast(g, position_ids, np.float32, "positions"), keep + (1,), "positions_col")
         if spec.rope_type == "dynamic":
-            # inv_freq = base'^(-2i/d), base' = base * (f*s/L - (f-1))^(d/(d-2)), s = max(L, max_pos+1)
+            # inv_freq = base'^(-2i/d), base' = base * (f*s/L - (f-1))^(d/(d-2)), s = max(L, seq_len)
             d, f, L = spec.rotary_dim, spec.dynamic_factor, float(spec.max_position_embeddings)
-            smax = reduce(g, pos, "MAX", [1], True, "max_position")  # [B, 1, 1]
-            s = add(g, smax, scalar(g, 1.0, 3, np.float32, "one"), "seq_len")
-            s = maximum(g, s, scalar(g, L, 3, np.float32, "max_position_embeddings"), "seq_len_clamped")
-            ratio = sub(g, mul(g, s, scalar(g, f / L, 3, np.float32, "f_over_L"), "scaled"), scalar(g, f - 1, 3, np.float32, "f_minus_1"), "ratio")
-            base = mul(g, power(g, ratio, scalar(g, d / (d - 2), 3, np.float32, "exponent"), "ratio_pow"), scalar(g, spec.base, 3, np.float32, "theta"), "base")
-            expo = constant(g, (-np.arange(0, d, 2, dtype=np.float64) / d).reshape(1, 1, half), "neg_exponents", np.float32)
-            inv_freq = power(g, base, expo, "inv_freq")  # [B, 1, half]
+            if seq_lens is not None:
+                s = reshape(g, cast(g, seq_lens, np.float32, "seq_lens_float"), keep + (1,), "seq_len")
+            else:
+                smax = reduce(g, pos, "MAX", [r - 1], True, "max_position")
+                s = add(g, smax, scalar(g, 1.0, r + 1, np.float32, "one"), "seq_len")
+            s = maximum(g, s, scalar(g, L, r + 1, np.float32, "max_position_embeddings"), "seq_len_clamped")
+            ratio = sub(g, mul(g, s, scalar(g, f / L, r + 1, np.float32, "f_over_L"), "scaled"), scalar(g, f - 1, r + 1, np.float32, "f_minus_1"), "ratio")
+            base = mul(g, power(g, ratio, scalar(g, d / (d - 2), r + 1, np.float32, "exponent"), "ratio_pow"), scalar(g, spec.base, r + 1, np.float32, "theta"), "base")
+            expo = constant(g, (-np.arange(0, d, 2, dtype=np.float64) / d).reshape((1,) * r + (half,)), "neg_exponents", np.float32)
+            inv_freq = power(g, base, expo, "inv_freq")
         else:
-            inv_freq = constant(g, spec.inv_freq.reshape(1, 1, half), "inv_freq", np.float32)
-        freqs = mul(g, pos, inv_freq, "freqs")  # [B, S, half]
-        emb = concat(g, [freqs, freqs], 2, "emb")
+            inv_freq = constant(g, spec.inv_freq.reshape((1,) * r + (half,)), "inv_freq", np.float32)
+        freqs = mul(g, pos, inv_freq, "freqs")  # [..., half]
+        emb = concat(g, [freqs, freqs], r, "emb")
         cos, sin = unary(g, emb, "COS", "cos"), unary(g, emb, "SIN", "sin")
         if spec.attention_scaling != 1.0:
-            sc = scalar(g, spec.attention_scaling, 3, np.float32, "attention_scaling")
+            sc = scalar(g, spec.attention_scaling, r + 1, np.float32, "attention_scaling")
             cos, sin = mul(g, cos, sc, "cos_scaled"), mul(g, sin, sc, "sin_scaled")
-        return reshape(g, cos, (0, 0, 1, spec.rotary_dim), "cos_4d"), reshape(g, sin, (0, 0, 1, spec.rotary_dim), "sin_4d")
+        dims = keep + (1, spec.rotary_dim)
+        return reshape(g, cos, dims, "cos_heads"), reshape(g, sin, dims, "sin_heads")
 
 
 def apply_rope(g: Graph, x: Tensor, cos: Tensor, sin: Tensor, spec: RopeSpec, name: str) -> Tensor:
-    """Rotate ``x`` ``[batch, seq, heads, head_dim]`` (neox / half-split pairing).
+    """Rotate ``x`` ``[..., heads, head_dim]`` (neox / half-split pairing).
 
     ``x * cos + rotate_half(x) * sin`` on the first ``rotary_dim`` features (transformers'
     ``apply_rotary_pos_emb``), the rest passed through; cos/sin from :func:`rope_cos_sin`,
@@ -361,17 +390,89 @@ def apply_rope(g: Graph, x: Tensor, cos: Tensor, sin: Tensor, spec: RopeSpec, na
     """
     d, rd = spec.head_dim, spec.rotary_dim
     half = rd // 2
+    axis = len(x.shape) - 1
     with g.scope(name):
         cos_t, sin_t = cast(g, cos, g.np_dtype, "cos"), cast(g, sin, g.np_dtype, "sin")
-        rot = x if rd == d else gather_const(g, x, range(rd), 3, "rot_part")
+        rot = x if rd == d else gather_const(g, x, range(rd), axis, "rot_part")
         # rotate_half: cat(-x2, x1) == gather [x2, x1] then multiply by sign [-1]*half + [1]*half
-        swapped = gather_const(g, rot, [*range(half, rd), *range(half)], 3, "swap_halves")
-        sign = constant(g, np.concatenate([-np.ones(half), np.ones(half)]).reshape(1, 1, 1, rd), "sign", g.np_dtype)
+        swapped = gather_const(g, rot, [*range(half, rd), *range(half)], axis, "swap_halves")
+        sign = constant(g, np.concatenate([-np.ones(half), np.ones(half)]).reshape((1,) * axis + (rd,)), "sign", g.np_dtype)
         rotated = add(g, mul(g, rot, cos_t, "x_cos"), mul(g, mul(g, swapped, sign, "rotate_half"), sin_t, "rot_sin"), "rotated")
         if rd == d:
             return rotated
-        passed = gather_const(g, x, range(rd, d), 3, "pass_part")
-        return concat(g, [rotated, passed], 3, "out")
+        passed = gather_const(g, x, range(rd, d), axis, "pass_part")
+        return concat(g, [rotated, passed], axis, "out")
+
+
+def rope_plugin(
+    g: Graph, q: Tensor, k: Tensor, position_ids: Tensor, spec: RopeSpec, is_neox: bool = True, name: str = "rotary_emb",
+    seq_lens: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """RoPE on q ``[..., num_heads, head_dim]`` and k ``[..., num_kv_heads, head_dim]`` with
+    the fused plugin (:class:`trtcore.plugins.rope.RopePlugin`); ``position_ids`` int32
+    ``[...]`` (the same leading dimensions, e.g. ``[batch, seq]``).
+
+    The plugin takes ``inv_freq`` as a float32 network constant (computed on the host by
+    :func:`trtcore.rope.rope_spec`) and, for dynamic NTK scaling, each token's sequence
+    length (``seq_lens`` when given, else ``max(position_ids) + 1`` of its row).
+    """
+    from trtcore.plugins.base import create
+    from trtcore.plugins.rope import RopePlugin
+
+    key = ("rope_plugin_inputs", id(position_ids))
+    if key not in g.shared:
+        with g.scope_at(f"model.{name}"):
+            extra = [constant(g, spec.inv_freq.astype(np.float32), "inv_freq", np.float32)]
+            if spec.rope_type == "dynamic" and seq_lens is not None:
+                extra.append(seq_lens)
+            elif spec.rope_type == "dynamic":
+                rank = len(position_ids.shape)
+                smax = reduce(g, position_ids, "MAX", [rank - 1], True, "max_position")
+                one = scalar(g, 1, rank, np.int32, "one")
+                zero = scalar(g, 0, rank, np.int32, "zero")
+                seq_len = add(g, smax, one, "seq_len")
+                extra.append(add(g, mul(g, position_ids, zero, "zeros"), seq_len, "seq_lens"))
+        g.shared[key] = extra
+    with g.scope(name):
+        plugin = create(RopePlugin.from_spec(spec, is_neox=is_neox), g.trt)
+        layer = g.network.add_plugin_v3([q, k, position_ids, *g.shared[key]], [], plugin)
+        full = g.unique("plugin")
+        layer.name = full
+        q_out, k_out = layer.get_output(0), layer.get_output(1)
+        q_out.name, k_out.name = f"{full}.q", f"{full}.k"
+        return q_out, k_out
+
+
+#: implementations of each fused op (DESIGN.md, "Fused ops have several implementations")
+IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {"rope": ("plugin", "layers")}
+
+
+def default_implementations(trt: Any) -> dict[str, str]:
+    """The plugin where the TensorRT module can host plugins, else composed layers."""
+    from trtcore.plugins.base import hosts_plugins
+
+    return {"rope": "plugin" if hosts_plugins(trt) else "layers"}
+
+
+def rotary(
+    g: Graph, q: Tensor, k: Tensor, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """RoPE (neox pairing) on q ``[..., H, D]`` and k ``[..., Hkv, D]`` (``...`` = ``[B, S]``
+    or packed ``[T]``, as ``position_ids``) with the implementation
+    ``g.implementations["rope"]``: ``"plugin"`` (:func:`rope_plugin`) or ``"layers"``
+    (:func:`rope_cos_sin` + :func:`apply_rope`; cos/sin shared by all layers). ``seq_lens``:
+    see :func:`rope_cos_sin` (dynamic scaling on packed tokens)."""
+    impl = g.implementations.get("rope", "layers")
+    if impl == "plugin":
+        return rope_plugin(g, q, k, position_ids, spec, True, name, seq_lens)
+    if impl != "layers":
+        raise InvalidArgumentError(f"rope implementation {impl!r} is not one of {IMPLEMENTATIONS['rope']}")
+    key = ("rope_cos_sin", id(position_ids))
+    if key not in g.shared:
+        with g.scope_at("model"):
+            g.shared[key] = rope_cos_sin(g, position_ids, spec, name, seq_lens)
+    cos, sin = g.shared[key]
+    return apply_rope(g, q, cos, sin, spec, "q_rope"), apply_rope(g, k, cos, sin, spec, "k_rope")
 
 
 # ---------------------------------------------------------------------------------------

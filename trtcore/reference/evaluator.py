@@ -1,9 +1,39 @@
-"""Executes a reference network layer by layer on NumPy (or another array module).
+"""Executes a reference network layer by layer on NumPy (CPU) or CuPy (GPU).
 
 Numerics follow TensorRT's strongly typed semantics: each layer's output is stored in the
 output tensor's type. float16/bfloat16 layers compute in float32 and round the result to
 their type once (as TensorRT's kernels accumulate in float32), so the only rounding is at
 layer boundaries. Every intermediate tensor can be captured by name.
+
+Storage of each :class:`DataType` in the array module ``xp``:
+
+=================  ==========================  ==========================================
+DataType           ``xp`` is NumPy              any other ``xp`` (CuPy)
+=================  ==========================  ==========================================
+FLOAT / HALF       float32 / float16            float32 / float16
+BF16               ``ml_dtypes.bfloat16``       ``uint16`` holding the bfloat16 bit pattern
+INT8/32/64, BOOL   the NumPy type               the same type
+=================  ==========================  ==========================================
+
+CuPy has no bfloat16 dtype, so there a bfloat16 tensor is its raw 16-bit pattern in a
+``uint16`` array: exactly the memory TensorRT and trtcore's CUDA kernels read and write
+(``__nv_bfloat16``), so plugins get it unchanged. For arithmetic the bits become float32 by
+``(u16.astype(uint32) << 16).view(float32)`` (exact), and float32 results become bfloat16
+by round-to-nearest-even in integer arithmetic (:func:`float32_to_bf16_bits`; NaN becomes
+the quiet NaN ``0x7FC0`` with its sign, as ``ml_dtypes`` does), so the GPU path rounds
+bit for bit like the NumPy path. Layers that only move data (shuffle, concatenation,
+gather, select, identity) move the stored bits without converting them. Outputs and
+captured tensors are returned in this storage; :func:`trtcore.runtime.device.to_host`
+turns a bfloat16 ``uint16`` array back into ``ml_dtypes.bfloat16`` on the host. The
+helpers :func:`bf16_bits_to_float32` / :func:`float32_to_bf16_bits` work with any ``xp``
+(NumPy included) so they can be tested against ``ml_dtypes`` on the CPU; on CuPy each is
+one fused elementwise kernel with the same integer arithmetic.
+
+On CuPy nothing in :func:`evaluate` reads device memory from the host, so a whole network
+is queued on the current stream without a host synchronisation: constants are copied to the
+device once (the ``constants`` cache), plugins are launched with ``enqueue`` on the current
+stream, erf uses ``cupyx.scipy.special.erf``, and the gather index range check, which needs
+the indices on the host, is skipped (see :func:`_gather`).
 """
 
 from __future__ import annotations
@@ -42,21 +72,129 @@ from .types import (
     MatrixOperation,
     ReduceOperation,
     UnaryOperation,
+    from_numpy_dtype,
     nptype,
 )
 
 
-def _compute(x: Any, xp: Any) -> Any:
-    """float16/bfloat16 -> float32 for arithmetic; other types unchanged."""
-    if x.dtype.itemsize == 2 and x.dtype.kind in "fV" or str(x.dtype) == "bfloat16":
-        return x.astype(xp.float32)
-    return x
+def _is_device(xp: Any) -> bool:
+    """Whether ``xp`` is CuPy (arrays on a CUDA device)."""
+    return getattr(xp, "__name__", "") == "cupy"
 
 
-def _store(x: Any, dtype: DataType, xp: Any) -> Any:
-    target = np.dtype(nptype(dtype))
+# ---------------------------------------------------------------------------------------
+# bfloat16 as uint16 bit patterns (any array module)
+# ---------------------------------------------------------------------------------------
+
+
+#: on CuPy each conversion is one fused kernel (the generic array expressions below would
+#: launch up to 13 kernels per tensor); the arithmetic is the same, integer ops on the bits
+_CUPY_SOURCES = {
+    "bf16_bits_to_float32": ("uint16 b", "float32 y", "y = __uint_as_float(((unsigned int)b) << 16);"),
+    "float32_to_bf16_bits": (
+        "float32 x",
+        "uint16 y",
+        """
+        unsigned int u = __float_as_uint(x);
+        y = ((u & 0x7fffffffu) > 0x7f800000u)
+            ? (unsigned short)(((u >> 16) & 0x8000u) | 0x7fc0u)
+            : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        """,
+    ),
+}
+_CUPY_KERNELS: dict[str, Any] = {}
+
+
+def _cupy_kernel(xp: Any, name: str) -> Any:
+    kernel = _CUPY_KERNELS.get(name)
+    if kernel is None:
+        kernel = _CUPY_KERNELS[name] = xp.ElementwiseKernel(*_CUPY_SOURCES[name], f"trtcore_{name}")
+    return kernel
+
+
+def bf16_bits_to_float32(bits: Any, xp: Any = np) -> Any:
+    """float32 values of bfloat16 bit patterns (``uint16``; exact: the bits are float32's top half)."""
+    if _is_device(xp):
+        return _cupy_kernel(xp, "bf16_bits_to_float32")(xp.asarray(bits))
+    return (xp.asarray(bits).astype(xp.uint32) << xp.uint32(16)).view(xp.float32)
+
+
+def float32_to_bf16_bits(x: Any, xp: Any = np) -> Any:
+    """bfloat16 bit patterns (``uint16``) of ``x`` rounded to nearest, ties to even.
+
+    ``x`` is converted to float32 first (so float64 rounds twice, as ``ml_dtypes`` does).
+    Overflow rounds to +-inf, float32 subnormals round like normal numbers (no flush to
+    zero), and NaN becomes the quiet NaN ``0x7FC0`` / ``0xFFC0`` keeping its sign; this
+    equals ``x.astype(ml_dtypes.bfloat16).view(uint16)`` bit for bit.
+    """
     x = xp.asarray(x)
-    return x if x.dtype == target else x.astype(target)
+    if x.dtype != np.float32:
+        x = x.astype(xp.float32)
+    if _is_device(xp):
+        return _cupy_kernel(xp, "float32_to_bf16_bits")(x)
+    u = xp.ascontiguousarray(x).view(xp.uint32)
+    lsb = (u >> xp.uint32(16)) & xp.uint32(1)
+    rounded = (u + (xp.uint32(0x7FFF) + lsb)) >> xp.uint32(16)  # no overflow: only NaN patterns could wrap
+    nan = (u & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
+    quiet = ((u >> xp.uint32(16)) & xp.uint32(0x8000)) | xp.uint32(0x7FC0)
+    return xp.where(nan, quiet, rounded).astype(xp.uint16)
+
+
+class _Storage:
+    """How tensors are held in the array module ``xp`` (see the module docstring)."""
+
+    def __init__(self, xp: Any):
+        self.xp = xp
+        self.numpy = xp is np  # the NumPy path: ml_dtypes.bfloat16, plugin.reference
+        self.device = _is_device(xp)
+        self.bf16_bits = not self.numpy  # bfloat16 as uint16 bit patterns
+        self.raw_moves = not self.numpy  # data-moving layers skip the float32 round trip
+
+    def dtype(self, dtype: DataType) -> np.dtype:
+        """The array dtype a tensor of ``dtype`` is stored in."""
+        if dtype == DataType.BF16 and self.bf16_bits:
+            return np.dtype(np.uint16)
+        return np.dtype(nptype(dtype))
+
+    def feed(self, a: Any, dtype: DataType) -> Any:
+        """A network input in storage form (host arrays are copied to the device)."""
+        xp = self.xp
+        if self.numpy:
+            return xp.asarray(a)
+        if dtype == DataType.BF16 and self.bf16_bits:
+            if isinstance(a, np.ndarray) and a.dtype.name == "bfloat16":
+                return xp.asarray(np.ascontiguousarray(a).view(np.uint16))
+            a = xp.asarray(a)
+            return a if a.dtype == np.uint16 else float32_to_bf16_bits(a, xp)
+        return xp.asarray(a)
+
+    def constant(self, array: np.ndarray, shape: tuple[int, ...], dtype: DataType) -> Any:
+        """A constant layer's weights in storage form (on the device for CuPy)."""
+        host = np.asarray(array).reshape(shape)
+        if dtype == DataType.BF16 and self.bf16_bits and host.dtype.name == "bfloat16":
+            host = np.ascontiguousarray(host).view(np.uint16)
+        return self.store(self.xp.asarray(host), dtype)
+
+    def compute(self, x: Any, dtype: DataType) -> Any:
+        """float16/bfloat16 -> float32 for arithmetic; other types unchanged."""
+        if dtype == DataType.BF16:
+            return bf16_bits_to_float32(x, self.xp) if self.bf16_bits else x.astype(self.xp.float32)
+        if dtype == DataType.HALF:
+            return x.astype(self.xp.float32)
+        return x
+
+    def store(self, x: Any, dtype: DataType) -> Any:
+        """``x`` (a compute value or already stored) in ``dtype``'s storage."""
+        xp = self.xp
+        x = xp.asarray(x)
+        if dtype == DataType.BF16 and self.bf16_bits:
+            return x if x.dtype == np.uint16 else float32_to_bf16_bits(x, xp)
+        target = self.dtype(dtype)
+        return x if x.dtype == target else x.astype(target)
+
+    def logical(self, x: Any, dtype: DataType) -> np.dtype:
+        """The NumPy dtype a plugin sees for a stored tensor (bfloat16: ``ml_dtypes.bfloat16``)."""
+        return np.dtype(nptype(dtype)) if dtype == DataType.BF16 else np.dtype(x.dtype)
 
 
 _UNARY = {
@@ -141,6 +279,8 @@ def _activation(layer: IActivationLayer, xp: Any, x: Any) -> Any:
     if kind == ActivationType.GELU_ERF:
         from math import erf, sqrt
 
+        if _is_device(xp):
+            return 0.5 * x * (1.0 + _erf(xp, x / sqrt(2.0)))
         verf = np.vectorize(erf, otypes=[np.float64])
         return 0.5 * x * (1.0 + xp.asarray(verf(np.asarray(x) / sqrt(2.0)), dtype=x.dtype))
     raise NetworkError(f"activation {kind.name} is not implemented by the reference backend")
@@ -194,13 +334,7 @@ def _layer_outputs(layer: ILayer, args: list[Any], xp: Any) -> list[Any]:
         return [xp.matmul(a, b)]
     if isinstance(layer, IGatherLayer):
         data, idx = args
-        n = data.shape[layer.axis]
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):  # TensorRT: 0 <= index < dim
-            raise NetworkError(
-                f"gather {layer.name!r}: index out of range [0, {n}) on axis {layer.axis}: "
-                f"min {int(idx.min())}, max {int(idx.max())}"
-            )
-        return [xp.take(data, idx, axis=layer.axis)]
+        return [_gather(layer, data, idx, xp)]
     if isinstance(layer, ICastLayer):
         return [args[0]]
     if isinstance(layer, IIdentityLayer):
@@ -210,31 +344,82 @@ def _layer_outputs(layer: ILayer, args: list[Any], xp: Any) -> list[Any]:
     raise NetworkError(f"layer {layer.name!r} of type {type(layer).__name__} is not implemented by the reference backend")
 
 
-def _run_plugin(layer: IPluginV3Layer, args: list[Any], xp: Any) -> list[Any]:
-    """NumPy: the plugin's ``reference``; other array modules (CuPy): its ``enqueue`` on the
-    current stream, into freshly allocated outputs (no host synchronisation)."""
+def _gather(layer: IGatherLayer, data: Any, idx: Any, xp: Any) -> Any:
+    """``take`` along ``layer.axis``. On NumPy, indices outside ``[0, n)`` raise (TensorRT
+    requires ``0 <= index < dim``). On the device the check is skipped: it would need the
+    indices' min/max on the host, a synchronisation in every step. There, as in a TensorRT
+    engine, such indices give unspecified values (CuPy's ``take`` wraps them around, it
+    never reads outside the array); callers validate token ids on the host before a step
+    (``LLM.generate`` does)."""
+    n = data.shape[layer.axis]
+    if not _is_device(xp) and idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        raise NetworkError(
+            f"gather {layer.name!r}: index out of range [0, {n}) on axis {layer.axis}: "
+            f"min {int(idx.min())}, max {int(idx.max())}"
+        )
+    return xp.take(data, idx, axis=layer.axis)
+
+
+def _run_plugin(layer: IPluginV3Layer, args: list[Any], st: _Storage) -> list[Any]:
+    """NumPy: the plugin's ``reference``; CuPy: its ``enqueue`` on the current stream, into
+    freshly allocated outputs (no host synchronisation).
+
+    ``args`` are stored values. A plugin always sees bfloat16 as ``ml_dtypes.bfloat16``: on
+    the device the ``uint16`` bit patterns are handed over as they are (same memory), with
+    dtype ``ml_dtypes.bfloat16`` in the descriptor; other array modules on the host get
+    ``ml_dtypes.bfloat16`` views for ``reference``.
+    """
     plugin = layer.plugin
-    if xp is np:
+    xp = st.xp
+    in_dtypes = [t.dtype for t in layer._inputs if t is not None]
+    if st.numpy:
         return list(plugin.reference(*args))
-    shapes = plugin.output_shapes([[_Dim(int(d)) for d in a.shape] for a in args])
-    dtypes = plugin.output_dtypes([a.dtype for a in args])
-    outs = [xp.empty(tuple(int(_Dim.of(d)) for d in shape), dtype=np.dtype(dt)) for shape, dt in zip(shapes, dtypes)]
+    if not st.device:  # a host array module other than NumPy itself: reference on bf16 views
+        views = [np.asarray(a).view(nptype(d)) if d == DataType.BF16 and st.bf16_bits else np.asarray(a) for a, d in zip(args, in_dtypes)]
+        outs = []
+        for o in plugin.reference(*views):
+            o = np.asarray(o)
+            outs.append(xp.asarray(o.view(np.uint16) if st.bf16_bits and o.dtype.name == "bfloat16" else o))
+        return outs
     from types import SimpleNamespace
 
-    def dev(a: Any) -> Any:
-        return SimpleNamespace(ptr=int(a.data.ptr), shape=tuple(int(x) for x in a.shape), dtype=np.dtype(a.dtype), size=int(a.size))
+    args = [xp.ascontiguousarray(a) for a in args]  # kernels take dense row-major memory
+    logical = [st.logical(a, d) for a, d in zip(args, in_dtypes)]
+    shapes = plugin.output_shapes([[_Dim(int(d)) for d in a.shape] for a in args])
+    out_dtypes = [np.dtype(dt) for dt in plugin.output_dtypes(logical)]
+    outs = [
+        xp.empty(tuple(int(d) for d in shape), dtype=st.dtype(from_numpy_dtype(dt)))
+        for shape, dt in zip(shapes, out_dtypes)
+    ]
 
-    ws = int(plugin.workspace_size([(tuple(a.shape), a.dtype) for a in args], [(tuple(o.shape), o.dtype) for o in outs]))
+    def dev(a: Any, dtype: np.dtype) -> Any:
+        return SimpleNamespace(ptr=int(a.data.ptr), shape=tuple(int(x) for x in a.shape), dtype=dtype, size=int(a.size))
+
+    ws = int(plugin.workspace_size([(tuple(a.shape), d) for a, d in zip(args, logical)], [(tuple(o.shape), d) for o, d in zip(outs, out_dtypes)]))
     workspace = xp.empty(max(ws, 1), dtype=np.uint8)
     stream = int(xp.cuda.get_current_stream().ptr)
-    plugin.enqueue([dev(a) for a in args], [dev(o) for o in outs], int(workspace.data.ptr) if ws else 0, stream)
+    plugin.enqueue(
+        [dev(a, d) for a, d in zip(args, logical)],
+        [dev(o, d) for o, d in zip(outs, out_dtypes)],
+        int(workspace.data.ptr) if ws else 0,
+        stream,
+    )
     return outs
 
 
 def _erf(xp: Any, x: Any) -> Any:
+    if _is_device(xp):
+        import cupyx.scipy.special
+
+        return cupyx.scipy.special.erf(x).astype(x.dtype, copy=False)
     from math import erf
 
     return xp.asarray(np.vectorize(erf, otypes=[np.float64])(np.asarray(x)), dtype=x.dtype)
+
+
+#: layers that only move data: on non-NumPy modules they take their inputs as stored
+#: (bfloat16 bits, float16), which is exact and saves two conversions per tensor
+_MOVES = (IShuffleLayer, IConcatenationLayer, IGatherLayer, IIdentityLayer, ISelectLayer)
 
 
 def evaluate(
@@ -250,20 +435,27 @@ def evaluate(
     Args:
         network: a reference network; layers run in the order they were added.
         feeds: one array per network input, already of the input's dtype and a shape
-            matching its static dimensions (the executor checks both).
+            matching its static dimensions (the executor checks both). With CuPy a feed may
+            be a host (NumPy) array, copied to the device here, or a device array; a
+            bfloat16 input may be given as ``ml_dtypes.bfloat16`` (host) or as ``uint16``
+            bit patterns (device).
         xp: the array module, ``numpy`` or ``cupy``.
         capture: names of intermediate tensors to return as well, or ``"all"``.
         constants: a dict kept by the caller between runs; constant layers' arrays are
             stored there once in ``xp`` (so CuPy copies weights to the device only once).
 
     Returns:
-        ``{name: array}`` for every marked output and every captured tensor.
+        ``{name: array}`` for every marked output and every captured tensor, as ``xp``
+        arrays in the storage of the module docstring's table (bfloat16 on CuPy: ``uint16``).
 
     Raises:
-        NetworkError: a layer cannot run on these inputs (e.g. gather index out of range).
+        NetworkError: a layer cannot run on these inputs (e.g. gather index out of range,
+            checked on NumPy only).
     """
+    network._refresh()
     for layer in network._layers:
         if layer._error is not None:
+            layer._update()  # the message names the layer as it is called now
             raise layer._error
     want = {t.name for t in network._outputs}
     keep_all = capture == "all"
@@ -277,28 +469,34 @@ def evaluate(
         for t in layer._inputs:
             if t is not None:
                 last_use[id(t)] = i
-    values: dict[int, Any] = {id(t): xp.asarray(feeds[t.name]) for t in network._inputs}
+    st = _Storage(xp)
+    if constants is None:
+        constants = {}
+    values: dict[int, Any] = {id(t): st.feed(feeds[t.name], t.dtype) for t in network._inputs}
     result: dict[str, Any] = {}
     for t in network._inputs:
         if keep_all or t.name in want:
             result[t.name] = values[id(t)]
     for i, layer in enumerate(network._layers):
-        if constants is not None and isinstance(layer, IConstantLayer):
+        if isinstance(layer, IConstantLayer):
             out = layer._outputs[0]
             if id(layer) not in constants:
-                constants[id(layer)] = _store(xp.asarray(layer.weights.array).reshape(layer.shape), out.dtype, xp)
+                constants[id(layer)] = st.constant(layer.weights.array, layer.shape, out.dtype)
             values[id(out)] = constants[id(layer)]
             if keep_all or out.name in want:
                 result[out.name] = values[id(out)]
             continue
         if isinstance(layer, IPluginV3Layer):  # plugins take their inputs in their own types
-            outs = _run_plugin(layer, [values[id(t)] for t in layer._inputs if t is not None], xp)
+            outs = _run_plugin(layer, [values[id(t)] for t in layer._inputs if t is not None], st)
             for t, value in zip(layer._outputs, outs):
-                values[id(t)] = _store(value, t.dtype, xp)
+                values[id(t)] = st.store(value, t.dtype)
                 if keep_all or t.name in want:
                     result[t.name] = values[id(t)]
             continue
-        args = [_compute(values[id(t)], xp) for t in layer._inputs if t is not None]
+        if st.raw_moves and isinstance(layer, _MOVES):
+            args = [values[id(t)] for t in layer._inputs if t is not None]
+        else:
+            args = [st.compute(values[id(t)], t.dtype) for t in layer._inputs if t is not None]
         try:
             outs = _layer_outputs(layer, args, xp)
         except NetworkError:
@@ -307,7 +505,7 @@ def evaluate(
             shapes = [tuple(a.shape) for a in args]
             raise NetworkError(f"layer {layer.name!r} ({type(layer).__name__}) failed on input shapes {shapes}: {exc}") from exc
         for t, value in zip(layer._outputs, outs):
-            value = _store(value, t.dtype, xp)
+            value = st.store(value, t.dtype)
             values[id(t)] = value
             if keep_all or t.name in want:
                 result[t.name] = value
@@ -317,4 +515,4 @@ def evaluate(
     return result
 
 
-__all__ = ["evaluate", "FLOATING"]
+__all__ = ["FLOATING", "bf16_bits_to_float32", "evaluate", "float32_to_bf16_bits"]

@@ -77,7 +77,11 @@ class ITensor:
         return self._dtype
 
     def _check(self) -> None:
-        if self.producer is not None and self.producer._error is not None:
+        if self.producer is None:
+            return
+        self._network._refresh()
+        if self.producer._error is not None:
+            self.producer._update()  # the message names the layer as it is called now
             raise self.producer._error
 
     @property
@@ -140,7 +144,13 @@ class ILayer:
     def __setattr__(self, key: str, value: Any) -> None:
         object.__setattr__(self, key, value)
         if key in self._attrs and getattr(self, "_ready", False):
-            self._update()
+            self._changed()
+
+    def _changed(self) -> None:
+        """An attribute changed: re-infer, and make later layers re-infer on next read."""
+        self._update()
+        self._network._version += 1
+        self._network._seen = self._network._version if self is self._network._layers[-1] else self._network._seen
 
     # TensorRT API -----------------------------------------------------------------
     @property
@@ -254,7 +264,7 @@ class IUnaryLayer(ILayer):
 
 class IActivationLayer(ILayer):
     type = LayerType.ACTIVATION
-    _attrs = ("type_",)
+    _attrs = ()
 
     #: TensorRT's default alpha / beta per activation (``IActivationLayer`` documentation)
     DEFAULTS = {
@@ -282,6 +292,8 @@ class IActivationLayer(ILayer):
     @type.setter
     def type(self, value: ActivationType) -> None:
         object.__setattr__(self, "_kind", ActivationType(value))
+        if getattr(self, "_ready", False):
+            self._changed()
 
     def _infer(self) -> tuple[list[Shape], list[DataType]]:
         x = self._in(0)
@@ -592,6 +604,16 @@ class INetworkDefinition:
         self._inputs: list[ITensor] = []
         self._outputs: list[ITensor] = []
         self._tensors: dict[str, ITensor] = {}
+        self._version = 0  # bumped when a layer's attributes change after it was added
+        self._seen = 0  # the version all layers were last inferred at
+
+    def _refresh(self) -> None:
+        """Re-infer every layer in order if attributes changed since the last pass, so that
+        layers added after a tensor see its producer's current shape (as in TensorRT)."""
+        if self._seen != self._version:
+            self._seen = self._version
+            for layer in self._layers:
+                layer._update()
 
     # bookkeeping ------------------------------------------------------------------------
     def _rename(self, tensor: ITensor, name: str) -> None:

@@ -11,6 +11,14 @@ computes what it would compute alone.
 
 Finished sequences leave the batch at once; cache columns no live sequence uses are
 dropped, so the cache never grows past the longest live sequence.
+
+Device executors (the reference executor on CuPy) return device arrays: the KV cache
+(``present.*`` fed back as ``past_key_values.*``) then stays on the device, dropping rows
+and columns is a device-side ``take`` with index arrays computed on the host (no boolean
+mask indexing, which would read its count back), and only the logits come to the host for
+sampling: one device->host copy per step, through the executor's ``to_host``. The small
+per-step inputs (token ids, positions, masks) are built on the host and copied to the
+device by the executor.
 """
 
 from __future__ import annotations
@@ -136,7 +144,30 @@ class ContiguousGenerator:
             **past,
         }
         out = self.executor.run(feeds)
-        return np.asarray(out["logits"], dtype=np.float32), {p: out[o] for p, o in self._kv_names}
+        return self._logits_to_host(out["logits"]), {p: out[o] for p, o in self._kv_names}
+
+    def _logits_to_host(self, logits: Any) -> np.ndarray:
+        """The step's logits as float32 NumPy: the step's one device->host copy."""
+        to_host = getattr(self.executor, "to_host", None)
+        if to_host is not None and not isinstance(logits, np.ndarray):
+            logits = to_host(logits, "logits")
+        return np.asarray(logits, dtype=np.float32)
+
+    def _select(self, past: dict[str, Any], rows: list[int], used: np.ndarray) -> dict[str, Any]:
+        """Keep batch rows ``rows`` and the cache columns where ``used``, of every cache tensor."""
+        cols = None if used.all() else np.flatnonzero(used)
+        xp = getattr(self.executor, "xp", np)
+        index: tuple[Any, Any] | None = None  # device index arrays, copied once per compaction
+        out = {}
+        for k, v in past.items():
+            if isinstance(v, np.ndarray):
+                out[k] = v[rows][:, :, used] if cols is not None else v[rows]
+                continue
+            if index is None:
+                index = (xp.asarray(np.asarray(rows, np.int64)), None if cols is None else xp.asarray(cols.astype(np.int64)))
+            v = xp.take(v, index[0], axis=0)
+            out[k] = v if index[1] is None else xp.take(v, index[1], axis=2)
+        return out
 
     def _run_batch(self, batch: list[Request]) -> Iterator[TokenEvent]:
         n = len(batch)
@@ -186,7 +217,7 @@ class ContiguousGenerator:
                 alive = [alive[i] for i in keep]
                 key_pos = key_pos[keep]
                 used = (key_pos >= 0).any(axis=0)
-                past = {k: v[keep][:, :, used] if not used.all() else v[keep] for k, v in past.items()}
+                past = self._select(past, keep, np.asarray(used))
                 key_pos = key_pos[:, used]
             new_pos = np.array([[seq_len[b] - 1] for b in alive])
             key_pos = np.concatenate([key_pos, new_pos], axis=1)

@@ -27,6 +27,7 @@ import ml_dtypes
 import numpy as np
 from cuda.bindings import runtime as cudart
 
+from ..errors import TrtcoreError
 from .executor import Executor
 
 if TYPE_CHECKING:  # the stubs (tensorrt-stubs) type the calls; nothing is imported at run time
@@ -52,7 +53,7 @@ _NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
 }
 
 
-class CudaError(RuntimeError):
+class CudaError(TrtcoreError, RuntimeError):
     """A CUDA runtime call failed; the message names the call and the ``cudaError_t``."""
 
 
@@ -81,6 +82,18 @@ def cuda_check(result: tuple[Any, ...], what: str) -> Any:
     if not values:
         return None
     return values[0] if len(values) == 1 else values
+
+
+def require_gpu(device: int = 0) -> None:
+    """Raise :class:`CudaError` unless CUDA device ``device`` is usable (check this before
+    spending time on an engine build).
+
+    Raises:
+        CudaError: no driver, no GPU, or no device ``device``.
+    """
+    count = cuda_check(cudart.cudaGetDeviceCount(), "TensorRT execution needs a CUDA GPU: cudaGetDeviceCount")
+    if not 0 <= device < count:
+        raise CudaError(f"CUDA device {device} does not exist ({count} device(s) visible)")
 
 
 def numpy_dtype(dtype: trt_types.DataType) -> np.dtype[Any]:

@@ -1,0 +1,674 @@
+// Paged attention over a mixed batch of causal prefills (including chunked prefills that
+// continue a cached sequence) and decodes, on packed tokens. The plugin that launches these
+// kernels, and the full statement of the semantics, is trtcore.plugins.paged_attention.
+//
+// Tensors (row-major, contiguous):
+//   q            [T, Hq, HEAD_DIM]       the step's new queries (RoPE applied), Hq = Hkv * G
+//   k, v         [T, Hkv, HEAD_DIM]      the step's new keys / values
+//   pool         [L, NB, 2, Hkv, BLOCK_SIZE, HEAD_DIM]   one KV pool for all layers;
+//                                        index 0 = K, 1 = V; "HND" inside a block, so the
+//                                        BLOCK_SIZE rows of one head are one contiguous run
+//   block_tables int32 [B, max_blocks]   block ids of each sequence, in token order
+//   seq_lens     int32 [B]               tokens of each sequence including this step's
+//   qsl          int32 [B + 1]           query_start_loc (cu_seqlens of the packed queries)
+//   out          [T, Hq * HEAD_DIM]
+// Sequence b has qlen = qsl[b+1] - qsl[b] new tokens and cached = seq_lens[b] - qlen cached
+// ones; its new token j sits at position cached + j, in slot
+// block_tables[b][pos / BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE of layer `layer`.
+// Query head hq reads KV head hq / G. Key k is visible to a query at position p iff
+// k <= p and (window == 0 or p - k < window). Scores and softmax in float32 with float32
+// accumulation; the output is rounded once to DTYPE. Block-table entries < 0 (padding) are
+// never written and read as zeros.
+//
+// Kernels (all launched on one stream, in this order):
+//   paged_kv_write      one CTA per new token: copies its k and v rows into the pool
+//                       (skip_decode: only tokens of sequences with qlen > 1; not launched
+//                       at all for a batch of decodes).
+//   paged_attn_decode   flash-decoding for sequences with qlen == 1: grid (splits, Hkv * RT,
+//                       B); CTA (s, h, b) handles the s-th slice of b's key range for the
+//                       G query heads of KV head h (RT = ceil(G / 16) row tiles of 16 heads),
+//                       so each K/V block is read once for the whole GQA group. The
+//                       sequence's new token is read from k/v directly, and split 0 writes
+//                       it into the pool (no separate write launch for decodes). With one
+//                       split it writes `out`; otherwise unnormalised partial outputs plus
+//                       (max, sum) per row go to the workspace and...
+//   paged_attn_reduce   ...combines the splits of each (decode sequence, query head).
+//   paged_attn_prefill  sequences with qlen > 1: one CTA per (64-row query tile, KV head);
+//                       a row is a (token, query head of the group) pair, row = j * G + g,
+//                       so GQA groups share every K/V tile. Causal + window masking per row.
+//   paged_attn_simple   float32 (and any head_dim that is a multiple of 32): one CTA per
+//                       (token, query head), warp-per-key dot products on CUDA cores.
+// decode and prefill (float16 / bfloat16 only) run on tensor cores: mma.sync m16n8k16 with
+// float32 accumulation; K/V tiles of 64 keys are gathered through the block table with
+// cp.async (16-byte, coalesced: a key row of one head is HEAD_DIM contiguous elements) into a
+// PA_STAGES-deep shared-memory ring, read back with ldmatrix (XOR-swizzled 16-byte chunks, no
+// bank conflicts). Probabilities are rounded to DTYPE for the P*V product (as FlashAttention);
+// scores, the running max/sum and the output accumulator stay float32.
+//
+// Defines:
+//   DTYPE       0 float32, 1 float16, 2 bfloat16
+//   HEAD_DIM    features per head (multiple of 32; tensor-core kernels: 64 or 128)
+//   BLOCK_SIZE  tokens per KV block
+//   PA_STAGES   shared-memory stages of the K/V ring (default 2)
+//   PA_DECODE_MIN_CTAS  resident decode CTAs per SM the register budget is cut for (default
+//               3: 168 registers, no spills; 3 x 64 KiB of shared memory fit an SM of sm_80/90)
+//
+// trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
+// trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
+// trtcore-variants: [{"DTYPE": 0, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 0, "HEAD_DIM": 128, "BLOCK_SIZE": 16}]
+
+#ifndef DTYPE
+#define DTYPE 2
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef BLOCK_SIZE
+#define BLOCK_SIZE 16
+#endif
+#ifndef PA_STAGES
+#define PA_STAGES 2
+#endif
+#ifndef PA_DECODE_MIN_CTAS
+#define PA_DECODE_MIN_CTAS 3
+#endif
+
+#define PA_NT 64          // keys per K/V tile
+#define PA_THREADS 128    // threads per CTA of every attention kernel
+
+static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM >= 32, "HEAD_DIM must be a multiple of 32");
+static_assert(BLOCK_SIZE >= 1, "BLOCK_SIZE must be >= 1");
+
+#define PA_NEG_INF __int_as_float(0xff800000)
+
+// ---- element types and conversions (no CUDA headers needed) ------------------------------
+
+#if DTYPE == 0
+typedef float elem_t;
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float from_f32(float x) { return x; }
+#elif DTYPE == 1
+typedef unsigned short elem_t;  // IEEE binary16 bits
+__device__ __forceinline__ float to_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ unsigned short from_f32(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+// two floats -> one register; lo goes to the low 16 bits (the lower column index)
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#define PA_MMA_TYPE "f16"
+#elif DTYPE == 2
+typedef unsigned short elem_t;  // bfloat16 bits
+__device__ __forceinline__ float to_f32(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
+__device__ __forceinline__ unsigned short from_f32(float f) {
+    // round to nearest even (as ml_dtypes); NaN stays a quiet NaN
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#define PA_MMA_TYPE "bf16"
+#else
+#error "DTYPE must be 0 (float32), 1 (float16) or 2 (bfloat16)"
+#endif
+
+#define PA_VEC (16 / (int)sizeof(elem_t))  // elements per 16-byte vector
+
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
+
+// Sequence of packed token t: the largest b with qsl[b] <= t (binary search).
+__device__ __forceinline__ int find_seq(const int* __restrict__ qsl, int B, int t) {
+    int lo = 0, hi = B - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (__ldg(qsl + mid) <= t) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// The K rows of one KV head of one sequence in one layer; V rows are v_offset further.
+struct PoolView {
+    const elem_t* base;    // pool + layer slab + head offset
+    const int* bt;         // the sequence's block-table row
+    long long block_stride;
+    long long v_offset;
+    // K row of `key`, or nullptr where the block-table entry is padding (< 0)
+    __device__ __forceinline__ const elem_t* k_row(int key) const {
+        const int blk = __ldg(bt + key / BLOCK_SIZE);
+        if (blk < 0) return nullptr;
+        return base + (long long)blk * block_stride + (long long)(key % BLOCK_SIZE) * HEAD_DIM;
+    }
+};
+
+__device__ __forceinline__ PoolView make_pool_view(const elem_t* pool, const int* bt_row, int layer, int num_blocks, int Hkv, int h) {
+    PoolView p;
+    const long long hs = (long long)BLOCK_SIZE * HEAD_DIM;
+    p.block_stride = 2LL * Hkv * hs;
+    p.v_offset = (long long)Hkv * hs;
+    p.base = pool + (long long)layer * num_blocks * p.block_stride + (long long)h * hs;
+    p.bt = bt_row;
+    return p;
+}
+
+// ---- 1. write the step's k/v into the pool -----------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
+    const elem_t* __restrict__ k, const elem_t* __restrict__ v, elem_t* __restrict__ pool,
+    const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const int* __restrict__ qsl,
+    int B, int max_blocks, int num_blocks, int layer, int Hkv, int skip_decode) {
+    const int t = blockIdx.x;
+    const int b = find_seq(qsl, B, t);
+    const int q0 = __ldg(qsl + b);
+    const int qlen = __ldg(qsl + b + 1) - q0;
+    if (skip_decode && qlen == 1) return;  // paged_attn_decode writes it
+    const int pos = __ldg(seq_lens + b) - qlen + (t - q0);
+    if (t >= q0 + qlen || pos < 0 || pos / BLOCK_SIZE >= max_blocks) return;  // malformed inputs: write nothing
+    const int blk = __ldg(block_tables + (long long)b * max_blocks + pos / BLOCK_SIZE);
+    if (blk < 0 || blk >= num_blocks) return;  // padding slot
+    const int row = pos % BLOCK_SIZE;
+    const long long hs = (long long)BLOCK_SIZE * HEAD_DIM;
+    elem_t* dst0 = pool + ((long long)layer * num_blocks + blk) * 2 * Hkv * hs + (long long)row * HEAD_DIM;
+    constexpr int CH = HEAD_DIM / PA_VEC;  // 16-byte chunks per head row
+    const int n = Hkv * CH;
+    for (int c = threadIdx.x; c < 2 * n; c += blockDim.x) {
+        const int kv = c >= n;
+        const int cc = c - kv * n;
+        const int h = cc / CH, d = (cc % CH) * PA_VEC;
+        const elem_t* src = (kv ? v : k) + ((long long)t * Hkv + h) * HEAD_DIM + d;
+        elem_t* dst = dst0 + (long long)kv * Hkv * hs + (long long)h * hs + d;
+        *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
+    }
+}
+
+// ---- 2. simple kernel (float32; also any HEAD_DIM multiple of 32) -------------------------
+
+extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ pool, const int* __restrict__ block_tables,
+    const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out,
+    int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int window, float scale) {
+    constexpr int NWARP = PA_THREADS / 32;
+    constexpr int PER = HEAD_DIM / 32;
+    __shared__ float s_m[NWARP], s_l[NWARP];
+    __shared__ float s_o[NWARP][HEAD_DIM];
+    const int t = blockIdx.x, hq = blockIdx.y;
+    const int Hq = Hkv * G, h = hq / G;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int b = find_seq(qsl, B, t);
+    const int q0 = __ldg(qsl + b);
+    const int qlen = __ldg(qsl + b + 1) - q0;
+    const int pos = __ldg(seq_lens + b) - qlen + (t - q0);
+    const int klo = window > 0 ? imax(0, pos - window + 1) : 0;
+    const int khi = pos + 1;
+    const PoolView pv = make_pool_view(pool, block_tables + (long long)b * max_blocks, layer, num_blocks, Hkv, h);
+
+    float qv[PER], acc[PER];
+    const elem_t* qrow = q + ((long long)t * Hq + hq) * HEAD_DIM;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        qv[i] = to_f32(qrow[lane + 32 * i]);
+        acc[i] = 0.f;
+    }
+    float m = PA_NEG_INF, l = 0.f;
+    for (int key = klo + warp; key < khi; key += NWARP) {
+        const elem_t* kr = pv.k_row(key);
+        float kf[PER], vf[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            kf[i] = kr ? to_f32(kr[lane + 32 * i]) : 0.f;
+            vf[i] = kr ? to_f32(kr[pv.v_offset + lane + 32 * i]) : 0.f;
+        }
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) s = fmaf(qv[i], kf[i], s);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        s *= scale;
+        const float mn = fmaxf(m, s);
+        const float alpha = expf(m - mn);
+        const float p = expf(s - mn);
+        l = l * alpha + p;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) acc[i] = fmaf(p, vf[i], acc[i] * alpha);
+        m = mn;
+    }
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_l[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) s_o[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    float mt = PA_NEG_INF;
+#pragma unroll
+    for (int w = 0; w < NWARP; ++w) mt = fmaxf(mt, s_m[w]);
+    float lt = 0.f;
+    float f[NWARP];
+#pragma unroll
+    for (int w = 0; w < NWARP; ++w) {
+        f[w] = s_l[w] > 0.f ? expf(s_m[w] - mt) : 0.f;
+        lt += f[w] * s_l[w];
+    }
+    const float inv = 1.f / lt;
+    elem_t* orow = out + ((long long)t * Hq + hq) * HEAD_DIM;
+    for (int d = threadIdx.x; d < HEAD_DIM; d += PA_THREADS) {
+        float o = 0.f;
+#pragma unroll
+        for (int w = 0; w < NWARP; ++w) o += f[w] * s_o[w][d];
+        orow[d] = from_f32(o * inv);
+    }
+}
+
+// ---- 3. tensor-core kernels (float16 / bfloat16) -------------------------------------------
+
+#if DTYPE != 0 && HEAD_DIM % 64 == 0 && HEAD_DIM <= 128
+
+#define PA_CHUNKS (HEAD_DIM / 8)               // 16-byte chunks per K/V row
+#define PA_TILE_ELEMS (PA_NT * HEAD_DIM)       // one K (or V) tile
+#define PA_SMEM_BYTES (PA_STAGES * 2 * PA_TILE_ELEMS * 2)
+
+// element offset of (row, 16-byte chunk) in a swizzled tile: chunk ^ (row % 8) spreads the 8
+// rows an ldmatrix reads over all 32 banks
+__device__ __forceinline__ int swz(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ (row & 7)) << 3); }
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// c[16x8, f32] += a[16x16] * b[16x8]
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PA_MMA_TYPE "." PA_MMA_TYPE ".f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Attention of CTA-tile rows [R0, R0 + 16 * WARPS_M) of one sequence and KV head over keys
+// [key_lo, key_hi). Row R is the (token R / G, query head h * G + R % G) pair; rows >= nrows
+// are padding. Warps are WARPS_M (rows, 16 each) x WARPS_N (keys: each warp takes
+// PA_NT / WARPS_N keys of every tile); the WARPS_N partial softmaxes are merged at the end.
+// Key new_key (-1: none) is read from k_new / v_new (the step's k/v rows of this KV head)
+// instead of the pool. part_o == nullptr: write normalised rows to out; else write the unnormalised float32 output
+// to part_o[hq * HEAD_DIM + d] and (max in log2 units, sum) to part_ml[2 * hq + {0, 1}].
+template <int WARPS_M, int WARPS_N>
+__device__ __forceinline__ void attention_rows(
+    const elem_t* __restrict__ q, const PoolView& pv, int q_tok0, int cached, int nrows, int R0, int G, int Hq, int h,
+    int key_lo, int key_hi, int window, float scale_log2, elem_t* __restrict__ out, float* __restrict__ part_o,
+    float* __restrict__ part_ml, char* smem, int new_key, const elem_t* __restrict__ k_new,
+    const elem_t* __restrict__ v_new) {
+    constexpr int M = 16 * WARPS_M;
+    constexpr int NTHREADS = 32 * WARPS_M * WARPS_N;
+    constexpr int NW = PA_NT / WARPS_N;  // keys per warp per tile
+    constexpr int KSTEPS = HEAD_DIM / 16;
+    constexpr int DTILES = HEAD_DIM / 8;
+    static_assert(NTHREADS == PA_THREADS, "CTA size");
+    static_assert(NW % 16 == 0, "each warp needs a multiple of 16 keys per tile");
+    static_assert(PA_NT * PA_CHUNKS % NTHREADS == 0, "tile loads");
+    static_assert(PA_SMEM_BYTES >= (WARPS_N * M * HEAD_DIM + 2 * WARPS_N * M) * 4, "epilogue does not fit in the K/V ring");
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    const int g = lane >> 2, c = lane & 3;
+    elem_t* sbuf = reinterpret_cast<elem_t*>(smem);  // [PA_STAGES][K, V][PA_NT][HEAD_DIM], swizzled
+
+    // this thread's two rows: R0 + 16 * wm + g + 8 * i
+    int kmin[2], kmax[2];
+    unsigned qa[KSTEPS][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int R = R0 + 16 * wm + g + 8 * i;
+        const elem_t* qrow = nullptr;
+        if (R < nrows) {
+            const int pos = cached + R / G;
+            kmin[i] = imax(key_lo, window > 0 ? pos - window + 1 : 0);
+            kmax[i] = imin(key_hi - 1, pos);
+            qrow = q + ((long long)(q_tok0 + R / G) * Hq + h * G + R % G) * HEAD_DIM;
+        } else {
+            kmin[i] = 1;
+            kmax[i] = 0;  // no key
+        }
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            qa[ks][i] = qrow ? __ldg(reinterpret_cast<const unsigned*>(qrow + 16 * ks + 2 * c)) : 0u;
+            qa[ks][2 + i] = qrow ? __ldg(reinterpret_cast<const unsigned*>(qrow + 16 * ks + 8 + 2 * c)) : 0u;
+        }
+    }
+
+    float o[DTILES][4];
+#pragma unroll
+    for (int dt = 0; dt < DTILES; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+    float m[2] = {PA_NEG_INF, PA_NEG_INF}, l[2] = {0.f, 0.f};
+
+    const int ntiles = (key_hi - key_lo + PA_NT - 1) / PA_NT;
+    const elem_t* zero_src = pv.base;  // any valid address: cp.async with 0 source bytes reads nothing
+    const long long new_v_delta = v_new - k_new;
+
+    auto load_tile = [&](int it, int stage) {
+        const int kt = key_lo + it * PA_NT;
+        const unsigned sK = smem_u32(sbuf + stage * 2 * PA_TILE_ELEMS);
+        const unsigned sV = sK + PA_TILE_ELEMS * 2;
+#pragma unroll
+        for (int j = 0; j < PA_NT * PA_CHUNKS / NTHREADS; ++j) {
+            const int i = tid + j * NTHREADS;
+            const int r = i / PA_CHUNKS, ch = i % PA_CHUNKS;
+            const int key = kt + r;
+            // this step's key comes straight from the k/v inputs, the others from the pool
+            const bool is_new = key == new_key;
+            const elem_t* src = is_new ? k_new : (key < key_hi ? pv.k_row(key) : nullptr);
+            const long long vdelta = is_new ? new_v_delta : pv.v_offset;
+            const int bytes = src ? 16 : 0;
+            const elem_t* ks = src ? src + ch * 8 : zero_src;
+            const elem_t* vs = src ? ks + vdelta : zero_src;
+            const unsigned off = (unsigned)swz(r, ch) * 2u;
+            cp_async16(sK + off, ks, bytes);
+            cp_async16(sV + off, vs, bytes);
+        }
+    };
+
+#pragma unroll
+    for (int s = 0; s < PA_STAGES - 1; ++s) {
+        if (s < ntiles) load_tile(s, s);
+        cp_async_commit();
+    }
+
+    for (int it = 0; it < ntiles; ++it) {
+        {
+            const int nx = it + PA_STAGES - 1;
+            if (nx < ntiles) load_tile(nx, nx % PA_STAGES);
+            cp_async_commit();
+        }
+        cp_async_wait<PA_STAGES - 1>();
+        __syncthreads();
+        const elem_t* sK = sbuf + (it % PA_STAGES) * 2 * PA_TILE_ELEMS;
+        const elem_t* sV = sK + PA_TILE_ELEMS;
+        const int kt = key_lo + it * PA_NT;
+
+        // S = Q K^T over this warp's NW keys
+        float s[NW / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < NW / 8; ++nt) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            const int r = wn * NW + nt * 8 + (lane & 7);
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks += 2) {
+                unsigned bk[4];
+                ldmatrix_x4(bk, smem_u32(sK + swz(r, 2 * ks + (lane >> 3))));
+                mma16816(s[nt], qa[ks], bk[0], bk[1]);
+                mma16816(s[nt], qa[ks + 1], bk[2], bk[3]);
+            }
+        }
+        // mask, online softmax (log2 domain)
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < NW / 8; ++nt) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int i = j >> 1;
+                const int key = kt + wn * NW + nt * 8 + 2 * c + (j & 1);
+                const float x = (key >= kmin[i] && key <= kmax[i]) ? s[nt][j] * scale_log2 : PA_NEG_INF;
+                s[nt][j] = x;
+                mx[i] = fmaxf(mx[i], x);
+            }
+        }
+        float mu[2], alpha[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            mu[i] = mx[i] == PA_NEG_INF ? 0.f : mx[i];
+            alpha[i] = exp2f(m[i] - mu[i]);
+            m[i] = mx[i];
+        }
+#pragma unroll
+        for (int nt = 0; nt < NW / 8; ++nt) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float p = exp2f(s[nt][j] - mu[j >> 1]);
+                s[nt][j] = p;
+                rs[j >> 1] += p;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];
+#pragma unroll
+        for (int dt = 0; dt < DTILES; ++dt) {
+            o[dt][0] *= alpha[0];
+            o[dt][1] *= alpha[0];
+            o[dt][2] *= alpha[1];
+            o[dt][3] *= alpha[1];
+        }
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < NW / 16; ++kk) {
+            unsigned pa[4];
+            pa[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            const int r = wn * NW + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int dt = 0; dt < DTILES; dt += 2) {
+                unsigned bv[4];
+                ldmatrix_x4_trans(bv, smem_u32(sV + swz(r, dt + (lane >> 4))));
+                mma16816(o[dt], pa, bv[0], bv[1]);
+                mma16816(o[dt + 1], pa, bv[2], bv[3]);
+            }
+        }
+        __syncthreads();  // the stage is overwritten by the next iteration's load
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // epilogue: merge the WARPS_N partial softmaxes through shared memory
+    float* so = reinterpret_cast<float*>(smem);  // [WARPS_N][M][HEAD_DIM]
+    float* sm = so + WARPS_N * M * HEAD_DIM;     // [WARPS_N][M]
+    float* sl = sm + WARPS_N * M;                // [WARPS_N][M]
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+    const int rl = 16 * wm + g;
+    if (c == 0) {
+        sm[wn * M + rl] = m[0];
+        sm[wn * M + rl + 8] = m[1];
+        sl[wn * M + rl] = l[0];
+        sl[wn * M + rl + 8] = l[1];
+    }
+#pragma unroll
+    for (int dt = 0; dt < DTILES; ++dt) {
+        float* r0 = so + (wn * M + rl) * HEAD_DIM + dt * 8 + 2 * c;
+        r0[0] = o[dt][0];
+        r0[1] = o[dt][1];
+        r0[8 * HEAD_DIM] = o[dt][2];
+        r0[8 * HEAD_DIM + 1] = o[dt][3];
+    }
+    __syncthreads();
+    for (int idx = tid; idx < M * HEAD_DIM; idx += NTHREADS) {
+        const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
+        const int R = R0 + r;
+        if (R >= nrows) continue;
+        float mt = PA_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WARPS_N; ++w) mt = fmaxf(mt, sm[w * M + r]);
+        const float mref = mt == PA_NEG_INF ? 0.f : mt;
+        float lt = 0.f, ot = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS_N; ++w) {
+            const float f = exp2f(sm[w * M + r] - mref);
+            lt += f * sl[w * M + r];
+            ot += f * so[(w * M + r) * HEAD_DIM + d];
+        }
+        const int hq = h * G + R % G;
+        if (part_o == nullptr) {
+            out[((long long)(q_tok0 + R / G) * Hq + hq) * HEAD_DIM + d] = from_f32(ot / lt);
+        } else {
+            part_o[(long long)hq * HEAD_DIM + d] = ot;
+            if (d == 0) {
+                part_ml[2 * hq] = mt;
+                part_ml[2 * hq + 1] = lt;
+            }
+        }
+    }
+}
+
+// Decode (qlen == 1): grid (num_splits, Hkv * ceil(G / 16), B), PA_THREADS threads,
+// PA_SMEM_BYTES dynamic shared memory. Sequences with qlen != 1 return at once.
+extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) paged_attn_decode(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v, elem_t* __restrict__ pool, const int* __restrict__ block_tables,
+    const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out, float* __restrict__ ws_o,
+    float* __restrict__ ws_ml, int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int num_splits,
+    int window, float scale_log2) {
+    extern __shared__ __align__(128) char smem[];
+    const int split = blockIdx.x, b = blockIdx.z;
+    const int RT = (G + 15) / 16;
+    const int h = blockIdx.y / RT, rt = blockIdx.y % RT;
+    const int q0 = __ldg(qsl + b), q1 = __ldg(qsl + b + 1), seq = __ldg(seq_lens + b);  // one round trip
+    if (q1 - q0 != 1) return;
+    const int pos = seq - 1;
+    const int klo = window > 0 ? imax(0, pos - window + 1) : 0, khi = seq;
+    const int per = ((khi - klo + num_splits - 1) / num_splits + PA_NT - 1) / PA_NT * PA_NT;
+    const int lo = klo + split * per, hi = imin(khi, lo + per);
+    const int Hq = Hkv * G;
+    float* po = nullptr;
+    float* pml = nullptr;
+    if (num_splits > 1) {
+        const long long base = (long long)split * B + b;
+        po = ws_o + base * Hq * HEAD_DIM;
+        pml = ws_ml + base * Hq * 2;
+    }
+    if (lo >= hi) {  // nothing in this slice (a short sequence): an empty partial
+        if (pml != nullptr && threadIdx.x < 16 && 16 * rt + (int)threadIdx.x < G) {
+            const int hq = h * G + 16 * rt + threadIdx.x;
+            pml[2 * hq] = PA_NEG_INF;
+            pml[2 * hq + 1] = 0.f;
+        }
+        return;
+    }
+    const int* bt_row = block_tables + (long long)b * max_blocks;
+    const elem_t* k_new = k + ((long long)q0 * Hkv + h) * HEAD_DIM;
+    const elem_t* v_new = v + ((long long)q0 * Hkv + h) * HEAD_DIM;
+    if (split == 0 && rt == 0 && threadIdx.x < 2 * HEAD_DIM / PA_VEC && pos / BLOCK_SIZE < max_blocks) {
+        // this token's k/v row of head h into its pool slot (the CTAs of this sequence read
+        // the token from k/v, never from the slot, so there is no ordering to respect)
+        const int blk = __ldg(bt_row + pos / BLOCK_SIZE);
+        if (blk >= 0 && blk < num_blocks) {
+            const int kv = threadIdx.x >= HEAD_DIM / PA_VEC;
+            const int d = (threadIdx.x - kv * (HEAD_DIM / PA_VEC)) * PA_VEC;
+            const long long hs = (long long)BLOCK_SIZE * HEAD_DIM;
+            elem_t* dst = pool + (((long long)layer * num_blocks + blk) * 2 + kv) * Hkv * hs + h * hs + (long long)(pos % BLOCK_SIZE) * HEAD_DIM + d;
+            *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>((kv ? v_new : k_new) + d));
+        }
+    }
+    const PoolView pv = make_pool_view(pool, bt_row, layer, num_blocks, Hkv, h);
+    attention_rows<1, 4>(q, pv, q0, pos, G, 16 * rt, G, Hq, h, lo, hi, window, scale_log2, out, po, pml, smem, pos, k_new,
+                         v_new);
+}
+
+// Prefill (qlen > 1): grid (tiles, Hkv), where tiles >= sum over sequences with qlen > 1 of
+// ceil(qlen * G / 64); extra CTAs return at once. PA_SMEM_BYTES dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ pool, const int* __restrict__ block_tables,
+    const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out, int B, int max_blocks,
+    int num_blocks, int layer, int Hkv, int G, int window, float scale_log2) {
+    extern __shared__ __align__(128) char smem[];
+    constexpr int M = 64;
+    const int x = blockIdx.x, h = blockIdx.y;
+    const int lane = threadIdx.x & 31;
+    // find the sequence and tile of CTA x: a warp-wide scan over the tile counts (every warp
+    // does it, so no barrier is needed)
+    int b = -1, tile = 0, ntiles_b = 0, base = 0;
+    for (int b0 = 0; b0 < B; b0 += 32) {
+        const int bb = b0 + lane;
+        int nt = 0;
+        if (bb < B) {
+            const int ql = __ldg(qsl + bb + 1) - __ldg(qsl + bb);
+            nt = ql > 1 ? (ql * G + M - 1) / M : 0;
+        }
+        int inc = nt;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += y;
+        }
+        const int total = __shfl_sync(0xffffffffu, inc, 31);
+        if (x < base + total) {
+            const unsigned hit = __ballot_sync(0xffffffffu, base + inc > x);
+            const int src = __ffs(hit) - 1;
+            const int excl = __shfl_sync(0xffffffffu, inc - nt, src);
+            ntiles_b = __shfl_sync(0xffffffffu, nt, src);
+            b = b0 + src;
+            tile = x - base - excl;
+            break;
+        }
+        base += total;
+    }
+    if (b < 0) return;
+    tile = ntiles_b - 1 - tile;  // the longest tiles of a sequence first
+    const int q0 = __ldg(qsl + b);
+    const int qlen = __ldg(qsl + b + 1) - q0;
+    const int cached = __ldg(seq_lens + b) - qlen;
+    const int nrows = qlen * G;
+    const int R0 = tile * M, Rlast = imin(R0 + M, nrows) - 1;
+    const int pos_min = cached + R0 / G, pos_max = cached + Rlast / G;
+    const int klo = window > 0 ? imax(0, pos_min - window + 1) : 0, khi = pos_max + 1;
+    const PoolView pv = make_pool_view(pool, block_tables + (long long)b * max_blocks, layer, num_blocks, Hkv, h);
+    attention_rows<4, 1>(q, pv, q0, cached, nrows, R0, G, Hkv * G, h, klo, khi, window, scale_log2, out, nullptr,
+                         nullptr, smem, -1, nullptr, nullptr);
+}
+
+// Combine the decode splits: grid (B, Hq), HEAD_DIM threads. Sequences with qlen != 1 return.
+extern "C" __global__ void __launch_bounds__(HEAD_DIM) paged_attn_reduce(
+    const float* __restrict__ ws_o, const float* __restrict__ ws_ml, const int* __restrict__ qsl,
+    elem_t* __restrict__ out, int B, int Hq, int num_splits) {
+    const int b = blockIdx.x, hq = blockIdx.y, d = threadIdx.x;
+    const int t = __ldg(qsl + b);
+    if (__ldg(qsl + b + 1) - t != 1) return;
+    // one pass, online (the loads of all splits are independent of the running max)
+    float mt = PA_NEG_INF, lt = 0.f, ot = 0.f;
+#pragma unroll 4
+    for (int s = 0; s < num_splits; ++s) {
+        const long long row = ((long long)s * B + b) * Hq + hq;
+        const float2 ml = __ldg(reinterpret_cast<const float2*>(ws_ml) + row);
+        const float os = __ldg(ws_o + row * HEAD_DIM + d);  // unwritten (garbage) for an empty split: not used
+        if (ml.y > 0.f) {
+            const float mn = fmaxf(mt, ml.x);
+            const float a = exp2f(mt - mn), f = exp2f(ml.x - mn);
+            lt = lt * a + f * ml.y;
+            ot = ot * a + f * os;
+            mt = mn;
+        }
+    }
+    out[((long long)t * Hq + hq) * HEAD_DIM + d] = from_f32(ot / lt);
+}
+
+#endif  // tensor-core kernels

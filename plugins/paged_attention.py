@@ -1,0 +1,522 @@
+"""Paged attention over a mixed batch of prefills and decodes: the ``trtcore_paged_attention`` plugin.
+
+One plugin call per layer computes causal attention for every new token of a step -- causal
+prefills, chunked prefills (a prefill that continues a sequence already in the cache) and
+decodes, mixed in one batch of packed (unpadded) tokens -- against a paged KV cache
+(vLLM's PagedAttention, FlashInfer's page layout; DESIGN.md, "KV cache modes"), and writes
+the step's keys and values into that cache.
+
+Inputs (in this order):
+
+===  ===================  ==============================================  =====================
+#    name                 shape                                           dtype
+===  ===================  ==============================================  =====================
+0    q                    ``[T, Hq, head_dim]``                           float32/float16/bf16
+1    k                    ``[T, num_kv_heads, head_dim]``                 q's dtype
+2    v                    ``[T, num_kv_heads, head_dim]``                 q's dtype
+3    kv_pool              ``[num_layers, num_blocks, 2, num_kv_heads,     q's dtype
+                          block_size, head_dim]``
+4    block_tables         ``[B, max_blocks_per_seq]``                     int32
+5    seq_lens             ``[B]``                                         int32
+6    query_start_loc      ``[B + 1]``                                     int32
+===  ===================  ==============================================  =====================
+
+* q, k, v are the step's new tokens with RoPE applied, packed: sequence ``b``'s new tokens
+  are rows ``query_start_loc[b]:query_start_loc[b+1]`` (``cu_seqlens``; ``query_start_loc[0]
+  == 0``, ``query_start_loc[B] == T``, every sequence has at least one new token).
+* ``seq_lens[b]`` counts sequence ``b``'s tokens *including* this step's, so it has
+  ``cached = seq_lens[b] - qlen`` tokens in the cache already (``qlen`` its new tokens), and
+  new token ``j`` has position ``cached + j``.
+* ``kv_pool`` is the one pool of every layer (:mod:`trtcore.runtime.kv_cache`); index 0 of
+  its third axis holds keys, 1 values. Token ``pos`` of sequence ``b`` lives in block
+  ``block_tables[b][pos // block_size]`` at row ``pos % block_size``, i.e. slot
+  ``block * block_size + pos % block_size``. Inside a block the layout is **HND** (heads,
+  then tokens, then features; FlashInfer's ``HND`` page layout): the ``block_size`` rows
+  of one KV head are one contiguous run of ``block_size * head_dim`` elements, so a kernel
+  that handles one KV head reads a whole block with fully coalesced 16-byte loads, and the
+  K and V halves of a block sit next to each other. (``NHD`` would interleave the heads
+  and cut every head's run into ``head_dim``-element pieces.)
+* Block-table entries past a sequence's last block are never read; entries ``< 0``
+  (padding, ``PAD_SLOT_ID``-style) are never written and read as zeros.
+
+Output: ``out [T, Hq * head_dim]`` in q's dtype.
+
+**Side effect**: the step's k and v are written into ``kv_pool[layer_idx]`` at the slots of
+the new tokens, *in place* -- the pool is an input whose memory the plugin updates, exactly
+as TensorRT-LLM's GPT attention plugin writes its KV cache pool (given as an input pointer)
+during ``enqueue``. No other slot of the pool changes. The write happens before the
+attention kernels read the pool (same stream), so every new token sees the new keys of its
+own sequence up to itself. On the reference backend, :meth:`PagedAttentionPlugin.reference`
+writes into the NumPy pool array it is given, the same array every step.
+
+Semantics: query head ``hq`` uses KV head ``hq // (Hq // num_kv_heads)`` (GQA/MQA); a query
+at position ``p`` attends to keys at positions ``k <= p`` of its own sequence (cached and
+new), and with ``sliding_window = W > 0`` only to those with ``p - k < W`` (transformers'
+rule); scores ``scale * q.k``, softmax and the weighted sum of values are computed in
+float32 with float32 accumulation, and the output is rounded once to the dtype. The
+tensor-core kernels (float16/bfloat16, head_dim 64 or 128) round the softmax
+probabilities to the input dtype before the P.V product, as FlashAttention does: a relative
+error of at most one unit roundoff of the dtype per probability (see the tests' tolerance).
+
+Kernels (``kernels/paged_attention.cu``, compiled by NVRTC through :mod:`trtcore.kernels`,
+specialised by dtype, head_dim and block_size):
+
+1. ``paged_kv_write``: the step's k/v rows into their pool slots -- only for sequences with
+   several new tokens (a batch of decodes does not launch it; float32 writes every token);
+2. ``paged_attn_decode`` (+ ``paged_attn_reduce``): flash-decoding for sequences with one
+   new token -- each (sequence, KV head) is split along its keys into :meth:`num_splits`
+   slices handled by separate CTAs (so a few long sequences still fill the GPU); one CTA
+   handles all query heads of its KV head (the GQA group as rows of a tensor-core tile), so
+   every K/V byte is read once; the token's own key/value come straight from the k/v
+   inputs and split 0 writes them into the pool; the reduction kernel merges the slices'
+   partial (max, sum, output) from the workspace in one online pass;
+3. ``paged_attn_prefill``: sequences with several new tokens, one CTA per 64-row query tile
+   (rows = (token, query head of the group) pairs) and KV head, causal and window masking
+   per row, on tensor cores (``mma.sync`` m16n8k16, float32 accumulation);
+4. ``paged_attn_simple``: float32, and head dims other than 64/128: one CTA per (token,
+   query head) on CUDA cores.
+
+Decode bandwidth on an H200 (``bench/bench_paged_attention.py``, results in
+``bench/results/paged-attention-h200.json``): K/V bytes read per step time reaches 0.93-1.04
+of the device copy bandwidth at batch 64 (4k-32k context), 0.89-0.97 at batch 8 and 16k-32k,
+0.72 at batch 8 / 4k, 0.5-0.65 at batch 1 / 16k-32k (a ~10 us fixed cost per step: two
+launches and their dependent loads); block size 16/32/64 changes it by < 10%.
+
+``enqueue`` launches these on TensorRT's stream without synchronising the host and without
+allocating: the split partials live in the workspace (:meth:`workspace_size`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import ml_dtypes
+import numpy as np
+
+from .base import DeviceTensor, Dim, Plugin, PluginError
+
+__all__ = ["DTYPE_CODES", "INPUT_NAMES", "TUNING", "PagedAttentionPlugin"]
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_INT32 = np.dtype(np.int32)
+#: the kernel's DTYPE define per I/O dtype
+DTYPE_CODES: dict[np.dtype, int] = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _BF16: 2}
+#: the plugin's inputs, in order
+INPUT_NAMES = ("q", "k", "v", "kv_pool", "block_tables", "seq_lens", "query_start_loc")
+
+#: head dims the tensor-core kernels are built for (others use the simple kernel)
+_TC_HEAD_DIMS = (64, 128)
+#: keys per K/V tile of the tensor-core kernels (``PA_NT``) and rows of a prefill tile
+_TILE_KEYS = 64
+_PREFILL_ROWS = 64
+_THREADS = 128
+
+#: Work-split knobs of the decode kernel (host side, from shapes only; they change nothing
+#: but the float32 rounding of the split merge):
+#: ``slots``: decode CTAs resident at once (H100/H200: 132 SMs x 3 CTAs of 64 KiB shared
+#: memory and <= 168 registers per thread); the number of splits is the smallest that fills
+#: the waves of CTAs within ``wave_efficiency`` of the best (as FlashAttention-2's
+#: ``num_splits_heuristic``): a decode CTA streams its keys at the bandwidth share of its slot,
+#: so a half-empty last wave costs almost a full one;
+#: ``min_keys_per_split``: a slice covers at least this many keys (its fixed cost: Q load,
+#: first tile latency, merge);
+#: ``max_splits``: at most this many slices per sequence;
+#: ``max_partial_rows``: split partials of at most this many (sequence, query head) rows
+#: (bounds the workspace: rows * (head_dim + 2) * 4 bytes);
+#: ``stages``: K/V shared-memory ring depth (the kernel's ``PA_STAGES``);
+#: ``splits``: > 0 forces that many splits (benchmark sweeps only).
+TUNING: dict[str, Any] = {
+    "slots": 396,
+    "wave_efficiency": 0.95,
+    "min_keys_per_split": 128,
+    "max_splits": 64,
+    "max_partial_rows": 1 << 17,
+    "stages": 2,
+    "splits": 0,
+}
+
+
+def _f32(x: float) -> float:
+    return float(np.float32(x))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _dimval(d: Any) -> int | None:
+    v = getattr(d, "value", d)
+    return v if isinstance(v, int) and v >= 0 else None
+
+
+@dataclass
+class PagedAttentionPlugin(Plugin):
+    """Paged attention of one layer (plugin ``trtcore_paged_attention``, version 1).
+
+    See the module docstring for inputs, output, the in-place pool write and the numerics.
+
+    Fields:
+        layer_idx: which layer of ``kv_pool`` (its first axis) this plugin reads and writes.
+        num_kv_heads: KV heads (``Hkv``); the number of query heads ``Hq`` comes from q's
+            shape and must be a multiple of it.
+        head_dim: features per head (a multiple of 32).
+        block_size: tokens per KV block.
+        sliding_window: ``W > 0``: a query at position ``p`` sees keys ``k`` with
+            ``p - k < W``; 0: no window.
+        scale: the score scale; 0 (the default) means ``head_dim ** -0.5``. Stored as float32
+            (the serialized field type), so a rebuilt plugin equals the original.
+    """
+
+    plugin_name: ClassVar[str] = "trtcore_paged_attention"
+    plugin_version: ClassVar[str] = "1"
+    num_outputs: ClassVar[int] = 1
+
+    layer_idx: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    sliding_window: int = 0
+    scale: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.layer_idx = int(self.layer_idx)
+        self.num_kv_heads = int(self.num_kv_heads)
+        self.head_dim = int(self.head_dim)
+        self.block_size = int(self.block_size)
+        self.sliding_window = int(self.sliding_window)
+        scale = float(self.scale)
+        if scale == 0.0 and self.head_dim > 0:
+            scale = self.head_dim**-0.5
+        self.scale = _f32(scale)
+        super().__post_init__()
+
+    def validate(self) -> None:
+        if self.layer_idx < 0:
+            raise PluginError(f"PagedAttentionPlugin.layer_idx is {self.layer_idx}, expected >= 0")
+        if self.num_kv_heads < 1:
+            raise PluginError(f"PagedAttentionPlugin.num_kv_heads is {self.num_kv_heads}, expected >= 1")
+        if self.head_dim < 32 or self.head_dim % 32 or self.head_dim > 1024:
+            raise PluginError(f"PagedAttentionPlugin.head_dim is {self.head_dim}, expected a multiple of 32 in [32, 1024]")
+        if not 1 <= self.block_size <= 4096:
+            raise PluginError(f"PagedAttentionPlugin.block_size is {self.block_size}, expected 1..4096")
+        if self.sliding_window < 0:
+            raise PluginError(f"PagedAttentionPlugin.sliding_window is {self.sliding_window}, expected >= 0 (0 = no window)")
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise PluginError(f"PagedAttentionPlugin.scale is {self.scale}, expected a positive finite number")
+
+    # --- shapes and types ---------------------------------------------------------------------
+
+    @staticmethod
+    def input_names() -> list[str]:
+        """``["q", "k", "v", "kv_pool", "block_tables", "seq_lens", "query_start_loc"]``."""
+        return list(INPUT_NAMES)
+
+    def pool_shape(self, num_layers: int, num_blocks: int) -> tuple[int, ...]:
+        """``(num_layers, num_blocks, 2, num_kv_heads, block_size, head_dim)``."""
+        return (int(num_layers), int(num_blocks), 2, self.num_kv_heads, self.block_size, self.head_dim)
+
+    def _check_count(self, n: int) -> None:
+        if n != len(INPUT_NAMES):
+            raise PluginError(f"PagedAttentionPlugin takes {len(INPUT_NAMES)} inputs ({', '.join(INPUT_NAMES)}), got {n}")
+
+    def output_dtypes(self, input_dtypes: Sequence[np.dtype]) -> list[np.dtype]:
+        self._check_count(len(input_dtypes))
+        dq = np.dtype(input_dtypes[0])
+        if dq not in DTYPE_CODES:
+            raise PluginError(f"PagedAttentionPlugin: q must be float32, float16 or bfloat16, got {dq}")
+        for i in (1, 2, 3):
+            if np.dtype(input_dtypes[i]) != dq:
+                raise PluginError(f"PagedAttentionPlugin: {INPUT_NAMES[i]} must have q's dtype {dq}, got {np.dtype(input_dtypes[i])}")
+        for i in (4, 5, 6):
+            if np.dtype(input_dtypes[i]) != _INT32:
+                raise PluginError(f"PagedAttentionPlugin: {INPUT_NAMES[i]} must be int32, got {np.dtype(input_dtypes[i])}")
+        return [dq]
+
+    def output_shapes(self, input_shapes: Sequence[Sequence[Dim]]) -> list[list[Dim]]:
+        self._check_count(len(input_shapes))
+        ranks = (3, 3, 3, 6, 2, 1, 1)
+        for name, shape, rank in zip(INPUT_NAMES, input_shapes, ranks):
+            if len(shape) != rank:
+                raise PluginError(f"PagedAttentionPlugin: {name} must have rank {rank}, got {len(shape)}")
+        q, k, v, pool = (list(s) for s in input_shapes[:4])
+        for name, s in (("q", q), ("k", k), ("v", v), ("kv_pool", pool)):
+            d = _dimval(s[-1])
+            if d is not None and d != self.head_dim:
+                raise PluginError(f"PagedAttentionPlugin: {name}'s last dimension is {d}, expected head_dim={self.head_dim}")
+        for name, s in (("k", k), ("v", v)):
+            d = _dimval(s[1])
+            if d is not None and d != self.num_kv_heads:
+                raise PluginError(f"PagedAttentionPlugin: {name} has {d} heads, expected num_kv_heads={self.num_kv_heads}")
+        for axis, want in ((2, 2), (3, self.num_kv_heads), (4, self.block_size)):
+            d = _dimval(pool[axis])
+            if d is not None and d != want:
+                raise PluginError(
+                    f"PagedAttentionPlugin: kv_pool must be [num_layers, num_blocks, 2, {self.num_kv_heads}, {self.block_size}, {self.head_dim}], "
+                    f"axis {axis} is {d}"
+                )
+        hq = _dimval(q[1])
+        if hq is not None and hq % self.num_kv_heads:
+            raise PluginError(f"PagedAttentionPlugin: {hq} query heads is not a multiple of num_kv_heads={self.num_kv_heads}")
+        t = q[0]
+        return [[t, q[1] * self.head_dim]]
+
+    def supports(self, pos: int, dtypes: Sequence[np.dtype], num_inputs: int) -> bool:
+        if num_inputs != len(INPUT_NAMES):
+            return False
+        d = np.dtype(dtypes[pos])
+        if pos == 0:
+            return d in DTYPE_CODES
+        if pos in (1, 2, 3) or pos >= num_inputs:
+            return d == np.dtype(dtypes[0])
+        return d == _INT32
+
+    # --- work split and workspace ------------------------------------------------------------
+
+    def uses_tensor_cores(self, dtype: Any) -> bool:
+        """Whether ``dtype`` runs on the tensor-core kernels (float16/bfloat16 and head_dim 64/128)."""
+        return DTYPE_CODES.get(np.dtype(dtype), 0) != 0 and self.head_dim in _TC_HEAD_DIMS
+
+    def num_splits(self, batch: int, num_q_heads: int, max_blocks_per_seq: int, dtype: Any = _BF16) -> int:
+        """Slices along the keys of each decode sequence (flash-decoding), from shapes alone
+        (see :data:`TUNING`): the fewest whose CTAs fill their waves within
+        ``wave_efficiency`` of the best choice, with at least ``min_keys_per_split`` keys of
+        the longest possible sequence per slice, at most ``max_splits``, and what
+        ``max_partial_rows`` allows; 1 means no split (no workspace, no reduction kernel)."""
+        if not self.uses_tensor_cores(dtype) or batch < 1:
+            return 1
+        max_keys = max(1, int(max_blocks_per_seq) * self.block_size)
+        if self.sliding_window:
+            max_keys = min(max_keys, self.sliding_window)
+        group = max(1, int(num_q_heads) // self.num_kv_heads)
+        ctas = batch * self.num_kv_heads * _cdiv(group, 16)
+        limit = min(
+            int(TUNING["max_splits"]),
+            max(1, max_keys // int(TUNING["min_keys_per_split"])),
+            max(1, int(TUNING["max_partial_rows"]) // (batch * int(num_q_heads))),
+        )
+        if TUNING["splits"]:
+            return max(1, min(int(TUNING["splits"]), limit))
+        slots = int(TUNING["slots"])
+
+        def efficiency(s: int) -> float:
+            waves = ctas * s / slots
+            return waves / math.ceil(waves)
+
+        best = max(efficiency(s) for s in range(1, limit + 1))
+        return next(s for s in range(1, limit + 1) if efficiency(s) >= float(TUNING["wave_efficiency"]) * best)
+
+    def workspace_size(self, inputs: Sequence[tuple[tuple[int, ...], np.dtype]], outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
+        """Bytes of split partials for the largest shapes (any smaller batch fits too):
+        ``splits * B * Hq * (head_dim + 2)`` float32."""
+        self._check_count(len(inputs))
+        (q_shape, dtype), (bt_shape, _), (sl_shape, _) = inputs[0], inputs[4], inputs[5]
+        hq, max_blocks, b_max = int(q_shape[1]), int(bt_shape[1]), int(sl_shape[0])
+        rows = 0
+        for b in range(1, b_max + 1):
+            s = self.num_splits(b, hq, max_blocks, dtype)
+            if s > 1:
+                rows = max(rows, s * b * hq)
+        return rows * (self.head_dim + 2) * 4
+
+    # --- numerics (the contract) ----------------------------------------------------------------
+
+    def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """NumPy paged attention: writes the step's k/v into ``kv_pool`` (in place; it must be
+        a writable ``numpy.ndarray``) and returns ``[out]``, computed in float32 and rounded
+        once to q's dtype.
+
+        Raises:
+            PluginError: inconsistent shapes, dtypes, ``query_start_loc``/``seq_lens`` or a
+                block id out of range.
+        """
+        self._check_count(len(inputs))
+        q, k, v = (np.asarray(a) for a in inputs[:3])
+        pool = inputs[3]
+        if not isinstance(pool, np.ndarray):
+            raise PluginError("PagedAttentionPlugin.reference: kv_pool must be a numpy.ndarray (it is written in place)")
+        bt, seq_lens, qsl = (np.asarray(a) for a in inputs[4:])
+        self.output_dtypes([q.dtype, k.dtype, v.dtype, pool.dtype, bt.dtype, seq_lens.dtype, qsl.dtype])
+        self.output_shapes([q.shape, k.shape, v.shape, pool.shape, bt.shape, seq_lens.shape, qsl.shape])
+        T, hq, D = q.shape
+        hkv, bs = self.num_kv_heads, self.block_size
+        g = hq // hkv
+        B = seq_lens.shape[0]
+        if k.shape != (T, hkv, D) or v.shape != (T, hkv, D):
+            raise PluginError(f"PagedAttentionPlugin: k {k.shape} and v {v.shape} must be [{T}, {hkv}, {D}]")
+        if qsl.shape != (B + 1,) or bt.shape[0] != B:
+            raise PluginError(f"PagedAttentionPlugin: query_start_loc {qsl.shape} must be [B + 1] and block_tables {bt.shape} [B, ...] with B = {B}")
+        if not 0 <= self.layer_idx < pool.shape[0]:
+            raise PluginError(f"PagedAttentionPlugin: layer_idx {self.layer_idx} out of range for a pool of {pool.shape[0]} layers")
+        qlens = np.diff(qsl.astype(np.int64))
+        if qsl[0] != 0 or qsl[-1] != T or (qlens < 1).any():
+            raise PluginError(f"PagedAttentionPlugin: query_start_loc must rise strictly from 0 to T={T}, got {qsl.tolist()}")
+        cached_all = seq_lens.astype(np.int64) - qlens
+        if (cached_all < 0).any():
+            raise PluginError(f"PagedAttentionPlugin: seq_lens {seq_lens.tolist()} smaller than the sequences' new tokens {qlens.tolist()}")
+        num_blocks = pool.shape[1]
+        layer = pool[self.layer_idx]  # [num_blocks, 2, Hkv, block_size, D], a view: written in place
+        out = np.empty((T, hq, D), np.float32)
+        scale = np.float32(self.scale)
+        for b in range(B):
+            q0, q1 = int(qsl[b]), int(qsl[b + 1])
+            qlen, seq, cached = q1 - q0, int(seq_lens[b]), int(cached_all[b])
+            nblk = _cdiv(seq, bs)
+            if nblk > bt.shape[1]:
+                raise PluginError(f"PagedAttentionPlugin: sequence {b} has {seq} tokens, more than its {bt.shape[1]} blocks of {bs} hold")
+            blocks = bt[b, :nblk].astype(np.int64)
+            if ((blocks < 0) | (blocks >= num_blocks)).any():
+                raise PluginError(f"PagedAttentionPlugin: sequence {b} has block ids outside [0, {num_blocks}): {blocks.tolist()}")
+            pos = np.arange(cached, seq)
+            layer[blocks[pos // bs], 0, :, pos % bs] = k[q0:q1]
+            layer[blocks[pos // bs], 1, :, pos % bs] = v[q0:q1]
+            kpos = np.arange(seq)
+            keys = layer[blocks[kpos // bs], 0, :, kpos % bs].astype(np.float32)  # [seq, Hkv, D]
+            vals = layer[blocks[kpos // bs], 1, :, kpos % bs].astype(np.float32)
+            qb = q[q0:q1].astype(np.float32).reshape(qlen, hkv, g, D).transpose(1, 2, 0, 3)  # [Hkv, G, qlen, D]
+            scores = np.matmul(qb, keys.transpose(1, 2, 0)[:, None]) * scale  # [Hkv, G, qlen, seq]
+            allowed = kpos[None, :] <= pos[:, None]
+            if self.sliding_window:
+                allowed &= (pos[:, None] - kpos[None, :]) < self.sliding_window
+            scores = np.where(allowed, scores, np.float32(-np.inf))
+            scores -= scores.max(axis=-1, keepdims=True)
+            p = np.exp(scores)
+            p /= p.sum(axis=-1, keepdims=True)
+            o = np.matmul(p, vals.transpose(1, 0, 2)[:, None])  # [Hkv, G, qlen, D]
+            out[q0:q1] = o.transpose(2, 0, 1, 3).reshape(qlen, hq, D)
+        return [out.reshape(T, hq * D).astype(q.dtype)]
+
+    # --- kernels ---------------------------------------------------------------------------------
+
+    def defines(self, dtype: Any) -> dict[str, int]:
+        """The kernel's compile-time defines for I/O ``dtype``."""
+        d = {"DTYPE": DTYPE_CODES[np.dtype(dtype)], "HEAD_DIM": self.head_dim, "BLOCK_SIZE": self.block_size}
+        if TUNING["stages"] != 2:
+            d["PA_STAGES"] = int(TUNING["stages"])
+        return d
+
+    def shared_mem_bytes(self, dtype: Any) -> int:
+        """Dynamic shared memory of the tensor-core kernels: the K/V ring."""
+        return int(TUNING["stages"]) * 2 * _TILE_KEYS * self.head_dim * np.dtype(dtype).itemsize
+
+    def enqueue(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], workspace: int, stream: int) -> None:
+        """Write the step's k/v into the pool, then launch the attention kernels on ``stream``
+        (no host synchronisation, no allocation)."""
+        self._check_count(len(inputs))
+        q, k, v, pool, bt, sl, qsl = inputs
+        (out,) = outputs
+        dtype = np.dtype(q.dtype)
+        if dtype not in DTYPE_CODES or any(np.dtype(x.dtype) != dtype for x in (k, v, pool, out)):
+            raise PluginError(f"PagedAttentionPlugin.enqueue: q/k/v/kv_pool/out dtypes {[str(x.dtype) for x in (q, k, v, pool, out)]} not supported")
+        if any(np.dtype(x.dtype) != _INT32 for x in (bt, sl, qsl)):
+            raise PluginError("PagedAttentionPlugin.enqueue: block_tables, seq_lens and query_start_loc must be int32")
+        T, hq, D = (int(x) for x in q.shape)
+        hkv = self.num_kv_heads
+        B = int(sl.shape[0])
+        L, nb = int(pool.shape[0]), int(pool.shape[1])
+        max_blocks = int(bt.shape[1])
+        if tuple(pool.shape[2:]) != (2, hkv, self.block_size, self.head_dim) or D != self.head_dim:
+            raise PluginError(f"PagedAttentionPlugin.enqueue: kv_pool {tuple(pool.shape)} / q {tuple(q.shape)} do not match the fields")
+        if hq % hkv or tuple(k.shape) != (T, hkv, D) or tuple(v.shape) != (T, hkv, D) or tuple(qsl.shape) != (B + 1,):
+            raise PluginError(f"PagedAttentionPlugin.enqueue: shapes q {q.shape}, k {k.shape}, v {v.shape}, query_start_loc {qsl.shape} are inconsistent")
+        if not 0 <= self.layer_idx < L:
+            raise PluginError(f"PagedAttentionPlugin.enqueue: layer_idx {self.layer_idx} out of range for {L} layers")
+        if T == 0 or B == 0:
+            return
+        g = hq // hkv
+        fns = _functions(tuple(sorted(self.defines(dtype).items())))
+        common = [(bt.ptr, "ptr"), (sl.ptr, "ptr"), (qsl.ptr, "ptr")]
+        sizes = [(B, "i32"), (max_blocks, "i32"), (nb, "i32"), (self.layer_idx, "i32"), (hkv, "i32")]
+
+        tensor_cores = self.uses_tensor_cores(dtype)
+        if T > B or not tensor_cores:  # the decode kernel writes its own tokens
+            chunks = 2 * hkv * D * dtype.itemsize // 16
+            write_threads = min(256, _cdiv(chunks, 32) * 32)
+            fns.launch(
+                "paged_kv_write", (T,), (write_threads,),
+                [(k.ptr, "ptr"), (v.ptr, "ptr"), (pool.ptr, "ptr"), *common, *sizes, (int(tensor_cores), "i32")],
+                0, stream,
+            )  # fmt: skip
+
+        if not tensor_cores:
+            fns.launch(
+                "paged_attn_simple", (T, hq), (_THREADS,),
+                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (self.scale, "f32")],
+                0, stream,
+            )  # fmt: skip
+            return
+
+        scale_log2 = self.scale * math.log2(math.e)
+        smem = self.shared_mem_bytes(dtype)
+        splits = self.num_splits(B, hq, max_blocks, dtype)
+        ws_o = workspace if splits > 1 else 0
+        ws_ml = workspace + splits * B * hq * D * 4 if splits > 1 else 0
+        if splits > 1 and not workspace:
+            raise PluginError("PagedAttentionPlugin.enqueue: no workspace given (see workspace_size)")
+        fns.launch(
+            "paged_attn_decode", (splits, hkv * _cdiv(g, 16), B), (_THREADS,),
+            [(q.ptr, "ptr"), (k.ptr, "ptr"), (v.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), (ws_o, "ptr"),
+             (ws_ml, "ptr"), *sizes, (g, "i32"), (splits, "i32"), (self.sliding_window, "i32"), (scale_log2, "f32")],
+            smem, stream,
+        )  # fmt: skip
+        if splits > 1:
+            fns.launch(
+                "paged_attn_reduce", (B, hq), (D,),
+                [(ws_o, "ptr"), (ws_ml, "ptr"), (qsl.ptr, "ptr"), (out.ptr, "ptr"), (B, "i32"), (hq, "i32"), (splits, "i32")],
+                0, stream,
+            )  # fmt: skip
+        if T > B:  # some sequence has several new tokens
+            tiles = _cdiv(T * g, _PREFILL_ROWS) + min(B, T // 2)
+            fns.launch(
+                "paged_attn_prefill", (tiles, hkv), (_THREADS,),
+                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (scale_log2, "f32")],
+                smem, stream,
+            )  # fmt: skip
+
+
+class _Functions:
+    """The loaded kernels of one define-set (reloaded if the CUDA context changes)."""
+
+    def __init__(self, defines: tuple[tuple[str, int], ...]):
+        self.defines = defines
+        self._fns: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, symbol: str, reload: bool = False) -> Any:
+        fn = None if reload else self._fns.get(symbol)
+        if fn is None:
+            with self._lock:
+                fn = _compiled(self.defines).function(symbol)
+                self._fns[symbol] = fn
+        return fn
+
+    def launch(self, symbol: str, grid: tuple[int, ...], block: tuple[int, ...], args: list[Any], smem: int, stream: int) -> None:
+        try:
+            self.get(symbol).launch(grid, block, args, shared_mem=smem, stream=stream)
+        except Exception as exc:  # loaded in another context: load it into the current one
+            if getattr(exc, "result", None) != "CUDA_ERROR_INVALID_CONTEXT":
+                raise
+            self.get(symbol, reload=True).launch(grid, block, args, shared_mem=smem, stream=stream)
+
+
+@functools.cache
+def _compiled(defines: tuple[tuple[str, int], ...]) -> Any:
+    from trtcore import kernels
+
+    return kernels.compile_kernel("paged_attention", defines=dict(defines))
+
+
+_registry_lock = threading.Lock()
+_by_defines: dict[tuple[tuple[str, int], ...], _Functions] = {}
+
+
+def _functions(defines: tuple[tuple[str, int], ...]) -> _Functions:
+    f = _by_defines.get(defines)
+    if f is None:
+        with _registry_lock:
+            f = _by_defines.setdefault(defines, _Functions(defines))
+    return f
