@@ -25,10 +25,24 @@ from trtcore.ops import Graph, Tensor
 from trtcore.rope import rope_spec
 
 
-def io_spec(config: ModelConfig, dtype: Any) -> list[tuple[str, Any, tuple[int, ...]]]:
+def io_spec(config: ModelConfig, dtype: Any, kv_cache: str = "contiguous", block_size: int = 16) -> list[tuple[str, Any, tuple[int, ...]]]:
     """Network inputs as ``(name, numpy dtype, shape)``; -1 marks dynamic dimensions.
 
-    ``B`` batch, ``S`` new tokens per sequence (padded), ``P`` cached tokens, ``T = P + S``:
+    ``kv_cache="paged"`` (DESIGN.md, "KV cache modes"): ``T`` packed tokens of ``B``
+    sequences, no padding:
+
+    * ``input_ids``, ``position_ids`` int32 ``[T]``;
+    * ``kv_cache_pool`` ``[num_layers, num_blocks, 2, num_key_value_heads, block_size,
+      head_dim]`` (:mod:`trtcore.runtime.kv_cache`; written in place by the attention plugins);
+    * ``block_tables`` int32 ``[B, max_blocks_per_seq]``, ``seq_lens`` int32 ``[B]`` (cached +
+      new tokens), ``query_start_loc`` int32 ``[B + 1]`` (offsets of each sequence's tokens);
+    * ``last_token_ids`` int32 ``[B]``: packed index of each sequence's last token;
+    * with ``dynamic`` RoPE scaling, ``rope_seq_lens`` int32 ``[T]``: each token's sequence
+      length in this step (transformers recomputes the frequencies per forward call).
+
+    Output: ``logits`` float32 ``[B, vocab_size]``.
+
+    ``kv_cache="contiguous"``: ``B`` batch, ``S`` new tokens per sequence (padded), ``P`` cached tokens, ``T = P + S``:
 
     * ``input_ids`` int32 ``[B, S]``, ``position_ids`` int32 ``[B, S]``;
     * ``attention_mask`` float32 ``[B, 1, 1, S, T]``: 0 where query may attend, else a large
@@ -42,6 +56,20 @@ def io_spec(config: ModelConfig, dtype: Any) -> list[tuple[str, Any, tuple[int, 
     Outputs: ``logits`` float32 ``[B, vocab_size]``; ``present.{i}.key`` / ``.value``
     ``[B, num_key_value_heads, T, head_dim]`` (past then new, in the engine dtype).
     """
+    if kv_cache == "paged":
+        c = config
+        paged: list[tuple[str, Any, tuple[int, ...]]] = [
+            ("input_ids", np.int32, (-1,)),
+            ("position_ids", np.int32, (-1,)),
+            ("kv_cache_pool", dtype, (c.num_hidden_layers, -1, 2, c.num_key_value_heads, block_size, c.head_dim)),
+            ("block_tables", np.int32, (-1, -1)),
+            ("seq_lens", np.int32, (-1,)),
+            ("query_start_loc", np.int32, (-1,)),
+            ("last_token_ids", np.int32, (-1,)),
+        ]
+        if rope_spec(c).rope_type == "dynamic":
+            paged.append(("rope_seq_lens", np.int32, (-1,)))
+        return paged
     kv = (-1, config.num_key_value_heads, -1, config.head_dim)
     spec: list[tuple[str, Any, tuple[int, ...]]] = [
         ("input_ids", np.int32, (-1, -1)),
@@ -74,7 +102,11 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
     """
     c = config
     E, H, Hkv, D = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    inputs = {name: g.input(name, dt, shape) for name, dt, shape in io_spec(c, g.np_dtype)}
+    paged = g.implementations.get("kv_cache") == "paged"
+    block_size = g.block_size
+    inputs = {name: g.input(name, dt, shape) for name, dt, shape in io_spec(c, g.np_dtype, "paged" if paged else "contiguous", block_size)}
+    heads = (0, H, D) if paged else (0, 0, H, D)
+    kv_heads = (0, Hkv, D) if paged else (0, 0, Hkv, D)
     spec = rope_spec(c)
     qk_norm = c.model_type == "qwen3"
 
@@ -93,21 +125,22 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                     q = ops.linear(g, x, w(f"{a}.q_proj.weight", H * D, E), _bias(weights, f"{a}.q_proj.bias", H * D, c.qkv_bias), "q_proj")
                     k = ops.linear(g, x, w(f"{a}.k_proj.weight", Hkv * D, E), _bias(weights, f"{a}.k_proj.bias", Hkv * D, c.qkv_bias), "k_proj")
                     v = ops.linear(g, x, w(f"{a}.v_proj.weight", Hkv * D, E), _bias(weights, f"{a}.v_proj.bias", Hkv * D, c.qkv_bias), "v_proj")
-                    q = ops.reshape(g, q, (0, 0, H, D), "q_heads")
-                    k = ops.reshape(g, k, (0, 0, Hkv, D), "k_heads")
-                    v = ops.reshape(g, v, (0, 0, Hkv, D), "v_heads")
+                    q = ops.reshape(g, q, heads, "q_heads")
+                    k = ops.reshape(g, k, kv_heads, "k_heads")
+                    v = ops.reshape(g, v, kv_heads, "v_heads")
                     if qk_norm:
                         q = ops.rms_norm(g, q, w(f"{a}.q_norm.weight", D), c.rms_norm_eps, "q_norm")
                         k = ops.rms_norm(g, k, w(f"{a}.k_norm.weight", D), c.rms_norm_eps, "k_norm")
-                    q, k = ops.rotary(g, q, k, inputs["position_ids"], spec)
-                    k_new = ops.transpose(g, k, (0, 2, 1, 3), "k_bhsd")
-                    v_new = ops.transpose(g, v, (0, 2, 1, 3), "v_bhsd")
-                    k_all = ops.concat(g, [inputs[f"past_key_values.{i}.key"], k_new], 2, "k_cache")
-                    v_all = ops.concat(g, [inputs[f"past_key_values.{i}.value"], v_new], 2, "v_cache")
-                    g.output(k_all, f"present.{i}.key")
-                    g.output(v_all, f"present.{i}.value")
-                    mask = inputs["sliding_attention_mask" if c.layer_types[i] == "sliding_attention" else "attention_mask"]
-                    ctx = ops.attention(g, q, k_all, v_all, mask, Hkv, D, D**-0.5, "attention")
+                    q, k = ops.rotary(g, q, k, inputs["position_ids"], spec, seq_lens=inputs.get("rope_seq_lens"))
+                    if paged:
+                        window = c.sliding_window if c.layer_types[i] == "sliding_attention" else 0
+                        ctx = ops.paged_attention(
+                            g, q, k, v, inputs["kv_cache_pool"], inputs["block_tables"], inputs["seq_lens"],
+                            inputs["query_start_loc"], layer_idx=i, num_kv_heads=Hkv, head_dim=D,
+                            block_size=block_size, sliding_window=window or 0, scale=D**-0.5,
+                        )
+                    else:
+                        ctx = _contiguous_attention(g, c, i, q, k, v, inputs)
                     o = ops.linear(g, ctx, w(f"{a}.o_proj.weight", E, H * D), _bias(weights, f"{a}.o_proj.bias", E, c.o_bias), "o_proj")
                 h = ops.add(g, h, o, "attn_residual")
                 x = ops.rms_norm(g, h, w(f"{p}.post_attention_layernorm.weight", E), c.rms_norm_eps, "post_attention_layernorm")
@@ -122,12 +155,26 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                     "mlp",
                 )
                 h = ops.add(g, h, mlp, "mlp_residual")
-        flat = ops.reshape(g, h, (-1, E), "flat_hidden")
+        flat = h if paged else ops.reshape(g, h, (-1, E), "flat_hidden")
         last = ops.gather(g, flat, inputs["last_token_ids"], 0, "last_hidden")
         last = ops.rms_norm(g, last, w("model.norm.weight", E), c.rms_norm_eps, "norm")
     lm_head = embed if c.tie_word_embeddings else w("lm_head.weight", c.vocab_size, E)
     logits = ops.linear(g, last, lm_head, None, "lm_head")
     g.output(ops.cast(g, logits, np.float32, "logits_float"), "logits")
+
+
+def _contiguous_attention(g: Graph, c: ModelConfig, i: int, q: Tensor, k: Tensor, v: Tensor, inputs: dict[str, Tensor]) -> Tensor:
+    """Composed-layers attention of layer ``i`` over the contiguous cache: appends the new
+    k/v ``[B, S, Hkv, D]`` to ``past_key_values.{i}.*`` (outputs ``present.{i}.*``)."""
+    D = c.head_dim
+    k_new = ops.transpose(g, k, (0, 2, 1, 3), "k_bhsd")
+    v_new = ops.transpose(g, v, (0, 2, 1, 3), "v_bhsd")
+    k_all = ops.concat(g, [inputs[f"past_key_values.{i}.key"], k_new], 2, "k_cache")
+    v_all = ops.concat(g, [inputs[f"past_key_values.{i}.value"], v_new], 2, "v_cache")
+    g.output(k_all, f"present.{i}.key")
+    g.output(v_all, f"present.{i}.value")
+    mask = inputs["sliding_attention_mask" if c.layer_types[i] == "sliding_attention" else "attention_mask"]
+    return ops.attention(g, q, k_all, v_all, mask, c.num_key_value_heads, D, D**-0.5, "attention")
 
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")

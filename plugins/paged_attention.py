@@ -164,7 +164,8 @@ class PagedAttentionPlugin(Plugin):
         layer_idx: which layer of ``kv_pool`` (its first axis) this plugin reads and writes.
         num_kv_heads: KV heads (``Hkv``); the number of query heads ``Hq`` comes from q's
             shape and must be a multiple of it.
-        head_dim: features per head (a multiple of 32).
+        head_dim: features per head; the CUDA kernels need a multiple of 32 (the NumPy
+            reference takes any).
         block_size: tokens per KV block.
         sliding_window: ``W > 0``: a query at position ``p`` sees keys ``k`` with
             ``p - k < W``; 0: no window.
@@ -200,8 +201,8 @@ class PagedAttentionPlugin(Plugin):
             raise PluginError(f"PagedAttentionPlugin.layer_idx is {self.layer_idx}, expected >= 0")
         if self.num_kv_heads < 1:
             raise PluginError(f"PagedAttentionPlugin.num_kv_heads is {self.num_kv_heads}, expected >= 1")
-        if self.head_dim < 32 or self.head_dim % 32 or self.head_dim > 1024:
-            raise PluginError(f"PagedAttentionPlugin.head_dim is {self.head_dim}, expected a multiple of 32 in [32, 1024]")
+        if not 1 <= self.head_dim <= 1024:
+            raise PluginError(f"PagedAttentionPlugin.head_dim is {self.head_dim}, expected 1..1024")
         if not 1 <= self.block_size <= 4096:
             raise PluginError(f"PagedAttentionPlugin.block_size is {self.block_size}, expected 1..4096")
         if self.sliding_window < 0:
@@ -407,6 +408,8 @@ class PagedAttentionPlugin(Plugin):
         """Write the step's k/v into the pool, then launch the attention kernels on ``stream``
         (no host synchronisation, no allocation)."""
         self._check_count(len(inputs))
+        if self.head_dim % 32:
+            raise PluginError(f"PagedAttentionPlugin: the CUDA kernels need head_dim a multiple of 32, got {self.head_dim}")
         q, k, v, pool, bt, sl, qsl = inputs
         (out,) = outputs
         dtype = np.dtype(q.dtype)

@@ -591,3 +591,21 @@ def test_generate_keeps_kv_cache_on_device(cp: Any, hf_models: ModelStore) -> No
     assert len(past_types) == 9 and copies == ["logits"] * 9, (len(past_types), copies)
     assert all(t == {cp.ndarray} for t in past_types[1:]), past_types
     assert all(t == {(cp.ndarray, "uint16")} for t in out_types), out_types
+
+
+def test_default_model_serves_32_concurrent_requests(cp: Any) -> None:
+    """Continuous batching on the GPU: 32 requests at once (paged KV cache, packed tokens)
+    give each request exactly the greedy tokens it gets alone."""
+    model_dir = os.environ.get("TRTCORE_DEFAULT_MODEL_DIR")
+    if not model_dir:
+        pytest.skip("default model not available here: set TRTCORE_DEFAULT_MODEL_DIR (see the test above)")
+    llm = LLM(model_dir, backend="reference", device="cuda", dtype="float32", max_batch_size=32, kv_cache="paged", progress=False)
+    assert llm.kv_cache == "paged"
+    rng = np.random.default_rng(7)
+    words = "the a story of water city light small river long night old king green garden".split()
+    prompts = [llm.encode(" ".join(rng.choice(words, size=int(rng.integers(1, 40))))) for _ in range(32)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    together = llm.generate(prompts, params)
+    for p, out in zip(prompts, together):
+        alone = llm.generate([p], params)[0]
+        assert out.outputs[0].token_ids == alone.outputs[0].token_ids

@@ -352,7 +352,7 @@ def _empty_past(llm: LLM, batch: int) -> dict[str, np.ndarray]:
 def test_dynamic_rope_one_forward_past_the_limit(hf_models: ModelStore, llms: _LLMs) -> None:
     name = "llama_dynamic_v4"
     v = VARIANTS[name]
-    llm = llms.get(name)
+    llm = llms.get(name, kv_cache="contiguous")  # drives the contiguous network directly
     n, start = 80, 2 * v.max_position_embeddings - 80  # positions 240..319, twice the limit
     p = _prompt(name, n, salt=9)
     positions = np.arange(start, start + n)
@@ -377,7 +377,7 @@ def test_dynamic_rope_cached_decode_crossing_the_limit(hf_models: ModelStore, ll
 
     name = "llama_dynamic_v4"
     v = VARIANTS[name]
-    llm = llms.get(name)
+    llm = llms.get(name, kv_cache="contiguous")  # drives the contiguous network directly
     L = v.max_position_embeddings
     n, steps = 40, 40
     start = L - n  # prefill positions L-40 .. L-1; decode positions L .. L+39

@@ -274,7 +274,7 @@ def test_fields_round_trip_tensorrt_rtx_collection() -> None:
 def test_default_scale_and_validation() -> None:
     p = PagedAttentionPlugin(layer_idx=0, num_kv_heads=2, head_dim=64, block_size=16)
     assert p.scale == float(np.float32(0.125)) and p.sliding_window == 0
-    bads: list[dict] = [{"head_dim": 48}, {"num_kv_heads": 0}, {"block_size": 0}, {"sliding_window": -1}, {"layer_idx": -1}, {"scale": -1.0}]
+    bads: list[dict] = [{"head_dim": 0}, {"head_dim": 2048}, {"num_kv_heads": 0}, {"block_size": 0}, {"sliding_window": -1}, {"layer_idx": -1}, {"scale": -1.0}]
     for bad in bads:
         kw = {"layer_idx": 0, "num_kv_heads": 2, "head_dim": 64, "block_size": 16} | bad
         with pytest.raises(PluginError):

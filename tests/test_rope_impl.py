@@ -44,9 +44,11 @@ def test_default_is_plugin_on_reference_and_layers_on_rtx(hf_models) -> None:  #
     import trtcore.reference as ref
     from trtcore.builder import BuildConfig, implementations
 
-    assert implementations(ref, BuildConfig()) == {"rope": "plugin"}
-    assert implementations(tensorrt_rtx, BuildConfig()) == {"rope": "layers"}
+    assert implementations(ref, BuildConfig()) == {"rope": "plugin", "kv_cache": "paged"}
+    assert implementations(tensorrt_rtx, BuildConfig()) == {"rope": "layers", "kv_cache": "contiguous"}
     from trtcore.errors import InvalidArgumentError
 
     with pytest.raises(InvalidArgumentError, match="add_plugin_v3"):
         implementations(tensorrt_rtx, BuildConfig(rope="plugin"))
+    with pytest.raises(InvalidArgumentError, match="add_plugin_v3"):
+        implementations(tensorrt_rtx, BuildConfig(kv_cache="paged"))

@@ -43,6 +43,12 @@ class BuildConfig:
             clamped to the maxima.
         rope: RoPE implementation, ``"plugin"`` (fused kernel) or ``"layers"`` (composed
             standard layers); None picks the plugin where the TensorRT module hosts plugins.
+        kv_cache: ``"paged"`` (packed tokens, one block pool, the paged attention plugin) or
+            ``"contiguous"`` (padded batch, per-layer cache as engine I/O); None picks paged
+            where the TensorRT module hosts plugins.
+        block_size: tokens per KV block (paged).
+        max_num_tokens: most packed tokens per step (paged; the scheduler's token budget).
+        max_num_blocks: most blocks in the KV pool (paged; the profile's bound).
     """
 
     dtype: str = "float32"
@@ -51,8 +57,18 @@ class BuildConfig:
     opt_batch_size: int = 1
     opt_seq_len: int = 128
     rope: str | None = None
+    kv_cache: str | None = None
+    block_size: int = 16
+    max_num_tokens: int = 2048
+    max_num_blocks: int = 65536
 
     def __post_init__(self) -> None:
+        if self.kv_cache is not None and self.kv_cache not in ops.IMPLEMENTATIONS["kv_cache"]:
+            raise InvalidArgumentError(f"kv_cache {self.kv_cache!r} is not supported; expected one of {', '.join(ops.IMPLEMENTATIONS['kv_cache'])}")
+        if self.block_size < 1 or self.max_num_tokens < 1 or self.max_num_blocks < 1:
+            raise InvalidArgumentError(
+                f"block_size, max_num_tokens and max_num_blocks must be >= 1, got {self.block_size}, {self.max_num_tokens}, {self.max_num_blocks}"
+            )
         if self.rope is not None and self.rope not in ops.IMPLEMENTATIONS["rope"]:
             raise InvalidArgumentError(f"rope {self.rope!r} is not supported; expected one of {', '.join(ops.IMPLEMENTATIONS['rope'])}")
         if self.dtype not in DTYPES:
@@ -77,10 +93,14 @@ class BuildConfig:
             opt_batch_size=self.opt_batch_size,
             opt_seq_len=self.opt_seq_len,
             rope=self.rope,
+            kv_cache=self.kv_cache,
+            block_size=self.block_size,
+            max_num_tokens=self.max_num_tokens,
+            max_num_blocks=self.max_num_blocks,
         )
 
 
-def profile_shapes(config: ModelConfig, bc: BuildConfig) -> dict[str, tuple[tuple[int, ...], ...]]:
+def profile_shapes(config: ModelConfig, bc: BuildConfig, kv_cache: str = "contiguous") -> dict[str, tuple[tuple[int, ...], ...]]:
     """min / opt / max shape of every dynamic network input (one optimization profile).
 
     New tokens per step ``S`` range over [1, max_seq_len], cached tokens ``P`` over
@@ -88,6 +108,8 @@ def profile_shapes(config: ModelConfig, bc: BuildConfig) -> dict[str, tuple[tupl
     """
     B, L = bc.max_batch_size, bc.max_seq_len
     b, s = bc.opt_batch_size, bc.opt_seq_len
+    if kv_cache == "paged":
+        return _paged_profile_shapes(config, bc)
     p = min(s, L - 1)  # opt cached length
     Hkv, D = config.num_key_value_heads, config.head_dim
     shapes: dict[str, tuple[tuple[int, ...], ...]] = {
@@ -103,6 +125,32 @@ def profile_shapes(config: ModelConfig, bc: BuildConfig) -> dict[str, tuple[tupl
     for i in range(config.num_hidden_layers):
         for kind in ("key", "value"):
             shapes[f"past_key_values.{i}.{kind}"] = ((1, Hkv, 0, D), (b, Hkv, p, D), (B, Hkv, L - 1, D))
+    return shapes
+
+
+def _paged_profile_shapes(config: ModelConfig, bc: BuildConfig) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Paged mode: ``T`` packed tokens in [1, max_num_tokens], ``B`` sequences in
+    [1, max_batch_size], block tables up to ``ceil(max_seq_len / block_size)`` wide, a pool of
+    up to ``max_num_blocks`` blocks."""
+    B, T, BS = bc.max_batch_size, bc.max_num_tokens, bc.block_size
+    b, t = bc.opt_batch_size, min(bc.opt_batch_size * bc.opt_seq_len, T)
+    mb = -(-bc.max_seq_len // BS)
+    ob = min(-(-bc.opt_seq_len // BS), mb)
+    nb = bc.max_num_blocks
+    pool = (config.num_hidden_layers, 2, config.num_key_value_heads, BS, config.head_dim)
+    shapes: dict[str, tuple[tuple[int, ...], ...]] = {
+        "input_ids": ((1,), (t,), (T,)),
+        "position_ids": ((1,), (t,), (T,)),
+        "kv_cache_pool": tuple((pool[0], n, *pool[1:]) for n in (1, min(b * ob, nb), nb)),  # type: ignore[misc]
+        "block_tables": ((1, 1), (b, ob), (B, mb)),
+        "seq_lens": ((1,), (b,), (B,)),
+        "query_start_loc": ((2,), (b + 1,), (B + 1,)),
+        "last_token_ids": ((1,), (b,), (B,)),
+    }
+    from .rope import rope_spec
+
+    if rope_spec(config).rope_type == "dynamic":
+        shapes["rope_seq_lens"] = shapes["input_ids"]
     return shapes
 
 
@@ -156,13 +204,15 @@ def implementations(trt: Any, build_config: BuildConfig) -> dict[str, str]:
     from .plugins.base import hosts_plugins
 
     chosen = ops.default_implementations(trt)
-    if build_config.rope is not None:
-        if build_config.rope == "plugin" and not hosts_plugins(trt):
+    for op, value, plugin_value in (("rope", build_config.rope, "plugin"), ("kv_cache", build_config.kv_cache, "paged")):
+        if value is None:
+            continue
+        if value == plugin_value and not hosts_plugins(trt):
             raise InvalidArgumentError(
-                f"rope='plugin' needs a TensorRT module that hosts plugins; {getattr(trt, '__name__', trt)} does not "
-                "(tensorrt_rtx's Python network has no add_plugin_v3); use rope='layers'"
+                f"{op}={value!r} needs a TensorRT module that hosts plugins; {getattr(trt, '__name__', trt)} does not "
+                f"(tensorrt_rtx's Python network has no add_plugin_v3); use {op}={[v for v in ops.IMPLEMENTATIONS[op] if v != value][0]!r}"
             )
-        chosen["rope"] = build_config.rope
+        chosen[op] = value
     return chosen
 
 
@@ -184,7 +234,7 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, build_config: Bu
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     network.name = config.architecture
-    graph = ops.Graph(trt, network, build_config.dtype, implementations(trt, build_config))
+    graph = ops.Graph(trt, network, build_config.dtype, implementations(trt, build_config), build_config.block_size)
     family.build(graph, config, weights)
     return DefinedNetwork(trt, builder, network, graph, config, build_config)
 
@@ -193,7 +243,7 @@ def _builder_config(d: DefinedNetwork, compute_capability: str | None) -> Any:
     trt = d.trt
     cfg = d.builder.create_builder_config()
     profile = d.builder.create_optimization_profile()
-    for name, (lo, opt, hi) in profile_shapes(d.config, d.build_config).items():
+    for name, (lo, opt, hi) in profile_shapes(d.config, d.build_config, d.graph.implementations["kv_cache"]).items():
         profile.set_shape(name, lo, opt, hi)
     cfg.add_optimization_profile(profile)
     if d.build_config.dtype == "float32" and hasattr(trt, "BuilderFlag") and hasattr(trt.BuilderFlag, "TF32"):
@@ -256,11 +306,14 @@ def sidecar(d: DefinedNetwork, engine: bytes, *, backend: str, engine_file: str,
         "tensorrt_version": getattr(d.trt, "__version__", "unknown"),
         "target": {"compute_capability": compute_capability or "native"},
         "dtype": d.build_config.dtype,
-        "kv_cache": "contiguous",
+        "kv_cache": d.graph.implementations["kv_cache"],
         "implementations": d.graph.implementations,
         "build_config": asdict(d.build_config),
         "optimization_profiles": [
-            {name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in profile_shapes(d.config, d.build_config).items()}
+            {
+                name: {"min": list(lo), "opt": list(opt), "max": list(hi)}
+                for name, (lo, opt, hi) in profile_shapes(d.config, d.build_config, d.graph.implementations["kv_cache"]).items()
+            }
         ],
         "model_config": d.config.to_dict(),
     }

@@ -1,6 +1,7 @@
 """``trtcore check``: run a checkpoint through trtcore and through Hugging Face transformers.
 
-Both run in float32 (trtcore on the reference backend, transformers with eager
+Both run in float32 (trtcore on the reference backend on the CPU with the contiguous KV
+cache, whose per-layer cache it feeds step by step; transformers with eager
 attention) on the same token ids: the prompt, then ``steps`` greedy tokens chosen by
 trtcore. The error reported is ``max |trtcore - hf| / max |hf|`` over the logits of the
 last prompt position and of every decode step.
@@ -35,7 +36,7 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
     from .llm import LLM
     from .runtime.sampling import SamplingParams
 
-    llm = LLM(model_dir, backend="reference", dtype="float32", max_batch_size=1)
+    llm = LLM(model_dir, backend="reference", dtype="float32", max_batch_size=1, kv_cache="contiguous", device="cpu")
     ids = llm.encode(prompt) if isinstance(prompt, str) else list(prompt)
     [out] = llm.generate([ids], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, logprobs=0))
     ours_tokens = out.outputs[0].token_ids

@@ -108,6 +108,14 @@ class LLM:
         progress: show progress bars while loading and building.
         rope: RoPE implementation, ``"plugin"`` (fused kernel) or ``"layers"``; default:
             the plugin where the backend hosts plugins (reference, tensorrt).
+        kv_cache: ``"paged"`` (continuous batching over one block pool, paged attention
+            plugin) or ``"contiguous"`` (padded static batches); default paged on the
+            reference backend, contiguous on TensorRT backends (whose executor does not yet
+            keep a device-resident pool).
+        block_size: tokens per KV block (paged).
+        max_num_tokens: token budget per step (paged; chunked prefill splits longer prompts).
+        kv_cache_memory: bytes for the KV pool (paged); default 2 GiB on the CPU, 40% of
+            the free GPU memory.
         device: where the reference backend executes: ``"cuda"`` / ``"gpu"`` (CuPy on the
             current CUDA device), ``"cpu"`` (NumPy), or None: ``"cuda"`` when CuPy imports
             and a GPU is visible, else ``"cpu"`` (:func:`trtcore.runtime.device.resolve_device`).
@@ -134,6 +142,10 @@ class LLM:
         progress: bool = True,
         rope: str | None = None,
         device: str | None = None,
+        kv_cache: str | None = None,
+        block_size: int = 16,
+        max_num_tokens: int = 2048,
+        kv_cache_memory: int | None = None,
     ):
         if model is None:
             from .default_model import default_model_dir
@@ -146,22 +158,52 @@ class LLM:
         self.device = _execution_device(self.backend, device)
         if dtype is None:
             dtype = "float32" if self.backend == "reference" else _engine_dtype(self.config.dtype)
+        if kv_cache is None and self.backend != "reference":
+            kv_cache = "contiguous"  # the TensorRT executor has no device-resident KV pool yet
         limit = self.config.max_position_embeddings
         self.build_config = BuildConfig(
             dtype=dtype,
             max_batch_size=max_batch_size,
             max_seq_len=min(max_seq_len or limit, limit),
             rope=rope,
+            kv_cache=kv_cache,
+            block_size=block_size,
+            max_num_tokens=max_num_tokens,
         ).for_model(self.config)
         self.tokenizer = _load_tokenizer(self.model_dir)
         self.executor = self._make_executor(progress)
-        self._generator = ContiguousGenerator(
-            self.executor,
-            self.config,
-            self.build_config.dtype if self.build_config.dtype != "bfloat16" else _bf16(),
-            self.build_config.max_batch_size,
-            self.build_config.max_seq_len,
-        )
+        kv_dtype = self.build_config.dtype if self.build_config.dtype != "bfloat16" else _bf16()
+        self.kv_cache = self._implementations["kv_cache"]
+        self._generator: Any
+        if self.kv_cache == "paged":
+            from .runtime.kv_cache import KVCacheSpec
+            from .runtime.paged import PagedGenerator
+
+            spec = KVCacheSpec(self.config.num_hidden_layers, self.config.num_key_value_heads, self.config.head_dim, block_size, kv_dtype)
+            self._generator = PagedGenerator(
+                self.executor, self.config, spec, self._num_kv_blocks(spec, kv_cache_memory),
+                self.build_config.max_batch_size, self.build_config.max_num_tokens, self.build_config.max_seq_len,
+                getattr(self.executor, "xp", np),
+            )
+        else:
+            self._generator = ContiguousGenerator(
+                self.executor, self.config, kv_dtype, self.build_config.max_batch_size, self.build_config.max_seq_len
+            )
+
+    def _num_kv_blocks(self, spec: Any, budget: int | None) -> int:
+        """Pool size: blocks for ``max_batch_size`` full-length sequences, capped by the byte
+        budget ``kv_cache_memory`` (default: 2 GiB on the CPU, 40% of the free GPU memory)."""
+        bc = self.build_config
+        wanted = bc.max_batch_size * (-(-bc.max_seq_len // spec.block_size))
+        if budget is None:
+            if self.device == "cuda":
+                import cupy
+
+                free, _ = cupy.cuda.runtime.memGetInfo()
+                budget = int(0.4 * free)
+            else:
+                budget = 2 << 30
+        return max(1, min(wanted, spec.num_blocks_for_budget(budget), bc.max_num_blocks))
 
     # construction -----------------------------------------------------------------------
     def _make_executor(self, progress: bool) -> Executor:
@@ -175,6 +217,7 @@ class LLM:
         with Checkpoint(self.model_dir) as weights, tqdm(total=2, desc="build", disable=not progress, leave=False) as bar:
             bar.set_postfix_str(f"defining {self.config.architecture} network ({self.backend})")
             net = define_network(trt, self.config, weights, self.build_config)
+            self._implementations = dict(net.graph.implementations)
             bar.update()
             if self.backend == "reference":
                 from .runtime.device import array_module
@@ -259,6 +302,8 @@ class LLM:
         items, params = self._normalize(prompts, sampling_params)
         requests = [self._request(i, p, sp)[0] for i, (p, sp) in enumerate(zip(items, params))]
         for event in self._generator.generate(requests):
+            if event.finish_reason == "error":
+                raise InvalidRequestError(f"prompt {event.request_id}: {event.error}")
             yield int(event.request_id), event
 
     def _normalize(self, prompts: Any, sampling_params: Any) -> tuple[list[Any], list[SamplingParams]]:
@@ -326,8 +371,14 @@ class LLM:
         for event in self._generator.generate(requests):
             i = int(event.request_id)
             now = time.perf_counter()
-            first.setdefault(i, now)
             comp = outputs[i].outputs[0]
+            if event.finish_reason == "error":
+                outputs[i].error = InvalidRequestError(f"prompt {i}: {event.error}")
+                comp.finish_reason = "error"
+                if single:
+                    raise outputs[i].error
+                continue
+            first.setdefault(i, now)
             comp.token_ids.append(event.token_id)
             if event.logprobs is not None and comp.logprobs is not None:
                 comp.logprobs.append(event.logprobs.as_dict())

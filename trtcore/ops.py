@@ -51,13 +51,16 @@ class Graph:
 
         implementations: per fused op, the implementation to use (``{"rope": "plugin"}``);
             see :data:`IMPLEMENTATIONS` and :func:`default_implementations`.
+        block_size: tokens per block of the paged KV cache.
 
     Attributes:
         keepalive: arrays whose memory TensorRT reads at build time (constants made with
             ``trt.Weights(type, pointer, count)``); keep the graph alive until the build ends.
     """
 
-    def __init__(self, trt: Any, network: Network, dtype: str = "float32", implementations: dict[str, str] | None = None):
+    def __init__(
+        self, trt: Any, network: Network, dtype: str = "float32", implementations: dict[str, str] | None = None, block_size: int = 16
+    ):
         if dtype not in _NP_DTYPES:
             raise InvalidArgumentError(f"dtype {dtype!r} is not supported; expected one of {sorted(_NP_DTYPES)}")
         self.trt = trt
@@ -68,6 +71,8 @@ class Graph:
         self.keepalive: list[np.ndarray] = []
         #: which implementation each fused op uses, e.g. ``{"rope": "plugin"}`` (see ``IMPLEMENTATIONS``)
         self.implementations = dict(implementations or {})
+        #: tokens per KV-cache block (paged mode)
+        self.block_size = int(block_size)
         #: tensors shared by all layers (e.g. RoPE's cos/sin), keyed by op
         self.shared: dict[Any, Any] = {}
         self._scope: list[str] = []
@@ -443,15 +448,44 @@ def rope_plugin(
         return q_out, k_out
 
 
+def paged_attention(
+    g: Graph, q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, block_tables: Tensor, seq_lens: Tensor,
+    query_start_loc: Tensor, *, layer_idx: int, num_kv_heads: int, head_dim: int, block_size: int,
+    sliding_window: int, scale: float, name: str = "attention",
+) -> Tensor:
+    """Paged attention of one layer on packed tokens (:class:`trtcore.plugins.paged_attention.PagedAttentionPlugin`).
+
+    Args:
+        q: ``[T, Hq, D]``, k/v: ``[T, Hkv, D]`` (RoPE applied), graph dtype.
+        kv_pool: ``[num_layers, num_blocks, 2, Hkv, block_size, D]``; the plugin writes this
+            step's k/v of layer ``layer_idx`` into it in place.
+        block_tables: int32 ``[B, max_blocks]``; seq_lens: int32 ``[B]``; query_start_loc:
+            int32 ``[B + 1]``.
+
+    Returns:
+        ``[T, Hq * D]``, named ``name``.
+    """
+    from trtcore.plugins.base import create
+    from trtcore.plugins.paged_attention import PagedAttentionPlugin
+
+    plugin = PagedAttentionPlugin(
+        layer_idx=layer_idx, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+        sliding_window=sliding_window, scale=scale,
+    )
+    layer = g.network.add_plugin_v3([q, k, v, kv_pool, block_tables, seq_lens, query_start_loc], [], create(plugin, g.trt))
+    return g.named(layer, name)
+
+
 #: implementations of each fused op (DESIGN.md, "Fused ops have several implementations")
-IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {"rope": ("plugin", "layers")}
+IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {"rope": ("plugin", "layers"), "kv_cache": ("paged", "contiguous")}
 
 
 def default_implementations(trt: Any) -> dict[str, str]:
     """The plugin where the TensorRT module can host plugins, else composed layers."""
     from trtcore.plugins.base import hosts_plugins
 
-    return {"rope": "plugin" if hosts_plugins(trt) else "layers"}
+    plugins = hosts_plugins(trt)
+    return {"rope": "plugin" if plugins else "layers", "kv_cache": "paged" if plugins else "contiguous"}
 
 
 def rotary(

@@ -33,7 +33,9 @@ On CuPy nothing in :func:`evaluate` reads device memory from the host, so a whol
 is queued on the current stream without a host synchronisation: constants are copied to the
 device once (the ``constants`` cache), plugins are launched with ``enqueue`` on the current
 stream, erf uses ``cupyx.scipy.special.erf``, and the gather index range check, which needs
-the indices on the host, is skipped (see :func:`_gather`).
+the indices on the host, is skipped (see :func:`_gather`). One numerical difference remains:
+CuPy's kernels flush float32 subnormals (|x| < 2^-126) to zero in arithmetic (seen on the
+H200: ``sign``/``abs`` of a subnormal give 0), where NumPy keeps them.
 """
 
 from __future__ import annotations

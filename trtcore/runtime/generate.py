@@ -66,6 +66,8 @@ class TokenEvent:
         finish_reason: None while running, else ``"stop"`` (EOS or a stop token) or
             ``"length"`` (``max_tokens`` or the engine's ``max_seq_len`` reached).
         stop_reason: the stop token id when a ``stop_token_ids`` entry ended it.
+        error: why the request was refused (then ``finish_reason == "error"`` and
+            ``token_id == -1``), e.g. it needs more KV blocks than the whole pool.
     """
 
     request_id: Any
@@ -73,6 +75,7 @@ class TokenEvent:
     logprobs: TokenLogprobs | None
     finish_reason: str | None = None
     stop_reason: int | None = None
+    error: str | None = None
 
 
 def attention_mask(key_pos: np.ndarray, query_pos: np.ndarray, sliding_window: int | None) -> np.ndarray:

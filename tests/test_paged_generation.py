@@ -1,0 +1,71 @@
+"""Paged KV cache end to end on the reference backend (NumPy): the paged network with the
+paged attention plugin and continuous batching gives the same tokens as the contiguous
+network, whose outputs are themselves checked against transformers (test_models_hf.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hf_models import VARIANTS, hf_models, random_prompt  # noqa: F401  (fixture)
+
+from trtcore import LLM, SamplingParams
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_paged_equals_contiguous(hf_models, name: str) -> None:  # noqa: F811
+    v = VARIANTS[name]
+    d = hf_models.dir(name)
+    rng = np.random.default_rng()
+    prompts = [random_prompt(rng, n, v.vocab_size) for n in (1, 15, 16, 17, 80)]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=v.vocab_size)
+    paged = LLM(d, backend="reference", kv_cache="paged", block_size=16, max_num_tokens=64, progress=False)
+    contiguous = LLM(d, backend="reference", kv_cache="contiguous", progress=False)
+    assert paged.kv_cache == "paged" and contiguous.kv_cache == "contiguous"
+    for a, b in zip(paged.generate(prompts, params), contiguous.generate(prompts, params)):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for ra, rb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            ids = sorted(rb)
+            np.testing.assert_allclose([ra[i].logprob for i in ids], [rb[i].logprob for i in ids], rtol=1e-5, atol=1e-5)
+
+
+def test_small_pool_preempts_and_every_request_gets_its_solo_tokens(hf_models) -> None:  # noqa: F811
+    """64 requests of random lengths through a pool far too small for all of them: requests
+    are preempted and recomputed, and each ends with the tokens it gets alone."""
+    v = VARIANTS["qwen2_bias"]
+    d = hf_models.dir("qwen2_bias")
+    rng = np.random.default_rng()
+    prompts = [random_prompt(rng, int(rng.integers(1, 60)), v.vocab_size) for _ in range(64)]
+    max_tokens = [int(rng.integers(1, 24)) for _ in range(64)]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    spec_bytes = 2 * 2 * 1 * 16 * 16 * 4  # layers * K/V * kv heads * head_dim * block_size * float32
+    small = LLM(d, backend="reference", kv_cache="paged", block_size=16, max_batch_size=16, max_num_tokens=48,
+                kv_cache_memory=12 * spec_bytes, progress=False)
+    assert small._generator.num_blocks == 12
+    together = small.generate(prompts, params)
+    sched = small._generator.last_scheduler
+    assert sched is not None and sched.num_preemptions > 0
+    solo = LLM(d, backend="reference", kv_cache="contiguous", max_batch_size=1, progress=False)
+    for p, sp, out in zip(prompts, params, together):
+        assert out.error is None
+        assert out.outputs[0].token_ids == solo.generate([p], sp)[0].outputs[0].token_ids
+
+
+def test_request_larger_than_the_pool_fails_alone(hf_models) -> None:  # noqa: F811
+    d = hf_models.dir("qwen2_bias")
+    spec_bytes = 2 * 2 * 1 * 16 * 16 * 4
+    llm = LLM(d, backend="reference", kv_cache="paged", block_size=16, kv_cache_memory=2 * spec_bytes, progress=False)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    outs = llm.generate([[5] * 100, [6, 7, 8]], params)
+    assert outs[0].error is not None and "block" in str(outs[0].error) and outs[0].outputs[0].finish_reason == "error"
+    assert outs[1].error is None and len(outs[1].outputs[0].token_ids) == 4
+
+
+def test_stream_text_yields_the_generated_text(hf_models) -> None:  # noqa: F811
+    d = hf_models.dir("llama3_rope")
+    llm = LLM(d, backend="reference", progress=False)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    ids = [5, 6, 7]
+    events = list(llm.stream([ids, [9, 10]], params))
+    mine = [e.token_id for i, e in events if i == 0]
+    assert mine == llm.generate(ids, params)[0].outputs[0].token_ids
+    assert events[-1][1].finish_reason == "length"

@@ -1,0 +1,146 @@
+"""The generate loop over the paged KV cache: continuous batching of packed tokens.
+
+Each step the :class:`~trtcore.runtime.scheduler.Scheduler` picks the sequences to run
+(decodes first, then prefill chunks of waiting requests, within a token budget), the
+network runs once on their packed tokens (:func:`trtcore.models.llama.io_spec`,
+``kv_cache="paged"``), the attention plugins write the new keys/values into the one KV
+pool in place, and a token is sampled for every sequence whose chunk reached its end.
+New requests join while others decode; when the pool runs out the most recently admitted
+request is preempted and later recomputed (vLLM's recompute preemption), so no request
+ever corrupts another.
+
+The pool stays in the array module of the executor (NumPy, or CuPy on the GPU) for the
+whole run; per step only the small index arrays go to the executor and the logits of the
+sampled rows come back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..config import ModelConfig
+from .executor import Executor
+from .generate import Request, TokenEvent
+from .kv_cache import BlockManager, KVCacheSpec
+from .sampling import Sampler
+from .scheduler import RequestState, Scheduler
+
+
+class PagedGenerator:
+    """Runs :class:`~trtcore.runtime.generate.Request` s with continuous batching.
+
+    Args:
+        executor: runs the paged network.
+        config: the model config.
+        kv_spec: the pool's layout (layers, KV heads, head_dim, block_size, dtype).
+        num_blocks: blocks in the pool (sized once; see :meth:`KVCacheSpec.num_blocks_for_budget`).
+        max_num_seqs: most sequences per step (the profile's max batch).
+        max_num_tokens: token budget per step (the profile's max packed tokens).
+        max_seq_len: most tokens (prompt + generated) per sequence.
+        xp: the executor's array module (``numpy`` or ``cupy``); the pool lives there.
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        config: ModelConfig,
+        kv_spec: KVCacheSpec,
+        num_blocks: int,
+        max_num_seqs: int,
+        max_num_tokens: int,
+        max_seq_len: int,
+        xp: Any = np,
+    ):
+        self.executor = executor
+        self.config = config
+        self.kv_spec = kv_spec
+        self.num_blocks = int(num_blocks)
+        self.max_num_seqs = int(max_num_seqs)
+        self.max_num_tokens = int(max_num_tokens)
+        self.max_seq_len = int(max_seq_len)
+        self.xp = xp
+        storage = kv_spec.dtype
+        if xp is not np and storage.name == "bfloat16":
+            storage = np.dtype(np.uint16)  # the CuPy backend keeps bfloat16 as its bit patterns
+        self.pool = xp.zeros(kv_spec.pool_shape(self.num_blocks), dtype=storage)
+        self.max_blocks_per_seq = -(-self.max_seq_len // kv_spec.block_size)
+        self.last_scheduler: Scheduler | None = None
+
+    def _feeds(self, out: Any) -> dict[str, Any]:
+        feeds = {
+            "input_ids": out.input_ids(),
+            "position_ids": out.positions(),
+            "kv_cache_pool": self.pool,
+            "block_tables": out.block_tables(),
+            "seq_lens": out.seq_lens(),
+            "query_start_loc": out.query_start_loc(),
+            "last_token_ids": out.last_token_indices(),
+        }
+        if "rope_seq_lens" in self.executor.input_names:
+            # each token's sequence length in this call: transformers' dynamic RoPE input
+            feeds["rope_seq_lens"] = np.repeat(out.seq_lens(), [s.num_new_tokens for s in out.seqs]).astype(np.int32)
+        return feeds
+
+    def _logits_to_host(self, logits: Any) -> np.ndarray:
+        to_host = getattr(self.executor, "to_host", None)
+        if to_host is not None and not isinstance(logits, np.ndarray):
+            logits = to_host(logits, "logits")
+        return np.asarray(logits, dtype=np.float32)
+
+    def generate(self, requests: Sequence[Request]) -> Iterator[TokenEvent]:
+        """Yield one :class:`TokenEvent` per generated token, as the steps produce them.
+
+        A request that can never fit the pool gets one event with ``finish_reason="error"``,
+        ``token_id=-1`` and the reason in ``error``; the others are unaffected.
+        """
+        params = {r.request_id: r.params for r in requests}
+
+        def finish(state: RequestState, token: int) -> str | None:
+            stop = params[state.request_id].stop_token_ids
+            return "stop" if stop and token in stop else None
+
+        sched = Scheduler(
+            BlockManager(self.num_blocks, self.kv_spec.block_size),
+            max_num_batched_tokens=self.max_num_tokens,
+            max_num_seqs=self.max_num_seqs,
+            chunked_prefill=True,
+            finish_predicate=finish,
+        )
+        self.last_scheduler = sched
+        sampler = Sampler()
+        for r in requests:
+            room = self.max_seq_len - len(r.prompt_token_ids)
+            eos = () if r.params.ignore_eos else tuple(r.eos_token_ids)
+            state = sched.add_request(r.request_id, r.prompt_token_ids, max(1, min(r.params.max_tokens, room)), eos)
+            if state.error is not None:
+                yield TokenEvent(r.request_id, -1, None, "error", error=state.error)
+                continue
+            sampler.add_request(r.request_id, r.params)
+        pending: dict[Any, Any] = {}
+        while sched.has_unfinished_requests():
+            out = sched.schedule()
+            ids = out.sampling_request_ids
+            sampled: dict[Any, int] = {}
+            if ids:
+                logits = self._logits_to_host(self.executor.run(self._feeds(out))["logits"])
+                result = sampler.sample(logits[out.sampling_indices()], ids)
+                for row, rid in enumerate(ids):
+                    sampled[rid] = int(result.token_ids[row])
+                    pending[rid] = result.logprobs[row]
+            elif not out.is_empty:
+                self.executor.run(self._feeds(out))  # prefill chunks that end inside prompts
+            for ev in sched.update(sampled):
+                if ev.error is not None and not ev.new_token_ids:
+                    if ev.finish_reason == "rejected":
+                        continue  # reported when it was added
+                if not ev.new_token_ids:
+                    continue
+                tok = ev.new_token_ids[0]
+                reason = ev.finish_reason
+                stop = tok if reason == "stop" and params[ev.request_id].stop_token_ids and tok in params[ev.request_id].stop_token_ids else None
+                yield TokenEvent(ev.request_id, tok, pending.pop(ev.request_id, None), reason, stop)
+                if ev.finished:
+                    sampler.remove_request(ev.request_id)
