@@ -60,12 +60,29 @@ def test_request_larger_than_the_pool_fails_alone(hf_models) -> None:  # noqa: F
     assert outs[1].error is None and len(outs[1].outputs[0].token_ids) == 4
 
 
-def test_stream_text_yields_the_generated_text(hf_models) -> None:  # noqa: F811
+def test_stream_yields_tokens_and_text(hf_models) -> None:  # noqa: F811
+    """The stream gives each request its tokens in order, its text pieces add up to the
+    completion's text, and the last piece carries the finish reason."""
     d = hf_models.dir("llama3_rope")
-    llm = LLM(d, backend="reference", progress=False)
+    tok_dir = d.parent / "llama3_rope_with_tokenizer"
+    if not tok_dir.exists():
+        import shutil
+
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        shutil.copytree(d, tok_dir)
+        # a byte-level tokenizer over the model's vocabulary: ids 0..159 decode to text
+        vocab = {f"<{i}>" if i < 3 else chr(0x20 + i): i for i in range(VARIANTS["llama3_rope"].vocab_size)}
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="<0>"))
+        tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+        tok.save(str(tok_dir / "tokenizer.json"))
+    llm = LLM(tok_dir, backend="reference", progress=False)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    ids = [5, 6, 7]
-    events = list(llm.stream([ids, [9, 10]], params))
-    mine = [e.token_id for i, e in events if i == 0]
-    assert mine == llm.generate(ids, params)[0].outputs[0].token_ids
-    assert events[-1][1].finish_reason == "length"
+    prompts = [[5, 6, 7], [9, 10]]
+    pieces = list(llm.stream(prompts, params))
+    for i, prompt in enumerate(prompts):
+        mine = [p for p in pieces if p.index == i]
+        [full] = llm.generate([prompt], params)
+        assert [p.token_id for p in mine] == full.outputs[0].token_ids
+        assert "".join(p.text for p in mine) == full.outputs[0].text != ""
+        assert mine[-1].finish_reason == "length" and all(p.finish_reason is None for p in mine[:-1])

@@ -18,6 +18,7 @@ _LAZY = {
     "LLM": "trtcore.llm",
     "RequestOutput": "trtcore.llm",
     "CompletionOutput": "trtcore.llm",
+    "StreamOutput": "trtcore.llm",
     "SamplingParams": "trtcore.runtime.sampling",
     "ModelConfig": "trtcore.config",
     "load_trt": "trtcore.trt",

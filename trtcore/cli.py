@@ -107,16 +107,10 @@ def _generate(args: argparse.Namespace) -> int:
         return 0
     if not args.chat:
         sys.stdout.write(prompt)
-    ids: list[int] = []
-    shown = ""
-    for _, event in llm.stream(prompt, params):
-        ids.append(event.token_id)
-        text = llm.decode(ids)
-        if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-            sys.stdout.write(text[len(shown):])
-            sys.stdout.flush()
-            shown = text
-    sys.stdout.write(llm.decode(ids)[len(shown):] + "\n")  # whatever was held back
+    for piece in llm.stream(prompt, params):
+        sys.stdout.write(piece.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
     return 0
 
 

@@ -29,7 +29,7 @@ from .checkpoint import Checkpoint
 from .config import GenerationConfig, ModelConfig, load_config, load_generation_config
 from .errors import InvalidArgumentError, InvalidRequestError, TrtcoreError
 from .runtime.executor import Executor
-from .runtime.generate import ContiguousGenerator, Request, TokenEvent
+from .runtime.generate import ContiguousGenerator, Request
 from .runtime.sampling import Logprob, SamplingParams
 from .trt import is_available, load_trt, normalize_backend
 
@@ -80,6 +80,28 @@ class RequestOutput:
     finished: bool = True
     error: Exception | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class StreamOutput:
+    """One new token of one request, from :meth:`LLM.stream`.
+
+    Attributes:
+        index: the prompt's position in the ``stream`` call.
+        token_id: the new token.
+        text: the text it adds to the completion (possibly "" while a multi-byte character
+            is incomplete); concatenating a request's ``text`` gives its completion's text.
+        logprobs: ``{token_id: Logprob}`` (top-k plus the token) when requested, else None.
+        finish_reason: None while running; ``"stop"`` or ``"length"`` on the last token.
+        stop_reason: the stop token id that ended it, if any.
+    """
+
+    index: int
+    token_id: int
+    text: str
+    logprobs: dict[int, Logprob] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | None = None
 
 
 def _default_backend() -> str:
@@ -294,17 +316,36 @@ class LLM:
         self,
         prompts: Any,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> Iterator[tuple[int, TokenEvent]]:
-        """Like :meth:`generate` but yields ``(prompt index, TokenEvent)`` per new token.
+    ) -> Iterator[StreamOutput]:
+        """Like :meth:`generate`, but yields each request's new tokens as they are made.
 
-        Invalid prompts raise :class:`InvalidRequestError` before anything runs.
+        Yields:
+            :class:`StreamOutput` per generated token: the prompt's index, the token id, the
+            text it adds (detokenized incrementally: a token that ends inside a multi-byte
+            character adds "" and its bytes come with the next one), its log-probabilities
+            when requested, and the finish reason on the last one.
+
+        Raises:
+            InvalidRequestError: an invalid prompt (before anything runs), or a request the
+                KV cache can never hold.
         """
         items, params = self._normalize(prompts, sampling_params)
         requests = [self._request(i, p, sp)[0] for i, (p, sp) in enumerate(zip(items, params))]
+        ids: dict[int, list[int]] = {}
+        shown: dict[int, str] = {}
         for event in self._generator.generate(requests):
+            i = int(event.request_id)
             if event.finish_reason == "error":
-                raise InvalidRequestError(f"prompt {event.request_id}: {event.error}")
-            yield int(event.request_id), event
+                raise InvalidRequestError(f"prompt {i}: {event.error}")
+            ids.setdefault(i, []).append(event.token_id)
+            text = self.decode(ids[i])
+            done = event.finish_reason is not None
+            if text.endswith("\ufffd") and not done:
+                delta = ""  # wait for the rest of a multi-byte character
+            else:
+                delta, shown[i] = text[len(shown.get(i, "")) :], text
+            logprobs = event.logprobs.as_dict() if event.logprobs is not None else None
+            yield StreamOutput(i, event.token_id, delta, logprobs, event.finish_reason, event.stop_reason)
 
     def _normalize(self, prompts: Any, sampling_params: Any) -> tuple[list[Any], list[SamplingParams]]:
         single = isinstance(prompts, (str, dict)) or (
