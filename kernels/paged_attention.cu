@@ -81,24 +81,11 @@ static_assert(BLOCK_SIZE >= 1, "BLOCK_SIZE must be >= 1");
 
 #define PA_NEG_INF __int_as_float(0xff800000)
 
-// ---- element types and conversions (no CUDA headers needed) ------------------------------
+// ---- element types and conversions ------------------------------------------------------
 
-#if DTYPE == 0
-typedef float elem_t;
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float from_f32(float x) { return x; }
-#elif DTYPE == 1
-typedef unsigned short elem_t;  // IEEE binary16 bits
-__device__ __forceinline__ float to_f32(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ unsigned short from_f32(float f) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
+#include "dtype.cuh"
+
+#if DTYPE == 1
 // two floats -> one register; lo goes to the low 16 bits (the lower column index)
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     unsigned r;
@@ -107,25 +94,13 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 }
 #define PA_MMA_TYPE "f16"
 #elif DTYPE == 2
-typedef unsigned short elem_t;  // bfloat16 bits
-__device__ __forceinline__ float to_f32(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
-__device__ __forceinline__ unsigned short from_f32(float f) {
-    // round to nearest even (as ml_dtypes); NaN stays a quiet NaN
-    unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
-}
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     unsigned r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
 #define PA_MMA_TYPE "bf16"
-#else
-#error "DTYPE must be 0 (float32), 1 (float16) or 2 (bfloat16)"
 #endif
-
 #define PA_VEC (16 / (int)sizeof(elem_t))  // elements per 16-byte vector
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }

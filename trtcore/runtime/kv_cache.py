@@ -110,7 +110,8 @@ def kv_cache_dtype(dtype: Any) -> np.dtype:
     return dt
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int, or InvalidArgumentError naming ``name`` (not an integer, or below ``minimum``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
@@ -142,7 +143,7 @@ class KVCacheSpec:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
-            object.__setattr__(self, name, _check_int(name, getattr(self, name), 1))
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
         object.__setattr__(self, "dtype", kv_cache_dtype(self.dtype))
 
     @property
@@ -162,12 +163,12 @@ class KVCacheSpec:
         Raises:
             InvalidArgumentError: ``num_blocks < 1``.
         """
-        n = _check_int("num_blocks", num_blocks, 1)
+        n = check_int("num_blocks", num_blocks, 1)
         return (self.num_layers, n, 2, self.num_kv_heads, self.block_size, self.head_dim)
 
     def pool_nbytes(self, num_blocks: int) -> int:
         """Bytes of a pool of ``num_blocks`` blocks (``num_blocks * bytes_per_block``)."""
-        return _check_int("num_blocks", num_blocks, 1) * self.bytes_per_block
+        return check_int("num_blocks", num_blocks, 1) * self.bytes_per_block
 
     def pool_strides(self, num_blocks: int) -> tuple[int, int, int, int, int, int]:
         """Strides of the C-contiguous pool, **in elements** (not bytes), one per axis of
@@ -195,7 +196,7 @@ class KVCacheSpec:
             InvalidArgumentError: the budget is negative, not an integer, or holds no block
                 (the message gives both numbers).
         """
-        budget = _check_int("KV cache budget (bytes)", budget_bytes, 0)
+        budget = check_int("KV cache budget (bytes)", budget_bytes, 0)
         n = budget // self.bytes_per_block
         if n < 1:
             raise InvalidArgumentError(
@@ -219,8 +220,8 @@ class KVCacheSpec:
             InvalidArgumentError: fraction outside ``(0, 1]``, negative sizes, or no
                 block fits in what is left.
         """
-        total = _check_int("total_bytes", total_bytes, 0)
-        reserved = _check_int("reserved_bytes", reserved_bytes, 0)
+        total = check_int("total_bytes", total_bytes, 0)
+        reserved = check_int("reserved_bytes", reserved_bytes, 0)
         if not (isinstance(memory_fraction, numbers.Real) and 0.0 < float(memory_fraction) <= 1.0):
             raise InvalidArgumentError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
         budget = int(total * float(memory_fraction)) - reserved
@@ -303,8 +304,8 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int):
-        self.num_blocks = _check_int("num_blocks", num_blocks, 1)
-        self.block_size = _check_int("block_size", block_size, 1)
+        self.num_blocks = check_int("num_blocks", num_blocks, 1)
+        self.block_size = check_int("block_size", block_size, 1)
         self._free: deque[int] = deque(range(self.num_blocks))
         self._owner: list[Any] = [_FREE] * self.num_blocks
         self._tables: dict[Hashable, list[int]] = {}
@@ -329,7 +330,7 @@ class BlockManager:
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens: ``ceil(num_tokens / block_size)``."""
-        return -(-_check_int("num_tokens", num_tokens, 0) // self.block_size)
+        return -(-check_int("num_tokens", num_tokens, 0) // self.block_size)
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new sequence of ``num_tokens`` tokens fits in the free blocks now."""
@@ -371,7 +372,7 @@ class BlockManager:
             InvalidArgumentError: ``seq_id`` is already live, or ``num_tokens < 0``.
             NoFreeBlocksError: fewer free blocks than needed (nothing allocated).
         """
-        n = _check_int("num_tokens", num_tokens, 0)
+        n = check_int("num_tokens", num_tokens, 0)
         if seq_id in self._tables:
             raise InvalidArgumentError(
                 f"sequence {seq_id!r} is already allocated ({self._num_tokens[seq_id]} tokens in "
@@ -465,8 +466,8 @@ class BlockManager:
                 ``num_tokens``.
         """
         table = self._table(seq_id)
-        start = _check_int("start", start, 0)
-        count = _check_int("count", count, 0)
+        start = check_int("start", start, 0)
+        count = check_int("count", count, 0)
         if start + count > self._num_tokens[seq_id]:
             raise InvalidArgumentError(
                 f"tokens {start}..{start + count - 1} of sequence {seq_id!r} are beyond its "
@@ -504,7 +505,7 @@ class BlockManager:
         if max_blocks is None:
             width = max(longest, 1)
         else:
-            width = _check_int("max_blocks", max_blocks, 0)
+            width = check_int("max_blocks", max_blocks, 0)
             if longest > width:
                 i = next(i for i, t in enumerate(tables) if len(t) > width)
                 raise InvalidArgumentError(
@@ -562,7 +563,7 @@ class BlockManager:
 
     def _new_blocks_for(self, seq_id: Hashable, n: int) -> int:
         table = self._table(seq_id)
-        n = _check_int("n", n, 0)
+        n = check_int("n", n, 0)
         return self.blocks_needed(self._num_tokens[seq_id] + n) - len(table)
 
     def _take(self, seq_id: Hashable, count: int) -> list[int]:

@@ -61,7 +61,7 @@ import numpy as np
 
 from trtcore.errors import InvalidArgumentError, InvalidRequestError, TrtcoreError
 
-from .kv_cache import BlockManager
+from .kv_cache import BlockManager, check_int
 
 __all__ = [
     "FinishPredicate",
@@ -334,14 +334,6 @@ class SchedulerOutput:
         return out
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 class Scheduler:
     """Continuous batching (iteration-level scheduling) over a :class:`BlockManager`.
 
@@ -383,10 +375,10 @@ class Scheduler:
         finish_predicate: FinishPredicate | None = None,
     ):
         self.block_manager = block_manager
-        self.max_num_batched_tokens = _check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
-        self.max_num_seqs = _check_int("max_num_seqs", max_num_seqs, 1)
+        self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+        self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
         self.chunked_prefill = bool(chunked_prefill)
-        self.max_model_len = None if max_model_len is None else _check_int("max_model_len", max_model_len, 1)
+        self.max_model_len = None if max_model_len is None else check_int("max_model_len", max_model_len, 1)
         self.finish_predicate = finish_predicate
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
