@@ -1,0 +1,37 @@
+"""trtcore's TensorRT plugins (``IPluginV3``), one module per plugin; installed as ``trtcore.plugins``.
+
+* :mod:`trtcore.plugins.base` — the authoring base (:class:`~trtcore.plugins.base.Plugin`),
+  registration, entry-point discovery;
+* :mod:`trtcore.plugins.rope` — fused rotary position embedding;
+* :mod:`trtcore.plugins.paged_attention` — attention over the paged KV cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def builtin_plugins() -> list[type]:
+    """The plugin classes trtcore ships."""
+    from .paged_attention import PagedAttentionPlugin
+    from .rope import RopePlugin
+
+    return [RopePlugin, PagedAttentionPlugin]
+
+
+def register_all(trt: Any) -> list[type]:
+    """Register trtcore's plugins and those published under the entry-point group
+    ``trtcore.plugins`` with ``trt``'s plugin registry (needed before TensorRT deserializes
+    an engine that contains them). Does nothing for modules that cannot host plugins.
+
+    Returns:
+        The registered classes.
+    """
+    from .base import hosts_plugins, load_entry_point_plugins, register
+
+    if not hosts_plugins(trt):
+        return []
+    classes = builtin_plugins()
+    for cls in classes:
+        register(cls, trt)
+    return classes + load_entry_point_plugins(trt)

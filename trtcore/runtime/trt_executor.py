@@ -247,6 +247,9 @@ class TensorRTExecutor(Executor):
         try:
             self._logger = _make_logger(trt_module)
             self._runtime: trt_types.Runtime = trt_module.Runtime(self._logger)
+            from trtcore.plugins import register_all
+
+            register_all(trt_module)  # an engine with trtcore plugins needs their creators first
             engine: trt_types.ICudaEngine | None = self._runtime.deserialize_cuda_engine(serialized_engine)
             if engine is None:
                 raise RuntimeError(self._deserialize_failure(module))
