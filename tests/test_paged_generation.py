@@ -42,7 +42,7 @@ def test_small_pool_preempts_and_every_request_gets_its_solo_tokens(hf_models) -
                 kv_cache_memory=12 * spec_bytes, progress=False)
     assert small._generator.num_blocks == 12
     together = small.generate(prompts, params)
-    sched = small._generator.last_scheduler
+    sched = small._generator.scheduler
     assert sched is not None and sched.num_preemptions > 0
     solo = LLM(d, backend="reference", kv_cache="contiguous", max_batch_size=1, progress=False)
     for p, sp, out in zip(prompts, params, together):
@@ -86,3 +86,29 @@ def test_stream_yields_tokens_and_text(hf_models) -> None:  # noqa: F811
         assert [p.token_id for p in mine] == full.outputs[0].token_ids
         assert "".join(p.text for p in mine) == full.outputs[0].text != ""
         assert mine[-1].finish_reason == "length" and all(p.finish_reason is None for p in mine[:-1])
+
+
+def test_requests_join_while_others_decode(hf_models) -> None:  # noqa: F811
+    """Online use (add_request / step): a request added after others started decoding
+    joins the batch and every request gets the tokens it gets alone."""
+    v = VARIANTS["mistral_sw8"]
+    d = hf_models.dir("mistral_sw8")
+    rng = np.random.default_rng()
+    llm = LLM(d, backend="reference", kv_cache="paged", max_num_tokens=64, progress=False)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = [random_prompt(rng, n, v.vocab_size) for n in (30, 5, 50, 9)]
+    tokens: dict[int, list[int]] = {}
+    ids = [llm.add_request(prompts[0], params), llm.add_request(prompts[1], params)]
+    steps = 0
+    while llm.has_unfinished_requests():
+        for out in llm.step():
+            tokens.setdefault(out.index, []).append(out.token_id)
+        steps += 1
+        if steps == 3:  # the first two are decoding by now
+            assert all(len(tokens.get(i, [])) >= 1 for i in ids)
+            ids += [llm.add_request(prompts[2], params), llm.add_request(prompts[3], params)]
+    solo = LLM(d, backend="reference", kv_cache="contiguous", progress=False)
+    for rid, p in zip(ids, prompts):
+        assert tokens[rid] == solo.generate([p], params)[0].outputs[0].token_ids
+    with pytest.raises(Exception, match="paged"):
+        solo.add_request(prompts[0], params)

@@ -104,6 +104,25 @@ class StreamOutput:
     stop_reason: int | None = None
 
 
+class _IncrementalText:
+    """Incremental detokenization of one request: each new token's text delta."""
+
+    def __init__(self, llm: LLM):
+        self.llm = llm
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def output(self, index: int, event: Any) -> StreamOutput:
+        self.ids.append(event.token_id)
+        text = self.llm.decode(self.ids)
+        if text.endswith("\ufffd") and event.finish_reason is None:
+            delta = ""  # wait for the rest of a multi-byte character
+        else:
+            delta, self.shown = text[len(self.shown) :], text
+        logprobs = event.logprobs.as_dict() if event.logprobs is not None else None
+        return StreamOutput(index, event.token_id, delta, logprobs, event.finish_reason, event.stop_reason)
+
+
 def _default_backend() -> str:
     env = os.environ.get("TRTCORE_BACKEND")
     if env:
@@ -196,6 +215,8 @@ class LLM:
         self.executor = self._make_executor(progress)
         kv_dtype = self.build_config.dtype if self.build_config.dtype != "bfloat16" else _bf16()
         self.kv_cache = self._implementations["kv_cache"]
+        self._next_request_id = 0
+        self._texts: dict[int, _IncrementalText] = {}
         self._generator: Any
         if self.kv_cache == "paged":
             from .runtime.kv_cache import KVCacheSpec
@@ -331,21 +352,53 @@ class LLM:
         """
         items, params = self._normalize(prompts, sampling_params)
         requests = [self._request(i, p, sp)[0] for i, (p, sp) in enumerate(zip(items, params))]
-        ids: dict[int, list[int]] = {}
-        shown: dict[int, str] = {}
+        texts: dict[int, _IncrementalText] = {}
         for event in self._generator.generate(requests):
             i = int(event.request_id)
             if event.finish_reason == "error":
                 raise InvalidRequestError(f"prompt {i}: {event.error}")
-            ids.setdefault(i, []).append(event.token_id)
-            text = self.decode(ids[i])
-            done = event.finish_reason is not None
-            if text.endswith("\ufffd") and not done:
-                delta = ""  # wait for the rest of a multi-byte character
-            else:
-                delta, shown[i] = text[len(shown.get(i, "")) :], text
-            logprobs = event.logprobs.as_dict() if event.logprobs is not None else None
-            yield StreamOutput(i, event.token_id, delta, logprobs, event.finish_reason, event.stop_reason)
+            yield texts.setdefault(i, _IncrementalText(self)).output(i, event)
+
+    # online serving (paged KV cache) -------------------------------------------------------------
+    def add_request(self, prompt: Any, sampling_params: SamplingParams | None = None) -> int:
+        """Queue one request for :meth:`step` (vLLM's ``LLMEngine.add_request``); it joins
+        the running batch at the next step with room (continuous batching).
+
+        Returns:
+            The request id that :meth:`step`'s outputs carry as ``index``.
+
+        Raises:
+            InvalidRequestError: the prompt or parameters are invalid, the request can never
+                fit the KV pool, or the LLM does not use the paged KV cache.
+        """
+        if self.kv_cache != "paged":
+            raise InvalidRequestError("add_request()/step() need kv_cache='paged' (continuous batching)")
+        params = sampling_params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        rid = self._next_request_id
+        req, _ = self._request(rid, prompt, params)
+        error = self._generator.add_request(req)
+        if error is not None:
+            raise InvalidRequestError(f"request {rid}: {error.error}")
+        self._next_request_id += 1
+        self._texts[rid] = _IncrementalText(self)
+        return rid
+
+    def step(self) -> list[StreamOutput]:
+        """Run one engine step for the requests added with :meth:`add_request`; return
+        their new tokens (``index`` = request id)."""
+        outs = []
+        for event in self._generator.step():
+            rid = int(event.request_id)
+            outs.append(self._texts[rid].output(rid, event))
+            if event.finish_reason is not None:
+                del self._texts[rid]
+        return outs
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether requests added with :meth:`add_request` still wait or run."""
+        return self.kv_cache == "paged" and self._generator.has_unfinished_requests()
 
     def _normalize(self, prompts: Any, sampling_params: Any) -> tuple[list[Any], list[SamplingParams]]:
         single = isinstance(prompts, (str, dict)) or (

@@ -67,7 +67,20 @@ class PagedGenerator:
             storage = np.dtype(np.uint16)  # the CuPy backend keeps bfloat16 as its bit patterns
         self.pool = xp.zeros(kv_spec.pool_shape(self.num_blocks), dtype=storage)
         self.max_blocks_per_seq = -(-self.max_seq_len // kv_spec.block_size)
-        self.last_scheduler: Scheduler | None = None
+        self._params: dict[Any, Any] = {}
+        self._pending_logprobs: dict[Any, Any] = {}
+        self.sampler = Sampler()
+        self.scheduler = Scheduler(
+            BlockManager(self.num_blocks, kv_spec.block_size),
+            max_num_batched_tokens=self.max_num_tokens,
+            max_num_seqs=self.max_num_seqs,
+            chunked_prefill=True,
+            finish_predicate=self._stop_token,
+        )
+
+    def _stop_token(self, state: RequestState, token: int) -> str | None:
+        stop = self._params[state.request_id].stop_token_ids
+        return "stop" if stop and token in stop else None
 
     def _feeds(self, out: Any) -> dict[str, Any]:
         feeds = {
@@ -90,57 +103,70 @@ class PagedGenerator:
             logits = to_host(logits, "logits")
         return np.asarray(logits, dtype=np.float32)
 
-    def generate(self, requests: Sequence[Request]) -> Iterator[TokenEvent]:
-        """Yield one :class:`TokenEvent` per generated token, as the steps produce them.
+    def add_request(self, request: Request) -> TokenEvent | None:
+        """Queue ``request``; it joins the running batch at the next :meth:`step` that has
+        room (continuous batching).
 
-        A request that can never fit the pool gets one event with ``finish_reason="error"``,
-        ``token_id=-1`` and the reason in ``error``; the others are unaffected.
+        Returns:
+            None, or — for a request that can never fit the pool — a :class:`TokenEvent`
+            with ``finish_reason="error"``, ``token_id=-1`` and the reason in ``error``.
         """
-        params = {r.request_id: r.params for r in requests}
+        r = request
+        room = self.max_seq_len - len(r.prompt_token_ids)
+        eos = () if r.params.ignore_eos else tuple(r.eos_token_ids)
+        self._params[r.request_id] = r.params
+        state = self.scheduler.add_request(r.request_id, r.prompt_token_ids, max(1, min(r.params.max_tokens, room)), eos)
+        if state.error is not None:
+            del self._params[r.request_id]
+            return TokenEvent(r.request_id, -1, None, "error", error=state.error)
+        self.sampler.add_request(r.request_id, r.params)
+        return None
 
-        def finish(state: RequestState, token: int) -> str | None:
-            stop = params[state.request_id].stop_token_ids
-            return "stop" if stop and token in stop else None
+    def has_unfinished_requests(self) -> bool:
+        """Whether some request still waits or runs."""
+        return self.scheduler.has_unfinished_requests()
 
-        sched = Scheduler(
-            BlockManager(self.num_blocks, self.kv_spec.block_size),
-            max_num_batched_tokens=self.max_num_tokens,
-            max_num_seqs=self.max_num_seqs,
-            chunked_prefill=True,
-            finish_predicate=finish,
-        )
-        self.last_scheduler = sched
-        sampler = Sampler()
+    def step(self) -> list[TokenEvent]:
+        """Run one engine step (schedule, execute, sample) and return the new tokens."""
+        sched = self.scheduler
+        out = sched.schedule()
+        ids = out.sampling_request_ids
+        sampled: dict[Any, int] = {}
+        if ids:
+            logits = self._logits_to_host(self.executor.run(self._feeds(out))["logits"])
+            result = self.sampler.sample(logits[out.sampling_indices()], ids)
+            for row, rid in enumerate(ids):
+                sampled[rid] = int(result.token_ids[row])
+                self._pending_logprobs[rid] = result.logprobs[row]
+        elif not out.is_empty:
+            self.executor.run(self._feeds(out))  # prefill chunks that end inside prompts
+        events: list[TokenEvent] = []
+        for ev in sched.update(sampled):
+            if not ev.new_token_ids:
+                continue  # a rejection, reported by add_request
+            tok = ev.new_token_ids[0]
+            stops = self._params[ev.request_id].stop_token_ids
+            stop = tok if ev.finish_reason == "stop" and stops and tok in stops else None
+            events.append(TokenEvent(ev.request_id, tok, self._pending_logprobs.pop(ev.request_id, None), ev.finish_reason, stop))
+            if ev.finished:
+                self.sampler.remove_request(ev.request_id)
+                del self._params[ev.request_id]
+        return events
+
+    def generate(self, requests: Sequence[Request]) -> Iterator[TokenEvent]:
+        """Add ``requests`` and step until all are done, yielding one :class:`TokenEvent` per
+        generated token as the steps produce them (rejected requests: one error event).
+
+        Raises:
+            SchedulerError: requests added with :meth:`add_request` are still unfinished.
+        """
+        from .scheduler import SchedulerError
+
+        if self.has_unfinished_requests():
+            raise SchedulerError("generate() while requests added with add_request() are unfinished; step() them first")
         for r in requests:
-            room = self.max_seq_len - len(r.prompt_token_ids)
-            eos = () if r.params.ignore_eos else tuple(r.eos_token_ids)
-            state = sched.add_request(r.request_id, r.prompt_token_ids, max(1, min(r.params.max_tokens, room)), eos)
-            if state.error is not None:
-                yield TokenEvent(r.request_id, -1, None, "error", error=state.error)
-                continue
-            sampler.add_request(r.request_id, r.params)
-        pending: dict[Any, Any] = {}
-        while sched.has_unfinished_requests():
-            out = sched.schedule()
-            ids = out.sampling_request_ids
-            sampled: dict[Any, int] = {}
-            if ids:
-                logits = self._logits_to_host(self.executor.run(self._feeds(out))["logits"])
-                result = sampler.sample(logits[out.sampling_indices()], ids)
-                for row, rid in enumerate(ids):
-                    sampled[rid] = int(result.token_ids[row])
-                    pending[rid] = result.logprobs[row]
-            elif not out.is_empty:
-                self.executor.run(self._feeds(out))  # prefill chunks that end inside prompts
-            for ev in sched.update(sampled):
-                if ev.error is not None and not ev.new_token_ids:
-                    if ev.finish_reason == "rejected":
-                        continue  # reported when it was added
-                if not ev.new_token_ids:
-                    continue
-                tok = ev.new_token_ids[0]
-                reason = ev.finish_reason
-                stop = tok if reason == "stop" and params[ev.request_id].stop_token_ids and tok in params[ev.request_id].stop_token_ids else None
-                yield TokenEvent(ev.request_id, tok, pending.pop(ev.request_id, None), reason, stop)
-                if ev.finished:
-                    sampler.remove_request(ev.request_id)
+            error = self.add_request(r)
+            if error is not None:
+                yield error
+        while self.has_unfinished_requests():
+            yield from self.step()
