@@ -104,6 +104,13 @@ class StreamOutput:
     stop_reason: int | None = None
 
 
+def _is_single_prompt(prompts: Any) -> bool:
+    """A string, a dict, or a non-empty list of token ids is one prompt; a list of those is many."""
+    return isinstance(prompts, (str, dict)) or (
+        isinstance(prompts, (list, tuple)) and len(prompts) > 0 and all(isinstance(t, (int, np.integer)) for t in prompts)
+    )
+
+
 class _IncrementalText:
     """Incremental detokenization of one request: each new token's text delta."""
 
@@ -401,9 +408,7 @@ class LLM:
         return self.kv_cache == "paged" and self._generator.has_unfinished_requests()
 
     def _normalize(self, prompts: Any, sampling_params: Any) -> tuple[list[Any], list[SamplingParams]]:
-        single = isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, (list, tuple)) and len(prompts) > 0 and all(isinstance(t, (int, np.integer)) for t in prompts)
-        )
+        single = _is_single_prompt(prompts)
         if not single and not isinstance(prompts, (list, tuple)):
             raise InvalidRequestError(
                 f"prompts must be a string, a list of token ids, a dict with 'prompt_token_ids', or a list of those; "
@@ -444,9 +449,7 @@ class LLM:
                 do not match the prompts. Invalid prompts inside a list are reported in
                 their output's ``error`` instead.
         """
-        single = isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, (list, tuple)) and len(prompts) > 0 and all(isinstance(t, (int, np.integer)) for t in prompts)
-        )
+        single = _is_single_prompt(prompts)
         items, params = self._normalize(prompts, sampling_params)
         outputs: list[RequestOutput] = []
         requests: list[Request] = []
