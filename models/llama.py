@@ -25,7 +25,10 @@ from trtcore.ops import Graph, Tensor
 from trtcore.rope import rope_spec
 
 
-def io_spec(config: ModelConfig, dtype: Any, kv_cache: str = "contiguous", block_size: int = 16) -> list[tuple[str, Any, tuple[int, ...]]]:
+def io_spec(
+    config: ModelConfig, dtype: Any, kv_cache: str = "contiguous", block_size: int = 16, attention: str = "layers",
+    max_seq_len: int | None = None,
+) -> list[tuple[str, Any, tuple[int, ...]]]:
     """Network inputs as ``(name, numpy dtype, shape)``; -1 marks dynamic dimensions.
 
     ``kv_cache="paged"`` (DESIGN.md, "KV cache modes"): ``T`` packed tokens of ``B``
@@ -55,6 +58,25 @@ def io_spec(config: ModelConfig, dtype: Any, kv_cache: str = "contiguous", block
 
     Outputs: ``logits`` float32 ``[B, vocab_size]``; ``present.{i}.key`` / ``.value``
     ``[B, num_key_value_heads, T, head_dim]`` (past then new, in the engine dtype).
+
+    ``kv_cache="contiguous", attention="native"`` (TensorRT's ``IKVCacheUpdateLayer`` +
+    ``IAttention``): a fixed-size cache of ``L = max_seq_len`` slots per sequence (static in
+    the network, as ``IKVCacheUpdateLayer`` requires), ``B`` batch, ``S`` new tokens (padded):
+
+    * ``input_ids``, ``position_ids`` int32 ``[B, S]``; ``last_token_ids`` int32 ``[B]`` as above;
+    * ``cache_write_positions`` int32 ``[B]``: the slot where sequence ``b``'s first new token
+      is written; its ``S`` tokens go to slots ``w[b] .. w[b] + S - 1`` (``w[b] + S <= L``);
+    * ``attention_mask`` bool ``[B, 1, S, L]``: True where query ``s`` may read slot ``j``
+      (the slot holds a real token at a position not after the query's; padding and
+      unwritten slots False), when some layer is ``full_attention``; ``sliding_attention_mask``, the
+      same with the sliding window, when some layer is ``sliding_attention``. The mask
+      covers the slots written in this step (the cache is updated before attending);
+    * ``kv_cache.{i}.key`` / ``.value`` ``[B, num_key_value_heads, L, head_dim]`` (engine dtype).
+
+    Outputs: ``logits`` as above; ``present.{i}.key`` / ``.value``, the updated caches,
+    ``[B, num_key_value_heads, L, head_dim]``. They alias ``kv_cache.{i}.*``: TensorRT writes
+    the cache in place (bind both to one buffer; ``ICudaEngine.get_aliased_input_tensor``),
+    and so does the reference backend.
     """
     if kv_cache == "paged":
         c = config
@@ -70,6 +92,23 @@ def io_spec(config: ModelConfig, dtype: Any, kv_cache: str = "contiguous", block
         if rope_spec(c).rope_type == "dynamic":
             paged.append(("rope_seq_lens", np.int32, (-1,)))
         return paged
+    if attention == "native":
+        if max_seq_len is None:
+            raise ValueError("attention='native' needs max_seq_len (the static length of the KV cache inputs)")
+        L = int(max_seq_len)
+        native: list[tuple[str, Any, tuple[int, ...]]] = [
+            ("input_ids", np.int32, (-1, -1)),
+            ("position_ids", np.int32, (-1, -1)),
+        ]
+        for name, kind in (("attention_mask", "full_attention"), ("sliding_attention_mask", "sliding_attention")):
+            if kind in config.layer_types:
+                native.append((name, np.bool_, (-1, 1, -1, L)))
+        native.append(("last_token_ids", np.int32, (-1,)))
+        native.append(("cache_write_positions", np.int32, (-1,)))
+        for i in range(config.num_hidden_layers):
+            for kind in ("key", "value"):
+                native.append((f"kv_cache.{i}.{kind}", dtype, (-1, config.num_key_value_heads, L, config.head_dim)))
+        return native
     kv = (-1, config.num_key_value_heads, -1, config.head_dim)
     spec: list[tuple[str, Any, tuple[int, ...]]] = [
         ("input_ids", np.int32, (-1, -1)),
@@ -103,8 +142,12 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
     c = config
     E, H, Hkv, D = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     paged = g.implementations.get("kv_cache") == "paged"
+    attention = "plugin" if paged else g.implementations.get("attention", "layers")
     block_size = g.block_size
-    inputs = {name: g.input(name, dt, shape) for name, dt, shape in io_spec(c, g.np_dtype, "paged" if paged else "contiguous", block_size)}
+    inputs = {
+        name: g.input(name, dt, shape)
+        for name, dt, shape in io_spec(c, g.np_dtype, "paged" if paged else "contiguous", block_size, attention, g.max_seq_len)
+    }
     heads = (0, H, D) if paged else (0, 0, H, D)
     kv_heads = (0, Hkv, D) if paged else (0, 0, Hkv, D)
     spec = rope_spec(c)
@@ -139,6 +182,8 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                             inputs["query_start_loc"], layer_idx=i, num_kv_heads=Hkv, head_dim=D,
                             block_size=block_size, sliding_window=window or 0, scale=D**-0.5,
                         )
+                    elif attention == "native":
+                        ctx = _native_attention(g, c, i, q, k, v, inputs)
                     else:
                         ctx = _contiguous_attention(g, c, i, q, k, v, inputs)
                     o = ops.linear(g, ctx, w(f"{a}.o_proj.weight", E, H * D), _bias(weights, f"{a}.o_proj.bias", E, c.o_bias), "o_proj")
@@ -175,6 +220,21 @@ def _contiguous_attention(g: Graph, c: ModelConfig, i: int, q: Tensor, k: Tensor
     g.output(v_all, f"present.{i}.value")
     mask = inputs["sliding_attention_mask" if c.layer_types[i] == "sliding_attention" else "attention_mask"]
     return ops.attention(g, q, k_all, v_all, mask, c.num_key_value_heads, D, D**-0.5, "attention")
+
+
+def _native_attention(g: Graph, c: ModelConfig, i: int, q: Tensor, k: Tensor, v: Tensor, inputs: dict[str, Tensor]) -> Tensor:
+    """Native attention of layer ``i`` (``IKVCacheUpdateLayer`` + ``IAttention``): writes the
+    new k/v ``[B, S, Hkv, D]`` into ``kv_cache.{i}.*`` at ``cache_write_positions`` (outputs
+    ``present.{i}.*``), then attends over all ``max_seq_len`` slots through the bool mask."""
+    D = c.head_dim
+    mask = inputs["sliding_attention_mask" if c.layer_types[i] == "sliding_attention" else "attention_mask"]
+    ctx, k_all, v_all = ops.native_attention(
+        g, q, k, v, inputs[f"kv_cache.{i}.key"], inputs[f"kv_cache.{i}.value"], inputs["cache_write_positions"], mask,
+        head_dim=D, scale=D**-0.5, name="attention",
+    )
+    g.output(k_all, f"present.{i}.key")
+    g.output(v_all, f"present.{i}.value")
+    return ctx
 
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")

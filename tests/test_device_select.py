@@ -38,12 +38,14 @@ from trtcore.reference.evaluator import (
 )
 from trtcore.reference.network import (
     IActivationLayer,
+    IAttention,
     ICastLayer,
     IConcatenationLayer,
     IConstantLayer,
     IElementWiseLayer,
     IGatherLayer,
     IIdentityLayer,
+    IKVCacheUpdateLayer,
     IMatrixMultiplyLayer,
     IPluginV3Layer,
     IReduceLayer,
@@ -287,7 +289,7 @@ FLOAT_NAMES = ("FLOAT", "HALF", "BF16")
 LAYER_TYPES = {
     IConstantLayer, IElementWiseLayer, IUnaryLayer, IActivationLayer, IReduceLayer, ISoftMaxLayer,
     IConcatenationLayer, IShuffleLayer, IMatrixMultiplyLayer, IGatherLayer, ICastLayer, IIdentityLayer,
-    ISelectLayer, IPluginV3Layer,
+    ISelectLayer, IPluginV3Layer, IAttention, IKVCacheUpdateLayer,
 }
 
 
@@ -440,6 +442,30 @@ def layer_network(float_name: str, with_plugin: bool = True) -> tuple[Any, dict[
     out(net.add_identity(s).get_output(0), "identity", IIdentityLayer)
     out(net.add_select(c, x, s).get_output(0), "select", ISelectLayer)
 
+    # KV cache update: cache [2, 1, 6, 8] (a network input, updated in place), 4 new tokens
+    kv_out = net.add_kv_cache_update(inp("kvc", dt, (2, 1, 6, 8)), inp("kvu", dt, (2, 1, 4, 8)), inp("kvw", m.DataType.INT32, (2,)),
+                                     m.KVCacheMode.LINEAR).get_output(0)
+    out(kv_out, "kv_cache_update", IKVCacheUpdateLayer)
+    # attention: q = u [2, 3, 4, 8] (3 query heads), k / v [2, 1, 6, 8] (MQA); |q|, |k|, |v|
+    # and the float mask below 0.9 keep float32 rounding well below the GPU comparison's 1e-6
+    ak, av = inp("ak", dt, (2, 1, 6, 8)), inp("av", dt, (2, 1, 6, 8))
+    AN, CK = m.AttentionNormalizationOp, m.CausalMaskKind
+    am = inp("am", m.DataType.BOOL, (2, 1, 4, 6))
+    layer = net.add_attention_v2(u, ak, av, AN.SOFTMAX, CK.NONE)
+    layer.mask = am
+    out(layer.get_output(0), "attention.bool_mask", IAttention)
+    layer = net.add_attention_v2(u, ak, av, AN.SOFTMAX, CK.NONE)
+    layer.mask = inp("afm", dt, (1, 3, 4, 6))
+    out(layer.get_output(0), "attention.float_mask_per_head", IAttention)
+    for kind in (CK.UPPER_LEFT, CK.LOWER_RIGHT):
+        out(net.add_attention_v2(u, ak, av, AN.SOFTMAX, kind).get_output(0), f"attention.causal.{kind.name}", IAttention)
+    layer = net.add_attention_v2(u, ak, av, AN.SOFTMAX, CK.NONE)
+    layer.key_value_lengths = inp("akl", m.DataType.INT32, (2,))
+    out(layer.get_output(0), "attention.key_value_lengths", IAttention)
+    layer = net.add_attention_v2(u, ak, av, AN.NONE, CK.NONE)
+    layer.mask = am
+    out(layer.get_output(0), "attention.norm_none", IAttention)
+
     if with_plugin:
         plugin_layer = net.add_plugin_v3([x], [], create(AffinePlugin(scale=1.5), m))
         out(plugin_layer.get_output(0), "plugin", IPluginV3Layer)
@@ -464,6 +490,12 @@ def layer_feeds(net: Any, seed: int) -> dict[str, np.ndarray]:
             a = rng.integers(0, 3, shape)
         elif t.name == "idx64":
             a = rng.integers(0, 8, shape)
+        elif t.name == "kvw":
+            a = rng.integers(0, 3, shape)  # 4 new tokens into 6 slots
+        elif t.name == "akl":
+            a = rng.integers(1, 7, shape)
+        elif t.name in ("ak", "av", "afm"):
+            a = rng.uniform(-0.9, 0.9, shape)
         elif t.name == "p":
             a = rng.uniform(0.5, 3.0, shape)
         elif t.name == "y":

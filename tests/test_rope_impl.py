@@ -45,7 +45,8 @@ def test_default_is_plugin_on_reference_and_layers_on_rtx(hf_models) -> None:  #
     from trtcore.builder import BuildConfig, implementations
 
     assert implementations(ref, BuildConfig()) == {"rope": "plugin", "kv_cache": "paged"}
-    assert implementations(tensorrt_rtx, BuildConfig()) == {"rope": "layers", "kv_cache": "contiguous"}
+    # contiguous networks also record their attention (tests/test_native_attention.py)
+    assert implementations(tensorrt_rtx, BuildConfig()) == {"rope": "layers", "kv_cache": "contiguous", "attention": "layers"}
     from trtcore.errors import InvalidArgumentError
 
     with pytest.raises(InvalidArgumentError, match="add_plugin_v3"):

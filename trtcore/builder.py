@@ -49,6 +49,11 @@ class BuildConfig:
         block_size: tokens per KV block (paged).
         max_num_tokens: most packed tokens per step (paged; the scheduler's token budget).
         max_num_blocks: most blocks in the KV pool (paged; the profile's bound).
+        attention: attention of the contiguous KV cache mode: ``"layers"`` (composed
+            matmul/softmax over ``concat(past, new)``) or ``"native"`` (TensorRT's
+            ``IKVCacheUpdateLayer`` + ``IAttention`` over a fixed-size cache of
+            ``max_seq_len`` slots). ``"native"`` needs ``kv_cache="contiguous"`` (None
+            resolves to it); paged mode attends with its plugin.
     """
 
     dtype: str = "float32"
@@ -61,8 +66,18 @@ class BuildConfig:
     block_size: int = 16
     max_num_tokens: int = 2048
     max_num_blocks: int = 65536
+    attention: str = "layers"
 
     def __post_init__(self) -> None:
+        if self.attention not in ops.IMPLEMENTATIONS["attention"]:
+            raise InvalidArgumentError(
+                f"attention {self.attention!r} is not supported; expected one of {', '.join(ops.IMPLEMENTATIONS['attention'])}"
+            )
+        if self.attention == "native" and self.kv_cache == "paged":
+            raise InvalidArgumentError(
+                "attention='native' (IAttention + IKVCacheUpdateLayer) is only valid with kv_cache='contiguous'; "
+                "the paged KV cache attends with its plugin"
+            )
         if self.kv_cache is not None and self.kv_cache not in ops.IMPLEMENTATIONS["kv_cache"]:
             raise InvalidArgumentError(f"kv_cache {self.kv_cache!r} is not supported; expected one of {', '.join(ops.IMPLEMENTATIONS['kv_cache'])}")
         if self.block_size < 1 or self.max_num_tokens < 1 or self.max_num_blocks < 1:
@@ -97,19 +112,26 @@ class BuildConfig:
             block_size=self.block_size,
             max_num_tokens=self.max_num_tokens,
             max_num_blocks=self.max_num_blocks,
+            attention=self.attention,
         )
 
 
-def profile_shapes(config: ModelConfig, bc: BuildConfig, kv_cache: str = "contiguous") -> dict[str, tuple[tuple[int, ...], ...]]:
+def profile_shapes(
+    config: ModelConfig, bc: BuildConfig, kv_cache: str = "contiguous", attention: str = "layers"
+) -> dict[str, tuple[tuple[int, ...], ...]]:
     """min / opt / max shape of every dynamic network input (one optimization profile).
 
     New tokens per step ``S`` range over [1, max_seq_len], cached tokens ``P`` over
     [0, max_seq_len - 1], so ``T = P + S`` over [1, 2 * max_seq_len - 1] for the mask.
+    With ``attention="native"`` the cache has a fixed ``L = max_seq_len`` slots, so only
+    the batch of the caches and masks varies, and the masks' query axis (``S``).
     """
     B, L = bc.max_batch_size, bc.max_seq_len
     b, s = bc.opt_batch_size, bc.opt_seq_len
     if kv_cache == "paged":
         return _paged_profile_shapes(config, bc)
+    if attention == "native":
+        return _native_profile_shapes(config, bc)
     p = min(s, L - 1)  # opt cached length
     Hkv, D = config.num_key_value_heads, config.head_dim
     shapes: dict[str, tuple[tuple[int, ...], ...]] = {
@@ -125,6 +147,28 @@ def profile_shapes(config: ModelConfig, bc: BuildConfig, kv_cache: str = "contig
     for i in range(config.num_hidden_layers):
         for kind in ("key", "value"):
             shapes[f"past_key_values.{i}.{kind}"] = ((1, Hkv, 0, D), (b, Hkv, p, D), (B, Hkv, L - 1, D))
+    return shapes
+
+
+def _native_profile_shapes(config: ModelConfig, bc: BuildConfig) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Contiguous mode with ``attention="native"`` (:func:`trtcore.models.llama.io_spec`)."""
+    B, L = bc.max_batch_size, bc.max_seq_len
+    b, s = bc.opt_batch_size, bc.opt_seq_len
+    Hkv, D = config.num_key_value_heads, config.head_dim
+    shapes: dict[str, tuple[tuple[int, ...], ...]] = {
+        "input_ids": ((1, 1), (b, s), (B, L)),
+        "position_ids": ((1, 1), (b, s), (B, L)),
+        "last_token_ids": ((1,), (b,), (B,)),
+        "cache_write_positions": ((1,), (b,), (B,)),
+    }
+    mask = ((1, 1, 1, L), (b, 1, s, L), (B, 1, L, L))
+    if "full_attention" in config.layer_types:
+        shapes["attention_mask"] = mask
+    if "sliding_attention" in config.layer_types:
+        shapes["sliding_attention_mask"] = mask
+    for i in range(config.num_hidden_layers):
+        for kind in ("key", "value"):
+            shapes[f"kv_cache.{i}.{kind}"] = ((1, Hkv, L, D), (b, Hkv, L, D), (B, Hkv, L, D))
     return shapes
 
 
@@ -198,13 +242,19 @@ def trt_logger(trt: Any) -> Any:
 def implementations(trt: Any, build_config: BuildConfig) -> dict[str, str]:
     """The implementation of each fused op for this module and build config.
 
+    ``attention`` is recorded for the contiguous KV cache mode only (paged mode attends
+    with its plugin); ``attention="native"`` without a ``kv_cache`` picks ``"contiguous"``.
+
     Raises:
         InvalidArgumentError: a plugin was asked for on a module that cannot host plugins.
     """
     from .plugins.base import hosts_plugins
 
     chosen = ops.default_implementations(trt)
-    for op, value, plugin_value in (("rope", build_config.rope, "plugin"), ("kv_cache", build_config.kv_cache, "paged")):
+    kv_cache = build_config.kv_cache
+    if kv_cache is None and build_config.attention == "native":
+        kv_cache = "contiguous"
+    for op, value, plugin_value in (("rope", build_config.rope, "plugin"), ("kv_cache", kv_cache, "paged")):
         if value is None:
             continue
         if value == plugin_value and not hosts_plugins(trt):
@@ -213,6 +263,8 @@ def implementations(trt: Any, build_config: BuildConfig) -> dict[str, str]:
                 f"(tensorrt_rtx's Python network has no add_plugin_v3); use {op}={[v for v in ops.IMPLEMENTATIONS[op] if v != value][0]!r}"
             )
         chosen[op] = value
+    if chosen["kv_cache"] == "contiguous":
+        chosen["attention"] = build_config.attention
     return chosen
 
 
@@ -234,16 +286,23 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, build_config: Bu
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     network.name = config.architecture
-    graph = ops.Graph(trt, network, build_config.dtype, implementations(trt, build_config), build_config.block_size)
+    graph = ops.Graph(
+        trt, network, build_config.dtype, implementations(trt, build_config), build_config.block_size, build_config.max_seq_len
+    )
     family.build(graph, config, weights)
     return DefinedNetwork(trt, builder, network, graph, config, build_config)
+
+
+def _profile(d: DefinedNetwork) -> dict[str, tuple[tuple[int, ...], ...]]:
+    impl = d.graph.implementations
+    return profile_shapes(d.config, d.build_config, impl["kv_cache"], impl.get("attention", "layers"))
 
 
 def _builder_config(d: DefinedNetwork, compute_capability: str | None) -> Any:
     trt = d.trt
     cfg = d.builder.create_builder_config()
     profile = d.builder.create_optimization_profile()
-    for name, (lo, opt, hi) in profile_shapes(d.config, d.build_config, d.graph.implementations["kv_cache"]).items():
+    for name, (lo, opt, hi) in _profile(d).items():
         profile.set_shape(name, lo, opt, hi)
     cfg.add_optimization_profile(profile)
     if d.build_config.dtype == "float32" and hasattr(trt, "BuilderFlag") and hasattr(trt.BuilderFlag, "TF32"):
@@ -307,13 +366,11 @@ def sidecar(d: DefinedNetwork, engine: bytes, *, backend: str, engine_file: str,
         "target": {"compute_capability": compute_capability or "native"},
         "dtype": d.build_config.dtype,
         "kv_cache": d.graph.implementations["kv_cache"],
+        "attention": d.graph.implementations.get("attention"),
         "implementations": d.graph.implementations,
         "build_config": asdict(d.build_config),
         "optimization_profiles": [
-            {
-                name: {"min": list(lo), "opt": list(opt), "max": list(hi)}
-                for name, (lo, opt, hi) in profile_shapes(d.config, d.build_config, d.graph.implementations["kv_cache"]).items()
-            }
+            {name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in _profile(d).items()}
         ],
         "model_config": d.config.to_dict(),
     }

@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
     g.add_argument("--rope", choices=("plugin", "layers"), help="RoPE implementation (default: plugin where the backend hosts plugins)")
     g.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: paged on the reference backend)")
+    g.add_argument("--attention", choices=("layers", "native"), default="layers", help="contiguous cache: composed layers or TensorRT's IAttention")
     g.add_argument("--device", choices=("cpu", "cuda"), help="reference backend: NumPy on the CPU or CuPy on the GPU (default: the GPU when CuPy sees one)")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
 
@@ -63,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--max-seq-len", type=int, default=2048)
     b.add_argument("--rope", choices=("plugin", "layers"), help="RoPE implementation (default: plugin where the backend hosts plugins)")
     b.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: paged where the backend hosts plugins)")
+    b.add_argument("--attention", choices=("layers", "native"), default="layers", help="contiguous cache: composed layers or TensorRT's IAttention + IKVCacheUpdateLayer")
 
     c = sub.add_parser("convert", help="convert a GGUF file into a Hugging Face model folder")
     c.add_argument("--gguf", required=True, help="GGUF file (llama or qwen2 architecture)")
@@ -84,7 +86,8 @@ def _generate(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens
     )
     t0 = time.perf_counter()
-    llm = LLM(_model_dir(args.model), backend=args.backend, dtype=args.dtype, rope=args.rope, kv_cache=args.kv_cache, device=args.device)
+    llm = LLM(_model_dir(args.model), backend=args.backend, dtype=args.dtype, rope=args.rope, kv_cache=args.kv_cache, device=args.device,
+              attention=args.attention)
     load_s = time.perf_counter() - t0
     prompt = args.prompt
     if args.chat:
@@ -128,7 +131,7 @@ def _build(args: argparse.Namespace) -> int:
     config = load_config(model)
     bc = BuildConfig(
         dtype=args.dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, rope=args.rope,
-        kv_cache=args.kv_cache,
+        kv_cache=args.kv_cache, attention=args.attention,
     ).for_model(config)
     if bc.max_seq_len < args.max_seq_len:
         print(f"trtcore: note: --max-seq-len {args.max_seq_len} capped at the model's max_position_embeddings "

@@ -164,6 +164,10 @@ class LLM:
         max_num_tokens: token budget per step (paged; chunked prefill splits longer prompts).
         kv_cache_memory: bytes for the KV pool (paged); default 2 GiB on the CPU, 40% of
             the free GPU memory.
+        attention: contiguous mode's attention: ``"layers"`` (composed standard layers) or
+            ``"native"`` (TensorRT's ``IAttention`` + ``IKVCacheUpdateLayer`` over a fixed
+            ``[batch, num_kv_heads, max_seq_len, head_dim]`` cache; implies
+            ``kv_cache="contiguous"``).
         device: where the reference backend executes: ``"cuda"`` / ``"gpu"`` (CuPy on the
             current CUDA device), ``"cpu"`` (NumPy), or None: ``"cuda"`` when CuPy imports
             and a GPU is visible, else ``"cpu"`` (:func:`trtcore.runtime.device.resolve_device`).
@@ -194,6 +198,7 @@ class LLM:
         block_size: int = 16,
         max_num_tokens: int = 2048,
         kv_cache_memory: int | None = None,
+        attention: str = "layers",
     ):
         if model is None:
             from .default_model import default_model_dir
@@ -206,7 +211,7 @@ class LLM:
         self.device = _execution_device(self.backend, device)
         if dtype is None:
             dtype = "float32" if self.backend == "reference" else _engine_dtype(self.config.dtype)
-        if kv_cache is None and self.backend != "reference":
+        if kv_cache is None and (self.backend != "reference" or attention == "native"):
             kv_cache = "contiguous"  # the TensorRT executor has no device-resident KV pool yet
         limit = self.config.max_position_embeddings
         self.build_config = BuildConfig(
@@ -217,6 +222,7 @@ class LLM:
             kv_cache=kv_cache,
             block_size=block_size,
             max_num_tokens=max_num_tokens,
+            attention=attention,
         ).for_model(self.config)
         self.tokenizer = _load_tokenizer(self.model_dir)
         self.executor = self._make_executor(progress)

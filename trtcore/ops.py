@@ -52,6 +52,8 @@ class Graph:
         implementations: per fused op, the implementation to use (``{"rope": "plugin"}``);
             see :data:`IMPLEMENTATIONS` and :func:`default_implementations`.
         block_size: tokens per block of the paged KV cache.
+        max_seq_len: tokens per sequence of a fixed-size KV cache (the static length of the
+            ``attention="native"`` cache inputs); None where the network has none.
 
     Attributes:
         keepalive: arrays whose memory TensorRT reads at build time (constants made with
@@ -59,7 +61,8 @@ class Graph:
     """
 
     def __init__(
-        self, trt: Any, network: Network, dtype: str = "float32", implementations: dict[str, str] | None = None, block_size: int = 16
+        self, trt: Any, network: Network, dtype: str = "float32", implementations: dict[str, str] | None = None, block_size: int = 16,
+        max_seq_len: int | None = None,
     ):
         if dtype not in _NP_DTYPES:
             raise InvalidArgumentError(f"dtype {dtype!r} is not supported; expected one of {sorted(_NP_DTYPES)}")
@@ -73,6 +76,8 @@ class Graph:
         self.implementations = dict(implementations or {})
         #: tokens per KV-cache block (paged mode)
         self.block_size = int(block_size)
+        #: tokens per sequence of a fixed-size KV cache (contiguous mode, native attention)
+        self.max_seq_len = None if max_seq_len is None else int(max_seq_len)
         #: tensors shared by all layers (e.g. RoPE's cos/sin), keyed by op
         self.shared: dict[Any, Any] = {}
         self._scope: list[str] = []
@@ -476,8 +481,15 @@ def paged_attention(
     return g.named(layer, name)
 
 
-#: implementations of each fused op (DESIGN.md, "Fused ops have several implementations")
-IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {"rope": ("plugin", "layers"), "kv_cache": ("paged", "contiguous")}
+#: implementations of each fused op (DESIGN.md, "Fused ops have several implementations");
+#: ``attention`` chooses within the contiguous KV cache mode (paged mode uses the plugin):
+#: ``"layers"`` (:func:`attention` over concat(past, new)) or ``"native"``
+#: (:func:`native_attention`: TensorRT's ``IKVCacheUpdateLayer`` + ``IAttention``)
+IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
+    "rope": ("plugin", "layers"),
+    "kv_cache": ("paged", "contiguous"),
+    "attention": ("layers", "native"),
+}
 
 
 def default_implementations(trt: Any) -> dict[str, str]:
@@ -552,3 +564,111 @@ def attention(
         ctx = matmul(g, probs, v5, name="pv")  # [B, Hkv, G, S, D]
         ctx = transpose(g, ctx, (0, 3, 1, 2, 4), "context_bshgd")
         return reshape(g, ctx, (0, 0, num_heads * head_dim), "context")
+
+
+# ---------------------------------------------------------------------------------------
+# attention over a fixed-size contiguous cache with TensorRT's own layers
+# ---------------------------------------------------------------------------------------
+
+
+def _network_v2(g: Graph) -> Any:
+    """``g.network`` for ``add_kv_cache_update`` / ``add_attention_v2``: tensorrt-stubs 10.13
+    predate both (TensorRT 10.15+, TensorRT-RTX 1.2+), so mypy cannot check these two calls;
+    tests/test_native_attention.py builds them with ``tensorrt_rtx`` instead.
+
+    Raises:
+        InvalidArgumentError: the TensorRT module predates these layers.
+    """
+    network: Any = g.network  # deliberately untyped: see above
+    if not (hasattr(network, "add_attention_v2") and hasattr(network, "add_kv_cache_update")):
+        module = getattr(g.trt, "__name__", "this TensorRT module")
+        raise InvalidArgumentError(
+            f"attention='native' needs IAttention and IKVCacheUpdateLayer (add_attention_v2, add_kv_cache_update: "
+            f"TensorRT 10.15+ or TensorRT-RTX); {module} {getattr(g.trt, '__version__', '')} has none; use attention='layers'"
+        )
+    return network
+
+
+def kv_cache_update(g: Graph, cache: Tensor, update: Tensor, write_indices: Tensor, name: str = "kv_cache_update") -> Tensor:
+    """Write ``update`` into ``cache`` (``IKVCacheUpdateLayer``, ``KVCacheMode.LINEAR``).
+
+    Args:
+        cache: ``[batch, heads, max_seq_len, head_dim]``, a network input whose
+            ``max_seq_len`` is static (TensorRT requires both).
+        update: ``[batch, heads, new_tokens, head_dim]``, the cache's type.
+        write_indices: int32 ``[batch]``: ``update[b, :, s]`` goes to slot ``write_indices[b] + s``
+            (``write_indices[b] + new_tokens <= max_seq_len``).
+
+    Returns:
+        The updated cache, named ``name``; mark it as a network output. TensorRT updates the
+        cache in place: the output aliases the input (``ICudaEngine.get_aliased_input_tensor``),
+        and both are bound to the same memory.
+    """
+    layer = _network_v2(g).add_kv_cache_update(cache, update, write_indices, g.trt.KVCacheMode.LINEAR)
+    return g.named(layer, name)
+
+
+def sdpa_native(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, name: str = "sdpa") -> Tensor:
+    """``softmax(q @ k^T masked) @ v`` with TensorRT's ``IAttention`` (``add_attention_v2``).
+
+    Args:
+        q: ``[batch, num_heads, seq, head_dim]``, **already scaled** (``IAttention`` has no
+            scale; TensorRT asks for Q or K to be multiplied by it beforehand).
+        k, v: ``[batch, num_kv_heads, kv_len, head_dim]``; ``num_heads`` a multiple of
+            ``num_kv_heads`` (GQA/MQA are native).
+        mask: bool ``[batch or 1, 1 or num_heads, seq, kv_len]``, True where the query may
+            attend (a float mask of q's type would be added instead), or None.
+
+    The layer is marked decomposable: TensorRT-RTX 1.7 has no fused kernel for float32 or for
+    ``head_dim`` 8 and refuses to build a non-decomposable one there.
+
+    Returns:
+        ``[batch, num_heads, seq, head_dim]`` of q's type, named ``name``.
+    """
+    layer = _network_v2(g).add_attention_v2(q, k, v, g.trt.AttentionNormalizationOp.SOFTMAX, g.trt.CausalMaskKind.NONE)
+    if mask is not None:
+        layer.mask = mask
+    layer.decomposable = True
+    return g.named(layer, name)
+
+
+def native_attention(
+    g: Graph,
+    q: Tensor,
+    k_new: Tensor,
+    v_new: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    write_indices: Tensor,
+    mask: Tensor,
+    *,
+    head_dim: int,
+    scale: float,
+    name: str = "attention",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One layer's attention over a fixed-size contiguous cache, with TensorRT's own layers:
+    this step's keys/values go into the cache (:func:`kv_cache_update`), then the queries
+    attend over the whole cache (:func:`sdpa_native`), the mask selecting the slots.
+
+    Args:
+        q: ``[batch, seq, num_heads, head_dim]`` (graph dtype, RoPE applied).
+        k_new, v_new: ``[batch, seq, num_kv_heads, head_dim]``.
+        k_cache, v_cache: network inputs ``[batch, num_kv_heads, max_seq_len, head_dim]``.
+        write_indices: int32 ``[batch]``, the slot of each sequence's first new token.
+        mask: bool ``[batch, 1, seq, max_seq_len]``, True where query ``s`` may read slot ``j``
+            (causal rule, padding, sliding window and unwritten slots folded in).
+        scale: the softmax scale, applied to q in float32 before the attention.
+
+    Returns:
+        ``(context [batch, seq, num_heads * head_dim], k_present, v_present)``: the updated
+        caches, to be marked as network outputs (they alias ``k_cache`` / ``v_cache``).
+    """
+    num_heads = q.shape[2]
+    with g.scope(name):
+        k_all = kv_cache_update(g, k_cache, transpose(g, k_new, (0, 2, 1, 3), "k_bhsd"), write_indices, "k_cache_update")
+        v_all = kv_cache_update(g, v_cache, transpose(g, v_new, (0, 2, 1, 3), "v_bhsd"), write_indices, "v_cache_update")
+        q_bhsd = cast(g, transpose(g, q, (0, 2, 1, 3), "q_bhsd"), np.float32, "q_float")
+        q_scaled = cast(g, mul(g, q_bhsd, scalar(g, scale, 4, np.float32, "scale"), "q_scaled"), g.np_dtype, "q_scaled_dtype")
+        ctx = sdpa_native(g, q_scaled, k_all, v_all, mask, "sdpa")  # [B, H, S, D]
+        ctx = transpose(g, ctx, (0, 2, 1, 3), "context_bshd")
+        return reshape(g, ctx, (0, 0, num_heads * head_dim), "context"), k_all, v_all

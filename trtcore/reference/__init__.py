@@ -18,7 +18,13 @@ from .builder import (
     IOptimizationProfile,
     Runtime,
 )
-from .network import INetworkDefinition, IPluginV3Layer, ITensor
+from .network import (
+    IAttention,
+    IKVCacheUpdateLayer,
+    INetworkDefinition,
+    IPluginV3Layer,
+    ITensor,
+)
 from .plugin import (
     IPluginRegistry,
     PluginCreator,
@@ -30,9 +36,13 @@ from .plugin import (
 )
 from .types import (
     ActivationType,
+    AttentionIOForm,
+    AttentionNormalizationOp,
+    CausalMaskKind,
     DataType,
     ElementWiseOperation,
     GatherMode,
+    KVCacheMode,
     LayerType,
     Logger,
     MatrixOperation,
@@ -58,8 +68,9 @@ int64 = DataType.INT64
 bool = DataType.BOOL  # noqa: A001 - TensorRT's name
 
 __all__ = [
-    "ActivationType", "Builder", "BuilderFlag", "DataType", "ElementWiseOperation", "GatherMode",
-    "IBuilderConfig", "ICudaEngine", "IHostMemory", "INetworkDefinition", "IOptimizationProfile",
+    "ActivationType", "AttentionIOForm", "AttentionNormalizationOp", "Builder", "BuilderFlag", "CausalMaskKind",
+    "DataType", "ElementWiseOperation", "GatherMode", "IAttention", "IBuilderConfig", "ICudaEngine", "IHostMemory",
+    "IKVCacheUpdateLayer", "INetworkDefinition", "IOptimizationProfile", "KVCacheMode",
     "IPluginRegistry", "IPluginV3Layer", "ITensor", "LayerType", "PluginCreator", "PluginField",
     "PluginFieldCollection", "PluginFieldType", "TensorRTPhase", "get_plugin_registry", "Logger", "MatrixOperation", "MemoryPoolType",
     "NetworkDefinitionCreationFlag", "ReduceOperation", "Runtime", "TensorIOMode",

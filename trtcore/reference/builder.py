@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import NetworkError
-from .network import INetworkDefinition
+from .network import IKVCacheUpdateLayer, INetworkDefinition
 from .types import DataType, Logger, MemoryPoolType, TensorIOMode
 
 Shape = tuple[int, ...]
@@ -130,6 +130,15 @@ class ICudaEngine:
     def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[Shape]:
         return self.profiles[profile_index].get_shape(name)
 
+    def get_aliased_input_tensor(self, name: str) -> str | None:
+        """The input whose memory the output ``name`` shares (an ``IKVCacheUpdateLayer``'s
+        cache), else None."""
+        for layer in self.network._layers:
+            if isinstance(layer, IKVCacheUpdateLayer) and layer.get_output(0).name == name:
+                cache = layer.get_input(0)
+                return cache.name if cache is not None else None
+        return None
+
 
 def validate(network: INetworkDefinition, profiles: Sequence[IOptimizationProfile]) -> None:
     """Check what TensorRT checks before building; raises :class:`NetworkError`."""
@@ -139,6 +148,12 @@ def validate(network: INetworkDefinition, profiles: Sequence[IOptimizationProfil
         layer._update()
         if layer._error is not None:
             raise layer._error
+        if isinstance(layer, IKVCacheUpdateLayer):  # TensorRT's kVCacheUpdateLayer validation
+            cache = layer.get_input(0)
+            if cache is None or not cache.is_network_input:
+                raise NetworkError(f"KV_CACHE_UPDATE layer {layer.name!r}: the cache tensor must be a network input")
+            if not layer.get_output(0).is_network_output:
+                raise NetworkError(f"KV_CACHE_UPDATE layer {layer.name!r}: the output tensor must be a network output")
     dynamic = [t for t in network._inputs if -1 in t.shape]
     if dynamic and not profiles:
         raise NetworkError(f"inputs {[t.name for t in dynamic]} have dynamic shapes but no optimization profile was added")

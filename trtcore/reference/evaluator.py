@@ -3,7 +3,12 @@
 Numerics follow TensorRT's strongly typed semantics: each layer's output is stored in the
 output tensor's type. float16/bfloat16 layers compute in float32 and round the result to
 their type once (as TensorRT's kernels accumulate in float32), so the only rounding is at
-layer boundaries. Every intermediate tensor can be captured by name.
+layer boundaries; a fused ``IAttention`` is one layer (scores, softmax and the weighted sum
+in float32, one rounding of its output). Every intermediate tensor can be captured by name.
+
+``IKVCacheUpdateLayer`` writes into its cache input's array in place and returns that array,
+as TensorRT binds the cache input and the updated-cache output to the same memory: a cache
+fed as a NumPy (or device) array is modified by the run.
 
 Storage of each :class:`DataType` in the array module ``xp``:
 
@@ -48,12 +53,14 @@ import numpy as np
 from ..errors import NetworkError
 from .network import (
     IActivationLayer,
+    IAttention,
     ICastLayer,
     IConcatenationLayer,
     IConstantLayer,
     IElementWiseLayer,
     IGatherLayer,
     IIdentityLayer,
+    IKVCacheUpdateLayer,
     ILayer,
     IMatrixMultiplyLayer,
     INetworkDefinition,
@@ -69,6 +76,8 @@ from .network import (
 from .types import (
     FLOATING,
     ActivationType,
+    AttentionNormalizationOp,
+    CausalMaskKind,
     DataType,
     ElementWiseOperation,
     MatrixOperation,
@@ -409,6 +418,79 @@ def _run_plugin(layer: IPluginV3Layer, args: list[Any], st: _Storage) -> list[An
     return outs
 
 
+def _kv_cache_update(layer: IKVCacheUpdateLayer, cache: Any, update: Any, write_indices: Any, xp: Any) -> Any:
+    """``cache[b, :, w[b] + s, :] = update[b, :, s, :]``, in place (as TensorRT: the output
+    is the cache's memory), on the stored values (bfloat16 bits move unchanged).
+
+    On NumPy, indices with ``w[b] < 0`` or ``w[b] + S > S_max`` raise; on the device the
+    check is skipped (it would read the indices on the host): there, as in TensorRT, such
+    writes are unspecified. A read-only NumPy cache is copied first."""
+    B, S = int(update.shape[0]), int(update.shape[2])
+    L = int(cache.shape[2])
+    if int(cache.shape[0]) != B or int(write_indices.shape[0]) != B:
+        raise NetworkError(
+            f"KV_CACHE_UPDATE layer {layer.name!r}: cache {tuple(cache.shape)}, update {tuple(update.shape)} and "
+            f"write_indices {tuple(write_indices.shape)} differ in batch size"
+        )
+    if not _is_device(xp) and B and (int(write_indices.min()) < 0 or int(write_indices.max()) + S > L):
+        raise NetworkError(
+            f"KV_CACHE_UPDATE layer {layer.name!r}: write_indices must satisfy 0 <= w and w + {S} <= {L}, "
+            f"got min {int(write_indices.min())}, max {int(write_indices.max())}"
+        )
+    out = cache
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        out = out.copy()
+    if B and S:
+        rows = xp.arange(B)[:, None]
+        slots = write_indices.astype(xp.int64)[:, None] + xp.arange(S)[None, :]  # [B, S]
+        # through a [B, S_max, H, D] view: the two index arrays are adjacent, so the
+        # selection is [B, S, H, D], the update's tokens-major view
+        xp.swapaxes(out, 1, 2)[rows, slots] = xp.swapaxes(update, 1, 2)
+    return out
+
+
+def _attention(layer: IAttention, q: Any, k: Any, v: Any, mask: Any, kv_lengths: Any, xp: Any) -> Any:
+    """``IAttention`` in float32: ``norm(Q K^T (+|masked) mask) V`` with GQA (query head ``h``
+    reads key/value head ``h // (Hq // Hkv)``); a row with no key left gives zeros."""
+    f32 = xp.float32
+    q, k, v = q.astype(f32, copy=False), k.astype(f32, copy=False), v.astype(f32, copy=False)
+    B, Hq, S, D = (int(d) for d in q.shape)
+    Hkv, T = int(k.shape[1]), int(k.shape[2])
+    if Hkv == 0 or Hq % Hkv:
+        raise NetworkError(f"attention {layer.name!r}: {Hq} query heads are not a multiple of {Hkv} key/value heads")
+    G = Hq // Hkv
+    q5 = q.reshape(B, Hkv, G, S, D)
+    k5, v5 = k[:, :, None], v[:, :, None]  # [B, Hkv, 1, T, D]
+    scores = xp.matmul(q5, xp.swapaxes(k5, -1, -2))  # [B, Hkv, G, S, T]
+    allowed = None
+    if mask is not None:
+        a0, a1 = int(mask.shape[0]), int(mask.shape[1])
+        m5 = mask.reshape(a0, Hkv, G, S, T) if a1 == Hq and a1 != 1 else mask.reshape(a0, 1, 1, S, T)
+        if m5.dtype == np.bool_:
+            allowed = m5
+        else:
+            scores = scores + m5.astype(f32, copy=False)
+    kind = layer.causal_kind
+    if kind != CausalMaskKind.NONE:
+        i, j = xp.arange(S)[:, None], xp.arange(T)[None, :]
+        causal = j <= i if kind == CausalMaskKind.UPPER_LEFT else j <= i + (T - S)
+        allowed = causal if allowed is None else allowed & causal
+    if kv_lengths is not None:
+        valid = (xp.arange(T)[None, :] < kv_lengths.astype(xp.int64)[:, None]).reshape(B, 1, 1, 1, T)
+        allowed = valid if allowed is None else allowed & valid
+    if layer.norm_op == AttentionNormalizationOp.SOFTMAX:
+        if allowed is not None:
+            scores = xp.where(allowed, scores, f32(-np.inf))
+        m = xp.max(scores, axis=-1, keepdims=True)
+        e = xp.exp(scores - xp.where(xp.isfinite(m), m, f32(0)))
+        total = xp.sum(e, axis=-1, keepdims=True)
+        probs = e / xp.where(total > 0, total, f32(1))
+    else:
+        probs = scores if allowed is None else xp.where(allowed, scores, f32(0))
+    out = xp.matmul(probs, v5)  # [B, Hkv, G, S, D]
+    return out.reshape(B, Hq, S, D)
+
+
 def _erf(xp: Any, x: Any) -> Any:
     if _is_device(xp):
         import cupyx.scipy.special
@@ -495,16 +577,26 @@ def evaluate(
                 if keep_all or t.name in want:
                     result[t.name] = values[id(t)]
             continue
-        if st.raw_moves and isinstance(layer, _MOVES):
+        if isinstance(layer, IKVCacheUpdateLayer):  # stored values, written in place
+            args = [values[id(layer._in(i))] for i in range(3)]
+        elif isinstance(layer, IAttention):  # q, k, v, then optional inputs by index (None if unset)
+            args = [None if t is None else st.compute(values[id(t)], t.dtype) for t in layer._inputs]
+        elif st.raw_moves and isinstance(layer, _MOVES):
             args = [values[id(t)] for t in layer._inputs if t is not None]
         else:
             args = [st.compute(values[id(t)], t.dtype) for t in layer._inputs if t is not None]
         try:
-            outs = _layer_outputs(layer, args, xp)
+            if isinstance(layer, IKVCacheUpdateLayer):
+                outs = [_kv_cache_update(layer, *args, xp)]
+            elif isinstance(layer, IAttention):
+                opt = args + [None] * (7 - len(args))
+                outs = [_attention(layer, opt[0], opt[1], opt[2], opt[IAttention._MASK], opt[IAttention._KV_LENGTHS], xp)]
+            else:
+                outs = _layer_outputs(layer, args, xp)
         except NetworkError:
             raise
         except (ValueError, IndexError, TypeError) as exc:
-            shapes = [tuple(a.shape) for a in args]
+            shapes = [tuple(a.shape) for a in args if a is not None]
             raise NetworkError(f"layer {layer.name!r} ({type(layer).__name__}) failed on input shapes {shapes}: {exc}") from exc
         for t, value in zip(layer._outputs, outs):
             value = st.store(value, t.dtype)

@@ -9,7 +9,9 @@ TensorRT's names and semantics (TensorRT 10 Python API and "Operators" documenta
   treats ``0`` as "copy the input dimension" and one ``-1`` as "infer";
 * elementwise, matrix-multiply and select inputs must have equal rank and broadcast
   dimensions of size 1;
-* reduce and softmax axes are bitmasks.
+* reduce and softmax axes are bitmasks;
+* ``IAttention`` (``add_attention_v2``) and ``IKVCacheUpdateLayer`` (``add_kv_cache_update``)
+  follow TensorRT 10.15+ / TensorRT-RTX 1.7 (see their docstrings for the rules checked).
 
 Shapes are inferred when a layer is added and again when one of its attributes is set,
 so ``tensor.shape`` can be read as in TensorRT. A shape or type error is remembered, not
@@ -29,9 +31,13 @@ from ..errors import NetworkError
 from .types import (
     FLOATING,
     ActivationType,
+    AttentionIOForm,
+    AttentionNormalizationOp,
+    CausalMaskKind,
     DataType,
     ElementWiseOperation,
     GatherMode,
+    KVCacheMode,
     LayerType,
     MatrixOperation,
     ReduceOperation,
@@ -553,6 +559,250 @@ class IPluginV3Layer(ILayer):
         return out_shapes, [from_numpy_dtype(d) for d in dtypes]  # type: ignore[misc]
 
 
+def _agree(a: int, b: int) -> bool:
+    """Two dimensions can be equal (either is only known at run time, or they are)."""
+    return a == -1 or b == -1 or a == b
+
+
+class IAttention(ILayer):
+    """Fused scaled-dot-product attention (``tensorrt.IAttention``, from ``add_attention_v2``).
+
+    Computes ``norm(Q @ K^T (+|masked) mask) @ V`` per batch and query head, where ``norm`` is
+    ``norm_op`` (softmax over the key axis, or none). As TensorRT documents ("Fused
+    Attention"), there is **no scale**: the caller multiplies Q (or K) by the attention
+    scale first.
+
+    Inputs (``PADDED_BHND``, the only form the reference supports): query ``[B, Hq, S_q, D]``,
+    key and value ``[B, Hkv, S_kv, D]``, all of one type (FLOAT, HALF or BF16); ``Hq`` must
+    be a multiple of ``Hkv`` (GQA / MQA: query head ``h`` uses key/value head
+    ``h // (Hq // Hkv)``). Output: ``[B, Hq, S_q, D]`` of the query's type.
+
+    Optional inputs, set as attributes:
+
+    * ``mask`` ``[a0, a1, S_q, S_kv]`` (rank 4; ``a0`` 1 or ``B``, ``a1`` 1 or ``Hq``):
+      BOOL, True where the query may attend; or a float of the query's type, added to
+      ``Q @ K^T``. It cannot be combined with a ``causal_kind`` other than ``NONE``
+      (TensorRT refuses that in ``setMask`` / ``setCausalKind``; here it raises at once).
+    * ``causal_kind``: ``UPPER_LEFT`` keeps keys ``j <= i``, ``LOWER_RIGHT`` keys
+      ``j <= i + (S_kv - S_q)``. ``causal`` (deprecated) is ``causal_kind != NONE``.
+    * ``key_value_lengths``: INT32 ``[B]``, keys ``j >= key_value_lengths[b]`` take no part.
+      (Combined with ``LOWER_RIGHT`` the diagonal's anchor is not documented; refused here.)
+
+    The reference computes in float32 from the inputs' values, softmax included, and rounds
+    the output to its type once. A query row with no key left (a BOOL mask all False) gives
+    zeros. Not supported by the reference: ``PACKED_NHD`` forms (``query_lengths``),
+    normalization quantization, ``num_ranks > 1``. ``decomposable`` is recorded and has no
+    effect (TensorRT needs it True where it has no fused kernel, e.g. float32 or
+    ``head_dim`` 8 with TensorRT-RTX 1.7 for sm89).
+
+    TensorRT's ``IAttention`` is no ``ILayer``: it adds an attention-input and an
+    attention-output boundary layer to the network. The reference keeps it as one entry of
+    the layer list, of type ``LayerType.ATTENTION_OUTPUT``.
+    """
+
+    type = LayerType.ATTENTION_OUTPUT
+    _attrs = ("norm_op", "causal_kind", "decomposable", "query_form", "key_value_form", "num_ranks")
+    #: input indices of the optional tensors (as TensorRT counts them in ``num_inputs``)
+    _MASK, _QUANT_SCALE, _QUERY_LENGTHS, _KV_LENGTHS = 3, 4, 5, 6
+
+    def __init__(
+        self, network: INetworkDefinition, query: ITensor, key: ITensor, value: ITensor,
+        norm_op: AttentionNormalizationOp, causal_kind: CausalMaskKind,
+    ):
+        self.norm_op = AttentionNormalizationOp(norm_op)
+        self.causal_kind = CausalMaskKind(causal_kind)
+        self.decomposable = False
+        self.query_form = AttentionIOForm.PADDED_BHND
+        self.key_value_form = AttentionIOForm.PADDED_BHND
+        self.num_ranks = 1
+        self.normalization_quantize_to_type = DataType.FLOAT
+        super().__init__(network, [query, key, value])
+        self._update()
+
+    # optional inputs ---------------------------------------------------------------
+    def _opt(self, index: int) -> ITensor | None:
+        inputs = self.__dict__.get("_inputs", [])
+        return inputs[index] if index < len(inputs) else None
+
+    def _set_opt(self, index: int, tensor: ITensor | None) -> None:
+        if tensor is not None and tensor._network is not self._network:
+            raise NetworkError(f"tensor {tensor.name!r} belongs to another network")
+        while len(self._inputs) <= index:
+            self._inputs.append(None)
+        self._inputs[index] = tensor
+        while len(self._inputs) > 3 and self._inputs[-1] is None:
+            self._inputs.pop()
+        self._changed()
+
+    @property
+    def mask(self) -> ITensor | None:
+        return self._opt(self._MASK)
+
+    @mask.setter
+    def mask(self, tensor: ITensor | None) -> None:
+        if tensor is not None and self.causal_kind != CausalMaskKind.NONE:
+            raise NetworkError(
+                f"attention {self.name!r}: a mask cannot be used together with causal_kind {self.causal_kind.name}; "
+                "set causal_kind to NONE and fold the causal rule into the mask"
+            )
+        self._set_opt(self._MASK, tensor)
+
+    @property
+    def causal_kind(self) -> CausalMaskKind:
+        return self.__dict__["_causal_kind"]
+
+    @causal_kind.setter
+    def causal_kind(self, kind: CausalMaskKind) -> None:
+        kind = CausalMaskKind(kind)
+        if kind != CausalMaskKind.NONE and self._opt(self._MASK) is not None:
+            raise NetworkError(f"attention {self.name!r}: causal_kind {kind.name} cannot be used together with a mask")
+        self.__dict__["_causal_kind"] = kind
+
+    @property
+    def causal(self) -> bool:
+        """Deprecated: ``causal_kind != NONE``; setting True means ``UPPER_LEFT``."""
+        return self.causal_kind != CausalMaskKind.NONE
+
+    @causal.setter
+    def causal(self, value: bool) -> None:
+        self.causal_kind = CausalMaskKind.UPPER_LEFT if value else CausalMaskKind.NONE
+
+    @property
+    def key_value_lengths(self) -> ITensor | None:
+        return self._opt(self._KV_LENGTHS)
+
+    @key_value_lengths.setter
+    def key_value_lengths(self, tensor: ITensor | None) -> None:
+        self._set_opt(self._KV_LENGTHS, tensor)
+
+    @property
+    def query_lengths(self) -> ITensor | None:
+        return self._opt(self._QUERY_LENGTHS)
+
+    @query_lengths.setter
+    def query_lengths(self, tensor: ITensor | None) -> None:
+        self._set_opt(self._QUERY_LENGTHS, tensor)
+
+    @property
+    def normalization_quantize_scale(self) -> ITensor | None:
+        return self._opt(self._QUANT_SCALE)
+
+    @normalization_quantize_scale.setter
+    def normalization_quantize_scale(self, tensor: ITensor | None) -> None:
+        self._set_opt(self._QUANT_SCALE, tensor)
+
+    def set_input(self, index: int, tensor: ITensor) -> None:
+        """Replace the query (0), key (1) or value (2)."""
+        if index not in (0, 1, 2):
+            raise NetworkError(f"attention {self.name!r}: set_input takes index 0 (query), 1 (key) or 2 (value), got {index}; "
+                               "set mask / key_value_lengths as attributes")
+        self._inputs[index] = tensor
+        self._changed()
+
+    # inference -----------------------------------------------------------------------
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        q, k, v = self._in(0), self._in(1), self._in(2)
+        if self.query_form != AttentionIOForm.PADDED_BHND or self.key_value_form != AttentionIOForm.PADDED_BHND:
+            raise _bad(self, "the PACKED_NHD form is not supported by the reference backend; use PADDED_BHND")
+        if self._opt(self._QUANT_SCALE) is not None:
+            raise _bad(self, "normalization quantization is not supported by the reference backend")
+        if self.num_ranks != 1:
+            raise _bad(self, f"num_ranks {self.num_ranks} (multi-device attention) is not supported by the reference backend")
+        dtype = self._same_dtype([q, k, v])
+        if dtype not in FLOATING:
+            raise _bad(self, f"query, key and value must be FLOAT, HALF or BF16, got {dtype.name}")
+        if any(len(t.shape) != 4 for t in (q, k, v)):
+            raise _bad(self, f"query, key and value must have rank 4 [batch, heads, tokens, head_dim], got {q.shape}, {k.shape}, {v.shape}")
+        if not all(_agree(a, b) for a, b in zip(k.shape, v.shape)):
+            raise _bad(self, f"key {k.shape} and value {v.shape} must have the same shape")
+        B, Hq, S, D = q.shape
+        if not (_agree(B, k.shape[0]) and _agree(D, k.shape[3])):
+            raise _bad(self, f"query {q.shape} and key {k.shape} differ in batch or head_dim")
+        Hkv = k.shape[1]
+        if Hq != -1 and Hkv != -1 and (Hkv == 0 or Hq % Hkv):
+            raise _bad(self, f"query number of heads {Hq} must be divisible by key/value number of heads {Hkv}")
+        mask = self._opt(self._MASK)
+        if mask is not None:
+            if self.causal_kind != CausalMaskKind.NONE:
+                raise _bad(self, "a mask cannot be used together with a causal_kind other than NONE")
+            if len(mask.shape) != 4:
+                raise _bad(self, f"mask must be a 4D tensor [batch or 1, heads or 1, S_q, S_kv], got {mask.shape}")
+            if mask.dtype != DataType.BOOL and mask.dtype != dtype:
+                raise _bad(self, f"mask must be BOOL or of the query's type {dtype.name}, got {mask.dtype.name}")
+            a0, a1, ms, mk = mask.shape
+            if not (a0 in (1, -1) or _agree(a0, B)) or not (a1 in (1, -1) or _agree(a1, Hq)):
+                raise _bad(self, f"mask {mask.shape} does not broadcast to batch {B} and {Hq} heads")
+            if not (_agree(ms, S) and _agree(mk, k.shape[2])):
+                raise _bad(self, f"mask {mask.shape} must be [.., .., S_q, S_kv] for query {q.shape} and key {k.shape}")
+        lengths = self._opt(self._KV_LENGTHS)
+        if lengths is not None:
+            if lengths.dtype != DataType.INT32 or len(lengths.shape) != 1 or not _agree(lengths.shape[0], B):
+                raise _bad(self, f"key_value_lengths must be INT32 [batch], got {lengths.dtype.name} {lengths.shape}")
+            if self.causal_kind == CausalMaskKind.LOWER_RIGHT:
+                raise _bad(self, "key_value_lengths with causal_kind LOWER_RIGHT is not supported by the reference backend")
+        return [q.shape], [dtype]
+
+
+class IKVCacheUpdateLayer(ILayer):
+    """Writes new keys or values into a KV cache (``tensorrt.IKVCacheUpdateLayer``).
+
+    Inputs: ``cache`` ``[B, H, S_max, D]`` (a network input; ``S_max`` must be static),
+    ``update`` ``[B, H, S, D]`` of the cache's type (FLOAT, HALF or BF16), ``write_indices``
+    INT32 or INT64 ``[B]``. In ``KVCacheMode.LINEAR`` (the only mode),
+    ``output[b, :, write_indices[b] + s, :] = update[b, :, s, :]`` for ``s < S``; the rest of
+    the cache is unchanged. ``write_indices[b] + S <= S_max`` is required (checked on NumPy).
+
+    The output has the cache's shape and type, must be a network output, and **is** the
+    cache: TensorRT updates it in place (the engine reports the input it aliases with
+    ``get_aliased_input_tensor``, and both must be bound to the same memory). The reference
+    does the same: the output is the cache input's array, written in place (a NumPy array
+    fed to the executor is modified). ``update_form`` ``PACKED_NHD`` is not supported.
+    """
+
+    type = LayerType.KV_CACHE_UPDATE
+    _attrs = ("cache_mode", "update_form")
+
+    def __init__(self, network: INetworkDefinition, cache: ITensor, update: ITensor, write_indices: ITensor, cache_mode: KVCacheMode):
+        self.cache_mode = KVCacheMode(cache_mode)
+        self.update_form = AttentionIOForm.PADDED_BHND
+        super().__init__(network, [cache, update, write_indices])
+        self._update()
+
+    @property
+    def update_lengths(self) -> ITensor | None:
+        inputs = self.__dict__.get("_inputs", [])
+        return inputs[3] if len(inputs) > 3 else None
+
+    @update_lengths.setter
+    def update_lengths(self, tensor: ITensor | None) -> None:
+        if tensor is None:
+            del self._inputs[3:]
+        else:
+            self.set_input(3, tensor)
+        self._changed()
+
+    def _infer(self) -> tuple[list[Shape], list[DataType]]:
+        cache, update, wi = self._in(0), self._in(1), self._in(2)
+        if self.update_form != AttentionIOForm.PADDED_BHND:
+            raise _bad(self, "update_form PACKED_NHD is not supported by the reference backend; use PADDED_BHND")
+        dtype = self._same_dtype([cache, update])
+        if dtype not in FLOATING:
+            raise _bad(self, f"cache and update must be FLOAT, HALF or BF16, got {dtype.name}")
+        if len(cache.shape) != 4 or len(update.shape) != 4:
+            raise _bad(self, f"cache and update must have rank 4 [batch, heads, tokens, head_dim], got {cache.shape} and {update.shape}")
+        if len(wi.shape) != 1 or wi.dtype not in (DataType.INT32, DataType.INT64):
+            raise _bad(self, f"write_indices must be INT32 or INT64 of rank 1 [batch], got {wi.dtype.name} {wi.shape}")
+        if cache.shape[2] == -1:
+            raise _bad(self, f"the KV cache tensor must have a static sequence length dimension, got {cache.shape}")
+        if not (_agree(cache.shape[1], update.shape[1]) and _agree(cache.shape[3], update.shape[3])):
+            raise _bad(self, f"the KV cache {cache.shape} and the update {update.shape} must have the same number of heads and head size")
+        if not (_agree(cache.shape[0], update.shape[0]) and _agree(cache.shape[0], wi.shape[0]) and _agree(update.shape[0], wi.shape[0])):
+            raise _bad(self, f"cache {cache.shape}, update {update.shape} and write_indices {wi.shape} differ in batch size")
+        if update.shape[2] > cache.shape[2]:
+            raise _bad(self, f"the update's {update.shape[2]} tokens exceed the cache's {cache.shape[2]}")
+        return [cache.shape], [dtype]
+
+
 class _Dim:
     """Static stand-in for ``trtcore.plugins.base.Dim`` during shape inference (-1 = unknown)."""
 
@@ -730,4 +980,18 @@ class INetworkDefinition:
 
     def add_select(self, condition: ITensor, then_input: ITensor, else_input: ITensor) -> ISelectLayer:
         return self._add(ISelectLayer(self, condition, then_input, else_input))  # type: ignore[return-value]
+
+    def add_attention_v2(
+        self, query: ITensor, key: ITensor, value: ITensor, norm_op: AttentionNormalizationOp, causal_kind: CausalMaskKind
+    ) -> IAttention:
+        """Fused attention over ``[B, H, S, D]`` query / key / value (see :class:`IAttention`)."""
+        return self._add(IAttention(self, query, key, value, norm_op, causal_kind))  # type: ignore[return-value]
+
+    def add_attention(self, query: ITensor, key: ITensor, value: ITensor, norm_op: AttentionNormalizationOp, causal: bool) -> IAttention:
+        """Deprecated form of :meth:`add_attention_v2`: ``causal=True`` is ``CausalMaskKind.UPPER_LEFT``."""
+        return self.add_attention_v2(query, key, value, norm_op, CausalMaskKind.UPPER_LEFT if causal else CausalMaskKind.NONE)
+
+    def add_kv_cache_update(self, cache: ITensor, update: ITensor, write_indices: ITensor, cache_mode: KVCacheMode) -> IKVCacheUpdateLayer:
+        """Write ``update`` into ``cache`` at ``write_indices`` (see :class:`IKVCacheUpdateLayer`)."""
+        return self._add(IKVCacheUpdateLayer(self, cache, update, write_indices, cache_mode))  # type: ignore[return-value]
 

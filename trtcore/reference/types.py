@@ -173,6 +173,44 @@ class LayerType(enum.IntEnum):
     SHAPE = 23
     SELECT = 30
     PLUGIN_V3 = 46
+    ATTENTION_INPUT = 51
+    ATTENTION_OUTPUT = 52
+    KV_CACHE_UPDATE = 54
+
+
+class AttentionNormalizationOp(enum.IntEnum):
+    """``tensorrt.AttentionNormalizationOp``: what ``IAttention`` applies to the scores."""
+
+    NONE = 0
+    SOFTMAX = 1
+
+
+class CausalMaskKind(enum.IntEnum):
+    """``tensorrt.CausalMaskKind`` (TensorRT 10.15+ / TensorRT-RTX 1.3+): where the causal
+    diagonal of ``IAttention`` is anchored, for ``s_q`` queries and ``s_kv`` keys.
+
+    * ``UPPER_LEFT``: query ``i`` sees keys ``j <= i`` (``add_attention(causal=True)``);
+    * ``LOWER_RIGHT``: query ``i`` sees keys ``j <= i + (s_kv - s_q)`` (decode-aligned);
+      both equal when ``s_q == s_kv``.
+    """
+
+    NONE = 0
+    UPPER_LEFT = 1
+    LOWER_RIGHT = 2
+
+
+class AttentionIOForm(enum.IntEnum):
+    """``tensorrt.AttentionIOForm``: ``PADDED_BHND`` ``[batch, heads, tokens, head_dim]`` or
+    ``PACKED_NHD`` ``[total_tokens, heads, head_dim]`` (with cumulative lengths)."""
+
+    PADDED_BHND = 0
+    PACKED_NHD = 1
+
+
+class KVCacheMode(enum.IntEnum):
+    """``tensorrt.KVCacheMode`` of ``IKVCacheUpdateLayer``; only ``LINEAR`` exists."""
+
+    LINEAR = 0
 
 
 class MemoryPoolType(enum.IntEnum):

@@ -12,6 +12,11 @@ computes what it would compute alone.
 Finished sequences leave the batch at once; cache columns no live sequence uses are
 dropped, so the cache never grows past the longest live sequence.
 
+With ``attention="native"`` (inputs ``kv_cache.{i}.*``, TensorRT's ``IKVCacheUpdateLayer`` +
+``IAttention``) the cache instead has a fixed ``max_seq_len`` slots, slot ``j`` holding the
+token at position ``j``: the engine writes each step's tokens at ``cache_write_positions``
+in place, and the bool mask covers every slot (see :class:`ContiguousGenerator`).
+
 Device executors (the reference executor on CuPy) return device arrays: the KV cache
 (``present.*`` fed back as ``past_key_values.*``) then stays on the device, dropping rows
 and columns is a device-side ``take`` with index arrays computed on the host (no boolean
@@ -78,11 +83,11 @@ class TokenEvent:
     error: str | None = None
 
 
-def attention_mask(key_pos: np.ndarray, query_pos: np.ndarray, sliding_window: int | None) -> np.ndarray:
-    """Additive float32 mask ``[B, 1, 1, S, T]`` from slot positions.
+def allowed_slots(key_pos: np.ndarray, query_pos: np.ndarray, sliding_window: int | None) -> np.ndarray:
+    """bool ``[B, S, T]``: query ``s`` may read cache slot ``t``.
 
     Args:
-        key_pos: int ``[B, T]``, each cache slot's position, -1 for padding.
+        key_pos: int ``[B, T]``, each cache slot's position, -1 for padding (or unwritten).
         query_pos: int ``[B, S]``, each query's position (padding queries: 0).
         sliding_window: ``W`` or None.
     """
@@ -91,30 +96,56 @@ def attention_mask(key_pos: np.ndarray, query_pos: np.ndarray, sliding_window: i
     allowed = (k >= 0) & (k <= q)
     if sliding_window:
         allowed &= (q - k) < sliding_window
-    mask = np.where(allowed, np.float32(0), MASK_VALUE).astype(np.float32)
+    return allowed
+
+
+def attention_mask(key_pos: np.ndarray, query_pos: np.ndarray, sliding_window: int | None) -> np.ndarray:
+    """Additive float32 mask ``[B, 1, 1, S, T]`` from slot positions (see :func:`allowed_slots`)."""
+    mask = np.where(allowed_slots(key_pos, query_pos, sliding_window), np.float32(0), MASK_VALUE).astype(np.float32)
     return mask[:, None, None, :, :]
 
 
-def mask_feeds(config: ModelConfig, input_names: Sequence[str], key_pos: np.ndarray, query_pos: np.ndarray) -> dict[str, np.ndarray]:
+def mask_feeds(
+    config: ModelConfig, input_names: Sequence[str], key_pos: np.ndarray, query_pos: np.ndarray, native: bool = False
+) -> dict[str, np.ndarray]:
     """The mask inputs of one step that the network has: ``attention_mask`` (causal, for
-    full-attention layers) and ``sliding_attention_mask`` (with ``config.sliding_window``)."""
+    full-attention layers) and ``sliding_attention_mask`` (with ``config.sliding_window``).
+
+    ``native=False``: additive float32 ``[B, 1, 1, S, T]`` (composed-layers attention);
+    ``native=True``: bool ``[B, 1, S, T]``, True where allowed (``IAttention``'s mask over
+    all ``T = max_seq_len`` cache slots)."""
     feeds = {}
-    if "attention_mask" in input_names:
-        feeds["attention_mask"] = attention_mask(key_pos, query_pos, None)
-    if "sliding_attention_mask" in input_names:
-        feeds["sliding_attention_mask"] = attention_mask(key_pos, query_pos, config.sliding_window)
+    for name, window in (("attention_mask", None), ("sliding_attention_mask", config.sliding_window)):
+        if name in input_names:
+            if native:
+                feeds[name] = allowed_slots(key_pos, query_pos, window)[:, None, :, :]
+            else:
+                feeds[name] = attention_mask(key_pos, query_pos, window)
     return feeds
 
 
 class ContiguousGenerator:
     """Runs batches of :class:`Request` through an executor with a contiguous KV cache.
 
+    Two network variants (:func:`trtcore.models.llama.io_spec`), told apart by the executor's
+    input names:
+
+    * ``attention="layers"``: ``past_key_values.{i}.*`` in, ``present.{i}.*`` out, the cache
+      growing by each step's tokens (columns no live sequence uses are dropped);
+    * ``attention="native"`` (inputs ``kv_cache.{i}.*``): a fixed cache of ``max_seq_len``
+      slots per sequence, slot ``j`` holding the token at position ``j``; each step's tokens
+      are written at ``cache_write_positions`` (their first position) by the engine, in place,
+      and a bool mask over all slots selects what each query reads. Prompt padding writes
+      junk into slots past a prompt's end; they stay masked until that sequence's own tokens
+      overwrite them.
+
     Args:
         executor: runs the model network (:func:`trtcore.models.llama.io_spec` I/O).
         config: the model config (layers, KV heads, head_dim, sliding_window).
         kv_dtype: NumPy dtype of the cache (the engine dtype).
         max_batch_size: sequences per engine call (the profile's max batch).
-        max_seq_len: most tokens (prompt + generated) per sequence.
+        max_seq_len: most tokens (prompt + generated) per sequence; for the native variant
+            also the cache's slots, which must equal the engine's ``max_seq_len``.
     """
 
     def __init__(self, executor: Executor, config: ModelConfig, kv_dtype: Any, max_batch_size: int, max_seq_len: int):
@@ -123,8 +154,11 @@ class ContiguousGenerator:
         self.kv_dtype = np.dtype(kv_dtype)
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
+        #: the ``attention="native"`` network (fixed-size cache written by the engine)
+        self.native = any(name.startswith("kv_cache.") for name in executor.input_names)
+        prefix = "kv_cache" if self.native else "past_key_values"
         self._kv_names = [
-            (f"past_key_values.{i}.{kind}", f"present.{i}.{kind}")
+            (f"{prefix}.{i}.{kind}", f"present.{i}.{kind}")
             for i in range(config.num_hidden_layers)
             for kind in ("key", "value")
         ]
@@ -138,17 +172,6 @@ class ContiguousGenerator:
         for start in range(0, len(requests), self.max_batch_size):
             yield from self._run_batch(list(requests[start : start + self.max_batch_size]))
 
-    def _step(self, ids: np.ndarray, qpos: np.ndarray, key_pos: np.ndarray, last: np.ndarray, past: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        feeds = {
-            "input_ids": ids.astype(np.int32),
-            "position_ids": qpos.astype(np.int32),
-            **mask_feeds(self.config, self.executor.input_names, key_pos, qpos),
-            "last_token_ids": last.astype(np.int32),
-            **past,
-        }
-        out = self.executor.run(feeds)
-        return self._logits_to_host(out["logits"]), {p: out[o] for p, o in self._kv_names}
-
     def _logits_to_host(self, logits: Any) -> np.ndarray:
         """The step's logits as float32 NumPy: the step's one device->host copy."""
         to_host = getattr(self.executor, "to_host", None)
@@ -156,9 +179,14 @@ class ContiguousGenerator:
             logits = to_host(logits, "logits")
         return np.asarray(logits, dtype=np.float32)
 
-    def _select(self, past: dict[str, Any], rows: list[int], used: np.ndarray) -> dict[str, Any]:
-        """Keep batch rows ``rows`` and the cache columns where ``used``, of every cache tensor."""
-        cols = None if used.all() else np.flatnonzero(used)
+    def _run(self, feeds: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        """One engine call: the logits on the host, and the cache outputs keyed by input name."""
+        out = self.executor.run(feeds)
+        return self._logits_to_host(out["logits"]), {p: out[o] for p, o in self._kv_names}
+
+    def _select(self, past: dict[str, Any], rows: list[int], used: np.ndarray | None = None) -> dict[str, Any]:
+        """Keep batch rows ``rows`` and (when given) the cache columns where ``used``, of every cache tensor."""
+        cols = None if used is None or used.all() else np.flatnonzero(used)
         xp = getattr(self.executor, "xp", np)
         index: tuple[Any, Any] | None = None  # device index arrays, copied once per compaction
         out = {}
@@ -172,6 +200,9 @@ class ContiguousGenerator:
             out[k] = v if index[1] is None else xp.take(v, index[1], axis=2)
         return out
 
+    def _new_cache(self, n: int) -> _GrowingCache | _FixedCache:
+        return _FixedCache(self, n) if self.native else _GrowingCache(self, n)
+
     def _run_batch(self, batch: list[Request]) -> Iterator[TokenEvent]:
         n = len(batch)
         lens = np.array([len(r.prompt_token_ids) for r in batch])
@@ -181,10 +212,7 @@ class ContiguousGenerator:
         for b, r in enumerate(batch):
             ids[b, : lens[b]] = r.prompt_token_ids
         qpos = np.where(valid, np.arange(S)[None, :], 0)
-        key_pos = np.where(valid, qpos, -1)
-        c = self.config
-        empty = np.zeros((n, c.num_key_value_heads, 0, c.head_dim), self.kv_dtype)
-        past = {p: empty for p, _ in self._kv_names}
+        cache = self._new_cache(n)
         last = np.arange(n) * S + lens - 1
 
         sampler = Sampler()
@@ -194,7 +222,7 @@ class ContiguousGenerator:
         generated = [0] * n
         seq_len = lens.copy()
 
-        logits, past = self._step(ids, qpos, key_pos, last, past)
+        logits = cache.step(ids, qpos, np.where(valid, qpos, -1), last)
         while True:
             result = sampler.sample(logits, alive)
             keep: list[int] = []
@@ -218,10 +246,79 @@ class ContiguousGenerator:
             next_ids = result.token_ids[keep].reshape(-1, 1)
             if len(keep) < len(alive):
                 alive = [alive[i] for i in keep]
-                key_pos = key_pos[keep]
-                used = (key_pos >= 0).any(axis=0)
-                past = self._select(past, keep, np.asarray(used))
-                key_pos = key_pos[:, used]
+                cache.keep(keep)
             new_pos = np.array([[seq_len[b] - 1] for b in alive])
-            key_pos = np.concatenate([key_pos, new_pos], axis=1)
-            logits, past = self._step(next_ids, new_pos, key_pos, np.arange(len(alive)), past)
+            logits = cache.step(next_ids, new_pos, new_pos, np.arange(len(alive)))
+
+
+class _GrowingCache:
+    """``attention="layers"``: ``past_key_values.{i}.*`` grow by each step's tokens
+    (``present`` = past then new); every column remembers its token's position."""
+
+    def __init__(self, gen: ContiguousGenerator, n: int):
+        c = gen.config
+        self.gen = gen
+        empty = np.zeros((n, c.num_key_value_heads, 0, c.head_dim), gen.kv_dtype)
+        self.past: dict[str, Any] = {p: empty for p, _ in gen._kv_names}
+        self.key_pos = np.zeros((n, 0), np.int64)
+
+    def step(self, ids: np.ndarray, qpos: np.ndarray, new_key_pos: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """Run the step's tokens ``ids`` ``[n, S]`` at positions ``qpos``; their cache
+        columns get positions ``new_key_pos`` (-1: padding). Returns the logits."""
+        g = self.gen
+        self.key_pos = np.concatenate([self.key_pos, new_key_pos], axis=1)
+        feeds = {
+            "input_ids": ids.astype(np.int32),
+            "position_ids": qpos.astype(np.int32),
+            **mask_feeds(g.config, g.executor.input_names, self.key_pos, qpos),
+            "last_token_ids": last.astype(np.int32),
+            **self.past,
+        }
+        logits, self.past = g._run(feeds)
+        return logits
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep batch rows ``rows``; drop the columns no kept sequence uses."""
+        key_pos = self.key_pos[rows]
+        used = (key_pos >= 0).any(axis=0)
+        self.past = self.gen._select(self.past, rows, np.asarray(used))
+        self.key_pos = key_pos[:, used]
+
+
+class _FixedCache:
+    """``attention="native"``: ``kv_cache.{i}.*`` of ``max_seq_len`` slots, slot ``j`` for
+    position ``j``; the engine writes each step's tokens in place (the outputs ``present.*``
+    are the same memory, fed back as the next step's inputs)."""
+
+    def __init__(self, gen: ContiguousGenerator, n: int):
+        c = gen.config
+        self.gen = gen
+        xp = getattr(gen.executor, "xp", np)
+        dtype = gen.kv_dtype
+        if xp is not np and dtype.name == "bfloat16":
+            dtype = np.dtype(np.uint16)  # bfloat16 bit patterns on the device (0 is 0.0)
+        shape = (n, c.num_key_value_heads, gen.max_seq_len, c.head_dim)
+        self.cache: dict[str, Any] = {p: xp.zeros(shape, dtype) for p, _ in gen._kv_names}
+        self.key_pos = np.full((n, gen.max_seq_len), -1, np.int64)
+
+    def step(self, ids: np.ndarray, qpos: np.ndarray, new_key_pos: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """As :meth:`_GrowingCache.step`; the tokens go to slots ``qpos[:, 0] + s``."""
+        g = self.gen
+        write = qpos[:, 0]
+        n, S = ids.shape
+        self.key_pos[np.arange(n)[:, None], write[:, None] + np.arange(S)[None, :]] = new_key_pos
+        feeds = {
+            "input_ids": ids.astype(np.int32),
+            "position_ids": qpos.astype(np.int32),
+            **mask_feeds(g.config, g.executor.input_names, self.key_pos, qpos, native=True),
+            "last_token_ids": last.astype(np.int32),
+            "cache_write_positions": write.astype(np.int32),
+            **self.cache,
+        }
+        logits, self.cache = g._run(feeds)
+        return logits
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep batch rows ``rows`` (the slots stay)."""
+        self.key_pos = self.key_pos[rows]
+        self.cache = self.gen._select(self.cache, rows)

@@ -104,7 +104,9 @@ class ReferenceExecutor(Executor):
         """Run the network; return every output and every tensor named in ``capture``.
 
         With CuPy the results are device arrays (bfloat16 as ``uint16`` bits) and the work
-        may still be running when this returns; :meth:`to_host` waits for it.
+        may still be running when this returns; :meth:`to_host` waits for it. A KV cache
+        input of an ``IKVCacheUpdateLayer`` is updated in place and returned as its output
+        (TensorRT's aliasing, see :meth:`ICudaEngine.get_aliased_input_tensor`).
         """
         return evaluate(self.network, self._check(feeds), xp=self.xp, capture=capture, constants=self._constants)
 

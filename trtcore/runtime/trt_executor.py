@@ -8,7 +8,9 @@
 2. sets the input shapes (``set_input_shape``) and reads the output shapes back
    (``get_tensor_shape``),
 3. copies the inputs to device buffers from a grow-only pool on one CUDA stream,
-4. binds every I/O tensor (``set_tensor_address``), runs ``execute_async_v3``,
+4. binds every I/O tensor (``set_tensor_address``; an output that the engine says aliases
+   an input, ``get_aliased_input_tensor``, e.g. an ``IKVCacheUpdateLayer``'s updated cache,
+   gets that input's buffer), runs ``execute_async_v3``,
 5. copies the outputs back and synchronizes the stream.
 
 CUDA is driven through ``cuda.bindings.runtime``; every call's status is checked and a
@@ -269,6 +271,15 @@ class TensorRTExecutor(Executor):
                     self.input_names.append(name)
                 elif mode == trt_module.TensorIOMode.OUTPUT:
                     self.output_names.append(name)
+            # outputs updated in place in an input's memory (IKVCacheUpdateLayer's cache,
+            # TensorRT 10.15+ / TensorRT-RTX): bound to that input's buffer, as TensorRT requires
+            self._aliases: dict[str, str] = {}
+            aliased_input = getattr(engine, "get_aliased_input_tensor", None)
+            if aliased_input is not None:
+                for name in self.output_names:
+                    source = aliased_input(name)
+                    if source:
+                        self._aliases[name] = str(source)
         except BaseException:
             self.close()
             raise
@@ -360,7 +371,7 @@ class TensorRTExecutor(Executor):
                 )
             self._bind(name, ptr)
         for name, out in outputs.items():
-            self._bind(name, self._pool.get(name, out.nbytes))
+            self._bind(name, self._pool.get(self._aliases.get(name, name), out.nbytes))
 
         if not self._context.execute_async_v3(int(self._stream)):
             raise RuntimeError(f"execute_async_v3 failed{self._tensorrt_said()}")
@@ -369,7 +380,7 @@ class TensorRTExecutor(Executor):
         for name, out in outputs.items():
             if out.nbytes:
                 cuda_check(
-                    cudart.cudaMemcpyAsync(out.ctypes.data, self._pool.get(name, out.nbytes), out.nbytes, d2h, self._stream),
+                    cudart.cudaMemcpyAsync(out.ctypes.data, self._pool.get(self._aliases.get(name, name), out.nbytes), out.nbytes, d2h, self._stream),
                     f"cudaMemcpyAsync (device to host) of output {name!r}",
                 )
         cuda_check(cudart.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize after execute_async_v3")
