@@ -134,19 +134,28 @@ def profile_shapes(
         return _native_profile_shapes(config, bc)
     p = min(s, L - 1)  # opt cached length
     Hkv, D = config.num_key_value_heads, config.head_dim
+    shapes = _padded_token_shapes(config, bc, ((1, 1, 1, 1, 1), (b, 1, 1, s, p + s), (B, 1, 1, L, 2 * L - 1)))
+    for i in range(config.num_hidden_layers):
+        for kind in ("key", "value"):
+            shapes[f"past_key_values.{i}.{kind}"] = ((1, Hkv, 0, D), (b, Hkv, p, D), (B, Hkv, L - 1, D))
+    return shapes
+
+
+def _padded_token_shapes(
+    config: ModelConfig, bc: BuildConfig, mask: tuple[tuple[int, ...], ...]
+) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """The padded-batch inputs both contiguous variants share: token ids, positions, last
+    token ids, and ``mask`` (min, opt, max) for each attention kind the model has."""
+    B, L, b, s = bc.max_batch_size, bc.max_seq_len, bc.opt_batch_size, bc.opt_seq_len
     shapes: dict[str, tuple[tuple[int, ...], ...]] = {
         "input_ids": ((1, 1), (b, s), (B, L)),
         "position_ids": ((1, 1), (b, s), (B, L)),
         "last_token_ids": ((1,), (b,), (B,)),
     }
-    mask = ((1, 1, 1, 1, 1), (b, 1, 1, s, p + s), (B, 1, 1, L, 2 * L - 1))
     if "full_attention" in config.layer_types:
         shapes["attention_mask"] = mask
     if "sliding_attention" in config.layer_types:
         shapes["sliding_attention_mask"] = mask
-    for i in range(config.num_hidden_layers):
-        for kind in ("key", "value"):
-            shapes[f"past_key_values.{i}.{kind}"] = ((1, Hkv, 0, D), (b, Hkv, p, D), (B, Hkv, L - 1, D))
     return shapes
 
 
@@ -155,17 +164,8 @@ def _native_profile_shapes(config: ModelConfig, bc: BuildConfig) -> dict[str, tu
     B, L = bc.max_batch_size, bc.max_seq_len
     b, s = bc.opt_batch_size, bc.opt_seq_len
     Hkv, D = config.num_key_value_heads, config.head_dim
-    shapes: dict[str, tuple[tuple[int, ...], ...]] = {
-        "input_ids": ((1, 1), (b, s), (B, L)),
-        "position_ids": ((1, 1), (b, s), (B, L)),
-        "last_token_ids": ((1,), (b,), (B,)),
-        "cache_write_positions": ((1,), (b,), (B,)),
-    }
-    mask = ((1, 1, 1, L), (b, 1, s, L), (B, 1, L, L))
-    if "full_attention" in config.layer_types:
-        shapes["attention_mask"] = mask
-    if "sliding_attention" in config.layer_types:
-        shapes["sliding_attention_mask"] = mask
+    shapes = _padded_token_shapes(config, bc, ((1, 1, 1, L), (b, 1, s, L), (B, 1, L, L)))
+    shapes["cache_write_positions"] = ((1,), (b,), (B,))
     for i in range(config.num_hidden_layers):
         for kind in ("key", "value"):
             shapes[f"kv_cache.{i}.{kind}"] = ((1, Hkv, L, D), (b, Hkv, L, D), (B, Hkv, L, D))
