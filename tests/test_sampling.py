@@ -490,3 +490,15 @@ def test_sampled_token_always_in_allowed_set(case):
         assert not res.fallback[0]
     support = set(np.flatnonzero(np.isfinite(processed_logits(row[None], [p])[0])).tolist())
     assert support <= allowed
+
+
+def test_top_p_ranks_on_the_scaled_logits_not_the_shifted_ones():
+    """Found by the property test: next to 8.0, the logits -1.9e-16 and 0 become equal after
+    subtracting the maximum; nucleus sampling must still rank 0 above -1.9e-16 (as HF's
+    TopPLogitsWarper, which sorts the temperature-scaled scores), keeping {1, 2}."""
+    row = np.array([-1.8536943e-16, 0.0, 8.0], dtype=np.float32)
+    p = SamplingParams(temperature=4.0, top_p=0.875, seed=0)
+    support = set(np.flatnonzero(np.isfinite(processed_logits(row[None], [p])[0])).tolist())
+    assert support == {1, 2}
+    g = make_generator(p)
+    assert all(int(sample(row[None], [p], [g]).token_ids[0]) in {1, 2} for _ in range(50))

@@ -309,14 +309,17 @@ def _process_row(x: np.ndarray, temperature: float, top_k: int, top_p: float) ->
 
     Returns new float64 logits, max 0, with removed tokens at ``-inf``.
     """
-    y = (x - x.max()) / temperature  # softmax-invariant shift; -inf stays -inf
+    # Rank on the scaled logits z (as HF's warpers do), not on the max-shifted y: the shift
+    # can round two distinct logits to one value (e.g. -1.9e-16 and 0 next to 8.0).
+    z = x / temperature  # -inf stays -inf
+    y = z - z.max()  # softmax-invariant shift for the probabilities
     vocab = y.shape[0]
     if 0 < top_k < vocab:
-        kth = np.partition(y, vocab - top_k)[vocab - top_k]  # k-th largest value
-        y[y < kth] = -np.inf  # ties with the k-th are kept (HF / vLLM)
+        kth = np.partition(z, vocab - top_k)[vocab - top_k]  # k-th largest value
+        y[z < kth] = -np.inf  # ties with the k-th are kept (HF / vLLM)
     if top_p < 1.0:
         kept = np.flatnonzero(y > -np.inf)  # ascending ids
-        order = kept[np.argsort(-y[kept], kind="stable")]  # descending, ties by id
+        order = kept[np.argsort(-z[kept], kind="stable")]  # descending, ties by id
         probs = np.exp(y[order])  # max is 0: no overflow
         probs /= probs.sum()
         mass_before = np.empty_like(probs)
