@@ -8,11 +8,30 @@ unparsable arch string, a malformed define or launch argument) raise
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from trtcore.errors import TrtcoreError
 
-__all__ = ["CUDAError", "CUDAToolchainError", "NVRTCError", "NoGPUError"]
+__all__ = ["CUDAError", "CUDAToolchainError", "NVRTCError", "NoGPUError", "cuda_bindings", "result_name"]
+
+
+def cuda_bindings(module: str, install: str = "cuda-python") -> Any:
+    """``cuda.bindings.<module>`` (``runtime``, ``driver``, ``nvrtc``).
+
+    Raises:
+        CUDAToolchainError: cuda-python is not installed; the message says ``pip install <install>``.
+    """
+    try:
+        return importlib.import_module(f"cuda.bindings.{module}")
+    except ImportError as exc:
+        raise CUDAToolchainError(f"cuda.bindings.{module} is not available: cuda-python is not installed ({exc}); pip install {install}") from exc
+
+
+def result_name(res: Any) -> str:
+    """The name of a CUDA / NVRTC result code (``CUDA_ERROR_INVALID_VALUE``...)."""
+    return str(getattr(res, "name", res))
 
 
 class CUDAToolchainError(TrtcoreError, RuntimeError):

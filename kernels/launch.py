@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtcore.errors import InvalidArgumentError
 
-from .errors import CUDAError, CUDAToolchainError, NoGPUError
+from .errors import CUDAError, NoGPUError, cuda_bindings, result_name
 
 if TYPE_CHECKING:
     from .nvrtc import CompiledKernel
@@ -80,23 +80,11 @@ _functions: dict[tuple[str, int, int, str], KernelFunction] = {}
 
 
 def _cudart() -> Any:
-    try:
-        from cuda.bindings import runtime
-    except ImportError as exc:
-        raise CUDAToolchainError(f"cuda-python is not installed ({exc}); pip install cuda-python") from exc
-    return runtime
+    return cuda_bindings("runtime")
 
 
 def _driver() -> Any:
-    try:
-        from cuda.bindings import driver
-    except ImportError as exc:
-        raise CUDAToolchainError(f"cuda-python is not installed ({exc}); pip install cuda-python") from exc
-    return driver
-
-
-def _name(res: Any) -> str:
-    return str(getattr(res, "name", res))
+    return cuda_bindings("driver")
 
 
 _NO_GPU_RESULTS = {
@@ -117,7 +105,7 @@ def _rt_call(call: str, fn: Any, *args: Any) -> tuple[Any, ...]:
         raise NoGPUError(f"{call} failed: {exc}", call=call) from exc
     err, rest = out[0], out[1:]
     if int(err) != 0:
-        name = _name(err)
+        name = result_name(err)
         cls = NoGPUError if name in _NO_GPU_RESULTS else CUDAError
         _, desc = _cudart().cudaGetErrorString(err)
         desc = desc.decode(errors="replace") if isinstance(desc, bytes) else str(desc)
@@ -127,7 +115,7 @@ def _rt_call(call: str, fn: Any, *args: Any) -> tuple[Any, ...]:
 
 def _drv_error(call: str, err: Any, context: str = "") -> CUDAError:
     drv = _driver()
-    name = _name(err)
+    name = result_name(err)
     try:
         _, desc = drv.cuGetErrorString(err)
         desc = desc.decode(errors="replace") if isinstance(desc, bytes) else str(desc)
@@ -437,7 +425,7 @@ class KernelFunction:
                         sizes = None
                         break
                     if int(err) != 0:
-                        if _name(err) != "CUDA_ERROR_INVALID_VALUE":  # past the last parameter
+                        if result_name(err) != "CUDA_ERROR_INVALID_VALUE":  # past the last parameter
                             sizes = None
                         break
                     sizes.append(int(size))

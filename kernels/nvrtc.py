@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from trtcore.errors import InvalidArgumentError
 
-from .errors import CUDAToolchainError, NVRTCError
+from .errors import CUDAToolchainError, NVRTCError, cuda_bindings, result_name
 
 if TYPE_CHECKING:
     from .launch import KernelFunction
@@ -112,15 +112,7 @@ _STO_CUDA_ENTRY = 0x10
 
 def _nvrtc() -> Any:
     """``cuda.bindings.nvrtc``, with a loadable NVRTC library behind it."""
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError as exc:
-        raise CUDAToolchainError(f"NVRTC is not available: cuda-python is not installed ({exc}); pip install cuda-python nvidia-cuda-nvrtc") from exc
-    return nvrtc
-
-
-def _result_name(res: Any) -> str:
-    return str(getattr(res, "name", res))
+    return cuda_bindings("nvrtc", "cuda-python nvidia-cuda-nvrtc")
 
 
 @functools.lru_cache(maxsize=1)
@@ -131,7 +123,7 @@ def _nvrtc_version_cached() -> tuple[int, int]:
     except Exception as exc:  # libnvrtc not found / not loadable
         raise CUDAToolchainError(f"NVRTC library cannot be loaded ({exc}); pip install nvidia-cuda-nvrtc") from exc
     if int(err) != 0:
-        raise CUDAToolchainError(f"nvrtcVersion failed: {_result_name(err)}")
+        raise CUDAToolchainError(f"nvrtcVersion failed: {result_name(err)}")
     return int(major), int(minor)
 
 
@@ -152,7 +144,7 @@ def _supported_arch_numbers() -> tuple[int, ...]:
     except Exception as exc:
         raise CUDAToolchainError(f"NVRTC library cannot be loaded ({exc}); pip install nvidia-cuda-nvrtc") from exc
     if int(err) != 0:
-        raise CUDAToolchainError(f"nvrtcGetSupportedArchs failed: {_result_name(err)}")
+        raise CUDAToolchainError(f"nvrtcGetSupportedArchs failed: {result_name(err)}")
     return tuple(sorted(int(a) for a in archs))
 
 
@@ -526,7 +518,7 @@ def _run_nvrtc(source: Path, text: bytes, options: Sequence[str], arch: str, def
     ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
     err, prog = nvrtc.nvrtcCreateProgram(text, str(source).encode(), 0, [], [])
     if err != ok:
-        raise NVRTCError(str(source), arch, defines, options, _result_name(err), "")
+        raise NVRTCError(str(source), arch, defines, options, result_name(err), "")
     try:
         opts = [o.encode() for o in options]
         (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
@@ -537,14 +529,14 @@ def _run_nvrtc(source: Path, text: bytes, options: Sequence[str], arch: str, def
             (err,) = nvrtc.nvrtcGetProgramLog(prog, buf)
             log = buf.rstrip(b"\0").decode(errors="replace")
         if res != ok:
-            raise NVRTCError(str(source), arch, defines, options, _result_name(res), log)
+            raise NVRTCError(str(source), arch, defines, options, result_name(res), log)
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         if err != ok or size == 0:
-            raise NVRTCError(str(source), arch, defines, options, f"nvrtcGetCUBINSize: {_result_name(err)} (size {size})", log)
+            raise NVRTCError(str(source), arch, defines, options, f"nvrtcGetCUBINSize: {result_name(err)} (size {size})", log)
         cubin = b" " * size
         (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
         if err != ok:
-            raise NVRTCError(str(source), arch, defines, options, f"nvrtcGetCUBIN: {_result_name(err)}", log)
+            raise NVRTCError(str(source), arch, defines, options, f"nvrtcGetCUBIN: {result_name(err)}", log)
         return bytes(cubin), log
     finally:
         nvrtc.nvrtcDestroyProgram(prog)

@@ -239,7 +239,7 @@ class LLM:
             self._generator = PagedGenerator(
                 self.executor, self.config, spec, self._num_kv_blocks(spec, kv_cache_memory),
                 self.build_config.max_batch_size, self.build_config.max_num_tokens, self.build_config.max_seq_len,
-                getattr(self.executor, "xp", np),
+                self.executor.xp,
             )
         else:
             self._generator = ContiguousGenerator(

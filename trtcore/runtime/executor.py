@@ -17,20 +17,30 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import numpy as np
 
 
 class Executor(abc.ABC):
-    """Runs a built network on host arrays. Subclasses set the two name lists."""
+    """Runs a built network. Subclasses set the two name lists.
+
+    Attributes:
+        xp: the array module of the outputs (``numpy``; the reference executor on the GPU
+            returns CuPy arrays, so that caches fed back stay on the device).
+    """
 
     input_names: list[str]
     output_names: list[str]
+    xp: Any = np
 
     @abc.abstractmethod
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once; ``feeds`` maps every input name to an array, the result every output name."""
+
+    def to_host(self, value: Any, name: str | None = None) -> Any:
+        """An output as a NumPy array (``name``: the tensor it holds); identity for host outputs."""
+        return np.asarray(value)
 
     def close(self) -> None:
         """Release what the executor holds (device memory, streams). Safe to call twice."""

@@ -172,22 +172,15 @@ class ContiguousGenerator:
         for start in range(0, len(requests), self.max_batch_size):
             yield from self._run_batch(list(requests[start : start + self.max_batch_size]))
 
-    def _logits_to_host(self, logits: Any) -> np.ndarray:
-        """The step's logits as float32 NumPy: the step's one device->host copy."""
-        to_host = getattr(self.executor, "to_host", None)
-        if to_host is not None and not isinstance(logits, np.ndarray):
-            logits = to_host(logits, "logits")
-        return np.asarray(logits, dtype=np.float32)
-
     def _run(self, feeds: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
         """One engine call: the logits on the host, and the cache outputs keyed by input name."""
         out = self.executor.run(feeds)
-        return self._logits_to_host(out["logits"]), {p: out[o] for p, o in self._kv_names}
+        return np.asarray(self.executor.to_host(out["logits"], "logits"), dtype=np.float32), {p: out[o] for p, o in self._kv_names}
 
     def _select(self, past: dict[str, Any], rows: list[int], used: np.ndarray | None = None) -> dict[str, Any]:
         """Keep batch rows ``rows`` and (when given) the cache columns where ``used``, of every cache tensor."""
         cols = None if used is None or used.all() else np.flatnonzero(used)
-        xp = getattr(self.executor, "xp", np)
+        xp = self.executor.xp
         index: tuple[Any, Any] | None = None  # device index arrays, copied once per compaction
         out = {}
         for k, v in past.items():
@@ -293,7 +286,7 @@ class _FixedCache:
     def __init__(self, gen: ContiguousGenerator, n: int):
         c = gen.config
         self.gen = gen
-        xp = getattr(gen.executor, "xp", np)
+        xp = gen.executor.xp
         dtype = gen.kv_dtype
         if xp is not np and dtype.name == "bfloat16":
             dtype = np.dtype(np.uint16)  # bfloat16 bit patterns on the device (0 is 0.0)

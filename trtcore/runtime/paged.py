@@ -97,12 +97,6 @@ class PagedGenerator:
             feeds["rope_seq_lens"] = np.repeat(out.seq_lens(), [s.num_new_tokens for s in out.seqs]).astype(np.int32)
         return feeds
 
-    def _logits_to_host(self, logits: Any) -> np.ndarray:
-        to_host = getattr(self.executor, "to_host", None)
-        if to_host is not None and not isinstance(logits, np.ndarray):
-            logits = to_host(logits, "logits")
-        return np.asarray(logits, dtype=np.float32)
-
     def add_request(self, request: Request) -> TokenEvent | None:
         """Queue ``request``; it joins the running batch at the next :meth:`step` that has
         room (continuous batching).
@@ -133,7 +127,7 @@ class PagedGenerator:
         ids = out.sampling_request_ids
         sampled: dict[Any, int] = {}
         if ids:
-            logits = self._logits_to_host(self.executor.run(self._feeds(out))["logits"])
+            logits = np.asarray(self.executor.to_host(self.executor.run(self._feeds(out))["logits"], "logits"), dtype=np.float32)
             result = self.sampler.sample(logits[out.sampling_indices()], ids)
             for row, rid in enumerate(ids):
                 sampled[rid] = int(result.token_ids[row])
