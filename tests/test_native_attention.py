@@ -475,12 +475,14 @@ def test_native_matches_layers_on_reference(hf_models: ModelStore, name: str) ->
 
 
 def test_native_network_io(hf_models: ModelStore) -> None:  # noqa: F811
-    """The native network's I/O is what io_spec documents, and the cache outputs alias the inputs."""
-    from trtcore.models.llama import io_spec
+    """The native network's I/O is what the KV cache contract (trtcore.kv_modes) documents,
+    and the cache outputs alias the inputs."""
+    from trtcore.kv_modes import kv_mode
 
     _, config, d = _executor(hf_models, "qwen2_mixed_swa", "native")
     L, Hkv, D = MAX_SEQ, config.num_key_value_heads, config.head_dim
-    spec = {name: (np.dtype(dt), shape) for name, dt, shape in io_spec(config, np.float32, "contiguous", 16, "native", L)}
+    assert d.plan.dtype == "float32" and d.plan.max_seq_len == L
+    spec = {t.name: (np.dtype(t.dtype), t.shape) for t in kv_mode(d.plan, config).inputs}
     net = d.network
     assert [net.get_input(i).name for i in range(net.num_inputs)] == list(spec)
     assert spec["attention_mask"] == (np.dtype(bool), (-1, 1, -1, L))

@@ -57,13 +57,15 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build a serialized TensorRT engine and its JSON sidecar")
     b.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
     b.add_argument("--output", required=True, help="engine file to write; the sidecar is OUTPUT.json")
-    b.add_argument("--backend", default=None, choices=("tensorrt", "tensorrt_rtx"), help="default: tensorrt if installed, else tensorrt_rtx")
-    b.add_argument("--dtype", default="float16", choices=("float32", "float16", "bfloat16"))
+    b.add_argument("--backend", default=None, choices=("tensorrt", "tensorrt_rtx"),
+                   help="default: $TRTCORE_BACKEND, else tensorrt if installed, else tensorrt_rtx")
+    b.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                   help="default: the checkpoint's float16/bfloat16, else float16")
     b.add_argument("--compute-capability", help="tensorrt_rtx only: target such as sm89 (no GPU needed)")
     b.add_argument("--max-batch-size", type=int, default=8)
-    b.add_argument("--max-seq-len", type=int, default=2048)
+    b.add_argument("--max-seq-len", type=int, help="default: the model's max_position_embeddings")
     b.add_argument("--rope", choices=("plugin", "layers"), help="RoPE implementation (default: plugin where the backend hosts plugins)")
-    b.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: paged where the backend hosts plugins)")
+    b.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: contiguous on TensorRT backends)")
     b.add_argument("--attention", choices=("layers", "native"), default="layers", help="contiguous cache: composed layers or TensorRT's IAttention + IKVCacheUpdateLayer")
 
     c = sub.add_parser("convert", help="convert a GGUF file into a Hugging Face model folder")
@@ -120,32 +122,33 @@ def _generate(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    from .builder import BuildConfig, build_engine, check_writable, define_network, save_engine
+    from .builder import build_engine, check_writable, define_network, save_engine
     from .checkpoint import Checkpoint
     from .config import load_config
-    from .trt import is_available, load_trt
+    from .plan import BuildConfig, resolve_plan
+    from .trt import load_trt
 
-    backend = args.backend or ("tensorrt" if is_available("tensorrt") else "tensorrt_rtx")
-    trt = load_trt(backend)
     model = _model_dir(args.model)
     config = load_config(model)
-    bc = BuildConfig(
+    options = BuildConfig(
         dtype=args.dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, rope=args.rope,
         kv_cache=args.kv_cache, attention=args.attention,
-    ).for_model(config)
-    if bc.max_seq_len < args.max_seq_len:
+    )
+    plan = resolve_plan(config, options, args.backend, engine=True)  # the same rules as LLM(...)
+    if args.max_seq_len is not None and plan.max_seq_len < args.max_seq_len:
         print(f"trtcore: note: --max-seq-len {args.max_seq_len} capped at the model's max_position_embeddings "
-              f"({bc.max_seq_len})", file=sys.stderr)
+              f"({plan.max_seq_len})", file=sys.stderr)
     check_writable(Path(args.output))
+    trt = load_trt(plan.backend)
     with Checkpoint(model) as weights, tqdm(total=3, desc="build") as bar:
         bar.set_postfix_str("defining network")
-        d = define_network(trt, config, weights, bc)
+        d = define_network(trt, config, weights, plan)
         bar.update()
-        bar.set_postfix_str(f"building engine ({backend})")
+        bar.set_postfix_str(f"building engine ({plan.backend})")
         engine = build_engine(d, args.compute_capability)
         bar.update()
         bar.set_postfix_str("writing")
-        side = save_engine(d, engine, Path(args.output), backend=backend, compute_capability=args.compute_capability)
+        side = save_engine(d, engine, Path(args.output), backend=plan.backend, compute_capability=args.compute_capability)
         bar.update()
     print(f"wrote {args.output} ({len(engine)} bytes) and {side}")
     return 0

@@ -24,14 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from .builder import BuildConfig, build_engine, build_reference_engine, define_network
+from .builder import build_engine, build_reference_engine, define_network
 from .checkpoint import Checkpoint
 from .config import GenerationConfig, ModelConfig, load_config, load_generation_config
 from .errors import InvalidArgumentError, InvalidRequestError, TrtcoreError
 from .runtime.executor import Executor
 from .runtime.generate import ContiguousGenerator, Request
 from .runtime.sampling import Logprob, SamplingParams
-from .trt import is_available, load_trt, normalize_backend
+from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
+from .trt import load_trt, normalize_backend
 
 
 @dataclass
@@ -130,13 +131,6 @@ class _IncrementalText:
         return StreamOutput(index, event.token_id, delta, logprobs, event.finish_reason, event.stop_reason)
 
 
-def _default_backend() -> str:
-    env = os.environ.get("TRTCORE_BACKEND")
-    if env:
-        return normalize_backend(env)
-    return "tensorrt" if is_available("tensorrt") else "reference"
-
-
 class LLM:
     """A model ready to generate.
 
@@ -149,7 +143,7 @@ class LLM:
             ``tensorrt`` when installed, else ``reference``.
         dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; default float32 on the
             reference backend, the checkpoint's dtype (float16 for float32 checkpoints)
-            on TensorRT.
+            on TensorRT. A float16 engine from a bfloat16 checkpoint warns (range 65504).
         max_batch_size: sequences per engine call.
         max_seq_len: most tokens (prompt + generated) per sequence; default and upper
             bound: the model's ``max_position_embeddings``.
@@ -174,8 +168,12 @@ class LLM:
             TensorRT backends always execute on the GPU (``"cpu"`` is refused). The choice
             is :attr:`device`.
 
+    The defaults of ``backend`` ... ``attention`` are resolved once into :attr:`plan` by
+    :func:`trtcore.plan.resolve_plan`, the same rules as ``trtcore build``'s.
+
     Attributes:
         device: ``"cpu"`` or ``"cuda"``, where the network executes.
+        plan: the resolved :class:`~trtcore.plan.BuildPlan` (``build_config``: the same object).
 
     Raises:
         ConfigError / UnsupportedArchitectureError / CheckpointError: bad model folder.
@@ -207,27 +205,20 @@ class LLM:
         self.model_dir = Path(model)
         self.config: ModelConfig = load_config(self.model_dir)
         self.generation_config: GenerationConfig = load_generation_config(self.model_dir, self.config)
-        self.backend = normalize_backend(backend) if backend else _default_backend()
-        self.device = _execution_device(self.backend, device)
-        if dtype is None:
-            dtype = "float32" if self.backend == "reference" else _engine_dtype(self.config.dtype)
-        if kv_cache is None and (self.backend != "reference" or attention == "native"):
-            kv_cache = "contiguous"  # the TensorRT executor has no device-resident KV pool yet
-        limit = self.config.max_position_embeddings
-        self.build_config = BuildConfig(
-            dtype=dtype,
-            max_batch_size=max_batch_size,
-            max_seq_len=min(max_seq_len or limit, limit),
-            rope=rope,
-            kv_cache=kv_cache,
-            block_size=block_size,
-            max_num_tokens=max_num_tokens,
-            attention=attention,
-        ).for_model(self.config)
+        backend_name = normalize_backend(backend) if backend else default_backend()
+        self.device = _execution_device(backend_name, device)  # before loading the backend's module
+        options = BuildConfig(
+            dtype=dtype, max_batch_size=max_batch_size, max_seq_len=max_seq_len, rope=rope, kv_cache=kv_cache,
+            block_size=block_size, max_num_tokens=max_num_tokens, attention=attention,
+        )
+        #: every build choice, resolved once (:func:`trtcore.plan.resolve_plan`)
+        self.plan: BuildPlan = resolve_plan(self.config, options, backend_name)
+        self.backend = self.plan.backend
+        self.build_config = self.plan  # its former name
         self.tokenizer = _load_tokenizer(self.model_dir)
         self.executor = self._make_executor(progress)
         kv_dtype = self.build_config.dtype if self.build_config.dtype != "bfloat16" else _bf16()
-        self.kv_cache = self._implementations["kv_cache"]
+        self.kv_cache = self.plan.kv_cache
         self._next_request_id = 0
         self._texts: dict[int, _IncrementalText] = {}
         self._generator: Any
@@ -272,8 +263,7 @@ class LLM:
             require_gpu()  # before a long engine build
         with Checkpoint(self.model_dir) as weights, tqdm(total=2, desc="build", disable=not progress, leave=False) as bar:
             bar.set_postfix_str(f"defining {self.config.architecture} network ({self.backend})")
-            net = define_network(trt, self.config, weights, self.build_config)
-            self._implementations = dict(net.graph.implementations)
+            net = define_network(trt, self.config, weights, self.plan)
             bar.update()
             if self.backend == "reference":
                 from .runtime.device import array_module
@@ -515,10 +505,6 @@ def _execution_device(backend: str, device: str | None) -> str:
     if normalize_device(device) == "cpu":
         raise InvalidArgumentError(f"backend {backend!r} executes TensorRT engines on a CUDA GPU; device='cpu' needs backend='reference'")
     return "cuda"
-
-
-def _engine_dtype(checkpoint_dtype: str | None) -> str:
-    return checkpoint_dtype if checkpoint_dtype in ("float16", "bfloat16") else "float16"
 
 
 def _bf16() -> Any:

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
 
+from . import kv_modes
 from .errors import InvalidArgumentError, NetworkError
+from .kv_modes import KVMode
+from .plan import IMPLEMENTATIONS
 from .rope import RopeSpec
 
 if TYPE_CHECKING:  # checked by mypy against tensorrt-stubs; never imported at run time
@@ -50,10 +53,13 @@ class Graph:
             ``"bfloat16"``.
 
         implementations: per fused op, the implementation to use (``{"rope": "plugin"}``);
-            see :data:`IMPLEMENTATIONS` and :func:`default_implementations`.
+            see :data:`IMPLEMENTATIONS` and :func:`trtcore.plan.resolve_plan`.
         block_size: tokens per block of the paged KV cache.
         max_seq_len: tokens per sequence of a fixed-size KV cache (the static length of the
             ``attention="native"`` cache inputs); None where the network has none.
+        kv_mode: the network's KV cache contract (:func:`trtcore.kv_modes.kv_mode`): its
+            inputs and outputs, declared by :func:`model_inputs` and :func:`cached_attention`;
+            None for networks without a KV cache (single-op tests).
 
     Attributes:
         keepalive: arrays whose memory TensorRT reads at build time (constants made with
@@ -62,7 +68,7 @@ class Graph:
 
     def __init__(
         self, trt: Any, network: Network, dtype: str = "float32", implementations: dict[str, str] | None = None, block_size: int = 16,
-        max_seq_len: int | None = None,
+        max_seq_len: int | None = None, kv_mode: KVMode | None = None,
     ):
         if dtype not in _NP_DTYPES:
             raise InvalidArgumentError(f"dtype {dtype!r} is not supported; expected one of {sorted(_NP_DTYPES)}")
@@ -78,6 +84,10 @@ class Graph:
         self.block_size = int(block_size)
         #: tokens per sequence of a fixed-size KV cache (contiguous mode, native attention)
         self.max_seq_len = None if max_seq_len is None else int(max_seq_len)
+        #: the KV cache contract (network I/O) of a whole-model network
+        self.kv_mode = kv_mode
+        #: network inputs declared by :func:`model_inputs`, by name
+        self.inputs: dict[str, Tensor] = {}
         #: tensors shared by all layers (e.g. RoPE's cos/sin), keyed by op
         self.shared: dict[Any, Any] = {}
         self._scope: list[str] = []
@@ -481,25 +491,6 @@ def paged_attention(
     return g.named(layer, name)
 
 
-#: implementations of each fused op (DESIGN.md, "Fused ops have several implementations");
-#: ``attention`` chooses within the contiguous KV cache mode (paged mode uses the plugin):
-#: ``"layers"`` (:func:`attention` over concat(past, new)) or ``"native"``
-#: (:func:`native_attention`: TensorRT's ``IKVCacheUpdateLayer`` + ``IAttention``)
-IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
-    "rope": ("plugin", "layers"),
-    "kv_cache": ("paged", "contiguous"),
-    "attention": ("layers", "native"),
-}
-
-
-def default_implementations(trt: Any) -> dict[str, str]:
-    """The plugin where the TensorRT module can host plugins, else composed layers."""
-    from trtcore.plugins.base import hosts_plugins
-
-    plugins = hosts_plugins(trt)
-    return {"rope": "plugin" if plugins else "layers", "kv_cache": "paged" if plugins else "contiguous"}
-
-
 def rotary(
     g: Graph, q: Tensor, k: Tensor, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -672,3 +663,112 @@ def native_attention(
         ctx = sdpa_native(g, q_scaled, k_all, v_all, mask, "sdpa")  # [B, H, S, D]
         ctx = transpose(g, ctx, (0, 2, 1, 3), "context_bshd")
         return reshape(g, ctx, (0, 0, num_heads * head_dim), "context"), k_all, v_all
+
+
+# ---------------------------------------------------------------------------------------
+# a whole model's I/O through the KV cache contract (trtcore.kv_modes)
+# ---------------------------------------------------------------------------------------
+
+
+class ModelInputs(NamedTuple):
+    """The network inputs a model's layers read (the KV cache inputs stay with
+    :func:`cached_attention`).
+
+    Attributes:
+        input_ids: int32 token ids, ``[T]`` packed or ``[B, S]`` padded.
+        position_ids: int32, the shape of ``input_ids``.
+        rope_seq_lens: int32 ``[T]`` for :func:`rotary` (packed ``dynamic`` RoPE), else None.
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    rope_seq_lens: Tensor | None
+
+
+def _kv_mode(g: Graph) -> KVMode:
+    if g.kv_mode is None:
+        raise InvalidArgumentError("this graph has no KV cache contract; create it with Graph(..., kv_mode=kv_modes.kv_mode(plan, config))")
+    return g.kv_mode
+
+
+def model_inputs(g: Graph) -> ModelInputs:
+    """Declare every network input of ``g.kv_mode`` (:attr:`trtcore.kv_modes.KVMode.inputs`,
+    in order) into ``g.inputs``; return those the layers read.
+
+    Raises:
+        InvalidArgumentError: ``g`` has no KV cache contract.
+    """
+    for spec in _kv_mode(g).inputs:
+        g.inputs[spec.name] = g.input(spec.name, spec.dtype, spec.shape)
+    return ModelInputs(g.inputs[kv_modes.INPUT_IDS], g.inputs[kv_modes.POSITION_IDS], g.inputs.get(kv_modes.ROPE_SEQ_LENS))
+
+
+def split_heads(g: Graph, x: Tensor, num_heads: int, head_dim: int, name: str) -> Tensor:
+    """``[..., num_heads * head_dim]`` -> ``[..., num_heads, head_dim]`` (leading dims kept)."""
+    return reshape(g, x, (0,) * (len(x.shape) - 1) + (num_heads, head_dim), name)
+
+
+def cached_attention(
+    g: Graph, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, *, num_kv_heads: int, head_dim: int, scale: float,
+    layer_type: str = "full_attention", sliding_window: int | None = None, name: str = "attention",
+) -> Tensor:
+    """Attention of layer ``layer_idx`` over the KV cache, with the implementation of
+    ``g.kv_mode`` (the plan's ``kv_cache`` / ``attention``), its cache I/O included:
+
+    * paged: :func:`paged_attention` (the plugin writes the pool in place, applies the window);
+    * contiguous, ``"layers"``: this step's k/v appended to ``past_key_values.{i}.*``
+      (outputs ``present.{i}.*``), then :func:`attention` with the layer's mask;
+    * contiguous, ``"native"``: :func:`native_attention` over the fixed-size ``kv_cache.{i}.*``
+      (outputs ``present.{i}.*``, aliasing them).
+
+    Args:
+        q: ``[..., H, D]``, k/v: ``[..., Hkv, D]`` (``...`` = the token layout, RoPE applied).
+        layer_type: the layer's ``config.layer_types`` entry, ``"full_attention"`` or
+            ``"sliding_attention"`` (which mask it reads; whether ``sliding_window`` applies).
+        sliding_window: the model's window (``config.sliding_window``), or None.
+
+    Returns:
+        ``[..., H * D]`` of the graph dtype.
+
+    Raises:
+        InvalidArgumentError: ``g`` has no KV cache contract, or its inputs are undeclared
+            (call :func:`model_inputs` first).
+    """
+    mode = _kv_mode(g)
+    x = g.inputs
+    if kv_modes.INPUT_IDS not in x:
+        raise InvalidArgumentError("cached_attention needs the network inputs; call ops.model_inputs(g) first")
+    if layer_type not in kv_modes.MASK_NAMES:
+        raise InvalidArgumentError(f"layer_type {layer_type!r} is not one of {', '.join(kv_modes.MASK_NAMES)}")
+    window = sliding_window if layer_type == "sliding_attention" else None
+    if mode.kv_cache == "paged":
+        return paged_attention(
+            g, q, k, v, x[kv_modes.KV_CACHE_POOL], x[kv_modes.BLOCK_TABLES], x[kv_modes.SEQ_LENS], x[kv_modes.QUERY_START_LOC],
+            layer_idx=layer_idx, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=mode.plan.block_size,
+            sliding_window=window or 0, scale=scale, name=name,
+        )
+    mask = x[kv_modes.MASK_NAMES[layer_type]]
+    past_k, past_v = (x[mode.cache_input(layer_idx, kind)] for kind in kv_modes.KV_KINDS)
+    if mode.attention == "native":
+        ctx, k_all, v_all = native_attention(
+            g, q, k, v, past_k, past_v, x[kv_modes.CACHE_WRITE_POSITIONS], mask, head_dim=head_dim, scale=scale, name=name,
+        )
+    else:
+        k_all = concat(g, [past_k, transpose(g, k, (0, 2, 1, 3), "k_bhsd")], 2, "k_cache")
+        v_all = concat(g, [past_v, transpose(g, v, (0, 2, 1, 3), "v_bhsd")], 2, "v_cache")
+        ctx = attention(g, q, k_all, v_all, mask, num_kv_heads, head_dim, scale, name)
+    g.output(k_all, mode.cache_output(layer_idx, "key"))
+    g.output(v_all, mode.cache_output(layer_idx, "value"))
+    return ctx
+
+
+def last_token_hidden(g: Graph, h: Tensor, name: str = "last_hidden") -> Tensor:
+    """The rows of ``h`` (``[T, E]`` packed or ``[B, S, E]`` padded) at ``last_token_ids``:
+    ``[B, E]``, one per sequence."""
+    flat = h if len(h.shape) == 2 else reshape(g, h, (-1, h.shape[-1]), "flat_hidden")
+    return gather(g, flat, g.inputs[kv_modes.LAST_TOKEN_IDS], 0, name)
+
+
+def logits_output(g: Graph, logits: Tensor) -> Tensor:
+    """Mark ``logits`` ``[B, vocab_size]``, cast to float32, as the network's logits output."""
+    return g.output(cast(g, logits, np.float32, "logits_float"), kv_modes.LOGITS)

@@ -107,3 +107,16 @@ def is_available(backend: str) -> bool:
         return True
     except BackendNotAvailableError:
         return False
+
+
+def backend_name(module: Any) -> str:
+    """The backend name of a module returned by :func:`load_trt` (``tensorrt``, ...).
+
+    Raises:
+        InvalidArgumentError: ``module`` is none of the backends' modules.
+    """
+    name = getattr(module, "__name__", None)
+    for backend, module_name in _MODULES.items():
+        if name == module_name:
+            return backend
+    raise InvalidArgumentError(f"module {name!r} is not a TensorRT backend module; expected one of {', '.join(_MODULES.values())}")

@@ -1,0 +1,312 @@
+"""Build choices, resolved once: the user's options (:class:`BuildConfig`, None = default)
+become one immutable :class:`BuildPlan` through :func:`resolve_plan`.
+
+``LLM(...)``, ``trtcore build`` and :func:`trtcore.builder.define_network` all call
+:func:`resolve_plan`, so the same arguments give the same backend, dtype, RoPE, KV cache
+mode and attention everywhere. The runtime reads the plan (and the KV cache contract of
+:func:`trtcore.kv_modes.kv_mode`), never the engine's tensor names. The engine sidecar
+records the plan (:meth:`BuildPlan.to_dict`).
+
+One rule per default:
+
+* ``backend``: ``$TRTCORE_BACKEND``, else ``tensorrt`` when installed, else ``reference``
+  (``engine=True``, a serialized engine file: ``tensorrt_rtx`` instead of ``reference``,
+  which cannot write one);
+* ``dtype``: float32 on the reference backend; on TensorRT backends the checkpoint's dtype
+  when it is float16 or bfloat16, else float16. A float16 plan from a bfloat16 checkpoint
+  warns (float16 overflows above 65504, bfloat16 does not);
+* ``rope``: the plugin where the backend's module hosts plugins, else composed layers;
+* ``kv_cache``: ``paged`` on the reference backend; ``contiguous`` on TensorRT backends (their
+  executor has no device-resident block pool yet) and whenever ``attention="native"``;
+* ``attention``: ``layers``; the paged mode always attends with its plugin (``"plugin"``);
+* ``max_seq_len``: the model's ``max_position_embeddings``, and capped at it;
+* the profile bounds (``max_batch_size`` ...): the :class:`BuildConfig` defaults; the opt
+  point is clamped to the maxima.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from .config import ModelConfig
+from .errors import InvalidArgumentError
+
+DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+
+#: implementations of each fused op (DESIGN.md, "Fused ops have several implementations");
+#: ``attention`` chooses within the contiguous KV cache mode (paged mode uses its plugin):
+#: ``"layers"`` (``ops.attention`` over concat(past, new)) or ``"native"``
+#: (``ops.native_attention``: TensorRT's ``IKVCacheUpdateLayer`` + ``IAttention``)
+IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
+    "rope": ("plugin", "layers"),
+    "kv_cache": ("paged", "contiguous"),
+    "attention": ("layers", "native"),
+}
+
+#: ``BuildPlan.attention`` of the paged KV cache mode: the paged attention plugin
+PAGED_ATTENTION = "plugin"
+
+#: float16's largest finite value (IEEE 754 binary16)
+FLOAT16_MAX = 65504.0
+
+
+def _choice(what: str, value: str | None, allowed: tuple[str, ...]) -> None:
+    if value is not None and value not in allowed:
+        raise InvalidArgumentError(f"{what} {value!r} is not supported; expected one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Engine build options as the user gives them; None means "the default" (the module
+    docstring lists the rules, applied by :func:`resolve_plan`).
+
+    Attributes:
+        dtype: engine precision, one of :data:`DTYPES`, or None.
+        max_batch_size: largest batch (sequences per step) the profile admits.
+        max_seq_len: largest number of tokens (cached + new) per sequence; None for the
+            model's ``max_position_embeddings`` (and capped at it).
+        opt_batch_size / opt_seq_len: the profile's ``opt`` point (TensorRT tunes for it);
+            clamped to the maxima.
+        rope: RoPE implementation, ``"plugin"`` (fused kernel) or ``"layers"`` (composed
+            standard layers), or None.
+        kv_cache: ``"paged"`` (packed tokens, one block pool, the paged attention plugin) or
+            ``"contiguous"`` (padded batch, per-layer cache as engine I/O), or None.
+        block_size: tokens per KV block (paged).
+        max_num_tokens: most packed tokens per step (paged; the scheduler's token budget).
+        max_num_blocks: most blocks in the KV pool (paged; the profile's bound).
+        attention: attention of the contiguous KV cache mode: ``"layers"`` (composed
+            matmul/softmax over ``concat(past, new)``) or ``"native"`` (TensorRT's
+            ``IKVCacheUpdateLayer`` + ``IAttention`` over a fixed-size cache of
+            ``max_seq_len`` slots). ``"native"`` needs ``kv_cache="contiguous"`` (None
+            resolves to it); paged mode attends with its plugin.
+
+    Raises:
+        InvalidArgumentError: an unknown choice or a bound below its minimum (the message
+            names the value and what is expected).
+    """
+
+    dtype: str | None = None
+    max_batch_size: int = 8
+    max_seq_len: int | None = None
+    opt_batch_size: int = 1
+    opt_seq_len: int = 128
+    rope: str | None = None
+    kv_cache: str | None = None
+    block_size: int = 16
+    max_num_tokens: int = 2048
+    max_num_blocks: int = 65536
+    attention: str = "layers"
+
+    def __post_init__(self) -> None:
+        _choice("attention", self.attention, IMPLEMENTATIONS["attention"])
+        if self.attention == "native" and self.kv_cache == "paged":
+            raise InvalidArgumentError(
+                "attention='native' (IAttention + IKVCacheUpdateLayer) is only valid with kv_cache='contiguous'; "
+                "the paged KV cache attends with its plugin"
+            )
+        _choice("kv_cache", self.kv_cache, IMPLEMENTATIONS["kv_cache"])
+        if self.block_size < 1 or self.max_num_tokens < 1 or self.max_num_blocks < 1:
+            raise InvalidArgumentError(
+                f"block_size, max_num_tokens and max_num_blocks must be >= 1, got {self.block_size}, {self.max_num_tokens}, {self.max_num_blocks}"
+            )
+        _choice("rope", self.rope, IMPLEMENTATIONS["rope"])
+        _choice("dtype", self.dtype, DTYPES)
+        if self.max_batch_size < 1 or (self.max_seq_len is not None and self.max_seq_len < 2):
+            raise InvalidArgumentError(
+                f"max_batch_size must be >= 1 and max_seq_len >= 2, got {self.max_batch_size} and {self.max_seq_len}"
+            )
+        if self.opt_batch_size < 1 or self.opt_seq_len < 1:
+            raise InvalidArgumentError(f"opt_batch_size and opt_seq_len must be >= 1, got {self.opt_batch_size}, {self.opt_seq_len}")
+        # the opt point lies inside [min, max]
+        object.__setattr__(self, "opt_batch_size", min(self.opt_batch_size, self.max_batch_size))
+        if self.max_seq_len is not None:
+            object.__setattr__(self, "opt_seq_len", min(self.opt_seq_len, self.max_seq_len))
+
+    def for_model(self, config: ModelConfig) -> BuildConfig:
+        """A copy whose lengths fit ``config`` (max_seq_len <= max_position_embeddings)."""
+        limit = config.max_position_embeddings
+        return replace(self, max_seq_len=min(self.max_seq_len or limit, limit))
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Every build choice, resolved (:func:`resolve_plan`); immutable.
+
+    Attributes:
+        backend: ``"tensorrt"``, ``"tensorrt_rtx"`` or ``"reference"``.
+        dtype: engine precision (weights, activations, KV cache), one of :data:`DTYPES`.
+        rope: ``"plugin"`` or ``"layers"``.
+        kv_cache: ``"paged"`` or ``"contiguous"``.
+        attention: ``"plugin"`` (paged mode: the paged attention plugin), ``"layers"`` or
+            ``"native"`` (contiguous mode).
+        block_size: tokens per KV block (paged).
+        max_batch_size: most sequences per step.
+        max_seq_len: most tokens (cached + new) per sequence, <= ``max_position_embeddings``;
+            the slots per sequence of the native fixed-size cache.
+        opt_batch_size / opt_seq_len: the optimization profile's ``opt`` point (<= maxima).
+        max_num_tokens: most packed tokens per step (paged).
+        max_num_blocks: most blocks in the KV pool (paged; the profile's bound).
+    """
+
+    backend: str
+    dtype: str
+    rope: str
+    kv_cache: str
+    attention: str
+    block_size: int
+    max_batch_size: int
+    max_seq_len: int
+    opt_batch_size: int
+    opt_seq_len: int
+    max_num_tokens: int
+    max_num_blocks: int
+
+    @property
+    def implementations(self) -> dict[str, str]:
+        """Per fused op, its implementation (:data:`IMPLEMENTATIONS`): ``rope``, ``kv_cache``
+        and, in the contiguous mode only, ``attention``."""
+        return _implementation_dict(self.rope, self.kv_cache, self.attention)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready ``{field: value}`` (the sidecar's ``"plan"``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BuildPlan:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            InvalidArgumentError: a field is missing or unknown.
+        """
+        names = {f.name for f in fields(cls)}
+        if set(d) != names:
+            raise InvalidArgumentError(
+                f"a build plan has the fields {sorted(names)}; got missing {sorted(names - set(d))}, unknown {sorted(set(d) - names)}"
+            )
+        return cls(**d)
+
+
+def default_backend(engine: bool = False) -> str:
+    """``$TRTCORE_BACKEND``, else ``tensorrt`` when installed, else ``reference``
+    (``tensorrt_rtx`` when ``engine``: a serialized engine file is wanted).
+
+    Raises:
+        InvalidArgumentError: ``$TRTCORE_BACKEND`` names no backend.
+    """
+    from .trt import is_available, normalize_backend
+
+    env = os.environ.get("TRTCORE_BACKEND")
+    if env:
+        return normalize_backend(env)
+    if is_available("tensorrt"):
+        return "tensorrt"
+    return "tensorrt_rtx" if engine else "reference"
+
+
+def default_dtype(backend: str, checkpoint_dtype: str | None) -> str:
+    """float32 on the reference backend; on TensorRT the checkpoint's float16/bfloat16,
+    else float16 (float32 checkpoints run in half precision on the GPU by default)."""
+    if backend == "reference":
+        return "float32"
+    return checkpoint_dtype if checkpoint_dtype in ("float16", "bfloat16") else "float16"
+
+
+def resolve_plan(
+    config: ModelConfig, options: BuildConfig | None = None, backend: str | None = None, *, engine: bool = False, trt: Any = None,
+    fit_model: bool = True,
+) -> BuildPlan:
+    """Resolve the user's ``options`` (None fields = defaults, see the module docstring)
+    for ``config``'s model on ``backend`` into a :class:`BuildPlan`.
+
+    Args:
+        config: the model config (``max_position_embeddings``, the checkpoint ``dtype``).
+        options: the user's choices; None for all defaults.
+        backend: ``"tensorrt"``, ``"tensorrt_rtx"``, ``"reference"`` (or an alias), or None.
+        engine: a serialized engine file is wanted (``trtcore build``): the reference
+            backend is refused and the default falls back on ``tensorrt_rtx``.
+        trt: the backend's module when already loaded (else :func:`trtcore.trt.load_trt`);
+            whether it hosts plugins decides ``rope``'s default.
+        fit_model: cap ``max_seq_len`` at ``max_position_embeddings`` (the rule); False
+            takes a given ``options.max_seq_len`` literally (:func:`trtcore.builder.define_network`
+            handed options directly, as it always has).
+
+    Warns:
+        UserWarning: a float16 plan for a bfloat16 checkpoint (range limit 65504).
+
+    Raises:
+        InvalidArgumentError: a plugin was asked for on a module that cannot host plugins,
+            or ``engine`` with the reference backend, or an unknown backend.
+        BackendNotAvailableError: the backend's module is not installed.
+    """
+    from .trt import normalize_backend
+
+    o = options or BuildConfig()
+    name = normalize_backend(backend) if backend else default_backend(engine)
+    if engine and name == "reference":
+        raise InvalidArgumentError("backend 'reference' cannot write an engine file; use backend 'tensorrt' or 'tensorrt_rtx'")
+    rope, kv_cache, attention = _implementations(o, name, trt)
+    dtype = o.dtype or default_dtype(name, config.dtype)
+    if dtype == "float16" and config.dtype == "bfloat16":
+        warnings.warn(
+            f"building a float16 engine from a bfloat16 checkpoint: float16 overflows above {FLOAT16_MAX:g} "
+            "(bfloat16 does not), so large activations may become inf/NaN; prefer dtype='bfloat16'",
+            UserWarning,
+            stacklevel=2,
+        )
+    bounded = o.for_model(config) if fit_model or o.max_seq_len is None else o
+    assert bounded.max_seq_len is not None
+    return BuildPlan(
+        backend=name,
+        dtype=dtype,
+        rope=rope,
+        kv_cache=kv_cache,
+        attention=attention,
+        block_size=o.block_size,
+        max_batch_size=o.max_batch_size,
+        max_seq_len=bounded.max_seq_len,
+        opt_batch_size=bounded.opt_batch_size,
+        opt_seq_len=bounded.opt_seq_len,
+        max_num_tokens=o.max_num_tokens,
+        max_num_blocks=o.max_num_blocks,
+    )
+
+
+def _implementations(o: BuildConfig, backend: str, trt: Any) -> tuple[str, str, str]:
+    """``(rope, kv_cache, attention)`` of :func:`resolve_plan`'s rules for the module ``trt``
+    of ``backend`` (loaded when None)."""
+    from .plugins.base import hosts_plugins
+    from .trt import load_trt
+
+    module = trt if trt is not None else load_trt(backend)
+    plugins = hosts_plugins(module)
+    for op, value, plugin_value in (("rope", o.rope, "plugin"), ("kv_cache", o.kv_cache, "paged")):
+        if value == plugin_value and not plugins:
+            other = [v for v in IMPLEMENTATIONS[op] if v != value][0]
+            raise InvalidArgumentError(
+                f"{op}={value!r} needs a TensorRT module that hosts plugins; {getattr(module, '__name__', module)} does not "
+                f"(tensorrt_rtx's Python network has no add_plugin_v3); use {op}={other!r}"
+            )
+    rope = o.rope or ("plugin" if plugins else "layers")
+    # the TensorRT executor has no device-resident block pool yet; native attention has a fixed-size cache
+    kv_cache = o.kv_cache or ("paged" if backend == "reference" and o.attention != "native" else "contiguous")
+    return rope, kv_cache, PAGED_ATTENTION if kv_cache == "paged" else o.attention
+
+
+def implementations(options: BuildConfig, backend: str, trt: Any = None) -> dict[str, str]:
+    """:attr:`BuildPlan.implementations` that :func:`resolve_plan` picks for ``options`` on
+    ``backend`` (whose module is ``trt``, loaded when None); the model is not needed.
+
+    Raises:
+        InvalidArgumentError: a plugin was asked for on a module that cannot host plugins.
+    """
+    return _implementation_dict(*_implementations(options, backend, trt))
+
+
+def _implementation_dict(rope: str, kv_cache: str, attention: str) -> dict[str, str]:
+    chosen = {"rope": rope, "kv_cache": kv_cache}
+    if kv_cache == "contiguous":  # paged mode always attends with its plugin
+        chosen["attention"] = attention
+    return chosen
