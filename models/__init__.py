@@ -1,21 +1,26 @@
 """Model families, one file each; installed as ``trtcore.models``.
 
-A family module provides ``ARCHITECTURES`` (Hugging Face ``architectures`` names),
-``io_spec(config, dtype)`` and ``build(graph, config, weights)``; it composes
-:mod:`trtcore.ops` and never calls ``network.add_*`` itself.
+Each family's rules (config defaults, bias rules, tensor names, GGUF mapping) are its
+record in :mod:`trtcore.families`; the record's ``builder`` names the family file here. A
+family file provides ``ARCHITECTURES`` (Hugging Face ``architectures`` names) and
+``build(graph, config, weights)``; it composes :mod:`trtcore.ops` (inputs and outputs
+through the KV cache contract) and never calls ``network.add_*`` itself.
 """
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 from trtcore.errors import UnsupportedArchitectureError
+from trtcore.families import MODEL_FAMILIES, ModelFamily
 
-from . import llama
 
-_FAMILIES: tuple[ModuleType, ...] = (llama,)
+def _supported() -> dict[str, ModelFamily]:
+    return {f.architecture: f for f in MODEL_FAMILIES.values()}
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(a for f in _FAMILIES for a in f.ARCHITECTURES)
+
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_supported())
 
 
 def family_for(architecture: str) -> ModuleType:
@@ -24,9 +29,9 @@ def family_for(architecture: str) -> ModuleType:
     Raises:
         UnsupportedArchitectureError: no family builds it; the message lists those that do.
     """
-    for family in _FAMILIES:
-        if architecture in family.ARCHITECTURES:
-            return family
-    raise UnsupportedArchitectureError(
-        f"architecture {architecture!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-    )
+    family = _supported().get(architecture)
+    if family is None:
+        raise UnsupportedArchitectureError(
+            f"architecture {architecture!r} is not supported; supported: {', '.join(_supported())}"
+        )
+    return importlib.import_module(family.builder)

@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 
 from . import ops
+from .checkpoint import LoadReport
 from .config import ModelConfig
 from .errors import EngineBuildError, InvalidArgumentError
+from .families import family_of
 from .kv_modes import Profile, kv_mode
 from .models import family_for
 from .plan import DTYPES, BuildConfig, BuildPlan, resolve_plan
@@ -115,8 +117,13 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
 
     Raises:
         UnsupportedArchitectureError: the architecture has no model family.
-        MissingTensorError / TensorShapeError: the checkpoint does not fit the config.
+        MissingTensorError: tensors the network needs are absent (all of them listed).
+        TensorShapeError: a checkpoint tensor does not fit the config.
         InvalidArgumentError: the plan does not fit ``trt`` (a plugin it cannot host).
+
+    Warns:
+        UserWarning: checkpoint tensors no layer reads (listed by name; rotary ``inv_freq``
+            buffers excepted), as transformers' load report.
     """
     plan = _as_plan(config, plan, trt)
     family = family_for(config.architecture)
@@ -127,7 +134,9 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
     graph = ops.Graph(
         trt, network, plan.dtype, plan.implementations, plan.block_size, plan.max_seq_len, kv_mode=kv_mode(plan, config)
     )
-    family.build(graph, config, weights)
+    report = LoadReport(weights, family_of(config.model_type).is_ignored)
+    family.build(graph, config, report)
+    report.check(f"the {config.architecture} network")
     return DefinedNetwork(trt, builder, network, graph, config, plan)
 
 

@@ -467,3 +467,71 @@ class Checkpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LoadReport:
+    """Which checkpoint tensors a network build read: a reader over a :class:`Checkpoint`
+    that records every name asked for, then reports, as transformers' load report does,
+    the *missing* tensors (asked for, absent: an error listing all of them) and the
+    *unexpected* ones (present, never read: a warning listing them).
+
+    Args:
+        checkpoint: the checkpoint (anything with ``get(name, shape=, copy=)`` and names).
+        ignored: predicate for tensors that are neither read nor unexpected (buffers such
+            as ``rotary_emb.inv_freq``; :meth:`trtcore.families.ModelFamily.is_ignored`).
+
+    A missing tensor does not stop the build at once: :meth:`get` returns zeros of the
+    asked shape (float32) so that every missing name is collected; :meth:`check` raises.
+    """
+
+    def __init__(self, checkpoint: Any, ignored: Any = None):
+        self.checkpoint = checkpoint
+        self.ignored = ignored or (lambda name: False)
+        self.used: set[str] = set()
+        self.missing: list[str] = []
+
+    def get(self, name: str, shape: Sequence[int] | None = None, dtype: Any = None) -> np.ndarray:
+        """The tensor ``name`` (see :meth:`Checkpoint.get`), read-only and zero-copy where
+        no conversion is needed (the ops layer converts to the engine dtype once).
+
+        Raises:
+            TensorShapeError: the tensor exists with another shape.
+        """
+        self.used.add(name)
+        if name not in self.checkpoint:
+            if name not in self.missing:
+                self.missing.append(name)
+            return np.zeros(tuple(shape or (1,)), np.float32)
+        return self.checkpoint.get(name, shape=shape, dtype=dtype, copy=False)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.checkpoint
+
+    @property
+    def unexpected(self) -> list[str]:
+        """Checkpoint tensors no layer read, in name order (ignored buffers left out)."""
+        return [n for n in sorted(self.checkpoint) if n not in self.used and not self.ignored(n)]
+
+    def check(self, what: str = "the network") -> None:
+        """Raise for missing tensors, warn for unexpected ones.
+
+        Raises:
+            MissingTensorError: tensors ``what`` needs are absent; the message lists them all.
+
+        Warns:
+            UserWarning: tensors no layer reads, listed by name.
+        """
+        where = getattr(self.checkpoint, "model_dir", "the checkpoint")
+        if self.missing:
+            raise MissingTensorError(
+                f"{len(self.missing)} tensors that {what} needs are missing from {where}: {', '.join(self.missing)}"
+            )
+        extra = self.unexpected
+        if extra:
+            import warnings
+
+            warnings.warn(
+                f"{len(extra)} tensors in {where} are not used by {what} (unexpected): {', '.join(extra)}",
+                UserWarning,
+                stacklevel=3,
+            )

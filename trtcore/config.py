@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from trtcore.errors import ConfigError, UnsupportedArchitectureError
+from trtcore.families import MODEL_FAMILIES, ModelFamily, register_model_type
+from trtcore.rope import ROPE_TYPES
 
 __all__ = [
     "ModelConfig",
@@ -46,22 +48,10 @@ __all__ = [
 CONFIG_NAME = "config.json"
 GENERATION_CONFIG_NAME = "generation_config.json"
 
-#: Hugging Face's ``RotaryEmbeddingConfigMixin.default_theta``.
-DEFAULT_ROPE_THETA = 10_000.0
-
-#: Non-default RoPE types and the keys ``rope_scaling`` must carry for each (from
-#: ``transformers.modeling_rope_utils`` ``_validate_*_rope_parameters``).
-ROPE_TYPES: dict[str, tuple[str, ...]] = {
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "yarn": ("factor", "original_max_position_embeddings"),
-    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-}
 
 # RoPE types for which transformers v5 fills ``original_max_position_embeddings`` from
 # ``max_position_embeddings`` when absent (``standardize_rope_params``).
-_ROPE_TYPES_WITH_ORIGINAL_MAX = ("llama3", "yarn", "longrope")
+_ROPE_TYPES_WITH_ORIGINAL_MAX = ("llama3", "yarn")
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -75,135 +65,6 @@ REQUIRED_FIELDS = (
     "num_hidden_layers",
     "num_attention_heads",
 )
-
-
-@dataclass(frozen=True)
-class ModelFamily:
-    """Per-``model_type`` rules: Hugging Face defaults and what its modeling code hard-codes.
-
-    Attributes:
-        model_type: Hugging Face ``model_type`` (``"llama"``, ``"qwen2"``, ...).
-        architecture: the ``architectures[0]`` to assume when config.json has none
-            (the ``*ForCausalLM`` class).
-        defaults: Hugging Face's ``__init__``/dataclass defaults of the config class for
-            the optional fields (``num_key_value_heads``, ``max_position_embeddings``,
-            ``rms_norm_eps``, ``rope_theta``, ``head_dim``, token ids, ...). ``None`` for
-            ``num_key_value_heads`` / ``head_dim`` means "derive" (``num_attention_heads``,
-            ``hidden_size // num_attention_heads``).
-        qkv_bias, o_bias, mlp_bias: ``None`` when the modeling code reads the config
-            (``attention_bias`` / ``mlp_bias``); a bool when it hard-codes ``bias=...``.
-        sliding_window_rule: ``"none"`` (no sliding window, Llama), ``"always"``
-            (``config.sliding_window`` applies to every layer, Mistral) or
-            ``"use_sliding_window"`` (only when ``use_sliding_window`` is true, and only on
-            the layers whose ``layer_types`` entry is ``"sliding_attention"``, Qwen2/Qwen3).
-    """
-
-    model_type: str
-    architecture: str
-    defaults: Mapping[str, Any]
-    qkv_bias: bool | None = None
-    o_bias: bool | None = None
-    mlp_bias: bool | None = None
-    sliding_window_rule: str = "none"
-
-
-_COMMON_DEFAULTS: dict[str, Any] = {
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "rope_theta": DEFAULT_ROPE_THETA,
-    "tie_word_embeddings": False,
-    "attention_bias": False,
-    "mlp_bias": False,
-    "pad_token_id": None,
-    "head_dim": None,
-    "sliding_window": None,
-    "use_sliding_window": False,
-    "max_window_layers": 28,
-}
-
-#: Families trtcore knows, keyed by ``model_type``. Defaults transcribed from
-#: transformers' ``configuration_{llama,mistral,qwen2,qwen3}.py`` (identical in v4.56 and v5).
-MODEL_FAMILIES: dict[str, ModelFamily] = {
-    "llama": ModelFamily(
-        "llama",
-        "LlamaForCausalLM",
-        {
-            **_COMMON_DEFAULTS,
-            "num_key_value_heads": None,
-            "max_position_embeddings": 2048,
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-        },
-    ),
-    "mistral": ModelFamily(
-        "mistral",
-        "MistralForCausalLM",
-        {
-            **_COMMON_DEFAULTS,
-            "num_key_value_heads": 8,
-            "max_position_embeddings": 4096 * 32,
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-            "sliding_window": 4096,
-        },
-        qkv_bias=False,
-        o_bias=False,
-        mlp_bias=False,
-        sliding_window_rule="always",
-    ),
-    "qwen2": ModelFamily(
-        "qwen2",
-        "Qwen2ForCausalLM",
-        {
-            **_COMMON_DEFAULTS,
-            "num_key_value_heads": 32,
-            "max_position_embeddings": 32768,
-            "bos_token_id": None,
-            "eos_token_id": None,
-            "sliding_window": 4096,
-        },
-        qkv_bias=True,
-        o_bias=False,
-        mlp_bias=False,
-        sliding_window_rule="use_sliding_window",
-    ),
-    "qwen3": ModelFamily(
-        "qwen3",
-        "Qwen3ForCausalLM",
-        {
-            **_COMMON_DEFAULTS,
-            "num_key_value_heads": 32,
-            "head_dim": 128,
-            "max_position_embeddings": 32768,
-            "bos_token_id": None,
-            "eos_token_id": None,
-            "sliding_window": 4096,
-        },
-        mlp_bias=False,
-        sliding_window_rule="use_sliding_window",
-    ),
-}
-
-
-def register_model_type(family: ModelFamily) -> None:
-    """Teach :class:`ModelConfig` a new ``model_type`` (for a new architecture file).
-
-    Args:
-        family: the family's Hugging Face defaults and hard-coded biases. Its ``defaults``
-            must contain every key of the built-in families' defaults.
-
-    Raises:
-        ConfigError: ``defaults`` lacks a key, or ``sliding_window_rule`` is unknown.
-    """
-    missing = sorted(set(MODEL_FAMILIES["llama"].defaults) - set(family.defaults))
-    if missing:
-        raise ConfigError(f"register_model_type({family.model_type!r}): defaults lack {missing}")
-    if family.sliding_window_rule not in ("none", "always", "use_sliding_window"):
-        raise ConfigError(
-            f"register_model_type({family.model_type!r}): sliding_window_rule is "
-            f"{family.sliding_window_rule!r}, expected 'none', 'always' or 'use_sliding_window'"
-        )
-    MODEL_FAMILIES[family.model_type] = family
 
 
 # ---------------------------------------------------------------------------------------

@@ -51,16 +51,15 @@ from typing import Any
 import numpy as np
 
 from .errors import ConversionError
+from .families import GGUFMapping, gguf_families
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "convert_gguf", "unpermute_qk"]
 
 logger = logging.getLogger(__name__)
 
-#: GGUF ``general.architecture`` -> Hugging Face ``architectures`` entry.
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-}
+#: GGUF ``general.architecture`` -> Hugging Face ``architectures`` entry (the families whose
+#: registry record has a GGUF mapping, :func:`trtcore.families.gguf_families`).
+SUPPORTED_ARCHITECTURES: dict[str, str] = {arch: f.architecture for arch, f in gguf_families().items()}
 
 # gguf TokenType values (gguf.constants.TokenType)
 _TOKEN_CONTROL = 3
@@ -69,22 +68,6 @@ _TOKEN_USER_DEFINED = 4
 # rows of a large tensor dequantized at once (bounded by element count, see _iter_rows)
 _CHUNK_ELEMENTS = 1 << 24
 
-# GGUF tensor-name suffix -> Hugging Face name, inside ``blk.N.`` / ``model.layers.N.``
-_LAYER_TENSORS = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
 _REQUIRED_LAYER_TENSORS = (
     "attn_norm.weight",
     "ffn_norm.weight",
@@ -96,11 +79,6 @@ _REQUIRED_LAYER_TENSORS = (
     "ffn_up.weight",
     "ffn_down.weight",
 )
-_GLOBAL_TENSORS = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 # ---------------------------------------------------------------------------------------------
@@ -276,6 +254,12 @@ def _numpy_shape(tensor: Any) -> tuple[int, ...]:
 # config
 
 
+def _mapping(arch: str) -> GGUFMapping:
+    mapping = gguf_families()[arch].gguf
+    assert mapping is not None
+    return mapping
+
+
 def _build_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[str, Any]:
     def key(name: str) -> str:
         return f"{arch}.{name}"
@@ -335,7 +319,7 @@ def _build_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[s
         "tie_word_embeddings": "output.weight" not in tensors,
         "torch_dtype": "float16",
     }
-    if arch == "llama":
+    if _mapping(arch).bias_from_tensors:  # the family's modeling code reads attention_bias
         config["attention_bias"] = has_bias
         config["mlp_bias"] = False
     rope_scaling = _rope_scaling(meta, arch, tensors, head_dim, rope_theta)
@@ -471,29 +455,30 @@ def _plan_tensors(tensors: dict[str, Any], config: dict[str, Any], arch: str) ->
         "output_norm.weight": (hidden,),
         "output.weight": (vocab, hidden),
     }
+    mapping = _mapping(arch)
     plan: list[_PlannedTensor] = []
     seen_layers: dict[int, set[str]] = {i: set() for i in range(n_layers)}
     for name, t in tensors.items():
         shape = _numpy_shape(t)
         if name == "rope_freqs.weight":
             continue  # folded into config["rope_scaling"]
-        if name in _GLOBAL_TENSORS:
-            hf_name, suffix = _GLOBAL_TENSORS[name], name
+        if name in mapping.global_tensors:
+            hf_name, suffix = mapping.global_tensors[name], name
         else:
             m = _LAYER_RE.match(name)
-            if not m or m.group(2) not in _LAYER_TENSORS:
+            if not m or m.group(2) not in mapping.layer_tensors:
                 raise ConversionError(f"GGUF tensor {name!r} is not supported for architecture {arch!r}")
             layer, suffix = int(m.group(1)), m.group(2)
             if layer >= n_layers:
                 raise ConversionError(f"GGUF tensor {name!r} is beyond block_count={n_layers}")
             seen_layers[layer].add(suffix)
-            hf_name = f"model.layers.{layer}.{_LAYER_TENSORS[suffix]}"
+            hf_name = f"model.layers.{layer}.{mapping.layer_tensors[suffix]}"
         if shape != expected[suffix]:
             raise ConversionError(f"GGUF tensor {name!r} has shape {shape}, expected {expected[suffix]}")
         heads = 0
-        if arch == "llama" and suffix.startswith("attn_q."):
+        if mapping.permute_qk and suffix.startswith("attn_q."):
             heads = n_heads
-        elif arch == "llama" and suffix.startswith("attn_k."):
+        elif mapping.permute_qk and suffix.startswith("attn_k."):
             heads = n_kv
         plan.append(_PlannedTensor(hf_name, t, shape, heads))
     for layer, present in seen_layers.items():

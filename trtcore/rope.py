@@ -27,7 +27,18 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+#: The RoPE types trtcore builds (besides ``"default"``) and the keys ``rope_scaling`` must
+#: carry for each (from ``transformers.modeling_rope_utils`` ``_validate_*_rope_parameters``).
+#: The one list: config parsing rejects any other type at load time, :func:`rope_spec`
+#: computes exactly these.
+ROPE_TYPES: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor", "original_max_position_embeddings"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", *ROPE_TYPES)
 
 
 @dataclass(frozen=True)
@@ -111,8 +122,13 @@ def _yarn(base: float, dim: int, p: dict[str, Any], max_position_embeddings: int
     return inv, float(attention_factor)
 
 
-def rope_spec(config: Any) -> RopeSpec:
+def rope_spec(config: Any, partial_rotary_factor: float | None = None) -> RopeSpec:
     """The :class:`RopeSpec` of a :class:`trtcore.config.ModelConfig`.
+
+    Args:
+        config: the model config.
+        partial_rotary_factor: the fraction of ``head_dim`` to rotate; None for the
+            config's (a model family whose modeling code ignores the field passes 1.0).
 
     Raises:
         ConfigError: the ``rope_type`` is not supported, or a field it needs is missing.
@@ -121,7 +137,10 @@ def rope_spec(config: Any) -> RopeSpec:
 
     head_dim = int(config.head_dim)
     scaling = dict(config.rope_scaling or {})
-    partial = float(scaling.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0) or 1.0))
+    if partial_rotary_factor is None:
+        partial = float(scaling.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0) or 1.0))
+    else:
+        partial = float(partial_rotary_factor)
     dim = int(head_dim * partial)
     base = float(config.rope_theta)
     rope_type = scaling.get("rope_type", "default")

@@ -1,0 +1,286 @@
+"""The model-family registry: each family's rules in one record (:class:`ModelFamily`).
+
+A family (Hugging Face ``model_type``) declares here, once:
+
+* its config defaults (those of transformers' ``*Config`` class) and which config fields
+  its transformers *modeling* code really reads: bias rules (``qkv_bias`` / ``o_bias`` /
+  ``mlp_bias``), the sliding-window rule, whether ``partial_rotary_factor`` is applied;
+* its Hugging Face tensor names (:attr:`ModelFamily.tensor_names`), the buffers a
+  checkpoint may carry that no layer reads (:attr:`ModelFamily.ignored_tensors`, e.g.
+  ``rotary_emb.inv_freq``), and its fused/packed modules (vLLM's
+  ``packed_modules_mapping``);
+* its GGUF mapping (:class:`GGUFMapping`: llama.cpp architecture name, tensor names,
+  whether q/k rows are permuted);
+* the module that builds its network (``builder``, a family file under ``models/``).
+
+This module is data only, at the bottom of the layering: :mod:`trtcore.config`,
+:mod:`trtcore.gguf_convert`, :mod:`trtcore.models` and the checkpoint report read it.
+A new architecture adds a family file under ``models/`` and a record here
+(:func:`register_model_type`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtcore.errors import ConfigError
+
+#: Hugging Face's ``RotaryEmbeddingConfigMixin.default_theta``.
+DEFAULT_ROPE_THETA = 10_000.0
+
+#: Llama-style Hugging Face module names: role -> name (``{i}``: the layer index); a tensor's
+#: name adds ``.weight`` / ``.bias``.
+LLAMA_TENSOR_NAMES: Mapping[str, str] = {
+    "embed_tokens": "model.embed_tokens",
+    "norm": "model.norm",
+    "lm_head": "lm_head",
+    "input_layernorm": "model.layers.{i}.input_layernorm",
+    "post_attention_layernorm": "model.layers.{i}.post_attention_layernorm",
+    "q_proj": "model.layers.{i}.self_attn.q_proj",
+    "k_proj": "model.layers.{i}.self_attn.k_proj",
+    "v_proj": "model.layers.{i}.self_attn.v_proj",
+    "o_proj": "model.layers.{i}.self_attn.o_proj",
+    "q_norm": "model.layers.{i}.self_attn.q_norm",
+    "k_norm": "model.layers.{i}.self_attn.k_norm",
+    "gate_proj": "model.layers.{i}.mlp.gate_proj",
+    "up_proj": "model.layers.{i}.mlp.up_proj",
+    "down_proj": "model.layers.{i}.mlp.down_proj",
+}
+
+#: vLLM's ``packed_modules_mapping`` of the Llama-style families: the modules an inference
+#: engine may fuse (trtcore builds them unfused; Hugging Face checkpoints store them apart).
+LLAMA_PACKED_MODULES: Mapping[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+
+#: Buffers that transformers' older checkpoints saved and no layer reads (the rotary
+#: embedding's ``inv_freq``): not reported as unexpected (transformers'
+#: ``_keys_to_ignore_on_load_unexpected``).
+ROTARY_BUFFERS: tuple[str, ...] = (r"(^|\.)rotary_emb\.inv_freq$",)
+
+#: GGUF tensor-name suffix -> Hugging Face name suffix, inside ``blk.N.`` / ``model.layers.N.``
+LLAMA_GGUF_LAYER_TENSORS: Mapping[str, str] = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+#: GGUF global tensors -> Hugging Face names
+LLAMA_GGUF_GLOBAL_TENSORS: Mapping[str, str] = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+@dataclass(frozen=True)
+class GGUFMapping:
+    """How a llama.cpp GGUF file of this family maps onto its Hugging Face checkpoint.
+
+    Attributes:
+        architecture: GGUF ``general.architecture`` (``"llama"``, ``"qwen2"``).
+        layer_tensors / global_tensors: GGUF tensor name (suffix) -> Hugging Face name.
+        permute_qk: llama.cpp's ``convert_hf_to_gguf.py`` reorders q/k rows (``llama``);
+            the converter undoes it.
+        bias_from_tensors: the converter sets ``attention_bias`` from the presence of q/k/v
+            bias tensors (families whose modeling code reads ``attention_bias``).
+    """
+
+    architecture: str
+    layer_tensors: Mapping[str, str] = field(default_factory=lambda: LLAMA_GGUF_LAYER_TENSORS)
+    global_tensors: Mapping[str, str] = field(default_factory=lambda: LLAMA_GGUF_GLOBAL_TENSORS)
+    permute_qk: bool = False
+    bias_from_tensors: bool = False
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """Per-``model_type`` rules: Hugging Face defaults and what its modeling code reads.
+
+    Attributes:
+        model_type: Hugging Face ``model_type`` (``"llama"``, ``"qwen2"``, ...).
+        architecture: the ``architectures[0]`` to assume when config.json has none
+            (the ``*ForCausalLM`` class).
+        defaults: Hugging Face's ``__init__``/dataclass defaults of the config class for
+            the optional fields (``num_key_value_heads``, ``max_position_embeddings``,
+            ``rms_norm_eps``, ``rope_theta``, ``head_dim``, token ids, ...). ``None`` for
+            ``num_key_value_heads`` / ``head_dim`` means "derive" (``num_attention_heads``,
+            ``hidden_size // num_attention_heads``).
+        qkv_bias, o_bias, mlp_bias: ``None`` when the modeling code reads the config
+            (``attention_bias`` / ``mlp_bias``); a bool when it hard-codes ``bias=...``.
+        sliding_window_rule: ``"none"`` (no sliding window, Llama), ``"always"``
+            (``config.sliding_window`` applies to every layer, Mistral) or
+            ``"use_sliding_window"`` (only when ``use_sliding_window`` is true, and only on
+            the layers whose ``layer_types`` entry is ``"sliding_attention"``, Qwen2/Qwen3).
+        partial_rotary_factor: ``None`` when the modeling code rotates
+            ``head_dim * partial_rotary_factor`` features; a number when it hard-codes the
+            fraction (the four Llama-style families: 1.0, their default RoPE computes
+            ``inv_freq`` over the whole ``head_dim`` whatever the config says).
+        builder: the module that builds the network (``build(graph, config, weights)``).
+        tensor_names: role -> Hugging Face module name (``{i}``: layer); tensor names add
+            ``.weight`` / ``.bias``.
+        packed_modules: fused module -> the modules it packs (vLLM's ``packed_modules_mapping``).
+        ignored_tensors: regular expressions of checkpoint tensors no layer reads that are
+            not reported as unexpected (rotary ``inv_freq`` buffers).
+        gguf: the GGUF mapping, or None when GGUF files of this family are not converted.
+    """
+
+    model_type: str
+    architecture: str
+    defaults: Mapping[str, Any]
+    qkv_bias: bool | None = None
+    o_bias: bool | None = None
+    mlp_bias: bool | None = None
+    sliding_window_rule: str = "none"
+    partial_rotary_factor: float | None = 1.0
+    builder: str = "trtcore.models.llama"
+    tensor_names: Mapping[str, str] = field(default_factory=lambda: LLAMA_TENSOR_NAMES)
+    packed_modules: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: LLAMA_PACKED_MODULES)
+    ignored_tensors: tuple[str, ...] = ROTARY_BUFFERS
+    gguf: GGUFMapping | None = None
+
+    def tensor(self, role: str, layer: int | None = None, suffix: str = ".weight") -> str:
+        """The Hugging Face name of ``role`` (of ``layer``), plus ``suffix`` (``".weight"``).
+
+        Raises:
+            ConfigError: the family declares no such role.
+        """
+        if role not in self.tensor_names:
+            raise ConfigError(f"model family {self.model_type!r} has no tensor role {role!r}; it has {sorted(self.tensor_names)}")
+        return self.tensor_names[role].format(i=layer) + suffix
+
+    def is_ignored(self, name: str) -> bool:
+        """Whether the checkpoint tensor ``name`` is a buffer no layer is expected to read."""
+        return any(re.search(p, name) for p in self.ignored_tensors)
+
+
+_COMMON_DEFAULTS: dict[str, Any] = {
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": DEFAULT_ROPE_THETA,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "pad_token_id": None,
+    "head_dim": None,
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "max_window_layers": 28,
+}
+
+#: Families trtcore knows, keyed by ``model_type``. Defaults transcribed from
+#: transformers' ``configuration_{llama,mistral,qwen2,qwen3}.py`` (identical in v4.56 and v5);
+#: bias / sliding-window / rotary rules from ``modeling_{llama,mistral,qwen2,qwen3}.py``.
+MODEL_FAMILIES: dict[str, ModelFamily] = {
+    "llama": ModelFamily(
+        "llama",
+        "LlamaForCausalLM",
+        {
+            **_COMMON_DEFAULTS,
+            "num_key_value_heads": None,
+            "max_position_embeddings": 2048,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+        gguf=GGUFMapping("llama", permute_qk=True, bias_from_tensors=True),
+    ),
+    "mistral": ModelFamily(
+        "mistral",
+        "MistralForCausalLM",
+        {
+            **_COMMON_DEFAULTS,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 4096 * 32,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "sliding_window": 4096,
+        },
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        sliding_window_rule="always",
+    ),
+    "qwen2": ModelFamily(
+        "qwen2",
+        "Qwen2ForCausalLM",
+        {
+            **_COMMON_DEFAULTS,
+            "num_key_value_heads": 32,
+            "max_position_embeddings": 32768,
+            "bos_token_id": None,
+            "eos_token_id": None,
+            "sliding_window": 4096,
+        },
+        qkv_bias=True,
+        o_bias=False,
+        mlp_bias=False,
+        sliding_window_rule="use_sliding_window",
+        gguf=GGUFMapping("qwen2"),
+    ),
+    "qwen3": ModelFamily(
+        "qwen3",
+        "Qwen3ForCausalLM",
+        {
+            **_COMMON_DEFAULTS,
+            "num_key_value_heads": 32,
+            "head_dim": 128,
+            "max_position_embeddings": 32768,
+            "bos_token_id": None,
+            "eos_token_id": None,
+            "sliding_window": 4096,
+        },
+        mlp_bias=False,
+        sliding_window_rule="use_sliding_window",
+    ),
+}
+
+
+def register_model_type(family: ModelFamily) -> None:
+    """Teach trtcore a new ``model_type`` (for a new architecture file).
+
+    Args:
+        family: the family's Hugging Face defaults and rules. Its ``defaults`` must contain
+            every key of the built-in families' defaults.
+
+    Raises:
+        ConfigError: ``defaults`` lacks a key, or ``sliding_window_rule`` is unknown.
+    """
+    missing = sorted(set(MODEL_FAMILIES["llama"].defaults) - set(family.defaults))
+    if missing:
+        raise ConfigError(f"register_model_type({family.model_type!r}): defaults lack {missing}")
+    if family.sliding_window_rule not in ("none", "always", "use_sliding_window"):
+        raise ConfigError(
+            f"register_model_type({family.model_type!r}): sliding_window_rule is "
+            f"{family.sliding_window_rule!r}, expected 'none', 'always' or 'use_sliding_window'"
+        )
+    MODEL_FAMILIES[family.model_type] = family
+
+
+def family_of(model_type: str) -> ModelFamily:
+    """The registered family of ``model_type``.
+
+    Raises:
+        ConfigError: no family has that ``model_type`` (the message lists those known).
+    """
+    if model_type not in MODEL_FAMILIES:
+        raise ConfigError(f"model_type {model_type!r} has no registered family; known: {sorted(MODEL_FAMILIES)}")
+    return MODEL_FAMILIES[model_type]
+
+
+def gguf_families() -> dict[str, ModelFamily]:
+    """GGUF ``general.architecture`` -> the family whose files trtcore converts."""
+    return {f.gguf.architecture: f for f in MODEL_FAMILIES.values() if f.gguf is not None}
