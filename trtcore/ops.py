@@ -162,12 +162,29 @@ class Graph:
 
 
 def constant(g: Graph, array: np.ndarray, name: str, dtype: Any = None) -> Tensor:
-    """A constant tensor holding ``array`` (converted to ``dtype``, default: its own)."""
-    arr = np.ascontiguousarray(array, dtype=dtype if dtype is not None else array.dtype)
+    """A constant tensor holding ``array`` (converted to ``dtype``, default: its own).
+
+    Memory: the graph owns one C-contiguous copy per distinct source array and dtype
+    (``array`` may be a read-only view into a memory-mapped checkpoint; a tied embedding
+    used twice is converted once), so a network costs about its weights once.
+    """
+    target = np.dtype(dtype if dtype is not None else array.dtype)
+    # the same bytes (e.g. a tied embedding, reshaped for lm_head) are converted once
+    key = ("constant", array.ctypes.data, array.size, array.dtype, target) if array.flags.c_contiguous else None
+    cached = g.shared.get(key) if key is not None else None
+    if cached is not None:
+        arr = cached[1].reshape(array.shape)
+    else:
+        arr = np.array(array, dtype=target, order="C")  # owned: never the checkpoint's mapping
+        if key is not None:
+            g.shared[key] = (array, arr)  # holding `array` keeps its memory (the key) from being reused
+        g.keepalive.append(arr)
     if arr.ndim == 0:
         arr = arr.reshape(1)
-    g.keepalive.append(arr)
-    weights = g.trt.Weights(g.trt_type(arr.dtype), arr.ctypes.data, arr.size)
+    if getattr(g.trt, "__name__", "") == "trtcore.reference":
+        weights = g.trt.Weights(arr)  # the reference module keeps the array itself (no copy)
+    else:
+        weights = g.trt.Weights(g.trt_type(arr.dtype), arr.ctypes.data, arr.size)  # read at build time
     layer = g.network.add_constant(tuple(arr.shape), weights)
     return g.named(layer, name)
 
