@@ -15,7 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hf_models import VARIANTS, ModelStore, Variant, hf_logits, hf_models, load_hf, log_softmax, random_prompt, write_checkpoint  # noqa: F401
+from hf_models import (  # noqa: F401
+    VARIANTS,
+    ModelStore,
+    Variant,
+    hf_logits,
+    hf_models,
+    load_hf,
+    log_softmax,
+    random_prompt,
+    write_checkpoint,
+)
 from safetensors.numpy import load_file, save_file
 
 from trtcore import LLM, SamplingParams

@@ -11,8 +11,8 @@ answers the same questions (:class:`KVMode`):
 
 * ``mode.inputs`` / ``mode.outputs``: every network input / output as :class:`TensorSpec`
   (name, NumPy dtype, shape with -1 for dynamic dimensions), in declaration order;
-* ``mode.profile_shapes()``: ``{input name: (min, opt, max)}`` of the dynamic inputs (one
-  optimization profile);
+* ``mode.profile_shapes()``: ``{input name: (min, opt, max)}`` of every input (one
+  optimization profile; static dimensions are equal in all three);
 * what the runtime must feed: ``mode.token_layout`` (``"packed"`` ``[T]`` or ``"padded"``
   ``[B, S]``), ``mode.takes_rope_seq_lens``, ``mode.mask_inputs`` (per attention kind of
   ``config.layer_types``, its mask input), ``mode.cache_inputs`` / ``mode.cache_outputs``
@@ -159,7 +159,8 @@ class KVMode:
         return [TensorSpec(LOGITS, np.dtype(np.float32), (-1, self.config.vocab_size)), *self.cache_outputs]
 
     def profile_shapes(self) -> dict[str, Profile]:
-        """``(min, opt, max)`` of every dynamic input (one optimization profile)."""
+        """``(min, opt, max)`` of every input (one optimization profile; a static dimension
+        has the same size in all three)."""
         raise NotImplementedError
 
     # helpers -------------------------------------------------------------------------------

@@ -28,10 +28,10 @@ from .builder import build_engine, build_reference_engine, define_network
 from .checkpoint import Checkpoint
 from .config import GenerationConfig, ModelConfig, load_config, load_generation_config
 from .errors import InvalidArgumentError, InvalidRequestError, TrtcoreError
+from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
 from .runtime.executor import Executor
 from .runtime.generate import ContiguousGenerator, Request
 from .runtime.sampling import Logprob, SamplingParams
-from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
 from .trt import load_trt, normalize_backend
 
 

@@ -284,7 +284,7 @@ def _implementations(o: BuildConfig, backend: str, trt: Any) -> tuple[str, str, 
     plugins = hosts_plugins(module)
     for op, value, plugin_value in (("rope", o.rope, "plugin"), ("kv_cache", o.kv_cache, "paged")):
         if value == plugin_value and not plugins:
-            other = [v for v in IMPLEMENTATIONS[op] if v != value][0]
+            other = next(v for v in IMPLEMENTATIONS[op] if v != value)
             raise InvalidArgumentError(
                 f"{op}={value!r} needs a TensorRT module that hosts plugins; {getattr(module, '__name__', module)} does not "
                 f"(tensorrt_rtx's Python network has no add_plugin_v3); use {op}={other!r}"
