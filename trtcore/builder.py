@@ -33,10 +33,13 @@ from .plan import DTYPES, BuildConfig, BuildPlan, resolve_plan
 from .plan import implementations as plan_implementations
 from .trt import backend_name
 
-__all__ = ["DTYPES", "BuildConfig", "BuildPlan", "DefinedNetwork", "build_engine", "define_network", "implementations", "profile_shapes"]
+__all__ = [
+    "DTYPES", "BuildConfig", "BuildPlan", "DefinedNetwork", "build_engine", "build_reference_engine", "check_writable",
+    "define_network", "implementations", "profile_shapes", "save_engine", "sidecar", "trt_logger", "write_atomic",
+]
 
 def profile_shapes(config: ModelConfig, plan: BuildPlan | BuildConfig, trt: Any = None) -> dict[str, Profile]:
-    """min / opt / max shape of every dynamic network input (one optimization profile) of
+    """min / opt / max shape of every network input (one optimization profile) of
     ``plan``'s KV cache mode (:meth:`trtcore.kv_modes.KVMode.profile_shapes`); a
     :class:`BuildConfig` is resolved first (:func:`resolve_plan`, on ``trt``'s backend)."""
     return kv_mode(_as_plan(config, plan, trt), config).profile_shapes()
