@@ -146,6 +146,11 @@ class _IncrementalText:
         return StreamOutput(index, event.token_id, delta, logprobs, event.finish_reason, event.stop_reason)
 
 
+def _index(request_id: Any) -> int:
+    """The prompt index a request id of this API stands for (ids are the prompts' indices)."""
+    return int(request_id)
+
+
 def _request_error(index: int, finish_reason: str | None, error: str | None) -> TrtcoreError | None:
     """The exception of a failed request (None for a token or a normal finish): rejected
     (it can never fit the KV cache) or ended in error (non-finite logits)."""
@@ -403,7 +408,7 @@ class LLM:
                 yield StreamOutput(i, -1, "", finish_reason="error", error=exc)
         texts: dict[int, _IncrementalText] = {}
         for event in self.engine.generate(requests):
-            i = int(event.request_id)
+            i = _index(event.request_id)
             out = texts.setdefault(i, _IncrementalText(self)).output(i, event)
             if out.error is not None and single:
                 raise out.error
@@ -441,7 +446,7 @@ class LLM:
         with ``finish_reason="error"`` and ``error``)."""
         outs = []
         for event in self.engine.step():
-            rid = int(event.request_id)
+            rid = _index(event.request_id)
             if rid not in self._texts:
                 continue  # rejected: add_request raised already
             outs.append(self._texts[rid].output(rid, event))
@@ -511,14 +516,14 @@ class LLM:
             requests.append(req)
             outputs.append(RequestOutput(str(i), text, req.prompt_token_ids, [CompletionOutput(logprobs=[] if sp.logprobs is not None else None)]))
         for event in self.engine.generate(requests):
-            error = _request_error(int(event.request_id), event.finish_reason, event.error)
+            error = _request_error(_index(event.request_id), event.finish_reason, event.error)
             if error is not None and single:
                 raise error
         for req in requests:  # the records hold each request's result
-            out = outputs[int(req.request_id)]
+            out = outputs[_index(req.request_id)]
             comp = out.outputs[0]
             comp.token_ids = list(req.output_token_ids)
-            out.error = _request_error(int(req.request_id), req.finish_reason, req.error)
+            out.error = _request_error(_index(req.request_id), req.finish_reason, req.error)
             comp.finish_reason = "error" if out.error is not None else req.finish_reason
             comp.stop_reason = req.stop_reason
             if comp.logprobs is not None:

@@ -108,9 +108,9 @@ class EngineCore:
                 good = [ids[row] for row in np.flatnonzero(finite)]
                 if good:
                     result = self.sampler.sample(logits[finite], good)
-                    for row, rid in enumerate(good):
-                        sampled[rid] = int(result.token_ids[row])
-                        logprobs[rid] = result.logprobs[row]
+                    for i, rid in enumerate(good):
+                        sampled[rid] = int(result.token_ids[i])
+                        logprobs[rid] = result.logprobs[i]
         events = self.scheduler.update(sampled, logprobs, errors)
         for ev in events:
             if ev.finished and ev.request_id in self.sampler:
