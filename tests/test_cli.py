@@ -123,3 +123,10 @@ def test_check_reports_agreement(model: Path) -> None:
     assert "OK" in proc.stdout
     err = float(proc.stdout.split("max relative logit error ")[1].split()[0])
     assert np.isfinite(err) and err <= 1e-4
+
+
+def test_generate_checks_the_prompt_before_echoing_it(model: Path) -> None:
+    long_prompt = "the theory of " * 3000  # far more tokens than max_seq_len
+    proc = _cli("generate", long_prompt, "--model", str(model), "--max-tokens", "4")
+    assert proc.returncode == 2 and "trtcore: error: prompt 0 has" in proc.stderr
+    assert proc.stdout == ""

@@ -332,12 +332,12 @@ _CACHE_KWARG = "cache" if "cache" in inspect.signature(__import__("transformers"
 
 
 def _feeds(llm: LLM, ids: np.ndarray, pos: np.ndarray, key_pos: np.ndarray, last: np.ndarray, past: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from trtcore.runtime.generate import mask_feeds
+    from trtcore.kv_modes import mask_feeds
 
     return {
         "input_ids": ids.astype(np.int32),
         "position_ids": pos.astype(np.int32),
-        **mask_feeds(llm.config, llm.executor.input_names, key_pos, pos),
+        **mask_feeds(llm.config, key_pos, pos),
         "last_token_ids": last.astype(np.int32),
         **past,
     }

@@ -42,7 +42,9 @@ from trtcore.checkpoint import Checkpoint
 from trtcore.config import load_config
 from trtcore.errors import InvalidArgumentError, NetworkError
 from trtcore.reference.evaluator import evaluate
-from trtcore.runtime.generate import ContiguousGenerator, Request
+from trtcore.kv_modes import kv_mode
+from trtcore.runtime.generate import make_engine
+from trtcore.runtime.request import Request
 from trtcore.runtime.reference_executor import ReferenceExecutor
 from trtcore.runtime.sampling import SamplingParams
 
@@ -435,9 +437,9 @@ def _executor(store: ModelStore, name: str, attention: str, dtype: str = "float3
 
 
 def _run(store: ModelStore, name: str, attention: str, prompts: list[list[int]], max_tokens: list[int]) -> dict[int, Any]:
-    executor, config, _ = _executor(store, name, attention)
-    gen = ContiguousGenerator(executor, config, np.float32, MAX_BATCH, MAX_SEQ)
-    assert gen.native == (attention == "native")
+    executor, config, d = _executor(store, name, attention)
+    gen = make_engine(executor, kv_mode(d.plan, config))
+    assert gen.kv_cache.native == (attention == "native")
     v = VARIANTS[name]
     reqs = [
         Request(i, p, SamplingParams(temperature=0, max_tokens=m, ignore_eos=True, logprobs=v.vocab_size))
@@ -503,7 +505,7 @@ def test_native_generator_keeps_cache_in_place(hf_models: ModelStore) -> None:  
     """One prefill + decode by hand: the engine writes the step's k/v at
     cache_write_positions and returns the cache arrays it was given (in place)."""
     executor, config, _ = _executor(hf_models, "llama3_rope", "native")
-    from trtcore.runtime.generate import mask_feeds
+    from trtcore.kv_modes import mask_feeds
 
     L = MAX_SEQ
     caches = {f"kv_cache.{i}.{k}": np.zeros((1, config.num_key_value_heads, L, config.head_dim), np.float32)
@@ -512,7 +514,7 @@ def test_native_generator_keeps_cache_in_place(hf_models: ModelStore) -> None:  
     key_pos[0, :3] = np.arange(3)
     qpos = np.arange(3)[None, :]
     feeds = {"input_ids": np.array([[5, 6, 7]], np.int32), "position_ids": qpos.astype(np.int32),
-             **mask_feeds(config, executor.input_names, key_pos, qpos, native=True),
+             **mask_feeds(config, key_pos, qpos, native=True),
              "last_token_ids": np.array([2], np.int32), "cache_write_positions": np.array([0], np.int32), **caches}
     out = executor.run(feeds)
     k0 = out["present.0.key"]

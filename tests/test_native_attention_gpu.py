@@ -26,7 +26,9 @@ from trtcore.builder import BuildConfig, build_reference_engine, define_network
 from trtcore.checkpoint import Checkpoint
 from trtcore.config import load_config
 from trtcore.runtime.device import cuda_status
-from trtcore.runtime.generate import ContiguousGenerator, Request
+from trtcore.kv_modes import kv_mode
+from trtcore.runtime.generate import EngineCore, make_engine
+from trtcore.runtime.request import Request
 from trtcore.runtime.reference_executor import ReferenceExecutor
 from trtcore.runtime.sampling import SamplingParams
 
@@ -47,7 +49,7 @@ def cp() -> Any:
     return cupy
 
 
-def _generator(cp: Any, store: ModelStore, name: str, attention: str, dtype: str) -> ContiguousGenerator:
+def _generator(cp: Any, store: ModelStore, name: str, attention: str, dtype: str) -> EngineCore:
     d_dir = store.dir(name)
     config = load_config(d_dir)
     bc = BuildConfig(dtype=dtype, max_batch_size=MAX_BATCH, max_seq_len=MAX_SEQ, kv_cache="contiguous", rope="layers",
@@ -55,11 +57,10 @@ def _generator(cp: Any, store: ModelStore, name: str, attention: str, dtype: str
     with Checkpoint(d_dir) as weights:
         d = define_network(ref, config, weights, bc)
         executor = ReferenceExecutor(build_reference_engine(d), xp=cp)
-    kv = {"float32": np.float32, "bfloat16": ref.nptype(ref.bfloat16)}[dtype]
-    return ContiguousGenerator(executor, config, kv, MAX_BATCH, MAX_SEQ)
+    return make_engine(executor, kv_mode(d.plan, config))
 
 
-def _run(gen: ContiguousGenerator, name: str) -> dict[int, list[Any]]:
+def _run(gen: EngineCore, name: str) -> dict[int, list[Any]]:
     v = VARIANTS[name]
     rng = np.random.default_rng([v.seed, 12])
     lens, max_tokens = [30, 7, 19, 12], [12, 20, 5, 9]

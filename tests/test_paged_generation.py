@@ -40,9 +40,9 @@ def test_small_pool_preempts_and_every_request_gets_its_solo_tokens(hf_models) -
     spec_bytes = 2 * 2 * 1 * 16 * 16 * 4  # layers * K/V * kv heads * head_dim * block_size * float32
     small = LLM(d, backend="reference", kv_cache="paged", block_size=16, max_batch_size=16, max_num_tokens=48,
                 kv_cache_memory=12 * spec_bytes, progress=False)
-    assert small._generator.num_blocks == 12
+    assert small.engine.kv_cache.num_blocks == 12
     together = small.generate(prompts, params)
-    sched = small._generator.scheduler
+    sched = small.engine.scheduler
     assert sched is not None and sched.num_preemptions > 0
     solo = LLM(d, backend="reference", kv_cache="contiguous", max_batch_size=1, progress=False)
     for p, sp, out in zip(prompts, params, together):

@@ -27,10 +27,17 @@ from trtcore.runtime.sampling import (
     Sampler,
     SamplingParams,
     log_softmax,
+    _process_row,
+    _sanitize,
     make_generator,
-    processed_logits,
     sample,
 )
+
+def processed_logits(logits, params) -> np.ndarray:
+    """float64 ``[batch, vocab]``: the logits each (sampled, usable) row is drawn from, with
+    ``-inf`` for every token that cannot be chosen -- the sampler's own row pipeline."""
+    return np.stack([_process_row(_sanitize(row)[0], p.temperature, p.top_k, p.top_p) for row, p in zip(np.asarray(logits), params)])
+
 
 # ---------------------------------------------------------------------------
 # reference helpers (independent of the code under test)

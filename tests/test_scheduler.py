@@ -2,7 +2,7 @@
 
 The fake model's next token is a hash of the sequence's whole token history. It sees that
 history only through the KV pool: each step it writes the fed tokens into their slots
-(``slot_mapping``), then reads every sequence's first ``seq_len`` tokens back through its
+(from ``block_table``, as the paged attention plugin does), then reads every sequence's first ``seq_len`` tokens back through its
 ``block_table``. So a block shared by two live sequences, a wrong slot, a stale block or a
 wrong ``num_cached_tokens`` changes the history it reads and therefore the tokens; a
 request that finishes with exactly the tokens of running it alone was not corrupted.
@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from trtcore.errors import InvalidArgumentError, InvalidRequestError
 from trtcore.runtime.kv_cache import BlockManager
+from trtcore.runtime.request import Request
+from trtcore.runtime.sampling import SamplingParams
 from trtcore.runtime.scheduler import (
     RequestStatus,
     Scheduler,
@@ -28,6 +30,17 @@ from trtcore.runtime.scheduler import (
 )
 
 VOCAB = 50  # small, so EOS tokens actually occur
+
+
+def add(sched, request_id, prompt, max_tokens, eos_token_ids=()) -> Request:
+    """Queue a request record that ends only by ``max_tokens`` or an EOS id."""
+    return sched.add_request(Request(request_id, prompt, SamplingParams(max_tokens=max_tokens), eos_token_ids))
+
+
+def step(sched, model) -> list:
+    """schedule -> the fake model -> update (skipping the model on an empty step)."""
+    out = sched.schedule()
+    return sched.update(model(out) if out.seqs else {})
 
 
 def next_token(history) -> int:
@@ -62,7 +75,7 @@ class FakePagedModel:
         bs = self.block_size
         # write phase for the whole batch first (as a layer writes K/V before attention)
         for s in out.seqs:
-            self.kv[np.asarray(s.slot_mapping, dtype=np.int64)] = s.token_ids
+            self.kv[[s.block_table[p // bs] * bs + p % bs for p in s.positions]] = s.token_ids
         result = {}
         for s in out.seqs:
             slots = [s.block_table[p // bs] * bs + p % bs for p in range(s.seq_len)]
@@ -103,7 +116,7 @@ def drive(sched, model, arrivals, max_steps=100_000):
     step = 0
     while arrivals or sched.has_unfinished_requests():
         for rid, prompt, max_tokens, eos in arrivals.pop(step, []):
-            states[rid] = sched.add_request(rid, prompt, max_tokens, eos_token_ids=eos)
+            states[rid] = add(sched, rid, prompt, max_tokens, eos_token_ids=eos)
             streamed[rid] = []
         out = sched.schedule()
         check_step(sched, out)
@@ -187,8 +200,8 @@ def test_corruption_is_detected_by_the_fake_model():
     reqs = make_requests(rng, 6, 12, 10, eos_share=0)
     bm = BlockManager(32, 2)
     sched = Scheduler(bm, 8, 4)
-    real = bm.slot_mapping
-    bm.slot_mapping = lambda sid, start, count: [x ^ 1 for x in real(sid, start, count)]  # swap slot pairs
+    real = bm.block_table
+    bm.block_table = lambda sid: real(sid)[::-1]  # blocks out of token order
     states, _, _ = drive(sched, FakePagedModel(32, 2), {0: reqs})
     assert any(states[r[0]].output_token_ids != reference(r[1], r[2])[0] for r in reqs)
 
@@ -198,7 +211,7 @@ def test_impossible_request_is_rejected_without_affecting_others():
     reqs = make_requests(rng, 10, 20, 10)
     bm = BlockManager(12, 4)  # 48 slots
     sched = Scheduler(bm, 16, 8)
-    huge = sched.add_request("huge", list(range(40)), max_tokens=10)  # 49 KV tokens > 48 slots
+    huge = add(sched, "huge", list(range(40)), max_tokens=10)  # 49 KV tokens > 48 slots
     assert huge.status is RequestStatus.REJECTED and huge.finish_reason == "rejected"
     assert "13 blocks" in huge.error and "12 blocks" in huge.error and "'huge'" in huge.error
     assert sched.get_request("huge") is None
@@ -207,7 +220,7 @@ def test_impossible_request_is_rejected_without_affecting_others():
     assert_matches_reference(reqs + [("edge", list(range(40)), 9, ())], states, streamed)
     # the rejection was reported once through update()'s outputs
     sched2 = Scheduler(BlockManager(2, 2), 4, 2)
-    sched2.add_request("x", [1, 2, 3, 4, 5], 1)
+    add(sched2, "x", [1, 2, 3, 4, 5], 1)
     sched2.schedule()
     [ev] = sched2.update({})
     assert ev.request_id == "x" and ev.finished and ev.finish_reason == "rejected" and "whole KV pool" in ev.error
@@ -217,12 +230,12 @@ def test_impossible_request_is_rejected_without_affecting_others():
 
 def test_unchunked_and_max_model_len_rejections():
     sched = Scheduler(BlockManager(100, 4), max_num_batched_tokens=10, max_num_seqs=4, chunked_prefill=False)
-    assert sched.add_request("ok", [1] * 5, 6).status is RequestStatus.WAITING  # 10 tokens
-    r = sched.add_request("long", [1] * 5, 7)
+    assert add(sched, "ok", [1] * 5, 6).status is RequestStatus.WAITING  # 10 tokens
+    r = add(sched, "long", [1] * 5, 7)
     assert r.status is RequestStatus.REJECTED and "max_num_batched_tokens=10" in r.error
     sched = Scheduler(BlockManager(100, 4), 10, 4, max_model_len=16)
-    assert sched.add_request("ok", [1] * 10, 6).status is RequestStatus.WAITING
-    r = sched.add_request("long", [1] * 10, 7)
+    assert add(sched, "ok", [1] * 10, 6).status is RequestStatus.WAITING
+    r = add(sched, "long", [1] * 10, 7)
     assert r.status is RequestStatus.REJECTED and "max_model_len 16" in r.error
 
 
@@ -230,12 +243,12 @@ def test_preempts_the_most_recently_admitted_and_recomputes():
     bm = BlockManager(num_blocks=4, block_size=2)
     model = FakePagedModel(4, 2)
     sched = Scheduler(bm, max_num_batched_tokens=16, max_num_seqs=4)
-    a = sched.add_request("a", [1, 2, 3], max_tokens=4)  # up to 6 KV tokens = 3 blocks
-    b = sched.add_request("b", [4, 5, 6], max_tokens=3)
+    a = add(sched, "a", [1, 2, 3], max_tokens=4)  # up to 6 KV tokens = 3 blocks
+    b = add(sched, "b", [4, 5, 6], max_tokens=3)
     out = sched.schedule()
     assert [s.request_id for s in out.seqs] == ["a", "b"] and bm.num_free_blocks == 0
     sched.update(model(out))
-    c = sched.add_request("c", [7], max_tokens=2)  # waits: no free block
+    c = add(sched, "c", [7], max_tokens=2)  # waits: no free block
     out = sched.schedule()  # both decode at position 3: still in their second block
     assert out.preempted_request_ids == [] and all(not s.is_prefill for s in out.seqs)
     sched.update(model(out))
@@ -265,10 +278,10 @@ def test_running_request_preempts_itself_when_it_is_the_newest():
     bm = BlockManager(num_blocks=3, block_size=1)
     sched = Scheduler(bm, 8, 4)
     model = FakePagedModel(3, 1)
-    a = sched.add_request("a", [1], max_tokens=3)
+    a = add(sched, "a", [1], max_tokens=3)
     out = sched.schedule()
     sched.update(model(out))
-    b = sched.add_request("b", [2], max_tokens=3)
+    b = add(sched, "b", [2], max_tokens=3)
     # a decodes (2 slots), b prefills (1 slot): pool full
     out = sched.schedule()
     assert out.request_ids == ["a", "b"]
@@ -285,11 +298,11 @@ def test_chunked_prefill_under_a_tiny_budget_with_decodes_first():
     bm = BlockManager(64, 4)
     model = FakePagedModel(64, 4)
     sched = Scheduler(bm, max_num_batched_tokens=5, max_num_seqs=4)
-    short = sched.add_request("short", [3, 1], max_tokens=6)
+    short = add(sched, "short", [3, 1], max_tokens=6)
     out = sched.schedule()
     sched.update(model(out))
     long_prompt = list(range(1, 18))  # 17 tokens
-    long = sched.add_request("long", long_prompt, max_tokens=2)
+    long = add(sched, "long", long_prompt, max_tokens=2)
     chunks = []
     while long.num_output_tokens == 0:
         out = sched.schedule()
@@ -315,7 +328,7 @@ def test_budget_smaller_than_the_batch_still_progresses():
 def test_max_num_seqs_limits_admission():
     sched = Scheduler(BlockManager(64, 4), max_num_batched_tokens=100, max_num_seqs=2)
     for i in range(4):
-        sched.add_request(i, [1, 2], 5)
+        add(sched, i, [1, 2], 5)
     out = sched.schedule()
     assert out.request_ids == [0, 1] and sched.num_waiting == 2
 
@@ -331,9 +344,9 @@ def test_finish_abort_and_predicate():
         return None
 
     sched = Scheduler(BlockManager(32, 4), 16, 8, finish_predicate=predicate)
-    a = sched.add_request("a", [1, 2, 3], 10)
-    w = sched.add_request("w", [4, 5], 10)
-    p = sched.add_request("p", [6], 10)
+    a = add(sched, "a", [1, 2, 3], 10)
+    w = add(sched, "w", [4, 5], 10)
+    p = add(sched, "p", [6], 10)
     out = sched.schedule()
     sched.update(model(out))
     # abort between schedule() and update(): its token is ignored, its blocks freed
@@ -347,7 +360,7 @@ def test_finish_abort_and_predicate():
     assert p.finish_reason == "stop_string" and stops == [p.output_token_ids[-1]] and len(p.output_token_ids) == 2
     assert sched.finish("a") is False and sched.finish("nobody") is False
     # abort a waiting request
-    q = sched.add_request("q", [9], 3)
+    q = add(sched, "q", [9], 3)
     assert sched.finish("q", "cancelled") and q.finish_reason == "cancelled" and sched.num_waiting == 0
     drive(sched, model, {})
     assert w.output_token_ids == reference([4, 5], 10)[0]
@@ -357,42 +370,20 @@ def test_finish_abort_and_predicate():
 def test_streaming_take_new_token_ids():
     model = FakePagedModel(16, 4)
     sched = Scheduler(BlockManager(16, 4), 8, 2)
-    r = sched.add_request("s", [1, 2, 3], 4)
+    r = add(sched, "s", [1, 2, 3], 4)
     seen = []
     while sched.has_unfinished_requests():
-        sched.step(model)
+        step(sched, model)
         seen.append(r.take_new_token_ids())
     assert seen == [[t] for t in reference([1, 2, 3], 4)[0]]
     assert r.take_new_token_ids() == []
 
 
-def test_step_accepts_a_sequence_aligned_with_sampling_ids():
-    model = FakePagedModel(16, 4)
-    sched = Scheduler(BlockManager(16, 4), 8, 4)
-    sched.add_request("x", [1, 2], 3)
-    sched.add_request("y", [3], 3)
-
-    def runner(out):
-        d = model(out)
-        return np.array([d[r] for r in out.sampling_request_ids])
-
-    outs = []
-    while sched.has_unfinished_requests():
-        outs += sched.step(runner)
-    got = {}
-    for e in outs:
-        got.setdefault(e.request_id, []).extend(e.new_token_ids)
-    assert got == {"x": reference([1, 2], 3)[0], "y": reference([3], 3)[0]}
-    sched.add_request("z", [1], 2)
-    with pytest.raises(SchedulerError, match="returned 2 tokens for 1 sequences"):
-        sched.step(lambda out: [1, 2])
-
-
 def test_output_arrays():
     bm = BlockManager(16, 4)
     sched = Scheduler(bm, 8, 4)
-    sched.add_request("a", [1, 2, 3, 4, 5, 6], 2)
-    sched.add_request("b", [7, 8, 9, 10, 11], 2)  # only 2 tokens of budget left: a chunk
+    add(sched, "a", [1, 2, 3, 4, 5, 6], 2)
+    add(sched, "b", [7, 8, 9, 10, 11], 2)  # only 2 tokens of budget left: a chunk
     out = sched.schedule()
     assert out.input_ids().tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
     assert out.positions().tolist() == [0, 1, 2, 3, 4, 5, 0, 1]
@@ -403,9 +394,8 @@ def test_output_arrays():
     assert out.block_tables(max_blocks=4, pad_value=-1).tolist() == [[0, 1, -1, -1], [2, -1, -1, -1]]
     with pytest.raises(InvalidArgumentError):
         out.block_tables(max_blocks=1)
-    assert out.slot_mapping().tolist() == [0, 1, 2, 3, 4, 5, 8, 9]
     assert out.sampling_request_ids == ["a"] and out.sampling_indices().tolist() == [0]
-    for arr in (out.input_ids(), out.positions(), out.slot_mapping(), out.seq_lens(), out.query_start_loc()):
+    for arr in (out.input_ids(), out.positions(), out.seq_lens(), out.query_start_loc()):
         assert arr.dtype == np.int32
     sched.update({"a": 1})
     out = sched.schedule()
@@ -420,7 +410,7 @@ def test_misuse_raises_clear_errors():
     sched = Scheduler(BlockManager(16, 4), 8, 4)
     with pytest.raises(SchedulerError, match="without a pending"):
         sched.update({})
-    sched.add_request("a", [1, 2], 3)
+    add(sched, "a", [1, 2], 3)
     sched.schedule()
     with pytest.raises(SchedulerError, match="before update"):
         sched.schedule()
@@ -432,15 +422,15 @@ def test_misuse_raises_clear_errors():
         sched.update({"a": -3})
     assert sched.update({"a": 4})[0].new_token_ids == [4]  # the step stayed pending after the errors
     with pytest.raises(InvalidRequestError, match="already queued"):
-        sched.add_request("a", [1], 1)
+        add(sched, "a", [1], 1)
     with pytest.raises(InvalidRequestError, match="empty"):
-        sched.add_request("e", [], 1)
+        add(sched, "e", [], 1)
     with pytest.raises(InvalidRequestError, match="max_tokens"):
-        sched.add_request("m", [1], 0)
+        add(sched, "m", [1], 0)
     with pytest.raises(InvalidRequestError, match="integers"):
-        sched.add_request("n", [1, -2], 1)
+        add(sched, "n", [1, -2], 1)
     with pytest.raises(InvalidRequestError, match="hashable"):
-        sched.add_request(["x"], [1], 1)
+        add(sched, ["x"], [1], 1)
     for bad in ({"max_num_batched_tokens": 0}, {"max_num_seqs": 0}):
         kw = {"max_num_batched_tokens": 8, "max_num_seqs": 4} | bad
         with pytest.raises(InvalidArgumentError):

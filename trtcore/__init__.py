@@ -27,6 +27,11 @@ _LAZY = {
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
+def __dir__() -> list[str]:
+    """The module's names, the lazily imported public API (:data:`__all__`) included."""
+    return sorted(set(globals()) | set(__all__))
+
+
 def __getattr__(name: str) -> Any:  # PEP 562: keep `import trtcore` cheap
     if name in _LAZY:
         import importlib

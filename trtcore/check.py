@@ -58,30 +58,16 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
 
 
 def _trtcore_logits(llm: Any, prompt: list[int], continuation: list[int]) -> np.ndarray:
-    """Logits ``[1 + len(continuation), vocab]`` at the last prompt position and each step."""
-    from .runtime.generate import mask_feeds
-
-    c = llm.config
-    kv_dtype = llm._generator.kv_dtype
-    past = {
-        f"past_key_values.{i}.{k}": np.zeros((1, c.num_key_value_heads, 0, c.head_dim), kv_dtype)
-        for i in range(c.num_hidden_layers)
-        for k in ("key", "value")
-    }
+    """Logits ``[1 + len(continuation), vocab]`` at the last prompt position and each step,
+    fed step by step through the LLM's contiguous KV cache (``llm.engine.kv_cache``)."""
+    kv = llm.engine.kv_cache
+    kv.reset(1)
     rows = []
-    tokens = [prompt] + [[t] for t in continuation]
     start = 0
-    for chunk in tokens:
+    for chunk in [prompt] + [[t] for t in continuation]:
         pos = np.arange(start, start + len(chunk))[None]
-        key_pos = np.arange(start + len(chunk))[None]
-        out = llm.executor.run({
-            "input_ids": np.array([chunk], np.int32),
-            "position_ids": pos.astype(np.int32),
-            **mask_feeds(c, llm.executor.input_names, key_pos, pos),
-            "last_token_ids": np.array([len(chunk) - 1], np.int32),
-            **past,
-        })
-        past = {k: out[k.replace("past_key_values", "present")] for k in past}
-        rows.append(np.asarray(out["logits"][0], np.float64))
+        out = llm.executor.run(kv.step_feeds(np.array([chunk]), pos, pos, np.array([len(chunk) - 1])))
+        kv.update(out)
+        rows.append(np.asarray(llm.executor.to_host(out["logits"], "logits")[0], np.float64))
         start += len(chunk)
     return np.stack(rows)

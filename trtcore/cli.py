@@ -7,6 +7,7 @@ line ``trtcore: error: ...`` on stderr with exit status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -110,9 +111,11 @@ def _generate(args: argparse.Namespace) -> int:
                         "tokens_per_s": len(comp.token_ids) / out.metrics["e2e_s"] if out.metrics.get("e2e_s") else None},
         }))
         return 0
+    pieces = llm.stream(prompt, params)
+    first = next(pieces, None)  # the prompt is checked (and prefilled) before it is echoed
     if not args.chat:
         sys.stdout.write(prompt)
-    for piece in llm.stream(prompt, params):
+    for piece in itertools.chain([first] if first is not None else [], pieces):
         sys.stdout.write(piece.text)
         sys.stdout.flush()
     sys.stdout.write("\n")

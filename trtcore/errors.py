@@ -61,3 +61,8 @@ class EngineBuildError(TrtcoreError, RuntimeError):
 
 class NetworkError(TrtcoreError, ValueError):
     """A network-definition call was given inconsistent tensors (shapes, dtypes)."""
+
+
+class GenerationError(TrtcoreError, RuntimeError):
+    """A request failed while generating: its logits were not finite (NaN, or an overflow
+    to inf), so no token could be sampled."""

@@ -16,7 +16,6 @@ and ``finish_reason == "error"``. A single prompt passed on its own raises inste
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +26,12 @@ import numpy as np
 from .builder import build_engine, build_reference_engine, define_network
 from .checkpoint import Checkpoint
 from .config import GenerationConfig, ModelConfig, load_config, load_generation_config
-from .errors import InvalidArgumentError, InvalidRequestError, TrtcoreError
+from .errors import GenerationError, InvalidArgumentError, InvalidRequestError, TrtcoreError
 from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
+from .kv_modes import kv_mode
 from .runtime.executor import Executor
-from .runtime.generate import ContiguousGenerator, Request
+from .runtime.generate import make_engine
+from .runtime.request import Request, RequestEvent, metrics
 from .runtime.sampling import Logprob, SamplingParams
 from .trt import load_trt, normalize_backend
 
@@ -71,7 +72,9 @@ class RequestOutput:
         finished: True.
         error: the exception that rejected this request, or None.
         metrics: ``{"ttft_s": time to first token, "e2e_s": time to last token,
-            "tpot_s": mean time per output token after the first}`` in seconds.
+            "tpot_s": mean time per output token after the first}`` in seconds, from the
+            request record's timestamps (:func:`trtcore.runtime.request.metrics`; times
+            count from the request's arrival); ``{}`` when it produced no token.
     """
 
     request_id: str
@@ -93,8 +96,12 @@ class StreamOutput:
         text: the text it adds to the completion (possibly "" while a multi-byte character
             is incomplete); concatenating a request's ``text`` gives its completion's text.
         logprobs: ``{token_id: Logprob}`` (top-k plus the token) when requested, else None.
-        finish_reason: None while running; ``"stop"`` or ``"length"`` on the last token.
+        finish_reason: None while running; ``"stop"`` or ``"length"`` on the last token;
+            ``"error"`` when the request failed (then ``token_id == -1`` and ``error`` is set).
         stop_reason: the stop token id that ended it, if any.
+        error: why the request failed: an :class:`~trtcore.errors.InvalidRequestError`
+            (bad prompt, a request the KV cache can never hold) or a
+            :class:`~trtcore.errors.GenerationError` (non-finite logits); None otherwise.
     """
 
     index: int
@@ -103,6 +110,13 @@ class StreamOutput:
     logprobs: dict[int, Logprob] | None = None
     finish_reason: str | None = None
     stop_reason: int | None = None
+    error: Exception | None = None
+
+
+#: default KV pool bytes on the CPU: the pool is touched once when allocated (the block
+#: manager cycles through all free blocks, so an untouched pool costs page faults in the first
+#: generate calls), and far less than the 2 GiB it once was keeps the peak memory near the weights'.
+CPU_KV_CACHE_MEMORY = 256 << 20
 
 
 def _is_single_prompt(prompts: Any) -> bool:
@@ -120,7 +134,10 @@ class _IncrementalText:
         self.ids: list[int] = []
         self.shown = ""
 
-    def output(self, index: int, event: Any) -> StreamOutput:
+    def output(self, index: int, event: RequestEvent) -> StreamOutput:
+        error = _request_error(index, event.finish_reason, event.error)
+        if error is not None:
+            return StreamOutput(index, -1, "", finish_reason="error", error=error)
         self.ids.append(event.token_id)
         text = self.llm.decode(self.ids)
         if text.endswith("\ufffd") and event.finish_reason is None:
@@ -129,6 +146,21 @@ class _IncrementalText:
             delta, self.shown = text[len(self.shown) :], text
         logprobs = event.logprobs.as_dict() if event.logprobs is not None else None
         return StreamOutput(index, event.token_id, delta, logprobs, event.finish_reason, event.stop_reason)
+
+
+def _index(request_id: Any) -> int:
+    """The prompt index a request id of this API stands for (ids are the prompts' indices)."""
+    return int(request_id)
+
+
+def _request_error(index: int, finish_reason: str | None, error: str | None) -> TrtcoreError | None:
+    """The exception of a failed request (None for a token or a normal finish): rejected
+    (it can never fit the KV cache) or ended in error (non-finite logits)."""
+    if finish_reason == "rejected":
+        return InvalidRequestError(f"prompt {index}: {error}")
+    if finish_reason == "error":
+        return GenerationError(f"prompt {index}: {error}")
+    return None
 
 
 class LLM:
@@ -217,29 +249,25 @@ class LLM:
         self.build_config = self.plan  # its former name
         self.tokenizer = _load_tokenizer(self.model_dir)
         self.executor = self._make_executor(progress)
-        kv_dtype = self.build_config.dtype if self.build_config.dtype != "bfloat16" else _bf16()
         self.kv_cache = self.plan.kv_cache
         self._next_request_id = 0
         self._texts: dict[int, _IncrementalText] = {}
-        self._generator: Any
+        #: the network's KV cache contract (:func:`trtcore.kv_modes.kv_mode` of the plan)
+        self.kv_mode = kv_mode(self.plan, self.config)
+        num_blocks = None
         if self.kv_cache == "paged":
             from .runtime.kv_cache import KVCacheSpec
-            from .runtime.paged import PagedGenerator
 
-            spec = KVCacheSpec(self.config.num_hidden_layers, self.config.num_key_value_heads, self.config.head_dim, block_size, kv_dtype)
-            self._generator = PagedGenerator(
-                self.executor, self.config, spec, self._num_kv_blocks(spec, kv_cache_memory),
-                self.build_config.max_batch_size, self.build_config.max_num_tokens, self.build_config.max_seq_len,
-                self.executor.xp,
-            )
-        else:
-            self._generator = ContiguousGenerator(
-                self.executor, self.config, kv_dtype, self.build_config.max_batch_size, self.build_config.max_seq_len
-            )
+            c = self.config
+            spec = KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.plan.block_size, self.kv_mode.dtype)
+            num_blocks = self._num_kv_blocks(spec, kv_cache_memory)
+        #: the step loop (:class:`~trtcore.runtime.generate.EngineCore`): its scheduler and KV cache
+        self.engine = make_engine(self.executor, self.kv_mode, num_blocks)
 
     def _num_kv_blocks(self, spec: Any, budget: int | None) -> int:
         """Pool size: blocks for ``max_batch_size`` full-length sequences, capped by the byte
-        budget ``kv_cache_memory`` (default: 2 GiB on the CPU, 40% of the free GPU memory)."""
+        budget ``kv_cache_memory`` (default: :data:`CPU_KV_CACHE_MEMORY` on the CPU, 40% of
+        the free GPU memory)."""
         bc = self.build_config
         wanted = bc.max_batch_size * (-(-bc.max_seq_len // spec.block_size))
         if budget is None:
@@ -249,7 +277,7 @@ class LLM:
                 free, _ = cupy.cuda.runtime.memGetInfo()
                 budget = int(0.4 * free)
             else:
-                budget = 2 << 30
+                budget = CPU_KV_CACHE_MEMORY
         return max(1, min(wanted, spec.num_blocks_for_budget(budget), bc.max_num_blocks))
 
     # construction -----------------------------------------------------------------------
@@ -334,7 +362,7 @@ class LLM:
                 f"(max_seq_len={limit}, max_position_embeddings={self.config.max_position_embeddings})"
             )
         eos = frozenset(self.generation_config.eos_token_id or self.config.eos_token_id)
-        return Request(index, ids, params, eos), text
+        return Request(index, ids, params, eos, max_seq_len=limit), text
 
     def stream(
         self,
@@ -347,20 +375,33 @@ class LLM:
             :class:`StreamOutput` per generated token: the prompt's index, the token id, the
             text it adds (detokenized incrementally: a token that ends inside a multi-byte
             character adds "" and its bytes come with the next one), its log-probabilities
-            when requested, and the finish reason on the last one.
+            when requested, and the finish reason on the last one. A failed request of a
+            list (invalid prompt, too large for the KV cache, non-finite logits) yields one
+            output with ``finish_reason="error"`` and ``error``; the others run on, as in
+            :meth:`generate`.
 
         Raises:
-            InvalidRequestError: an invalid prompt (before anything runs), or a request the
-                KV cache can never hold.
+            InvalidRequestError: a single (unlisted) invalid prompt (before anything runs)
+                or one the KV cache can never hold; parameters that do not match the prompts.
+            GenerationError: a single prompt whose logits became non-finite.
         """
+        single = _is_single_prompt(prompts)
         items, params = self._normalize(prompts, sampling_params)
-        requests = [self._request(i, p, sp)[0] for i, (p, sp) in enumerate(zip(items, params))]
+        requests: list[Request] = []
+        for i, (p, sp) in enumerate(zip(items, params)):
+            try:
+                requests.append(self._request(i, p, sp)[0])
+            except TrtcoreError as exc:
+                if single:
+                    raise
+                yield StreamOutput(i, -1, "", finish_reason="error", error=exc)
         texts: dict[int, _IncrementalText] = {}
-        for event in self._generator.generate(requests):
-            i = int(event.request_id)
-            if event.finish_reason == "error":
-                raise InvalidRequestError(f"prompt {i}: {event.error}")
-            yield texts.setdefault(i, _IncrementalText(self)).output(i, event)
+        for event in self.engine.generate(requests):
+            i = _index(event.request_id)
+            out = texts.setdefault(i, _IncrementalText(self)).output(i, event)
+            if out.error is not None and single:
+                raise out.error
+            yield out
 
     # online serving (paged KV cache) -------------------------------------------------------------
     def add_request(self, prompt: Any, sampling_params: SamplingParams | None = None) -> int:
@@ -381,19 +422,22 @@ class LLM:
             raise InvalidRequestError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
         rid = self._next_request_id
         req, _ = self._request(rid, prompt, params)
-        error = self._generator.add_request(req)
-        if error is not None:
-            raise InvalidRequestError(f"request {rid}: {error.error}")
+        self.engine.add_request(req)
         self._next_request_id += 1
+        if req.error is not None:
+            raise InvalidRequestError(f"request {rid}: {req.error}")
         self._texts[rid] = _IncrementalText(self)
         return rid
 
     def step(self) -> list[StreamOutput]:
         """Run one engine step for the requests added with :meth:`add_request`; return
-        their new tokens (``index`` = request id)."""
+        their new tokens (``index`` = request id; a request that failed gives one output
+        with ``finish_reason="error"`` and ``error``)."""
         outs = []
-        for event in self._generator.step():
-            rid = int(event.request_id)
+        for event in self.engine.step():
+            rid = _index(event.request_id)
+            if rid not in self._texts:
+                continue  # rejected: add_request raised already
             outs.append(self._texts[rid].output(rid, event))
             if event.finish_reason is not None:
                 del self._texts[rid]
@@ -401,7 +445,7 @@ class LLM:
 
     def has_unfinished_requests(self) -> bool:
         """Whether requests added with :meth:`add_request` still wait or run."""
-        return self.kv_cache == "paged" and self._generator.has_unfinished_requests()
+        return self.kv_cache == "paged" and self.engine.has_unfinished_requests()
 
     def _normalize(self, prompts: Any, sampling_params: Any) -> tuple[list[Any], list[SamplingParams]]:
         single = _is_single_prompt(prompts)
@@ -441,9 +485,10 @@ class LLM:
             One :class:`RequestOutput` per prompt, in order.
 
         Raises:
-            InvalidRequestError: a single (unlisted) prompt is invalid, or the parameters
-                do not match the prompts. Invalid prompts inside a list are reported in
-                their output's ``error`` instead.
+            InvalidRequestError: a single (unlisted) prompt is invalid or can never fit the
+                KV cache, or the parameters do not match the prompts. Failed requests
+                inside a list are reported in their output's ``error`` instead.
+            GenerationError: a single prompt whose logits became non-finite.
         """
         single = _is_single_prompt(prompts)
         items, params = self._normalize(prompts, sampling_params)
@@ -459,31 +504,22 @@ class LLM:
                 continue
             requests.append(req)
             outputs.append(RequestOutput(str(i), text, req.prompt_token_ids, [CompletionOutput(logprobs=[] if sp.logprobs is not None else None)]))
-        start = time.perf_counter()
-        first: dict[int, float] = {}
-        for event in self._generator.generate(requests):
-            i = int(event.request_id)
-            now = time.perf_counter()
-            comp = outputs[i].outputs[0]
-            if event.finish_reason == "error":
-                outputs[i].error = InvalidRequestError(f"prompt {i}: {event.error}")
-                comp.finish_reason = "error"
-                if single:
-                    raise outputs[i].error
-                continue
-            first.setdefault(i, now)
-            comp.token_ids.append(event.token_id)
-            if event.logprobs is not None and comp.logprobs is not None:
-                comp.logprobs.append(event.logprobs.as_dict())
-                comp.cumulative_logprob = (comp.cumulative_logprob or 0.0) + event.logprobs.logprob
-            if event.finish_reason is not None:
-                comp.finish_reason, comp.stop_reason = event.finish_reason, event.stop_reason
-                n = len(comp.token_ids)
-                outputs[i].metrics = {
-                    "ttft_s": first[i] - start,
-                    "e2e_s": now - start,
-                    "tpot_s": (now - first[i]) / (n - 1) if n > 1 else 0.0,
-                }
+        for event in self.engine.generate(requests):
+            error = _request_error(_index(event.request_id), event.finish_reason, event.error)
+            if error is not None and single:
+                raise error
+        for req in requests:  # the records hold each request's result
+            out = outputs[_index(req.request_id)]
+            comp = out.outputs[0]
+            comp.token_ids = list(req.output_token_ids)
+            out.error = _request_error(_index(req.request_id), req.finish_reason, req.error)
+            comp.finish_reason = "error" if out.error is not None else req.finish_reason
+            comp.stop_reason = req.stop_reason
+            if comp.logprobs is not None:
+                comp.logprobs = [lp.as_dict() for lp in req.logprobs if lp is not None]
+                if comp.logprobs:
+                    comp.cumulative_logprob = float(sum(lp.logprob for lp in req.logprobs if lp is not None))
+            out.metrics = metrics(req)
         for out in outputs:
             if out.error is None:
                 comp = out.outputs[0]
@@ -505,12 +541,6 @@ def _execution_device(backend: str, device: str | None) -> str:
     if normalize_device(device) == "cpu":
         raise InvalidArgumentError(f"backend {backend!r} executes TensorRT engines on a CUDA GPU; device='cpu' needs backend='reference'")
     return "cuda"
-
-
-def _bf16() -> Any:
-    import ml_dtypes
-
-    return ml_dtypes.bfloat16
 
 
 def _load_tokenizer(model_dir: Path) -> Any:

@@ -21,8 +21,8 @@ Pool layout (:meth:`KVCacheSpec.pool_shape`), one array for all layers::
   reads whole blocks as coalesced runs of ``block_size * head_dim`` elements, and K and
   V of one block sit next to each other (vLLM's kernels use the same per-block split).
 
-The pool is sized once, from a memory budget (:meth:`KVCacheSpec.num_blocks_for_budget`,
-:meth:`KVCacheSpec.num_blocks_for_memory_fraction`); no block is allocated on the device
+The pool is sized once, from a memory budget (:meth:`KVCacheSpec.num_blocks_for_budget`);
+it is allocated by the paged KV mode (:class:`trtcore.kv_modes.PagedKVCache`); no block is allocated on the device
 afterwards. :class:`BlockManager` hands blocks to sequences on the host: a free list,
 one block table per sequence, and the invariant that a block belongs to at most one live
 sequence, that freed blocks return to the free list exactly once, and that nothing
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numbers
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,6 @@ __all__ = [
     "KVCacheSpec",
     "NoFreeBlocksError",
     "UnknownSequenceError",
-    "compute_slot_mapping",
     "kv_cache_dtype",
 ]
 
@@ -180,15 +179,6 @@ class KVCacheSpec:
             strides[i] = strides[i + 1] * shape[i + 1]
         return tuple(strides)  # type: ignore[return-value]
 
-    def allocate_pool(self, num_blocks: int, xp: Any = np) -> Any:
-        """A zero-filled pool of :meth:`pool_shape` and :attr:`dtype`.
-
-        Args:
-            num_blocks: number of blocks.
-            xp: array module with ``zeros(shape, dtype)`` (``numpy``, ``cupy``).
-        """
-        return xp.zeros(self.pool_shape(num_blocks), dtype=self.dtype)
-
     def num_blocks_for_budget(self, budget_bytes: int) -> int:
         """The number of whole blocks that fit in ``budget_bytes`` (``budget // bytes_per_block``).
 
@@ -205,56 +195,6 @@ class KVCacheSpec:
                 f"{self.head_dim} x {self.dtype.itemsize} bytes x {self.block_size})"
             )
         return n
-
-    def num_blocks_for_memory_fraction(self, total_bytes: int, memory_fraction: float, reserved_bytes: int = 0) -> int:
-        """Blocks for a pool sized from a fraction of device memory, as vLLM's
-        ``gpu_memory_utilization``: ``(total_bytes * memory_fraction - reserved_bytes) // bytes_per_block``.
-
-        Args:
-            total_bytes: device memory in bytes (e.g. ``cudaMemGetInfo``'s total).
-            memory_fraction: share of ``total_bytes`` trtcore may use, in ``(0, 1]``.
-            reserved_bytes: bytes of that share already taken (weights, activation pool,
-                workspaces).
-
-        Raises:
-            InvalidArgumentError: fraction outside ``(0, 1]``, negative sizes, or no
-                block fits in what is left.
-        """
-        total = check_int("total_bytes", total_bytes, 0)
-        reserved = check_int("reserved_bytes", reserved_bytes, 0)
-        if not (isinstance(memory_fraction, numbers.Real) and 0.0 < float(memory_fraction) <= 1.0):
-            raise InvalidArgumentError(f"memory_fraction must be in (0, 1], got {memory_fraction!r}")
-        budget = int(total * float(memory_fraction)) - reserved
-        if budget < self.bytes_per_block:
-            raise InvalidArgumentError(
-                f"no KV cache block fits: {memory_fraction} of {total} bytes minus {reserved} reserved bytes "
-                f"leaves {budget} bytes, one block takes {self.bytes_per_block} bytes"
-            )
-        return self.num_blocks_for_budget(budget)
-
-
-def compute_slot_mapping(block_table: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray, block_size: int) -> np.ndarray:
-    """Slots of ``positions`` in one sequence: ``block_table[pos // block_size] * block_size + pos % block_size``.
-
-    Args:
-        block_table: the sequence's block ids.
-        positions: token positions, each ``< len(block_table) * block_size``.
-        block_size: token slots per block.
-
-    Returns:
-        int32 ``[len(positions)]``.
-
-    Raises:
-        InvalidArgumentError: a position is negative or past the table.
-    """
-    table = np.asarray(block_table, dtype=np.int64)
-    pos = np.asarray(positions, dtype=np.int64)
-    if pos.size and (pos.min() < 0 or pos.max() >= table.size * block_size):
-        raise InvalidArgumentError(
-            f"positions {int(pos.min())}..{int(pos.max())} are outside a block table of {table.size} blocks "
-            f"({table.size * block_size} slots of block_size {block_size})"
-        )
-    return (table[pos // block_size] * block_size + pos % block_size).astype(np.int32)
 
 
 class NoFreeBlocksError(TrtcoreError, RuntimeError):
@@ -483,38 +423,6 @@ class BlockManager:
             UnknownSequenceError: an id is not live.
         """
         return np.array([self.num_tokens(s) for s in seq_ids], dtype=np.int32)
-
-    def padded_block_tables(self, seq_ids: Sequence[Hashable], max_blocks: int | None = None, pad_value: int = 0) -> np.ndarray:
-        """The block tables of ``seq_ids`` as one int32 ``[len(seq_ids), max_blocks]`` array.
-
-        Row ``i`` holds sequence ``seq_ids[i]``'s table followed by ``pad_value``. Padding
-        entries are never meant to be read (a kernel stops at ``seq_lens``); the default
-        0 is a valid block id, so a stray read stays inside the pool instead of faulting.
-
-        Args:
-            seq_ids: sequences, in batch order.
-            max_blocks: columns; None for the longest table (at least 1).
-            pad_value: fill value of unused entries.
-
-        Raises:
-            UnknownSequenceError: an id is not live.
-            InvalidArgumentError: a table is longer than ``max_blocks``.
-        """
-        tables = [self._table(s) for s in seq_ids]
-        longest = max((len(t) for t in tables), default=0)
-        if max_blocks is None:
-            width = max(longest, 1)
-        else:
-            width = check_int("max_blocks", max_blocks, 0)
-            if longest > width:
-                i = next(i for i, t in enumerate(tables) if len(t) > width)
-                raise InvalidArgumentError(
-                    f"sequence {seq_ids[i]!r} has {len(tables[i])} blocks, more than max_blocks={width}"
-                )
-        out = np.full((len(tables), width), pad_value, dtype=np.int32)
-        for i, t in enumerate(tables):
-            out[i, : len(t)] = t
-        return out
 
     def check_invariants(self) -> None:
         """Verify the bookkeeping; cheap enough for tests and debug builds (O(num_blocks)).

@@ -63,7 +63,6 @@ __all__ = [
     "TokenLogprobs",
     "log_softmax",
     "make_generator",
-    "processed_logits",
     "sample",
 ]
 
@@ -297,13 +296,6 @@ def _fallback_token(x: np.ndarray) -> int:
     return int(np.argmax(x))  # non-finite entries were set to -inf by _sanitize
 
 
-def _greedy_row(x: np.ndarray) -> np.ndarray:
-    """Point mass on the argmax (lowest id on ties): 0 there, -inf elsewhere."""
-    out = np.full_like(x, -np.inf)
-    out[int(np.argmax(x))] = 0.0
-    return out
-
-
 def _process_row(x: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
     """Temperature, then top-k, then top-p on a sanitized, usable float64 row.
 
@@ -404,37 +396,6 @@ def log_softmax(logits: Any) -> np.ndarray:
     out = np.empty(arr.shape, dtype=np.float64)
     for i in range(arr.shape[0]):
         out[i] = _log_softmax_row(_sanitize(arr[i])[0])
-    return out
-
-
-def processed_logits(logits: Any, params: Sequence[SamplingParams]) -> np.ndarray:
-    """The logits each row is actually sampled from, after all processing.
-
-    Args:
-        logits: array-like ``[batch, vocab]``, float32 expected.
-        params: one :class:`SamplingParams` per row.
-
-    Returns:
-        float64 ``[batch, vocab]``: ``-inf`` for every token that cannot be chosen;
-        ``softmax`` of a row is its sampling distribution. Greedy rows and unusable
-        rows (see :class:`SampleResult`) are a point mass: 0 at the chosen id.
-
-    Raises:
-        ValueError: ``logits`` is not 2-D or its row count differs from ``len(params)``.
-        TypeError: an entry of ``params`` is not a :class:`SamplingParams`.
-    """
-    arr = _as_logits(logits, len(params))
-    _check_params(params)
-    out = np.empty(arr.shape, dtype=np.float64)
-    for i, p in enumerate(params):
-        x, usable = _sanitize(arr[i])
-        if not usable:
-            out[i] = -np.inf
-            out[i, _fallback_token(x)] = 0.0
-        elif p.greedy:
-            out[i] = _greedy_row(x)
-        else:
-            out[i] = _process_row(x, p.temperature, p.top_k, p.top_p)
     return out
 
 
