@@ -47,6 +47,10 @@ class DownloadError(TrtcoreError, OSError):
     """The default model could not be fetched or failed its checksum."""
 
 
+class CacheError(TrtcoreError, OSError):
+    """trtcore's cache directory (``$TRTCORE_CACHE``) cannot be created or written."""
+
+
 class InvalidRequestError(TrtcoreError, ValueError):
     """A generation request is invalid (empty prompt, prompt too long, bad sampling params)."""
 
