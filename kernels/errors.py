@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from trtcore.errors import TrtcoreError
-from trtcore.gpu import CUDAToolchainError, NoGPUError, cuda_bindings, result_name
 from trtcore.gpu import CudaError as CUDAError
+from trtcore.gpu import CUDAToolchainError, NoGPUError, cuda_bindings, result_name
 
 __all__ = ["CUDAError", "CUDAToolchainError", "NVRTCError", "NoGPUError", "cuda_bindings", "result_name"]
 

@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trtcore.errors import InvalidArgumentError
-
 from trtcore.gpu import call as _call
 from trtcore.gpu import check as _check
 from trtcore.gpu import compute_capability, cuda_bindings, result_name

@@ -63,9 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from trtcore.errors import InvalidArgumentError
-
 from trtcore.cache_dir import cache_dir
+from trtcore.errors import InvalidArgumentError
 from trtcore.fileio import write_atomic
 from trtcore.gpu import NoGPUError, compute_capability
 

@@ -59,6 +59,11 @@ class InvalidArgumentError(TrtcoreError, ValueError):
     """An option is out of range: unknown backend or dtype, bad build limits or target."""
 
 
+class UnsupportedDTypeError(InvalidArgumentError, TypeError):
+    """A data type trtcore has no entry for (or none in the form asked: TensorRT, NumPy);
+    also a ``TypeError``, which the per-module dtype helpers raised before."""
+
+
 class EngineBuildError(TrtcoreError, RuntimeError):
     """TensorRT's builder returned no engine (its log says why)."""
 

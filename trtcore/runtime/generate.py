@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ModelConfig
+from ..dtypes import storage_dtype
 from .executor import Executor
 from .sampling import Sampler, SamplingParams, TokenLogprobs
 
@@ -287,9 +288,7 @@ class _FixedCache:
         c = gen.config
         self.gen = gen
         xp = gen.executor.xp
-        dtype = gen.kv_dtype
-        if xp is not np and dtype.name == "bfloat16":
-            dtype = np.dtype(np.uint16)  # bfloat16 bit patterns on the device (0 is 0.0)
+        dtype = storage_dtype(gen.kv_dtype, xp)  # bfloat16 bit patterns on the device (0 is 0.0)
         shape = (n, c.num_key_value_heads, gen.max_seq_len, c.head_dim)
         self.cache: dict[str, Any] = {p: xp.zeros(shape, dtype) for p, _ in gen._kv_names}
         self.key_pos = np.full((n, gen.max_seq_len), -1, np.int64)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ModelConfig
+from ..dtypes import storage_dtype
 from .executor import Executor
 from .generate import Request, TokenEvent
 from .kv_cache import BlockManager, KVCacheSpec
@@ -62,9 +63,7 @@ class PagedGenerator:
         self.max_num_tokens = int(max_num_tokens)
         self.max_seq_len = int(max_seq_len)
         self.xp = xp
-        storage = kv_spec.dtype
-        if xp is not np and storage.name == "bfloat16":
-            storage = np.dtype(np.uint16)  # the CuPy backend keeps bfloat16 as its bit patterns
+        storage = storage_dtype(kv_spec.dtype, xp)  # on CuPy bfloat16 is kept as its bit patterns
         self.pool = xp.zeros(kv_spec.pool_shape(self.num_blocks), dtype=storage)
         self.max_blocks_per_seq = -(-self.max_seq_len // kv_spec.block_size)
         self._params: dict[Any, Any] = {}
