@@ -42,8 +42,8 @@ __all__ = [
     "DEFAULT_MODEL_NAME",
     "ENV_CACHE",
     "ENV_WHEEL",
-    "WHEEL_SHA256",
     "GGUF_SHA256",
+    "WHEEL_SHA256",
     "cache_dir",
     "default_model_dir",
 ]

@@ -110,7 +110,7 @@ def _describe(err: Any) -> str:
             _, text = cuda_bindings("driver").cuGetErrorString(err)
         else:
             _, text = cuda_bindings("runtime").cudaGetErrorString(err)
-    except Exception:  # noqa: BLE001 - a code the bindings do not know, or no library
+    except Exception:  # noqa: BLE001 - a code the bindings do not know, or no libcuda
         return "?"
     return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
 
@@ -151,7 +151,7 @@ def call(what: str, fn: Any, *args: Any) -> Any:
     """
     try:
         result = fn(*args)
-    except Exception as exc:  # noqa: BLE001 - the bindings raise when libcuda cannot be loaded
+    except Exception as exc:  # the bindings raise when libcuda cannot be loaded
         raise NoGPUError(f"{what} failed: {exc}", call=_call_name(what)) from exc
     return check(result, what)
 
@@ -166,11 +166,11 @@ def _cupy_count() -> int:
         import cupy
     except ImportError as exc:
         raise NoGPUError(f"CuPy is not installed ({exc})") from exc
-    except Exception as exc:  # noqa: BLE001 - a broken install (missing CUDA libraries, ...)
+    except Exception as exc:  # a broken install (missing CUDA libraries, ...)
         raise NoGPUError(f"CuPy does not import ({type(exc).__name__}: {exc})") from exc
     try:
         return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as exc:  # noqa: BLE001 - cudaErrorNoDevice, cudaErrorInsufficientDriver, ...
+    except Exception as exc:  # cudaErrorNoDevice, cudaErrorInsufficientDriver, ...
         raise NoGPUError(f"CuPy finds no usable CUDA device ({type(exc).__name__}: {exc})") from exc
 
 
