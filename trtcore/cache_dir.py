@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .errors import CacheError
 
-__all__ = ["ENV_CACHE", "cache_dir", "private_dir", "remove_stale"]
+__all__ = ["ENV_CACHE", "cache_dir", "private_dir", "private_name", "remove_stale"]
 
 #: the environment variable that moves the cache
 ENV_CACHE = "TRTCORE_CACHE"
@@ -54,6 +54,12 @@ def _hint(path: Path, exc: OSError) -> CacheError:
     )
 
 
+def private_name(parent: Path, label: str) -> Path:
+    """A new private path ``parent/.<label>.staging-<pid>-<hex>`` (not created), for a folder
+    that is made by a rename; :func:`remove_stale` removes it once this process is gone."""
+    return Path(parent) / f".{label}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 def private_dir(parent: Path, label: str) -> Path:
     """Create and return a new private folder ``parent/.<label>.staging-<pid>-<hex>`` (and
     ``parent``). The caller removes it when done; if the process dies first,
@@ -62,7 +68,7 @@ def private_dir(parent: Path, label: str) -> Path:
     Raises:
         CacheError: ``parent`` or the folder cannot be created; the message suggests ``TRTCORE_CACHE``.
     """
-    path = Path(parent) / f".{label}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    path = private_name(parent, label)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.mkdir()

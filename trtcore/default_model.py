@@ -30,11 +30,10 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 import zipfile
 from pathlib import Path
 
-from .cache_dir import ENV_CACHE, cache_dir, private_dir, remove_stale
+from .cache_dir import ENV_CACHE, cache_dir, private_dir, private_name, remove_stale
 from .errors import DownloadError
 from .fileio import write_atomic
 
@@ -125,7 +124,7 @@ def _publish(staging: Path, target: Path) -> None:
         if _is_complete(target):
             return  # lost the race to a complete copy: use it (staging is removed by the caller)
     # target is stale (older format, or left by hand): move it aside, then retry once
-    trash = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    trash = private_name(target.parent, f"{target.name}-old")  # removed by a later run if this one dies
     try:
         target.rename(trash)
     except OSError:
