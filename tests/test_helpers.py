@@ -271,3 +271,12 @@ def test_expressions_go_to_the_expr_builder() -> None:
     out = ((x * 2 + x) // 3 - 1).cdiv(x)
     assert out.expr == "(((((x PROD c2) SUM x) FLOOR_DIV c3) SUB c1) CEIL_DIV x)"
     assert [c[0] for c in calls] == ["constant", "PROD", "SUM", "constant", "FLOOR_DIV", "constant", "SUB", "CEIL_DIV"]
+
+
+def test_the_probe_without_cuda_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", None)  # import -> ImportError
+    ok, why = gpu.gpu_status()
+    assert not ok and why.startswith("cuda.bindings.runtime is not available: cuda-python is not installed") and "pip install cuda-python" in why
+    assert gpu.device_count() == 0
+    with pytest.raises(gpu.NoGPUError, match="^TensorRT needs a GPU: cuda.bindings.runtime is not available"):
+        gpu.require_gpu(0, "TensorRT needs a GPU")

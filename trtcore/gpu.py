@@ -181,7 +181,7 @@ def _count(what: str, cupy: bool) -> int:
     try:
         rt = cuda_bindings("runtime")
     except TrtcoreError as exc:
-        raise NoGPUError(f"{what}: {exc}") from exc
+        raise NoGPUError(f"{what}: {exc}" if what else str(exc)) from exc
     return int(call(f"{what}: cudaGetDeviceCount" if what else "cudaGetDeviceCount", rt.cudaGetDeviceCount))
 
 
