@@ -41,18 +41,19 @@ def _version(module: str, attr: str = "Builder") -> str | None:
 
 
 def _gpu() -> tuple[str, str | None]:
+    """(description, "smXY") of GPU 0, through trtcore's one GPU probe (:mod:`trtcore.gpu`)."""
     try:
-        from cuda.bindings import runtime as cudart
-    except ImportError:
-        return "cuda-python not installed", None
-    err, count = cudart.cudaGetDeviceCount()
-    if int(err) != 0 or count == 0:
-        return f"no GPU visible ({getattr(err, 'name', err)})", None
-    err, prop = cudart.cudaGetDeviceProperties(0)
-    name = prop.name.decode(errors="replace").rstrip("\x00") if isinstance(prop.name, bytes) else str(prop.name)
-    _, drv = cudart.cudaDriverGetVersion()
-    _, rt = cudart.cudaRuntimeGetVersion()
-    return f"{name}, compute capability {prop.major}.{prop.minor}, driver {drv}, runtime {rt}", f"sm{prop.major}{prop.minor}"
+        from trtcore import gpu
+    except Exception as exc:  # noqa: BLE001 - reported again below, where trtcore is imported
+        return f"unknown (trtcore does not import: {exc})", None
+    ok, why = gpu.gpu_status()
+    if not ok:
+        return f"no GPU visible ({why})", None
+    rt = gpu.cuda_bindings("runtime")
+    drv = gpu.call("cudaDriverGetVersion", rt.cudaDriverGetVersion)
+    runtime = gpu.call("cudaRuntimeGetVersion", rt.cudaRuntimeGetVersion)
+    major, minor = gpu.compute_capability(0)
+    return f"{gpu.describe_device(0)}, driver {drv}, runtime {runtime}", f"sm{major}{minor}"
 
 
 def _nvrtc() -> str:

@@ -58,7 +58,7 @@ _LAZY = {
     "ARG_TYPES": "launch",
     "KernelFunction": "launch",
     "compute_capability": "launch",
-    "current_arch": "launch",
+    "current_arch": "nvrtc",
     "ensure_context": "launch",
     "gpu_count": "launch",
     "CUDAError": "errors",
@@ -84,7 +84,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .errors import CUDAError, CUDAToolchainError, NoGPUError, NVRTCError
-    from .launch import ARG_TYPES, KernelFunction, compute_capability, current_arch, ensure_context, gpu_count
+    from .launch import ARG_TYPES, KernelFunction, compute_capability, ensure_context, gpu_count
     from .nvrtc import (
         CompiledKernel,
         DefineValue,
@@ -93,6 +93,7 @@ if TYPE_CHECKING:
         cubin_arch,
         cubin_kernel_names,
         cuda_include_dir,
+        current_arch,
         kernel_cache_dir,
         list_kernels,
         normalize_arch,

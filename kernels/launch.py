@@ -33,8 +33,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trtcore.errors import InvalidArgumentError
+from trtcore.gpu import call as _call
+from trtcore.gpu import check as _check
+from trtcore.gpu import compute_capability, cuda_bindings, result_name
+from trtcore.gpu import device_count as gpu_count
 
-from .errors import CUDAError, NoGPUError, cuda_bindings, result_name
+from .errors import CUDAError
 
 if TYPE_CHECKING:
     from .nvrtc import CompiledKernel
@@ -43,7 +47,6 @@ __all__ = [
     "ARG_TYPES",
     "KernelFunction",
     "compute_capability",
-    "current_arch",
     "ensure_context",
     "gpu_count",
     "load_function",
@@ -87,106 +90,6 @@ def _driver() -> Any:
     return cuda_bindings("driver")
 
 
-_NO_GPU_RESULTS = {
-    "cudaErrorNoDevice",
-    "cudaErrorInsufficientDriver",
-    "cudaErrorDevicesUnavailable",
-    "cudaErrorCallRequiresNewerDriver",
-    "CUDA_ERROR_NO_DEVICE",
-    "CUDA_ERROR_NOT_INITIALIZED",
-}
-
-
-def _rt_call(call: str, fn: Any, *args: Any) -> tuple[Any, ...]:
-    """Call a ``cuda.bindings.runtime`` function; raise on error; return the other results."""
-    try:
-        out = fn(*args)
-    except Exception as exc:  # the bindings raise when a library cannot be loaded
-        raise NoGPUError(f"{call} failed: {exc}", call=call) from exc
-    err, rest = out[0], out[1:]
-    if int(err) != 0:
-        name = result_name(err)
-        cls = NoGPUError if name in _NO_GPU_RESULTS else CUDAError
-        _, desc = _cudart().cudaGetErrorString(err)
-        desc = desc.decode(errors="replace") if isinstance(desc, bytes) else str(desc)
-        raise cls(f"{call} failed: {name} ({desc})", call=call, result=name)
-    return rest
-
-
-def _drv_error(call: str, err: Any, context: str = "") -> CUDAError:
-    drv = _driver()
-    name = result_name(err)
-    try:
-        _, desc = drv.cuGetErrorString(err)
-        desc = desc.decode(errors="replace") if isinstance(desc, bytes) else str(desc)
-    except Exception:
-        desc = "?"
-    cls = NoGPUError if name in _NO_GPU_RESULTS else CUDAError
-    return cls(f"{call}{context} failed: {name} ({desc})", call=call, result=name)
-
-
-def _drv_call(call: str, fn: Any, *args: Any, context: str = "") -> tuple[Any, ...]:
-    try:
-        out = fn(*args)
-    except Exception as exc:  # e.g. libcuda.so not found
-        raise NoGPUError(f"{call}{context} failed: {exc}", call=call) from exc
-    err, rest = out[0], out[1:]
-    if int(err) != 0:
-        raise _drv_error(call, err, context)
-    return rest
-
-
-def gpu_count() -> int:
-    """Number of CUDA GPUs visible through the CUDA runtime; 0 without driver or device.
-    Never raises (``cuda-python`` missing counts as 0)."""
-    try:
-        rt = _cudart()
-        err, n = rt.cudaGetDeviceCount()
-    except Exception:
-        return 0
-    return int(n) if int(err) == 0 and n else 0
-
-
-def compute_capability(device: int | None = None) -> tuple[int, int]:
-    """``(major, minor)`` of ``device`` (default: the CUDA runtime's current device).
-
-    Raises:
-        NoGPUError: no usable GPU (no driver, no device, driver too old).
-        CUDAError: another CUDA error (e.g. a bad device ordinal).
-    """
-    rt = _cudart()
-    if device is None:
-        (device,) = _rt_call("cudaGetDevice", rt.cudaGetDevice)
-    attr = rt.cudaDeviceAttr
-    (major,) = _rt_call("cudaDeviceGetAttribute", rt.cudaDeviceGetAttribute, attr.cudaDevAttrComputeCapabilityMajor, device)
-    (minor,) = _rt_call("cudaDeviceGetAttribute", rt.cudaDeviceGetAttribute, attr.cudaDevAttrComputeCapabilityMinor, device)
-    return int(major), int(minor)
-
-
-def current_arch() -> str:
-    """The ``"sm_XY"`` to compile for on the current GPU: its compute capability, or where
-    this NVRTC cannot target it exactly, the highest SM of the same major and a minor not
-    above the GPU's (CUBINs run on later minors of their major).
-
-    Raises:
-        NoGPUError: no usable GPU -- pass ``arch="sm_90"`` (etc.) to compile without one.
-        InvalidArgumentError: NVRTC supports no SM this GPU can run.
-        CUDAToolchainError: NVRTC is not available.
-    """
-    from .nvrtc import _supported_arch_numbers, nvrtc_version
-
-    try:
-        major, minor = compute_capability()
-    except NoGPUError as exc:
-        raise NoGPUError(f"no GPU to compile for ({exc}); pass arch='sm_90' (or sm_80, sm_89, ...) to compile without one", call=exc.call, result=exc.result) from exc
-    want = major * 10 + minor
-    usable = [a for a in _supported_arch_numbers() if a // 10 == major and a <= want]
-    if not usable:
-        v = ".".join(map(str, nvrtc_version()))
-        raise InvalidArgumentError(f"NVRTC {v} cannot build CUBINs for this GPU (compute capability {major}.{minor}); upgrade nvidia-cuda-nvrtc")
-    return f"sm_{max(usable)}"
-
-
 def ensure_context() -> tuple[int, Any]:
     """Make sure the CUDA runtime's primary context of the current device exists and is
     current on this thread (``cudaFree(0)``); return ``(device ordinal, CUcontext)``.
@@ -196,9 +99,9 @@ def ensure_context() -> tuple[int, Any]:
         CUDAError: another CUDA error.
     """
     rt, drv = _cudart(), _driver()
-    _rt_call("cudaFree(0)", rt.cudaFree, 0)
-    (device,) = _rt_call("cudaGetDevice", rt.cudaGetDevice)
-    (ctx,) = _drv_call("cuCtxGetCurrent", drv.cuCtxGetCurrent)
+    _call("cudaFree(0)", rt.cudaFree, 0)
+    device = _call("cudaGetDevice", rt.cudaGetDevice)
+    ctx = _call("cuCtxGetCurrent", drv.cuCtxGetCurrent)
     if int(ctx) == 0:
         raise CUDAError("no current CUDA context after cudaFree(0)", call="cuCtxGetCurrent")
     return int(device), ctx
@@ -241,9 +144,9 @@ def load_function(kernel: CompiledKernel, symbol: str) -> KernelFunction:
         module = _modules.get(mkey)
         if module is None:
             _check_compatible(kernel, device)
-            (module,) = _drv_call("cuModuleLoadData", drv.cuModuleLoadData, kernel.cubin, context=f"({kernel.name}, {kernel.arch})")
+            module = _call(f"cuModuleLoadData({kernel.name}, {kernel.arch})", drv.cuModuleLoadData, kernel.cubin)
             _modules[mkey] = module
-        (handle,) = _drv_call("cuModuleGetFunction", drv.cuModuleGetFunction, module, symbol.encode(), context=f"({kernel.name}, {symbol!r})")
+        handle = _call(f"cuModuleGetFunction({kernel.name}, {symbol!r})", drv.cuModuleGetFunction, module, symbol.encode())
         fn = KernelFunction(kernel, symbol, device, ctx, handle)
         _functions[fkey] = fn
         return fn
@@ -405,7 +308,7 @@ class KernelFunction:
             attr = getattr(drv.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name.upper()}")
         except AttributeError:
             raise InvalidArgumentError(f"unknown function attribute {name!r}") from None
-        (value,) = _drv_call("cuFuncGetAttribute", drv.cuFuncGetAttribute, attr, self.handle)
+        value = _call("cuFuncGetAttribute", drv.cuFuncGetAttribute, attr, self.handle)
         return int(value)
 
     def param_sizes(self) -> list[int] | None:
@@ -435,12 +338,11 @@ class KernelFunction:
 
     def _make_current(self) -> None:
         drv = _driver()
-        (ctx,) = _drv_call("cuCtxGetCurrent", drv.cuCtxGetCurrent)
-        cur = int(ctx)
+        cur = int(_call("cuCtxGetCurrent", drv.cuCtxGetCurrent))
         if cur == self._ctx_int:
             return
         if cur == 0:  # a fresh thread: adopt the primary context, as the runtime would
-            _drv_call("cuCtxSetCurrent", drv.cuCtxSetCurrent, self._context)
+            _call("cuCtxSetCurrent", drv.cuCtxSetCurrent, self._context)
             return
         raise CUDAError(
             f"{self!r} belongs to another CUDA context than the current one (was the device changed?); "
@@ -498,13 +400,12 @@ class KernelFunction:
         if shared_mem > self._dyn_smem_set:
             with _lock:
                 if shared_mem > self._dyn_smem_set:
-                    _drv_call(
-                        "cuFuncSetAttribute",
+                    _call(
+                        f"cuFuncSetAttribute({self.name}, MAX_DYNAMIC_SHARED_SIZE_BYTES={shared_mem})",
                         drv.cuFuncSetAttribute,
                         self.handle,
                         drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         shared_mem,
-                        context=f"({self.name}, MAX_DYNAMIC_SHARED_SIZE_BYTES={shared_mem})",
                     )
                     self._dyn_smem_set = shared_mem
         if packed:
@@ -514,10 +415,9 @@ class KernelFunction:
             params = None
         stream_h = drv.CUstream(_stream_handle(stream))
         try:
-            (err,) = drv.cuLaunchKernel(self.handle, gx, gy, gz, bx, by, bz, shared_mem, stream_h, params, 0)
+            result = drv.cuLaunchKernel(self.handle, gx, gy, gz, bx, by, bz, shared_mem, stream_h, params, 0)
         except Exception as exc:
             raise CUDAError(f"cuLaunchKernel({self.name}) failed: {exc}", call="cuLaunchKernel") from exc
-        if int(err) != 0:
-            raise _drv_error("cuLaunchKernel", err, f"({self.name}, grid=({gx}, {gy}, {gz}), block=({bx}, {by}, {bz}), shared_mem={shared_mem})")
+        _check(result, f"cuLaunchKernel({self.name}, grid=({gx}, {gy}, {gz}), block=({bx}, {by}, {bz}), shared_mem={shared_mem})")
 
     __call__ = launch

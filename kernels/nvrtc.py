@@ -24,15 +24,15 @@ the ``nvidia-cuda-runtime`` wheel (``site-packages/nvidia/cu13/include``, older 
 ``/usr/local/cuda/include`` that has ``cuda_fp16.h``.
 
 Cache: ``$TRTCORE_CACHE/kernels`` (default ``platformdirs.user_cache_dir("trtcore")/kernels``,
-see :func:`trtcore.default_model.cache_dir`), one file ``<name>.<arch>.<key>.cubin`` per
+see :func:`trtcore.cache_dir.cache_dir`), one file ``<name>.<arch>.<key>.cubin`` per
 compile. The key is the SHA-256 of: the source; the name and content of every local header it
 includes, recursively (``#include "x.cuh"`` or ``<x.cuh>`` found in the including file's
 folder, the .cu's folder, ``kernels/`` or a ``-I`` folder given in ``options``; CUDA's own
 headers are covered by their version and a hash of the fp16/bf16 headers); the full option
 list (defines sorted; the three folders above enter by role, not by path, so the cache
 survives moving the installation); the arch; and the NVRTC version (:func:`nvrtc_version`).
-Files are written to a temporary file in the cache folder and renamed into place with
-:func:`os.replace`, so concurrent processes never see a partial file; a file that is not a
+Files are written by :func:`trtcore.fileio.write_atomic` (a temporary file in the cache
+folder, renamed into place), so concurrent processes never see a partial file; a file that is not a
 complete CUBIN for the arch is ignored and rebuilt. A cache folder that cannot be written only
 warns (:class:`RuntimeWarning`); the kernel is compiled all the same.
 
@@ -56,7 +56,6 @@ import math
 import os
 import re
 import struct
-import tempfile
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -64,7 +63,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+from trtcore.cache_dir import cache_dir
 from trtcore.errors import InvalidArgumentError
+from trtcore.fileio import write_atomic
+from trtcore.gpu import NoGPUError, compute_capability
 
 from .errors import CUDAToolchainError, NVRTCError, cuda_bindings, result_name
 
@@ -80,6 +82,7 @@ __all__ = [
     "cubin_arch",
     "cubin_kernel_names",
     "cuda_include_dir",
+    "current_arch",
     "kernel_cache_dir",
     "list_kernels",
     "normalize_arch",
@@ -214,9 +217,8 @@ def _cuda_headers_fingerprint(include_dir: Path) -> str:
 
 def kernel_cache_dir() -> Path:
     """Where CUBINs are cached: ``$TRTCORE_CACHE/kernels``, default
-    ``platformdirs.user_cache_dir("trtcore")/kernels``. Not created by this call."""
-    from trtcore.default_model import cache_dir
-
+    ``platformdirs.user_cache_dir("trtcore")/kernels`` (:func:`trtcore.cache_dir.cache_dir`).
+    Not created by this call."""
     return cache_dir() / "kernels"
 
 
@@ -262,6 +264,28 @@ def normalize_arch(arch: str | int | tuple[int, int]) -> str:
             f"NVRTC {v} cannot build CUBINs for sm_{number} (from {arch!r}); it supports {', '.join(f'sm_{a}' for a in supported)}"
         )
     return f"sm_{number}{suffix}"
+
+
+def current_arch() -> str:
+    """The ``"sm_XY"`` to compile for on the current GPU: its compute capability, or where
+    this NVRTC cannot target it exactly, the highest SM of the same major and a minor not
+    above the GPU's (CUBINs run on later minors of their major).
+
+    Raises:
+        NoGPUError: no usable GPU -- pass ``arch="sm_90"`` (etc.) to compile without one.
+        InvalidArgumentError: NVRTC supports no SM this GPU can run.
+        CUDAToolchainError: NVRTC is not available.
+    """
+    try:
+        major, minor = compute_capability()
+    except NoGPUError as exc:
+        raise NoGPUError(f"no GPU to compile for ({exc}); pass arch='sm_90' (or sm_80, sm_89, ...) to compile without one", call=exc.call, result=exc.result) from exc
+    want = major * 10 + minor
+    usable = [a for a in _supported_arch_numbers() if a // 10 == major and a <= want]
+    if not usable:
+        v = ".".join(map(str, nvrtc_version()))
+        raise InvalidArgumentError(f"NVRTC {v} cannot build CUBINs for this GPU (compute capability {major}.{minor}); upgrade nvidia-cuda-nvrtc")
+    return f"sm_{max(usable)}"
 
 
 def _arch_number(arch: str) -> int:
@@ -542,22 +566,6 @@ def _run_nvrtc(source: Path, text: bytes, options: Sequence[str], arch: str, def
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def compile_kernel(
     name: str | os.PathLike[str],
     *,
@@ -597,8 +605,6 @@ def compile_kernel(
         raise InvalidArgumentError("options must be a sequence of strings, not one string")
     options = [str(o) for o in options]
     if arch is None:
-        from .launch import current_arch
-
         arch_s = current_arch()
     else:
         arch_s = normalize_arch(arch)
@@ -626,8 +632,8 @@ def compile_kernel(
 
     cubin, log = _run_nvrtc(source, text, full, arch_s, defines)
     try:
-        _write_atomic(path, cubin)
-    except OSError as exc:
+        write_atomic(path, cubin, mode=0o644)
+    except (OSError, InvalidArgumentError) as exc:
         warnings.warn(f"trtcore.kernels: cannot write the kernel cache {path.parent} ({exc}); kernels will be recompiled next time", RuntimeWarning, stacklevel=2)
     return CompiledKernel(stem, arch_s, defines, key, cubin, False, log, source, tuple(full), time.perf_counter() - t0)
 

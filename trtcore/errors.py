@@ -47,12 +47,21 @@ class DownloadError(TrtcoreError, OSError):
     """The default model could not be fetched or failed its checksum."""
 
 
+class CacheError(TrtcoreError, OSError):
+    """trtcore's cache directory (``$TRTCORE_CACHE``) cannot be created or written."""
+
+
 class InvalidRequestError(TrtcoreError, ValueError):
     """A generation request is invalid (empty prompt, prompt too long, bad sampling params)."""
 
 
 class InvalidArgumentError(TrtcoreError, ValueError):
     """An option is out of range: unknown backend or dtype, bad build limits or target."""
+
+
+class UnsupportedDTypeError(InvalidArgumentError, TypeError):
+    """A data type trtcore has no entry for (or none in the form asked: TensorRT, NumPy);
+    also a ``TypeError``, which the per-module dtype helpers raised before."""
 
 
 class EngineBuildError(TrtcoreError, RuntimeError):

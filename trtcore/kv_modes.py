@@ -28,10 +28,10 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-import ml_dtypes
 import numpy as np
 
 from .config import ModelConfig
+from .dtypes import ENGINE_DTYPES, storage_dtype
 from .errors import InvalidArgumentError
 from .plan import BuildPlan
 from .rope import rope_spec
@@ -61,9 +61,6 @@ KV_KINDS: tuple[str, str] = ("key", "value")
 
 Shape = tuple[int, ...]
 Profile = tuple[Shape, Shape, Shape]
-
-_NP_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
-
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -105,7 +102,7 @@ class KVMode:
     def __init__(self, plan: BuildPlan, config: ModelConfig):
         self.plan = plan
         self.config = config
-        self.dtype = _NP_DTYPES[plan.dtype]
+        self.dtype = ENGINE_DTYPES[plan.dtype]
         self.takes_rope_seq_lens = False
         self.cache_len: int | None = None
 
@@ -447,13 +444,6 @@ def mask_feeds(config: ModelConfig, key_pos: np.ndarray, query_pos: np.ndarray, 
             else:
                 feeds[name] = attention_mask(key_pos, query_pos, window)
     return feeds
-
-
-def storage_dtype(dtype: Any, xp: Any) -> np.dtype:
-    """The array dtype a cache of ``dtype`` has in the array module ``xp``: bfloat16 is
-    kept as its uint16 bit patterns outside NumPy (CuPy has no bfloat16; 0 is 0.0)."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.uint16) if xp is not np and dtype.name == "bfloat16" else dtype
 
 
 class StepSequence(Protocol):

@@ -18,10 +18,10 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import ml_dtypes
 import numpy as np
 
 from . import kv_modes
+from .dtypes import ENGINE_DTYPES, trt_dtype
 from .errors import InvalidArgumentError, NetworkError
 from .kv_modes import KVMode
 from .plan import IMPLEMENTATIONS
@@ -36,11 +36,7 @@ if TYPE_CHECKING:  # checked by mypy against tensorrt-stubs; never imported at r
 else:
     Tensor = Network = Layer = Any
 
-_NP_DTYPES = {
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-}
+_NP_DTYPES = ENGINE_DTYPES
 
 
 class Graph:
@@ -130,19 +126,8 @@ class Graph:
 
     # types ---------------------------------------------------------------------------------
     def trt_type(self, dtype: Any) -> Any:
-        """The TensorRT ``DataType`` of a NumPy dtype."""
-        d = np.dtype(dtype)
-        table = {
-            np.dtype(np.float32): self.trt.float32,
-            np.dtype(np.float16): self.trt.float16,
-            np.dtype(ml_dtypes.bfloat16): self.trt.bfloat16,
-            np.dtype(np.int32): self.trt.int32,
-            np.dtype(np.int64): self.trt.int64,
-            np.dtype(np.bool_): self.trt.bool,
-        }
-        if d not in table:
-            raise TypeError(f"NumPy dtype {d} has no TensorRT equivalent here")
-        return table[d]
+        """The TensorRT ``DataType`` of a NumPy dtype (:func:`trtcore.dtypes.trt_dtype`; TypeError if none)."""
+        return trt_dtype(self.trt, np.dtype(dtype))
 
     # inputs / outputs ------------------------------------------------------------------------
     def input(self, name: str, dtype: Any, shape: Sequence[int]) -> Tensor:

@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from .config import ModelConfig
+from .dtypes import ENGINE_DTYPES
 from .errors import InvalidArgumentError
 
-DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+DTYPES: tuple[str, ...] = tuple(ENGINE_DTYPES)
 
 #: implementations of each fused op (DESIGN.md, "Fused ops have several implementations");
 #: ``attention`` chooses within the contiguous KV cache mode (paged mode uses its plugin):

@@ -70,7 +70,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from trtcore.dtypes import host_view, storage_dtype
 from trtcore.errors import TrtcoreError
+from trtcore.gpu import gpu_status as _gpu_status
 
 __all__ = [
     "GPUUnavailableError",
@@ -103,20 +105,9 @@ class GPUUnavailableError(TrtcoreError, RuntimeError):
 
 
 def gpu_status() -> tuple[bool, str]:
-    """``(usable, why)``: whether CuPy imports and sees a CUDA device (nothing is raised)."""
-    try:
-        import cupy
-    except ImportError as exc:
-        return False, f"CuPy is not installed ({exc}); pip install 'trtcore[gpu]' (cupy-cuda13x) on a machine with an NVIDIA GPU"
-    except Exception as exc:  # a broken install (missing CUDA libraries, ...)
-        return False, f"CuPy does not import ({type(exc).__name__}: {exc})"
-    try:
-        count = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as exc:
-        return False, f"CuPy finds no usable CUDA device ({type(exc).__name__}: {exc})"
-    if count < 1:
-        return False, "CuPy finds no CUDA device"
-    return True, f"{count} CUDA device(s)"
+    """``(usable, why)``: whether CuPy imports and sees a CUDA device (nothing is raised;
+    :func:`trtcore.gpu.gpu_status` with ``cupy=True``)."""
+    return _gpu_status(cupy=True)
 
 
 def require_gpu() -> Any:
@@ -129,21 +120,14 @@ def require_gpu() -> Any:
     return cupy
 
 
-def _storage_dtype(dtype: np.dtype) -> np.dtype:
-    """How an array of ``dtype`` is held by CuPy (bfloat16: its uint16 bits)."""
-    return np.dtype(np.uint16) if dtype == _BF16 else dtype
-
-
 def _to_device(cp: Any, a: np.ndarray) -> Any:
+    """``a`` on the device in its storage form (bfloat16: its uint16 bits, :mod:`trtcore.dtypes`)."""
     a = np.ascontiguousarray(a)
-    if a.dtype == _BF16:
-        a = a.view(np.uint16)
-    return cp.asarray(a)
+    return cp.asarray(a.view(storage_dtype(a.dtype, cp)))
 
 
 def _to_host(cp: Any, d: Any, dtype: np.dtype) -> np.ndarray:
-    h = cp.asnumpy(d)
-    return h.view(_BF16) if dtype == _BF16 else h
+    return host_view(cp.asnumpy(d), dtype)
 
 
 def _poison(cp: Any, d: Any, dtype: np.dtype) -> None:
@@ -373,7 +357,7 @@ class _DeviceRun:
         self.out_dtypes = [np.dtype(d) for d in plugin.output_dtypes(self.in_dtypes)]
         with stream:
             self.d_in = [_to_device(cp, a) for a in inputs]
-            self.d_out = [cp.empty(s, dtype=_storage_dtype(d)) for s, d in zip(self.out_shapes, self.out_dtypes)]
+            self.d_out = [cp.empty(s, dtype=storage_dtype(d, cp)) for s, d in zip(self.out_shapes, self.out_dtypes)]
             ws = int(plugin.workspace_size([(tuple(a.shape), d) for a, d in zip(inputs, self.in_dtypes)], list(zip(self.out_shapes, self.out_dtypes))))
             self.workspace = cp.empty(max(ws, 1), dtype=np.uint8)
             self.workspace.fill(0xA5)

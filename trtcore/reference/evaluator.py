@@ -50,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from ..dims import Dim
+from ..dtypes import storage_dtype
 from ..errors import NetworkError
 from .network import (
     IActivationLayer,
@@ -71,7 +73,6 @@ from .network import (
     ISoftMaxLayer,
     IUnaryLayer,
     _axes,
-    _Dim,
 )
 from .types import (
     FLOATING,
@@ -162,10 +163,8 @@ class _Storage:
         self.raw_moves = not self.numpy  # data-moving layers skip the float32 round trip
 
     def dtype(self, dtype: DataType) -> np.dtype:
-        """The array dtype a tensor of ``dtype`` is stored in."""
-        if dtype == DataType.BF16 and self.bf16_bits:
-            return np.dtype(np.uint16)
-        return np.dtype(nptype(dtype))
+        """The array dtype a tensor of ``dtype`` is stored in (:func:`trtcore.dtypes.storage_dtype`)."""
+        return storage_dtype(dtype, self.xp)
 
     def feed(self, a: Any, dtype: DataType) -> Any:
         """A network input in storage form (host arrays are copied to the device)."""
@@ -396,7 +395,7 @@ def _run_plugin(layer: IPluginV3Layer, args: list[Any], st: _Storage) -> list[An
 
     args = [xp.ascontiguousarray(a) for a in args]  # kernels take dense row-major memory
     logical = [st.logical(a, d) for a, d in zip(args, in_dtypes)]
-    shapes = plugin.output_shapes([[_Dim(int(d)) for d in a.shape] for a in args])
+    shapes = plugin.output_shapes([[Dim(int(d)) for d in a.shape] for a in args])
     out_dtypes = [np.dtype(dt) for dt in plugin.output_dtypes(logical)]
     outs = [
         xp.empty(tuple(int(d) for d in shape), dtype=st.dtype(from_numpy_dtype(dt)))

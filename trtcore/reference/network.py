@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dims import Dim
 from ..errors import NetworkError
 from .types import (
     FLOATING,
@@ -552,10 +553,10 @@ class IPluginV3Layer(ILayer):
         ins = [self._in(i) for i in range(self.num_inputs)]
         try:
             dtypes = self.plugin.output_dtypes([np.dtype(nptype(t.dtype)) for t in ins])
-            shapes = self.plugin.output_shapes([[_Dim(d) for d in t.shape] for t in ins])
+            shapes = self.plugin.output_shapes([[Dim(d) for d in t.shape] for t in ins])
         except Exception as exc:  # the plugin rejected its inputs
             raise _bad(self, f"plugin {self.plugin.plugin_name}: {exc}") from exc
-        out_shapes = [tuple(-1 if _Dim.of(d) is None else _Dim.of(d) for d in s) for s in shapes]
+        out_shapes = [tuple(-1 if Dim.of(d) is None else Dim.of(d) for d in s) for s in shapes]
         return out_shapes, [from_numpy_dtype(d) for d in dtypes]  # type: ignore[misc]
 
 
@@ -801,43 +802,6 @@ class IKVCacheUpdateLayer(ILayer):
         if update.shape[2] > cache.shape[2]:
             raise _bad(self, f"the update's {update.shape[2]} tokens exceed the cache's {cache.shape[2]}")
         return [cache.shape], [dtype]
-
-
-class _Dim:
-    """Static stand-in for ``trtcore.plugins.base.Dim`` during shape inference (-1 = unknown)."""
-
-    def __init__(self, value: int | None):
-        self.value = None if value is None or value < 0 else int(value)
-
-    @staticmethod
-    def of(d: Any) -> int | None:
-        if isinstance(d, int):
-            return d
-        return getattr(d, "value", None)
-
-    def _op(self, other: Any, fn: Any) -> _Dim:
-        o = _Dim.of(other)
-        return _Dim(None if self.value is None or o is None else fn(self.value, o))
-
-    def __add__(self, o: Any) -> _Dim:
-        return self._op(o, lambda a, b: a + b)
-
-    def __sub__(self, o: Any) -> _Dim:
-        return self._op(o, lambda a, b: a - b)
-
-    def __mul__(self, o: Any) -> _Dim:
-        return self._op(o, lambda a, b: a * b)
-
-    def __floordiv__(self, o: Any) -> _Dim:
-        return self._op(o, lambda a, b: a // b)
-
-    def cdiv(self, o: Any) -> _Dim:
-        return self._op(o, lambda a, b: -(-a // b))
-
-    def __int__(self) -> int:
-        if self.value is None:
-            raise NetworkError("dimension is only known at run time")
-        return self.value
 
 
 class INetworkDefinition:

@@ -11,8 +11,10 @@ import ctypes
 import enum
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from .. import dtypes
+from ..errors import UnsupportedDTypeError
 
 
 class DataType(enum.IntEnum):
@@ -34,35 +36,33 @@ class DataType(enum.IntEnum):
         return int(np.dtype(nptype(self)).itemsize)
 
 
-_NP_OF = {
-    DataType.FLOAT: np.dtype(np.float32),
-    DataType.HALF: np.dtype(np.float16),
-    DataType.BF16: np.dtype(ml_dtypes.bfloat16),
-    DataType.INT8: np.dtype(np.int8),
-    DataType.UINT8: np.dtype(np.uint8),
-    DataType.INT32: np.dtype(np.int32),
-    DataType.INT64: np.dtype(np.int64),
-    DataType.BOOL: np.dtype(np.bool_),
-}
-_DT_OF = {v: k for k, v in _NP_OF.items()}
-
 FLOATING = frozenset({DataType.FLOAT, DataType.HALF, DataType.BF16})
 
 
 def nptype(dtype: DataType) -> Any:
-    """The NumPy dtype of a :class:`DataType` (BF16 -> ``ml_dtypes.bfloat16``), like ``trt.nptype``."""
+    """The NumPy type of a :class:`DataType` (BF16 -> ``ml_dtypes.bfloat16``), like ``trt.nptype``
+    (from :mod:`trtcore.dtypes`).
+
+    Raises:
+        TypeError: not a data type here (``trtcore.errors.UnsupportedDTypeError``).
+    """
     try:
-        return _NP_OF[DataType(dtype)].type
-    except (KeyError, ValueError):
-        raise TypeError(f"no NumPy type for TensorRT data type {dtype!r}") from None
+        member = DataType(dtype)
+    except ValueError:
+        raise UnsupportedDTypeError(f"no NumPy type for TensorRT data type {dtype!r}") from None
+    return dtypes.numpy_dtype(member).type
 
 
 def from_numpy_dtype(dtype: Any) -> DataType:
-    """The :class:`DataType` of a NumPy dtype; TypeError if there is none."""
-    try:
-        return _DT_OF[np.dtype(dtype)]
-    except KeyError:
-        raise TypeError(f"NumPy dtype {np.dtype(dtype)} has no TensorRT data type") from None
+    """The :class:`DataType` of a NumPy dtype (from :mod:`trtcore.dtypes`).
+
+    Raises:
+        TypeError: it has none, e.g. float64 (``trtcore.errors.UnsupportedDTypeError``).
+    """
+    row = dtypes.lookup(np.dtype(dtype))
+    if row.trt is None:
+        raise UnsupportedDTypeError(f"NumPy dtype {row.numpy} has no TensorRT data type")
+    return DataType[row.trt]
 
 
 class NetworkDefinitionCreationFlag(enum.IntEnum):

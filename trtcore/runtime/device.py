@@ -18,12 +18,13 @@ as ``uint16`` bit patterns (see :mod:`trtcore.reference.evaluator`), as
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 import numpy as np
 
+from ..dtypes import host_view
 from ..errors import InvalidArgumentError
+from ..gpu import gpu_status
 
 __all__ = ["DEVICES", "INSTALL_GPU", "array_module", "cuda_status", "normalize_device", "resolve_device", "to_host"]
 
@@ -52,20 +53,9 @@ def normalize_device(device: str | None) -> str | None:
 
 
 def cuda_status() -> tuple[bool, str]:
-    """``(usable, why)``: whether CuPy imports and sees at least one CUDA device."""
-    try:
-        import cupy
-    except ImportError as exc:
-        return False, f"CuPy is not installed ({exc})"
-    except Exception as exc:  # noqa: BLE001 - a broken install (missing CUDA libraries, ...)
-        return False, f"CuPy does not import ({type(exc).__name__}: {exc})"
-    try:
-        count = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as exc:  # noqa: BLE001 - cudaErrorNoDevice, cudaErrorInsufficientDriver, ...
-        return False, f"CuPy finds no usable CUDA device ({type(exc).__name__}: {exc})"
-    if count < 1:
-        return False, "CuPy finds no CUDA device"
-    return True, f"{count} CUDA device(s)"
+    """``(usable, why)``: whether CuPy imports and sees at least one CUDA device
+    (:func:`trtcore.gpu.gpu_status` with ``cupy=True``)."""
+    return gpu_status(cupy=True)
 
 
 def resolve_device(device: str | None = None) -> str:
@@ -110,21 +100,13 @@ def to_host(array: Any, dtype: Any = None) -> np.ndarray:
     Args:
         array: a NumPy or CuPy array (or anything ``numpy.asarray`` takes).
         dtype: the tensor's logical type (a TensorRT-style ``DataType`` or NumPy dtype);
-            a ``uint16`` array of a bfloat16 tensor is viewed as ``ml_dtypes.bfloat16``.
+            an array in device storage is viewed as that type
+            (:func:`trtcore.dtypes.host_view`: a ``uint16`` array of a bfloat16 tensor
+            becomes ``ml_dtypes.bfloat16``).
+
+    Raises:
+        trtcore.errors.UnsupportedDTypeError: ``dtype`` is not a data type trtcore knows.
     """
     get = getattr(array, "get", None)
     host = get() if callable(get) and not isinstance(array, np.ndarray) else np.asarray(array)
-    if dtype is not None and host.dtype == np.uint16 and _is_bf16(dtype):
-        import ml_dtypes
-
-        host = host.view(ml_dtypes.bfloat16)
-    return host
-
-
-def _is_bf16(dtype: Any) -> bool:
-    if isinstance(dtype, enum.Enum) or type(dtype).__name__ == "DataType":  # any TensorRT module's DataType
-        return getattr(dtype, "name", None) == "BF16"
-    try:
-        return np.dtype(dtype).name == "bfloat16"
-    except TypeError:
-        return False
+    return host if dtype is None else host_view(host, dtype)

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ModelConfig
 from ..errors import InvalidArgumentError
 from ..kv_modes import ContiguousKVCache, KVMode, PagedKV, PagedKVCache
 from .executor import Executor

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from trtcore.dtypes import NAMES
 from trtcore.errors import InvalidArgumentError, TrtcoreError
 
 __all__ = [
@@ -58,19 +59,8 @@ __all__ = [
 #: the step's keys/values must skip slots ``< 0`` (vLLM's ``PAD_SLOT_ID``).
 PAD_SLOT_ID = -1
 
-#: Cache dtypes by name -> NumPy dtype (bfloat16 / fp8 through ``ml_dtypes``).
-_DTYPE_NAMES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float8_e4m3fn": "float8_e4m3fn",
-    "fp8": "float8_e4m3fn",
-    "fp8_e4m3": "float8_e4m3fn",
-}
+#: The cache element types (names of :mod:`trtcore.dtypes`, which also resolves their aliases).
+_KV_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn")
 
 
 def kv_cache_dtype(dtype: Any) -> np.dtype:
@@ -88,24 +78,16 @@ def kv_cache_dtype(dtype: Any) -> np.dtype:
         InvalidArgumentError: unknown name, or not a floating-point type of 1, 2 or 4 bytes.
     """
     if isinstance(dtype, str):
-        name = _DTYPE_NAMES.get(dtype.lower())
-        if name is None:
-            raise InvalidArgumentError(
-                f"KV cache dtype {dtype!r} is not supported; expected one of {', '.join(sorted(set(_DTYPE_NAMES.values())))}"
-            )
-        if name in ("bfloat16", "float8_e4m3fn"):
-            import ml_dtypes
-
-            return np.dtype(getattr(ml_dtypes, name))
-        return np.dtype(name)
+        dt = NAMES.get(dtype.lower())
+        if dt is None or dt.name not in _KV_DTYPES:
+            raise InvalidArgumentError(f"KV cache dtype {dtype!r} is not supported; expected one of {', '.join(sorted(_KV_DTYPES))}")
+        return dt
     try:
         dt = np.dtype(dtype)
     except TypeError as e:
         raise InvalidArgumentError(f"KV cache dtype {dtype!r} is not a dtype: {e}") from None
-    if dt.name not in set(_DTYPE_NAMES.values()):
-        raise InvalidArgumentError(
-            f"KV cache dtype {dt} is not supported; expected one of {', '.join(sorted(set(_DTYPE_NAMES.values())))}"
-        )
+    if dt.name not in _KV_DTYPES:
+        raise InvalidArgumentError(f"KV cache dtype {dt} is not supported; expected one of {', '.join(sorted(_KV_DTYPES))}")
     return dt
 
 

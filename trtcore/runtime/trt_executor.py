@@ -13,105 +13,41 @@
    gets that input's buffer), runs ``execute_async_v3``,
 5. copies the outputs back and synchronizes the stream.
 
-CUDA is driven through ``cuda.bindings.runtime``; every call's status is checked and a
-failure raises :class:`CudaError` with the ``cudaError_t`` name. Not thread-safe: one
+CUDA is driven through ``cuda.bindings.runtime``; every call's status is checked
+(:func:`trtcore.gpu.check`) and a failure raises :class:`trtcore.gpu.CudaError` with the
+``cudaError_t`` name. TensorRT's messages go to :func:`trtcore.log.trt_logger`. Not thread-safe: one
 executor per thread (or a lock around :meth:`run`). Only optimization profile 0 is used.
 """
 
 from __future__ import annotations
 
-import collections
-import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
 from cuda.bindings import runtime as cudart
 
-from ..errors import TrtcoreError
+from .. import gpu
+from ..dtypes import numpy_dtype
+from ..gpu import CudaError, describe_device
+from ..gpu import check as cuda_check
+from ..log import trt_logger
 from .executor import Executor
 
 if TYPE_CHECKING:  # the stubs (tensorrt-stubs) type the calls; nothing is imported at run time
     import tensorrt as trt_types
 
-__all__ = ["CudaError", "DeviceBufferPool", "TensorRTExecutor", "check_input", "cuda_check", "numpy_dtype"]
-
-_LOG = logging.getLogger("trtcore.trt")
+__all__ = ["CudaError", "DeviceBufferPool", "TensorRTExecutor", "check_input", "cuda_check", "numpy_dtype", "require_gpu"]
 
 _ALIGNMENT = 256  # bytes; cudaMalloc aligns to at least this, and no buffer is empty
 
-# TensorRT DataType name -> NumPy dtype (by name, so tensorrt and tensorrt_rtx enums both work)
-_NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
-    "FLOAT": np.dtype(np.float32),
-    "HALF": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "FP8": np.dtype(ml_dtypes.float8_e4m3fn),  # TensorRT's FP8 is E4M3
-    "INT8": np.dtype(np.int8),
-    "UINT8": np.dtype(np.uint8),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "BOOL": np.dtype(np.bool_),
-}
-
-
-class CudaError(TrtcoreError, RuntimeError):
-    """A CUDA runtime call failed; the message names the call and the ``cudaError_t``."""
-
-
-def _cuda_error_text(err: Any) -> str:
-    try:
-        _, name = cudart.cudaGetErrorName(err)
-        _, text = cudart.cudaGetErrorString(err)
-        return f"{name.decode()} ({text.decode()})"
-    except Exception:  # pragma: no cover - an error code the bindings do not know
-        return str(err)
-
-
-def cuda_check(result: tuple[Any, ...], what: str) -> Any:
-    """Check the status of a ``cuda.bindings.runtime`` call and return its value(s).
-
-    ``result`` is the tuple such a call returns, ``(cudaError_t, *values)``: None comes back
-    for no value, the value for one, the tuple of values for several.
-
-    Raises:
-        CudaError: the status is not ``cudaSuccess``; the message names ``what`` and the error.
-    """
-    err = result[0]
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise CudaError(f"{what} failed: {_cuda_error_text(err)}")
-    values = result[1:]
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else values
-
-
 def require_gpu(device: int = 0) -> None:
-    """Raise :class:`CudaError` unless CUDA device ``device`` is usable (check this before
-    spending time on an engine build).
+    """Check that CUDA device ``device`` is usable, before spending time on an engine build.
 
     Raises:
-        CudaError: no driver, no GPU, or no device ``device``.
+        trtcore.gpu.NoGPUError: no driver, no GPU, or no device ``device`` (a :class:`CudaError`).
     """
-    count = cuda_check(cudart.cudaGetDeviceCount(), "TensorRT execution needs a CUDA GPU: cudaGetDeviceCount")
-    if not 0 <= device < count:
-        raise CudaError(f"CUDA device {device} does not exist ({count} device(s) visible)")
-
-
-def numpy_dtype(dtype: trt_types.DataType) -> np.dtype[Any]:
-    """The NumPy dtype of a TensorRT ``DataType`` (``BF16`` -> ``ml_dtypes.bfloat16``).
-
-    Raises:
-        TypeError: the type has no NumPy form here (``INT4``, ``FP4``, ``E8M0``).
-    """
-    name = dtype.name
-    try:
-        return _NUMPY_DTYPES[name]
-    except KeyError:
-        raise TypeError(
-            f"TensorRT data type {name} has no NumPy equivalent in trtcore; engine I/O must be one of "
-            f"{', '.join(_NUMPY_DTYPES)}"
-        ) from None
+    gpu.require_gpu(device, "TensorRT execution needs a CUDA GPU")
 
 
 def check_input(name: str, array: Any, expected_shape: Sequence[int], dtype: np.dtype[Any]) -> np.ndarray:
@@ -183,33 +119,6 @@ class DeviceBufferPool:
             raise first
 
 
-_LOG_LEVELS = {
-    "INTERNAL_ERROR": logging.CRITICAL,
-    "ERROR": logging.ERROR,
-    "WARNING": logging.WARNING,
-    "INFO": logging.DEBUG,
-    "VERBOSE": logging.DEBUG,
-}
-
-
-def _make_logger(trt_module: Any) -> Any:
-    """A ``trt_module.ILogger`` that forwards to :mod:`logging` and keeps the recent warnings/errors."""
-    base = trt_module.ILogger
-
-    class _Logger(base):  # type: ignore[misc,valid-type]
-        def __init__(self) -> None:
-            base.__init__(self)
-            self.messages: collections.deque[str] = collections.deque(maxlen=32)
-
-        def log(self, severity: Any, msg: str) -> None:
-            level = _LOG_LEVELS.get(getattr(severity, "name", ""), logging.DEBUG)
-            _LOG.log(level, "%s", msg)
-            if level >= logging.WARNING:
-                self.messages.append(msg)
-
-    return _Logger()
-
-
 class TensorRTExecutor(Executor):
     """Runs a serialized TensorRT engine on host arrays (see the module docstring).
 
@@ -240,14 +149,15 @@ class TensorRTExecutor(Executor):
                 "(use the reference executor for the reference backend)"
             )
         # CUDA first: without a GPU/driver, say so, rather than TensorRT's "engine is None".
-        count = cuda_check(cudart.cudaGetDeviceCount(), "TensorRTExecutor needs a CUDA GPU: cudaGetDeviceCount")
+        count = gpu.require_gpu(0, "TensorRTExecutor needs a CUDA GPU")
         if not 0 <= device < count:
             raise ValueError(f"CUDA device {device} does not exist ({count} device(s) visible)")
         cuda_check(cudart.cudaSetDevice(device), f"cudaSetDevice({device})")
         self._stream = cuda_check(cudart.cudaStreamCreate(), "cudaStreamCreate")
         self._closed = False
         try:
-            self._logger = _make_logger(trt_module)
+            self._logger = trt_logger(trt_module)
+            self._logger.messages.clear()  # the process's logger: forget earlier operations
             self._runtime: trt_types.Runtime = trt_module.Runtime(self._logger)
             from trtcore.plugins import register_all
 
@@ -295,9 +205,7 @@ class TensorRTExecutor(Executor):
         version = getattr(self._trt, "__version__", "?")
         where = f"device {self.device}"
         try:
-            props = cuda_check(cudart.cudaGetDeviceProperties(self.device), "cudaGetDeviceProperties")
-            name = props.name.decode(errors="replace").rstrip("\x00") if isinstance(props.name, bytes) else props.name
-            where += f" ({name}, compute capability {props.major}.{props.minor})"
+            where += f" ({describe_device(self.device)})"
         except Exception:  # pragma: no cover - the message is still useful without it
             pass
         text = f"{module} {version} could not deserialize the engine on {where}{self._tensorrt_said()}."
