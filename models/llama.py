@@ -74,7 +74,8 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                 x = ops.rms_norm(g, h, w("post_attention_layernorm", i, E), c.rms_norm_eps, "post_attention_layernorm")
                 mlp_shapes = {"gate_proj": (I, E), "up_proj": (I, E), "down_proj": (E, I)}
                 biases = tuple(w(r, i, n, suffix=".bias") if c.mlp_bias else None for r, (n, _) in mlp_shapes.items())
-                mlp = ops.swiglu_mlp(g, x, *(w(r, i, *shape) for r, shape in mlp_shapes.items()), biases, "mlp")  # type: ignore[arg-type]
+                gate, up, down = (w(r, i, *shape) for r, shape in mlp_shapes.items())
+                mlp = ops.swiglu_mlp(g, x, gate, up, down, biases, "mlp")  # type: ignore[arg-type]
                 h = ops.add(g, h, mlp, "mlp_residual")
         last = ops.rms_norm(g, ops.last_token_hidden(g, h), w("norm", None, E), c.rms_norm_eps, "norm")
     lm_head = embed if c.tie_word_embeddings else w("lm_head", None, c.vocab_size, E)
