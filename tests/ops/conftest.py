@@ -11,7 +11,8 @@ feeds; :class:`OneOp` then
   ``out0``, ``out1``...);
 * :meth:`OneOp.run`: builds it on the reference backend (``build_serialized_network`` with
   one optimization profile, ``Runtime.deserialize_cuda_engine``) and runs the engine with
-  :class:`~trtcore.runtime.reference_executor.ReferenceExecutor` on the feeds;
+  :class:`~trtcore.runtime.reference_executor.ReferenceExecutor` on copies of the feeds
+  (``OneOp.fed`` after the run: caches updated in place show there);
 * :meth:`OneOp.check_rtx`: builds it with ``tensorrt_rtx`` ahead of time for ``sm89`` (no
   GPU needed, as tests/test_build_rtx.py) and checks that the build succeeds and that the
   output shapes and types ``tensorrt_rtx`` infers are the reference network's. Skips, saying
@@ -102,6 +103,8 @@ class OneOp:
         self.dynamic = {k: tuple(a % self.feeds[k].ndim for a in axes) for k, axes in (dynamic or {}).items()}
         self.min_shapes = {k: tuple(v) for k, v in (min_shapes or {}).items()}
         self.graph_kwargs = dict(graph_kwargs or {})
+        #: the arrays the last :meth:`run` fed, as the run left them
+        self.fed: dict[str, np.ndarray] = {}
 
     def input_shape(self, name: str) -> tuple[int, ...]:
         """The declared shape of input ``name`` (-1 on its dynamic axes)."""
@@ -137,7 +140,9 @@ class OneOp:
         builder, network, g = self.define(ref)
         blob = builder.build_serialized_network(network, self._config(builder))
         executor = ReferenceExecutor(ref.Runtime(ref.Logger()).deserialize_cuda_engine(blob))
-        return executor.to_host(executor.run(self.feeds, capture=capture))
+        # copies: KV caches and pools are updated in place (TensorRT's aliasing), the feeds stay as given
+        self.fed = {k: v.copy() for k, v in self.feeds.items()}
+        return executor.to_host(executor.run(self.fed, capture=capture))
 
     def output_signature(self, trt: Any) -> list[tuple[str, tuple[int, ...], str]]:
         """``(name, shape, dtype name)`` of each output as the network defined with ``trt`` infers it."""
