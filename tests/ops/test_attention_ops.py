@@ -26,7 +26,7 @@ import pytest
 
 from trtcore import ops
 
-from .conftest import DTYPES, NP_DTYPES, UNIT_ROUNDOFF, OneOp, as_float64, randn
+from .conftest import DTYPES, NP_DTYPES, UNIT_ROUNDOFF, OneOp, as_float64, builds_rtx, randn
 
 #: the runtime's additive mask value (trtcore.runtime.generate.MASK_VALUE): exp() of it is 0
 MASK_VALUE = np.float32(-1e30)
@@ -93,7 +93,7 @@ def test_attention(step: tuple, heads: tuple, dtype: str, rng: np.random.Generat
     want = attention64(np.transpose(q, (0, 2, 1, 3)), k_cache, v_cache, allowed[:, None], scale)  # [B, Hq, S, D]
     smax = max_scaled_score(q, k_cache, scale)
     assert_attention_close(got, want.transpose(0, 2, 1, 3).reshape(B, S, hq * D), dtype, v_cache, 2 * smax)
-    if step == STEPS[0]:  # every dtype and head layout once (build time); shapes are dynamic anyway
+    if step == STEPS[0] and builds_rtx(dtype, heads == (4, 2)):
         [(_, shape, _)] = net.check_rtx()
         assert shape == (-1, -1, hq * D)
 
@@ -123,8 +123,9 @@ def test_kv_cache_update(case: tuple, dtype: str, rng: np.random.Generator) -> N
     want = kv_update64(cache, update, w)
     np.testing.assert_array_equal(np.ascontiguousarray(got).view(np.uint8), want.view(np.uint8))
     np.testing.assert_array_equal(net.fed["cache"].view(np.uint8), want.view(np.uint8))  # the cache input itself
-    [(_, shape, _)] = net.check_rtx()
-    assert shape == (-1, H, L, D)
+    if builds_rtx(dtype, case == (3, 2, 10, 4)):
+        [(_, shape, _)] = net.check_rtx()
+        assert shape == (-1, H, L, D)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -145,8 +146,9 @@ def test_sdpa_native(heads: tuple, masked: bool, dtype: str, rng: np.random.Gene
     net = OneOp(lambda g, i: ops.sdpa_native(g, i["q"], i["k"], i["v"], i.get("mask")), feeds, dtype=dtype,
                 dynamic={name: (0, 2) for name in feeds})
     assert_attention_close(net.run()["out"], attention64(q, k, v, allowed, 1.0), dtype, v, 0)
-    [(_, shape, _)] = net.check_rtx()
-    assert shape == (-1, hq, -1, D)
+    if builds_rtx(dtype, heads == (4, 2)):
+        [(_, shape, _)] = net.check_rtx()
+        assert shape == (-1, hq, -1, D)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -181,8 +183,9 @@ def test_native_attention(step: tuple, heads: tuple, dtype: str, rng: np.random.
     want = attention64(np.transpose(q, (0, 2, 1, 3)), k_all, v_all, allowed[:, None], scale)
     smax = max_scaled_score(q, k_all, scale)
     assert_attention_close(out["out0"], want.transpose(0, 2, 1, 3).reshape(B, S, hq * D), dtype, v_all, 2 * smax)
-    shapes = [s for _, s, _ in net.check_rtx()]
-    assert shapes == [(-1, -1, hq * D), (-1, hkv, L, D), (-1, hkv, L, D)]
+    if padded and builds_rtx(dtype, heads == (4, 2)):  # the network does not depend on the step
+        shapes = [s for _, s, _ in net.check_rtx()]
+        assert shapes == [(-1, -1, hq * D), (-1, hkv, L, D), (-1, hkv, L, D)]
 
 
 #: per sequence (cached, new): decode, decode across a block boundary, prefill, chunked prefill

@@ -19,7 +19,7 @@ import pytest
 
 from trtcore import ops
 
-from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, assert_close, randn
+from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, assert_close, builds_rtx, randn
 
 Draw = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
 
@@ -67,7 +67,8 @@ def test_binary(op: str, shapes: tuple, dtype: str, rng: np.random.Generator) ->
     got = net.run()["out"]
     assert got.dtype == a.dtype
     assert_close(got, formula(as_float64(a), as_float64(b)), dtype, 1)
-    net.check_rtx()
+    if builds_rtx(dtype, shapes == BROADCASTS[0]):
+        net.check_rtx()
 
 
 #: UnaryOperation name -> (float64 formula, draw of the input)
@@ -114,8 +115,9 @@ def test_reduce(op: str, case: tuple, dtype: str, rng: np.random.Generator) -> N
     want = formula(as_float64(x), axis=tuple(axes), keepdims=keep)
     net = OneOp(lambda g, i: ops.reduce(g, i["x"], op, axes, keep), {"x": x}, dtype=dtype)
     assert_close(net.run()["out"], want, dtype, 1)
-    [(_, shape_rtx, _)] = net.check_rtx()
-    assert shape_rtx == want.shape
+    if builds_rtx(dtype, case == REDUCES[0]):
+        [(_, shape_rtx, _)] = net.check_rtx()
+        assert shape_rtx == want.shape
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -135,4 +137,5 @@ def test_softmax(case: tuple, dtype: str, rng: np.random.Generator) -> None:
     net = OneOp(lambda g, i: ops.softmax(g, i["x"], axis), {"x": x}, dtype=dtype, dynamic={"x": (0,)})
     got = net.run()["out"]
     assert_close(got, e / e.sum(axis=axis, keepdims=True), dtype, 1, atol_scale=1.0)
-    net.check_rtx()
+    if builds_rtx(dtype, case[1] == -1 and case[0] == (2, 3, 9)):
+        net.check_rtx()

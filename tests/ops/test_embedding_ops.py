@@ -9,7 +9,7 @@ import pytest
 
 from trtcore import ops
 
-from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64
+from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, builds_rtx
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -29,5 +29,6 @@ def test_embedding_matches_torch(case: tuple, dtype: str, rng: np.random.Generat
     got = net.run()["out"]
     assert got.dtype == NP_DTYPES[dtype]
     np.testing.assert_array_equal(as_float64(got), want)  # exact: every stored value is a float64 too
-    [(_, shape, _)] = net.check_rtx()
-    assert shape == (-1,) * len(ids_shape) + (hidden,)
+    if builds_rtx(dtype, case[0] == (2, 7)):
+        [(_, shape, _)] = net.check_rtx()
+        assert shape == (-1,) * len(ids_shape) + (hidden,)

@@ -16,7 +16,7 @@ import pytest
 from trtcore import ops
 from trtcore.errors import NetworkError
 
-from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, assert_close, randn
+from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, assert_close, builds_rtx, randn
 
 MATMULS = [
     # (a shape, b shape as given to the op, transpose_b)
@@ -39,8 +39,9 @@ def test_matmul(case: tuple, dtype: str, rng: np.random.Generator) -> None:
     net = OneOp(lambda g, i: ops.matmul(g, i["a"], i["b"], transpose_b), {"a": a, "b": b}, dtype=dtype,
                 dynamic={"a": (0,)} if a_shape[0] > 1 and len(a_shape) > 2 else {})
     assert_close(net.run()["out"], want, dtype, 1, atol_scale=float(np.abs(want).max()))
-    [(_, shape, _)] = net.check_rtx()
-    assert shape[1:] == want.shape[1:]
+    if builds_rtx(dtype, case == MATMULS[0]):
+        [(_, shape, _)] = net.check_rtx()
+        assert shape[1:] == want.shape[1:]
 
 
 LINEARS = [
@@ -74,8 +75,9 @@ def test_linear_matches_torch(case: tuple, bias: bool, dtype: str, rng: np.rando
     assert out["out"].dtype == NP_DTYPES[dtype]
     assert out["proj.weight"].dtype == NP_DTYPES[dtype]  # stored in the graph dtype
     assert_close(out["out"], want, dtype, 2 if bias else 1, atol_scale=float(np.abs(want).max()))
-    [(_, shape, _)] = net.check_rtx()
-    assert shape == (-1,) * (len(x_shape) - 1) + (out_features,)
+    if builds_rtx(dtype, case == LINEARS[0]):
+        [(_, shape, _)] = net.check_rtx()
+        assert shape == (-1,) * (len(x_shape) - 1) + (out_features,)
 
 
 def test_linear_rejects_a_weight_that_does_not_fit() -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from trtcore import ops
 
-from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, assert_close, randn
+from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, assert_close, builds_rtx, randn
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -30,7 +30,8 @@ def test_silu(shape: tuple, dtype: str, rng: np.random.Generator) -> None:
     want = torch.nn.functional.silu(torch.from_numpy(as_float64(x))).numpy()
     net = OneOp(lambda g, i: ops.silu(g, i["x"], "act_fn"), {"x": x}, dtype=dtype, dynamic={"x": (0,)})
     assert_close(net.run()["out"], want, dtype, 2)
-    net.check_rtx()
+    if builds_rtx(dtype, shape == (2, 3, 16)):
+        net.check_rtx()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -43,7 +44,9 @@ def test_swiglu_mlp_matches_llama_mlp(case: tuple, bias: bool, dtype: str, rng: 
 
     shape, inter = case
     hidden = shape[-1]
-    mlp = LlamaMLP(LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=1, num_key_value_heads=1, mlp_bias=bias, hidden_act="silu")).to(torch.float64)
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=1, num_key_value_heads=1, mlp_bias=bias)
+    mlp = LlamaMLP(config).to(torch.float64)
+    assert config.hidden_act == "silu"
     # random float64 parameters, rounded to the graph dtype (the op stores them so)
     params = {name: rng.standard_normal(tuple(p.shape)) / np.sqrt(p.shape[-1]) for name, p in mlp.named_parameters()}
     with torch.no_grad():
@@ -60,5 +63,6 @@ def test_swiglu_mlp_matches_llama_mlp(case: tuple, bias: bool, dtype: str, rng: 
     out = net.run(capture=["mlp.gated"])
     assert out["mlp.gated"].shape == shape[:-1] + (inter,)
     assert_close(out["out"], want, dtype, 6, atol_scale=float(np.abs(want).max()))
-    [(_, out_shape, _)] = net.check_rtx()
-    assert out_shape == (-1,) * (len(shape) - 1) + (hidden,)
+    if builds_rtx(dtype, case[1] == 40):
+        [(_, out_shape, _)] = net.check_rtx()
+        assert out_shape == (-1,) * (len(shape) - 1) + (hidden,)

@@ -15,7 +15,7 @@ import pytest
 
 from trtcore import ops
 
-from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, assert_close, randn
+from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, assert_close, builds_rtx, randn
 
 CASES = [
     # (x shape, eps)
@@ -53,5 +53,6 @@ def test_rms_norm(case: tuple, dtype: str, rng: np.random.Generator) -> None:
         hf = norm(torch.from_numpy(x64).to(torch_dtype)).to(torch.float64).numpy()
     assert_close(got, hf, dtype, 1)
 
-    [(_, out_shape, _)] = net.check_rtx()
-    assert out_shape == (-1,) * (len(shape) - 1) + (shape[-1],)
+    if builds_rtx(dtype, case == CASES[0]):
+        [(_, out_shape, _)] = net.check_rtx()
+        assert out_shape == (-1,) * (len(shape) - 1) + (shape[-1],)

@@ -28,7 +28,7 @@ import pytest
 from trtcore import ops
 from trtcore.rope import rope_spec
 
-from .conftest import DTYPES, NP_DTYPES, UNIT_ROUNDOFF, OneOp, as_float64, assert_close, randn
+from .conftest import DTYPES, NP_DTYPES, UNIT_ROUNDOFF, OneOp, as_float64, assert_close, builds_rtx, randn
 
 torch = pytest.importorskip("torch")
 from test_rope_plugin import HEAD_DIM, hf_float64, hf_rotary, trtcore_config  # noqa: E402
@@ -137,8 +137,9 @@ def test_apply_rope_matches_transformers(case: str, dtype: str, rng: np.random.G
     assert got.dtype == NP_DTYPES[dtype]
     assert_close(got, want, dtype, 4, atol_scale=float(np.abs(want).max()))
     np.testing.assert_array_equal(as_float64(got[..., spec.rotary_dim :]), as_float64(x[..., spec.rotary_dim :]))
-    [(_, shape, _)] = net.check_rtx()
-    assert shape == (-1, -1, 3, HEAD_DIM)
+    if builds_rtx(dtype, case == "default"):
+        [(_, shape, _)] = net.check_rtx()
+        assert shape == (-1, -1, 3, HEAD_DIM)
 
 
 HEADS = [(4, 2), (2, 2), (4, 1)]  # (query heads, key/value heads): GQA, MHA, MQA

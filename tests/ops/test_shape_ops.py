@@ -14,7 +14,7 @@ import pytest
 
 from trtcore import ops
 
-from .conftest import DTYPES, NP_DTYPES, OneOp, randn
+from .conftest import DTYPES, NP_DTYPES, OneOp, builds_rtx, randn
 
 
 def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
@@ -29,7 +29,8 @@ def test_constant(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) 
     array = rng.standard_normal(shape)  # float64: the op converts
     net = OneOp(lambda g, _: ops.constant(g, array, "c", NP_DTYPES[dtype]), {}, dtype=dtype)
     assert_same_bits(net.run()["out"], array.astype(NP_DTYPES[dtype]))
-    net.check_rtx()
+    if builds_rtx(dtype, shape == (3, 5)):
+        net.check_rtx()
 
 
 def test_constant_of_a_0d_array_has_shape_1() -> None:
@@ -44,14 +45,18 @@ def test_scalar_broadcasts_against_its_rank(dtype: str, rank: int, rng: np.rando
     """``scalar`` has shape ``[1] * rank`` and broadcasts in an elementwise op of that rank."""
     value = float(rng.standard_normal())
     x = randn(rng, (2, 3, 1, 4, 2)[:rank], dtype)
-    net = OneOp(lambda g, i: (ops.scalar(g, value, rank, NP_DTYPES[dtype], "s"), ops.add(g, i["x"], ops.scalar(g, value, rank, NP_DTYPES[dtype], "t"))),
-                {"x": x}, dtype=dtype)
+
+    def body(g: ops.Graph, i: dict) -> tuple:
+        return ops.scalar(g, value, rank, NP_DTYPES[dtype], "s"), ops.add(g, i["x"], ops.scalar(g, value, rank, NP_DTYPES[dtype], "t"))
+
+    net = OneOp(body, {"x": x}, dtype=dtype)
     out = net.run()
     assert_same_bits(out["out0"], np.full((1,) * rank, value).astype(NP_DTYPES[dtype]))
     # one rounding of the float32 sum of the two stored values
     want = (x.astype(np.float32) + np.float32(out["out0"].astype(np.float32).item())).astype(NP_DTYPES[dtype])
     assert_same_bits(out["out1"], want.reshape(x.shape))
-    net.check_rtx()
+    if builds_rtx(dtype, rank == 1):
+        net.check_rtx()
 
 
 RESHAPES = [
@@ -76,10 +81,10 @@ def test_reshape(dtype: str, case: tuple, rng: np.random.Generator) -> None:
     target = tuple(x.shape[i] if d == 0 else d for i, d in enumerate(dims))  # resolve 0s here, -1 by NumPy
     net = OneOp(lambda g, i: ops.reshape(g, i["x"], dims), {"x": x}, dtype=dtype, dynamic={"x": dynamic})
     assert_same_bits(net.run()["out"], x.reshape(target))
-    [(_, declared, _)] = net.check_rtx()
-    assert len(declared) == len(dims)
-    # static dims stay static, copies of a static input axis too
-    assert all(declared[a] == d for a, d in enumerate(dims) if d > 0)
+    if builds_rtx(dtype, case == RESHAPES[0]):
+        [(_, declared, _)] = net.check_rtx()
+        assert len(declared) == len(dims)
+        assert all(declared[a] == d for a, d in enumerate(dims) if d > 0)  # given sizes stay static
 
 
 PERMS = [((2, 3, 4), (0, 2, 1)), ((2, 3, 4, 5), (0, 2, 1, 3)), ((1, 3, 1, 2), (3, 2, 1, 0)), ((2, 3, 4, 1, 5), (0, 3, 1, 2, 4)), ((7,), (0,))]
@@ -93,8 +98,9 @@ def test_transpose(dtype: str, case: tuple, rng: np.random.Generator) -> None:
     x = randn(rng, shape, dtype)
     net = OneOp(lambda g, i: ops.transpose(g, i["x"], perm), {"x": x}, dtype=dtype, dynamic={"x": (0,)})
     assert_same_bits(net.run()["out"], np.transpose(x, perm))
-    [(_, declared, _)] = net.check_rtx()
-    assert declared == tuple(-1 if p == 0 else shape[p] for p in perm)
+    if builds_rtx(dtype, case == PERMS[0]):
+        [(_, declared, _)] = net.check_rtx()
+        assert declared == tuple(-1 if p == 0 else shape[p] for p in perm)
 
 
 CONCATS = [
@@ -114,7 +120,8 @@ def test_concat(dtype: str, case: tuple, rng: np.random.Generator) -> None:
     rank = len(shapes[0])
     net = OneOp(lambda g, i: ops.concat(g, [i[k] for k in xs], axis % rank), xs, dtype=dtype)
     assert_same_bits(net.run()["out"], np.concatenate(list(xs.values()), axis=axis))
-    net.check_rtx()
+    if builds_rtx(dtype, case == CONCATS[0]):
+        net.check_rtx()
 
 
 GATHERS = [
@@ -137,8 +144,9 @@ def test_gather(dtype: str, case: tuple, rng: np.random.Generator) -> None:
     net = OneOp(lambda g, i: ops.gather(g, i["data"], i["idx"], axis), {"data": data, "idx": idx}, dtype=dtype,
                 dynamic={"idx": range(len(idx_shape))})
     assert_same_bits(net.run()["out"], np.take(data, idx, axis=axis))
-    [(_, declared, _)] = net.check_rtx()
-    assert declared == data_shape[:axis] + (-1,) * len(idx_shape) + data_shape[axis + 1 :]
+    if builds_rtx(dtype, case == GATHERS[0]):
+        [(_, declared, _)] = net.check_rtx()
+        assert declared == data_shape[:axis] + (-1,) * len(idx_shape) + data_shape[axis + 1 :]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -152,7 +160,8 @@ def test_gather_const(dtype: str, axis: int, rng: np.random.Generator) -> None:
     out = net.run()
     for j, p in enumerate(picks.values()):
         assert_same_bits(out[f"out{j}"], np.take(x, np.asarray(p), axis=axis))
-    net.check_rtx()
+    if builds_rtx(dtype, axis == 0):
+        net.check_rtx()
 
 
 CASTS = [("float32", "float16"), ("float32", "bfloat16"), ("float16", "float32"), ("bfloat16", "float32"),
