@@ -18,6 +18,9 @@ feeds; :class:`OneOp` then
   output shapes and types ``tensorrt_rtx`` infers are the reference network's. Skips, saying
   so, when ``tensorrt_rtx`` is not installed.
 
+The test files import these helpers (``from .conftest import ...``: tests/ops is a package).
+:func:`builds_rtx` says which parametrized cases also build with ``tensorrt_rtx``.
+
 The optimization profile of a dynamic axis spans ``[1, n]`` (opt = max = ``n``, the feed's
 size); ``min_shapes`` raises the lower end where an op needs it.
 
@@ -70,8 +73,8 @@ def as_float64(a: Any) -> np.ndarray:
 
 def assert_close(got: Any, want: np.ndarray, dtype: str, roundings: float, *, atol_scale: float | None = None) -> None:
     """``|got - want| <= tol * (|want| + atol_scale)`` elementwise, ``tol`` = ``roundings``
-    units of roundoff of ``dtype`` plus 64 float32 ulps (float32 compute noise: libm
-    functions, summation order), ``atol_scale`` default ``max|want| / 4`` (values near zero
+    units of roundoff of ``dtype`` plus 64 units of float32 roundoff (float32 compute noise:
+    libm functions, summation order), ``atol_scale`` default ``max|want| / 4`` (values near zero
     inherit the rounding error of the larger terms they were computed from)."""
     got64, want = as_float64(got), np.asarray(want, np.float64)
     assert got64.shape == want.shape, (got64.shape, want.shape)
