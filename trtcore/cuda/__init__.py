@@ -45,7 +45,6 @@ from ..reference import (
     TensorIOMode,
     TensorRTPhase,
     UnaryOperation,
-    Weights,
     bfloat16,
     float16,
     float32,
@@ -60,6 +59,7 @@ from ..reference import (
 from ..reference import bool as bool  # noqa: A004 - TensorRT's name
 from .builder import Builder
 from .runtime import EngineExecutionError, ICudaEngine, IExecutionContext, Runtime
+from .weights import Weights
 
 __version__ = "0.1.0"
 

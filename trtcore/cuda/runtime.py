@@ -162,10 +162,16 @@ class ICudaEngine:
         from ..kernels import ensure_context
 
         ensure_context()
-        loaded: dict[str, Any] = {}
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ..kernels import current_arch
+
+        unique = {ks.key: ks for ks in self.plan.sources.values()}  # every decoder layer's are equal
+        arch = current_arch()
+        with ThreadPoolExecutor(max_workers=8) as pool:  # NVRTC compiles on a cache miss
+            compiled = dict(zip(unique, pool.map(lambda ks: codegen.compile_source(ks, arch), unique.values())))
+        loaded = {key: compiled[key].function(ks.function) for key, ks in unique.items()}
         for name, ks in self.plan.sources.items():
-            if ks.key not in loaded:  # equal sources (every decoder layer's) load once
-                loaded[ks.key] = codegen.compile_source(ks, None).function(ks.function)
             self._functions[name] = loaded[ks.key]
         g = self.plan.graph
         used = {v for n in g.nodes for v in n.inputs if v in g.constants}

@@ -56,6 +56,7 @@ class RandomWeights:
         self._ones = (1.0 + 0.1 * rng.standard_normal(pool_size // 16, dtype=np.float32)).astype(self.dtype)
 
     def get(self, name: str, shape: Sequence[int] | None = None, dtype: Any = None, *, copy: bool = True) -> np.ndarray:
+        """A read-only view of the pool (``copy`` is ignored: the network copies constants anyway)."""
         shape = tuple(int(d) for d in (shape or ()))
         pool = self._ones if name.endswith("norm.weight") else self._pool
         n = int(np.prod(shape))
@@ -68,7 +69,8 @@ class RandomWeights:
         out = out.reshape(shape)
         if dtype is not None and np.dtype(dtype) != out.dtype:
             out = out.astype(dtype)
-        return np.ascontiguousarray(out) if copy else out
+        out.flags.writeable = False
+        return out
 
     def __contains__(self, name: str) -> bool:
         return not name.endswith(".bias")
