@@ -9,7 +9,7 @@ replay's logits must equal the eager call's. In the same run:
 
 * the device-to-device copy bandwidth (bytes read + written over time, 2 GiB buffers);
   weight bytes / that bandwidth is the weight-streaming limit of a batch-1 step;
-* transformers' ``generate`` with its static cache (prompt 128, 128 new tokens, greedy, the
+* transformers' ``generate`` with its static cache, not compiled (``disable_compile=True``: prompt 128, 128 new tokens, greedy, the
   same random-weight shapes in bfloat16, its default attention): TPOT = (time of 128 new tokens -
   time of 1 new token) / 127;
 * every GEMM of one decoder layer and the LM head at batch 1, alone, 20 launches captured in
@@ -192,7 +192,7 @@ def hf_tpot(name: str, batch: int, prompt: int = 128, new: int = 128) -> dict[st
         t = time.perf_counter()
         with torch.no_grad():
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           cache_implementation="static", pad_token_id=0)
+                           cache_implementation="static", pad_token_id=0, disable_compile=True)
         torch.cuda.synchronize()
         return time.perf_counter() - t
 

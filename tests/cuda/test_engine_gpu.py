@@ -25,6 +25,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from hf_models import hf_models  # noqa: F401  (session fixture)
+
 pytestmark = pytest.mark.gpu
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -87,7 +89,8 @@ class Run:
             else:
                 shape = ctx.get_tensor_shape(name)
                 dt = _storage(eng.get_tensor_dtype(name))
-                self.dev[name] = cp.full(shape, 0x7F, dtype=np.uint8).view(dt) if int(np.prod(shape)) else cp.empty(shape, dt)
+                n = int(np.prod(shape))  # poisoned (0x7F7F...) so that an unwritten element shows
+                self.dev[name] = cp.full(n * dt.itemsize, 0x7F, dtype=np.uint8).view(dt).reshape(shape)
             ctx.set_tensor_address(name, int(self.dev[name].data.ptr))
 
     def execute(self) -> None:

@@ -410,7 +410,8 @@ class IExecutionContext:
                 for d, s in enumerate(bstrides(v, domain)):
                     roles[f"stride:{v}:{d}"] = s
             grid = (max(rows, 1), 1, 1)
-            block = 256 if domain[-1] >= 256 else max(32, -(-domain[-1] // 32) * 32)  # block_reduce wants whole warps
+            # whole warps (block_reduce); wide rows get more threads: at decode one block does a row
+            block = max(32, min(1024, -(-domain[-1] // 4 // 32) * 32)) if rows < 132 else 256
         elif op == "softmax":
             x = node.inputs[0]
             axis = node.attrs["axis"]
