@@ -9,11 +9,15 @@ replay's logits must equal the eager call's. In the same run:
 
 * the device-to-device copy bandwidth (bytes read + written over time, 2 GiB buffers);
   weight bytes / that bandwidth is the weight-streaming limit of a batch-1 step;
-* transformers' ``generate`` with its static cache, not compiled (``disable_compile=True``: prompt 128, 128 new tokens, greedy, the
+* transformers' ``generate`` with its static cache as it runs by default (auto-compiled, warmed up; prompt 128, 128 new tokens, greedy, the
   same random-weight shapes in bfloat16, its default attention): TPOT = (time of 128 new tokens -
   time of 1 new token) / 127;
 * every GEMM of one decoder layer and the LM head at batch 1, alone, 20 launches captured in
   a graph: achieved GB/s = (weights + activations) bytes / time.
+
+Two tactics for the decode GEMMs are timed on the same engine: cuBLAS (``gemm_ex``) and the
+generated GEMV kernel (``TRTCORE_CUDA_GEMV=1``, at most 4 rows); the faster whole step is
+reported as the engine's (``tactic``), both are kept, and their logits are compared.
 
 Method (METHOD.md): CUDA events around graph replays, warm-up first, median of ``--reps``.
 Writes ``engine.json`` and ``engine.png`` under ``--out`` and prints a table last.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -137,7 +142,8 @@ def run_engine(cp: Any, engine: Any, cfg: Any, batch: int, reps: int) -> dict[st
         finite = bool(cp.isfinite(eager).all())
         ms = _median_ms(cp, lambda: graph.launch(stream), reps)
         eager_ms = _median_ms(cp, lambda: ctx.execute_async_v3(stream.ptr), max(3, reps // 10))
-    return {"step_ms": ms, "eager_step_ms": eager_ms, "graph_equals_eager": equal, "finite": finite, "ctx": ctx, "dev": dev}
+    return {"step_ms": ms, "eager_step_ms": eager_ms, "graph_equals_eager": equal, "finite": finite, "ctx": ctx, "dev": dev,
+            "logits": cp.asnumpy(eager)}
 
 
 def gemm_bandwidth(cp: Any, engine: Any, ctx: Any, reps: int) -> list[dict[str, Any]]:
@@ -149,9 +155,10 @@ def gemm_bandwidth(cp: Any, engine: Any, ctx: Any, reps: int) -> list[dict[str, 
     out = []
     stream = cp.cuda.Stream(non_blocking=True)
     for s in steps:
-        if s.kind != "gemm":
+        gemv = s.name.endswith("#gemv")
+        if s.kind != "gemm" and not gemv:
             continue
-        layers = by_name[s.name].layers
+        layers = by_name[s.name.removesuffix("#gemv")].layers
         if not (any(x.startswith("model.layers.0.") for x in layers) or "lm_head" in s.name):
             continue
         with stream:
@@ -162,13 +169,19 @@ def gemm_bandwidth(cp: Any, engine: Any, ctx: Any, reps: int) -> list[dict[str, 
                 ctx._launch(s, stream.ptr)
             graph = stream.end_capture()
             ms = _median_ms(cp, lambda: graph.launch(stream), reps) / 20
-        nbytes = gemm_bytes(s.calls, s.dtype)
-        c = s.calls[0]
-        out.append({"name": s.name, "m": c.n, "n": c.m, "k": c.k, "ms": ms, "bytes": nbytes, "GBps": nbytes / (ms * 1e-3) / 1e9})
+        if gemv:
+            m, n, k = (int(a[0]) for a in s.args[3:6])
+            nbytes = (n * k + m * k + m * n) * engine.plan.graph.values[by_name[s.name.removesuffix("#gemv")].outputs[0]].dtype.itemsize
+        else:
+            nbytes = gemm_bytes(s.calls, s.dtype)
+            m, n, k = s.calls[0].n, s.calls[0].m, s.calls[0].k
+        out.append({"name": s.name, "m": m, "n": n, "k": k, "ms": ms, "bytes": nbytes, "GBps": nbytes / (ms * 1e-3) / 1e9})
     return out
 
 
 def hf_tpot(name: str, batch: int, prompt: int = 128, new: int = 128) -> dict[str, Any]:
+    """transformers' ``generate`` with ``cache_implementation="static"`` as it runs by default
+    (its decode step auto-compiled by torch.compile), warmed up with the same lengths first."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -192,18 +205,20 @@ def hf_tpot(name: str, batch: int, prompt: int = 128, new: int = 128) -> dict[st
         t = time.perf_counter()
         with torch.no_grad():
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           cache_implementation="static", pad_token_id=0, disable_compile=True)
+                           cache_implementation="static", pad_token_id=0)
         torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    gen(2)
+    t0 = time.perf_counter()
+    gen(new), gen(1)  # compiles
+    warm = time.perf_counter() - t0
     t1 = statistics.median(gen(1) for _ in range(3))
     tn = statistics.median(gen(new) for _ in range(2))
     del model
     gc.collect()
     torch.cuda.empty_cache()
     tpot = (tn - t1) / (new - 1) * 1e3
-    return {"tpot_ms": tpot, "tok_per_s": batch * 1e3 / tpot}
+    return {"tpot_ms": tpot, "tok_per_s": batch * 1e3 / tpot, "warmup_s": warm}
 
 
 def main() -> int:
@@ -212,6 +227,7 @@ def main() -> int:
     ap.add_argument("--models", default="SmolLM2-135M,Llama-3.2-1B,Llama-3-8B")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
+    ap.add_argument("--hf", default="Llama-3-8B", help="models timed with transformers (8B: batch 16 only; compiling costs minutes)")
     args = ap.parse_args()
     import cupy as cp
 
@@ -224,24 +240,32 @@ def main() -> int:
         batches = [1, 16] if name == "Llama-3-8B" else [1]
         engine, cfg, info = build(name, max(batches))  # one engine; each batch is a shape of its profile
         for batch in batches:
-            r = run_engine(cp, engine, cfg, batch, args.reps)
-            gemms = gemm_bandwidth(cp, engine, r["ctx"], args.reps) if batch == 1 else []
-            entry = {"model": name, "batch": batch, **info, "step_ms": r["step_ms"], "eager_step_ms": r["eager_step_ms"],
-                     "graph_equals_eager": r["graph_equals_eager"], "finite": r["finite"], "gemms": gemms,
-                     "streaming_limit_ms": info["weight_bytes"] / bw * 1e3}
-            entry["fraction_of_streaming_limit"] = entry["streaming_limit_ms"] / r["step_ms"]
-            del r
-            gc.collect()
+            entry = {"model": name, "batch": batch, **info, "streaming_limit_ms": info["weight_bytes"] / bw * 1e3, "tactics": {}}
+            logits = {}
+            for tactic in ("cublas", "gemv"):  # the decode GEMMs: cuBLAS, or the generated GEMV kernel
+                os.environ["TRTCORE_CUDA_GEMV"] = "1" if tactic == "gemv" else "0"
+                r = run_engine(cp, engine, cfg, batch, args.reps)
+                gemms = gemm_bandwidth(cp, engine, r["ctx"], args.reps) if batch == 1 else []
+                entry["tactics"][tactic] = {"step_ms": r["step_ms"], "eager_step_ms": r["eager_step_ms"], "graph_equals_eager": r["graph_equals_eager"],
+                                            "finite": r["finite"], "gemms": gemms}
+                logits[tactic] = r["logits"].astype(np.float64)
+                for gm in gemms:
+                    print(f"  {tactic} {gm['name'][:56]:56s} M={gm['m']} N={gm['n']} K={gm['k']} {gm['ms'] * 1e3:7.1f} us {gm['GBps']:6.0f} GB/s", flush=True)
+                del r
+                gc.collect()
+            os.environ["TRTCORE_CUDA_GEMV"] = "0"
+            entry["gemv_vs_cublas_rel_l2"] = float(np.linalg.norm(logits["gemv"] - logits["cublas"]) / np.linalg.norm(logits["cublas"]))
+            best = min(entry["tactics"], key=lambda t: entry["tactics"][t]["step_ms"])  # timed choice, per engine
+            entry.update({"tactic": best, **{k: v for k, v in entry["tactics"][best].items() if k != "gemms"}})
+            entry["fraction_of_streaming_limit"] = entry["streaming_limit_ms"] / entry["step_ms"]
             results["models"].append(entry)
-            print(json.dumps({k: v for k, v in entry.items() if k not in ("gemms", "build_log")}), flush=True)
-            for gm in gemms:
-                print(f"  gemm {gm['name'][:60]:60s} M={gm['m']} N={gm['n']} K={gm['k']} {gm['ms'] * 1e3:8.1f} us {gm['GBps']:8.0f} GB/s", flush=True)
+            print(json.dumps({k: v for k, v in entry.items() if k not in ("tactics", "build_log")}), flush=True)
         del engine
         gc.collect()
         cp.get_default_memory_pool().free_all_blocks()
-        if not args.no_hf:
+        if not args.no_hf and name in args.hf.split(","):
             for entry in results["models"]:
-                if entry["model"] != name:
+                if entry["model"] != name or entry["batch"] not in (1, 16) or (name == "Llama-3-8B" and entry["batch"] != 16):
                     continue
                 try:
                     entry["transformers"] = hf_tpot(name, entry["batch"])
@@ -268,10 +292,11 @@ def main() -> int:
         fig.savefig(out / "engine.png", dpi=120)
     except Exception as exc:  # noqa: BLE001
         print(f"no plot: {exc}")
-    print(f"\n{'model':14s} {'B':>3s} {'step ms':>8s} {'limit ms':>9s} {'% limit':>8s} {'HF ms':>8s} {'graph==eager':>12s}")
+    print(f"\n{'model':14s} {'B':>3s} {'step ms':>8s} {'cublas':>8s} {'gemv':>8s} {'limit ms':>9s} {'% limit':>8s} {'HF ms':>8s} {'graph==eager':>12s}")
     for m in results["models"]:
         hf = m.get("transformers", {}).get("tpot_ms", float("nan"))
-        print(f"{m['model']:14s} {m['batch']:3d} {m['step_ms']:8.3f} {m['streaming_limit_ms']:9.3f} {100 * m['fraction_of_streaming_limit']:7.1f}% {hf:8.3f} {str(m['graph_equals_eager']):>12s}")
+        tt = m["tactics"]
+        print(f"{m['model']:14s} {m['batch']:3d} {m['step_ms']:8.3f} {tt['cublas']['step_ms']:8.3f} {tt['gemv']['step_ms']:8.3f} {m['streaming_limit_ms']:9.3f} {100 * m['fraction_of_streaming_limit']:7.1f}% {hf:8.3f} {str(m['graph_equals_eager']):>12s}")
     return 0
 
 

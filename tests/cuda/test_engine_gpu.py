@@ -225,13 +225,16 @@ def paged_decode_feeds(plan: Any, batch: int, seed: int) -> dict[str, np.ndarray
     return feeds
 
 
+@pytest.mark.parametrize("gemv", [False, True], ids=["cublas", "gemv"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_llama_paged_decode_equals_the_reference(cp: Any, dtype: str) -> None:
+def test_llama_paged_decode_equals_the_reference(cp: Any, dtype: str, gemv: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also with the generated GEMV kernel for the decode GEMMs (``TRTCORE_CUDA_GEMV=1``)."""
     import trtcore.cuda as tc
     from netutil import llama_plan
 
     from trtcore.reference.evaluator import evaluate
 
+    monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1" if gemv else "0")
     plan, d = llama_plan(layers=2, dtype=dtype, arch=None)
     feeds = paged_decode_feeds(plan, 3, seed=1)
     ref = evaluate(d.network, {k: v.copy() for k, v in feeds.items()})
@@ -243,8 +246,11 @@ def test_llama_paged_decode_equals_the_reference(cp: Any, dtype: str) -> None:
     assert err < (1e-4 if dtype == "float32" else 2e-2), err
 
 
-def test_decode_step_replays_from_a_cuda_graph_and_allocates_nothing(cp: Any) -> None:
+@pytest.mark.parametrize("gemv", [False, True], ids=["cublas", "gemv"])
+def test_decode_step_replays_from_a_cuda_graph_and_allocates_nothing(cp: Any, gemv: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     import cupy.cuda.memory_hook as mh
+
+    monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1" if gemv else "0")
 
     import trtcore.cuda as tc
     from netutil import llama_plan

@@ -174,6 +174,8 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
         ks = kernel_source(g, node, shapes)
         if ks is not None:
             sources[node.name] = ks
+        if node.op == "matmul" and node.inputs[1] in g.constants and g.values[node.inputs[1]].dtype in codegen.CUDA_GEMV_TYPES:
+            sources[f"{node.name}#gemv"] = codegen.gemv(g.values[node.inputs[1]].dtype)  # the runtime's small-M tactic
         if node.op != "view":
             kind = {"matmul": "gemm", "plugin": "plugin"}.get(node.op, node.op)
             kernels.append(KernelInfo(node.name, kind, list(node.layers), ks.key if ks else ""))

@@ -623,3 +623,42 @@ def compile_source(ks: KernelSource, arch: Any = None) -> Any:
         tmp.write_text(ks.source)
         tmp.replace(path)
     return compile_kernel(path, arch=arch)
+
+
+#: weight types :func:`gemv` takes
+CUDA_GEMV_TYPES = (DataType.FLOAT, DataType.HALF, DataType.BF16)
+
+
+def gemv(dtype: DataType, max_m: int = 4) -> KernelSource:
+    """``y[m, n] = sum_k x[m, k] * w[n, k]`` for ``M <= max_m`` rows of ``x`` (decode): one warp
+    per output feature ``n`` streams the weight row with 16-byte loads (``K`` a multiple of 8,
+    rows 16-byte aligned), float32 accumulation, a warp reduction; ``x`` and ``y`` strided by
+    row (``ldx``, ``ldy``)."""
+    t = CTYPE[dtype]
+    fn = f"k_gemv_{dtype.name}_m{max_m}"
+    vec = "uint4" if dtype.itemsize == 2 else "float4"
+    per = 16 // dtype.itemsize  # elements per 16-byte load
+    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({t}* __restrict__ y, const {t}* __restrict__ w, const {t}* __restrict__ x,',
+             "    i64 M, i64 N, i64 K, i64 ldw, i64 ldx, i64 ldy) {",
+             "  const int lane = threadIdx.x & 31;",
+             "  const i64 n = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);",
+             "  if (n >= N) return;",
+             f"  float acc[{max_m}];",
+             f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) acc[m] = 0.0f;",
+             f"  const {t}* wr = w + n * ldw;",
+             "  #pragma unroll 4",
+             f"  for (i64 k = (i64)lane * 8; k < K; k += 256) {{",
+             "    float wf[8];"]
+    for part in range(8 // per):
+        lines.append(f"    {{ {vec} v = __ldg(reinterpret_cast<const {vec}*>(wr + k + {part * per}));")
+        lines.append(f"      const {t}* e = reinterpret_cast<const {t}*>(&v);")
+        lines.append(f"      #pragma unroll\n      for (int j = 0; j < {per}; ++j) wf[{part * per} + j] = ld(e + j); }}")
+    lines += [f"    #pragma unroll\n    for (int m = 0; m < {max_m}; ++m) {{",
+              "      if (m < M) {",
+              f"        const {t}* xr = x + m * ldx + k;",
+              "        #pragma unroll\n        for (int j = 0; j < 8; ++j) acc[m] += wf[j] * ld(xr + j);",
+              "      }", "    }", "  }",
+              f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) {{",
+              "    if (m < M) { float s = warp_sum(acc[m]); if (lane == 0) st(y + m * ldy + n, s); }", "  }", "}"]
+    params = [("ptr", "y"), ("ptr", "w"), ("ptr", "x")] + [("i64", r) for r in ("M", "N", "K", "ldw", "ldx", "ldy")]
+    return KernelSource("\n".join(lines), fn, params, 256)

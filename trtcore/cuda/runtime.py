@@ -57,6 +57,14 @@ class Step:
     tensors: tuple[Any, Any, int] = ((), (), 0)
 
 
+def _use_gemv() -> bool:
+    """Whether GEMMs of <= 4 rows against a constant weight run as the generated GEMV kernel
+    (``TRTCORE_CUDA_GEMV=1``) instead of cuBLAS; read when launches are prepared."""
+    import os
+
+    return os.environ.get("TRTCORE_CUDA_GEMV", "0") == "1"
+
+
 def _grid(n: int, block: int) -> int:
     return max(1, min(-(-n // block), 65535))
 
@@ -373,6 +381,14 @@ class IExecutionContext:
             calls = plan_gemm(shapes[a], lay[a][1], shapes[b], lay[b][1], node.attrs["transpose_a"], node.attrs["transpose_b"])
             if calls is None:
                 raise EngineExecutionError(f"GEMM {node.name!r}: operand strides suit no cuBLAS layout for shapes {shapes[a]}, {shapes[b]}")
+            gemv = plan.sources.get(f"{node.name}#gemv")
+            if gemv is not None and _use_gemv() and len(calls) == 1:
+                c = calls[0]
+                # a dense [N, K] weight (cuBLAS operand X transposed) times <= 4 rows of A
+                if c.batch == 1 and c.op_x == 1 and c.op_y == 0 and c.n <= 4 and c.k % 8 == 0 and c.ldx % 8 == 0 and c.x_off == 0:
+                    args = [(ptr(node.outputs[0]), "ptr"), (ptr(b), "ptr"), (ptr(a) + c.y_off * dt.itemsize, "ptr"),
+                            (c.n, "i64"), (c.m, "i64"), (c.k, "i64"), (c.ldx, "i64"), (c.ldy, "i64"), (c.ldc, "i64")]
+                    return Step("kernel", f"{node.name}#gemv", (max(1, -(-c.m // 8)), 1, 1), 256, 0, args)
             return Step("gemm", node.name, calls=calls, ptrs=(ptr(b), ptr(a), ptr(node.outputs[0])), dtype=dt)
         if op == "plugin":
             # what trtcore.plugins.base.DeviceTensor holds (plugins sit above this layer)
