@@ -24,7 +24,6 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-
 from hf_models import hf_models  # noqa: F401  (session fixture)
 
 pytestmark = pytest.mark.gpu
@@ -134,8 +133,9 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, single_layer: bool = Tr
 
 
 def engine_of(net: Any, shapes: dict[str, tuple[tuple[int, ...], ...]] | None = None) -> Any:
-    import trtcore.cuda as tc
     from netutil import config_for
+
+    import trtcore.cuda as tc
 
     blob = tc.Builder(tc.Logger(tc.Logger.ERROR)).build_serialized_network(net, config_for(net, shapes))
     return tc.Runtime().deserialize_cuda_engine(blob)
@@ -159,9 +159,9 @@ def test_every_layer_type_equals_the_reference(cp: Any, float_name: str) -> None
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_residual_add_and_rms_norm_kernel(cp: Any, dtype: str) -> None:
-    import trtcore.cuda as tc
     from netutil import rms_norm_net
 
+    import trtcore.cuda as tc
     from trtcore.reference.evaluator import evaluate
 
     dt = tc.DataType.FLOAT if dtype == "float32" else tc.DataType.BF16
@@ -180,9 +180,9 @@ def test_residual_add_and_rms_norm_kernel(cp: Any, dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_swiglu_mlp_fused_gate_up_and_silu(cp: Any, dtype: str) -> None:
-    import trtcore.cuda as tc
     from netutil import network
 
+    import trtcore.cuda as tc
     from trtcore import ops
     from trtcore.reference.evaluator import evaluate
 
@@ -229,9 +229,9 @@ def paged_decode_feeds(plan: Any, batch: int, seed: int) -> dict[str, np.ndarray
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_llama_paged_decode_equals_the_reference(cp: Any, dtype: str, gemv: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Also with the generated GEMV kernel for the decode GEMMs (``TRTCORE_CUDA_GEMV=1``)."""
-    import trtcore.cuda as tc
     from netutil import llama_plan
 
+    import trtcore.cuda as tc
     from trtcore.reference.evaluator import evaluate
 
     monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1" if gemv else "0")
@@ -252,8 +252,9 @@ def test_decode_step_replays_from_a_cuda_graph_and_allocates_nothing(cp: Any, ge
 
     monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1" if gemv else "0")
 
-    import trtcore.cuda as tc
     from netutil import llama_plan
+
+    import trtcore.cuda as tc
 
     plan, _ = llama_plan(layers=2, dtype="bfloat16", arch=None)
     run = Run(cp, tc.runtime.ICudaEngine(plan))
@@ -300,10 +301,10 @@ def test_decode_step_replays_from_a_cuda_graph_and_allocates_nothing(cp: Any, ge
 def test_launches_per_decoder_layer_at_decode(cp: Any) -> None:
     """Kernel launches (generated kernels and the plugins' own) plus cuBLAS calls of one
     decoder layer at decode, counted while executing: at most 12."""
+    from netutil import llama_plan
     from trtcore.kernels import launch as kl
 
     import trtcore.cuda as tc
-    from netutil import llama_plan
 
     counts = []
     for layers in (2, 3):
@@ -315,11 +316,11 @@ def test_launches_per_decoder_layer_at_decode(cp: Any) -> None:
         orig = kl.KernelFunction.launch
         orig_gemm = tc.runtime.Cublas.run
 
-        def counting(self: Any, *a: Any, **k: Any) -> None:
+        def counting(self: Any, *a: Any, n: dict[str, int] = n, orig: Any = orig, **k: Any) -> None:
             n["k"] += 1
             orig(self, *a, **k)
 
-        def counting_gemm(self: Any, *a: Any, **k: Any) -> None:
+        def counting_gemm(self: Any, *a: Any, n: dict[str, int] = n, orig_gemm: Any = orig_gemm, **k: Any) -> None:
             n["k"] += 1
             orig_gemm(self, *a, **k)
 
@@ -337,14 +338,13 @@ def test_launches_per_decoder_layer_at_decode(cp: Any) -> None:
 
 
 @pytest.mark.parametrize("variant", ["llama3_rope", "llama_linear_v4", "llama_dynamic_v4", "mistral_sw8", "qwen2_bias", "qwen3_qknorm", "qwen2_mixed_swa", "llama_bf16_sharded"])
-def test_tiny_models_match_transformers(cp: Any, hf_models: Any, variant: str) -> None:
+def test_tiny_models_match_transformers(cp: Any, hf_models: Any, variant: str) -> None:  # noqa: F811
     """Prefill logits of the last token and one decode step (contiguous KV cache, float32)
     against transformers in float64: within 1e-4 * max(1, |hf|)."""
     import torch
-
-    import trtcore.cuda as tc
     from hf_models import VARIANTS, random_prompt
 
+    import trtcore.cuda as tc
     from trtcore.builder import BuildConfig, _builder_config, define_network
     from trtcore.checkpoint import Checkpoint
     from trtcore.config import load_config

@@ -28,7 +28,15 @@ from typing import Any
 from ..errors import EngineBuildError, NetworkError
 from ..reference import builder as refbuilder
 from ..reference.types import DataType
-from . import codegen, fold_constants, horizontal_fusion, materialize, memory, pointwise_fusion, views
+from . import (
+    codegen,
+    fold_constants,
+    horizontal_fusion,
+    materialize,
+    memory,
+    pointwise_fusion,
+    views,
+)
 from .gemm import WORKSPACE_BYTES
 from .ir import Graph, Node, from_network, infer_shapes, profile_points
 from .plan import FORMAT, KernelInfo, Plan
@@ -140,7 +148,7 @@ def _arch_of(config: Any) -> str | None:
             from ..kernels import current_arch
 
             return current_arch()
-    except Exception:
+    except Exception:  # noqa: BLE001 - no usable GPU: compile at deserialization
         return None
     return None
 
@@ -215,4 +223,4 @@ class Builder(refbuilder.Builder):
         return refbuilder.IHostMemory(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-__all__ = ["Builder", "compile_network", "kernel_source", "DataType"]
+__all__ = ["Builder", "DataType", "compile_network", "kernel_source"]

@@ -647,7 +647,7 @@ def gemv(dtype: DataType, max_m: int = 4) -> KernelSource:
              f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) acc[m] = 0.0f;",
              f"  const {t}* wr = w + n * ldw;",
              "  #pragma unroll 4",
-             f"  for (i64 k = (i64)lane * 8; k < K; k += 256) {{",
+             "  for (i64 k = (i64)lane * 8; k < K; k += 256) {",
              "    float wf[8];"]
     for part in range(8 // per):
         lines.append(f"    {{ {vec} v = __ldg(reinterpret_cast<const {vec}*>(wr + k + {part * per}));")

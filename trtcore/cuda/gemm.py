@@ -212,7 +212,7 @@ class Cublas:
     def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - the CUDA context may already be gone at exit
             pass
 
 
@@ -221,7 +221,7 @@ def gemm_bytes(calls: Sequence[GemmCall], dtype: DataType) -> int:
     return sum(c.batch * (c.m * c.k + c.k * c.n + c.m * c.n) for c in calls) * dtype.itemsize
 
 
-__all__ = ["Cublas", "GemmCall", "emulate", "gemm_bytes", "plan_gemm", "WORKSPACE_BYTES"]
+__all__ = ["WORKSPACE_BYTES", "Cublas", "GemmCall", "emulate", "gemm_bytes", "plan_gemm"]
 
 
 def _unused(*_: Any) -> None:  # pragma: no cover

@@ -126,10 +126,10 @@ def _layer_node(layer: refnet.ILayer, ins: list[str], outs: list[str]) -> Node:
     elif isinstance(layer, L.ISelectLayer):
         op, a = "select", {}
     elif isinstance(layer, L.IReduceLayer):
-        rank = len(layer.get_input(0).shape)
+        rank = len(layer._in(0).shape)
         op, a = "reduce", {"op": int(layer.op), "axes": refnet._axes(layer.axes, rank), "keep_dims": bool(layer.keep_dims)}
     elif isinstance(layer, L.ISoftMaxLayer):
-        rank = len(layer.get_input(0).shape)
+        rank = len(layer._in(0).shape)
         op, a = "softmax", {"axis": refnet._axes(layer.axes, rank)[0]}
     elif isinstance(layer, L.IConcatenationLayer):
         op, a = "concat", {"axis": int(layer.axis)}
@@ -267,7 +267,7 @@ def node_shapes(node: Node, ins: list[Shape | None], graph: Graph) -> list[Shape
             elif kind == "reshape":
                 shape = reshape_target(a, shape) if op == "shuffle" else _view_reshape(arg, shape, a)
             elif kind == "slice":
-                axis, start, length = arg
+                axis, _start, length = arg
                 shape = shape[:axis] + (length,) + shape[axis + 1 :]
         return [tuple(shape)]
     if op in ("matmul", "gemm"):

@@ -318,7 +318,7 @@ class IExecutionContext:
         for name in list(g.inputs) + list(g.outputs):
             if name not in self._addresses and name not in g.aliases:
                 raise EngineExecutionError(f"no address set for tensor {name!r}; call set_tensor_address")
-        for name, off in plan.offsets.items():
+        for name in plan.offsets:
             if name.startswith("workspace:"):
                 continue
             need = int(np.prod(shapes[name])) * g.values[name].dtype.itemsize
@@ -386,9 +386,9 @@ class IExecutionContext:
                 c = calls[0]
                 # a dense [N, K] weight (cuBLAS operand X transposed) times <= 4 rows of A
                 if c.batch == 1 and c.op_x == 1 and c.op_y == 0 and c.n <= 4 and c.k % 8 == 0 and c.ldx % 8 == 0 and c.x_off == 0:
-                    args = [(ptr(node.outputs[0]), "ptr"), (ptr(b), "ptr"), (ptr(a) + c.y_off * dt.itemsize, "ptr"),
-                            (c.n, "i64"), (c.m, "i64"), (c.k, "i64"), (c.ldx, "i64"), (c.ldy, "i64"), (c.ldc, "i64")]
-                    return Step("kernel", f"{node.name}#gemv", (max(1, -(-c.m // 8)), 1, 1), 256, 0, args)
+                    gemv_args = [(ptr(node.outputs[0]), "ptr"), (ptr(b), "ptr"), (ptr(a) + c.y_off * dt.itemsize, "ptr"),
+                                 (c.n, "i64"), (c.m, "i64"), (c.k, "i64"), (c.ldx, "i64"), (c.ldy, "i64"), (c.ldc, "i64")]
+                    return Step("kernel", f"{node.name}#gemv", (max(1, -(-c.m // 8)), 1, 1), 256, 0, gemv_args)
             return Step("gemm", node.name, calls=calls, ptrs=(ptr(b), ptr(a), ptr(node.outputs[0])), dtype=dt)
         if op == "plugin":
             # what trtcore.plugins.base.DeviceTensor holds (plugins sit above this layer)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import NetworkError
 from .ir import Graph, Node, Shape, infer_shapes, reshape_target
 
 Layout = tuple[int, tuple[int, ...]]  # (offset in elements, strides in elements)
@@ -201,7 +202,7 @@ def _viewable(g: Graph, done: list[Node], node: Node, points: list[dict[str, Sha
     for point in points:
         try:
             shapes = infer_shapes(probe, point)
-        except Exception:
+        except NetworkError:
             return True  # shape errors are reported by the runtime for the shapes given
         layouts = view_layouts(probe, shapes)
         if node.outputs[0] not in layouts:
