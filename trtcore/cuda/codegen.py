@@ -252,11 +252,9 @@ def _index_code(rank: int, inputs: Sequence[str], prefix: str = "") -> list[str]
     return lines
 
 
-def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> KernelSource:
-    """One thread per element of the domain (rank ``rank``); inputs strided (broadcast = 0),
-    outputs dense."""
-    a = node.attrs
-    fn = "FUNCTION_NAME"  # replaced by a hash of the source: equal groups share one kernel
+def _group_signature(node: Node, dtypes: dict[str, DataType], rank: int, count: str, role: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """A group kernel's parameters: outputs, inputs, the element/row count, the domain's
+    dimensions, each input's strides over the domain."""
     params: list[tuple[str, str]] = []
     sig: list[str] = []
     for j, o in enumerate(node.outputs):
@@ -265,8 +263,8 @@ def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> Kerne
     for k, v in enumerate(node.inputs):
         sig.append(f"const {CTYPE[dtypes[v]]}* __restrict__ in{k}")
         params.append(("ptr", f"in:{v}"))
-    sig.append("i64 n")
-    params.append(("i64", "numel"))
+    sig.append(f"i64 {count}")
+    params.append(("i64", role))
     for d in range(rank):
         sig.append(f"i64 d{d}")
         params.append(("i64", f"dim:{d}"))
@@ -274,6 +272,15 @@ def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> Kerne
         for d in range(rank):
             sig.append(f"i64 s{k}_{d}")
             params.append(("i64", f"stride:{v}:{d}"))
+    return sig, params
+
+
+def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> KernelSource:
+    """One thread per element of the domain (rank ``rank``); inputs strided (broadcast = 0),
+    outputs dense."""
+    a = node.attrs
+    fn = "FUNCTION_NAME"  # replaced by a hash of the source: equal groups share one kernel
+    sig, params = _group_signature(node, dtypes, rank, "n", "numel")
     loads = {v: f"ld(in{k} + o{k})" for k, v in enumerate(node.inputs)}
     scalars = {v: scalar_literal(c, dtypes[v]) for v, c in a["scalars"].items()}
     body = _Body(a["members"], dtypes, loads, scalars)
@@ -302,23 +309,7 @@ def row_group(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
     red = members[a["reduce"]]
     kind = ReduceOperation(red.attrs["op"])
     fn = "FUNCTION_NAME"  # replaced by a hash of the source: equal groups share one kernel
-    params: list[tuple[str, str]] = []
-    sig: list[str] = []
-    for j, o in enumerate(node.outputs):
-        sig.append(f"{CTYPE[dtypes[o]]}* __restrict__ out{j}")
-        params.append(("ptr", f"out:{o}"))
-    for k, v in enumerate(node.inputs):
-        sig.append(f"const {CTYPE[dtypes[v]]}* __restrict__ in{k}")
-        params.append(("ptr", f"in:{v}"))
-    sig.append("i64 rows")
-    params.append(("i64", "rows"))
-    for d in range(rank):
-        sig.append(f"i64 d{d}")
-        params.append(("i64", f"dim:{d}"))
-    for k, v in enumerate(node.inputs):
-        for d in range(rank):
-            sig.append(f"i64 s{k}_{d}")
-            params.append(("i64", f"stride:{v}:{d}"))
+    sig, params = _group_signature(node, dtypes, rank, "rows", "rows")
     scalars = {v: scalar_literal(c, dtypes[v]) for v, c in a["scalars"].items()}
     loads = {v: f"ld(in{k} + b{k} + j * s{k}_{rank - 1})" for k, v in enumerate(node.inputs)}
     n = f"d{rank - 1}"

@@ -406,25 +406,20 @@ class IExecutionContext:
         grid: tuple[int, int, int]
         block = ks.block
         smem = 0
+        if op in ("pointwise_group", "copy", "row_group"):
+            domain = shapes[node.attrs["domain"]] if op != "copy" else shapes[node.outputs[0]]
+            for d, x in enumerate(domain):
+                roles[f"dim:{d}"] = x
+            for v in node.inputs:
+                for d, s in enumerate(bstrides(v, domain)):
+                    roles[f"stride:{v}:{d}"] = s
         if op in ("pointwise_group", "copy"):
-            domain = shapes[node.attrs["domain"]] if op == "pointwise_group" else shapes[node.outputs[0]]
             n = int(np.prod(domain))
             roles["numel"] = n
-            for d, x in enumerate(domain):
-                roles[f"dim:{d}"] = x
-            for v in node.inputs:
-                for d, s in enumerate(bstrides(v, domain)):
-                    roles[f"stride:{v}:{d}"] = s
             grid = (_grid(n, block), 1, 1)
         elif op == "row_group":
-            domain = shapes[node.attrs["domain"]]
             rows = int(np.prod(domain[:-1]))
             roles["rows"] = rows
-            for d, x in enumerate(domain):
-                roles[f"dim:{d}"] = x
-            for v in node.inputs:
-                for d, s in enumerate(bstrides(v, domain)):
-                    roles[f"stride:{v}:{d}"] = s
             grid = (max(rows, 1), 1, 1)
             # whole warps (block_reduce); wide rows get more threads: at decode one block does a row
             block = max(32, min(1024, -(-domain[-1] // 4 // 32) * 32)) if rows < 132 else 256
