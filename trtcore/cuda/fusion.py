@@ -33,6 +33,7 @@ class Group:
 
     @property
     def last(self) -> int:
+        """The group's last node: where its kernel runs."""
         return max(self.nodes)
 
 
@@ -46,9 +47,11 @@ class Context:
     outputs: set[str]
 
     def shapes(self, value: str) -> list[Shape]:
+        """``value``'s concrete shape at each profile point."""
         return [p[value] for p in self.points]
 
     def same_shape(self, a: str, b: str) -> bool:
+        """Whether ``a`` and ``b`` have equal shapes at every profile point."""
         return all(p[a] == p[b] for p in self.points)
 
     def broadcasts_to(self, value: str, domain: str) -> bool:

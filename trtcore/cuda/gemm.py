@@ -181,6 +181,7 @@ class Cublas:
         self._zero = np.zeros(1, dtype=np.float32)
 
     def bind(self, stream: int) -> None:
+        """Make ``stream`` the handle's stream (and set the workspace again, see the class doc)."""
         if stream != self._stream:
             self._cublas.set_stream(self.handle, int(stream))
             self._cublas.set_workspace(self.handle, self.workspace, self.workspace_size)
@@ -205,6 +206,7 @@ class Cublas:
             )
 
     def close(self) -> None:
+        """Destroy the cuBLAS handle (idempotent)."""
         if self.handle:
             self._cublas.destroy(self.handle)
             self.handle = 0

@@ -81,6 +81,7 @@ class Graph:
         return {v: i for i, n in enumerate(self.nodes) for v in n.outputs}
 
     def copy(self) -> Graph:
+        """A copy whose node lists, attributes and dicts can be changed without touching this graph (arrays are shared)."""
         return Graph(
             dict(self.values), [dataclasses.replace(n, inputs=list(n.inputs), outputs=list(n.outputs), attrs=dict(n.attrs), layers=list(n.layers)) for n in self.nodes],
             list(self.inputs), list(self.outputs), dict(self.constants), dict(self.aliases),

@@ -25,6 +25,7 @@ def _copy(g: Graph, src: str, tag: str, layers: list[str], if_needed: bool) -> t
 
 
 def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> Graph:
+    """Insert the copies of the module docstring; ``points`` are the profile's input shapes."""
     g = graph.copy()
     root = view_root(g)
     shapes = [infer_shapes(g, p) for p in points]

@@ -30,6 +30,7 @@ class Buffer:
     last: int
 
     def overlaps_in_time(self, other: Buffer) -> bool:
+        """Whether the two lifetimes share a step."""
         return self.first <= other.last and other.first <= self.last
 
 

@@ -33,6 +33,12 @@ class KernelInfo:
 
 @dataclass
 class Plan:
+    """A compiled engine: ``graph`` (after every pass; constants in the engine's types),
+    ``profile`` (input -> (min, opt, max)), ``sources`` (node name -> generated kernel),
+    ``compile_keys`` (node name -> NVRTC cache key, where compiled at build), ``arch``,
+    ``kernels`` (the launches, with their layers), ``offsets`` / ``sizes`` (bytes, per planned
+    buffer), ``device_memory_size`` (bytes), ``tactics`` (per GEMM), ``build_log``, ``stats``."""
+
     format: str
     graph: Graph
     profile: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]

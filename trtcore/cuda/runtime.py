@@ -85,10 +85,12 @@ class ICudaEngine:
     # TensorRT API ------------------------------------------------------------------------
     @property
     def num_io_tensors(self) -> int:
+        """Number of network inputs and outputs."""
         return len(self._io)
 
     @property
     def num_optimization_profiles(self) -> int:
+        """Always 1: the cuda backend builds one profile."""
         return 1
 
     @property
@@ -97,25 +99,31 @@ class ICudaEngine:
         return len(self.plan.kernels)
 
     def get_tensor_name(self, index: int) -> str:
+        """The I/O tensor at ``index`` (inputs first, then outputs, in network order)."""
         return self._io[index]
 
     def get_tensor_mode(self, name: str) -> TensorIOMode:
+        """INPUT, OUTPUT or NONE for ``name``."""
         if name in self.plan.graph.inputs:
             return TensorIOMode.INPUT
         return TensorIOMode.OUTPUT if name in self.plan.graph.outputs else TensorIOMode.NONE
 
     def get_tensor_dtype(self, name: str) -> DataType:
+        """The tensor's :class:`DataType`; EngineExecutionError for an unknown name."""
         return self._value(name).dtype
 
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        """The static shape (-1 for dynamic dimensions)."""
         return tuple(self._value(name).shape)
 
     def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[tuple[int, ...]]:
+        """(min, opt, max) of an input in profile 0; EngineExecutionError for another index."""
         if profile_index != 0:
             raise EngineExecutionError(f"profile index {profile_index} out of range: the engine has 1 optimization profile")
         return [tuple(s) for s in self.plan.profile.get(name, ((), (), ()))]
 
     def is_shape_inference_io(self, name: str) -> bool:
+        """Always False: the engine has no shape tensors."""
         return False
 
     @property
@@ -139,6 +147,7 @@ class ICudaEngine:
         return ctx
 
     def create_execution_context_without_device_memory(self) -> IExecutionContext:
+        """A context that needs ``set_device_memory`` before it executes."""
         return IExecutionContext(self)
 
     # trtcore extensions ------------------------------------------------------------------
@@ -149,9 +158,11 @@ class ICudaEngine:
 
     @property
     def build_log(self) -> list[str]:
+        """The build's log lines (the first: "fused N layers into M kernels")."""
         return list(self.plan.build_log)
 
     def serialize(self) -> bytes:
+        """The plan as bytes (what ``build_serialized_network`` returns)."""
         return pickle.dumps(self.plan, protocol=pickle.HIGHEST_PROTOCOL)
 
     def _value(self, name: str) -> Any:
@@ -228,6 +239,7 @@ class IExecutionContext:
         return True
 
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        """The concrete shape of ``name`` for the input shapes set (static shape with -1 where unknown)."""
         if name in self._shapes:
             return self._shapes[name]
         try:
@@ -243,15 +255,18 @@ class IExecutionContext:
 
     @property
     def all_binding_shapes_specified(self) -> bool:
+        """Whether every dynamic input has a shape."""
         return not self.infer_shapes()
 
     def set_tensor_address(self, name: str, ptr: int) -> bool:
+        """Bind ``name`` (an I/O tensor) to device address ``ptr``; False for other names."""
         if name not in self.engine._io:
             return False
         self._addresses[name] = int(ptr)
         return True
 
     def get_tensor_address(self, name: str) -> int:
+        """The address bound to ``name`` (0 if none)."""
         return self._addresses.get(name, 0)
 
     def set_device_memory(self, memory: int, size: int) -> None:
@@ -262,6 +277,7 @@ class IExecutionContext:
 
     @property
     def device_memory(self) -> int:
+        """The activation block's address (TensorRT's deprecated setter form too)."""
         return self._memory
 
     @device_memory.setter
@@ -269,6 +285,7 @@ class IExecutionContext:
         self._memory, self._memory_size = int(memory), self.engine.device_memory_size_v2
 
     def set_optimization_profile_async(self, index: int, stream: int) -> bool:
+        """Only profile 0 exists: True for 0, else False."""
         return index == 0
 
     def execute_async_v3(self, stream_handle: int) -> bool:
