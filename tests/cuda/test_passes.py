@@ -1,0 +1,232 @@
+"""The cuda backend's compile passes on the graph level (CPU): what fuses and what must not.
+
+Each test builds a small network with the reference network API, compiles it, and reads
+the compiled graph: which nodes exist, which layers each kernel came from, which values are
+kept in memory. Numerics of the same patterns are checked on the GPU (test_engine_gpu.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from netutil import compile_net, decode_shapes, llama_plan, network, rms_norm_net
+
+import trtcore.cuda as tc
+from trtcore.cuda import ir
+from trtcore.cuda.fold_constants import evaluate_node
+from trtcore.cuda.runtime import ICudaEngine
+
+E, U, A = tc.ElementWiseOperation, tc.UnaryOperation, tc.ActivationType
+F32 = tc.DataType.FLOAT
+
+
+def kernel_nodes(plan):
+    return [n for n in plan.graph.nodes if n.op != "view"]
+
+
+def test_rms_norm_and_residual_add_are_one_row_kernel() -> None:
+    net, _ = rms_norm_net()
+    plan = compile_net(net, {"a": ((1, 64), (4, 64), (16, 64)), "b": ((1, 64), (4, 64), (16, 64))})
+    [node] = kernel_nodes(plan)
+    assert node.op == "row_group"
+    # both the residual stream h (read by a later layer in a model) and y are written by it
+    assert set(node.outputs) == {"residual", "y"}
+    layers = set(node.layers)
+    assert {"residual", "norm", "norm.variance", "norm.to_float", "norm.to_dtype"} <= layers
+    assert plan.build_log[0].startswith("fused ") and "into 1 kernels" in plan.build_log[0]
+
+
+def test_pointwise_chain_is_one_kernel_with_broadcast_and_scalar_inlined() -> None:
+    net = network()
+    x = net.add_input("x", F32, (-1, 8))
+    bias = net.add_constant((1, 8), tc.Weights(np.arange(8, dtype=np.float32))).get_output(0)
+    two = net.add_constant((1, 1), tc.Weights(np.full((1, 1), 2.0, np.float32))).get_output(0)
+    t = net.add_elementwise(x, bias, E.SUM).get_output(0)
+    t = net.add_activation(t, A.SIGMOID).get_output(0)
+    t = net.add_elementwise(t, two, E.PROD).get_output(0)
+    t = net.add_unary(t, U.EXP).get_output(0)
+    t.name = "out"
+    net.mark_output(t)
+    plan = compile_net(net, {"x": ((1, 8), (2, 8), (4, 8))})
+    [node] = kernel_nodes(plan)
+    assert node.op == "pointwise_group" and len(node.attrs["members"]) == 4
+    assert node.inputs == ["x", bias.name]  # the scalar 2 is a literal in the source
+    assert two.name in node.attrs["scalars"]
+    assert "__int_as_float(0x40000000)" in plan.sources[node.name].source
+
+
+def test_value_read_by_a_non_pointwise_layer_is_not_fused_away() -> None:
+    net = network()
+    x = net.add_input("x", F32, (4, 8))
+    w = net.add_input("w", F32, (8, 8))
+    t = net.add_unary(x, U.EXP).get_output(0)  # read by the matmul and by the add
+    m = net.add_matrix_multiply(t, tc.MatrixOperation.NONE, w, tc.MatrixOperation.NONE).get_output(0)
+    y = net.add_elementwise(t, m, E.SUM).get_output(0)
+    y.name = "y"
+    net.mark_output(y)
+    plan = compile_net(net)
+    ops = [n.op for n in kernel_nodes(plan)]
+    assert ops == ["pointwise_group", "matmul", "pointwise_group"]
+    first = kernel_nodes(plan)[0]
+    assert first.outputs == [t.name]  # materialized for the matmul
+
+
+def test_network_output_ends_a_group() -> None:
+    net = network()
+    x = net.add_input("x", F32, (4, 8))
+    t = net.add_unary(x, U.EXP).get_output(0)
+    t.name = "t"
+    net.mark_output(t)
+    y = net.add_unary(t, U.LOG).get_output(0)
+    y.name = "y"
+    net.mark_output(y)
+    plan = compile_net(net)
+    nodes = kernel_nodes(plan)
+    assert [n.outputs for n in nodes] == [["t"], ["y"]]
+
+
+def test_two_consumers_in_different_groups_keep_the_value_in_memory() -> None:
+    net = network()
+    x = net.add_input("x", F32, (4, 8))
+    t = net.add_unary(x, U.EXP).get_output(0)
+    for i, op in enumerate((U.LOG, U.SQRT)):
+        y = net.add_unary(t, op).get_output(0)
+        y.name = f"y{i}"
+        net.mark_output(y)
+    plan = compile_net(net)
+    nodes = kernel_nodes(plan)
+    assert len(nodes) == 3 and nodes[0].outputs == [t.name]
+
+
+def test_dtype_boundary_after_a_gemm_is_not_folded_into_it() -> None:
+    """bf16 matmul then cast to float32: the GEMM writes bf16 (rounded), the cast is a kernel."""
+    net = network()
+    x = net.add_input("x", tc.DataType.BF16, (-1, 16))
+    w = net.add_constant((8, 16), tc.Weights(np.ones((8, 16), dtype=tc.nptype(tc.DataType.BF16)))).get_output(0)
+    m = net.add_matrix_multiply(x, tc.MatrixOperation.NONE, w, tc.MatrixOperation.TRANSPOSE).get_output(0)
+    y = net.add_cast(m, F32).get_output(0)
+    y.name = "y"
+    net.mark_output(y)
+    plan = compile_net(net, {"x": ((1, 16), (2, 16), (8, 16))})
+    nodes = kernel_nodes(plan)
+    assert [n.op for n in nodes] == ["matmul", "pointwise_group"]
+    assert plan.graph.values[nodes[0].outputs[0]].dtype == tc.DataType.BF16
+
+
+def test_horizontal_fusion_of_products_sharing_an_input() -> None:
+    net = network()
+    x = net.add_input("x", F32, (-1, 16))
+    other = net.add_input("z", F32, (-1, 16))
+    rng = np.random.default_rng(0)
+    outs = []
+    for i, (src, n) in enumerate(((x, 8), (x, 4), (x, 4), (other, 4))):
+        w = net.add_constant((n, 16), tc.Weights(rng.standard_normal((n, 16)).astype(np.float32))).get_output(0)
+        y = net.add_matrix_multiply(src, tc.MatrixOperation.NONE, w, tc.MatrixOperation.TRANSPOSE).get_output(0)
+        y.name = f"p{i}"
+        outs.append(y)
+    for i, y in enumerate(outs):  # consumers read the slices
+        r = net.add_unary(y, U.NEG).get_output(0)
+        r.name = f"r{i}"
+        net.mark_output(r)
+    plan = compile_net(net, {"x": ((1, 16), (2, 16), (8, 16)), "z": ((1, 16), (2, 16), (8, 16))})
+    gemms = [n for n in plan.graph.nodes if n.op == "matmul"]
+    assert len(gemms) == 2
+    fused = next(n for n in gemms if n.inputs[0] == "x")
+    assert plan.graph.constants[fused.inputs[1]].shape == (16, 16)
+    slices = [n for n in plan.graph.nodes if n.op == "view" and n.inputs == fused.outputs]
+    assert [s.attrs["stages"] for s in slices] == [[("slice", (1, 0, 8))], [("slice", (1, 8, 4))], [("slice", (1, 12, 4))]]
+    assert plan.stats["horizontal_fused_matmuls"] == 3
+
+
+def test_constant_folding_equals_the_reference() -> None:
+    net = network()
+    rng = np.random.default_rng(1)
+    c = rng.standard_normal((2, 3)).astype(np.float32)
+    k = net.add_constant((2, 3), tc.Weights(c)).get_output(0)
+    e = net.add_unary(k, U.EXP).get_output(0)
+    s = net.add_reduce(e, tc.ReduceOperation.SUM, 0b10, True).get_output(0)
+    x = net.add_input("x", F32, (2, 3))
+    y = net.add_elementwise(x, s, E.PROD).get_output(0)
+    y.name = "y"
+    net.mark_output(y)
+    plan = compile_net(net)
+    assert plan.stats["folded_layers"] == 2
+    [node] = kernel_nodes(plan)
+    folded = plan.graph.constants[node.inputs[1]]
+    np.testing.assert_allclose(folded, np.exp(c.astype(np.float64)).sum(axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_views_transpose_and_slice_need_no_copy_but_reshape_of_a_transpose_does() -> None:
+    net = network()
+    x = net.add_input("x", F32, (-1, 4, 6))
+    t = net.add_shuffle(x)
+    t.first_transpose = (0, 2, 1)  # a view
+    flat = net.add_shuffle(t.get_output(0))
+    flat.reshape_dims = (0, -1)  # merges dims that the transpose made non-adjacent: a copy
+    y = net.add_unary(flat.get_output(0), U.NEG).get_output(0)
+    y.name = "y"
+    net.mark_output(y)
+    plan = compile_net(net, {"x": ((1, 4, 6), (2, 4, 6), (3, 4, 6))})
+    assert [n.op for n in plan.graph.nodes] == ["view", "copy", "view", "pointwise_group"]
+    assert plan.stats["view_copies"] == 1
+
+
+def test_evaluate_node_matches_numpy() -> None:
+    g = ir.Graph({"a": ir.Value("a", F32, (2, 2)), "b": ir.Value("b", F32, (2, 2))}, [], [], [])
+    node = ir.Node("n", "elementwise", ["a", "b"], ["c"], {"op": int(E.POW)})
+    a, b = np.array([[2, 3], [4, 5]], np.float32), np.array([[1, 2], [0.5, 2]], np.float32)
+    [out] = evaluate_node(g, node, [a, b])
+    np.testing.assert_allclose(out, a**b, rtol=1e-6)
+
+
+def test_kernels_are_listed_with_their_layers() -> None:
+    plan, _ = llama_plan(layers=2)
+    engine = ICudaEngine(plan)
+    names = [k.name for k in engine.kernels]
+    assert len(names) == len(set(names))
+    qkv = next(k for k in engine.kernels if k.kind == "gemm" and "q_proj" in k.name)
+    assert qkv.layers == ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.v_proj"]
+    gate_up = next(k for k in engine.kernels if k.kind == "gemm" and "gate_proj" in k.name)
+    assert gate_up.layers == ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"]
+    assert engine.build_log[0] == f"fused {plan.stats['layers']} layers into {len(engine.kernels)} kernels"
+
+
+def test_llama_decoder_layer_at_decode_is_at_most_12_launches() -> None:
+    """One decode token: the launches of layer 1 (GEMMs, generated kernels, plugins), counted
+    from the prepared steps; the two plugins add their own kernels (RoPE 1, paged attention
+    at most 3: cache write, attention, split reduction), counted too."""
+    plan, _ = llama_plan(layers=3)
+    engine = ICudaEngine(plan)
+    ctx = engine.create_execution_context_without_device_memory()
+    ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
+    for name, shape in decode_shapes(plan).items():
+        assert ctx.set_input_shape(name, shape)
+        ctx.set_tensor_address(name, 1 << 36)
+    ctx.set_tensor_address("logits", 1 << 37)
+    steps = ctx.prepare({c: 1 << 38 for c in plan.graph.constants})
+    by_name = {n.name: n for n in plan.graph.nodes}
+    layer1 = [s for s in steps if any(layer.startswith("model.layers.1.") for layer in by_name[s.name].layers)]
+    plugin_kernels = {"rotary_emb": 1, "attention": 3}
+    count = 0
+    for s in layer1:
+        if s.kind == "plugin":
+            count += next(v for k, v in plugin_kernels.items() if k in s.name)
+        elif s.kind == "gemm":
+            count += len(s.calls)
+        else:
+            count += 1
+    kinds = [s.kind for s in layer1]
+    assert kinds.count("gemm") == 4 and kinds.count("plugin") == 2, kinds
+    assert count <= 12, [(s.kind, s.name) for s in layer1]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_every_layer_type_lowers(dtype: str) -> None:
+    from test_device_select import layer_network
+
+    name = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BF16"}[dtype]
+    net, kinds = layer_network(name)
+    plan = compile_net(net, arch=None)
+    assert set(plan.graph.outputs) == set(kinds)
+    assert all(n.op in {"view", "matmul", "plugin", "pointwise_group", "row_group", "copy", "softmax", "reduce", "gather", "concat",
+                        "kv_cache_update", "attention"} for n in plan.graph.nodes)

@@ -1,0 +1,69 @@
+"""Plans (CPU): serialization round trip, and every generated kernel compiles with NVRTC
+for sm_80, sm_89 and sm_90 (no GPU needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from netutil import compile_net, llama_plan
+
+import trtcore.cuda as tc
+from trtcore.builder import _builder_config
+from trtcore.cuda import codegen
+from trtcore.cuda.plan import Plan
+from trtcore.errors import NetworkError
+
+
+def _same(a: Plan, b: Plan) -> None:
+    ga, gb = a.graph, b.graph
+    assert [(n.name, n.op, n.inputs, n.outputs, n.layers) for n in ga.nodes] == [(n.name, n.op, n.inputs, n.outputs, n.layers) for n in gb.nodes]
+    assert ga.values == gb.values and ga.inputs == gb.inputs and ga.outputs == gb.outputs and ga.aliases == gb.aliases
+    assert ga.constants.keys() == gb.constants.keys()
+    for k in ga.constants:
+        assert ga.constants[k].dtype == gb.constants[k].dtype
+        np.testing.assert_array_equal(ga.constants[k].view(np.uint8), gb.constants[k].view(np.uint8))
+    assert {k: (v.source, v.function, v.params) for k, v in a.sources.items()} == {k: (v.source, v.function, v.params) for k, v in b.sources.items()}
+    assert a.compile_keys == b.compile_keys and a.tactics == b.tactics and a.offsets == b.offsets
+    assert a.device_memory_size == b.device_memory_size and a.profile == b.profile and a.kernels == b.kernels
+
+
+def test_serialized_plan_deserializes_identically() -> None:
+    _, d = llama_plan(layers=2, arch=None)
+    cfg = _builder_config(d, None)
+    cfg.set_compute_capability("sm_90", 0)
+    blob = tc.Builder(tc.Logger(tc.Logger.ERROR)).build_serialized_network(d.network, cfg)
+    assert isinstance(blob, bytes)
+    engine = tc.Runtime(tc.Logger()).deserialize_cuda_engine(blob)
+    built = tc.Builder(tc.Logger(tc.Logger.ERROR)).build_engine(d.network, cfg)
+    _same(engine.plan, built.plan)
+    assert engine.plan.arch == "sm_90" and set(engine.plan.compile_keys) == set(engine.plan.sources)
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    assert names[:2] == ["input_ids", "position_ids"] and "logits" in names
+    assert engine.get_tensor_mode("logits") == tc.TensorIOMode.OUTPUT and engine.get_tensor_mode("input_ids") == tc.TensorIOMode.INPUT
+    assert engine.get_tensor_dtype("kv_cache_pool") == tc.DataType.BF16
+    assert engine.get_tensor_profile_shape("input_ids", 0) == [(1,), (128,), (128,)]
+    assert engine.device_memory_size_v2 == engine.plan.device_memory_size > 0
+
+
+def test_not_a_plan_is_refused() -> None:
+    with pytest.raises(NetworkError, match="not a trtcore cuda plan"):
+        tc.Runtime().deserialize_cuda_engine(b"not a plan")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90"])
+def test_every_generated_kernel_compiles(arch: str) -> None:
+    """The kernels of every layer type (bfloat16 and float32 networks) and of a Llama
+    (bfloat16), for each architecture; cached on disk, so a second run compiles nothing."""
+    from test_device_select import layer_network
+
+    sources: dict[str, codegen.KernelSource] = {}
+    for name in ("BF16", "FLOAT"):
+        net, _ = layer_network(name)
+        sources.update({ks.key: ks for ks in compile_net(net, arch=None).sources.values()})
+    plan, _ = llama_plan(layers=1, arch=None)
+    sources.update({ks.key: ks for ks in plan.sources.values()})
+    kinds = {ks.function.split("_")[1] for ks in sources.values()}
+    assert {"pointwise", "row", "softmax", "reduce", "gather", "concat", "kv", "attention"} <= kinds
+    for ks in sources.values():
+        ck = codegen.compile_source(ks, arch)
+        assert ck.arch == arch and ks.function in ck.symbols

@@ -1,0 +1,122 @@
+"""trtcore's CUDA engine: the ``cuda`` backend, a TensorRT-like module that compiles.
+
+Networks are defined with the reference backend's network API (the same
+``INetworkDefinition`` objects every model builds: ``Builder.create_network``, the layers,
+``Weights``, the enums and the plugin registry are :mod:`trtcore.reference`'s);
+``Builder.build_serialized_network`` compiles the network into fused kernels, cuBLAS GEMMs
+and plugin calls over one planned activation block (:mod:`trtcore.cuda.builder` lists the
+passes), and ``Runtime(logger).deserialize_cuda_engine(plan)`` returns an
+:class:`~trtcore.cuda.runtime.ICudaEngine` whose execution contexts run on a CUDA GPU with
+TensorRT's semantics (:mod:`trtcore.cuda.runtime`). Needs CuPy (device memory),
+nvmath-python (cuBLAS) and a GPU to execute; building and kernel generation need neither
+(NVRTC compiles for a named architecture without a GPU).
+"""
+
+from __future__ import annotations
+
+from ..reference import (
+    ActivationType,
+    AttentionIOForm,
+    AttentionNormalizationOp,
+    BuilderFlag,
+    CausalMaskKind,
+    DataType,
+    ElementWiseOperation,
+    GatherMode,
+    IBuilderConfig,
+    IHostMemory,
+    IKVCacheUpdateLayer,
+    INetworkDefinition,
+    IOptimizationProfile,
+    IPluginRegistry,
+    IPluginV3Layer,
+    ITensor,
+    KVCacheMode,
+    LayerType,
+    Logger,
+    MatrixOperation,
+    MemoryPoolType,
+    NetworkDefinitionCreationFlag,
+    PluginCreator,
+    PluginField,
+    PluginFieldCollection,
+    PluginFieldType,
+    ReduceOperation,
+    TensorIOMode,
+    TensorRTPhase,
+    UnaryOperation,
+    bfloat16,
+    float16,
+    float32,
+    from_numpy_dtype,
+    get_plugin_registry,
+    int8,
+    int32,
+    int64,
+    nptype,
+    uint8,
+)
+from ..reference import bool as bool
+from .builder import Builder
+from .runtime import EngineExecutionError, ICudaEngine, IExecutionContext, Runtime
+from .weights import Weights
+
+__version__ = "0.1.0"
+
+
+class IPluginV3:
+    """Plugins here are trtcore plugin objects (``output_shapes``, ``output_dtypes``,
+    ``workspace_size``, ``enqueue``), created through :func:`get_plugin_registry`'s creators
+    as on the reference backend; this name marks the module as hosting them."""
+
+
+__all__ = [
+    "ActivationType",
+    "AttentionIOForm",
+    "AttentionNormalizationOp",
+    "Builder",
+    "BuilderFlag",
+    "CausalMaskKind",
+    "DataType",
+    "ElementWiseOperation",
+    "EngineExecutionError",
+    "GatherMode",
+    "IBuilderConfig",
+    "ICudaEngine",
+    "IExecutionContext",
+    "IHostMemory",
+    "IKVCacheUpdateLayer",
+    "INetworkDefinition",
+    "IOptimizationProfile",
+    "IPluginRegistry",
+    "IPluginV3",
+    "IPluginV3Layer",
+    "ITensor",
+    "KVCacheMode",
+    "LayerType",
+    "Logger",
+    "MatrixOperation",
+    "MemoryPoolType",
+    "NetworkDefinitionCreationFlag",
+    "PluginCreator",
+    "PluginField",
+    "PluginFieldCollection",
+    "PluginFieldType",
+    "ReduceOperation",
+    "Runtime",
+    "TensorIOMode",
+    "TensorRTPhase",
+    "UnaryOperation",
+    "Weights",
+    "bfloat16",
+    "bool",
+    "float16",
+    "float32",
+    "from_numpy_dtype",
+    "get_plugin_registry",
+    "int8",
+    "int32",
+    "int64",
+    "nptype",
+    "uint8",
+]

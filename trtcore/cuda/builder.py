@@ -1,0 +1,226 @@
+"""``Builder.build_serialized_network`` of the cuda backend: compile, don't interpret.
+
+The pipeline (one module per pass, in this order):
+
+1. :mod:`.ir` reads the network into the IR;
+2. :mod:`.fold_constants`;
+3. :mod:`.horizontal_fusion` (q/k/v, gate/up into one GEMM with slice views);
+4. :mod:`.views` (shuffle / slice / identity as views);
+5. :mod:`.pointwise_fusion` with :mod:`.reduction_fusion`'s rules (one generated kernel per
+   group; a GEMM's bias or residual add is folded into the next fused kernel: cuBLAS's
+   epilogues are not used);
+6. :mod:`.materialize` (copies only where a view cannot be read as it is);
+7. :mod:`.codegen` writes each kernel's source; NVRTC compiles it for the target (the
+   config's compute capability, else the current GPU; without either, compiling waits for
+   deserialization);
+8. :mod:`.memory` places every buffer in one activation block sized for the profile's
+   largest shapes.
+
+The log says "fused N layers into M kernels" (INFO), and :attr:`Plan.kernels` lists every
+kernel by name with the layers it came from.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from ..errors import EngineBuildError, NetworkError
+from ..reference import builder as refbuilder
+from ..reference.types import DataType
+from . import (
+    codegen,
+    fold_constants,
+    horizontal_fusion,
+    materialize,
+    memory,
+    pointwise_fusion,
+    views,
+)
+from .gemm import WORKSPACE_BYTES
+from .ir import Graph, Node, from_network, infer_shapes, profile_points
+from .plan import FORMAT, KernelInfo, Plan
+
+#: ops that run as a generated kernel
+GENERATED = ("pointwise_group", "row_group", "copy", "softmax", "reduce", "gather", "concat", "kv_cache_update", "attention")
+
+
+def kernel_source(g: Graph, node: Node, points: list[dict[str, tuple[int, ...]]]) -> codegen.KernelSource | None:
+    """The generated kernel of ``node`` (None for views, GEMMs and plugins)."""
+    dt = {k: v.dtype for k, v in g.values.items()}
+    op = node.op
+    if op == "copy":
+        member = Node(f"{node.name}#identity", "identity", list(node.inputs), list(node.outputs))
+        group = Node(node.name, "pointwise_group", list(node.inputs), list(node.outputs), {"members": [member], "scalars": {}, "domain": node.outputs[0]})
+        return codegen.pointwise_group(group, dt, len(g.values[node.outputs[0]].shape))
+    if op == "pointwise_group":
+        return codegen.pointwise_group(node, dt, len(g.values[node.attrs["domain"]].shape))
+    if op == "row_group":
+        domain = node.attrs["domain"]
+        rank = len(g.values[domain].shape)
+        maxp = points[-1]
+        row_outputs = {o for o in node.outputs if maxp[o][-1] == 1 and maxp[domain][-1] != 1}
+        return codegen.row_group(node, dt, rank, row_outputs)
+    if op == "softmax":
+        return codegen.softmax(dt[node.inputs[0]], dt[node.outputs[0]], len(g.values[node.inputs[0]].shape))
+    if op == "reduce":
+        rank = len(g.values[node.inputs[0]].shape)
+        axes = node.attrs["axes"]
+        from ..reference.types import ReduceOperation
+
+        return codegen.reduce_generic(ReduceOperation(node.attrs["op"]), dt[node.inputs[0]], rank - len(axes), len(axes))
+    if op == "gather":
+        data, idx = node.inputs
+        axis = node.attrs["axis"]
+        rank = len(g.values[data].shape)
+        return codegen.gather(dt[data], dt[idx], axis, len(g.values[idx].shape), rank - axis - 1)
+    if op == "concat":
+        return codegen.concat(dt[node.outputs[0]], len(node.inputs), len(g.values[node.outputs[0]].shape))
+    if op == "kv_cache_update":
+        return codegen.kv_cache_update(dt[node.inputs[0]], dt[node.inputs[2]])
+    if op == "attention":
+        mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
+        lengths = len(node.inputs) > 6 and bool(node.inputs[6])
+        return codegen.attention(dt[node.inputs[0]], dt[mask] if mask else None, lengths, node.attrs["norm_op"] == 1)
+    if op in ("view", "matmul", "plugin"):
+        return None
+    raise NetworkError(f"node {node.name!r}: op {op!r} has no kernel in the cuda backend")
+
+
+def _memory_plan(g: Graph, points: list[dict[str, tuple[int, ...]]]) -> tuple[dict[str, int], dict[str, int], int]:
+    """Offsets of activations and workspaces, their sizes, and the block size."""
+    root = views.view_root(g)
+    shapes_all = [infer_shapes(g, p) for p in points]
+    external = set(g.inputs) | set(g.outputs) | set(g.constants) | set(g.aliases)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, node in enumerate(g.nodes):
+        for o in node.outputs:
+            r = root.get(o, o)
+            if node.op != "view" and r not in external:
+                first.setdefault(r, i)
+                last[r] = max(last.get(r, i), i)
+        for v in node.inputs:
+            r = root.get(v, v)
+            if v and r in first:
+                last[r] = max(last[r], i)
+    sizes = {
+        name: max(int(__import__("numpy").prod(s[name])) for s in shapes_all) * g.values[name].dtype.itemsize
+        for name in first
+    }
+    buffers = [memory.Buffer(n, sizes[n], first[n], last[n]) for n in first]
+    for i, node in enumerate(g.nodes):
+        if node.op == "plugin":
+            ws = _plugin_workspace(g, node, shapes_all[-1])
+            if ws:
+                buffers.append(memory.Buffer(f"workspace:{node.name}", ws, i, i))
+                sizes[f"workspace:{node.name}"] = ws
+    buffers.append(memory.Buffer("workspace:cublas", WORKSPACE_BYTES, 0, max(len(g.nodes) - 1, 0)))
+    sizes["workspace:cublas"] = WORKSPACE_BYTES
+    offsets, total = memory.plan(buffers)
+    return offsets, sizes, total
+
+
+def _plugin_workspace(g: Graph, node: Node, shapes: dict[str, tuple[int, ...]]) -> int:
+    import numpy as np
+
+    from ..reference.types import nptype
+
+    plugin = node.attrs["plugin"]
+    ins = [(shapes[v], np.dtype(nptype(g.values[v].dtype))) for v in node.inputs if v]
+    outs = [(shapes[o], np.dtype(nptype(g.values[o].dtype))) for o in node.outputs]
+    fn = getattr(plugin, "workspace_size", None)
+    return int(fn(ins, outs)) if fn is not None else 0
+
+
+def _arch_of(config: Any) -> str | None:
+    caps = getattr(config, "_compute_capabilities", {})
+    if caps:
+        cap = caps[min(caps)]
+        name = getattr(cap, "name", cap)
+        from ..kernels import normalize_arch
+
+        return normalize_arch(str(name).lower().replace("sm", "sm_").replace("__", "_"))
+    from ..kernels import gpu_count
+
+    try:
+        if gpu_count() > 0:
+            from ..kernels import current_arch
+
+            return current_arch()
+    except Exception:  # noqa: BLE001 - no usable GPU: compile at deserialization
+        return None
+    return None
+
+
+def compile_network(network: Any, config: Any, logger: Any = None, arch: str | None = None) -> Plan:
+    """Compile a validated reference network and its builder config into a :class:`Plan`.
+
+    Raises:
+        NetworkError: invalid network / profiles, or a layer the backend lacks.
+        EngineBuildError: a generated kernel does not compile.
+    """
+    profiles = list(config._profiles)
+    refbuilder.validate(network, profiles)
+    if len(profiles) > 1:
+        raise NetworkError(f"the cuda backend builds one optimization profile, got {len(profiles)}")
+    profile = profiles[0] if profiles else None
+    stats: dict[str, Any] = {}
+    g = from_network(network)
+    n_layers = len(g.nodes) + len(g.constants)  # constants are layers of the network too
+    stats["layers"] = n_layers
+    points = profile_points(g, profile)
+    g = fold_constants.run(g, stats)
+    g = horizontal_fusion.run(g, stats)
+    g = views.run(g, points, stats)
+    g = pointwise_fusion.run(g, points, stats)
+    g = materialize.run(g, points, stats)
+    shapes = [infer_shapes(g, p) for p in points]
+    sources: dict[str, codegen.KernelSource] = {}
+    kernels: list[KernelInfo] = []
+    for node in g.nodes:
+        ks = kernel_source(g, node, shapes)
+        if ks is not None:
+            sources[node.name] = ks
+        if node.op == "matmul" and node.inputs[1] in g.constants and g.values[node.inputs[1]].dtype in codegen.CUDA_GEMV_TYPES:
+            sources[f"{node.name}#gemv"] = codegen.gemv(g.values[node.inputs[1]].dtype)  # the runtime's small-M tactic
+        if node.op != "view":
+            kind = {"matmul": "gemm", "plugin": "plugin"}.get(node.op, node.op)
+            kernels.append(KernelInfo(node.name, kind, list(node.layers), ks.key if ks else ""))
+    offsets, sizes, total = _memory_plan(g, shapes)
+    arch = arch or _arch_of(config)
+    compile_keys: dict[str, str] = {}
+    if arch is not None:
+        for name, ks in sources.items():
+            try:
+                compile_keys[name] = codegen.compile_source(ks, arch).key
+            except Exception as exc:
+                raise EngineBuildError(f"kernel {ks.function} of {name!r} does not compile for {arch}: {exc}") from exc
+    tactics = {n.name: {"library": "cublas", "algo": "CUBLAS_GEMM_DEFAULT", "compute": "CUBLAS_COMPUTE_32F"} for n in g.nodes if n.op == "matmul"}
+    msg = f"fused {n_layers} layers into {len(kernels)} kernels"
+    log = [msg, f"passes: {stats}", f"activation memory: {total} bytes"]
+    if logger is not None:
+        logger.log(logger.INFO if hasattr(logger, "INFO") else 3, msg)
+    return Plan(
+        FORMAT, g, {k: v for k, v in (profile._shapes.items() if profile else [])}, sources, compile_keys, arch, kernels, offsets, sizes, total,
+        tactics, log, stats,
+    )
+
+
+class Builder(refbuilder.Builder):
+    """``tensorrt.Builder`` of the cuda backend: networks and configs as the reference's,
+    builds compile (see the module docstring)."""
+
+    def build_engine(self, network: Any, config: Any) -> Any:  # type: ignore[override]
+        """Compile and return the engine without serializing (trtcore extension)."""
+        from .runtime import ICudaEngine
+
+        return ICudaEngine(compile_network(network, config, self.logger))
+
+    def build_serialized_network(self, network: Any, config: Any) -> refbuilder.IHostMemory:
+        """The compiled plan as bytes (:meth:`trtcore.cuda.Runtime.deserialize_cuda_engine` reads it)."""
+        plan = compile_network(network, config, self.logger)
+        return refbuilder.IHostMemory(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+__all__ = ["Builder", "DataType", "compile_network", "kernel_source"]

@@ -1,0 +1,655 @@
+"""Kernel generators: CUDA C++ source for each kernel node of a compiled graph.
+
+Every generator returns a :class:`KernelSource` (the source text, the ``extern "C"``
+function name, and the parameter list the runtime fills in). Sources are compiled by NVRTC
+through :func:`trtcore.kernels.compile_kernel` (:func:`compile_source`), cached on disk by
+their text like trtcore's other kernels.
+
+Numerics: float16/bfloat16 values stay 16-bit in memory (``__half`` / ``__nv_bfloat16``),
+are widened to float32 when loaded, and every value is rounded to its own type where the
+layer's output type says (round to nearest even), so a fused kernel computes what the
+layers compute one by one; reductions, softmax and attention accumulate in float32.
+Integers compute in their own width, booleans as ``bool`` (one byte, as TensorRT stores them).
+
+Parameters: pointers (``ptr``) and 64-bit integers (``i64``: sizes, dimensions, strides in
+elements). Input strides are per dimension of the kernel's iteration domain (0 where the
+input broadcasts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..reference.types import (
+    FLOATING,
+    ActivationType,
+    DataType,
+    ElementWiseOperation,
+    ReduceOperation,
+    UnaryOperation,
+)
+from .ir import Node
+
+CTYPE = {
+    DataType.FLOAT: "float", DataType.HALF: "__half", DataType.BF16: "__nv_bfloat16",
+    DataType.INT32: "int", DataType.INT64: "long long", DataType.INT8: "signed char",
+    DataType.UINT8: "unsigned char", DataType.BOOL: "bool",
+}
+#: the type values of a DataType are computed in
+COMPUTE = {
+    DataType.FLOAT: "float", DataType.HALF: "float", DataType.BF16: "float",
+    DataType.INT32: "int", DataType.INT64: "long long", DataType.INT8: "int",
+    DataType.UINT8: "int", DataType.BOOL: "bool",
+}
+
+PREAMBLE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+typedef long long i64;
+__device__ __forceinline__ float ld(const float* p) { return *p; }
+__device__ __forceinline__ float ld(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ int ld(const int* p) { return *p; }
+__device__ __forceinline__ long long ld(const long long* p) { return *p; }
+__device__ __forceinline__ int ld(const signed char* p) { return *p; }
+__device__ __forceinline__ int ld(const unsigned char* p) { return *p; }
+__device__ __forceinline__ bool ld(const bool* p) { return *p; }
+__device__ __forceinline__ void st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void st(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void st(int* p, int v) { *p = v; }
+__device__ __forceinline__ void st(long long* p, long long v) { *p = v; }
+__device__ __forceinline__ void st(signed char* p, int v) { *p = (signed char)v; }
+__device__ __forceinline__ void st(unsigned char* p, int v) { *p = (unsigned char)v; }
+__device__ __forceinline__ void st(bool* p, bool v) { *p = v; }
+__device__ __forceinline__ float rnd_half(float v) { return __half2float(__float2half_rn(v)); }
+__device__ __forceinline__ float rnd_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float op_max(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
+__device__ __forceinline__ float op_min(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fminf(a, b); }
+template <typename X> __device__ __forceinline__ X op_max(X a, X b) { return a > b ? a : b; }
+template <typename X> __device__ __forceinline__ X op_min(X a, X b) { return a < b ? a : b; }
+__device__ __forceinline__ float op_floordiv(float a, float b) { return floorf(a / b); }
+template <typename X> __device__ __forceinline__ X op_floordiv(X a, X b) { X q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+__device__ __forceinline__ float op_sign(float x) { return x != x ? x : (x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f)); }
+template <typename X> __device__ __forceinline__ X op_sign(X x) { return x > 0 ? 1 : (x < 0 ? -1 : 0); }
+__device__ __forceinline__ float op_abs(float x) { return fabsf(x); }
+template <typename X> __device__ __forceinline__ X op_abs(X x) { return x < 0 ? -x : x; }
+__device__ __forceinline__ float warp_sum(float v) { for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o); return v; }
+__device__ __forceinline__ float warp_max(float v) { for (int o = 16; o > 0; o >>= 1) v = op_max(v, __shfl_xor_sync(0xffffffffu, v, o)); return v; }
+__device__ __forceinline__ float warp_min(float v) { for (int o = 16; o > 0; o >>= 1) v = op_min(v, __shfl_xor_sync(0xffffffffu, v, o)); return v; }
+// block-wide reduction of one float per thread (blockDim.x a multiple of 32, <= 1024)
+template <int KIND> __device__ __forceinline__ float block_reduce(float v, float* smem) {
+  v = KIND == 0 ? warp_sum(v) : (KIND == 1 ? warp_max(v) : warp_min(v));
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = lane < nw ? smem[lane] : (KIND == 0 ? 0.f : smem[0]);
+    w = KIND == 0 ? warp_sum(w) : (KIND == 1 ? warp_max(w) : warp_min(w));
+    if (lane == 0) smem[0] = w;
+  }
+  __syncthreads();
+  return smem[0];
+}
+"""
+
+
+@dataclass
+class KernelSource:
+    """A generated kernel: ``source``, ``function`` (its symbol), ``params`` (names, in
+    order, each ``("ptr"|"i64", role)``) and ``block`` (threads per block)."""
+
+    source: str
+    function: str
+    params: list[tuple[str, str]] = field(default_factory=list)
+    block: int = 256
+
+    @property
+    def key(self) -> str:
+        """SHA-256 of the source (the kernel's identity in a plan)."""
+        return hashlib.sha256(self.source.encode()).hexdigest()[:32]
+
+
+def float_literal(x: float) -> str:
+    """An exact float32 literal."""
+    bits = struct.unpack("<I", struct.pack("<f", np.float32(x)))[0]
+    return f"__int_as_float(0x{bits:08x})"
+
+
+def scalar_literal(arr: np.ndarray, dtype: DataType) -> str:
+    """A one-element constant as a literal of its compute type (16-bit floats exactly)."""
+    v = np.asarray(arr).reshape(-1)[0]
+    if dtype in FLOATING:
+        return float_literal(float(np.float32(v)))
+    if dtype == DataType.BOOL:
+        return "true" if bool(v) else "false"
+    if dtype == DataType.INT64:
+        return f"({int(v)}LL)"
+    return f"({int(v)})"
+
+
+def _rounded(expr: str, dtype: DataType) -> str:
+    if dtype == DataType.HALF:
+        return f"rnd_half({expr})"
+    if dtype == DataType.BF16:
+        return f"rnd_bf16({expr})"
+    return expr
+
+
+E, U, A = ElementWiseOperation, UnaryOperation, ActivationType
+
+_EW = {
+    E.SUM: "({a} + {b})", E.PROD: "({a} * {b})", E.MAX: "op_max({a}, {b})", E.MIN: "op_min({a}, {b})",
+    E.SUB: "({a} - {b})", E.DIV: "({a} / {b})", E.POW: "powf({a}, {b})", E.FLOOR_DIV: "op_floordiv({a}, {b})",
+    E.AND: "({a} && {b})", E.OR: "({a} || {b})", E.XOR: "({a} != {b})", E.EQUAL: "({a} == {b})",
+    E.GREATER: "({a} > {b})", E.LESS: "({a} < {b})",
+}
+_UN = {
+    U.EXP: "expf({x})", U.LOG: "logf({x})", U.SQRT: "sqrtf({x})", U.RECIP: "(1.0f / {x})", U.ABS: "op_abs({x})",
+    U.NEG: "(-{x})", U.SIN: "sinf({x})", U.COS: "cosf({x})", U.TAN: "tanf({x})", U.SINH: "sinhf({x})",
+    U.COSH: "coshf({x})", U.ASIN: "asinf({x})", U.ACOS: "acosf({x})", U.ATAN: "atanf({x})", U.ASINH: "asinhf({x})",
+    U.ACOSH: "acoshf({x})", U.ATANH: "atanhf({x})", U.CEIL: "ceilf({x})", U.FLOOR: "floorf({x})", U.ERF: "erff({x})",
+    U.NOT: "(!{x})", U.SIGN: "op_sign({x})", U.ROUND: "rintf({x})", U.ISINF: "isinf({x})", U.ISNAN: "isnan({x})",
+}
+
+
+def _activation(kind: ActivationType, x: str, alpha: float, beta: float, dtype: DataType) -> str:
+    al, be = float_literal(alpha), float_literal(beta)
+    if dtype not in FLOATING:  # RELU on integers
+        return f"op_max({x}, ({COMPUTE[dtype]})0)"
+    return {
+        A.RELU: f"op_max({x}, 0.0f)",
+        A.SIGMOID: f"(1.0f / (1.0f + expf(-{x})))",
+        A.TANH: f"tanhf({x})",
+        A.LEAKY_RELU: f"({x} >= 0.0f ? {x} : {al} * {x})",
+        A.ELU: f"({x} >= 0.0f ? {x} : {al} * (expf({x}) - 1.0f))",
+        A.SELU: f"({be} * ({x} >= 0.0f ? {x} : {al} * (expf({x}) - 1.0f)))",
+        A.SOFTSIGN: f"({x} / (1.0f + fabsf({x})))",
+        A.SOFTPLUS: f"({al} * log1pf(expf({be} * {x})))",
+        A.CLIP: f"op_min(op_max({x}, {al}), {be})",
+        A.HARD_SIGMOID: f"op_min(op_max({al} * {x} + {be}, 0.0f), 1.0f)",
+        A.SCALED_TANH: f"({al} * tanhf({be} * {x}))",
+        A.THRESHOLDED_RELU: f"({x} > {al} ? {x} : 0.0f)",
+        A.GELU_ERF: f"(0.5f * {x} * (1.0f + erff({x} * {float_literal(1 / np.sqrt(2.0))})))",
+        A.GELU_TANH: f"(0.5f * {x} * (1.0f + tanhf({float_literal(np.sqrt(2 / np.pi))} * ({x} + {float_literal(0.044715)} * {x} * {x} * {x}))))",
+    }[kind]
+
+
+def member_expr(node: Node, args: Sequence[str], in_dtypes: Sequence[DataType], out_dtype: DataType) -> str:
+    """The C expression (compute type, rounded to ``out_dtype``) of one pointwise member."""
+    op, a = node.op, node.attrs
+    if op == "elementwise":
+        e = _EW[E(a["op"])].format(a=args[0], b=args[1])
+    elif op == "unary":
+        e = _UN[U(a["op"])].format(x=args[0])
+    elif op == "activation":
+        e = _activation(A(a["kind"]), args[0], a["alpha"], a["beta"], in_dtypes[0])
+    elif op == "cast":
+        src, dst = in_dtypes[0], out_dtype
+        if dst == DataType.BOOL:
+            e = f"({args[0]} != 0)"
+        else:
+            e = f"(({COMPUTE[dst]}){args[0]})"
+        if src in FLOATING and dst not in FLOATING and dst != DataType.BOOL:
+            e = f"(({COMPUTE[dst]})(long long)({args[0]}))" if dst != DataType.INT64 else f"((long long)({args[0]}))"
+    elif op == "select":
+        e = f"({args[0]} ? {args[1]} : {args[2]})"
+    elif op == "identity":
+        e = f"(({COMPUTE[out_dtype]}){args[0]})"
+    else:  # pragma: no cover - fusion only groups the ops above
+        raise ValueError(op)
+    return _rounded(e, out_dtype)
+
+
+class _Body:
+    """Builds the statements of one element's computation, memoizing member values."""
+
+    def __init__(self, members: list[Node], dtypes: dict[str, DataType], loads: dict[str, str], scalars: dict[str, str]):
+        self.members = {o: m for m in members for o in m.outputs}
+        self.dtypes = dtypes
+        self.loads = loads
+        self.scalars = scalars
+        self.lines: list[str] = []
+        self.names: dict[str, str] = {}
+        self.counter = 0
+
+    def value(self, v: str) -> str:
+        if v in self.names:
+            return self.names[v]
+        if v in self.scalars:
+            return self.scalars[v]
+        if v in self.loads:
+            expr = self.loads[v]
+        else:
+            m = self.members[v]
+            args = [self.value(x) for x in m.inputs if x]
+            expr = member_expr(m, args, [self.dtypes[x] for x in m.inputs if x], self.dtypes[v])
+        name = f"v{self.counter}"
+        self.counter += 1
+        self.lines.append(f"    const {COMPUTE[self.dtypes[v]]} {name} = {expr};")
+        self.names[v] = name
+        return name
+
+
+def _index_code(rank: int, inputs: Sequence[str], prefix: str = "") -> list[str]:
+    """Decompose ``idx`` over the domain ``d0..`` into offsets ``o_<k>`` of each input."""
+    lines = [f"    i64 rem = {prefix}idx;"]
+    for k in range(len(inputs)):
+        lines.append(f"    i64 o{k} = 0;")
+    for dim in reversed(range(rank)):
+        lines.append(f"    {{ i64 c = rem % d{dim}; rem /= d{dim};")
+        for k in range(len(inputs)):
+            lines.append(f"      o{k} += c * s{k}_{dim};")
+        lines.append("    }")
+    return lines
+
+
+def _group_signature(node: Node, dtypes: dict[str, DataType], rank: int, count: str, role: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """A group kernel's parameters: outputs, inputs, the element/row count, the domain's
+    dimensions, each input's strides over the domain."""
+    params: list[tuple[str, str]] = []
+    sig: list[str] = []
+    for j, o in enumerate(node.outputs):
+        sig.append(f"{CTYPE[dtypes[o]]}* __restrict__ out{j}")
+        params.append(("ptr", f"out:{o}"))
+    for k, v in enumerate(node.inputs):
+        sig.append(f"const {CTYPE[dtypes[v]]}* __restrict__ in{k}")
+        params.append(("ptr", f"in:{v}"))
+    sig.append(f"i64 {count}")
+    params.append(("i64", role))
+    for d in range(rank):
+        sig.append(f"i64 d{d}")
+        params.append(("i64", f"dim:{d}"))
+    for k, v in enumerate(node.inputs):
+        for d in range(rank):
+            sig.append(f"i64 s{k}_{d}")
+            params.append(("i64", f"stride:{v}:{d}"))
+    return sig, params
+
+
+def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> KernelSource:
+    """One thread per element of the domain (rank ``rank``); inputs strided (broadcast = 0),
+    outputs dense."""
+    a = node.attrs
+    fn = "FUNCTION_NAME"  # replaced by a hash of the source: equal groups share one kernel
+    sig, params = _group_signature(node, dtypes, rank, "n", "numel")
+    loads = {v: f"ld(in{k} + o{k})" for k, v in enumerate(node.inputs)}
+    scalars = {v: scalar_literal(c, dtypes[v]) for v, c in a["scalars"].items()}
+    body = _Body(a["members"], dtypes, loads, scalars)
+    outs = [body.value(o) for o in node.outputs]
+    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+             "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {"]
+    lines += _index_code(rank, node.inputs)
+    lines += body.lines
+    for j, name in enumerate(outs):
+        lines.append(f"    st(out{j} + idx, {name});")
+    lines += ["  }", "}"]
+    return _named("\n".join(lines), "pointwise", params, 256)
+
+
+def _named(text: str, kind: str, params: list[tuple[str, str]], block: int) -> KernelSource:
+    fn = f"k_{kind}_" + hashlib.sha1(text.encode()).hexdigest()[:16]
+    return KernelSource(text.replace("FUNCTION_NAME", fn), fn, params, block)
+
+
+def row_group(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: set[str]) -> KernelSource:
+    """One block per row of the domain ``[..., N]``: loop 1 reduces the reduction's input
+    (float32), loop 2 computes the outputs; outputs of row shape ``[..., 1]`` (in
+    ``row_outputs``) are written once per row."""
+    a = node.attrs
+    members: list[Node] = a["members"]
+    red = members[a["reduce"]]
+    kind = ReduceOperation(red.attrs["op"])
+    fn = "FUNCTION_NAME"  # replaced by a hash of the source: equal groups share one kernel
+    sig, params = _group_signature(node, dtypes, rank, "rows", "rows")
+    scalars = {v: scalar_literal(c, dtypes[v]) for v, c in a["scalars"].items()}
+    loads = {v: f"ld(in{k} + b{k} + j * s{k}_{rank - 1})" for k, v in enumerate(node.inputs)}
+    n = f"d{rank - 1}"
+    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+             "  __shared__ float smem[32];",
+             "  const i64 row = blockIdx.x;",
+             "  if (row >= rows) return;"]
+    # row base offsets of each input over the leading dimensions
+    lines.append("  i64 rem = row;")
+    for k in range(len(node.inputs)):
+        lines.append(f"  i64 b{k} = 0;")
+    for dim in reversed(range(rank - 1)):
+        lines.append(f"  {{ i64 c = rem % d{dim}; rem /= d{dim};")
+        for k in range(len(node.inputs)):
+            lines.append(f"    b{k} += c * s{k}_{dim};")
+        lines.append("  }")
+    # loop 1: the reduction
+    pre = [m for m in members if m is not red]
+    body1 = _Body(pre, dtypes, loads, scalars)
+    x = body1.value(red.inputs[0])
+    init = {ReduceOperation.SUM: "0.0f", ReduceOperation.AVG: "0.0f", ReduceOperation.MAX: "__int_as_float(0xff800000)",
+            ReduceOperation.MIN: "__int_as_float(0x7f800000)"}[kind]
+    comb = {ReduceOperation.SUM: "acc += {x};", ReduceOperation.AVG: "acc += {x};", ReduceOperation.MAX: "acc = op_max(acc, {x});",
+            ReduceOperation.MIN: "acc = op_min(acc, {x});"}[kind]
+    lines.append(f"  float acc = {init};")
+    lines.append(f"  for (i64 j = threadIdx.x; j < {n}; j += blockDim.x) {{")
+    lines += body1.lines
+    lines.append("    " + comb.format(x=x))
+    lines.append("  }")
+    kid = {ReduceOperation.SUM: 0, ReduceOperation.AVG: 0, ReduceOperation.MAX: 1, ReduceOperation.MIN: 2}[kind]
+    lines.append(f"  acc = block_reduce<{kid}>(acc, smem);")
+    if kind == ReduceOperation.AVG:
+        lines.append(f"  acc = acc / (float){n};")
+    red_val = _rounded("acc", dtypes[red.outputs[0]])
+    lines.append(f"  const float red = {red_val};")
+    # loop 2: the outputs
+    body2 = _Body(pre, dtypes, loads, {**scalars, red.outputs[0]: "red"})
+    full = [o for o in node.outputs if o not in row_outputs]
+    rowo = [o for o in node.outputs if o in row_outputs]
+    lines.append(f"  for (i64 j = threadIdx.x; j < {n}; j += blockDim.x) {{")
+    names = [body2.value(o) for o in full]
+    lines += body2.lines
+    for o, name in zip(full, names):
+        lines.append(f"    st(out{node.outputs.index(o)} + row * {n} + j, {name});")
+    lines.append("  }")
+    if rowo:
+        lines.append("  if (threadIdx.x == 0) {")
+        lines.append("    const i64 j = 0;")
+        body3 = _Body(pre, dtypes, loads, {**scalars, red.outputs[0]: "red"})
+        names = [body3.value(o) for o in rowo]
+        lines += body3.lines
+        for o, name in zip(rowo, names):
+            lines.append(f"    st(out{node.outputs.index(o)} + row, {name});")
+        lines.append("  }")
+    lines.append("}")
+    return _named("\n".join(lines), "row", params, 256)
+
+
+def _strided_params(names: Sequence[str], rank: int) -> tuple[list[str], list[tuple[str, str]]]:
+    sig, params = [], []
+    for v in names:
+        for d in range(rank):
+            sig.append(f"i64 s_{v}_{d}")
+            params.append(("i64", f"stride:{v}:{d}"))
+    return sig, params
+
+
+def softmax(dtype_in: DataType, dtype_out: DataType, rank: int) -> KernelSource:
+    """Softmax over axis ``rank - 1`` of a strided input whose dims were permuted so that
+    the softmax axis is last (the runtime passes dims/strides that way); one block per row,
+    float32; output dense in the permuted order's inverse (given as output strides)."""
+    fn = f"k_softmax_{dtype_in.name}_{dtype_out.name}_r{rank}"
+    sig = [f"{CTYPE[dtype_out]}* __restrict__ out", f"const {CTYPE[dtype_in]}* __restrict__ x", "i64 rows"]
+    params = [("ptr", "out"), ("ptr", "in:0"), ("i64", "rows")]
+    for d in range(rank):
+        sig.append(f"i64 d{d}")
+        params.append(("i64", f"dim:{d}"))
+    for who in ("x", "o"):
+        for d in range(rank):
+            sig.append(f"i64 {who}s{d}")
+            params.append(("i64", f"stride:{who}:{d}"))
+    n = f"d{rank - 1}"
+    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{', "  __shared__ float smem[32];",
+             "  const i64 row = blockIdx.x; if (row >= rows) return;", "  i64 rem = row, bx = 0, bo = 0;"]
+    for dim in reversed(range(rank - 1)):
+        lines.append(f"  {{ i64 c = rem % d{dim}; rem /= d{dim}; bx += c * xs{dim}; bo += c * os{dim}; }}")
+    lines += [
+        "  float m = __int_as_float(0xff800000);",
+        f"  for (i64 j = threadIdx.x; j < {n}; j += blockDim.x) m = op_max(m, ld(x + bx + j * xs{rank - 1}));",
+        "  m = block_reduce<1>(m, smem);",
+        "  const float shift = isfinite(m) ? m : 0.0f;",
+        "  float s = 0.0f;",
+        f"  for (i64 j = threadIdx.x; j < {n}; j += blockDim.x) s += expf(ld(x + bx + j * xs{rank - 1}) - shift);",
+        "  s = block_reduce<0>(s, smem);",
+        f"  for (i64 j = threadIdx.x; j < {n}; j += blockDim.x) st(out + bo + j * os{rank - 1}, expf(ld(x + bx + j * xs{rank - 1}) - shift) / s);",
+        "}",
+    ]
+    return KernelSource("\n".join(lines), fn, params, 256)
+
+
+def reduce_generic(op: ReduceOperation, dtype: DataType, kept: int, reduced: int) -> KernelSource:
+    """Any reduction: one thread per output element over ``kept`` dims, a loop over the
+    ``reduced`` dims (float32 accumulation for floats, 64-bit for integers)."""
+    fn = f"k_reduce_{op.name}_{dtype.name}_{kept}_{reduced}"
+    acc_t = "float" if dtype in FLOATING else "long long"
+    sig = [f"{CTYPE[dtype]}* __restrict__ out", f"const {CTYPE[dtype]}* __restrict__ x", "i64 n", "i64 count"]
+    params = [("ptr", "out"), ("ptr", "in:0"), ("i64", "numel"), ("i64", "count")]
+    for d in range(kept):
+        sig += [f"i64 kd{d}", f"i64 ks{d}"]
+        params += [("i64", f"kdim:{d}"), ("i64", f"kstride:{d}")]
+    for d in range(reduced):
+        sig += [f"i64 rd{d}", f"i64 rs{d}"]
+        params += [("i64", f"rdim:{d}"), ("i64", f"rstride:{d}")]
+    init = {ReduceOperation.SUM: "0", ReduceOperation.AVG: "0", ReduceOperation.PROD: "1",
+            ReduceOperation.MAX: "__int_as_float(0xff800000)" if dtype in FLOATING else "(-9223372036854775807LL - 1)",
+            ReduceOperation.MIN: "__int_as_float(0x7f800000)" if dtype in FLOATING else "9223372036854775807LL"}[op]
+    comb = {ReduceOperation.SUM: "acc += v;", ReduceOperation.AVG: "acc += v;", ReduceOperation.PROD: "acc *= v;",
+            ReduceOperation.MAX: "acc = op_max(acc, v);", ReduceOperation.MIN: "acc = op_min(acc, v);"}[op]
+    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+             "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
+             "    i64 rem = idx, base = 0;"]
+    for d in reversed(range(kept)):
+        lines.append(f"    {{ i64 c = rem % kd{d}; rem /= kd{d}; base += c * ks{d}; }}")
+    lines += [f"    {acc_t} acc = {init};", "    for (i64 r = 0; r < count; ++r) {", "      i64 rr = r, off = base;"]
+    for d in reversed(range(reduced)):
+        lines.append(f"      {{ i64 c = rr % rd{d}; rr /= rd{d}; off += c * rs{d}; }}")
+    lines += [f"      {acc_t} v = ({acc_t})ld(x + off);", f"      {comb}", "    }"]
+    if op == ReduceOperation.AVG:
+        lines.append(f"    acc = acc / ({acc_t})count;")
+    lines += ["    st(out + idx, acc);", "  }", "}"]
+    return KernelSource("\n".join(lines), fn, params, 256)
+
+
+def gather(dtype: DataType, idx_dtype: DataType, pre: int, idx_rank: int, post: int) -> KernelSource:
+    """``take(data, indices, axis)``: output ``[pre..., idx..., post...]`` dense; data strided;
+    indices strided; an index outside ``[0, n)`` is clamped (TensorRT leaves it undefined;
+    this never reads outside the data)."""
+    fn = f"k_gather_{dtype.name}_{idx_dtype.name}_{pre}_{idx_rank}_{post}"
+    sig = [f"{CTYPE[dtype]}* __restrict__ out", f"const {CTYPE[dtype]}* __restrict__ x", f"const {CTYPE[idx_dtype]}* __restrict__ ix",
+           "i64 n", "i64 axis_len", "i64 axis_stride"]
+    params = [("ptr", "out"), ("ptr", "in:0"), ("ptr", "in:1"), ("i64", "numel"), ("i64", "axis_len"), ("i64", "axis_stride")]
+    dims: list[tuple[str, str, str]] = []  # (dim name, stride var, which)
+    for d in range(pre):
+        dims.append((f"pd{d}", f"ps{d}", "x"))
+    for d in range(idx_rank):
+        dims.append((f"id{d}", f"is{d}", "i"))
+    for d in range(post):
+        dims.append((f"qd{d}", f"qs{d}", "x"))
+    for dn, sn, _ in dims:
+        sig += [f"i64 {dn}", f"i64 {sn}"]
+        params += [("i64", f"gdim:{dn}"), ("i64", f"gstride:{sn}")]
+    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+             "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
+             "    i64 rem = idx, xo = 0, io = 0;"]
+    for dn, sn, which in reversed(dims):
+        target = "xo" if which == "x" else "io"
+        lines.append(f"    {{ i64 c = rem % {dn}; rem /= {dn}; {target} += c * {sn}; }}")
+    lines += ["    long long k = (long long)ix[io];", "    if (k < 0) k += axis_len;", "    k = k < 0 ? 0 : (k >= axis_len ? axis_len - 1 : k);",
+              "    out[idx] = x[xo + k * axis_stride];", "  }", "}"]
+    return KernelSource("\n".join(lines), fn, params, 256)
+
+
+def concat(dtype: DataType, n_inputs: int, rank: int) -> KernelSource:
+    """Concatenation along the dimension ``axis`` (a parameter), the extent of input ``k``
+    along it ``len_k``; one thread per output element, each input strided."""
+    fn = f"k_concat_{dtype.name}_{n_inputs}_r{rank}"
+    sig = [f"{CTYPE[dtype]}* __restrict__ out"] + [f"const {CTYPE[dtype]}* __restrict__ x{k}" for k in range(n_inputs)]
+    params = [("ptr", "out")] + [("ptr", f"in:{k}") for k in range(n_inputs)]
+    sig += ["i64 n", "i64 axis"]
+    params += [("i64", "numel"), ("i64", "axis")]
+    for d in range(rank):
+        sig.append(f"i64 d{d}")
+        params.append(("i64", f"dim:{d}"))
+    for k in range(n_inputs):
+        sig.append(f"i64 len{k}")
+        params.append(("i64", f"len:{k}"))
+        for d in range(rank):
+            sig.append(f"i64 s{k}_{d}")
+            params.append(("i64", f"stride:{k}:{d}"))
+    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+             "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
+             f"    i64 c[{rank}]; i64 rem = idx;"]
+    for d in reversed(range(rank)):
+        lines.append(f"    c[{d}] = rem % d{d}; rem /= d{d};")
+    lines.append("    i64 a = c[axis];")
+    for k in range(n_inputs):
+        offs = " + ".join(f"(({d} == axis) ? a : c[{d}]) * s{k}_{d}" for d in range(rank))
+        lines.append(f"    if (a < len{k}) {{ out[idx] = x{k}[{offs}]; continue; }}")
+        lines.append(f"    a -= len{k};")
+    lines += ["  }", "}"]
+    return KernelSource("\n".join(lines), fn, params, 256)
+
+
+def kv_cache_update(dtype: DataType, idx_dtype: DataType) -> KernelSource:
+    """``cache[b, h, w[b] + s, d] = update[b, h, s, d]`` in place; update strided, cache dense."""
+    fn = f"k_kv_update_{dtype.name}_{idx_dtype.name}"
+    sig = [f"{CTYPE[dtype]}* __restrict__ cache", f"const {CTYPE[dtype]}* __restrict__ upd", f"const {CTYPE[idx_dtype]}* __restrict__ w",
+           "i64 n", "i64 H", "i64 S", "i64 D", "i64 L", "i64 u0", "i64 u1", "i64 u2", "i64 u3"]
+    params = [("ptr", "out"), ("ptr", "in:1"), ("ptr", "in:2"), ("i64", "numel"), ("i64", "H"), ("i64", "S"), ("i64", "D"), ("i64", "L"),
+              ("i64", "stride:1:0"), ("i64", "stride:1:1"), ("i64", "stride:1:2"), ("i64", "stride:1:3")]
+    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+             "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
+             "    i64 d = idx % D, s = (idx / D) % S, h = (idx / (D * S)) % H, b = idx / (D * S * H);",
+             "    i64 slot = (i64)w[b] + s;",
+             "    if (slot < 0 || slot >= L) continue;",
+             "    cache[((b * H + h) * L + slot) * D + d] = upd[b * u0 + h * u1 + s * u2 + d * u3];",
+             "  }", "}"]
+    return KernelSource("\n".join(lines), fn, params, 256)
+
+
+def attention(dtype: DataType, mask: DataType | None, has_lengths: bool, softmax_norm: bool) -> KernelSource:
+    """``IAttention`` (PADDED_BHND): one block per (query row, head, batch); scores in shared
+    memory (``T`` floats, dynamic), float32 softmax, GQA by ``h / (Hq / Hkv)``; q/k/v/mask
+    strided (rank 4), output dense. ``causal``: 0 none, 1 upper-left, 2 lower-right."""
+    mname = "none" if mask is None else mask.name
+    fn = f"k_attention_{dtype.name}_{mname}_{int(has_lengths)}_{int(softmax_norm)}"
+    sig = [f"{CTYPE[dtype]}* __restrict__ out", f"const {CTYPE[dtype]}* __restrict__ q", f"const {CTYPE[dtype]}* __restrict__ k",
+           f"const {CTYPE[dtype]}* __restrict__ v"]
+    params = [("ptr", "out"), ("ptr", "in:0"), ("ptr", "in:1"), ("ptr", "in:2")]
+    if mask is not None:
+        sig.append(f"const {CTYPE[mask]}* __restrict__ mk")
+        params.append(("ptr", "in:3"))
+    if has_lengths:
+        sig.append("const int* __restrict__ kvl")
+        params.append(("ptr", "in:6"))
+    sig += ["i64 Hq", "i64 Hkv", "i64 S", "i64 T", "i64 D", "i64 causal"]
+    params += [("i64", "Hq"), ("i64", "Hkv"), ("i64", "S"), ("i64", "T"), ("i64", "D"), ("i64", "causal")]
+    for who in ("q", "k", "v") + (("m",) if mask is not None else ()):
+        for d in range(4):
+            sig.append(f"i64 {who}s{d}")
+            params.append(("i64", f"stride:{who}:{d}"))
+    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+             "  extern __shared__ float sc[];",
+             "  __shared__ float smem[32];",
+             "  const i64 s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;",
+             "  const i64 hk = h / (Hq / Hkv);",
+             "  for (i64 j = threadIdx.x; j < T; j += blockDim.x) {",
+             "    bool ok = true;",
+             "    if (causal == 1) ok = j <= s;",
+             "    if (causal == 2) ok = j <= s + (T - S);"]
+    if has_lengths:
+        lines.append("    if (j >= (i64)kvl[b]) ok = false;")
+    lines += ["    float acc = 0.0f;",
+              "    for (i64 d = 0; d < D; ++d) acc += ld(q + b * qs0 + h * qs1 + s * qs2 + d * qs3) * ld(k + b * ks0 + hk * ks1 + j * ks2 + d * ks3);"]
+    if mask is not None:
+        if mask == DataType.BOOL:
+            lines.append("    if (!mk[b * ms0 + h * ms1 + s * ms2 + j * ms3]) ok = false;")
+        else:
+            lines.append("    acc += ld(mk + b * ms0 + h * ms1 + s * ms2 + j * ms3);")
+    if softmax_norm:
+        lines.append("    sc[j] = ok ? acc : __int_as_float(0xff800000);")
+    else:
+        lines.append("    sc[j] = ok ? acc : 0.0f;")
+    lines.append("  }")
+    lines.append("  __syncthreads();")
+    if softmax_norm:
+        lines += ["  float m = __int_as_float(0xff800000);",
+                  "  for (i64 j = threadIdx.x; j < T; j += blockDim.x) m = op_max(m, sc[j]);",
+                  "  m = block_reduce<1>(m, smem);",
+                  "  const float shift = isfinite(m) ? m : 0.0f;",
+                  "  float tot = 0.0f;",
+                  "  for (i64 j = threadIdx.x; j < T; j += blockDim.x) { float e = expf(sc[j] - shift); sc[j] = e; tot += e; }",
+                  "  tot = block_reduce<0>(tot, smem);",
+                  "  const float inv = tot > 0.0f ? 1.0f / tot : 1.0f;"]
+    else:
+        lines.append("  const float inv = 1.0f;")
+    lines += ["  __syncthreads();",
+              "  for (i64 d = threadIdx.x; d < D; d += blockDim.x) {",
+              "    float acc = 0.0f;",
+              "    for (i64 j = 0; j < T; ++j) acc += sc[j] * ld(v + b * vs0 + hk * vs1 + j * vs2 + d * vs3);",
+              "    st(out + ((b * Hq + h) * S + s) * D + d, acc * inv);",
+              "  }", "}"]
+    return KernelSource("\n".join(lines), fn, params, 128)
+
+
+# ---------------------------------------------------------------------------------------
+# compiling
+# ---------------------------------------------------------------------------------------
+
+
+def source_dir() -> Path:
+    """Where generated sources are written for NVRTC (beside trtcore's kernel cache)."""
+    from ..kernels import kernel_cache_dir
+
+    path = kernel_cache_dir().parent / "generated"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def compile_source(ks: KernelSource, arch: Any = None) -> Any:
+    """Compile ``ks`` with NVRTC (disk-cached) for ``arch`` (None: the current GPU);
+    returns the :class:`trtcore.kernels.CompiledKernel`.
+
+    Raises:
+        trtcore.kernels.NVRTCError: the generated source does not compile (log in the message).
+    """
+    from ..kernels import compile_kernel
+
+    path = source_dir() / f"gen_{ks.key}.cu"
+    if not path.exists() or path.read_text() != ks.source:
+        tmp = path.with_suffix(f".{id(ks)}.tmp")
+        tmp.write_text(ks.source)
+        tmp.replace(path)
+    return compile_kernel(path, arch=arch)
+
+
+#: weight types :func:`gemv` takes
+CUDA_GEMV_TYPES = (DataType.FLOAT, DataType.HALF, DataType.BF16)
+
+
+def gemv(dtype: DataType, max_m: int = 4) -> KernelSource:
+    """``y[m, n] = sum_k x[m, k] * w[n, k]`` for ``M <= max_m`` rows of ``x`` (decode): one warp
+    per output feature ``n`` streams the weight row with 16-byte loads (``K`` a multiple of 8,
+    rows 16-byte aligned), float32 accumulation, a warp reduction; ``x`` and ``y`` strided by
+    row (``ldx``, ``ldy``)."""
+    t = CTYPE[dtype]
+    fn = f"k_gemv_{dtype.name}_m{max_m}"
+    vec = "uint4" if dtype.itemsize == 2 else "float4"
+    per = 16 // dtype.itemsize  # elements per 16-byte load
+    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({t}* __restrict__ y, const {t}* __restrict__ w, const {t}* __restrict__ x,',
+             "    i64 M, i64 N, i64 K, i64 ldw, i64 ldx, i64 ldy) {",
+             "  const int lane = threadIdx.x & 31;",
+             "  const i64 n = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);",
+             "  if (n >= N) return;",
+             f"  float acc[{max_m}];",
+             f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) acc[m] = 0.0f;",
+             f"  const {t}* wr = w + n * ldw;",
+             "  #pragma unroll 4",
+             "  for (i64 k = (i64)lane * 8; k < K; k += 256) {",
+             "    float wf[8];"]
+    for part in range(8 // per):
+        lines.append(f"    {{ {vec} v = __ldg(reinterpret_cast<const {vec}*>(wr + k + {part * per}));")
+        lines.append(f"      const {t}* e = reinterpret_cast<const {t}*>(&v);")
+        lines.append(f"      #pragma unroll\n      for (int j = 0; j < {per}; ++j) wf[{part * per} + j] = ld(e + j); }}")
+    lines += [f"    #pragma unroll\n    for (int m = 0; m < {max_m}; ++m) {{",
+              "      if (m < M) {",
+              f"        const {t}* xr = x + m * ldx + k;",
+              "        #pragma unroll\n        for (int j = 0; j < 8; ++j) acc[m] += wf[j] * ld(xr + j);",
+              "      }", "    }", "  }",
+              f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) {{",
+              "    if (m < M) { float s = warp_sum(acc[m]); if (lane == 0) st(y + m * ldy + n, s); }", "  }", "}"]
+    params = [("ptr", "y"), ("ptr", "w"), ("ptr", "x")] + [("i64", r) for r in ("M", "N", "K", "ldw", "ldx", "ldy")]
+    return KernelSource("\n".join(lines), fn, params, 256)

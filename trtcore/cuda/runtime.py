@@ -1,0 +1,565 @@
+"""Runtime objects of the cuda backend with TensorRT's semantics: ``Runtime``,
+``ICudaEngine``, ``IExecutionContext``.
+
+``IExecutionContext.execute_async_v3(stream)`` only enqueues work on ``stream``: generated
+kernels (``cuLaunchKernel``), cuBLAS GEMMs (a handle per context with a fixed workspace in
+the context's memory) and plugin ``enqueue`` calls. It never synchronizes and never
+allocates device memory: activations live at the memory plan's offsets in the block given
+by ``set_device_memory`` (or allocated once by ``create_execution_context``), weights were
+uploaded once per engine. The first call for a combination of input shapes and tensor
+addresses prepares the launches on the host (shape inference, layouts, kernel arguments);
+later calls replay them, so after that warm-up a call can be captured in a CUDA graph, as
+TensorRT documents for ``enqueueV3``.
+
+Host-side preparation (:meth:`IExecutionContext.prepare`) needs no GPU; it returns the list
+of steps, which the tests inspect on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from ..errors import NetworkError, TrtcoreError
+from ..reference.types import DataType, Logger, TensorIOMode, nptype
+from . import codegen
+from .gemm import Cublas, GemmCall, plan_gemm
+from .ir import infer_shapes
+from .plan import FORMAT, KernelInfo, Plan
+from .views import Layout, apply_stages, dense_strides, is_dense
+
+
+class EngineExecutionError(TrtcoreError, RuntimeError):
+    """The engine cannot run with the shapes or memory it was given."""
+
+
+@dataclass
+class Step:
+    """One launch: ``kind`` (``kernel``, ``gemm``, ``plugin``), the node's ``name``, and what
+    the launch needs (``args`` for a kernel, ``calls`` for a GEMM, tensors for a plugin)."""
+
+    kind: str
+    name: str
+    grid: tuple[int, int, int] = (1, 1, 1)
+    block: int = 1
+    shared_mem: int = 0
+    args: list[tuple[int, str]] = field(default_factory=list)
+    calls: list[GemmCall] = field(default_factory=list)
+    ptrs: tuple[int, int, int] = (0, 0, 0)
+    dtype: DataType = DataType.FLOAT
+    plugin: Any = None
+    tensors: tuple[Any, Any, int] = ((), (), 0)
+
+
+def _use_gemv() -> bool:
+    """Whether GEMMs of <= 4 rows against a constant weight run as the generated GEMV kernel
+    (``TRTCORE_CUDA_GEMV=1``) instead of cuBLAS; read when launches are prepared."""
+    import os
+
+    return os.environ.get("TRTCORE_CUDA_GEMV", "0") == "1"
+
+
+def _grid(n: int, block: int) -> int:
+    return max(1, min(-(-n // block), 65535))
+
+
+class ICudaEngine:
+    """A compiled engine (``tensorrt.ICudaEngine`` subset) over a :class:`Plan`."""
+
+    def __init__(self, plan: Plan):
+        if getattr(plan, "format", None) != FORMAT:
+            raise NetworkError(f"not a trtcore cuda plan (format {getattr(plan, 'format', None)!r}, expected {FORMAT!r})")
+        self.plan = plan
+        g = plan.graph
+        self._io = list(g.inputs) + list(g.outputs)
+        self._functions: dict[str, Any] = {}
+        self._weights: Any = None
+        self._const_ptr: dict[str, int] = {}
+
+    # TensorRT API ------------------------------------------------------------------------
+    @property
+    def num_io_tensors(self) -> int:
+        """Number of network inputs and outputs."""
+        return len(self._io)
+
+    @property
+    def num_optimization_profiles(self) -> int:
+        """Always 1: the cuda backend builds one profile."""
+        return 1
+
+    @property
+    def num_layers(self) -> int:
+        """Launches of one execution (kernels, GEMMs, plugins)."""
+        return len(self.plan.kernels)
+
+    def get_tensor_name(self, index: int) -> str:
+        """The I/O tensor at ``index`` (inputs first, then outputs, in network order)."""
+        return self._io[index]
+
+    def get_tensor_mode(self, name: str) -> TensorIOMode:
+        """INPUT, OUTPUT or NONE for ``name``."""
+        if name in self.plan.graph.inputs:
+            return TensorIOMode.INPUT
+        return TensorIOMode.OUTPUT if name in self.plan.graph.outputs else TensorIOMode.NONE
+
+    def get_tensor_dtype(self, name: str) -> DataType:
+        """The tensor's :class:`DataType`; EngineExecutionError for an unknown name."""
+        return self._value(name).dtype
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        """The static shape (-1 for dynamic dimensions)."""
+        return tuple(self._value(name).shape)
+
+    def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[tuple[int, ...]]:
+        """(min, opt, max) of an input in profile 0; EngineExecutionError for another index."""
+        if profile_index != 0:
+            raise EngineExecutionError(f"profile index {profile_index} out of range: the engine has 1 optimization profile")
+        return [tuple(s) for s in self.plan.profile.get(name, ((), (), ()))]
+
+    def is_shape_inference_io(self, name: str) -> bool:
+        """Always False: the engine has no shape tensors."""
+        return False
+
+    @property
+    def device_memory_size_v2(self) -> int:
+        """Bytes of the activation block an execution context needs."""
+        return int(self.plan.device_memory_size)
+
+    device_memory_size = device_memory_size_v2
+
+    def get_aliased_input_tensor(self, name: str) -> str | None:
+        """The input whose memory output ``name`` shares (a KV-cache update), else None."""
+        return self.plan.graph.aliases.get(name)
+
+    def create_execution_context(self) -> IExecutionContext:
+        """A context with its own device memory (allocated once, here)."""
+        ctx = IExecutionContext(self)
+        import cupy
+
+        ctx._own_memory = cupy.cuda.alloc(max(self.device_memory_size_v2, 1))
+        ctx.set_device_memory(int(ctx._own_memory.ptr), self.device_memory_size_v2)
+        return ctx
+
+    def create_execution_context_without_device_memory(self) -> IExecutionContext:
+        """A context that needs ``set_device_memory`` before it executes."""
+        return IExecutionContext(self)
+
+    # trtcore extensions ------------------------------------------------------------------
+    @property
+    def kernels(self) -> list[KernelInfo]:
+        """Every launch of one execution, by name, with the layers it came from."""
+        return list(self.plan.kernels)
+
+    @property
+    def build_log(self) -> list[str]:
+        """The build's log lines (the first: "fused N layers into M kernels")."""
+        return list(self.plan.build_log)
+
+    def serialize(self) -> bytes:
+        """The plan as bytes (what ``build_serialized_network`` returns)."""
+        return pickle.dumps(self.plan, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _value(self, name: str) -> Any:
+        try:
+            return self.plan.graph.values[name]
+        except KeyError:
+            raise EngineExecutionError(f"no tensor {name!r} in the engine") from None
+
+    # device resources (once per engine) ----------------------------------------------------
+    def _load(self) -> None:
+        """Compile/load every kernel for the current GPU and upload the weights (once)."""
+        if self._weights is not None:
+            return
+        import cupy
+
+        from ..kernels import ensure_context
+
+        ensure_context()
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ..kernels import current_arch
+
+        unique = {ks.key: ks for ks in self.plan.sources.values()}  # every decoder layer's are equal
+        arch = current_arch()
+        with ThreadPoolExecutor(max_workers=8) as pool:  # NVRTC compiles on a cache miss
+            compiled = dict(zip(unique, pool.map(lambda ks: codegen.compile_source(ks, arch), unique.values())))
+        loaded = {key: compiled[key].function(ks.function) for key, ks in unique.items()}
+        for name, ks in self.plan.sources.items():
+            self._functions[name] = loaded[ks.key]
+        g = self.plan.graph
+        used = {v for n in g.nodes for v in n.inputs if v in g.constants}
+        arrays = {name: np.ascontiguousarray(g.constants[name]) for name in sorted(used)}
+        total = 0
+        offsets = {}
+        for name, arr in arrays.items():
+            offsets[name] = total
+            total += (arr.nbytes + 255) // 256 * 256
+        self._weights = cupy.cuda.alloc(max(total, 1))
+        base = int(self._weights.ptr)
+        for name, arr in arrays.items():
+            if arr.nbytes:
+                cupy.cuda.runtime.memcpy(base + offsets[name], arr.ctypes.data, arr.nbytes, cupy.cuda.runtime.memcpyHostToDevice)
+            self._const_ptr[name] = base + offsets[name]
+
+
+class IExecutionContext:
+    """Runs an engine (``tensorrt.IExecutionContext`` subset; see the module docstring)."""
+
+    def __init__(self, engine: ICudaEngine):
+        self.engine = engine
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._addresses: dict[str, int] = {}
+        self._memory = 0
+        self._memory_size = 0
+        self._own_memory: Any = None
+        self._prepared: dict[Any, list[Step]] = {}
+        self._cublas: Cublas | None = None
+        self.name = ""
+
+    # TensorRT API ------------------------------------------------------------------------
+    def set_input_shape(self, name: str, shape: Sequence[int]) -> bool:
+        """Set an input's shape; False (as TensorRT) when it is no input or outside the profile."""
+        g = self.engine.plan.graph
+        if name not in g.inputs:
+            return False
+        shape = tuple(int(d) for d in shape)
+        static = g.values[name].shape
+        if len(shape) != len(static) or any(s != -1 and s != d for s, d in zip(static, shape)):
+            return False
+        prof = self.engine.plan.profile.get(name)
+        if prof is not None and any(not (lo <= d <= hi) for lo, d, hi in zip(prof[0], shape, prof[2])):
+            return False
+        self._shapes[name] = shape
+        return True
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        """The concrete shape of ``name`` for the input shapes set (static shape with -1 where unknown)."""
+        if name in self._shapes:
+            return self._shapes[name]
+        try:
+            return self._infer()[name]
+        except (NetworkError, KeyError):
+            return tuple(self.engine.get_tensor_shape(name))
+
+    def infer_shapes(self) -> list[str]:
+        """Names of inputs whose shapes are still unknown (TensorRT's return value)."""
+        g = self.engine.plan.graph
+        missing = [n for n in g.inputs if n not in self._shapes and -1 in g.values[n].shape]
+        return missing
+
+    @property
+    def all_binding_shapes_specified(self) -> bool:
+        """Whether every dynamic input has a shape."""
+        return not self.infer_shapes()
+
+    def set_tensor_address(self, name: str, ptr: int) -> bool:
+        """Bind ``name`` (an I/O tensor) to device address ``ptr``; False for other names."""
+        if name not in self.engine._io:
+            return False
+        self._addresses[name] = int(ptr)
+        return True
+
+    def get_tensor_address(self, name: str) -> int:
+        """The address bound to ``name`` (0 if none)."""
+        return self._addresses.get(name, 0)
+
+    def set_device_memory(self, memory: int, size: int) -> None:
+        """Use ``size`` bytes at ``memory`` for activations (at least ``device_memory_size_v2``)."""
+        if int(size) < self.engine.device_memory_size_v2:
+            raise EngineExecutionError(f"device memory of {size} bytes given; the engine needs {self.engine.device_memory_size_v2}")
+        self._memory, self._memory_size = int(memory), int(size)
+
+    @property
+    def device_memory(self) -> int:
+        """The activation block's address (TensorRT's deprecated setter form too)."""
+        return self._memory
+
+    @device_memory.setter
+    def device_memory(self, memory: int) -> None:
+        self._memory, self._memory_size = int(memory), self.engine.device_memory_size_v2
+
+    def set_optimization_profile_async(self, index: int, stream: int) -> bool:
+        """Only profile 0 exists: True for 0, else False."""
+        return index == 0
+
+    def execute_async_v3(self, stream_handle: int) -> bool:
+        """Enqueue one execution on ``stream_handle`` (no synchronization, no allocation after
+        the first call for these shapes and addresses)."""
+        steps = self._steps()
+        stream = int(stream_handle)
+        for step in steps:
+            self._launch(step, stream)
+        return True
+
+    # preparation ---------------------------------------------------------------------------
+    def _infer(self) -> dict[str, tuple[int, ...]]:
+        g = self.engine.plan.graph
+        shapes = dict(self._shapes)
+        for n in g.inputs:
+            if n not in shapes:
+                if -1 in g.values[n].shape:
+                    raise EngineExecutionError(f"no shape set for input {n!r}; call set_input_shape")
+                shapes[n] = tuple(g.values[n].shape)
+        return infer_shapes(g, shapes)
+
+    def _steps(self) -> list[Step]:
+        key = (tuple(sorted(self._shapes.items())), tuple(sorted(self._addresses.items())), self._memory)
+        steps = self._prepared.get(key)
+        if steps is None:
+            self.engine._load()
+            if self._cublas is None:
+                ws = self._memory + self.engine.plan.offsets["workspace:cublas"]
+                self._cublas = Cublas(ws, self.engine.plan.sizes["workspace:cublas"])
+            steps = self.prepare(self.engine._const_ptr)
+            self._prepared[key] = steps
+        return steps
+
+    def prepare(self, const_ptr: dict[str, int]) -> list[Step]:
+        """The launches of one execution for the current shapes and addresses (host only).
+
+        Raises:
+            EngineExecutionError: an input shape or address is missing, a shape needs more
+                memory than planned, or a view needs a copy the plan has no room for.
+        """
+        plan = self.engine.plan
+        g = plan.graph
+        shapes = self._infer()
+        if not self._memory:
+            raise EngineExecutionError("no device memory: call set_device_memory or use create_execution_context")
+        for name in list(g.inputs) + list(g.outputs):
+            if name not in self._addresses and name not in g.aliases:
+                raise EngineExecutionError(f"no address set for tensor {name!r}; call set_tensor_address")
+        for name in plan.offsets:
+            if name.startswith("workspace:"):
+                continue
+            need = int(np.prod(shapes[name])) * g.values[name].dtype.itemsize
+            if need > plan.sizes[name]:
+                raise EngineExecutionError(f"tensor {name!r} of shape {shapes[name]} needs {need} bytes, the plan has {plan.sizes[name]}")
+        addr: dict[str, int] = {}
+        lay: dict[str, Layout] = {}
+        for name in g.inputs:
+            addr[name], lay[name] = self._addresses[name], (0, dense_strides(shapes[name]))
+        for name, p in const_ptr.items():
+            addr[name], lay[name] = p, (0, dense_strides(shapes[name]))
+        for name, out in g.aliases.items():
+            addr[name], lay[name] = addr[out], lay[out]
+        base = self._memory
+
+        def own(v: str) -> None:
+            if v in addr:
+                return
+            if v in self._addresses:
+                addr[v] = self._addresses[v]
+            else:
+                addr[v] = base + plan.offsets[v]
+            lay[v] = (0, dense_strides(shapes[v]))
+
+        def ptr(v: str) -> int:
+            off, _ = lay[v]
+            return addr[v] + off * g.values[v].dtype.itemsize
+
+        steps: list[Step] = []
+        for node in g.nodes:
+            op = node.op
+            if op == "view":
+                src = node.inputs[0]
+                res = apply_stages(node.attrs["stages"], shapes[src], lay[src])
+                if res is None:
+                    raise EngineExecutionError(f"view {node.name!r} needs a copy for shape {shapes[src]}")
+                addr[node.outputs[0]], lay[node.outputs[0]] = addr[src], res[1]
+                continue
+            if op == "copy" and node.attrs.get("if_needed") and is_dense(shapes[node.inputs[0]], lay[node.inputs[0]][1]):
+                src, dst = node.inputs[0], node.outputs[0]
+                addr[dst], lay[dst] = addr[src], lay[src]
+                continue
+            for o in node.outputs:
+                own(o)
+            steps.append(self._step(node, shapes, lay, ptr))
+        return steps
+
+    def _step(self, node: Any, shapes: dict[str, tuple[int, ...]], lay: dict[str, Layout], ptr: Any) -> Step:
+        plan = self.engine.plan
+        g = plan.graph
+        op = node.op
+        dt = g.values[node.outputs[0]].dtype if node.outputs else DataType.FLOAT
+
+        def bstrides(v: str, domain: tuple[int, ...]) -> list[int]:
+            s, st = shapes[v], lay[v][1]
+            return [st[d] if s[d] == domain[d] else 0 for d in range(len(domain))]
+
+        if op == "matmul":
+            a, b = node.inputs
+            calls = plan_gemm(shapes[a], lay[a][1], shapes[b], lay[b][1], node.attrs["transpose_a"], node.attrs["transpose_b"])
+            if calls is None:
+                raise EngineExecutionError(f"GEMM {node.name!r}: operand strides suit no cuBLAS layout for shapes {shapes[a]}, {shapes[b]}")
+            gemv = plan.sources.get(f"{node.name}#gemv")
+            if gemv is not None and _use_gemv() and len(calls) == 1:
+                c = calls[0]
+                # a dense [N, K] weight (cuBLAS operand X transposed) times <= 4 rows of A
+                if c.batch == 1 and c.op_x == 1 and c.op_y == 0 and c.n <= 4 and c.k % 8 == 0 and c.ldx % 8 == 0 and c.x_off == 0:
+                    gemv_args = [(ptr(node.outputs[0]), "ptr"), (ptr(b), "ptr"), (ptr(a) + c.y_off * dt.itemsize, "ptr"),
+                                 (c.n, "i64"), (c.m, "i64"), (c.k, "i64"), (c.ldx, "i64"), (c.ldy, "i64"), (c.ldc, "i64")]
+                    return Step("kernel", f"{node.name}#gemv", (max(1, -(-c.m // 8)), 1, 1), 256, 0, gemv_args)
+            return Step("gemm", node.name, calls=calls, ptrs=(ptr(b), ptr(a), ptr(node.outputs[0])), dtype=dt)
+        if op == "plugin":
+            # what trtcore.plugins.base.DeviceTensor holds (plugins sit above this layer)
+            def dev(v: str) -> SimpleNamespace:
+                shape = tuple(int(d) for d in shapes[v])
+                return SimpleNamespace(ptr=ptr(v), shape=shape, dtype=np.dtype(nptype(g.values[v].dtype)), size=int(np.prod(shape)))
+
+            ins = [dev(v) for v in node.inputs if v]
+            outs = [dev(o) for o in node.outputs]
+            ws_name = f"workspace:{node.name}"
+            ws = self._memory + plan.offsets[ws_name] if ws_name in plan.offsets else 0
+            return Step("plugin", node.name, plugin=node.attrs["plugin"], tensors=(ins, outs, ws))
+        ks = plan.sources[node.name]
+        roles: dict[str, int] = {}
+        grid: tuple[int, int, int]
+        block = ks.block
+        smem = 0
+        if op in ("pointwise_group", "copy", "row_group"):
+            domain = shapes[node.attrs["domain"]] if op != "copy" else shapes[node.outputs[0]]
+            for d, x in enumerate(domain):
+                roles[f"dim:{d}"] = x
+            for v in node.inputs:
+                for d, s in enumerate(bstrides(v, domain)):
+                    roles[f"stride:{v}:{d}"] = s
+        if op in ("pointwise_group", "copy"):
+            n = int(np.prod(domain))
+            roles["numel"] = n
+            grid = (_grid(n, block), 1, 1)
+        elif op == "row_group":
+            rows = int(np.prod(domain[:-1]))
+            roles["rows"] = rows
+            grid = (max(rows, 1), 1, 1)
+            # whole warps (block_reduce); wide rows get more threads: at decode one block does a row
+            block = max(32, min(1024, -(-domain[-1] // 4 // 32) * 32)) if rows < 132 else 256
+        elif op == "softmax":
+            x = node.inputs[0]
+            axis = node.attrs["axis"]
+            order = [d for d in range(len(shapes[x])) if d != axis] + [axis]
+            dims = [shapes[x][d] for d in order]
+            xs = [lay[x][1][d] for d in order]
+            os_ = [dense_strides(shapes[x])[d] for d in order]
+            rows = int(np.prod(dims[:-1]))
+            roles["rows"] = rows
+            for d in range(len(dims)):
+                roles[f"dim:{d}"], roles[f"stride:x:{d}"], roles[f"stride:o:{d}"] = dims[d], xs[d], os_[d]
+            grid = (max(rows, 1), 1, 1)
+        elif op == "reduce":
+            x = node.inputs[0]
+            axes = node.attrs["axes"]
+            kept = [d for d in range(len(shapes[x])) if d not in axes]
+            roles["numel"] = int(np.prod([shapes[x][d] for d in kept]))
+            roles["count"] = int(np.prod([shapes[x][d] for d in axes]))
+            for i, d in enumerate(kept):
+                roles[f"kdim:{i}"], roles[f"kstride:{i}"] = shapes[x][d], lay[x][1][d]
+            for i, d in enumerate(axes):
+                roles[f"rdim:{i}"], roles[f"rstride:{i}"] = shapes[x][d], lay[x][1][d]
+            grid = (_grid(roles["numel"], block), 1, 1)
+        elif op == "gather":
+            data, idx = node.inputs
+            axis = node.attrs["axis"]
+            ds, dst_ = shapes[data], lay[data][1]
+            roles["numel"] = int(np.prod(shapes[node.outputs[0]]))
+            roles["axis_len"], roles["axis_stride"] = ds[axis], dst_[axis]
+            for d in range(axis):
+                roles[f"gdim:pd{d}"], roles[f"gstride:ps{d}"] = ds[d], dst_[d]
+            for d in range(len(shapes[idx])):
+                roles[f"gdim:id{d}"], roles[f"gstride:is{d}"] = shapes[idx][d], lay[idx][1][d]
+            for j, d in enumerate(range(axis + 1, len(ds))):
+                roles[f"gdim:qd{j}"], roles[f"gstride:qs{j}"] = ds[d], dst_[d]
+            grid = (_grid(roles["numel"], block), 1, 1)
+        elif op == "concat":
+            out = shapes[node.outputs[0]]
+            axis = node.attrs["axis"]
+            roles["numel"], roles["axis"] = int(np.prod(out)), axis
+            for d, x in enumerate(out):
+                roles[f"dim:{d}"] = x
+            for k, v in enumerate(node.inputs):
+                roles[f"len:{k}"] = shapes[v][axis]
+                for d, s in enumerate(lay[v][1]):
+                    roles[f"stride:{k}:{d}"] = s
+            grid = (_grid(roles["numel"], block), 1, 1)
+        elif op == "kv_cache_update":
+            cache, upd = node.inputs[0], node.inputs[1]
+            B, H, S, D = shapes[upd]
+            roles.update({"numel": B * H * S * D, "H": H, "S": S, "D": D, "L": shapes[cache][2]})
+            for d, s in enumerate(lay[upd][1]):
+                roles[f"stride:1:{d}"] = s
+            grid = (_grid(roles["numel"], block), 1, 1)
+        elif op == "attention":
+            q, k = node.inputs[0], node.inputs[1]
+            B, Hq, S, D = shapes[q]
+            T = shapes[k][2]
+            roles.update({"Hq": Hq, "Hkv": shapes[k][1], "S": S, "T": T, "D": D, "causal": node.attrs["causal_kind"]})
+            named = {"q": 0, "k": 1, "v": 2, "m": 3}
+            for who, i in named.items():
+                if i < len(node.inputs) and node.inputs[i]:
+                    v = node.inputs[i]
+                    st = [lay[v][1][d] if shapes[v][d] != 1 else 0 for d in range(4)]
+                    for d in range(4):
+                        roles[f"stride:{who}:{d}"] = st[d]
+            grid = (max(S, 1), max(Hq, 1), max(B, 1))
+            smem = max(T, 1) * 4
+            if smem > 48 * 1024:
+                raise EngineExecutionError(f"attention {node.name!r}: {T} keys need {smem} bytes of shared memory (at most 49152 here)")
+        else:  # pragma: no cover - the builder makes no other kernel nodes
+            raise EngineExecutionError(f"no launch rule for op {op!r}")
+        args: list[tuple[int, str]] = []
+        for typ, role in ks.params:
+            if role.startswith("out:"):
+                args.append((ptr(role[4:]), "ptr"))
+            elif role == "out":
+                args.append((ptr(node.outputs[0]), "ptr"))
+            elif role.startswith("in:"):
+                ref = role[3:]
+                v = node.inputs[int(ref)] if ref.isdigit() else ref
+                args.append((ptr(v), "ptr"))
+            else:
+                args.append((int(roles[role]), "i64"))
+        if op == "kv_cache_update":  # the cache is written in place
+            args[0] = (ptr(node.inputs[0]), "ptr")
+        numel = roles.get("numel", roles.get("rows", 1))
+        return Step("kernel", node.name, grid, block, smem, args) if numel else Step("skip", node.name)
+
+    def _launch(self, step: Step, stream: int) -> None:
+        if step.kind == "kernel":
+            self.engine._functions[step.name].launch(step.grid, step.block, step.args, shared_mem=step.shared_mem, stream=stream)
+        elif step.kind == "gemm":
+            assert self._cublas is not None
+            x, y, c = step.ptrs
+            for call in step.calls:
+                if call.m and call.n:
+                    self._cublas.run(call, step.dtype, x, y, c, stream)
+        elif step.kind == "plugin":
+            ins, outs, ws = step.tensors
+            step.plugin.enqueue(ins, outs, ws, stream)
+
+
+class Runtime:
+    """Deserializes cuda engines (``tensorrt.Runtime``)."""
+
+    def __init__(self, logger: Logger | None = None):
+        self.logger = logger or Logger()
+
+    def deserialize_cuda_engine(self, serialized: bytes) -> ICudaEngine:
+        """The engine of a plan from ``Builder.build_serialized_network``.
+
+        Raises:
+            NetworkError: the bytes are no trtcore cuda plan.
+        """
+        try:
+            plan = pickle.loads(bytes(serialized))
+        except Exception as exc:
+            raise NetworkError(f"not a trtcore cuda plan: {exc}") from exc
+        return ICudaEngine(plan)
+
+
+__all__ = ["EngineExecutionError", "ICudaEngine", "IExecutionContext", "Runtime", "Step", "math"]
