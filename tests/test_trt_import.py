@@ -73,7 +73,7 @@ def test_tensorrt_rtx_backend(name: str) -> None:
     assert is_available(name)
 
 
-@pytest.mark.parametrize("name", ["tensorrt8", "onnx", "", "cuda"])
+@pytest.mark.parametrize("name", ["tensorrt8", "onnx", "", "cuda13"])
 def test_unknown_backend_lists_choices(name: str) -> None:
     with pytest.raises(ValueError) as info:
         load_trt(name or "  ")

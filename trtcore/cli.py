@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     _add_sampling(g)
-    g.add_argument("--backend", help="reference | tensorrt | tensorrt_rtx")
+    g.add_argument("--backend", help="reference | tensorrt | tensorrt_rtx | cuda")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
     g.add_argument("--rope", choices=("plugin", "layers"), help="RoPE implementation (default: plugin where the backend hosts plugins)")
     g.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: paged on the reference backend)")
@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build a serialized TensorRT engine and its JSON sidecar")
     b.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
     b.add_argument("--output", required=True, help="engine file to write; the sidecar is OUTPUT.json")
-    b.add_argument("--backend", default=None, choices=("tensorrt", "tensorrt_rtx"),
+    b.add_argument("--backend", default=None, choices=("tensorrt", "tensorrt_rtx", "cuda"),
                    help="default: $TRTCORE_BACKEND, else tensorrt if installed, else tensorrt_rtx")
     b.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
                    help="default: the checkpoint's float16/bfloat16, else float16")

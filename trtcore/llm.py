@@ -170,8 +170,9 @@ class LLM:
         model: a Hugging Face model folder (``config.json``, ``*.safetensors``, optionally
             ``tokenizer.json`` / ``generation_config.json``); None for the default model
             (SmolLM2-135M-Instruct, see :func:`trtcore.default_model.default_model_dir`).
-        backend: ``"reference"`` (NumPy, or CuPy: see ``device``), ``"tensorrt"`` or ``"tensorrt_rtx"`` (a
-            TensorRT engine built at start-up); default ``$TRTCORE_BACKEND``, else
+        backend: ``"reference"`` (NumPy, or CuPy: see ``device``), ``"tensorrt"``, ``"tensorrt_rtx"`` (a
+            TensorRT engine built at start-up) or ``"cuda"`` (trtcore's own engine, :mod:`trtcore.cuda`,
+            run through the same TensorRT runtime API); default ``$TRTCORE_BACKEND``, else
             ``tensorrt`` when installed, else ``reference``.
         dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; default float32 on the
             reference backend, the checkpoint's dtype (float16 for float32 checkpoints)

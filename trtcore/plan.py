@@ -137,7 +137,7 @@ class BuildPlan:
     """Every build choice, resolved (:func:`resolve_plan`); immutable.
 
     Attributes:
-        backend: ``"tensorrt"``, ``"tensorrt_rtx"`` or ``"reference"``.
+        backend: ``"tensorrt"``, ``"tensorrt_rtx"``, ``"reference"`` or ``"cuda"``.
         dtype: engine precision (weights, activations, KV cache), one of :data:`DTYPES`.
         rope: ``"plugin"`` or ``"layers"``.
         kv_cache: ``"paged"`` or ``"contiguous"``.
@@ -225,7 +225,7 @@ def resolve_plan(
     Args:
         config: the model config (``max_position_embeddings``, the checkpoint ``dtype``).
         options: the user's choices; None for all defaults.
-        backend: ``"tensorrt"``, ``"tensorrt_rtx"``, ``"reference"`` (or an alias), or None.
+        backend: ``"tensorrt"``, ``"tensorrt_rtx"``, ``"reference"``, ``"cuda"`` (or an alias), or None.
         engine: a serialized engine file is wanted (``trtcore build``): the reference
             backend is refused and the default falls back on ``tensorrt_rtx``.
         trt: the backend's module when already loaded (else :func:`trtcore.trt.load_trt`);

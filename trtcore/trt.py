@@ -8,6 +8,8 @@ backend                   module                                       install
 ``"tensorrt"``            NVIDIA TensorRT 10.13+ / 11.x                ``pip install trtcore[trt]``
 ``"tensorrt_rtx"``        NVIDIA TensorRT for RTX 1.7                  ``pip install trtcore[rtx]``
 ``"reference"``           :mod:`trtcore.reference` (NumPy / CuPy)      always present
+``"cuda"``                :mod:`trtcore.cuda`, trtcore's own engine    always present (runs
+                          builder and runtime for CUDA GPUs            with ``trtcore[gpu]``)
 ========================  ===========================================  =====================
 
 With no argument the environment variable ``TRTCORE_BACKEND`` decides; when that is unset,
@@ -24,17 +26,19 @@ from typing import Any
 
 from .errors import BackendNotAvailableError, InvalidArgumentError
 
-BACKENDS: tuple[str, ...] = ("tensorrt", "tensorrt_rtx", "reference")
+BACKENDS: tuple[str, ...] = ("tensorrt", "tensorrt_rtx", "reference", "cuda")
 
 _MODULES = {
     "tensorrt": "tensorrt",
     "tensorrt_rtx": "tensorrt_rtx",
     "reference": "trtcore.reference",
+    "cuda": "trtcore.cuda",
 }
 _INSTALL = {
     "tensorrt": "pip install 'trtcore[trt]'  (NVIDIA TensorRT, package tensorrt-cu13)",
     "tensorrt_rtx": "pip install 'trtcore[rtx]'  (NVIDIA TensorRT for RTX, package tensorrt-rtx-cu13)",
     "reference": "it ships with trtcore; reinstall trtcore",
+    "cuda": "it ships with trtcore; on the GPU it needs pip install 'trtcore[gpu]' (CuPy, nvmath-python)",
 }
 _ALIASES = {"trt": "tensorrt", "rtx": "tensorrt_rtx", "ref": "reference", "numpy": "reference"}
 

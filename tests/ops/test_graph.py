@@ -57,13 +57,17 @@ def test_graph_errors_name_the_value() -> None:
 
 
 def test_default_implementations() -> None:
-    """Plugins where the module hosts them (the reference), composed layers elsewhere."""
-    assert ops.default_implementations(ref) == {"rope": "plugin", "kv_cache": "paged"}
+    """Plugins where the module hosts them (the reference), composed layers elsewhere
+    (the plan's one rule, :func:`trtcore.plan.implementations`)."""
+    from trtcore.plan import BuildConfig, implementations
+
+    assert implementations(BuildConfig(), "reference", ref) == {"rope": "plugin", "kv_cache": "paged"}
     if HAS_RTX:
         import tensorrt_rtx
 
-        assert ops.default_implementations(tensorrt_rtx) == {"rope": "layers", "kv_cache": "contiguous"}
-    for op, impl in ops.default_implementations(ref).items():
+        got = implementations(BuildConfig(), "tensorrt_rtx", tensorrt_rtx)
+        assert got == {"rope": "layers", "kv_cache": "contiguous", "attention": "layers"}
+    for op, impl in implementations(BuildConfig(), "reference", ref).items():
         assert impl in ops.IMPLEMENTATIONS[op]
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dims import Dim
 from ..errors import NetworkError
 from ..reference import network as refnet
 from ..reference.types import DataType
@@ -283,8 +284,8 @@ def node_shapes(node: Node, ins: list[Shape | None], graph: Graph) -> list[Shape
         assert data is not None and idx is not None
         return [data[: a["axis"]] + idx + data[a["axis"] + 1 :]]
     if op == "plugin":
-        shapes = a["plugin"].output_shapes([[refnet._Dim(int(d)) for d in s] for s in ins if s is not None])
-        return [tuple(int(refnet._Dim.of(d)) for d in s) for s in shapes]  # type: ignore[arg-type]
+        shapes = a["plugin"].output_shapes([[Dim(int(d)) for d in s] for s in ins if s is not None])
+        return [tuple(int(Dim.of(d)) for d in s) for s in shapes]  # type: ignore[arg-type]
     if op == "attention":
         return [ins[0]]  # type: ignore[list-item]
     if op == "kv_cache_update":

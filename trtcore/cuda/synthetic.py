@@ -10,7 +10,7 @@ which changes nothing for timing and keeps numerics finite.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ml_dtypes
@@ -54,10 +54,20 @@ class RandomWeights:
         self.dtype = np.dtype(dtype)
         self._pool = (rng.standard_normal(pool_size, dtype=np.float32) * 0.02).astype(self.dtype)
         self._ones = (1.0 + 0.1 * rng.standard_normal(pool_size // 16, dtype=np.float32)).astype(self.dtype)
+        self._given: list[str] = []
+
+    def __contains__(self, name: object) -> bool:
+        """Every tensor name exists (it is drawn when asked for)."""
+        return isinstance(name, str)
+
+    def __iter__(self) -> Iterator[str]:
+        """The names handed out so far (a load report finds none unexpected)."""
+        return iter(list(self._given))
 
     def get(self, name: str, shape: Sequence[int] | None = None, dtype: Any = None, *, copy: bool = True) -> np.ndarray:
         """A read-only view of the pool (``copy`` is ignored: the network copies constants anyway)."""
         shape = tuple(int(d) for d in (shape or ()))
+        self._given.append(name)
         pool = self._ones if name.endswith("norm.weight") else self._pool
         n = int(np.prod(shape))
         if n <= pool.size:
