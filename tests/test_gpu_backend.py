@@ -250,14 +250,14 @@ _LLMS: dict[tuple[Any, ...], LLM] = {}
 _HF: dict[str, Any] = {}
 
 
-def _llm(store: ModelStore, name: str, dtype: str, rope: str | None = None, device: str = "cuda") -> LLM:
-    key = (name, dtype, rope, device)
+def _llm(store: ModelStore, name: str, dtype: str, rope: str | None = None, device: str = "cuda", backend: str = "reference") -> LLM:
+    key = (name, dtype, rope, device, backend)
     if key not in _LLMS:
         kwargs: dict[str, Any] = {"rope": rope} if rope else {}
         # contiguous KV cache: the tiny models' head_dim (16, 24) is below what the paged
         # attention CUDA kernels take (multiples of 32); the default-model tests run paged
         _LLMS[key] = LLM(
-            store.dir(name), backend="reference", device=device, dtype=dtype, kv_cache="contiguous", progress=False, **kwargs
+            store.dir(name), backend=backend, device=device, dtype=dtype, kv_cache="contiguous", progress=False, **kwargs
         )
     return _LLMS[key]
 
@@ -297,12 +297,14 @@ def prompts_for(name: str) -> tuple[list[int], list[int]]:
     return random_prompt(rng, 80, v.vocab_size), random_prompt(rng, 50, v.vocab_size)
 
 
-def check_float32_against_hf(store: ModelStore, name: str, rope: str | None, device: str, torch_device: str) -> dict[str, float]:
-    """The batch of :func:`prompts_for` through ``LLM(device=device)`` against transformers on
-    ``torch_device``; the long prompt stops after 12 tokens, the short one runs 32 alone, so
-    the cache loses a row and the columns only the long prompt used. Returns statistics."""
+def check_float32_against_hf(
+    store: ModelStore, name: str, rope: str | None, device: str, torch_device: str, backend: str = "reference"
+) -> dict[str, float]:
+    """The batch of :func:`prompts_for` through ``LLM(device=device, backend=backend)`` against
+    transformers on ``torch_device``; the long prompt stops after 12 tokens, the short one runs
+    32 alone, so the cache loses a row and the columns only the long prompt used. Returns statistics."""
     v = VARIANTS[name]
-    llm = _llm(store, name, "float32", rope, device)
+    llm = _llm(store, name, "float32", rope, device, backend)
     assert llm.device == device
     long_p, short_p = prompts_for(name)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=v.vocab_size) for n in (12, STEPS)]

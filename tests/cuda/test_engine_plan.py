@@ -3,8 +3,14 @@ for sm_80, sm_89 and sm_90 (no GPU needed)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
+from hf_models import hf_models  # noqa: F401
 from netutil import compile_net, llama_plan
 
 import trtcore.cuda as tc
@@ -67,3 +73,31 @@ def test_every_generated_kernel_compiles(arch: str) -> None:
     for ks in sources.values():
         ck = codegen.compile_source(ks, arch)
         assert ck.arch == arch and ks.function in ck.symbols
+
+
+def test_trtcore_build_writes_a_cuda_engine(hf_models: Any, tmp_path: Path) -> None:  # noqa: F811
+    """``trtcore build --backend cuda`` (no GPU needed): the engine file deserializes with
+    ``trtcore.cuda.Runtime``, its I/O is what the plan's KV contract declares, and the
+    sidecar records the plan and the engine's SHA-256."""
+    from trtcore.cli import main
+    from trtcore.config import load_config
+    from trtcore.kv_modes import kv_mode
+    from trtcore.plan import BuildPlan
+
+    model = hf_models.dir("llama3_rope")
+    out = tmp_path / "tiny.engine"
+    assert main(["build", "--model", str(model), "--backend", "cuda", "--output", str(out), "--max-seq-len", "64"]) == 0
+    side = json.loads((tmp_path / "tiny.engine.json").read_text())
+    blob = out.read_bytes()
+    assert side["backend"] == "cuda" and side["engine_sha256"] == hashlib.sha256(blob).hexdigest()
+    plan = BuildPlan.from_dict(side["plan"])
+    assert plan.backend == "cuda" and plan.max_seq_len == 64
+    engine = tc.Runtime(tc.Logger()).deserialize_cuda_engine(blob)
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    mode = kv_mode(plan, load_config(model))
+    n_in = len(mode.inputs)
+    assert names[:n_in] == [t.name for t in mode.inputs]
+    assert sorted(names[n_in:]) == sorted(t.name for t in mode.outputs)  # outputs in the order the network marked them
+    for t in mode.inputs:
+        assert engine.get_tensor_mode(t.name) == tc.TensorIOMode.INPUT
+        assert tuple(engine.get_tensor_shape(t.name)) == t.shape
