@@ -148,7 +148,9 @@ def _compile_kernels(archs: list[str] | None, have_gpu: bool, directory: Path | 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", nargs="+", metavar="ARCH", help="compile kernels for these archs (sm_80, sm_89, sm_90, ...; also 90 or 9.0) instead of the GPU's")
+    parser.add_argument(
+        "--arch", nargs="+", metavar="ARCH", help="compile kernels for these archs (sm_80, sm_89, sm_90, ...; also 90 or 9.0) instead of the GPU's"
+    )
     parser.add_argument("--skip-kernels", action="store_true", help="print the environment report only")
     parser.add_argument("--kernels-dir", type=Path, help="compile the .cu files of this folder instead of trtcore's kernels/ (kernel development)")
     args = parser.parse_args(argv)

@@ -132,7 +132,9 @@ def load_function(kernel: CompiledKernel, symbol: str) -> KernelFunction:
     """
     names = kernel.symbols
     if symbol not in names:
-        raise InvalidArgumentError(f"kernel {kernel.name} ({kernel.arch}) has no kernel {symbol!r}; it has {', '.join(names) or 'none'} (declare kernels extern \"C\" __global__)")
+        raise InvalidArgumentError(
+            f'kernel {kernel.name} ({kernel.arch}) has no kernel {symbol!r}; it has {", ".join(names) or "none"} (declare kernels extern "C" __global__)'
+        )
     drv = _driver()
     with _lock:
         device, ctx = ensure_context()
@@ -170,7 +172,9 @@ def _pointer(value: Any, index: int) -> int:
         try:
             p = int(value)  # cuda.bindings CUdeviceptr and friends
         except (TypeError, ValueError):
-            raise InvalidArgumentError(f"argument {index}: {type(value).__name__} is not a device pointer (int, None, __cuda_array_interface__ or .ptr)") from None
+            raise InvalidArgumentError(
+                f"argument {index}: {type(value).__name__} is not a device pointer (int, None, __cuda_array_interface__ or .ptr)"
+            ) from None
     p = int(p)
     if not 0 <= p < 2**64:
         raise InvalidArgumentError(f"argument {index}: pointer {p:#x} out of range")
@@ -394,7 +398,9 @@ class KernelFunction:
                 raise InvalidArgumentError(f"{self.name} takes {len(sizes)} parameters, {len(packed)} given")
             for i, (obj, size) in enumerate(zip(packed, sizes)):
                 if ctypes.sizeof(obj) != size:
-                    raise InvalidArgumentError(f"{self.name}: argument {i} is {ctypes.sizeof(obj)} bytes ({type(obj).__name__}), the kernel's parameter {i} is {size} bytes")
+                    raise InvalidArgumentError(
+                        f"{self.name}: argument {i} is {ctypes.sizeof(obj)} bytes ({type(obj).__name__}), the kernel's parameter {i} is {size} bytes"
+                    )
         drv = _driver()
         self._make_current()
         if shared_mem > self._dyn_smem_set:

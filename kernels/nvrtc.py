@@ -61,7 +61,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from trtcore.cache_dir import cache_dir
 from trtcore.errors import InvalidArgumentError
@@ -95,7 +95,7 @@ __all__ = [
 KERNEL_DIR = Path(__file__).resolve().parent
 
 #: A define's value: ``bool`` becomes 0/1, ``int``/``float`` their decimal form, ``str`` verbatim.
-DefineValue = Union[int, float, str, bool]
+DefineValue = int | float | str | bool
 
 #: Options every compile gets (before ``-I``, defines and the caller's options).
 BASE_OPTIONS: tuple[str, ...] = ("--std=c++17", "-default-device")
@@ -185,7 +185,9 @@ def _find_cuda_include(env_key: tuple[str | None, str | None]) -> Path:
         if (d / "cuda_fp16.h").is_file():
             return d.resolve()
     looked = ", ".join(str(d) for d in candidates)
-    raise CUDAToolchainError(f"CUDA headers not found (no cuda_fp16.h in {looked}); pip install nvidia-cuda-runtime, or set CUDA_HOME to a CUDA toolkit")
+    raise CUDAToolchainError(
+        f"CUDA headers not found (no cuda_fp16.h in {looked}); pip install nvidia-cuda-runtime, or set CUDA_HOME to a CUDA toolkit"
+    )
 
 
 def cuda_include_dir() -> Path:
@@ -279,7 +281,9 @@ def current_arch() -> str:
     try:
         major, minor = compute_capability()
     except NoGPUError as exc:
-        raise NoGPUError(f"no GPU to compile for ({exc}); pass arch='sm_90' (or sm_80, sm_89, ...) to compile without one", call=exc.call, result=exc.result) from exc
+        raise NoGPUError(
+            f"no GPU to compile for ({exc}); pass arch='sm_90' (or sm_80, sm_89, ...) to compile without one", call=exc.call, result=exc.result
+        ) from exc
     want = major * 10 + minor
     usable = [a for a in _supported_arch_numbers() if a // 10 == major and a <= want]
     if not usable:
@@ -517,7 +521,9 @@ def _local_headers(source: Path, text: bytes, search: Sequence[Path]) -> list[tu
     return out
 
 
-def _cache_key(source: Path, text: bytes, options: Sequence[str], key_options: Sequence[str], arch: str, search: Sequence[Path], include_dir: Path) -> str:
+def _cache_key(
+    source: Path, text: bytes, options: Sequence[str], key_options: Sequence[str], arch: str, search: Sequence[Path], include_dir: Path
+) -> str:
     recipe = {
         "format": _CACHE_FORMAT,
         "file": source.name,
@@ -634,7 +640,11 @@ def compile_kernel(
     try:
         write_atomic(path, cubin, mode=0o644)
     except (OSError, InvalidArgumentError) as exc:
-        warnings.warn(f"trtcore.kernels: cannot write the kernel cache {path.parent} ({exc}); kernels will be recompiled next time", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"trtcore.kernels: cannot write the kernel cache {path.parent} ({exc}); kernels will be recompiled next time",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return CompiledKernel(stem, arch_s, defines, key, cubin, False, log, source, tuple(full), time.perf_counter() - t0)
 
 

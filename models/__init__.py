@@ -31,7 +31,5 @@ def family_for(architecture: str) -> ModuleType:
     """
     family = _supported().get(architecture)
     if family is None:
-        raise UnsupportedArchitectureError(
-            f"architecture {architecture!r} is not supported; supported: {', '.join(_supported())}"
-        )
+        raise UnsupportedArchitectureError(f"architecture {architecture!r} is not supported; supported: {', '.join(_supported())}")
     return importlib.import_module(family.builder)

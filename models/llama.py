@@ -66,7 +66,15 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                         k = ops.rms_norm(g, k, w("k_norm", i, D), c.rms_norm_eps, "k_norm")
                     q, k = ops.rotary(g, q, k, inputs.position_ids, spec, seq_lens=inputs.rope_seq_lens)
                     ctx = ops.cached_attention(
-                        g, i, q, k, v, num_kv_heads=Hkv, head_dim=D, scale=D**-0.5, layer_type=c.layer_types[i],
+                        g,
+                        i,
+                        q,
+                        k,
+                        v,
+                        num_kv_heads=Hkv,
+                        head_dim=D,
+                        scale=D**-0.5,
+                        layer_type=c.layer_types[i],
                         sliding_window=c.sliding_window,
                     )
                     o = proj("o_proj", i, E, H * D, c.o_bias, ctx)

@@ -159,7 +159,7 @@ class Plugin:
             PluginError: a field is missing or does not parse.
         """
         kwargs: dict[str, Any] = {}
-        for name, _, dt, t in cls.field_specs():
+        for name, _, _dt, t in cls.field_specs():
             if name not in data:
                 raise PluginError(f"plugin {cls.plugin_name}: field {name!r} missing from the field collection")
             raw = np.asarray(data[name])
@@ -279,7 +279,9 @@ def _trt_adapter_class(trt: Any, plugin_cls: type[Plugin]) -> type:
         def attach_to_context(self, context: Any) -> Any:
             return self.clone()
 
-        def enqueue(self, input_desc: Sequence[Any], output_desc: Sequence[Any], inputs: Sequence[int], outputs: Sequence[int], workspace: int, stream: int) -> None:
+        def enqueue(
+            self, input_desc: Sequence[Any], output_desc: Sequence[Any], inputs: Sequence[int], outputs: Sequence[int], workspace: int, stream: int
+        ) -> None:
             def tensors(descs: Sequence[Any], ptrs: Sequence[int]) -> list[DeviceTensor]:
                 return [DeviceTensor(int(p), tuple(int(x) for x in d.dims), np_dtype(d.type)) for d, p in zip(descs, ptrs)]
 

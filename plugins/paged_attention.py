@@ -427,7 +427,9 @@ class PagedAttentionPlugin(Plugin):
         if tuple(pool.shape[2:]) != (2, hkv, self.block_size, self.head_dim) or D != self.head_dim:
             raise PluginError(f"PagedAttentionPlugin.enqueue: kv_pool {tuple(pool.shape)} / q {tuple(q.shape)} do not match the fields")
         if hq % hkv or tuple(k.shape) != (T, hkv, D) or tuple(v.shape) != (T, hkv, D) or tuple(qsl.shape) != (B + 1,):
-            raise PluginError(f"PagedAttentionPlugin.enqueue: shapes q {q.shape}, k {k.shape}, v {v.shape}, query_start_loc {qsl.shape} are inconsistent")
+            raise PluginError(
+                f"PagedAttentionPlugin.enqueue: shapes q {q.shape}, k {k.shape}, v {v.shape}, query_start_loc {qsl.shape} are inconsistent"
+            )
         if not 0 <= self.layer_idx < L:
             raise PluginError(f"PagedAttentionPlugin.enqueue: layer_idx {self.layer_idx} out of range for {L} layers")
         if T == 0 or B == 0:

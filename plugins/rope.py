@@ -318,7 +318,9 @@ class RopePlugin(Plugin):
         scaled = (np.asarray(seq_lens) > self.max_position_embeddings)[..., None]
         return np.where(scaled, dyn.astype(dtype), inv)
 
-    def cos_sin(self, position_ids: np.ndarray, inv_freq: np.ndarray, seq_lens: np.ndarray | None = None, dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
+    def cos_sin(
+        self, position_ids: np.ndarray, inv_freq: np.ndarray, seq_lens: np.ndarray | None = None, dtype: Any = np.float32
+    ) -> tuple[np.ndarray, np.ndarray]:
         """cos and sin ``[T..., rotary_dim // 2]`` (scaled by ``attention_scaling``) as the
         contract says; ``dtype`` float64 evaluates everything in float64 instead."""
         dtype = np.dtype(dtype)
@@ -393,11 +395,7 @@ class RopePlugin(Plugin):
         rot_unit = self.rotary_dim // 2 if self.is_neox else self.rotary_dim
         v = 16 // size
         while v > 1:
-            if (
-                (self.head_dim - self.rotary_dim) % v == 0
-                and rot_unit % v == 0
-                and all(int(p) % (v * size) == 0 for p in pointers)
-            ):
+            if (self.head_dim - self.rotary_dim) % v == 0 and rot_unit % v == 0 and all(int(p) % (v * size) == 0 for p in pointers):
                 return v
             v //= 2
         if not self.is_neox:
@@ -449,11 +447,18 @@ class RopePlugin(Plugin):
         vec = self.vector_width(dtype, [q.ptr, k.ptr, q_out.ptr, k_out.ptr])
         defines = tuple(sorted(self.defines(dtype, vec).items()))
         args = [
-            (q.ptr, "ptr"), (k.ptr, "ptr"), (pos.ptr, "ptr"), (inv.ptr, "ptr"),
+            (q.ptr, "ptr"),
+            (k.ptr, "ptr"),
+            (pos.ptr, "ptr"),
+            (inv.ptr, "ptr"),
             (seq.ptr if seq is not None else 0, "ptr"),
-            (q_out.ptr, "ptr"), (k_out.ptr, "ptr"),
-            (nq, "i32"), (nk, "i32"),
-            (self.attention_scaling, "f32"), (self.base, "f32"), (self.dynamic_factor, "f32"),
+            (q_out.ptr, "ptr"),
+            (k_out.ptr, "ptr"),
+            (nq, "i32"),
+            (nk, "i32"),
+            (self.attention_scaling, "f32"),
+            (self.base, "f32"),
+            (self.dynamic_factor, "f32"),
             (self.max_position_embeddings, "i32"),
         ]
         grid, block = (num_tokens,), (self.block_size(nq, nk, vec),)

@@ -33,9 +33,22 @@ from .plan import implementations as plan_implementations
 from .trt import backend_name
 
 __all__ = [
-    "DTYPES", "BuildConfig", "BuildPlan", "DefinedNetwork", "build_engine", "build_reference_engine", "check_writable",
-    "define_network", "implementations", "profile_shapes", "save_engine", "sidecar", "trt_logger", "write_atomic",
+    "DTYPES",
+    "BuildConfig",
+    "BuildPlan",
+    "DefinedNetwork",
+    "build_engine",
+    "build_reference_engine",
+    "check_writable",
+    "define_network",
+    "implementations",
+    "profile_shapes",
+    "save_engine",
+    "sidecar",
+    "trt_logger",
+    "write_atomic",
 ]
+
 
 def profile_shapes(config: ModelConfig, plan: BuildPlan | BuildConfig, trt: Any = None) -> dict[str, Profile]:
     """min / opt / max shape of every network input (one optimization profile) of
@@ -104,9 +117,7 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     network.name = config.architecture
-    graph = ops.Graph(
-        trt, network, plan.dtype, plan.implementations, plan.block_size, plan.max_seq_len, kv_mode=kv_mode(plan, config)
-    )
+    graph = ops.Graph(trt, network, plan.dtype, plan.implementations, plan.block_size, plan.max_seq_len, kv_mode=kv_mode(plan, config))
     report = LoadReport(weights, family_of(config.model_type).is_ignored)
     family.build(graph, config, report)
     report.check(f"the {config.architecture} network")
@@ -130,8 +141,7 @@ def _builder_config(d: DefinedNetwork, compute_capability: str | None) -> Any:
     if compute_capability is not None:
         if not hasattr(trt, "ComputeCapability"):
             raise InvalidArgumentError(
-                f"compute capability {compute_capability!r} can only be chosen with tensorrt_rtx; "
-                "TensorRT builds for the GPU it runs on"
+                f"compute capability {compute_capability!r} can only be chosen with tensorrt_rtx; TensorRT builds for the GPU it runs on"
             )
         key = "SM" + compute_capability.lower().removeprefix("sm").removeprefix("_")
         if key not in trt.ComputeCapability.__members__:
@@ -190,9 +200,7 @@ def sidecar(d: DefinedNetwork, engine: bytes, *, backend: str, engine_file: str,
         "implementations": d.plan.implementations,
         "plan": d.plan.to_dict(),
         "build_config": d.plan.to_dict(),
-        "optimization_profiles": [
-            {name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in _profile(d).items()}
-        ],
+        "optimization_profiles": [{name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in _profile(d).items()}],
         "model_config": d.config.to_dict(),
     }
 

@@ -28,9 +28,10 @@ import json
 import math
 import os
 import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -100,24 +101,15 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(
-            f"corrupted safetensors header in {path}: the {n}-byte header is not valid "
-            f"UTF-8 JSON ({e})"
-        ) from None
+        raise CheckpointError(f"corrupted safetensors header in {path}: the {n}-byte header is not valid UTF-8 JSON ({e})") from None
     if not isinstance(header, dict):
-        raise CheckpointError(
-            f"corrupted safetensors header in {path}: expected a JSON object, got "
-            f"{type(header).__name__}"
-        )
+        raise CheckpointError(f"corrupted safetensors header in {path}: expected a JSON object, got {type(header).__name__}")
     data_start = 8 + n
     data_size = size - data_start
     for name, info in header.items():
         if name == "__metadata__":
             if info is not None and not isinstance(info, dict):
-                raise CheckpointError(
-                    f"corrupted safetensors header in {path}: '__metadata__' is {info!r}, "
-                    "expected an object"
-                )
+                raise CheckpointError(f"corrupted safetensors header in {path}: '__metadata__' is {info!r}, expected an object")
             continue
         bad = f"corrupted safetensors header in {path}: tensor '{name}'"
         if not isinstance(info, dict):
@@ -125,9 +117,7 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if not isinstance(dtype, str):
             raise CheckpointError(f"{bad} has dtype {dtype!r}, expected a string such as 'BF16'")
-        if not isinstance(shape, list) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
-        ):
+        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
             raise CheckpointError(f"{bad} has shape {shape!r}, expected a list of integers >= 0")
         if (
             not isinstance(offsets, list)
@@ -135,9 +125,7 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]
         ):
-            raise CheckpointError(
-                f"{bad} has data_offsets {offsets!r}, expected [begin, end] with 0 <= begin <= end"
-            )
+            raise CheckpointError(f"{bad} has data_offsets {offsets!r}, expected [begin, end] with 0 <= begin <= end")
         if offsets[1] > data_size:
             raise CheckpointError(
                 f"{bad} has data_offsets {offsets} beyond the end of the data section "
@@ -188,9 +176,7 @@ class Checkpoint:
             elif path.name.endswith(".safetensors"):
                 self._load_file(path)
             else:
-                raise CheckpointError(
-                    f"{path} is neither a .safetensors file nor a .safetensors.index.json"
-                )
+                raise CheckpointError(f"{path} is neither a .safetensors file nor a .safetensors.index.json")
         else:
             self._discover(path)
         self._names = sorted(self._infos)
@@ -218,8 +204,7 @@ class Checkpoint:
             )
         if not files:
             raise CheckpointError(
-                f"no safetensors checkpoint in {d}: looked for {SINGLE_FILE_NAME}, "
-                f"{INDEX_FILE_NAME}, and any other *.safetensors[.index.json] file"
+                f"no safetensors checkpoint in {d}: looked for {SINGLE_FILE_NAME}, {INDEX_FILE_NAME}, and any other *.safetensors[.index.json] file"
             )
         self._load_file(files[0])
 
@@ -231,9 +216,7 @@ class Checkpoint:
             if only is not None and name not in only:
                 continue
             b, e = info["data_offsets"]
-            self._infos[name] = _TensorInfo(
-                path, info["dtype"], tuple(info["shape"]), data_start + b, data_start + e
-            )
+            self._infos[name] = _TensorInfo(path, info["dtype"], tuple(info["shape"]), data_start + b, data_start + e)
         return header
 
     def _load_index(self, index: Path) -> None:
@@ -243,12 +226,9 @@ class Checkpoint:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CheckpointError(f"cannot read checkpoint index {index}: {e}") from None
         wm = data.get("weight_map") if isinstance(data, dict) else None
-        if not isinstance(wm, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in wm.items()
-        ):
+        if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
             raise CheckpointError(
-                f"invalid checkpoint index {index}: expected an object with a 'weight_map' "
-                "mapping tensor names to shard file names"
+                f"invalid checkpoint index {index}: expected an object with a 'weight_map' mapping tensor names to shard file names"
             )
         by_shard: dict[str, list[str]] = {}
         for name, shard in wm.items():
@@ -257,15 +237,13 @@ class Checkpoint:
             shard_path = index.parent / shard
             if not shard_path.is_file():
                 raise CheckpointError(
-                    f"shard '{shard}' named in {index} is missing from {index.parent} "
-                    f"({len(names)} tensors map to it, e.g. '{names[0]}')"
+                    f"shard '{shard}' named in {index} is missing from {index.parent} ({len(names)} tensors map to it, e.g. '{names[0]}')"
                 )
             header = self._load_file(shard_path, only=set(names))
             absent = [n for n in names if n not in header]
             if absent:
                 raise CheckpointError(
-                    f"checkpoint index {index} maps {len(absent)} tensors to shard '{shard}' "
-                    f"but that shard does not contain them, e.g. '{absent[0]}'"
+                    f"checkpoint index {index} maps {len(absent)} tensors to shard '{shard}' but that shard does not contain them, e.g. '{absent[0]}'"
                 )
 
     # -- queries ----------------------------------------------------------------------------
@@ -305,10 +283,7 @@ class Checkpoint:
         if info is None:
             close = difflib.get_close_matches(name, self._names, n=3, cutoff=0.75)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise MissingTensorError(
-                f"tensor '{name}' not found in checkpoint {self.model_dir} "
-                f"({len(self._names)} tensors){hint}"
-            )
+            raise MissingTensorError(f"tensor '{name}' not found in checkpoint {self.model_dir} ({len(self._names)} tensors){hint}")
         return info
 
     def _np_dtype(self, name: str, info: _TensorInfo) -> np.dtype:
@@ -383,10 +358,7 @@ class Checkpoint:
         if shape is not None:
             want = tuple(int(s) for s in shape)
             if want != info.shape:
-                raise TensorShapeError(
-                    f"tensor '{name}' has shape {_fmt_shape(info.shape)} in {info.file}, "
-                    f"expected {_fmt_shape(want)}"
-                )
+                raise TensorShapeError(f"tensor '{name}' has shape {_fmt_shape(info.shape)} in {info.file}, expected {_fmt_shape(want)}")
         src = self._np_dtype(name, info)
         target = None if dtype is None else self._resolve_dtype(dtype)
         view = self._view(info, src)
@@ -418,9 +390,7 @@ class Checkpoint:
                 raise CheckpointError(f"cannot map safetensors file {info.file}: {e}") from None
             self._maps[info.file] = mm
         if info.end > mm.size:
-            raise CheckpointError(
-                f"safetensors file {info.file} shrank to {mm.size} bytes after it was opened"
-            )
+            raise CheckpointError(f"safetensors file {info.file} shrank to {mm.size} bytes after it was opened")
         arr = np.frombuffer(mm, dtype=dt, count=count // dt.itemsize, offset=info.start)
         return arr.reshape(info.shape)
 
@@ -434,7 +404,7 @@ class Checkpoint:
         self._closed = True
         self._maps.clear()
 
-    def __enter__(self) -> "Checkpoint":
+    def __enter__(self) -> Checkpoint:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -495,9 +465,7 @@ class LoadReport:
         """
         where = getattr(self.checkpoint, "model_dir", "the checkpoint")
         if self.missing:
-            raise MissingTensorError(
-                f"{len(self.missing)} tensors that {what} needs are missing from {where}: {', '.join(self.missing)}"
-            )
+            raise MissingTensorError(f"{len(self.missing)} tensors that {what} needs are missing from {where}: {', '.join(self.missing)}")
         extra = self.unexpected
         if extra:
             import warnings

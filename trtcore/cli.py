@@ -11,8 +11,9 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import TrtcoreError
 
@@ -52,22 +53,32 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--rope", choices=("plugin", "layers"), help="RoPE implementation (default: plugin where the backend hosts plugins)")
     g.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: paged on the reference backend)")
     g.add_argument("--attention", choices=("layers", "native"), default="layers", help="contiguous cache: composed layers or TensorRT's IAttention")
-    g.add_argument("--device", choices=("cpu", "cuda"), help="reference backend: NumPy on the CPU or CuPy on the GPU (default: the GPU when CuPy sees one)")
+    g.add_argument(
+        "--device", choices=("cpu", "cuda"), help="reference backend: NumPy on the CPU or CuPy on the GPU (default: the GPU when CuPy sees one)"
+    )
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
 
     b = sub.add_parser("build", help="build a serialized TensorRT engine and its JSON sidecar")
     b.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
     b.add_argument("--output", required=True, help="engine file to write; the sidecar is OUTPUT.json")
-    b.add_argument("--backend", default=None, choices=("tensorrt", "tensorrt_rtx", "cuda"),
-                   help="default: $TRTCORE_BACKEND, else tensorrt if installed, else tensorrt_rtx")
-    b.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
-                   help="default: the checkpoint's float16/bfloat16, else float16")
+    b.add_argument(
+        "--backend",
+        default=None,
+        choices=("tensorrt", "tensorrt_rtx", "cuda"),
+        help="default: $TRTCORE_BACKEND, else tensorrt if installed, else tensorrt_rtx",
+    )
+    b.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="default: the checkpoint's float16/bfloat16, else float16")
     b.add_argument("--compute-capability", help="tensorrt_rtx only: target such as sm89 (no GPU needed)")
     b.add_argument("--max-batch-size", type=int, default=8)
     b.add_argument("--max-seq-len", type=int, help="default: the model's max_position_embeddings")
     b.add_argument("--rope", choices=("plugin", "layers"), help="RoPE implementation (default: plugin where the backend hosts plugins)")
     b.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: contiguous on TensorRT backends)")
-    b.add_argument("--attention", choices=("layers", "native"), default="layers", help="contiguous cache: composed layers or TensorRT's IAttention + IKVCacheUpdateLayer")
+    b.add_argument(
+        "--attention",
+        choices=("layers", "native"),
+        default="layers",
+        help="contiguous cache: composed layers or TensorRT's IAttention + IKVCacheUpdateLayer",
+    )
 
     c = sub.add_parser("convert", help="convert a GGUF file into a Hugging Face model folder")
     c.add_argument("--gguf", required=True, help="GGUF file (llama or qwen2 architecture)")
@@ -85,12 +96,17 @@ def _generate(args: argparse.Namespace) -> int:
     from .llm import LLM
     from .runtime.sampling import SamplingParams
 
-    params = SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens
-    )
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens)
     t0 = time.perf_counter()
-    llm = LLM(_model_dir(args.model), backend=args.backend, dtype=args.dtype, rope=args.rope, kv_cache=args.kv_cache, device=args.device,
-              attention=args.attention)
+    llm = LLM(
+        _model_dir(args.model),
+        backend=args.backend,
+        dtype=args.dtype,
+        rope=args.rope,
+        kv_cache=args.kv_cache,
+        device=args.device,
+        attention=args.attention,
+    )
     load_s = time.perf_counter() - t0
     prompt = args.prompt
     if args.chat:
@@ -98,18 +114,25 @@ def _generate(args: argparse.Namespace) -> int:
     if args.json:
         [out] = llm.generate(prompt, params)
         comp = out.outputs[0]
-        print(json.dumps({
-            "model": str(llm.model_dir),
-            "backend": llm.backend,
-            "dtype": llm.build_config.dtype,
-            "prompt": prompt,
-            "prompt_token_ids": out.prompt_token_ids,
-            "token_ids": comp.token_ids,
-            "text": comp.text,
-            "finish_reason": comp.finish_reason,
-            "timings": {"load_s": load_s, **out.metrics,
-                        "tokens_per_s": len(comp.token_ids) / out.metrics["e2e_s"] if out.metrics.get("e2e_s") else None},
-        }))
+        print(
+            json.dumps(
+                {
+                    "model": str(llm.model_dir),
+                    "backend": llm.backend,
+                    "dtype": llm.build_config.dtype,
+                    "prompt": prompt,
+                    "prompt_token_ids": out.prompt_token_ids,
+                    "token_ids": comp.token_ids,
+                    "text": comp.text,
+                    "finish_reason": comp.finish_reason,
+                    "timings": {
+                        "load_s": load_s,
+                        **out.metrics,
+                        "tokens_per_s": len(comp.token_ids) / out.metrics["e2e_s"] if out.metrics.get("e2e_s") else None,
+                    },
+                }
+            )
+        )
         return 0
     pieces = llm.stream(prompt, params)
     first = next(pieces, None)  # the prompt is checked (and prefilled) before it is echoed
@@ -134,13 +157,16 @@ def _build(args: argparse.Namespace) -> int:
     model = _model_dir(args.model)
     config = load_config(model)
     options = BuildConfig(
-        dtype=args.dtype, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, rope=args.rope,
-        kv_cache=args.kv_cache, attention=args.attention,
+        dtype=args.dtype,
+        max_batch_size=args.max_batch_size,
+        max_seq_len=args.max_seq_len,
+        rope=args.rope,
+        kv_cache=args.kv_cache,
+        attention=args.attention,
     )
     plan = resolve_plan(config, options, args.backend, engine=True)  # the same rules as LLM(...)
     if args.max_seq_len is not None and plan.max_seq_len < args.max_seq_len:
-        print(f"trtcore: note: --max-seq-len {args.max_seq_len} capped at the model's max_position_embeddings "
-              f"({plan.max_seq_len})", file=sys.stderr)
+        print(f"trtcore: note: --max-seq-len {args.max_seq_len} capped at the model's max_position_embeddings ({plan.max_seq_len})", file=sys.stderr)
     check_writable(Path(args.output))
     trt = load_trt(plan.backend)
     with Checkpoint(model) as weights, tqdm(total=3, desc="build") as bar:

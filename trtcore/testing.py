@@ -358,7 +358,9 @@ class _DeviceRun:
         with stream:
             self.d_in = [_to_device(cp, a) for a in inputs]
             self.d_out = [cp.empty(s, dtype=storage_dtype(d, cp)) for s, d in zip(self.out_shapes, self.out_dtypes)]
-            ws = int(plugin.workspace_size([(tuple(a.shape), d) for a, d in zip(inputs, self.in_dtypes)], list(zip(self.out_shapes, self.out_dtypes))))
+            ws = int(
+                plugin.workspace_size([(tuple(a.shape), d) for a, d in zip(inputs, self.in_dtypes)], list(zip(self.out_shapes, self.out_dtypes)))
+            )
             self.workspace = cp.empty(max(ws, 1), dtype=np.uint8)
             self.workspace.fill(0xA5)
         self.ws_ptr = int(self.workspace.data.ptr) if ws else 0
@@ -439,8 +441,12 @@ def check_plugin(
     got = runs[0]
     for i, (a, b) in enumerate(zip(runs[0], runs[1])):
         if not np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)):
-            diff = np.argwhere(np.ascontiguousarray(a).view(np.uint8).reshape(a.shape + (-1,)) != np.ascontiguousarray(b).view(np.uint8).reshape(b.shape + (-1,)))
-            raise AssertionError(f"{where}: output {i} differs between two identical runs (a race or an unwritten element?), first at index {tuple(int(x) for x in diff[0][:-1])}")
+            diff = np.argwhere(
+                np.ascontiguousarray(a).view(np.uint8).reshape(a.shape + (-1,)) != np.ascontiguousarray(b).view(np.uint8).reshape(b.shape + (-1,))
+            )
+            raise AssertionError(
+                f"{where}: output {i} differs between two identical runs (a race or an unwritten element?), first at index {tuple(int(x) for x in diff[0][:-1])}"
+            )
 
     expected = [np.asarray(e) for e in plugin.reference(*host_in)]
     if len(expected) != len(got):
@@ -577,4 +583,3 @@ def _device_name(cp: Any) -> str:
         return name.decode() if isinstance(name, bytes) else str(name)
     except Exception:
         return "unknown"
-

@@ -59,9 +59,7 @@ def _import(name: str) -> ModuleType:
     try:
         module = importlib.import_module(_MODULES[name])
     except ImportError as exc:
-        raise BackendNotAvailableError(
-            f"backend {name!r} is not installed ({exc}); install it with: {_INSTALL[name]}"
-        ) from exc
+        raise BackendNotAvailableError(f"backend {name!r} is not installed ({exc}); install it with: {_INSTALL[name]}") from exc
     # `pip install tensorrt-stubs` leaves an importable but empty `tensorrt` package.
     if not hasattr(module, "Builder"):
         raise BackendNotAvailableError(

@@ -51,7 +51,9 @@ def kernel_source(g: Graph, node: Node, points: list[dict[str, tuple[int, ...]]]
     op = node.op
     if op == "copy":
         member = Node(f"{node.name}#identity", "identity", list(node.inputs), list(node.outputs))
-        group = Node(node.name, "pointwise_group", list(node.inputs), list(node.outputs), {"members": [member], "scalars": {}, "domain": node.outputs[0]})
+        group = Node(
+            node.name, "pointwise_group", list(node.inputs), list(node.outputs), {"members": [member], "scalars": {}, "domain": node.outputs[0]}
+        )
         return codegen.pointwise_group(group, dt, len(g.values[node.outputs[0]].shape))
     if op == "pointwise_group":
         return codegen.pointwise_group(node, dt, len(g.values[node.attrs["domain"]].shape))
@@ -104,10 +106,7 @@ def _memory_plan(g: Graph, points: list[dict[str, tuple[int, ...]]]) -> tuple[di
             r = root.get(v, v)
             if v and r in first:
                 last[r] = max(last[r], i)
-    sizes = {
-        name: max(int(__import__("numpy").prod(s[name])) for s in shapes_all) * g.values[name].dtype.itemsize
-        for name in first
-    }
+    sizes = {name: max(int(__import__("numpy").prod(s[name])) for s in shapes_all) * g.values[name].dtype.itemsize for name in first}
     buffers = [memory.Buffer(n, sizes[n], first[n], last[n]) for n in first]
     for i, node in enumerate(g.nodes):
         if node.op == "plugin":
@@ -202,8 +201,19 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
     if logger is not None:
         logger.log(logger.INFO if hasattr(logger, "INFO") else 3, msg)
     return Plan(
-        FORMAT, g, {k: v for k, v in (profile._shapes.items() if profile else [])}, sources, compile_keys, arch, kernels, offsets, sizes, total,
-        tactics, log, stats,
+        FORMAT,
+        g,
+        {k: v for k, v in (profile._shapes.items() if profile else [])},
+        sources,
+        compile_keys,
+        arch,
+        kernels,
+        offsets,
+        sizes,
+        total,
+        tactics,
+        log,
+        stats,
     )
 
 

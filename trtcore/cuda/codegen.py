@@ -38,15 +38,25 @@ from ..reference.types import (
 from .ir import Node
 
 CTYPE = {
-    DataType.FLOAT: "float", DataType.HALF: "__half", DataType.BF16: "__nv_bfloat16",
-    DataType.INT32: "int", DataType.INT64: "long long", DataType.INT8: "signed char",
-    DataType.UINT8: "unsigned char", DataType.BOOL: "bool",
+    DataType.FLOAT: "float",
+    DataType.HALF: "__half",
+    DataType.BF16: "__nv_bfloat16",
+    DataType.INT32: "int",
+    DataType.INT64: "long long",
+    DataType.INT8: "signed char",
+    DataType.UINT8: "unsigned char",
+    DataType.BOOL: "bool",
 }
 #: the type values of a DataType are computed in
 COMPUTE = {
-    DataType.FLOAT: "float", DataType.HALF: "float", DataType.BF16: "float",
-    DataType.INT32: "int", DataType.INT64: "long long", DataType.INT8: "int",
-    DataType.UINT8: "int", DataType.BOOL: "bool",
+    DataType.FLOAT: "float",
+    DataType.HALF: "float",
+    DataType.BF16: "float",
+    DataType.INT32: "int",
+    DataType.INT64: "long long",
+    DataType.INT8: "int",
+    DataType.UINT8: "int",
+    DataType.BOOL: "bool",
 }
 
 PREAMBLE = r"""
@@ -147,17 +157,47 @@ def _rounded(expr: str, dtype: DataType) -> str:
 E, U, A = ElementWiseOperation, UnaryOperation, ActivationType
 
 _EW = {
-    E.SUM: "({a} + {b})", E.PROD: "({a} * {b})", E.MAX: "op_max({a}, {b})", E.MIN: "op_min({a}, {b})",
-    E.SUB: "({a} - {b})", E.DIV: "({a} / {b})", E.POW: "powf({a}, {b})", E.FLOOR_DIV: "op_floordiv({a}, {b})",
-    E.AND: "({a} && {b})", E.OR: "({a} || {b})", E.XOR: "({a} != {b})", E.EQUAL: "({a} == {b})",
-    E.GREATER: "({a} > {b})", E.LESS: "({a} < {b})",
+    E.SUM: "({a} + {b})",
+    E.PROD: "({a} * {b})",
+    E.MAX: "op_max({a}, {b})",
+    E.MIN: "op_min({a}, {b})",
+    E.SUB: "({a} - {b})",
+    E.DIV: "({a} / {b})",
+    E.POW: "powf({a}, {b})",
+    E.FLOOR_DIV: "op_floordiv({a}, {b})",
+    E.AND: "({a} && {b})",
+    E.OR: "({a} || {b})",
+    E.XOR: "({a} != {b})",
+    E.EQUAL: "({a} == {b})",
+    E.GREATER: "({a} > {b})",
+    E.LESS: "({a} < {b})",
 }
 _UN = {
-    U.EXP: "expf({x})", U.LOG: "logf({x})", U.SQRT: "sqrtf({x})", U.RECIP: "(1.0f / {x})", U.ABS: "op_abs({x})",
-    U.NEG: "(-{x})", U.SIN: "sinf({x})", U.COS: "cosf({x})", U.TAN: "tanf({x})", U.SINH: "sinhf({x})",
-    U.COSH: "coshf({x})", U.ASIN: "asinf({x})", U.ACOS: "acosf({x})", U.ATAN: "atanf({x})", U.ASINH: "asinhf({x})",
-    U.ACOSH: "acoshf({x})", U.ATANH: "atanhf({x})", U.CEIL: "ceilf({x})", U.FLOOR: "floorf({x})", U.ERF: "erff({x})",
-    U.NOT: "(!{x})", U.SIGN: "op_sign({x})", U.ROUND: "rintf({x})", U.ISINF: "isinf({x})", U.ISNAN: "isnan({x})",
+    U.EXP: "expf({x})",
+    U.LOG: "logf({x})",
+    U.SQRT: "sqrtf({x})",
+    U.RECIP: "(1.0f / {x})",
+    U.ABS: "op_abs({x})",
+    U.NEG: "(-{x})",
+    U.SIN: "sinf({x})",
+    U.COS: "cosf({x})",
+    U.TAN: "tanf({x})",
+    U.SINH: "sinhf({x})",
+    U.COSH: "coshf({x})",
+    U.ASIN: "asinf({x})",
+    U.ACOS: "acosf({x})",
+    U.ATAN: "atanf({x})",
+    U.ASINH: "asinhf({x})",
+    U.ACOSH: "acoshf({x})",
+    U.ATANH: "atanhf({x})",
+    U.CEIL: "ceilf({x})",
+    U.FLOOR: "floorf({x})",
+    U.ERF: "erff({x})",
+    U.NOT: "(!{x})",
+    U.SIGN: "op_sign({x})",
+    U.ROUND: "rintf({x})",
+    U.ISINF: "isinf({x})",
+    U.ISNAN: "isnan({x})",
 }
 
 
@@ -285,8 +325,11 @@ def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> Kerne
     scalars = {v: scalar_literal(c, dtypes[v]) for v, c in a["scalars"].items()}
     body = _Body(a["members"], dtypes, loads, scalars)
     outs = [body.value(o) for o in node.outputs]
-    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
-             "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {"]
+    lines = [
+        PREAMBLE,
+        f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
+    ]
     lines += _index_code(rank, node.inputs)
     lines += body.lines
     for j, name in enumerate(outs):
@@ -313,10 +356,13 @@ def row_group(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
     scalars = {v: scalar_literal(c, dtypes[v]) for v, c in a["scalars"].items()}
     loads = {v: f"ld(in{k} + b{k} + j * s{k}_{rank - 1})" for k, v in enumerate(node.inputs)}
     n = f"d{rank - 1}"
-    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
-             "  __shared__ float smem[32];",
-             "  const i64 row = blockIdx.x;",
-             "  if (row >= rows) return;"]
+    lines = [
+        PREAMBLE,
+        f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        "  __shared__ float smem[32];",
+        "  const i64 row = blockIdx.x;",
+        "  if (row >= rows) return;",
+    ]
     # row base offsets of each input over the leading dimensions
     lines.append("  i64 rem = row;")
     for k in range(len(node.inputs)):
@@ -330,10 +376,18 @@ def row_group(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
     pre = [m for m in members if m is not red]
     body1 = _Body(pre, dtypes, loads, scalars)
     x = body1.value(red.inputs[0])
-    init = {ReduceOperation.SUM: "0.0f", ReduceOperation.AVG: "0.0f", ReduceOperation.MAX: "__int_as_float(0xff800000)",
-            ReduceOperation.MIN: "__int_as_float(0x7f800000)"}[kind]
-    comb = {ReduceOperation.SUM: "acc += {x};", ReduceOperation.AVG: "acc += {x};", ReduceOperation.MAX: "acc = op_max(acc, {x});",
-            ReduceOperation.MIN: "acc = op_min(acc, {x});"}[kind]
+    init = {
+        ReduceOperation.SUM: "0.0f",
+        ReduceOperation.AVG: "0.0f",
+        ReduceOperation.MAX: "__int_as_float(0xff800000)",
+        ReduceOperation.MIN: "__int_as_float(0x7f800000)",
+    }[kind]
+    comb = {
+        ReduceOperation.SUM: "acc += {x};",
+        ReduceOperation.AVG: "acc += {x};",
+        ReduceOperation.MAX: "acc = op_max(acc, {x});",
+        ReduceOperation.MIN: "acc = op_min(acc, {x});",
+    }[kind]
     lines.append(f"  float acc = {init};")
     lines.append(f"  for (i64 j = threadIdx.x; j < {n}; j += blockDim.x) {{")
     lines += body1.lines
@@ -392,8 +446,13 @@ def softmax(dtype_in: DataType, dtype_out: DataType, rank: int) -> KernelSource:
             sig.append(f"i64 {who}s{d}")
             params.append(("i64", f"stride:{who}:{d}"))
     n = f"d{rank - 1}"
-    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{', "  __shared__ float smem[32];",
-             "  const i64 row = blockIdx.x; if (row >= rows) return;", "  i64 rem = row, bx = 0, bo = 0;"]
+    lines = [
+        PREAMBLE,
+        f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        "  __shared__ float smem[32];",
+        "  const i64 row = blockIdx.x; if (row >= rows) return;",
+        "  i64 rem = row, bx = 0, bo = 0;",
+    ]
     for dim in reversed(range(rank - 1)):
         lines.append(f"  {{ i64 c = rem % d{dim}; rem /= d{dim}; bx += c * xs{dim}; bo += c * os{dim}; }}")
     lines += [
@@ -423,14 +482,26 @@ def reduce_generic(op: ReduceOperation, dtype: DataType, kept: int, reduced: int
     for d in range(reduced):
         sig += [f"i64 rd{d}", f"i64 rs{d}"]
         params += [("i64", f"rdim:{d}"), ("i64", f"rstride:{d}")]
-    init = {ReduceOperation.SUM: "0", ReduceOperation.AVG: "0", ReduceOperation.PROD: "1",
-            ReduceOperation.MAX: "__int_as_float(0xff800000)" if dtype in FLOATING else "(-9223372036854775807LL - 1)",
-            ReduceOperation.MIN: "__int_as_float(0x7f800000)" if dtype in FLOATING else "9223372036854775807LL"}[op]
-    comb = {ReduceOperation.SUM: "acc += v;", ReduceOperation.AVG: "acc += v;", ReduceOperation.PROD: "acc *= v;",
-            ReduceOperation.MAX: "acc = op_max(acc, v);", ReduceOperation.MIN: "acc = op_min(acc, v);"}[op]
-    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
-             "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
-             "    i64 rem = idx, base = 0;"]
+    init = {
+        ReduceOperation.SUM: "0",
+        ReduceOperation.AVG: "0",
+        ReduceOperation.PROD: "1",
+        ReduceOperation.MAX: "__int_as_float(0xff800000)" if dtype in FLOATING else "(-9223372036854775807LL - 1)",
+        ReduceOperation.MIN: "__int_as_float(0x7f800000)" if dtype in FLOATING else "9223372036854775807LL",
+    }[op]
+    comb = {
+        ReduceOperation.SUM: "acc += v;",
+        ReduceOperation.AVG: "acc += v;",
+        ReduceOperation.PROD: "acc *= v;",
+        ReduceOperation.MAX: "acc = op_max(acc, v);",
+        ReduceOperation.MIN: "acc = op_min(acc, v);",
+    }[op]
+    lines = [
+        PREAMBLE,
+        f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
+        "    i64 rem = idx, base = 0;",
+    ]
     for d in reversed(range(kept)):
         lines.append(f"    {{ i64 c = rem % kd{d}; rem /= kd{d}; base += c * ks{d}; }}")
     lines += [f"    {acc_t} acc = {init};", "    for (i64 r = 0; r < count; ++r) {", "      i64 rr = r, off = base;"]
@@ -448,8 +519,14 @@ def gather(dtype: DataType, idx_dtype: DataType, pre: int, idx_rank: int, post: 
     indices strided; an index outside ``[0, n)`` is clamped (TensorRT leaves it undefined;
     this never reads outside the data)."""
     fn = f"k_gather_{dtype.name}_{idx_dtype.name}_{pre}_{idx_rank}_{post}"
-    sig = [f"{CTYPE[dtype]}* __restrict__ out", f"const {CTYPE[dtype]}* __restrict__ x", f"const {CTYPE[idx_dtype]}* __restrict__ ix",
-           "i64 n", "i64 axis_len", "i64 axis_stride"]
+    sig = [
+        f"{CTYPE[dtype]}* __restrict__ out",
+        f"const {CTYPE[dtype]}* __restrict__ x",
+        f"const {CTYPE[idx_dtype]}* __restrict__ ix",
+        "i64 n",
+        "i64 axis_len",
+        "i64 axis_stride",
+    ]
     params = [("ptr", "out"), ("ptr", "in:0"), ("ptr", "in:1"), ("i64", "numel"), ("i64", "axis_len"), ("i64", "axis_stride")]
     dims: list[tuple[str, str, str]] = []  # (dim name, stride var, which)
     for d in range(pre):
@@ -461,14 +538,23 @@ def gather(dtype: DataType, idx_dtype: DataType, pre: int, idx_rank: int, post: 
     for dn, sn, _ in dims:
         sig += [f"i64 {dn}", f"i64 {sn}"]
         params += [("i64", f"gdim:{dn}"), ("i64", f"gstride:{sn}")]
-    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
-             "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
-             "    i64 rem = idx, xo = 0, io = 0;"]
+    lines = [
+        PREAMBLE,
+        f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
+        "    i64 rem = idx, xo = 0, io = 0;",
+    ]
     for dn, sn, which in reversed(dims):
         target = "xo" if which == "x" else "io"
         lines.append(f"    {{ i64 c = rem % {dn}; rem /= {dn}; {target} += c * {sn}; }}")
-    lines += ["    long long k = (long long)ix[io];", "    if (k < 0) k += axis_len;", "    k = k < 0 ? 0 : (k >= axis_len ? axis_len - 1 : k);",
-              "    out[idx] = x[xo + k * axis_stride];", "  }", "}"]
+    lines += [
+        "    long long k = (long long)ix[io];",
+        "    if (k < 0) k += axis_len;",
+        "    k = k < 0 ? 0 : (k >= axis_len ? axis_len - 1 : k);",
+        "    out[idx] = x[xo + k * axis_stride];",
+        "  }",
+        "}",
+    ]
     return KernelSource("\n".join(lines), fn, params, 256)
 
 
@@ -489,9 +575,12 @@ def concat(dtype: DataType, n_inputs: int, rank: int) -> KernelSource:
         for d in range(rank):
             sig.append(f"i64 s{k}_{d}")
             params.append(("i64", f"stride:{k}:{d}"))
-    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
-             "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
-             f"    i64 c[{rank}]; i64 rem = idx;"]
+    lines = [
+        PREAMBLE,
+        f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
+        f"    i64 c[{rank}]; i64 rem = idx;",
+    ]
     for d in reversed(range(rank)):
         lines.append(f"    c[{d}] = rem % d{d}; rem /= d{d};")
     lines.append("    i64 a = c[axis];")
@@ -506,17 +595,45 @@ def concat(dtype: DataType, n_inputs: int, rank: int) -> KernelSource:
 def kv_cache_update(dtype: DataType, idx_dtype: DataType) -> KernelSource:
     """``cache[b, h, w[b] + s, d] = update[b, h, s, d]`` in place; update strided, cache dense."""
     fn = f"k_kv_update_{dtype.name}_{idx_dtype.name}"
-    sig = [f"{CTYPE[dtype]}* __restrict__ cache", f"const {CTYPE[dtype]}* __restrict__ upd", f"const {CTYPE[idx_dtype]}* __restrict__ w",
-           "i64 n", "i64 H", "i64 S", "i64 D", "i64 L", "i64 u0", "i64 u1", "i64 u2", "i64 u3"]
-    params = [("ptr", "out"), ("ptr", "in:1"), ("ptr", "in:2"), ("i64", "numel"), ("i64", "H"), ("i64", "S"), ("i64", "D"), ("i64", "L"),
-              ("i64", "stride:1:0"), ("i64", "stride:1:1"), ("i64", "stride:1:2"), ("i64", "stride:1:3")]
-    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
-             "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
-             "    i64 d = idx % D, s = (idx / D) % S, h = (idx / (D * S)) % H, b = idx / (D * S * H);",
-             "    i64 slot = (i64)w[b] + s;",
-             "    if (slot < 0 || slot >= L) continue;",
-             "    cache[((b * H + h) * L + slot) * D + d] = upd[b * u0 + h * u1 + s * u2 + d * u3];",
-             "  }", "}"]
+    sig = [
+        f"{CTYPE[dtype]}* __restrict__ cache",
+        f"const {CTYPE[dtype]}* __restrict__ upd",
+        f"const {CTYPE[idx_dtype]}* __restrict__ w",
+        "i64 n",
+        "i64 H",
+        "i64 S",
+        "i64 D",
+        "i64 L",
+        "i64 u0",
+        "i64 u1",
+        "i64 u2",
+        "i64 u3",
+    ]
+    params = [
+        ("ptr", "out"),
+        ("ptr", "in:1"),
+        ("ptr", "in:2"),
+        ("i64", "numel"),
+        ("i64", "H"),
+        ("i64", "S"),
+        ("i64", "D"),
+        ("i64", "L"),
+        ("i64", "stride:1:0"),
+        ("i64", "stride:1:1"),
+        ("i64", "stride:1:2"),
+        ("i64", "stride:1:3"),
+    ]
+    lines = [
+        PREAMBLE,
+        f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
+        "    i64 d = idx % D, s = (idx / D) % S, h = (idx / (D * S)) % H, b = idx / (D * S * H);",
+        "    i64 slot = (i64)w[b] + s;",
+        "    if (slot < 0 || slot >= L) continue;",
+        "    cache[((b * H + h) * L + slot) * D + d] = upd[b * u0 + h * u1 + s * u2 + d * u3];",
+        "  }",
+        "}",
+    ]
     return KernelSource("\n".join(lines), fn, params, 256)
 
 
@@ -526,8 +643,12 @@ def attention(dtype: DataType, mask: DataType | None, has_lengths: bool, softmax
     strided (rank 4), output dense. ``causal``: 0 none, 1 upper-left, 2 lower-right."""
     mname = "none" if mask is None else mask.name
     fn = f"k_attention_{dtype.name}_{mname}_{int(has_lengths)}_{int(softmax_norm)}"
-    sig = [f"{CTYPE[dtype]}* __restrict__ out", f"const {CTYPE[dtype]}* __restrict__ q", f"const {CTYPE[dtype]}* __restrict__ k",
-           f"const {CTYPE[dtype]}* __restrict__ v"]
+    sig = [
+        f"{CTYPE[dtype]}* __restrict__ out",
+        f"const {CTYPE[dtype]}* __restrict__ q",
+        f"const {CTYPE[dtype]}* __restrict__ k",
+        f"const {CTYPE[dtype]}* __restrict__ v",
+    ]
     params = [("ptr", "out"), ("ptr", "in:0"), ("ptr", "in:1"), ("ptr", "in:2")]
     if mask is not None:
         sig.append(f"const {CTYPE[mask]}* __restrict__ mk")
@@ -541,19 +662,24 @@ def attention(dtype: DataType, mask: DataType | None, has_lengths: bool, softmax
         for d in range(4):
             sig.append(f"i64 {who}s{d}")
             params.append(("i64", f"stride:{who}:{d}"))
-    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
-             "  extern __shared__ float sc[];",
-             "  __shared__ float smem[32];",
-             "  const i64 s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;",
-             "  const i64 hk = h / (Hq / Hkv);",
-             "  for (i64 j = threadIdx.x; j < T; j += blockDim.x) {",
-             "    bool ok = true;",
-             "    if (causal == 1) ok = j <= s;",
-             "    if (causal == 2) ok = j <= s + (T - S);"]
+    lines = [
+        PREAMBLE,
+        f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        "  extern __shared__ float sc[];",
+        "  __shared__ float smem[32];",
+        "  const i64 s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;",
+        "  const i64 hk = h / (Hq / Hkv);",
+        "  for (i64 j = threadIdx.x; j < T; j += blockDim.x) {",
+        "    bool ok = true;",
+        "    if (causal == 1) ok = j <= s;",
+        "    if (causal == 2) ok = j <= s + (T - S);",
+    ]
     if has_lengths:
         lines.append("    if (j >= (i64)kvl[b]) ok = false;")
-    lines += ["    float acc = 0.0f;",
-              "    for (i64 d = 0; d < D; ++d) acc += ld(q + b * qs0 + h * qs1 + s * qs2 + d * qs3) * ld(k + b * ks0 + hk * ks1 + j * ks2 + d * ks3);"]
+    lines += [
+        "    float acc = 0.0f;",
+        "    for (i64 d = 0; d < D; ++d) acc += ld(q + b * qs0 + h * qs1 + s * qs2 + d * qs3) * ld(k + b * ks0 + hk * ks1 + j * ks2 + d * ks3);",
+    ]
     if mask is not None:
         if mask == DataType.BOOL:
             lines.append("    if (!mk[b * ms0 + h * ms1 + s * ms2 + j * ms3]) ok = false;")
@@ -566,22 +692,27 @@ def attention(dtype: DataType, mask: DataType | None, has_lengths: bool, softmax
     lines.append("  }")
     lines.append("  __syncthreads();")
     if softmax_norm:
-        lines += ["  float m = __int_as_float(0xff800000);",
-                  "  for (i64 j = threadIdx.x; j < T; j += blockDim.x) m = op_max(m, sc[j]);",
-                  "  m = block_reduce<1>(m, smem);",
-                  "  const float shift = isfinite(m) ? m : 0.0f;",
-                  "  float tot = 0.0f;",
-                  "  for (i64 j = threadIdx.x; j < T; j += blockDim.x) { float e = expf(sc[j] - shift); sc[j] = e; tot += e; }",
-                  "  tot = block_reduce<0>(tot, smem);",
-                  "  const float inv = tot > 0.0f ? 1.0f / tot : 1.0f;"]
+        lines += [
+            "  float m = __int_as_float(0xff800000);",
+            "  for (i64 j = threadIdx.x; j < T; j += blockDim.x) m = op_max(m, sc[j]);",
+            "  m = block_reduce<1>(m, smem);",
+            "  const float shift = isfinite(m) ? m : 0.0f;",
+            "  float tot = 0.0f;",
+            "  for (i64 j = threadIdx.x; j < T; j += blockDim.x) { float e = expf(sc[j] - shift); sc[j] = e; tot += e; }",
+            "  tot = block_reduce<0>(tot, smem);",
+            "  const float inv = tot > 0.0f ? 1.0f / tot : 1.0f;",
+        ]
     else:
         lines.append("  const float inv = 1.0f;")
-    lines += ["  __syncthreads();",
-              "  for (i64 d = threadIdx.x; d < D; d += blockDim.x) {",
-              "    float acc = 0.0f;",
-              "    for (i64 j = 0; j < T; ++j) acc += sc[j] * ld(v + b * vs0 + hk * vs1 + j * vs2 + d * vs3);",
-              "    st(out + ((b * Hq + h) * S + s) * D + d, acc * inv);",
-              "  }", "}"]
+    lines += [
+        "  __syncthreads();",
+        "  for (i64 d = threadIdx.x; d < D; d += blockDim.x) {",
+        "    float acc = 0.0f;",
+        "    for (i64 j = 0; j < T; ++j) acc += sc[j] * ld(v + b * vs0 + hk * vs1 + j * vs2 + d * vs3);",
+        "    st(out + ((b * Hq + h) * S + s) * D + d, acc * inv);",
+        "  }",
+        "}",
+    ]
     return KernelSource("\n".join(lines), fn, params, 128)
 
 
@@ -629,27 +760,36 @@ def gemv(dtype: DataType, max_m: int = 4) -> KernelSource:
     fn = f"k_gemv_{dtype.name}_m{max_m}"
     vec = "uint4" if dtype.itemsize == 2 else "float4"
     per = 16 // dtype.itemsize  # elements per 16-byte load
-    lines = [PREAMBLE, f'extern "C" __global__ void {fn}({t}* __restrict__ y, const {t}* __restrict__ w, const {t}* __restrict__ x,',
-             "    i64 M, i64 N, i64 K, i64 ldw, i64 ldx, i64 ldy) {",
-             "  const int lane = threadIdx.x & 31;",
-             "  const i64 n = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);",
-             "  if (n >= N) return;",
-             f"  float acc[{max_m}];",
-             f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) acc[m] = 0.0f;",
-             f"  const {t}* wr = w + n * ldw;",
-             "  #pragma unroll 4",
-             "  for (i64 k = (i64)lane * 8; k < K; k += 256) {",
-             "    float wf[8];"]
+    lines = [
+        PREAMBLE,
+        f'extern "C" __global__ void {fn}({t}* __restrict__ y, const {t}* __restrict__ w, const {t}* __restrict__ x,',
+        "    i64 M, i64 N, i64 K, i64 ldw, i64 ldx, i64 ldy) {",
+        "  const int lane = threadIdx.x & 31;",
+        "  const i64 n = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);",
+        "  if (n >= N) return;",
+        f"  float acc[{max_m}];",
+        f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) acc[m] = 0.0f;",
+        f"  const {t}* wr = w + n * ldw;",
+        "  #pragma unroll 4",
+        "  for (i64 k = (i64)lane * 8; k < K; k += 256) {",
+        "    float wf[8];",
+    ]
     for part in range(8 // per):
         lines.append(f"    {{ {vec} v = __ldg(reinterpret_cast<const {vec}*>(wr + k + {part * per}));")
         lines.append(f"      const {t}* e = reinterpret_cast<const {t}*>(&v);")
         lines.append(f"      #pragma unroll\n      for (int j = 0; j < {per}; ++j) wf[{part * per} + j] = ld(e + j); }}")
-    lines += [f"    #pragma unroll\n    for (int m = 0; m < {max_m}; ++m) {{",
-              "      if (m < M) {",
-              f"        const {t}* xr = x + m * ldx + k;",
-              "        #pragma unroll\n        for (int j = 0; j < 8; ++j) acc[m] += wf[j] * ld(xr + j);",
-              "      }", "    }", "  }",
-              f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) {{",
-              "    if (m < M) { float s = warp_sum(acc[m]); if (lane == 0) st(y + m * ldy + n, s); }", "  }", "}"]
+    lines += [
+        f"    #pragma unroll\n    for (int m = 0; m < {max_m}; ++m) {{",
+        "      if (m < M) {",
+        f"        const {t}* xr = x + m * ldx + k;",
+        "        #pragma unroll\n        for (int j = 0; j < 8; ++j) acc[m] += wf[j] * ld(xr + j);",
+        "      }",
+        "    }",
+        "  }",
+        f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) {{",
+        "    if (m < M) { float s = warp_sum(acc[m]); if (lane == 0) st(y + m * ldy + n, s); }",
+        "  }",
+        "}",
+    ]
     params = [("ptr", "y"), ("ptr", "w"), ("ptr", "x")] + [("i64", r) for r in ("M", "N", "K", "ldw", "ldx", "ldy")]
     return KernelSource("\n".join(lines), fn, params, 256)

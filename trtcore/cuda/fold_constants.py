@@ -16,7 +16,9 @@ from .. import reference as ref
 from ..reference.evaluator import evaluate
 from .ir import Graph, Node
 
-FOLDABLE = frozenset({"elementwise", "unary", "activation", "cast", "identity", "select", "reduce", "softmax", "concat", "shuffle", "matmul", "gather"})
+FOLDABLE = frozenset(
+    {"elementwise", "unary", "activation", "cast", "identity", "select", "reduce", "softmax", "concat", "shuffle", "matmul", "gather"}
+)
 
 #: constants larger than this are not produced by folding (a broadcast of a scalar into a
 #: big tensor would only cost memory)

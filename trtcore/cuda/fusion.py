@@ -147,7 +147,9 @@ def rewrite(graph: Graph, groups: list[Group], stats: dict[str, Any]) -> Graph:
                     else:
                         inputs.append(v)
             outputs = [
-                o for m in members for o in m.outputs
+                o
+                for m in members
+                for o in m.outputs
                 if o in g.outputs or o in grp.extra_outputs or any(c not in grp.nodes for c in consumers.get(o, []))
             ]
             kind = "row_group" if grp.reduce is not None else "pointwise_group"

@@ -76,8 +76,12 @@ def _operand(rows: int, cols: int, s_rows: int, s_cols: int) -> tuple[str, int] 
 
 
 def plan_gemm(
-    a_shape: Sequence[int], a_strides: Sequence[int], b_shape: Sequence[int], b_strides: Sequence[int],
-    transpose_a: bool, transpose_b: bool,
+    a_shape: Sequence[int],
+    a_strides: Sequence[int],
+    b_shape: Sequence[int],
+    b_strides: Sequence[int],
+    transpose_a: bool,
+    transpose_b: bool,
 ) -> list[GemmCall] | None:
     """cuBLAS calls computing the dense row-major ``C = op(A) @ op(B)`` (batch dims
     broadcast), or None where an operand's strides suit no cuBLAS layout (then the builder
@@ -196,13 +200,51 @@ class Cublas:
         one, zero = self._one.ctypes.data, self._zero.ctypes.data
         if call.batch == 1:
             self._cublas.gemm_ex(
-                self.handle, call.op_x, call.op_y, call.m, call.n, call.k, one, x, t, call.ldx, y, t, call.ldy,
-                zero, c, t, call.ldc, COMPUTE_32F, GEMM_DEFAULT,
+                self.handle,
+                call.op_x,
+                call.op_y,
+                call.m,
+                call.n,
+                call.k,
+                one,
+                x,
+                t,
+                call.ldx,
+                y,
+                t,
+                call.ldy,
+                zero,
+                c,
+                t,
+                call.ldc,
+                COMPUTE_32F,
+                GEMM_DEFAULT,
             )
         else:
             self._cublas.gemm_strided_batched_ex(
-                self.handle, call.op_x, call.op_y, call.m, call.n, call.k, one, x, t, call.ldx, call.stride_x,
-                y, t, call.ldy, call.stride_y, zero, c, t, call.ldc, call.stride_c, call.batch, COMPUTE_32F, GEMM_DEFAULT,
+                self.handle,
+                call.op_x,
+                call.op_y,
+                call.m,
+                call.n,
+                call.k,
+                one,
+                x,
+                t,
+                call.ldx,
+                call.stride_x,
+                y,
+                t,
+                call.ldy,
+                call.stride_y,
+                zero,
+                c,
+                t,
+                call.ldc,
+                call.stride_c,
+                call.batch,
+                COMPUTE_32F,
+                GEMM_DEFAULT,
             )
 
     def close(self) -> None:

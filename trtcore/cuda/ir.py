@@ -84,8 +84,12 @@ class Graph:
     def copy(self) -> Graph:
         """A copy whose node lists, attributes and dicts can be changed without touching this graph (arrays are shared)."""
         return Graph(
-            dict(self.values), [dataclasses.replace(n, inputs=list(n.inputs), outputs=list(n.outputs), attrs=dict(n.attrs), layers=list(n.layers)) for n in self.nodes],
-            list(self.inputs), list(self.outputs), dict(self.constants), dict(self.aliases),
+            dict(self.values),
+            [dataclasses.replace(n, inputs=list(n.inputs), outputs=list(n.outputs), attrs=dict(n.attrs), layers=list(n.layers)) for n in self.nodes],
+            list(self.inputs),
+            list(self.outputs),
+            dict(self.constants),
+            dict(self.aliases),
         )
 
     def remove_unused(self) -> None:
@@ -136,12 +140,15 @@ def _layer_node(layer: refnet.ILayer, ins: list[str], outs: list[str]) -> Node:
     elif isinstance(layer, L.IConcatenationLayer):
         op, a = "concat", {"axis": int(layer.axis)}
     elif isinstance(layer, L.IShuffleLayer):
-        op, a = "shuffle", {
-            "first_transpose": tuple(layer.first_transpose),
-            "reshape_dims": None if layer.reshape_dims is None else tuple(layer.reshape_dims),
-            "second_transpose": None if layer.second_transpose is None else tuple(layer.second_transpose),
-            "zero_is_placeholder": bool(layer.zero_is_placeholder),
-        }
+        op, a = (
+            "shuffle",
+            {
+                "first_transpose": tuple(layer.first_transpose),
+                "reshape_dims": None if layer.reshape_dims is None else tuple(layer.reshape_dims),
+                "second_transpose": None if layer.second_transpose is None else tuple(layer.second_transpose),
+                "zero_is_placeholder": bool(layer.zero_is_placeholder),
+            },
+        )
     elif isinstance(layer, L.IMatrixMultiplyLayer):
         op, a = "matmul", {"transpose_a": layer.op0 == 1, "transpose_b": layer.op1 == 1}
     elif isinstance(layer, L.IGatherLayer):

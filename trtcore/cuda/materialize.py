@@ -59,7 +59,7 @@ def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> 
                     copies += 1
         out_nodes.append(node)
     produced = {o for n in out_nodes if n.op != "view" for o in n.outputs}
-    for i, out in enumerate(g.outputs):
+    for out in g.outputs:
         if out in g.aliases:
             continue
         if out not in produced:

@@ -403,8 +403,17 @@ class IExecutionContext:
                 c = calls[0]
                 # a dense [N, K] weight (cuBLAS operand X transposed) times <= 4 rows of A
                 if c.batch == 1 and c.op_x == 1 and c.op_y == 0 and c.n <= 4 and c.k % 8 == 0 and c.ldx % 8 == 0 and c.x_off == 0:
-                    gemv_args = [(ptr(node.outputs[0]), "ptr"), (ptr(b), "ptr"), (ptr(a) + c.y_off * dt.itemsize, "ptr"),
-                                 (c.n, "i64"), (c.m, "i64"), (c.k, "i64"), (c.ldx, "i64"), (c.ldy, "i64"), (c.ldc, "i64")]
+                    gemv_args = [
+                        (ptr(node.outputs[0]), "ptr"),
+                        (ptr(b), "ptr"),
+                        (ptr(a) + c.y_off * dt.itemsize, "ptr"),
+                        (c.n, "i64"),
+                        (c.m, "i64"),
+                        (c.k, "i64"),
+                        (c.ldx, "i64"),
+                        (c.ldy, "i64"),
+                        (c.ldc, "i64"),
+                    ]
                     return Step("kernel", f"{node.name}#gemv", (max(1, -(-c.m // 8)), 1, 1), 256, 0, gemv_args)
             return Step("gemm", node.name, calls=calls, ptrs=(ptr(b), ptr(a), ptr(node.outputs[0])), dtype=dt)
         if op == "plugin":
@@ -513,7 +522,7 @@ class IExecutionContext:
         else:  # pragma: no cover - the builder makes no other kernel nodes
             raise EngineExecutionError(f"no launch rule for op {op!r}")
         args: list[tuple[int, str]] = []
-        for typ, role in ks.params:
+        for _typ, role in ks.params:
             if role.startswith("out:"):
                 args.append((ptr(role[4:]), "ptr"))
             elif role == "out":

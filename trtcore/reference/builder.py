@@ -171,8 +171,7 @@ def validate(network: INetworkDefinition, profiles: Sequence[IOptimizationProfil
             for d, a, o, b in zip(t.shape, lo, opt, hi):
                 if d != -1 and not a == o == b == d:
                     raise NetworkError(
-                        f"profile {i}: {name!r} has static shape {t.shape}; min/opt/max must equal it "
-                        f"on static dimensions, got {lo}, {opt}, {hi}"
+                        f"profile {i}: {name!r} has static shape {t.shape}; min/opt/max must equal it on static dimensions, got {lo}, {opt}, {hi}"
                     )
 
 

@@ -363,10 +363,7 @@ def _gather(layer: IGatherLayer, data: Any, idx: Any, xp: Any) -> Any:
     (``LLM.generate`` does)."""
     n = data.shape[layer.axis]
     if not _is_device(xp) and idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
-        raise NetworkError(
-            f"gather {layer.name!r}: index out of range [0, {n}) on axis {layer.axis}: "
-            f"min {int(idx.min())}, max {int(idx.max())}"
-        )
+        raise NetworkError(f"gather {layer.name!r}: index out of range [0, {n}) on axis {layer.axis}: min {int(idx.min())}, max {int(idx.max())}")
     return xp.take(data, idx, axis=layer.axis)
 
 
@@ -397,10 +394,7 @@ def _run_plugin(layer: IPluginV3Layer, args: list[Any], st: _Storage) -> list[An
     logical = [st.logical(a, d) for a, d in zip(args, in_dtypes)]
     shapes = plugin.output_shapes([[Dim(int(d)) for d in a.shape] for a in args])
     out_dtypes = [np.dtype(dt) for dt in plugin.output_dtypes(logical)]
-    outs = [
-        xp.empty(tuple(int(d) for d in shape), dtype=st.dtype(from_numpy_dtype(dt)))
-        for shape, dt in zip(shapes, out_dtypes)
-    ]
+    outs = [xp.empty(tuple(int(d) for d in shape), dtype=st.dtype(from_numpy_dtype(dt))) for shape, dt in zip(shapes, out_dtypes)]
 
     def dev(a: Any, dtype: np.dtype) -> Any:
         return SimpleNamespace(ptr=int(a.data.ptr), shape=tuple(int(x) for x in a.shape), dtype=dtype, size=int(a.size))

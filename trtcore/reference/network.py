@@ -142,9 +142,7 @@ class ILayer:
         self._inputs: list[ITensor | None] = list(inputs)
         index = network.num_layers
         self.name = f"({type(self).__name__[1:]} {index})"
-        self._outputs = [
-            ITensor(network, f"{self.name}_output_{i}", self, i) for i in range(num_outputs)
-        ]
+        self._outputs = [ITensor(network, f"{self.name}_output_{i}", self, i) for i in range(num_outputs)]
         self.metadata = ""
         object.__setattr__(self, "_ready", True)
 
@@ -293,7 +291,7 @@ class IActivationLayer(ILayer):
 
     # TensorRT names the activation kind ``type``; the layer kind is ``LayerType.ACTIVATION``.
     @property  # type: ignore[override]
-    def type(self) -> ActivationType:  # noqa: D401
+    def type(self) -> ActivationType:  # noqa: F811 - the activation kind shadows the class-level layer kind, as in TensorRT
         return self._kind
 
     @type.setter
@@ -607,8 +605,13 @@ class IAttention(ILayer):
     _MASK, _QUANT_SCALE, _QUERY_LENGTHS, _KV_LENGTHS = 3, 4, 5, 6
 
     def __init__(
-        self, network: INetworkDefinition, query: ITensor, key: ITensor, value: ITensor,
-        norm_op: AttentionNormalizationOp, causal_kind: CausalMaskKind,
+        self,
+        network: INetworkDefinition,
+        query: ITensor,
+        key: ITensor,
+        value: ITensor,
+        norm_op: AttentionNormalizationOp,
+        causal_kind: CausalMaskKind,
     ):
         self.norm_op = AttentionNormalizationOp(norm_op)
         self.causal_kind = CausalMaskKind(causal_kind)
@@ -695,8 +698,10 @@ class IAttention(ILayer):
     def set_input(self, index: int, tensor: ITensor) -> None:
         """Replace the query (0), key (1) or value (2)."""
         if index not in (0, 1, 2):
-            raise NetworkError(f"attention {self.name!r}: set_input takes index 0 (query), 1 (key) or 2 (value), got {index}; "
-                               "set mask / key_value_lengths as attributes")
+            raise NetworkError(
+                f"attention {self.name!r}: set_input takes index 0 (query), 1 (key) or 2 (value), got {index}; "
+                "set mask / key_value_lengths as attributes"
+            )
         self._inputs[index] = tensor
         self._changed()
 
@@ -958,4 +963,3 @@ class INetworkDefinition:
     def add_kv_cache_update(self, cache: ITensor, update: ITensor, write_indices: ITensor, cache_mode: KVCacheMode) -> IKVCacheUpdateLayer:
         """Write ``update`` into ``cache`` at ``write_indices`` (see :class:`IKVCacheUpdateLayer`)."""
         return self._add(IKVCacheUpdateLayer(self, cache, update, write_indices, cache_mode))  # type: ignore[return-value]
-

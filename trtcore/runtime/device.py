@@ -78,8 +78,7 @@ def resolve_device(device: str | None = None) -> str:
         return "cuda" if ok else "cpu"
     if not ok:
         raise InvalidArgumentError(
-            f"device={device!r} needs CuPy and a CUDA GPU, but {why}; install the GPU backend with: {INSTALL_GPU}, "
-            "or use device='cpu'"
+            f"device={device!r} needs CuPy and a CUDA GPU, but {why}; install the GPU backend with: {INSTALL_GPU}, or use device='cpu'"
         )
     return "cuda"
 

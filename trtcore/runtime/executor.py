@@ -42,7 +42,7 @@ class Executor(abc.ABC):
         """An output as a NumPy array (``name``: the tensor it holds); identity for host outputs."""
         return np.asarray(value)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional to override
         """Release what the executor holds (device memory, streams). Safe to call twice."""
 
     def __enter__(self) -> Self:

@@ -392,8 +392,7 @@ class BlockManager:
         count = check_int("count", count, 0)
         if start + count > self._num_tokens[seq_id]:
             raise InvalidArgumentError(
-                f"tokens {start}..{start + count - 1} of sequence {seq_id!r} are beyond its "
-                f"{self._num_tokens[seq_id]} allocated tokens"
+                f"tokens {start}..{start + count - 1} of sequence {seq_id!r} are beyond its {self._num_tokens[seq_id]} allocated tokens"
             )
         bs = self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, start + count)]
@@ -416,10 +415,7 @@ class BlockManager:
         seen: dict[int, Hashable] = {}
         for sid, table in self._tables.items():
             if len(table) != self.blocks_needed(self._num_tokens[sid]):
-                raise AssertionError(
-                    f"sequence {sid!r} has {len(table)} blocks for {self._num_tokens[sid]} tokens "
-                    f"(block_size {self.block_size})"
-                )
+                raise AssertionError(f"sequence {sid!r} has {len(table)} blocks for {self._num_tokens[sid]} tokens (block_size {self.block_size})")
             for b in table:
                 if b in seen:
                     raise AssertionError(f"block {b} belongs to sequences {seen[b]!r} and {sid!r}")
@@ -438,10 +434,7 @@ class BlockManager:
                 raise AssertionError(f"free block {b} is recorded as owned by {self._owner[b]!r}")
 
     def __repr__(self) -> str:
-        return (
-            f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-            f"free={self.num_free_blocks}, sequences={len(self._tables)})"
-        )
+        return f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, free={self.num_free_blocks}, sequences={len(self._tables)})"
 
     # ---- internals ------------------------------------------------------------------
 

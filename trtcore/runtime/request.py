@@ -267,4 +267,3 @@ def metrics(request: Request) -> dict[str, float]:
         "e2e_s": request.finished_time - request.arrival_time,
         "tpot_s": (request.finished_time - request.first_token_time) / (n - 1) if n > 1 else 0.0,
     }
-

@@ -74,16 +74,12 @@ __all__ = [
 
 def _is_int(value: Any) -> bool:
     """True for Python / NumPy integers, False for bools (which are ints in Python)."""
-    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
-        value, (bool, np.bool_)
-    )
+    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def _is_real(value: Any) -> bool:
     """True for Python / NumPy ints and floats, False for bools."""
-    return isinstance(value, (numbers.Real, np.integer, np.floating)) and not isinstance(
-        value, (bool, np.bool_)
-    )
+    return isinstance(value, (numbers.Real, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 def _bad(field_name: str, value: Any, allowed: str) -> InvalidRequestError:
@@ -176,10 +172,7 @@ class SamplingParams:
             ids = list(st)
             for tok in ids:
                 if not _is_int(tok) or int(tok) < 0:
-                    raise InvalidRequestError(
-                        f"SamplingParams.stop_token_ids must be {allowed}, got {st!r} "
-                        f"(bad element {tok!r})"
-                    )
+                    raise InvalidRequestError(f"SamplingParams.stop_token_ids must be {allowed}, got {st!r} (bad element {tok!r})")
             set_(self, "stop_token_ids", [int(tok) for tok in ids])
 
     @property
@@ -365,9 +358,7 @@ def _as_logits(logits: Any, batch: int) -> np.ndarray:
     if arr.ndim != 2:
         raise ValueError(f"logits must be 2-D [batch, vocab], got shape {arr.shape}")
     if arr.shape[0] != batch:
-        raise ValueError(
-            f"logits has {arr.shape[0]} rows but {batch} SamplingParams were given"
-        )
+        raise ValueError(f"logits has {arr.shape[0]} rows but {batch} SamplingParams were given")
     if arr.shape[1] < 1:
         raise ValueError("logits must have a vocabulary of at least one token")
     return arr
@@ -439,13 +430,10 @@ def sample(
         g = None if generators is None else generators[i]
         if g is None:
             raise ValueError(
-                f"row {i} samples (temperature={p.temperature}) but has no generator; "
-                "create one per request with make_generator(params)"
+                f"row {i} samples (temperature={p.temperature}) but has no generator; create one per request with make_generator(params)"
             )
         if not isinstance(g, np.random.Generator):
-            raise TypeError(
-                f"generators[{i}] must be a numpy.random.Generator, got {type(g).__name__}"
-            )
+            raise TypeError(f"generators[{i}] must be a numpy.random.Generator, got {type(g).__name__}")
 
     token_ids = np.empty(batch, dtype=np.int64)
     fallback = np.zeros(batch, dtype=bool)

@@ -58,9 +58,8 @@ chunked prefill, recompute preemption of the last running request; ``query_start
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -373,11 +372,7 @@ class _BaseScheduler:
         extra = [r for r in [*sampled, *errors] if r not in producing]
         if extra:
             raise SchedulerError(f"step {out.step}: tokens given for requests that produce none this step: {extra!r}")
-        missing = [
-            r
-            for r in producing
-            if r not in sampled and r not in errors and r in self._live and self._live[r].status is RequestStatus.RUNNING
-        ]
+        missing = [r for r in producing if r not in sampled and r not in errors and r in self._live and self._live[r].status is RequestStatus.RUNNING]
         if missing:
             raise SchedulerError(f"step {out.step}: no sampled token for requests {missing!r}")
         tokens: dict[Hashable, int] = {}
@@ -599,8 +594,7 @@ class Scheduler(_BaseScheduler):
             )
         if self.max_model_len is not None and req.num_prompt_tokens + req.max_tokens > self.max_model_len:
             return (
-                f"request {req.request_id!r}: prompt {req.num_prompt_tokens} + max_tokens {req.max_tokens} "
-                f"exceeds max_model_len {self.max_model_len}"
+                f"request {req.request_id!r}: prompt {req.num_prompt_tokens} + max_tokens {req.max_tokens} exceeds max_model_len {self.max_model_len}"
             )
         return super()._rejection_reason(req)
 

@@ -41,6 +41,7 @@ __all__ = ["CudaError", "DeviceBufferPool", "TensorRTExecutor", "check_input", "
 
 _ALIGNMENT = 256  # bytes; cudaMalloc aligns to at least this, and no buffer is empty
 
+
 def require_gpu(device: int = 0) -> None:
     """Check that CUDA device ``device`` is usable, before spending time on an engine build.
 
@@ -63,9 +64,7 @@ def check_input(name: str, array: Any, expected_shape: Sequence[int], dtype: np.
     arr = np.asarray(array)
     expected = tuple(int(d) for d in expected_shape)
     if arr.ndim != len(expected) or any(e >= 0 and e != f for e, f in zip(expected, arr.shape)):
-        raise ValueError(
-            f"input {name!r}: expected shape {_fmt_shape(expected)} (-1 = any size), found {tuple(arr.shape)}"
-        )
+        raise ValueError(f"input {name!r}: expected shape {_fmt_shape(expected)} (-1 = any size), found {tuple(arr.shape)}")
     if arr.dtype != dtype:
         if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
             raise ValueError(f"input {name!r}: cannot cast {arr.dtype} to the engine's {dtype} without changing its kind")
@@ -225,10 +224,7 @@ class TensorRTExecutor(Executor):
         text = f"input {name!r}: shape {shape} is not accepted by the engine"
         try:
             low, opt, high = self._engine.get_tensor_profile_shape(name, 0)
-            text += (
-                f" (optimization profile 0: min {_fmt_shape(_dims(low))}, opt {_fmt_shape(_dims(opt))}, "
-                f"max {_fmt_shape(_dims(high))})"
-            )
+            text += f" (optimization profile 0: min {_fmt_shape(_dims(low))}, opt {_fmt_shape(_dims(opt))}, max {_fmt_shape(_dims(high))})"
         except Exception:  # pragma: no cover - no profile information
             pass
         return text + self._tensorrt_said()
@@ -245,14 +241,8 @@ class TensorRTExecutor(Executor):
         missing = [n for n in self.input_names if n not in feeds]
         unknown = [n for n in feeds if n not in self._dtypes or n in self.output_names]
         if missing or unknown:
-            raise ValueError(
-                f"feeds must name exactly the engine inputs {self.input_names}; "
-                f"missing {missing}, unknown {unknown}"
-            )
-        hosts = {
-            name: check_input(name, feeds[name], _dims(self._engine.get_tensor_shape(name)), self._dtypes[name])
-            for name in self.input_names
-        }
+            raise ValueError(f"feeds must name exactly the engine inputs {self.input_names}; missing {missing}, unknown {unknown}")
+        hosts = {name: check_input(name, feeds[name], _dims(self._engine.get_tensor_shape(name)), self._dtypes[name]) for name in self.input_names}
         self._logger.messages.clear()
         cuda_check(cudart.cudaSetDevice(self.device), f"cudaSetDevice({self.device})")
         for name, arr in hosts.items():
