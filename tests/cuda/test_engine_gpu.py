@@ -348,7 +348,7 @@ def test_tiny_models_match_transformers(cp: Any, hf_models: Any, variant: str) -
     from trtcore.builder import BuildConfig, _builder_config, define_network
     from trtcore.checkpoint import Checkpoint
     from trtcore.config import load_config
-    from trtcore.runtime.generate import attention_mask
+    from trtcore.kv_modes import attention_mask
 
     assert variant in VARIANTS
     path = hf_models.dir(variant)
