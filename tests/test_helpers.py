@@ -280,3 +280,20 @@ def test_the_probe_without_cuda_python(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gpu.device_count() == 0
     with pytest.raises(gpu.NoGPUError, match="^TensorRT needs a GPU: cuda.bindings.runtime is not available"):
         gpu.require_gpu(0, "TensorRT needs a GPU")
+
+
+@pytest.mark.parametrize("module", ["trtcore.reference", "trtcore.cuda"])
+def test_reference_and_cuda_loggers_keep_messages(module: str) -> None:
+    """The executors quote ``logger.messages`` and count ``logger.errors`` for every backend
+    (TensorRTExecutor drives the cuda engine too): the reference Logger keeps both."""
+    import importlib
+
+    trt = importlib.import_module(module)
+    logger = log.trt_logger(trt)
+    logger.messages.clear()
+    seen = len(logger.errors)
+    logger.log(trt.Logger.INFO, "info is not kept")
+    logger.log(trt.Logger.WARNING, "a warning")
+    logger.log(trt.Logger.ERROR, "an error")
+    assert list(logger.messages) == ["a warning", "an error"]
+    assert logger.errors[seen:] == ["an error"]

@@ -7,6 +7,8 @@ against :mod:`trtcore.reference` runs unchanged against ``tensorrt`` or ``tensor
 
 from __future__ import annotations
 
+import collections
+
 import ctypes
 import enum
 from typing import Any
@@ -268,8 +270,16 @@ class Logger:
 
     def __init__(self, min_severity: int = WARNING) -> None:
         self.min_severity = min_severity
+        #: the last 32 warnings and errors, and every error (as :func:`trtcore.log.trt_logger`'s
+        #: loggers keep them, so executors can quote what the builder or runtime said)
+        self.messages: collections.deque[str] = collections.deque(maxlen=32)
+        self.errors: list[str] = []
 
     def log(self, severity: int, msg: str) -> None:
+        if severity <= self.WARNING:
+            self.messages.append(msg)
+        if severity <= self.ERROR:
+            self.errors.append(msg)
         if severity <= self.min_severity:
             import sys
 
