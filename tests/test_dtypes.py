@@ -194,3 +194,17 @@ def test_former_tables_are_the_table() -> None:
     assert rope.DTYPE_CODES is paged_attention.DTYPE_CODES is dtypes.KERNEL_DTYPE_CODES
     assert trt_executor.numpy_dtype is dtypes.numpy_dtype
     assert base.np_dtype is dtypes.numpy_dtype and base.trt_dtype is dtypes.trt_dtype
+
+
+def test_cuda_data_type_codes_are_cuda_python_s() -> None:
+    """Each row's ``cudaDataType_t`` code (what cuBLAS takes) is the CUDA runtime's own
+    enum value, read from cuda-python (``cuda.bindings.runtime.cudaDataType``)."""
+    from cuda.bindings import runtime as cudart
+
+    names = {"float32": "CUDA_R_32F", "float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF", "int8": "CUDA_R_8I",
+             "uint8": "CUDA_R_8U", "int32": "CUDA_R_32I", "float64": "CUDA_R_64F"}
+    for row in dtypes.DTYPES:
+        if row.name in names:
+            assert row.cuda_data_type == int(getattr(cudart.cudaDataType, names[row.name])), row.name
+        else:
+            assert row.cuda_data_type is None, row.name

@@ -61,6 +61,8 @@ class DType:
         cuda: the CUDA C type (``"__nv_bfloat16"``), None where kernels have none.
         kernel: the ``DTYPE`` define of ``kernels/dtype.cuh``, None where kernels lack it.
         aliases: other names accepted by :func:`lookup` (``"bf16"``).
+        cuda_data_type: the ``cudaDataType_t`` code cuBLAS takes (``CUDA_R_16BF`` = 14; CUDA
+            Toolkit ``library_types.h``), None where cuBLAS has none.
     """
 
     name: str
@@ -71,6 +73,20 @@ class DType:
     cuda: str | None = None
     kernel: int | None = None
     aliases: tuple[str, ...] = ()
+    cuda_data_type: int | None = None
+
+    @property
+    def cuda_compute(self) -> str | None:
+        """The CUDA C type kernels compute this type in: ``float`` for 32-bit and narrower
+        floats (TensorRT's kernels accumulate float16/bfloat16 in float32), ``int`` for
+        integers narrower than 32 bits, else the type itself."""
+        if self.cuda is None:
+            return None
+        if self.numpy.kind == "f" or self.name.startswith("float8") or self.name == "bfloat16":
+            return "double" if self.itemsize == 8 else "float"
+        if self.numpy.kind in "iu" and self.itemsize < 4:
+            return "int"
+        return self.cuda
 
     @property
     def itemsize(self) -> int:
@@ -87,16 +103,16 @@ def _row(name: str, numpy: Any, trt: str | None, st: str | None, storage: Any = 
 DTYPES: tuple[DType, ...] = tuple(
     row
     for row in (
-        _row("float32", np.float32, "FLOAT", "F32", cuda="float", kernel=0, aliases=("fp32", "float")),
-        _row("float16", np.float16, "HALF", "F16", cuda="__half", kernel=1, aliases=("fp16", "half")),
-        _row("bfloat16", ml_dtypes.bfloat16, "BF16", "BF16", np.uint16, cuda="__nv_bfloat16", kernel=2, aliases=("bf16",)),
+        _row("float32", np.float32, "FLOAT", "F32", cuda="float", kernel=0, aliases=("fp32", "float"), cuda_data_type=0),
+        _row("float16", np.float16, "HALF", "F16", cuda="__half", kernel=1, aliases=("fp16", "half"), cuda_data_type=2),
+        _row("bfloat16", ml_dtypes.bfloat16, "BF16", "BF16", np.uint16, cuda="__nv_bfloat16", kernel=2, aliases=("bf16",), cuda_data_type=14),
         _row("float8_e4m3fn", ml_dtypes.float8_e4m3fn, "FP8", "F8_E4M3", np.uint8, cuda="__nv_fp8_e4m3", aliases=("fp8", "fp8_e4m3")),
-        _row("int8", np.int8, "INT8", "I8", cuda="signed char"),
-        _row("uint8", np.uint8, "UINT8", "U8", cuda="unsigned char"),
-        _row("int32", np.int32, "INT32", "I32", cuda="int"),
+        _row("int8", np.int8, "INT8", "I8", cuda="signed char", cuda_data_type=3),
+        _row("uint8", np.uint8, "UINT8", "U8", cuda="unsigned char", cuda_data_type=8),
+        _row("int32", np.int32, "INT32", "I32", cuda="int", cuda_data_type=10),
         _row("int64", np.int64, "INT64", "I64", cuda="long long"),
         _row("bool", np.bool_, "BOOL", "BOOL", cuda="bool"),
-        _row("float64", np.float64, None, "F64", cuda="double"),
+        _row("float64", np.float64, None, "F64", cuda="double", cuda_data_type=1),
         _row("int16", np.int16, None, "I16", cuda="short"),
         _row("uint16", np.uint16, None, "U16", cuda="unsigned short"),
         _row("uint32", np.uint32, None, "U32", cuda="unsigned int"),

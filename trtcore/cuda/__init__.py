@@ -14,6 +14,9 @@ nvmath-python (cuBLAS) and a GPU to execute; building and kernel generation need
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ..reference import (
     ActivationType,
     AttentionIOForm,
@@ -57,11 +60,36 @@ from ..reference import (
     uint8,
 )
 from ..reference import bool as bool
-from .builder import Builder
-from .runtime import EngineExecutionError, ICudaEngine, IExecutionContext, Runtime
 from .weights import Weights
 
+if TYPE_CHECKING:
+    from .builder import Builder
+    from .runtime import EngineExecutionError, ICudaEngine, IExecutionContext, Runtime
+
 __version__ = "0.1.0"
+
+#: the compiler and the runtime objects, imported on first use (PEP 562), so that the
+#: package's own modules can import their siblings without importing the whole compiler
+_LAZY = {
+    "Builder": "builder",
+    "EngineExecutionError": "runtime",
+    "ICudaEngine": "runtime",
+    "IExecutionContext": "runtime",
+    "Runtime": "runtime",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(f"{__name__}.{_LAZY[name]}")
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 class IPluginV3:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import dtypes as dtype_table
 from ..reference.types import (
     FLOATING,
     ActivationType,
@@ -37,27 +38,16 @@ from ..reference.types import (
 )
 from .ir import Node
 
-CTYPE = {
-    DataType.FLOAT: "float",
-    DataType.HALF: "__half",
-    DataType.BF16: "__nv_bfloat16",
-    DataType.INT32: "int",
-    DataType.INT64: "long long",
-    DataType.INT8: "signed char",
-    DataType.UINT8: "unsigned char",
-    DataType.BOOL: "bool",
-}
-#: the type values of a DataType are computed in
-COMPUTE = {
-    DataType.FLOAT: "float",
-    DataType.HALF: "float",
-    DataType.BF16: "float",
-    DataType.INT32: "int",
-    DataType.INT64: "long long",
-    DataType.INT8: "int",
-    DataType.UINT8: "int",
-    DataType.BOOL: "bool",
-}
+
+def ctype(dtype: DataType) -> str:
+    """The CUDA C storage type of ``dtype`` (:mod:`trtcore.dtypes`)."""
+    return str(dtype_table.lookup(dtype).cuda)
+
+
+def compute_type(dtype: DataType) -> str:
+    """The CUDA C type values of ``dtype`` are computed in (float for 16-bit floats)."""
+    return str(dtype_table.lookup(dtype).cuda_compute)
+
 
 PREAMBLE = r"""
 #include <cuda_fp16.h>
@@ -204,7 +194,7 @@ _UN = {
 def _activation(kind: ActivationType, x: str, alpha: float, beta: float, dtype: DataType) -> str:
     al, be = float_literal(alpha), float_literal(beta)
     if dtype not in FLOATING:  # RELU on integers
-        return f"op_max({x}, ({COMPUTE[dtype]})0)"
+        return f"op_max({x}, ({compute_type(dtype)})0)"
     return {
         A.RELU: f"op_max({x}, 0.0f)",
         A.SIGMOID: f"(1.0f / (1.0f + expf(-{x})))",
@@ -237,13 +227,13 @@ def member_expr(node: Node, args: Sequence[str], in_dtypes: Sequence[DataType], 
         if dst == DataType.BOOL:
             e = f"({args[0]} != 0)"
         else:
-            e = f"(({COMPUTE[dst]}){args[0]})"
+            e = f"(({compute_type(dst)}){args[0]})"
         if src in FLOATING and dst not in FLOATING and dst != DataType.BOOL:
-            e = f"(({COMPUTE[dst]})(long long)({args[0]}))" if dst != DataType.INT64 else f"((long long)({args[0]}))"
+            e = f"(({compute_type(dst)})(long long)({args[0]}))" if dst != DataType.INT64 else f"((long long)({args[0]}))"
     elif op == "select":
         e = f"({args[0]} ? {args[1]} : {args[2]})"
     elif op == "identity":
-        e = f"(({COMPUTE[out_dtype]}){args[0]})"
+        e = f"(({compute_type(out_dtype)}){args[0]})"
     else:  # pragma: no cover - fusion only groups the ops above
         raise ValueError(op)
     return _rounded(e, out_dtype)
@@ -274,7 +264,7 @@ class _Body:
             expr = member_expr(m, args, [self.dtypes[x] for x in m.inputs if x], self.dtypes[v])
         name = f"v{self.counter}"
         self.counter += 1
-        self.lines.append(f"    const {COMPUTE[self.dtypes[v]]} {name} = {expr};")
+        self.lines.append(f"    const {compute_type(self.dtypes[v])} {name} = {expr};")
         self.names[v] = name
         return name
 
@@ -298,10 +288,10 @@ def _group_signature(node: Node, dtypes: dict[str, DataType], rank: int, count: 
     params: list[tuple[str, str]] = []
     sig: list[str] = []
     for j, o in enumerate(node.outputs):
-        sig.append(f"{CTYPE[dtypes[o]]}* __restrict__ out{j}")
+        sig.append(f"{ctype(dtypes[o])}* __restrict__ out{j}")
         params.append(("ptr", f"out:{o}"))
     for k, v in enumerate(node.inputs):
-        sig.append(f"const {CTYPE[dtypes[v]]}* __restrict__ in{k}")
+        sig.append(f"const {ctype(dtypes[v])}* __restrict__ in{k}")
         params.append(("ptr", f"in:{v}"))
     sig.append(f"i64 {count}")
     params.append(("i64", role))
@@ -436,7 +426,7 @@ def softmax(dtype_in: DataType, dtype_out: DataType, rank: int) -> KernelSource:
     the softmax axis is last (the runtime passes dims/strides that way); one block per row,
     float32; output dense in the permuted order's inverse (given as output strides)."""
     fn = f"k_softmax_{dtype_in.name}_{dtype_out.name}_r{rank}"
-    sig = [f"{CTYPE[dtype_out]}* __restrict__ out", f"const {CTYPE[dtype_in]}* __restrict__ x", "i64 rows"]
+    sig = [f"{ctype(dtype_out)}* __restrict__ out", f"const {ctype(dtype_in)}* __restrict__ x", "i64 rows"]
     params = [("ptr", "out"), ("ptr", "in:0"), ("i64", "rows")]
     for d in range(rank):
         sig.append(f"i64 d{d}")
@@ -474,7 +464,7 @@ def reduce_generic(op: ReduceOperation, dtype: DataType, kept: int, reduced: int
     ``reduced`` dims (float32 accumulation for floats, 64-bit for integers)."""
     fn = f"k_reduce_{op.name}_{dtype.name}_{kept}_{reduced}"
     acc_t = "float" if dtype in FLOATING else "long long"
-    sig = [f"{CTYPE[dtype]}* __restrict__ out", f"const {CTYPE[dtype]}* __restrict__ x", "i64 n", "i64 count"]
+    sig = [f"{ctype(dtype)}* __restrict__ out", f"const {ctype(dtype)}* __restrict__ x", "i64 n", "i64 count"]
     params = [("ptr", "out"), ("ptr", "in:0"), ("i64", "numel"), ("i64", "count")]
     for d in range(kept):
         sig += [f"i64 kd{d}", f"i64 ks{d}"]
@@ -520,9 +510,9 @@ def gather(dtype: DataType, idx_dtype: DataType, pre: int, idx_rank: int, post: 
     this never reads outside the data)."""
     fn = f"k_gather_{dtype.name}_{idx_dtype.name}_{pre}_{idx_rank}_{post}"
     sig = [
-        f"{CTYPE[dtype]}* __restrict__ out",
-        f"const {CTYPE[dtype]}* __restrict__ x",
-        f"const {CTYPE[idx_dtype]}* __restrict__ ix",
+        f"{ctype(dtype)}* __restrict__ out",
+        f"const {ctype(dtype)}* __restrict__ x",
+        f"const {ctype(idx_dtype)}* __restrict__ ix",
         "i64 n",
         "i64 axis_len",
         "i64 axis_stride",
@@ -562,7 +552,7 @@ def concat(dtype: DataType, n_inputs: int, rank: int) -> KernelSource:
     """Concatenation along the dimension ``axis`` (a parameter), the extent of input ``k``
     along it ``len_k``; one thread per output element, each input strided."""
     fn = f"k_concat_{dtype.name}_{n_inputs}_r{rank}"
-    sig = [f"{CTYPE[dtype]}* __restrict__ out"] + [f"const {CTYPE[dtype]}* __restrict__ x{k}" for k in range(n_inputs)]
+    sig = [f"{ctype(dtype)}* __restrict__ out"] + [f"const {ctype(dtype)}* __restrict__ x{k}" for k in range(n_inputs)]
     params = [("ptr", "out")] + [("ptr", f"in:{k}") for k in range(n_inputs)]
     sig += ["i64 n", "i64 axis"]
     params += [("i64", "numel"), ("i64", "axis")]
@@ -596,9 +586,9 @@ def kv_cache_update(dtype: DataType, idx_dtype: DataType) -> KernelSource:
     """``cache[b, h, w[b] + s, d] = update[b, h, s, d]`` in place; update strided, cache dense."""
     fn = f"k_kv_update_{dtype.name}_{idx_dtype.name}"
     sig = [
-        f"{CTYPE[dtype]}* __restrict__ cache",
-        f"const {CTYPE[dtype]}* __restrict__ upd",
-        f"const {CTYPE[idx_dtype]}* __restrict__ w",
+        f"{ctype(dtype)}* __restrict__ cache",
+        f"const {ctype(dtype)}* __restrict__ upd",
+        f"const {ctype(idx_dtype)}* __restrict__ w",
         "i64 n",
         "i64 H",
         "i64 S",
@@ -644,14 +634,14 @@ def attention(dtype: DataType, mask: DataType | None, has_lengths: bool, softmax
     mname = "none" if mask is None else mask.name
     fn = f"k_attention_{dtype.name}_{mname}_{int(has_lengths)}_{int(softmax_norm)}"
     sig = [
-        f"{CTYPE[dtype]}* __restrict__ out",
-        f"const {CTYPE[dtype]}* __restrict__ q",
-        f"const {CTYPE[dtype]}* __restrict__ k",
-        f"const {CTYPE[dtype]}* __restrict__ v",
+        f"{ctype(dtype)}* __restrict__ out",
+        f"const {ctype(dtype)}* __restrict__ q",
+        f"const {ctype(dtype)}* __restrict__ k",
+        f"const {ctype(dtype)}* __restrict__ v",
     ]
     params = [("ptr", "out"), ("ptr", "in:0"), ("ptr", "in:1"), ("ptr", "in:2")]
     if mask is not None:
-        sig.append(f"const {CTYPE[mask]}* __restrict__ mk")
+        sig.append(f"const {ctype(mask)}* __restrict__ mk")
         params.append(("ptr", "in:3"))
     if has_lengths:
         sig.append("const int* __restrict__ kvl")
@@ -756,7 +746,7 @@ def gemv(dtype: DataType, max_m: int = 4) -> KernelSource:
     per output feature ``n`` streams the weight row with 16-byte loads (``K`` a multiple of 8,
     rows 16-byte aligned), float32 accumulation, a warp reduction; ``x`` and ``y`` strided by
     row (``ldx``, ``ldy``)."""
-    t = CTYPE[dtype]
+    t = ctype(dtype)
     fn = f"k_gemv_{dtype.name}_m{max_m}"
     vec = "uint4" if dtype.itemsize == 2 else "float4"
     per = 16 // dtype.itemsize  # elements per 16-byte load

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..reference.types import FLOATING, ReduceOperation
 from .ir import Graph, Node, Shape
 
 
@@ -98,7 +99,7 @@ def grow(graph: Graph, points: list[dict[str, Shape]], seed: Callable[[Context, 
         if target is None:
             target = Group({i}, out)
             if graph.nodes[i].op == "reduce":
-                target.reduce = i if _row_reduce(ctx, i) else None
+                target.reduce = i if row_reducible(ctx, i) else None
                 if target.reduce is None:
                     continue  # a reduction no row kernel takes stays a node of its own
                 target.domain = graph.nodes[i].inputs[0]
@@ -113,10 +114,23 @@ def grow(graph: Graph, points: list[dict[str, Shape]], seed: Callable[[Context, 
     return groups
 
 
-def _row_reduce(ctx: Context, i: int) -> bool:
-    from .reduction_fusion import row_reducible
+#: the reductions a row kernel computes
+_ROW_OPS = {int(ReduceOperation.SUM), int(ReduceOperation.AVG), int(ReduceOperation.MAX), int(ReduceOperation.MIN)}
 
-    return row_reducible(ctx, i)
+
+def row_reducible(ctx: Context, i: int) -> bool:
+    """A reduction a row kernel takes: last axis only, keep_dims, SUM/AVG/MAX/MIN, float."""
+    node = ctx.graph.nodes[i]
+    if node.op != "reduce":
+        return False
+    x = node.inputs[0]
+    rank = len(ctx.graph.values[x].shape)
+    return (
+        tuple(node.attrs["axes"]) == (rank - 1,)
+        and node.attrs["keep_dims"]
+        and node.attrs["op"] in _ROW_OPS
+        and ctx.graph.values[x].dtype in FLOATING
+    )
 
 
 def rewrite(graph: Graph, groups: list[Group], stats: dict[str, Any]) -> Graph:

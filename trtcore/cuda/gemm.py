@@ -24,10 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import dtypes
 from ..reference.types import DataType
 
-#: ``cudaDataType`` codes
-CUDA_R = {DataType.FLOAT: 0, DataType.HALF: 2, DataType.BF16: 14}
 #: ``cublasComputeType_t`` CUBLAS_COMPUTE_32F
 COMPUTE_32F = 68
 #: ``cublasGemmAlgo_t`` CUBLAS_GEMM_DEFAULT
@@ -195,7 +194,7 @@ class Cublas:
         """Enqueue ``call`` (pointers are the operands' bases, offsets are added here)."""
         self.bind(stream)
         size = dtype.itemsize
-        t = CUDA_R[dtype]
+        t = dtypes.lookup(dtype).cuda_data_type
         x, y, c = x_ptr + call.x_off * size, y_ptr + call.y_off * size, c_ptr + call.c_off * size
         one, zero = self._one.ctypes.data, self._zero.ctypes.data
         if call.batch == 1:

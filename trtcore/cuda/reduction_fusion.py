@@ -14,26 +14,8 @@ decoder layer's two "add + norm" pairs are two kernels.
 
 from __future__ import annotations
 
-from ..reference.types import FLOATING, ReduceOperation
-from .fusion import Context, Group
+from .fusion import Context, Group, row_reducible
 from .ir import POINTWISE
-
-_ROW_OPS = {int(ReduceOperation.SUM), int(ReduceOperation.AVG), int(ReduceOperation.MAX), int(ReduceOperation.MIN)}
-
-
-def row_reducible(ctx: Context, i: int) -> bool:
-    """A reduction a row kernel takes: last axis only, keep_dims, SUM/AVG/MAX/MIN, float."""
-    node = ctx.graph.nodes[i]
-    if node.op != "reduce":
-        return False
-    x = node.inputs[0]
-    rank = len(ctx.graph.values[x].shape)
-    return (
-        tuple(node.attrs["axes"]) == (rank - 1,)
-        and node.attrs["keep_dims"]
-        and node.attrs["op"] in _ROW_OPS
-        and ctx.graph.values[x].dtype in FLOATING
-    )
 
 
 def reduce_rule(ctx: Context, i: int, group: Group | None) -> str | None:

@@ -8,7 +8,6 @@ against :mod:`trtcore.reference` runs unchanged against ``tensorrt`` or ``tensor
 from __future__ import annotations
 
 import collections
-
 import ctypes
 import enum
 from typing import Any
