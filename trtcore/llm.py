@@ -235,6 +235,8 @@ class LLM:
             from .default_model import default_model_dir
 
             model = default_model_dir(progress=progress)
+        if not isinstance(model, (str, os.PathLike)):
+            raise InvalidArgumentError(f"model must be a model folder (a str or os.PathLike), got {model!r} ({type(model).__name__})")
         self.model_dir = Path(model)
         self.config: ModelConfig = load_config(self.model_dir)
         self.generation_config: GenerationConfig = load_generation_config(self.model_dir, self.config)
@@ -355,6 +357,9 @@ class LLM:
             ids = self.encode(prompt)
         elif isinstance(prompt, (list, tuple, np.ndarray)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
             ids = [int(t) for t in prompt]
+        elif isinstance(prompt, (list, tuple, np.ndarray)):
+            bad = next(t for t in prompt if isinstance(t, bool) or not isinstance(t, (int, np.integer)))
+            raise InvalidRequestError(f"prompt {index}: token ids must be integers, got {bad!r} ({type(bad).__name__})")
         else:
             raise InvalidRequestError(f"prompt {index} must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:

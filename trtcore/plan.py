@@ -26,6 +26,7 @@ One rule per default:
 
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
@@ -52,6 +53,16 @@ PAGED_ATTENTION = "plugin"
 
 #: float16's largest finite value (IEEE 754 binary16)
 FLOAT16_MAX = 65504.0
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int, or InvalidArgumentError naming ``name`` (not an integer -- a bool,
+    float or string is refused -- or below ``minimum``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
 
 
 def _choice(what: str, value: str | None, allowed: tuple[str, ...]) -> None:
@@ -102,6 +113,10 @@ class BuildConfig:
     attention: str = "layers"
 
     def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_seq_len", "opt_batch_size", "opt_seq_len", "block_size", "max_num_tokens", "max_num_blocks"):
+            value = getattr(self, name)
+            if value is not None:
+                check_int(name, value, -(2**63))  # the type here; each bound below, with its own message
         _choice("attention", self.attention, IMPLEMENTATIONS["attention"])
         if self.attention == "native" and self.kv_cache == "paged":
             raise InvalidArgumentError(

@@ -35,7 +35,6 @@ Sources: vLLM (PagedAttention; ``BlockSpaceManager`` / ``KVCacheManager``, ``slo
 
 from __future__ import annotations
 
-import numbers
 from collections import deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ import numpy as np
 
 from trtcore.dtypes import NAMES
 from trtcore.errors import InvalidArgumentError, TrtcoreError
+from trtcore.plan import check_int
 
 __all__ = [
     "PAD_SLOT_ID",
@@ -89,15 +89,6 @@ def kv_cache_dtype(dtype: Any) -> np.dtype:
     if dt.name not in _KV_DTYPES:
         raise InvalidArgumentError(f"KV cache dtype {dt} is not supported; expected one of {', '.join(sorted(_KV_DTYPES))}")
     return dt
-
-
-def check_int(name: str, value: Any, minimum: int) -> int:
-    """``value`` as an int, or InvalidArgumentError naming ``name`` (not an integer, or below ``minimum``)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 @dataclass(frozen=True)
