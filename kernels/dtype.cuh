@@ -3,6 +3,10 @@
 // elem_t is the storage type; to_f32 / from_f32 convert (from_f32 rounds to nearest even).
 #pragma once
 
+#ifndef DTYPE
+#define DTYPE 2  // bfloat16, the kernels' default
+#endif
+
 #if DTYPE == 0
 typedef float elem_t;
 __device__ __forceinline__ float to_f32(float x) { return x; }

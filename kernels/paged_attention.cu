@@ -57,9 +57,7 @@
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
 // trtcore-variants: [{"DTYPE": 0, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 0, "HEAD_DIM": 128, "BLOCK_SIZE": 16}]
 
-#ifndef DTYPE
-#define DTYPE 2
-#endif
+#include "dtype.cuh"  // DTYPE (default 2, bfloat16), elem_t, to_f32 / from_f32
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
@@ -83,23 +81,18 @@ static_assert(BLOCK_SIZE >= 1, "BLOCK_SIZE must be >= 1");
 
 // ---- element types and conversions ------------------------------------------------------
 
-#include "dtype.cuh"
-
 #if DTYPE == 1
+#define PA_MMA_TYPE "f16"
+#elif DTYPE == 2
+#define PA_MMA_TYPE "bf16"
+#endif
+#ifdef PA_MMA_TYPE
 // two floats -> one register; lo goes to the low 16 bits (the lower column index)
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     unsigned r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    asm("cvt.rn." PA_MMA_TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-#define PA_MMA_TYPE "f16"
-#elif DTYPE == 2
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-#define PA_MMA_TYPE "bf16"
 #endif
 #define PA_VEC (16 / (int)sizeof(elem_t))  // elements per 16-byte vector
 

@@ -48,9 +48,7 @@
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}]
 
-#ifndef DTYPE
-#define DTYPE 2
-#endif
+#include "dtype.cuh"  // DTYPE (default 2, bfloat16), elem_t, to_f32 / from_f32
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
@@ -74,7 +72,6 @@
 
 // ---- element types and conversions ------------------------------------------------------
 
-#include "dtype.cuh"
 #define VEC_BYTES (VEC * (int)sizeof(elem_t))
 
 template <int BYTES> struct raw_vec;

@@ -92,21 +92,19 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _plan_choices(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan options ``generate`` and ``build`` both take (``--dtype``, ``--rope``,
+    ``--kv-cache``, ``--attention``), as keywords of ``LLM`` and ``BuildConfig``."""
+    return {name: getattr(args, name) for name in ("dtype", "rope", "kv_cache", "attention")}
+
+
 def _generate(args: argparse.Namespace) -> int:
     from .llm import LLM
     from .runtime.sampling import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens)
     t0 = time.perf_counter()
-    llm = LLM(
-        _model_dir(args.model),
-        backend=args.backend,
-        dtype=args.dtype,
-        rope=args.rope,
-        kv_cache=args.kv_cache,
-        device=args.device,
-        attention=args.attention,
-    )
+    llm = LLM(_model_dir(args.model), backend=args.backend, device=args.device, **_plan_choices(args))
     load_s = time.perf_counter() - t0
     prompt = args.prompt
     if args.chat:
@@ -156,14 +154,7 @@ def _build(args: argparse.Namespace) -> int:
 
     model = _model_dir(args.model)
     config = load_config(model)
-    options = BuildConfig(
-        dtype=args.dtype,
-        max_batch_size=args.max_batch_size,
-        max_seq_len=args.max_seq_len,
-        rope=args.rope,
-        kv_cache=args.kv_cache,
-        attention=args.attention,
-    )
+    options = BuildConfig(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, **_plan_choices(args))
     plan = resolve_plan(config, options, args.backend, engine=True)  # the same rules as LLM(...)
     if args.max_seq_len is not None and plan.max_seq_len < args.max_seq_len:
         print(f"trtcore: note: --max-seq-len {args.max_seq_len} capped at the model's max_position_embeddings ({plan.max_seq_len})", file=sys.stderr)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -230,32 +230,28 @@ def gather_const(g: Graph, data: Tensor, indices: Sequence[int], axis: int, name
 # ---------------------------------------------------------------------------------------
 
 
-def _ew(g: Graph, a: Tensor, b: Tensor, op: Any, name: str) -> Tensor:
-    return g.named(g.network.add_elementwise(a, b, op), name)
+class _Binary(Protocol):
+    def __call__(self, g: Graph, a: Tensor, b: Tensor, name: str = ...) -> Tensor: ...
 
 
-def add(g: Graph, a: Tensor, b: Tensor, name: str = "add") -> Tensor:
-    return _ew(g, a, b, g.trt.ElementWiseOperation.SUM, name)
+def _elementwise(public_name: str, op: str, default_name: str) -> _Binary:
+    """The op ``a <op> b`` with TensorRT's broadcasting (``IElementWiseLayer`` with
+    ``ElementWiseOperation.<op>``; both inputs of one rank and dtype), the layer named ``name``."""
+
+    def apply(g: Graph, a: Tensor, b: Tensor, name: str = default_name) -> Tensor:
+        return g.named(g.network.add_elementwise(a, b, getattr(g.trt.ElementWiseOperation, op)), name)
+
+    apply.__name__ = apply.__qualname__ = public_name
+    apply.__doc__ = f"``ElementWiseOperation.{op}`` of ``a`` and ``b`` (broadcast as TensorRT does); returns the output tensor."
+    return apply
 
 
-def sub(g: Graph, a: Tensor, b: Tensor, name: str = "sub") -> Tensor:
-    return _ew(g, a, b, g.trt.ElementWiseOperation.SUB, name)
-
-
-def mul(g: Graph, a: Tensor, b: Tensor, name: str = "mul") -> Tensor:
-    return _ew(g, a, b, g.trt.ElementWiseOperation.PROD, name)
-
-
-def div(g: Graph, a: Tensor, b: Tensor, name: str = "div") -> Tensor:
-    return _ew(g, a, b, g.trt.ElementWiseOperation.DIV, name)
-
-
-def maximum(g: Graph, a: Tensor, b: Tensor, name: str = "max") -> Tensor:
-    return _ew(g, a, b, g.trt.ElementWiseOperation.MAX, name)
-
-
-def power(g: Graph, a: Tensor, b: Tensor, name: str = "pow") -> Tensor:
-    return _ew(g, a, b, g.trt.ElementWiseOperation.POW, name)
+add = _elementwise("add", "SUM", "add")
+sub = _elementwise("sub", "SUB", "sub")
+mul = _elementwise("mul", "PROD", "mul")
+div = _elementwise("div", "DIV", "div")
+maximum = _elementwise("maximum", "MAX", "max")
+power = _elementwise("power", "POW", "pow")
 
 
 def unary(g: Graph, x: Tensor, op: str, name: str) -> Tensor:

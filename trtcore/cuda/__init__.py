@@ -17,54 +17,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ..reference import (
-    ActivationType,
-    AttentionIOForm,
-    AttentionNormalizationOp,
-    BuilderFlag,
-    CausalMaskKind,
-    DataType,
-    ElementWiseOperation,
-    GatherMode,
-    IBuilderConfig,
-    IHostMemory,
-    IKVCacheUpdateLayer,
-    INetworkDefinition,
-    IOptimizationProfile,
-    IPluginRegistry,
-    IPluginV3Layer,
-    ITensor,
-    KVCacheMode,
-    LayerType,
-    Logger,
-    MatrixOperation,
-    MemoryPoolType,
-    NetworkDefinitionCreationFlag,
-    PluginCreator,
-    PluginField,
-    PluginFieldCollection,
-    PluginFieldType,
-    ReduceOperation,
-    TensorIOMode,
-    TensorRTPhase,
-    UnaryOperation,
-    bfloat16,
-    float16,
-    float32,
-    from_numpy_dtype,
-    get_plugin_registry,
-    int8,
-    int32,
-    int64,
-    nptype,
-    uint8,
-)
-from ..reference import bool as bool
-from .weights import Weights
+from .. import reference as _reference
+from ..reference import *  # noqa: F403 - this backend's API is the reference's, the engine side replaced below
+from .weights import Weights as Weights
+
+# the engine side is this backend's own, imported on first use (below): drop the reference's
+for _name in ("Builder", "ICudaEngine", "Runtime"):
+    globals().pop(_name, None)
 
 if TYPE_CHECKING:
-    from .builder import Builder
-    from .runtime import EngineExecutionError, ICudaEngine, IExecutionContext, Runtime
+    from .builder import Builder as Builder
+    from .runtime import EngineExecutionError as EngineExecutionError
+    from .runtime import ICudaEngine as ICudaEngine
+    from .runtime import IExecutionContext as IExecutionContext
+    from .runtime import Runtime as Runtime
 
 __version__ = "0.1.0"
 
@@ -98,53 +64,6 @@ class IPluginV3:
     as on the reference backend; this name marks the module as hosting them."""
 
 
-__all__ = [
-    "ActivationType",
-    "AttentionIOForm",
-    "AttentionNormalizationOp",
-    "Builder",
-    "BuilderFlag",
-    "CausalMaskKind",
-    "DataType",
-    "ElementWiseOperation",
-    "EngineExecutionError",
-    "GatherMode",
-    "IBuilderConfig",
-    "ICudaEngine",
-    "IExecutionContext",
-    "IHostMemory",
-    "IKVCacheUpdateLayer",
-    "INetworkDefinition",
-    "IOptimizationProfile",
-    "IPluginRegistry",
-    "IPluginV3",
-    "IPluginV3Layer",
-    "ITensor",
-    "KVCacheMode",
-    "LayerType",
-    "Logger",
-    "MatrixOperation",
-    "MemoryPoolType",
-    "NetworkDefinitionCreationFlag",
-    "PluginCreator",
-    "PluginField",
-    "PluginFieldCollection",
-    "PluginFieldType",
-    "ReduceOperation",
-    "Runtime",
-    "TensorIOMode",
-    "TensorRTPhase",
-    "UnaryOperation",
-    "Weights",
-    "bfloat16",
-    "bool",
-    "float16",
-    "float32",
-    "from_numpy_dtype",
-    "get_plugin_registry",
-    "int8",
-    "int32",
-    "int64",
-    "nptype",
-    "uint8",
-]
+#: the reference backend's names (Builder, ICudaEngine, Runtime and Weights are this backend's
+#: own, imported above) and the execution side's; IAttention is made through INetworkDefinition
+__all__ = sorted((set(_reference.__all__) - {"IAttention"}) | {"EngineExecutionError", "IExecutionContext", "IPluginV3"})

@@ -282,6 +282,13 @@ def _index_code(rank: int, inputs: Sequence[str], prefix: str = "") -> list[str]
     return lines
 
 
+def _i64(sig: list[str], params: list[tuple[str, str]], name: str, role: str) -> None:
+    """Append one ``i64`` kernel argument: ``name`` to the C signature, ``role`` (what the
+    runtime fills it with) to the launch parameters, the two lists kept in step."""
+    sig.append(f"i64 {name}")
+    params.append(("i64", role))
+
+
 def _group_signature(node: Node, dtypes: dict[str, DataType], rank: int, count: str, role: str) -> tuple[list[str], list[tuple[str, str]]]:
     """A group kernel's parameters: outputs, inputs, the element/row count, the domain's
     dimensions, each input's strides over the domain."""
@@ -293,15 +300,12 @@ def _group_signature(node: Node, dtypes: dict[str, DataType], rank: int, count: 
     for k, v in enumerate(node.inputs):
         sig.append(f"const {ctype(dtypes[v])}* __restrict__ in{k}")
         params.append(("ptr", f"in:{v}"))
-    sig.append(f"i64 {count}")
-    params.append(("i64", role))
+    _i64(sig, params, count, role)
     for d in range(rank):
-        sig.append(f"i64 d{d}")
-        params.append(("i64", f"dim:{d}"))
+        _i64(sig, params, f"d{d}", f"dim:{d}")
     for k, v in enumerate(node.inputs):
         for d in range(rank):
-            sig.append(f"i64 s{k}_{d}")
-            params.append(("i64", f"stride:{v}:{d}"))
+            _i64(sig, params, f"s{k}_{d}", f"stride:{v}:{d}")
     return sig, params
 
 
@@ -413,11 +417,11 @@ def row_group(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
 
 
 def _strided_params(names: Sequence[str], rank: int) -> tuple[list[str], list[tuple[str, str]]]:
-    sig, params = [], []
+    sig: list[str] = []
+    params: list[tuple[str, str]] = []
     for v in names:
         for d in range(rank):
-            sig.append(f"i64 s_{v}_{d}")
-            params.append(("i64", f"stride:{v}:{d}"))
+            _i64(sig, params, f"s_{v}_{d}", f"stride:{v}:{d}")
     return sig, params
 
 
@@ -429,12 +433,10 @@ def softmax(dtype_in: DataType, dtype_out: DataType, rank: int) -> KernelSource:
     sig = [f"{ctype(dtype_out)}* __restrict__ out", f"const {ctype(dtype_in)}* __restrict__ x", "i64 rows"]
     params = [("ptr", "out"), ("ptr", "in:0"), ("i64", "rows")]
     for d in range(rank):
-        sig.append(f"i64 d{d}")
-        params.append(("i64", f"dim:{d}"))
+        _i64(sig, params, f"d{d}", f"dim:{d}")
     for who in ("x", "o"):
         for d in range(rank):
-            sig.append(f"i64 {who}s{d}")
-            params.append(("i64", f"stride:{who}:{d}"))
+            _i64(sig, params, f"{who}s{d}", f"stride:{who}:{d}")
     n = f"d{rank - 1}"
     lines = [
         PREAMBLE,
@@ -554,17 +556,14 @@ def concat(dtype: DataType, n_inputs: int, rank: int) -> KernelSource:
     fn = f"k_concat_{dtype.name}_{n_inputs}_r{rank}"
     sig = [f"{ctype(dtype)}* __restrict__ out"] + [f"const {ctype(dtype)}* __restrict__ x{k}" for k in range(n_inputs)]
     params = [("ptr", "out")] + [("ptr", f"in:{k}") for k in range(n_inputs)]
-    sig += ["i64 n", "i64 axis"]
-    params += [("i64", "numel"), ("i64", "axis")]
+    _i64(sig, params, "n", "numel")
+    _i64(sig, params, "axis", "axis")
     for d in range(rank):
-        sig.append(f"i64 d{d}")
-        params.append(("i64", f"dim:{d}"))
+        _i64(sig, params, f"d{d}", f"dim:{d}")
     for k in range(n_inputs):
-        sig.append(f"i64 len{k}")
-        params.append(("i64", f"len:{k}"))
+        _i64(sig, params, f"len{k}", f"len:{k}")
         for d in range(rank):
-            sig.append(f"i64 s{k}_{d}")
-            params.append(("i64", f"stride:{k}:{d}"))
+            _i64(sig, params, f"s{k}_{d}", f"stride:{k}:{d}")
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
@@ -646,12 +645,11 @@ def attention(dtype: DataType, mask: DataType | None, has_lengths: bool, softmax
     if has_lengths:
         sig.append("const int* __restrict__ kvl")
         params.append(("ptr", "in:6"))
-    sig += ["i64 Hq", "i64 Hkv", "i64 S", "i64 T", "i64 D", "i64 causal"]
-    params += [("i64", "Hq"), ("i64", "Hkv"), ("i64", "S"), ("i64", "T"), ("i64", "D"), ("i64", "causal")]
+    for name in ("Hq", "Hkv", "S", "T", "D", "causal"):
+        _i64(sig, params, name, name)
     for who in ("q", "k", "v") + (("m",) if mask is not None else ()):
         for d in range(4):
-            sig.append(f"i64 {who}s{d}")
-            params.append(("i64", f"stride:{who}:{d}"))
+            _i64(sig, params, f"{who}s{d}", f"stride:{who}:{d}")
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',

@@ -197,53 +197,15 @@ class Cublas:
         t = dtypes.lookup(dtype).cuda_data_type
         x, y, c = x_ptr + call.x_off * size, y_ptr + call.y_off * size, c_ptr + call.c_off * size
         one, zero = self._one.ctypes.data, self._zero.ctypes.data
+        # cuBLAS's argument order: the op/shape head, then each operand as (pointer, type, leading
+        # dimension), the strided form adding each operand's batch stride after it
+        head = (self.handle, call.op_x, call.op_y, call.m, call.n, call.k, one)
+        xa, ya, ca = (x, t, call.ldx), (y, t, call.ldy), (c, t, call.ldc)
         if call.batch == 1:
-            self._cublas.gemm_ex(
-                self.handle,
-                call.op_x,
-                call.op_y,
-                call.m,
-                call.n,
-                call.k,
-                one,
-                x,
-                t,
-                call.ldx,
-                y,
-                t,
-                call.ldy,
-                zero,
-                c,
-                t,
-                call.ldc,
-                COMPUTE_32F,
-                GEMM_DEFAULT,
-            )
+            self._cublas.gemm_ex(*head, *xa, *ya, zero, *ca, COMPUTE_32F, GEMM_DEFAULT)
         else:
             self._cublas.gemm_strided_batched_ex(
-                self.handle,
-                call.op_x,
-                call.op_y,
-                call.m,
-                call.n,
-                call.k,
-                one,
-                x,
-                t,
-                call.ldx,
-                call.stride_x,
-                y,
-                t,
-                call.ldy,
-                call.stride_y,
-                zero,
-                c,
-                t,
-                call.ldc,
-                call.stride_c,
-                call.batch,
-                COMPUTE_32F,
-                GEMM_DEFAULT,
+                *head, *xa, call.stride_x, *ya, call.stride_y, zero, *ca, call.stride_c, call.batch, COMPUTE_32F, GEMM_DEFAULT
             )
 
     def close(self) -> None:

@@ -69,6 +69,11 @@ def _grid(n: int, block: int) -> int:
     return max(1, min(-(-n // block), 65535))
 
 
+def _per_axis(role: str, values: Sequence[int]) -> dict[str, int]:
+    """Launch roles ``{role}:{d}`` for each axis ``d`` (the names codegen gives dims and strides)."""
+    return {f"{role}:{d}": v for d, v in enumerate(values)}
+
+
 class ICudaEngine:
     """A compiled engine (``tensorrt.ICudaEngine`` subset) over a :class:`Plan`."""
 
@@ -434,11 +439,9 @@ class IExecutionContext:
         smem = 0
         if op in ("pointwise_group", "copy", "row_group"):
             domain = shapes[node.attrs["domain"]] if op != "copy" else shapes[node.outputs[0]]
-            for d, x in enumerate(domain):
-                roles[f"dim:{d}"] = x
+            roles.update(_per_axis("dim", domain))
             for v in node.inputs:
-                for d, s in enumerate(bstrides(v, domain)):
-                    roles[f"stride:{v}:{d}"] = s
+                roles.update(_per_axis(f"stride:{v}", bstrides(v, domain)))
         if op in ("pointwise_group", "copy"):
             n = int(np.prod(domain))
             roles["numel"] = n
@@ -489,19 +492,16 @@ class IExecutionContext:
             out = shapes[node.outputs[0]]
             axis = node.attrs["axis"]
             roles["numel"], roles["axis"] = int(np.prod(out)), axis
-            for d, x in enumerate(out):
-                roles[f"dim:{d}"] = x
+            roles.update(_per_axis("dim", out))
             for k, v in enumerate(node.inputs):
                 roles[f"len:{k}"] = shapes[v][axis]
-                for d, s in enumerate(lay[v][1]):
-                    roles[f"stride:{k}:{d}"] = s
+                roles.update(_per_axis(f"stride:{k}", lay[v][1]))
             grid = (_grid(roles["numel"], block), 1, 1)
         elif op == "kv_cache_update":
             cache, upd = node.inputs[0], node.inputs[1]
             B, H, S, D = shapes[upd]
             roles.update({"numel": B * H * S * D, "H": H, "S": S, "D": D, "L": shapes[cache][2]})
-            for d, s in enumerate(lay[upd][1]):
-                roles[f"stride:1:{d}"] = s
+            roles.update(_per_axis("stride:1", lay[upd][1]))
             grid = (_grid(roles["numel"], block), 1, 1)
         elif op == "attention":
             q, k = node.inputs[0], node.inputs[1]
@@ -512,9 +512,7 @@ class IExecutionContext:
             for who, i in named.items():
                 if i < len(node.inputs) and node.inputs[i]:
                     v = node.inputs[i]
-                    st = [lay[v][1][d] if shapes[v][d] != 1 else 0 for d in range(4)]
-                    for d in range(4):
-                        roles[f"stride:{who}:{d}"] = st[d]
+                    roles.update(_per_axis(f"stride:{who}", [lay[v][1][d] if shapes[v][d] != 1 else 0 for d in range(4)]))
             grid = (max(S, 1), max(Hq, 1), max(B, 1))
             smem = max(T, 1) * 4
             if smem > 48 * 1024:

@@ -563,6 +563,19 @@ def _agree(a: int, b: int) -> bool:
     return a == -1 or b == -1 or a == b
 
 
+def _optional_input(index: int, name: str) -> property:
+    """A property over :class:`IAttention`'s optional input ``index`` (None when unset;
+    setting None removes it), as TensorRT's ``IAttention.<name>``."""
+
+    def get(self: IAttention) -> ITensor | None:
+        return self._opt(index)
+
+    def set(self: IAttention, tensor: ITensor | None) -> None:
+        self._set_opt(index, tensor)
+
+    return property(get, set, doc=f"The optional input {index} (``{name}``), an ITensor or None.")
+
+
 class IAttention(ILayer):
     """Fused scaled-dot-product attention (``tensorrt.IAttention``, from ``add_attention_v2``).
 
@@ -671,29 +684,9 @@ class IAttention(ILayer):
     def causal(self, value: bool) -> None:
         self.causal_kind = CausalMaskKind.UPPER_LEFT if value else CausalMaskKind.NONE
 
-    @property
-    def key_value_lengths(self) -> ITensor | None:
-        return self._opt(self._KV_LENGTHS)
-
-    @key_value_lengths.setter
-    def key_value_lengths(self, tensor: ITensor | None) -> None:
-        self._set_opt(self._KV_LENGTHS, tensor)
-
-    @property
-    def query_lengths(self) -> ITensor | None:
-        return self._opt(self._QUERY_LENGTHS)
-
-    @query_lengths.setter
-    def query_lengths(self, tensor: ITensor | None) -> None:
-        self._set_opt(self._QUERY_LENGTHS, tensor)
-
-    @property
-    def normalization_quantize_scale(self) -> ITensor | None:
-        return self._opt(self._QUANT_SCALE)
-
-    @normalization_quantize_scale.setter
-    def normalization_quantize_scale(self, tensor: ITensor | None) -> None:
-        self._set_opt(self._QUANT_SCALE, tensor)
+    key_value_lengths = _optional_input(_KV_LENGTHS, "key_value_lengths")
+    query_lengths = _optional_input(_QUERY_LENGTHS, "query_lengths")
+    normalization_quantize_scale = _optional_input(_QUANT_SCALE, "normalization_quantize_scale")
 
     def set_input(self, index: int, tensor: ITensor) -> None:
         """Replace the query (0), key (1) or value (2)."""
