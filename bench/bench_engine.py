@@ -15,9 +15,15 @@ replay's logits must equal the eager call's. In the same run:
 * every GEMM of one decoder layer and the LM head at batch 1, alone, 20 launches captured in
   a graph: achieved GB/s = (weights + activations) bytes / time.
 
-Two tactics for the decode GEMMs are timed on the same engine: cuBLAS (``gemm_ex``) and the
-generated GEMV kernel (``TRTCORE_CUDA_GEMV=1``, at most 4 rows); the faster whole step is
-reported as the engine's (``tactic``), both are kept, and their logits are compared.
+The build times each GEMM shape's tactics (cuBLAS ``gemm_ex``, cuBLASLt heuristics and their
+split-K variants, the generated GEMV kernel: :mod:`trtcore.cuda.tactics`); the engine's step
+is timed with the chosen tactics (``tuned``) and with every GEMM on ``gemm_ex``
+(``TRTCORE_CUDA_GEMV=0``, ``cublas``), and their logits are compared. A second build of the
+same network reads every tactic from the timing cache (``rebuild_s``, ``rebuild_log``).
+
+Profile (``profile``): every launch of the tuned step alone, 20 captured in a graph, median of
+``--reps``; per launch kind (norm, GEMM by role, RoPE, attention, ...): count and total
+microseconds, against the whole step's time.
 
 Method (METHOD.md): CUDA events around graph replays, warm-up first, median of ``--reps``.
 Writes ``engine.json`` and ``engine.png`` under ``--out`` and prints a table last.
@@ -86,6 +92,39 @@ def build(name: str, batch: int) -> tuple[Any, Any, dict[str, Any]]:
     del d
     gc.collect()
     return engine, cfg, info
+
+
+def step_profile(cp: Any, engine: Any, ctx: Any, reps: int) -> dict[str, Any]:
+    """Every launch of the prepared step alone (20 per graph): time per launch kind."""
+    import re
+
+    steps = next(iter(ctx._prepared.values()))
+    kinds = {k.name: k.kind for k in engine.plan.kernels}
+    stream = cp.cuda.Stream(non_blocking=True)
+    by: dict[str, dict[str, float]] = {}
+    total = 0.0
+    for s in steps:
+        if s.kind == "skip":
+            continue
+        with stream:
+            ctx._launch(s, stream.ptr)
+            stream.begin_capture()
+            for _ in range(20):
+                ctx._launch(s, stream.ptr)
+            graph = stream.end_capture()
+            us = _median_ms(cp, lambda g=graph: g.launch(stream), reps) / 20 * 1e3
+        base = s.name.removesuffix("#gemv")
+        kind = kinds.get(base, s.kind) + ("#gemv" if s.name.endswith("#gemv") else "")
+        if s.kind == "gemm" and s.tactics:
+            kind += "#" + "+".join(sorted({t["kind"] for t in s.tactics}))
+        role = re.sub(r"model\.layers\.\d+\.", "", base.split(":", 1)[-1])
+        key = f"{kind}:{role}"
+        e = by.setdefault(key, {"count": 0, "us": 0.0})
+        e["count"] += 1
+        e["us"] += us
+        total += us
+    return {"launches": sum(int(e["count"]) for e in by.values()), "sum_us": total,
+            "by_kind": dict(sorted(by.items(), key=lambda kv: -kv[1]["us"]))}
 
 
 def decode_feeds(cfg: Any, engine: Any, batch: int, ctx_len: int = 128) -> dict[str, np.ndarray]:
@@ -238,24 +277,39 @@ def main() -> int:
     for name in args.models.split(","):
         batches = [1, 16] if name == "Llama-3-8B" else [1]
         engine, cfg, info = build(name, max(batches))  # one engine; each batch is a shape of its profile
+        info["gemm_tactics"] = {sig: {k: v for k, v in t.items() if k != "algo"} for sig, t in engine.plan.tactics.items()}
+        t0 = time.perf_counter()
+        again, _, _ = build(name, max(batches))  # the timing cache answers every shape
+        info["rebuild_s"] = time.perf_counter() - t0
+        info["rebuild_log"] = [line for line in again.build_log if line.startswith("GEMM tactics")]
+        print("  build:", [line for line in info["build_log"] if line.startswith("GEMM tactics")], "rebuild:", info["rebuild_log"], flush=True)
+        del again
+        gc.collect()
         for batch in batches:
             entry = {"model": name, "batch": batch, **info, "streaming_limit_ms": info["weight_bytes"] / bw * 1e3, "tactics": {}}
             logits = {}
-            for tactic in ("cublas", "gemv"):  # the decode GEMMs: cuBLAS, or the generated GEMV kernel
-                os.environ["TRTCORE_CUDA_GEMV"] = "1" if tactic == "gemv" else "0"
+            for tactic in ("tuned", "cublas"):  # the build's timed choices; every GEMM on cublasGemmEx
+                if tactic == "cublas":
+                    os.environ["TRTCORE_CUDA_GEMV"] = "0"
+                else:
+                    os.environ.pop("TRTCORE_CUDA_GEMV", None)
                 r = run_engine(cp, engine, cfg, batch, args.reps)
                 gemms = gemm_bandwidth(cp, engine, r["ctx"], args.reps) if batch == 1 else []
                 entry["tactics"][tactic] = {"step_ms": r["step_ms"], "eager_step_ms": r["eager_step_ms"], "graph_equals_eager": r["graph_equals_eager"],
                                             "finite": r["finite"], "gemms": gemms}
+                if tactic == "tuned":
+                    entry["profile"] = step_profile(cp, engine, r["ctx"], args.reps)
+                    print(f"  profile: {entry['profile']['launches']} launches, sum {entry['profile']['sum_us']:.1f} us (step {r['step_ms'] * 1e3:.1f} us)")
+                    for k, e in entry["profile"]["by_kind"].items():
+                        print(f"    {k[:70]:70s} x{int(e['count']):4d} {e['us']:8.1f} us  ({e['us'] / e['count']:.2f} us each)")
                 logits[tactic] = r["logits"].astype(np.float64)
                 for gm in gemms:
                     print(f"  {tactic} {gm['name'][:56]:56s} M={gm['m']} N={gm['n']} K={gm['k']} {gm['ms'] * 1e3:7.1f} us {gm['GBps']:6.0f} GB/s", flush=True)
                 del r
                 gc.collect()
-            os.environ["TRTCORE_CUDA_GEMV"] = "0"
-            entry["gemv_vs_cublas_rel_l2"] = float(np.linalg.norm(logits["gemv"] - logits["cublas"]) / np.linalg.norm(logits["cublas"]))
-            best = min(entry["tactics"], key=lambda t: entry["tactics"][t]["step_ms"])  # timed choice, per engine
-            entry.update({"tactic": best, **{k: v for k, v in entry["tactics"][best].items() if k != "gemms"}})
+            os.environ.pop("TRTCORE_CUDA_GEMV", None)
+            entry["tuned_vs_cublas_rel_l2"] = float(np.linalg.norm(logits["tuned"] - logits["cublas"]) / np.linalg.norm(logits["cublas"]))
+            entry.update({k: v for k, v in entry["tactics"]["tuned"].items() if k != "gemms"})
             entry["fraction_of_streaming_limit"] = entry["streaming_limit_ms"] / entry["step_ms"]
             results["models"].append(entry)
             print(json.dumps({k: v for k, v in entry.items() if k not in ("tactics", "build_log")}), flush=True)
@@ -291,11 +345,11 @@ def main() -> int:
         fig.savefig(out / "engine.png", dpi=120)
     except Exception as exc:  # noqa: BLE001
         print(f"no plot: {exc}")
-    print(f"\n{'model':14s} {'B':>3s} {'step ms':>8s} {'cublas':>8s} {'gemv':>8s} {'limit ms':>9s} {'% limit':>8s} {'HF ms':>8s} {'graph==eager':>12s}")
+    print(f"\n{'model':14s} {'B':>3s} {'step ms':>8s} {'cublas':>8s} {'limit ms':>9s} {'% limit':>8s} {'HF ms':>8s} {'graph==eager':>12s}")
     for m in results["models"]:
         hf = m.get("transformers", {}).get("tpot_ms", float("nan"))
         tt = m["tactics"]
-        print(f"{m['model']:14s} {m['batch']:3d} {m['step_ms']:8.3f} {tt['cublas']['step_ms']:8.3f} {tt['gemv']['step_ms']:8.3f} {m['streaming_limit_ms']:9.3f} {100 * m['fraction_of_streaming_limit']:7.1f}% {hf:8.3f} {m['graph_equals_eager']!s:>12s}")
+        print(f"{m['model']:14s} {m['batch']:3d} {m['step_ms']:8.3f} {tt['cublas']['step_ms']:8.3f} {m['streaming_limit_ms']:9.3f} {100 * m['fraction_of_streaming_limit']:7.1f}% {hf:8.3f} {m['graph_equals_eager']!s:>12s}")
     return 0
 
 

@@ -225,17 +225,31 @@ def paged_decode_feeds(plan: Any, batch: int, seed: int) -> dict[str, np.ndarray
     return feeds
 
 
-@pytest.mark.parametrize("gemv", [False, True], ids=["cublas", "gemv"])
+def gemm_tactics(plan: Any, gemm: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """GEMMs on cuBLAS only, on the GEMV kernel wherever it applies, or on the tactics a
+    timing run chose (``tuned``, with a fresh timing cache)."""
+    from trtcore.cuda import tactics
+
+    if gemm == "tuned":
+        monkeypatch.delenv("TRTCORE_CUDA_GEMV", raising=False)
+        monkeypatch.setenv("TRTCORE_CACHE", str(tmp_path))
+        tactics.tune(plan)
+    else:
+        monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1" if gemm == "gemv" else "0")
+
+
+@pytest.mark.parametrize("gemm", ["cublas", "gemv", "tuned"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_llama_paged_decode_equals_the_reference(cp: Any, dtype: str, gemv: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Also with the generated GEMV kernel for the decode GEMMs (``TRTCORE_CUDA_GEMV=1``)."""
+def test_llama_paged_decode_equals_the_reference(cp: Any, dtype: str, gemm: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Also with the generated GEMV kernel for the decode GEMMs (``TRTCORE_CUDA_GEMV=1``) and
+    with the timed tactics (cuBLASLt algorithms, split-K)."""
     from netutil import llama_plan
 
     import trtcore.cuda as tc
     from trtcore.reference.evaluator import evaluate
 
-    monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1" if gemv else "0")
     plan, d = llama_plan(layers=2, dtype=dtype, arch=None)
+    gemm_tactics(plan, gemm, monkeypatch, tmp_path)
     feeds = paged_decode_feeds(plan, 3, seed=1)
     ref = evaluate(d.network, {k: v.copy() for k, v in feeds.items()})
     run = Run(cp, tc.runtime.ICudaEngine(plan))
@@ -246,17 +260,16 @@ def test_llama_paged_decode_equals_the_reference(cp: Any, dtype: str, gemv: bool
     assert err < (1e-4 if dtype == "float32" else 2e-2), err
 
 
-@pytest.mark.parametrize("gemv", [False, True], ids=["cublas", "gemv"])
-def test_decode_step_replays_from_a_cuda_graph_and_allocates_nothing(cp: Any, gemv: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("gemm", ["cublas", "gemv", "tuned"])
+def test_decode_step_replays_from_a_cuda_graph_and_allocates_nothing(cp: Any, gemm: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     import cupy.cuda.memory_hook as mh
-
-    monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1" if gemv else "0")
 
     from netutil import llama_plan
 
     import trtcore.cuda as tc
 
     plan, _ = llama_plan(layers=2, dtype="bfloat16", arch=None)
+    gemm_tactics(plan, gemm, monkeypatch, tmp_path)
     run = Run(cp, tc.runtime.ICudaEngine(plan))
     feeds = paged_decode_feeds(plan, 2, seed=4)
     pool0 = feeds["kv_cache_pool"].copy()
@@ -393,3 +406,31 @@ def test_tiny_models_match_transformers(cp: Any, hf_models: Any, variant: str) -
     run2.feed(feeds)
     run2.execute()
     np.testing.assert_allclose(run2.output("logits")[0], want[S], atol=1e-4, rtol=1e-4)
+
+
+def test_build_times_tactics_once_then_the_timing_cache_answers(cp: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A build on a GPU times every GEMM shape of its profile; a second build of the same
+    network takes every choice from the timing cache on disk and times nothing."""
+    import re
+
+    from netutil import llama_plan
+
+    import trtcore.cuda as tc
+    from trtcore.builder import _builder_config
+
+    monkeypatch.setenv("TRTCORE_CACHE", str(tmp_path))
+    monkeypatch.delenv("TRTCORE_CUDA_TIMING", raising=False)
+    _, d = llama_plan(layers=2, dtype="bfloat16", arch=None)
+    builder = tc.Builder(tc.Logger(tc.Logger.ERROR))
+    plans = [builder.build_engine(d.network, _builder_config(d, None)).plan for _ in range(2)]
+    counts = []
+    for p in plans:
+        (line,) = [x for x in p.build_log if x.startswith("GEMM tactics")]
+        shapes, timed, cached = (int(v) for v in re.search(r"(\d+) shapes, (\d+) timed, (\d+) from", line).groups())
+        counts.append((shapes, timed, cached))
+    (n, t1, c1), (n2, t2, c2) = counts
+    assert n == n2 >= 5 and (t1, c1) == (n, 0) and (t2, c2) == (0, n), counts  # qkv, o, gate/up, down, lm_head at least
+    assert plans[0].tactics == plans[1].tactics
+    assert (tmp_path / "cuda-timing-cache.json").is_file()
+    labels = {label for t in plans[0].tactics.values() for label in t["timed"]}
+    assert "cublasGemmEx" in labels and "gemv" in labels and any(x.startswith("heuristic#") for x in labels), labels  # cuBLASLt was timed

@@ -230,3 +230,74 @@ def test_every_layer_type_lowers(dtype: str) -> None:
     assert set(plan.graph.outputs) == set(kinds)
     assert all(n.op in {"view", "matmul", "plugin", "pointwise_group", "row_group", "copy", "softmax", "reduce", "gather", "concat",
                         "kv_cache_update", "attention"} for n in plan.graph.nodes)
+
+
+def _norm_linear_net(extra_reader: bool = False, norm_is_output: bool = False) -> Any:
+    """``y = rms_norm(a + b) * w; out = y @ W^T`` (bfloat16), optionally with a second reader
+    of ``y`` or ``y`` marked as a network output."""
+    from netutil import network
+
+    from trtcore import ops
+
+    rng = np.random.default_rng(0)
+    net = network()
+    g = ops.Graph(tc, net, "bfloat16")
+    a = net.add_input("a", tc.DataType.BF16, (-1, 64))
+    b = net.add_input("b", tc.DataType.BF16, (-1, 64))
+    h = ops.add(g, a, b, "residual")
+    y = ops.rms_norm(g, h, 1 + 0.1 * rng.standard_normal(64), 1e-5, "norm")
+    out = ops.linear(g, y, rng.standard_normal((32, 64)) * 0.1, name="proj")
+    g.output(out, "out")
+    if extra_reader:  # a reader of its own kernel (a second GEMM would fuse horizontally into one)
+        g.output(ops.softmax(g, y, -1, "other_reader"), "out2")
+    if norm_is_output:
+        net.mark_output(y)
+    net.mark_output(h)
+    return net
+
+
+@pytest.mark.parametrize(
+    "case, fused",
+    [({}, True), ({"extra_reader": True}, False), ({"norm_is_output": True}, False)],
+    ids=["fuses", "two-readers", "network-output"],
+)
+def test_gemv_prologue_fuses_a_norm_only_into_its_sole_reader(case: dict[str, Any], fused: bool) -> None:
+    """The norm before a GEMM becomes the GEMV kernel's prologue only where its output has no
+    other reader and is no network output."""
+    from netutil import compile_net
+
+    plan = compile_net(_norm_linear_net(**case), {"a": ((1, 64), (1, 64), (8, 64)), "b": ((1, 64), (1, 64), (8, 64))})
+    (proj,) = [n for n in plan.graph.nodes if n.op == "matmul"]
+    assert (f"{proj.name}#gemv_prologue" in plan.sources) == fused
+    assert ("prologue" in proj.attrs) == fused
+
+
+def test_llama_decode_layer_is_six_launches_with_gemv_prologues(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the GEMV tactic at decode, the norm before q/k/v and gate/up and the SwiGLU product
+    before down run inside their GEMV: RoPE, attention, and four GEMV kernels per layer (at
+    batch 1; at larger batches the copies of q/k/v out of the fused projection come in addition)."""
+    from netutil import decode_shapes, llama_plan
+
+    from trtcore.cuda.runtime import ICudaEngine
+
+    monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1")
+    plan, _ = llama_plan(layers=3, arch=None)
+    engine = ICudaEngine(plan)
+    ctx = engine.create_execution_context_without_device_memory()
+    ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
+    for i in range(engine.num_io_tensors):
+        ctx.set_tensor_address(engine.get_tensor_name(i), (i + 2) << 40)
+    for name, shape in decode_shapes(plan, batch=1).items():
+        ctx.set_input_shape(name, shape)
+    steps = ctx.prepare({name: (i + 100) << 40 for i, name in enumerate(plan.graph.constants)})
+    layer1 = [s.name.replace("model.layers.1.", "") for s in steps if "model.layers.1." in s.name]
+    assert layer1 == [
+        "gemm:self_attn.q_proj+self_attn.k_proj+self_attn.v_proj#gemv_prologue",
+        "self_attn.rotary_emb.plugin",
+        "self_attn.attention",
+        "self_attn.o_proj#gemv",
+        "gemm:mlp.gate_proj+mlp.up_proj#gemv_prologue",
+        "mlp.down_proj#gemv_prologue",
+    ], layer1
+    fused = [s for s in steps if s.name.endswith("#gemv_prologue")]
+    assert fused and all(s.shared_mem == 1 * int(s.args[-4][0]) * 4 for s in fused)  # M = 1 row of K floats

@@ -14,7 +14,10 @@ The pipeline (one module per pass, in this order):
    config's compute capability, else the current GPU; without either, compiling waits for
    deserialization);
 8. :mod:`.memory` places every buffer in one activation block sized for the profile's
-   largest shapes.
+   largest shapes;
+9. :mod:`.tactics` times the GEMM candidates (cuBLAS, cuBLASLt algorithms with split-K
+   variants, the GEMV kernel) for every GEMM shape at the profile's min/opt/max where the
+   build has a GPU, with a timing cache on disk.
 
 The log says "fused N layers into M kernels" (INFO), and :attr:`Plan.kernels` lists every
 kernel by name with the layers it came from.
@@ -35,6 +38,7 @@ from . import (
     materialize,
     memory,
     pointwise_fusion,
+    tactics,
     views,
 )
 from .gemm import WORKSPACE_BYTES
@@ -87,6 +91,30 @@ def kernel_source(g: Graph, node: Node, points: list[dict[str, tuple[int, ...]]]
     if op in ("view", "matmul", "plugin"):
         return None
     raise NetworkError(f"node {node.name!r}: op {op!r} has no kernel in the cuda backend")
+
+
+def _gemv_prologue(
+    g: Graph, mm: Node, readers: dict[str, int], producers: dict[str, Node], points: list[dict[str, tuple[int, ...]]]
+) -> codegen.KernelSource | None:
+    """The GEMV kernel with ``mm``'s input producer fused in front (:func:`codegen.gemv_prologue`),
+    where that is sound: the producer is a row group or pointwise group over exactly the
+    ``[tokens, K]`` input, the GEMM is the input's only reader, the input is no network
+    output and has the weight's type; sets ``mm.attrs["prologue"]`` to the producer's name.
+    The runtime uses it only when the GEMV tactic runs and the producer's launch comes right
+    before."""
+    a = mm.inputs[0]
+    p = producers.get(a)
+    if p is None or p.op not in ("row_group", "pointwise_group") or mm.attrs.get("transpose_a") or readers.get(a) != 1 or a in g.outputs:
+        return None
+    if g.values[a].dtype != g.values[mm.inputs[1]].dtype or len(g.values[a].shape) != 2:
+        return None
+    domain = p.attrs["domain"]
+    if any(pt[domain] != pt[a] for pt in points):
+        return None
+    dt = {k: v.dtype for k, v in g.values.items()}
+    row_outputs = {o for o in p.outputs if points[-1][o][-1] == 1 and points[-1][domain][-1] != 1} if p.op == "row_group" else set()
+    mm.attrs["prologue"] = p.name
+    return codegen.gemv_prologue(p, dt, 2, a, row_outputs)
 
 
 def _memory_plan(g: Graph, points: list[dict[str, tuple[int, ...]]]) -> tuple[dict[str, int], dict[str, int], int]:
@@ -175,6 +203,11 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
     g = pointwise_fusion.run(g, points, stats)
     g = materialize.run(g, points, stats)
     shapes = [infer_shapes(g, p) for p in points]
+    producers = {o: n for n in g.nodes for o in n.outputs}
+    readers: dict[str, int] = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            readers[v] = readers.get(v, 0) + 1
     sources: dict[str, codegen.KernelSource] = {}
     kernels: list[KernelInfo] = []
     for node in g.nodes:
@@ -183,6 +216,9 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
             sources[node.name] = ks
         if node.op == "matmul" and node.inputs[1] in g.constants and g.values[node.inputs[1]].dtype in codegen.CUDA_GEMV_TYPES:
             sources[f"{node.name}#gemv"] = codegen.gemv(g.values[node.inputs[1]].dtype)  # the runtime's small-M tactic
+            fused = _gemv_prologue(g, node, readers, producers, shapes)
+            if fused is not None:
+                sources[f"{node.name}#gemv_prologue"] = fused
         if node.op != "view":
             kind = {"matmul": "gemm", "plugin": "plugin"}.get(node.op, node.op)
             kernels.append(KernelInfo(node.name, kind, list(node.layers), ks.key if ks else ""))
@@ -195,7 +231,6 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
                 compile_keys[name] = codegen.compile_source(ks, arch).key
             except Exception as exc:
                 raise EngineBuildError(f"kernel {ks.function} of {name!r} does not compile for {arch}: {exc}") from exc
-    tactics = {n.name: {"library": "cublas", "algo": "CUBLAS_GEMM_DEFAULT", "compute": "CUBLAS_COMPUTE_32F"} for n in g.nodes if n.op == "matmul"}
     msg = f"fused {n_layers} layers into {len(kernels)} kernels"
     log = [msg, f"passes: {stats}", f"activation memory: {total} bytes"]
     if logger is not None:
@@ -211,7 +246,7 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
         offsets,
         sizes,
         total,
-        tactics,
+        {},  # GEMM tactics by call signature: filled by tactics.tune where the build has a GPU
         log,
         stats,
     )
@@ -225,12 +260,24 @@ class Builder(refbuilder.Builder):
         """Compile and return the engine without serializing (trtcore extension)."""
         from .runtime import ICudaEngine
 
-        return ICudaEngine(compile_network(network, config, self.logger))
+        return ICudaEngine(self._compile(network, config))
 
     def build_serialized_network(self, network: Any, config: Any) -> refbuilder.IHostMemory:
         """The compiled plan as bytes (:meth:`trtcore.cuda.Runtime.deserialize_cuda_engine` reads it)."""
-        plan = compile_network(network, config, self.logger)
+        plan = self._compile(network, config)
         return refbuilder.IHostMemory(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _compile(self, network: Any, config: Any) -> Plan:
+        """:func:`compile_network`, then the GEMM tactics timed on this GPU when there is one
+        (:mod:`trtcore.cuda.tactics`)."""
+        plan = compile_network(network, config, self.logger)
+        if tactics.timing_enabled():
+            lines = tactics.tune(plan)
+            plan.build_log.extend(lines)
+            if self.logger is not None:
+                for line in lines:
+                    self.logger.log(self.logger.INFO if hasattr(self.logger, "INFO") else 3, line)
+        return plan
 
 
 __all__ = ["Builder", "DataType", "compile_network", "kernel_source"]

@@ -309,25 +309,28 @@ def _group_signature(node: Node, dtypes: dict[str, DataType], rank: int, count: 
     return sig, params
 
 
+def _pointwise_body(node: Node, dtypes: dict[str, DataType], rank: int, store: Any) -> list[str]:
+    """The statements that compute element ``idx`` (an ``i64`` in scope) of a pointwise
+    group: input offsets, the members, ``store(output, value)`` for each output."""
+    loads = {v: f"ld(in{k} + o{k})" for k, v in enumerate(node.inputs)}
+    scalars = {v: scalar_literal(c, dtypes[v]) for v, c in node.attrs["scalars"].items()}
+    body = _Body(node.attrs["members"], dtypes, loads, scalars)
+    outs = [body.value(o) for o in node.outputs]
+    lines = _index_code(rank, node.inputs) + body.lines
+    lines += ["    " + store(o, name) for o, name in zip(node.outputs, outs)]
+    return lines
+
+
 def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> KernelSource:
     """One thread per element of the domain (rank ``rank``); inputs strided (broadcast = 0),
     outputs dense."""
-    a = node.attrs
-    fn = "FUNCTION_NAME"  # replaced by a hash of the source: equal groups share one kernel
     sig, params = _group_signature(node, dtypes, rank, "n", "numel")
-    loads = {v: f"ld(in{k} + o{k})" for k, v in enumerate(node.inputs)}
-    scalars = {v: scalar_literal(c, dtypes[v]) for v, c in a["scalars"].items()}
-    body = _Body(a["members"], dtypes, loads, scalars)
-    outs = [body.value(o) for o in node.outputs]
     lines = [
         PREAMBLE,
-        f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        f'extern "C" __global__ void FUNCTION_NAME({", ".join(sig)}) {{',  # named by a hash: equal groups share one kernel
         "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
     ]
-    lines += _index_code(rank, node.inputs)
-    lines += body.lines
-    for j, name in enumerate(outs):
-        lines.append(f"    st(out{j} + idx, {name});")
+    lines += _pointwise_body(node, dtypes, rank, lambda o, v: f"st(out{node.outputs.index(o)} + idx, {v});")
     lines += ["  }", "}"]
     return _named("\n".join(lines), "pointwise", params, 256)
 
@@ -337,28 +340,20 @@ def _named(text: str, kind: str, params: list[tuple[str, str]], block: int) -> K
     return KernelSource(text.replace("FUNCTION_NAME", fn), fn, params, block)
 
 
-def row_group(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: set[str]) -> KernelSource:
-    """One block per row of the domain ``[..., N]``: loop 1 reduces the reduction's input
-    (float32), loop 2 computes the outputs; outputs of row shape ``[..., 1]`` (in
-    ``row_outputs``) are written once per row."""
+def _row_body(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: set[str], store: Any) -> list[str]:
+    """The statements that compute row ``row`` (an ``i64`` in scope) of a row group with the
+    block's threads: loop 1 reduces the reduction's input (float32, ``block_reduce`` over
+    ``smem``), loop 2 computes the outputs; ``store(output, index, value)`` is the statement
+    that writes one element (index ``row * N + j``, or ``row`` for outputs of row shape
+    ``[..., 1]`` in ``row_outputs``, written by thread 0)."""
     a = node.attrs
     members: list[Node] = a["members"]
     red = members[a["reduce"]]
     kind = ReduceOperation(red.attrs["op"])
-    fn = "FUNCTION_NAME"  # replaced by a hash of the source: equal groups share one kernel
-    sig, params = _group_signature(node, dtypes, rank, "rows", "rows")
     scalars = {v: scalar_literal(c, dtypes[v]) for v, c in a["scalars"].items()}
     loads = {v: f"ld(in{k} + b{k} + j * s{k}_{rank - 1})" for k, v in enumerate(node.inputs)}
     n = f"d{rank - 1}"
-    lines = [
-        PREAMBLE,
-        f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
-        "  __shared__ float smem[32];",
-        "  const i64 row = blockIdx.x;",
-        "  if (row >= rows) return;",
-    ]
-    # row base offsets of each input over the leading dimensions
-    lines.append("  i64 rem = row;")
+    lines = ["  i64 rem = row;"]  # row base offsets of each input over the leading dimensions
     for k in range(len(node.inputs)):
         lines.append(f"  i64 b{k} = 0;")
     for dim in reversed(range(rank - 1)):
@@ -401,7 +396,7 @@ def row_group(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
     names = [body2.value(o) for o in full]
     lines += body2.lines
     for o, name in zip(full, names):
-        lines.append(f"    st(out{node.outputs.index(o)} + row * {n} + j, {name});")
+        lines.append("    " + store(o, f"row * {n} + j", name))
     lines.append("  }")
     if rowo:
         lines.append("  if (threadIdx.x == 0) {")
@@ -410,8 +405,22 @@ def row_group(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
         names = [body3.value(o) for o in rowo]
         lines += body3.lines
         for o, name in zip(rowo, names):
-            lines.append(f"    st(out{node.outputs.index(o)} + row, {name});")
+            lines.append("    " + store(o, "row", name))
         lines.append("  }")
+    return lines
+
+
+def row_group(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: set[str]) -> KernelSource:
+    """One block per row of the domain ``[..., N]`` (see :func:`_row_body`)."""
+    sig, params = _group_signature(node, dtypes, rank, "rows", "rows")
+    lines = [
+        PREAMBLE,
+        f'extern "C" __global__ void FUNCTION_NAME({", ".join(sig)}) {{',  # named by a hash: equal groups share one kernel
+        "  __shared__ float smem[32];",
+        "  const i64 row = blockIdx.x;",
+        "  if (row >= rows) return;",
+    ]
+    lines += _row_body(node, dtypes, rank, row_outputs, lambda o, i, v: f"st(out{node.outputs.index(o)} + {i}, {v});")
     lines.append("}")
     return _named("\n".join(lines), "row", params, 256)
 
@@ -739,45 +748,131 @@ def compile_source(ks: KernelSource, arch: Any = None) -> Any:
 CUDA_GEMV_TYPES = (DataType.FLOAT, DataType.HALF, DataType.BF16)
 
 
-def gemv(dtype: DataType, max_m: int = 4) -> KernelSource:
-    """``y[m, n] = sum_k x[m, k] * w[n, k]`` for ``M <= max_m`` rows of ``x`` (decode): one warp
-    per output feature ``n`` streams the weight row with 16-byte loads (``K`` a multiple of 8,
-    rows 16-byte aligned), float32 accumulation, a warp reduction; ``x`` and ``y`` strided by
-    row (``ldx``, ``ldy``)."""
+def _gemv_core(dtype: DataType, max_m: int, x_elem: str, prologue: Sequence[str] = ()) -> list[str]:
+    """The GEMV loop: one warp per output feature ``feat`` streams the weight row with 16-byte
+    loads, float32 accumulation over ``M <= max_m`` rows, a warp reduction; ``x_elem`` is the
+    expression of ``x[m][k + j]`` as float. The first :data:`GEMV_PREFETCH` loads of each
+    lane are issued before ``prologue`` (statements every thread of the block runs, e.g. the
+    fused producer of ``x``), so the weight stream's DRAM latency overlaps it."""
     t = ctype(dtype)
-    fn = f"k_gemv_{dtype.name}_m{max_m}"
     vec = "uint4" if dtype.itemsize == 2 else "float4"
     per = 16 // dtype.itemsize  # elements per 16-byte load
+    parts = 8 // per  # 16-byte loads per 8 elements
+
+    def unpack(src: str) -> list[str]:
+        out = []
+        for part in range(parts):
+            out.append(f"      {{ const {t}* e = reinterpret_cast<const {t}*>(&{src}[{part}]);")
+            out.append(f"        #pragma unroll\n        for (int j = 0; j < {per}; ++j) wf[{part * per} + j] = ld(e + j); }}")
+        return out
+
+    fma = [
+        f"      #pragma unroll\n      for (int m = 0; m < {max_m}; ++m) {{",
+        "        if (m < M) {",
+        f"          #pragma unroll\n          for (int j = 0; j < 8; ++j) acc[m] += wf[j] * {x_elem};",
+        "        }",
+        "      }",
+    ]
+    load = [f"{vec} v[{parts}];"] + [f"v[{part}] = __ldg(reinterpret_cast<const {vec}*>(wr + k + {part * per}));" for part in range(parts)]
+    P = GEMV_PREFETCH
+    lines = [
+        "  const int lane = threadIdx.x & 31;",
+        "  const i64 feat = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);",
+        "  const bool active = feat < N;",
+        f"  const {t}* wr = w + (active ? feat : 0) * ldw;",
+        f"  {vec} pre[{P}][{parts}];",
+        f"  #pragma unroll\n  for (int p = 0; p < {P}; ++p) {{",
+        "    const i64 k = (i64)lane * 8 + p * 256;",
+        "    if (active && k < K) {",
+        *[f"      pre[p][{part}] = __ldg(reinterpret_cast<const {vec}*>(wr + k + {part * per}));" for part in range(parts)],
+        "    }",
+        "  }",
+        *prologue,
+        "  if (!active) return;",
+        f"  float acc[{max_m}];",
+        f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) acc[m] = 0.0f;",
+        f"  #pragma unroll\n  for (int p = 0; p < {P}; ++p) {{",
+        "    const i64 k = (i64)lane * 8 + p * 256;",
+        "    if (k < K) {",
+        "      float wf[8];",
+        *unpack("pre[p]"),
+        *fma,
+        "    }",
+        "  }",
+        "  #pragma unroll 4",
+        f"  for (i64 k = (i64)lane * 8 + {P * 256}; k < K; k += 256) {{",
+        "    float wf[8];",
+        "    " + " ".join(load),
+        *unpack("v"),
+        *fma,
+        "  }",
+        f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) {{",
+        "    if (m < M) { float s = warp_sum(acc[m]); if (lane == 0) st(y + m * ldy + feat, s); }",
+        "  }",
+    ]
+    return lines
+
+
+#: 16-byte weight loads per lane the GEMV issues before its prologue (``4 * 256`` elements of K)
+GEMV_PREFETCH = 4
+
+_GEMV_PARAMS = [("i64", r) for r in ("M", "N", "K", "ldw", "ldx", "ldy")]
+
+
+def gemv(dtype: DataType, max_m: int = 4) -> KernelSource:
+    """``y[m, n] = sum_k x[m, k] * w[n, k]`` for ``M <= max_m`` rows of ``x`` (decode)
+    (:func:`_gemv_core`; ``K`` a multiple of 8, rows 16-byte aligned); ``x`` and ``y``
+    strided by row (``ldx``, ``ldy``)."""
+    t = ctype(dtype)
+    fn = f"k_gemv_{dtype.name}_m{max_m}"
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void {fn}({t}* __restrict__ y, const {t}* __restrict__ w, const {t}* __restrict__ x,',
         "    i64 M, i64 N, i64 K, i64 ldw, i64 ldx, i64 ldy) {",
-        "  const int lane = threadIdx.x & 31;",
-        "  const i64 n = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);",
-        "  if (n >= N) return;",
-        f"  float acc[{max_m}];",
-        f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) acc[m] = 0.0f;",
-        f"  const {t}* wr = w + n * ldw;",
-        "  #pragma unroll 4",
-        "  for (i64 k = (i64)lane * 8; k < K; k += 256) {",
-        "    float wf[8];",
-    ]
-    for part in range(8 // per):
-        lines.append(f"    {{ {vec} v = __ldg(reinterpret_cast<const {vec}*>(wr + k + {part * per}));")
-        lines.append(f"      const {t}* e = reinterpret_cast<const {t}*>(&v);")
-        lines.append(f"      #pragma unroll\n      for (int j = 0; j < {per}; ++j) wf[{part * per} + j] = ld(e + j); }}")
-    lines += [
-        f"    #pragma unroll\n    for (int m = 0; m < {max_m}; ++m) {{",
-        "      if (m < M) {",
-        f"        const {t}* xr = x + m * ldx + k;",
-        "        #pragma unroll\n        for (int j = 0; j < 8; ++j) acc[m] += wf[j] * ld(xr + j);",
-        "      }",
-        "    }",
-        "  }",
-        f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) {{",
-        "    if (m < M) { float s = warp_sum(acc[m]); if (lane == 0) st(y + m * ldy + n, s); }",
-        "  }",
+        f"  const {t}* xr0 = x;",
+        *_gemv_core(dtype, max_m, "ld(xr0 + m * ldx + k + j)"),
         "}",
     ]
-    params = [("ptr", "y"), ("ptr", "w"), ("ptr", "x")] + [("i64", r) for r in ("M", "N", "K", "ldw", "ldx", "ldy")]
+    params = [("ptr", "y"), ("ptr", "w"), ("ptr", "x")] + _GEMV_PARAMS
     return KernelSource("\n".join(lines), fn, params, 256)
+
+
+#: largest ``M * K`` the fused prologue keeps in (static-limit) shared memory, as float32
+PROLOGUE_MAX_ELEMENTS = 48 * 1024 // 4
+
+
+def gemv_prologue(producer: Node, dtypes: dict[str, DataType], rank: int, a: str, row_outputs: set[str], max_m: int = 4) -> KernelSource:
+    """The GEMV of :func:`gemv` with the kernel that produces its ``x`` (= ``a``, an output
+    of the row group or pointwise group ``producer`` whose only reader is the GEMM) fused in
+    front: every block computes the producer's whole ``[M, K]`` domain (at most
+    :data:`PROLOGUE_MAX_ELEMENTS` elements, in dynamic shared memory, rounded to ``a``'s type
+    exactly as the unfused kernel stores it), block 0 also writes the producer's other
+    outputs, then the GEMV reads ``x`` from shared memory. Saves one launch per fused GEMM
+    at decode (the norm before q/k/v and gate/up, the SwiGLU product before down)."""
+    wt = dtypes[a]
+    sig, params = _group_signature(
+        producer, dtypes, rank, "rows" if producer.op == "row_group" else "n", "rows" if producer.op == "row_group" else "numel"
+    )
+    sig += [f"{ctype(wt)}* __restrict__ y", f"const {ctype(wt)}* __restrict__ w"] + [f"i64 {r}" for r in ("M", "N", "K", "ldw", "ldx", "ldy")]
+    params += [("ptr", "y"), ("ptr", "w")] + _GEMV_PARAMS
+
+    def keep(o: str, index: str, v: str) -> str:
+        if o == a:
+            return f"xs[{index}] = {v};"
+        return f"if (blockIdx.x == 0) st(out{producer.outputs.index(o)} + {index}, {v});"
+
+    lines = [
+        PREAMBLE,
+        f'extern "C" __global__ void FUNCTION_NAME({", ".join(sig)}) {{',
+        "  extern __shared__ float xs[];",
+        "  __shared__ float smem[32];",
+    ]
+    if producer.op == "row_group":
+        prologue = ["  for (i64 row = 0; row < rows; ++row) {", *_row_body(producer, dtypes, rank, row_outputs, keep), "  __syncthreads();", "  }"]
+    else:
+        prologue = ["  for (i64 idx = threadIdx.x; idx < n; idx += blockDim.x) {"]
+        prologue += _pointwise_body(producer, dtypes, rank, lambda o, v: keep(o, "idx", v))
+        prologue += ["  }"]
+    lines += _gemv_core(wt, max_m, "xs[m * K + k + j]", [*prologue, "  __syncthreads();"])
+    lines.append("}")
+    return _named("\n".join(lines), "gemv_prologue", params, 256)

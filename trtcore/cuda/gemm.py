@@ -11,8 +11,10 @@ rows continue is folded into ``M`` (grouped-query attention's ``[B, Hkv, G, S, D
 1, T, D]^T`` becomes one ``[G*S, D] x [D, T]`` product per KV head).
 
 Compute type is always 32-bit float (``CUBLAS_COMPUTE_32F``: float32 inputs are not rounded
-to TF32), operands and output in the node's type; the algorithm is ``CUBLAS_GEMM_DEFAULT``
-(cuBLAS's heuristic; the plan records it as the tactic). :func:`emulate` runs a call on
+to TF32), operands and output in the node's type; ``cublasGemmEx`` runs
+``CUBLAS_GEMM_DEFAULT`` (cuBLAS's heuristic); :mod:`trtcore.cuda.cublaslt` runs a chosen
+cuBLASLt algorithm and :mod:`trtcore.cuda.tactics` times the two against the generated GEMV
+kernel at build. :func:`emulate` runs a call on
 NumPy arrays with cuBLAS's column-major semantics, so the planning is tested on the CPU.
 """
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -221,13 +222,35 @@ class Cublas:
             pass
 
 
+def gemv_applies(call: GemmCall) -> bool:
+    """Whether the generated GEMV kernel (:func:`trtcore.cuda.codegen.gemv`) can run ``call``:
+    one product of a dense ``[N, K]`` weight (operand X transposed, no offset) with at most 4
+    token rows, ``K`` and the weight's row pitch multiples of 8 (16-byte loads)."""
+    c = call
+    return c.batch == 1 and c.op_x == OP_T and c.op_y == OP_N and c.n <= 4 and c.k % 8 == 0 and c.ldx % 8 == 0 and c.x_off == 0
+
+
+def gemv_launch(call: GemmCall, itemsize: int, c_ptr: int, x_ptr: int, y_ptr: int) -> tuple[tuple[int, int, int], int, list[tuple[int, str]]]:
+    """``(grid, block, args)`` of the GEMV kernel for ``call`` (see :func:`gemv_applies`);
+    pointers are the operands' bases, offsets in elements of ``itemsize`` bytes are added here."""
+    c = call
+    args = [
+        (c_ptr + c.c_off * itemsize, "ptr"),
+        (x_ptr, "ptr"),
+        (y_ptr + c.y_off * itemsize, "ptr"),
+        (c.n, "i64"),
+        (c.m, "i64"),
+        (c.k, "i64"),
+        (c.ldx, "i64"),
+        (c.ldy, "i64"),
+        (c.ldc, "i64"),
+    ]
+    return (max(1, -(-c.m // 8)), 1, 1), 256, args
+
+
 def gemm_bytes(calls: Sequence[GemmCall], dtype: DataType) -> int:
     """Bytes a GEMM must move at least: both operands and the output once."""
     return sum(c.batch * (c.m * c.k + c.k * c.n + c.m * c.n) for c in calls) * dtype.itemsize
 
 
-__all__ = ["WORKSPACE_BYTES", "Cublas", "GemmCall", "emulate", "gemm_bytes", "plan_gemm"]
-
-
-def _unused(*_: Any) -> None:  # pragma: no cover
-    return None
+__all__ = ["WORKSPACE_BYTES", "Cublas", "GemmCall", "emulate", "gemm_bytes", "gemv_applies", "gemv_launch", "plan_gemm"]

@@ -17,7 +17,9 @@ of steps, which the tests inspect on the CPU.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,10 +31,13 @@ import numpy as np
 from ..errors import NetworkError, TrtcoreError
 from ..reference.types import DataType, Logger, TensorIOMode, nptype
 from . import codegen
-from .gemm import Cublas, GemmCall, plan_gemm
+from .cublaslt import Lt, signature
+from .gemm import Cublas, GemmCall, gemv_applies, gemv_launch, plan_gemm
 from .ir import infer_shapes
 from .plan import FORMAT, KernelInfo, Plan
 from .views import Layout, apply_stages, dense_strides, is_dense
+
+_log = logging.getLogger(__name__)
 
 
 class EngineExecutionError(TrtcoreError, RuntimeError):
@@ -55,14 +60,15 @@ class Step:
     dtype: DataType = DataType.FLOAT
     plugin: Any = None
     tensors: tuple[Any, Any, int] = ((), (), 0)
+    tactics: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _use_gemv() -> bool:
-    """Whether GEMMs of <= 4 rows against a constant weight run as the generated GEMV kernel
-    (``TRTCORE_CUDA_GEMV=1``) instead of cuBLAS; read when launches are prepared."""
-    import os
-
-    return os.environ.get("TRTCORE_CUDA_GEMV", "0") == "1"
+def _gemm_override() -> str | None:
+    """``TRTCORE_CUDA_GEMV``: ``1`` runs every GEMM the GEMV kernel can run on it, ``0`` runs
+    every GEMM on ``cublasGemmEx``; unset, each GEMM runs the tactic the build chose (read
+    when launches are prepared)."""
+    value = os.environ.get("TRTCORE_CUDA_GEMV")
+    return value if value in ("0", "1") else None
 
 
 def _grid(n: int, block: int) -> int:
@@ -86,6 +92,7 @@ class ICudaEngine:
         self._functions: dict[str, Any] = {}
         self._weights: Any = None
         self._const_ptr: dict[str, int] = {}
+        self._tactics_valid: bool | None = None
 
     # TensorRT API ------------------------------------------------------------------------
     @property
@@ -156,6 +163,27 @@ class ICudaEngine:
         return IExecutionContext(self)
 
     # trtcore extensions ------------------------------------------------------------------
+    def tactic(self, sig: str) -> dict[str, Any]:
+        """The GEMM tactic the build chose for call signature ``sig``
+        (:mod:`trtcore.cuda.tactics`); ``cublasGemmEx`` for shapes that were not timed and on
+        a GPU other than the one that timed them."""
+        t = self.plan.tactics.get(sig)
+        if t is None:
+            return {"kind": "cublas"}
+        if self._tactics_valid is None:
+            try:
+                import cupy
+
+                from ..gpu import describe_device
+
+                here = describe_device(int(cupy.cuda.runtime.getDevice()))
+            except Exception as exc:  # noqa: BLE001 - no GPU to compare with: run the default
+                here = f"no GPU ({exc})"
+            self._tactics_valid = here == self.plan.stats.get("tactics_device")
+            if not self._tactics_valid:
+                _log.warning("engine tactics were timed on %s, this is %s: GEMMs use cublasGemmEx", self.plan.stats.get("tactics_device"), here)
+        return t if self._tactics_valid else {"kind": "cublas"}
+
     @property
     def kernels(self) -> list[KernelInfo]:
         """Every launch of one execution, by name, with the layers it came from."""
@@ -225,6 +253,7 @@ class IExecutionContext:
         self._own_memory: Any = None
         self._prepared: dict[Any, list[Step]] = {}
         self._cublas: Cublas | None = None
+        self._lt: Lt | None = None  # made at the first cuBLASLt tactic, sharing the cuBLAS workspace
         self.name = ""
 
     # TensorRT API ------------------------------------------------------------------------
@@ -322,11 +351,18 @@ class IExecutionContext:
                 ws = self._memory + self.engine.plan.offsets["workspace:cublas"]
                 self._cublas = Cublas(ws, self.engine.plan.sizes["workspace:cublas"])
             steps = self.prepare(self.engine._const_ptr)
+            for step in steps:  # cuBLASLt descriptors now, not while enqueueing
+                for call, tactic in zip(step.calls, step.tactics):
+                    if tactic["kind"] == "lt":
+                        if self._lt is None:
+                            self._lt = Lt(self._cublas.workspace, self._cublas.workspace_size)
+                        self._lt.descriptors(call, step.dtype)
             self._prepared[key] = steps
         return steps
 
-    def prepare(self, const_ptr: dict[str, int]) -> list[Step]:
-        """The launches of one execution for the current shapes and addresses (host only).
+    def prepare(self, const_ptr: dict[str, int], tuned: bool = True) -> list[Step]:
+        """The launches of one execution for the current shapes and addresses (host only);
+        GEMMs run the plan's tactics (``tuned``) or ``cublasGemmEx``.
 
         Raises:
             EngineExecutionError: an input shape or address is missing, a shape needs more
@@ -385,10 +421,28 @@ class IExecutionContext:
                 continue
             for o in node.outputs:
                 own(o)
-            steps.append(self._step(node, shapes, lay, ptr))
+            step = self._step(node, shapes, lay, ptr, tuned)
+            prologue = node.attrs.get("prologue") if op == "matmul" else None
+            if prologue and step.name.endswith("#gemv") and steps and steps[-1].name == prologue and steps[-1].kind == "kernel":
+                fused = self._fused_gemv(node, step, steps[-1])
+                if fused is not None:
+                    steps[-1] = fused
+                    continue
+            steps.append(step)
         return steps
 
-    def _step(self, node: Any, shapes: dict[str, tuple[int, ...]], lay: dict[str, Layout], ptr: Any) -> Step:
+    def _fused_gemv(self, node: Any, gemv: Step, producer: Step) -> Step | None:
+        """One launch for the GEMV ``gemv`` with the ``producer`` launch right before it fused
+        in front (:func:`trtcore.cuda.codegen.gemv_prologue`), or None when its input does
+        not fit the fused kernel (dense rows, at most ``PROLOGUE_MAX_ELEMENTS``)."""
+        # gemv args: y, w, x, M, N, K, ldw, ldx, ldy
+        m_rows, k, ldx = gemv.args[3][0], gemv.args[5][0], gemv.args[7][0]
+        if ldx != k or m_rows * k > codegen.PROLOGUE_MAX_ELEMENTS:
+            return None
+        args = producer.args + gemv.args[:2] + gemv.args[3:]
+        return Step("kernel", f"{node.name}#gemv_prologue", gemv.grid, gemv.block, m_rows * k * 4, args)
+
+    def _step(self, node: Any, shapes: dict[str, tuple[int, ...]], lay: dict[str, Layout], ptr: Any, tuned: bool = True) -> Step:
         plan = self.engine.plan
         g = plan.graph
         op = node.op
@@ -403,24 +457,16 @@ class IExecutionContext:
             calls = plan_gemm(shapes[a], lay[a][1], shapes[b], lay[b][1], node.attrs["transpose_a"], node.attrs["transpose_b"])
             if calls is None:
                 raise EngineExecutionError(f"GEMM {node.name!r}: operand strides suit no cuBLAS layout for shapes {shapes[a]}, {shapes[b]}")
-            gemv = plan.sources.get(f"{node.name}#gemv")
-            if gemv is not None and _use_gemv() and len(calls) == 1:
-                c = calls[0]
-                # a dense [N, K] weight (cuBLAS operand X transposed) times <= 4 rows of A
-                if c.batch == 1 and c.op_x == 1 and c.op_y == 0 and c.n <= 4 and c.k % 8 == 0 and c.ldx % 8 == 0 and c.x_off == 0:
-                    gemv_args = [
-                        (ptr(node.outputs[0]), "ptr"),
-                        (ptr(b), "ptr"),
-                        (ptr(a) + c.y_off * dt.itemsize, "ptr"),
-                        (c.n, "i64"),
-                        (c.m, "i64"),
-                        (c.k, "i64"),
-                        (c.ldx, "i64"),
-                        (c.ldy, "i64"),
-                        (c.ldc, "i64"),
-                    ]
-                    return Step("kernel", f"{node.name}#gemv", (max(1, -(-c.m // 8)), 1, 1), 256, 0, gemv_args)
-            return Step("gemm", node.name, calls=calls, ptrs=(ptr(b), ptr(a), ptr(node.outputs[0])), dtype=dt)
+            chosen = [self.engine.tactic(signature(c, dt)) if tuned else {"kind": "cublas"} for c in calls]
+            override = _gemm_override() if tuned else "0"
+            if override == "0":
+                chosen = [{"kind": "cublas"} for _ in calls]
+            gemv = f"{node.name}#gemv" in plan.sources
+            if gemv and len(calls) == 1 and gemv_applies(calls[0]) and (override == "1" or (override is None and chosen[0]["kind"] == "gemv")):
+                grid, block, args = gemv_launch(calls[0], dt.itemsize, ptr(node.outputs[0]), ptr(b), ptr(a))
+                return Step("kernel", f"{node.name}#gemv", grid, block, 0, args)
+            chosen = [t if t["kind"] == "lt" else {"kind": "cublas"} for t in chosen]
+            return Step("gemm", node.name, calls=calls, ptrs=(ptr(b), ptr(a), ptr(node.outputs[0])), dtype=dt, tactics=chosen)
         if op == "plugin":
             # what trtcore.plugins.base.DeviceTensor holds (plugins sit above this layer)
             def dev(v: str) -> SimpleNamespace:
@@ -542,8 +588,13 @@ class IExecutionContext:
         elif step.kind == "gemm":
             assert self._cublas is not None
             x, y, c = step.ptrs
-            for call in step.calls:
-                if call.m and call.n:
+            for call, tactic in zip(step.calls, step.tactics or [{"kind": "cublas"}] * len(step.calls)):
+                if not (call.m and call.n):
+                    continue
+                if tactic["kind"] == "lt":
+                    assert self._lt is not None  # made by _steps
+                    self._lt.run(call, step.dtype, tactic["algo"], x, y, c, stream)
+                else:
                     self._cublas.run(call, step.dtype, x, y, c, stream)
         elif step.kind == "plugin":
             ins, outs, ws = step.tensors

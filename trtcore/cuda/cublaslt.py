@@ -1,0 +1,192 @@
+"""cuBLASLt matmuls for the engine's GEMMs (nvmath-python's low-level ``cublasLt`` bindings).
+
+A :class:`~trtcore.cuda.gemm.GemmCall` (column-major ``C(m x n) = op(X) op(Y)``, strided
+batch) maps one to one onto ``cublasLtMatmul`` with ``A = X``, ``B = Y``, ``C = D`` (the
+output), ``CUBLAS_COMPUTE_32F`` and float32 ``alpha = 1``, ``beta = 0``. Unlike
+``cublasGemmEx``, cuBLASLt lets the caller pick the algorithm: :meth:`Lt.heuristics` asks
+``cublasLtMatmulAlgoGetHeuristic`` for its best candidates within the engine's fixed
+workspace, :meth:`Lt.split_k` derives split-K variants of a candidate
+(``CUBLASLT_ALGO_CONFIG_SPLITK_NUM``, checked with ``cublasLtMatmulAlgoCheck``) for the
+small-M GEMMs of decode, where one wave of CTAs over ``N`` alone leaves most SMs idle, and
+:mod:`trtcore.cuda.tactics` times them. An algorithm is the opaque 64-byte
+``cublasLtMatmulAlgo_t``; it is stored as bytes in the plan and the timing cache, as
+TensorRT's timing cache stores tactics (NVIDIA, cuBLASLt API reference,
+"cublasLtMatmulAlgoGetHeuristic", "cublasLtMatmulAlgoConfigAttributes_t").
+
+Everything here is host-side descriptor work except :meth:`Lt.run`, which only enqueues on
+the given stream (capturable in a CUDA graph).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes
+from ..reference.types import DataType
+from .gemm import COMPUTE_32F, GemmCall
+
+#: ``cudaDataType_t`` CUDA_R_32F (the scale type of a 32F-compute matmul)
+_R_32F = 0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One cuBLASLt algorithm for one call shape: the 64 ``algo`` bytes, the ``workspace``
+    bytes it needs, and a short ``label`` (heuristic rank, split-K count) for the build log."""
+
+    algo: bytes
+    workspace: int
+    label: str
+
+
+def _field(record: Any, name: str) -> Any:
+    """Field ``name`` of a one-element array of cuBLASLt structs, as a NumPy scalar (indexing
+    such an array gives a one-element array again)."""
+    return np.asarray(record[name]).reshape(-1)[0]
+
+
+def signature(call: GemmCall, dtype: DataType) -> str:
+    """The shape key of ``call`` (everything an algorithm depends on, offsets excluded):
+    ``"bfloat16 TN m=.. n=.. k=.. ld=../../.. stride=../../.. batch=.."``."""
+    ops = "NT"[call.op_x] + "NT"[call.op_y]
+    return (
+        f"{dtype.name.lower()} {ops} m={call.m} n={call.n} k={call.k} ld={call.ldx}/{call.ldy}/{call.ldc} "
+        f"stride={call.stride_x}/{call.stride_y}/{call.stride_c} batch={call.batch}"
+    )
+
+
+class Lt:
+    """A cuBLASLt handle with the engine's fixed workspace; descriptors cached per shape.
+
+    Raises (from every method): ``nvmath.bindings.cublasLt.cuBLASLtError`` for a status
+    other than success (e.g. an algorithm that does not fit the shape).
+    """
+
+    def __init__(self, workspace: int, workspace_size: int):
+        from nvmath.bindings import cublasLt
+
+        self._lt = cublasLt
+        self.handle = cublasLt.create()
+        self.workspace = int(workspace)
+        self.workspace_size = int(workspace_size)
+        self._descs: dict[str, tuple[int, int, int, int]] = {}
+        self._one = np.ones(1, dtype=np.float32)
+        self._zero = np.zeros(1, dtype=np.float32)
+        self._algos: dict[bytes, np.ndarray] = {}
+
+    @staticmethod
+    def version() -> int:
+        """cuBLASLt's version number (part of the timing cache's key)."""
+        from nvmath.bindings import cublasLt
+
+        return int(cublasLt.get_version())
+
+    def _set(self, setter: Any, dtype_of: Any, obj: int, attr: Any, value: int) -> None:
+        buf = np.array(value, dtype=dtype_of(attr))
+        setter(obj, attr, buf.ctypes.data, buf.nbytes)
+
+    def _layout(self, t: int, rows: int, cols: int, ld: int, batch: int, stride: int) -> int:
+        lt = self._lt
+        layout = lt.matrix_layout_create(t, rows, cols, ld)
+        if batch > 1:
+            A = lt.MatrixLayoutAttribute
+            self._set(lt.matrix_layout_set_attribute, lt.get_matrix_layout_attribute_dtype, layout, A.BATCH_COUNT, batch)
+            self._set(lt.matrix_layout_set_attribute, lt.get_matrix_layout_attribute_dtype, layout, A.STRIDED_BATCH_OFFSET, stride)
+        return layout
+
+    def descriptors(self, call: GemmCall, dtype: DataType) -> tuple[int, int, int, int]:
+        """``(matmul_desc, a_layout, b_layout, c_layout)`` of ``call`` (made once per shape)."""
+        key = signature(call, dtype)
+        got = self._descs.get(key)
+        if got is not None:
+            return got
+        lt = self._lt
+        t = dtypes.lookup(dtype).cuda_data_type
+        desc = lt.matmul_desc_create(COMPUTE_32F, _R_32F)
+        D = lt.MatmulDescAttribute
+        self._set(lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, desc, D.TRANSA, call.op_x)
+        self._set(lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, desc, D.TRANSB, call.op_y)
+        ax = (call.m, call.k) if call.op_x == 0 else (call.k, call.m)
+        by = (call.k, call.n) if call.op_y == 0 else (call.n, call.k)
+        a = self._layout(t, *ax, call.ldx, call.batch, call.stride_x)
+        b = self._layout(t, *by, call.ldy, call.batch, call.stride_y)
+        c = self._layout(t, call.m, call.n, call.ldc, call.batch, call.stride_c)
+        self._descs[key] = (desc, a, b, c)
+        return self._descs[key]
+
+    def heuristics(self, call: GemmCall, dtype: DataType, limit: int = 8) -> list[Candidate]:
+        """cuBLASLt's best ``limit`` algorithms for ``call`` within the workspace, best first."""
+        lt = self._lt
+        desc, a, b, c = self.descriptors(call, dtype)
+        pref = lt.matmul_preference_create()
+        try:
+            P = lt.MatmulPreferenceAttribute
+            self._set(lt.matmul_preference_set_attribute, lt.get_matmul_preference_attribute_dtype, pref, P.MAX_WORKSPACE_BYTES, self.workspace_size)
+            results = lt.MatmulHeuristicResult(limit)
+            count = np.zeros(1, dtype=np.int32)
+            lt.matmul_algo_get_heuristic(self.handle, desc, a, b, c, c, pref, limit, results.ptr, count.ctypes.data)
+        finally:
+            lt.matmul_preference_destroy(pref)
+        return [
+            Candidate(_field(results[i], "algo").tobytes(), int(_field(results[i], "workspace_size")), f"heuristic#{i}") for i in range(int(count[0]))
+        ]
+
+    def split_k(self, call: GemmCall, dtype: DataType, base: Candidate, splits: tuple[int, ...] = (2, 4, 8, 16)) -> list[Candidate]:
+        """Variants of ``base`` that split ``k`` into ``splits`` parts, those cuBLASLt accepts
+        for ``call`` within the workspace (``cublasLtMatmulAlgoCheck``)."""
+        lt = self._lt
+        desc, a, b, c = self.descriptors(call, dtype)
+        C = lt.MatmulAlgoConfigAttribute
+        out = []
+        for s in splits:
+            if call.k < 64 * s:
+                continue
+            algo = np.frombuffer(base.algo, dtype=np.uint8).copy()
+            try:
+                self._set(lt.matmul_algo_config_set_attribute, lt.get_matmul_algo_config_attribute_dtype, algo.ctypes.data, C.SPLITK_NUM, s)
+                check = lt.MatmulHeuristicResult(1)
+                lt.matmul_algo_check(self.handle, desc, a, b, c, c, algo.ctypes.data, check.ptr)
+            except Exception:  # noqa: BLE001 - this algorithm has no split-K form for the shape
+                continue
+            ws = int(_field(check, "workspace_size"))
+            if ws <= self.workspace_size:
+                out.append(Candidate(algo.tobytes(), ws, f"{base.label}+splitk{s}"))
+        return out
+
+    def run(self, call: GemmCall, dtype: DataType, algo: bytes, x_ptr: int, y_ptr: int, c_ptr: int, stream: int) -> None:
+        """Enqueue ``call`` with algorithm ``algo`` on ``stream`` (pointers are the operands'
+        bases; the call's offsets are added here)."""
+        desc, a, b, c = self.descriptors(call, dtype)
+        buf = self._algos.get(algo)
+        if buf is None:
+            buf = self._algos[algo] = np.frombuffer(algo, dtype=np.uint8).copy()
+        size = dtype.itemsize
+        x, y, cc = x_ptr + call.x_off * size, y_ptr + call.y_off * size, c_ptr + call.c_off * size
+        self._lt.matmul(
+            self.handle, desc, self._one.ctypes.data, x, a, y, b, self._zero.ctypes.data, cc, c, cc, c,
+            buf.ctypes.data, self.workspace, self.workspace_size, int(stream),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Destroy the descriptors and the handle (idempotent)."""
+        lt = self._lt
+        for desc, a, b, c in self._descs.values():
+            lt.matmul_desc_destroy(desc)
+            for layout in (a, b, c):
+                lt.matrix_layout_destroy(layout)
+        self._descs.clear()
+        if self.handle:
+            lt.destroy(self.handle)
+            self.handle = 0
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001, S110 - the CUDA context may already be gone at exit
+            pass
+
+
+__all__ = ["Candidate", "Lt", "signature"]
