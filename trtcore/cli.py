@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
         "--backend",
         default=None,
         choices=("tensorrt", "tensorrt_rtx", "cuda"),
-        help="default: $TRTCORE_BACKEND, else tensorrt if installed, else tensorrt_rtx",
+        help="default: $TRTCORE_BACKEND, else tensorrt where it runs on this GPU, else cuda with a GPU, CuPy and nvmath-python, else tensorrt_rtx",
     )
     b.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="default: the checkpoint's float16/bfloat16, else float16")
     b.add_argument("--compute-capability", help="tensorrt_rtx only: target such as sm89 (no GPU needed)")
