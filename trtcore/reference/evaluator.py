@@ -173,7 +173,7 @@ def _layer_outputs(layer: ILayer, args: list[Any]) -> list[Any]:
     if isinstance(layer, IReduceLayer):
         x = args[0]
         axes = _axes(layer.axes, x.ndim)
-        fn = {
+        fn: Any = {
             ReduceOperation.SUM: np.sum,
             ReduceOperation.PROD: np.prod,
             ReduceOperation.MAX: np.max,
