@@ -1,20 +1,11 @@
-"""Device selection and the device storage of bfloat16, on the CPU (CI).
+"""Where each backend executes, and the network with every layer type, on the CPU (CI).
 
-* :func:`trtcore.runtime.device.resolve_device` with CuPy absent (``sys.modules["cupy"] =
-  None``), present without a GPU (a fake module), and present with one (a fake module);
-  ``LLM(device=...)``.
-* bfloat16 as ``uint16`` bit patterns (how CuPy holds it): the conversion helpers of
-  :mod:`trtcore.reference.evaluator` run with NumPy as the array module and must equal
-  ``ml_dtypes`` bit for bit on random and special values (NaN, inf, subnormals, ties,
-  overflow).
-* The evaluator's non-NumPy storage path (bfloat16 bits, data-moving layers on stored
-  values, plugins on ``ml_dtypes`` views) run with NumPy under another module name
-  (:data:`NUMPY_BITS`): every layer type must give bit-identical results to the NumPy
-  path, since the arithmetic is the same and only the storage differs. The GPU tests
-  (``tests/test_gpu_backend.py``) then only add what CuPy itself changes.
-
-The network with every layer type (:func:`layer_network`) and its feeds
-(:func:`layer_feeds`) are shared with the GPU tests.
+* :func:`trtcore.runtime.device.resolve_device`: the reference backend is the NumPy oracle on
+  the CPU (``device="cuda"`` is refused with a pointer to ``backend="cuda"``, also where a GPU
+  and CuPy are there); the GPU backends refuse ``"cpu"``; ``LLM(device=...)``.
+* The network with every layer type (:func:`layer_network`) and its feeds
+  (:func:`layer_feeds`), shared with the cuda engine's GPU tests, which compare the engine
+  with the reference on them (tests/test_gpu_backend.py, tests/cuda/).
 """
 
 from __future__ import annotations
@@ -27,15 +18,11 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 import pytest
-from trtcore.plugins.base import Plugin, create
 
 import trtcore.reference as ref
 from trtcore.errors import InvalidArgumentError
-from trtcore.reference.evaluator import (
-    bf16_bits_to_float32,
-    evaluate,
-    float32_to_bf16_bits,
-)
+from trtcore.plugins.base import Plugin, create
+from trtcore.reference.evaluator import evaluate
 from trtcore.reference.network import (
     IActivationLayer,
     IAttention,
@@ -54,9 +41,7 @@ from trtcore.reference.network import (
     ISoftMaxLayer,
     IUnaryLayer,
 )
-from trtcore.runtime import device as dev
-from trtcore.runtime.device import array_module, resolve_device, to_host
-from trtcore.runtime.reference_executor import ReferenceExecutor
+from trtcore.runtime.device import resolve_device
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -64,110 +49,46 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 # resolve_device
 
 
-def _fake_cupy(count: int | None) -> types.ModuleType:
-    """A stand-in ``cupy`` whose runtime reports ``count`` devices (None: raises like
-    ``cudaErrorNoDevice``)."""
-
-    class CUDARuntimeError(RuntimeError):
-        pass
-
-    def get_device_count() -> int:
-        if count is None:
-            raise CUDARuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
-        return count
-
+def _fake_cupy(count: int) -> types.ModuleType:
+    """A stand-in ``cupy`` whose runtime reports ``count`` devices."""
     m = types.ModuleType("cupy")
-    m.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=get_device_count, CUDARuntimeError=CUDARuntimeError))  # type: ignore[attr-defined]
+    m.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: count))  # type: ignore[attr-defined]
     return m
 
 
-@pytest.fixture
-def no_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
-
-
-def test_cupy_absent_none_is_cpu(no_cupy: None) -> None:
-    assert resolve_device(None) == "cpu"
-    assert resolve_device() == "cpu"
-    assert array_module(None) is np
-    ok, why = dev.cuda_status()
-    assert not ok and "not installed" in why
-
-
-@pytest.mark.parametrize("spelling", ["cpu", "CPU", " cpu "])
-def test_cpu_always_resolves(no_cupy: None, spelling: str) -> None:
-    assert resolve_device(spelling) == "cpu"
-    assert array_module(spelling) is np
+@pytest.mark.parametrize("spelling", [None, "cpu", "CPU", " cpu "])
+def test_reference_runs_on_the_cpu(spelling: str | None) -> None:
+    assert resolve_device("reference", spelling) == "cpu"
 
 
 @pytest.mark.parametrize("spelling", ["cuda", "gpu", "CUDA", "Gpu"])
-def test_cupy_absent_cuda_raises_with_install_hint(no_cupy: None, spelling: str) -> None:
+def test_reference_on_cuda_points_to_the_cuda_backend(monkeypatch: pytest.MonkeyPatch, spelling: str) -> None:
+    """Refused even where CuPy sees a GPU: the CuPy evaluator is retired."""
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(2))
     with pytest.raises(InvalidArgumentError) as info:
-        resolve_device(spelling)
+        resolve_device("reference", spelling)
     msg = str(info.value)
-    assert "trtcore[gpu]" in msg and "CuPy is not installed" in msg and "device='cpu'" in msg
-    with pytest.raises(InvalidArgumentError):
-        array_module(spelling)
-
-
-@pytest.mark.parametrize("count", [None, 0])
-def test_cupy_without_gpu(monkeypatch: pytest.MonkeyPatch, count: int | None) -> None:
-    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(count))
-    assert resolve_device(None) == "cpu"
-    assert array_module(None) is np
-    with pytest.raises(InvalidArgumentError) as info:
-        resolve_device("cuda")
-    msg = str(info.value)
-    assert "trtcore[gpu]" in msg
-    assert ("no usable CUDA device" in msg and "cudaErrorNoDevice" in msg) if count is None else "no CUDA device" in msg
-
-
-def test_cupy_with_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _fake_cupy(2)
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    assert resolve_device(None) == "cuda"
-    assert resolve_device("gpu") == "cuda"
-    assert resolve_device("cpu") == "cpu"
-    assert array_module(None) is fake
-    assert array_module("cpu") is np
-
-
-def test_broken_cupy_import_is_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CuPy that fails to import for another reason (missing CUDA libraries) means no GPU."""
-
-    class Loader:
-        def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-            if name == "cupy":
-                raise OSError("libcudart.so.13: cannot open shared object file")
-            return None
-
-    monkeypatch.delitem(sys.modules, "cupy", raising=False)
-    monkeypatch.setattr(sys, "meta_path", [Loader(), *sys.meta_path])
-    assert resolve_device(None) == "cpu"
-    with pytest.raises(InvalidArgumentError, match=r"CuPy does not import \(OSError"):
-        resolve_device("cuda")
+    assert "backend='cuda'" in msg and "trtcore[gpu]" in msg and "device='cpu'" in msg and repr(spelling) in msg
 
 
 @pytest.mark.parametrize("bad", ["tpu", "cuda:0", "", 0, True])
 def test_unknown_device(bad: Any) -> None:
     with pytest.raises(InvalidArgumentError, match="device"):
-        resolve_device(bad)
+        resolve_device("reference", bad)
 
 
 def test_tensorrt_backends_execute_on_the_gpu() -> None:
-    from trtcore.llm import _execution_device
-
-    for backend in ("tensorrt", "tensorrt_rtx"):
-        assert _execution_device(backend, None) == "cuda"
-        assert _execution_device(backend, "gpu") == "cuda"
+    for backend in ("tensorrt", "tensorrt_rtx", "cuda"):
+        assert resolve_device(backend, None) == "cuda"
+        assert resolve_device(backend, "gpu") == "cuda"
         with pytest.raises(InvalidArgumentError, match="backend='reference'"):
-            _execution_device(backend, "cpu")
+            resolve_device(backend, "cpu")
 
 
 # ---------------------------------------------------------------------------------------
 # LLM(device=...)
 
-from hf_models import ModelStore, hf_models  # noqa: F401  (hf_models is a fixture)
+from hf_models import ModelStore, hf_models  # noqa: F401, E402  (hf_models is a fixture)
 
 
 def test_llm_device_argument(hf_models: ModelStore, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
@@ -179,105 +100,20 @@ def test_llm_device_argument(hf_models: ModelStore, monkeypatch: pytest.MonkeyPa
         LLM(d, backend="reference", device="cuda", progress=False)
     with pytest.raises(InvalidArgumentError, match="unknown device"):
         LLM(d, backend="reference", device="tpu", progress=False)
-    llm = LLM(d, backend="reference", progress=False)  # None: no CuPy -> cpu
+    llm = LLM(d, backend="reference", progress=False)  # None: the CPU
     assert llm.device == "cpu" and llm.executor.xp is np  # type: ignore[attr-defined]
     assert llm.build_config.dtype == "float32"
     llm = LLM(d, backend="reference", device="cpu", progress=False)
     assert llm.device == "cpu" and llm.executor.device == "cpu"  # type: ignore[attr-defined]
 
 
-# ---------------------------------------------------------------------------------------
-# bfloat16 bit patterns against ml_dtypes (NumPy as the array module)
+def test_llm_reference_on_a_gpu_machine_points_to_cuda(hf_models: ModelStore, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """With CuPy seeing a GPU, LLM(backend="reference", device="cuda") is refused before any build."""
+    from trtcore import LLM
 
-
-def _ml_bits(x: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.asarray(x, np.float32).astype(BF16).view(np.uint16)
-
-
-def _special_float32() -> np.ndarray:
-    f32 = np.float32
-    base = [
-        0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, -np.nan,
-        np.finfo(f32).max, -np.finfo(f32).max, np.finfo(f32).tiny, -np.finfo(f32).tiny,
-        np.finfo(f32).smallest_subnormal, -np.finfo(f32).smallest_subnormal,
-        float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), float(ml_dtypes.finfo(ml_dtypes.bfloat16).tiny),
-        float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal),
-    ]
-    bits = [
-        0x7F800001, 0xFF800001, 0x7FC00000, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FBFFFFF, 0x7F80FFFF,  # NaNs: signalling, quiet, payloads
-        0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0xFF7F8000,  # round up to inf / tie at the top / just below
-        0x00000001, 0x00007FFF, 0x00008000, 0x00018000, 0x00008001, 0x007FFFFF, 0x00800000,  # subnormals and ties among them
-        0x807FFFFF, 0x80008000, 0x80018000,
-    ]
-    # ties: low half exactly 0x8000 with even and odd kept bit, and one ulp either side
-    rng = np.random.default_rng(1)
-    hi = rng.integers(0, 0x7F7F, size=2000, dtype=np.uint32) << 16
-    ties = np.concatenate([hi | 0x8000, (hi | 0x10000) | 0x8000, hi | 0x7FFF, hi | 0x8001, (hi | 0x8000) | 0x80000000])
-    return np.concatenate([np.array(base, np.float32), np.array(bits, np.uint32).view(np.float32), ties.astype(np.uint32).view(np.float32)])
-
-
-def test_float32_to_bf16_special_values() -> None:
-    x = _special_float32()
-    ours = float32_to_bf16_bits(x, np)
-    assert ours.dtype == np.uint16 and ours.shape == x.shape
-    bad = ours != _ml_bits(x)
-    assert not bad.any(), [(hex(int(b)), hex(int(o)), hex(int(r))) for b, o, r in zip(x.view(np.uint32)[bad][:8], ours[bad][:8], _ml_bits(x)[bad][:8])]
-    # named cases, independent of ml_dtypes
-    def one(bits: int) -> int:
-        return int(float32_to_bf16_bits(np.array([bits], np.uint32).view(np.float32), np)[0])
-
-    assert one(0x3F808000) == 0x3F80  # tie, kept bit even: down
-    assert one(0x3F818000) == 0x3F82  # tie, kept bit odd: up
-    assert one(0x3F808001) == 0x3F81
-    assert one(0x7F7FFFFF) == 0x7F80  # float32 max overflows to inf
-    assert one(0x7F800001) == 0x7FC0 and one(0xFF800001) == 0xFFC0  # NaN: quiet, sign kept
-    assert one(0x00008000) == 0x0000 and one(0x00018000) == 0x0002  # subnormal ties
-    assert one(0x80000000) == 0x8000
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_float32_to_bf16_random(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    patterns = rng.integers(0, 2**32, size=1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)  # any bits: NaN, inf, subnormal
-    with np.errstate(over="ignore"):
-        scaled = (rng.standard_normal(1 << 18) * np.exp2(rng.integers(-140, 128, size=1 << 18))).astype(np.float32)
-    for x in (patterns, scaled, scaled.reshape(512, 512).T):  # a non-contiguous view too
-        np.testing.assert_array_equal(float32_to_bf16_bits(x, np), _ml_bits(x))
-
-
-def test_float64_and_float16_inputs_round_like_ml_dtypes() -> None:
-    rng = np.random.default_rng(7)
-    x64 = rng.standard_normal(1 << 16) * np.exp2(rng.integers(-30, 30, size=1 << 16))
-    np.testing.assert_array_equal(float32_to_bf16_bits(x64, np), x64.astype(BF16).view(np.uint16))
-    x16 = rng.standard_normal(1 << 12).astype(np.float16)
-    np.testing.assert_array_equal(float32_to_bf16_bits(x16, np), x16.astype(BF16).view(np.uint16))
-
-
-def test_bf16_bits_to_float32_every_pattern() -> None:
-    bits = np.arange(1 << 16, dtype=np.uint16)
-    ours = bf16_bits_to_float32(bits, np)
-    assert ours.dtype == np.float32
-    np.testing.assert_array_equal(ours.view(np.uint32), bits.view(BF16).astype(np.float32).view(np.uint32))
-    # round trip of every non-NaN pattern is the identity; NaNs come back quiet with their sign
-    back = float32_to_bf16_bits(ours, np)
-    nan = np.isnan(ours)
-    np.testing.assert_array_equal(back[~nan], bits[~nan])
-    assert ((back[nan] & 0x7FFF) >= 0x7FC0).all() and ((back[nan] & 0x8000) == (bits[nan] & 0x8000)).all()
-
-
-def test_to_host_views_bf16() -> None:
-    bits = np.array([0x3F80, 0xC000], np.uint16)
-    out = to_host(bits, ref.DataType.BF16)
-    assert out.dtype == BF16 and out.astype(np.float32).tolist() == [1.0, -2.0]
-    assert to_host(bits, BF16).dtype == BF16
-    assert to_host(bits).dtype == np.uint16 and to_host(bits, ref.DataType.FLOAT).dtype == np.uint16
-
-    class Device:  # anything with .get(), like a cupy.ndarray
-        def get(self) -> np.ndarray:
-            return bits
-
-    assert to_host(Device(), ref.DataType.BF16).dtype == BF16
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(1))
+    with pytest.raises(InvalidArgumentError, match="backend='cuda'"):
+        LLM(hf_models.dir("llama3_rope"), backend="reference", device="gpu", progress=False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -296,7 +132,8 @@ LAYER_TYPES = {
 @dataclass
 class AffinePlugin(Plugin):
     """``y = scale * x + 1`` in float32, rounded to x's type: a test plugin whose ``enqueue``
-    runs with CuPy on the raw device pointers (bfloat16 as 16-bit patterns)."""
+    runs with CuPy on the raw device pointers (bfloat16 as 16-bit patterns), inside the cuda
+    engine in the GPU tests."""
 
     plugin_name: ClassVar[str] = "TestAffine"
     plugin_version: ClassVar[str] = "1"
@@ -330,9 +167,17 @@ class AffinePlugin(Plugin):
 
         with cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null:
             x = wrap(i)
-            xf = bf16_bits_to_float32(x, cupy) if bf16 else x.astype(cupy.float32)
+            xf = (x.astype(cupy.uint32) << 16).view(cupy.float32) if bf16 else x.astype(cupy.float32)  # bf16 bits are float32's top half
             y = xf * cupy.float32(self.scale) + cupy.float32(1)
-            wrap(o)[...] = float32_to_bf16_bits(y, cupy) if bf16 else y.astype(store)
+            wrap(o)[...] = _bf16_bits(cupy, y) if bf16 else y.astype(store)
+
+
+def _bf16_bits(xp: Any, y: Any) -> Any:
+    """float32 -> bfloat16 bit patterns, round to nearest even; NaN -> quiet NaN with its sign."""
+    u = xp.ascontiguousarray(y).view(xp.uint32)
+    rounded = (u + (xp.uint32(0x7FFF) + ((u >> xp.uint32(16)) & xp.uint32(1)))) >> xp.uint32(16)
+    nan = (u & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
+    return xp.where(nan, ((u >> xp.uint32(16)) & xp.uint32(0x8000)) | xp.uint32(0x7FC0), rounded).astype(xp.uint16)
 
 
 def layer_network(float_name: str, with_plugin: bool = True) -> tuple[Any, dict[str, Any]]:
@@ -515,16 +360,6 @@ def layer_feeds(net: Any, seed: int) -> dict[str, np.ndarray]:
     return feeds
 
 
-#: NumPy under another module name: the evaluator then uses its non-NumPy storage
-#: (bfloat16 as uint16 bits, data-moving layers on stored values, plugins on views)
-NUMPY_BITS = types.ModuleType("numpy_bits")
-NUMPY_BITS.__getattr__ = lambda name: getattr(np, name)  # type: ignore[method-assign]
-
-
-def _bytes(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-
-
 def test_layer_network_covers_every_layer_and_op() -> None:
     net, kinds = layer_network("BF16")
     assert {type(layer) for layer in net._layers} == LAYER_TYPES
@@ -534,57 +369,9 @@ def test_layer_network_covers_every_layer_and_op() -> None:
         assert {f"{prefix}.{op.name}" for op in enum} <= names
 
 
-@pytest.mark.parametrize("float_name", FLOAT_NAMES)
-def test_bits_storage_equals_numpy_bit_for_bit(float_name: str) -> None:
-    net, _ = layer_network(float_name)
-    feeds = layer_feeds(net, seed=3)
-    with np.errstate(all="ignore"):
-        want = evaluate(net, feeds, xp=np)
-        got = evaluate(net, feeds, xp=NUMPY_BITS)
-    assert set(got) == set(want)
-    for name, w in want.items():
-        g = to_host(got[name], net.tensor(name).dtype)
-        if net.tensor(name).dtype == ref.DataType.BF16:
-            assert np.asarray(got[name]).dtype == np.uint16, name  # stored as bits
-        assert g.dtype == w.dtype and g.shape == w.shape, name
-        np.testing.assert_array_equal(_bytes(g), _bytes(w), err_msg=name)
-
-
-def test_bits_executor_feeds_and_constants_cache() -> None:
-    net, _ = layer_network("BF16")
-    feeds = layer_feeds(net, seed=4)
-    feeds["p"] = feeds["p"].astype(np.float32)  # the executor rounds float feeds to bfloat16
-    ex_np, ex_bits = ReferenceExecutor(net), ReferenceExecutor(net, xp=NUMPY_BITS)
-    with np.errstate(all="ignore"):
-        want = ex_np.run(feeds)
-        for _ in range(2):  # second run: constants come from the cache
-            got = ex_bits.to_host(ex_bits.run(feeds))
-            for name, w in want.items():
-                np.testing.assert_array_equal(_bytes(got[name]), _bytes(w), err_msg=name)
-    assert ex_bits._constants and all(np.asarray(v).dtype == np.uint16 for v in ex_bits._constants.values() if v.size == 8)
-
-
 def test_gather_range_is_checked_on_numpy() -> None:
     net, _ = layer_network("FLOAT", with_plugin=False)
     feeds = layer_feeds(net, seed=5)
     feeds["idx32"][0, 0] = 3  # axis 1 has 3 entries
     with pytest.raises(Exception, match="out of range"), np.errstate(all="ignore"):
-        evaluate(net, feeds, xp=np)
-
-
-def test_generate_with_bits_storage_equals_numpy(hf_models: ModelStore) -> None:  # noqa: F811
-    """The generate loop on the non-NumPy storage (bfloat16 KV cache as bits) gives the same
-    tokens and log-probabilities as on NumPy, with batch compaction (different lengths)."""
-    from trtcore import LLM, SamplingParams
-
-    llm = LLM(hf_models.dir("qwen2_mixed_swa"), backend="reference", device="cpu", dtype="bfloat16", progress=False)
-    rng = np.random.default_rng(0)
-    prompts = [[int(t) for t in rng.integers(3, 160, n)] for n in (40, 17)]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=3) for n in (4, 9)]
-    want = llm.generate(prompts, params)
-    llm.executor.xp = NUMPY_BITS  # type: ignore[attr-defined]
-    llm.executor._constants = {}  # type: ignore[attr-defined]
-    got = llm.generate(prompts, params)
-    for w, g in zip(want, got):
-        assert g.outputs[0].token_ids == w.outputs[0].token_ids
-        assert [{k: v.logprob for k, v in d.items()} for d in g.outputs[0].logprobs] == [{k: v.logprob for k, v in d.items()} for d in w.outputs[0].logprobs]
+        evaluate(net, feeds)

@@ -121,12 +121,11 @@ def _fake_cupy(count: int | Exception) -> types.ModuleType:
      (_fake_cupy(RuntimeError("cudaErrorNoDevice")), (False, "CuPy finds no usable CUDA device (RuntimeError: cudaErrorNoDevice)"))],
 )  # fmt: skip
 def test_one_probe_for_cupy(monkeypatch: pytest.MonkeyPatch, cupy: object, expected: tuple[bool, str]) -> None:
-    """The CuPy probe of the reference backend and of the plugin harness is gpu_status(cupy=True)."""
+    """The CuPy probe of the plugin harness is gpu_status(cupy=True)."""
     from trtcore import testing
-    from trtcore.runtime import device
 
     monkeypatch.setitem(sys.modules, "cupy", cupy)
-    for probe in (lambda: gpu.gpu_status(cupy=True), device.cuda_status, testing.gpu_status):
+    for probe in (lambda: gpu.gpu_status(cupy=True), testing.gpu_status):
         ok, why = probe()
         assert ok == expected[0] and why.startswith(expected[1]), (probe, why)
 
@@ -230,9 +229,9 @@ def test_write_atomic_names_the_unwritable_path(tmp_path: Path) -> None:
 
 def test_one_dimension_class() -> None:
     from trtcore.plugins import base
-    from trtcore.reference import evaluator, network
+    from trtcore.reference import network
 
-    assert base.Dim is network.Dim is evaluator.Dim is dims.Dim
+    assert base.Dim is network.Dim is dims.Dim  # (the evaluator, NumPy only now, needs none)
 
 
 def test_value_arithmetic_matches_python() -> None:

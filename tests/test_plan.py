@@ -22,6 +22,7 @@ import pytest
 from hf_models import ModelStore, hf_models  # noqa: F401  (hf_models is a fixture)
 
 import trtcore.builder
+import trtcore.errors
 import trtcore.llm
 import trtcore.trt
 from trtcore import LLM, cli
@@ -110,16 +111,91 @@ def test_tensorrt_backend_rejects_nothing_it_hosts(hf_models: ModelStore, record
 
 
 def test_default_backend_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$TRTCORE_BACKEND, else tensorrt where its runtime is usable, else cuda where a GPU and
+    the cuda backend's dependencies are, else reference (engine files: tensorrt_rtx)."""
+    import trtcore.plan as plan
     from trtcore.plan import default_backend
 
     monkeypatch.setenv("TRTCORE_BACKEND", "rtx")
+    monkeypatch.setattr(plan, "tensorrt_usable", lambda: True)
     assert default_backend() == "tensorrt_rtx"
     monkeypatch.delenv("TRTCORE_BACKEND")
-    monkeypatch.setattr(trtcore.trt, "is_available", lambda name: False)
-    assert default_backend() == "reference"
-    assert default_backend(engine=True) == "tensorrt_rtx"
-    monkeypatch.setattr(trtcore.trt, "is_available", lambda name: name == "tensorrt")
-    assert default_backend() == default_backend(engine=True) == "tensorrt"
+    for trt_ok, cuda_ok, want, want_engine in (
+        (True, True, "tensorrt", "tensorrt"),
+        (True, False, "tensorrt", "tensorrt"),
+        (False, True, "cuda", "cuda"),
+        (False, False, "reference", "tensorrt_rtx"),
+    ):
+        monkeypatch.setattr(plan, "tensorrt_usable", lambda ok=trt_ok: ok)
+        monkeypatch.setattr(plan, "cuda_usable", lambda ok=cuda_ok: ok)
+        assert (default_backend(), default_backend(engine=True)) == (want, want_engine), (trt_ok, cuda_ok)
+
+
+def _probe_world(monkeypatch: pytest.MonkeyPatch, *, installed: bool, gpus: int, builder: Any = lambda logger: object(), cupy: bool, nvmath: bool) -> None:
+    """Stand-ins for what the probes look at: an importable ``tensorrt`` (whose ``Builder`` is
+    ``builder``), ``gpus`` CUDA devices (CUDA runtime and CuPy alike), CuPy, nvmath-python."""
+    import importlib
+
+    import trtcore.gpu as gpu
+
+    fake = _fake_tensorrt()
+    fake.Builder = builder  # type: ignore[attr-defined]
+    fake.Logger = type("Logger", (), {"ERROR": 1, "__init__": lambda self, level=0: None})  # type: ignore[attr-defined]
+    real_import = trtcore.trt._import
+
+    def fake_import(name: str) -> Any:
+        if name == "tensorrt":
+            if not installed:
+                raise trtcore.errors.BackendNotAvailableError("tensorrt is not installed")
+            return fake
+        return real_import(name)
+
+    monkeypatch.setattr(trtcore.trt, "_import", fake_import)
+    def count(what: str, use_cupy: bool) -> int:
+        if use_cupy and not cupy:
+            raise gpu.NoGPUError("CuPy is not installed")
+        return gpus
+
+    monkeypatch.setattr(gpu, "_count", count)
+    real_module = importlib.import_module
+
+    def fake_module(name: str, *a: Any) -> Any:
+        if name.startswith("nvmath") and not nvmath:
+            raise ImportError(f"No module named {name!r}")
+        if name.startswith("nvmath"):
+            return types.ModuleType(name)
+        return real_module(name, *a)
+
+    monkeypatch.setattr(gpu.importlib, "import_module", fake_module)
+    monkeypatch.delenv("TRTCORE_BACKEND", raising=False)
+
+
+def _refuses(logger: Any) -> Any:
+    raise RuntimeError("CUDA initialization failure with error: 100")
+
+
+@pytest.mark.parametrize(
+    ("world", "want"),
+    [
+        ({"installed": True, "gpus": 1, "cupy": True, "nvmath": True}, ("tensorrt", "tensorrt")),
+        # installed but unusable: no GPU (CPU-only CI), or TensorRT refuses this GPU (the H200 case)
+        ({"installed": True, "gpus": 0, "cupy": True, "nvmath": True}, ("reference", "tensorrt_rtx")),
+        ({"installed": True, "gpus": 1, "builder": _refuses, "cupy": True, "nvmath": True}, ("cuda", "cuda")),
+        ({"installed": False, "gpus": 1, "cupy": True, "nvmath": True}, ("cuda", "cuda")),
+        # the cuda backend lacks a dependency
+        ({"installed": False, "gpus": 1, "cupy": False, "nvmath": True}, ("reference", "tensorrt_rtx")),
+        ({"installed": False, "gpus": 1, "cupy": True, "nvmath": False}, ("reference", "tensorrt_rtx")),
+        ({"installed": False, "gpus": 0, "cupy": True, "nvmath": True}, ("reference", "tensorrt_rtx")),
+    ],
+    ids=["trt_on_gpu", "trt_no_gpu", "trt_refuses_gpu", "no_trt_gpu", "no_cupy", "no_nvmath", "no_gpu"],
+)
+def test_default_backend_probes(monkeypatch: pytest.MonkeyPatch, world: dict[str, Any], want: tuple[str, str]) -> None:
+    """The probes behind the rule, on stand-ins: a TensorRT that is installed counts only where
+    it starts on a GPU; a GPU counts for cuda only with CuPy and nvmath-python."""
+    from trtcore.plan import default_backend
+
+    _probe_world(monkeypatch, **world)
+    assert (default_backend(), default_backend(engine=True)) == want
 
 
 def test_reference_plan_defaults_and_cap(hf_models: ModelStore) -> None:  # noqa: F811

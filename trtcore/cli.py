@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: paged on the reference backend)")
     g.add_argument("--attention", choices=("layers", "native"), default="layers", help="contiguous cache: composed layers or TensorRT's IAttention")
     g.add_argument(
-        "--device", choices=("cpu", "cuda"), help="reference backend: NumPy on the CPU or CuPy on the GPU (default: the GPU when CuPy sees one)"
+        "--device", choices=("cpu", "cuda"), help="a check: the reference backend runs on the CPU, the others on the GPU (use --backend cuda on a GPU)"
     )
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
 
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
         "--backend",
         default=None,
         choices=("tensorrt", "tensorrt_rtx", "cuda"),
-        help="default: $TRTCORE_BACKEND, else tensorrt if installed, else tensorrt_rtx",
+        help="default: $TRTCORE_BACKEND, else tensorrt where it runs on this GPU, else cuda with a GPU, CuPy and nvmath-python, else tensorrt_rtx",
     )
     b.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="default: the checkpoint's float16/bfloat16, else float16")
     b.add_argument("--compute-capability", help="tensorrt_rtx only: target such as sm89 (no GPU needed)")

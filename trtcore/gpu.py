@@ -1,15 +1,16 @@
 """The one CUDA module: the error class, the status check and the GPU probe.
 
 Everything in trtcore that talks to CUDA through ``cuda.bindings`` (the TensorRT executor,
-the NVRTC kernels, ``setup_cuda.py``) or asks whether a GPU is there (the CuPy reference
-backend, the plugin test harness) goes through here::
+the NVRTC kernels, ``setup_cuda.py``) or asks whether a GPU is there (the backend default,
+the plugin test harness) goes through here::
 
     from trtcore import gpu
 
     ptr = gpu.check(cudart.cudaMalloc(1024), "cudaMalloc(1024)")   # value, or CudaError
     gpu.device_count()                  # 0 without cuda-python, driver or device; never raises
     ok, why = gpu.gpu_status()          # the same, as (usable, reason)
-    ok, why = gpu.gpu_status(cupy=True) # ... as CuPy sees it (the reference backend on CUDA)
+    ok, why = gpu.gpu_status(cupy=True) # ... as CuPy sees it (the plugin test harness)
+    ok, why = gpu.cuda_backend_status() # can the cuda backend execute here (CuPy, nvmath, GPU)?
     gpu.require_gpu(0, "TensorRTExecutor needs a CUDA GPU")  # or NoGPUError naming the cudaError_t
 
 Errors: :class:`CudaError` (a call failed; ``call`` and ``result`` name the API function and
@@ -33,6 +34,7 @@ __all__ = [
     "call",
     "check",
     "compute_capability",
+    "cuda_backend_status",
     "cuda_bindings",
     "describe_device",
     "device_count",
@@ -189,8 +191,8 @@ def gpu_status(*, cupy: bool = False) -> tuple[bool, str]:
     """``(usable, why)``: whether at least one CUDA GPU is visible; never raises.
 
     Args:
-        cupy: ask CuPy (the reference backend's array module on CUDA): also False when CuPy
-            is missing or broken. Otherwise ask the CUDA runtime through ``cuda.bindings``.
+        cupy: ask CuPy (the plugin harness's and the cuda backend's device memory): also
+            False when CuPy is missing or broken. Otherwise ask the CUDA runtime through ``cuda.bindings``.
     """
     try:
         n = _count("", cupy)
@@ -199,6 +201,21 @@ def gpu_status(*, cupy: bool = False) -> tuple[bool, str]:
     if n < 1:
         return False, ("CuPy finds no CUDA device" if cupy else "the CUDA runtime finds no CUDA device")
     return True, f"{n} CUDA device(s)"
+
+
+def cuda_backend_status() -> tuple[bool, str]:
+    """``(usable, why)``: whether the cuda backend (:mod:`trtcore.cuda`) can execute here: a
+    CUDA GPU that the CUDA runtime (``cuda.bindings``, which the executor drives) and CuPy
+    (device memory) both see, and nvmath-python's cuBLAS bindings (the GEMMs). Never raises."""
+    for probe in (lambda: gpu_status(), lambda: gpu_status(cupy=True)):
+        ok, why = probe()
+        if not ok:
+            return False, why
+    try:
+        importlib.import_module("nvmath.bindings.cublas")
+    except Exception as exc:  # ImportError, or a cuBLAS library that does not load
+        return False, f"nvmath-python's cuBLAS bindings do not import ({type(exc).__name__}: {exc})"
+    return True, "CuPy, nvmath-python and a CUDA GPU are there"
 
 
 def device_count() -> int:

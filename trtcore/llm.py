@@ -29,6 +29,7 @@ from .config import GenerationConfig, ModelConfig, load_config, load_generation_
 from .errors import GenerationError, InvalidArgumentError, InvalidRequestError, TrtcoreError
 from .kv_modes import kv_mode
 from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
+from .runtime.device import resolve_device
 from .runtime.executor import Executor
 from .runtime.generate import make_engine
 from .runtime.request import Request, RequestEvent, metrics
@@ -170,10 +171,11 @@ class LLM:
         model: a Hugging Face model folder (``config.json``, ``*.safetensors``, optionally
             ``tokenizer.json`` / ``generation_config.json``); None for the default model
             (SmolLM2-135M-Instruct, see :func:`trtcore.default_model.default_model_dir`).
-        backend: ``"reference"`` (NumPy, or CuPy: see ``device``), ``"tensorrt"``, ``"tensorrt_rtx"`` (a
+        backend: ``"reference"`` (the NumPy oracle, on the CPU), ``"tensorrt"``, ``"tensorrt_rtx"`` (a
             TensorRT engine built at start-up) or ``"cuda"`` (trtcore's own engine, :mod:`trtcore.cuda`,
             run through the same TensorRT runtime API); default ``$TRTCORE_BACKEND``, else
-            ``tensorrt`` when installed, else ``reference``.
+            ``tensorrt`` where its runtime starts on a GPU here, else ``cuda`` where a CUDA GPU,
+            CuPy and nvmath-python are, else ``reference`` (:func:`trtcore.plan.default_backend`).
         dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``; default float32 on the
             reference backend, the checkpoint's dtype (float16 for float32 checkpoints)
             on TensorRT. A float16 engine from a bfloat16 checkpoint warns (range 65504).
@@ -195,11 +197,10 @@ class LLM:
             ``"native"`` (TensorRT's ``IAttention`` + ``IKVCacheUpdateLayer`` over a fixed
             ``[batch, num_kv_heads, max_seq_len, head_dim]`` cache; implies
             ``kv_cache="contiguous"``).
-        device: where the reference backend executes: ``"cuda"`` / ``"gpu"`` (CuPy on the
-            current CUDA device), ``"cpu"`` (NumPy), or None: ``"cuda"`` when CuPy imports
-            and a GPU is visible, else ``"cpu"`` (:func:`trtcore.runtime.device.resolve_device`).
-            TensorRT backends always execute on the GPU (``"cpu"`` is refused). The choice
-            is :attr:`device`.
+        device: ``"cpu"``, ``"cuda"`` / ``"gpu"`` or None; a check, not a choice
+            (:func:`trtcore.runtime.device.resolve_device`): the reference backend runs on the
+            CPU (``"cuda"`` is refused, pointing to ``backend="cuda"``), the others on the
+            GPU (``"cpu"`` is refused). The result is :attr:`device`.
 
     The defaults of ``backend`` ... ``attention`` are resolved once into :attr:`plan` by
     :func:`trtcore.plan.resolve_plan`, the same rules as ``trtcore build``'s.
@@ -211,8 +212,8 @@ class LLM:
     Raises:
         ConfigError / UnsupportedArchitectureError / CheckpointError: bad model folder.
         BackendNotAvailableError: the backend's module is not installed.
-        InvalidArgumentError: an unknown ``device``, or ``device="cuda"`` without CuPy or a
-            GPU (the message says how to install ``trtcore[gpu]``).
+        InvalidArgumentError: an unknown ``device``, ``device="cuda"`` with the reference
+            backend (use ``backend="cuda"``), or ``device="cpu"`` with a GPU backend.
     """
 
     def __init__(
@@ -241,7 +242,7 @@ class LLM:
         self.config: ModelConfig = load_config(self.model_dir)
         self.generation_config: GenerationConfig = load_generation_config(self.model_dir, self.config)
         backend_name = normalize_backend(backend) if backend else default_backend()
-        self.device = _execution_device(backend_name, device)  # before loading the backend's module
+        self.device = resolve_device(backend_name, device)  # before loading the backend's module
         options = BuildConfig(
             dtype=dtype,
             max_batch_size=max_batch_size,
@@ -281,9 +282,9 @@ class LLM:
         wanted = bc.max_batch_size * (-(-bc.max_seq_len // spec.block_size))
         if budget is None:
             if self.device == "cuda":
-                import cupy
+                from . import gpu
 
-                free, _ = cupy.cuda.runtime.memGetInfo()
+                free, _ = gpu.call("cudaMemGetInfo", gpu.cuda_bindings("runtime").cudaMemGetInfo)
                 budget = int(0.4 * free)
             else:
                 budget = CPU_KV_CACHE_MEMORY
@@ -303,10 +304,9 @@ class LLM:
             net = define_network(trt, self.config, weights, self.plan)
             bar.update()
             if self.backend == "reference":
-                from .runtime.device import array_module
                 from .runtime.reference_executor import ReferenceExecutor
 
-                executor: Executor = ReferenceExecutor(build_reference_engine(net), xp=array_module(self.device))
+                executor: Executor = ReferenceExecutor(build_reference_engine(net))
             else:
                 from .runtime.trt_executor import TensorRTExecutor
 
@@ -540,18 +540,6 @@ class LLM:
                         for tok, lp in d.items():
                             lp.decoded_token = self.tokenizer.id_to_token(tok)
         return outputs
-
-
-def _execution_device(backend: str, device: str | None) -> str:
-    """``"cpu"`` or ``"cuda"``: the reference backend resolves ``device`` (CuPy when it can),
-    TensorRT backends execute on the GPU."""
-    from .runtime.device import normalize_device, resolve_device
-
-    if backend == "reference":
-        return resolve_device(device)
-    if normalize_device(device) == "cpu":
-        raise InvalidArgumentError(f"backend {backend!r} executes TensorRT engines on a CUDA GPU; device='cpu' needs backend='reference'")
-    return "cuda"
 
 
 def _load_tokenizer(model_dir: Path) -> Any:

@@ -9,9 +9,10 @@ records the plan (:meth:`BuildPlan.to_dict`).
 
 One rule per default:
 
-* ``backend``: ``$TRTCORE_BACKEND``, else ``tensorrt`` when installed, else ``reference``
-  (``engine=True``, a serialized engine file: ``tensorrt_rtx`` instead of ``reference``,
-  which cannot write one);
+* ``backend``: ``$TRTCORE_BACKEND``, else ``tensorrt`` when its runtime starts on a GPU here,
+  else ``cuda`` (trtcore's own engine) when a CUDA GPU, CuPy and nvmath-python are there,
+  else ``reference`` (``engine=True``, a serialized engine file: ``tensorrt_rtx`` instead of
+  ``reference``, which cannot write one);
 * ``dtype``: float32 on the reference backend; on TensorRT backends the checkpoint's dtype
   when it is float16 or bfloat16, else float16. A float16 plan from a bfloat16 checkpoint
   warns (float16 overflows above 65504, bfloat16 does not);
@@ -203,20 +204,48 @@ class BuildPlan:
         return cls(**d)
 
 
+def tensorrt_usable() -> bool:
+    """Whether the ``tensorrt`` backend can run here: the module imports (not type stubs), a
+    CUDA GPU is visible, and TensorRT creates a ``Builder`` on it (TensorRT refuses to when
+    no GPU it supports is there). Never raises."""
+    from . import gpu
+    from .trt import is_available, load_trt
+
+    if not is_available("tensorrt") or gpu.device_count() < 1:
+        return False
+    try:
+        trt = load_trt("tensorrt")
+        return trt.Builder(trt.Logger(trt.Logger.ERROR)) is not None
+    except Exception:  # noqa: BLE001 - any failure to start TensorRT means "not usable"
+        return False
+
+
+def cuda_usable() -> bool:
+    """Whether the ``cuda`` backend can execute here (:func:`trtcore.gpu.cuda_backend_status`:
+    a CUDA GPU, CuPy and nvmath-python). Never raises."""
+    from . import gpu
+
+    return gpu.cuda_backend_status()[0]
+
+
 def default_backend(engine: bool = False) -> str:
-    """``$TRTCORE_BACKEND``, else ``tensorrt`` when installed, else ``reference``
-    (``tensorrt_rtx`` when ``engine``: a serialized engine file is wanted).
+    """``$TRTCORE_BACKEND``; else ``tensorrt`` when :func:`tensorrt_usable`; else ``cuda``
+    when :func:`cuda_usable`; else ``reference``, or ``tensorrt_rtx`` when ``engine`` (a
+    serialized engine file is wanted, which the reference backend cannot write; TensorRT-RTX
+    builds ahead of time on a CPU-only machine).
 
     Raises:
         InvalidArgumentError: ``$TRTCORE_BACKEND`` names no backend.
     """
-    from .trt import is_available, normalize_backend
+    from .trt import normalize_backend
 
     env = os.environ.get("TRTCORE_BACKEND")
     if env:
         return normalize_backend(env)
-    if is_available("tensorrt"):
+    if tensorrt_usable():
         return "tensorrt"
+    if cuda_usable():
+        return "cuda"
     return "tensorrt_rtx" if engine else "reference"
 
 

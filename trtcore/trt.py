@@ -7,7 +7,7 @@ backend                   module                                       install
 ========================  ===========================================  =====================
 ``"tensorrt"``            NVIDIA TensorRT 10.13+ / 11.x                ``pip install trtcore[trt]``
 ``"tensorrt_rtx"``        NVIDIA TensorRT for RTX 1.7                  ``pip install trtcore[rtx]``
-``"reference"``           :mod:`trtcore.reference` (NumPy / CuPy)      always present
+``"reference"``           :mod:`trtcore.reference` (NumPy)             always present
 ``"cuda"``                :mod:`trtcore.cuda`, trtcore's own engine    always present (runs
                           builder and runtime for CUDA GPUs            with ``trtcore[gpu]``)
 ========================  ===========================================  =====================

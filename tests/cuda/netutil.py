@@ -28,8 +28,8 @@ def config_for(net: Any, shapes: dict[str, tuple[tuple[int, ...], ...]] | None =
     return cfg
 
 
-def compile_net(net: Any, shapes: dict[str, tuple[tuple[int, ...], ...]] | None = None, arch: str | None = "sm_90") -> Plan:
-    return compile_network(net, config_for(net, shapes), None, arch=arch)
+def compile_net(net: Any, shapes: dict[str, tuple[tuple[int, ...], ...]] | None = None, arch: str | None = "sm_90", capture: Any = ()) -> Plan:
+    return compile_network(net, config_for(net, shapes), None, arch=arch, capture=capture)
 
 
 def rms_norm_net(dtype: Any = tc.DataType.BF16, hidden: int = 64, seed: int = 0) -> Any:

@@ -21,11 +21,20 @@ The pipeline (one module per pass, in this order):
 
 The log says "fused N layers into M kernels" (INFO), and :attr:`Plan.kernels` lists every
 kernel by name with the layers it came from.
+
+``capture=`` (:func:`keep_captured`): intermediate tensors named at build time become extra
+outputs of the engine, so an executor returns them with the outputs, the cuda counterpart of
+the reference executor's ``run(feeds, capture=...)``. A compiled engine keeps in memory only
+what it must, so which tensors to keep is a build choice (as marking a tensor as an output is
+in TensorRT); the passes then leave each captured value in memory (a fused kernel writes it
+as one more output, a view is copied out).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import EngineBuildError, NetworkError
@@ -180,11 +189,64 @@ def _arch_of(config: Any) -> str | None:
     return None
 
 
-def compile_network(network: Any, config: Any, logger: Any = None, arch: str | None = None) -> Plan:
-    """Compile a validated reference network and its builder config into a :class:`Plan`.
+def keep_captured(g: Graph, capture: Iterable[str] | str) -> list[str]:
+    """Make the tensors named in ``capture`` outputs of ``g`` (in place, after those already
+    there); return the names added.
+
+    Args:
+        g: the IR just read from the network (:func:`trtcore.cuda.ir.from_network`).
+        capture: tensor names, one name, or ``"all"``: every output of a layer that is not
+            a constant. Network inputs and constants (the weights) cannot be captured: the
+            caller has them (``network``'s ``IConstantLayer.weights``), and the engine holds
+            weights converted and folded.
 
     Raises:
-        NetworkError: invalid network / profiles, or a layer the backend lacks.
+        NetworkError: a name is no tensor of the network, a network input or a constant.
+    """
+    if capture == "all":
+        names = [v for v in g.values if v not in g.inputs and v not in g.constants]
+    else:
+        names = [capture] if isinstance(capture, str) else list(capture)
+    added = []
+    for name in names:
+        if name not in g.values:
+            raise NetworkError(f"capture: the network has no tensor {name!r}")
+        if name in g.inputs:
+            raise NetworkError(f"capture: {name!r} is a network input (the caller has it); capture layer outputs")
+        if name in g.constants:
+            raise NetworkError(f"capture: {name!r} is a constant (weights); read it from the network's IConstantLayer, capture layer outputs")
+        if name not in g.outputs and name not in added:
+            added.append(name)
+    for name in added:
+        # the producer writes NAME#captured, read by its consumers and by an identity into
+        # NAME, the engine output: the passes see one more reader (so a fused kernel keeps
+        # the value as an extra output) and a view output (so materialize copies it out),
+        # and the engine's output keeps the tensor's name
+        src = f"{name}#captured"
+        at = 0
+        for i, node in enumerate(g.nodes):
+            node.inputs = [src if v == name else v for v in node.inputs]
+            if name in node.outputs:
+                node.outputs = [src if v == name else v for v in node.outputs]
+                at = i + 1
+        g.values[src] = dataclasses.replace(g.values[name], name=src)
+        g.nodes.insert(at, Node(f"capture:{name}", "identity", [src], [name]))
+        g.outputs.append(name)
+    return added
+
+
+def compile_network(
+    network: Any, config: Any, logger: Any = None, arch: str | None = None, capture: Iterable[str] | str = ()
+) -> Plan:
+    """Compile a validated reference network and its builder config into a :class:`Plan`.
+
+    Args:
+        capture: tensors to keep as extra engine outputs (:func:`keep_captured`); listed in
+            ``Plan.stats["captured"]``.
+
+    Raises:
+        NetworkError: invalid network / profiles, a layer the backend lacks, or a ``capture``
+            name that is no tensor (or an input) of the network.
         EngineBuildError: a generated kernel does not compile.
     """
     profiles = list(config._profiles)
@@ -194,6 +256,7 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
     profile = profiles[0] if profiles else None
     stats: dict[str, Any] = {}
     g = from_network(network)
+    stats["captured"] = keep_captured(g, capture)
     n_layers = len(g.nodes) + len(g.constants)  # constants are layers of the network too
     stats["layers"] = n_layers
     points = profile_points(g, profile)
@@ -256,21 +319,23 @@ class Builder(refbuilder.Builder):
     """``tensorrt.Builder`` of the cuda backend: networks and configs as the reference's,
     builds compile (see the module docstring)."""
 
-    def build_engine(self, network: Any, config: Any) -> Any:  # type: ignore[override]
-        """Compile and return the engine without serializing (trtcore extension)."""
+    def build_engine(self, network: Any, config: Any, capture: Iterable[str] | str = ()) -> Any:  # type: ignore[override]
+        """Compile and return the engine without serializing (trtcore extension); ``capture``:
+        tensors kept as extra outputs (:func:`keep_captured`)."""
         from .runtime import ICudaEngine
 
-        return ICudaEngine(self._compile(network, config))
+        return ICudaEngine(self._compile(network, config, capture))
 
-    def build_serialized_network(self, network: Any, config: Any) -> refbuilder.IHostMemory:
-        """The compiled plan as bytes (:meth:`trtcore.cuda.Runtime.deserialize_cuda_engine` reads it)."""
-        plan = self._compile(network, config)
+    def build_serialized_network(self, network: Any, config: Any, capture: Iterable[str] | str = ()) -> refbuilder.IHostMemory:
+        """The compiled plan as bytes (:meth:`trtcore.cuda.Runtime.deserialize_cuda_engine` reads it);
+        ``capture`` (a trtcore extension): tensors kept as extra outputs (:func:`keep_captured`)."""
+        plan = self._compile(network, config, capture)
         return refbuilder.IHostMemory(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
 
-    def _compile(self, network: Any, config: Any) -> Plan:
+    def _compile(self, network: Any, config: Any, capture: Iterable[str] | str = ()) -> Plan:
         """:func:`compile_network`, then the GEMM tactics timed on this GPU when there is one
         (:mod:`trtcore.cuda.tactics`)."""
-        plan = compile_network(network, config, self.logger)
+        plan = compile_network(network, config, self.logger, capture=capture)
         if tactics.timing_enabled():
             lines = tactics.tune(plan)
             plan.build_log.extend(lines)
@@ -280,4 +345,4 @@ class Builder(refbuilder.Builder):
         return plan
 
 
-__all__ = ["Builder", "DataType", "compile_network", "kernel_source"]
+__all__ = ["Builder", "DataType", "compile_network", "keep_captured", "kernel_source"]

@@ -166,6 +166,10 @@ def rewrite(graph: Graph, groups: list[Group], stats: dict[str, Any]) -> Graph:
                 for o in m.outputs
                 if o in g.outputs or o in grp.extra_outputs or any(c not in grp.nodes for c in consumers.get(o, []))
             ]
+            if grp.domain in produced and grp.domain not in outputs:
+                # a group that ends at its reduction (its row result read elsewhere, e.g. a
+                # captured variance): the launch needs the domain's shape, so it is written too
+                outputs.append(grp.domain)
             kind = "row_group" if grp.reduce is not None else "pointwise_group"
             name = f"{kind}:{members[-1].name}"
             attrs: dict[str, Any] = {"members": members, "scalars": scalars, "domain": grp.domain}

@@ -4,7 +4,7 @@ registry, and ``IPluginV3Layer`` (``network.add_plugin_v3``).
 Names and enum values follow TensorRT's Python API. The reference registry's creators
 return the plugin object itself (a :class:`trtcore.plugins.base.Plugin`, duck-typed here:
 ``output_dtypes``, ``output_shapes``, ``reference``, ``enqueue``), which the evaluator runs
-with ``reference`` on NumPy and ``enqueue`` on CuPy.
+with ``reference`` on NumPy (the cuda engine calls ``enqueue``).
 """
 
 from __future__ import annotations
