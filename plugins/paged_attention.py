@@ -246,10 +246,10 @@ class PagedAttentionPlugin(Plugin):
             raise PluginError(f"PagedAttentionPlugin.sliding_window is {self.sliding_window}, expected >= 0 (0 = no window)")
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise PluginError(f"PagedAttentionPlugin.scale is {self.scale}, expected a positive finite number")
+        if self.rotary_dim < 0:
+            raise PluginError(f"PagedAttentionPlugin.rotary_dim is {self.rotary_dim}, expected 0 (no fused RoPE) or an even number in [2, head_dim]")
         if self.rotary_dim:
             self.rope()  # RopePlugin's checks of rotary_dim, pairing and attention_scaling
-        elif self.rotary_dim < 0:
-            raise PluginError(f"PagedAttentionPlugin.rotary_dim is {self.rotary_dim}, expected 0 (no fused RoPE) or an even number in [2, head_dim]")
 
     # the fields packed qkv and fused RoPE added, with the values that mean "not used": a
     # plugin that uses neither serializes exactly the fields it had before them, and a field
@@ -273,7 +273,7 @@ class PagedAttentionPlugin(Plugin):
             PluginError: no fused RoPE, or its fields are invalid (RopePlugin's message).
         """
         if self.rotary_dim <= 0:
-            raise PluginError("PagedAttentionPlugin has no fused RoPE (rotary_dim is 0)")
+            raise PluginError(f"PagedAttentionPlugin has no fused RoPE (rotary_dim is {self.rotary_dim})")
         return RopePlugin(head_dim=self.head_dim, rotary_dim=self.rotary_dim, is_neox=self.is_neox, attention_scaling=self.attention_scaling)
 
     # --- shapes and types ---------------------------------------------------------------------
