@@ -2,9 +2,14 @@
 // continue a cached sequence) and decodes, on packed tokens. The plugin that launches these
 // kernels, and the full statement of the semantics, is trtcore.plugins.paged_attention.
 //
-// Tensors (row-major, contiguous):
-//   q            [T, Hq, HEAD_DIM]       the step's new queries (RoPE applied), Hq = Hkv * G
-//   k, v         [T, Hkv, HEAD_DIM]      the step's new keys / values
+// Tensors (row-major):
+//   q            [T, Hq, HEAD_DIM]       the step's new queries, Hq = Hkv * G; token t's row
+//                                        starts at q + t * q_stride (q_stride = Hq * HEAD_DIM,
+//                                        or (Hq + 2 Hkv) * HEAD_DIM for a packed qkv input)
+//   k, v         [T, Hkv, HEAD_DIM]      the step's new keys / values, token stride kv_stride
+//                                        (packed qkv: k = qkv + Hq * HEAD_DIM, v = k + Hkv *
+//                                        HEAD_DIM, kv_stride = q_stride)
+//   position_ids int32 [T], inv_freq float32 [ROTARY_DIM / 2]: read only when ROTARY_DIM > 0
 //   pool         [L, NB, 2, Hkv, BLOCK_SIZE, HEAD_DIM]   one KV pool for all layers;
 //                                        index 0 = K, 1 = V; "HND" inside a block, so the
 //                                        BLOCK_SIZE rows of one head are one contiguous run
@@ -19,6 +24,15 @@
 // k <= p and (window == 0 or p - k < window). Scores and softmax in float32 with float32
 // accumulation; the output is rounded once to DTYPE. Block-table entries < 0 (padding) are
 // never written and read as zeros.
+//
+// Fused RoPE (ROTARY_DIM > 0): q and the new k arrive unrotated; every kernel rotates them
+// where it loads them (kernels/rope.cuh, the contract of trtcore.plugins.rope: cos/sin of
+// float32(position_ids[t]) * inv_freq[i], scaled by attention_scaling, the rotated value
+// rounded once to DTYPE before use), so the pool holds exactly what the RoPE plugin followed
+// by the unfused kernels writes, and q is exactly what they read:
+//   paged_kv_write     k before it is written to the pool;
+//   paged_attn_decode  the token's q rows and its own k (through a shared-memory row);
+//   paged_attn_prefill, paged_attn_simple   q when it is loaded into registers.
 //
 // Kernels (all launched on one stream, in this order):
 //   paged_kv_write      one CTA per new token: copies its k and v rows into the pool
@@ -52,10 +66,16 @@
 //   PA_STAGES   shared-memory stages of the K/V ring (default 2)
 //   PA_DECODE_MIN_CTAS  resident decode CTAs per SM the register budget is cut for (default
 //               3: 168 registers, no spills; 3 x 64 KiB of shared memory fit an SM of sm_80/90)
+//   ROTARY_DIM  0 (default): q and k arrive rotated; > 0: fused RoPE on this many features
+//               of each head (even, <= HEAD_DIM)
+//   NEOX        fused RoPE pairing: 1 (default) half-split (i, i + ROTARY_DIM/2), 0 GPT-J (2i, 2i+1)
 //
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
 // trtcore-variants: [{"DTYPE": 0, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 0, "HEAD_DIM": 128, "BLOCK_SIZE": 16}]
+// trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 1}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 128, "NEOX": 1}]
+// trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 1}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 128, "NEOX": 1}]
+// trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 0}, {"DTYPE": 0, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 1}]
 
 #include "dtype.cuh"  // DTYPE (default 2, bfloat16), elem_t, to_f32 / from_f32
 #ifndef HEAD_DIM
@@ -69,6 +89,16 @@
 #endif
 #ifndef PA_DECODE_MIN_CTAS
 #define PA_DECODE_MIN_CTAS 3
+#endif
+#ifndef ROTARY_DIM
+#define ROTARY_DIM 0
+#endif
+#ifndef NEOX
+#define NEOX 1
+#endif
+#if ROTARY_DIM > 0
+#include "rope.cuh"  // the rotation of the RoPE plugin (one implementation of its contract)
+static_assert(ROTARY_DIM % 2 == 0 && ROTARY_DIM <= HEAD_DIM, "ROTARY_DIM must be even, <= HEAD_DIM");
 #endif
 
 #define PA_NT 64          // keys per K/V tile
@@ -133,12 +163,48 @@ __device__ __forceinline__ PoolView make_pool_view(const elem_t* pool, const int
     return p;
 }
 
+// RoPE arguments of every kernel (position_ids, inv_freq, attention_scaling: the last three
+// parameters of each; unused when ROTARY_DIM == 0)
+struct RopeArgs {
+    const int* position_ids;
+    const float* inv_freq;
+    float attention_scaling;
+};
+
+#if ROTARY_DIM > 0
+// Feature d of `row` (one head of a token at `pos`) rotated and rounded to DTYPE (as the RoPE
+// plugin's output), returned as float; cos/sin from `tab` ([2][ROTARY_DIM / 2], cos then sin)
+// when given, else computed here.
+__device__ __forceinline__ float rope_load(const elem_t* row, int d, float pos, const RopeArgs& ra, const float* tab) {
+    const float x = to_f32(row[d]);
+    if (d >= ROTARY_DIM) return x;
+    const int i = rope_pair_index(d);
+    float cs, sn;
+    if (tab != nullptr) {
+        cs = tab[i];
+        sn = tab[ROPE_HALF + i];
+    } else {
+        rope_cos_sin(pos, __ldg(ra.inv_freq + i), ra.attention_scaling, cs, sn);
+    }
+    return to_f32(from_f32(rope_feature(d, x, to_f32(row[rope_partner(d)]), cs, sn)));
+}
+
+// tab[0..ROTARY_DIM/2) = cos, tab[ROTARY_DIM/2..ROTARY_DIM) = sin of the token at pos
+// (all threads of the CTA take part; the caller synchronises before reading)
+__device__ __forceinline__ void rope_table(float* tab, float pos, const RopeArgs& ra) {
+    for (int i = threadIdx.x; i < ROPE_HALF; i += blockDim.x)
+        rope_cos_sin(pos, __ldg(ra.inv_freq + i), ra.attention_scaling, tab[i], tab[ROPE_HALF + i]);
+}
+#endif
+
 // ---- 1. write the step's k/v into the pool -----------------------------------------------
 
 extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
     const elem_t* __restrict__ k, const elem_t* __restrict__ v, elem_t* __restrict__ pool,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const int* __restrict__ qsl,
-    int B, int max_blocks, int num_blocks, int layer, int Hkv, int skip_decode) {
+    int B, int max_blocks, int num_blocks, int layer, int Hkv, int skip_decode, int kv_stride,
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     const int t = blockIdx.x;
     const int b = find_seq(qsl, B, t);
     const int q0 = __ldg(qsl + b);
@@ -151,14 +217,31 @@ extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
     const int row = pos % BLOCK_SIZE;
     const long long hs = (long long)BLOCK_SIZE * HEAD_DIM;
     elem_t* dst0 = pool + ((long long)layer * num_blocks + blk) * 2 * Hkv * hs + (long long)row * HEAD_DIM;
+#if ROTARY_DIM > 0
+    __shared__ float s_tab[ROTARY_DIM];
+    rope_table(s_tab, (float)__ldg(ra.position_ids + t), ra);
+    __syncthreads();
+#else
+    (void)ra;
+#endif
     constexpr int CH = HEAD_DIM / PA_VEC;  // 16-byte chunks per head row
     const int n = Hkv * CH;
     for (int c = threadIdx.x; c < 2 * n; c += blockDim.x) {
         const int kv = c >= n;
         const int cc = c - kv * n;
         const int h = cc / CH, d = (cc % CH) * PA_VEC;
-        const elem_t* src = (kv ? v : k) + ((long long)t * Hkv + h) * HEAD_DIM + d;
+        const elem_t* src = (kv ? v : k) + (long long)t * kv_stride + (long long)h * HEAD_DIM + d;
         elem_t* dst = dst0 + (long long)kv * Hkv * hs + (long long)h * hs + d;
+#if ROTARY_DIM > 0
+        if (!kv && d < ROTARY_DIM) {  // a key chunk with rotated features
+            union { uint4 u; elem_t e[PA_VEC]; } o;
+#pragma unroll
+            for (int j = 0; j < PA_VEC; ++j)
+                o.e[j] = d + j < ROTARY_DIM ? from_f32(rope_load(src - d, d + j, 0.f, ra, s_tab)) : src[j];
+            *reinterpret_cast<uint4*>(dst) = o.u;
+            continue;
+        }
+#endif
         *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
     }
 }
@@ -168,7 +251,9 @@ extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
 extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
     const elem_t* __restrict__ q, const elem_t* __restrict__ pool, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out,
-    int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int window, float scale) {
+    int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int window, float scale, int q_stride,
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     constexpr int NWARP = PA_THREADS / 32;
     constexpr int PER = HEAD_DIM / 32;
     __shared__ float s_m[NWARP], s_l[NWARP];
@@ -185,10 +270,19 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
     const PoolView pv = make_pool_view(pool, block_tables + (long long)b * max_blocks, layer, num_blocks, Hkv, h);
 
     float qv[PER], acc[PER];
-    const elem_t* qrow = q + ((long long)t * Hq + hq) * HEAD_DIM;
+    const elem_t* qrow = q + (long long)t * q_stride + (long long)hq * HEAD_DIM;
+#if ROTARY_DIM > 0
+    const float qpos = (float)__ldg(ra.position_ids + t);
+#else
+    (void)ra;
+#endif
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
+#if ROTARY_DIM > 0
+        qv[i] = rope_load(qrow, lane + 32 * i, qpos, ra, nullptr);
+#else
         qv[i] = to_f32(qrow[lane + 32 * i]);
+#endif
         acc[i] = 0.f;
     }
     float m = PA_NEG_INF, l = 0.f;
@@ -285,14 +379,17 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
 // are padding. Warps are WARPS_M (rows, 16 each) x WARPS_N (keys: each warp takes
 // PA_NT / WARPS_N keys of every tile); the WARPS_N partial softmaxes are merged at the end.
 // Key new_key (-1: none) is read from k_new / v_new (the step's k/v rows of this KV head)
-// instead of the pool. part_o == nullptr: write normalised rows to out; else write the unnormalised float32 output
+// instead of the pool (from k_new_smem instead, a shared-memory row, when that is given: the
+// rotated key of fused RoPE). Query rows start q_stride elements apart per token; with fused
+// RoPE they are rotated as they are loaded (cos/sin from rope_tab when given: one token's
+// table, else computed per element). part_o == nullptr: write normalised rows to out; else write the unnormalised float32 output
 // to part_o[hq * HEAD_DIM + d] and (max in log2 units, sum) to part_ml[2 * hq + {0, 1}].
 template <int WARPS_M, int WARPS_N>
 __device__ __forceinline__ void attention_rows(
     const elem_t* __restrict__ q, const PoolView& pv, int q_tok0, int cached, int nrows, int R0, int G, int Hq, int h,
     int key_lo, int key_hi, int window, float scale_log2, elem_t* __restrict__ out, float* __restrict__ part_o,
     float* __restrict__ part_ml, char* smem, int new_key, const elem_t* __restrict__ k_new,
-    const elem_t* __restrict__ v_new) {
+    const elem_t* __restrict__ v_new, int q_stride, const RopeArgs& ra, const float* rope_tab, const elem_t* k_new_smem) {
     constexpr int M = 16 * WARPS_M;
     constexpr int NTHREADS = 32 * WARPS_M * WARPS_N;
     constexpr int NW = PA_NT / WARPS_N;  // keys per warp per tile
@@ -319,17 +416,32 @@ __device__ __forceinline__ void attention_rows(
             const int pos = cached + R / G;
             kmin[i] = imax(key_lo, window > 0 ? pos - window + 1 : 0);
             kmax[i] = imin(key_hi - 1, pos);
-            qrow = q + ((long long)(q_tok0 + R / G) * Hq + h * G + R % G) * HEAD_DIM;
+            qrow = q + (long long)(q_tok0 + R / G) * q_stride + (long long)(h * G + R % G) * HEAD_DIM;
         } else {
             kmin[i] = 1;
             kmax[i] = 0;  // no key
         }
+#if ROTARY_DIM > 0
+        const float qpos = qrow ? (float)__ldg(ra.position_ids + q_tok0 + R / G) : 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int d = 16 * ks + 8 * hf + 2 * c;
+                qa[ks][2 * hf + i] = qrow ? pack2(rope_load(qrow, d, qpos, ra, rope_tab), rope_load(qrow, d + 1, qpos, ra, rope_tab)) : 0u;
+            }
+        }
+#else
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
             qa[ks][i] = qrow ? __ldg(reinterpret_cast<const unsigned*>(qrow + 16 * ks + 2 * c)) : 0u;
             qa[ks][2 + i] = qrow ? __ldg(reinterpret_cast<const unsigned*>(qrow + 16 * ks + 8 + 2 * c)) : 0u;
         }
+#endif
     }
+#if ROTARY_DIM == 0
+    (void)ra; (void)rope_tab;
+#endif
 
     float o[DTILES][4];
 #pragma unroll
@@ -357,7 +469,12 @@ __device__ __forceinline__ void attention_rows(
             const elem_t* ks = src ? src + ch * 8 : zero_src;
             const elem_t* vs = src ? ks + vdelta : zero_src;
             const unsigned off = (unsigned)swz(r, ch) * 2u;
-            cp_async16(sK + off, ks, bytes);
+            if (is_new && k_new_smem != nullptr) {  // the rotated new key, from shared memory
+                *reinterpret_cast<uint4*>(sbuf + stage * 2 * PA_TILE_ELEMS + swz(r, ch)) =
+                    *reinterpret_cast<const uint4*>(k_new_smem + ch * 8);
+            } else {
+                cp_async16(sK + off, ks, bytes);
+            }
             cp_async16(sV + off, vs, bytes);
         }
     };
@@ -515,7 +632,9 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v, elem_t* __restrict__ pool, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out, float* __restrict__ ws_o,
     float* __restrict__ ws_ml, int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int num_splits,
-    int window, float scale_log2) {
+    int window, float scale_log2, int q_stride, int kv_stride,
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     extern __shared__ __align__(128) char smem[];
     const int split = blockIdx.x, b = blockIdx.z;
     const int RT = (G + 15) / 16;
@@ -543,8 +662,22 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
         return;
     }
     const int* bt_row = block_tables + (long long)b * max_blocks;
-    const elem_t* k_new = k + ((long long)q0 * Hkv + h) * HEAD_DIM;
-    const elem_t* v_new = v + ((long long)q0 * Hkv + h) * HEAD_DIM;
+    const elem_t* k_new = k + (long long)q0 * kv_stride + (long long)h * HEAD_DIM;
+    const elem_t* v_new = v + (long long)q0 * kv_stride + (long long)h * HEAD_DIM;
+#if ROTARY_DIM > 0
+    // this token's cos/sin table (for its q rows) and its rotated key row of head h
+    __shared__ float s_tab[ROTARY_DIM];
+    __shared__ __align__(16) elem_t s_knew[HEAD_DIM];
+    rope_table(s_tab, (float)__ldg(ra.position_ids + q0), ra);
+    __syncthreads();
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) s_knew[d] = d < ROTARY_DIM ? from_f32(rope_load(k_new, d, 0.f, ra, s_tab)) : k_new[d];
+    __syncthreads();
+    const elem_t* k_src = s_knew;
+    const float* rope_tab = s_tab;
+#else
+    const elem_t* k_src = nullptr;
+    const float* rope_tab = nullptr;
+#endif
     if (split == 0 && rt == 0 && threadIdx.x < 2 * HEAD_DIM / PA_VEC && pos / BLOCK_SIZE < max_blocks) {
         // this token's k/v row of head h into its pool slot (the CTAs of this sequence read
         // the token from k/v, never from the slot, so there is no ordering to respect)
@@ -554,12 +687,14 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
             const int d = (threadIdx.x - kv * (HEAD_DIM / PA_VEC)) * PA_VEC;
             const long long hs = (long long)BLOCK_SIZE * HEAD_DIM;
             elem_t* dst = pool + (((long long)layer * num_blocks + blk) * 2 + kv) * Hkv * hs + h * hs + (long long)(pos % BLOCK_SIZE) * HEAD_DIM + d;
-            *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>((kv ? v_new : k_new) + d));
+            *reinterpret_cast<uint4*>(dst) = kv ? __ldg(reinterpret_cast<const uint4*>(v_new + d))
+                                                : k_src != nullptr ? *reinterpret_cast<const uint4*>(k_src + d)
+                                                                   : __ldg(reinterpret_cast<const uint4*>(k_new + d));
         }
     }
     const PoolView pv = make_pool_view(pool, bt_row, layer, num_blocks, Hkv, h);
     attention_rows<1, 4>(q, pv, q0, pos, G, 16 * rt, G, Hq, h, lo, hi, window, scale_log2, out, po, pml, smem, pos, k_new,
-                         v_new);
+                         v_new, q_stride, ra, rope_tab, k_src);
 }
 
 // Prefill (qlen > 1): grid (tiles, Hkv), where tiles >= sum over sequences with qlen > 1 of
@@ -567,7 +702,9 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
 extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
     const elem_t* __restrict__ q, const elem_t* __restrict__ pool, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out, int B, int max_blocks,
-    int num_blocks, int layer, int Hkv, int G, int window, float scale_log2) {
+    int num_blocks, int layer, int Hkv, int G, int window, float scale_log2, int q_stride,
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     extern __shared__ __align__(128) char smem[];
     constexpr int M = 64;
     const int x = blockIdx.x, h = blockIdx.y;
@@ -611,7 +748,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
     const int klo = window > 0 ? imax(0, pos_min - window + 1) : 0, khi = pos_max + 1;
     const PoolView pv = make_pool_view(pool, block_tables + (long long)b * max_blocks, layer, num_blocks, Hkv, h);
     attention_rows<4, 1>(q, pv, q0, cached, nrows, R0, G, Hkv * G, h, klo, khi, window, scale_log2, out, nullptr,
-                         nullptr, smem, -1, nullptr, nullptr);
+                         nullptr, smem, -1, nullptr, nullptr, q_stride, ra, nullptr, nullptr);
 }
 
 // Combine the decode splits: grid (B, Hq), HEAD_DIM threads. Sequences with qlen != 1 return.

@@ -6,7 +6,8 @@
 // q_out, k_out: the shapes and dtype of q and k (distinct buffers: the pointers are
 // __restrict__).
 //
-// Numerics (the contract that trtcore.plugins.rope.RopePlugin.reference reproduces):
+// Numerics (the contract that trtcore.plugins.rope.RopePlugin.reference reproduces; the
+// rotation itself is kernels/rope.cuh, shared with paged_attention.cu):
 //   freq   = inv_freq[i]                                                 (float32)
 //            DYNAMIC and seq_len > max_position_embeddings (dynamic NTK, as transformers):
 //            base' = base * (factor * s / L - (factor - 1)) ** (d / (d - 2)),
@@ -69,6 +70,8 @@
 #endif
 
 #define ROPE_MAX_BLOCK 256
+
+#include "rope.cuh"  // rope_cos_sin / rope_rotate: the rotation, shared with paged_attention.cu
 
 // ---- element types and conversions ------------------------------------------------------
 
@@ -145,10 +148,10 @@ __device__ __forceinline__ void rotate_store(const unit_t& t, const pack_t& a, c
     pack_t o1, o2;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-        const float x1 = to_f32(a.e[j]), x2 = to_f32(b.e[j]);
-        const float cs = s_cos[c + j], sn = s_sin[c + j];
-        o1.e[j] = from_f32(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
-        o2.e[j] = from_f32(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+        float r1, r2;
+        rope_rotate(to_f32(a.e[j]), to_f32(b.e[j]), s_cos[c + j], s_sin[c + j], r1, r2);
+        o1.e[j] = from_f32(r1);
+        o2.e[j] = from_f32(r2);
     }
     *reinterpret_cast<vec_t*>(t.dst) = o1.v;
     *reinterpret_cast<vec_t*>(t.dst + HALF_ROT) = o2.v;
@@ -157,10 +160,10 @@ __device__ __forceinline__ void rotate_store(const unit_t& t, const pack_t& a, c
     pack_t o;
 #pragma unroll
     for (int j = 0; j < VEC / 2; ++j) {
-        const float x1 = to_f32(a.e[2 * j]), x2 = to_f32(a.e[2 * j + 1]);
-        const float cs = s_cos[c + j], sn = s_sin[c + j];
-        o.e[2 * j] = from_f32(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
-        o.e[2 * j + 1] = from_f32(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+        float r1, r2;
+        rope_rotate(to_f32(a.e[2 * j]), to_f32(a.e[2 * j + 1]), s_cos[c + j], s_sin[c + j], r1, r2);
+        o.e[2 * j] = from_f32(r1);
+        o.e[2 * j + 1] = from_f32(r2);
     }
     (void)b;
     *reinterpret_cast<vec_t*>(t.dst) = o.v;
@@ -225,11 +228,7 @@ trtcore_rope(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
 #else
         freq = inv_freq[i];
 #endif
-        const float angle = __fmul_rn(pos, freq);
-        double sd, cd;
-        sincos((double)angle, &sd, &cd);
-        s_cos[i] = __fmul_rn((float)cd, attention_scaling);
-        s_sin[i] = __fmul_rn((float)sd, attention_scaling);
+        rope_cos_sin(pos, freq, attention_scaling, s_cos[i], s_sin[i]);
     }
     __syncthreads();
 

@@ -58,24 +58,25 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
             with g.scope(f"layers.{i}"):
                 x = ops.rms_norm(g, h, w("input_layernorm", i, E), c.rms_norm_eps, "input_layernorm")
                 with g.scope("self_attn"):
-                    q = ops.split_heads(g, proj("q_proj", i, H * D, E, c.qkv_bias, x), H, D, "q_heads")
-                    k = ops.split_heads(g, proj("k_proj", i, Hkv * D, E, c.qkv_bias, x), Hkv, D, "k_heads")
-                    v = ops.split_heads(g, proj("v_proj", i, Hkv * D, E, c.qkv_bias, x), Hkv, D, "v_heads")
-                    if c.model_type == "qwen3":  # RMSNorm on each query/key head before RoPE
-                        q = ops.rms_norm(g, q, w("q_norm", i, D), c.rms_norm_eps, "q_norm")
-                        k = ops.rms_norm(g, k, w("k_norm", i, D), c.rms_norm_eps, "k_norm")
-                    q, k = ops.rotary(g, q, k, inputs.position_ids, spec, seq_lens=inputs.rope_seq_lens)
-                    ctx = ops.cached_attention(
+                    roles = {"q_proj": H * D, "k_proj": Hkv * D, "v_proj": Hkv * D}
+                    qkv_w = [w(r, i, n, E) for r, n in roles.items()]
+                    qkv_b = [w(r, i, n, suffix=".bias") for r, n in roles.items()] if c.qkv_bias else None
+                    # Qwen3: RMSNorm on each query/key head before RoPE
+                    norms = (w("q_norm", i, D), w("k_norm", i, D), c.rms_norm_eps) if c.model_type == "qwen3" else None
+                    ctx = ops.self_attention(
                         g,
                         i,
-                        q,
-                        k,
-                        v,
+                        x,
+                        qkv_w,
+                        qkv_b,
+                        spec,
+                        num_heads=H,
                         num_kv_heads=Hkv,
                         head_dim=D,
                         scale=D**-0.5,
                         layer_type=c.layer_types[i],
                         sliding_window=c.sliding_window,
+                        head_norms=norms,
                     )
                     o = proj("o_proj", i, E, H * D, c.o_bias, ctx)
                 h = ops.add(g, h, o, "attn_residual")

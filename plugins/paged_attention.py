@@ -41,6 +41,22 @@ Inputs (in this order):
 
 Output: ``out [T, Hq * head_dim]`` in q's dtype.
 
+**Packed QKV** (field ``packed_qkv``): inputs 0-2 are replaced by one input ``qkv [T, (Hq + 2 *
+num_kv_heads) * head_dim]``, each token's q heads, then its k heads, then its v heads -- the
+output of the horizontally fused ``q_proj | k_proj | v_proj`` product (TensorRT-LLM's GPT
+attention plugin takes the same packed input). The kernels read q/k/v rows with the token
+stride ``(Hq + 2 * num_kv_heads) * head_dim``: no copy into separate q/k/v tensors.
+
+**Fused RoPE** (field ``rotary_dim > 0``; FlashInfer's ``pos_encoding_mode="ROPE_LLAMA"``):
+q and k arrive *unrotated* and two inputs are appended at the end, ``position_ids [T]`` int32
+and ``inv_freq [rotary_dim // 2]`` float32 (as :class:`trtcore.plugins.rope.RopePlugin`
+takes them). The plugin rotates q and the new k with RopePlugin's exact numerical contract
+(fields ``rotary_dim``, ``is_neox``, ``attention_scaling`` as RopePlugin's; dynamic NTK scaling
+is not fused: use the RoPE plugin for it), each rotated value rounded once to the dtype before
+use, so the pool holds bit for bit what the RoPE plugin followed by this plugin without fused
+RoPE writes, and the output equals theirs within the kernels' tolerance.
+:meth:`PagedAttentionPlugin.reference` calls RopePlugin's reference for it.
+
 **Side effect**: the step's k and v are written into ``kv_pool[layer_idx]`` at the slots of
 the new tokens, *in place* -- the pool is an input whose memory the plugin updates, exactly
 as TensorRT-LLM's GPT attention plugin writes its KV cache pool (given as an input pointer)
@@ -101,6 +117,7 @@ import numpy as np
 from trtcore.dtypes import KERNEL_DTYPE_CODES
 
 from .base import DeviceTensor, Dim, Plugin, PluginError
+from .rope import RopePlugin
 
 __all__ = ["DTYPE_CODES", "INPUT_NAMES", "TUNING", "PagedAttentionPlugin"]
 
@@ -108,8 +125,11 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 _INT32 = np.dtype(np.int32)
 #: the kernel's DTYPE define per I/O dtype
 DTYPE_CODES = KERNEL_DTYPE_CODES  # the DTYPE define of kernels/dtype.cuh
-#: the plugin's inputs, in order
+#: the plugin's inputs, in order (separate q/k/v, no fused RoPE; see ``input_names``)
 INPUT_NAMES = ("q", "k", "v", "kv_pool", "block_tables", "seq_lens", "query_start_loc")
+_CACHE_NAMES = INPUT_NAMES[3:]
+_ROPE_NAMES = ("position_ids", "inv_freq")
+_FLOAT32 = np.dtype(np.float32)
 
 #: head dims the tensor-core kernels are built for (others use the simple kernel)
 _TC_HEAD_DIMS = (64, 128)
@@ -173,6 +193,13 @@ class PagedAttentionPlugin(Plugin):
             ``p - k < W``; 0: no window.
         scale: the score scale; 0 (the default) means ``head_dim ** -0.5``. Stored as float32
             (the serialized field type), so a rebuilt plugin equals the original.
+        packed_qkv: input 0 is ``qkv [T, (Hq + 2 * num_kv_heads) * head_dim]`` instead of
+            q, k and v (module docstring).
+        rotary_dim: fused RoPE on this many features of each q and k head (even, <=
+            head_dim; adds the inputs ``position_ids`` and ``inv_freq``); 0: q and k arrive
+            rotated.
+        is_neox: fused RoPE pairing, as :class:`~trtcore.plugins.rope.RopePlugin`'s.
+        attention_scaling: fused RoPE's cos/sin factor, as RopePlugin's (float32).
     """
 
     plugin_name: ClassVar[str] = "trtcore_paged_attention"
@@ -185,6 +212,10 @@ class PagedAttentionPlugin(Plugin):
     block_size: int
     sliding_window: int = 0
     scale: float = 0.0
+    packed_qkv: bool = False
+    rotary_dim: int = 0
+    is_neox: bool = True
+    attention_scaling: float = 1.0
 
     def __post_init__(self) -> None:
         self.layer_idx = int(self.layer_idx)
@@ -196,6 +227,10 @@ class PagedAttentionPlugin(Plugin):
         if scale == 0.0 and self.head_dim > 0:
             scale = self.head_dim**-0.5
         self.scale = _f32(scale)
+        self.packed_qkv = bool(self.packed_qkv)
+        self.rotary_dim = int(self.rotary_dim)
+        self.is_neox = bool(self.is_neox)
+        self.attention_scaling = _f32(self.attention_scaling)
         super().__post_init__()
 
     def validate(self) -> None:
@@ -211,41 +246,110 @@ class PagedAttentionPlugin(Plugin):
             raise PluginError(f"PagedAttentionPlugin.sliding_window is {self.sliding_window}, expected >= 0 (0 = no window)")
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise PluginError(f"PagedAttentionPlugin.scale is {self.scale}, expected a positive finite number")
+        if self.rotary_dim < 0:
+            raise PluginError(f"PagedAttentionPlugin.rotary_dim is {self.rotary_dim}, expected 0 (no fused RoPE) or an even number in [2, head_dim]")
+        if self.rotary_dim:
+            self.rope()  # RopePlugin's checks of rotary_dim, pairing and attention_scaling
+
+    # the fields packed qkv and fused RoPE added, with the values that mean "not used": a
+    # plugin that uses neither serializes exactly the fields it had before them, and a field
+    # collection without them (an engine built before) rebuilds that plugin
+    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"packed_qkv": False, "rotary_dim": 0, "is_neox": True, "attention_scaling": 1.0}
+
+    def field_values(self) -> list[tuple[str, str, np.ndarray]]:
+        """The base class's field values, less the optional fields at their defaults."""
+        return [f for f in super().field_values() if self._OPTIONAL_FIELDS.get(f[0], object()) != getattr(self, f[0])]
+
+    @classmethod
+    def from_field_data(cls, data: dict[str, Any]) -> Plugin:
+        """The base class's rebuild; optional fields absent from ``data`` take their defaults."""
+        defaults = {name: np.asarray(value, dtype=dt) for name, _, dt, _ in cls.field_specs() if (value := cls._OPTIONAL_FIELDS.get(name)) is not None}
+        return super().from_field_data({**defaults, **data})
+
+    def rope(self) -> RopePlugin:
+        """The RoPE plugin whose rotation the fused RoPE applies (``rotary_dim > 0``).
+
+        Raises:
+            PluginError: no fused RoPE, or its fields are invalid (RopePlugin's message).
+        """
+        if self.rotary_dim <= 0:
+            raise PluginError(f"PagedAttentionPlugin has no fused RoPE (rotary_dim is {self.rotary_dim})")
+        return RopePlugin(head_dim=self.head_dim, rotary_dim=self.rotary_dim, is_neox=self.is_neox, attention_scaling=self.attention_scaling)
 
     # --- shapes and types ---------------------------------------------------------------------
 
-    @staticmethod
-    def input_names() -> list[str]:
-        """``["q", "k", "v", "kv_pool", "block_tables", "seq_lens", "query_start_loc"]``."""
-        return list(INPUT_NAMES)
+    def input_names(self) -> list[str]:
+        """``["q", "k", "v", "kv_pool", "block_tables", "seq_lens", "query_start_loc"]``; with
+        ``packed_qkv`` ``"qkv"`` replaces q, k, v; fused RoPE appends ``"position_ids",
+        "inv_freq"``."""
+        qkv = ["qkv"] if self.packed_qkv else list(INPUT_NAMES[:3])
+        return [*qkv, *_CACHE_NAMES, *(_ROPE_NAMES if self.rotary_dim else ())]
+
+    def _canonical(self, items: Sequence[Any]) -> list[Any]:
+        """``items`` (one per input: dtypes, shapes or arrays) in the unpacked order ``q, k,
+        v, kv_pool, block_tables, seq_lens, query_start_loc[, position_ids, inv_freq]``;
+        packed: the qkv item stands for each of q, k and v."""
+        self._check_count(len(items))
+        items = list(items)
+        return [items[0]] * 3 + items[1:] if self.packed_qkv else items
+
+    def num_q_heads(self, qkv_features: int) -> int:
+        """Hq of a packed ``qkv`` input with ``qkv_features`` features per token.
+
+        Raises:
+            PluginError: ``qkv_features`` is not ``(Hq + 2 * num_kv_heads) * head_dim`` for a
+                positive multiple Hq of num_kv_heads.
+        """
+        hkv, d = self.num_kv_heads, self.head_dim
+        hq = qkv_features // d - 2 * hkv if qkv_features % d == 0 else -1
+        if hq < hkv or hq % hkv:
+            raise PluginError(
+                f"PagedAttentionPlugin: qkv has {qkv_features} features per token, expected (Hq + 2 * {hkv}) * {d} with Hq a positive multiple of {hkv}"
+            )
+        return hq
 
     def pool_shape(self, num_layers: int, num_blocks: int) -> tuple[int, ...]:
         """``(num_layers, num_blocks, 2, num_kv_heads, block_size, head_dim)``."""
         return (int(num_layers), int(num_blocks), 2, self.num_kv_heads, self.block_size, self.head_dim)
 
     def _check_count(self, n: int) -> None:
-        if n != len(INPUT_NAMES):
-            raise PluginError(f"PagedAttentionPlugin takes {len(INPUT_NAMES)} inputs ({', '.join(INPUT_NAMES)}), got {n}")
+        names = self.input_names()
+        if n != len(names):
+            raise PluginError(f"PagedAttentionPlugin takes {len(names)} inputs ({', '.join(names)}), got {n}")
 
     def output_dtypes(self, input_dtypes: Sequence[np.dtype]) -> list[np.dtype]:
-        self._check_count(len(input_dtypes))
+        input_dtypes = self._canonical(input_dtypes)
         dq = np.dtype(input_dtypes[0])
         if dq not in DTYPE_CODES:
             raise PluginError(f"PagedAttentionPlugin: q must be float32, float16 or bfloat16, got {dq}")
         for i in (1, 2, 3):
             if np.dtype(input_dtypes[i]) != dq:
                 raise PluginError(f"PagedAttentionPlugin: {INPUT_NAMES[i]} must have q's dtype {dq}, got {np.dtype(input_dtypes[i])}")
-        for i in (4, 5, 6):
-            if np.dtype(input_dtypes[i]) != _INT32:
-                raise PluginError(f"PagedAttentionPlugin: {INPUT_NAMES[i]} must be int32, got {np.dtype(input_dtypes[i])}")
+        for i, name in ((4, "block_tables"), (5, "seq_lens"), (6, "query_start_loc"), (7, "position_ids")):
+            if i < len(input_dtypes) and np.dtype(input_dtypes[i]) != _INT32:
+                raise PluginError(f"PagedAttentionPlugin: {name} must be int32, got {np.dtype(input_dtypes[i])}")
+        if self.rotary_dim and np.dtype(input_dtypes[8]) != _FLOAT32:
+            raise PluginError(f"PagedAttentionPlugin: inv_freq must be float32, got {np.dtype(input_dtypes[8])}")
         return [dq]
 
     def output_shapes(self, input_shapes: Sequence[Sequence[Dim]]) -> list[list[Dim]]:
+        names = self.input_names()
         self._check_count(len(input_shapes))
-        ranks = (3, 3, 3, 6, 2, 1, 1)
-        for name, shape, rank in zip(INPUT_NAMES, input_shapes, ranks):
-            if len(shape) != rank:
-                raise PluginError(f"PagedAttentionPlugin: {name} must have rank {rank}, got {len(shape)}")
+        ranks = {"qkv": 2, "q": 3, "k": 3, "v": 3, "kv_pool": 6, "block_tables": 2, "seq_lens": 1, "query_start_loc": 1, "position_ids": 1, "inv_freq": 1}
+        for name, shape in zip(names, input_shapes):
+            if len(shape) != ranks[name]:
+                raise PluginError(f"PagedAttentionPlugin: {name} must have rank {ranks[name]}, got {len(shape)}")
+        if self.rotary_dim:
+            n = _dimval(input_shapes[-1][0])
+            if n is not None and n != self.rotary_dim // 2:
+                raise PluginError(f"PagedAttentionPlugin: inv_freq has {n} values, expected rotary_dim // 2 = {self.rotary_dim // 2}")
+        if self.packed_qkv:
+            qkv, pool = list(input_shapes[0]), list(input_shapes[1])
+            self._check_pool(pool)
+            t, n = qkv[0], _dimval(qkv[1])
+            if n is not None:
+                return [[t, self.num_q_heads(n) * self.head_dim]]
+            return [[t, qkv[1] - 2 * self.num_kv_heads * self.head_dim]]
         q, k, v, pool = (list(s) for s in input_shapes[:4])
         for name, s in (("q", q), ("k", k), ("v", v), ("kv_pool", pool)):
             d = _dimval(s[-1])
@@ -255,27 +359,33 @@ class PagedAttentionPlugin(Plugin):
             d = _dimval(s[1])
             if d is not None and d != self.num_kv_heads:
                 raise PluginError(f"PagedAttentionPlugin: {name} has {d} heads, expected num_kv_heads={self.num_kv_heads}")
-        for axis, want in ((2, 2), (3, self.num_kv_heads), (4, self.block_size)):
-            d = _dimval(pool[axis])
-            if d is not None and d != want:
-                raise PluginError(
-                    f"PagedAttentionPlugin: kv_pool must be [num_layers, num_blocks, 2, {self.num_kv_heads}, {self.block_size}, {self.head_dim}], "
-                    f"axis {axis} is {d}"
-                )
+        self._check_pool(pool)
         hq = _dimval(q[1])
         if hq is not None and hq % self.num_kv_heads:
             raise PluginError(f"PagedAttentionPlugin: {hq} query heads is not a multiple of num_kv_heads={self.num_kv_heads}")
         t = q[0]
         return [[t, q[1] * self.head_dim]]
 
+    def _check_pool(self, pool: Sequence[Dim]) -> None:
+        for axis, want in ((2, 2), (3, self.num_kv_heads), (4, self.block_size), (5, self.head_dim)):
+            d = _dimval(pool[axis])
+            if d is not None and d != want:
+                raise PluginError(
+                    f"PagedAttentionPlugin: kv_pool must be [num_layers, num_blocks, 2, {self.num_kv_heads}, {self.block_size}, {self.head_dim}], "
+                    f"axis {axis} is {d}"
+                )
+
     def supports(self, pos: int, dtypes: Sequence[np.dtype], num_inputs: int) -> bool:
-        if num_inputs != len(INPUT_NAMES):
+        names = self.input_names()
+        if num_inputs != len(names):
             return False
         d = np.dtype(dtypes[pos])
         if pos == 0:
             return d in DTYPE_CODES
-        if pos in (1, 2, 3) or pos >= num_inputs:
+        if pos >= num_inputs or names[pos] in ("k", "v", "kv_pool"):
             return d == np.dtype(dtypes[0])
+        if names[pos] == "inv_freq":
+            return d == _FLOAT32
         return d == _INT32
 
     # --- work split and workspace ------------------------------------------------------------
@@ -316,9 +426,10 @@ class PagedAttentionPlugin(Plugin):
     def workspace_size(self, inputs: Sequence[tuple[tuple[int, ...], np.dtype]], outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
         """Bytes of split partials for the largest shapes (any smaller batch fits too):
         ``splits * B * Hq * (head_dim + 2)`` float32."""
-        self._check_count(len(inputs))
+        inputs = self._canonical(inputs)
         (q_shape, dtype), (bt_shape, _), (sl_shape, _) = inputs[0], inputs[4], inputs[5]
-        hq, max_blocks, b_max = int(q_shape[1]), int(bt_shape[1]), int(sl_shape[0])
+        hq = self.num_q_heads(int(q_shape[1])) if self.packed_qkv else int(q_shape[1])
+        max_blocks, b_max = int(bt_shape[1]), int(sl_shape[0])
         rows = 0
         for b in range(1, b_max + 1):
             s = self.num_splits(b, hq, max_blocks, dtype)
@@ -331,20 +442,30 @@ class PagedAttentionPlugin(Plugin):
     def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """NumPy paged attention: writes the step's k/v into ``kv_pool`` (in place; it must be
         a writable ``numpy.ndarray``) and returns ``[out]``, computed in float32 and rounded
-        once to q's dtype.
+        once to q's dtype. A packed ``qkv`` is split into q, k, v; fused RoPE rotates q and k
+        with :meth:`RopePlugin.reference <trtcore.plugins.rope.RopePlugin.reference>` (rounded
+        to their dtype) before the attention, exactly as the two plugins in a row compute it.
 
         Raises:
             PluginError: inconsistent shapes, dtypes, ``query_start_loc``/``seq_lens`` or a
                 block id out of range.
         """
         self._check_count(len(inputs))
-        q, k, v = (np.asarray(a) for a in inputs[:3])
-        pool = inputs[3]
+        pool = inputs[1 if self.packed_qkv else 3]
         if not isinstance(pool, np.ndarray):
             raise PluginError("PagedAttentionPlugin.reference: kv_pool must be a numpy.ndarray (it is written in place)")
-        bt, seq_lens, qsl = (np.asarray(a) for a in inputs[4:])
-        self.output_dtypes([q.dtype, k.dtype, v.dtype, pool.dtype, bt.dtype, seq_lens.dtype, qsl.dtype])
-        self.output_shapes([q.shape, k.shape, v.shape, pool.shape, bt.shape, seq_lens.shape, qsl.shape])
+        arrays = [a if a is pool else np.asarray(a) for a in inputs]
+        self.output_dtypes([a.dtype for a in arrays])
+        self.output_shapes([a.shape for a in arrays])
+        if self.packed_qkv:
+            qkv = arrays[0]
+            hq, hkv, dh = self.num_q_heads(qkv.shape[1]), self.num_kv_heads, self.head_dim
+            heads = qkv.reshape(qkv.shape[0], hq + 2 * hkv, dh)
+            arrays[:1] = [heads[:, :hq], heads[:, hq : hq + hkv], heads[:, hq + hkv :]]
+        q, k, v = arrays[:3]
+        bt, seq_lens, qsl = arrays[4:7]
+        if self.rotary_dim:
+            q, k = self.rope().reference(q, k, *arrays[7:9])
         T, hq, D = q.shape
         hkv, bs = self.num_kv_heads, self.block_size
         g = hq // hkv
@@ -398,6 +519,8 @@ class PagedAttentionPlugin(Plugin):
     def defines(self, dtype: Any) -> dict[str, int]:
         """The kernel's compile-time defines for I/O ``dtype``."""
         d = {"DTYPE": DTYPE_CODES[np.dtype(dtype)], "HEAD_DIM": self.head_dim, "BLOCK_SIZE": self.block_size}
+        if self.rotary_dim:
+            d.update(ROTARY_DIM=self.rotary_dim, NEOX=int(self.is_neox))
         if TUNING["stages"] != 2:
             d["PA_STAGES"] = int(TUNING["stages"])
         return d
@@ -409,12 +532,23 @@ class PagedAttentionPlugin(Plugin):
     def enqueue(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], workspace: int, stream: int) -> None:
         """Write the step's k/v into the pool, then launch the attention kernels on ``stream``
         (no host synchronisation, no allocation)."""
-        self._check_count(len(inputs))
         if self.head_dim % 32:
             raise PluginError(f"PagedAttentionPlugin: the CUDA kernels need head_dim a multiple of 32, got {self.head_dim}")
-        q, k, v, pool, bt, sl, qsl = inputs
+        q, k, v, pool, bt, sl, qsl, *rope_inputs = self._canonical(inputs)
         (out,) = outputs
         dtype = np.dtype(q.dtype)
+        if self.packed_qkv:  # q, k, v: views of the packed rows, one token stride
+            hq_packed = self.num_q_heads(int(q.shape[1]))
+            D, T = self.head_dim, int(q.shape[0])
+            item = dtype.itemsize
+            q = DeviceTensor(q.ptr, (T, hq_packed, D), dtype)
+            k = DeviceTensor(q.ptr + hq_packed * D * item, (T, self.num_kv_heads, D), dtype)
+            v = DeviceTensor(k.ptr + self.num_kv_heads * D * item, (T, self.num_kv_heads, D), dtype)
+            q_stride = kv_stride = (hq_packed + 2 * self.num_kv_heads) * D
+        else:
+            q_stride, kv_stride = int(np.prod(q.shape[1:])), int(np.prod(k.shape[1:]))
+        rope_args = [(rope_inputs[0].ptr, "ptr"), (rope_inputs[1].ptr, "ptr")] if self.rotary_dim else [(0, "ptr"), (0, "ptr")]
+        rope_args.append((self.attention_scaling, "f32"))
         if dtype not in DTYPE_CODES or any(np.dtype(x.dtype) != dtype for x in (k, v, pool, out)):
             raise PluginError(f"PagedAttentionPlugin.enqueue: q/k/v/kv_pool/out dtypes {[str(x.dtype) for x in (q, k, v, pool, out)]} not supported")
         if any(np.dtype(x.dtype) != _INT32 for x in (bt, sl, qsl)):
@@ -445,14 +579,15 @@ class PagedAttentionPlugin(Plugin):
             write_threads = min(256, _cdiv(chunks, 32) * 32)
             fns.launch(
                 "paged_kv_write", (T,), (write_threads,),
-                [(k.ptr, "ptr"), (v.ptr, "ptr"), (pool.ptr, "ptr"), *common, *sizes, (int(tensor_cores), "i32")],
+                [(k.ptr, "ptr"), (v.ptr, "ptr"), (pool.ptr, "ptr"), *common, *sizes, (int(tensor_cores), "i32"), (kv_stride, "i32"), *rope_args],
                 0, stream,
             )  # fmt: skip
 
         if not tensor_cores:
             fns.launch(
                 "paged_attn_simple", (T, hq), (_THREADS,),
-                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (self.scale, "f32")],
+                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (self.scale, "f32"),
+                 (q_stride, "i32"), *rope_args],
                 0, stream,
             )  # fmt: skip
             return
@@ -467,7 +602,8 @@ class PagedAttentionPlugin(Plugin):
         fns.launch(
             "paged_attn_decode", (splits, hkv * _cdiv(g, 16), B), (_THREADS,),
             [(q.ptr, "ptr"), (k.ptr, "ptr"), (v.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), (ws_o, "ptr"),
-             (ws_ml, "ptr"), *sizes, (g, "i32"), (splits, "i32"), (self.sliding_window, "i32"), (scale_log2, "f32")],
+             (ws_ml, "ptr"), *sizes, (g, "i32"), (splits, "i32"), (self.sliding_window, "i32"), (scale_log2, "f32"), (q_stride, "i32"),
+             (kv_stride, "i32"), *rope_args],
             smem, stream,
         )  # fmt: skip
         if splits > 1:
@@ -480,7 +616,8 @@ class PagedAttentionPlugin(Plugin):
             tiles = _cdiv(T * g, _PREFILL_ROWS) + min(B, T // 2)
             fns.launch(
                 "paged_attn_prefill", (tiles, hkv), (_THREADS,),
-                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (scale_log2, "f32")],
+                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (scale_log2, "f32"),
+                 (q_stride, "i32"), *rope_args],
                 smem, stream,
             )  # fmt: skip
 

@@ -24,7 +24,7 @@ from . import kv_modes
 from .dtypes import ENGINE_DTYPES, trt_dtype
 from .errors import InvalidArgumentError, NetworkError
 from .kv_modes import KVMode
-from .plan import IMPLEMENTATIONS
+from .plan import IMPLEMENTATIONS, ROPE_IN_ATTENTION
 from .rope import RopeSpec
 
 if TYPE_CHECKING:  # checked by mypy against tensorrt-stubs; never imported at run time
@@ -454,6 +454,22 @@ def rope_plugin(
     from trtcore.plugins.base import create
     from trtcore.plugins.rope import RopePlugin
 
+    extra = _rope_plugin_inputs(g, position_ids, spec, name, seq_lens)
+    with g.scope(name):
+        plugin = create(RopePlugin.from_spec(spec, is_neox=is_neox), g.trt)
+        layer = g.network.add_plugin_v3([q, k, position_ids, *extra], [], plugin)
+        full = g.unique("plugin")
+        layer.name = full
+        q_out, k_out = layer.get_output(0), layer.get_output(1)
+        q_out.name, k_out.name = f"{full}.q", f"{full}.k"
+        return q_out, k_out
+
+
+def _rope_plugin_inputs(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None) -> list[Tensor]:
+    """The inputs after ``position_ids`` of RoPE's plugins (RopePlugin, fused RoPE of the paged
+    attention plugin), made once per network: ``[inv_freq]`` (a float32 constant), plus for
+    dynamic scaling each token's sequence length (``seq_lens``, else ``max(position_ids) + 1``
+    of its row)."""
     key = ("rope_plugin_inputs", id(position_ids))
     if key not in g.shared:
         with g.scope_at(f"model.{name}"):
@@ -468,21 +484,14 @@ def rope_plugin(
                 seq_len = add(g, smax, one, "seq_len")
                 extra.append(add(g, mul(g, position_ids, zero, "zeros"), seq_len, "seq_lens"))
         g.shared[key] = extra
-    with g.scope(name):
-        plugin = create(RopePlugin.from_spec(spec, is_neox=is_neox), g.trt)
-        layer = g.network.add_plugin_v3([q, k, position_ids, *g.shared[key]], [], plugin)
-        full = g.unique("plugin")
-        layer.name = full
-        q_out, k_out = layer.get_output(0), layer.get_output(1)
-        q_out.name, k_out.name = f"{full}.q", f"{full}.k"
-        return q_out, k_out
+    return list(g.shared[key])
 
 
 def paged_attention(
     g: Graph,
     q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
     kv_pool: Tensor,
     block_tables: Tensor,
     seq_lens: Tensor,
@@ -494,12 +503,18 @@ def paged_attention(
     block_size: int,
     sliding_window: int,
     scale: float,
+    rope: RopeSpec | None = None,
+    position_ids: Tensor | None = None,
     name: str = "attention",
 ) -> Tensor:
     """Paged attention of one layer on packed tokens (:class:`trtcore.plugins.paged_attention.PagedAttentionPlugin`).
 
     Args:
-        q: ``[T, Hq, D]``, k/v: ``[T, Hkv, D]`` (RoPE applied), graph dtype.
+        q: ``[T, Hq, D]``, k/v: ``[T, Hkv, D]``, graph dtype; or, with k and v None, the
+            packed ``qkv [T, (Hq + 2 Hkv) * D]`` (q heads, k heads, v heads per token: the
+            plugin's ``packed_qkv``).
+        rope: None: q and k arrive rotated; a (not ``dynamic``) :class:`trtcore.rope.RopeSpec`:
+            the plugin rotates them (fused RoPE, neox pairing) by int32 ``position_ids [T]``.
         kv_pool: ``[num_layers, num_blocks, 2, Hkv, block_size, D]``; the plugin writes this
             step's k/v of layer ``layer_idx`` into it in place.
         block_tables: int32 ``[B, max_blocks]``; seq_lens: int32 ``[B]``; query_start_loc:
@@ -511,6 +526,19 @@ def paged_attention(
     from trtcore.plugins.base import create
     from trtcore.plugins.paged_attention import PagedAttentionPlugin
 
+    from trtcore.plugins.rope import RopePlugin
+
+    packed = k is None and v is None
+    if packed != (k is None or v is None):
+        raise InvalidArgumentError(f"{name}: give k and v, or neither (packed qkv)")
+    rotary: dict[str, Any] = {}
+    extra: list[Tensor] = []
+    if rope is not None:
+        if rope.rope_type == "dynamic" or position_ids is None:
+            raise InvalidArgumentError(f"{name}: fused RoPE needs position_ids and a RoPE without dynamic scaling, got {rope.rope_type!r}")
+        rp = RopePlugin.from_spec(rope)
+        rotary = {"rotary_dim": rp.rotary_dim, "is_neox": rp.is_neox, "attention_scaling": rp.attention_scaling}
+        extra = [position_ids, *_rope_plugin_inputs(g, position_ids, rope)]
     plugin = PagedAttentionPlugin(
         layer_idx=layer_idx,
         num_kv_heads=num_kv_heads,
@@ -518,8 +546,11 @@ def paged_attention(
         block_size=block_size,
         sliding_window=sliding_window,
         scale=scale,
+        packed_qkv=packed,
+        **rotary,
     )
-    layer = g.network.add_plugin_v3([q, k, v, kv_pool, block_tables, seq_lens, query_start_loc], [], create(plugin, g.trt))
+    qkv = [q] if packed else [q, k, v]
+    layer = g.network.add_plugin_v3([*qkv, kv_pool, block_tables, seq_lens, query_start_loc, *extra], [], create(plugin, g.trt))
     return g.named(layer, name)
 
 
@@ -529,13 +560,16 @@ def rotary(
     """RoPE (neox pairing) on q ``[..., H, D]`` and k ``[..., Hkv, D]`` (``...`` = ``[B, S]``
     or packed ``[T]``, as ``position_ids``) with the implementation
     ``g.implementations["rope"]``: ``"plugin"`` (:func:`rope_plugin`) or ``"layers"``
-    (:func:`rope_cos_sin` + :func:`apply_rope`; cos/sin shared by all layers). ``seq_lens``:
-    see :func:`rope_cos_sin` (dynamic scaling on packed tokens)."""
+    (:func:`rope_cos_sin` + :func:`apply_rope`; cos/sin shared by all layers); ``"attention"``
+    (RoPE inside the paged attention plugin, :func:`self_attention`) rotates here with the
+    plugin where the attention cannot take it. ``seq_lens``: see :func:`rope_cos_sin`
+    (dynamic scaling on packed tokens)."""
     impl = g.implementations.get("rope", "layers")
-    if impl == "plugin":
+    if impl in ("plugin", ROPE_IN_ATTENTION):
         return rope_plugin(g, q, k, position_ids, spec, True, name, seq_lens)
     if impl != "layers":
-        raise InvalidArgumentError(f"rope implementation {impl!r} is not one of {IMPLEMENTATIONS['rope']}")
+        own = tuple(i for i in IMPLEMENTATIONS["rope"] if i != ROPE_IN_ATTENTION)  # "attention" takes the plugin here
+        raise InvalidArgumentError(f"rope implementation {impl!r} is not one of {own}")
     key = ("rope_cos_sin", id(position_ids))
     if key not in g.shared:
         with g.scope_at("model"):
@@ -744,14 +778,15 @@ def cached_attention(
     g: Graph,
     layer_idx: int,
     q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
     *,
     num_kv_heads: int,
     head_dim: int,
     scale: float,
     layer_type: str = "full_attention",
     sliding_window: int | None = None,
+    rope: RopeSpec | None = None,
     name: str = "attention",
 ) -> Tensor:
     """Attention of layer ``layer_idx`` over the KV cache, with the implementation of
@@ -764,7 +799,10 @@ def cached_attention(
       (outputs ``present.{i}.*``, aliasing them).
 
     Args:
-        q: ``[..., H, D]``, k/v: ``[..., Hkv, D]`` (``...`` = the token layout, RoPE applied).
+        q: ``[..., H, D]``, k/v: ``[..., Hkv, D]`` (``...`` = the token layout, RoPE applied);
+            paged mode only: k and v None and q the packed ``qkv [T, (H + 2 Hkv) * D]``.
+        rope: paged mode only: q and k arrive unrotated and the plugin applies this RoPE
+            (its fused RoPE, by ``position_ids``); None: they arrive rotated.
         layer_type: the layer's ``config.layer_types`` entry, ``"full_attention"`` or
             ``"sliding_attention"`` (which mask it reads; whether ``sliding_window`` applies).
         sliding_window: the model's window (``config.sliding_window``), or None.
@@ -774,9 +812,11 @@ def cached_attention(
 
     Raises:
         InvalidArgumentError: ``g`` has no KV cache contract, or its inputs are undeclared
-            (call :func:`model_inputs` first).
+            (call :func:`model_inputs` first), or packed qkv / ``rope`` outside the paged mode.
     """
     mode = _kv_mode(g)
+    if mode.kv_cache != "paged" and (rope is not None or k is None or v is None):
+        raise InvalidArgumentError(f"{name}: packed qkv and fused RoPE need the paged KV cache, the plan has {mode.kv_cache!r}")
     x = g.inputs
     if kv_modes.INPUT_IDS not in x:
         raise InvalidArgumentError("cached_attention needs the network inputs; call ops.model_inputs(g) first")
@@ -799,8 +839,11 @@ def cached_attention(
             block_size=mode.plan.block_size,
             sliding_window=window or 0,
             scale=scale,
+            rope=rope,
+            position_ids=x[kv_modes.POSITION_IDS],
             name=name,
         )
+    assert k is not None and v is not None  # checked above
     mask = x[kv_modes.MASK_NAMES[layer_type]]
     past_k, past_v = (x[mode.cache_input(layer_idx, kind)] for kind in kv_modes.KV_KINDS)
     if mode.attention == "native":
@@ -824,6 +867,85 @@ def cached_attention(
     g.output(k_all, mode.cache_output(layer_idx, "key"))
     g.output(v_all, mode.cache_output(layer_idx, "value"))
     return ctx
+
+
+def fuses_rope(g: Graph, spec: RopeSpec) -> bool:
+    """Whether :func:`self_attention` rotates inside the paged attention plugin: the plan's
+    ``rope`` is ``"attention"``, the KV cache is paged and the RoPE has no dynamic scaling
+    (per-sequence frequencies stay with the RoPE plugin)."""
+    return (
+        g.implementations.get("rope") == ROPE_IN_ATTENTION
+        and g.kv_mode is not None
+        and g.kv_mode.kv_cache == "paged"
+        and spec.rope_type != "dynamic"
+    )
+
+
+def self_attention(
+    g: Graph,
+    layer_idx: int,
+    x: Tensor,
+    weights: Sequence[np.ndarray],
+    biases: Sequence[np.ndarray | None] | None,
+    spec: RopeSpec,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    scale: float,
+    layer_type: str = "full_attention",
+    sliding_window: int | None = None,
+    head_norms: tuple[np.ndarray, np.ndarray, float] | None = None,
+) -> Tensor:
+    """A decoder layer's attention up to (not including) ``o_proj``: the q/k/v projections,
+    optional RMSNorm of each q/k head, RoPE (neox pairing) by the network's ``position_ids``,
+    and :func:`cached_attention`.
+
+    When :func:`fuses_rope`, RoPE runs inside the paged attention plugin; without head norms
+    the three projections are also one product ``qkv_proj`` (the weights concatenated along
+    the output features, q|k|v, as TensorRT-LLM's fused QKV) whose output is the plugin's
+    packed ``qkv`` input: no RoPE layer, no q/k/v split. Otherwise ``q_proj`` / ``k_proj`` /
+    ``v_proj``, ``q_heads`` / ``k_heads`` / ``v_heads``, (``q_norm`` / ``k_norm``) and
+    :func:`rotary` as separate layers.
+
+    Args:
+        x: ``[..., hidden]`` normalized hidden states (the token layout of the KV mode).
+        weights: ``(q_proj, k_proj, v_proj)`` weights, ``[out_features, hidden]`` each.
+        biases: their biases (``[out_features]`` or None each), or None.
+        spec: the model's RoPE (:func:`trtcore.rope.rope_spec`).
+        head_norms: ``(q_norm weight, k_norm weight, eps)`` (Qwen3: RMSNorm of each head
+            before RoPE), or None.
+        others: as :func:`cached_attention`.
+
+    Returns:
+        ``[..., num_heads * head_dim]`` of the graph dtype.
+    """
+    inputs = g.inputs
+    if kv_modes.POSITION_IDS not in inputs:
+        raise InvalidArgumentError("self_attention needs the network inputs; call ops.model_inputs(g) first")
+    bias = list(biases) if biases is not None else [None, None, None]
+    fused = fuses_rope(g, spec)
+    common: dict[str, Any] = dict(num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale, layer_type=layer_type, sliding_window=sliding_window)
+    if fused and head_norms is None:
+        w = np.concatenate([np.asarray(a) for a in weights], axis=0)
+        b = None
+        if any(a is not None for a in bias):
+            b = np.concatenate([np.zeros(np.asarray(wi).shape[0], np.float32) if bi is None else np.asarray(bi) for wi, bi in zip(weights, bias)])
+        qkv = linear(g, x, w, b, "qkv_proj")
+        return cached_attention(g, layer_idx, qkv, None, None, rope=spec, **common)
+    heads = (num_heads, num_kv_heads, num_kv_heads)
+    q, k, v = (
+        split_heads(g, linear(g, x, wi, bi, f"{role}_proj"), n, head_dim, f"{role}_heads")
+        for role, wi, bi, n in zip("qkv", weights, bias, heads)
+    )
+    if head_norms is not None:
+        q_w, k_w, eps = head_norms
+        q = rms_norm(g, q, q_w, eps, "q_norm")
+        k = rms_norm(g, k, k_w, eps, "k_norm")
+    if fused:
+        return cached_attention(g, layer_idx, q, k, v, rope=spec, **common)
+    q, k = rotary(g, q, k, inputs[kv_modes.POSITION_IDS], spec, seq_lens=inputs.get(kv_modes.ROPE_SEQ_LENS))
+    return cached_attention(g, layer_idx, q, k, v, **common)
 
 
 def last_token_hidden(g: Graph, h: Tensor, name: str = "last_hidden") -> Tensor:

@@ -16,9 +16,13 @@ One rule per default:
 * ``dtype``: float32 on the reference backend; on TensorRT backends the checkpoint's dtype
   when it is float16 or bfloat16, else float16. A float16 plan from a bfloat16 checkpoint
   warns (float16 overflows above 65504, bfloat16 does not);
-* ``rope``: the plugin where the backend's module hosts plugins, else composed layers;
-* ``kv_cache``: ``paged`` on the reference backend; ``contiguous`` on TensorRT backends (their
-  executor has no device-resident block pool yet) and whenever ``attention="native"``;
+* ``rope``: on the cuda backend with the paged KV cache, ``attention`` (RoPE inside the paged
+  attention plugin, on a packed qkv input: no RoPE launch, no q/k/v copies); else the plugin
+  where the backend's module hosts plugins, else composed layers (the reference backend keeps
+  the separate RoPE plugin: it is the oracle of each plugin);
+* ``kv_cache``: ``paged`` on the reference backend and whenever ``rope="attention"``;
+  ``contiguous`` on TensorRT backends (their executor has no device-resident block pool yet)
+  and whenever ``attention="native"``;
 * ``attention``: ``layers``; the paged mode always attends with its plugin (``"plugin"``);
 * ``max_seq_len``: the model's ``max_position_embeddings``, and capped at it;
 * the profile bounds (``max_batch_size`` ...): the :class:`BuildConfig` defaults; the opt
@@ -43,14 +47,19 @@ DTYPES: tuple[str, ...] = tuple(ENGINE_DTYPES)
 #: ``attention`` chooses within the contiguous KV cache mode (paged mode uses its plugin):
 #: ``"layers"`` (``ops.attention`` over concat(past, new)) or ``"native"``
 #: (``ops.native_attention``: TensorRT's ``IKVCacheUpdateLayer`` + ``IAttention``)
+#: ``rope``: ``"plugin"`` (the RoPE plugin), ``"layers"`` or ``"attention"`` (fused into the paged
+#: attention plugin where the model allows it -- no dynamic scaling; else the RoPE plugin)
 IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
-    "rope": ("plugin", "layers"),
+    "rope": ("plugin", "layers", "attention"),
     "kv_cache": ("paged", "contiguous"),
     "attention": ("layers", "native"),
 }
 
 #: ``BuildPlan.attention`` of the paged KV cache mode: the paged attention plugin
 PAGED_ATTENTION = "plugin"
+
+#: ``BuildPlan.rope`` for RoPE inside the paged attention plugin (its fused RoPE, packed qkv)
+ROPE_IN_ATTENTION = "attention"
 
 #: float16's largest finite value (IEEE 754 binary16)
 FLOAT16_MAX = 65504.0
@@ -83,8 +92,9 @@ class BuildConfig:
             model's ``max_position_embeddings`` (and capped at it).
         opt_batch_size / opt_seq_len: the profile's ``opt`` point (TensorRT tunes for it);
             clamped to the maxima.
-        rope: RoPE implementation, ``"plugin"`` (fused kernel) or ``"layers"`` (composed
-            standard layers), or None.
+        rope: RoPE implementation, ``"plugin"`` (fused kernel), ``"layers"`` (composed
+            standard layers) or ``"attention"`` (inside the paged attention plugin; needs
+            the paged KV cache), or None.
         kv_cache: ``"paged"`` (packed tokens, one block pool, the paged attention plugin) or
             ``"contiguous"`` (padded batch, per-layer cache as engine I/O), or None.
         block_size: tokens per KV block (paged).
@@ -125,6 +135,11 @@ class BuildConfig:
                 "the paged KV cache attends with its plugin"
             )
         _choice("kv_cache", self.kv_cache, IMPLEMENTATIONS["kv_cache"])
+        if self.rope == ROPE_IN_ATTENTION and (self.kv_cache == "contiguous" or self.attention == "native"):
+            raise InvalidArgumentError(
+                "rope='attention' (RoPE inside the paged attention plugin) needs kv_cache='paged'; "
+                f"got kv_cache={self.kv_cache!r}, attention={self.attention!r}"
+            )
         if self.block_size < 1 or self.max_num_tokens < 1 or self.max_num_blocks < 1:
             raise InvalidArgumentError(
                 f"block_size, max_num_tokens and max_num_blocks must be >= 1, got {self.block_size}, {self.max_num_tokens}, {self.max_num_blocks}"
@@ -153,7 +168,7 @@ class BuildPlan:
     Attributes:
         backend: ``"tensorrt"``, ``"tensorrt_rtx"``, ``"reference"`` or ``"cuda"``.
         dtype: engine precision (weights, activations, KV cache), one of :data:`DTYPES`.
-        rope: ``"plugin"`` or ``"layers"``.
+        rope: ``"plugin"``, ``"layers"`` or ``"attention"``.
         kv_cache: ``"paged"`` or ``"contiguous"``.
         attention: ``"plugin"`` (paged mode: the paged attention plugin), ``"layers"`` or
             ``"native"`` (contiguous mode).
@@ -330,16 +345,17 @@ def _implementations(o: BuildConfig, backend: str, trt: Any) -> tuple[str, str, 
 
     module = trt if trt is not None else load_trt(backend)
     plugins = hosts_plugins(module)
-    for op, value, plugin_value in (("rope", o.rope, "plugin"), ("kv_cache", o.kv_cache, "paged")):
-        if value == plugin_value and not plugins:
-            other = next(v for v in IMPLEMENTATIONS[op] if v != value)
+    for op, value, plugin_values in (("rope", o.rope, ("plugin", ROPE_IN_ATTENTION)), ("kv_cache", o.kv_cache, ("paged",))):
+        if value in plugin_values and not plugins:
+            other = next(v for v in IMPLEMENTATIONS[op] if v not in plugin_values)
             raise InvalidArgumentError(
                 f"{op}={value!r} needs a TensorRT module that hosts plugins; {getattr(module, '__name__', module)} does not "
                 f"(tensorrt_rtx's Python network has no add_plugin_v3); use {op}={other!r}"
             )
-    rope = o.rope or ("plugin" if plugins else "layers")
     # the TensorRT executor has no device-resident block pool yet; native attention has a fixed-size cache
-    kv_cache = o.kv_cache or ("paged" if backend == "reference" and o.attention != "native" else "contiguous")
+    paged = (backend == "reference" and o.attention != "native") or o.rope == ROPE_IN_ATTENTION
+    kv_cache = o.kv_cache or ("paged" if paged else "contiguous")
+    rope = o.rope or (ROPE_IN_ATTENTION if backend == "cuda" and kv_cache == "paged" else "plugin" if plugins else "layers")
     return rope, kv_cache, PAGED_ATTENTION if kv_cache == "paged" else o.attention
 
 

@@ -180,7 +180,7 @@ def test_evaluate_node_matches_numpy() -> None:
 
 
 def test_kernels_are_listed_with_their_layers() -> None:
-    plan, _ = llama_plan(layers=2)
+    plan, _ = llama_plan(layers=2, rope="plugin")  # separate q/k/v projections: horizontally fused
     engine = ICudaEngine(plan)
     names = [k.name for k in engine.kernels]
     assert len(names) == len(set(names))
@@ -195,7 +195,7 @@ def test_llama_decoder_layer_at_decode_is_at_most_12_launches() -> None:
     """One decode token: the launches of layer 1 (GEMMs, generated kernels, plugins), counted
     from the prepared steps; the two plugins add their own kernels (RoPE 1, paged attention
     at most 3: cache write, attention, split reduction), counted too."""
-    plan, _ = llama_plan(layers=3)
+    plan, _ = llama_plan(layers=3, rope="plugin")  # the RoPE plugin beside the attention plugin
     engine = ICudaEngine(plan)
     ctx = engine.create_execution_context_without_device_memory()
     ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
@@ -218,6 +218,34 @@ def test_llama_decoder_layer_at_decode_is_at_most_12_launches() -> None:
     kinds = [s.kind for s in layer1]
     assert kinds.count("gemm") == 4 and kinds.count("plugin") == 2, kinds
     assert count <= 12, [(s.kind, s.name) for s in layer1]
+
+
+def test_llama_decoder_layer_with_rope_in_attention_is_8_launches() -> None:
+    """The default paged plan (``rope="attention"``): one qkv GEMM whose output is the packed
+    input of the one attention plugin (RoPE inside it), so a decode layer is rmsnorm, qkv,
+    attention (decode kernel + split reduction at most: a decode batch writes the cache from
+    the decode kernel), o_proj, residual + rmsnorm, gate/up, silu * mul, down: no RoPE
+    plugin, no q/k/v copies, at most 9 launches, 8 steps."""
+    plan, d = llama_plan(layers=3)
+    assert d.plan.rope == "attention"
+    engine = ICudaEngine(plan)
+    ctx = engine.create_execution_context_without_device_memory()
+    ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
+    for name, shape in decode_shapes(plan, batch=4).items():
+        assert ctx.set_input_shape(name, shape)
+        ctx.set_tensor_address(name, 1 << 36)
+    ctx.set_tensor_address("logits", 1 << 37)
+    steps = ctx.prepare({c: 1 << 38 for c in plan.graph.constants})
+    by_name = {n.name: n for n in plan.graph.nodes}
+    # the steps of layer 1: their last layer is layer 1's (the next norm also adds layer 1's residual)
+    layer1 = [s for s in steps if by_name[s.name].layers[-1].startswith("model.layers.1.")]
+    kinds = [s.kind for s in layer1]
+    assert kinds.count("gemm") == 4 and kinds.count("plugin") == 1 and "copy" not in kinds, [(s.kind, s.name) for s in layer1]
+    assert len(layer1) == 8, [(s.kind, s.name) for s in layer1]
+    count = sum(2 if s.kind == "plugin" else len(s.calls) if s.kind == "gemm" else 1 for s in layer1)
+    assert count <= 9, [(s.kind, s.name) for s in layer1]
+    plugin = next(n for n in plan.graph.nodes if n.op == "plugin" and n.name.startswith("model.layers.1."))
+    assert plugin.inputs[0].endswith("self_attn.qkv_proj")  # the GEMM's output, read in place
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
