@@ -80,7 +80,7 @@ def build(name: str, batch: int) -> tuple[Any, Any, dict[str, Any]]:
 
     cfg = synthetic.config(name)
     bc = BuildConfig(dtype="bfloat16", max_batch_size=batch, max_seq_len=256, opt_batch_size=batch, opt_seq_len=1,
-                     max_num_tokens=max(batch, 16), max_num_blocks=batch * 16 + 16, rope="plugin", kv_cache="paged")
+                     max_num_tokens=max(batch, 16), max_num_blocks=batch * 16 + 16, kv_cache="paged")
     t0 = time.perf_counter()
     d = define_network(tc, cfg, synthetic.RandomWeights(seed=1), bc)
     t1 = time.perf_counter()

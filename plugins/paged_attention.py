@@ -263,7 +263,9 @@ class PagedAttentionPlugin(Plugin):
     @classmethod
     def from_field_data(cls, data: dict[str, Any]) -> Plugin:
         """The base class's rebuild; optional fields absent from ``data`` take their defaults."""
-        defaults = {name: np.asarray(value, dtype=dt) for name, _, dt, _ in cls.field_specs() if (value := cls._OPTIONAL_FIELDS.get(name)) is not None}
+        defaults = {
+            name: np.asarray(value, dtype=dt) for name, _, dt, _ in cls.field_specs() if (value := cls._OPTIONAL_FIELDS.get(name)) is not None
+        }
         return super().from_field_data({**defaults, **data})
 
     def rope(self) -> RopePlugin:
@@ -335,7 +337,18 @@ class PagedAttentionPlugin(Plugin):
     def output_shapes(self, input_shapes: Sequence[Sequence[Dim]]) -> list[list[Dim]]:
         names = self.input_names()
         self._check_count(len(input_shapes))
-        ranks = {"qkv": 2, "q": 3, "k": 3, "v": 3, "kv_pool": 6, "block_tables": 2, "seq_lens": 1, "query_start_loc": 1, "position_ids": 1, "inv_freq": 1}
+        ranks = {
+            "qkv": 2,
+            "q": 3,
+            "k": 3,
+            "v": 3,
+            "kv_pool": 6,
+            "block_tables": 2,
+            "seq_lens": 1,
+            "query_start_loc": 1,
+            "position_ids": 1,
+            "inv_freq": 1,
+        }
         for name, shape in zip(names, input_shapes):
             if len(shape) != ranks[name]:
                 raise PluginError(f"PagedAttentionPlugin: {name} must have rank {ranks[name]}, got {len(shape)}")

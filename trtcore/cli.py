@@ -54,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: paged on the reference backend)")
     g.add_argument("--attention", choices=("layers", "native"), default="layers", help="contiguous cache: composed layers or TensorRT's IAttention")
     g.add_argument(
-        "--device", choices=("cpu", "cuda"), help="a check: the reference backend runs on the CPU, the others on the GPU (use --backend cuda on a GPU)"
+        "--device",
+        choices=("cpu", "cuda"),
+        help="a check: the reference backend runs on the CPU, the others on the GPU (use --backend cuda on a GPU)",
     )
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
 

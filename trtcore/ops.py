@@ -525,7 +525,6 @@ def paged_attention(
     """
     from trtcore.plugins.base import create
     from trtcore.plugins.paged_attention import PagedAttentionPlugin
-
     from trtcore.plugins.rope import RopePlugin
 
     packed = k is None and v is None
@@ -874,10 +873,7 @@ def fuses_rope(g: Graph, spec: RopeSpec) -> bool:
     ``rope`` is ``"attention"``, the KV cache is paged and the RoPE has no dynamic scaling
     (per-sequence frequencies stay with the RoPE plugin)."""
     return (
-        g.implementations.get("rope") == ROPE_IN_ATTENTION
-        and g.kv_mode is not None
-        and g.kv_mode.kv_cache == "paged"
-        and spec.rope_type != "dynamic"
+        g.implementations.get("rope") == ROPE_IN_ATTENTION and g.kv_mode is not None and g.kv_mode.kv_cache == "paged" and spec.rope_type != "dynamic"
     )
 
 
@@ -935,8 +931,7 @@ def self_attention(
         return cached_attention(g, layer_idx, qkv, None, None, rope=spec, **common)
     heads = (num_heads, num_kv_heads, num_kv_heads)
     q, k, v = (
-        split_heads(g, linear(g, x, wi, bi, f"{role}_proj"), n, head_dim, f"{role}_heads")
-        for role, wi, bi, n in zip("qkv", weights, bias, heads)
+        split_heads(g, linear(g, x, wi, bi, f"{role}_proj"), n, head_dim, f"{role}_heads") for role, wi, bi, n in zip("qkv", weights, bias, heads)
     )
     if head_norms is not None:
         q_w, k_w, eps = head_norms

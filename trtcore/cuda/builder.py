@@ -235,9 +235,7 @@ def keep_captured(g: Graph, capture: Iterable[str] | str) -> list[str]:
     return added
 
 
-def compile_network(
-    network: Any, config: Any, logger: Any = None, arch: str | None = None, capture: Iterable[str] | str = ()
-) -> Plan:
+def compile_network(network: Any, config: Any, logger: Any = None, arch: str | None = None, capture: Iterable[str] | str = ()) -> Plan:
     """Compile a validated reference network and its builder config into a :class:`Plan`.
 
     Args:
