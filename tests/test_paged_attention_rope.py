@@ -242,7 +242,8 @@ def test_plan_rules() -> None:
     from trtcore.builder import BuildConfig, implementations
     from trtcore.errors import InvalidArgumentError
 
-    assert implementations(tc, BuildConfig(kv_cache="paged")) == {"rope": "attention", "kv_cache": "paged"}
+    assert implementations(tc, BuildConfig(kv_cache="paged")) == {"rope": "plugin", "kv_cache": "paged"}  # fused: opt-in (slower on the H200)
+    assert implementations(tc, BuildConfig(kv_cache="paged", rope="attention")) == {"rope": "attention", "kv_cache": "paged"}
     assert implementations(tc, BuildConfig(kv_cache="paged", rope="plugin")) == {"rope": "plugin", "kv_cache": "paged"}
     assert implementations(tc, BuildConfig())["rope"] == "plugin"  # contiguous: no paged plugin to fuse into
     assert implementations(ref, BuildConfig(rope="attention")) == {"rope": "attention", "kv_cache": "paged"}

@@ -16,10 +16,9 @@ One rule per default:
 * ``dtype``: float32 on the reference backend; on TensorRT backends the checkpoint's dtype
   when it is float16 or bfloat16, else float16. A float16 plan from a bfloat16 checkpoint
   warns (float16 overflows above 65504, bfloat16 does not);
-* ``rope``: on the cuda backend with the paged KV cache, ``attention`` (RoPE inside the paged
-  attention plugin, on a packed qkv input: no RoPE launch, no q/k/v copies); else the plugin
-  where the backend's module hosts plugins, else composed layers (the reference backend keeps
-  the separate RoPE plugin: it is the oracle of each plugin);
+* ``rope``: the plugin where the backend's module hosts plugins, else composed layers;
+  ``attention`` (RoPE inside the paged attention plugin, on a packed qkv input: no RoPE launch,
+  no q/k/v copies) is opt-in: measured slower than plugin + attention on the H200;
 * ``kv_cache``: ``paged`` on the reference backend and whenever ``rope="attention"``;
   ``contiguous`` on TensorRT backends (their executor has no device-resident block pool yet)
   and whenever ``attention="native"``;
@@ -355,7 +354,9 @@ def _implementations(o: BuildConfig, backend: str, trt: Any) -> tuple[str, str, 
     # the TensorRT executor has no device-resident block pool yet; native attention has a fixed-size cache
     paged = (backend == "reference" and o.attention != "native") or o.rope == ROPE_IN_ATTENTION
     kv_cache = o.kv_cache or ("paged" if paged else "contiguous")
-    rope = o.rope or (ROPE_IN_ATTENTION if backend == "cuda" and kv_cache == "paged" else "plugin" if plugins else "layers")
+    # RoPE inside attention saves a launch but its kernels are slower than the two launches on the
+    # H200 (bench/results/h200-2026-12-01-tactics): opt-in until they are tuned
+    rope = o.rope or ("plugin" if plugins else "layers")
     return rope, kv_cache, PAGED_ATTENTION if kv_cache == "paged" else o.attention
 
 

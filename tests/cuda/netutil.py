@@ -51,7 +51,7 @@ def rms_norm_net(dtype: Any = tc.DataType.BF16, hidden: int = 64, seed: int = 0)
 
 def llama_plan(layers: int = 2, dtype: str = "bfloat16", arch: str | None = "sm_90", rope: str | None = None, **overrides: Any) -> tuple[Plan, Any]:
     """A SmolLM2-shaped Llama (``layers`` layers, small vocabulary) on the paged KV cache;
-    ``rope``: the plan's RoPE implementation (None: the default, inside the attention plugin)."""
+    ``rope``: the plan's RoPE implementation (None: the default, the RoPE plugin)."""
     cfg = synthetic.config("SmolLM2-135M", num_hidden_layers=layers, vocab_size=512, **overrides)
     bc = BuildConfig(dtype=dtype, max_batch_size=4, max_seq_len=128, max_num_tokens=128, max_num_blocks=64, kv_cache="paged", rope=rope)
     d = define_network(tc, cfg, synthetic.RandomWeights(pool_size=1 << 18), bc)

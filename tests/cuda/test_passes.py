@@ -221,12 +221,12 @@ def test_llama_decoder_layer_at_decode_is_at_most_12_launches() -> None:
 
 
 def test_llama_decoder_layer_with_rope_in_attention_is_8_launches() -> None:
-    """The default paged plan (``rope="attention"``): one qkv GEMM whose output is the packed
+    """The paged plan with ``rope="attention"``: one qkv GEMM whose output is the packed
     input of the one attention plugin (RoPE inside it), so a decode layer is rmsnorm, qkv,
     attention (decode kernel + split reduction at most: a decode batch writes the cache from
     the decode kernel), o_proj, residual + rmsnorm, gate/up, silu * mul, down: no RoPE
     plugin, no q/k/v copies, at most 9 launches, 8 steps."""
-    plan, d = llama_plan(layers=3)
+    plan, d = llama_plan(layers=3, rope="attention")
     assert d.plan.rope == "attention"
     engine = ICudaEngine(plan)
     ctx = engine.create_execution_context_without_device_memory()
@@ -308,7 +308,7 @@ def test_llama_decode_layer_is_five_launches_with_gemv_prologues(monkeypatch: py
     from trtcore.cuda.runtime import ICudaEngine
 
     monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1")
-    plan, _ = llama_plan(layers=3, arch=None)
+    plan, _ = llama_plan(layers=3, arch=None, rope="attention")
     engine = ICudaEngine(plan)
     ctx = engine.create_execution_context_without_device_memory()
     ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
