@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import dtypes
 from ..reference.types import DataType
-from .gemm import COMPUTE_32F, GemmCall
+from .gemm import COMPUTE_32F, GemmCall, HandleOwner
 
 #: ``cudaDataType_t`` CUDA_R_32F (the scale type of a 32F-compute matmul)
 _R_32F = 0
@@ -58,7 +58,7 @@ def signature(call: GemmCall, dtype: DataType) -> str:
     )
 
 
-class Lt:
+class Lt(HandleOwner):
     """A cuBLASLt handle with the engine's fixed workspace; descriptors cached per shape.
 
     Raises (from every method): ``nvmath.bindings.cublasLt.cuBLASLtError`` for a status
@@ -181,12 +181,6 @@ class Lt:
         if self.handle:
             lt.destroy(self.handle)
             self.handle = 0
-
-    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001, S110 - the CUDA context may already be gone at exit
-            pass
 
 
 __all__ = ["Candidate", "Lt", "signature"]

@@ -166,7 +166,21 @@ def emulate(call: GemmCall, x: np.ndarray, y: np.ndarray, c: np.ndarray) -> None
             c[base + j * call.ldc : base + j * call.ldc + call.m] = C[:, j]
 
 
-class Cublas:
+class HandleOwner:
+    """A holder of a library handle: ``close()`` releases it, and so does garbage collection
+    (best effort: at interpreter exit the CUDA context may already be gone)."""
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001, S110 - the CUDA context may already be gone at exit
+            pass
+
+
+class Cublas(HandleOwner):
     """A cuBLAS handle with a fixed workspace, bound to one stream at a time.
 
     ``cublasSetStream`` resets the workspace to cuBLAS's default pool, so the workspace is set
@@ -215,12 +229,6 @@ class Cublas:
             self._cublas.destroy(self.handle)
             self.handle = 0
 
-    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001, S110 - the CUDA context may already be gone at exit
-            pass
-
 
 def gemv_applies(call: GemmCall) -> bool:
     """Whether the generated GEMV kernel (:func:`trtcore.cuda.codegen.gemv`) can run ``call``:
@@ -253,4 +261,4 @@ def gemm_bytes(calls: Sequence[GemmCall], dtype: DataType) -> int:
     return sum(c.batch * (c.m * c.k + c.k * c.n + c.m * c.n) for c in calls) * dtype.itemsize
 
 
-__all__ = ["WORKSPACE_BYTES", "Cublas", "GemmCall", "emulate", "gemm_bytes", "gemv_applies", "gemv_launch", "plan_gemm"]
+__all__ = ["WORKSPACE_BYTES", "Cublas", "HandleOwner", "GemmCall", "emulate", "gemm_bytes", "gemv_applies", "gemv_launch", "plan_gemm"]
