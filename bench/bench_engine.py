@@ -18,7 +18,9 @@ replay's logits must equal the eager call's. In the same run:
 The build times each GEMM shape's tactics (cuBLAS ``gemm_ex``, cuBLASLt heuristics and their
 split-K variants, the generated GEMV kernel: :mod:`trtcore.cuda.tactics`); the engine's step
 is timed with the chosen tactics (``tuned``) and with every GEMM on ``gemm_ex``
-(``TRTCORE_CUDA_GEMV=0``, ``cublas``), and their logits are compared. A second build of the
+(``TRTCORE_CUDA_GEMV=0``, ``cublas``), and their logits are compared; also without
+programmatic dependent launch (``TRTCORE_CUDA_PDL=0``, ``no_pdl``) and, at batch 1, with every
+GEMM the GEMV kernel can run on it (``TRTCORE_CUDA_GEMV=1``, ``gemv``: with its fused prologues). A second build of the
 same network reads every tactic from the timing cache (``rebuild_s``, ``rebuild_log``).
 
 Profile (``profile``): every launch of the tuned step alone, 20 captured in a graph, median of
@@ -46,6 +48,10 @@ from typing import Any
 import numpy as np
 
 TARGETS_MS = {"SmolLM2-135M": 0.8, "Llama-3.2-1B": 1.2}
+
+
+#: the environment of each timed variant of the step besides ``tuned`` (see the module docstring)
+VARIANT_ENV = {"no_pdl": {"TRTCORE_CUDA_PDL": "0"}, "gemv": {"TRTCORE_CUDA_GEMV": "1"}, "cublas": {"TRTCORE_CUDA_GEMV": "0"}}
 
 
 def _median_ms(cp: Any, fn: Any, reps: int, warmup: int = 3) -> float:
@@ -288,11 +294,13 @@ def main() -> int:
         for batch in batches:
             entry = {"model": name, "batch": batch, **info, "streaming_limit_ms": info["weight_bytes"] / bw * 1e3, "tactics": {}}
             logits = {}
-            for tactic in ("tuned", "cublas"):  # the build's timed choices; every GEMM on cublasGemmEx
-                if tactic == "cublas":
-                    os.environ["TRTCORE_CUDA_GEMV"] = "0"
-                else:
-                    os.environ.pop("TRTCORE_CUDA_GEMV", None)
+            # the build's timed choices; the same without programmatic dependent launch; every
+            # GEMM the GEMV kernel can run on it (batch 1); every GEMM on cublasGemmEx
+            for tactic in ("tuned", "no_pdl", "gemv", "cublas") if batch == 1 else ("tuned", "no_pdl", "cublas"):
+                os.environ.pop("TRTCORE_CUDA_GEMV", None)
+                os.environ.pop("TRTCORE_CUDA_PDL", None)
+                if tactic in VARIANT_ENV:
+                    os.environ.update(VARIANT_ENV[tactic])
                 r = run_engine(cp, engine, cfg, batch, args.reps)
                 gemms = gemm_bandwidth(cp, engine, r["ctx"], args.reps) if batch == 1 else []
                 entry["tactics"][tactic] = {"step_ms": r["step_ms"], "eager_step_ms": r["eager_step_ms"], "graph_equals_eager": r["graph_equals_eager"],
@@ -308,6 +316,7 @@ def main() -> int:
                 del r
                 gc.collect()
             os.environ.pop("TRTCORE_CUDA_GEMV", None)
+            os.environ.pop("TRTCORE_CUDA_PDL", None)
             entry["tuned_vs_cublas_rel_l2"] = float(np.linalg.norm(logits["tuned"] - logits["cublas"]) / np.linalg.norm(logits["cublas"]))
             entry.update({k: v for k, v in entry["tactics"]["tuned"].items() if k != "gemms"})
             entry["fraction_of_streaming_limit"] = entry["streaming_limit_ms"] / entry["step_ms"]
@@ -345,11 +354,14 @@ def main() -> int:
         fig.savefig(out / "engine.png", dpi=120)
     except Exception as exc:  # noqa: BLE001
         print(f"no plot: {exc}")
-    print(f"\n{'model':14s} {'B':>3s} {'step ms':>8s} {'cublas':>8s} {'limit ms':>9s} {'% limit':>8s} {'HF ms':>8s} {'graph==eager':>12s}")
+    print(f"\n{'model':14s} {'B':>3s} {'step ms':>8s} {'no_pdl':>8s} {'gemv':>8s} {'cublas':>8s} {'limit ms':>9s} {'% limit':>8s} {'HF ms':>8s} {'graph==eager':>12s}")
     for m in results["models"]:
         hf = m.get("transformers", {}).get("tpot_ms", float("nan"))
-        tt = m["tactics"]
-        print(f"{m['model']:14s} {m['batch']:3d} {m['step_ms']:8.3f} {tt['cublas']['step_ms']:8.3f} {m['streaming_limit_ms']:9.3f} {100 * m['fraction_of_streaming_limit']:7.1f}% {hf:8.3f} {m['graph_equals_eager']!s:>12s}")
+        tt = {k: v["step_ms"] for k, v in m["tactics"].items()}
+        print(
+            f"{m['model']:14s} {m['batch']:3d} {m['step_ms']:8.3f} {tt['no_pdl']:8.3f} {tt.get('gemv', float('nan')):8.3f} {tt['cublas']:8.3f} "
+            f"{m['streaming_limit_ms']:9.3f} {100 * m['fraction_of_streaming_limit']:7.1f}% {hf:8.3f} {m['graph_equals_eager']!s:>12s}"
+        )
     return 0
 
 

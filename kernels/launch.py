@@ -50,6 +50,7 @@ __all__ = [
     "ensure_context",
     "gpu_count",
     "load_function",
+    "programmatic_config",
 ]
 
 _INT_TYPES: dict[str, tuple[type, int, int]] = {
@@ -274,6 +275,24 @@ def _stream_handle(stream: Any) -> int:
 _SMEM_DEFAULT_LIMIT = 48 * 1024
 
 
+def programmatic_config(grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, stream: Any) -> Any:
+    """The ``CUlaunchConfig`` of a programmatic dependent launch (one attribute,
+    ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` = 1) with these dimensions,
+    dynamic shared memory (bytes) and ``CUstream``."""
+    drv = _driver()
+    attr = drv.CUlaunchAttribute()
+    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg = drv.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.sharedMemBytes = shared_mem
+    cfg.hStream = stream
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return cfg
+
+
 class KernelFunction:
     """One ``__global__`` function of a loaded CUBIN on one device. Get it from
     :meth:`CompiledKernel.function`; thread-safe to launch.
@@ -294,6 +313,7 @@ class KernelFunction:
         self._ctx_int = int(context)
         self._dyn_smem_set = _SMEM_DEFAULT_LIMIT
         self._param_sizes: list[int] | None | bool = False  # False: not queried yet
+        self._programmatic: bool | None = None
 
     def __repr__(self) -> str:
         return f"KernelFunction({self.kernel.name}:{self.name}, {self.kernel.arch}, device {self.device})"
@@ -340,6 +360,14 @@ class KernelFunction:
             self._param_sizes = sizes
         return self._param_sizes  # type: ignore[return-value]
 
+    @property
+    def programmatic_capable(self) -> bool:
+        """Whether :meth:`launch` makes programmatic dependent launches on this device
+        (compute capability 9.0+)."""
+        if self._programmatic is None:
+            self._programmatic = compute_capability(self.device) >= (9, 0)
+        return self._programmatic
+
     def _make_current(self) -> None:
         drv = _driver()
         cur = int(_call("cuCtxGetCurrent", drv.cuCtxGetCurrent))
@@ -363,6 +391,7 @@ class KernelFunction:
         *,
         shared_mem: int = 0,
         stream: Any = 0,
+        programmatic: bool = False,
     ) -> None:
         """Launch the kernel asynchronously (``cuLaunchKernel``) on ``stream``.
 
@@ -377,6 +406,12 @@ class KernelFunction:
                 ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` attribute is raised to it first.
             stream: ``cudaStream_t``/``CUstream`` as int (0: legacy default stream), a
                 ``cuda.bindings`` stream, or an object with ``.ptr`` (CuPy stream).
+            programmatic: programmatic dependent launch (``cuLaunchKernelEx`` with
+                ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``; compute capability
+                9.0+, a plain launch below): the kernel may start while the previous kernel
+                on ``stream`` still runs, so it must execute ``griddepcontrol.wait`` before it
+                reads or writes anything that kernel touches (CUDA Programming Guide,
+                "Programmatic Dependent Launch and Synchronization").
 
         Raises:
             InvalidArgumentError: bad grid/block/argument, or the arguments do not match the
@@ -420,10 +455,15 @@ class KernelFunction:
         else:
             params = None
         stream_h = drv.CUstream(_stream_handle(stream))
+        call = "cuLaunchKernel"
         try:
-            result = drv.cuLaunchKernel(self.handle, gx, gy, gz, bx, by, bz, shared_mem, stream_h, params, 0)
+            if programmatic and self.programmatic_capable:
+                call = "cuLaunchKernelEx"
+                result = drv.cuLaunchKernelEx(programmatic_config((gx, gy, gz), (bx, by, bz), shared_mem, stream_h), self.handle, params, 0)
+            else:
+                result = drv.cuLaunchKernel(self.handle, gx, gy, gz, bx, by, bz, shared_mem, stream_h, params, 0)
         except Exception as exc:
-            raise CUDAError(f"cuLaunchKernel({self.name}) failed: {exc}", call="cuLaunchKernel") from exc
-        _check(result, f"cuLaunchKernel({self.name}, grid=({gx}, {gy}, {gz}), block=({bx}, {by}, {bz}), shared_mem={shared_mem})")
+            raise CUDAError(f"{call}({self.name}) failed: {exc}", call=call) from exc
+        _check(result, f"{call}({self.name}, grid=({gx}, {gy}, {gz}), block=({bx}, {by}, {bz}), shared_mem={shared_mem})")
 
     __call__ = launch

@@ -385,6 +385,23 @@ def test_argument_packing() -> None:
             _pack(bad, 0)
 
 
+def test_programmatic_launch_config_carries_the_pdl_attribute() -> None:
+    """The ``CUlaunchConfig`` of a programmatic dependent launch (built without a GPU): the
+    launch's dimensions, shared memory and stream, and exactly one attribute,
+    ``PROGRAMMATIC_STREAM_SERIALIZATION`` = 1 (CUDA driver API, ``cuLaunchKernelEx``)."""
+    pytest.importorskip("cuda.bindings")
+    from cuda.bindings import driver as drv
+
+    from trtcore.kernels.launch import programmatic_config
+
+    cfg = programmatic_config((7, 2, 1), (64, 1, 1), 4096, drv.CUstream(0))
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ) == (7, 2, 1, 64, 1, 1)
+    assert cfg.sharedMemBytes == 4096 and cfg.numAttrs == 1
+    (attr,) = cfg.attrs
+    assert attr.id == drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attr.value.programmaticStreamSerializationAllowed == 1
+
+
 # --- variants and compile_all -----------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,11 @@ def test_every_generated_kernel_compiles(arch: str) -> None:
         sources.update({ks.key: ks for ks in compile_net(net, arch=None).sources.values()})
     plan, _ = llama_plan(layers=1, arch=None)
     sources.update({ks.key: ks for ks in plan.sources.values()})
+    for dt in codegen.CUDA_GEMV_TYPES:  # the GEMV tactic for every weight type (16-byte loads of 2- and 4-byte types)
+        ks = codegen.gemv(dt)
+        sources[ks.key] = ks
     kinds = {ks.function.split("_")[1] for ks in sources.values()}
-    assert {"pointwise", "row", "softmax", "reduce", "gather", "concat", "kv", "attention"} <= kinds
+    assert {"pointwise", "row", "softmax", "reduce", "gather", "concat", "kv", "attention", "gemv"} <= kinds
     for ks in sources.values():
         ck = codegen.compile_source(ks, arch)
         assert ck.arch == arch and ks.function in ck.symbols
@@ -101,3 +105,25 @@ def test_trtcore_build_writes_a_cuda_engine(hf_models: Any, tmp_path: Path) -> N
     for t in mode.inputs:
         assert engine.get_tensor_mode(t.name) == tc.TensorIOMode.INPUT
         assert tuple(engine.get_tensor_shape(t.name)) == t.shape
+
+
+def test_every_generated_kernel_waits_for_its_predecessor_first() -> None:
+    """The runtime launches generated kernels with programmatic dependent launch, which is
+    sound only if each kernel executes ``griddepcontrol.wait`` before it touches activations:
+    the wait is the kernel's first statement, or (GEMV) follows only loads of the weight."""
+    from test_device_select import layer_network
+
+    sources: dict[str, codegen.KernelSource] = {}
+    for name in ("BF16", "FLOAT"):
+        net, _ = layer_network(name)
+        sources.update(compile_net(net, arch=None).sources)
+    plan, _ = llama_plan(layers=1, arch=None)
+    sources.update(plan.sources)
+    for name, ks in sources.items():
+        body = ks.source.split(f"void {ks.function}(", 1)[1].split(") {", 1)[1]
+        before = body.split(codegen.PDL_ENTRY, 1)
+        assert len(before) == 2, f"{name}: no {codegen.PDL_ENTRY!r}"
+        if "#gemv" in name:  # only the weight prefetch precedes the wait: no activation pointer is used
+            assert "ldw8(wr + k)" in before[0] and not re.search(r"(?<![.\w])(x|y|in\d+|out\d+)\b", before[0]), (name, before[0])
+        else:
+            assert all(ln.strip().startswith(("__shared__", "extern __shared__")) or not ln.strip() for ln in before[0].splitlines()), (name, before[0])

@@ -14,7 +14,7 @@ import trtcore.cuda as tc
 from trtcore.cuda.runtime import ICudaEngine
 from trtcore.cuda import synthetic, tactics
 from trtcore.cuda.cublaslt import signature
-from trtcore.cuda.gemm import GemmCall, gemv_applies
+from trtcore.cuda.gemm import GemmCall, gemv_applies, gemv_launch
 
 
 def _call(**kw: Any) -> GemmCall:
@@ -36,6 +36,18 @@ def test_gemv_applies_to_dense_weight_times_few_rows_only() -> None:
     assert not gemv_applies(_call(op_x=0))  # weight not [N, K] row-major
     assert not gemv_applies(_call(k=570, ldx=570))  # no 16-byte loads
     assert not gemv_applies(_call(batch=2))
+    assert gemv_applies(_call(y_off=8)) and not gemv_applies(_call(y_off=3))  # activation rows start 16-byte aligned
+    assert gemv_applies(_call(n=2, ldy=584)) and not gemv_applies(_call(n=2, ldy=580))
+    assert gemv_applies(_call(ldy=580))  # one token row: its pitch is never used
+
+
+@pytest.mark.parametrize(("features", "warps"), [(576, 2), (960, 2), (1024, 4), (3072, 8), (28672, 8)])
+def test_gemv_launch_covers_every_feature_with_one_warp(features: int, warps: int) -> None:
+    """Narrow outputs get small blocks (more of them, over more SMs); every output feature
+    gets exactly one warp of the launch."""
+    grid, block, _ = gemv_launch(_call(m=features, ldc=features), 2, 0, 0, 0)
+    assert block == 32 * warps
+    assert (grid[0] - 1) * warps < features <= grid[0] * warps
 
 
 def test_profile_calls_are_the_models_gemms_at_the_profile_points() -> None:

@@ -53,6 +53,18 @@ PREAMBLE = r"""
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 typedef long long i64;
+// Programmatic dependent launch (compute capability 9.0+, CUDA Programming Guide, "Programmatic
+// Dependent Launch and Synchronization"): the runtime may start a kernel before the previous one on
+// the stream ends; PDL_WAIT() blocks until that one has finished and its writes are visible, so
+// every generated kernel runs it before touching activations (only constant weights may be read
+// before it); PDL_LAUNCH() lets the next kernel start its own prologue early.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_WAIT()
+#define PDL_LAUNCH()
+#endif
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const __half* p) { return __half2float(*p); }
 __device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
@@ -100,6 +112,10 @@ template <int KIND> __device__ __forceinline__ float block_reduce(float v, float
   return smem[0];
 }
 """
+
+
+#: the first statements of every generated kernel (see PDL_WAIT in :data:`PREAMBLE`)
+PDL_ENTRY = "  PDL_WAIT(); PDL_LAUNCH();"
 
 
 @dataclass
@@ -328,6 +344,7 @@ def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> Kerne
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void FUNCTION_NAME({", ".join(sig)}) {{',  # named by a hash: equal groups share one kernel
+        PDL_ENTRY,
         "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
     ]
     lines += _pointwise_body(node, dtypes, rank, lambda o, v: f"st(out{node.outputs.index(o)} + idx, {v});")
@@ -416,6 +433,7 @@ def row_group(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void FUNCTION_NAME({", ".join(sig)}) {{',  # named by a hash: equal groups share one kernel
+        PDL_ENTRY,
         "  __shared__ float smem[32];",
         "  const i64 row = blockIdx.x;",
         "  if (row >= rows) return;",
@@ -450,6 +468,7 @@ def softmax(dtype_in: DataType, dtype_out: DataType, rank: int) -> KernelSource:
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        PDL_ENTRY,
         "  __shared__ float smem[32];",
         "  const i64 row = blockIdx.x; if (row >= rows) return;",
         "  i64 rem = row, bx = 0, bo = 0;",
@@ -500,6 +519,7 @@ def reduce_generic(op: ReduceOperation, dtype: DataType, kept: int, reduced: int
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        PDL_ENTRY,
         "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
         "    i64 rem = idx, base = 0;",
     ]
@@ -542,6 +562,7 @@ def gather(dtype: DataType, idx_dtype: DataType, pre: int, idx_rank: int, post: 
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        PDL_ENTRY,
         "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
         "    i64 rem = idx, xo = 0, io = 0;",
     ]
@@ -576,6 +597,7 @@ def concat(dtype: DataType, n_inputs: int, rank: int) -> KernelSource:
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        PDL_ENTRY,
         "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
         f"    i64 c[{rank}]; i64 rem = idx;",
     ]
@@ -624,6 +646,7 @@ def kv_cache_update(dtype: DataType, idx_dtype: DataType) -> KernelSource:
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        PDL_ENTRY,
         "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
         "    i64 d = idx % D, s = (idx / D) % S, h = (idx / (D * S)) % H, b = idx / (D * S * H);",
         "    i64 slot = (i64)w[b] + s;",
@@ -662,6 +685,7 @@ def attention(dtype: DataType, mask: DataType | None, has_lengths: bool, softmax
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void {fn}({", ".join(sig)}) {{',
+        PDL_ENTRY,
         "  extern __shared__ float sc[];",
         "  __shared__ float smem[32];",
         "  const i64 s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;",
@@ -748,63 +772,92 @@ def compile_source(ks: KernelSource, arch: Any = None) -> Any:
 CUDA_GEMV_TYPES = (DataType.FLOAT, DataType.HALF, DataType.BF16)
 
 
-def _gemv_core(dtype: DataType, max_m: int, x_elem: str, prologue: Sequence[str] = ()) -> list[str]:
+#: 8 elements of a weight / activation row as 16-byte vectors, and their widening to float32
+GEMV_HELPERS = r"""
+struct V8 { uint4 a, b; };  // 16-bit types use a only; float uses a and b
+__device__ __forceinline__ uint4 ld_stream(const void* p) {  // weights are read once: keep them out of L1
+  uint4 r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+#else
+  r = __ldg(reinterpret_cast<const uint4*>(p));
+#endif
+  return r;
+}
+template <typename T> __device__ __forceinline__ V8 ldw8(const T* p) {
+  V8 v; v.a = ld_stream(p); if (sizeof(T) == 4) v.b = ld_stream(p + 4); return v;
+}
+template <typename T> __device__ __forceinline__ V8 ldx8(const T* p) {
+  V8 v; v.a = *reinterpret_cast<const uint4*>(p); if (sizeof(T) == 4) v.b = *reinterpret_cast<const uint4*>(p + 4); return v;
+}
+__device__ __forceinline__ void unpack8(const __nv_bfloat16*, const V8& v, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v.a);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) { const float2 t = __bfloat1622float2(h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
+}
+__device__ __forceinline__ void unpack8(const __half*, const V8& v, float* f) {
+  const __half2* h = reinterpret_cast<const __half2*>(&v.a);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) { const float2 t = __half22float2(h[i]); f[2 * i] = t.x; f[2 * i + 1] = t.y; }
+}
+__device__ __forceinline__ void unpack8(const float*, const V8& v, float* f) {
+  f[0] = __uint_as_float(v.a.x); f[1] = __uint_as_float(v.a.y); f[2] = __uint_as_float(v.a.z); f[3] = __uint_as_float(v.a.w);
+  f[4] = __uint_as_float(v.b.x); f[5] = __uint_as_float(v.b.y); f[6] = __uint_as_float(v.b.z); f[7] = __uint_as_float(v.b.w);
+}
+"""
+
+
+def _gemv_core(dtype: DataType, max_m: int, x_row: str, prologue: Sequence[str] = ()) -> list[str]:
     """The GEMV loop: one warp per output feature ``feat`` streams the weight row with 16-byte
-    loads, float32 accumulation over ``M <= max_m`` rows, a warp reduction; ``x_elem`` is the
-    expression of ``x[m][k + j]`` as float. The first :data:`GEMV_PREFETCH` loads of each
-    lane are issued before ``prologue`` (statements every thread of the block runs, e.g. the
-    fused producer of ``x``), so the weight stream's DRAM latency overlaps it."""
+    loads (:data:`GEMV_UNROLL` in flight per lane), reads ``x`` 8 elements at a time with
+    16-byte loads, accumulates ``M <= max_m`` rows in float32 and reduces over the warp.
+    ``x_row`` is the expression of row ``m``'s base pointer (``const T*``, 16-byte aligned;
+    global memory or shared). The first :data:`GEMV_PREFETCH` weight loads of each lane are
+    issued before ``prologue`` (statements every thread of the block runs, e.g. the fused
+    producer of ``x``), so the weight stream's DRAM latency overlaps it."""
     t = ctype(dtype)
-    vec = "uint4" if dtype.itemsize == 2 else "float4"
-    per = 16 // dtype.itemsize  # elements per 16-byte load
-    parts = 8 // per  # 16-byte loads per 8 elements
-
-    def unpack(src: str) -> list[str]:
-        out = []
-        for part in range(parts):
-            out.append(f"      {{ const {t}* e = reinterpret_cast<const {t}*>(&{src}[{part}]);")
-            out.append(f"        #pragma unroll\n        for (int j = 0; j < {per}; ++j) wf[{part * per} + j] = ld(e + j); }}")
-        return out
-
+    P, U = GEMV_PREFETCH, GEMV_UNROLL
     fma = [
+        "      float wf[8];",
+        f"      unpack8(({t}*)0, {{w}}, wf);",
         f"      #pragma unroll\n      for (int m = 0; m < {max_m}; ++m) {{",
         "        if (m < M) {",
-        f"          #pragma unroll\n          for (int j = 0; j < 8; ++j) acc[m] += wf[j] * {x_elem};",
+        f"          float xf[8]; unpack8(({t}*)0, ldx8({x_row} + k), xf);",
+        "          #pragma unroll\n          for (int j = 0; j < 8; ++j) acc[m] = fmaf(wf[j], xf[j], acc[m]);",
         "        }",
         "      }",
     ]
-    load = [f"{vec} v[{parts}];"] + [f"v[{part}] = __ldg(reinterpret_cast<const {vec}*>(wr + k + {part * per}));" for part in range(parts)]
-    P = GEMV_PREFETCH
     lines = [
         "  const int lane = threadIdx.x & 31;",
         "  const i64 feat = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);",
         "  const bool active = feat < N;",
+        "  const int kk = (int)K;",
         f"  const {t}* wr = w + (active ? feat : 0) * ldw;",
-        f"  {vec} pre[{P}][{parts}];",
+        f"  V8 pre[{P}];",
         f"  #pragma unroll\n  for (int p = 0; p < {P}; ++p) {{",
-        "    const i64 k = (i64)lane * 8 + p * 256;",
-        "    if (active && k < K) {",
-        *[f"      pre[p][{part}] = __ldg(reinterpret_cast<const {vec}*>(wr + k + {part * per}));" for part in range(parts)],
-        "    }",
+        "    const int k = lane * 8 + p * 256;",
+        "    if (active && k < kk) pre[p] = ldw8(wr + k);",
         "  }",
+        PDL_ENTRY,  # after the weight prefetch: weights are constants, x is the previous kernel's
         *prologue,
         "  if (!active) return;",
         f"  float acc[{max_m}];",
         f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) acc[m] = 0.0f;",
         f"  #pragma unroll\n  for (int p = 0; p < {P}; ++p) {{",
-        "    const i64 k = (i64)lane * 8 + p * 256;",
-        "    if (k < K) {",
-        "      float wf[8];",
-        *unpack("pre[p]"),
-        *fma,
+        "    const int k = lane * 8 + p * 256;",
+        "    if (k < kk) {",
+        *[x.replace("{w}", "pre[p]") for x in fma],
         "    }",
         "  }",
-        "  #pragma unroll 4",
-        f"  for (i64 k = (i64)lane * 8 + {P * 256}; k < K; k += 256) {{",
-        "    float wf[8];",
-        "    " + " ".join(load),
-        *unpack("v"),
-        *fma,
+        f"  for (int k0 = lane * 8 + {P * 256}; k0 < kk; k0 += {U * 256}) {{",
+        f"    V8 v[{U}];",
+        f"    #pragma unroll\n    for (int u = 0; u < {U}; ++u) {{ const int k = k0 + u * 256; if (k < kk) v[u] = ldw8(wr + k); }}",
+        f"    #pragma unroll\n    for (int u = 0; u < {U}; ++u) {{",
+        "      const int k = k0 + u * 256;",
+        "      if (k < kk) {",
+        *["  " + x.replace("{w}", "v[u]") for x in fma],
+        "      }",
+        "    }",
         "  }",
         f"  #pragma unroll\n  for (int m = 0; m < {max_m}; ++m) {{",
         "    if (m < M) { float s = warp_sum(acc[m]); if (lane == 0) st(y + m * ldy + feat, s); }",
@@ -815,38 +868,41 @@ def _gemv_core(dtype: DataType, max_m: int, x_elem: str, prologue: Sequence[str]
 
 #: 16-byte weight loads per lane the GEMV issues before its prologue (``4 * 256`` elements of K)
 GEMV_PREFETCH = 4
+#: 16-byte weight loads per lane in flight in the GEMV's main loop
+GEMV_UNROLL = 4
 
 _GEMV_PARAMS = [("i64", r) for r in ("M", "N", "K", "ldw", "ldx", "ldy")]
 
 
 def gemv(dtype: DataType, max_m: int = 4) -> KernelSource:
     """``y[m, n] = sum_k x[m, k] * w[n, k]`` for ``M <= max_m`` rows of ``x`` (decode)
-    (:func:`_gemv_core`; ``K`` a multiple of 8, rows 16-byte aligned); ``x`` and ``y``
-    strided by row (``ldx``, ``ldy``)."""
+    (:func:`_gemv_core`; ``K`` and ``ldx`` multiples of 8, ``w`` and ``x`` 16-byte aligned);
+    ``x`` and ``y`` strided by row (``ldx``, ``ldy``)."""
     t = ctype(dtype)
     fn = f"k_gemv_{dtype.name}_m{max_m}"
     lines = [
         PREAMBLE,
+        GEMV_HELPERS,
         f'extern "C" __global__ void {fn}({t}* __restrict__ y, const {t}* __restrict__ w, const {t}* __restrict__ x,',
         "    i64 M, i64 N, i64 K, i64 ldw, i64 ldx, i64 ldy) {",
-        f"  const {t}* xr0 = x;",
-        *_gemv_core(dtype, max_m, "ld(xr0 + m * ldx + k + j)"),
+        *_gemv_core(dtype, max_m, "(x + m * ldx)"),
         "}",
     ]
     params = [("ptr", "y"), ("ptr", "w"), ("ptr", "x")] + _GEMV_PARAMS
     return KernelSource("\n".join(lines), fn, params, 256)
 
 
-#: largest ``M * K`` the fused prologue keeps in (static-limit) shared memory, as float32
-PROLOGUE_MAX_ELEMENTS = 48 * 1024 // 4
+#: most bytes of ``x`` (``M * K`` elements of its type) the fused prologue keeps in shared
+#: memory: the default per-block limit, which leaves room for several blocks per SM
+PROLOGUE_MAX_BYTES = 48 * 1024
 
 
 def gemv_prologue(producer: Node, dtypes: dict[str, DataType], rank: int, a: str, row_outputs: set[str], max_m: int = 4) -> KernelSource:
     """The GEMV of :func:`gemv` with the kernel that produces its ``x`` (= ``a``, an output
     of the row group or pointwise group ``producer`` whose only reader is the GEMM) fused in
     front: every block computes the producer's whole ``[M, K]`` domain (at most
-    :data:`PROLOGUE_MAX_ELEMENTS` elements, in dynamic shared memory, rounded to ``a``'s type
-    exactly as the unfused kernel stores it), block 0 also writes the producer's other
+    :data:`PROLOGUE_MAX_BYTES`, in dynamic shared memory in ``a``'s type, rounded exactly as
+    the unfused kernel stores it), block 0 also writes the producer's other
     outputs, then the GEMV reads ``x`` from shared memory. Saves one launch per fused GEMM
     at decode (the norm before q/k/v and gate/up, the SwiGLU product before down)."""
     wt = dtypes[a]
@@ -858,13 +914,15 @@ def gemv_prologue(producer: Node, dtypes: dict[str, DataType], rank: int, a: str
 
     def keep(o: str, index: str, v: str) -> str:
         if o == a:
-            return f"xs[{index}] = {v};"
+            return f"st(xs + {index}, {v});"
         return f"if (blockIdx.x == 0) st(out{producer.outputs.index(o)} + {index}, {v});"
 
     lines = [
         PREAMBLE,
+        GEMV_HELPERS,
         f'extern "C" __global__ void FUNCTION_NAME({", ".join(sig)}) {{',
-        "  extern __shared__ float xs[];",
+        "  extern __shared__ __align__(16) unsigned char xs_bytes[];",
+        f"  {ctype(wt)}* xs = reinterpret_cast<{ctype(wt)}*>(xs_bytes);",
         "  __shared__ float smem[32];",
     ]
     if producer.op == "row_group":
@@ -873,6 +931,6 @@ def gemv_prologue(producer: Node, dtypes: dict[str, DataType], rank: int, a: str
         prologue = ["  for (i64 idx = threadIdx.x; idx < n; idx += blockDim.x) {"]
         prologue += _pointwise_body(producer, dtypes, rank, lambda o, v: keep(o, "idx", v))
         prologue += ["  }"]
-    lines += _gemv_core(wt, max_m, "xs[m * K + k + j]", [*prologue, "  __syncthreads();"])
+    lines += _gemv_core(wt, max_m, "(xs + m * K)", [*prologue, "  __syncthreads();"])
     lines.append("}")
     return _named("\n".join(lines), "gemv_prologue", params, 256)

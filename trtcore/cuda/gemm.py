@@ -233,14 +233,27 @@ class Cublas(HandleOwner):
 def gemv_applies(call: GemmCall) -> bool:
     """Whether the generated GEMV kernel (:func:`trtcore.cuda.codegen.gemv`) can run ``call``:
     one product of a dense ``[N, K]`` weight (operand X transposed, no offset) with at most 4
-    token rows, ``K`` and the weight's row pitch multiples of 8 (16-byte loads)."""
+    token rows, ``K``, the row pitches and the activation's offset multiples of 8 (16-byte
+    loads; the caller checks the base addresses' alignment)."""
     c = call
-    return c.batch == 1 and c.op_x == OP_T and c.op_y == OP_N and c.n <= 4 and c.k % 8 == 0 and c.ldx % 8 == 0 and c.x_off == 0
+    return (
+        c.batch == 1
+        and c.op_x == OP_T
+        and c.op_y == OP_N
+        and c.n <= 4
+        and c.k % 8 == 0
+        and c.ldx % 8 == 0
+        and (c.n == 1 or c.ldy % 8 == 0)
+        and c.x_off == 0
+        and c.y_off % 8 == 0
+    )
 
 
 def gemv_launch(call: GemmCall, itemsize: int, c_ptr: int, x_ptr: int, y_ptr: int) -> tuple[tuple[int, int, int], int, list[tuple[int, str]]]:
     """``(grid, block, args)`` of the GEMV kernel for ``call`` (see :func:`gemv_applies`);
-    pointers are the operands' bases, offsets in elements of ``itemsize`` bytes are added here."""
+    pointers are the operands' bases, offsets in elements of ``itemsize`` bytes are added here.
+    Blocks hold 8, 4 or 2 warps (one output feature each): fewer for narrow outputs, so that
+    a small GEMM still spreads over the GPU's SMs (N=576 gives 288 blocks)."""
     c = call
     args = [
         (c_ptr + c.c_off * itemsize, "ptr"),
@@ -253,7 +266,8 @@ def gemv_launch(call: GemmCall, itemsize: int, c_ptr: int, x_ptr: int, y_ptr: in
         (c.ldy, "i64"),
         (c.ldc, "i64"),
     ]
-    return (max(1, -(-c.m // 8)), 1, 1), 256, args
+    warps = 8 if c.m >= 2048 else 4 if c.m >= 1024 else 2
+    return (max(1, -(-c.m // warps)), 1, 1), 32 * warps, args
 
 
 def gemm_bytes(calls: Sequence[GemmCall], dtype: DataType) -> int:

@@ -71,6 +71,14 @@ def _gemm_override() -> str | None:
     return value if value in ("0", "1") else None
 
 
+def programmatic_launches() -> bool:
+    """``TRTCORE_CUDA_PDL``: ``0`` launches every generated kernel plainly; otherwise (the
+    default) with programmatic dependent launch where the GPU has it (compute capability
+    9.0+), so that a kernel's launch and weight prefetch overlap the previous kernel's tail.
+    Read when an execution context is made."""
+    return os.environ.get("TRTCORE_CUDA_PDL", "1") != "0"
+
+
 def _grid(n: int, block: int) -> int:
     return max(1, min(-(-n // block), 65535))
 
@@ -254,6 +262,7 @@ class IExecutionContext:
         self._prepared: dict[Any, list[Step]] = {}
         self._cublas: Cublas | None = None
         self._lt: Lt | None = None  # made at the first cuBLASLt tactic, sharing the cuBLAS workspace
+        self._programmatic = programmatic_launches()
         self.name = ""
 
     # TensorRT API ------------------------------------------------------------------------
@@ -434,13 +443,14 @@ class IExecutionContext:
     def _fused_gemv(self, node: Any, gemv: Step, producer: Step) -> Step | None:
         """One launch for the GEMV ``gemv`` with the ``producer`` launch right before it fused
         in front (:func:`trtcore.cuda.codegen.gemv_prologue`), or None when its input does
-        not fit the fused kernel (dense rows, at most ``PROLOGUE_MAX_ELEMENTS``)."""
+        not fit the fused kernel (dense rows, at most ``PROLOGUE_MAX_BYTES``)."""
         # gemv args: y, w, x, M, N, K, ldw, ldx, ldy
         m_rows, k, ldx = gemv.args[3][0], gemv.args[5][0], gemv.args[7][0]
-        if ldx != k or m_rows * k > codegen.PROLOGUE_MAX_ELEMENTS:
+        nbytes = m_rows * k * self.engine.plan.graph.values[node.inputs[0]].dtype.itemsize
+        if ldx != k or nbytes > codegen.PROLOGUE_MAX_BYTES:
             return None
         args = producer.args + gemv.args[:2] + gemv.args[3:]
-        return Step("kernel", f"{node.name}#gemv_prologue", gemv.grid, gemv.block, m_rows * k * 4, args)
+        return Step("kernel", f"{node.name}#gemv_prologue", gemv.grid, gemv.block, nbytes, args)
 
     def _step(self, node: Any, shapes: dict[str, tuple[int, ...]], lay: dict[str, Layout], ptr: Any, tuned: bool = True) -> Step:
         plan = self.engine.plan
@@ -462,7 +472,14 @@ class IExecutionContext:
             if override == "0":
                 chosen = [{"kind": "cublas"} for _ in calls]
             gemv = f"{node.name}#gemv" in plan.sources
-            if gemv and len(calls) == 1 and gemv_applies(calls[0]) and (override == "1" or (override is None and chosen[0]["kind"] == "gemv")):
+            aligned = ptr(a) % 16 == 0 and ptr(b) % 16 == 0  # the GEMV's 16-byte loads
+            if (
+                gemv
+                and aligned
+                and len(calls) == 1
+                and gemv_applies(calls[0])
+                and (override == "1" or (override is None and chosen[0]["kind"] == "gemv"))
+            ):
                 grid, block, args = gemv_launch(calls[0], dt.itemsize, ptr(node.outputs[0]), ptr(b), ptr(a))
                 return Step("kernel", f"{node.name}#gemv", grid, block, 0, args)
             chosen = [t if t["kind"] == "lt" else {"kind": "cublas"} for t in chosen]
@@ -583,8 +600,9 @@ class IExecutionContext:
         return Step("kernel", node.name, grid, block, smem, args) if numel else Step("skip", node.name)
 
     def _launch(self, step: Step, stream: int) -> None:
-        if step.kind == "kernel":
-            self.engine._functions[step.name].launch(step.grid, step.block, step.args, shared_mem=step.shared_mem, stream=stream)
+        if step.kind == "kernel":  # every generated kernel waits for its predecessor (codegen.PDL_ENTRY)
+            fn = self.engine._functions[step.name]
+            fn.launch(step.grid, step.block, step.args, shared_mem=step.shared_mem, stream=stream, programmatic=self._programmatic)
         elif step.kind == "gemm":
             assert self._cublas is not None
             x, y, c = step.ptrs
