@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import struct
 import threading
 from collections.abc import Sequence
@@ -408,8 +409,9 @@ class KernelFunction:
                 ``cuda.bindings`` stream, or an object with ``.ptr`` (CuPy stream).
             programmatic: programmatic dependent launch (``cuLaunchKernelEx`` with
                 ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``; compute capability
-                9.0+, a plain launch below): the kernel may start while the previous kernel
-                on ``stream`` still runs, so it must execute ``griddepcontrol.wait`` before it
+                9.0+, a plain launch below or with ``TRTCORE_CUDA_PDL=0``): the kernel may
+                start while the previous kernel on ``stream`` still runs, so it must execute
+                ``griddepcontrol.wait`` (``PDL_WAIT()`` of ``kernels/pdl.cuh``) before it
                 reads or writes anything that kernel touches (CUDA Programming Guide,
                 "Programmatic Dependent Launch and Synchronization").
 
@@ -457,7 +459,7 @@ class KernelFunction:
         stream_h = drv.CUstream(_stream_handle(stream))
         call = "cuLaunchKernel"
         try:
-            if programmatic and self.programmatic_capable:
+            if programmatic and self.programmatic_capable and os.environ.get("TRTCORE_CUDA_PDL", "1") != "0":
                 call = "cuLaunchKernelEx"
                 result = drv.cuLaunchKernelEx(programmatic_config((gx, gy, gz), (bx, by, bz), shared_mem, stream_h), self.handle, params, 0)
             else:

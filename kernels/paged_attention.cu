@@ -77,6 +77,7 @@
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 1}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 128, "NEOX": 1}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 0}, {"DTYPE": 0, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 1}]
 
+#include "pdl.cuh"  // PDL_WAIT / PDL_LAUNCH: each kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE (default 2, bfloat16), elem_t, to_f32 / from_f32
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -204,6 +205,8 @@ extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const int* __restrict__ qsl,
     int B, int max_blocks, int num_blocks, int layer, int Hkv, int skip_decode, int kv_stride,
     const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    PDL_WAIT();
+    PDL_LAUNCH();
     const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     const int t = blockIdx.x;
     const int b = find_seq(qsl, B, t);
@@ -253,6 +256,8 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out,
     int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int window, float scale, int q_stride,
     const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    PDL_WAIT();
+    PDL_LAUNCH();
     const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     constexpr int NWARP = PA_THREADS / 32;
     constexpr int PER = HEAD_DIM / 32;
@@ -634,6 +639,8 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
     float* __restrict__ ws_ml, int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int num_splits,
     int window, float scale_log2, int q_stride, int kv_stride,
     const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    PDL_WAIT();
+    PDL_LAUNCH();
     const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     extern __shared__ __align__(128) char smem[];
     const int split = blockIdx.x, b = blockIdx.z;
@@ -704,6 +711,8 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out, int B, int max_blocks,
     int num_blocks, int layer, int Hkv, int G, int window, float scale_log2, int q_stride,
     const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    PDL_WAIT();
+    PDL_LAUNCH();
     const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     extern __shared__ __align__(128) char smem[];
     constexpr int M = 64;
@@ -755,6 +764,8 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
 extern "C" __global__ void __launch_bounds__(HEAD_DIM) paged_attn_reduce(
     const float* __restrict__ ws_o, const float* __restrict__ ws_ml, const int* __restrict__ qsl,
     elem_t* __restrict__ out, int B, int Hq, int num_splits) {
+    PDL_WAIT();
+    PDL_LAUNCH();
     const int b = blockIdx.x, hq = blockIdx.y, d = threadIdx.x;
     const int t = __ldg(qsl + b);
     if (__ldg(qsl + b + 1) - t != 1) return;

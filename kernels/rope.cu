@@ -49,6 +49,7 @@
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}]
 
+#include "pdl.cuh"  // PDL_WAIT / PDL_LAUNCH: the kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE (default 2, bfloat16), elem_t, to_f32 / from_f32
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -183,6 +184,8 @@ trtcore_rope(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
              const int* __restrict__ seq_lens, elem_t* __restrict__ q_out, elem_t* __restrict__ k_out,
              int num_q_heads, int num_k_heads, float attention_scaling, float base,
              float dynamic_factor, int max_position_embeddings) {
+    PDL_WAIT();
+    PDL_LAUNCH();
     __shared__ float s_cos[HALF_ROT];
     __shared__ float s_sin[HALF_ROT];
 

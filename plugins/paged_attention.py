@@ -653,11 +653,11 @@ class _Functions:
 
     def launch(self, symbol: str, grid: tuple[int, ...], block: tuple[int, ...], args: list[Any], smem: int, stream: int) -> None:
         try:
-            self.get(symbol).launch(grid, block, args, shared_mem=smem, stream=stream)
+            self.get(symbol).launch(grid, block, args, shared_mem=smem, stream=stream, programmatic=True)  # kernels start with PDL_WAIT
         except Exception as exc:  # loaded in another context: load it into the current one
             if getattr(exc, "result", None) != "CUDA_ERROR_INVALID_CONTEXT":
                 raise
-            self.get(symbol, reload=True).launch(grid, block, args, shared_mem=smem, stream=stream)
+            self.get(symbol, reload=True).launch(grid, block, args, shared_mem=smem, stream=stream, programmatic=True)
 
 
 @functools.cache

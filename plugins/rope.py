@@ -464,11 +464,11 @@ class RopePlugin(Plugin):
         grid, block = (num_tokens,), (self.block_size(nq, nk, vec),)
         fn = _load_kernel(defines)
         try:
-            fn.launch(grid, block, args, stream=stream)
+            fn.launch(grid, block, args, stream=stream, programmatic=True)  # the kernel starts with PDL_WAIT
         except Exception as exc:  # the kernel was loaded in another context: load it here
             if getattr(exc, "result", None) != "CUDA_ERROR_INVALID_CONTEXT":
                 raise
-            _load_kernel(defines, reload=True).launch(grid, block, args, stream=stream)
+            _load_kernel(defines, reload=True).launch(grid, block, args, stream=stream, programmatic=True)
 
 
 _lock = threading.Lock()

@@ -402,6 +402,22 @@ def test_programmatic_launch_config_carries_the_pdl_attribute() -> None:
     assert attr.value.programmaticStreamSerializationAllowed == 1
 
 
+def test_every_plugin_kernel_waits_for_its_predecessor_first() -> None:
+    """The plugins launch their kernels programmatically (PDL), which is sound only if each
+    ``__global__`` function of ``kernels/*.cu`` executes ``PDL_WAIT()`` before anything else."""
+    import re
+
+    root = Path(kernels.__file__).parent
+    found = 0
+    for cu in sorted(root.glob("*.cu")):
+        text = cu.read_text()
+        for m in re.finditer(r'extern "C" __global__[^{]*\{', text):
+            first = text[m.end() :].lstrip().split(";", 1)[0]
+            assert first == "PDL_WAIT()", f"{cu.name}: a kernel starts with {first!r}"
+            found += 1
+    assert found >= 6  # paged_attention.cu's five kernels and the RoPE kernel
+
+
 # --- variants and compile_all -----------------------------------------------------------------
 
 

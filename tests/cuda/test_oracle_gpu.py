@@ -35,11 +35,13 @@ def _executor(d: Any, capture: Any) -> Any:
 def test_every_tensor_of_a_decode_step_equals_the_reference(cp: Any) -> None:  # noqa: F811
     from netutil import llama_plan
 
+    from trtcore.builder import _builder_config
     from trtcore.runtime.reference_executor import ReferenceExecutor
 
     plan, d = llama_plan(layers=2, dtype="float32", arch=None)
     feeds = paged_decode_feeds(plan, 3, seed=1)
-    want = ReferenceExecutor(d.network).run({k: v.copy() for k, v in feeds.items()}, capture="all")
+    (profile,) = _builder_config(d, None)._profiles  # the network's dynamic shapes need the build's profile
+    want = ReferenceExecutor(d.network, profile).run({k: v.copy() for k, v in feeds.items()}, capture="all")
     with _executor(d, "all") as ex:
         got = ex.run({k: v.copy() for k, v in feeds.items()})
     captured = set(got) - set(plan.graph.outputs)

@@ -53,18 +53,7 @@ PREAMBLE = r"""
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 typedef long long i64;
-// Programmatic dependent launch (compute capability 9.0+, CUDA Programming Guide, "Programmatic
-// Dependent Launch and Synchronization"): the runtime may start a kernel before the previous one on
-// the stream ends; PDL_WAIT() blocks until that one has finished and its writes are visible, so
-// every generated kernel runs it before touching activations (only constant weights may be read
-// before it); PDL_LAUNCH() lets the next kernel start its own prologue early.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#define PDL_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
-#else
-#define PDL_WAIT()
-#define PDL_LAUNCH()
-#endif
+#include "pdl.cuh"  // PDL_WAIT / PDL_LAUNCH: every generated kernel starts with them (PDL_ENTRY)
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const __half* p) { return __half2float(*p); }
 __device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
@@ -325,14 +314,19 @@ def _group_signature(node: Node, dtypes: dict[str, DataType], rank: int, count: 
     return sig, params
 
 
-def _pointwise_body(node: Node, dtypes: dict[str, DataType], rank: int, store: Any) -> list[str]:
+def _pointwise_body(node: Node, dtypes: dict[str, DataType], rank: int, store: Any, by_row: bool = False) -> list[str]:
     """The statements that compute element ``idx`` (an ``i64`` in scope) of a pointwise
-    group: input offsets, the members, ``store(output, value)`` for each output."""
+    group: input offsets, the members, ``store(output, value)`` for each output. ``by_row``
+    (rank 2): the offsets come from ``r`` and ``j`` in scope (``idx = r * d1 + j``), no division."""
     loads = {v: f"ld(in{k} + o{k})" for k, v in enumerate(node.inputs)}
     scalars = {v: scalar_literal(c, dtypes[v]) for v, c in node.attrs["scalars"].items()}
     body = _Body(node.attrs["members"], dtypes, loads, scalars)
     outs = [body.value(o) for o in node.outputs]
-    lines = _index_code(rank, node.inputs) + body.lines
+    if by_row:
+        index = [f"    const i64 o{k} = r * s{k}_0 + j * s{k}_1;" for k in range(len(node.inputs))]
+    else:
+        index = _index_code(rank, node.inputs)
+    lines = index + body.lines
     lines += ["    " + store(o, name) for o, name in zip(node.outputs, outs)]
     return lines
 
@@ -807,16 +801,18 @@ __device__ __forceinline__ void unpack8(const float*, const V8& v, float* f) {
 """
 
 
-def _gemv_core(dtype: DataType, max_m: int, x_row: str, prologue: Sequence[str] = ()) -> list[str]:
+def _gemv_core(
+    dtype: DataType, max_m: int, x_row: str, prologue: Sequence[str] = (), prefetch: int | None = None, unroll: int | None = None
+) -> list[str]:
     """The GEMV loop: one warp per output feature ``feat`` streams the weight row with 16-byte
-    loads (:data:`GEMV_UNROLL` in flight per lane), reads ``x`` 8 elements at a time with
+    loads (``unroll``, default :data:`GEMV_UNROLL`, in flight per lane), reads ``x`` 8 elements at a time with
     16-byte loads, accumulates ``M <= max_m`` rows in float32 and reduces over the warp.
     ``x_row`` is the expression of row ``m``'s base pointer (``const T*``, 16-byte aligned;
-    global memory or shared). The first :data:`GEMV_PREFETCH` weight loads of each lane are
+    global memory or shared). The first ``prefetch`` (:data:`GEMV_PREFETCH`) weight loads of each lane are
     issued before ``prologue`` (statements every thread of the block runs, e.g. the fused
     producer of ``x``), so the weight stream's DRAM latency overlaps it."""
     t = ctype(dtype)
-    P, U = GEMV_PREFETCH, GEMV_UNROLL
+    P, U = prefetch or GEMV_PREFETCH, unroll or GEMV_UNROLL
     fma = [
         "      float wf[8];",
         f"      unpack8(({t}*)0, {{w}}, wf);",
@@ -874,18 +870,20 @@ GEMV_UNROLL = 4
 _GEMV_PARAMS = [("i64", r) for r in ("M", "N", "K", "ldw", "ldx", "ldy")]
 
 
-def gemv(dtype: DataType, max_m: int = 4) -> KernelSource:
+def gemv(dtype: DataType, max_m: int = 4, prefetch: int | None = None, unroll: int | None = None) -> KernelSource:
     """``y[m, n] = sum_k x[m, k] * w[n, k]`` for ``M <= max_m`` rows of ``x`` (decode)
     (:func:`_gemv_core`; ``K`` and ``ldx`` multiples of 8, ``w`` and ``x`` 16-byte aligned);
-    ``x`` and ``y`` strided by row (``ldx``, ``ldy``)."""
+    ``x`` and ``y`` strided by row (``ldx``, ``ldy``). ``prefetch`` / ``unroll``: weight loads
+    in flight per lane (defaults :data:`GEMV_PREFETCH`, :data:`GEMV_UNROLL`; other values are
+    for ``bench/bench_gemv.py``)."""
     t = ctype(dtype)
-    fn = f"k_gemv_{dtype.name}_m{max_m}"
+    fn = f"k_gemv_{dtype.name}_m{max_m}" + (f"_p{prefetch}u{unroll}" if prefetch or unroll else "")
     lines = [
         PREAMBLE,
         GEMV_HELPERS,
         f'extern "C" __global__ void {fn}({t}* __restrict__ y, const {t}* __restrict__ w, const {t}* __restrict__ x,',
         "    i64 M, i64 N, i64 K, i64 ldw, i64 ldx, i64 ldy) {",
-        *_gemv_core(dtype, max_m, "(x + m * ldx)"),
+        *_gemv_core(dtype, max_m, "(x + m * ldx)", prefetch=prefetch, unroll=unroll),
         "}",
     ]
     params = [("ptr", "y"), ("ptr", "w"), ("ptr", "x")] + _GEMV_PARAMS
@@ -928,8 +926,9 @@ def gemv_prologue(producer: Node, dtypes: dict[str, DataType], rank: int, a: str
     if producer.op == "row_group":
         prologue = ["  for (i64 row = 0; row < rows; ++row) {", *_row_body(producer, dtypes, rank, row_outputs, keep), "  __syncthreads();", "  }"]
     else:
-        prologue = ["  for (i64 idx = threadIdx.x; idx < n; idx += blockDim.x) {"]
-        prologue += _pointwise_body(producer, dtypes, rank, lambda o, v: keep(o, "idx", v))
+        assert rank == 2, rank
+        prologue = ["  for (i64 r = 0; r < d0; ++r) for (i64 j = threadIdx.x; j < d1; j += blockDim.x) {", "    const i64 idx = r * d1 + j;"]
+        prologue += _pointwise_body(producer, dtypes, rank, lambda o, v: keep(o, "idx", v), by_row=True)
         prologue += ["  }"]
     lines += _gemv_core(wt, max_m, "(xs + m * K)", [*prologue, "  __syncthreads();"])
     lines.append("}")

@@ -249,11 +249,14 @@ def gemv_applies(call: GemmCall) -> bool:
     )
 
 
-def gemv_launch(call: GemmCall, itemsize: int, c_ptr: int, x_ptr: int, y_ptr: int) -> tuple[tuple[int, int, int], int, list[tuple[int, str]]]:
+def gemv_launch(
+    call: GemmCall, itemsize: int, c_ptr: int, x_ptr: int, y_ptr: int, warps: int | None = None
+) -> tuple[tuple[int, int, int], int, list[tuple[int, str]]]:
     """``(grid, block, args)`` of the GEMV kernel for ``call`` (see :func:`gemv_applies`);
     pointers are the operands' bases, offsets in elements of ``itemsize`` bytes are added here.
-    Blocks hold 8, 4 or 2 warps (one output feature each): fewer for narrow outputs, so that
-    a small GEMM still spreads over the GPU's SMs (N=576 gives 288 blocks)."""
+    Blocks hold ``warps`` warps (one output feature each); by default 8, 4 or 2: fewer for
+    narrow outputs, so that a small GEMM still spreads over the GPU's SMs (N=576 gives 288
+    blocks)."""
     c = call
     args = [
         (c_ptr + c.c_off * itemsize, "ptr"),
@@ -266,7 +269,8 @@ def gemv_launch(call: GemmCall, itemsize: int, c_ptr: int, x_ptr: int, y_ptr: in
         (c.ldy, "i64"),
         (c.ldc, "i64"),
     ]
-    warps = 8 if c.m >= 2048 else 4 if c.m >= 1024 else 2
+    if warps is None:
+        warps = 8 if c.m >= 2048 else 4 if c.m >= 1024 else 2
     return (max(1, -(-c.m // warps)), 1, 1), 32 * warps, args
 
 

@@ -71,12 +71,8 @@ def _gemm_override() -> str | None:
     return value if value in ("0", "1") else None
 
 
-def programmatic_launches() -> bool:
-    """``TRTCORE_CUDA_PDL``: ``0`` launches every generated kernel plainly; otherwise (the
-    default) with programmatic dependent launch where the GPU has it (compute capability
-    9.0+), so that a kernel's launch and weight prefetch overlap the previous kernel's tail.
-    Read when an execution context is made."""
-    return os.environ.get("TRTCORE_CUDA_PDL", "1") != "0"
+#: warps per block of a GEMV with a fused prologue (each block computes the whole prologue)
+PROLOGUE_WARPS = 8
 
 
 def _grid(n: int, block: int) -> int:
@@ -262,7 +258,6 @@ class IExecutionContext:
         self._prepared: dict[Any, list[Step]] = {}
         self._cublas: Cublas | None = None
         self._lt: Lt | None = None  # made at the first cuBLASLt tactic, sharing the cuBLAS workspace
-        self._programmatic = programmatic_launches()
         self.name = ""
 
     # TensorRT API ------------------------------------------------------------------------
@@ -450,7 +445,9 @@ class IExecutionContext:
         if ldx != k or nbytes > codegen.PROLOGUE_MAX_BYTES:
             return None
         args = producer.args + gemv.args[:2] + gemv.args[3:]
-        return Step("kernel", f"{node.name}#gemv_prologue", gemv.grid, gemv.block, nbytes, args)
+        # every block recomputes the producer: blocks of 8 warps, fewer and wider than a plain GEMV's
+        grid = (-(-int(gemv.args[4][0]) // PROLOGUE_WARPS), 1, 1)
+        return Step("kernel", f"{node.name}#gemv_prologue", grid, 32 * PROLOGUE_WARPS, nbytes, args)
 
     def _step(self, node: Any, shapes: dict[str, tuple[int, ...]], lay: dict[str, Layout], ptr: Any, tuned: bool = True) -> Step:
         plan = self.engine.plan
@@ -600,9 +597,9 @@ class IExecutionContext:
         return Step("kernel", node.name, grid, block, smem, args) if numel else Step("skip", node.name)
 
     def _launch(self, step: Step, stream: int) -> None:
-        if step.kind == "kernel":  # every generated kernel waits for its predecessor (codegen.PDL_ENTRY)
+        if step.kind == "kernel":  # every generated kernel waits for its predecessor first (codegen.PDL_ENTRY)
             fn = self.engine._functions[step.name]
-            fn.launch(step.grid, step.block, step.args, shared_mem=step.shared_mem, stream=stream, programmatic=self._programmatic)
+            fn.launch(step.grid, step.block, step.args, shared_mem=step.shared_mem, stream=stream, programmatic=True)
         elif step.kind == "gemm":
             assert self._cublas is not None
             x, y, c = step.ptrs
