@@ -40,7 +40,9 @@ SHAPES = {  # name: (N out features, K)
     "8B gate_up": (28672, 4096),
     "8B down": (4096, 14336),
 }
-VARIANTS = [(4, 4), (8, 4), (4, 8), (8, 8), (2, 2)]  # (prefetch, unroll)
+# (prefetch, unroll, max_m, L2::256B, x staged in shared memory)
+VARIANTS = [(p, u, m, l2, sx) for p, u in ((4, 4), (2, 2)) for m in (1, 4) for l2 in (False, True) for sx in (False, True)]
+#: the defaults of :func:`trtcore.cuda.codegen.gemv` (staged x, 8 warps) are ``p4u4 m1 sx w8`` for one row
 WARPS = (2, 4, 8)
 
 
@@ -82,8 +84,8 @@ def _to_f64(cp: Any, bf16: Any) -> np.ndarray:
     return cp.asnumpy((bf16.astype(cp.uint32) << 16).view(cp.float32)).astype(np.float64)
 
 
-def time_shape(cp: Any, blas: Any, fns: dict[tuple[int, int], Any], n: int, k: int) -> dict[str, Any]:
-    """cuBLAS and every GEMV variant (``fns``: (prefetch, unroll) -> kernel) on ``[n, k]``
+def time_shape(cp: Any, blas: Any, fns: dict[tuple[int, int, int, bool, bool], Any], n: int, k: int) -> dict[str, Any]:
+    """cuBLAS and every GEMV variant (``fns``: :data:`VARIANTS` -> kernel) on ``[n, k]``
     bfloat16 weights and one token row; each checked against float64 NumPy."""
     from trtcore.cuda.gemm import GemmCall, gemv_launch
     from trtcore.reference.types import DataType
@@ -111,14 +113,15 @@ def time_shape(cp: Any, blas: Any, fns: dict[tuple[int, int], Any], n: int, k: i
     record(
         "cublasGemmEx", [lambda w=w, y=y: blas.run(call, bf16, int(w.data.ptr), int(x.data.ptr), int(y.data.ptr), stream()) for w, y in zip(ws, ys)]
     )
-    for (p, u), fn in fns.items():
+    for (p, u, m, l2, sx), fn in fns.items():
+        smem = k * 2 if sx else 0
         for warps in WARPS:
-            grid, block, _ = gemv_launch(call, 2, 0, 0, 0, warps=warps)
+            grid, block, _, _ = gemv_launch(call, 2, 0, 0, 0, warps=warps)
             launches = []
             for w, y in zip(ws, ys):
-                a = gemv_launch(call, 2, int(y.data.ptr), int(w.data.ptr), int(x.data.ptr), warps=warps)[2]
-                launches.append(lambda a=a, fn=fn, grid=grid, block=block: fn.launch(grid, block, a, stream=stream()))
-            record(f"gemv p{p}u{u} w{warps}", launches)
+                a = gemv_launch(call, 2, int(y.data.ptr), int(w.data.ptr), int(x.data.ptr), warps=warps)[3]
+                launches.append(lambda a=a, fn=fn, grid=grid, block=block, smem=smem: fn.launch(grid, block, a, shared_mem=smem, stream=stream()))
+            record(f"gemv p{p}u{u} m{m}{' l2' if l2 else ''}{' sx' if sx else ''} w{warps}", launches)
     return row
 
 
@@ -143,17 +146,21 @@ def main() -> int:
     blas = Cublas(int(workspace.ptr), WORKSPACE_BYTES)
     arch = current_arch()
     fns = {}
-    for p, u in VARIANTS:
-        ks = codegen.gemv(bf16, prefetch=p, unroll=u)
-        fns[(p, u)] = codegen.compile_source(ks, arch).function(ks.function)
-    results: dict[str, Any] = {"copy_bandwidth_Bps": bw, "shapes": {}}
+    regs = {}
+    for v in VARIANTS:
+        p, u, m, l2, sx = v
+        ks = codegen.gemv(bf16, max_m=m, prefetch=p, unroll=u, l2_256b=l2, stage_x=sx)
+        fns[v] = codegen.compile_source(ks, arch).function(ks.function)
+        regs[ks.function] = fns[v].attribute("NUM_REGS")
+    print("registers per thread:", regs, flush=True)
+    results: dict[str, Any] = {"copy_bandwidth_Bps": bw, "registers": regs, "shapes": {}}
     for name in args.shapes.split(","):
         row = time_shape(cp, blas, fns, *SHAPES[name])
         best = min(((k, v) for k, v in row["variants"].items() if k != "cublasGemmEx"), key=lambda kv: kv[1]["us"])
         cub = row["variants"]["cublasGemmEx"]
         print(
             f"{name:14s} N={row['N']:6d} K={row['K']:6d}  cublas {cub['us']:8.2f} us {cub['GBps']:7.0f} GB/s   "
-            f"best {best[0]:16s} {best[1]['us']:8.2f} us {best[1]['GBps']:7.0f} GB/s",
+            f"best {best[0]:22s} {best[1]['us']:8.2f} us {best[1]['GBps']:7.0f} GB/s",
             flush=True,
         )
         results["shapes"][name] = row
@@ -162,7 +169,7 @@ def main() -> int:
     labels = list(next(iter(results["shapes"].values()))["variants"])
     print("\nus per launch (" + ", ".join(results["shapes"]) + ")")
     for label in labels:
-        print(f"{label:16s} " + " ".join(f"{r['variants'][label]['us']:8.2f}" for r in results["shapes"].values()))
+        print(f"{label:22s} " + " ".join(f"{r['variants'][label]['us']:8.2f}" for r in results["shapes"].values()))
     return 0
 
 

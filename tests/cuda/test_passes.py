@@ -327,3 +327,27 @@ def test_llama_decode_layer_is_five_launches_with_gemv_prologues(monkeypatch: py
     ], layer1
     fused = [s for s in steps if s.name.endswith("#gemv_prologue")]
     assert fused and all(s.shared_mem == 2 * int(s.args[-4][0]) * 2 for s in fused)  # M = 2 rows of K bfloat16 values
+
+
+def test_one_token_row_runs_the_one_row_gemv_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At decode with batch 1 every GEMV (fused or not) is the kernel specialized for one row
+    (``max_m=1``: fewer registers), with shared memory for the staged ``1 x K`` input."""
+    from netutil import decode_shapes, llama_plan
+
+    from trtcore.cuda.runtime import ICudaEngine
+
+    monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1")
+    plan, _ = llama_plan(layers=2, arch=None)
+    engine = ICudaEngine(plan)
+    ctx = engine.create_execution_context_without_device_memory()
+    ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
+    for i in range(engine.num_io_tensors):
+        ctx.set_tensor_address(engine.get_tensor_name(i), (i + 2) << 40)
+    for name, shape in decode_shapes(plan, batch=1).items():
+        ctx.set_input_shape(name, shape)
+    steps = ctx.prepare({name: (i + 100) << 40 for i, name in enumerate(plan.graph.constants)})
+    gemvs = [s for s in steps if "#gemv" in s.name]
+    assert len(gemvs) == 2 * 4 + 1, [s.name for s in steps]  # q/k/v, o, gate/up, down per layer; the LM head
+    assert all(s.name.endswith(("#gemv1", "#gemv1_prologue")) for s in gemvs), [s.name for s in gemvs]
+    assert all("float acc[1];" in plan.sources[s.name].source for s in gemvs)  # one accumulator: compiled for one row
+    assert all(s.shared_mem == int(s.args[-4][0]) * 2 for s in gemvs)  # one row of K bfloat16 values

@@ -41,13 +41,23 @@ def test_gemv_applies_to_dense_weight_times_few_rows_only() -> None:
     assert gemv_applies(_call(ldy=580))  # one token row: its pitch is never used
 
 
-@pytest.mark.parametrize(("features", "warps"), [(576, 2), (960, 2), (1024, 4), (3072, 8), (28672, 8)])
-def test_gemv_launch_covers_every_feature_with_one_warp(features: int, warps: int) -> None:
-    """Narrow outputs get small blocks (more of them, over more SMs); every output feature
-    gets exactly one warp of the launch."""
-    grid, block, _ = gemv_launch(_call(m=features, ldc=features), 2, 0, 0, 0)
-    assert block == 32 * warps
-    assert (grid[0] - 1) * warps < features <= grid[0] * warps
+@pytest.mark.parametrize(("features", "rows"), [(576, 1), (960, 4), (3072, 2), (28672, 1)])
+def test_gemv_launch_covers_every_feature_with_one_warp(features: int, rows: int) -> None:
+    """Every output feature gets exactly one warp of the launch, and the block's shared
+    memory holds the ``M * K`` activations it stages."""
+    grid, block, smem, _ = gemv_launch(_call(m=features, ldc=features, n=rows), 2, 0, 0, 0)
+    warps = block // 32
+    assert block % 32 == 0 and (grid[0] - 1) * warps < features <= grid[0] * warps
+    assert smem == rows * 576 * 2
+
+
+def test_gemv_needs_the_activations_to_fit_shared_memory() -> None:
+    from trtcore.cuda.codegen import GEMV_X_MAX_BYTES
+
+    k = GEMV_X_MAX_BYTES // 2  # bfloat16 values in the limit
+    assert gemv_applies(_call(k=k, ldx=k, ldy=k), 2) and not gemv_applies(_call(k=k + 8, ldx=k + 8, ldy=k + 8), 2)
+    assert not gemv_applies(_call(k=k, ldx=k, ldy=k), 4)  # float32: twice the bytes
+    assert not gemv_applies(_call(n=4, k=k // 2, ldx=k // 2, ldy=k // 2), 2)  # 4 rows of K/2
 
 
 def test_profile_calls_are_the_models_gemms_at_the_profile_points() -> None:
@@ -115,12 +125,12 @@ def test_runtime_runs_the_chosen_tactic_per_call_shape(monkeypatch: pytest.Monke
     steps = _prepared(plan, monkeypatch, None)
     names = {s.name: s for s in steps}
     o_steps = [s for n, s in names.items() if "o_proj" in n]
-    assert len(o_steps) == 2 and all(s.kind == "kernel" and s.name.endswith("#gemv") for s in o_steps)  # both layers' o_proj
+    assert len(o_steps) == 2 and all(s.kind == "kernel" and s.name.endswith(("#gemv", "#gemv1")) for s in o_steps)  # both layers' o_proj
     downs = [s for n, s in names.items() if n.endswith("down_proj")]
     assert downs and all(s.kind == "gemm" and s.tactics[0]["kind"] == "lt" for s in downs)
     # TRTCORE_CUDA_GEMV=0: every GEMM on cublasGemmEx whatever the plan chose
     steps = _prepared(plan, monkeypatch, "0")
-    assert not any(s.name.endswith("#gemv") for s in steps)
+    assert not any(s.name.endswith(("#gemv", "#gemv1")) for s in steps)
     assert all(t["kind"] == "cublas" for s in steps if s.kind == "gemm" for t in s.tactics)
 
 

@@ -103,7 +103,7 @@ def kernel_source(g: Graph, node: Node, points: list[dict[str, tuple[int, ...]]]
 
 
 def _gemv_prologue(
-    g: Graph, mm: Node, readers: dict[str, int], producers: dict[str, Node], points: list[dict[str, tuple[int, ...]]]
+    g: Graph, mm: Node, readers: dict[str, int], producers: dict[str, Node], points: list[dict[str, tuple[int, ...]]], max_m: int = 4
 ) -> codegen.KernelSource | None:
     """The GEMV kernel with ``mm``'s input producer fused in front (:func:`codegen.gemv_prologue`),
     where that is sound: the producer is a row group or pointwise group over exactly the
@@ -123,7 +123,7 @@ def _gemv_prologue(
     dt = {k: v.dtype for k, v in g.values.items()}
     row_outputs = {o for o in p.outputs if points[-1][o][-1] == 1 and points[-1][domain][-1] != 1} if p.op == "row_group" else set()
     mm.attrs["prologue"] = p.name
-    return codegen.gemv_prologue(p, dt, 2, a, row_outputs)
+    return codegen.gemv_prologue(p, dt, 2, a, row_outputs, max_m)
 
 
 def _memory_plan(g: Graph, points: list[dict[str, tuple[int, ...]]]) -> tuple[dict[str, int], dict[str, int], int]:
@@ -276,10 +276,12 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
         if ks is not None:
             sources[node.name] = ks
         if node.op == "matmul" and node.inputs[1] in g.constants and g.values[node.inputs[1]].dtype in codegen.CUDA_GEMV_TYPES:
-            sources[f"{node.name}#gemv"] = codegen.gemv(g.values[node.inputs[1]].dtype)  # the runtime's small-M tactic
-            fused = _gemv_prologue(g, node, readers, producers, shapes)
-            if fused is not None:
-                sources[f"{node.name}#gemv_prologue"] = fused
+            # the runtime's small-M tactic: up to 4 token rows, and one row (decode at batch 1)
+            for key, max_m in (("#gemv", 4), ("#gemv1", 1)):
+                sources[f"{node.name}{key}"] = codegen.gemv(g.values[node.inputs[1]].dtype, max_m)
+                fused = _gemv_prologue(g, node, readers, producers, shapes, max_m)
+                if fused is not None:
+                    sources[f"{node.name}{key}_prologue"] = fused
         if node.op != "view":
             kind = {"matmul": "gemm", "plugin": "plugin"}.get(node.op, node.op)
             kernels.append(KernelInfo(node.name, kind, list(node.layers), ks.key if ks else ""))

@@ -230,17 +230,22 @@ class Cublas(HandleOwner):
             self.handle = 0
 
 
-def gemv_applies(call: GemmCall) -> bool:
-    """Whether the generated GEMV kernel (:func:`trtcore.cuda.codegen.gemv`) can run ``call``:
-    one product of a dense ``[N, K]`` weight (operand X transposed, no offset) with at most 4
-    token rows, ``K``, the row pitches and the activation's offset multiples of 8 (16-byte
-    loads; the caller checks the base addresses' alignment)."""
+def gemv_applies(call: GemmCall, itemsize: int = 2) -> bool:
+    """Whether the generated GEMV kernel (:func:`trtcore.cuda.codegen.gemv`) can run ``call``
+    on ``itemsize``-byte values: one product of a dense ``[N, K]`` weight (operand X
+    transposed, no offset) with at most 4 token rows whose ``M * K`` values fit the kernel's
+    shared memory (:data:`trtcore.cuda.codegen.GEMV_X_MAX_BYTES`); ``K``, the row pitches and
+    the activation's offset multiples of 8 (16-byte loads; the caller checks the base
+    addresses' alignment)."""
+    from .codegen import GEMV_X_MAX_BYTES
+
     c = call
     return (
         c.batch == 1
         and c.op_x == OP_T
         and c.op_y == OP_N
         and c.n <= 4
+        and c.n * c.k * itemsize <= GEMV_X_MAX_BYTES
         and c.k % 8 == 0
         and c.ldx % 8 == 0
         and (c.n == 1 or c.ldy % 8 == 0)
@@ -249,14 +254,18 @@ def gemv_applies(call: GemmCall) -> bool:
     )
 
 
+#: warps per block of the GEMV kernel (one output feature each): measured best with ``x``
+#: staged in shared memory (bench/bench_gemv.py), and a fused prologue runs once per block
+GEMV_WARPS = 8
+
+
 def gemv_launch(
-    call: GemmCall, itemsize: int, c_ptr: int, x_ptr: int, y_ptr: int, warps: int | None = None
-) -> tuple[tuple[int, int, int], int, list[tuple[int, str]]]:
-    """``(grid, block, args)`` of the GEMV kernel for ``call`` (see :func:`gemv_applies`);
-    pointers are the operands' bases, offsets in elements of ``itemsize`` bytes are added here.
-    Blocks hold ``warps`` warps (one output feature each); by default 8, 4 or 2: fewer for
-    narrow outputs, so that a small GEMM still spreads over the GPU's SMs (N=576 gives 288
-    blocks)."""
+    call: GemmCall, itemsize: int, c_ptr: int, x_ptr: int, y_ptr: int, warps: int = GEMV_WARPS
+) -> tuple[tuple[int, int, int], int, int, list[tuple[int, str]]]:
+    """``(grid, block, shared memory bytes, args)`` of the GEMV kernel for ``call`` (see
+    :func:`gemv_applies`): ``warps`` warps per block, one output feature each, and room for
+    the ``M * K`` activations; pointers are the operands' bases, offsets in elements of
+    ``itemsize`` bytes are added here."""
     c = call
     args = [
         (c_ptr + c.c_off * itemsize, "ptr"),
@@ -269,9 +278,7 @@ def gemv_launch(
         (c.ldy, "i64"),
         (c.ldc, "i64"),
     ]
-    if warps is None:
-        warps = 8 if c.m >= 2048 else 4 if c.m >= 1024 else 2
-    return (max(1, -(-c.m // warps)), 1, 1), 32 * warps, args
+    return (max(1, -(-c.m // warps)), 1, 1), 32 * warps, c.n * c.k * itemsize, args
 
 
 def gemm_bytes(calls: Sequence[GemmCall], dtype: DataType) -> int:
@@ -279,4 +286,4 @@ def gemm_bytes(calls: Sequence[GemmCall], dtype: DataType) -> int:
     return sum(c.batch * (c.m * c.k + c.k * c.n + c.m * c.n) for c in calls) * dtype.itemsize
 
 
-__all__ = ["WORKSPACE_BYTES", "Cublas", "HandleOwner", "GemmCall", "emulate", "gemm_bytes", "gemv_applies", "gemv_launch", "plan_gemm"]
+__all__ = ["WORKSPACE_BYTES", "Cublas", "HandleOwner", "GemmCall", "emulate", "gemm_bytes", "GEMV_WARPS", "gemv_applies", "gemv_launch", "plan_gemm"]

@@ -71,10 +71,6 @@ def _gemm_override() -> str | None:
     return value if value in ("0", "1") else None
 
 
-#: warps per block of a GEMV with a fused prologue (each block computes the whole prologue)
-PROLOGUE_WARPS = 8
-
-
 def _grid(n: int, block: int) -> int:
     return max(1, min(-(-n // block), 65535))
 
@@ -427,7 +423,7 @@ class IExecutionContext:
                 own(o)
             step = self._step(node, shapes, lay, ptr, tuned)
             prologue = node.attrs.get("prologue") if op == "matmul" else None
-            if prologue and step.name.endswith("#gemv") and steps and steps[-1].name == prologue and steps[-1].kind == "kernel":
+            if prologue and step.name.endswith(("#gemv", "#gemv1")) and steps and steps[-1].name == prologue and steps[-1].kind == "kernel":
                 fused = self._fused_gemv(node, step, steps[-1])
                 if fused is not None:
                     steps[-1] = fused
@@ -437,17 +433,15 @@ class IExecutionContext:
 
     def _fused_gemv(self, node: Any, gemv: Step, producer: Step) -> Step | None:
         """One launch for the GEMV ``gemv`` with the ``producer`` launch right before it fused
-        in front (:func:`trtcore.cuda.codegen.gemv_prologue`), or None when its input does
-        not fit the fused kernel (dense rows, at most ``PROLOGUE_MAX_BYTES``)."""
+        in front (:func:`trtcore.cuda.codegen.gemv_prologue`; the one-row kernel for one
+        row), or None when the plan has no such kernel or its input is not dense rows."""
         # gemv args: y, w, x, M, N, K, ldw, ldx, ldy
-        m_rows, k, ldx = gemv.args[3][0], gemv.args[5][0], gemv.args[7][0]
-        nbytes = m_rows * k * self.engine.plan.graph.values[node.inputs[0]].dtype.itemsize
-        if ldx != k or nbytes > codegen.PROLOGUE_MAX_BYTES:
+        k, ldx = gemv.args[5][0], gemv.args[7][0]
+        name = f"{gemv.name}_prologue"
+        if ldx != k or name not in self.engine.plan.sources:
             return None
         args = producer.args + gemv.args[:2] + gemv.args[3:]
-        # every block recomputes the producer: blocks of 8 warps, fewer and wider than a plain GEMV's
-        grid = (-(-int(gemv.args[4][0]) // PROLOGUE_WARPS), 1, 1)
-        return Step("kernel", f"{node.name}#gemv_prologue", grid, 32 * PROLOGUE_WARPS, nbytes, args)
+        return Step("kernel", name, gemv.grid, gemv.block, gemv.shared_mem, args)
 
     def _step(self, node: Any, shapes: dict[str, tuple[int, ...]], lay: dict[str, Layout], ptr: Any, tuned: bool = True) -> Step:
         plan = self.engine.plan
@@ -468,17 +462,18 @@ class IExecutionContext:
             override = _gemm_override() if tuned else "0"
             if override == "0":
                 chosen = [{"kind": "cublas"} for _ in calls]
-            gemv = f"{node.name}#gemv" in plan.sources
+            # one token row: the kernel specialized for it (fewer registers), where the plan has it
+            kernel = f"{node.name}#gemv1" if calls[0].n == 1 and f"{node.name}#gemv1" in plan.sources else f"{node.name}#gemv"
             aligned = ptr(a) % 16 == 0 and ptr(b) % 16 == 0  # the GEMV's 16-byte loads
             if (
-                gemv
+                kernel in plan.sources
                 and aligned
                 and len(calls) == 1
-                and gemv_applies(calls[0])
+                and gemv_applies(calls[0], dt.itemsize)
                 and (override == "1" or (override is None and chosen[0]["kind"] == "gemv"))
             ):
-                grid, block, args = gemv_launch(calls[0], dt.itemsize, ptr(node.outputs[0]), ptr(b), ptr(a))
-                return Step("kernel", f"{node.name}#gemv", grid, block, 0, args)
+                grid, block, smem, args = gemv_launch(calls[0], dt.itemsize, ptr(node.outputs[0]), ptr(b), ptr(a))
+                return Step("kernel", kernel, grid, block, smem, args)
             chosen = [t if t["kind"] == "lt" else {"kind": "cublas"} for t in chosen]
             return Step("gemm", node.name, calls=calls, ptrs=(ptr(b), ptr(a), ptr(node.outputs[0])), dtype=dt, tactics=chosen)
         if op == "plugin":

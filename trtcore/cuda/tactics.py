@@ -132,6 +132,16 @@ def profile_calls(plan: Plan) -> list[tuple[str, GemmCall, DataType, bool]]:
     return list(seen.values())
 
 
+def gemv_version() -> str:
+    """A short hash of the generated GEMV kernels' sources (part of the timing cache's key)."""
+    import hashlib
+
+    from . import codegen
+
+    text = "".join(codegen.gemv(dt, m).source for dt in codegen.CUDA_GEMV_TYPES for m in (1, 4))
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
 def _extent(rows: int, cols: int, ld: int, batch: int, stride: int) -> int:
     return (batch - 1) * stride + (cols - 1) * ld + rows if rows and cols else 0
 
@@ -143,14 +153,21 @@ def _scratch(cp: Any, n: int, dtype: DataType) -> Any:
     return x.astype(cp.float16) if dtype == DataType.HALF else x
 
 
-def _time_us(cp: Any, stream: Any, launch: Callable[[], None]) -> float:
-    """Median time of one ``launch`` in microseconds: 10 captured in a graph, 7 replays."""
+#: bytes of weight copies a timing cycles through, so that no launch finds its weight in L2
+#: (in a decode step every layer has its own weights)
+COLD_WEIGHT_BYTES = 256 << 20
+
+
+def _time_us(cp: Any, stream: Any, launch: Callable[[int], None], copies: int) -> float:
+    """Median time of one ``launch(i)`` in microseconds: ``max(10, copies)`` launches (``i``
+    cycles over the ``copies`` weight copies) captured in a graph, 7 replays."""
+    n = max(10, copies)
     with stream:
-        for _ in range(2):
-            launch()
+        for i in range(2):
+            launch(i % copies)
         stream.begin_capture()
-        for _ in range(10):
-            launch()
+        for i in range(n):
+            launch(i % copies)
         graph = stream.end_capture()
         a, b = cp.cuda.Event(), cp.cuda.Event()
         times = []
@@ -160,19 +177,23 @@ def _time_us(cp: Any, stream: Any, launch: Callable[[], None]) -> float:
             b.record(stream)
             b.synchronize()
             if i >= 2:
-                times.append(cp.cuda.get_elapsed_time(a, b) * 100.0)  # ms per 10 launches -> us per launch
+                times.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / n)  # ms per n launches -> us per launch
     return statistics.median(times)
 
 
 def _time_candidates(cp: Any, stream: Any, lt: Lt, blas: Any, call: GemmCall, dtype: DataType, gemv_fn: Any) -> dict[str, Any] | None:
-    """Time every candidate for ``call`` on scratch operands; the fastest as a tactic dict
-    (with every candidate's time under ``timed``), or None when none ran."""
-    xs = _scratch(cp, _extent(*((call.m, call.k) if call.op_x == 0 else (call.k, call.m)), call.ldx, call.batch, call.stride_x), dtype)
+    """Time every candidate for ``call`` on scratch operands, the weight (operand X) in enough
+    copies (:data:`COLD_WEIGHT_BYTES`, at most 64) that it streams from DRAM as in a real
+    step; the fastest as a tactic dict (with every candidate's time under ``timed``), or None
+    when none ran."""
+    x_elems = _extent(*((call.m, call.k) if call.op_x == 0 else (call.k, call.m)), call.ldx, call.batch, call.stride_x)
+    copies = max(1, min(64, -(-COLD_WEIGHT_BYTES // max(1, x_elems * dtype.itemsize))))
+    xs = [_scratch(cp, x_elems, dtype) for _ in range(copies)]
     ys = _scratch(cp, _extent(*((call.k, call.n) if call.op_y == 0 else (call.n, call.k)), call.ldy, call.batch, call.stride_y), dtype)
     cs = cp.empty(max(_extent(call.m, call.n, call.ldc, call.batch, call.stride_c), 1) * dtype.itemsize, cp.uint8)
-    x, y, c = int(xs.data.ptr), int(ys.data.ptr), int(cs.data.ptr)
+    xp, y, c = [int(x.data.ptr) for x in xs], int(ys.data.ptr), int(cs.data.ptr)
     zero = GemmCall(**{**call.__dict__, "x_off": 0, "y_off": 0, "c_off": 0})
-    options: list[tuple[dict[str, Any], Callable[[], None]]] = [(CUBLAS, lambda: blas.run(zero, dtype, x, y, c, stream.ptr))]
+    options: list[tuple[dict[str, Any], Callable[[int], None]]] = [(CUBLAS, lambda i: blas.run(zero, dtype, xp[i], y, c, stream.ptr))]
     try:
         heur = lt.heuristics(zero, dtype)
         extra = [v for h in heur[:2] for v in lt.split_k(zero, dtype, h)] if call.n <= 16 else []
@@ -181,16 +202,17 @@ def _time_candidates(cp: Any, stream: Any, lt: Lt, blas: Any, call: GemmCall, dt
         heur, extra = [], []
     for cand in heur + extra:
         tac = {"kind": "lt", "algo": cand.algo, "workspace": cand.workspace, "label": cand.label}
-        options.append((tac, lambda a=cand.algo: lt.run(zero, dtype, a, x, y, c, stream.ptr)))
-    if gemv_fn and gemv_applies(zero):
-        fn = gemv_fn(dtype)
-        grid, block, args = gemv_launch(zero, dtype.itemsize, c, x, y)
-        options.append(({"kind": "gemv", "label": "gemv"}, lambda: fn.launch(grid, block, args, stream=stream.ptr)))
+        options.append((tac, lambda i, a=cand.algo: lt.run(zero, dtype, a, xp[i], y, c, stream.ptr)))
+    if gemv_fn and gemv_applies(zero, dtype.itemsize):
+        fn = gemv_fn(dtype, 1 if call.n == 1 else 4)  # the kernel the runtime runs for this many rows
+        grid, block, smem, _ = gemv_launch(zero, dtype.itemsize, c, 0, y)
+        args = [gemv_launch(zero, dtype.itemsize, c, x, y)[3] for x in xp]
+        options.append(({"kind": "gemv", "label": "gemv"}, lambda i: fn.launch(grid, block, args[i], shared_mem=smem, stream=stream.ptr)))
     results: dict[str, float] = {}
     best: tuple[float, dict[str, Any]] | None = None
     for tac, launch in options:
         try:
-            us = _time_us(cp, stream, launch)
+            us = _time_us(cp, stream, launch, copies)
         except Exception as exc:  # noqa: BLE001 - this candidate cannot run: skip it
             _log.warning("tactic %s for %s failed: %r", tac["label"], signature(call, dtype), exc)
             continue
@@ -224,16 +246,17 @@ def tune(plan: Plan, cache: TimingCache | None = None) -> list[str]:
     lt = Lt(int(workspace.ptr), WORKSPACE_BYTES)
     blas = Cublas(int(workspace.ptr), WORKSPACE_BYTES)
     stream = cp.cuda.Stream(non_blocking=True)
-    prefix = f"{device}|cublasLt {lt.version()}|"
+    # a new GEMV kernel invalidates the cached choices: its source is part of the key
+    prefix = f"{device}|cublasLt {lt.version()}|gemv {gemv_version()}|cold|"
     timed = cached = 0
     arch = current_arch()
-    gemv_fns: dict[DataType, Any] = {}
+    gemv_fns: dict[tuple[DataType, int], Any] = {}
 
-    def gemv_fn(dtype: DataType) -> Any:
-        if dtype not in gemv_fns:
-            ks = codegen.gemv(dtype)
-            gemv_fns[dtype] = codegen.compile_source(ks, arch).function(ks.function)
-        return gemv_fns[dtype]
+    def gemv_fn(dtype: DataType, max_m: int) -> Any:
+        if (dtype, max_m) not in gemv_fns:
+            ks = codegen.gemv(dtype, max_m)
+            gemv_fns[dtype, max_m] = codegen.compile_source(ks, arch).function(ks.function)
+        return gemv_fns[dtype, max_m]
 
     try:
         for _name, call, dtype, has_gemv in calls:
