@@ -216,3 +216,19 @@ def test_a_step_beyond_the_engine_bounds_is_refused(hf_models: Any) -> None:  # 
         runner.execute(_Batch(seqs))  # type: ignore[arg-type]
     with pytest.raises(DeviceRunnerError, match="num_blocks"):
         _runner(hf_models, num_blocks=1)
+
+
+def test_paged_is_the_default_where_the_plugin_and_its_kernels_run(hf_models: Any) -> None:  # noqa: F811
+    """Paged on the backends that host plugins (the cuda and tensorrt GPU backends when the
+    model's head_dim is a multiple of 32, the paged kernels' rule; the reference always);
+    contiguous on tensorrt_rtx (no add_plugin_v3) and for other head dims on a GPU."""
+    from trtcore.cuda import synthetic
+
+    smol = synthetic.config("SmolLM2-135M")  # head_dim 64
+    assert resolve_plan(smol, BuildConfig(), "cuda").kv_cache == "paged"
+    assert resolve_plan(smol, BuildConfig(), "tensorrt_rtx").kv_cache == "contiguous"
+    assert resolve_plan(smol, BuildConfig(), "reference").kv_cache == "paged"
+    tiny = load_config(hf_models.dir("llama3_rope"))  # head_dim 16
+    assert resolve_plan(tiny, BuildConfig(), "cuda").kv_cache == "contiguous"
+    assert resolve_plan(tiny, BuildConfig(), "reference").kv_cache == "paged"
+    assert resolve_plan(smol, BuildConfig(attention="native"), "cuda").kv_cache == "contiguous"

@@ -40,9 +40,14 @@ their own (shapes set per step). ``enforce_eager=True`` runs decode steps eagerl
 padded to their bucket.
 
 **Sampling** (:meth:`DeviceRunner.sample`): the one place where logits meet the sampler. For
-now it copies the rows of the sequences that produce a token back to the pinned buffer (one
-asynchronous copy, then one wait) and samples them with the host sampler; a GPU sampler
-replaces this method, reading ``logits_ptr`` on the device.
+now :meth:`~DeviceRunner.execute` enqueues, right behind the step, one asynchronous copy of the
+logits rows up to the last sequence that produces a token into the pinned buffer, and
+``sample`` waits for it and samples those rows with the host sampler; a GPU sampler replaces
+``sample`` (and that copy), reading ``logits_ptr`` (``float32 [rows, vocab_size]``) on the device.
+
+**Host work per step**: no Python per layer -- a decode step is one staging copy, one graph
+launch and one logits copy; an eager step sets the shapes that changed, binds the inputs and
+makes one ``execute_async_v3`` call (the cuda engine replays its prepared launch list).
 """
 
 from __future__ import annotations
@@ -299,6 +304,7 @@ class DeviceRunner:
         self.buckets = batch_buckets(self.max_batch_size)
         self.num_steps = 0
         self.num_graph_replays = 0
+        self._pending_rows = 0  # logits rows execute() copies back for sample()
         names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
         wanted = {spec.name for spec in mode.inputs} | {LOGITS}
         if wanted - names:
@@ -423,13 +429,24 @@ class DeviceRunner:
 
     def execute(self, batch: StepBatch) -> int:
         """Enqueue one step of ``batch`` (no host wait): inputs into staging, one copy, then the
-        bucket's graph (a decode) or an eager execution (prefill / mixed). Returns the rows of
-        the logits buffer it fills (the bucket size, or the batch's sequences).
+        bucket's graph (a decode) or an eager execution (prefill / mixed), then the copy of the
+        logits rows up to the last sequence that produces a token into the pinned buffer, so
+        that :meth:`sample` only waits. Returns the rows of the logits buffer the step fills
+        (the bucket size, or the batch's sequences).
 
         Raises:
             InvalidArgumentError: more sequences than ``max_batch_size`` or tokens than
                 ``max_num_tokens``.
         """
+        rows = self._launch(batch)
+        index = batch.sampling_indices() if hasattr(batch, "sampling_indices") else np.zeros(0, np.int32)
+        self._pending_rows = int(index[-1]) + 1 if len(index) else 0
+        if self._pending_rows:
+            self.device.copy_async(int(self.host_logits.ctypes.data), self.logits_ptr, self._pending_rows * self.vocab_size * 4)
+            self.device.record()
+        return rows
+
+    def _launch(self, batch: StepBatch) -> int:
         n = len(batch.seqs)
         if n > self.max_batch_size:
             raise InvalidArgumentError(f"a step of {n} sequences; the engine takes at most max_batch_size={self.max_batch_size}")
@@ -485,8 +502,11 @@ class DeviceRunner:
         if not ids:
             return {}, {}, {}
         index = batch.sampling_indices()
-        logits = self.logits_rows(int(index[-1]) + 1)
-        return sample_rows(logits[index], ids, sampler)
+        if self._pending_rows < int(index[-1]) + 1:
+            raise DeviceRunnerError("sample() for a batch that execute() did not run last")
+        self.device.wait()  # the logits copy enqueued by execute()
+        self._pending_rows = 0
+        return sample_rows(self.host_logits[index], ids, sampler)
 
     # reports / cleanup -----------------------------------------------------------------------
     def memory_report(self) -> list[str]:
