@@ -32,7 +32,7 @@ from trtcore.runtime.device_runner import DeviceRunner, bucket_for
 
 pytestmark = pytest.mark.gpu
 
-HD64 = Variant("llama_hd64", family="llama", num_attention_heads=4, num_key_value_heads=2, head_dim=64, seed=21)
+HD64 = Variant("llama_hd64", family="llama", num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024, seed=21)
 
 
 @pytest.fixture(scope="module")
@@ -127,19 +127,7 @@ def test_graph_replayed_step_equals_eager(model_dir: Path, cp: Any) -> None:  # 
 
 
 def test_100_decode_steps_allocate_nothing_on_the_device(model_dir: Path, cp: Any) -> None:  # noqa: F811
-    import cupy.cuda.memory_hook as mh
-
-    class Count(mh.MemoryHook):
-        name = "count"
-
-        def __init__(self) -> None:
-            self.n = 0
-
-        def malloc_preprocess(self, **kw: Any) -> None:
-            self.n += 1
-
-        def alloc_preprocess(self, **kw: Any) -> None:
-            self.n += 1
+    from netutil import allocation_counter
 
     llm = _llm(model_dir, dtype="bfloat16", max_batch_size=4)
     runner = llm.executor
@@ -152,7 +140,7 @@ def test_100_decode_steps_allocate_nothing_on_the_device(model_dir: Path, cp: An
     allocations = runner.device.num_allocations
     free0 = runner.device.mem_get_info()[0]
     replays0 = runner.num_graph_replays
-    hook = Count()
+    hook = allocation_counter()
     with hook:
         for _ in range(100):
             outs = llm.step()
