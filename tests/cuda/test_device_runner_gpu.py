@@ -8,7 +8,7 @@ pinned staging buffers, decode steps replayed from CUDA graphs per batch bucket.
 * a graph-replayed decode step gives bit for bit the logits of the same step run eagerly on
   the same context; whole generations with and without graphs give the same tokens;
 * 100 decode steps allocate nothing on the device (CuPy's allocator hooks, the runner's own
-  allocation count, and ``cudaMemGetInfo``'s free bytes);
+  allocation count, and ``cudaMemGetInfo``'s free bytes, which do not fall);
 * the host time of a graphed decode step at batch 1 is measured and printed (wall time of
   ``LLM.step`` minus the time spent waiting for the GPU).
 
@@ -18,6 +18,7 @@ of tests/hf_models.py have 16 or 24), written by transformers with random weight
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 from typing import Any
@@ -136,23 +137,28 @@ def test_100_decode_steps_allocate_nothing_on_the_device(model_dir: Path, cp: An
         llm.add_request(p, SamplingParams(temperature=0, max_tokens=150, ignore_eos=True))
     for _ in range(3):
         llm.step()
-    cp.cuda.runtime.deviceSynchronize()
-    allocations = runner.device.num_allocations
-    free0 = runner.device.mem_get_info()[0]
-    replays0 = runner.num_graph_replays
-    hook = allocation_counter()
-    with hook:
-        for _ in range(100):
-            outs = llm.step()
-            assert len(outs) == 3 and all(o.finish_reason is None for o in outs)
-    cp.cuda.runtime.deviceSynchronize()
-    free1 = runner.device.mem_get_info()[0]
+    gc.collect()  # earlier tests' objects freed now, not while counting
+    gc.disable()
+    try:
+        cp.cuda.runtime.deviceSynchronize()
+        allocations = runner.device.num_allocations
+        free0 = runner.device.mem_get_info()[0]
+        replays0 = runner.num_graph_replays
+        hook = allocation_counter()
+        with hook:
+            for _ in range(100):
+                outs = llm.step()
+                assert len(outs) == 3 and all(o.finish_reason is None for o in outs)
+        cp.cuda.runtime.deviceSynchronize()
+        free1 = runner.device.mem_get_info()[0]
+    finally:
+        gc.enable()
     print(f"\n100 decode steps: {hook.n} CuPy allocations, {runner.device.num_allocations - allocations} runner allocations, "
           f"free device memory {free0} -> {free1}")  # fmt: skip
     assert runner.num_graph_replays - replays0 == 100
     assert hook.n == 0, f"{hook.n} CuPy allocations in 100 decode steps"
     assert runner.device.num_allocations == allocations
-    assert free1 == free0, f"free device memory changed by {free0 - free1} bytes over 100 decode steps"
+    assert free1 >= free0, f"free device memory fell by {free0 - free1} bytes over 100 decode steps"
     llm.close()
 
 
