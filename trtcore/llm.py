@@ -186,13 +186,20 @@ class LLM:
         rope: RoPE implementation, ``"plugin"`` (fused kernel) or ``"layers"``; default:
             the plugin where the backend hosts plugins (reference, tensorrt).
         kv_cache: ``"paged"`` (continuous batching over one block pool, paged attention
-            plugin) or ``"contiguous"`` (padded static batches); default paged on the
-            reference backend, contiguous on TensorRT backends (whose executor does not yet
-            keep a device-resident pool).
+            plugin) or ``"contiguous"`` (padded static batches); default paged on every
+            backend that hosts plugins (reference, tensorrt, cuda; on a GPU where the paged
+            kernels take the model's ``head_dim``, a multiple of 32), else contiguous. On a GPU
+            the paged cache runs on the device executor
+            (:class:`~trtcore.runtime.device_runner.DeviceRunner`: memory pools allocated once,
+            decode steps replayed from CUDA graphs).
         block_size: tokens per KV block (paged).
         max_num_tokens: token budget per step (paged; chunked prefill splits longer prompts).
-        kv_cache_memory: bytes for the KV pool (paged); default 2 GiB on the CPU, 40% of
-            the free GPU memory.
+        kv_cache_memory: bytes for the KV pool (paged); default 256 MiB on the CPU; on a GPU
+            what ``gpu_memory_utilization`` leaves.
+        gpu_memory_utilization: fraction of the GPU's memory this LLM may use (vLLM's name):
+            the paged KV pool gets what is left of it after the weights, activations and
+            staging buffers (at most what ``max_batch_size`` full-length sequences need).
+        enforce_eager: run every step eagerly (no CUDA graphs for decode steps).
         attention: contiguous mode's attention: ``"layers"`` (composed standard layers) or
             ``"native"`` (TensorRT's ``IAttention`` + ``IKVCacheUpdateLayer`` over a fixed
             ``[batch, num_kv_heads, max_seq_len, head_dim]`` cache; implies
@@ -231,6 +238,8 @@ class LLM:
         max_num_tokens: int = 2048,
         kv_cache_memory: int | None = None,
         attention: str = "layers",
+        gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
     ):
         if model is None:
             from .default_model import default_model_dir
@@ -258,12 +267,26 @@ class LLM:
         self.backend = self.plan.backend
         self.build_config = self.plan  # its former name
         self.tokenizer = _load_tokenizer(self.model_dir)
-        self.executor = self._make_executor(progress)
         self.kv_cache = self.plan.kv_cache
-        self._next_request_id = 0
-        self._texts: dict[int, _IncrementalText] = {}
         #: the network's KV cache contract (:func:`trtcore.kv_modes.kv_mode` of the plan)
         self.kv_mode = kv_mode(self.plan, self.config)
+        #: the paged cache on a GPU backend runs on the device executor (device-resident pool,
+        #: CUDA graphs); the reference backend and contiguous caches on host arrays
+        self.device_executor = self.backend != "reference" and self.kv_cache == "paged"
+        self._runner_options: dict[str, Any] = {
+            "gpu_memory_utilization": float(gpu_memory_utilization),
+            "kv_cache_memory": kv_cache_memory,
+            "enforce_eager": bool(enforce_eager),
+        }
+        self.executor = self._make_executor(progress)
+        self._next_request_id = 0
+        self._texts: dict[int, _IncrementalText] = {}
+        if self.device_executor:
+            from .runtime.generate import make_device_engine
+
+            #: the step loop (:class:`~trtcore.runtime.generate.EngineCore`) over the device executor
+            self.engine = make_device_engine(self.executor, self.kv_mode)
+            return
         num_blocks = None
         if self.kv_cache == "paged":
             from .runtime.kv_cache import KVCacheSpec
@@ -311,9 +334,21 @@ class LLM:
                 from .runtime.trt_executor import TensorRTExecutor
 
                 bar.set_postfix_str("building TensorRT engine")
-                executor = TensorRTExecutor(trt, build_engine(net))
+                blob = build_engine(net)
+                if self.device_executor:
+                    from .runtime.trt_executor import open_device_runner
+
+                    bar.set_postfix_str("allocating memory pools, capturing CUDA graphs")
+                    executor = open_device_runner(trt, blob, self.kv_mode, **self._runner_options)
+                else:
+                    executor = TensorRTExecutor(trt, blob)
             bar.update()
         return executor
+
+    def close(self) -> None:
+        """Release the executor's device memory, streams and graphs (safe to call twice);
+        the LLM cannot generate afterwards."""
+        self.executor.close()
 
     # text ---------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -19,9 +19,10 @@ One rule per default:
 * ``rope``: the plugin where the backend's module hosts plugins, else composed layers;
   ``attention`` (RoPE inside the paged attention plugin, on a packed qkv input: no RoPE launch,
   no q/k/v copies) is opt-in: measured slower than plugin + attention on the H200;
-* ``kv_cache``: ``paged`` on the reference backend and whenever ``rope="attention"``;
-  ``contiguous`` on TensorRT backends (their executor has no device-resident block pool yet)
-  and whenever ``attention="native"``;
+* ``kv_cache``: ``paged`` on every backend that hosts plugins (reference, tensorrt, cuda; on a
+  GPU backend when the model's ``head_dim`` is a multiple of 32, what the paged kernels take)
+  and whenever ``rope="attention"``; else ``contiguous`` (``tensorrt_rtx``, whose Python network
+  has no ``add_plugin_v3``), and whenever ``attention="native"``;
 * ``attention``: ``layers``; the paged mode always attends with its plugin (``"plugin"``);
 * ``max_seq_len``: the model's ``max_position_embeddings``, and capped at it;
 * the profile bounds (``max_batch_size`` ...): the :class:`BuildConfig` defaults; the opt
@@ -309,7 +310,7 @@ def resolve_plan(
     name = normalize_backend(backend) if backend else default_backend(engine)
     if engine and name == "reference":
         raise InvalidArgumentError("backend 'reference' cannot write an engine file; use backend 'tensorrt' or 'tensorrt_rtx'")
-    rope, kv_cache, attention = _implementations(o, name, trt)
+    rope, kv_cache, attention = _implementations(o, name, trt, config.head_dim)
     dtype = o.dtype or default_dtype(name, config.dtype)
     if dtype == "float16" and config.dtype == "bfloat16":
         warnings.warn(
@@ -336,9 +337,13 @@ def resolve_plan(
     )
 
 
-def _implementations(o: BuildConfig, backend: str, trt: Any) -> tuple[str, str, str]:
+#: the paged attention plugin's CUDA kernels take head dims that are multiples of this
+PAGED_KERNEL_HEAD_DIM_MULTIPLE = 32
+
+
+def _implementations(o: BuildConfig, backend: str, trt: Any, head_dim: int | None = None) -> tuple[str, str, str]:
     """``(rope, kv_cache, attention)`` of :func:`resolve_plan`'s rules for the module ``trt``
-    of ``backend`` (loaded when None)."""
+    of ``backend`` (loaded when None) and a model of ``head_dim`` (None: not known)."""
     from .plugins.base import hosts_plugins
     from .trt import load_trt
 
@@ -351,8 +356,10 @@ def _implementations(o: BuildConfig, backend: str, trt: Any) -> tuple[str, str, 
                 f"{op}={value!r} needs a TensorRT module that hosts plugins; {getattr(module, '__name__', module)} does not "
                 f"(tensorrt_rtx's Python network has no add_plugin_v3); use {op}={other!r}"
             )
-    # the TensorRT executor has no device-resident block pool yet; native attention has a fixed-size cache
-    paged = (backend == "reference" and o.attention != "native") or o.rope == ROPE_IN_ATTENTION
+    # paged wherever the plugin runs (on a GPU: a head_dim its kernels take); native attention
+    # has a fixed-size cache
+    kernels_fit = backend == "reference" or head_dim is None or head_dim % PAGED_KERNEL_HEAD_DIM_MULTIPLE == 0
+    paged = (plugins and kernels_fit and o.attention != "native") or o.rope == ROPE_IN_ATTENTION
     kv_cache = o.kv_cache or ("paged" if paged else "contiguous")
     # RoPE inside attention saves a launch but its kernels are slower than the two launches on the
     # H200 (bench/results/h200-2026-12-01-tactics): opt-in until they are tuned

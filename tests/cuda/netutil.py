@@ -13,6 +13,25 @@ from trtcore.cuda.builder import compile_network
 from trtcore.cuda.plan import Plan
 
 
+def allocation_counter() -> Any:
+    """A CuPy memory hook counting allocations (``.n``; ``with hook: ...``), CuPy imported here."""
+    import cupy.cuda.memory_hook as mh
+
+    class Count(mh.MemoryHook):
+        name = "count"
+
+        def __init__(self) -> None:
+            self.n = 0
+
+        def malloc_preprocess(self, **kw: Any) -> None:
+            self.n += 1
+
+        def alloc_preprocess(self, **kw: Any) -> None:
+            self.n += 1
+
+    return Count()
+
+
 def network() -> Any:
     return tc.Builder(tc.Logger(tc.Logger.ERROR)).create_network(1 << int(tc.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
 

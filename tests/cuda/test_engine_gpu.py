@@ -262,9 +262,7 @@ def test_llama_paged_decode_equals_the_reference(cp: Any, dtype: str, gemm: str,
 
 @pytest.mark.parametrize("gemm", ["cublas", "gemv", "tuned"])
 def test_decode_step_replays_from_a_cuda_graph_and_allocates_nothing(cp: Any, gemm: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    import cupy.cuda.memory_hook as mh
-
-    from netutil import llama_plan
+    from netutil import allocation_counter, llama_plan
 
     import trtcore.cuda as tc
 
@@ -277,19 +275,7 @@ def test_decode_step_replays_from_a_cuda_graph_and_allocates_nothing(cp: Any, ge
     run.execute()  # warm-up: prepares the launches for these shapes
     eager = run.output("logits").copy()
 
-    class Count(mh.MemoryHook):
-        name = "count"
-
-        def __init__(self) -> None:
-            self.n = 0
-
-        def malloc_preprocess(self, **kw: Any) -> None:
-            self.n += 1
-
-        def alloc_preprocess(self, **kw: Any) -> None:
-            self.n += 1
-
-    hook = Count()
+    hook = allocation_counter()
     run.dev["kv_cache_pool"].set(pool0.view(np.uint16))
     cp.cuda.runtime.deviceSynchronize()
     with hook:

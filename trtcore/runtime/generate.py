@@ -23,19 +23,19 @@ The two modes differ only in the scheduler and the KV mode object given to the l
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from ..kv_modes import ContiguousKVCache, KVMode, PagedKV, PagedKVCache
+from ..kv_modes import ContiguousKV, ContiguousKVCache, KVMode, NativeKV, PagedKV, PagedKVCache
 from .executor import Executor
 from .kv_cache import BlockManager
 from .request import Request, RequestEvent, RequestStatus
 from .sampling import Sampler
-from .scheduler import Scheduler, SchedulerError, StaticBatchScheduler
+from .scheduler import Scheduler, SchedulerError, SchedulerOutput, StaticBatchScheduler
 
-__all__ = ["EngineCore", "make_engine", "non_finite_message"]
+__all__ = ["EngineCore", "HostRunner", "ModelRunner", "make_device_engine", "make_engine", "non_finite_message", "sample_rows"]
 
 
 def non_finite_message(row: np.ndarray) -> str:
@@ -47,23 +47,96 @@ def non_finite_message(row: np.ndarray) -> str:
     )
 
 
+def sample_rows(
+    logits: np.ndarray, ids: Sequence[Hashable], sampler: Sampler
+) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
+    """Sample one token per row of ``logits`` (float32 ``[len(ids), vocab]``, row ``i`` of
+    request ``ids[i]``): ``(tokens, logprobs, errors)`` by request id; a row with a
+    non-finite logit gets an error (:func:`non_finite_message`) instead of a token."""
+    logits = np.asarray(logits, dtype=np.float32)
+    sampled: dict[Hashable, int] = {}
+    logprobs: dict[Hashable, Any] = {}
+    errors: dict[Hashable, str] = {}
+    finite = np.isfinite(logits).all(axis=1)
+    for row in np.flatnonzero(~finite).tolist():
+        errors[ids[row]] = non_finite_message(logits[row])
+    good = [ids[row] for row in np.flatnonzero(finite).tolist()]
+    if good:
+        result = sampler.sample(logits[finite], good)
+        for i, rid in enumerate(good):
+            sampled[rid] = int(result.token_ids[i])
+            logprobs[rid] = result.logprobs[i]
+    return sampled, logprobs, errors
+
+
+class ModelRunner(Protocol):
+    """Runs one scheduled step and samples it: :class:`HostRunner` (an executor on host
+    arrays) or :class:`trtcore.runtime.device_runner.DeviceRunner` (device buffers)."""
+
+    def execute(self, batch: SchedulerOutput) -> Any:
+        """Run the network on ``batch`` (the device runner only enqueues)."""
+
+    def sample(self, batch: SchedulerOutput, sampler: Sampler) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
+        """``(tokens, logprobs, errors)`` of the sequences of ``batch`` that produce a token."""
+
+
+class HostRunner:
+    """An :class:`Executor` on host arrays with the KV mode's runtime object: feeds from the
+    cache object, outputs back to it, the sampled rows of the logits through ``to_host``."""
+
+    def __init__(self, executor: Executor, kv_cache: Any) -> None:
+        self.executor = executor
+        self.kv_cache = kv_cache
+        self._logits: Any = None
+
+    def execute(self, batch: SchedulerOutput) -> Any:
+        """Run the network once on ``batch``; keep the cache outputs and the logits."""
+        outputs = self.executor.run(self.kv_cache.feeds(batch))
+        self.kv_cache.update(outputs)
+        self._logits = outputs["logits"]
+        return self._logits
+
+    def sample(self, batch: SchedulerOutput, sampler: Sampler) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
+        """Sample the rows of the last :meth:`execute` that produce a token (:func:`sample_rows`)."""
+        ids = batch.sampling_request_ids
+        if not ids:  # a prefill chunk that ends inside its prompt samples nothing
+            return {}, {}, {}
+        logits = np.asarray(self.executor.to_host(self._logits, "logits"), dtype=np.float32)[batch.sampling_indices()]
+        return sample_rows(logits, ids, sampler)
+
+
 class EngineCore:
     """The step loop over one executor, one scheduling policy and one KV mode object.
 
     Args:
-        executor: runs the network.
+        executor: runs the network on host arrays (None with a ``runner``).
         scheduler: :class:`Scheduler` (paged) or :class:`StaticBatchScheduler` (contiguous).
         kv_cache: the KV mode's runtime object (:class:`~trtcore.kv_modes.PagedKVCache` or
             :class:`~trtcore.kv_modes.ContiguousKVCache`): ``feeds(batch)`` and ``update(outputs)``.
         max_seq_len: most tokens (prompt + generated) per sequence.
+        runner: what runs and samples a step (:class:`ModelRunner`); default a
+            :class:`HostRunner` over ``executor`` and ``kv_cache``.
     """
 
-    def __init__(self, executor: Executor, scheduler: Scheduler | StaticBatchScheduler, kv_cache: Any, max_seq_len: int):
+    def __init__(
+        self,
+        executor: Executor | None,
+        scheduler: Scheduler | StaticBatchScheduler,
+        kv_cache: Any,
+        max_seq_len: int,
+        runner: ModelRunner | None = None,
+    ):
         self.executor = executor
         self.scheduler = scheduler
         self.kv_cache = kv_cache
         self.max_seq_len = int(max_seq_len)
         self.sampler = Sampler()
+        if runner is None:
+            if executor is None:
+                raise InvalidArgumentError("EngineCore needs an executor or a runner")
+            runner = HostRunner(executor, kv_cache)
+        #: runs a step and samples it (:class:`HostRunner`, or the device executor)
+        self.runner = runner
 
     def add_request(self, request: Request) -> Request:
         """Queue ``request``; it joins at the next :meth:`step` with room.
@@ -95,20 +168,8 @@ class EngineCore:
         logprobs: dict[Hashable, Any] = {}
         errors: dict[Hashable, str] = {}
         if not out.is_empty:
-            outputs = self.executor.run(self.kv_cache.feeds(out))
-            self.kv_cache.update(outputs)
-            ids = out.sampling_request_ids
-            if ids:  # a prefill chunk that ends inside its prompt samples nothing
-                logits = np.asarray(self.executor.to_host(outputs["logits"], "logits"), dtype=np.float32)[out.sampling_indices()]
-                finite = np.isfinite(logits).all(axis=1)
-                for row in np.flatnonzero(~finite):
-                    errors[ids[row]] = non_finite_message(logits[row])
-                good = [ids[row] for row in np.flatnonzero(finite)]
-                if good:
-                    result = self.sampler.sample(logits[finite], good)
-                    for i, rid in enumerate(good):
-                        sampled[rid] = int(result.token_ids[i])
-                        logprobs[rid] = result.logprobs[i]
+            self.runner.execute(out)
+            sampled, logprobs, errors = self.runner.sample(out, self.sampler)
         events = self.scheduler.update(sampled, logprobs, errors)
         for ev in events:
             if ev.finished and ev.request_id in self.sampler:
@@ -154,6 +215,16 @@ def make_engine(executor: Executor, mode: KVMode, num_blocks: int | None = None)
             BlockManager(num_blocks, plan.block_size), max_num_batched_tokens=plan.max_num_tokens, max_num_seqs=plan.max_batch_size
         )
     else:
+        assert isinstance(mode, (ContiguousKV, NativeKV))
         kv = ContiguousKVCache(mode, xp)
         sched = StaticBatchScheduler(plan.max_batch_size)
     return EngineCore(executor, sched, kv, plan.max_seq_len)
+
+
+def make_device_engine(runner: Any, mode: PagedKV) -> EngineCore:
+    """The step loop over the device executor ``runner``
+    (:class:`~trtcore.runtime.device_runner.DeviceRunner`, paged KV cache): continuous batching
+    over the blocks its pool holds (``runner.num_blocks``, the scratch block excluded)."""
+    plan = mode.plan
+    sched = Scheduler(BlockManager(runner.num_blocks, plan.block_size), max_num_batched_tokens=plan.max_num_tokens, max_num_seqs=plan.max_batch_size)
+    return EngineCore(None, sched, None, plan.max_seq_len, runner=runner)

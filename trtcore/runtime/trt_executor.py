@@ -37,7 +37,17 @@ from .executor import Executor
 if TYPE_CHECKING:  # the stubs (tensorrt-stubs) type the calls; nothing is imported at run time
     import tensorrt as trt_types
 
-__all__ = ["CudaError", "DeviceBufferPool", "TensorRTExecutor", "check_input", "cuda_check", "numpy_dtype", "require_gpu"]
+__all__ = [
+    "CudaError",
+    "DeviceBufferPool",
+    "TensorRTExecutor",
+    "check_input",
+    "cuda_check",
+    "deserialize_failure",
+    "numpy_dtype",
+    "open_device_runner",
+    "require_gpu",
+]
 
 _ALIGNMENT = 256  # bytes; cudaMalloc aligns to at least this, and no buffer is empty
 
@@ -79,6 +89,72 @@ def _dims(dims: trt_types.Dims) -> tuple[int, ...]:
 
 def _fmt_shape(shape: Sequence[int]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def deserialize_failure(trt_module: Any, device: int, said: str = "") -> str:
+    """Why ``trt_module`` could not deserialize an engine on CUDA device ``device`` (``said``:
+    TensorRT's own messages, ``"; TensorRT said: ..."``), with the usual causes."""
+    module = getattr(trt_module, "__name__", repr(trt_module))
+    version = getattr(trt_module, "__version__", "?")
+    where = f"device {device}"
+    try:
+        where += f" ({describe_device(device)})"
+    except Exception:  # pragma: no cover - the message is still useful without it
+        pass
+    text = f"{module} {version} could not deserialize the engine on {where}{said}."
+    capabilities = getattr(trt_module, "ComputeCapability", None)
+    if capabilities is not None:  # TensorRT-RTX: AOT engines for RTX-class GPUs only
+        sms = [n for n in dir(capabilities) if n.startswith("SM")]
+        text += (
+            f" TensorRT-RTX runs only on RTX-class GPUs ({', '.join(sms)}) and refuses compute "
+            "capability 9.0 (H100/H200); build for this GPU's capability, or use the tensorrt "
+            "backend or the reference executor there."
+        )
+    else:
+        text += " The engine must come from the same TensorRT version and suit this GPU."
+    return text
+
+
+def open_device_runner(trt_module: Any, serialized_engine: bytes, mode: Any, *, device: int = 0, **options: Any) -> Any:
+    """Deserialize ``serialized_engine`` with ``trt_module`` (``tensorrt`` or the cuda backend)
+    and start the device executor over it
+    (:class:`~trtcore.runtime.device_runner.DeviceRunner`, paged KV cache ``mode``) on CUDA
+    device ``device``; ``options`` go to the runner (``gpu_memory_utilization``,
+    ``kv_cache_memory``, ``num_blocks``, ``enforce_eager``). The weights' device bytes are
+    measured around deserialization and loading (``cudaMemGetInfo``).
+
+    Raises:
+        NoGPUError: no usable GPU.
+        RuntimeError: the engine cannot be deserialized here (see :func:`deserialize_failure`).
+        trtcore.runtime.device_runner.DeviceRunnerError: the runner cannot start.
+    """
+    from trtcore.plugins import register_all
+
+    from .device_memory import CudaDevice
+    from .device_runner import DeviceRunner
+
+    gpu.require_gpu(device, "the device executor needs a CUDA GPU")
+    dev = CudaDevice(device)
+    try:
+        free0, _ = dev.mem_get_info()
+        logger = trt_logger(trt_module)
+        logger.messages.clear()
+        runtime = trt_module.Runtime(logger)
+        register_all(trt_module)
+        engine = runtime.deserialize_cuda_engine(serialized_engine)
+        if engine is None:
+            said = ("; TensorRT said: " + " | ".join(logger.messages)) if logger.messages else ""
+            raise RuntimeError(deserialize_failure(trt_module, device, said))
+        load = getattr(engine, "_load", None)  # the cuda backend uploads its weights lazily: now
+        if load is not None:
+            load()
+        free1, _ = dev.mem_get_info()
+        runner = DeviceRunner(engine, dev, mode, weights_bytes=max(0, free0 - free1), **options)
+    except BaseException:
+        dev.close()
+        raise
+    runner.runtime = runtime  # the runtime outlives its engine (TensorRT's rule)
+    return runner
 
 
 class DeviceBufferPool:
@@ -201,24 +277,7 @@ class TensorRTExecutor(Executor):
         return ("; TensorRT said: " + " | ".join(messages)) if messages else ""
 
     def _deserialize_failure(self, module: str) -> str:
-        version = getattr(self._trt, "__version__", "?")
-        where = f"device {self.device}"
-        try:
-            where += f" ({describe_device(self.device)})"
-        except Exception:  # pragma: no cover - the message is still useful without it
-            pass
-        text = f"{module} {version} could not deserialize the engine on {where}{self._tensorrt_said()}."
-        capabilities = getattr(self._trt, "ComputeCapability", None)
-        if capabilities is not None:  # TensorRT-RTX: AOT engines for RTX-class GPUs only
-            sms = [n for n in dir(capabilities) if n.startswith("SM")]
-            text += (
-                f" TensorRT-RTX runs only on RTX-class GPUs ({', '.join(sms)}) and refuses compute "
-                "capability 9.0 (H100/H200); build for this GPU's capability, or use the tensorrt "
-                "backend or the reference executor there."
-            )
-        else:
-            text += " The engine must come from the same TensorRT version and suit this GPU."
-        return text
+        return deserialize_failure(self._trt, self.device, self._tensorrt_said())
 
     def _profile_failure(self, name: str, shape: tuple[int, ...]) -> str:
         text = f"input {name!r}: shape {shape} is not accepted by the engine"

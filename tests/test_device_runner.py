@@ -1,0 +1,234 @@
+"""The device executor (trtcore/runtime/device_runner.py) on the CPU: its buffer binding, batch
+buckets, padding rows, staging and graph replay driven through TensorRT's runtime API over the
+reference backend on a stand-in device (:class:`HostDevice`: host memory for device memory, a
+graph that records the captured work and runs it only at replay).
+
+References: transformers' greedy tokens (float64, tests/hf_models.py); for padding, the pool
+bytes written by the same steps without padding; formulas for the buckets and the KV pool size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hf_models import VARIANTS, hf_greedy, hf_models, random_prompt  # noqa: F401  (fixture)
+
+from trtcore import SamplingParams
+from trtcore.builder import build_reference_engine, define_network
+from trtcore.checkpoint import Checkpoint
+from trtcore.config import load_config
+from trtcore.errors import InvalidArgumentError
+from trtcore.kv_modes import BLOCK_TABLES, INPUT_IDS, LAST_TOKEN_IDS, POSITION_IDS, QUERY_START_LOC, SEQ_LENS, kv_mode
+from trtcore.plan import BuildConfig, resolve_plan
+from trtcore.runtime.device_memory import HostDevice
+from trtcore.runtime.device_runner import (
+    PAD_BLOCK_ID,
+    DeviceRunner,
+    DeviceRunnerError,
+    StepLayout,
+    batch_buckets,
+    bucket_for,
+    fill_step,
+    kv_pool_blocks,
+)
+from trtcore.runtime.generate import make_device_engine
+from trtcore.runtime.host_engine import HostEngine
+from trtcore.runtime.request import Request
+from trtcore.trt import load_trt
+
+NAME = "qwen2_bias"  # GQA 4:1, biases; any variant runs on the reference
+
+
+def _runner(hf_models: Any, name: str = NAME, *, max_batch_size: int = 8, enforce_eager: bool = False, num_blocks: int | None = 64, **plan: Any) -> DeviceRunner:  # noqa: F811
+    d = hf_models.dir(name)
+    config = load_config(d)
+    trt = load_trt("reference")
+    p = resolve_plan(config, BuildConfig(kv_cache="paged", max_batch_size=max_batch_size, max_seq_len=128, max_num_tokens=64, **plan), "reference")
+    with Checkpoint(d) as weights:
+        net = define_network(trt, config, weights, p)
+    device = HostDevice()
+    engine = HostEngine(build_reference_engine(net), device)
+    return DeviceRunner(engine, device, kv_mode(p, config), num_blocks=num_blocks, enforce_eager=enforce_eager)
+
+
+def _generate(runner: DeviceRunner, prompts: list[list[int]], steps: int) -> list[list[int]]:
+    core = make_device_engine(runner, runner.mode)
+    reqs = [Request(i, p, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True), frozenset()) for i, p in enumerate(prompts)]
+    list(core.generate(reqs))
+    return [list(r.output_token_ids) for r in reqs]
+
+
+# ---------------------------------------------------------------------------------------
+# buckets, layout, padding (formulas)
+
+
+@pytest.mark.parametrize(("max_batch", "expected"), [(1, (1,)), (8, (1, 2, 4, 8)), (12, (1, 2, 4, 8, 12)), (32, (1, 2, 4, 8, 16, 32))])
+def test_batch_buckets(max_batch: int, expected: tuple[int, ...]) -> None:
+    assert batch_buckets(max_batch) == expected
+    for n in range(1, max_batch + 1):
+        b = bucket_for(n, expected)
+        assert b >= n and all(x < n for x in expected if x < b)
+    with pytest.raises(InvalidArgumentError, match="bucket"):
+        bucket_for(max_batch + 1, expected)
+
+
+class _Seq:
+    def __init__(self, tokens: list[int], cached: int, table: list[int]) -> None:
+        self.token_ids = tokens
+        self.positions = list(range(cached, cached + len(tokens)))
+        self.num_cached_tokens = cached
+        self.block_table = table
+        self.is_prefill = len(tokens) > 1
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class _Batch:
+    def __init__(self, seqs: list[_Seq]) -> None:
+        self.seqs = seqs
+
+
+def test_fill_step_pads_rows_onto_the_scratch_block() -> None:
+    rng = np.random.default_rng()
+    seqs = [_Seq([int(rng.integers(100))], int(c), [int(b) for b in rng.choice(50, size=c // 16 + 1, replace=False)]) for c in (3, 16, 40)]
+    layout = StepLayout.make(4, 4, 8, rope_seq_lens=False)
+    buf = np.full(layout.nbytes, 0xAB, np.uint8)
+    views = layout.views(buf)
+    fill_step(views, _Batch(seqs), scratch_block=63)
+    assert views[INPUT_IDS].tolist() == [s.token_ids[0] for s in seqs] + [0]
+    assert views[POSITION_IDS].tolist() == [s.num_cached_tokens for s in seqs] + [0]
+    assert views[SEQ_LENS].tolist() == [s.num_cached_tokens + 1 for s in seqs] + [1]
+    assert views[QUERY_START_LOC].tolist() == [0, 1, 2, 3, 4]
+    assert views[LAST_TOKEN_IDS].tolist() == [0, 1, 2, 3]
+    bt = views[BLOCK_TABLES]
+    for i, s in enumerate(seqs):
+        assert bt[i, : len(s.block_table)].tolist() == s.block_table
+        assert (bt[i, len(s.block_table) :] == PAD_BLOCK_ID).all()
+    assert bt[3].tolist() == [63] + [PAD_BLOCK_ID] * 7
+    # fields do not overlap: each is 256-byte aligned and inside nbytes
+    spans = sorted((off, off + 4 * int(np.prod(shape))) for off, shape in layout.fields.values())
+    assert all(a % 256 == 0 for a, _ in spans) and all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:])) and spans[-1][1] <= layout.nbytes
+    with pytest.raises(InvalidArgumentError, match="pad"):
+        fill_step(views, _Batch([_Seq([1, 2], 0, [0])] + seqs), scratch_block=63)
+
+
+def test_kv_pool_size_follows_gpu_memory_utilization() -> None:
+    gib = 1 << 30
+    # 80 GiB device, 60 GiB free, 0.9: the pool gets 60 - 8 = 52 GiB
+    assert kv_pool_blocks(gib // 4, 60 * gib, 80 * gib, 0.9, None, 10**6) == 52 * 4
+    assert kv_pool_blocks(gib // 4, 60 * gib, 80 * gib, 0.9, None, 100) == 100
+    assert kv_pool_blocks(gib // 4, 60 * gib, 80 * gib, 0.9, 3 * gib, 10**6) == 12
+    with pytest.raises(DeviceRunnerError, match="gpu_memory_utilization=0.2"):
+        kv_pool_blocks(gib // 4, 10 * gib, 80 * gib, 0.2, None, 10**6)
+    with pytest.raises(InvalidArgumentError, match="gpu_memory_utilization"):
+        kv_pool_blocks(1, 1, 1, 1.5, None, 10)
+
+
+# ---------------------------------------------------------------------------------------
+# the runner on the reference backend
+
+
+def test_start_up_allocates_every_pool_once_and_binds_each_bucket(hf_models: Any) -> None:  # noqa: F811
+    runner = _runner(hf_models, max_batch_size=8)
+    dev = runner.device
+    assert set(dev.pools) == {"activations", "logits", "staging", "kv_cache"}
+    assert set(dev.host_pools) == {"logits", "staging"}
+    c = runner.mode.config
+    block_bytes = c.num_hidden_layers * 2 * c.num_key_value_heads * runner.mode.plan.block_size * c.head_dim * 4
+    assert dev.pools["kv_cache"] >= 64 * block_bytes and runner.num_blocks == 63 and runner.scratch_block == 63
+    assert list(runner.graphs) == [1, 2, 4, 8]
+    for size, g in runner.graphs.items():
+        ctx = g.context
+        assert ctx._shapes[INPUT_IDS] == (size,) and ctx._shapes[BLOCK_TABLES] == (size, runner.max_blocks)
+        for name, (offset, _) in g.layout.fields.items():
+            assert ctx._addresses[name] == runner.staging_ptr + offset
+        assert ctx._addresses["kv_cache_pool"] == runner.pool_ptr and ctx._addresses["logits"] == runner.logits_ptr
+        assert g.graph is not None and len(g.graph) == 1  # the captured execution, not run while captured
+    report = "\n".join(runner.memory_report())
+    for word in ("activations", "kv_cache", "staging", "logits", "scratch", "[1, 2, 4, 8]"):
+        assert word in report
+
+
+def test_greedy_tokens_match_transformers_with_graphs_and_padding(hf_models: Any) -> None:  # noqa: F811
+    """Three prompts decode in bucket 4 (one padding row) from replayed graphs, then fewer as
+    they finish; each gets transformers' greedy tokens."""
+    runner = _runner(hf_models)
+    v = VARIANTS[NAME]
+    rng = np.random.default_rng()
+    prompts = [random_prompt(rng, n, v.vocab_size) for n in (5, 17, 33)]
+    steps = 6
+    got = _generate(runner, prompts, steps)
+    assert runner.num_graph_replays >= steps - 1
+    assert runner.device.num_graph_launches == runner.num_graph_replays + len(runner.buckets)  # + one replay each at start-up
+    for p, toks in zip(prompts, got):
+        assert toks == hf_greedy(hf_models.hf(NAME), p, steps)[0]
+
+
+def test_graph_replay_equals_eager_and_decode_allocates_nothing(hf_models: Any) -> None:  # noqa: F811
+    v = VARIANTS[NAME]
+    rng = np.random.default_rng()
+    prompts = [random_prompt(rng, int(n), v.vocab_size) for n in rng.integers(1, 40, size=5)]
+    graphed, eager = _runner(hf_models), _runner(hf_models, enforce_eager=True)
+    assert all(g.graph is None for g in eager.graphs.values())
+    before = graphed.device.num_allocations
+    a = _generate(graphed, prompts, 8)
+    assert graphed.device.num_allocations == before, "the step loop allocated device or pinned memory"
+    b = _generate(eager, prompts, 8)
+    assert a == b and graphed.num_graph_replays > 0 and eager.num_graph_replays == 0
+    np.testing.assert_array_equal(graphed.host_logits[: len(prompts)], eager.host_logits[: len(prompts)])
+
+
+def test_padding_rows_touch_only_the_scratch_block(hf_models: Any) -> None:  # noqa: F811
+    """Decode steps of 3 sequences padded to bucket 4 write the pool as the same steps without
+    padding (bucket 3 of max_batch_size 3) do, outside the scratch block (within float32
+    rounding: the GEMMs see 4 rows instead of 3), give the same logits, and write the padding
+    row's key/value into slot 0 of the scratch block only."""
+    v = VARIANTS[NAME]
+    rng = np.random.default_rng()
+    prompts = [random_prompt(rng, n, v.vocab_size) for n in (4, 16, 21)]
+    pools, logits, scratch = [], [], []
+    for max_batch in (4, 3):
+        runner = _runner(hf_models, max_batch_size=max_batch)
+        assert bucket_for(3, runner.buckets) == (4 if max_batch == 4 else 3)
+        _generate(runner, prompts, 3)  # prefill, then two decode steps
+        dev = runner.device
+        assert isinstance(dev, HostDevice)
+        pool = dev.view(runner.pool_ptr, runner.pool_shape, runner.pool_dtype)
+        pools.append(pool[:, : runner.scratch_block].copy())
+        scratch.append(pool[:, runner.scratch_block].copy())  # [layers, 2, heads, block_size, head_dim]
+        logits.append(runner.host_logits[:3].copy())
+    np.testing.assert_allclose(pools[0], pools[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+    used = np.flatnonzero(np.abs(pools[1]).sum(axis=(0, 2, 3, 4, 5)))
+    assert len(used) == sum(-(-(len(p) + 2) // 16) for p in prompts)  # only the sequences' blocks were written
+    for sc in scratch:  # the start-up warm-ups pad every bucket too
+        assert np.abs(sc[:, :, :, 0]).sum() > 0 and not sc[:, :, :, 1:].any()
+
+
+def test_a_step_beyond_the_engine_bounds_is_refused(hf_models: Any) -> None:  # noqa: F811
+    runner = _runner(hf_models, max_batch_size=2)
+    seqs = [_Seq([1], 0, [0]) for _ in range(3)]
+    with pytest.raises(InvalidArgumentError, match="max_batch_size=2"):
+        runner.execute(_Batch(seqs))  # type: ignore[arg-type]
+    with pytest.raises(DeviceRunnerError, match="num_blocks"):
+        _runner(hf_models, num_blocks=1)
+
+
+def test_paged_is_the_default_where_the_plugin_and_its_kernels_run(hf_models: Any) -> None:  # noqa: F811
+    """Paged on the backends that host plugins (the cuda and tensorrt GPU backends when the
+    model's head_dim is a multiple of 32, the paged kernels' rule; the reference always);
+    contiguous on tensorrt_rtx (no add_plugin_v3) and for other head dims on a GPU."""
+    from trtcore.cuda import synthetic
+
+    smol = synthetic.config("SmolLM2-135M")  # head_dim 64
+    assert resolve_plan(smol, BuildConfig(), "cuda").kv_cache == "paged"
+    assert resolve_plan(smol, BuildConfig(), "tensorrt_rtx").kv_cache == "contiguous"
+    assert resolve_plan(smol, BuildConfig(), "reference").kv_cache == "paged"
+    tiny = load_config(hf_models.dir("llama3_rope"))  # head_dim 16
+    assert resolve_plan(tiny, BuildConfig(), "cuda").kv_cache == "contiguous"
+    assert resolve_plan(tiny, BuildConfig(), "reference").kv_cache == "paged"
+    assert resolve_plan(smol, BuildConfig(attention="native"), "cuda").kv_cache == "contiguous"

@@ -1,0 +1,533 @@
+"""The device executor: one paged-KV engine on device buffers, for every backend with TensorRT's
+runtime API (``tensorrt``, ``cuda``; the reference backend through a stand-in device for tests).
+
+:class:`DeviceRunner` owns, from start-up to close (:meth:`DeviceRunner.memory_report` lists
+them, and start-up logs them):
+
+* **weights**: inside the engine (uploaded when it is deserialized / first loaded);
+* **activations**: one block of ``engine.device_memory_size_v2`` bytes, given to every
+  execution context with ``set_device_memory`` (the contexts never run at the same time: one
+  stream);
+* **kv_cache**: the paged pool ``[num_layers, num_blocks, 2, num_kv_heads, block_size,
+  head_dim]``, bound once (``set_tensor_address``) and written in place by the attention
+  plugin; sized from ``gpu_memory_utilization`` (like vLLM's: the fraction of the device's
+  memory this process may use; the pool gets what is left of it after the rest, at most the
+  blocks ``max_batch_size`` sequences of ``max_seq_len`` tokens can hold at once) unless
+  ``kv_cache_memory`` (bytes) or ``num_blocks`` is given. Its last block is a **scratch block** no sequence owns: padding
+  rows read and write only it (below);
+* **staging**: a pinned host buffer and a device buffer of the same size holding every int32
+  input of a step (token ids, positions, block tables, ``seq_lens``, ``query_start_loc``,
+  ``last_token_ids``, ``rope_seq_lens``) at the offsets of :class:`StepLayout`; each step writes
+  the host side and copies the used bytes with one ``cudaMemcpyAsync``;
+* **logits**: ``float32 [max_batch_size, vocab_size]`` on the device (the engine's output,
+  bound once) and pinned on the host (the rows sampled this step are copied back).
+
+Nothing is allocated after start-up: a step writes into these buffers only.
+
+**Shape buckets and CUDA graphs.** A decode step (every sequence feeds its one last token) of
+``n`` sequences is padded to the smallest bucket ``>= n`` of :func:`batch_buckets` (1, 2, 4, 8,
+..., ``max_batch_size``). Each bucket has its own execution context whose input shapes and
+tensor addresses are set once, warmed up once eagerly, then captured into a CUDA graph (TensorRT's
+rules for ``enqueueV3`` capture: a warm-up after the shapes are set, a non-default stream, one
+execution context per graph); a step replays it after copying its inputs into the same device
+buffers. Padding rows (:func:`fill_step`) have one token (id 0 at position 0), ``seq_lens`` 1,
+and the block table ``[scratch, -1, -1, ...]``: the attention kernel writes their key/value
+into the scratch block's slot 0 and reads only that slot (entries past a sequence's last block
+are never read; entries ``< 0`` are never written and read as zeros in the kernel, and the
+NumPy reference refuses them among the blocks a sequence uses, hence the scratch block), so
+they touch nothing of the real sequences. Prefill and mixed steps run eagerly on a context of
+their own (shapes set per step). ``enforce_eager=True`` runs decode steps eagerly too, still
+padded to their bucket.
+
+**Sampling** (:meth:`DeviceRunner.sample`): the one place where logits meet the sampler. For
+now :meth:`~DeviceRunner.execute` enqueues, right behind the step, one asynchronous copy of the
+logits rows up to the last sequence that produces a token into the pinned buffer, and
+``sample`` waits for it and samples those rows with the host sampler; a GPU sampler replaces
+``sample`` (and that copy), reading ``logits_ptr`` (``float32 [rows, vocab_size]``) on the device.
+
+**Host work per step**: no Python per layer -- a decode step is one staging copy, one graph
+launch and one logits copy; an eager step sets the shapes that changed, binds the inputs and
+makes one ``execute_async_v3`` call (the cuda engine replays its prepared launch list).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from ..dtypes import storage_dtype
+from ..errors import InvalidArgumentError, TrtcoreError
+from ..kv_modes import (
+    BLOCK_TABLES,
+    INPUT_IDS,
+    KV_CACHE_POOL,
+    LAST_TOKEN_IDS,
+    LOGITS,
+    POSITION_IDS,
+    QUERY_START_LOC,
+    ROPE_SEQ_LENS,
+    SEQ_LENS,
+    PagedKV,
+    StepBatch,
+)
+from .device_memory import ALIGNMENT, DeviceAPI, format_bytes
+from .sampling import Sampler
+
+__all__ = [
+    "PAD_BLOCK_ID",
+    "DeviceRunner",
+    "DeviceRunnerError",
+    "StepLayout",
+    "batch_buckets",
+    "bucket_for",
+    "fill_step",
+    "kv_pool_blocks",
+]
+
+_log = logging.getLogger("trtcore.runtime")
+
+#: block-table entry of the columns a sequence does not use (never read, never written)
+PAD_BLOCK_ID = -1
+_I32 = np.dtype(np.int32)
+
+
+class DeviceRunnerError(TrtcoreError, RuntimeError):
+    """The engine cannot be driven as a paged-KV engine on device buffers (missing inputs,
+    failed binding, not enough memory for the KV pool)."""
+
+
+def batch_buckets(max_batch_size: int) -> tuple[int, ...]:
+    """The batch sizes decode steps are padded to: powers of two below ``max_batch_size``,
+    then ``max_batch_size`` itself (``8 -> (1, 2, 4, 8)``, ``12 -> (1, 2, 4, 8, 12)``).
+
+    Raises:
+        InvalidArgumentError: ``max_batch_size < 1``.
+    """
+    if max_batch_size < 1:
+        raise InvalidArgumentError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    out = []
+    b = 1
+    while b < max_batch_size:
+        out.append(b)
+        b *= 2
+    out.append(int(max_batch_size))
+    return tuple(out)
+
+
+def bucket_for(num_seqs: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket ``>= num_seqs``.
+
+    Raises:
+        InvalidArgumentError: ``num_seqs`` is above the largest bucket or below 1.
+    """
+    for b in buckets:
+        if b >= num_seqs >= 1:
+            return b
+    raise InvalidArgumentError(f"{num_seqs} sequences fit no batch bucket of {tuple(buckets)}")
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Where each int32 input of a step of ``num_tokens`` packed tokens and ``num_seqs``
+    sequences lies in the staging buffers: ``fields[name] = (byte offset, shape)``, each field
+    aligned to 64 bytes; ``nbytes`` the bytes to copy."""
+
+    num_tokens: int
+    num_seqs: int
+    max_blocks: int
+    fields: dict[str, tuple[int, tuple[int, ...]]]
+    nbytes: int
+
+    @classmethod
+    def make(cls, num_tokens: int, num_seqs: int, max_blocks: int, rope_seq_lens: bool) -> StepLayout:
+        """The layout for these sizes (inputs in the paged mode's order)."""
+        T, B = int(num_tokens), int(num_seqs)
+        shapes: list[tuple[str, tuple[int, ...]]] = [
+            (INPUT_IDS, (T,)),
+            (POSITION_IDS, (T,)),
+            (BLOCK_TABLES, (B, int(max_blocks))),
+            (SEQ_LENS, (B,)),
+            (QUERY_START_LOC, (B + 1,)),
+            (LAST_TOKEN_IDS, (B,)),
+        ]
+        if rope_seq_lens:
+            shapes.append((ROPE_SEQ_LENS, (T,)))
+        fields = {}
+        offset = 0
+        for name, shape in shapes:
+            fields[name] = (offset, shape)
+            offset += -(-int(np.prod(shape)) * 4 // ALIGNMENT) * ALIGNMENT
+        return cls(T, B, int(max_blocks), fields, offset)
+
+    def views(self, buffer: np.ndarray) -> dict[str, np.ndarray]:
+        """int32 views of ``buffer`` (uint8, at least :attr:`nbytes`) for every field."""
+        out = {}
+        for name, (offset, shape) in self.fields.items():
+            n = int(np.prod(shape))
+            out[name] = buffer[offset : offset + 4 * n].view(_I32).reshape(shape)
+        return out
+
+
+def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int) -> None:
+    """Write the inputs of ``batch`` into the int32 ``views`` of a :class:`StepLayout` whose
+    sizes may exceed the batch's: the extra sequences are **padding rows** (one token, id 0 at
+    position 0, ``seq_lens`` 1, block table ``[scratch_block, -1, ...]``), the extra tokens
+    belong to them; a real sequence's unused block-table columns are :data:`PAD_BLOCK_ID`.
+
+    Raises:
+        InvalidArgumentError: the batch has more tokens or sequences than the layout, or the
+            layout's padding sequences have no token each (``T - tokens < B - seqs``).
+    """
+    seqs = batch.seqs
+    ids, pos, bt = views[INPUT_IDS], views[POSITION_IDS], views[BLOCK_TABLES]
+    sl, qsl, last = views[SEQ_LENS], views[QUERY_START_LOC], views[LAST_TOKEN_IDS]
+    T, B = ids.shape[0], sl.shape[0]
+    n = len(seqs)
+    lens = [s.num_new_tokens for s in seqs]
+    t = sum(lens)
+    if n > B or t > T or T - t != B - n:
+        raise InvalidArgumentError(
+            f"a step of {n} sequences / {t} tokens does not pad to a layout of {B} sequences / {T} tokens (one token per padding row)"
+        )
+    qsl[0] = 0
+    np.cumsum(lens, out=qsl[1 : n + 1])
+    qsl[n + 1 :] = t + np.arange(1, B - n + 1, dtype=np.int32)
+    bt.fill(PAD_BLOCK_ID)
+    bt[n:, 0] = scratch_block
+    o = 0
+    for i, s in enumerate(seqs):
+        k = lens[i]
+        ids[o : o + k] = s.token_ids
+        pos[o : o + k] = s.positions
+        table = s.block_table  # type: ignore[attr-defined]
+        bt[i, : len(table)] = table
+        sl[i] = s.num_cached_tokens + k
+        o += k
+    ids[t:] = 0
+    pos[t:] = 0
+    sl[n:] = 1
+    last[:] = qsl[1:] - 1
+    if ROPE_SEQ_LENS in views:  # each token's sequence length (dynamic RoPE)
+        views[ROPE_SEQ_LENS][:] = np.repeat(sl, np.diff(qsl))
+
+
+def kv_pool_blocks(block_bytes: int, free: int, total: int, gpu_memory_utilization: float, kv_cache_memory: int | None, cap: int) -> int:
+    """Blocks of the KV pool (the scratch block included): ``kv_cache_memory`` bytes when
+    given, else what ``gpu_memory_utilization`` of ``total`` leaves once ``total - free`` is
+    used: ``free - (1 - gpu_memory_utilization) * total`` (vLLM's rule); at most ``cap``
+    (the engine profile's ``max_num_blocks``).
+
+    Raises:
+        DeviceRunnerError: fewer than 2 blocks fit (the message gives the numbers).
+        InvalidArgumentError: ``gpu_memory_utilization`` outside (0, 1].
+    """
+    if not 0 < gpu_memory_utilization <= 1:
+        raise InvalidArgumentError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    budget = int(kv_cache_memory) if kv_cache_memory is not None else int(free - (1 - gpu_memory_utilization) * total)
+    blocks = min(max(budget, 0) // int(block_bytes), int(cap))
+    if blocks < 2:
+        where = (
+            f"kv_cache_memory={kv_cache_memory}"
+            if kv_cache_memory is not None
+            else (f"gpu_memory_utilization={gpu_memory_utilization} of {format_bytes(total)} with {format_bytes(free)} free")
+        )
+        raise DeviceRunnerError(
+            f"the KV pool gets {format_bytes(max(budget, 0))} ({where}): fewer than 2 blocks of {format_bytes(block_bytes)}; raise it"
+        )
+    return blocks
+
+
+@dataclass
+class _Graph:
+    """One decode bucket: its context, its layout and staging views, its graph (None: eager)."""
+
+    size: int
+    context: Any
+    layout: StepLayout
+    views: dict[str, np.ndarray]
+    graph: Any = None
+
+
+class DeviceRunner:
+    """Runs the steps of a paged-KV engine on device buffers (see the module docstring).
+
+    Args:
+        engine: a deserialized ``ICudaEngine`` (``tensorrt``'s, the cuda backend's, or
+            :class:`trtcore.runtime.host_engine.HostEngine` over the reference backend).
+        device: the device its memory and stream live on (:class:`CudaDevice`, or
+            :class:`HostDevice` with a ``HostEngine``).
+        mode: the network's paged KV contract (plan bounds, pool layout, dtype).
+        num_blocks: blocks of the pool, the scratch block included (None: sized from memory).
+        gpu_memory_utilization: fraction of the device memory the process may use (0, 1].
+        kv_cache_memory: bytes for the pool instead (overrides ``gpu_memory_utilization``).
+        enforce_eager: no CUDA graphs.
+        weights_bytes: device bytes the engine's weights took (for the report; measured by
+            the caller around deserialization).
+
+    Attributes:
+        num_blocks: blocks the scheduler may hand out (the pool has one more, the scratch block).
+        buckets: the decode batch buckets.
+        num_steps / num_graph_replays: steps run, of them replayed from a graph.
+
+    Raises:
+        DeviceRunnerError: the engine lacks a paged-mode input, a binding fails, or the pool
+            does not fit.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        device: DeviceAPI,
+        mode: PagedKV,
+        *,
+        num_blocks: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        kv_cache_memory: int | None = None,
+        enforce_eager: bool = False,
+        weights_bytes: int = 0,
+    ) -> None:
+        self.engine = engine
+        self.device = device
+        self.mode = mode
+        #: the TensorRT runtime that deserialized ``engine`` (kept alive with it), if given
+        self.runtime: Any = None
+        plan, config = mode.plan, mode.config
+        self.vocab_size = int(config.vocab_size)
+        self.max_batch_size = int(plan.max_batch_size)
+        self.max_num_tokens = int(plan.max_num_tokens)
+        self.max_blocks = -(-int(plan.max_seq_len) // int(plan.block_size))
+        self.enforce_eager = bool(enforce_eager)
+        self.buckets = batch_buckets(self.max_batch_size)
+        self.num_steps = 0
+        self.num_graph_replays = 0
+        self._pending_rows = 0  # logits rows execute() copies back for sample()
+        names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
+        wanted = {spec.name for spec in mode.inputs} | {LOGITS}
+        if wanted - names:
+            raise DeviceRunnerError(f"the engine lacks the paged KV mode's tensors {sorted(wanted - names)}; it has {sorted(names)}")
+        self.rope_seq_lens = mode.takes_rope_seq_lens
+        if device.pools.get("weights") is None and weights_bytes:
+            device.pools["weights"] += int(weights_bytes)
+
+        # activations: one block for every context (they run one after another on one stream)
+        self.activation_bytes = int(getattr(engine, "device_memory_size_v2", 0))
+        self.activations = device.malloc(self.activation_bytes, "activations")
+        # logits, device and pinned host
+        logits_bytes = self.max_batch_size * self.vocab_size * 4
+        self.logits_ptr = device.malloc(logits_bytes, "logits")
+        self.host_logits = device.host_alloc(logits_bytes, "logits")[:logits_bytes].view(np.float32).reshape(self.max_batch_size, self.vocab_size)
+        # staging: the largest step layout, host (pinned) and device
+        big = StepLayout.make(self.max_num_tokens, self.max_batch_size, self.max_blocks, self.rope_seq_lens)
+        self.staging_bytes = big.nbytes
+        self.host_staging = device.host_alloc(big.nbytes, "staging")
+        self.staging_ptr = device.malloc(big.nbytes, "staging")
+        # the KV pool: what is left
+        layers, _, *rest = mode.pool_shape
+        pool_dtype = storage_dtype(mode.dtype)
+        block_bytes = int(layers * np.prod(rest)) * pool_dtype.itemsize
+        if num_blocks is None:
+            free, total = device.mem_get_info()
+            # more blocks than max_batch_size full-length sequences hold are never in use at once
+            cap = min(int(plan.max_num_blocks), self.max_batch_size * self.max_blocks + 1)
+            num_blocks = kv_pool_blocks(block_bytes, free, total, gpu_memory_utilization, kv_cache_memory, cap)
+        if not 2 <= num_blocks <= plan.max_num_blocks:
+            raise DeviceRunnerError(f"num_blocks={num_blocks} must be in [2, max_num_blocks={plan.max_num_blocks}] (one is the scratch block)")
+        self.pool_blocks = int(num_blocks)
+        self.num_blocks = self.pool_blocks - 1
+        self.scratch_block = self.pool_blocks - 1
+        self.pool_shape = (layers, self.pool_blocks, *rest)
+        self.pool_dtype = pool_dtype
+        self.pool_ptr = device.malloc(self.pool_blocks * block_bytes, "kv_cache")
+        self._zero(self.pool_ptr, self.pool_blocks * block_bytes)
+
+        # execution contexts: one for eager steps, one per decode bucket (one per graph)
+        self.eager = self._context("eager")
+        self._eager_shapes: dict[str, tuple[int, ...]] = {}
+        self._eager_layouts: dict[tuple[int, int], tuple[StepLayout, dict[str, np.ndarray]]] = {}
+        self.graphs: dict[int, _Graph] = {}
+        for size in self.buckets:
+            layout = StepLayout.make(size, size, self.max_blocks, self.rope_seq_lens)
+            ctx = self._context(f"decode[{size}]")
+            self._set_shapes(ctx, layout)
+            self._bind_inputs(ctx, layout)
+            self.graphs[size] = _Graph(size, ctx, layout, layout.views(self.host_staging))
+        self._capture_all()
+        self.device.synchronize()
+        for line in self.memory_report():
+            _log.info("%s", line)
+
+    # start-up -------------------------------------------------------------------------------
+    def _zero(self, ptr: int, nbytes: int) -> None:
+        zeros = getattr(self.device, "memset", None)
+        if zeros is not None:
+            zeros(ptr, nbytes)
+
+    def _context(self, name: str) -> Any:
+        e = self.engine
+        ctx = e.create_execution_context_without_device_memory()
+        if ctx is None:
+            raise DeviceRunnerError(f"create_execution_context_without_device_memory() failed for the {name} context")
+        ctx.set_device_memory(self.activations, max(self.activation_bytes, ALIGNMENT))
+        self._bind(ctx, KV_CACHE_POOL, self.pool_ptr)
+        self._bind(ctx, LOGITS, self.logits_ptr)
+        if not ctx.set_input_shape(KV_CACHE_POOL, self.pool_shape):
+            raise DeviceRunnerError(
+                f"the engine refuses a KV pool of shape {self.pool_shape} (profile max_num_blocks {self.mode.plan.max_num_blocks})"
+            )
+        return ctx
+
+    @staticmethod
+    def _bind(ctx: Any, name: str, ptr: int) -> None:
+        if not ctx.set_tensor_address(name, int(ptr)):
+            raise DeviceRunnerError(f"set_tensor_address({name!r}) failed")
+
+    def _set_shapes(self, ctx: Any, layout: StepLayout) -> None:
+        for name, (_, shape) in layout.fields.items():
+            if not ctx.set_input_shape(name, shape):
+                raise DeviceRunnerError(f"the engine refuses input {name!r} of shape {shape} (outside its optimization profile)")
+
+    def _bind_inputs(self, ctx: Any, layout: StepLayout) -> None:
+        for name, (offset, _) in layout.fields.items():
+            self._bind(ctx, name, self.staging_ptr + offset)
+
+    def _capture_all(self) -> None:
+        """Warm up every bucket's context on padding rows only (they touch only the scratch
+        block), then capture it (TensorRT: capture after a warm-up for these shapes) and replay
+        it once, so that the graph's first upload to the device happens here, not in a step."""
+        empty = _Empty()
+        for g in self.graphs.values():
+            fill_step(g.views, cast(StepBatch, empty), self.scratch_block)
+            self._copy_inputs(g.layout)
+            self._execute(g.context)  # warm-up: the launches are prepared for these shapes
+            self.device.synchronize()
+            if not self.enforce_eager:
+                self.device.begin_capture()
+                try:
+                    self._execute(g.context)
+                finally:
+                    graph = self.device.end_capture()
+                g.graph = graph
+                self.device.launch_graph(graph)
+                self.device.synchronize()
+
+    # steps ---------------------------------------------------------------------------------
+    def _copy_inputs(self, layout: StepLayout) -> None:
+        self.device.copy_async(self.staging_ptr, int(self.host_staging.ctypes.data), layout.nbytes)
+
+    def _execute(self, ctx: Any) -> None:
+        if not ctx.execute_async_v3(self.device.stream):
+            raise DeviceRunnerError("execute_async_v3 failed")
+
+    @staticmethod
+    def is_decode(batch: StepBatch) -> bool:
+        """Every sequence feeds one token after its cached ones (a graph-able step)."""
+        return all(not s.is_prefill for s in batch.seqs)  # type: ignore[attr-defined]
+
+    def execute(self, batch: StepBatch) -> int:
+        """Enqueue one step of ``batch`` (no host wait): inputs into staging, one copy, then the
+        bucket's graph (a decode) or an eager execution (prefill / mixed), then the copy of the
+        logits rows up to the last sequence that produces a token into the pinned buffer, so
+        that :meth:`sample` only waits. Returns the rows of the logits buffer the step fills
+        (the bucket size, or the batch's sequences).
+
+        Raises:
+            InvalidArgumentError: more sequences than ``max_batch_size`` or tokens than
+                ``max_num_tokens``.
+        """
+        rows = self._launch(batch)
+        index = batch.sampling_indices() if hasattr(batch, "sampling_indices") else np.zeros(0, np.int32)
+        self._pending_rows = int(index[-1]) + 1 if len(index) else 0
+        if self._pending_rows:
+            self.device.copy_async(int(self.host_logits.ctypes.data), self.logits_ptr, self._pending_rows * self.vocab_size * 4)
+            self.device.record()
+        return rows
+
+    def _launch(self, batch: StepBatch) -> int:
+        n = len(batch.seqs)
+        if n > self.max_batch_size:
+            raise InvalidArgumentError(f"a step of {n} sequences; the engine takes at most max_batch_size={self.max_batch_size}")
+        self.num_steps += 1
+        if self.is_decode(batch):
+            g = self.graphs[bucket_for(n, self.buckets)]
+            fill_step(g.views, batch, self.scratch_block)
+            self._copy_inputs(g.layout)
+            if g.graph is not None:
+                self.device.launch_graph(g.graph)
+                self.num_graph_replays += 1
+            else:
+                self._execute(g.context)
+            return g.size
+        tokens = sum(s.num_new_tokens for s in batch.seqs)
+        if tokens > self.max_num_tokens:
+            raise InvalidArgumentError(f"a step of {tokens} tokens; the engine takes at most max_num_tokens={self.max_num_tokens}")
+        key = (tokens, n)
+        cached = self._eager_layouts.get(key)
+        if cached is None:  # host-side only: a layout and its views, no device memory
+            layout = StepLayout.make(tokens, n, self.max_blocks, self.rope_seq_lens)
+            cached = self._eager_layouts[key] = (layout, layout.views(self.host_staging))
+        layout, views = cached
+        fill_step(views, batch, self.scratch_block)
+        self._copy_inputs(layout)
+        ctx = self.eager
+        for name, (_, shape) in layout.fields.items():
+            if self._eager_shapes.get(name) != shape:
+                if not ctx.set_input_shape(name, shape):
+                    raise DeviceRunnerError(f"the engine refuses input {name!r} of shape {shape} (outside its optimization profile)")
+                self._eager_shapes[name] = shape
+        self._bind_inputs(ctx, layout)
+        self._execute(ctx)
+        return n
+
+    def logits_rows(self, rows: int) -> np.ndarray:
+        """Copy the first ``rows`` logits rows to the pinned host buffer and wait; float32
+        ``[rows, vocab_size]`` (a view of the pinned buffer, valid until the next step)."""
+        nbytes = int(rows) * self.vocab_size * 4
+        self.device.copy_async(int(self.host_logits.ctypes.data), self.logits_ptr, nbytes)
+        self.device.record()
+        self.device.wait()
+        return self.host_logits[:rows]
+
+    def sample(self, batch: Any, sampler: Sampler) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
+        """The tokens of the sequences of ``batch`` that produce one, sampled from this step's
+        device logits: ``(tokens, logprobs, errors)`` by request id (see
+        :func:`trtcore.runtime.generate.sample_rows`). The seam of GPU sampling: this copies
+        the rows up to the last sampled sequence back and samples on the host."""
+        from .generate import sample_rows
+
+        ids = batch.sampling_request_ids
+        if not ids:
+            return {}, {}, {}
+        index = batch.sampling_indices()
+        if self._pending_rows < int(index[-1]) + 1:
+            raise DeviceRunnerError("sample() for a batch that execute() did not run last")
+        self.device.wait()  # the logits copy enqueued by execute()
+        self._pending_rows = 0
+        return sample_rows(self.host_logits[index], ids, sampler)
+
+    # reports / cleanup -----------------------------------------------------------------------
+    def memory_report(self) -> list[str]:
+        """What went where at start-up, one line per pool, then the pool's shape and buckets."""
+        lines = [f"device memory ({self.device.name}): " + ", ".join(self.device.memory_report())]
+        lines.append(
+            f"KV pool: {self.pool_blocks} blocks of {self.mode.plan.block_size} tokens ({self.num_blocks} usable, 1 scratch), "
+            f"shape {self.pool_shape} {self.pool_dtype}"
+        )
+        graphs = "off (enforce_eager)" if self.enforce_eager else f"decode buckets {list(self.buckets)}"
+        lines.append(f"CUDA graphs: {graphs}; staging {format_bytes(self.staging_bytes)} per step at most")
+        return lines
+
+    def close(self) -> None:
+        """Release the contexts and the device's memory. Safe to call twice."""
+        self.graphs = {}
+        self.eager = None
+        self.device.close()
+
+
+class _Empty:
+    """A batch of no sequences: :func:`fill_step` pads it whole (warm-up of a bucket)."""
+
+    seqs: list[Any] = []
