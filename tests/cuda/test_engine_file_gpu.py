@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from hf_models import ModelStore, hf_greedy, hf_models, random_prompt  # noqa: F401
+from test_engine_file import no_build
 from test_gpu_backend import cp  # noqa: F401
 
 from trtcore import LLM, SamplingParams, cli, gpu
@@ -42,13 +43,7 @@ def test_cuda_engine_file_round_trip(cp: Any, hf_models: ModelStore, tmp_path: P
     want = [o.outputs[0].token_ids for o in fresh.generate(prompts, params)]
     del fresh
 
-    import trtcore.llm
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("an engine was built while loading an engine file")
-
-    for name in ("define_network", "build_engine", "build_reference_engine", "Checkpoint"):
-        monkeypatch.setattr(trtcore.llm, name, refuse)
+    no_build(monkeypatch)
     loaded = LLM(engine=engine, progress=False)
     assert (loaded.backend, loaded.device, loaded.plan.dtype) == ("cuda", "cuda", "float32")
     got = [o.outputs[0].token_ids for o in loaded.generate(prompts, params)]
