@@ -101,6 +101,12 @@ def _refused(engine: Path, field: str, expected: Any, found: Any, **kwargs: Any)
 def test_load_without_rebuild_gives_transformers_tokens(hf_models: ModelStore, engine_path: Path, no_build: None) -> None:  # noqa: F811
     rng = np.random.default_rng(11)
     prompts = [random_prompt(rng, n, hf_models.variant(NAME).vocab_size) for n in (5, 19)]
+    from trtcore.plugins.paged_attention import PagedAttentionPlugin
+    from trtcore.plugins.rope import RopePlugin
+
+    meta = json.loads(sidecar_path(engine_path).read_text())
+    assert meta["plugins"] == {p.plugin_name: p.plugin_version for p in (RopePlugin, PagedAttentionPlugin)}
+    assert meta["target"] == {"compute_capability": "cpu"}
     llm = LLM(engine=engine_path, progress=False)
     assert llm.model_dir == hf_models.dir(NAME).resolve() and llm.backend == "reference"
     assert (llm.plan.max_batch_size, llm.plan.max_seq_len, llm.kv_cache) == (2, 64, "paged")

@@ -230,7 +230,7 @@ def _make_llm(args: argparse.Namespace, max_batch_size: int, max_seq_len: int) -
     (the model folder, or the random weights by name)."""
     from .llm import LLM
 
-    options = {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len}
+    options: dict[str, Any] = {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len}
     if args.kv_cache:
         options["kv_cache"] = args.kv_cache
     if args.random_weights:
@@ -260,7 +260,7 @@ def _transformers_model(llm: Any, weights: Any) -> Any:
     dtype = getattr(torch, llm.plan.dtype)
     device = "cuda" if llm.device == "cuda" else "cpu"
     if isinstance(weights, Path):
-        return AutoModelForCausalLM.from_pretrained(str(weights), dtype=dtype).to(device).eval()
+        return AutoModelForCausalLM.from_pretrained(str(weights), dtype=dtype).to(device).eval()  # type: ignore[arg-type]
     config = AutoConfig.from_pretrained(str(llm.model_dir))
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # initialized in the engine's dtype on the device (8B in seconds)

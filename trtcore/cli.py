@@ -40,12 +40,12 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", help="run this engine file from `trtcore build` (checked against its sidecar) instead of building")
 
 
-def _llm(args: argparse.Namespace, **kwargs: Any) -> Any:
+def _llm(args: argparse.Namespace) -> Any:
     """The ``LLM`` of ``--model`` / ``--engine`` and the plan options of ``args``."""
     from .llm import LLM
 
     model = args.model if args.engine else _model_dir(args.model)  # an engine's sidecar names its model folder
-    return LLM(model, engine=args.engine, backend=args.backend, device=getattr(args, "device", None), **_plan_choices(args), **kwargs)
+    return LLM(model, engine=args.engine, backend=args.backend, device=args.device, **_plan_choices(args))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -107,18 +107,21 @@ def _device_name(backend: str) -> str:
         return "no GPU"
 
 
-def network_plugins(network: Any) -> dict[str, str]:
+def network_plugins(network: Any, trt: Any = None) -> dict[str, str]:
     """``{plugin_name: plugin_version}`` of the plugin layers of ``network`` (any backend's
-    ``INetworkDefinition``: a reference / cuda layer holds the plugin as ``layer.plugin``,
-    a TensorRT one returns trtcore's adapter from ``get_plugin()``)."""
+    ``INetworkDefinition``: a reference / cuda layer holds the plugin as ``layer.plugin``; a
+    TensorRT one gives it through ``get_plugin()``, whose name and version are those of its
+    ``IPluginV3OneCore`` capability when the object itself has none; ``trt``: the module)."""
     found: dict[str, str] = {}
     for i in range(network.num_layers):
         layer = network.get_layer(i)
         plugin = getattr(layer, "plugin", None)
         if plugin is None and hasattr(layer, "get_plugin"):
             plugin = layer.get_plugin()
+        if plugin is not None and not getattr(plugin, "plugin_name", None) and hasattr(plugin, "get_capability_interface"):
+            plugin = plugin.get_capability_interface(trt.PluginCapabilityType.CORE)
         name = getattr(plugin, "plugin_name", None)
-        if name:
+        if name and plugin is not None:
             found[str(name)] = str(plugin.plugin_version)
     return found
 
@@ -147,6 +150,7 @@ def sidecar(
     engine_file: str,
     compute_capability: str | None,
     model_dir: str | os.PathLike[str] | None = None,
+    digest: bool = True,
 ) -> dict[str, Any]:
     """The JSON description written beside an engine file (the module docstring lists the
     fields a load checks).
@@ -159,6 +163,8 @@ def sidecar(
         compute_capability: the chosen target (tensorrt_rtx), or None for the GPU here.
         model_dir: the model folder (config, tokenizer) a load reads by default; None when
             the engine was built from weights without a folder (a load then needs ``model=``).
+        digest: compute ``engine_sha256`` (None otherwise: an engine kept in memory, whose
+            bytes nothing can change between build and load, skips hashing gigabytes).
     """
     from . import __version__
 
@@ -171,13 +177,13 @@ def sidecar(
         "trtcore_version": __version__,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "engine_file": engine_file,
-        "engine_sha256": _sha256(engine),
+        "engine_sha256": _sha256(engine) if digest else None,
         "engine_bytes": len(engine),
         "backend": backend,
         "tensorrt_version": getattr(d.trt, "__version__", "unknown"),
         "target": {"compute_capability": target},
         "device": _device_name(backend) if target != ANY_TARGET else None,
-        "plugins": network_plugins(d.network),
+        "plugins": network_plugins(d.network, d.trt),
         "dtype": d.plan.dtype,
         "kv_cache": d.plan.kv_cache,
         "attention": d.plan.implementations.get("attention"),
@@ -261,7 +267,7 @@ class EngineFile:
     def from_network(cls, d: DefinedNetwork, serialized: bytes, model_dir: str | os.PathLike[str]) -> EngineFile:
         """An engine built in this process (the sidecar it would be saved with); ``model_dir``
         holds the config (and tokenizer, if any) it runs with."""
-        meta = sidecar(d, serialized, backend=d.plan.backend, engine_file="", compute_capability=None, model_dir=model_dir)
+        meta = sidecar(d, serialized, backend=d.plan.backend, engine_file="", compute_capability=None, model_dir=model_dir, digest=False)
         return cls(serialized, json.loads(json.dumps(meta, default=_json_default)), Path(model_dir))
 
     def plan_for(self, options: BuildConfig, backend: str | None) -> BuildPlan:
