@@ -28,7 +28,7 @@ from trtcore.config import load_config
 
 QUANTITIES = ("ttft", "tpot", "itl", "e2el")
 ROW_KEYS = {"batch_size", "completed", "total_input", "total_output", "duration_s", "request_throughput", "output_throughput",
-            "total_token_throughput", "weight_GBps"} | {f"{s}_{q}_ms" for q in QUANTITIES for s in ("mean", "median", "p99")}  # fmt: skip
+            "total_token_throughput", "weight_GBps", "weight_streaming_fraction"} | {f"{s}_{q}_ms" for q in QUANTITIES for s in ("mean", "median", "p99")}  # fmt: skip
 REPORT_KEYS = {"benchmark", "model", "random_weights", "backend", "device", "dtype", "kv_cache", "max_batch_size", "input_len",
                "output_len", "num_iters", "streamed_weight_bytes", "copy_GBps", "results"}  # fmt: skip
 
@@ -78,6 +78,7 @@ def _check_report(report: dict[str, Any], kind: str, requests: list[int], output
         assert r["median_ttft_ms"] <= r["median_e2el_ms"]
         assert r["p99_e2el_ms"] <= r["duration_s"] * 1e3 * (1 + 1e-9)
         assert r["weight_GBps"] == pytest.approx(report["streamed_weight_bytes"] / (r["median_tpot_ms"] * 1e-3) / 1e9)
+        assert r["weight_streaming_fraction"] is None  # no copy bandwidth on the CPU
 
 
 def test_bench_latency_cli(hf_models: ModelStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811

@@ -18,7 +18,8 @@ request) and ``e2el_ms`` (submission to last token).
 Weight streaming: a decode step reads every weight once (the embedding only where tied to
 the LM head: :func:`streamed_weight_bytes`), so ``weight_GBps = streamed bytes / median
 TPOT``; it is printed against ``copy_GBps``, a device-to-device copy timed with CUDA events
-in the same process (bytes read + written / time; ``None``, printed "n/a", on the CPU).
+in the same process (bytes read + written / time; ``None``, printed "n/a", on the CPU), and
+``weight_streaming_fraction`` is their ratio.
 
 The model comes from ``--model`` (a checkpoint, built at start-up), ``--engine`` (an engine
 file, :mod:`trtcore.engine_file`) or ``--random-weights SHAPE`` (random bfloat16 weights in
@@ -317,8 +318,11 @@ def _peer(args: argparse.Namespace, llm: Any, weights: Any, rows: list[dict[str,
     gc.collect()
 
 
-def _bandwidth(row: dict[str, Any], weight_bytes: int) -> None:
+def _bandwidth(row: dict[str, Any], weight_bytes: int, copy_Bps: float | None) -> None:
+    """``weight_GBps`` (streamed weight bytes / median TPOT) and, on a GPU, its fraction of
+    the copy bandwidth (``weight_streaming_fraction``; None on the CPU)."""
     row["weight_GBps"] = weight_bytes / (row["median_tpot_ms"] * 1e-3) / 1e9 if row["median_tpot_ms"] else None
+    row["weight_streaming_fraction"] = row["weight_GBps"] * 1e9 / copy_Bps if copy_Bps and row["weight_GBps"] else None
 
 
 def latency(args: argparse.Namespace) -> dict[str, Any]:
@@ -350,7 +354,7 @@ def _run(args: argparse.Namespace, kind: str, sizes: list[int], max_batch_size: 
             _timed_run(llm, prompts, args.output_len)
         runs = [_timed_run(llm, prompts, args.output_len) for _ in range(args.num_iters if kind == "latency" else 1)]
         row = {"batch_size": size, **_merge(runs)}
-        _bandwidth(row, wbytes)
+        _bandwidth(row, wbytes, bw)
         rows.append(row)
     if args.peer == "transformers":
         _peer(args, llm, weights, rows)
@@ -396,6 +400,8 @@ def print_report(report: dict[str, Any], file: Any = None) -> None:
     print(head, file=file)
     for r in report["results"]:
         gbps = f"{r['weight_GBps']:.4g}" if r.get("weight_GBps") else "n/a"
+        if r.get("weight_streaming_fraction"):
+            gbps += f" ({100 * r['weight_streaming_fraction']:.0f}%)"
         line = (
             f"{r['batch_size']:>6} {r['output_throughput']:>12.1f} {r['median_ttft_ms']:>8.2f}/{r['p99_ttft_ms']:<9.2f} "
             f"{r['median_tpot_ms']:>8.3f}/{r['p99_tpot_ms']:<9.3f} {r['median_itl_ms']:>8.3f}/{r['p99_itl_ms']:<9.3f} {gbps:>12}"
