@@ -10,18 +10,13 @@ means float32.
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from . import ops
 from .checkpoint import LoadReport
 from .config import ModelConfig
+from .engine_file import save_engine, sidecar
 from .errors import EngineBuildError, InvalidArgumentError
 from .families import family_of
 from .fileio import check_writable, write_atomic
@@ -178,46 +173,3 @@ def build_reference_engine(d: DefinedNetwork) -> Any:
     """Validate ``d`` (a :mod:`trtcore.reference` network) with the same builder config and
     optimization profile a TensorRT build gets, without serializing; returns its ``ICudaEngine``."""
     return d.builder.build_engine(d.network, _builder_config(d, None))
-
-
-def sidecar(d: DefinedNetwork, engine: bytes, *, backend: str, engine_file: str, compute_capability: str | None) -> dict[str, Any]:
-    """The JSON description written beside an engine file."""
-    from . import __version__
-
-    return {
-        "format": "trtcore-engine/1",
-        "trtcore_version": __version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "engine_file": engine_file,
-        "engine_sha256": hashlib.sha256(engine).hexdigest(),
-        "engine_bytes": len(engine),
-        "backend": backend,
-        "tensorrt_version": getattr(d.trt, "__version__", "unknown"),
-        "target": {"compute_capability": compute_capability or "native"},
-        "dtype": d.plan.dtype,
-        "kv_cache": d.plan.kv_cache,
-        "attention": d.plan.implementations.get("attention"),
-        "implementations": d.plan.implementations,
-        "plan": d.plan.to_dict(),
-        "build_config": d.plan.to_dict(),
-        "optimization_profiles": [{name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in _profile(d).items()}],
-        "model_config": d.config.to_dict(),
-    }
-
-
-def save_engine(d: DefinedNetwork, engine: bytes, output: Path, *, backend: str, compute_capability: str | None) -> Path:
-    """Write the engine to ``output`` and its sidecar to ``output + '.json'``; return the sidecar path."""
-    output = Path(output)
-    meta = sidecar(d, engine, backend=backend, engine_file=output.name, compute_capability=compute_capability)
-    side = output.with_name(output.name + ".json")
-    write_atomic(output, engine)
-    write_atomic(side, (json.dumps(meta, indent=2, default=_json_default) + "\n").encode())
-    return side
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.integer, np.floating)):
-        return o.item()
-    if isinstance(o, tuple):
-        return list(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

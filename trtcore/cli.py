@@ -1,4 +1,4 @@
-"""The ``trtcore`` command: ``generate``, ``build``, ``convert``, ``check``.
+"""The ``trtcore`` command: ``generate``, ``build``, ``bench``, ``convert``, ``check``.
 
 Every trtcore error (bad model folder, bad request, missing backend) is printed as one
 line ``trtcore: error: ...`` on stderr with exit status 2; no traceback.
@@ -36,6 +36,18 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="per-request random seed (same seed, same text)")
 
 
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", help="run this engine file from `trtcore build` (checked against its sidecar) instead of building")
+
+
+def _llm(args: argparse.Namespace) -> Any:
+    """The ``LLM`` of ``--model`` / ``--engine`` and the plan options of ``args``."""
+    from .llm import LLM
+
+    model = args.model if args.engine else _model_dir(args.model)  # an engine's sidecar names its model folder
+    return LLM(model, engine=args.engine, backend=args.backend, device=args.device, **_plan_choices(args))
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -45,14 +57,15 @@ def _parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text from a prompt (streams to stdout)")
     g.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT, help=f"prompt text (default {DEFAULT_PROMPT!r})")
-    g.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
+    g.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct; with --engine: the folder its sidecar names)")
+    _add_engine(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     _add_sampling(g)
     g.add_argument("--backend", help="reference | tensorrt | tensorrt_rtx | cuda")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
     g.add_argument("--rope", choices=("plugin", "layers"), help="RoPE implementation (default: plugin where the backend hosts plugins)")
     g.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: paged on the reference backend)")
-    g.add_argument("--attention", choices=("layers", "native"), default="layers", help="contiguous cache: composed layers or TensorRT's IAttention")
+    g.add_argument("--attention", choices=("layers", "native"), help="contiguous cache: composed layers or TensorRT's IAttention (default layers)")
     g.add_argument(
         "--device",
         choices=("cpu", "cuda"),
@@ -82,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
         help="contiguous cache: composed layers or TensorRT's IAttention + IKVCacheUpdateLayer",
     )
 
+    from .bench import add_bench_parsers
+
+    add_bench_parsers(sub.add_parser("bench", help="latency / throughput of generation (vllm bench style)"), _add_engine)
+
     c = sub.add_parser("convert", help="convert a GGUF file into a Hugging Face model folder")
     c.add_argument("--gguf", required=True, help="GGUF file (llama or qwen2 architecture)")
     c.add_argument("--output", required=True, help="folder to create")
@@ -96,17 +113,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def _plan_choices(args: argparse.Namespace) -> dict[str, Any]:
     """The plan options ``generate`` and ``build`` both take (``--dtype``, ``--rope``,
-    ``--kv-cache``, ``--attention``), as keywords of ``LLM`` and ``BuildConfig``."""
-    return {name: getattr(args, name) for name in ("dtype", "rope", "kv_cache", "attention")}
+    ``--kv-cache``, ``--attention``), as keywords of ``LLM`` and ``BuildConfig``; those not
+    given are left out (their defaults; with ``--engine``, the engine's)."""
+    return {name: getattr(args, name) for name in ("dtype", "rope", "kv_cache", "attention") if getattr(args, name) is not None}
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .llm import LLM
     from .runtime.sampling import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens)
     t0 = time.perf_counter()
-    llm = LLM(_model_dir(args.model), backend=args.backend, device=args.device, **_plan_choices(args))
+    llm = _llm(args)
     load_s = time.perf_counter() - t0
     prompt = args.prompt
     if args.chat:
@@ -118,6 +135,7 @@ def _generate(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "model": str(llm.model_dir),
+                    "engine": args.engine,
                     "backend": llm.backend,
                     "dtype": llm.build_config.dtype,
                     "prompt": prompt,
@@ -170,10 +188,14 @@ def _build(args: argparse.Namespace) -> int:
         engine = build_engine(d, args.compute_capability)
         bar.update()
         bar.set_postfix_str("writing")
-        side = save_engine(d, engine, Path(args.output), backend=plan.backend, compute_capability=args.compute_capability)
+        side = save_engine(d, engine, Path(args.output), backend=plan.backend, compute_capability=args.compute_capability, model_dir=model)
         bar.update()
     print(f"wrote {args.output} ({len(engine)} bytes) and {side}")
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    return int(args.handler(args))  # trtcore.bench's subcommand
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -200,7 +222,7 @@ def _check(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trtcore`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
-    handlers: dict[str, Any] = {"generate": _generate, "build": _build, "convert": _convert, "check": _check}
+    handlers: dict[str, Any] = {"generate": _generate, "build": _build, "convert": _convert, "check": _check, "bench": _bench}
     try:
         return int(handlers[args.command](args))
     except TrtcoreError as exc:

@@ -75,3 +75,17 @@ class NetworkError(TrtcoreError, ValueError):
 class GenerationError(TrtcoreError, RuntimeError):
     """A request failed while generating: its logits were not finite (NaN, or an overflow
     to inf), so no token could be sampled."""
+
+
+class EngineFileError(TrtcoreError, ValueError):
+    """An engine file cannot be loaded: it or its sidecar is missing or corrupted, or it was
+    built for something else than what is here (another trtcore or TensorRT version, GPU
+    target, plugin version, model files). ``field`` names the sidecar field that differs,
+    ``expected`` the value the engine was built with, ``found`` the value found here (all
+    None when the files cannot be read)."""
+
+    def __init__(self, message: str, *, field: str | None = None, expected: object = None, found: object = None):
+        super().__init__(message)
+        self.field = field
+        self.expected = expected
+        self.found = found

@@ -26,6 +26,7 @@ import numpy as np
 from .builder import build_engine, build_reference_engine, define_network
 from .checkpoint import Checkpoint
 from .config import GenerationConfig, ModelConfig, load_config, load_generation_config
+from .engine_file import EngineFile, load_engine_file
 from .errors import GenerationError, InvalidArgumentError, InvalidRequestError, TrtcoreError
 from .kv_modes import kv_mode
 from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
@@ -204,6 +205,12 @@ class LLM:
             ``"native"`` (TensorRT's ``IAttention`` + ``IKVCacheUpdateLayer`` over a fixed
             ``[batch, num_kv_heads, max_seq_len, head_dim]`` cache; implies
             ``kv_cache="contiguous"``).
+        engine: an engine file written by ``trtcore build`` (or an
+            :class:`~trtcore.engine_file.EngineFile`), run without rebuilding; its sidecar is
+            checked first (:func:`trtcore.engine_file.load_engine_file`: SHA-256, trtcore and
+            TensorRT versions, GPU target, plugin versions, model files). ``model`` then is the
+            folder of its config and tokenizer (default: the one the sidecar records); build
+            options left at their defaults take the engine's values, others must equal them.
         device: ``"cpu"``, ``"cuda"`` / ``"gpu"`` or None; a check, not a choice
             (:func:`trtcore.runtime.device.resolve_device`): the reference backend runs on the
             CPU (``"cuda"`` is refused, pointing to ``backend="cuda"``), the others on the
@@ -220,7 +227,11 @@ class LLM:
         ConfigError / UnsupportedArchitectureError / CheckpointError: bad model folder.
         BackendNotAvailableError: the backend's module is not installed.
         InvalidArgumentError: an unknown ``device``, ``device="cuda"`` with the reference
-            backend (use ``backend="cuda"``), or ``device="cpu"`` with a GPU backend.
+            backend (use ``backend="cuda"``), or ``device="cpu"`` with a GPU backend; a
+            build option or backend that differs from the ``engine``'s.
+        EngineFileError: the engine file or its sidecar is missing, corrupted, or built for
+            another trtcore / TensorRT version, GPU target, plugin version or model files
+            (the message names the field, the engine's value and the value found).
     """
 
     def __init__(
@@ -240,7 +251,13 @@ class LLM:
         attention: str = "layers",
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
+        engine: str | os.PathLike[str] | EngineFile | None = None,
     ):
+        #: the engine file this LLM runs (``engine=``), checked on load; None: built at start-up
+        self.engine_file: EngineFile | None = None
+        if engine is not None:
+            self.engine_file = engine if isinstance(engine, EngineFile) else load_engine_file(engine, model)
+            model = self.engine_file.model_dir
         if model is None:
             from .default_model import default_model_dir
 
@@ -250,8 +267,6 @@ class LLM:
         self.model_dir = Path(model)
         self.config: ModelConfig = load_config(self.model_dir)
         self.generation_config: GenerationConfig = load_generation_config(self.model_dir, self.config)
-        backend_name = normalize_backend(backend) if backend else default_backend()
-        self.device = resolve_device(backend_name, device)  # before loading the backend's module
         options = BuildConfig(
             dtype=dtype,
             max_batch_size=max_batch_size,
@@ -262,8 +277,14 @@ class LLM:
             max_num_tokens=max_num_tokens,
             attention=attention,
         )
-        #: every build choice, resolved once (:func:`trtcore.plan.resolve_plan`)
-        self.plan: BuildPlan = resolve_plan(self.config, options, backend_name)
+        if self.engine_file is not None:  # the engine's plan; options that contradict it are refused
+            self.plan: BuildPlan = self.engine_file.plan_for(options, backend)
+            self.device = resolve_device(self.plan.backend, device)
+        else:
+            backend_name = normalize_backend(backend) if backend else default_backend()
+            self.device = resolve_device(backend_name, device)  # before loading the backend's module
+            #: every build choice, resolved once (:func:`trtcore.plan.resolve_plan`)
+            self.plan = resolve_plan(self.config, options, backend_name)
         self.backend = self.plan.backend
         self.build_config = self.plan  # its former name
         self.tokenizer = _load_tokenizer(self.model_dir)
@@ -322,6 +343,8 @@ class LLM:
             from .runtime.trt_executor import require_gpu
 
             require_gpu()  # before a long engine build
+        if self.engine_file is not None:
+            return self._engine_executor(trt, self.engine_file.serialized)
         with Checkpoint(self.model_dir) as weights, tqdm(total=2, desc="build", disable=not progress, leave=False) as bar:
             bar.set_postfix_str(f"defining {self.config.architecture} network ({self.backend})")
             net = define_network(trt, self.config, weights, self.plan)
@@ -331,19 +354,21 @@ class LLM:
 
                 executor: Executor = ReferenceExecutor(build_reference_engine(net))
             else:
-                from .runtime.trt_executor import TensorRTExecutor
-
                 bar.set_postfix_str("building TensorRT engine")
                 blob = build_engine(net)
-                if self.device_executor:
-                    from .runtime.trt_executor import open_device_runner
-
-                    bar.set_postfix_str("allocating memory pools, capturing CUDA graphs")
-                    executor = open_device_runner(trt, blob, self.kv_mode, **self._runner_options)
-                else:
-                    executor = TensorRTExecutor(trt, blob)
+                bar.set_postfix_str("allocating memory pools, capturing CUDA graphs" if self.device_executor else "loading the engine")
+                executor = self._engine_executor(trt, blob)
             bar.update()
         return executor
+
+    def _engine_executor(self, trt: Any, serialized: bytes) -> Executor:
+        """The executor of a serialized engine (module ``trt``): the device executor for a
+        paged cache on a GPU backend, else host arrays (:func:`_deserialized_executor`)."""
+        if self.device_executor:
+            from .runtime.trt_executor import open_device_runner
+
+            return open_device_runner(trt, serialized, self.kv_mode, **self._runner_options)  # type: ignore[no-any-return]
+        return _deserialized_executor(trt, self.backend, serialized)
 
     def close(self) -> None:
         """Release the executor's device memory, streams and graphs (safe to call twice);
@@ -575,6 +600,17 @@ class LLM:
                         for tok, lp in d.items():
                             lp.decoded_token = self.tokenizer.id_to_token(tok)
         return outputs
+
+
+def _deserialized_executor(trt: Any, backend: str, serialized: bytes) -> Executor:
+    """The executor of a serialized engine of ``backend`` (module ``trt``): no build."""
+    if backend == "reference":
+        from .runtime.reference_executor import ReferenceExecutor
+
+        return ReferenceExecutor(trt.Runtime().deserialize_cuda_engine(serialized))
+    from .runtime.trt_executor import TensorRTExecutor
+
+    return TensorRTExecutor(trt, serialized)
 
 
 def _load_tokenizer(model_dir: Path) -> Any:

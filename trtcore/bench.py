@@ -1,0 +1,487 @@
+"""``trtcore bench latency`` and ``trtcore bench throughput``: end-to-end serving numbers.
+
+* ``latency``: for each batch size ``1 .. N`` (``--batch-sizes``), ``--num-iters`` runs of
+  that many random prompts of ``--input-len`` tokens generating ``--output-len`` tokens each
+  (greedy, EOS ignored), after ``--num-iters-warmup`` untimed runs;
+* ``throughput``: ``--num-prompts`` such requests submitted at once and run through the
+  LLM's scheduler (continuous batching with the paged KV cache; padded static batches with
+  the contiguous one), like ``vllm bench throughput`` and ``trtllm-bench throughput``.
+
+Times are taken on the caller's side of :meth:`trtcore.llm.LLM.stream`, when each token
+reaches it; the metrics are named as vLLM's benchmark scripts name them
+(``vllm/benchmarks/serve.py`` ``BenchmarkMetrics``): ``output_throughput`` (output tokens/s),
+``total_token_throughput``, ``request_throughput``; ``mean_`` / ``median_`` (= p50) /
+``p99_`` of ``ttft_ms`` (time to first token), ``tpot_ms`` (per request: (last token time -
+first token time) / (output tokens - 1)), ``itl_ms`` (every gap between two tokens of a
+request) and ``e2el_ms`` (submission to last token).
+
+Weight streaming: a decode step reads every weight once (the embedding only where tied to
+the LM head: :func:`streamed_weight_bytes`), so ``weight_GBps = streamed bytes / median
+TPOT``; it is printed against ``copy_GBps``, a device-to-device copy timed with CUDA events
+in the same process (bytes read + written / time; ``None``, printed "n/a", on the CPU), and
+``weight_streaming_fraction`` is their ratio.
+
+The model comes from ``--model`` (a checkpoint, built at start-up), ``--engine`` (an engine
+file, :mod:`trtcore.engine_file`) or ``--random-weights SHAPE`` (random bfloat16 weights in
+the shape of a Hugging Face config: a name of :data:`trtcore.cuda.synthetic.SHAPES` or a
+``config.json`` path; built in memory, no checkpoint). ``--peer transformers`` times
+transformers' ``generate`` with its static cache (``cache_implementation="static"``, greedy,
+the same lengths and batch sizes, warmed up first) on the same weights in the same process,
+and prints trtcore's decode tokens/s over transformers' (``decode_speedup``: transformers'
+TPOT / trtcore's) and the ratio of output throughputs; its TPOT is (time of ``output_len``
+new tokens - time of 1) / (``output_len`` - 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArgumentError, TrtcoreError
+
+__all__ = [
+    "add_bench_parsers",
+    "copy_bandwidth",
+    "latency",
+    "request_metrics",
+    "streamed_weight_bytes",
+    "throughput",
+]
+
+#: the metrics summarized per request quantity (vLLM's names, milliseconds)
+QUANTITIES = ("ttft", "tpot", "itl", "e2el")
+
+
+def streamed_weight_bytes(config: Any, dtype: str) -> int:
+    """Bytes of weights one decode step reads: every decoder layer's projections, norms and
+    biases (the family's rules, :mod:`trtcore.families`), the final norm and the LM head (the embedding table itself is only
+    gathered from, so an untied one is not counted).
+
+    Args:
+        config: a :class:`trtcore.config.ModelConfig`.
+        dtype: the engine's dtype (``"float32"``, ``"float16"``, ``"bfloat16"``).
+    """
+    from .dtypes import numpy_dtype
+    from .families import family_of
+
+    family = family_of(config.model_type)  # bias rules: hard-coded by the modeling code, or the config's
+
+    def has(rule: bool | None, configured: bool) -> bool:
+        return configured if rule is None else rule
+
+    h, i = config.hidden_size, config.intermediate_size
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
+    layer += (q + 2 * kv) * has(family.qkv_bias, config.attention_bias) + h * has(family.o_bias, config.attention_bias)
+    layer += (2 * i + h) * has(family.mlp_bias, config.mlp_bias)
+    if config.model_type == "qwen3":  # per-head q/k RMSNorm (as models/llama.py builds it)
+        layer += 2 * config.head_dim
+    params = config.num_hidden_layers * layer + h + config.vocab_size * h
+    return params * np.dtype(numpy_dtype(dtype)).itemsize
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30, reps: int = 20) -> float | None:
+    """Bytes/s of a device-to-device copy of ``nbytes`` (read + written: ``2 * nbytes`` per
+    copy), median of ``reps`` copies timed with CUDA events after a warm-up; None on the CPU
+    or without CuPy."""
+    if device != "cuda":
+        return None
+    try:
+        import cupy as cp
+    except ImportError:
+        return None
+    src = cp.zeros(nbytes // 4, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    stream = cp.cuda.Stream(non_blocking=True)
+    times = []
+    with stream:
+        for rep in range(reps + 3):
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record(stream)
+            dst[...] = src
+            b.record(stream)
+            b.synchronize()
+            if rep >= 3:
+                times.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
+    del src, dst
+    cp.get_default_memory_pool().free_all_blocks()
+    return 2 * nbytes / statistics.median(times)
+
+
+def _summary(name: str, values_s: Sequence[float]) -> dict[str, float]:
+    ms = np.asarray(values_s, dtype=np.float64) * 1e3
+    if ms.size == 0:
+        return {f"mean_{name}_ms": 0.0, f"median_{name}_ms": 0.0, f"p99_{name}_ms": 0.0}
+    return {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)), f"p99_{name}_ms": float(np.percentile(ms, 99))}
+
+
+def request_metrics(token_times: Sequence[Sequence[float]], start: float, input_lens: Sequence[int]) -> dict[str, Any]:
+    """vLLM's metrics (module docstring) of requests all submitted at ``start``.
+
+    Args:
+        token_times: per request, the ``time.perf_counter()`` seconds at which each output
+            token arrived.
+        start: submission time (seconds, same clock).
+        input_lens: per request, its prompt's token count.
+    """
+    per: dict[str, list[float]] = {q: [] for q in QUANTITIES}
+    for times in token_times:
+        if not times:
+            continue
+        per["ttft"].append(times[0] - start)
+        per["e2el"].append(times[-1] - start)
+        if len(times) > 1:
+            per["tpot"].append((times[-1] - times[0]) / (len(times) - 1))
+            per["itl"].extend(np.diff(times).tolist())
+    duration = max((t[-1] for t in token_times if t), default=start) - start
+    total_output = sum(len(t) for t in token_times)
+    out: dict[str, Any] = {
+        "completed": sum(1 for t in token_times if t),
+        "total_input": int(sum(input_lens)),
+        "total_output": total_output,
+        "duration_s": duration,
+        "request_throughput": len(token_times) / duration if duration else 0.0,
+        "output_throughput": total_output / duration if duration else 0.0,
+        "total_token_throughput": (total_output + sum(input_lens)) / duration if duration else 0.0,
+    }
+    for q in QUANTITIES:
+        out.update(_summary(q, per[q]))
+    return out
+
+
+def _prompts(rng: np.random.Generator, n: int, input_len: int, vocab_size: int) -> list[list[int]]:
+    return [rng.integers(0, vocab_size, size=input_len).tolist() for _ in range(n)]
+
+
+def _timed_run(llm: Any, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
+    """Stream ``prompts`` (greedy, ``output_len`` tokens each, EOS ignored) and time every token."""
+    from .runtime.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    times: list[list[float]] = [[] for _ in prompts]
+    start = time.perf_counter()
+    for out in llm.stream(prompts, params):
+        if out.error is not None:
+            raise out.error
+        times[out.index].append(time.perf_counter())
+    return request_metrics(times, start, [len(p) for p in prompts])
+
+
+class _Recorded:
+    """The weights a network definition reads (``get`` / ``in`` / iteration, like
+    :class:`trtcore.checkpoint.Checkpoint`), kept by name for the transformers peer."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: Sequence[int] | None = None, dtype: Any = None, **kw: Any) -> np.ndarray:
+        self.arrays[name] = self.inner.get(name, shape=shape, dtype=dtype, **kw)
+        return self.arrays[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.inner
+
+    def __iter__(self) -> Any:
+        return iter(self.inner)
+
+
+def _random_weights_llm(shape: str, backend: str | None, dtype: str, options: dict[str, Any], seed: int) -> tuple[Any, dict[str, np.ndarray]]:
+    """An LLM of random weights in ``shape``'s config, built in memory; and the weights."""
+    from .builder import build_engine, define_network
+    from .config import load_config
+    from .cuda import synthetic
+    from .engine_file import EngineFile
+    from .llm import LLM
+    from .plan import BuildConfig, resolve_plan
+    from .trt import load_trt
+
+    if shape in synthetic.SHAPES:
+        config = synthetic.config(shape)
+    elif Path(shape).is_file() or Path(shape).is_dir():
+        config = load_config(shape)
+    else:
+        raise InvalidArgumentError(f"--random-weights {shape!r}: expected one of {sorted(synthetic.SHAPES)} or a config.json path")
+    folder = Path(tempfile.mkdtemp(prefix="trtcore-bench-"))
+    (folder / "config.json").write_text(json.dumps(config.to_dict()))
+    plan = resolve_plan(config, BuildConfig(dtype=dtype, **options), backend)
+    weights = _Recorded(synthetic.RandomWeights(seed=seed))
+    d = define_network(load_trt(plan.backend), config, weights, plan)
+    engine = EngineFile.from_network(d, build_engine(d), folder)
+    del d
+    gc.collect()
+    llm = LLM(engine=engine, progress=False)
+    engine.serialized = b""  # deserialized by now: do not keep a second host copy of the weights
+    return llm, weights.arrays
+
+
+def _make_llm(args: argparse.Namespace, max_batch_size: int, max_seq_len: int) -> tuple[Any, Any]:
+    """The LLM of ``--model`` / ``--engine`` / ``--random-weights``, and what the peer loads
+    (the model folder, or the random weights by name)."""
+    from .llm import LLM
+
+    options: dict[str, Any] = {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len}
+    if args.kv_cache:
+        options["kv_cache"] = args.kv_cache
+    if args.random_weights:
+        return _random_weights_llm(args.random_weights, args.backend, args.dtype or "bfloat16", options, args.seed)
+    if args.engine:
+        llm = LLM(args.model, engine=args.engine, backend=args.backend, dtype=args.dtype, progress=False)
+        if llm.plan.max_batch_size < max_batch_size or llm.plan.max_seq_len < max_seq_len:
+            raise InvalidArgumentError(
+                f"the engine takes batches up to {llm.plan.max_batch_size} and {llm.plan.max_seq_len} tokens per sequence; "
+                f"the benchmark needs {max_batch_size} and {max_seq_len}"
+            )
+        return llm, llm.model_dir
+    if not args.model:
+        raise InvalidArgumentError("give --model, --engine or --random-weights")
+    llm = LLM(args.model, backend=args.backend, dtype=args.dtype, progress=False, **options)
+    return llm, llm.model_dir
+
+
+def _transformers_model(llm: Any, weights: Any) -> Any:
+    """transformers' model of ``llm``'s config in its dtype on its device: loaded from the
+    model folder, or made from the config and given the random ``weights`` by name."""
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError as exc:
+        raise TrtcoreError(f"--peer transformers needs torch and transformers ({exc})") from exc
+    dtype = getattr(torch, llm.plan.dtype)
+    device = "cuda" if llm.device == "cuda" else "cpu"
+    if isinstance(weights, Path):
+        return AutoModelForCausalLM.from_pretrained(str(weights), dtype=dtype).to(device).eval()  # type: ignore[arg-type]
+    config = AutoConfig.from_pretrained(str(llm.model_dir))
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # initialized in the engine's dtype on the device (8B in seconds)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config).eval()
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # copied at once, never written
+        for name, p in model.named_parameters():
+            if name not in weights:
+                raise TrtcoreError(f"--peer transformers: trtcore's network read no tensor {name!r}")
+            a = np.ascontiguousarray(weights[name])
+            t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype.name == "bfloat16" else torch.from_numpy(a)
+            p.copy_(t.to(p.dtype))
+    return model
+
+
+def _transformers_run(model: Any, batch: int, input_len: int, output_len: int, vocab_size: int, seed: int) -> dict[str, Any]:
+    """transformers' static-cache ``generate`` of ``batch`` random prompts (module docstring)."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(np.random.default_rng(seed).integers(0, vocab_size, size=(batch, input_len)), device=device)
+
+    def gen(n: int) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                           cache_implementation="static", pad_token_id=0)  # fmt: skip
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    gen(output_len), gen(1)  # warm-up (and compilation, where transformers compiles)
+    one = statistics.median(gen(1) for _ in range(3))
+    full = statistics.median(gen(output_len) for _ in range(2))
+    tpot = (full - one) / max(output_len - 1, 1)
+    return {"ttft_ms": one * 1e3, "tpot_ms": tpot * 1e3, "e2el_ms": full * 1e3, "output_throughput": batch * output_len / full}
+
+
+def _peer(args: argparse.Namespace, llm: Any, weights: Any, rows: list[dict[str, Any]]) -> None:
+    """Add transformers' numbers and the ratios to each row (one per batch size)."""
+    model = _transformers_model(llm, weights)
+    for row in rows:
+        hf = _transformers_run(model, row["batch_size"], args.input_len, args.output_len, llm.config.vocab_size, args.seed)
+        row["transformers"] = hf
+        row["decode_speedup"] = hf["tpot_ms"] / row["median_tpot_ms"] if row["median_tpot_ms"] else None
+        row["output_throughput_ratio"] = row["output_throughput"] / hf["output_throughput"]
+    del model
+    gc.collect()
+
+
+def _bandwidth(row: dict[str, Any], weight_bytes: int, copy_Bps: float | None) -> None:
+    """``weight_GBps`` (streamed weight bytes / median TPOT) and, on a GPU, its fraction of
+    the copy bandwidth (``weight_streaming_fraction``; None on the CPU)."""
+    row["weight_GBps"] = weight_bytes / (row["median_tpot_ms"] * 1e-3) / 1e9 if row["median_tpot_ms"] else None
+    row["weight_streaming_fraction"] = row["weight_GBps"] * 1e9 / copy_Bps if copy_Bps and row["weight_GBps"] else None
+
+
+def latency(args: argparse.Namespace) -> dict[str, Any]:
+    """``trtcore bench latency`` (module docstring); returns the JSON report."""
+    sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
+    if not sizes or sizes[0] < 1:
+        raise InvalidArgumentError(f"--batch-sizes must be positive integers, got {args.batch_sizes!r}")
+    return _run(args, "latency", sizes, max(sizes))
+
+
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """``trtcore bench throughput`` (module docstring); returns the JSON report."""
+    if args.num_prompts < 1:
+        raise InvalidArgumentError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    return _run(args, "throughput", [args.num_prompts], args.max_batch_size or args.num_prompts)
+
+
+def _run(args: argparse.Namespace, kind: str, sizes: list[int], max_batch_size: int) -> dict[str, Any]:
+    if args.input_len < 1 or args.output_len < 1:
+        raise InvalidArgumentError(f"--input-len and --output-len must be >= 1, got {args.input_len}, {args.output_len}")
+    llm, weights = _make_llm(args, max_batch_size, args.input_len + args.output_len)
+    bw = copy_bandwidth(llm.device)
+    wbytes = streamed_weight_bytes(llm.config, llm.plan.dtype)
+    rng = np.random.default_rng(args.seed)
+    rows = []
+    for size in sizes:
+        prompts = _prompts(rng, size, args.input_len, llm.config.vocab_size)
+        for _ in range(args.num_iters_warmup):
+            _timed_run(llm, prompts, args.output_len)
+        runs = [_timed_run(llm, prompts, args.output_len) for _ in range(args.num_iters if kind == "latency" else 1)]
+        row = {"batch_size": size, **_merge(runs)}
+        _bandwidth(row, wbytes, bw)
+        rows.append(row)
+    if args.peer == "transformers":
+        _peer(args, llm, weights, rows)
+    report = {
+        "benchmark": kind,
+        "model": args.random_weights or str(args.engine or llm.model_dir),
+        "random_weights": bool(args.random_weights),
+        "backend": llm.backend,
+        "device": llm.device,
+        "dtype": llm.plan.dtype,
+        "kv_cache": llm.kv_cache,
+        "max_batch_size": llm.plan.max_batch_size,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "num_iters": args.num_iters if kind == "latency" else 1,
+        "streamed_weight_bytes": wbytes,
+        "copy_GBps": bw / 1e9 if bw else None,
+        "results": rows,
+    }
+    return report
+
+
+def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from several timed runs of the same batch: counts summed; each time metric
+    the median over the runs (their own means, medians, p99s)."""
+    out: dict[str, Any] = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs]
+        out[key] = sum(values) if key in ("completed", "total_input", "total_output") else float(statistics.median(values))
+    return out
+
+
+def print_report(report: dict[str, Any], file: Any = None) -> None:
+    """The report as a table: one line per batch size, then the bandwidth and the peer."""
+    file = file or sys.stdout
+    bw = report["copy_GBps"]
+    print(
+        f"{report['benchmark']}: {report['model']} on {report['backend']} ({report['dtype']}, {report['kv_cache']} KV cache), "
+        f"input {report['input_len']}, output {report['output_len']} tokens",
+        file=file,
+    )
+    head = f"{'batch':>6} {'output tok/s':>12} {'TTFT p50/p99 ms':>18} {'TPOT p50/p99 ms':>18} {'ITL p50/p99 ms':>18} {'weights GB/s':>12}"
+    print(head, file=file)
+    for r in report["results"]:
+        gbps = f"{r['weight_GBps']:.4g}" if r.get("weight_GBps") else "n/a"
+        if r.get("weight_streaming_fraction"):
+            gbps += f" ({100 * r['weight_streaming_fraction']:.0f}%)"
+        line = (
+            f"{r['batch_size']:>6} {r['output_throughput']:>12.1f} {r['median_ttft_ms']:>8.2f}/{r['p99_ttft_ms']:<9.2f} "
+            f"{r['median_tpot_ms']:>8.3f}/{r['p99_tpot_ms']:<9.3f} {r['median_itl_ms']:>8.3f}/{r['p99_itl_ms']:<9.3f} {gbps:>12}"
+        )
+        if "transformers" in r:
+            line += f"  transformers {r['transformers']['output_throughput']:.1f} tok/s, decode x{r['decode_speedup']:.2f}"
+        print(line, file=file)
+    limit = f"{bw:.0f} GB/s" if bw else "n/a (CPU)"
+    print(f"weight streaming: {report['streamed_weight_bytes'] / 1e9:.4g} GB per decode step; device copy bandwidth {limit}", file=file)
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """Output tokens/s against batch size (trtcore, and transformers when run) into ``path``.
+
+    Raises:
+        TrtcoreError: matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise TrtcoreError(f"--plot needs matplotlib ({exc}); install it with: pip install matplotlib") from exc
+    rows = report["results"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    x = [r["batch_size"] for r in rows]
+    ax.plot(x, [r["output_throughput"] for r in rows], "o-", label=f"trtcore {report['backend']}")
+    if all("transformers" in r for r in rows):
+        ax.plot(x, [r["transformers"]["output_throughput"] for r in rows], "s--", label="transformers (static cache)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size" if report["benchmark"] == "latency" else "requests")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(f"{report['model']}: {report['input_len']} in, {report['output_len']} out")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _main(run: Callable[[argparse.Namespace], dict[str, Any]]) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        report = run(args)
+        print_report(report)
+        if args.json:
+            from .fileio import write_atomic
+
+            write_atomic(args.json, (json.dumps(report, indent=1) + "\n").encode())
+        if args.plot:
+            plot(report, args.plot)
+        return 0
+
+    return handler
+
+
+def add_bench_parsers(bench: argparse.ArgumentParser, add_engine: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The ``latency`` and ``throughput`` subcommands of ``trtcore bench`` (their handler is
+    the ``handler`` default); ``add_engine`` adds the CLI's ``--engine`` option."""
+    sub = bench.add_subparsers(dest="bench", required=True)
+    lat = sub.add_parser("latency", help="TTFT / TPOT / ITL per batch size (1..N)")
+    lat.add_argument("--batch-sizes", default="1,2,4,8", help="comma-separated (default 1,2,4,8)")
+    lat.add_argument("--num-iters", type=int, default=3, help="timed runs per batch size (default 3)")
+    lat.set_defaults(handler=_main(latency))
+    thr = sub.add_parser("throughput", help="N requests through continuous batching: output tokens/s")
+    thr.add_argument("--num-prompts", type=int, default=256, help="requests (default 256)")
+    thr.add_argument("--max-batch-size", type=int, help="sequences per step (default: --num-prompts)")
+    thr.set_defaults(handler=_main(throughput))
+    for p in (lat, thr):
+        p.add_argument("--model", help="Hugging Face model folder (built at start-up)")
+        add_engine(p)
+        p.add_argument(
+            "--random-weights", metavar="SHAPE", help="random bfloat16 weights of a config: SmolLM2-135M, Llama-3.2-1B, Llama-3-8B or a config.json"
+        )
+        p.add_argument("--backend", help="reference | tensorrt | tensorrt_rtx | cuda")
+        p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="default: bfloat16 for random weights, else the backend's")
+        p.add_argument("--kv-cache", choices=("paged", "contiguous"), help="default: the backend's")
+        p.add_argument("--input-len", type=int, default=128, help="prompt tokens (default 128)")
+        p.add_argument("--output-len", type=int, default=128, help="generated tokens per request (default 128)")
+        p.add_argument("--num-iters-warmup", type=int, default=1, help="untimed runs first (default 1)")
+        p.add_argument("--seed", type=int, default=0, help="seed of the prompts and random weights")
+        p.add_argument("--peer", choices=("transformers",), help="also time transformers' static-cache generate on the same weights")
+        p.add_argument("--json", help="write the report to this JSON file")
+        p.add_argument("--plot", help="plot output tokens/s against batch size into this image file (matplotlib)")
