@@ -77,7 +77,7 @@ class EngineCore:
             request.max_seq_len = self.max_seq_len
         self.scheduler.add_request(request)
         if request.status is not RequestStatus.REJECTED:
-            self.sampler.add_request(request.request_id, request.params)
+            self.sampler.add_request(request.request_id, request.params, request.prompt_token_ids, request.eos_token_ids)
         return request
 
     def abort(self, request_id: Hashable) -> bool:
