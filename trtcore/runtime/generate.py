@@ -129,6 +129,7 @@ class EngineCore:
         while True:
             yield from self.step()  # the first step also reports rejections
             if not self.has_unfinished_requests():
+                yield from self.step()  # finishes between steps (a caller's stop string, an abort)
                 return
 
 
