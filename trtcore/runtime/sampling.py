@@ -513,7 +513,8 @@ def _process_row(x: np.ndarray, temperature: float, top_k: int, top_p: float, mi
     Returns new float64 logits ``z - max z`` (max 0), removed tokens at ``-inf``.
     """
     z = _scaled(x, temperature)
-    y = z - z.max()
+    with np.errstate(over="ignore"):  # -DBL_MAX - DBL_MAX: -inf, weight 0
+        y = z - z.max()
     w = np.exp(y)
     return np.where(_keep_mask(z, w, top_k, top_p, min_p), y, -np.inf)
 
@@ -544,7 +545,8 @@ def _sample_row(
     if u is None:
         return int(np.argmax(l)), False
     z = _scaled(l, params.temperature)
-    w = np.exp(z - z.max())
+    with np.errstate(over="ignore"):  # -DBL_MAX - DBL_MAX: -inf, weight 0
+        w = np.exp(z - z.max())
     return _draw_weights(w, _keep_mask(z, w, params.top_k, params.top_p, params.min_p), u), False
 
 
