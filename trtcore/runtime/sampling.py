@@ -68,7 +68,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -810,7 +810,7 @@ class Sampler:
         self._eos: dict[Hashable, list[int]] = {}
 
     def add_request(
-        self, request_id: Hashable, params: SamplingParams, prompt_token_ids: Sequence[int] = (), eos_token_ids: Sequence[int] = ()
+        self, request_id: Hashable, params: SamplingParams, prompt_token_ids: Iterable[int] = (), eos_token_ids: Iterable[int] = ()
     ) -> None:
         """Register a request and create its generator (:func:`make_generator`).
 

@@ -121,7 +121,7 @@ class _Pinned:
         self.nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         self.ptr = int(_call(f"cudaMallocHost({self.nbytes})", _rt().cudaMallocHost, self.nbytes))
         raw = (ctypes.c_byte * self.nbytes).from_address(self.ptr)
-        self.array = np.frombuffer(raw, dtype=np.uint8)[: int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+        self.array = np.ctypeslib.as_array(raw).view(np.uint8)[: int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
 
     def free(self) -> None:
         if self.ptr:

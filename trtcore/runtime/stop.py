@@ -28,8 +28,8 @@ class StopStringMatcher:
     """Finds stop strings in one request's growing completion text.
 
     Args:
-        stop: the stop strings (non-empty; :class:`~trtcore.runtime.sampling.SamplingParams`
-            has validated them).
+        stop: the stop strings (non-empty), one string, or None for none (as
+            :attr:`SamplingParams.stop <trtcore.runtime.sampling.SamplingParams>`).
         min_tokens: no match while at most this many tokens were generated.
 
     Attributes:
@@ -41,8 +41,8 @@ class StopStringMatcher:
         InvalidRequestError: an empty stop string or a negative ``min_tokens``.
     """
 
-    def __init__(self, stop: Sequence[str], min_tokens: int = 0) -> None:
-        self.stop = list(stop)
+    def __init__(self, stop: str | Sequence[str] | None, min_tokens: int = 0) -> None:
+        self.stop = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if min_tokens < 0:
