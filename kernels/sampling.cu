@@ -271,6 +271,20 @@ __device__ __forceinline__ bool keep0(const Row& r, double z, double w) {
     return z != neg_inf() && (r.min_p <= 0.0 || w >= r.min_p);
 }
 
+// step 7 on top: what min-p and top-k keep (kth: the k-th largest remaining z, or -inf)
+__device__ __forceinline__ bool keep1(const Row& r, double z, double w, double kth) { return keep0(r, z, w) && z >= kth; }
+
+// step 8 on top: the top-p cut keeps values above v* and the tied tokens at v* up to id cut
+__device__ __forceinline__ bool keep2(const Row& r, double z, double w, double kth, double vstar, int i, int cut) {
+    return keep1(r, z, w, kth) && (z > vstar || (z == vstar && i <= cut));
+}
+
+// One digit of an MSB-first radix descent: extend the key prefix by the chosen bin.
+__device__ __forceinline__ void radix_extend(unsigned long long& prefix, unsigned long long& mask, int shift, int bin) {
+    prefix |= (unsigned long long)bin << shift;
+    mask |= 0xffULL << shift;
+}
+
 extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
     const elem_t* __restrict__ logits, long long row_stride, int vocab_size, const RowParams* __restrict__ params,
     int* __restrict__ counts, const unsigned char* __restrict__ prompt_mask, RowResult* __restrict__ results,
@@ -367,8 +381,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
                     sel_rem = rem - cum;
                 }
                 __syncthreads();
-                prefix |= (unsigned long long)sel_bin << shift;
-                mask |= 0xffULL << shift;
+                radix_extend(prefix, mask, shift, sel_bin);
                 rem = sel_rem;
             }
             kth = unkey(prefix);
@@ -378,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
         double local = 0.0;
         for (int i = tid; i < V; i += BLOCK) {
             double z = z_at(r, i), w = w_of(r, z);
-            if (keep0(r, z, w) && z >= kth) local = __dadd_rn(local, w);
+            if (keep1(r, z, w, kth)) local = __dadd_rn(local, w);
         }
         const double W1 = block_sum(local, s);
 
@@ -395,7 +408,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
                 __syncthreads();
                 for (int i = tid; i < V; i += BLOCK) {
                     double z = z_at(r, i), w = w_of(r, z);
-                    if (!(keep0(r, z, w) && z >= kth)) continue;
+                    if (!keep1(r, z, w, kth)) continue;
                     unsigned long long kk = okey(z);
                     if ((kk & mask) == prefix) {
                         int b = (int)((kk >> shift) & 255ULL);
@@ -418,8 +431,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
                     sel_above = at;
                 }
                 __syncthreads();
-                prefix |= (unsigned long long)sel_bin << shift;
-                mask |= 0xffULL << shift;
+                radix_extend(prefix, mask, shift, sel_bin);
                 above = sel_above;
             }
             vstar = unkey(prefix);
@@ -427,14 +439,14 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
             double tl = 0.0;
             for (int i = c0; i < c1; ++i) {
                 double z = z_at(r, i), w = w_of(r, z);
-                if (keep0(r, z, w) && z >= kth && z == vstar) tl = __dadd_rn(tl, w);
+                if (keep1(r, z, w, kth) && z == vstar) tl = __dadd_rn(tl, w);
             }
             double tot;
             double run = __dadd_rn(above, block_exclusive_scan(tl, s, &tot));
             int mine = -1;
             for (int i = c0; i < c1; ++i) {
                 double z = z_at(r, i), w = w_of(r, z);
-                if (!(keep0(r, z, w) && z >= kth && z == vstar)) continue;
+                if (!(keep1(r, z, w, kth) && z == vstar)) continue;
                 if (__ddiv_rn(run, W1) < top_p) mine = i;
                 run = __dadd_rn(run, w);
             }
@@ -447,8 +459,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
         int last = -1;
         for (int i = c0; i < c1; ++i) {
             double z = z_at(r, i), w = w_of(r, z);
-            bool kept = keep0(r, z, w) && z >= kth && (z > vstar || (z == vstar && i <= cut));
-            if (kept && w > 0.0) { wl = __dadd_rn(wl, w); last = i; }
+            if (keep2(r, z, w, kth, vstar, i, cut) && w > 0.0) { wl = __dadd_rn(wl, w); last = i; }
         }
         double total;
         const double excl = block_exclusive_scan(wl, s, &total);
@@ -461,8 +472,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
             int got = last;
             for (int i = c0; i < c1; ++i) {
                 double z = z_at(r, i), w = w_of(r, z);
-                bool kept = keep0(r, z, w) && z >= kth && (z > vstar || (z == vstar && i <= cut));
-                if (!(kept && w > 0.0)) continue;
+                if (!(keep2(r, z, w, kth, vstar, i, cut) && w > 0.0)) continue;
                 run = __dadd_rn(run, w);
                 if (run > target) { got = i; break; }
             }
