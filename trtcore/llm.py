@@ -35,6 +35,7 @@ from .runtime.executor import Executor
 from .runtime.generate import make_engine
 from .runtime.request import Request, RequestEvent, metrics
 from .runtime.sampling import Logprob, SamplingParams
+from .runtime.stop import StopStringMatcher
 from .trt import load_trt, normalize_backend
 
 
@@ -50,7 +51,7 @@ class CompletionOutput:
         logprobs: per generated token, ``{token_id: Logprob}`` with the top-k and the
             sampled token, when ``SamplingParams(logprobs=k)``; else None.
         finish_reason: ``"stop"``, ``"length"``, or ``"error"``.
-        stop_reason: the stop token id that ended it, if any.
+        stop_reason: the stop token id or stop string that ended it, if any.
     """
 
     index: int = 0
@@ -59,7 +60,7 @@ class CompletionOutput:
     cumulative_logprob: float | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -100,7 +101,7 @@ class StreamOutput:
         logprobs: ``{token_id: Logprob}`` (top-k plus the token) when requested, else None.
         finish_reason: None while running; ``"stop"`` or ``"length"`` on the last token;
             ``"error"`` when the request failed (then ``token_id == -1`` and ``error`` is set).
-        stop_reason: the stop token id that ended it, if any.
+        stop_reason: the stop token id or stop string that ended it, if any.
         error: why the request failed: an :class:`~trtcore.errors.InvalidRequestError`
             (bad prompt, a request the KV cache can never hold) or a
             :class:`~trtcore.errors.GenerationError` (non-finite logits); None otherwise.
@@ -111,7 +112,7 @@ class StreamOutput:
     text: str
     logprobs: dict[int, Logprob] | None = None
     finish_reason: str | None = None
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None
     error: Exception | None = None
 
 
@@ -129,24 +130,32 @@ def _is_single_prompt(prompts: Any) -> bool:
 
 
 class _IncrementalText:
-    """Incremental detokenization of one request: each new token's text delta."""
+    """Incremental detokenization of one request: each new token's text delta, with its
+    stop strings (:class:`~trtcore.runtime.stop.StopStringMatcher`): a match finishes the
+    request in the engine (``finish_reason="stop"``, ``stop_reason`` = the string)."""
 
-    def __init__(self, llm: LLM):
+    def __init__(self, llm: LLM, params: SamplingParams | None = None):
         self.llm = llm
         self.ids: list[int] = []
-        self.shown = ""
+        self.stop = StopStringMatcher(params.stop if params else [], params.min_tokens if params else 0)
 
-    def output(self, index: int, event: RequestEvent) -> StreamOutput:
+    def output(self, index: int, event: RequestEvent) -> StreamOutput | None:
+        """The stream's output for ``event``; None for the engine's finish event after a stop string."""
+        if self.stop.stopped:
+            return None
         error = _request_error(index, event.finish_reason, event.error)
         if error is not None:
             return StreamOutput(index, -1, "", finish_reason="error", error=error)
         self.ids.append(event.token_id)
         text = self.llm.decode(self.ids)
         if text.endswith("\ufffd") and event.finish_reason is None:
-            delta = ""  # wait for the rest of a multi-byte character
+            delta, stop = "", None  # wait for the rest of a multi-byte character
         else:
-            delta, self.shown = text[len(self.shown) :], text
+            delta, stop = self.stop.update(text, len(self.ids), final=event.finish_reason is not None)
         logprobs = event.logprobs.as_dict() if event.logprobs is not None else None
+        if stop is not None:
+            self.llm.engine.scheduler.finish(event.request_id, "stop")  # no-op if it just finished
+            return StreamOutput(index, event.token_id, delta, logprobs, "stop", stop)
         return StreamOutput(index, event.token_id, delta, logprobs, event.finish_reason, event.stop_reason)
 
 
@@ -470,7 +479,9 @@ class LLM:
         texts: dict[int, _IncrementalText] = {}
         for event in self.engine.generate(requests):
             i = _index(event.request_id)
-            out = texts.setdefault(i, _IncrementalText(self)).output(i, event)
+            out = texts.setdefault(i, _IncrementalText(self, params[i])).output(i, event)
+            if out is None:
+                continue
             if out.error is not None and single:
                 raise out.error
             yield out
@@ -498,7 +509,7 @@ class LLM:
         self._next_request_id += 1
         if req.error is not None:
             raise InvalidRequestError(f"request {rid}: {req.error}")
-        self._texts[rid] = _IncrementalText(self)
+        self._texts[rid] = _IncrementalText(self, params)
         return rid
 
     def step(self) -> list[StreamOutput]:
@@ -510,8 +521,10 @@ class LLM:
             rid = _index(event.request_id)
             if rid not in self._texts:
                 continue  # rejected: add_request raised already
-            outs.append(self._texts[rid].output(rid, event))
-            if event.finish_reason is not None:
+            out = self._texts[rid].output(rid, event)
+            if out is not None:
+                outs.append(out)
+            if out is None or out.finish_reason is not None:
                 del self._texts[rid]
         return outs
 
@@ -575,10 +588,14 @@ class LLM:
                 continue
             requests.append(req)
             outputs.append(RequestOutput(str(i), text, req.prompt_token_ids, [CompletionOutput(logprobs=[] if sp.logprobs is not None else None)]))
+        stops = {i: _IncrementalText(self, sp) for i, sp in enumerate(params) if sp.stop}
         for event in self.engine.generate(requests):
             error = _request_error(_index(event.request_id), event.finish_reason, event.error)
             if error is not None and single:
                 raise error
+            i = _index(event.request_id)
+            if i in stops:
+                stops[i].output(i, event)  # a stop string finishes the request
         for req in requests:  # the records hold each request's result
             out = outputs[_index(req.request_id)]
             comp = out.outputs[0]
@@ -586,6 +603,10 @@ class LLM:
             out.error = _request_error(_index(req.request_id), req.finish_reason, req.error)
             comp.finish_reason = "error" if out.error is not None else req.finish_reason
             comp.stop_reason = req.stop_reason
+            matched = stops[_index(req.request_id)].stop if _index(req.request_id) in stops else None
+            if matched is not None and matched.stopped and out.error is None:
+                comp.finish_reason, comp.stop_reason = "stop", matched.stop_reason
+                comp.text = matched.shown  # vLLM: the stop string is not in the output
             if comp.logprobs is not None:
                 comp.logprobs = [lp.as_dict() for lp in req.logprobs if lp is not None]
                 if comp.logprobs:
@@ -594,7 +615,8 @@ class LLM:
         for out in outputs:
             if out.error is None:
                 comp = out.outputs[0]
-                comp.text = self.decode(comp.token_ids)
+                if not isinstance(comp.stop_reason, str):  # a stop string set the text already
+                    comp.text = self.decode(comp.token_ids)
                 if comp.logprobs and self.tokenizer is not None:
                     for d in comp.logprobs:
                         for tok, lp in d.items():

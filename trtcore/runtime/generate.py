@@ -150,7 +150,7 @@ class EngineCore:
             request.max_seq_len = self.max_seq_len
         self.scheduler.add_request(request)
         if request.status is not RequestStatus.REJECTED:
-            self.sampler.add_request(request.request_id, request.params)
+            self.sampler.add_request(request.request_id, request.params, request.prompt_token_ids, request.eos_token_ids)
         return request
 
     def abort(self, request_id: Hashable) -> bool:
@@ -190,6 +190,7 @@ class EngineCore:
         while True:
             yield from self.step()  # the first step also reports rejections
             if not self.has_unfinished_requests():
+                yield from self.step()  # finishes between steps (a caller's stop string, an abort)
                 return
 
 

@@ -1,0 +1,440 @@
+"""The sampling step on the GPU: kernels/sampling.cu (NVRTC) behind a preallocating object.
+
+:class:`GpuSampler` samples a ``[batch, row_stride]`` logits buffer that is already on the
+device and copies back only the sampled ids (and the requested logprobs), asynchronously.
+It is the GPU twin of :func:`trtcore.runtime.sampling.sample_rows`: for the same logits,
+:class:`~trtcore.runtime.sampling.SamplingRow` s and seeds, both give the same tokens
+(Philox4x32-10 draws keyed by ``(seed, step)``; see kernels/sampling.cu for the numerics).
+
+One step::
+
+    sampler = GpuSampler(max_batch_size=32, vocab_size=49152, dtype="bfloat16", stream=s)
+    sampler.add_request(slot, prompt_ids)        # once per request with penalties
+    sampler.set_params(rows, slots)              # host: fills pinned staging memory
+    sampler.sample(logits_ptr, row_stride=width) # enqueued on s: H2D params, kernel, D2H ids
+    res = sampler.result()                       # waits for this step's event only
+
+``sample`` allocates nothing and never synchronizes with the host, so it can be captured in
+a CUDA graph (``cudaStreamBeginCapture`` on ``stream`` around it); a replay then reads the
+pinned parameters written by the last ``set_params`` and writes the pinned results that
+``result()`` reads. A graph replays the copies that were captured: capture with the same
+row count, and with a row asking for logprobs if replays will (``copy_logprobs=True``).
+
+Memory (allocated once, in the constructor): device ``RowParams [max_batch_size]`` (216
+bytes each), results ``[max_batch_size]`` (16 bytes), top-k logprob ids and values
+``[max_batch_size, max_logprobs]``, penalty data ``int32 + uint8 [num_slots, vocab_size]``
+(5 bytes per token and slot) and a ``int32 [max_model_len]`` staging buffer for
+:meth:`GpuSampler.add_request`; the same in pinned host memory for what crosses PCIe.
+
+Not thread-safe: one owner per instance (the step loop).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from trtcore.errors import InvalidArgumentError, InvalidRequestError
+
+from .sampling import Logprob, SampleResult, SamplingRow, TokenLogprobs, _banned
+
+__all__ = ["FLAG_ACTIVE", "GpuSampler", "ROW_PARAMS_DTYPE", "ROW_RESULT_DTYPE", "row_params_dtype"]
+
+FLAG_ACTIVE, FLAG_RANDOM, FLAG_PENALTIES, FLAG_BAN, FLAG_LOGPROBS = 1, 2, 4, 8, 16
+STATUS_OK, STATUS_FALLBACK, STATUS_INACTIVE = 0, 1, 2
+#: Threads per block of ``sampling_step`` (one block per row).
+BLOCK = 1024
+_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+def row_params_dtype(max_banned: int = 32) -> np.dtype:
+    """NumPy twin of ``struct RowParams`` in kernels/sampling.cu (aligned: the C layout)."""
+    return np.dtype(
+        [
+            ("temperature", "<f8"),
+            ("top_p", "<f8"),
+            ("min_p", "<f8"),
+            ("repetition_penalty", "<f8"),
+            ("presence_penalty", "<f8"),
+            ("frequency_penalty", "<f8"),
+            ("seed", "<u8"),
+            ("step", "<u8"),
+            ("top_k", "<i4"),
+            ("slot", "<i4"),
+            ("flags", "<i4"),
+            ("num_logprobs", "<i4"),
+            ("num_banned", "<i4"),
+            ("reserved", "<i4"),
+            ("banned", "<i4", (max_banned,)),
+        ],
+        align=True,
+    )
+
+
+#: ``struct RowParams`` with the kernel's default ``MAX_BANNED`` (32).
+ROW_PARAMS_DTYPE = row_params_dtype()
+#: ``struct RowResult``: the sampled token, its status (0 ok, 1 fallback, 2 inactive row),
+#: its raw logprob (float32) and vLLM rank.
+ROW_RESULT_DTYPE = np.dtype([("token", "<i4"), ("status", "<i4"), ("logprob", "<f4"), ("rank", "<i4")], align=True)
+
+
+def _rt() -> Any:
+    from trtcore.gpu import cuda_bindings
+
+    return cuda_bindings("runtime")
+
+
+def _call(what: str, fn: Any, *args: Any) -> Any:
+    from trtcore.gpu import call
+
+    return call(what, fn, *args)
+
+
+def _stream_int(stream: Any) -> int:
+    if stream is None:
+        return 0
+    if hasattr(stream, "ptr"):
+        return int(stream.ptr)
+    return int(stream)
+
+
+def _pointer(value: Any, what: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if hasattr(value, "__cuda_array_interface__"):
+        return int(value.__cuda_array_interface__["data"][0])
+    if hasattr(value, "ptr"):
+        return int(value.ptr)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{what} must be a device pointer (int, __cuda_array_interface__ or .ptr), got {type(value).__name__}") from None
+
+
+class _Pinned:
+    """Page-locked host memory (``cudaMallocHost``) seen as a NumPy array."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        self.ptr = int(_call(f"cudaMallocHost({self.nbytes})", _rt().cudaMallocHost, self.nbytes))
+        raw = (ctypes.c_byte * self.nbytes).from_address(self.ptr)
+        self.array = np.ctypeslib.as_array(raw).view(np.uint8)[: int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+
+    def free(self) -> None:
+        if self.ptr:
+            _rt().cudaFreeHost(self.ptr)
+            self.ptr = 0
+
+
+class GpuSampler:
+    """Batched sampling on the GPU with preallocated buffers (see the module docstring).
+
+    Args:
+        max_batch_size: most rows of one :meth:`sample` (the padded batch of a graph
+            bucket included).
+        vocab_size: the tokenizer's vocabulary: ids are always in ``[0, vocab_size)``,
+            columns beyond it (embedding padding) are never read.
+        dtype: the logits' dtype, ``"float32"``, ``"float16"`` or ``"bfloat16"``.
+        stream: the CUDA stream (int handle, ``cuda.bindings`` stream or an object with
+            ``.ptr``) every copy and kernel is enqueued on; not the legacy default stream
+            if the step is to be captured in a graph.
+        max_logprobs: the most top-k logprobs a row may ask for (vLLM's ``max_logprobs``,
+            default 20); a compile-time constant of the kernel.
+        max_banned: the most EOS + stop ids ``min_tokens`` can mask per row.
+        num_slots: penalty-data slots (one per running request with penalties); default
+            ``max_batch_size``.
+        max_model_len: the most prompt + output ids :meth:`add_request` takes.
+        arch: NVRTC target (default: the current GPU).
+
+    Raises:
+        InvalidArgumentError: a size < 1 or an unknown dtype.
+        NoGPUError, CUDAError, NVRTCError: no GPU, a failed allocation, a failed compile.
+    """
+
+    def __init__(
+        self,
+        max_batch_size: int,
+        vocab_size: int,
+        dtype: str = "float32",
+        stream: Any = 0,
+        *,
+        max_logprobs: int = 20,
+        max_banned: int = 32,
+        num_slots: int | None = None,
+        max_model_len: int = 8192,
+        arch: str | None = None,
+    ) -> None:
+        from trtcore import kernels
+
+        for name, v in (("max_batch_size", max_batch_size), ("vocab_size", vocab_size), ("max_logprobs", max_logprobs), ("max_banned", max_banned), ("max_model_len", max_model_len)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidArgumentError(f"GpuSampler {name} must be an integer >= 1, got {v!r}")
+        if dtype not in _DTYPES:
+            raise InvalidArgumentError(f"GpuSampler dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        self.max_batch_size, self.vocab_size, self.dtype = max_batch_size, vocab_size, dtype
+        self.max_logprobs, self.max_banned, self.max_model_len = max_logprobs, max_banned, max_model_len
+        self.num_slots = max_batch_size if num_slots is None else int(num_slots)
+        self.stream = _stream_int(stream)
+        self._closed = True
+        self.params_dtype = row_params_dtype(max_banned)
+        ck = kernels.compile_kernel(
+            "sampling", defines={"DTYPE": _DTYPES[dtype], "MAX_LOGPROBS": max_logprobs, "MAX_BANNED": max_banned, "BLOCK": BLOCK}, arch=arch
+        )
+        self._step_fn = ck.function("sampling_step")
+        self._clear_fn = ck.function("sampling_clear_slot")
+        self._fill_fn = ck.function("sampling_fill_slot")
+        self._layout_fn = ck.function("sampling_layout")
+
+        rt = _rt()
+        self._device: list[int] = []
+
+        def dmalloc(nbytes: int, what: str) -> int:
+            ptr = int(_call(f"cudaMalloc({nbytes}) for the sampler's {what}", rt.cudaMalloc, max(1, nbytes)))
+            self._device.append(ptr)
+            return ptr
+
+        self._pinned: list[_Pinned] = []
+
+        def pinned(shape: tuple[int, ...], dt: Any) -> _Pinned:
+            buf = _Pinned(shape, np.dtype(dt))
+            self._pinned.append(buf)
+            return buf
+
+        B, ML, V = max_batch_size, max_logprobs, vocab_size
+        self._params_d = dmalloc(B * self.params_dtype.itemsize, "row parameters")
+        self._results_d = dmalloc(B * ROW_RESULT_DTYPE.itemsize, "results")
+        self._top_ids_d = dmalloc(B * ML * 4, "top-k ids")
+        self._top_lp_d = dmalloc(B * ML * 4, "top-k logprobs")
+        self._counts_d = dmalloc(self.num_slots * V * 4, "output-token counts")
+        self._mask_d = dmalloc(self.num_slots * V, "prompt masks")
+        self._ids_d = dmalloc(max(max_model_len, 64) * 4, "add_request staging")
+        self._params_h = pinned((B,), self.params_dtype)
+        self._results_h = pinned((B,), ROW_RESULT_DTYPE)
+        self._top_ids_h = pinned((B, ML), np.int32)
+        self._top_lp_h = pinned((B, ML), np.float32)
+        self._ids_h = pinned((max_model_len,), np.int32)
+        flags = rt.cudaEventDisableTiming
+        self._ev_params = _call("cudaEventCreateWithFlags", rt.cudaEventCreateWithFlags, flags)
+        self._ev_done = _call("cudaEventCreateWithFlags", rt.cudaEventCreateWithFlags, flags)
+        self._ev_ids = _call("cudaEventCreateWithFlags", rt.cudaEventCreateWithFlags, flags)
+        self._closed = False
+        _call("cudaMemsetAsync(counts)", rt.cudaMemsetAsync, self._counts_d, 0, self.num_slots * V * 4, self.stream)
+        _call("cudaMemsetAsync(prompt masks)", rt.cudaMemsetAsync, self._mask_d, 0, self.num_slots * V, self.stream)
+        _call("cudaStreamSynchronize", rt.cudaStreamSynchronize, self.stream)
+        self._rows: list[SamplingRow | None] = []
+        self._copy_logprobs = False
+
+    # ---- set-up ----------------------------------------------------------------------------
+
+    def layout(self) -> list[int]:
+        """The kernel's ``sizeof``/``offsetof`` of ``RowParams`` and ``RowResult`` (synchronous;
+        for tests): ``[sizeof(RowParams), offsets..., sizeof(RowResult), offsets...]``."""
+        rt = _rt()
+        self._layout_fn.launch(1, 1, [(self._ids_d, "ptr")], stream=self.stream)
+        _call("cudaStreamSynchronize", rt.cudaStreamSynchronize, self.stream)
+        out = np.zeros(21, np.int32)
+        _call("cudaMemcpy", rt.cudaMemcpy, out.ctypes.data, self._ids_d, out.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost)
+        return [int(v) for v in out]
+
+    def add_request(self, slot: int, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int] = ()) -> None:
+        """Reset penalty slot ``slot`` for a request: its prompt mask and output counts.
+
+        Call it when a request with penalties is admitted (or re-admitted after preemption,
+        with its outputs so far); :meth:`sample` keeps the counts up to date afterwards.
+        Enqueued on the stream (one small host-to-device copy and two kernels).
+
+        Raises:
+            InvalidArgumentError: ``slot`` outside ``[0, num_slots)`` or more than
+                ``max_model_len`` ids.
+        """
+        self._check_open()
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= int(slot) < self.num_slots:
+            raise InvalidArgumentError(f"slot must be an integer in [0, {self.num_slots}), got {slot!r}")
+        ids = [int(t) for t in prompt_token_ids] + [int(t) for t in output_token_ids]
+        if len(ids) > self.max_model_len:
+            raise InvalidArgumentError(f"{len(ids)} prompt + output ids exceed the sampler's max_model_len={self.max_model_len}")
+        rt = _rt()
+        _call("cudaEventSynchronize", rt.cudaEventSynchronize, self._ev_ids)  # the last reset's copy is done
+        self._ids_h.array[: len(ids)] = ids
+        if ids:
+            h2d = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+            _call("cudaMemcpyAsync(add_request ids)", rt.cudaMemcpyAsync, self._ids_d, self._ids_h.ptr, 4 * len(ids), h2d, self.stream)
+        _call("cudaEventRecord", rt.cudaEventRecord, self._ev_ids, self.stream)
+        V, slot = self.vocab_size, int(slot)
+        self._clear_fn.launch(min(1024, -(-V // 256)), 256, [(self._counts_d, "ptr"), (self._mask_d, "ptr"), (V, "i32"), (slot, "i32")], stream=self.stream)
+        if ids:
+            args = [(self._counts_d, "ptr"), (self._mask_d, "ptr"), (V, "i32"), (slot, "i32"), (self._ids_d, "ptr"), (len(prompt_token_ids), "i32"), (len(ids), "i32")]
+            self._fill_fn.launch(min(1024, -(-len(ids) // 256)), 256, args, stream=self.stream)
+
+    def set_params(self, rows: Sequence[SamplingRow | None], slots: Sequence[int] | None = None) -> None:
+        """Write the next step's per-row parameters into the pinned staging buffer (host only).
+
+        Args:
+            rows: one :class:`~trtcore.runtime.sampling.SamplingRow` per logits row; None
+                marks a padding row (it reads nothing and its result is ignored).
+            slots: per row, its penalty slot (:meth:`add_request`); needed for rows with
+                penalties, -1 or None otherwise. Default: row ``i`` uses slot ``i``.
+
+        Raises:
+            InvalidArgumentError: more rows than ``max_batch_size``, a bad slot.
+            InvalidRequestError: a sampled row without a seed, more logprobs than
+                ``max_logprobs``, more EOS + stop ids than ``max_banned``.
+        """
+        self._check_open()
+        n = len(rows)
+        if not 1 <= n <= self.max_batch_size:
+            raise InvalidArgumentError(f"set_params takes 1 to max_batch_size={self.max_batch_size} rows, got {n}")
+        if slots is not None and len(slots) != n:
+            raise InvalidArgumentError(f"{len(slots)} slots were given for {n} rows")
+        staged = np.zeros(n, self.params_dtype)
+        for i, row in enumerate(rows):
+            if row is None:
+                continue
+            if not isinstance(row, SamplingRow):
+                raise InvalidArgumentError(f"rows[{i}] must be a SamplingRow or None, got {type(row).__name__}")
+            p = row.params
+            seed, step = row.key()
+            slot = i if slots is None else (-1 if slots[i] is None else int(slots[i]))
+            flags = FLAG_ACTIVE | (0 if p.greedy else FLAG_RANDOM)
+            if p.has_penalties:
+                if not 0 <= slot < self.num_slots:
+                    raise InvalidArgumentError(f"row {i} has penalties but slot {slot} is not in [0, {self.num_slots})")
+                flags |= FLAG_PENALTIES
+            banned = _banned(p, len(row.output_token_ids), row.eos_token_ids)
+            if len(banned) > self.max_banned:
+                raise InvalidRequestError(f"row {i}: min_tokens masks {len(banned)} EOS / stop ids, more than max_banned={self.max_banned}")
+            if banned:
+                flags |= FLAG_BAN
+            if p.logprobs is not None:
+                if p.logprobs > self.max_logprobs:
+                    raise InvalidRequestError(f"row {i}: logprobs={p.logprobs} exceeds the sampler's max_logprobs={self.max_logprobs}")
+                flags |= FLAG_LOGPROBS
+            e = staged[i]
+            e["temperature"] = p.temperature if not p.greedy else 1.0
+            e["top_p"], e["min_p"], e["top_k"] = p.top_p, p.min_p, p.top_k
+            e["repetition_penalty"], e["presence_penalty"], e["frequency_penalty"] = p.repetition_penalty, p.presence_penalty, p.frequency_penalty
+            e["seed"], e["step"], e["slot"], e["flags"] = seed, step, slot, flags
+            e["num_logprobs"] = p.logprobs or 0
+            e["num_banned"] = len(banned)
+            e["banned"][: len(banned)] = banned
+        rt = _rt()
+        _call("cudaEventSynchronize", rt.cudaEventSynchronize, self._ev_params)  # the last step's copy is done
+        self._params_h.array[:n] = staged
+        self._rows = list(rows)
+
+    # ---- the step --------------------------------------------------------------------------
+
+    def sample(self, logits: Any, row_stride: int | None = None, *, copy_logprobs: bool | None = None) -> None:
+        """Enqueue one step on the stream: the parameters' copy, the kernel, the results' copy.
+
+        Args:
+            logits: device pointer to ``[batch, row_stride]`` logits of the constructor's
+                dtype, ``batch`` = the rows of the last :meth:`set_params`.
+            row_stride: elements between rows (default ``vocab_size``; larger for a padded
+                embedding); must be ``>= vocab_size``.
+            copy_logprobs: copy the top-k logprob arrays back (default: when a row asks).
+
+        Raises:
+            InvalidArgumentError: no :meth:`set_params` yet, a bad ``row_stride``.
+        """
+        self._check_open()
+        n = len(self._rows)
+        if n == 0:
+            raise InvalidArgumentError("call set_params() before sample()")
+        stride = self.vocab_size if row_stride is None else int(row_stride)
+        if stride < self.vocab_size:
+            raise InvalidArgumentError(f"row_stride={stride} is below vocab_size={self.vocab_size}")
+        ptr = _pointer(logits, "logits")
+        rt = _rt()
+        h2d, d2h = rt.cudaMemcpyKind.cudaMemcpyHostToDevice, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        s = self.stream
+        _call("cudaMemcpyAsync(sampler params)", rt.cudaMemcpyAsync, self._params_d, self._params_h.ptr, n * self.params_dtype.itemsize, h2d, s)
+        self._record(self._ev_params)
+        args = [
+            (ptr, "ptr"), (stride, "i64"), (self.vocab_size, "i32"), (self._params_d, "ptr"), (self._counts_d, "ptr"),
+            (self._mask_d, "ptr"), (self._results_d, "ptr"), (self._top_ids_d, "ptr"), (self._top_lp_d, "ptr"),
+        ]  # fmt: skip
+        self._step_fn.launch(n, BLOCK, args, shared_mem=4 * (-(-self.vocab_size // 32)), stream=s)
+        _call("cudaMemcpyAsync(sampled ids)", rt.cudaMemcpyAsync, self._results_h.ptr, self._results_d, n * ROW_RESULT_DTYPE.itemsize, d2h, s)
+        want = any(r is not None and r.params.logprobs is not None for r in self._rows) if copy_logprobs is None else bool(copy_logprobs)
+        if want:
+            nb = n * self.max_logprobs * 4
+            _call("cudaMemcpyAsync(top-k ids)", rt.cudaMemcpyAsync, self._top_ids_h.ptr, self._top_ids_d, nb, d2h, s)
+            _call("cudaMemcpyAsync(top-k logprobs)", rt.cudaMemcpyAsync, self._top_lp_h.ptr, self._top_lp_d, nb, d2h, s)
+        self._copy_logprobs = want
+        self._record(self._ev_done)
+
+    def result(self) -> SampleResult:
+        """Wait for the last :meth:`sample` (its event only) and return its results.
+
+        Returns:
+            :class:`~trtcore.runtime.sampling.SampleResult` over the rows of the last
+            :meth:`set_params`: ``token_ids`` int64 (``-1`` for padding rows), ``fallback``
+            (unusable rows, as the host sampler's), ``logprobs`` per row (float32 values
+            widened to float).
+        """
+        self._check_open()
+        rt = _rt()
+        _call("cudaEventSynchronize", rt.cudaEventSynchronize, self._ev_done)
+        n = len(self._rows)
+        res = self._results_h.array[:n].copy()
+        tokens = res["token"].astype(np.int64)
+        tokens[res["status"] == STATUS_INACTIVE] = -1
+        out: list[TokenLogprobs | None] = []
+        for i, row in enumerate(self._rows):
+            if row is None or row.params.logprobs is None:
+                out.append(None)
+                continue
+            k = min(row.params.logprobs, self.vocab_size)
+            top = []
+            if k and self._copy_logprobs:
+                ids, lps = self._top_ids_h.array[i, :k], self._top_lp_h.array[i, :k]
+                top = [(int(t), Logprob(float(v), r)) for r, (t, v) in enumerate(zip(ids, lps), start=1)]
+            out.append(TokenLogprobs(token_id=int(tokens[i]), logprob=float(res["logprob"][i]), rank=int(res["rank"][i]), top=top))
+        return SampleResult(token_ids=tokens, logprobs=out, fallback=res["status"] == STATUS_FALLBACK)
+
+    def _record(self, event: Any) -> None:
+        """Record ``event`` on the stream; under stream capture as an event-record node of the
+        graph (``cudaEventRecordExternal``), so that every replay records it."""
+        rt = _rt()
+        status = _call("cudaStreamIsCapturing", rt.cudaStreamIsCapturing, self.stream)
+        if status == rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive:
+            _call("cudaEventRecordWithFlags", rt.cudaEventRecordWithFlags, event, self.stream, rt.cudaEventRecordExternal)
+        else:
+            _call("cudaEventRecord", rt.cudaEventRecord, event, self.stream)
+
+    # ---- life cycle ------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError("the GpuSampler is closed")
+
+    def close(self) -> None:
+        """Free every buffer and event (after the stream's pending work). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        rt = _rt()
+        rt.cudaStreamSynchronize(self.stream)
+        for ev in (self._ev_params, self._ev_done, self._ev_ids):
+            rt.cudaEventDestroy(ev)
+        for ptr in self._device:
+            rt.cudaFree(ptr)
+        for buf in self._pinned:
+            buf.free()
+        self._device, self._pinned = [], []
+
+    def __enter__(self) -> GpuSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: CUDA may be gone already
+            pass

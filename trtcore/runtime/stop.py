@@ -1,0 +1,97 @@
+"""Stop strings: where a completion's text ends, and how much of it a stream may show yet.
+
+vLLM's semantics (``SamplingParams.stop`` with ``include_stop_str_in_output=False``,
+``vllm/v1/engine/detokenizer.py``: ``check_stop_strings``): once the text generated so far
+contains one of the stop strings, the request finishes with ``finish_reason="stop"`` and
+``stop_reason`` = that string, and the output text ends right before it. The earliest
+occurrence wins (on a tie, the string listed first). Stop strings are not looked for until
+more than ``min_tokens`` tokens were generated (vLLM skips the check while
+``len(output_token_ids) <= min_tokens``).
+
+Streaming: a piece of text that may still become the start of a stop string is held back
+until it either completes one (then it is never shown) or cannot any more. What is held
+back is exactly the longest suffix of the text that is a proper prefix of some stop
+string, so a stream never shows a piece of a stop string that later completes, and shows
+everything else as soon as it can.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trtcore.errors import InvalidRequestError
+
+__all__ = ["StopStringMatcher"]
+
+
+class StopStringMatcher:
+    """Finds stop strings in one request's growing completion text.
+
+    Args:
+        stop: the stop strings (non-empty), one string, or None for none (as
+            :attr:`SamplingParams.stop <trtcore.runtime.sampling.SamplingParams>`).
+        min_tokens: no match while at most this many tokens were generated.
+
+    Attributes:
+        shown: the text released so far (a prefix of every later text, without any piece of
+            a stop string that completed).
+        stop_reason: the matched stop string once one matched, else None.
+
+    Raises:
+        InvalidRequestError: an empty stop string or a negative ``min_tokens``.
+    """
+
+    def __init__(self, stop: str | Sequence[str] | None, min_tokens: int = 0) -> None:
+        self.stop = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequestError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if min_tokens < 0:
+            raise InvalidRequestError(f"min_tokens must be >= 0, got {min_tokens}")
+        self.min_tokens = int(min_tokens)
+        self.shown = ""
+        self.stop_reason: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """True once a stop string matched (later calls return nothing)."""
+        return self.stop_reason is not None
+
+    def _held(self, text: str) -> int:
+        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
+
+    def update(self, text: str, num_tokens: int, final: bool = False) -> tuple[str, str | None]:
+        """Take the whole completion text after a new token; return what to show now.
+
+        Args:
+            text: the completion's text so far (detokenized output tokens).
+            num_tokens: output tokens generated so far.
+            final: the request ends with this token for another reason (EOS, length):
+                release whatever is held back.
+
+        Returns:
+            ``(delta, stop)``: the text to append to what was shown, and the stop string
+            that matched with this token (then ``shown`` is the final text) or None.
+        """
+        if self.stopped:
+            return "", None
+        start = len(self.shown)
+        if self.stop and num_tokens > self.min_tokens:
+            hits = [(i, k) for k, s in enumerate(self.stop) if (i := text.find(s, start)) >= 0]
+            if hits:
+                idx, k = min(hits)
+                delta = text[start:idx]
+                self.shown = text[:idx]
+                self.stop_reason = self.stop[k]
+                return delta, self.stop_reason
+        end = len(text) if final else len(text) - self._held(text)
+        end = max(end, start)
+        delta = text[start:end]
+        self.shown = text[:end]
+        return delta, None
