@@ -341,6 +341,8 @@ def philox_uniform(seed: Any, step: Any) -> np.ndarray:
     out = philox4x32(np.stack([t & m, t >> sh, zero, zero], axis=-1), np.stack([s & m, s >> sh], axis=-1))
     x = (out[..., 1].astype(np.uint64) << sh) | out[..., 0].astype(np.uint64)
     return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 # ---------------------------------------------------------------------------
 # results
 # ---------------------------------------------------------------------------
@@ -786,9 +788,7 @@ def sample_rows(logits: Any, rows: Sequence[SamplingRow], vocab_size: int | None
     arr = _as_logits(logits, len(rows), vocab_size)
     _check_params(params)
     uniforms = [None if r.params.greedy else float(philox_uniform(*r.key())) for r in rows]
-    return _finish(
-        arr, params, uniforms, [r.prompt_token_ids for r in rows], [r.output_token_ids for r in rows], [r.eos_token_ids for r in rows]
-    )
+    return _finish(arr, params, uniforms, [r.prompt_token_ids for r in rows], [r.output_token_ids for r in rows], [r.eos_token_ids for r in rows])
 
 
 class Sampler:

@@ -169,7 +169,13 @@ class GpuSampler:
     ) -> None:
         from trtcore import kernels
 
-        for name, v in (("max_batch_size", max_batch_size), ("vocab_size", vocab_size), ("max_logprobs", max_logprobs), ("max_banned", max_banned), ("max_model_len", max_model_len)):
+        for name, v in (
+            ("max_batch_size", max_batch_size),
+            ("vocab_size", vocab_size),
+            ("max_logprobs", max_logprobs),
+            ("max_banned", max_banned),
+            ("max_model_len", max_model_len),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidArgumentError(f"GpuSampler {name} must be an integer >= 1, got {v!r}")
         if dtype not in _DTYPES:
@@ -264,9 +270,19 @@ class GpuSampler:
             _call("cudaMemcpyAsync(add_request ids)", rt.cudaMemcpyAsync, self._ids_d, self._ids_h.ptr, 4 * len(ids), h2d, self.stream)
         _call("cudaEventRecord", rt.cudaEventRecord, self._ev_ids, self.stream)
         V, slot = self.vocab_size, int(slot)
-        self._clear_fn.launch(min(1024, -(-V // 256)), 256, [(self._counts_d, "ptr"), (self._mask_d, "ptr"), (V, "i32"), (slot, "i32")], stream=self.stream)
+        self._clear_fn.launch(
+            min(1024, -(-V // 256)), 256, [(self._counts_d, "ptr"), (self._mask_d, "ptr"), (V, "i32"), (slot, "i32")], stream=self.stream
+        )
         if ids:
-            args = [(self._counts_d, "ptr"), (self._mask_d, "ptr"), (V, "i32"), (slot, "i32"), (self._ids_d, "ptr"), (len(prompt_token_ids), "i32"), (len(ids), "i32")]
+            args = [
+                (self._counts_d, "ptr"),
+                (self._mask_d, "ptr"),
+                (V, "i32"),
+                (slot, "i32"),
+                (self._ids_d, "ptr"),
+                (len(prompt_token_ids), "i32"),
+                (len(ids), "i32"),
+            ]
             self._fill_fn.launch(min(1024, -(-len(ids) // 256)), 256, args, stream=self.stream)
 
     def set_params(self, rows: Sequence[SamplingRow | None], slots: Sequence[int] | None = None) -> None:
