@@ -39,6 +39,7 @@
 //
 // trtcore-variants: [{"DTYPE": 0}, {"DTYPE": 1}, {"DTYPE": 2}]
 
+#include "pdl.cuh"  // PDL_WAIT / PDL_LAUNCH: each kernel starts with them
 #include "dtype.cuh"
 
 #ifndef BLOCK
@@ -289,6 +290,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
     const elem_t* __restrict__ logits, long long row_stride, int vocab_size, const RowParams* __restrict__ params,
     int* __restrict__ counts, const unsigned char* __restrict__ prompt_mask, RowResult* __restrict__ results,
     int* __restrict__ top_ids, float* __restrict__ top_logprobs) {
+    PDL_WAIT();
+    PDL_LAUNCH();
     extern __shared__ unsigned int ban_bits[];
     __shared__ Scratch s;
     __shared__ unsigned int hist[256];
@@ -533,6 +536,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
 // Penalty data of one slot: zero it (sampling_clear_slot), then mark the prompt's tokens and
 // count the output tokens given (sampling_fill_slot; ids[0:num_prompt] are the prompt).
 extern "C" __global__ void sampling_clear_slot(int* __restrict__ counts, unsigned char* __restrict__ prompt_mask, int vocab_size, int slot) {
+    PDL_WAIT();
+    PDL_LAUNCH();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < vocab_size; i += (long long)gridDim.x * blockDim.x) {
         counts[(long long)slot * vocab_size + i] = 0;
         prompt_mask[(long long)slot * vocab_size + i] = 0;
@@ -541,6 +546,8 @@ extern "C" __global__ void sampling_clear_slot(int* __restrict__ counts, unsigne
 
 extern "C" __global__ void sampling_fill_slot(int* __restrict__ counts, unsigned char* __restrict__ prompt_mask, int vocab_size, int slot,
                                               const int* __restrict__ ids, int num_prompt, int num_ids) {
+    PDL_WAIT();
+    PDL_LAUNCH();
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < num_ids; j += gridDim.x * blockDim.x) {
         int id = ids[j];
         if (id < 0 || id >= vocab_size) continue;
@@ -551,34 +558,42 @@ extern "C" __global__ void sampling_fill_slot(int* __restrict__ counts, unsigned
 
 // The struct layouts, for the host's check: sizeof and every field offset.
 extern "C" __global__ void sampling_layout(int* out) {
+    PDL_WAIT();
+    PDL_LAUNCH();
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int k = 0;
+    const RowParams rp{};
+    const RowResult rr{};
+#define FIELD_OFFSET(obj, f) ((int)(reinterpret_cast<const char*>(&obj.f) - reinterpret_cast<const char*>(&obj)))
     out[k++] = (int)sizeof(RowParams);
-    out[k++] = (int)__builtin_offsetof(RowParams, temperature);
-    out[k++] = (int)__builtin_offsetof(RowParams, top_p);
-    out[k++] = (int)__builtin_offsetof(RowParams, min_p);
-    out[k++] = (int)__builtin_offsetof(RowParams, repetition_penalty);
-    out[k++] = (int)__builtin_offsetof(RowParams, presence_penalty);
-    out[k++] = (int)__builtin_offsetof(RowParams, frequency_penalty);
-    out[k++] = (int)__builtin_offsetof(RowParams, seed);
-    out[k++] = (int)__builtin_offsetof(RowParams, step);
-    out[k++] = (int)__builtin_offsetof(RowParams, top_k);
-    out[k++] = (int)__builtin_offsetof(RowParams, slot);
-    out[k++] = (int)__builtin_offsetof(RowParams, flags);
-    out[k++] = (int)__builtin_offsetof(RowParams, num_logprobs);
-    out[k++] = (int)__builtin_offsetof(RowParams, num_banned);
-    out[k++] = (int)__builtin_offsetof(RowParams, reserved);
-    out[k++] = (int)__builtin_offsetof(RowParams, banned);
+    out[k++] = FIELD_OFFSET(rp, temperature);
+    out[k++] = FIELD_OFFSET(rp, top_p);
+    out[k++] = FIELD_OFFSET(rp, min_p);
+    out[k++] = FIELD_OFFSET(rp, repetition_penalty);
+    out[k++] = FIELD_OFFSET(rp, presence_penalty);
+    out[k++] = FIELD_OFFSET(rp, frequency_penalty);
+    out[k++] = FIELD_OFFSET(rp, seed);
+    out[k++] = FIELD_OFFSET(rp, step);
+    out[k++] = FIELD_OFFSET(rp, top_k);
+    out[k++] = FIELD_OFFSET(rp, slot);
+    out[k++] = FIELD_OFFSET(rp, flags);
+    out[k++] = FIELD_OFFSET(rp, num_logprobs);
+    out[k++] = FIELD_OFFSET(rp, num_banned);
+    out[k++] = FIELD_OFFSET(rp, reserved);
+    out[k++] = FIELD_OFFSET(rp, banned);
     out[k++] = (int)sizeof(RowResult);
-    out[k++] = (int)__builtin_offsetof(RowResult, token);
-    out[k++] = (int)__builtin_offsetof(RowResult, status);
-    out[k++] = (int)__builtin_offsetof(RowResult, logprob);
-    out[k++] = (int)__builtin_offsetof(RowResult, rank);
+    out[k++] = FIELD_OFFSET(rr, token);
+    out[k++] = FIELD_OFFSET(rr, status);
+    out[k++] = FIELD_OFFSET(rr, logprob);
+    out[k++] = FIELD_OFFSET(rr, rank);
+#undef FIELD_OFFSET
 }
 
 // The draws themselves, for the tests against trtcore.runtime.sampling.philox_uniform.
 extern "C" __global__ void sampling_philox(const unsigned long long* __restrict__ seeds, const unsigned long long* __restrict__ steps,
                                            double* __restrict__ out, int n) {
+    PDL_WAIT();
+    PDL_LAUNCH();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = philox_uniform(seeds[i], steps[i]);
 }

@@ -7,6 +7,8 @@ kept in memory. Numerics of the same patterns are checked on the GPU (test_engin
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from netutil import compile_net, decode_shapes, llama_plan, network, rms_norm_net
@@ -256,8 +258,24 @@ def test_every_layer_type_lowers(dtype: str) -> None:
     net, kinds = layer_network(name)
     plan = compile_net(net, arch=None)
     assert set(plan.graph.outputs) == set(kinds)
-    assert all(n.op in {"view", "matmul", "plugin", "pointwise_group", "row_group", "copy", "softmax", "reduce", "gather", "concat",
-                        "kv_cache_update", "attention"} for n in plan.graph.nodes)
+    assert all(
+        n.op
+        in {
+            "view",
+            "matmul",
+            "plugin",
+            "pointwise_group",
+            "row_group",
+            "copy",
+            "softmax",
+            "reduce",
+            "gather",
+            "concat",
+            "kv_cache_update",
+            "attention",
+        }
+        for n in plan.graph.nodes
+    )
 
 
 def _norm_linear_net(extra_reader: bool = False, norm_is_output: bool = False) -> Any:
@@ -351,3 +369,54 @@ def test_one_token_row_runs_the_one_row_gemv_kernels(monkeypatch: pytest.MonkeyP
     assert all(s.name.endswith(("#gemv1", "#gemv1_prologue")) for s in gemvs), [s.name for s in gemvs]
     assert all("float acc[1];" in plan.sources[s.name].source for s in gemvs)  # one accumulator: compiled for one row
     assert all(s.shared_mem == int(s.args[-4][0]) * 2 for s in gemvs)  # one row of K bfloat16 values
+
+
+def test_a_fused_gemv_never_writes_over_its_producers_inputs() -> None:
+    """The fused prologue kernel reads the producer's inputs in every block while some blocks
+    already write the GEMM's output: the memory plan keeps those inputs alive until the GEMM,
+    so no output byte range of a fused GEMM meets an input range of its producer."""
+    from netutil import llama_plan
+
+    plan, _ = llama_plan(layers=3, arch=None)
+    g = plan.graph
+    nodes = {n.name: n for n in g.nodes}
+    root = __import__("trtcore.cuda.views", fromlist=["view_root"]).view_root(g)
+    fused = [n for n in g.nodes if n.op == "matmul" and n.attrs.get("prologue")]
+    assert fused
+    for mm in fused:
+        out = root.get(mm.outputs[0], mm.outputs[0])
+        lo, hi = plan.offsets[out], plan.offsets[out] + plan.sizes[out]
+        for v in nodes[mm.attrs["prologue"]].inputs:
+            r = root.get(v, v)
+            if r in plan.offsets:
+                assert plan.offsets[r] + plan.sizes[r] <= lo or hi <= plan.offsets[r], (mm.name, v)
+
+
+def test_a_gemv_too_wide_for_its_prologue_keeps_the_producers_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every block of a fused GEMV recomputes the producer: where blocks x M x K exceeds
+    ``PROLOGUE_MAX_WORK`` the producer keeps its own launch (the plain GEMV follows it)."""
+    from netutil import decode_shapes, llama_plan
+
+    from trtcore.cuda import codegen
+    from trtcore.cuda.runtime import ICudaEngine
+
+    monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1")
+    plan, _ = llama_plan(layers=2, arch=None)
+
+    def steps() -> list[Any]:
+        engine = ICudaEngine(plan)
+        ctx = engine.create_execution_context_without_device_memory()
+        ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
+        for i in range(engine.num_io_tensors):
+            ctx.set_tensor_address(engine.get_tensor_name(i), (i + 2) << 40)
+        for name, shape in decode_shapes(plan, batch=1).items():
+            ctx.set_input_shape(name, shape)
+        return ctx.prepare({name: (i + 100) << 40 for i, name in enumerate(plan.graph.constants)})
+
+    gate_up = next(s for s in steps() if "gate_proj" in s.name)
+    assert gate_up.name.endswith("#gemv1_prologue")
+    work = gate_up.grid[0] * 1 * int(gate_up.args[-4][0])  # blocks x M x K
+    monkeypatch.setattr(codegen, "PROLOGUE_MAX_WORK", work - 1)
+    names = [s.name for s in steps()]
+    assert any(n.endswith("gate_proj+model.layers.0.mlp.up_proj#gemv1") for n in names), names
+    assert "model.layers.0.post_attention_layernorm" in "".join(names)  # the norm's own row kernel runs

@@ -143,6 +143,15 @@ def _memory_plan(g: Graph, points: list[dict[str, tuple[int, ...]]]) -> tuple[di
             r = root.get(v, v)
             if v and r in first:
                 last[r] = max(last[r], i)
+    # a GEMV with a fused prologue reads its producer's inputs while it writes its own output:
+    # those inputs live until the GEMM, so the output never takes their bytes
+    index = {node.name: i for i, node in enumerate(g.nodes)}
+    for j, node in enumerate(g.nodes):
+        if node.op == "matmul" and node.attrs.get("prologue") in index:
+            for v in g.nodes[index[node.attrs["prologue"]]].inputs:
+                r = root.get(v, v)
+                if v and r in first:
+                    last[r] = max(last[r], j)
     sizes = {name: max(int(__import__("numpy").prod(s[name])) for s in shapes_all) * g.values[name].dtype.itemsize for name in first}
     buffers = [memory.Buffer(n, sizes[n], first[n], last[n]) for n in first]
     for i, node in enumerate(g.nodes):

@@ -914,6 +914,12 @@ def gemv(
 #: several blocks per SM; larger inputs run on cuBLAS
 GEMV_X_MAX_BYTES = 48 * 1024
 
+#: most producer elements all blocks of a fused GEMV prologue compute together (blocks x M x K):
+#: on the H200 the fusion won at up to 2.2e5 (SmolLM2-135M: 3.9 -> 3.3 us and one launch fewer
+#: per GEMM), broke even at 7.9e5 (Llama-3.2-1B q/k/v) and lost 2x at 2.1e6 and more (1B gate/up,
+#: down, LM head), so larger GEMMs keep the producer's own kernel
+PROLOGUE_MAX_WORK = 1 << 19
+
 
 def gemv_prologue(producer: Node, dtypes: dict[str, DataType], rank: int, a: str, row_outputs: set[str], max_m: int = 4) -> KernelSource:
     """The GEMV of :func:`gemv` with the kernel that produces its ``x`` (= ``a``, an output

@@ -434,11 +434,13 @@ class IExecutionContext:
     def _fused_gemv(self, node: Any, gemv: Step, producer: Step) -> Step | None:
         """One launch for the GEMV ``gemv`` with the ``producer`` launch right before it fused
         in front (:func:`trtcore.cuda.codegen.gemv_prologue`; the one-row kernel for one
-        row), or None when the plan has no such kernel or its input is not dense rows."""
+        row), or None when the plan has no such kernel, its input is not dense rows, or every
+        block recomputing the producer costs more than the launch it saves
+        (:data:`~trtcore.cuda.codegen.PROLOGUE_MAX_WORK`)."""
         # gemv args: y, w, x, M, N, K, ldw, ldx, ldy
-        k, ldx = gemv.args[5][0], gemv.args[7][0]
+        m_rows, k, ldx = gemv.args[3][0], gemv.args[5][0], gemv.args[7][0]
         name = f"{gemv.name}_prologue"
-        if ldx != k or name not in self.engine.plan.sources:
+        if ldx != k or name not in self.engine.plan.sources or gemv.grid[0] * m_rows * k > codegen.PROLOGUE_MAX_WORK:
             return None
         args = producer.args + gemv.args[:2] + gemv.args[3:]
         return Step("kernel", name, gemv.grid, gemv.block, gemv.shared_mem, args)
