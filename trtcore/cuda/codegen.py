@@ -786,6 +786,9 @@ template <typename T> __device__ __forceinline__ V8 ldw8(const T* p) {
 template <typename T> __device__ __forceinline__ V8 ldx8(const T* p) {
   V8 v; v.a = *reinterpret_cast<const uint4*>(p); if (sizeof(T) == 4) v.b = *reinterpret_cast<const uint4*>(p + 4); return v;
 }
+template <typename T> __device__ __forceinline__ void stx8(T* p, const V8& v) {  // the 8 elements only
+  *reinterpret_cast<uint4*>(p) = v.a; if (sizeof(T) == 4) *reinterpret_cast<uint4*>(p + 4) = v.b;
+}
 __device__ __forceinline__ void unpack8(const __nv_bfloat16*, const V8& v, float* f) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v.a);
   #pragma unroll
@@ -893,7 +896,7 @@ def gemv(
         f"  {t}* xs = reinterpret_cast<{t}*>(xs_bytes);",
         "  for (int r = 0; r < (int)M; ++r)",
         "    for (int c = threadIdx.x * 8; c < (int)K; c += blockDim.x * 8)",
-        "      *reinterpret_cast<V8*>(xs + r * K + c) = ldx8(x + r * ldx + c);",
+        "      stx8(xs + r * K + c, ldx8(x + r * ldx + c));",
         "  __syncthreads();",
     ]
     lines = [
