@@ -84,3 +84,18 @@ def decode_shapes(plan: Plan, batch: int = 1, blocks: int = 4) -> dict[str, tupl
         "input_ids": (batch,), "position_ids": (batch,), "kv_cache_pool": (pool[0], 16, *pool[2:]),
         "block_tables": (batch, blocks), "seq_lens": (batch,), "query_start_loc": (batch + 1,), "last_token_ids": (batch,),
     }
+
+
+def host_steps(plan: Plan, batch: int = 1) -> list[Any]:
+    """The launches of one paged decode step of ``batch`` sequences, prepared on the host
+    with placeholder addresses (no GPU): what the runtime would enqueue."""
+    from trtcore.cuda.runtime import ICudaEngine
+
+    engine = ICudaEngine(plan)
+    ctx = engine.create_execution_context_without_device_memory()
+    ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
+    for i in range(engine.num_io_tensors):
+        ctx.set_tensor_address(engine.get_tensor_name(i), (i + 2) << 40)
+    for name, shape in decode_shapes(plan, batch=batch).items():
+        ctx.set_input_shape(name, shape)
+    return ctx.prepare({name: (i + 100) << 40 for i, name in enumerate(plan.graph.constants)})

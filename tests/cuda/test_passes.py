@@ -321,20 +321,11 @@ def test_gemv_prologue_fuses_a_norm_only_into_its_sole_reader(case: dict[str, An
 def test_llama_decode_layer_is_five_launches_with_gemv_prologues(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the GEMV tactic at decode, the norm before q/k/v and gate/up and the SwiGLU product
     before down run inside their GEMV: attention (RoPE inside it) and four GEMV kernels per layer."""
-    from netutil import decode_shapes, llama_plan
-
-    from trtcore.cuda.runtime import ICudaEngine
+    from netutil import host_steps, llama_plan
 
     monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1")
     plan, _ = llama_plan(layers=3, arch=None, rope="attention")
-    engine = ICudaEngine(plan)
-    ctx = engine.create_execution_context_without_device_memory()
-    ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
-    for i in range(engine.num_io_tensors):
-        ctx.set_tensor_address(engine.get_tensor_name(i), (i + 2) << 40)
-    for name, shape in decode_shapes(plan, batch=2).items():
-        ctx.set_input_shape(name, shape)
-    steps = ctx.prepare({name: (i + 100) << 40 for i, name in enumerate(plan.graph.constants)})
+    steps = host_steps(plan, batch=2)
     layer1 = [s.name.replace("model.layers.1.", "") for s in steps if "model.layers.1." in s.name]
     assert layer1 == [
         "self_attn.qkv_proj#gemv_prologue",
@@ -350,20 +341,11 @@ def test_llama_decode_layer_is_five_launches_with_gemv_prologues(monkeypatch: py
 def test_one_token_row_runs_the_one_row_gemv_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """At decode with batch 1 every GEMV (fused or not) is the kernel specialized for one row
     (``max_m=1``: fewer registers), with shared memory for the staged ``1 x K`` input."""
-    from netutil import decode_shapes, llama_plan
-
-    from trtcore.cuda.runtime import ICudaEngine
+    from netutil import host_steps, llama_plan
 
     monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1")
     plan, _ = llama_plan(layers=2, arch=None)
-    engine = ICudaEngine(plan)
-    ctx = engine.create_execution_context_without_device_memory()
-    ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
-    for i in range(engine.num_io_tensors):
-        ctx.set_tensor_address(engine.get_tensor_name(i), (i + 2) << 40)
-    for name, shape in decode_shapes(plan, batch=1).items():
-        ctx.set_input_shape(name, shape)
-    steps = ctx.prepare({name: (i + 100) << 40 for i, name in enumerate(plan.graph.constants)})
+    steps = host_steps(plan, batch=1)
     gemvs = [s for s in steps if "#gemv" in s.name]
     assert len(gemvs) == 2 * 4 + 1, [s.name for s in steps]  # q/k/v, o, gate/up, down per layer; the LM head
     assert all(s.name.endswith(("#gemv1", "#gemv1_prologue")) for s in gemvs), [s.name for s in gemvs]
@@ -395,28 +377,17 @@ def test_a_fused_gemv_never_writes_over_its_producers_inputs() -> None:
 def test_a_gemv_too_wide_for_its_prologue_keeps_the_producers_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every block of a fused GEMV recomputes the producer: where blocks x M x K exceeds
     ``PROLOGUE_MAX_WORK`` the producer keeps its own launch (the plain GEMV follows it)."""
-    from netutil import decode_shapes, llama_plan
+    from netutil import host_steps, llama_plan
 
     from trtcore.cuda import codegen
-    from trtcore.cuda.runtime import ICudaEngine
 
     monkeypatch.setenv("TRTCORE_CUDA_GEMV", "1")
     plan, _ = llama_plan(layers=2, arch=None)
 
-    def steps() -> list[Any]:
-        engine = ICudaEngine(plan)
-        ctx = engine.create_execution_context_without_device_memory()
-        ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
-        for i in range(engine.num_io_tensors):
-            ctx.set_tensor_address(engine.get_tensor_name(i), (i + 2) << 40)
-        for name, shape in decode_shapes(plan, batch=1).items():
-            ctx.set_input_shape(name, shape)
-        return ctx.prepare({name: (i + 100) << 40 for i, name in enumerate(plan.graph.constants)})
-
-    gate_up = next(s for s in steps() if "gate_proj" in s.name)
+    gate_up = next(s for s in host_steps(plan) if "gate_proj" in s.name)
     assert gate_up.name.endswith("#gemv1_prologue")
     work = gate_up.grid[0] * 1 * int(gate_up.args[-4][0])  # blocks x M x K
     monkeypatch.setattr(codegen, "PROLOGUE_MAX_WORK", work - 1)
-    names = [s.name for s in steps()]
+    names = [s.name for s in host_steps(plan)]
     assert any(n.endswith("gate_proj+model.layers.0.mlp.up_proj#gemv1") for n in names), names
     assert "model.layers.0.post_attention_layernorm" in "".join(names)  # the norm's own row kernel runs
