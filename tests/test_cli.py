@@ -8,6 +8,7 @@ transformers or from an independent hash, never from trtcore itself.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import subprocess
@@ -43,7 +44,7 @@ def _hf_greedy(model: Path, ids: list[int], steps: int) -> list[int]:
     with torch.no_grad():
         for _ in range(steps):
             seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
+    return seq[len(ids) :]
 
 
 def test_convert_refuses_an_existing_folder(model: Path, tmp_path: Path) -> None:
@@ -92,8 +93,21 @@ def test_generate_chat_applies_the_template(model: Path) -> None:
 def test_build_rtx_engine_and_sidecar(model: Path, tmp_path: Path) -> None:
     engine = tmp_path / "tiny.engine"
     proc = _cli(
-        "build", "--model", str(model), "--output", str(engine), "--backend", "tensorrt_rtx",
-        "--dtype", "float16", "--compute-capability", "sm89", "--max-batch-size", "2", "--max-seq-len", "64",
+        "build",
+        "--model",
+        str(model),
+        "--output",
+        str(engine),
+        "--backend",
+        "tensorrt_rtx",
+        "--dtype",
+        "float16",
+        "--compute-capability",
+        "sm89",
+        "--max-batch-size",
+        "2",
+        "--max-seq-len",
+        "64",
     )
     assert proc.returncode == 0, proc.stderr
     side = json.loads((tmp_path / "tiny.engine.json").read_text())
@@ -111,8 +125,7 @@ def test_build_rtx_engine_and_sidecar(model: Path, tmp_path: Path) -> None:
 
 
 def test_build_rejects_bad_target(model: Path, tmp_path: Path) -> None:
-    proc = _cli("build", "--model", str(model), "--output", str(tmp_path / "x.engine"), "--backend", "tensorrt_rtx",
-                "--compute-capability", "sm90")
+    proc = _cli("build", "--model", str(model), "--output", str(tmp_path / "x.engine"), "--backend", "tensorrt_rtx", "--compute-capability", "sm90")
     assert proc.returncode == 2 and "sm90" in proc.stderr
     assert not list(tmp_path.iterdir())
 
@@ -130,3 +143,18 @@ def test_generate_checks_the_prompt_before_echoing_it(model: Path) -> None:
     proc = _cli("generate", long_prompt, "--model", str(model), "--max-tokens", "4")
     assert proc.returncode == 2 and "trtcore: error: prompt 0 has" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_plan_options_offer_every_implementation_the_plan_knows() -> None:
+    """``--rope`` / ``--kv-cache`` / ``--attention`` of generate and build accept exactly the
+    plan's implementations (``rope attention``: RoPE inside the paged-attention plugin)."""
+    from trtcore.cli import _parser
+    from trtcore.plan import IMPLEMENTATIONS
+
+    ap = _parser()
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+    for command in ("generate", "build"):
+        opts = {a.dest: a for a in sub.choices[command]._actions}
+        for dest in ("rope", "kv_cache", "attention"):
+            assert tuple(opts[dest].choices) == IMPLEMENTATIONS[dest], (command, dest)
+    assert ap.parse_args(["generate", "--rope", "attention"]).rope == "attention"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TrtcoreError
+from .plan import IMPLEMENTATIONS
 
 DEFAULT_PROMPT = "Once upon a time"
 
@@ -63,9 +64,15 @@ def _parser() -> argparse.ArgumentParser:
     _add_sampling(g)
     g.add_argument("--backend", help="reference | tensorrt | tensorrt_rtx | cuda")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
-    g.add_argument("--rope", choices=("plugin", "layers"), help="RoPE implementation (default: plugin where the backend hosts plugins)")
-    g.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: paged on the reference backend)")
-    g.add_argument("--attention", choices=("layers", "native"), help="contiguous cache: composed layers or TensorRT's IAttention (default layers)")
+    g.add_argument(
+        "--rope",
+        choices=IMPLEMENTATIONS["rope"],
+        help="RoPE implementation: plugin, layers, or inside the attention plugin (default: plugin where the backend hosts plugins)",
+    )
+    g.add_argument("--kv-cache", choices=IMPLEMENTATIONS["kv_cache"], help="KV cache mode (default: paged where the backend hosts plugins)")
+    g.add_argument(
+        "--attention", choices=IMPLEMENTATIONS["attention"], help="contiguous cache: composed layers or TensorRT's IAttention (default layers)"
+    )
     g.add_argument(
         "--device",
         choices=("cpu", "cuda"),
@@ -86,7 +93,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--compute-capability", help="tensorrt_rtx only: target such as sm89 (no GPU needed)")
     b.add_argument("--max-batch-size", type=int, default=8)
     b.add_argument("--max-seq-len", type=int, help="default: the model's max_position_embeddings")
-    b.add_argument("--rope", choices=("plugin", "layers"), help="RoPE implementation (default: plugin where the backend hosts plugins)")
+    b.add_argument(
+        "--rope",
+        choices=IMPLEMENTATIONS["rope"],
+        help="RoPE implementation: plugin, layers, or inside the attention plugin (default: plugin where the backend hosts plugins)",
+    )
     b.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: contiguous on TensorRT backends)")
     b.add_argument(
         "--attention",
