@@ -44,7 +44,7 @@ def _hf_greedy(model: Path, ids: list[int], steps: int) -> list[int]:
     with torch.no_grad():
         for _ in range(steps):
             seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids) :]
+    return seq[len(ids):]
 
 
 def test_convert_refuses_an_existing_folder(model: Path, tmp_path: Path) -> None:
@@ -93,21 +93,8 @@ def test_generate_chat_applies_the_template(model: Path) -> None:
 def test_build_rtx_engine_and_sidecar(model: Path, tmp_path: Path) -> None:
     engine = tmp_path / "tiny.engine"
     proc = _cli(
-        "build",
-        "--model",
-        str(model),
-        "--output",
-        str(engine),
-        "--backend",
-        "tensorrt_rtx",
-        "--dtype",
-        "float16",
-        "--compute-capability",
-        "sm89",
-        "--max-batch-size",
-        "2",
-        "--max-seq-len",
-        "64",
+        "build", "--model", str(model), "--output", str(engine), "--backend", "tensorrt_rtx",
+        "--dtype", "float16", "--compute-capability", "sm89", "--max-batch-size", "2", "--max-seq-len", "64",
     )
     assert proc.returncode == 0, proc.stderr
     side = json.loads((tmp_path / "tiny.engine.json").read_text())
@@ -125,7 +112,8 @@ def test_build_rtx_engine_and_sidecar(model: Path, tmp_path: Path) -> None:
 
 
 def test_build_rejects_bad_target(model: Path, tmp_path: Path) -> None:
-    proc = _cli("build", "--model", str(model), "--output", str(tmp_path / "x.engine"), "--backend", "tensorrt_rtx", "--compute-capability", "sm90")
+    proc = _cli("build", "--model", str(model), "--output", str(tmp_path / "x.engine"), "--backend", "tensorrt_rtx",
+                "--compute-capability", "sm90")
     assert proc.returncode == 2 and "sm90" in proc.stderr
     assert not list(tmp_path.iterdir())
 

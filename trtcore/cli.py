@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=IMPLEMENTATIONS["rope"],
         help="RoPE implementation: plugin, layers, or inside the attention plugin (default: plugin where the backend hosts plugins)",
     )
-    b.add_argument("--kv-cache", choices=("paged", "contiguous"), help="KV cache mode (default: contiguous on TensorRT backends)")
+    b.add_argument("--kv-cache", choices=IMPLEMENTATIONS["kv_cache"], help="KV cache mode (default: paged where the backend hosts plugins)")
     b.add_argument(
         "--attention",
         choices=("layers", "native"),
