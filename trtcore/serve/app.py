@@ -286,10 +286,6 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
             offset[0] += len(out.text)
             return into
 
-        def usage() -> UsageInfo:
-            n = stream.num_output_tokens
-            return UsageInfo(prompt_tokens=len(ids), completion_tokens=n, total_tokens=len(ids) + n)
-
         if body.stream:
 
             def chunks(out: Any) -> list[Any]:
@@ -298,7 +294,7 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
                 return [_chunk_dict(CompletionResponse(id=rid, model=served.name, choices=[choice]), usage_opt)]
 
             def tail() -> list[Any]:
-                return [CompletionResponse(id=rid, model=served.name, choices=[], usage=usage())] if usage_opt else []
+                return [CompletionResponse(id=rid, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []
 
             return StreamingResponse(_events(stream, chunks, tail), media_type="text/event-stream")
 
@@ -308,7 +304,7 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
 
         last = await _collect(stream, add)
         choice = CompletionChoice(text="".join(pieces), logprobs=lps, finish_reason=last.finish_reason, stop_reason=last.stop_reason)
-        return CompletionResponse(id=rid, model=served.name, choices=[choice], usage=usage())
+        return CompletionResponse(id=rid, model=served.name, choices=[choice], usage=_usage(stream))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest) -> Any:
@@ -339,10 +335,6 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
                 )
             ]
 
-        def usage() -> UsageInfo:
-            n = stream.num_output_tokens
-            return UsageInfo(prompt_tokens=len(ids), completion_tokens=n, total_tokens=len(ids) + n)
-
         if body.stream:
             first = [True]
 
@@ -360,7 +352,7 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
                 return out_chunks
 
             def tail() -> list[Any]:
-                return [ChatCompletionChunk(id=rid, model=served.name, choices=[], usage=usage())] if usage_opt else []
+                return [ChatCompletionChunk(id=rid, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []
 
             return StreamingResponse(_events(stream, chunks, tail), media_type="text/event-stream")
 
@@ -378,9 +370,15 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
             finish_reason=last.finish_reason,
             stop_reason=last.stop_reason,
         )
-        return ChatCompletionResponse(id=rid, model=served.name, choices=[choice], usage=usage())
+        return ChatCompletionResponse(id=rid, model=served.name, choices=[choice], usage=_usage(stream))
 
     return app
+
+
+def _usage(stream: RequestStream) -> UsageInfo:
+    """A request's token counts so far."""
+    p, n = len(stream.prompt_token_ids), stream.num_output_tokens
+    return UsageInfo(prompt_tokens=p, completion_tokens=n, total_tokens=p + n)
 
 
 def _chunk_dict(chunk: Any, include_usage: bool) -> dict[str, Any]:

@@ -309,9 +309,9 @@ class AsyncEngine:
             if rid in self._live:
                 self._scheduled(self._live[rid], r.start)
         for out in r.outputs:
-            s = self._live.get(out.index)
-            if s is None:
+            if out.index not in self._live:
                 continue  # aborted meanwhile
+            s = self._live[out.index]
             if out.error is not None:
                 self._finish(s, None)
                 s._queue.put_nowait(out.error)
