@@ -1,4 +1,4 @@
-"""The ``trtcore`` command: ``generate``, ``build``, ``bench``, ``convert``, ``check``.
+"""The ``trtcore`` command: ``generate``, ``build``, ``bench``, ``serve``, ``convert``, ``check``.
 
 Every trtcore error (bad model folder, bad request, missing backend) is printed as one
 line ``trtcore: error: ...`` on stderr with exit status 2; no traceback.
@@ -110,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
 
     add_bench_parsers(sub.add_parser("bench", help="latency / throughput of generation (vllm bench style)"), _add_engine)
 
+    from .serve.server import add_serve_parser
+
+    add_serve_parser(sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, metrics)"), _add_engine)
+
     c = sub.add_parser("convert", help="convert a GGUF file into a Hugging Face model folder")
     c.add_argument("--gguf", required=True, help="GGUF file (llama or qwen2 architecture)")
     c.add_argument("--output", required=True, help="folder to create")
@@ -209,6 +213,12 @@ def _bench(args: argparse.Namespace) -> int:
     return int(args.handler(args))  # trtcore.bench's subcommand
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve.server import serve
+
+    return serve(args)
+
+
 def _convert(args: argparse.Namespace) -> int:
     from .gguf_convert import convert_gguf
 
@@ -233,7 +243,7 @@ def _check(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trtcore`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
-    handlers: dict[str, Any] = {"generate": _generate, "build": _build, "convert": _convert, "check": _check, "bench": _bench}
+    handlers: dict[str, Any] = {"generate": _generate, "build": _build, "convert": _convert, "check": _check, "bench": _bench, "serve": _serve}
     try:
         return int(handlers[args.command](args))
     except TrtcoreError as exc:

@@ -528,6 +528,17 @@ class LLM:
                 del self._texts[rid]
         return outs
 
+    def abort_request(self, request_id: int) -> bool:
+        """Finish a request added with :meth:`add_request` now (vLLM's ``abort_request``):
+        it leaves the queues, its KV blocks are freed at once, and :meth:`step` reports
+        nothing more for it.
+
+        Returns:
+            True if it was live; False if it had finished already or the id is unknown.
+        """
+        self._texts.pop(request_id, None)
+        return self.kv_cache == "paged" and self.engine.abort(request_id)
+
     def has_unfinished_requests(self) -> bool:
         """Whether requests added with :meth:`add_request` still wait or run."""
         return self.kv_cache == "paged" and self.engine.has_unfinished_requests()

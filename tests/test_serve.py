@@ -1,0 +1,267 @@
+"""``trtcore serve`` as a client sees it: a real server process on 127.0.0.1 (ephemeral port),
+the official ``openai`` client, a tiny llama with a real BPE tokenizer and chat template on
+the reference backend (one server for the module).
+
+Expectations come from :meth:`trtcore.LLM.generate` in this process for the same parameters
+(greedy and seeded sampling: a request's seed makes its tokens independent of the batch), from
+the requests the test sent (the metrics' counters), and from the documented error statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from test_gguf import write_synthetic_gguf
+
+from trtcore import LLM, SamplingParams
+from trtcore.serve.process import ServerProcess
+
+NAME = "tiny"
+MAX_SEQ_LEN = 256
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trtcore.gguf_convert import convert_gguf
+
+    root = tmp_path_factory.mktemp("serve")
+    write_synthetic_gguf(root / "tiny.gguf", "llama", tokenizer="gpt2", pre="llama-bpe", tied=False, seed=3)
+    return Path(convert_gguf(root / "tiny.gguf", root / "hf", progress=False))
+
+
+@pytest.fixture(scope="module")
+def llm(model: Path) -> LLM:
+    return LLM(model, backend="reference", kv_cache="paged", max_seq_len=MAX_SEQ_LEN, progress=False)
+
+
+@pytest.fixture(scope="module")
+def server(model: Path) -> Any:
+    args = ["--model", str(model), "--backend", "reference", "--max-seq-len", str(MAX_SEQ_LEN), "--max-waiting", "64", "--served-model-name", NAME]
+    with ServerProcess(args) as s:
+        yield s
+    assert s.process is not None and s.process.returncode == 0, "".join(s.stderr_lines)
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def metrics(server: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``/metrics`` parsed by prometheus-client's parser: ``{(sample name, labels): value}``."""
+    with urllib.request.urlopen(server.url + "/metrics") as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(m: dict[Any, float], name: str, **labels: str) -> float:
+    return m[(name, tuple(sorted({"model_name": NAME, **labels}.items())))]
+
+
+GREEDY = {"temperature": 0.0, "max_tokens": 12}
+SEEDED = {
+    "temperature": 0.9,
+    "top_p": 0.9,
+    "top_k": 40,
+    "min_p": 0.02,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.3,
+    "repetition_penalty": 1.2,
+    "seed": 1234,
+    "max_tokens": 12,
+}
+EXTENSIONS = ("top_k", "min_p", "repetition_penalty")  # vLLM's, not the openai client's own arguments
+
+
+def _call(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The openai client's keywords: vLLM's extension fields go in ``extra_body``."""
+    extra = {k: kwargs[k] for k in EXTENSIONS if k in kwargs}
+    return {**{k: v for k, v in kwargs.items() if k not in EXTENSIONS}, "extra_body": extra}
+
+
+def _params(kwargs: dict[str, Any]) -> SamplingParams:
+    return SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_completions_equal_generate(client: openai.OpenAI, llm: LLM, kwargs: dict[str, Any], stream: bool) -> None:
+    prompt = "the theory of everything"
+    [ref] = llm.generate(prompt, _params(kwargs))
+    want = ref.outputs[0]
+    if stream:
+        chunks = list(client.completions.create(model=NAME, prompt=prompt, stream=True, stream_options={"include_usage": True}, **_call(kwargs)))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        usage = chunks[-1].usage
+        assert all(c.usage is None for c in chunks[:-1]) and not chunks[-1].choices
+    else:
+        r = client.completions.create(model=NAME, prompt=prompt, **_call(kwargs))
+        text, finish, usage = r.choices[0].text, [r.choices[0].finish_reason], r.usage
+    assert text == want.text
+    assert finish == [want.finish_reason]
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
+        len(ref.prompt_token_ids),
+        len(want.token_ids),
+        len(ref.prompt_token_ids) + len(want.token_ids),
+    )
+
+
+@pytest.mark.parametrize("kwargs", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_chat_completions_equal_generate(client: openai.OpenAI, llm: LLM, kwargs: dict[str, Any], stream: bool) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is the theory of"}]
+    [ref] = llm.generate(llm.apply_chat_template(messages), _params(kwargs))
+    want = ref.outputs[0]
+    call = _call({**kwargs, "max_completion_tokens": kwargs["max_tokens"]})
+    del call["max_tokens"]
+    if stream:
+        chunks = list(client.chat.completions.create(model=NAME, messages=messages, stream=True, **call))  # type: ignore[call-overload]
+        assert chunks[0].choices[0].delta.role == "assistant"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        assert all(c.usage is None for c in chunks)  # no include_usage
+    else:
+        r = client.chat.completions.create(model=NAME, messages=messages, **call)  # type: ignore[call-overload]
+        assert r.choices[0].message.role == "assistant"
+        text, finish = r.choices[0].message.content, [r.choices[0].finish_reason]
+        assert r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ref.prompt_token_ids), len(want.token_ids))
+    assert text == want.text
+    assert finish == [want.finish_reason]
+
+
+def test_logprobs_and_stop_strings_equal_generate(client: openai.OpenAI, llm: LLM) -> None:
+    prompt = "the theory of"
+    [ref] = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, logprobs=3))
+    want = ref.outputs[0]
+    r = client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=8, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.token_logprobs == pytest.approx([d[t].logprob for d, t in zip(want.logprobs, want.token_ids)], abs=1e-9)
+    # keyed by token text (two tokens may share one, then one entry shows): each shown value is one of the reference's
+    for top, d in zip(lp.top_logprobs, want.logprobs):
+        assert top and all(any(abs(v - x.logprob) < 1e-9 for x in d.values()) for v in top.values())
+    c = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=4, logprobs=True, top_logprobs=2)
+    [cref] = llm.generate(llm.apply_chat_template([{"role": "user", "content": prompt}]), SamplingParams(temperature=0, max_tokens=4, logprobs=2))
+    content = c.choices[0].logprobs.content
+    assert [e.logprob for e in content] == pytest.approx([d[t].logprob for d, t in zip(cref.outputs[0].logprobs, cref.outputs[0].token_ids)], abs=1e-9)
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob for e in content)
+    # a stop string taken from the greedy text ends it there, as in generate
+    [long] = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24))
+    stop = long.outputs[0].text[6:9]
+    [sref] = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24, stop=[stop]))
+    s = client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=24, stop=[stop])
+    assert (s.choices[0].text, s.choices[0].finish_reason) == (sref.outputs[0].text, "stop")
+    assert s.usage is not None and s.usage.completion_tokens == len(sref.outputs[0].token_ids)
+
+
+def test_64_concurrent_streams_get_what_they_get_alone(server: Any, llm: LLM) -> None:
+    prompts = [f"number {i} of the theory" for i in range(64)]
+    kwargs = [{"temperature": 0.8, "seed": i, "max_tokens": 10} if i % 2 else {"temperature": 0.0, "max_tokens": 10} for i in range(64)]
+    alone = [llm.generate(p, SamplingParams(**k))[0].outputs[0].text for p, k in zip(prompts, kwargs)]
+
+    async def one(c: openai.AsyncOpenAI, p: str, k: dict[str, Any]) -> str:
+        parts = [ch.choices[0].text async for ch in await c.completions.create(model=NAME, prompt=p, stream=True, **k)]
+        return "".join(parts)
+
+    async def run() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as c:
+            return list(await asyncio.gather(*(one(c, p, k) for p, k in zip(prompts, kwargs))))
+
+    assert asyncio.run(run()) == alone
+
+
+def test_a_client_gone_mid_stream_frees_its_blocks(server: Any) -> None:
+    before = metrics(server)
+    body = {"model": NAME, "prompt": "the theory of", "max_tokens": 240, "ignore_eos": True, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=60) as h, h.stream("POST", server.url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for _ in range(3):
+            assert next(line for line in lines if line).startswith("data: {")
+    # closed: the server aborts it before its next step, which frees its blocks
+    aborts = value(before, "trtcore:request_success_total", finished_reason="abort") + 1
+    deadline = time.monotonic() + 30
+    while True:
+        m = metrics(server)
+        freed = value(m, "trtcore:num_requests_running") == 0 and value(m, "trtcore:kv_cache_usage_perc") == 0.0
+        if freed and value(m, "trtcore:request_success_total", finished_reason="abort") == aborts:
+            break
+        assert time.monotonic() < deadline, "the disconnected request was not aborted"
+        time.sleep(0.02)
+    generated = value(m, "trtcore:generation_tokens_total") - value(before, "trtcore:generation_tokens_total")
+    assert 3 <= generated < 240
+
+
+def _post(server: Any, path: str, content: bytes | None = None, **body: Any) -> httpx.Response:
+    data = content if content is not None else json.dumps(body).encode()
+    return httpx.post(server.url + path, content=data, headers={"content-type": "application/json"}, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("content", "body", "status", "param"),
+    [
+        (b'{"model": "tiny", "prompt": "x", ', None, 400, None),
+        (None, {"model": NAME, "prompt": "x", "temperature": "hot"}, 400, "temperature"),
+        (None, {"model": NAME, "prompt": "x", "max_tokens": [3]}, 400, "max_tokens"),
+        (None, {"model": NAME, "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        (None, {"model": NAME, "prompt": "the " * MAX_SEQ_LEN}, 400, "prompt"),
+        (None, {"model": NAME, "prompt": "x", "max_tokens": MAX_SEQ_LEN}, 400, "max_tokens"),
+        (None, {"model": NAME, "prompt": "x", "n": 2}, 400, "n"),
+        (None, {"model": NAME, "prompt": [10**6]}, 400, "prompt"),
+        (None, {"model": "other", "prompt": "x"}, 404, "model"),
+    ],
+    ids=["malformed-json", "wrong-type", "wrong-type-list", "max-tokens-0", "over-context", "max-tokens-over-context", "n-2", "bad-token", "unknown-model"],
+)
+def test_bad_requests_get_their_status_and_the_server_goes_on(server: Any, client: openai.OpenAI, content: Any, body: Any, status: int, param: Any) -> None:
+    r = _post(server, "/v1/completions", content, **(body or {}))
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+    if param:
+        assert param in err["message"] or status == 404
+    nxt = client.completions.create(model=NAME, prompt="the theory of", max_tokens=2, temperature=0)
+    assert nxt.usage is not None and nxt.usage.completion_tokens == 2
+
+
+def test_unknown_model_through_the_client(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+def test_metrics_count_the_requests_sent(server: Any, client: openai.OpenAI) -> None:
+    before = metrics(server)
+    sent = [("the theory of", 3), ("a b c", 5), ("once upon a time", 1), ("hello", 7)]
+    usage = [client.completions.create(model=NAME, prompt=p, max_tokens=n, temperature=0, extra_body={"ignore_eos": True}).usage for p, n in sent]
+    _post(server, "/v1/completions", model=NAME, prompt="x", max_tokens=0)  # refused: counted nowhere
+    after = metrics(server)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("trtcore:request_success_total", finished_reason="length") == len(sent)
+    assert delta("trtcore:request_success_total", finished_reason="stop") == 0
+    assert delta("trtcore:prompt_tokens_total") == sum(u.prompt_tokens for u in usage)  # type: ignore[union-attr]
+    assert delta("trtcore:generation_tokens_total") == sum(n for _, n in sent)
+    for hist in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"):
+        assert delta(f"trtcore:{hist}_count") == len(sent)
+    assert delta("trtcore:inter_token_latency_seconds_count") == sum(n - 1 for _, n in sent)
+    assert value(after, "trtcore:num_requests_waiting") == 0 and value(after, "trtcore:num_preemptions_total") == 0
+
+
+def test_models_and_health(server: Any, client: openai.OpenAI, model: Path) -> None:
+    [card] = client.models.list().data
+    assert card.id == NAME and card.model_extra is not None and card.model_extra["max_model_len"] == MAX_SEQ_LEN
+    assert card.model_extra["root"] == str(model) and card.model_extra["version"] is None  # built at start-up: no engine file
+    assert server.health() == 200

@@ -1,0 +1,86 @@
+"""``trtcore serve``'s limits as a client sees them (a real server process, its own options):
+the batching window ``--max-queue-delay-ms``, a full waiting queue (429 with ``Retry-After``),
+and the SIGTERM drain (a running stream completes, the process exits 0).
+
+Server: at most 2 running (``--max-batch-size 2``), 2 waiting (``--max-waiting 2``), a 1 s
+window. The tests run in file order; the drain is the last.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from test_serve import NAME, model  # noqa: F401  (fixture)
+
+from trtcore.serve.process import ServerProcess
+
+WINDOW_S = 1.0
+LONG = {"max_tokens": 200, "temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def server(model: Path) -> Any:  # noqa: F811
+    args = ["--model", str(model), "--backend", "reference", "--max-seq-len", "256", "--served-model-name", NAME]
+    args += ["--max-batch-size", "2", "--max-waiting", "2", "--max-queue-delay-ms", str(WINDOW_S * 1000)]
+    s = ServerProcess(args).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def _timed(client: openai.OpenAI, prompt: str) -> float:
+    t = time.perf_counter()
+    client.completions.create(model=NAME, prompt=prompt, max_tokens=1, temperature=0)
+    return time.perf_counter() - t
+
+
+def test_the_window_holds_a_lone_request_and_releases_a_full_batch(client: openai.OpenAI) -> None:
+    assert _timed(client, "alone") >= WINDOW_S  # one request of two slots waits out the window
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        times = list(pool.map(lambda p: _timed(client, p), ["one", "two"]))
+    assert max(times) < WINDOW_S * 0.9, times  # two fill the batch: admitted at once
+
+
+def test_a_full_queue_gets_429_and_the_server_goes_on(client: openai.OpenAI) -> None:
+    running = [client.completions.create(model=NAME, prompt=p, stream=True, **LONG) for p in ("a", "b")]  # type: ignore[call-overload]
+    for s in running:
+        next(iter(s))  # both run (they filled the batch)
+    waiting = [client.completions.create(model=NAME, prompt=p, stream=True, **LONG) for p in ("c", "d")]  # type: ignore[call-overload]
+    with pytest.raises(openai.RateLimitError) as e:
+        client.completions.create(model=NAME, prompt="x", max_tokens=2)
+    assert e.value.response.status_code == 429 and e.value.response.headers["retry-after"] == "1"
+    assert e.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
+    for s in [*running, *waiting]:
+        s.close()  # gone: aborted
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            r = client.completions.create(model=NAME, prompt="e", max_tokens=2, temperature=0)
+            break
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert r.usage is not None and r.usage.completion_tokens == 2
+
+
+def test_sigterm_drains(server: Any, client: openai.OpenAI) -> None:
+    stream = client.completions.create(model=NAME, prompt="drain", stream=True, stream_options={"include_usage": True}, **LONG)  # type: ignore[call-overload]
+    chunks = iter(stream)
+    got = [next(chunks)]
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert server.health() in (503, None)  # draining, or no longer listening
+    got += list(chunks)
+    assert [c.choices[0].finish_reason for c in got if c.choices][-1] == "length"
+    assert got[-1].usage is not None and got[-1].usage.completion_tokens == 200
+    assert server.process.wait(60) == 0, "".join(server.stderr_lines)

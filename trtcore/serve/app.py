@@ -1,0 +1,389 @@
+"""The HTTP routes of ``trtcore serve`` (FastAPI): the OpenAI API over :class:`~trtcore.serve.engine.AsyncEngine`.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream=true``: server-sent
+events, ``data: {chunk}`` lines ending in ``data: [DONE]``), ``GET /v1/models``,
+``GET /health`` (200 once the model is loaded, 503 while loading or draining),
+``GET /metrics`` (Prometheus text format, :mod:`trtcore.serve.metrics`).
+
+Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}}``:
+
+* 400 ``invalid_request_error``: malformed JSON, a field of the wrong type or out of range
+  (``param`` names it), a prompt that does not fit the context (``param`` ``prompt`` /
+  ``messages``), ``max_tokens`` beyond the context, ``n`` > 1, ``echo`` / ``suffix``;
+* 404 ``invalid_request_error`` / ``model_not_found``: another ``model`` than the served one;
+* 429 ``rate_limit_error`` with ``Retry-After``: ``--max-waiting`` requests wait already;
+* 503 ``service_unavailable`` with ``Retry-After``: loading or shutting down.
+
+A request that fails after its stream started gets one ``data: {"error": ...}`` event, then
+``data: [DONE]``. A client that disconnects mid-stream aborts its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import TrtcoreError
+from .engine import AsyncEngine, EngineDrainingError, EngineNotReadyError, QueueFullError, RequestStream
+from .metrics import CONTENT_TYPE_LATEST
+from .protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprob,
+    ChatLogprobs,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TopLogprob,
+    UsageInfo,
+    random_id,
+)
+
+__all__ = ["ApiError", "build_app"]
+
+#: the lowest log-probability sent (JSON has no -inf); vLLM's clamp
+MIN_LOGPROB = -9999.0
+
+
+class ApiError(Exception):
+    """An HTTP error with OpenAI's body (see the module docstring for the statuses)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.info, self.retry_after = status, ErrorInfo(message=message, type=type, param=param, code=code), retry_after
+
+    def response(self) -> JSONResponse:
+        """The JSON response (with ``Retry-After`` where set)."""
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return JSONResponse(ErrorResponse(error=self.info).model_dump(), status_code=self.status, headers=headers)
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    """400 for the first problem pydantic found; ``param`` is the field's dotted path."""
+    err = exc.errors()[0]
+    if err.get("type") == "json_invalid":
+        return ApiError(400, f"malformed JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}")
+    loc = [str(x) for x in err.get("loc", ())[1:]]  # without "body"
+    param = ".".join(loc) or None
+    return ApiError(400, f"{param or 'body'}: {err.get('msg')} (got {err.get('input')!r})", param=param)
+
+
+class _Served:
+    """What the routes need: the engine, the served name, and token helpers of its LLM."""
+
+    def __init__(self, engine: AsyncEngine, served_model_name: str):
+        self.engine = engine
+        self.name = served_model_name
+
+    @property
+    def llm(self) -> Any:
+        if not self.engine.ready:
+            raise ApiError(503, "the server is loading the model", "service_unavailable", retry_after=1)
+        return self.engine.llm
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.name:
+            raise ApiError(404, f"The model `{model}` does not exist; this server serves `{self.name}`", param="model", code="model_not_found")
+
+    def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
+        """Token ids of a prompt, checked against the vocabulary and the context."""
+        llm = self.llm
+        try:
+            ids = llm.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        except TrtcoreError as exc:
+            raise ApiError(400, str(exc), param=param) from None
+        if not ids:
+            raise ApiError(400, f"{param} is empty; give at least one token", param=param)
+        vocab = llm.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(400, f"{param} has token ids outside [0, {vocab}): {bad[:5]}", param=param)
+        context = llm.build_config.max_seq_len
+        if len(ids) >= context:
+            raise ApiError(400, f"This model's maximum context length is {context} tokens; the {param} has {len(ids)} tokens", param=param)
+        return ids
+
+    def max_tokens(self, requested: int | None, default: int | None, num_prompt: int, param: str) -> int:
+        """``max_tokens`` of a request: what it asked, else ``default``, else what fits."""
+        room = self.llm.build_config.max_seq_len - num_prompt
+        n = requested if requested is not None else (default if default is not None else room)
+        if n > room:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {room + num_prompt} tokens; {param}={n} and the prompt's {num_prompt} tokens exceed it",
+                param=param,
+            )
+        return n
+
+    def token_text(self, token_id: int) -> str:
+        tok = self.llm.tokenizer
+        return str(tok.decode([token_id], skip_special_tokens=False)) if tok is not None else str(token_id)
+
+    def submit(self, ids: list[int], body: Any, max_tokens: int, logprobs: int | None) -> RequestStream:
+        if body.n != 1:
+            raise ApiError(400, f"n={body.n} is not supported; only n=1", param="n")
+        try:
+            params = body.sampling_params(max_tokens, logprobs)
+        except TrtcoreError as exc:
+            raise ApiError(400, str(exc)) from None
+        try:
+            return self.engine.submit(ids, params)
+        except QueueFullError as exc:
+            raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded", retry_after=1) from None
+        except (EngineDrainingError, EngineNotReadyError) as exc:
+            raise ApiError(503, str(exc), "service_unavailable", retry_after=1) from None
+
+
+def _sse(obj: Any) -> str:
+    data = obj.model_dump_json() if hasattr(obj, "model_dump_json") else json.dumps(obj)
+    return f"data: {data}\n\n"
+
+
+def _lp(x: float) -> float:
+    return max(float(x), MIN_LOGPROB) if not math.isnan(x) else MIN_LOGPROB
+
+
+def _error_body(exc: Exception) -> dict[str, Any]:
+    return ErrorResponse(
+        error=ErrorInfo(message=str(exc), type="invalid_request_error" if isinstance(exc, TrtcoreError) else "internal_error")
+    ).model_dump()
+
+
+async def _collect(stream: RequestStream, on_output: Callable[[Any], None]) -> Any:
+    """Run a non-streamed request to its end; the last output (its finish reason)."""
+    last = None
+    try:
+        async for out in stream:
+            on_output(out)
+            last = out
+    except TrtcoreError as exc:
+        raise ApiError(400, str(exc)) from None
+    finally:
+        if not stream.finished:
+            stream.abort()  # the handler was cancelled (client gone)
+    return last
+
+
+async def _events(stream: RequestStream, chunks: Callable[[Any], list[Any]], tail: Callable[[], list[Any]]) -> AsyncIterator[str]:
+    """The SSE body: ``chunks(output)`` per output, then ``tail()``, then ``[DONE]``; an error
+    becomes one error event; a disconnect (the generator closed early) aborts the request."""
+    try:
+        async for out in stream:
+            for c in chunks(out):
+                yield _sse(c)
+        for c in tail():
+            yield _sse(c)
+    except Exception as exc:  # the request failed after the stream began
+        yield _sse(_error_body(exc))
+    finally:
+        if not stream.finished:
+            stream.abort()
+    yield "data: [DONE]\n\n"
+
+
+def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """The FastAPI application serving ``engine`` as ``served_model_name``.
+
+    The lifespan starts loading the model in the background (``/health`` answers 503 until it
+    is ready); ``on_load_error`` is called if that fails. On shutdown the engine drains.
+    """
+    served = _Served(engine, served_model_name)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def load() -> None:
+            try:
+                await engine.start()
+            except BaseException as exc:
+                if on_load_error is not None:
+                    on_load_error(exc)
+
+        task = asyncio.create_task(load())
+        yield
+        await task
+        await engine.shutdown()
+
+    app = FastAPI(title="trtcore", lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return ApiError(exc.status_code, str(exc.detail), "not_found_error" if exc.status_code == 404 else "invalid_request_error").response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        return ApiError(500, f"{type(exc).__name__}: {exc}", "internal_error").response()
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok = engine.ready and not engine.draining
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(engine.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        llm = served.llm
+        version = None
+        if llm.engine_file is not None:
+            version = {"engine_sha256": llm.engine_file.sidecar.get("engine_sha256"), "plan": llm.plan.to_dict()}
+        return ModelList(data=[ModelCard(id=served.name, root=str(llm.model_dir), max_model_len=llm.build_config.max_seq_len, version=version)])
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> Any:
+        served.check_model(body.model)
+        if body.echo or body.suffix:
+            raise ApiError(400, "echo and suffix are not supported", param="echo" if body.echo else "suffix")
+        ids = served.prompt_ids(body.prompt, "prompt")
+        stream = served.submit(ids, body, served.max_tokens(body.max_tokens, 16, len(ids), "max_tokens"), body.logprobs)
+        rid, usage_opt = random_id("cmpl"), body.stream_options is not None and body.stream_options.include_usage
+        pieces: list[str] = []
+        lps = CompletionLogprobs() if body.logprobs is not None else None
+        offset = [0]
+
+        def logprobs_of(out: Any, into: CompletionLogprobs | None) -> CompletionLogprobs | None:
+            if into is None or out.logprobs is None:
+                return into
+            into.tokens.append(served.token_text(out.token_id))
+            into.token_logprobs.append(_lp(out.logprobs[out.token_id].logprob))
+            into.top_logprobs.append({served.token_text(t): _lp(lp.logprob) for t, lp in out.logprobs.items()})
+            into.text_offset.append(offset[0])
+            offset[0] += len(out.text)
+            return into
+
+        if body.stream:
+
+            def chunks(out: Any) -> list[Any]:
+                lp = logprobs_of(out, CompletionLogprobs() if lps is not None else None)
+                choice = CompletionChoice(text=out.text, logprobs=lp, finish_reason=out.finish_reason, stop_reason=out.stop_reason)
+                return [_chunk_dict(CompletionResponse(id=rid, model=served.name, choices=[choice]), usage_opt)]
+
+            def tail() -> list[Any]:
+                return [CompletionResponse(id=rid, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []
+
+            return StreamingResponse(_events(stream, chunks, tail), media_type="text/event-stream")
+
+        def add(out: Any) -> None:
+            pieces.append(out.text)
+            logprobs_of(out, lps)
+
+        last = await _collect(stream, add)
+        choice = CompletionChoice(text="".join(pieces), logprobs=lps, finish_reason=last.finish_reason, stop_reason=last.stop_reason)
+        return CompletionResponse(id=rid, model=served.name, choices=[choice], usage=_usage(stream))
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest) -> Any:
+        served.check_model(body.model)
+        try:
+            prompt = served.llm.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
+        except TrtcoreError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
+        ids = served.prompt_ids(prompt, "messages")
+        asked, param = (
+            (body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens is not None else (body.max_tokens, "max_tokens")
+        )
+        k = (body.top_logprobs or 0) if body.logprobs else None
+        stream = served.submit(ids, body, served.max_tokens(asked, None, len(ids), param), k)
+        rid, usage_opt = random_id("chatcmpl"), body.stream_options is not None and body.stream_options.include_usage
+
+        def logprobs_of(out: Any) -> list[ChatLogprob]:
+            if k is None or out.logprobs is None:
+                return []
+            tops = sorted(((t, lp) for t, lp in out.logprobs.items() if lp.rank is not None and lp.rank <= k), key=lambda e: e[1].rank)[:k]
+            text = served.token_text(out.token_id)
+            return [
+                ChatLogprob(
+                    token=text,
+                    logprob=_lp(out.logprobs[out.token_id].logprob),
+                    bytes=list(text.encode()),
+                    top_logprobs=[TopLogprob(token=(s := served.token_text(t)), logprob=_lp(lp.logprob), bytes=list(s.encode())) for t, lp in tops],
+                )
+            ]
+
+        if body.stream:
+            first = [True]
+
+            def chunks(out: Any) -> list[Any]:
+                out_chunks = []
+                if first[0]:  # OpenAI's first chunk: the role
+                    first[0] = False
+                    role = ChatStreamChoice(delta=ChatResponseMessage(role="assistant", content=""))
+                    out_chunks.append(_chunk_dict(ChatCompletionChunk(id=rid, model=served.name, choices=[role]), usage_opt))
+                lp = ChatLogprobs(content=logprobs_of(out)) if k is not None else None
+                choice = ChatStreamChoice(
+                    delta=ChatResponseMessage(content=out.text), logprobs=lp, finish_reason=out.finish_reason, stop_reason=out.stop_reason
+                )
+                out_chunks.append(_chunk_dict(ChatCompletionChunk(id=rid, model=served.name, choices=[choice]), usage_opt))
+                return out_chunks
+
+            def tail() -> list[Any]:
+                return [ChatCompletionChunk(id=rid, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []
+
+            return StreamingResponse(_events(stream, chunks, tail), media_type="text/event-stream")
+
+        pieces: list[str] = []
+        content: list[ChatLogprob] = []
+
+        def add(out: Any) -> None:
+            pieces.append(out.text)
+            content.extend(logprobs_of(out))
+
+        last = await _collect(stream, add)
+        choice = ChatChoice(
+            message=ChatResponseMessage(role="assistant", content="".join(pieces)),
+            logprobs=ChatLogprobs(content=content) if k is not None else None,
+            finish_reason=last.finish_reason,
+            stop_reason=last.stop_reason,
+        )
+        return ChatCompletionResponse(id=rid, model=served.name, choices=[choice], usage=_usage(stream))
+
+    return app
+
+
+def _usage(stream: RequestStream) -> UsageInfo:
+    """A request's token counts so far."""
+    p, n = len(stream.prompt_token_ids), stream.num_output_tokens
+    return UsageInfo(prompt_tokens=p, completion_tokens=n, total_tokens=p + n)
+
+
+def _chunk_dict(chunk: Any, include_usage: bool) -> dict[str, Any]:
+    """A streamed chunk as JSON data: ``"usage": null`` with ``include_usage``, else no ``usage``."""
+    d: dict[str, Any] = chunk.model_dump()
+    if not include_usage:
+        d.pop("usage", None)
+    return d

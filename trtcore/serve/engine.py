@@ -1,0 +1,337 @@
+"""The engine loop of the server: one per process, fed by the HTTP handlers through an
+asyncio queue, driving :class:`trtcore.llm.LLM`'s online API (``add_request`` / ``step`` /
+``abort_request``).
+
+Threads: the loop is an asyncio task; every call into the LLM (its construction, admissions,
+aborts, steps, ``close``) runs in one dedicated worker thread (``run_in_executor`` on a
+one-thread pool), so HTTP handling never waits for a step and the LLM (with its GPU
+context, where it has one) only ever sees one thread. Between two steps the loop admits
+the queued requests, applies the aborts of disconnected clients (their KV blocks are freed
+before the next step), and hands each request's outputs to its :class:`RequestStream`.
+
+Batching window (``max_queue_delay_s``, Triton's ``max_queue_delay``): queued requests are
+held until the oldest has waited that long, or until they fill the free batch slots
+(``max_batch_size`` minus the running requests); 0 (the default) admits them at the next
+step (continuous batching needs no window).
+
+A failing request (refused by the scheduler, non-finite logits) ends only its own stream;
+an exception out of a step fails the requests then live and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import TrtcoreError
+from ..runtime.sampling import SamplingParams
+from .metrics import ServerMetrics
+
+__all__ = ["AsyncEngine", "EngineDrainingError", "EngineNotReadyError", "QueueFullError", "RequestStream"]
+
+
+class EngineNotReadyError(TrtcoreError, RuntimeError):
+    """The model is still loading (HTTP 503)."""
+
+
+class EngineDrainingError(TrtcoreError, RuntimeError):
+    """The server is shutting down and takes no new requests (HTTP 503)."""
+
+
+class QueueFullError(TrtcoreError, RuntimeError):
+    """``max_waiting`` requests already wait (HTTP 429 with ``Retry-After``)."""
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """One request's side of the loop: its outputs arrive in an asyncio queue.
+
+    Iterate it (``async for out in stream``) for :class:`trtcore.llm.StreamOutput` s until
+    the one with a ``finish_reason``; a failed request raises its error
+    (:class:`~trtcore.errors.InvalidRequestError`, :class:`~trtcore.errors.GenerationError`)
+    from the iteration. :meth:`abort` cancels it (a client that went away).
+
+    Attributes:
+        prompt_token_ids: the prompt.
+        params: its sampling parameters.
+        arrival_time: ``time.perf_counter()`` when it was submitted.
+        num_output_tokens: tokens delivered so far.
+    """
+
+    engine: AsyncEngine
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.perf_counter)
+    num_output_tokens: int = 0
+    request_id: int | None = None
+    scheduled_time: float | None = None
+    last_token_time: float | None = None
+    finished: bool = False
+    aborted: bool = False
+    _queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, Exception):
+                raise item
+            yield item
+            if item.finish_reason is not None:
+                return
+
+    def abort(self) -> None:
+        """Cancel the request (no-op once finished): it leaves the queue or the running
+        batch before the next step and its KV blocks are freed."""
+        self.engine._abort(self)
+
+
+@dataclass
+class _StepResult:
+    outputs: list[Any]
+    errors: list[tuple[RequestStream, Exception]]
+    start: float
+    end: float
+    scheduled: list[int]
+    running: int
+    unfinished: bool
+    kv_usage: float
+    preemptions: int
+
+
+class AsyncEngine:
+    """The server's engine loop (see the module docstring).
+
+    Args:
+        make_llm: builds the :class:`~trtcore.llm.LLM` (run in the engine thread by :meth:`start`;
+            it must use the paged KV cache).
+        metrics: where the request metrics go.
+        max_waiting: most requests waiting (submitted, not yet scheduled) before
+            :meth:`submit` refuses with :class:`QueueFullError`.
+        max_queue_delay_s: the batching window, seconds (0: none).
+
+    Attributes:
+        llm: the model, once :attr:`ready`.
+        draining: set on shutdown: :meth:`submit` refuses, running requests finish.
+    """
+
+    def __init__(self, make_llm: Callable[[], Any], metrics: ServerMetrics, max_waiting: int = 1024, max_queue_delay_s: float = 0.0) -> None:
+        self._make_llm = make_llm
+        self.metrics = metrics
+        self.max_waiting = int(max_waiting)
+        self.max_queue_delay_s = float(max_queue_delay_s)
+        self.llm: Any = None
+        self.load_error: BaseException | None = None
+        self.draining = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtcore-engine")
+        self._pending: list[RequestStream] = []
+        self._aborts: list[RequestStream] = []
+        self._live: dict[int, RequestStream] = {}
+        self._waiting: set[RequestStream] = set()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._running = 0
+        self._unfinished = False
+        self._preemptions = 0
+        self._stopping = False
+
+    @property
+    def ready(self) -> bool:
+        """True once the model is loaded and the loop runs."""
+        return self.llm is not None and self._task is not None and not self._task.done()
+
+    async def start(self) -> None:
+        """Load the model in the engine thread and start the loop; a load failure is kept
+        in :attr:`load_error` (the server stays not ready) and raised."""
+        loop = asyncio.get_running_loop()
+        try:
+            self.llm = await loop.run_in_executor(self._executor, self._make_llm)
+        except BaseException as exc:
+            self.load_error = exc
+            raise
+        self._task = asyncio.create_task(self._run(), name="trtcore-engine-loop")
+
+    async def shutdown(self) -> None:
+        """Stop the loop (after the requests still live, which drain first) and close the LLM."""
+        self.draining = True
+        while self._task is not None and (self._live or self._pending) and not self._task.done():
+            await asyncio.sleep(0.05)
+        self._stopping = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        if self.llm is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.llm.close)
+        self._executor.shutdown(wait=True)
+
+    # requests ------------------------------------------------------------------------------
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestStream:
+        """Queue a request (on the event loop's thread); iterate the returned stream.
+
+        Raises:
+            EngineNotReadyError: the model is still loading.
+            EngineDrainingError: the server is shutting down.
+            QueueFullError: ``max_waiting`` requests already wait.
+        """
+        if self.draining:
+            raise EngineDrainingError("the server is shutting down")
+        if not self.ready:
+            raise EngineNotReadyError("the model is still loading")
+        if len(self._waiting) >= self.max_waiting:
+            raise QueueFullError(f"{len(self._waiting)} requests wait already (--max-waiting {self.max_waiting}); retry later")
+        stream = RequestStream(self, list(prompt_token_ids), params)
+        self._pending.append(stream)
+        self._waiting.add(stream)
+        self.metrics.num_requests_waiting.set(len(self._waiting))
+        self._wakeup.set()
+        return stream
+
+    def _abort(self, stream: RequestStream) -> None:
+        if stream.finished:
+            return
+        stream.aborted = True
+        if stream in self._pending:
+            self._pending.remove(stream)
+        else:
+            self._aborts.append(stream)  # the engine thread frees its blocks before the next step
+        self._finish(stream, "abort")
+        self._wakeup.set()
+
+    def _finish(self, stream: RequestStream, reason: str | None, now: float | None = None) -> None:
+        """Book-keeping of a finished request: metrics (``reason`` None: a failure)."""
+        stream.finished = True
+        self._waiting.discard(stream)
+        if stream.request_id is not None:
+            self._live.pop(stream.request_id, None)
+        m = self.metrics
+        if reason is None:
+            m.request_failure.inc()
+        else:
+            m.request_success(reason)
+            m.e2e_request_latency.observe((now or time.perf_counter()) - stream.arrival_time)
+        m.num_requests_waiting.set(len(self._waiting))
+
+    # the loop ------------------------------------------------------------------------------
+    def _admissions(self, now: float) -> tuple[list[RequestStream], float | None]:
+        """The queued requests to admit now, and how long to wait for the window otherwise."""
+        if not self._pending:
+            return [], None
+        if self.max_queue_delay_s > 0:
+            free = max(self.llm.build_config.max_batch_size - self._running, 0)
+            waited = now - self._pending[0].arrival_time
+            if waited < self.max_queue_delay_s and (free == 0 or len(self._pending) < free):
+                return [], self.max_queue_delay_s - waited
+        admit, self._pending = self._pending, []
+        return admit, None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            self._wakeup.clear()
+            admit, hold = self._admissions(time.perf_counter())
+            aborts, self._aborts = self._aborts, []
+            if not admit and not aborts and not self._unfinished:
+                try:  # idle (or holding the window): sleep until a request or the window's end
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=hold)
+                except TimeoutError:
+                    pass
+                continue
+            live = list(self._live.values())
+            result = await loop.run_in_executor(self._executor, self._step, admit, aborts, live)
+            self._dispatch(admit, result)
+
+    def _step(self, admit: list[RequestStream], aborts: list[RequestStream], live: list[RequestStream]) -> _StepResult:
+        """In the engine thread: admissions, aborts, one step, the scheduler's state
+        (``live``: the requests running before, failed too if the step raises)."""
+        llm = self.llm
+        errors: list[tuple[RequestStream, Exception]] = []
+        for s in admit:
+            try:
+                s.request_id = llm.add_request(s.prompt_token_ids, s.params)
+            except Exception as exc:  # refused (e.g. never fits the KV pool): only this one
+                errors.append((s, exc))
+        for s in aborts:
+            if s.request_id is not None:
+                llm.abort_request(s.request_id)
+        start = time.perf_counter()
+        outputs: list[Any] = []
+        if llm.has_unfinished_requests():
+            try:
+                outputs = llm.step()
+            except Exception as exc:  # a bug or a device error: fail what is live, keep serving
+                for s in [*live, *(s for s in admit if s.request_id is not None)]:
+                    errors.append((s, exc))
+                    llm.abort_request(s.request_id)
+        end = time.perf_counter()
+        sched = llm.engine.scheduler
+        blocks = sched.block_manager
+        used = blocks.num_used_blocks
+        return _StepResult(
+            outputs,
+            errors,
+            start,
+            end,
+            [r.request_id for r in sched.running],
+            sched.num_running,
+            llm.has_unfinished_requests(),
+            used / max(used + blocks.num_free_blocks, 1),
+            sched.num_preemptions,
+        )
+
+    def _scheduled(self, s: RequestStream, at: float) -> None:
+        if s.scheduled_time is None:
+            s.scheduled_time = at
+            self.metrics.request_queue_time.observe(at - s.arrival_time)
+            self._waiting.discard(s)
+
+    def _dispatch(self, admit: list[RequestStream], r: _StepResult) -> None:
+        """On the loop's thread: route the step's outputs to their streams, update metrics."""
+        m = self.metrics
+        failed = {id(s) for s, _ in r.errors}
+        for s in admit:
+            if s.request_id is not None and id(s) not in failed:
+                m.prompt_tokens.inc(len(s.prompt_token_ids))
+                if s.aborted:  # went away while being admitted: abort before the next step
+                    self._aborts.append(s)
+                else:
+                    self._live[s.request_id] = s
+        for s, exc in r.errors:
+            if not s.finished:
+                self._finish(s, None)
+                s._queue.put_nowait(exc)
+        for rid in r.scheduled:
+            if rid in self._live:
+                self._scheduled(self._live[rid], r.start)
+        for out in r.outputs:
+            if out.index not in self._live:
+                continue  # aborted meanwhile
+            s = self._live[out.index]
+            if out.error is not None:
+                self._finish(s, None)
+                s._queue.put_nowait(out.error)
+                continue
+            self._scheduled(s, r.start)
+            s.num_output_tokens += 1
+            m.generation_tokens.inc()
+            if s.last_token_time is None:
+                m.time_to_first_token.observe(r.end - s.arrival_time)
+            else:
+                m.inter_token_latency.observe(r.end - s.last_token_time)
+            s.last_token_time = r.end
+            if out.finish_reason is not None:
+                self._finish(s, out.finish_reason, r.end)
+            s._queue.put_nowait(out)
+        self._running = r.running
+        self._unfinished = r.unfinished
+        if r.preemptions > self._preemptions:
+            m.num_preemptions.inc(r.preemptions - self._preemptions)
+        self._preemptions = r.preemptions
+        m.num_requests_running.set(r.running)
+        m.num_requests_waiting.set(len(self._waiting))
+        m.kv_cache_usage.set(r.kv_usage)

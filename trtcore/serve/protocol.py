@@ -1,0 +1,288 @@
+"""The OpenAI API's request and response bodies (pydantic models), with vLLM's extensions.
+
+Field names are OpenAI's (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``,
+the error object) and, for sampling options OpenAI lacks, vLLM's (``top_k``, ``min_p``,
+``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``; the choice's
+``stop_reason``). Sources: the OpenAI API reference and vLLM's
+``vllm/entrypoints/openai/protocol.py`` (read, not copied).
+
+Unknown request fields are accepted and ignored (as vLLM does); a known field of the wrong
+type is a 400 naming it (:mod:`trtcore.serve.app`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..runtime.sampling import SamplingParams
+
+__all__ = [
+    "ChatChoice",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "ChatLogprob",
+    "ChatLogprobs",
+    "ChatResponseMessage",
+    "ChatStreamChoice",
+    "ChatMessage",
+    "CompletionChoice",
+    "CompletionLogprobs",
+    "CompletionRequest",
+    "CompletionResponse",
+    "ErrorInfo",
+    "ErrorResponse",
+    "ModelCard",
+    "ModelList",
+    "StreamOptions",
+    "TopLogprob",
+    "UsageInfo",
+    "random_id",
+]
+
+
+def random_id(prefix: str) -> str:
+    """A response id such as ``cmpl-<32 hex digits>`` (OpenAI's shape)."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class _Body(BaseModel):
+    """Request bodies: unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` (and
+    ``"usage": null`` in the others)."""
+
+    include_usage: bool = False
+
+
+class _SamplingFields(_Body):
+    """The sampling fields both endpoints share (OpenAI's names, vLLM's extensions)."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    seed: int | None = Field(default=None, ge=0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    n: int = Field(default=1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """The engine's :class:`~trtcore.runtime.sampling.SamplingParams` of this body;
+        unset fields take OpenAI's defaults (temperature 1, top_p 1).
+
+        Raises:
+            InvalidRequestError: a value SamplingParams refuses (the message names it).
+        """
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            seed=self.seed,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+        )
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``: ``prompt`` is a string or a list of token ids;
+    ``logprobs`` is the number of top log-probabilities per token; ``echo`` and
+    ``suffix`` are not supported (400)."""
+
+    prompt: str | list[int]
+    logprobs: int | None = Field(default=None, ge=0)
+    echo: bool = False
+    suffix: str | None = None
+
+
+class ChatMessage(_Body):
+    """One message: ``role`` and ``content`` (a string, or OpenAI's list of text parts)."""
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        """The content as one string (the ``text`` of each ``{"type": "text"}`` part)."""
+        if isinstance(self.content, list):
+            return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+        return self.content or ""
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``: ``max_completion_tokens`` is OpenAI's newer name for
+    ``max_tokens`` (it wins when both are set); ``logprobs`` (bool) with ``top_logprobs``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0)
+
+
+class UsageInfo(BaseModel):
+    """Token counts of one request."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ErrorInfo(BaseModel):
+    """OpenAI's error object: ``param`` names the offending field (or None)."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """``{"error": {...}}``, the body of every non-2xx answer."""
+
+    error: ErrorInfo
+
+
+class ModelCard(BaseModel):
+    """One entry of ``GET /v1/models``; ``version`` is trtcore's: the engine file's SHA-256
+    and its build plan, where an engine file is served (None for an engine built at start-up)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "trtcore"
+    root: str | None = None
+    max_model_len: int | None = None
+    version: dict[str, Any] | None = None
+
+
+class ModelList(BaseModel):
+    """``GET /v1/models``."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# responses ---------------------------------------------------------------------------------
+class CompletionLogprobs(BaseModel):
+    """A completion choice's ``logprobs`` (legacy format): per token its text, its
+    log-probability, the top tokens' ``{text: logprob}`` and its offset in the text."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    """One choice of a completion (or of a streamed chunk: ``text`` is the delta)."""
+
+    index: int = 0
+    text: str = ""
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    """``/v1/completions``'s answer and its streamed chunks (both ``"text_completion"``)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class TopLogprob(BaseModel):
+    """One alternative token of a chat logprobs entry."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogprob(TopLogprob):
+    """One generated token's chat logprobs entry, with the ``top_logprobs`` alternatives."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    """A chat choice's ``logprobs``."""
+
+    content: list[ChatLogprob] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    """The assistant's message (or a streamed ``delta``: fields unset are left out)."""
+
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    """One choice of a chat completion."""
+
+    index: int = 0
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    """``/v1/chat/completions``'s answer."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ChatStreamChoice(BaseModel):
+    """One choice of a streamed chat chunk."""
+
+    index: int = 0
+    delta: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """A streamed chat chunk (``"chat.completion.chunk"``)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None

@@ -1,0 +1,135 @@
+"""``trtcore serve``: its options and the uvicorn server around :func:`trtcore.serve.app.build_app`.
+
+The listening socket is bound before the model loads, and one line
+``trtcore serve: listening on http://HOST:PORT`` goes to stderr (with ``--port 0``, the port
+the system chose); ``GET /health`` answers 503 until the model is ready.
+
+SIGTERM (and SIGINT) drain: ``/health`` and new requests answer 503, the listening socket
+closes, running requests finish, then the process exits with status 0. A model that fails
+to load ends the process with status 2 and ``trtcore: error: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+__all__ = ["LISTENING", "add_serve_parser", "make_llm_factory", "serve"]
+
+#: the start of the stderr line that announces the bound address
+LISTENING = "trtcore serve: listening on "
+
+
+def add_serve_parser(p: argparse.ArgumentParser, add_engine: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Options of ``trtcore serve`` (``add_engine`` adds the CLI's ``--engine``)."""
+    p.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct; with --engine: the folder its sidecar names)")
+    add_engine(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, announced on stderr)")
+    p.add_argument("--served-model-name", help="the model's name in the API (default: the model folder's name)")
+    p.add_argument("--max-waiting", type=int, default=1024, help="most requests waiting to run; more get 429 (default 1024)")
+    p.add_argument(
+        "--max-queue-delay-ms", type=float, default=0.0, help="batching window: hold new requests up to this long to fill the batch (default 0: off)"
+    )
+    p.add_argument("--backend", help="reference | tensorrt | tensorrt_rtx | cuda")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
+    p.add_argument("--max-batch-size", type=int, help="sequences per step (default 8, or the engine's)")
+    p.add_argument("--max-seq-len", type=int, help="context length (default: the model's, or the engine's)")
+    p.add_argument("--max-num-tokens", type=int, help="token budget per step (default 2048, or the engine's)")
+    p.add_argument(
+        "--kv-cache-memory", type=int, help="bytes of the KV block pool (default 256 MiB on the CPU; on a GPU what --gpu-memory-utilization leaves)"
+    )
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of the GPU's memory to use (default 0.9)")
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
+
+
+def make_llm_factory(args: argparse.Namespace) -> Callable[[], Any]:
+    """A function that builds the served :class:`~trtcore.llm.LLM` from ``args`` (paged KV
+    cache; build options not given are the LLM's defaults, or the engine file's)."""
+
+    def make() -> Any:
+        from ..llm import LLM
+
+        model = args.model
+        if model is None and args.engine is None:
+            from ..default_model import default_model_dir
+
+            model = default_model_dir(progress=False)
+        options = {
+            k: v
+            for k, v in {
+                "dtype": args.dtype,
+                "max_batch_size": args.max_batch_size,
+                "max_seq_len": args.max_seq_len,
+                "max_num_tokens": args.max_num_tokens,
+                "kv_cache_memory": args.kv_cache_memory,
+            }.items()
+            if v is not None
+        }
+        if args.engine is None:
+            options["kv_cache"] = "paged"  # continuous batching (an engine file brings its own)
+        return LLM(model, engine=args.engine, backend=args.backend, progress=False, gpu_memory_utilization=args.gpu_memory_utilization, **options)
+
+    return make
+
+
+def _served_name(args: argparse.Namespace) -> str:
+    if args.served_model_name:
+        return str(args.served_model_name)
+    if args.model:
+        return Path(args.model).name
+    if args.engine:
+        return Path(args.engine).stem
+    return "SmolLM2-135M-Instruct"
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the server until SIGTERM / SIGINT; the exit status (0 after a drain, 2 if the
+    model failed to load)."""
+    import uvicorn
+
+    from ..errors import InvalidArgumentError
+    from .app import build_app
+    from .engine import AsyncEngine
+    from .metrics import ServerMetrics
+
+    if args.max_waiting < 0:
+        raise InvalidArgumentError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if args.max_queue_delay_ms < 0:
+        raise InvalidArgumentError(f"--max-queue-delay-ms must be >= 0, got {args.max_queue_delay_ms}")
+    name = _served_name(args)
+    engine = AsyncEngine(make_llm_factory(args), ServerMetrics(name), args.max_waiting, args.max_queue_delay_ms / 1000.0)
+    failed: list[BaseException] = []
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            engine.draining = True  # /health and new requests: 503 from now on
+            super().handle_exit(sig, frame)
+
+    def load_error(exc: BaseException) -> None:
+        failed.append(exc)
+        server.should_exit = True
+
+    app = build_app(engine, name, on_load_error=load_error)
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=None, lifespan="on")
+    server = _Server(config)
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.set_inheritable(True)
+    host, port = sock.getsockname()[:2]
+    print(f"{LISTENING}http://{host}:{port}", file=sys.stderr, flush=True)
+    # uvicorn re-raises the signal it drained on; after a drain the process exits 0 instead
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run(sockets=[sock])
+    if failed:
+        print(f"trtcore: error: the model failed to load: {failed[0]}", file=sys.stderr)
+        return 2
+    return 0
