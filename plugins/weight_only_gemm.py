@@ -231,7 +231,7 @@ class WeightOnlyGemmPlugin(Plugin):
     def input_shapes(self) -> list[tuple[int, ...]]:
         """Shapes of the constant inputs 1.. (codes, scales, [zeros], [perm])."""
         n, k = self.out_features, self.in_features
-        shapes = [(n, padded_k(k, self.bits) * self.bits // 32), (n, self.groups)]
+        shapes: list[tuple[int, ...]] = [(n, padded_k(k, self.bits) * self.bits // 32), (n, self.groups)]
         if self.has_zeros:
             shapes.append((n, self.groups))
         if self.has_perm:
@@ -243,7 +243,9 @@ class WeightOnlyGemmPlugin(Plugin):
 
     def _check_count(self, n: int) -> None:
         if n != self.num_inputs:
-            raise PluginError(f"WeightOnlyGemmPlugin takes {self.num_inputs} inputs (x, codes, scales{', zeros' * self.has_zeros}{', perm' * self.has_perm}), got {n}")
+            raise PluginError(
+                f"WeightOnlyGemmPlugin takes {self.num_inputs} inputs (x, codes, scales{', zeros' * self.has_zeros}{', perm' * self.has_perm}), got {n}"
+            )
 
     # --- shapes and types ----------------------------------------------------------------------
 

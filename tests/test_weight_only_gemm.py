@@ -15,12 +15,14 @@
 
 from __future__ import annotations
 
+import zlib
+
 import ml_dtypes
 import numpy as np
 import pytest
+from ops.conftest import HAS_RTX, OneOp, assert_close
 
 import trtcore.reference as ref
-from ops.conftest import HAS_RTX, OneOp, assert_close, rng  # noqa: F401  (rng is a fixture)
 from trtcore import kernels, ops
 from trtcore.plugins import base, builtin_plugins
 from trtcore.plugins.base import PluginError
@@ -39,6 +41,12 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16}
 #: output roundoff (half an ulp at 1) of each format
 UNIT = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    """Seeded by the test's id (as tests/ops): fresh inputs per case, the same on every run."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 def random_qw(rng: np.random.Generator, n: int, k: int, bits: int, group_size: int, zeros: str, perm: bool) -> QuantizedWeight:
@@ -186,7 +194,9 @@ def test_network_on_the_reference_backend(case: tuple, impl: str, dtype: str, rn
     x = rng.standard_normal((2, 5, k)).astype(DTYPES[dtype])
     bias = rng.standard_normal(n).astype(np.float32)
     want = x.astype(np.float64) @ qw.dequantize().T + bias.astype(DTYPES[dtype]).astype(np.float64)
-    net = OneOp(lambda g, i: ops.weight_only_linear(g, i["x"], qw, bias, name="mlp.down_proj", impl=impl), {"x": x}, dtype=dtype, dynamic={"x": (0, 1)})
+    net = OneOp(
+        lambda g, i: ops.weight_only_linear(g, i["x"], qw, bias, name="mlp.down_proj", impl=impl), {"x": x}, dtype=dtype, dynamic={"x": (0, 1)}
+    )
     got = net.run()["out"]
     assert got.dtype == x.dtype
     # plugin: the GEMM's rounding and the bias add's; dequantize: the scales and weights
@@ -199,7 +209,11 @@ def test_network_on_the_reference_backend(case: tuple, impl: str, dtype: str, rn
 
 @pytest.mark.skipif(not HAS_RTX, reason="tensorrt_rtx is not installed")
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("case", [(64, 512, 4, 32, "none", False), (64, 512, 4, 128, "int", True), (48, 256, 8, 0, "none", False), (48, 256, 8, 64, "frac", False)], ids=str)
+@pytest.mark.parametrize(
+    "case",
+    [(64, 512, 4, 32, "none", False), (64, 512, 4, 128, "int", True), (48, 256, 8, 0, "none", False), (48, 256, 8, 64, "frac", False)],
+    ids=str,
+)
 def test_rtx_builds_the_dequantize_alternative(case: tuple, dtype: str, rng: np.random.Generator) -> None:
     qw = _qw(rng, case)
     x = rng.standard_normal((3, qw.shape[1])).astype(DTYPES[dtype])
