@@ -3,7 +3,8 @@
 * :mod:`trtcore.plugins.base` — the authoring base (:class:`~trtcore.plugins.base.Plugin`),
   registration, entry-point discovery;
 * :mod:`trtcore.plugins.rope` — fused rotary position embedding;
-* :mod:`trtcore.plugins.paged_attention` — attention over the paged KV cache.
+* :mod:`trtcore.plugins.paged_attention` — attention over the paged KV cache;
+* :mod:`trtcore.plugins.weight_only_gemm` — int4/int8 weight-only quantized GEMM.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ def builtin_plugins() -> list[type]:
     """The plugin classes trtcore ships."""
     from .paged_attention import PagedAttentionPlugin
     from .rope import RopePlugin
+    from .weight_only_gemm import WeightOnlyGemmPlugin
 
-    return [RopePlugin, PagedAttentionPlugin]
+    return [RopePlugin, PagedAttentionPlugin, WeightOnlyGemmPlugin]
 
 
 def register_all(trt: Any) -> list[type]:

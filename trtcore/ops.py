@@ -25,6 +25,7 @@ from .dtypes import ENGINE_DTYPES, trt_dtype
 from .errors import InvalidArgumentError, NetworkError
 from .kv_modes import KVMode
 from .plan import IMPLEMENTATIONS, ROPE_IN_ATTENTION
+from .quantization import QuantizedWeight
 from .rope import RopeSpec
 
 if TYPE_CHECKING:  # checked by mypy against tensorrt-stubs; never imported at run time
@@ -309,6 +310,109 @@ def linear(g: Graph, x: Tensor, weight: np.ndarray, bias: np.ndarray | None = No
         b = constant(g, bias.reshape((1,) * (rank - 1) + bias.shape), f"{name}.bias", g.np_dtype)
         y = add(g, y, b, name)
     return y
+
+
+#: implementations of :func:`weight_only_linear`: trtcore's plugin, or TensorRT's dequantize layer feeding a matmul
+WEIGHT_ONLY_IMPLEMENTATIONS = ("plugin", "dequantize")
+
+
+def weight_only_linear(
+    g: Graph, x: Tensor, qw: QuantizedWeight, bias: np.ndarray | None = None, name: str = "linear", impl: str | None = None
+) -> Tensor:
+    """``x @ dequant(qw)^T + bias`` for a weight-only quantized weight (:class:`trtcore.quantization.QuantizedWeight`, ``[N, K]``).
+
+    Args:
+        x: ``[..., K]`` float16/bfloat16/float32 (the graph dtype in models).
+        qw: the weight; int4/int8 codes, group-wise or per-channel scales, optional zero
+            points and act-order ``perm``.
+        bias: ``[N]`` or None (added in x's dtype).
+        impl: ``"plugin"`` (:class:`trtcore.plugins.weight_only_gemm.WeightOnlyGemmPlugin`, the
+            weight repacked once here into the kernels' layout) or ``"dequantize"`` (TensorRT's
+            ``IDequantizeLayer`` on signed int4/int8 codes with block scales of x's dtype,
+            feeding a matmul; a zero point ``z != 2**(bits-1)`` adds the float32 term
+            ``sum_g xsum[..., g] * (2**(bits-1) - z[n, g]) * s[n, g]``, ``xsum`` the sums of x
+            over each group). Default: ``g.implementations.get("weight_only_gemm", "plugin")``.
+            On ``trtcore.reference``, which has no dequantize layer, ``"dequantize"`` is
+            emulated by a cast and a multiply of the same signed codes and rounded scales.
+
+    Returns:
+        ``[..., N]`` of x's dtype, named ``name``.
+
+    Raises:
+        NetworkError: x's last dimension is not K, or the bias is not ``[N]``.
+        InvalidArgumentError: unknown ``impl``.
+    """
+    n, k = qw.shape
+    if x.shape[-1] != -1 and x.shape[-1] != k:
+        raise NetworkError(f"{name}: quantized weight [{n}, {k}] does not fit input {tuple(x.shape)}")
+    if bias is not None and bias.shape != (n,):
+        raise NetworkError(f"{name}: bias must be [{n}], got {bias.shape}")
+    impl = impl or g.implementations.get("weight_only_gemm", "plugin")
+    if impl not in WEIGHT_ONLY_IMPLEMENTATIONS:
+        raise InvalidArgumentError(f"{name}: weight-only GEMM implementation {impl!r} is not one of {WEIGHT_ONLY_IMPLEMENTATIONS}")
+    np_x = _np_of(g, x)
+    with g.scope(name):
+        y = _weight_only_plugin(g, x, qw) if impl == "plugin" else _weight_only_dequantize(g, x, qw, np_x)
+    if bias is not None:
+        y = add(g, y, constant(g, bias.reshape((1,) * (len(x.shape) - 1) + bias.shape), f"{name}.bias", np_x), name)
+    else:
+        y.name = g.unique(name)
+    return y
+
+
+def _np_of(g: Graph, x: Tensor) -> np.dtype:
+    """The NumPy dtype of ``x`` (one of the engine dtypes)."""
+    for d in _NP_DTYPES.values():
+        if g.trt_type(d) == x.dtype:
+            return np.dtype(d)
+    raise NetworkError(f"tensor {x.name!r} has type {x.dtype}, expected one of {sorted(_NP_DTYPES)}")
+
+
+def _weight_only_plugin(g: Graph, x: Tensor, qw: QuantizedWeight) -> Tensor:
+    from trtcore.plugins.base import create
+    from trtcore.plugins.weight_only_gemm import WeightOnlyGemmPlugin
+
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    parts = ["codes", "scales"] + ["zeros"] * (packed.zeros is not None) + ["perm"] * (packed.perm is not None)
+    consts = [constant(g, a, f"weight.{part}") for a, part in zip(packed.arrays(), parts)]
+    layer = g.network.add_plugin_v3([x, *consts], [], create(plugin, g.trt))
+    return g.named(layer, "plugin")
+
+
+def _weight_only_dequantize(g: Graph, x: Tensor, qw: QuantizedWeight, np_x: np.dtype) -> Tensor:
+    n, k = qw.shape
+    rank = len(x.shape)
+    mid = 1 << (qw.bits - 1)
+    if qw.perm is not None:
+        x = gather_const(g, x, qw.perm.tolist(), rank - 1, "perm")
+    signed = (qw.codes.astype(np.int16) - mid).astype(np.int8)  # [-2^(b-1), 2^(b-1)): int4 / int8
+    scales = constant(g, qw.scales, "weight.scales", np_x)
+    if hasattr(g.network, "add_dequantize"):
+        if qw.bits == 4:  # TensorRT's INT4: two per byte, the first element in the low nibble
+            nib = (signed.reshape(n, k // 2, 2).astype(np.uint8) & 0xF).astype(np.uint8)
+            data = np.ascontiguousarray(nib[..., 0] | (nib[..., 1] << 4))
+            g.keepalive.append(data)
+            codes = g.named(g.network.add_constant((n, k), g.trt.Weights(g.trt.int4, data.ctypes.data, n * k)), "weight.codes")
+        else:
+            codes = constant(g, signed, "weight.codes")
+        w = g.named(g.network.add_dequantize(codes, scales, g.trt_type(np_x)), "weight.dequantize")
+    else:  # trtcore.reference: the dequantize layer's arithmetic, code * scale, in layers
+        codes = cast(g, constant(g, signed, "weight.codes"), np.float32, "weight.codes_f32")
+        per_group = reshape(g, codes, (n, k // qw.group_size, qw.group_size), "weight.grouped")
+        s3 = reshape(g, cast(g, scales, np.float32, "weight.scales_f32"), (n, k // qw.group_size, 1), "weight.scales3")
+        w = cast(g, reshape(g, mul(g, per_group, s3, "weight.scaled"), (n, k), "weight.flat"), np_x, "weight.dequantize")
+    w = reshape(g, w, (1,) * (rank - 2) + (n, k), "weight.rank") if rank != 2 else w
+    y = matmul(g, x, w, transpose_b=True, name="matmul")
+    if qw.zeros is None or np.all(qw.zeros == mid):
+        return y
+    # (q - z) s = (q - mid) s + (mid - z) s: the second term is constant over each group
+    corr = ((mid - qw.zeros.astype(np.float64)) * qw.scales.astype(np.float64)).astype(np.float32)
+    groups = k // qw.group_size
+    xg = reshape(g, cast(g, x, np.float32, "x_f32"), (0,) * (rank - 1) + (groups, qw.group_size), "x_grouped")
+    xsum = reduce(g, xg, "SUM", [-1], keep_dims=False, name="x_group_sums")
+    c = constant(g, corr.reshape((1,) * (rank - 2) + corr.shape), "zero_point_term.weight")
+    term = cast(g, matmul(g, xsum, c, transpose_b=True, name="zero_point_term"), np_x, "zero_point_term.cast")
+    return add(g, y, term, "sum")
 
 
 def embedding(g: Graph, ids: Tensor, table: np.ndarray, name: str = "embed_tokens") -> Tensor:

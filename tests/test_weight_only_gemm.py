@@ -1,0 +1,253 @@
+"""The weight-only GEMM plugin (:mod:`trtcore.plugins.weight_only_gemm`) and
+:func:`trtcore.ops.weight_only_linear`, on the CPU.
+
+* the plugin's reference equals float64 NumPy of ``QuantizedWeight.dequantize()`` for random
+  shapes, 4/8 bits, group sizes 32/64/128 and per-channel, with and without (fractional) zero
+  points and an act-order permutation, M in {1, 3, 17}, float16 and bfloat16;
+* the kernels' layout round-trips (``unpack(pack(qw)) == qw``) and puts code ``(n, k)`` where
+  the layout's documentation says (an independent per-element formula);
+* every variant of ``kernels/wq_gemm.cu`` compiles with NVRTC for sm_80, sm_89 and sm_90;
+* a small network with the plugin runs on the reference backend, and so does the native
+  alternative (dequantize + matmul, emulated with layers there), both within float16/bfloat16
+  rounding of float64; ``tensorrt_rtx`` builds the native alternative (dequantize layer);
+* a network with the plugin compiles on the cuda backend (host only, no GPU).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+from ops.conftest import HAS_RTX, OneOp, assert_close
+
+import trtcore.reference as ref
+from trtcore import kernels, ops
+from trtcore.plugins import base, builtin_plugins
+from trtcore.plugins.base import PluginError
+from trtcore.plugins.weight_only_gemm import (
+    WeightOnlyGemmPlugin,
+    pack_codes,
+    pack_weight,
+    padded_k,
+    tile_codes,
+    unpack_codes,
+    unpack_weight,
+)
+from trtcore.quantization import QuantizedWeight
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16}
+#: output roundoff (half an ulp at 1) of each format
+UNIT = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    """Seeded by the test's id (as tests/ops): fresh inputs per case, the same on every run."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def random_qw(rng: np.random.Generator, n: int, k: int, bits: int, group_size: int, zeros: str, perm: bool) -> QuantizedWeight:
+    """Random codes and scales; ``zeros``: "none" (symmetric), "int" (GPTQ-style integer) or
+    "frac" (GGUF Q4_1-style fractional)."""
+    g = k // group_size
+    codes = rng.integers(0, 1 << bits, (n, k)).astype(np.uint8)
+    scales = rng.uniform(0.002, 0.05, (n, g)).astype(np.float32)
+    z = None
+    if zeros == "int":
+        z = rng.integers(0, 1 << bits, (n, g)).astype(np.float32)
+    elif zeros == "frac":
+        z = rng.uniform(0, (1 << bits) - 1, (n, g)).astype(np.float32)
+    p = rng.permutation(k).astype(np.int32) if perm else None
+    return QuantizedWeight(codes, scales, z, bits, group_size, p)
+
+
+CASES = [
+    # (N, K, bits, group_size (0: per channel), zeros, perm)
+    (24, 256, 4, 32, "none", False),
+    (40, 512, 4, 64, "int", False),
+    (17, 384, 4, 128, "frac", True),
+    (8, 1032, 4, 8, "int", False),  # K beyond one tile, not a multiple of it
+    (33, 256, 8, 0, "none", False),  # W8A16 per channel
+    (16, 640, 8, 64, "frac", True),
+    (5, 96, 8, 32, "int", False),
+]
+
+
+def _qw(rng: np.random.Generator, case: tuple) -> QuantizedWeight:
+    n, k, bits, gs, zeros, perm = case
+    return random_qw(rng, n, k, bits, gs or k, zeros, perm)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("m", [1, 3, 17])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_reference_is_float64_dequantize(case: tuple, m: int, dtype: str, rng: np.random.Generator) -> None:
+    qw = _qw(rng, case)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    x = rng.standard_normal((m, qw.shape[1])).astype(DTYPES[dtype])
+    want = x.astype(np.float64) @ qw.dequantize().T  # float64 NumPy from the canonical form
+    (got,) = plugin.reference(x, *packed.arrays())
+    assert got.dtype == x.dtype and got.shape == (m, qw.shape[0])
+    # one rounding of the float64 result: within half an output ulp
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=UNIT[dtype], atol=1e-30)
+
+
+def test_reference_keeps_leading_dimensions(rng: np.random.Generator) -> None:
+    qw = random_qw(rng, 12, 64, 4, 32, "int", False)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    x = rng.standard_normal((2, 3, 64)).astype(np.float16)
+    (got,) = plugin.reference(x, *packed.arrays())
+    want = (x.astype(np.float64) @ qw.dequantize().T).astype(np.float16)
+    assert got.shape == (2, 3, 12)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_layout_round_trips(case: tuple, rng: np.random.Generator) -> None:
+    qw = _qw(rng, case)
+    pw = pack_weight(qw)
+    n, k = qw.shape
+    assert pw.codes.dtype == np.int32 and pw.codes.shape == (n, padded_k(k, qw.bits) * qw.bits // 32)
+    back = unpack_weight(pw)
+    np.testing.assert_array_equal(back.codes, qw.codes)
+    np.testing.assert_array_equal(back.scales, qw.scales)
+    assert (back.zeros is None) == (qw.zeros is None) and (back.zeros is None or np.array_equal(back.zeros, qw.zeros))
+    assert (back.perm is None) == (qw.perm is None) and (back.perm is None or np.array_equal(back.perm, qw.perm))
+    assert (back.bits, back.group_size) == (qw.bits, qw.group_size)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_layout_places_each_code_as_documented(bits: int, rng: np.random.Generator) -> None:
+    """Code (n, k) lies in word ``(k // TILE) * 128 + lane * 4 + u * words_per_unit + e // per_word``
+    at bit ``bits * (e % per_word)``, with unit ``b = k // 8``, ``bt = b % (TILE // 8)``,
+    ``lane = bt % 32``, ``u = bt // 32``, ``e = k % 8`` (kernels/wq_gemm.cu's index formula)."""
+    n, k = 3, 1544
+    codes = rng.integers(0, 1 << bits, (n, k)).astype(np.uint8)
+    words = pack_codes(codes, bits).view(np.uint32)
+    per_word, tile = 32 // bits, tile_codes(bits)
+    for row in range(n):
+        for col in rng.integers(0, k, 64):
+            b, e = col // 8, col % 8
+            bt = b % (tile // 8)
+            word = (col // tile) * 128 + (bt % 32) * 4 + (bt // 32) * (8 // per_word) + e // per_word
+            assert (int(words[row, word]) >> (bits * (e % per_word))) & ((1 << bits) - 1) == codes[row, col]
+    # the padding holds zero codes
+    full = np.zeros((n, padded_k(k, bits)), np.uint8)
+    full[:, :k] = codes
+    np.testing.assert_array_equal(unpack_codes(pack_codes(codes, bits), bits, padded_k(k, bits)), full)
+
+
+def test_bad_fields_and_inputs_are_refused(rng: np.random.Generator) -> None:
+    with pytest.raises(PluginError, match="bits"):
+        WeightOnlyGemmPlugin(64, 8, 3, 32)
+    with pytest.raises(PluginError, match="in_features"):
+        WeightOnlyGemmPlugin(60, 8, 4, 20)
+    with pytest.raises(PluginError, match="group_size"):
+        WeightOnlyGemmPlugin(64, 8, 4, 12)
+    qw = random_qw(rng, 4, 64, 4, 32, "none", False)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    with pytest.raises(PluginError, match="in_features=64"):
+        plugin.reference(np.zeros((1, 32), np.float16), *packed.arrays())
+    with pytest.raises(PluginError, match="takes 3 inputs"):
+        plugin.reference(np.zeros((1, 64), np.float16))
+    odd = QuantizedWeight(np.zeros((2, 36), np.uint8), np.ones((2, 3), np.float32), None, 4, 12)
+    with pytest.raises(PluginError, match="group_size must be a multiple of 8"):
+        pack_weight(odd)
+
+
+def test_fields_round_trip_through_the_reference_registry() -> None:
+    plugin = WeightOnlyGemmPlugin(128, 24, 4, 64, has_zeros=True, has_perm=True)
+    made = base.create(plugin, ref)
+    assert made == plugin and WeightOnlyGemmPlugin in builtin_plugins()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90"])
+def test_every_variant_compiles(arch: str) -> None:
+    variants = kernels.variants("wq_gemm")
+    assert {(v["DTYPE"], v["BITS"], v["HAS_ZEROS"], v["HAS_PERM"]) for v in variants} == {
+        (d, b, z, p) for d in (1, 2) for b in (4, 8) for z in (0, 1) for p in (0, 1)
+    }
+    for v in variants:
+        c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
+        assert kernels.cubin_arch(c.cubin) == arch
+        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_splitk_reduce", "trtcore_wq_gemm"}
+
+
+NET_CASES = [
+    (48, 256, 4, 64, "frac", True),
+    (32, 512, 4, 128, "int", False),
+    (24, 128, 8, 0, "none", False),
+    (16, 256, 8, 32, "int", True),
+]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("impl", ["plugin", "dequantize"])
+@pytest.mark.parametrize("case", NET_CASES, ids=str)
+def test_network_on_the_reference_backend(case: tuple, impl: str, dtype: str, rng: np.random.Generator) -> None:
+    qw = _qw(rng, case)
+    n, k = qw.shape
+    x = rng.standard_normal((2, 5, k)).astype(DTYPES[dtype])
+    bias = rng.standard_normal(n).astype(np.float32)
+    want = x.astype(np.float64) @ qw.dequantize().T + bias.astype(DTYPES[dtype]).astype(np.float64)
+    net = OneOp(
+        lambda g, i: ops.weight_only_linear(g, i["x"], qw, bias, name="mlp.down_proj", impl=impl), {"x": x}, dtype=dtype, dynamic={"x": (0, 1)}
+    )
+    got = net.run()["out"]
+    assert got.dtype == x.dtype
+    # plugin: the GEMM's rounding and the bias add's; dequantize: the scales and weights
+    # rounded to x's dtype (2), the matmul, the zero-point term and the sums (3 more)
+    assert_close(got, want, dtype, 2 if impl == "plugin" else 5 + np.sqrt(k) / 4, atol_scale=float(np.abs(want).max()))
+    if impl == "dequantize" and dtype == "float16":
+        [(_, shape, _)] = net.check_rtx()
+        assert shape == (-1, -1, n)
+
+
+@pytest.mark.skipif(not HAS_RTX, reason="tensorrt_rtx is not installed")
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize(
+    "case",
+    [(64, 512, 4, 32, "none", False), (64, 512, 4, 128, "int", True), (48, 256, 8, 0, "none", False), (48, 256, 8, 64, "frac", False)],
+    ids=str,
+)
+def test_rtx_builds_the_dequantize_alternative(case: tuple, dtype: str, rng: np.random.Generator) -> None:
+    qw = _qw(rng, case)
+    x = rng.standard_normal((3, qw.shape[1])).astype(DTYPES[dtype])
+    net = OneOp(lambda g, i: ops.weight_only_linear(g, i["x"], qw, name="q_proj", impl="dequantize"), {"x": x}, dtype=dtype, dynamic={"x": (0,)})
+    [(_, shape, dt)] = net.check_rtx()
+    assert shape == (-1, qw.shape[0]) and dt == {"float16": "HALF", "bfloat16": "BF16"}[dtype]
+
+
+def test_unknown_implementation_is_refused(rng: np.random.Generator) -> None:
+    from trtcore.errors import InvalidArgumentError
+
+    qw = random_qw(rng, 8, 64, 4, 32, "none", False)
+    net = OneOp(lambda g, i: ops.weight_only_linear(g, i["x"], qw, impl="marlin"), {"x": np.zeros((1, 64), np.float16)}, dtype="float16")
+    with pytest.raises(InvalidArgumentError, match="'marlin'"):
+        net.run()
+
+
+def test_network_with_the_plugin_compiles_on_the_cuda_backend(rng: np.random.Generator) -> None:
+    """Host only: the cuda backend plans the plugin like any other (workspace included)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "cuda"))
+    from netutil import compile_net, network
+
+    import trtcore.cuda as tc
+
+    net = network()
+    g = ops.Graph(tc, net, "bfloat16")
+    qw = random_qw(rng, 256, 2048, 4, 128, "int", False)  # 2 tiles, N < 8192: the decode kernel splits K
+    x = net.add_input("x", tc.DataType.BF16, (-1, 2048))
+    g.output(ops.weight_only_linear(g, x, qw, name="o_proj"), "y")
+    plan = compile_net(net, {"x": ((1, 2048), (4, 2048), (64, 2048))})
+    assert any(node.op == "plugin" for node in plan.graph.nodes)
+    plugin = WeightOnlyGemmPlugin.from_quantized(qw)[0]
+    assert plugin.decode_splits() == 2
+    assert plugin.workspace_size([((64, 2048), BF16)], [((64, 256), BF16)]) == 2 * 8 * 256 * 4
