@@ -49,6 +49,23 @@ def _llm(args: argparse.Namespace) -> Any:
     return LLM(model, engine=args.engine, backend=args.backend, device=args.device, **_plan_choices(args))
 
 
+def _add_implementations(p: argparse.ArgumentParser, attention_default: str | None = None) -> None:
+    """``--rope``, ``--kv-cache``, ``--attention``: the plan's implementation choices
+    (:data:`trtcore.plan.IMPLEMENTATIONS`)."""
+    p.add_argument(
+        "--rope",
+        choices=IMPLEMENTATIONS["rope"],
+        help="RoPE implementation: plugin, layers, or inside the attention plugin (default: plugin where the backend hosts plugins)",
+    )
+    p.add_argument("--kv-cache", choices=IMPLEMENTATIONS["kv_cache"], help="KV cache mode (default: paged where the backend hosts plugins)")
+    p.add_argument(
+        "--attention",
+        choices=IMPLEMENTATIONS["attention"],
+        default=attention_default,
+        help="contiguous cache: composed layers or TensorRT's IAttention + IKVCacheUpdateLayer (default layers)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -64,15 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_sampling(g)
     g.add_argument("--backend", help="reference | tensorrt | tensorrt_rtx | cuda")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
-    g.add_argument(
-        "--rope",
-        choices=IMPLEMENTATIONS["rope"],
-        help="RoPE implementation: plugin, layers, or inside the attention plugin (default: plugin where the backend hosts plugins)",
-    )
-    g.add_argument("--kv-cache", choices=IMPLEMENTATIONS["kv_cache"], help="KV cache mode (default: paged where the backend hosts plugins)")
-    g.add_argument(
-        "--attention", choices=IMPLEMENTATIONS["attention"], help="contiguous cache: composed layers or TensorRT's IAttention (default layers)"
-    )
+    _add_implementations(g)
     g.add_argument(
         "--device",
         choices=("cpu", "cuda"),
@@ -93,18 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--compute-capability", help="tensorrt_rtx only: target such as sm89 (no GPU needed)")
     b.add_argument("--max-batch-size", type=int, default=8)
     b.add_argument("--max-seq-len", type=int, help="default: the model's max_position_embeddings")
-    b.add_argument(
-        "--rope",
-        choices=IMPLEMENTATIONS["rope"],
-        help="RoPE implementation: plugin, layers, or inside the attention plugin (default: plugin where the backend hosts plugins)",
-    )
-    b.add_argument("--kv-cache", choices=IMPLEMENTATIONS["kv_cache"], help="KV cache mode (default: paged where the backend hosts plugins)")
-    b.add_argument(
-        "--attention",
-        choices=("layers", "native"),
-        default="layers",
-        help="contiguous cache: composed layers or TensorRT's IAttention + IKVCacheUpdateLayer",
-    )
+    _add_implementations(b, attention_default="layers")
 
     from .bench import add_bench_parsers
 
