@@ -15,6 +15,7 @@ from typing import Any
 
 from . import ops
 from .checkpoint import LoadReport
+from .quant_formats import quantized_weights
 from .config import ModelConfig
 from .engine_file import save_engine, sidecar
 from .errors import EngineBuildError, InvalidArgumentError
@@ -113,7 +114,7 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
     network = builder.create_network(flags)
     network.name = config.architecture
     graph = ops.Graph(trt, network, plan.dtype, plan.implementations, plan.block_size, plan.max_seq_len, kv_mode=kv_mode(plan, config))
-    report = LoadReport(weights, family_of(config.model_type).is_ignored)
+    report = LoadReport(quantized_weights(weights, config.quantization_config), family_of(config.model_type).is_ignored)
     family.build(graph, config, report)
     report.check(f"the {config.architecture} network")
     return DefinedNetwork(trt, builder, network, graph, config, plan)
