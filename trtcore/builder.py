@@ -15,7 +15,6 @@ from typing import Any
 
 from . import ops
 from .checkpoint import LoadReport
-from .quant_formats import quantized_weights
 from .config import ModelConfig
 from .engine_file import save_engine, sidecar
 from .errors import EngineBuildError, InvalidArgumentError
@@ -26,6 +25,7 @@ from .log import trt_logger
 from .models import family_for
 from .plan import DTYPES, BuildConfig, BuildPlan, resolve_plan
 from .plan import implementations as plan_implementations
+from .quant_formats import quantized_weights
 from .trt import backend_name
 
 __all__ = [

@@ -25,12 +25,12 @@ import numpy as np
 
 from .builder import build_engine, build_reference_engine, define_network
 from .checkpoint import Checkpoint
-from .quant_formats import detect_quantization
 from .config import GenerationConfig, ModelConfig, load_config, load_generation_config
 from .engine_file import EngineFile, load_engine_file
 from .errors import GenerationError, InvalidArgumentError, InvalidRequestError, TrtcoreError
 from .kv_modes import kv_mode
 from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
+from .quant_formats import detect_quantization
 from .runtime.device import resolve_device
 from .runtime.executor import Executor
 from .runtime.generate import make_engine

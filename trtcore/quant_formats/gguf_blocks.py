@@ -96,9 +96,7 @@ def gguf_weight(raw: np.ndarray, ggml_type: str, k: int, name: str = "weight") -
         raise CheckpointError(f"'{name}': GGUF type {ggml_type!r} is not kept quantized; supported: {', '.join(GGUF_TYPES)}")
     per_block, nbytes = BLOCKS[ggml_type]
     if raw.dtype != np.uint8 or raw.ndim != 2 or k % per_block or raw.shape[1] != k // per_block * nbytes:
-        raise CheckpointError(
-            f"'{name}': {ggml_type} data of {raw.dtype} {raw.shape}, expected uint8 [N, {k // per_block * nbytes}] for K={k}"
-        )
+        raise CheckpointError(f"'{name}': {ggml_type} data of {raw.dtype} {raw.shape}, expected uint8 [N, {k // per_block * nbytes}] for K={k}")
     n = raw.shape[0]
     b = raw.reshape(n, k // per_block, nbytes)
     zeros: np.ndarray | None = None
@@ -126,9 +124,7 @@ def gguf_weight(raw: np.ndarray, ggml_type: str, k: int, name: str = "weight") -
         zeros, bits = np.full(scales.shape, 32, np.float32), 8
     codes = codes.reshape(n, k)
     scales = scales.reshape(n, -1)
-    return QuantizedWeight(
-        np.ascontiguousarray(codes), scales, None if zeros is None else zeros.reshape(n, -1), bits, k // scales.shape[1]
-    )
+    return QuantizedWeight(np.ascontiguousarray(codes), scales, None if zeros is None else zeros.reshape(n, -1), bits, k // scales.shape[1])
 
 
 __all__ = ["BLOCKS", "GGUF_TYPES", "gguf_weight"]
