@@ -106,7 +106,7 @@ def gguf_weight(raw: np.ndarray, ggml_type: str, k: int, name: str = "weight") -
     elif ggml_type == "Q4_0":
         codes, scales, bits = _nibbles(b[..., 2:]), _f16(b[..., 0:2]), 4
     elif ggml_type == "Q4_1":
-        codes, scales, zeros = _affine(_nibbles(b[..., 4:]), _f16(b[..., 0:2]), _f16(b[..., 2:4]))
+        codes, scales, zeros = _affine(_nibbles(b[..., 4:]), _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None])
         bits = 4
     elif ggml_type in ("Q4_K", "Q5_K"):
         d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
