@@ -22,8 +22,10 @@ N, K = 48, 128  # N a multiple of 8 (AWQ / packed zeros), K of every group size 
 
 
 def _write(tmp_path: Path, prefix: str, tensors: dict[str, np.ndarray]) -> Checkpoint:
-    save_file({f"{prefix}.{k}": np.ascontiguousarray(v) for k, v in tensors.items()} | {"model.norm.weight": np.ones(4, np.float32)},
-              str(tmp_path / "model.safetensors"))
+    save_file(
+        {f"{prefix}.{k}": np.ascontiguousarray(v) for k, v in tensors.items()} | {"model.norm.weight": np.ones(4, np.float32)},
+        str(tmp_path / "model.safetensors"),
+    )
     return Checkpoint(tmp_path)
 
 
@@ -109,6 +111,12 @@ def test_compressed_tensors_dequantizes_exactly(tmp_path: Path, bits: int, strat
     np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
 
 
+def test_compressed_tensors_format_per_config_group() -> None:
+    config = _ct_config(4, "group", 32, True)
+    config["config_groups"]["group_0"]["format"] = config.pop("format")
+    assert detect_quantization(config).method == "compressed-tensors"
+
+
 def test_compressed_tensors_actorder_g_idx(tmp_path: Path) -> None:
     qz = quantize(_weight(7), 4, 32, sym=False, rng=np.random.default_rng(3), act_order=True)
     qw = _read(tmp_path, _ct_config(4, "group", 32, False, "group"), pack_compressed(qz, 4, sym=False, with_g_idx=True))
@@ -137,6 +145,7 @@ def test_g_idx_with_unequal_groups_is_refused(tmp_path: Path) -> None:
         {"quant_method": "gptq", "bits": 3},
         {"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"},
         {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}},
+        {"quant_method": "compressed-tensors", "config_groups": {"g": {"format": "nvfp4-pack-quantized", "weights": {"num_bits": 4}}}},
         _ct_config(4, "tensor", None, True),
         {"quant_method": "gguf", "ggml_types": {"x.weight": "IQ2_XS"}},
     ],
@@ -177,3 +186,19 @@ def test_llm_refuses_unsupported_and_mismatched_quantization(tmp_path: Path) -> 
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(InvalidArgumentError, match="no quantization_config"):
         LLM(d, backend="reference", progress=False, quantization="awq")
+
+
+def test_model_config_keeps_quantization_config() -> None:
+    from hf_models import VARIANTS, _config
+
+    from trtcore.config import ModelConfig
+    from trtcore.errors import ConfigError
+
+    d = _config(VARIANTS["llama3_rope"]).to_dict()
+    assert ModelConfig.from_dict(d).quantization_config is None
+    qc = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"}
+    c = ModelConfig.from_dict(d | {"quantization_config": qc})
+    assert c.quantization_config == qc
+    assert ModelConfig.from_dict(c.to_dict()).quantization_config == qc
+    with pytest.raises(ConfigError, match="quantization_config"):
+        ModelConfig.from_dict(d | {"quantization_config": "gptq"})

@@ -93,7 +93,8 @@ def test_checkpoint_of_every_type(tmp_path: Path) -> None:
         np.testing.assert_allclose(qw.dequantize(), ref, rtol=2e-6, atol=1e-7 * np.abs(ref).max())
 
 
-def test_convert_keep_quantized_runs_from_the_blocks(tmp_path: Path) -> None:
+@pytest.mark.filterwarnings("error::UserWarning")  # no tensor left unread
+def test_convert_keep_quantized_runs_from_the_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``trtcore convert --gguf --keep-quantized``: the kept tensors are the GGUF file's own
     blocks (q/k rows un-permuted as bytes), config.json names them; greedy tokens from the
     blocks equal transformers running gguf-py's dequantization of the same blocks."""
@@ -103,7 +104,20 @@ def test_convert_keep_quantized_runs_from_the_blocks(tmp_path: Path) -> None:
     from trtcore import LLM, SamplingParams
     from trtcore.cli import main
 
-    write_synthetic_gguf(tmp_path / "m.gguf")
+    add_tensor = gguf.GGUFWriter.add_tensor
+
+    def quantized_qk(self: gguf.GGUFWriter, name: str, tensor: np.ndarray, *args: object, **kwargs: object) -> None:
+        # the synthetic file keeps q/k float; quantize them here so that llama.cpp's q/k row
+        # permutation is undone on raw blocks
+        qtype = {"attn_q.weight": gguf.GGMLQuantizationType.Q8_0, "attn_k.weight": gguf.GGMLQuantizationType.Q4_1}
+        t = next((t for suffix, t in qtype.items() if name.endswith(suffix)), None)
+        if t is None:
+            return add_tensor(self, name, tensor, *args, **kwargs)
+        return add_tensor(self, name, gguf.quants.quantize(tensor.astype(np.float32), t), raw_dtype=t)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_tensor", quantized_qk)
+    original = write_synthetic_gguf(tmp_path / "m.gguf")  # Hugging Face layout, before quantization
+    monkeypatch.undo()
     out = tmp_path / "q"
     assert main(["convert", "--gguf", str(tmp_path / "m.gguf"), "--output", str(out), "--keep-quantized"]) == 0
     reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
@@ -111,6 +125,8 @@ def test_convert_keep_quantized_runs_from_the_blocks(tmp_path: Path) -> None:
     qc = load_config(out).quantization_config
     assert qc is not None and qc["quant_method"] == "gguf"
     want = {
+        **{f"model.layers.{i}.self_attn.q_proj.weight": "Q8_0" for i in range(2)},
+        **{f"model.layers.{i}.self_attn.k_proj.weight": "Q4_1" for i in range(2)},
         "model.layers.0.self_attn.v_proj.weight": types["blk.0.attn_v.weight"],
         "model.layers.0.self_attn.o_proj.weight": types["blk.0.attn_output.weight"],
         "model.layers.1.self_attn.v_proj.weight": types["blk.1.attn_v.weight"],
@@ -118,6 +134,10 @@ def test_convert_keep_quantized_runs_from_the_blocks(tmp_path: Path) -> None:
     }
     assert qc["ggml_types"] == want and "model.embed_tokens.weight" not in qc["ggml_types"]
     stored = load_file(str(out / "model.safetensors"))
+    for name, t in want.items():  # in Hugging Face's row order again: within quantization error
+        deq = gguf.quants.dequantize(stored[name], gguf.GGMLQuantizationType[t])
+        step = np.abs(original[name]).max() / (7 if t.startswith("Q4") else 127)
+        np.testing.assert_allclose(deq, original[name], atol=step, rtol=0, err_msg=name)
     raw = {t.name: np.asarray(t.data) for t in reader.tensors}
     assert np.array_equal(stored["lm_head.weight"], raw["output.weight"])
     assert stored["model.embed_tokens.weight"].dtype == np.float16  # embedding gathers stay float

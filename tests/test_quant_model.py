@@ -25,7 +25,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "compressed_tensors": {
         "quant_method": "compressed-tensors",
         "format": "pack-quantized",
-        "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 32}}},
+        "config_groups": {
+            "g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 32}}
+        },
     },
 }
 
@@ -43,6 +45,7 @@ def _pack(case: str, w: np.ndarray, rng: np.random.Generator) -> tuple[dict[str,
     return pack_compressed(qz, 4, sym=False), qz.dequantize()
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # every packed tensor is read (none unexpected)
 @pytest.mark.parametrize("case", list(CONFIGS))
 def test_quantized_llama_greedy_equals_transformers_on_dequantized_weights(tmp_path: Path, case: str) -> None:
     v = VARIANTS["llama3_rope"]

@@ -74,8 +74,11 @@ def _check(method: str, c: dict[str, Any]) -> None:
         if int(c.get("bits", c.get("w_bit", 4))) != 4:
             raise _refuse(f"AWQ bits={c.get('bits')!r}")
     elif method == "compressed-tensors":
-        if c.get("format") not in FORMATS:
-            raise _refuse(f"compressed-tensors format {c.get('format')!r}")
+        # the checkpoint's format, or (newer files) each config group's
+        groups = [g for g in (c.get("config_groups") or {}).values() if isinstance(g, dict)]
+        formats = {c["format"]} if c.get("format") else {g.get("format") for g in groups}
+        if not formats or not formats <= set(FORMATS):
+            raise _refuse(f"compressed-tensors format {c.get('format') or sorted(map(str, formats))!r}")
         args = weight_args(c)
         if not args:
             raise _refuse("compressed-tensors without config_groups weights")
