@@ -25,6 +25,7 @@ from trtcore import ops
 from trtcore.config import ModelConfig
 from trtcore.families import family_of
 from trtcore.ops import Graph
+from trtcore.quant_formats import linear_weight
 from trtcore.rope import rope_spec
 
 
@@ -48,8 +49,12 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
     def w(role: str, layer: int | None, *shape: int, suffix: str = ".weight") -> np.ndarray:
         return weights.get(fam.tensor(role, layer, suffix), shape=tuple(shape))
 
+    def lw(role: str, layer: int | None, out: int, inp: int) -> np.ndarray:
+        # a linear's weight: quantized checkpoints give it through the quantized-weight hook
+        return linear_weight(weights, fam.tensor(role, layer, ".weight"), (out, inp))
+
     def proj(role: str, i: int, out: int, inp: int, bias: bool, x: Any) -> Any:
-        return ops.linear(g, x, w(role, i, out, inp), w(role, i, out, suffix=".bias") if bias else None, role)
+        return ops.linear(g, x, lw(role, i, out, inp), w(role, i, out, suffix=".bias") if bias else None, role)
 
     embed = w("embed_tokens", None, c.vocab_size, E)
     with g.scope("model"):
@@ -59,7 +64,7 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                 x = ops.rms_norm(g, h, w("input_layernorm", i, E), c.rms_norm_eps, "input_layernorm")
                 with g.scope("self_attn"):
                     roles = {"q_proj": H * D, "k_proj": Hkv * D, "v_proj": Hkv * D}
-                    qkv_w = [w(r, i, n, E) for r, n in roles.items()]
+                    qkv_w = [lw(r, i, n, E) for r, n in roles.items()]
                     qkv_b = [w(r, i, n, suffix=".bias") for r, n in roles.items()] if c.qkv_bias else None
                     # Qwen3: RMSNorm on each query/key head before RoPE
                     norms = (w("q_norm", i, D), w("k_norm", i, D), c.rms_norm_eps) if c.model_type == "qwen3" else None
@@ -83,11 +88,11 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                 x = ops.rms_norm(g, h, w("post_attention_layernorm", i, E), c.rms_norm_eps, "post_attention_layernorm")
                 mlp_shapes = {"gate_proj": (I, E), "up_proj": (I, E), "down_proj": (E, I)}
                 biases = tuple(w(r, i, n, suffix=".bias") if c.mlp_bias else None for r, (n, _) in mlp_shapes.items())
-                gate, up, down = (w(r, i, *shape) for r, shape in mlp_shapes.items())
+                gate, up, down = (lw(r, i, *shape) for r, shape in mlp_shapes.items())
                 mlp = ops.swiglu_mlp(g, x, gate, up, down, biases, "mlp")  # type: ignore[arg-type]
                 h = ops.add(g, h, mlp, "mlp_residual")
         last = ops.rms_norm(g, ops.last_token_hidden(g, h), w("norm", None, E), c.rms_norm_eps, "norm")
-    lm_head = embed if c.tie_word_embeddings else w("lm_head", None, c.vocab_size, E)
+    lm_head = embed if c.tie_word_embeddings else lw("lm_head", None, c.vocab_size, E)
     ops.logits_output(g, ops.linear(g, last, lm_head, None, "lm_head"))
 
 

@@ -25,6 +25,7 @@ from .log import trt_logger
 from .models import family_for
 from .plan import DTYPES, BuildConfig, BuildPlan, resolve_plan
 from .plan import implementations as plan_implementations
+from .quant_formats import quantized_weights
 from .trt import backend_name
 
 __all__ = [
@@ -113,7 +114,7 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
     network = builder.create_network(flags)
     network.name = config.architecture
     graph = ops.Graph(trt, network, plan.dtype, plan.implementations, plan.block_size, plan.max_seq_len, kv_mode=kv_mode(plan, config))
-    report = LoadReport(weights, family_of(config.model_type).is_ignored)
+    report = LoadReport(quantized_weights(weights, config.quantization_config), family_of(config.model_type).is_ignored)
     family.build(graph, config, report)
     report.check(f"the {config.architecture} network")
     return DefinedNetwork(trt, builder, network, graph, config, plan)

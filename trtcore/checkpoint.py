@@ -446,6 +446,16 @@ class LoadReport:
             return np.zeros(tuple(shape or (1,)), np.float32)
         return self.checkpoint.get(name, shape=shape, dtype=dtype, copy=False)
 
+    def quantized(self, name: str) -> Any:
+        """The :class:`~trtcore.quantization.QuantizedWeight` ``name`` when the checkpoint
+        holds it quantized (a :class:`trtcore.quant_formats.QuantizedCheckpoint`), else None
+        (read it with :meth:`get`)."""
+        is_quantized = getattr(self.checkpoint, "is_quantized", None)
+        if is_quantized is None or not is_quantized(name):
+            return None
+        self.used.add(name)
+        return self.checkpoint.quantized(name)
+
     def __contains__(self, name: object) -> bool:
         return name in self.checkpoint
 

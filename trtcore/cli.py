@@ -116,6 +116,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--gguf", required=True, help="GGUF file (llama or qwen2 architecture)")
     c.add_argument("--output", required=True, help="folder to create")
     c.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    c.add_argument(
+        "--keep-quantized",
+        action="store_true",
+        help="keep Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K linear weights in their GGUF blocks (quantization 'gguf') instead of float16",
+    )
 
     k = sub.add_parser("check", help="compare trtcore's logits with Hugging Face transformers'")
     k.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
@@ -220,7 +225,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from .gguf_convert import convert_gguf
 
-    out = convert_gguf(args.gguf, args.output, progress=True, overwrite=args.overwrite)
+    out = convert_gguf(args.gguf, args.output, progress=True, overwrite=args.overwrite, keep_quantized=args.keep_quantized)
     print(f"wrote {out}")
     return 0
 

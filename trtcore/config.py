@@ -90,6 +90,14 @@ def _optional_int(name: str, v: Any) -> int | None:
     return v
 
 
+def _optional_object(name: str, v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise ConfigError(f"field '{name}' is {v!r}, expected a JSON object or null")
+    return dict(v)
+
+
 def _positive_float(name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         raise ConfigError(f"field '{name}' is {v!r}, expected a positive number")
@@ -232,6 +240,9 @@ class ModelConfig:
             ``"bfloat16"``, or None.
         bos_token_id, pad_token_id: int or None.
         eos_token_id: tuple of ints (config.json may hold an int or a list), maybe empty.
+        quantization_config: config.json's ``quantization_config`` object as stored
+            (GPTQ / AWQ / compressed-tensors / GGUF), or None; interpreted by
+            :func:`trtcore.quant_formats.detect_quantization`.
 
     Raises:
         ConfigError: on construction, when a field has the wrong type or value (the
@@ -264,6 +275,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    quantization_config: dict[str, Any] | None = field(default=None, compare=False)
 
     # -- validation ---------------------------------------------------------------------
 
@@ -498,6 +510,7 @@ class ModelConfig:
             bos_token_id=_optional_int("bos_token_id", d.get("bos_token_id", defaults["bos_token_id"])),
             eos_token_id=_token_ids("eos_token_id", d.get("eos_token_id", defaults["eos_token_id"])),
             pad_token_id=_optional_int("pad_token_id", d.get("pad_token_id", defaults["pad_token_id"])),
+            quantization_config=_optional_object("quantization_config", d.get("quantization_config")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -545,6 +558,8 @@ class ModelConfig:
         if self.dtype is not None:
             d["dtype"] = self.dtype
             d["torch_dtype"] = self.dtype
+        if self.quantization_config is not None:
+            d["quantization_config"] = dict(self.quantization_config)
         rule = family.sliding_window_rule if family else "always"
         if rule == "always":
             d["sliding_window"] = self.sliding_window

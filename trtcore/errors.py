@@ -89,3 +89,8 @@ class EngineFileError(TrtcoreError, ValueError):
         self.field = field
         self.expected = expected
         self.found = found
+
+
+class UnsupportedQuantizationError(ConfigError):
+    """``config.json``'s ``quantization_config`` names a format (or a variant of one) that
+    trtcore does not read; the message lists the supported ones."""

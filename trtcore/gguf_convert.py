@@ -5,6 +5,11 @@
     config.json              LlamaForCausalLM / Qwen2ForCausalLM, Hugging Face field names
     generation_config.json   bos / eos / pad ids
     model.safetensors        every tensor dequantized to float16, Hugging Face tensor names
+                             (``keep_quantized``: linear weights of the types in
+                             :data:`trtcore.quant_formats.gguf_blocks.GGUF_TYPES` keep their
+                             raw ggml blocks, ``uint8 [rows, row bytes]``, and config.json gets
+                             ``quantization_config = {"quant_method": "gguf", "ggml_types":
+                             {name: type}}``; :mod:`trtcore.quant_formats` reads them)
     tokenizer.json           rebuilt with the ``tokenizers`` library from the GGUF metadata
     tokenizer_config.json    bos / eos / unk / pad tokens, add_bos_token, chat_template
 
@@ -52,6 +57,7 @@ import numpy as np
 
 from .errors import ConversionError
 from .families import GGUFMapping, gguf_families
+from .quant_formats.gguf_blocks import GGUF_TYPES
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "convert_gguf", "unpermute_qk"]
 
@@ -132,8 +138,13 @@ def convert_gguf(
     *,
     progress: bool = True,
     overwrite: bool = False,
+    keep_quantized: bool = False,
 ) -> Path:
     """Convert ``gguf_path`` into a Hugging Face-style model directory at ``output_dir``.
+
+    ``keep_quantized``: linear weights (not the embedding) of a kept GGUF type
+    (:data:`~trtcore.quant_formats.gguf_blocks.GGUF_TYPES`) stay in their blocks (module
+    docstring); other tensors are dequantized to float16 as without it.
 
     Returns ``output_dir`` as a :class:`~pathlib.Path`. Raises :class:`ConversionError` if the
     file is not GGUF, its architecture is not one of :data:`SUPPORTED_ARCHITECTURES`, a tensor
@@ -155,7 +166,10 @@ def convert_gguf(
         )
     tensors = {t.name: t for t in reader.tensors}
     config = _build_config(meta, arch, tensors)
-    plan = _plan_tensors(tensors, config, arch)
+    plan = _plan_tensors(tensors, config, arch, keep_quantized)
+    kept = {p.hf_name: p.gguf.tensor_type.name for p in plan if p.keep}
+    if kept:
+        config["quantization_config"] = {"quant_method": "gguf", "ggml_types": kept}
     tokenizer, tokenizer_config = _build_tokenizer(meta, config)
     generation_config = _build_generation_config(meta, config)
 
@@ -424,9 +438,14 @@ class _PlannedTensor:
     gguf: Any  # gguf.ReaderTensor
     shape: tuple[int, ...]
     unpermute_heads: int  # 0: no q/k un-permutation
+    keep: bool = False  # raw ggml blocks, uint8 [rows, row bytes] (keep_quantized)
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        return tuple(self.gguf.data.shape) if self.keep else self.shape
 
 
-def _plan_tensors(tensors: dict[str, Any], config: dict[str, Any], arch: str) -> list[_PlannedTensor]:
+def _plan_tensors(tensors: dict[str, Any], config: dict[str, Any], arch: str, keep_quantized: bool = False) -> list[_PlannedTensor]:
     n_layers = config["num_hidden_layers"]
     n_heads, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
     hidden, head_dim, inter = config["hidden_size"], config["head_dim"], config["intermediate_size"]
@@ -474,7 +493,8 @@ def _plan_tensors(tensors: dict[str, Any], config: dict[str, Any], arch: str) ->
             heads = n_heads
         elif mapping.permute_qk and suffix.startswith("attn_k."):
             heads = n_kv
-        plan.append(_PlannedTensor(hf_name, t, shape, heads))
+        keep = keep_quantized and len(shape) == 2 and suffix != "token_embd.weight" and t.tensor_type.name in GGUF_TYPES
+        plan.append(_PlannedTensor(hf_name, t, shape, heads, keep))
     for layer, present in seen_layers.items():
         missing = [s for s in _REQUIRED_LAYER_TENSORS if s not in present]
         if missing:
@@ -499,6 +519,9 @@ def _iter_rows(p: _PlannedTensor) -> Iterator[np.ndarray]:
     of the raw data is exact."""
     t = p.gguf
     data = t.data
+    if p.keep:  # blocks never span rows: q/k rows un-permute as raw bytes
+        yield unpermute_qk(np.asarray(data), p.unpermute_heads) if p.unpermute_heads else np.asarray(data)
+        return
     if p.unpermute_heads or len(p.shape) == 1 or math.prod(p.shape) <= _CHUNK_ELEMENTS:
         w = _dequantize(data, t.tensor_type, t.name).reshape(p.shape)
         if p.unpermute_heads:
@@ -525,8 +548,8 @@ def _write_safetensors(path: Path, plan: list[_PlannedTensor], *, progress: bool
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for p in plan:
-        nbytes = 2 * math.prod(p.shape)
-        header[p.hf_name] = {"dtype": "F16", "shape": list(p.shape), "data_offsets": [offset, offset + nbytes]}
+        nbytes = (1 if p.keep else 2) * math.prod(p.stored_shape)
+        header[p.hf_name] = {"dtype": "U8" if p.keep else "F16", "shape": list(p.stored_shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -536,13 +559,13 @@ def _write_safetensors(path: Path, plan: list[_PlannedTensor], *, progress: bool
         for p in tqdm(plan, desc="Converting GGUF", unit="tensor", disable=not progress):
             written = 0
             for chunk in _iter_rows(p):
-                half = chunk.astype("<f2")
-                if not np.isfinite(half).all():
+                half = chunk.astype(np.uint8 if p.keep else "<f2")
+                if not p.keep and not np.isfinite(half).all():
                     raise ConversionError(f"tensor {p.gguf.name!r} overflows float16 (|value| > 65504)")
                 f.write(half.tobytes())
                 written += half.size
-            if written != math.prod(p.shape):
-                raise ConversionError(f"tensor {p.gguf.name!r}: wrote {written} values, expected {math.prod(p.shape)}")
+            if written != math.prod(p.stored_shape):
+                raise ConversionError(f"tensor {p.gguf.name!r}: wrote {written} values, expected {math.prod(p.stored_shape)}")
         if f.tell() != 8 + len(blob) + offset:
             raise ConversionError("internal error: safetensors size mismatch")
 

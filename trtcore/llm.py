@@ -30,6 +30,7 @@ from .engine_file import EngineFile, load_engine_file
 from .errors import GenerationError, InvalidArgumentError, InvalidRequestError, TrtcoreError
 from .kv_modes import kv_mode
 from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
+from .quant_formats import detect_quantization
 from .runtime.device import resolve_device
 from .runtime.executor import Executor
 from .runtime.generate import make_engine
@@ -210,6 +211,11 @@ class LLM:
             the paged KV pool gets what is left of it after the weights, activations and
             staging buffers (at most what ``max_batch_size`` full-length sequences need).
         enforce_eager: run every step eagerly (no CUDA graphs for decode steps).
+        quantization: the checkpoint's weight quantization (vLLM's argument): None to take
+            it from ``config.json``'s ``quantization_config``, else ``"gptq"``, ``"awq"``,
+            ``"compressed-tensors"`` or ``"gguf"``, which must be what the config says
+            (:func:`trtcore.quant_formats.detect_quantization`). The result is
+            :attr:`quantization`.
         attention: contiguous mode's attention: ``"layers"`` (composed standard layers) or
             ``"native"`` (TensorRT's ``IAttention`` + ``IKVCacheUpdateLayer`` over a fixed
             ``[batch, num_kv_heads, max_seq_len, head_dim]`` cache; implies
@@ -234,9 +240,12 @@ class LLM:
 
     Raises:
         ConfigError / UnsupportedArchitectureError / CheckpointError: bad model folder.
+        UnsupportedQuantizationError: ``quantization_config`` names a format trtcore does not
+            read (the message lists the supported ones).
         BackendNotAvailableError: the backend's module is not installed.
         InvalidArgumentError: an unknown ``device``, ``device="cuda"`` with the reference
             backend (use ``backend="cuda"``), or ``device="cpu"`` with a GPU backend; a
+            ``quantization`` that is unknown or differs from the config's; a
             build option or backend that differs from the ``engine``'s.
         EngineFileError: the engine file or its sidecar is missing, corrupted, or built for
             another trtcore / TensorRT version, GPU target, plugin version or model files
@@ -261,6 +270,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
         engine: str | os.PathLike[str] | EngineFile | None = None,
+        quantization: str | None = None,
     ):
         #: the engine file this LLM runs (``engine=``), checked on load; None: built at start-up
         self.engine_file: EngineFile | None = None
@@ -275,6 +285,9 @@ class LLM:
             raise InvalidArgumentError(f"model must be a model folder (a str or os.PathLike), got {model!r} ({type(model).__name__})")
         self.model_dir = Path(model)
         self.config: ModelConfig = load_config(self.model_dir)
+        scheme = detect_quantization(self.config.quantization_config, quantization)
+        #: the checkpoint's quantization method (``"gptq"`` ...), or None
+        self.quantization: str | None = scheme.method if scheme else None
         self.generation_config: GenerationConfig = load_generation_config(self.model_dir, self.config)
         options = BuildConfig(
             dtype=dtype,

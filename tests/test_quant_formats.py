@@ -1,0 +1,204 @@
+"""GPTQ / AWQ / compressed-tensors checkpoints read into QuantizedWeight: tiny checkpoints
+made here by the independent float64 packers of :mod:`quant_packers` (random weights
+quantized, packed, written with safetensors) dequantize exactly to the packers' float64
+weights; detection from ``quantization_config`` and refusal of everything else."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from quant_packers import pack_awq, pack_compressed, pack_gptq, quantize
+from safetensors.numpy import save_file
+
+from trtcore.checkpoint import Checkpoint
+from trtcore.errors import CheckpointError, InvalidArgumentError, UnsupportedQuantizationError
+from trtcore.quant_formats import SUPPORTED_FORMATS, QuantizedCheckpoint, detect_quantization, quantized_weights
+
+N, K = 48, 128  # N a multiple of 8 (AWQ / packed zeros), K of every group size used
+
+
+def _write(tmp_path: Path, prefix: str, tensors: dict[str, np.ndarray]) -> Checkpoint:
+    save_file(
+        {f"{prefix}.{k}": np.ascontiguousarray(v) for k, v in tensors.items()} | {"model.norm.weight": np.ones(4, np.float32)},
+        str(tmp_path / "model.safetensors"),
+    )
+    return Checkpoint(tmp_path)
+
+
+def _read(tmp_path: Path, config: dict[str, Any], tensors: dict[str, np.ndarray]) -> Any:
+    prefix = "model.layers.0.mlp.up_proj"
+    ck = quantized_weights(_write(tmp_path, prefix, tensors), config)
+    assert isinstance(ck, QuantizedCheckpoint)
+    # packed tensors are hidden behind one X.weight; other tensors read through
+    assert ck.names == ["model.layers.0.mlp.up_proj.weight", "model.norm.weight"]
+    assert ck.get("model.norm.weight").tolist() == [1.0] * 4
+    with pytest.raises(CheckpointError, match="quantized"):
+        ck.get(f"{prefix}.weight")
+    return ck.quantized(f"{prefix}.weight")
+
+
+def _weight(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((N, K)) * 0.1 + rng.uniform(-0.05, 0.05, (N, 1))  # asymmetric rows
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "gptq_v2"])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, -1])
+@pytest.mark.parametrize("sym", [True, False])
+@pytest.mark.parametrize("desc_act", [False, True])
+def test_gptq_dequantizes_exactly(tmp_path: Path, fmt: str, bits: int, group_size: int, sym: bool, desc_act: bool) -> None:
+    rng = np.random.default_rng([bits, group_size + 1, sym, desc_act])
+    qz = quantize(_weight(bits), bits, group_size, sym=sym, rng=rng, act_order=desc_act, min_zero=1 if fmt == "gptq" else 0)
+    if not sym:
+        assert len(np.unique(qz.z)) > 3  # really asymmetric
+    config = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "sym": sym, "desc_act": desc_act, "checkpoint_format": fmt}
+    if fmt == "gptq":
+        del config["checkpoint_format"]  # v1 is the default
+    qw = _read(tmp_path, config, pack_gptq(qz, bits, fmt, with_g_idx=desc_act or bool(rng.integers(2))))
+    assert qw.bits == bits and qw.group_size == (K if group_size == -1 else group_size)
+    assert (qw.perm is not None) == (desc_act and group_size != -1)  # one group: any order is contiguous
+    assert (qw.zeros is None) == sym
+    np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+
+
+def test_gptq_v1_and_v2_differ_by_one_zero_step(tmp_path: Path) -> None:
+    """The same tensors read as v2 are one scale step above v1 (v1 stores zero - 1)."""
+    qz = quantize(_weight(3), 4, 32, sym=False, rng=np.random.default_rng(0), min_zero=1)
+    tensors = pack_gptq(qz, 4, "gptq")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    v1 = _read(tmp_path / "a", {"quant_method": "gptq", "bits": 4}, tensors)
+    v2 = _read(tmp_path / "b", {"quant_method": "gptq", "bits": 4, "checkpoint_format": "gptq_v2"}, tensors)
+    s = np.repeat(qz.s.astype(np.float64), 32, axis=1)
+    np.testing.assert_array_equal(v1.dequantize(), qz.dequantize())
+    np.testing.assert_allclose(v2.dequantize() - v1.dequantize(), s, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_awq_gemm_dequantizes_exactly(tmp_path: Path, group_size: int) -> None:
+    qz = quantize(_weight(group_size), 4, group_size, sym=False, rng=np.random.default_rng(1))
+    assert len(np.unique(qz.z)) > 3
+    config = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"}
+    qw = _read(tmp_path, config, pack_awq(qz))
+    assert qw.group_size == group_size and qw.perm is None
+    np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+
+
+def _ct_config(bits: int, strategy: str, group_size: int | None, sym: bool, actorder: str | None = None) -> dict[str, Any]:
+    weights = {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": strategy, "group_size": group_size, "actorder": actorder}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
+        "ignore": ["lm_head"],
+    }
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("strategy", ["group", "channel"])
+@pytest.mark.parametrize("zero_point", ["symmetric", "packed", "plain"])
+def test_compressed_tensors_dequantizes_exactly(tmp_path: Path, bits: int, strategy: str, zero_point: str) -> None:
+    sym = zero_point == "symmetric"
+    group_size = 32 if strategy == "group" else -1
+    qz = quantize(_weight(bits + 1), bits, group_size, sym=sym, rng=np.random.default_rng(2))
+    tensors = pack_compressed(qz, bits, sym=sym, packed_zero_point=zero_point == "packed")
+    qw = _read(tmp_path, _ct_config(bits, strategy, group_size if strategy == "group" else None, sym), tensors)
+    np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+
+
+def test_compressed_tensors_format_per_config_group() -> None:
+    config = _ct_config(4, "group", 32, True)
+    config["config_groups"]["group_0"]["format"] = config.pop("format")
+    assert detect_quantization(config).method == "compressed-tensors"
+
+
+def test_compressed_tensors_actorder_g_idx(tmp_path: Path) -> None:
+    qz = quantize(_weight(7), 4, 32, sym=False, rng=np.random.default_rng(3), act_order=True)
+    qw = _read(tmp_path, _ct_config(4, "group", 32, False, "group"), pack_compressed(qz, 4, sym=False, with_g_idx=True))
+    assert qw.perm is not None
+    np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+
+
+def test_g_idx_with_unequal_groups_is_refused(tmp_path: Path) -> None:
+    qz = quantize(_weight(8), 4, 32, sym=False, rng=np.random.default_rng(4))
+    tensors = pack_gptq(qz, 4, "gptq_v2")
+    tensors["g_idx"] = np.where(np.arange(K) == 0, 1, qz.g_idx).astype(np.int32)  # group 1 gets 33 features
+    with pytest.raises(CheckpointError, match="g_idx"):
+        _read(tmp_path, {"quant_method": "gptq", "bits": 4, "checkpoint_format": "gptq_v2"}, tensors)
+
+
+# ---------------------------------------------------------------------------------------
+# detection
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"quant_method": "bitsandbytes", "load_in_4bit": True},
+        {"quant_method": "fp8", "activation_scheme": "dynamic"},
+        {"quant_method": "awq", "bits": 4, "version": "gemv"},
+        {"quant_method": "gptq", "bits": 3},
+        {"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"},
+        {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}},
+        {"quant_method": "compressed-tensors", "config_groups": {"g": {"format": "nvfp4-pack-quantized", "weights": {"num_bits": 4}}}},
+        _ct_config(4, "tensor", None, True),
+        {"quant_method": "gguf", "ggml_types": {"x.weight": "IQ2_XS"}},
+    ],
+)
+def test_unsupported_formats_are_refused_with_the_list(config: dict[str, Any]) -> None:
+    with pytest.raises(UnsupportedQuantizationError) as e:
+        detect_quantization(config)
+    assert SUPPORTED_FORMATS in str(e.value)
+    for name in ("gptq", "awq", "compressed-tensors", "gguf", "Q4_K", "pack-quantized"):
+        assert name in str(e.value)
+
+
+def test_requested_quantization_must_match_the_config() -> None:
+    gptq = {"quant_method": "gptq", "bits": 4}
+    assert detect_quantization(gptq).method == "gptq"
+    assert detect_quantization(gptq, "gptq").method == "gptq"
+    assert detect_quantization(None) is None
+    with pytest.raises(InvalidArgumentError, match="quant_method 'gptq'"):
+        detect_quantization(gptq, "awq")
+    with pytest.raises(InvalidArgumentError, match="no quantization_config"):
+        detect_quantization(None, "gptq")
+    with pytest.raises(InvalidArgumentError, match="bitsandbytes"):
+        detect_quantization(gptq, "bitsandbytes")
+
+
+def test_llm_refuses_unsupported_and_mismatched_quantization(tmp_path: Path) -> None:
+    from hf_models import VARIANTS, write_checkpoint
+
+    from trtcore import LLM
+
+    d = write_checkpoint(VARIANTS["llama3_rope"], tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "bitsandbytes"}
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedQuantizationError, match="supported formats: gptq"):
+        LLM(d, backend="reference", progress=False)
+    del cfg["quantization_config"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InvalidArgumentError, match="no quantization_config"):
+        LLM(d, backend="reference", progress=False, quantization="awq")
+
+
+def test_model_config_keeps_quantization_config() -> None:
+    from hf_models import VARIANTS, _config
+
+    from trtcore.config import ModelConfig
+    from trtcore.errors import ConfigError
+
+    d = _config(VARIANTS["llama3_rope"]).to_dict()
+    assert ModelConfig.from_dict(d).quantization_config is None
+    qc = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"}
+    c = ModelConfig.from_dict(d | {"quantization_config": qc})
+    assert c.quantization_config == qc
+    assert ModelConfig.from_dict(c.to_dict()).quantization_config == qc
+    with pytest.raises(ConfigError, match="quantization_config"):
+        ModelConfig.from_dict(d | {"quantization_config": "gptq"})

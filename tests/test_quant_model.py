@@ -1,0 +1,77 @@
+"""Tiny GPTQ / AWQ / compressed-tensors Llamas run end to end on the reference backend: every
+linear of a tiny transformers Llama is quantized and packed by :mod:`quant_packers`; the
+greedy tokens of trtcore on the packed checkpoint equal transformers' (float64) on a plain
+checkpoint of the packers' float64 dequantized weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hf_models import VARIANTS, hf_greedy, load_hf, random_prompt, write_checkpoint
+from quant_packers import pack_awq, pack_compressed, pack_gptq, quantize
+from safetensors.numpy import load_file, save_file
+
+from trtcore import LLM, SamplingParams
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+CONFIGS: dict[str, dict[str, Any]] = {
+    "gptq_v1_act_order": {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": False, "desc_act": True},
+    "gptq_v2_8bit": {"quant_method": "gptq", "bits": 8, "group_size": -1, "sym": True, "desc_act": False, "checkpoint_format": "gptq_v2"},
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"},
+    "compressed_tensors": {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 32}}
+        },
+    },
+}
+
+
+def _pack(case: str, w: np.ndarray, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    c = CONFIGS[case]
+    if c["quant_method"] == "gptq":
+        fmt = c.get("checkpoint_format", "gptq")
+        qz = quantize(w, c["bits"], c["group_size"], sym=c["sym"], rng=rng, act_order=c["desc_act"], min_zero=1 if fmt == "gptq" else 0)
+        return pack_gptq(qz, c["bits"], fmt), qz.dequantize()
+    if c["quant_method"] == "awq":
+        qz = quantize(w, 4, 32, sym=False, rng=rng)
+        return pack_awq(qz), qz.dequantize()
+    qz = quantize(w, 4, 32, sym=False, rng=rng)
+    return pack_compressed(qz, 4, sym=False), qz.dequantize()
+
+
+@pytest.mark.filterwarnings("error::UserWarning")  # every packed tensor is read (none unexpected)
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_quantized_llama_greedy_equals_transformers_on_dequantized_weights(tmp_path: Path, case: str) -> None:
+    v = VARIANTS["llama3_rope"]
+    src = write_checkpoint(v, tmp_path / "src")
+    weights = load_file(str(src / "model.safetensors"))
+    rng = np.random.default_rng(list(case.encode()))
+    packed: dict[str, np.ndarray] = {}
+    dense: dict[str, np.ndarray] = {}
+    for name, value in weights.items():
+        prefix = name.removesuffix(".weight")
+        if prefix.rsplit(".", 1)[-1] in LINEARS:
+            tensors, deq = _pack(case, value.astype(np.float64), rng)
+            packed |= {f"{prefix}.{k}": np.ascontiguousarray(t) for k, t in tensors.items()}
+            dense[name] = deq.astype(np.float32)  # exact: the engine rounds the same float64 values
+        else:
+            packed[name] = dense[name] = value
+    config = json.loads((src / "config.json").read_text())
+    qdir, ddir = tmp_path / "quantized", tmp_path / "dense"
+    for d, tensors, cfg in ((qdir, packed, config | {"quantization_config": CONFIGS[case]}), (ddir, dense, config)):
+        d.mkdir()
+        save_file(tensors, str(d / "model.safetensors"))
+        (d / "config.json").write_text(json.dumps(cfg))
+
+    llm = LLM(qdir, backend="reference", dtype="float32", progress=False)
+    assert llm.quantization == CONFIGS[case]["quant_method"]
+    prompt = random_prompt(np.random.default_rng(3), 12, v.vocab_size)
+    [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    expected, _ = hf_greedy(load_hf(ddir), prompt, 16)
+    assert out.outputs[0].token_ids == expected

@@ -1,0 +1,253 @@
+"""Quantized checkpoints as they are published: GPTQ, AWQ, compressed-tensors
+``pack-quantized`` and GGUF block types, read into :class:`trtcore.quantization.QuantizedWeight`.
+
+* :func:`detect_quantization` reads ``config.json``'s ``quantization_config`` (and checks it
+  against ``LLM(quantization=...)``, vLLM's argument) into a :class:`QuantScheme`;
+* :class:`QuantizedCheckpoint` wraps a :class:`~trtcore.checkpoint.Checkpoint`: each
+  quantized linear ``X`` appears as one tensor ``X.weight`` that :meth:`~QuantizedCheckpoint.quantized`
+  returns as a QuantizedWeight (its packed tensors are hidden); everything else reads through;
+* :func:`linear_weight` is what a model asks for a linear layer's weight;
+  :func:`dequantize_for_network` is the one place where a QuantizedWeight becomes a float
+  weight, until the weight-only GEMM plugin takes QuantizedWeight directly.
+
+One module per format: :mod:`.gptq`, :mod:`.awq`, :mod:`.compressed_tensors`, :mod:`.gguf_blocks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trtcore.errors import CheckpointError, InvalidArgumentError, TensorShapeError, UnsupportedQuantizationError
+from trtcore.quantization import QuantizedWeight
+
+from .awq import AWQ_VERSIONS, read_awq
+from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight_args
+from .gguf_blocks import BLOCKS, GGUF_TYPES, gguf_weight
+from .gptq import ZERO_OFFSETS, read_gptq
+
+#: ``quantization`` values (vLLM's names) and ``quantization_config.quant_method`` values read here
+QUANTIZATION_METHODS = ("gptq", "awq", "compressed-tensors", "gguf")
+
+SUPPORTED_FORMATS = (
+    f"gptq (checkpoint_format {' / '.join(ZERO_OFFSETS)}, bits 4/8, any group_size, sym, desc_act with g_idx); "
+    f"awq (version {' / '.join(AWQ_VERSIONS)}, bits 4); "
+    f"compressed-tensors (format {' / '.join(FORMATS)}, int weights, num_bits 4/8, strategy {' / '.join(STRATEGIES)}); "
+    f"gguf ({' / '.join(GGUF_TYPES)}, from trtcore convert --gguf --keep-quantized)"
+)
+
+#: per method: the suffix that marks a quantized linear, and every tensor suffix it owns
+_TENSORS = {
+    "gptq": (".qweight", (".qweight", ".qzeros", ".scales", ".g_idx")),
+    "awq": (".qweight", (".qweight", ".qzeros", ".scales")),
+    "compressed-tensors": (".weight_packed", (".weight_packed", ".weight_scale", ".weight_zero_point", ".weight_g_idx", ".weight_shape")),
+}
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """A checkpoint's quantization: ``method`` (one of :data:`QUANTIZATION_METHODS`) and the
+    ``quantization_config`` object it came from."""
+
+    method: str
+    config: dict[str, Any] = field(compare=False)
+
+
+def _refuse(what: str) -> UnsupportedQuantizationError:
+    return UnsupportedQuantizationError(f"quantization_config: {what} is not supported; supported formats: {SUPPORTED_FORMATS}")
+
+
+def _check(method: str, c: dict[str, Any]) -> None:
+    if method == "gptq":
+        fmt = c.get("checkpoint_format", "gptq")
+        if fmt not in ZERO_OFFSETS:
+            raise _refuse(f"GPTQ checkpoint_format {fmt!r}")
+        if int(c.get("bits", 4)) not in (4, 8):
+            raise _refuse(f"GPTQ bits={c.get('bits')!r}")
+    elif method == "awq":
+        version = str(c.get("version", "gemm")).lower()
+        if version not in AWQ_VERSIONS:
+            raise _refuse(f"AWQ version {version!r}")
+        if int(c.get("bits", c.get("w_bit", 4))) != 4:
+            raise _refuse(f"AWQ bits={c.get('bits')!r}")
+    elif method == "compressed-tensors":
+        # the checkpoint's format, or (newer files) each config group's
+        groups = [g for g in (c.get("config_groups") or {}).values() if isinstance(g, dict)]
+        formats = {c["format"]} if c.get("format") else {g.get("format") for g in groups}
+        if not formats or not formats <= set(FORMATS):
+            raise _refuse(f"compressed-tensors format {c.get('format') or sorted(map(str, formats))!r}")
+        args = weight_args(c)
+        if not args:
+            raise _refuse("compressed-tensors without config_groups weights")
+        for a in args:
+            if a.get("type", "int") != "int" or a.get("num_bits") not in (4, 8) or a.get("strategy") not in STRATEGIES:
+                raise _refuse(f"compressed-tensors weights {a!r}")
+        if len({a.get("num_bits") for a in args}) > 1:
+            raise _refuse("compressed-tensors config groups of different num_bits")
+    elif method == "gguf":
+        types = c.get("ggml_types")
+        if not isinstance(types, dict) or any(t not in GGUF_TYPES for t in types.values()):
+            raise _refuse(f"GGUF ggml_types {types!r}")
+
+
+def detect_quantization(quantization_config: dict[str, Any] | None, quantization: str | None = None) -> QuantScheme | None:
+    """The checkpoint's quantization scheme, from ``config.json``'s ``quantization_config``.
+
+    Args:
+        quantization_config: the config object (``ModelConfig.quantization_config``), or None.
+        quantization: what the user asked for (``LLM(quantization=...)``, vLLM's name): None
+            to take the config's, else one of :data:`QUANTIZATION_METHODS`.
+
+    Returns:
+        None for an unquantized checkpoint, else the :class:`QuantScheme`.
+
+    Raises:
+        UnsupportedQuantizationError: the config names another method or an unsupported
+            variant (the message lists :data:`SUPPORTED_FORMATS`).
+        InvalidArgumentError: ``quantization`` is unknown, or differs from the config's
+            (also when the checkpoint is not quantized).
+    """
+    if quantization is not None and quantization not in QUANTIZATION_METHODS:
+        raise InvalidArgumentError(f"quantization={quantization!r} is not supported; expected None or one of {list(QUANTIZATION_METHODS)}")
+    if quantization_config is None:
+        if quantization is not None:
+            raise InvalidArgumentError(f"quantization={quantization!r}, but config.json has no quantization_config (the checkpoint is not quantized)")
+        return None
+    method = str(quantization_config.get("quant_method", "")).lower()
+    if method not in QUANTIZATION_METHODS:
+        raise _refuse(f"quant_method {quantization_config.get('quant_method')!r}")
+    _check(method, quantization_config)
+    if quantization is not None and quantization != method:
+        raise InvalidArgumentError(f"quantization={quantization!r}, but config.json's quantization_config has quant_method {method!r}")
+    return QuantScheme(method, dict(quantization_config))
+
+
+class QuantizedCheckpoint:
+    """A checkpoint whose quantized linears appear as single tensors ``X.weight``.
+
+    Args:
+        checkpoint: a :class:`~trtcore.checkpoint.Checkpoint` (``get``, ``in``, iteration).
+        scheme: from :func:`detect_quantization`.
+
+    :meth:`get` reads the other tensors through; a quantized ``X.weight`` is read with
+    :meth:`quantized` (``get`` refuses it, so that no layer reads it unknowingly).
+    """
+
+    def __init__(self, checkpoint: Any, scheme: QuantScheme):
+        self.checkpoint = checkpoint
+        self.scheme = scheme
+        self.model_dir = getattr(checkpoint, "model_dir", None)
+        raw = set(checkpoint)
+        if scheme.method == "gguf":
+            self._linears = {n[: -len(".weight")] for n in scheme.config["ggml_types"] if n in raw}
+            hidden = {f"{p}.weight" for p in self._linears}
+        else:
+            marker, owned = _TENSORS[scheme.method]
+            self._linears = {n[: -len(marker)] for n in raw if n.endswith(marker)}
+            hidden = {p + s for p in self._linears for s in owned}
+        self._names = sorted((raw - hidden) | {f"{p}.weight" for p in self._linears})
+
+    @property
+    def names(self) -> list[str]:
+        """Every tensor name, quantized linears as ``X.weight``, sorted (a new list)."""
+        return list(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def is_quantized(self, name: str) -> bool:
+        """Whether ``name`` (``X.weight``) is a quantized linear's weight."""
+        return name.endswith(".weight") and name[: -len(".weight")] in self._linears
+
+    def quantized(self, name: str) -> QuantizedWeight:
+        """The quantized linear weight ``name`` (``X.weight``) in canonical form.
+
+        Raises:
+            CheckpointError: ``name`` is not a quantized weight, or its tensors are inconsistent.
+        """
+        if not self.is_quantized(name):
+            raise CheckpointError(f"'{name}' is not a quantized weight of {self.model_dir} ({self.scheme.method})")
+        prefix = name[: -len(".weight")]
+        c = self.scheme.config
+        if self.scheme.method == "gguf":
+            raw = self.checkpoint.get(name, copy=False)
+            per_block, nbytes = BLOCKS[c["ggml_types"][name]]
+            return gguf_weight(np.asarray(raw), c["ggml_types"][name], raw.shape[1] // nbytes * per_block, name)
+        read: Callable[[Any, str, dict[str, Any]], QuantizedWeight] = {
+            "gptq": read_gptq,
+            "awq": read_awq,
+            "compressed-tensors": read_pack_quantized,
+        }[self.scheme.method]
+        return read(self.checkpoint, prefix, c)
+
+    def get(self, name: str, shape: Sequence[int] | None = None, dtype: Any = None, *, copy: bool = True) -> np.ndarray:
+        """A tensor that is not a quantized weight (see :meth:`trtcore.checkpoint.Checkpoint.get`).
+
+        Raises:
+            CheckpointError: ``name`` is a quantized weight (use :meth:`quantized`).
+        """
+        if self.is_quantized(name):
+            raise CheckpointError(f"'{name}' is {self.scheme.method}-quantized in {self.model_dir}; read it with quantized()")
+        return self.checkpoint.get(name, shape=shape, dtype=dtype, copy=copy)
+
+    def close(self) -> None:
+        """Close the underlying checkpoint."""
+        self.checkpoint.close()
+
+
+def quantized_weights(weights: Any, quantization_config: dict[str, Any] | None, quantization: str | None = None) -> Any:
+    """``weights`` as a :class:`QuantizedCheckpoint` when the config says it is quantized
+    (unchanged otherwise, or when it already is one).
+
+    Raises:
+        UnsupportedQuantizationError / InvalidArgumentError: see :func:`detect_quantization`.
+    """
+    scheme = detect_quantization(quantization_config, quantization)
+    if scheme is None or isinstance(weights, QuantizedCheckpoint):
+        return weights
+    return QuantizedCheckpoint(weights, scheme)
+
+
+def dequantize_for_network(weight: QuantizedWeight) -> np.ndarray:
+    """THE HOOK the weight-only GEMM plugin path replaces: a QuantizedWeight as the float
+    weight the ops take today (``float32 [N, K]``, input features in their own order; the
+    ops convert it to the engine dtype)."""
+    return weight.dequantize().astype(np.float32)
+
+
+def linear_weight(weights: Any, name: str, shape: tuple[int, int]) -> np.ndarray:
+    """A linear layer's ``[N, K]`` weight ``name`` for the network: quantized weights
+    (``weights.quantized``, e.g. :meth:`trtcore.checkpoint.LoadReport.quantized`) through
+    :func:`dequantize_for_network`, others read as they are.
+
+    Raises:
+        MissingTensorError / TensorShapeError: see the checkpoint's ``get``.
+    """
+    find = getattr(weights, "quantized", None)
+    q = find(name) if find is not None else None
+    if q is None:
+        return weights.get(name, shape=shape)
+    if q.shape != tuple(shape):
+        raise TensorShapeError(f"quantized weight '{name}' has shape {q.shape}, expected {tuple(shape)}")
+    return dequantize_for_network(q)
+
+
+__all__ = [
+    "QUANTIZATION_METHODS",
+    "SUPPORTED_FORMATS",
+    "QuantScheme",
+    "QuantizedCheckpoint",
+    "dequantize_for_network",
+    "detect_quantization",
+    "linear_weight",
+    "quantized_weights",
+]

@@ -1,0 +1,96 @@
+"""compressed-tensors ``pack-quantized`` checkpoints (llm-compressor, ``quant_method:
+"compressed-tensors"``, ``format: "pack-quantized"``), integer weights, ``group`` or
+``channel`` strategy.
+
+Per quantized linear ``X`` (``N`` outputs, ``K`` inputs, ``G`` groups, ``p = 32 // num_bits``):
+
+* ``X.weight_packed`` int32 ``[N, K / p]``: codes packed along K (``pack_to_int32``); each
+  stored code is the signed quantized value plus ``2**(num_bits-1)``;
+* ``X.weight_scale`` ``[N, G]`` (the checkpoint's float dtype);
+* ``X.weight_zero_point`` (asymmetric only): signed zero points, either packed like the
+  codes along N (int32 ``[N / p, G]``, offset by ``2**(num_bits-1)``) or plain ``[N, G]``
+  integers (older files);
+* ``X.weight_g_idx`` (``actorder``): the group of each input feature, as GPTQ's ``g_idx``;
+* ``X.weight_shape``: ``[N, K]``.
+
+``w = (q_signed - zero_point) * scale`` = ``(code - (zero_point + 2**(num_bits-1))) * scale``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trtcore.errors import CheckpointError
+from trtcore.quantization import QuantizedWeight
+
+from .groups import grouped_weight
+from .packing import unpack_int32
+
+#: the ``format`` values read here, and the quantization strategies
+FORMATS = ("pack-quantized",)
+STRATEGIES = ("group", "channel")
+
+
+def pack_quantized_weight(
+    weight_packed: np.ndarray,
+    weight_scale: np.ndarray,
+    weight_zero_point: np.ndarray | None,
+    weight_g_idx: np.ndarray | None,
+    *,
+    num_bits: int,
+    shape: tuple[int, int],
+    name: str = "weight",
+) -> QuantizedWeight:
+    """Convert one ``pack-quantized`` linear's tensors (layout: module docstring).
+
+    Raises:
+        CheckpointError: dtypes or shapes inconsistent.
+    """
+    n, k = shape
+    codes = unpack_int32(weight_packed, num_bits, 1, f"{name}.weight_packed")[:, :k]
+    if codes.shape != (n, k):
+        raise CheckpointError(f"'{name}.weight_packed' unpacks to {codes.shape}, expected weight_shape {(n, k)}")
+    offset = 1 << (num_bits - 1)
+    zeros = None
+    if weight_zero_point is not None:
+        zp = np.asarray(weight_zero_point)
+        if zp.shape == weight_scale.shape:
+            zeros = zp.astype(np.float32) + offset
+        else:
+            zeros = unpack_int32(zp, num_bits, 0, f"{name}.weight_zero_point")[:n].astype(np.float32)
+    return grouped_weight(codes, weight_scale, zeros, num_bits, weight_g_idx, name)
+
+
+def read_pack_quantized(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWeight:
+    """The ``pack-quantized`` linear ``prefix`` of a checkpoint (``config``: the
+    ``quantization_config``; the weights' ``num_bits`` from its config group)."""
+
+    def opt(suffix: str) -> np.ndarray | None:
+        return weights.get(f"{prefix}.{suffix}") if f"{prefix}.{suffix}" in weights else None
+
+    shape = tuple(int(s) for s in weights.get(f"{prefix}.weight_shape").reshape(-1))
+    return pack_quantized_weight(
+        weights.get(f"{prefix}.weight_packed"),
+        weights.get(f"{prefix}.weight_scale"),
+        opt("weight_zero_point"),
+        opt("weight_g_idx"),
+        num_bits=weight_bits(config),
+        shape=(shape[0], shape[1]),
+        name=prefix,
+    )
+
+
+def weight_args(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``weights`` argument objects of every config group."""
+    groups = config.get("config_groups") or {}
+    return [g["weights"] for g in groups.values() if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
+
+
+def weight_bits(config: dict[str, Any]) -> int:
+    """The single ``num_bits`` of the config groups' weights (checked by the detection)."""
+    return int(weight_args(config)[0].get("num_bits", 4))
+
+
+__all__ = ["FORMATS", "STRATEGIES", "pack_quantized_weight", "read_pack_quantized", "weight_args", "weight_bits"]

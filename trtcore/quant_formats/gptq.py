@@ -1,0 +1,75 @@
+"""GPTQ checkpoints (AutoGPTQ / GPTQModel / transformers ``quant_method: "gptq"``).
+
+Per quantized linear ``X`` (``N`` outputs, ``K`` inputs, ``G`` groups, ``p = 32 // bits``):
+
+* ``X.qweight`` int32 ``[K / p, N]``: codes packed along K (code ``k`` of column ``n`` is
+  slot ``k % p`` of word ``[k // p, n]``, see :mod:`.packing`);
+* ``X.qzeros`` int32 ``[G, N / p]``: zero points packed along N;
+* ``X.scales`` float16 ``[G, N]``;
+* ``X.g_idx`` int32 ``[K]`` (optional): the group of each input feature; with ``desc_act``
+  (act-order) it is a permutation of ``k // group_size``.
+
+``w[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n]``. ``checkpoint_format: "gptq"``
+(v1, the default) stores each zero point minus one (AutoGPTQ's packer subtracts 1 and its
+kernels add it back); ``"gptq_v2"`` (GPTQModel) stores the zero point itself.
+``group_size: -1`` means one group over all of K. ``sym: true`` checkpoints store the zero
+``2**(bits-1)`` like any other, so ``sym`` needs no special case.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trtcore.errors import CheckpointError
+from trtcore.quantization import QuantizedWeight
+
+from .groups import grouped_weight
+from .packing import unpack_int32
+
+#: ``checkpoint_format`` -> what is added to a stored zero point
+ZERO_OFFSETS = {"gptq": 1, "gptq_v2": 0}
+
+
+def gptq_weight(
+    qweight: np.ndarray,
+    qzeros: np.ndarray,
+    scales: np.ndarray,
+    g_idx: np.ndarray | None,
+    *,
+    bits: int,
+    checkpoint_format: str = "gptq",
+    name: str = "weight",
+) -> QuantizedWeight:
+    """Convert one GPTQ linear's tensors (layout: module docstring) to a QuantizedWeight.
+
+    Raises:
+        CheckpointError: dtypes/shapes inconsistent, unknown ``checkpoint_format``, a bad ``g_idx``.
+    """
+    if checkpoint_format not in ZERO_OFFSETS:
+        raise CheckpointError(f"'{name}': GPTQ checkpoint_format {checkpoint_format!r} is not supported, expected one of {sorted(ZERO_OFFSETS)}")
+    codes = unpack_int32(qweight, bits, 0, f"{name}.qweight").T  # [N, K]
+    n = codes.shape[0]
+    zeros = unpack_int32(qzeros, bits, 1, f"{name}.qzeros")[:, :n].T.astype(np.float32) + ZERO_OFFSETS[checkpoint_format]
+    if scales.shape != (zeros.shape[1], n):
+        raise CheckpointError(f"'{name}.scales' has shape {scales.shape}, expected {(zeros.shape[1], n)} from qzeros and qweight")
+    return grouped_weight(codes, scales.T, zeros, bits, g_idx, name)
+
+
+def read_gptq(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWeight:
+    """The GPTQ linear ``prefix`` (e.g. ``model.layers.0.mlp.up_proj``) of a checkpoint
+    (``get(name)`` and ``in``), with ``config`` the ``quantization_config``."""
+    g_idx = weights.get(f"{prefix}.g_idx") if f"{prefix}.g_idx" in weights else None
+    return gptq_weight(
+        weights.get(f"{prefix}.qweight"),
+        weights.get(f"{prefix}.qzeros"),
+        weights.get(f"{prefix}.scales"),
+        g_idx,
+        bits=int(config.get("bits", 4)),
+        checkpoint_format=str(config.get("checkpoint_format", "gptq")),
+        name=prefix,
+    )
+
+
+__all__ = ["ZERO_OFFSETS", "gptq_weight", "read_gptq"]

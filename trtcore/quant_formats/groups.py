@@ -1,0 +1,61 @@
+"""Group bookkeeping shared by the converters: the act-order permutation from ``g_idx``, and
+the :class:`~trtcore.quantization.QuantizedWeight` they all produce."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trtcore.errors import CheckpointError
+from trtcore.quantization import QuantizedWeight
+
+
+def grouped_weight(
+    codes: np.ndarray,
+    scales: np.ndarray,
+    zeros: np.ndarray | None,
+    bits: int,
+    g_idx: np.ndarray | None,
+    name: str,
+) -> QuantizedWeight:
+    """A :class:`QuantizedWeight` from per-element codes and per-group scales/zeros.
+
+    Args:
+        codes: ``uint8 [N, K]`` codes in the input features' order.
+        scales: ``[N, G]`` (any float dtype; widened to float32, exact from fp16/bf16).
+        zeros: ``[N, G]`` zero points in code units, or None (symmetric ``2**(bits-1)``).
+            Zeros equal to ``2**(bits-1)`` everywhere are stored as None.
+        bits: 4 or 8.
+        g_idx: None (group of feature ``k`` is ``k // (K // G)``), or ``int [K]``: the group of
+            each input feature (GPTQ ``desc_act``). When it is not the trivial one, the
+            columns are sorted by group (stable) and the permutation kept as ``perm``.
+        name: the weight's name, for errors.
+
+    Raises:
+        CheckpointError: shapes inconsistent, or ``g_idx`` does not give every group the
+            same number of features.
+    """
+    n, k = codes.shape
+    if scales.ndim != 2 or scales.shape[0] != n or scales.shape[1] == 0 or k % scales.shape[1]:
+        raise CheckpointError(f"'{name}': scales of shape {scales.shape} do not fit a [{n}, {k}] weight (expected [{n}, G], G dividing {k})")
+    groups = scales.shape[1]
+    size = k // groups
+    if zeros is not None and zeros.shape != scales.shape:
+        raise CheckpointError(f"'{name}': zero points of shape {zeros.shape}, expected {scales.shape} like the scales")
+    perm = None
+    if g_idx is not None:
+        g_idx = np.asarray(g_idx).astype(np.int64).reshape(-1)
+        contiguous = np.arange(k) // size
+        if g_idx.shape != (k,):
+            raise CheckpointError(f"'{name}': g_idx has shape {g_idx.shape}, expected ({k},)")
+        if not np.array_equal(g_idx, contiguous):
+            order = np.argsort(g_idx, kind="stable")
+            if not np.array_equal(g_idx[order], contiguous):
+                raise CheckpointError(f"'{name}': g_idx does not assign {size} input features to each of the {groups} groups")
+            perm, codes = order.astype(np.int32), codes[:, order]
+    zf = None if zeros is None else np.asarray(zeros, np.float32)
+    if zf is not None and np.all(zf == 1 << (bits - 1)):
+        zf = None
+    return QuantizedWeight(np.ascontiguousarray(codes), np.asarray(scales, np.float32), zf, bits, size, perm)
+
+
+__all__ = ["grouped_weight"]

@@ -1,0 +1,56 @@
+"""Bit-unpacking of the int32 words GPTQ, AWQ and compressed-tensors pack their codes into.
+
+All three formats put ``32 // bits`` unsigned codes into one 32-bit word, the first code in
+the least significant bits: code ``i`` of a word is ``(word >> (bits * i)) & (2**bits - 1)``
+(AutoGPTQ ``QuantLinear.pack``, AutoAWQ ``WQLinear_GEMM.from_linear``, compressed-tensors
+``pack_to_int32``). They differ in the axis they pack along and, for AWQ, in the order of
+the codes inside a word (:data:`AWQ_ORDER`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trtcore.errors import CheckpointError
+
+#: AutoAWQ's GEMM packing: code slot ``i`` of a word holds column ``8 * word + AWQ_ORDER[i]``
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def unpack_int32(words: np.ndarray, bits: int, axis: int, name: str = "tensor") -> np.ndarray:
+    """Unpack ``32 // bits`` codes per int32 word along ``axis``.
+
+    Args:
+        words: int32 (or uint32) array; ``axis`` has ``L`` words.
+        bits: 4 or 8 (code width).
+        axis: the packed axis; it becomes ``L * 32 // bits`` long.
+        name: the tensor's name, for errors.
+
+    Returns:
+        ``uint8`` codes, word ``w`` slot ``i`` at position ``w * (32 // bits) + i``.
+
+    Raises:
+        CheckpointError: ``words`` is not a 32-bit integer array or ``bits`` does not divide 32.
+    """
+    if words.dtype not in (np.dtype(np.int32), np.dtype(np.uint32)):
+        raise CheckpointError(f"tensor '{name}' has dtype {words.dtype}, expected int32 (packed {bits}-bit codes)")
+    if bits not in (4, 8):
+        raise CheckpointError(f"tensor '{name}': {bits}-bit codes are not supported, expected 4 or 8")
+    per_word = 32 // bits
+    w = np.moveaxis(np.ascontiguousarray(words).view(np.uint32), axis, -1)
+    shifts = np.arange(per_word, dtype=np.uint32) * np.uint32(bits)
+    codes = ((w[..., None] >> shifts) & np.uint32((1 << bits) - 1)).astype(np.uint8)
+    return np.moveaxis(codes.reshape(*w.shape[:-1], w.shape[-1] * per_word), -1, axis)
+
+
+def awq_unorder(codes: np.ndarray, axis: int) -> np.ndarray:
+    """Put AWQ's interleaved columns (:data:`AWQ_ORDER`, unpacked along ``axis`` by
+    :func:`unpack_int32`) back in their natural order."""
+    c = np.moveaxis(codes, axis, -1)
+    groups = c.reshape(*c.shape[:-1], -1, len(AWQ_ORDER))
+    natural = np.empty_like(groups)
+    natural[..., list(AWQ_ORDER)] = groups
+    return np.moveaxis(natural.reshape(c.shape), -1, axis)
+
+
+__all__ = ["AWQ_ORDER", "awq_unorder", "unpack_int32"]
