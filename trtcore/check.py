@@ -248,9 +248,7 @@ def compare(
         UnsupportedArchitectureError: the family has no module table.
     """
     if backend != "reference":
-        raise InvalidArgumentError(
-            f"trtcore check --bisect runs on backend 'reference' (it reads intermediate tensors at run time), got {backend!r}"
-        )
+        raise InvalidArgumentError(f"trtcore check --bisect runs on backend 'reference' (it reads intermediate tensors at run time), got {backend!r}")
     if not tolerance > 0:
         raise InvalidArgumentError(f"tolerance must be > 0, got {tolerance!r}")
     torch, auto_model = _transformers()
@@ -262,13 +260,18 @@ def compare(
     if not ids:
         raise InvalidArgumentError("compare needs a prompt of at least one token")
     points = bisect_points(llm.config.model_type, llm.config.num_hidden_layers)
+    from .runtime.generate import HostRunner
+    from .runtime.reference_executor import ReferenceExecutor
+
+    assert isinstance(llm.executor, ReferenceExecutor)  # backend "reference", checked above
     network = llm.executor.network  # the reference engine's network: every tensor by name
     present = {network.get_layer(k).get_output(j).name for k in range(network.num_layers) for j in range(network.get_layer(k).num_outputs)}
     wanted = [p.tensor for p in points if p.tensor in present]
 
     runner = llm.engine.runner
+    assert isinstance(runner, HostRunner)  # the reference backend runs on host arrays
     capturing = _CaptureFirstRun(runner.executor, wanted)
-    runner.executor = capturing
+    runner.executor = capturing  # type: ignore[assignment]  # the same run/to_host, plus the capture
     try:
         llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
     finally:

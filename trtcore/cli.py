@@ -236,7 +236,10 @@ def _check(args: argparse.Namespace) -> int:
         bisect = compare(_model_dir(args.model), args.prompt, reference=args.reference, tolerance=args.tolerance)
         print(bisect.table())
         first = bisect.first_divergence
-        print(f"{bisect.architecture}: {bisect.num_tokens} prompt tokens; " + (f"first divergence: {first.module}" if first else f"every module within {args.tolerance:g}"))
+        print(
+            f"{bisect.architecture}: {bisect.num_tokens} prompt tokens; "
+            + (f"first divergence: {first.module}" if first else f"every module within {args.tolerance:g}")
+        )
         return 0 if first is None else 1
     if args.reference:
         raise InvalidArgumentError("--reference needs --bisect")
