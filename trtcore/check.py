@@ -1,20 +1,41 @@
 """``trtcore check``: run a checkpoint through trtcore and through Hugging Face transformers.
 
-Both run in float32 (trtcore on the reference backend on the CPU with the contiguous KV
+:func:`compare_with_transformers` (``trtcore check``) compares the final logits; the
+bisection :func:`compare` (``trtcore check --bisect``) compares module by module, see below.
+
+For the logits check both run in float32 (trtcore on the reference backend on the CPU with the contiguous KV
 cache, whose per-layer cache it feeds step by step; transformers with eager
 attention) on the same token ids: the prompt, then ``steps`` greedy tokens chosen by
 trtcore. The error reported is ``max |trtcore - hf| / max |hf|`` over the logits of the
 last prompt position and of every decode step.
+
+The bisection aligns transformers' module outputs (forward hooks) with trtcore's network
+tensors (``capture=`` of the reference backend) through a per-family table,
+:data:`BISECT_POINTS` (Hugging Face module path -> trtcore tensor name, both following
+the checkpoint's module names), and reports the relative L2 error of each, in forward
+order, marking the first beyond the tolerance: a conversion, a quantization or a port
+that goes wrong shows at the module where it starts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import TrtcoreError
+from .errors import InvalidArgumentError, TrtcoreError, UnsupportedArchitectureError
+
+
+def _transformers() -> tuple[Any, Any]:
+    """``(torch, AutoModelForCausalLM)``, or a TrtcoreError naming what to install."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:
+        raise TrtcoreError(f"trtcore check needs torch and transformers ({exc}); install them with: pip install 'trtcore[test]'") from exc
+    return torch, AutoModelForCausalLM
 
 
 def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], steps: int = 8) -> dict[str, Any]:
@@ -28,11 +49,7 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
     Raises:
         TrtcoreError: torch / transformers are not installed.
     """
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM
-    except ImportError as exc:
-        raise TrtcoreError(f"trtcore check needs torch and transformers ({exc}); install them with: pip install 'trtcore[test]'") from exc
+    torch, AutoModelForCausalLM = _transformers()
     from .llm import LLM
     from .runtime.sampling import SamplingParams
 
@@ -71,3 +88,247 @@ def _trtcore_logits(llm: Any, prompt: list[int], continuation: list[int]) -> np.
         rows.append(np.asarray(llm.executor.to_host(out["logits"], "logits")[0], np.float64))
         start += len(chunk)
     return np.stack(rows)
+
+
+# --- trtcore check --bisect: the first module where trtcore leaves transformers ----------
+
+
+@dataclass(frozen=True)
+class BisectPoint:
+    """One module compared by :func:`compare`.
+
+    Attributes:
+        hf_module: the transformers module path whose forward output is hooked
+            (``{i}``: the decoder layer index), e.g. ``model.layers.{i}.self_attn``; a module
+            that returns a tuple is read at its first element.
+        tensor: the trtcore network tensor of the same value (``{i}`` likewise), named by the
+            ops' scopes (:class:`trtcore.ops.Graph`), e.g. ``model.layers.{i}.self_attn.o_proj``.
+        last_only: trtcore computes it at the last prompt position only (the final norm and
+            the logits follow :func:`trtcore.ops.last_token_hidden`); transformers' value is
+            then read at that position.
+    """
+
+    hf_module: str
+    tensor: str
+    last_only: bool = False
+
+
+#: The Llama-style families' points, in forward order: the embeddings, per decoder layer
+#: the attention output (after ``o_proj``), the MLP output (after ``down_proj``) and the
+#: residual stream leaving the layer, then the final norm and the logits.
+LLAMA_BISECT_POINTS: tuple[BisectPoint, ...] = (
+    BisectPoint("model.embed_tokens", "model.embed_tokens"),
+    BisectPoint("model.layers.{i}.self_attn", "model.layers.{i}.self_attn.o_proj"),
+    BisectPoint("model.layers.{i}.mlp", "model.layers.{i}.mlp.down_proj"),
+    BisectPoint("model.layers.{i}", "model.layers.{i}.mlp_residual"),
+    BisectPoint("model.norm", "model.norm", last_only=True),
+    BisectPoint("lm_head", "logits", last_only=True),
+)
+
+#: ``model_type`` -> the modules :func:`compare` aligns (points with ``{i}`` repeat for every
+#: decoder layer, in the order given). A new family adds its entry here.
+BISECT_POINTS: dict[str, tuple[BisectPoint, ...]] = {t: LLAMA_BISECT_POINTS for t in ("llama", "mistral", "qwen2", "qwen3")}
+
+#: :attr:`ModuleError.status` values
+OK, BEYOND, FIRST_DIVERGENCE, NOT_CAPTURED = "ok", "beyond", "FIRST DIVERGENCE", "not captured"
+
+
+@dataclass(frozen=True)
+class ModuleError:
+    """The comparison of one module.
+
+    Attributes:
+        module: the transformers module path (``model.layers.1.self_attn``).
+        tensor: the trtcore tensor compared with it.
+        rel_error: ``||trtcore - hf||_2 / ||hf||_2`` in float64 over every compared
+            position (None: not captured).
+        status: ``"ok"``, ``"FIRST DIVERGENCE"`` (the first beyond the tolerance),
+            ``"beyond"`` (a later one beyond it) or ``"not captured"`` (the backend's
+            network has no such tensor, e.g. fused away: nothing is guessed).
+    """
+
+    module: str
+    tensor: str
+    rel_error: float | None
+    status: str
+
+
+@dataclass(frozen=True)
+class CompareReport:
+    """What :func:`compare` found.
+
+    Attributes:
+        architecture: the checkpoint's architecture.
+        num_tokens: prompt length (the tokens of the prefill compared).
+        tolerance: the relative L2 error allowed per module.
+        modules: one :class:`ModuleError` per point, in forward order.
+    """
+
+    architecture: str
+    num_tokens: int
+    tolerance: float
+    modules: tuple[ModuleError, ...]
+
+    @property
+    def first_divergence(self) -> ModuleError | None:
+        """The first module beyond the tolerance (None: every captured one is within it)."""
+        return next((m for m in self.modules if m.status == FIRST_DIVERGENCE), None)
+
+    @property
+    def ok(self) -> bool:
+        """Every captured module within the tolerance."""
+        return self.first_divergence is None
+
+    def table(self) -> str:
+        """The report as a text table: module, trtcore tensor, relative error, status."""
+        rows = [("module", "trtcore tensor", "rel err", "status")]
+        rows += [(m.module, m.tensor, "-" if m.rel_error is None else f"{m.rel_error:.3g}", m.status) for m in self.modules]
+        widths = [max(len(r[k]) for r in rows) for k in range(3)]
+        return "\n".join(f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}  {d}" for a, b, c, d in rows)
+
+
+def bisect_points(model_type: str, num_hidden_layers: int) -> list[BisectPoint]:
+    """The points of :data:`BISECT_POINTS` for ``model_type``, ``{i}`` expanded per layer.
+
+    Raises:
+        UnsupportedArchitectureError: no entry for ``model_type``.
+    """
+    if model_type not in BISECT_POINTS:
+        raise UnsupportedArchitectureError(
+            f"trtcore check --bisect has no module table for model_type {model_type!r} (known: {sorted(BISECT_POINTS)}); add one to trtcore.check.BISECT_POINTS"
+        )
+    out: list[BisectPoint] = []
+    layer_points: list[BisectPoint] = []
+
+    def flush() -> None:
+        out.extend(BisectPoint(p.hf_module.format(i=i), p.tensor.format(i=i), p.last_only) for i in range(num_hidden_layers) for p in layer_points)
+        layer_points.clear()
+
+    for p in BISECT_POINTS[model_type]:
+        if "{i}" in p.hf_module:
+            layer_points.append(p)
+        else:
+            flush()
+            out.append(p)
+    flush()
+    return out
+
+
+def compare(
+    model: str | Path,
+    prompt: str | list[int],
+    *,
+    reference: str | Path | None = None,
+    backend: str = "reference",
+    dtype: str = "float32",
+    tolerance: float = 1e-4,
+    kv_cache: str = "contiguous",
+) -> CompareReport:
+    """Bisect trtcore against transformers module by module on the prefill of ``prompt``.
+
+    transformers (float32, eager attention) runs the prompt with a forward hook on each
+    module of :func:`bisect_points`; trtcore runs the same token ids through its prefill
+    (``kv_cache`` ``"contiguous"`` or ``"paged"``) with ``capture=`` of the matching
+    tensors. Each pair is compared by relative L2 error in float64; the first beyond
+    ``tolerance`` is marked ``FIRST DIVERGENCE``.
+
+    Args:
+        model: the folder trtcore runs.
+        prompt: text (tokenized by ``model``'s tokenizer) or token ids.
+        reference: the folder transformers loads (default: ``model``), e.g. the original
+            of a converted or quantized checkpoint.
+        backend: trtcore's backend; ``"reference"`` (capture at run time) only for now.
+        dtype: trtcore's dtype (``"float32"``, ``"float16"``, ``"bfloat16"``).
+        tolerance: the relative L2 error allowed per module (> 0).
+        kv_cache: ``"contiguous"`` or ``"paged"``.
+
+    Raises:
+        TrtcoreError: torch / transformers are missing.
+        InvalidArgumentError: another backend, a tolerance <= 0, an empty prompt.
+        UnsupportedArchitectureError: the family has no module table.
+    """
+    if backend != "reference":
+        raise InvalidArgumentError(f"trtcore check --bisect runs on backend 'reference' (it reads intermediate tensors at run time), got {backend!r}")
+    if not tolerance > 0:
+        raise InvalidArgumentError(f"tolerance must be > 0, got {tolerance!r}")
+    torch, auto_model = _transformers()
+    from .llm import LLM
+    from .runtime.sampling import SamplingParams
+
+    llm = LLM(model, backend=backend, dtype=dtype, max_batch_size=1, kv_cache=kv_cache, device="cpu", progress=False)
+    ids = llm.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if not ids:
+        raise InvalidArgumentError("compare needs a prompt of at least one token")
+    points = bisect_points(llm.config.model_type, llm.config.num_hidden_layers)
+    from .runtime.generate import HostRunner
+    from .runtime.reference_executor import ReferenceExecutor
+
+    assert isinstance(llm.executor, ReferenceExecutor)  # backend "reference", checked above
+    network = llm.executor.network  # the reference engine's network: every tensor by name
+    present = {network.get_layer(k).get_output(j).name for k in range(network.num_layers) for j in range(network.get_layer(k).num_outputs)}
+    wanted = [p.tensor for p in points if p.tensor in present]
+
+    runner = llm.engine.runner
+    assert isinstance(runner, HostRunner)  # the reference backend runs on host arrays
+    capturing = _CaptureFirstRun(runner.executor, wanted)
+    runner.executor = capturing  # type: ignore[assignment]  # the same run/to_host, plus the capture
+    try:
+        llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    finally:
+        runner.executor = capturing.inner
+    ours = capturing.captured or {}
+
+    hf = auto_model.from_pretrained(str(reference or model), dtype=torch.float32, attn_implementation="eager").eval()
+    theirs: dict[str, np.ndarray] = {}
+
+    def hook(path: str) -> Any:
+        def keep(_module: Any, _args: Any, output: Any) -> None:
+            out = output[0] if isinstance(output, tuple) else output
+            theirs[path] = out.detach().double().numpy()
+
+        return keep
+
+    handles = [hf.get_submodule(p.hf_module).register_forward_hook(hook(p.hf_module)) for p in points]
+    try:
+        with torch.no_grad():
+            hf(torch.tensor([ids]))
+    finally:
+        for h in handles:
+            h.remove()
+
+    rows: list[ModuleError] = []
+    diverged = False
+    for p in points:
+        if p.tensor not in ours:
+            rows.append(ModuleError(p.hf_module, p.tensor, None, NOT_CAPTURED))
+            continue
+        ref = theirs[p.hf_module]
+        ref = ref.reshape(-1, ref.shape[-1])
+        if p.last_only:
+            ref = ref[-1:]
+        got = np.asarray(ours[p.tensor], np.float64).reshape(ref.shape)
+        err = float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), np.finfo(np.float64).tiny))
+        status = OK if err <= tolerance else (BEYOND if diverged else FIRST_DIVERGENCE)
+        diverged = diverged or status != OK
+        rows.append(ModuleError(p.hf_module, p.tensor, err, status))
+    return CompareReport(llm.config.architecture, len(ids), float(tolerance), tuple(rows))
+
+
+class _CaptureFirstRun:
+    """An executor that captures ``names`` on its first :meth:`run` (the prefill) and is the
+    wrapped executor otherwise."""
+
+    def __init__(self, inner: Any, names: list[str]):
+        self.inner = inner
+        self.names = names
+        self.captured: dict[str, np.ndarray] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def run(self, feeds: Any, capture: Any = ()) -> Any:
+        if self.captured is not None:
+            return self.inner.run(feeds, capture=capture)
+        out = self.inner.run(feeds, capture=self.names)
+        self.captured = {n: np.asarray(self.inner.to_host(out[n], n)) for n in self.names}
+        return out

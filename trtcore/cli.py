@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import TrtcoreError
+from .errors import InvalidArgumentError, TrtcoreError
 from .plan import IMPLEMENTATIONS
 
 DEFAULT_PROMPT = "Once upon a time"
@@ -125,7 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     k = sub.add_parser("check", help="compare trtcore's logits with Hugging Face transformers'")
     k.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
     k.add_argument("--prompt", default=DEFAULT_PROMPT)
-    k.add_argument("--tolerance", type=float, default=1e-4, help="max relative logit error (default 1e-4)")
+    k.add_argument("--tolerance", type=float, default=1e-4, help="max relative logit error; with --bisect per module, relative L2 (default 1e-4)")
+    k.add_argument("--bisect", action="store_true", help="compare module by module and name the first divergence (reference backend)")
+    k.add_argument("--reference", help="with --bisect: the folder transformers loads (default: --model), e.g. the original of a converted checkpoint")
     return ap
 
 
@@ -231,8 +233,19 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .check import compare_with_transformers
+    from .check import compare, compare_with_transformers
 
+    if args.bisect:
+        bisect = compare(_model_dir(args.model), args.prompt, reference=args.reference, tolerance=args.tolerance)
+        print(bisect.table())
+        first = bisect.first_divergence
+        print(
+            f"{bisect.architecture}: {bisect.num_tokens} prompt tokens; "
+            + (f"first divergence: {first.module}" if first else f"every module within {args.tolerance:g}")
+        )
+        return 0 if first is None else 1
+    if args.reference:
+        raise InvalidArgumentError("--reference needs --bisect")
     report = compare_with_transformers(_model_dir(args.model), args.prompt)
     ok = report["max_rel_error"] <= args.tolerance
     print(
