@@ -96,8 +96,11 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     from .bench import add_bench_parsers
+    from .bench_serve import add_serve_parser
 
-    add_bench_parsers(sub.add_parser("bench", help="latency / throughput of generation (vllm bench style)"), _add_engine)
+    add_serve_parser(
+        add_bench_parsers(sub.add_parser("bench", help="latency / throughput of generation, load test of a server (vllm bench style)"), _add_engine)
+    )
 
     c = sub.add_parser("convert", help="convert a GGUF file into a Hugging Face model folder")
     c.add_argument("--gguf", required=True, help="GGUF file (llama or qwen2 architecture)")
