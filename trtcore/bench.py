@@ -416,8 +416,8 @@ def print_report(report: dict[str, Any], file: Any = None) -> None:
     print(f"weight streaming: {report['streamed_weight_bytes'] / 1e9:.4g} GB per decode step; device copy bandwidth {limit}", file=file)
 
 
-def plot(report: dict[str, Any], path: str) -> None:
-    """Output tokens/s against batch size (trtcore, and transformers when run) into ``path``.
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend.
 
     Raises:
         TrtcoreError: matplotlib is not installed.
@@ -429,6 +429,16 @@ def plot(report: dict[str, Any], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise TrtcoreError(f"--plot needs matplotlib ({exc}); install it with: pip install matplotlib") from exc
+    return plt
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """Output tokens/s against batch size (trtcore, and transformers when run) into ``path``.
+
+    Raises:
+        TrtcoreError: matplotlib is not installed.
+    """
+    plt = pyplot()
     rows = report["results"]
     fig, ax = plt.subplots(figsize=(6, 4))
     x = [r["batch_size"] for r in rows]

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from .bench import QUANTITIES, _summary
+from .bench import QUANTITIES, _summary, pyplot
 from .errors import InvalidArgumentError, TrtcoreError
 
 __all__ = [
@@ -466,13 +466,7 @@ def plot(report: dict[str, Any], path: str) -> None:
     Raises:
         TrtcoreError: matplotlib is not installed.
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise TrtcoreError(f"--plot needs matplotlib ({exc}); install it with: pip install matplotlib") from exc
+    plt = pyplot()
     ok = [i for i, e in enumerate(report["errors"]) if not e]
     start = np.array([report["start_times"][i] for i in ok])
     ttft = np.array([report["ttfts"][i] for i in ok]) * 1e3
