@@ -328,6 +328,11 @@ def test_cli_errors(fake, capsys):
     fake.model = "m"
     assert main(["bench", "serve", "--base-url", _url(fake), "--num-prompts", "0"]) == 2
     assert "--num-prompts" in capsys.readouterr().err
+    for bad in ("90,x", "101"):
+        assert main(["bench", "serve", "--base-url", _url(fake), "--metric-percentiles", bad]) == 2
+        assert "--metric-percentiles" in capsys.readouterr().err
+    assert main(["bench", "serve", "--base-url", _url(fake), "--max-concurrency", "0"]) == 2
+    assert "--max-concurrency" in capsys.readouterr().err
     # nothing listens on port 1: every request fails, the run is an error naming the first
     assert main(["bench", "serve", "--base-url", "http://127.0.0.1:1", "--model", "m", "--num-prompts", "2"]) == 2
     assert "no request completed" in capsys.readouterr().err

@@ -57,7 +57,7 @@ __all__ = [
     "GOODPUT_METRICS",
     "Prompt",
     "RequestOutput",
-    "add_serve_parser",
+    "add_bench_serve_parser",
     "arrival_times",
     "benchmark",
     "calculate_metrics",
@@ -517,7 +517,10 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     """
     if args.num_prompts < 1:
         raise InvalidArgumentError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-    percentiles = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
+    try:
+        percentiles = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
+    except ValueError:
+        percentiles = [-1.0]
     if not all(0 <= p <= 100 for p in percentiles):
         raise InvalidArgumentError(f"--metric-percentiles must lie in [0, 100], got {args.metric_percentiles!r}")
     tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer else None
@@ -555,7 +558,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
+def add_bench_serve_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to ``trtcore bench``'s subparsers action ``sub`` (its handler is the
     ``handler`` default, returning 0); returns its parser."""
     p = sub.add_parser("serve", help="load-test an OpenAI-compatible server: TTFT / TPOT / ITL / goodput (vllm bench serve)")

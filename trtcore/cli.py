@@ -96,9 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     from .bench import add_bench_parsers
-    from .bench_serve import add_serve_parser
+    from .bench_serve import add_bench_serve_parser
 
-    add_serve_parser(
+    add_bench_serve_parser(
         add_bench_parsers(sub.add_parser("bench", help="latency / throughput of generation, load test of a server (vllm bench style)"), _add_engine)
     )
 
