@@ -119,11 +119,14 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30, reps: int = 20) -> float 
     return 2 * nbytes / statistics.median(times)
 
 
-def _summary(name: str, values_s: Sequence[float]) -> dict[str, float]:
+def _summary(name: str, values_s: Sequence[float], percentiles: Sequence[float] = (99,)) -> dict[str, float]:
+    """``mean_``, ``median_`` and ``p<q>_`` ``<name>_ms`` of ``values_s`` (seconds; 0.0 when
+    empty); percentiles by NumPy's default linear interpolation, as vLLM's benchmarks."""
     ms = np.asarray(values_s, dtype=np.float64) * 1e3
-    if ms.size == 0:
-        return {f"mean_{name}_ms": 0.0, f"median_{name}_ms": 0.0, f"p99_{name}_ms": 0.0}
-    return {f"mean_{name}_ms": float(ms.mean()), f"median_{name}_ms": float(np.median(ms)), f"p99_{name}_ms": float(np.percentile(ms, 99))}
+    out = {f"mean_{name}_ms": float(ms.mean()) if ms.size else 0.0, f"median_{name}_ms": float(np.median(ms)) if ms.size else 0.0}
+    for q in percentiles:
+        out[f"p{q:g}_{name}_ms"] = float(np.percentile(ms, q)) if ms.size else 0.0
+    return out
 
 
 def request_metrics(token_times: Sequence[Sequence[float]], start: float, input_lens: Sequence[int]) -> dict[str, Any]:
@@ -413,8 +416,8 @@ def print_report(report: dict[str, Any], file: Any = None) -> None:
     print(f"weight streaming: {report['streamed_weight_bytes'] / 1e9:.4g} GB per decode step; device copy bandwidth {limit}", file=file)
 
 
-def plot(report: dict[str, Any], path: str) -> None:
-    """Output tokens/s against batch size (trtcore, and transformers when run) into ``path``.
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend.
 
     Raises:
         TrtcoreError: matplotlib is not installed.
@@ -426,6 +429,16 @@ def plot(report: dict[str, Any], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise TrtcoreError(f"--plot needs matplotlib ({exc}); install it with: pip install matplotlib") from exc
+    return plt
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """Output tokens/s against batch size (trtcore, and transformers when run) into ``path``.
+
+    Raises:
+        TrtcoreError: matplotlib is not installed.
+    """
+    plt = pyplot()
     rows = report["results"]
     fig, ax = plt.subplots(figsize=(6, 4))
     x = [r["batch_size"] for r in rows]
@@ -457,9 +470,10 @@ def _main(run: Callable[[argparse.Namespace], dict[str, Any]]) -> Callable[[argp
     return handler
 
 
-def add_bench_parsers(bench: argparse.ArgumentParser, add_engine: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_bench_parsers(bench: argparse.ArgumentParser, add_engine: Callable[[argparse.ArgumentParser], None]) -> Any:
     """The ``latency`` and ``throughput`` subcommands of ``trtcore bench`` (their handler is
-    the ``handler`` default); ``add_engine`` adds the CLI's ``--engine`` option."""
+    the ``handler`` default); ``add_engine`` adds the CLI's ``--engine`` option. Returns the
+    subparsers action, for more subcommands (``serve``: :mod:`trtcore.bench_serve`)."""
     sub = bench.add_subparsers(dest="bench", required=True)
     lat = sub.add_parser("latency", help="TTFT / TPOT / ITL per batch size (1..N)")
     lat.add_argument("--batch-sizes", default="1,2,4,8", help="comma-separated (default 1,2,4,8)")
@@ -485,3 +499,4 @@ def add_bench_parsers(bench: argparse.ArgumentParser, add_engine: Callable[[argp
         p.add_argument("--peer", choices=("transformers",), help="also time transformers' static-cache generate on the same weights")
         p.add_argument("--json", help="write the report to this JSON file")
         p.add_argument("--plot", help="plot output tokens/s against batch size into this image file (matplotlib)")
+    return sub

@@ -105,8 +105,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_implementations(b, attention_default="layers")
 
     from .bench import add_bench_parsers
+    from .bench_serve import add_bench_serve_parser
 
-    add_bench_parsers(sub.add_parser("bench", help="latency / throughput of generation (vllm bench style)"), _add_engine)
+    add_bench_serve_parser(
+        add_bench_parsers(sub.add_parser("bench", help="latency / throughput of generation, load test of a server (vllm bench style)"), _add_engine)
+    )
 
     from .serve.server import add_serve_parser
 
