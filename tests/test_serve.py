@@ -265,3 +265,21 @@ def test_models_and_health(server: Any, client: openai.OpenAI, model: Path) -> N
     assert card.id == NAME and card.model_extra is not None and card.model_extra["max_model_len"] == MAX_SEQ_LEN
     assert card.model_extra["root"] == str(model) and card.model_extra["version"] is None  # built at start-up: no engine file
     assert server.health() == 200
+
+
+def test_bench_serve_against_this_server_prints_its_table(server: Any, model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``trtcore bench serve`` (the load generator) against the real server: every request
+    completes, output tokens come from the server's usage (12 requests x 8 tokens), and the
+    table names vLLM's metrics."""
+    from trtcore.cli import main
+
+    out = tmp_path / "bench.json"
+    argv = ["bench", "serve", "--base-url", server.url, "--model", NAME, "--num-prompts", "12", "--max-concurrency", "4"]
+    argv += ["--input-len", "16", "--output-len", "8", "--ignore-eos", "--tokenizer", str(model), "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["completed"] == 12 and report["failed"] == 0
+    assert report["total_output_tokens"] == 12 * 8
+    assert report["median_ttft_ms"] <= report["p99_ttft_ms"]
+    table = capsys.readouterr().out
+    assert "Output token throughput (tok/s):" in table and "Successful requests:" in table, table
