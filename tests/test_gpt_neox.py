@@ -191,6 +191,34 @@ def _neox_config(**fields: Any) -> dict[str, Any]:
     return d
 
 
+def test_family_record() -> None:
+    from trtcore.families import family_of
+    from trtcore.models import SUPPORTED_ARCHITECTURES, family_for
+
+    fam = family_of("gpt_neox")
+    assert fam.partial_rotary_factor is None  # the config's rotary_pct is applied
+    assert fam.tensor("query_key_value", 3, ".bias") == "gpt_neox.layers.3.attention.query_key_value.bias"
+    assert fam.is_ignored("gpt_neox.layers.0.attention.masked_bias") and fam.is_ignored("gpt_neox.layers.0.attention.bias")
+    assert not fam.is_ignored("gpt_neox.layers.0.attention.dense.bias")
+    assert "GPTNeoXForCausalLM" in SUPPORTED_ARCHITECTURES and family_for("GPTNeoXForCausalLM").ARCHITECTURES == ("GPTNeoXForCausalLM",)
+
+
+def test_split_query_key_value_is_per_head() -> None:
+    """The fused rows are [H, 3, D] (transformers: view(..., H, 3 * D).chunk(3, -1)), not [3, H, D]."""
+    import torch
+
+    from trtcore.models.gpt_neox import split_query_key_value
+
+    H, D, E = 3, 4, 5
+    w = np.random.default_rng(0).standard_normal((H * 3 * D, E))
+    x = np.random.default_rng(1).standard_normal((2, E))
+    qkv = torch.from_numpy(x @ w.T).view(2, H, 3 * D)
+    want = [t.reshape(2, H * D).numpy() for t in qkv.chunk(3, dim=-1)]
+    for got_w, ref in zip(split_query_key_value(w, H, D), want):
+        np.testing.assert_allclose(x @ got_w.T, ref, rtol=1e-12)
+    assert [b.shape for b in split_query_key_value(w[:, 0], H, D)] == [(H * D,)] * 3
+
+
 def test_config_defaults_are_gpt_neox_config() -> None:
     from transformers import GPTNeoXConfig
 
