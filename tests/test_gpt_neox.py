@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hf_models import hf_greedy, hf_logits, load_hf, random_prompt, redraw_weights
 
-from hf_models import hf_greedy, hf_logits, load_hf, log_softmax, random_prompt, redraw_weights
 from trtcore import LLM, SamplingParams
 from trtcore.config import ModelConfig, load_config
 from trtcore.errors import ConfigError
