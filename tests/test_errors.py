@@ -102,12 +102,12 @@ def test_wrong_shape_names_tensor_expected_and_found(good: Path, tmp_path: Path)
 def test_unknown_architecture(good: Path, tmp_path: Path) -> None:
     d = _copy(good, tmp_path)
     cfg = json.loads((d / "config.json").read_text())
-    cfg["architectures"], cfg["model_type"] = ["GPTNeoXForCausalLM"], "gpt_neox"
+    cfg["architectures"], cfg["model_type"] = ["FalconForCausalLM"], "falcon"  # GPT-NeoX is supported now
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedArchitectureError, match="LlamaForCausalLM") as err:
         LLM(d, backend="reference", progress=False)
-    assert "gpt_neox" in str(err.value) and "Qwen3ForCausalLM" in str(err.value)
-    _assert_one_line_error(_cli("generate", "hi", "--model", str(d)), "gpt_neox", "LlamaForCausalLM")
+    assert "falcon" in str(err.value) and "Qwen3ForCausalLM" in str(err.value)
+    _assert_one_line_error(_cli("generate", "hi", "--model", str(d)), "falcon", "LlamaForCausalLM")
 
 
 def test_unsupported_architecture_of_a_known_model_type(good: Path, tmp_path: Path) -> None:

@@ -243,6 +243,9 @@ class ModelConfig:
         quantization_config: config.json's ``quantization_config`` object as stored
             (GPTQ / AWQ / compressed-tensors / GGUF), or None; interpreted by
             :func:`trtcore.quant_formats.detect_quantization`.
+        family_fields: the fields only this family reads
+            (:attr:`trtcore.families.ModelFamily.family_fields`, e.g. GPT-NeoX's
+            ``use_parallel_residual``), their transformers defaults filled in.
 
     Raises:
         ConfigError: on construction, when a field has the wrong type or value (the
@@ -276,6 +279,7 @@ class ModelConfig:
     eos_token_id: tuple[int, ...] = ()
     pad_token_id: int | None = None
     quantization_config: dict[str, Any] | None = field(default=None, compare=False)
+    family_fields: dict[str, Any] = field(default_factory=dict)
 
     # -- validation ---------------------------------------------------------------------
 
@@ -416,6 +420,8 @@ class ModelConfig:
                 f"model_type {model_type!r} (architectures {list(d.get('architectures') or [])}) is not supported; "
                 f"supported model types: {sorted(MODEL_FAMILIES)}; architectures: {', '.join(archs)}"
             )
+        if family.prepare_config is not None:  # the family's own dialect onto the common names
+            d = family.prepare_config(d)
         defaults = family.defaults
         for name in REQUIRED_FIELDS:
             if d.get(name) is None:
@@ -511,6 +517,7 @@ class ModelConfig:
             eos_token_id=_token_ids("eos_token_id", d.get("eos_token_id", defaults["eos_token_id"])),
             pad_token_id=_optional_int("pad_token_id", d.get("pad_token_id", defaults["pad_token_id"])),
             quantization_config=_optional_object("quantization_config", d.get("quantization_config")),
+            family_fields={k: v if d.get(k) is None else d[k] for k, v in family.family_fields.items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -526,7 +533,9 @@ class ModelConfig:
         """
         family = MODEL_FAMILIES.get(self.model_type)
         rope_parameters = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
-        if self.partial_rotary_factor != 1.0:
+        # written where the family reads it (its default may not be 1.0: GPT-NeoX's is 0.25)
+        write_prf = self.partial_rotary_factor != 1.0 or (family is not None and family.partial_rotary_factor is None)
+        if write_prf:
             rope_parameters["partial_rotary_factor"] = self.partial_rotary_factor
         eos: Any = list(self.eos_token_id)
         eos = None if not eos else eos[0] if len(eos) == 1 else eos
@@ -553,8 +562,9 @@ class ModelConfig:
             "eos_token_id": eos,
             "pad_token_id": self.pad_token_id,
         }
-        if self.partial_rotary_factor != 1.0:
+        if write_prf:
             d["partial_rotary_factor"] = self.partial_rotary_factor
+        d.update(self.family_fields)
         if self.dtype is not None:
             d["dtype"] = self.dtype
             d["torch_dtype"] = self.dtype

@@ -22,7 +22,7 @@ A new architecture adds a family file under ``models/`` and a record here
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +137,13 @@ class ModelFamily:
         ignored_tensors: regular expressions of checkpoint tensors no layer reads that are
             not reported as unexpected (rotary ``inv_freq`` buffers).
         gguf: the GGUF mapping, or None when GGUF files of this family are not converted.
+        family_fields: config fields only this family's modeling code reads -> their
+            transformers defaults (GPT-NeoX: ``use_parallel_residual``, ``layer_norm_eps``);
+            parsed into :attr:`trtcore.config.ModelConfig.family_fields`.
+        prepare_config: maps the family's config.json dialect onto the common field names
+            (GPT-NeoX: ``rotary_emb_base`` -> ``rope_theta``) and refuses fields trtcore cannot
+            honour (raising ConfigError), before :meth:`trtcore.config.ModelConfig.from_dict`
+            parses it; None when the dialect is the common one.
     """
 
     model_type: str
@@ -152,6 +159,8 @@ class ModelFamily:
     packed_modules: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: LLAMA_PACKED_MODULES)
     ignored_tensors: tuple[str, ...] = ROTARY_BUFFERS
     gguf: GGUFMapping | None = None
+    family_fields: Mapping[str, Any] = field(default_factory=dict)
+    prepare_config: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
 
     def tensor(self, role: str, layer: int | None = None, suffix: str = ".weight") -> str:
         """The Hugging Face name of ``role`` (of ``layer``), plus ``suffix`` (``".weight"``).
@@ -247,6 +256,81 @@ MODEL_FAMILIES: dict[str, ModelFamily] = {
         sliding_window_rule="use_sliding_window",
     ),
 }
+
+
+#: GPT-NeoX (Pythia) module names, from transformers' ``modeling_gpt_neox.py``; q/k/v are one
+#: fused ``query_key_value`` whose rows are interleaved per head ``[H, 3, D]``.
+GPT_NEOX_TENSOR_NAMES: Mapping[str, str] = {
+    "embed_in": "gpt_neox.embed_in",
+    "final_layer_norm": "gpt_neox.final_layer_norm",
+    "embed_out": "embed_out",  # as saved (transformers v5 loads it as lm_head)
+    "lm_head": "lm_head",  # the name inside transformers v5, accepted too
+    "input_layernorm": "gpt_neox.layers.{i}.input_layernorm",
+    "post_attention_layernorm": "gpt_neox.layers.{i}.post_attention_layernorm",
+    "query_key_value": "gpt_neox.layers.{i}.attention.query_key_value",
+    "dense": "gpt_neox.layers.{i}.attention.dense",
+    "dense_h_to_4h": "gpt_neox.layers.{i}.mlp.dense_h_to_4h",
+    "dense_4h_to_h": "gpt_neox.layers.{i}.mlp.dense_4h_to_h",
+}
+
+#: ``hidden_act`` values of GPT-NeoX that trtcore builds (:data:`trtcore.ops.GELU_ACTIVATIONS`)
+GPT_NEOX_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
+
+
+def _gpt_neox_config(d: Mapping[str, Any]) -> dict[str, Any]:
+    """GPT-NeoX's config.json onto the common names, as ``GPTNeoXConfig.convert_rope_params_to_dict``:
+    ``rotary_emb_base`` -> ``rope_theta`` and ``rotary_pct`` -> ``partial_rotary_factor``
+    (default 0.25; ``rope_parameters``' own entries win, as there).
+
+    Raises:
+        ConfigError: a field GPT-NeoX's attention cannot have (``num_key_value_heads`` other
+            than ``num_attention_heads``: the fused ``query_key_value`` is ``3 * hidden_size``
+            wide; a ``head_dim`` other than ``hidden_size // num_attention_heads``), or a
+            ``hidden_act`` trtcore does not build.
+    """
+    out = dict(d)
+    for v4, common in (("rotary_emb_base", "rope_theta"), ("rotary_pct", "partial_rotary_factor")):
+        if out.get(v4) is not None:
+            out[common] = out[v4]
+    out.setdefault("partial_rotary_factor", 0.25)
+    heads, hidden = out.get("num_attention_heads"), out.get("hidden_size")
+    kv = out.get("num_key_value_heads")
+    if kv is not None and kv != heads:
+        raise ConfigError(f"field 'num_key_value_heads' is {kv!r}; GPT-NeoX attention has one key/value head per query head ({heads!r})")
+    hd = out.get("head_dim")
+    if hd is not None and isinstance(hidden, int) and isinstance(heads, int) and heads and hd != hidden // heads:
+        raise ConfigError(f"field 'head_dim' is {hd!r}; GPT-NeoX's head size is hidden_size // num_attention_heads = {hidden // heads}")
+    act = out.get("hidden_act", "gelu")
+    if act not in GPT_NEOX_ACTIVATIONS:
+        raise ConfigError(f"field 'hidden_act' is {act!r}; GPT-NeoX is built with one of {list(GPT_NEOX_ACTIVATIONS)}")
+    return out
+
+
+#: ``GPTNeoXForCausalLM`` (Pythia, GPT-NeoX-20B): defaults from transformers'
+#: ``configuration_gpt_neox.py``; LayerNorm with bias, fused per-head qkv, partial rotary,
+#: parallel or sequential residual, an ungated GELU MLP with biases (``modeling_gpt_neox.py``).
+MODEL_FAMILIES["gpt_neox"] = ModelFamily(
+    "gpt_neox",
+    "GPTNeoXForCausalLM",
+    {
+        **_COMMON_DEFAULTS,
+        "hidden_act": "gelu",
+        "attention_bias": True,
+        "num_key_value_heads": None,
+        "max_position_embeddings": 2048,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+    },
+    mlp_bias=True,
+    partial_rotary_factor=None,
+    builder="trtcore.models.gpt_neox",
+    tensor_names=GPT_NEOX_TENSOR_NAMES,
+    packed_modules={},
+    # buffers of older checkpoints (transformers' _keys_to_ignore_on_load_unexpected)
+    ignored_tensors=(*ROTARY_BUFFERS, r"\.attention\.bias$", r"\.attention\.masked_bias$"),
+    family_fields={"use_parallel_residual": True, "layer_norm_eps": 1e-5},
+    prepare_config=_gpt_neox_config,
+)
 
 
 def register_model_type(family: ModelFamily) -> None:

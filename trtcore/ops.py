@@ -439,6 +439,93 @@ def rms_norm(g: Graph, x: Tensor, weight: np.ndarray, eps: float, name: str = "n
     return mul(g, normed, w, name)
 
 
+def layer_norm(g: Graph, x: Tensor, weight: np.ndarray, bias: np.ndarray | None, eps: float, name: str = "norm") -> Tensor:
+    """LayerNorm (Ba et al., arXiv:1607.06450) over the last axis, as ``torch.nn.LayerNorm``.
+
+    Computes ``((x32 - mean) / sqrt(var + eps) * weight + bias).to(dtype)`` with ``x32`` = x
+    in float32 and ``var`` the biased variance ``mean((x32 - mean)**2)`` (PyTorch's kernel
+    accumulates in float32 and rounds once, at the output). Composed of reduce/elementwise
+    layers (``trtcore.reference`` has no ``INormalizationLayer``).
+
+    Args:
+        x: ``[..., hidden]`` of the graph dtype.
+        weight: ``[hidden]``; bias: ``[hidden]`` or None (``nn.LayerNorm(bias=False)``).
+        eps: added to the variance, > 0.
+
+    Returns:
+        ``[..., hidden]`` of the graph dtype, named ``name``.
+
+    Raises:
+        NetworkError: weight or bias is not ``[hidden]``.
+    """
+    hidden = x.shape[-1]
+    for what, a in (("weight", weight), ("bias", bias)):
+        if a is not None and (a.ndim != 1 or (hidden != -1 and a.shape[0] != hidden)):
+            raise NetworkError(f"{name}: {what} {a.shape} does not fit input {tuple(x.shape)}, expected [{hidden}]")
+    rank = len(x.shape)
+    with g.scope(name):
+        x32 = cast(g, x, np.float32, "to_float")
+        mean = reduce(g, x32, "AVG", [-1], True, "mean")
+        centered = sub(g, x32, mean, "centered")
+        var = reduce(g, mul(g, centered, centered, "square"), "AVG", [-1], True, "variance")
+        var = add(g, var, scalar(g, eps, rank, np.float32, "eps"), "add_eps")
+        inv = unary(g, unary(g, var, "SQRT", "sqrt"), "RECIP", "rsqrt")
+        y = mul(g, mul(g, centered, inv, "normalize"), constant(g, weight.reshape((1,) * (rank - 1) + weight.shape), "weight", np.float32), "scaled")
+        if bias is not None:
+            y = add(g, y, constant(g, bias.reshape((1,) * (rank - 1) + bias.shape), "bias", np.float32), "shifted")
+    return cast(g, y, g.np_dtype, name) if g.np_dtype != np.float32 else g.named(g.network.add_identity(y), name)
+
+
+#: ``hidden_act`` (transformers' ``ACT2FN`` names) -> TensorRT ``ActivationType`` of :func:`gelu`:
+#: ``"gelu"`` is the exact erf form (``nn.GELU()``); ``"gelu_new"`` / ``"gelu_pytorch_tanh"``
+#: the tanh approximation (``nn.GELU(approximate="tanh")``, Hendrycks & Gimpel, arXiv:1606.08415).
+GELU_ACTIVATIONS = {"gelu": "GELU_ERF", "gelu_new": "GELU_TANH", "gelu_pytorch_tanh": "GELU_TANH"}
+
+
+def gelu(g: Graph, x: Tensor, approximate: str = "none", name: str = "gelu") -> Tensor:
+    """GELU ``x * Phi(x)`` (Hendrycks & Gimpel, arXiv:1606.08415), as ``torch.nn.GELU``.
+
+    ``approximate="none"``: ``0.5 x (1 + erf(x / sqrt 2))`` (``ActivationType.GELU_ERF``);
+    ``"tanh"``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (``GELU_TANH``).
+    Output: x's shape and type.
+
+    Raises:
+        InvalidArgumentError: ``approximate`` is neither ``"none"`` nor ``"tanh"``.
+    """
+    kinds = {"none": "GELU_ERF", "tanh": "GELU_TANH"}
+    if approximate not in kinds:
+        raise InvalidArgumentError(f"{name}: gelu approximate={approximate!r}, expected 'none' or 'tanh'")
+    return g.named(g.network.add_activation(x, getattr(g.trt.ActivationType, kinds[approximate])), name)
+
+
+def gelu_mlp(
+    g: Graph,
+    x: Tensor,
+    up: tuple[np.ndarray, np.ndarray | None],
+    down: tuple[np.ndarray, np.ndarray | None],
+    hidden_act: str = "gelu",
+    names: tuple[str, str] = ("dense_h_to_4h", "dense_4h_to_h"),
+    name: str = "mlp",
+) -> Tensor:
+    """``down(act(up(x)))``, the ungated MLP of GPT-NeoX / GPT-2 (``GPTNeoXMLP``).
+
+    Args:
+        x: ``[..., hidden]``.
+        up, down: ``(weight [out, in], bias [out] or None)`` of the two projections.
+        hidden_act: a key of :data:`GELU_ACTIVATIONS`.
+        names: the two projections' layer names.
+
+    Raises:
+        InvalidArgumentError: ``hidden_act`` is not one of :data:`GELU_ACTIVATIONS`.
+    """
+    if hidden_act not in GELU_ACTIVATIONS:
+        raise InvalidArgumentError(f"{name}: hidden_act {hidden_act!r} is not supported; expected one of {sorted(GELU_ACTIVATIONS)}")
+    approximate = "none" if GELU_ACTIVATIONS[hidden_act] == "GELU_ERF" else "tanh"
+    with g.scope(name):
+        h = gelu(g, linear(g, x, up[0], up[1], names[0]), approximate, "act")
+        return linear(g, h, down[0], down[1], names[1])
+
+
 def silu(g: Graph, x: Tensor, name: str = "silu") -> Tensor:
     """``x * sigmoid(x)`` (SiLU / swish)."""
     s = g.named(g.network.add_activation(x, g.trt.ActivationType.SIGMOID), f"{name}.sigmoid")
