@@ -83,6 +83,23 @@ def assert_close(got: Any, want: np.ndarray, dtype: str, roundings: float, *, at
     np.testing.assert_allclose(got64, want, rtol=tol, atol=tol * scale, err_msg=f"{dtype}, {roundings} roundings")
 
 
+def torch_module_reference(rng: np.random.Generator, module: Any, shape: Sequence[int], dtype: str) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """Random float64 parameters for the float64 torch ``module`` (``1/sqrt(fan_in)`` normal,
+    rounded to the graph ``dtype``, as the ops store them) copied into it, a random input of
+    ``shape`` in ``dtype``, and the module's float64 output on it:
+    ``(params by parameter name, x, want)``."""
+    import torch
+
+    params = {name: rng.standard_normal(tuple(p.shape)) / np.sqrt(p.shape[-1]) for name, p in module.named_parameters()}
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.from_numpy(as_float64(params[name].astype(NP_DTYPES[dtype]))))
+    x = randn(rng, shape, dtype)
+    with torch.no_grad():
+        want = module(torch.from_numpy(as_float64(x))).numpy()
+    return params, x, want
+
+
 def randn(rng: np.random.Generator, shape: Sequence[int], dtype: str | np.dtype, scale: float = 1.0) -> np.ndarray:
     """Standard normal values drawn in float64, times ``scale``, rounded to ``dtype``."""
     dt = NP_DTYPES[dtype] if isinstance(dtype, str) else np.dtype(dtype)

@@ -21,7 +21,7 @@ import pytest
 from trtcore import ops
 from trtcore.errors import InvalidArgumentError, NetworkError
 
-from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, assert_close, builds_rtx, randn
+from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, assert_close, builds_rtx, randn, torch_module_reference
 
 _erf = np.vectorize(math.erf)
 
@@ -121,13 +121,7 @@ def test_gelu_mlp_matches_gpt_neox_mlp(case: tuple, hidden_act: str, dtype: str,
     hidden = shape[-1]
     config = GPTNeoXConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=1, hidden_act=hidden_act)
     mlp = GPTNeoXMLP(config).to(torch.float64)
-    params = {name: rng.standard_normal(tuple(p.shape)) / np.sqrt(p.shape[-1]) for name, p in mlp.named_parameters()}
-    with torch.no_grad():
-        for name, p in mlp.named_parameters():
-            p.copy_(torch.from_numpy(as_float64(params[name].astype(NP_DTYPES[dtype]))))
-    x = randn(rng, shape, dtype)
-    with torch.no_grad():
-        want = mlp(torch.from_numpy(as_float64(x))).numpy()
+    params, x, want = torch_module_reference(rng, mlp, shape, dtype)
 
     up = (params["dense_h_to_4h.weight"], params["dense_h_to_4h.bias"])
     down = (params["dense_4h_to_h.weight"], params["dense_4h_to_h.bias"])

@@ -18,7 +18,7 @@ import pytest
 
 from trtcore import ops
 
-from .conftest import DTYPES, NP_DTYPES, OneOp, as_float64, assert_close, builds_rtx, randn
+from .conftest import DTYPES, OneOp, as_float64, assert_close, builds_rtx, randn, torch_module_reference
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -47,14 +47,7 @@ def test_swiglu_mlp_matches_llama_mlp(case: tuple, bias: bool, dtype: str, rng: 
     config = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=1, num_key_value_heads=1, mlp_bias=bias)
     mlp = LlamaMLP(config).to(torch.float64)
     assert config.hidden_act == "silu"
-    # random float64 parameters, rounded to the graph dtype (the op stores them so)
-    params = {name: rng.standard_normal(tuple(p.shape)) / np.sqrt(p.shape[-1]) for name, p in mlp.named_parameters()}
-    with torch.no_grad():
-        for name, p in mlp.named_parameters():
-            p.copy_(torch.from_numpy(as_float64(params[name].astype(NP_DTYPES[dtype]))))
-    x = randn(rng, shape, dtype)
-    with torch.no_grad():
-        want = mlp(torch.from_numpy(as_float64(x))).numpy()
+    params, x, want = torch_module_reference(rng, mlp, shape, dtype)
 
     biases = tuple(params.get(f"{p}.bias") for p in ("gate_proj", "up_proj", "down_proj"))
     net = OneOp(lambda g, i: ops.swiglu_mlp(g, i["x"], params["gate_proj.weight"], params["up_proj.weight"],

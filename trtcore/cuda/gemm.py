@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import dtypes
 from ..reference.types import DataType
+from .codegen import GEMV_X_MAX_BYTES
 
 #: ``cublasComputeType_t`` CUBLAS_COMPUTE_32F
 COMPUTE_32F = 68
@@ -237,8 +238,6 @@ def gemv_applies(call: GemmCall, itemsize: int = 2) -> bool:
     shared memory (:data:`trtcore.cuda.codegen.GEMV_X_MAX_BYTES`); ``K``, the row pitches and
     the activation's offset multiples of 8 (16-byte loads; the caller checks the base
     addresses' alignment)."""
-    from .codegen import GEMV_X_MAX_BYTES
-
     c = call
     return (
         c.batch == 1
