@@ -17,7 +17,8 @@ The random weights reach ``LLM`` through its checkpoint reader: a folder holds t
 
     python bench/bench_e2e.py --out $OUT [--models ...] [--batches 1,16,32] [--cb] [--no-hf]
 
-Writes ``e2e.json`` under ``--out`` and prints a table.
+Also the host time of a graphed decode step at batch 1 (wall time per ``LLM.step()`` minus
+the wait for the GPU). Writes ``e2e.json`` and ``e2e.png`` under ``--out`` and prints a table.
 """
 
 from __future__ import annotations
@@ -92,6 +93,63 @@ def trtcore_tpot(llm: Any, batch: int, prompt: int = 128, new: int = 128) -> dic
     return {"tpot_ms": tpot, "tok_per_s": batch * 1e3 / tpot}
 
 
+def host_time_per_step(llm: Any, steps: int = 200) -> dict[str, float]:
+    """Host time of a graphed decode step at batch 1: wall time per ``LLM.step()`` minus the
+    time blocked waiting for the GPU (the wait for the sampled id), microseconds."""
+    from trtcore import SamplingParams
+
+    runner = llm.executor
+    steps = min(steps, llm.build_config.max_seq_len - 16 - 30)
+    llm.add_request([5] * 16, SamplingParams(temperature=0, max_tokens=steps + 25, ignore_eos=True))
+    for _ in range(20):  # prefill, warm decode steps
+        llm.step()
+    kernel = runner.sampler.kernel
+    waited = [0.0]
+    wait = kernel.result
+
+    def timed() -> Any:
+        t = time.perf_counter()
+        out = wait()
+        waited[0] += time.perf_counter() - t
+        return out
+
+    kernel.result = timed
+    replays = runner.num_graph_replays
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        llm.step()
+    total = time.perf_counter() - t0
+    kernel.result = wait
+    while llm.has_unfinished_requests():
+        llm.step()
+    return {"step_us": total / steps * 1e6, "host_us": (total - waited[0]) / steps * 1e6, "steps": steps, "graph_replays": runner.num_graph_replays - replays}
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Decode tok/s of trtcore and transformers per model and batch (a bar chart)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        print(f"no plot: {exc}")
+        return
+    runs = results["runs"]
+    labels = [f"{e['model']}\nb{e['batch']}" for e in runs]
+    x = np.arange(len(runs))
+    fig, ax = plt.subplots(figsize=(max(6, len(runs) * 1.1), 4))
+    ax.bar(x - 0.2, [e["trtcore"]["tok_per_s"] for e in runs], 0.4, label="trtcore (cuda)")
+    ax.bar(x + 0.2, [e.get("transformers", {}).get("tok_per_s", 0) for e in runs], 0.4, label="transformers static cache")
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title("end-to-end decode, prompt 128, 128 new tokens, bfloat16, H200")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def continuous_batching(llm: Any, requests: int = 256, prompt: int = 128, new: int = 128) -> dict[str, Any]:
     """Output tokens/s of ``requests`` requests through ``llm.generate`` at once."""
     from trtcore import SamplingParams
@@ -139,6 +197,9 @@ def main() -> int:
             report = runner.memory_report()
             weight_bytes = int(runner.device.pools.get("weights", 0))
             print(f"{name}: started in {start_s:.1f} s", *report, sep="\n  ", flush=True)
+            if not args.enforce_eager:
+                results.setdefault("host_time_batch1", {})[name] = ht = host_time_per_step(llm)
+                print(f"  host time per graphed decode step (batch 1): {ht['host_us']:.1f} us of {ht['step_us']:.1f} us", flush=True)
             for batch in batches:
                 ours = trtcore_tpot(llm, batch)
                 entry: dict[str, Any] = {"model": name, "batch": batch, "trtcore": ours, "start_s": start_s, "memory": report}
@@ -148,6 +209,7 @@ def main() -> int:
                     entry["fraction_of_streaming_limit"] = limit_ms / ours["tpot_ms"]
                 results["runs"].append(entry)
                 print(f"  batch {batch}: TPOT {ours['tpot_ms']:.3f} ms, {ours['tok_per_s']:.0f} tok/s", flush=True)
+                (out / "e2e.json").write_text(json.dumps(results, indent=1, default=str))  # a cut run keeps what it measured
             llm.close()
             del llm, runner
             _free_gpu()
@@ -157,6 +219,7 @@ def main() -> int:
                               enforce_eager=args.enforce_eager, progress=False)  # fmt: skip
                 results["continuous_batching"] = {"model": name, **continuous_batching(llm)}
                 print(f"  continuous batching: {results['continuous_batching']['output_tok_per_s']:.0f} output tok/s", flush=True)
+                (out / "e2e.json").write_text(json.dumps(results, indent=1, default=str))
                 llm.close()
                 del llm
                 _free_gpu()
@@ -170,6 +233,7 @@ def main() -> int:
                     )
                 _free_gpu()
             (out / "e2e.json").write_text(json.dumps(results, indent=1, default=str))
+    plot(results, out / "e2e.png")
     print(f"\n{'model':14} {'batch':>5} {'TPOT ms':>9} {'tok/s':>9} {'HF TPOT':>9} {'ratio':>6}")
     for e in results["runs"]:
         hf = e.get("transformers", {}).get("tpot_ms", float("nan"))

@@ -3,7 +3,8 @@
 //
 // The contract is trtcore.runtime.sampling.sample_rows (the NumPy reference; its module
 // docstring lists the pipeline and its sources): per row, in vLLM v1's order,
-//   sanitize (NaN -> -inf; +inf or no finite value: unusable -> fallback, status 1)
+//   sanitize (NaN -> -inf; +inf or no finite value: unusable -> fallback, status 1; any NaN
+//   or infinity also sets status bit 4, for callers that refuse such rows)
 //   -> min_tokens ban (EOS / stop ids -> -inf) -> repetition, frequency, presence penalties
 //   -> greedy argmax | temperature -> min-p -> top-k -> top-p -> inverse-CDF draw
 // with the draw's uniform from Philox4x32-10 keyed by (seed, step) (Salmon, Moraes, Dror,
@@ -65,6 +66,8 @@
 #define STATUS_OK 0
 #define STATUS_FALLBACK 1
 #define STATUS_INACTIVE 2
+// or-ed into a result's status when the row held a NaN or an infinity (the caller refuses the row)
+#define STATUS_NONFINITE_BIT 4
 
 // Field order: 8-byte fields first, so the C layout equals NumPy's aligned structured dtype.
 struct RowParams {
@@ -334,17 +337,19 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
     }
 
     // pass A: +inf, the raw argmax (fallback, logprobs) and the penalized argmax (greedy, zmax)
-    int posinf = 0, rarg = INT_MAX_, larg = INT_MAX_;
+    int posinf = 0, nonfinite = 0, rarg = INT_MAX_, larg = INT_MAX_;
     double rmax = neg_inf(), lmax = neg_inf();
     for (int i = tid; i < V; i += BLOCK) {
         float f = to_f32(r.x[i]);
         if (f == __int_as_float(0x7f800000)) posinf = 1;
+        if ((__float_as_uint(f) & 0x7f800000u) == 0x7f800000u) nonfinite = 1;  // NaN or +-inf
         double xr = raw_at(r, i);
         if (xr > rmax) { rmax = xr; rarg = i; }
         double l = pen_of(r, xr, i);
         if (l > lmax) { lmax = l; larg = i; }
     }
     posinf = block_max_int(posinf, s);
+    nonfinite = block_max_int(nonfinite, s);
     block_argmax(rmax, rarg, s);
     block_argmax(lmax, larg, s);
 
@@ -526,7 +531,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
 
     if (tid == 0) {
         res->token = token;
-        res->status = status;
+        res->status = status | (nonfinite ? STATUS_NONFINITE_BIT : 0);
         res->logprob = chosen_lp;
         res->rank = rank;
         if ((flags & FLAG_PENALTIES) && status == STATUS_OK && slot >= 0) counts[(long long)slot * V + token] += 1;

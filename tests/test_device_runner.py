@@ -179,7 +179,7 @@ def test_graph_replay_equals_eager_and_decode_allocates_nothing(hf_models: Any) 
     assert graphed.device.num_allocations == before, "the step loop allocated device or pinned memory"
     b = _generate(eager, prompts, 8)
     assert a == b and graphed.num_graph_replays > 0 and eager.num_graph_replays == 0
-    np.testing.assert_array_equal(graphed.host_logits[: len(prompts)], eager.host_logits[: len(prompts)])
+    np.testing.assert_array_equal(graphed.logits_rows(len(prompts)), eager.logits_rows(len(prompts)))
 
 
 def test_padding_rows_touch_only_the_scratch_block(hf_models: Any) -> None:  # noqa: F811
@@ -200,7 +200,7 @@ def test_padding_rows_touch_only_the_scratch_block(hf_models: Any) -> None:  # n
         pool = dev.view(runner.pool_ptr, runner.pool_shape, runner.pool_dtype)
         pools.append(pool[:, : runner.scratch_block].copy())
         scratch.append(pool[:, runner.scratch_block].copy())  # [layers, 2, heads, block_size, head_dim]
-        logits.append(runner.host_logits[:3].copy())
+        logits.append(runner.logits_rows(3).copy())
     np.testing.assert_allclose(pools[0], pools[1], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(logits[0], logits[1], rtol=1e-5, atol=1e-5)
     used = np.flatnonzero(np.abs(pools[1]).sum(axis=(0, 2, 3, 4, 5)))

@@ -94,7 +94,7 @@ def test_non_finite_logits_end_only_that_request(hf_models: Any, kv_cache: str, 
     for rid in ("ok", "ok2"):
         assert [e.token_id for e in events[rid]] == _chain(prompts[rid], 8)
         assert [e.finish_reason for e in events[rid]] == [None] * 7 + ["length"]
-    assert not eng.has_unfinished_requests() and len(eng.sampler) == 0
+    assert not eng.has_unfinished_requests() and len(eng.runner.sampler) == 0
 
 
 @pytest.mark.parametrize(("kv_cache", "attention"), MODES)

@@ -68,6 +68,8 @@ FLOAT16_MAX = 65504.0
 def check_int(name: str, value: Any, minimum: int | None = None) -> int:
     """``value`` as an int, or InvalidArgumentError naming ``name`` (not an integer -- a bool,
     float or string is refused -- or below ``minimum`` when given)."""
+    if type(value) is int and (minimum is None or value >= minimum):  # the common case, without the ABC check
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:

@@ -168,19 +168,40 @@ def test_default_model_bfloat16_logprobs_match_transformers(cp: Any, torch_cuda:
 
 
 def test_default_model_serves_32_concurrent_requests(cp: Any) -> None:  # noqa: F811
-    """32 requests at once give each request exactly the greedy tokens it gets alone. On the
-    contiguous KV cache (padded batches, rows leaving as they finish): the paged pool is
-    written in place by the attention plugin, and the TensorRT executor copies inputs to the
-    device and only outputs back, so continuous batching on ``cuda`` waits for the
-    device-resident pool (DESIGN.md, "Not yet"); the paged kernels inside the engine are
-    tested in tests/cuda/test_engine_gpu.py."""
+    """32 requests at once, through the device executor (paged KV pool on the device,
+    continuous batching, decode steps replayed from CUDA graphs, sampling on the GPU), give
+    each request exactly the greedy tokens it gets alone (bucket 1)."""
+    from trtcore.runtime.device_runner import DeviceRunner
+
     model_dir = _default_model_dir()
-    llm = LLM(model_dir, backend="cuda", dtype="float32", max_batch_size=32, max_seq_len=128, kv_cache="contiguous", progress=False)
+    llm = LLM(model_dir, backend="cuda", dtype="float32", max_batch_size=32, max_seq_len=128, progress=False)
+    assert isinstance(llm.executor, DeviceRunner)
     rng = np.random.default_rng(7)
     words = "the a story of water city light small river long night old king green garden".split()
     prompts = [llm.encode(" ".join(rng.choice(words, size=int(rng.integers(1, 40))))) for _ in range(32)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     together = llm.generate(prompts, params)
+    assert llm.executor.num_graph_replays >= 23
     for p, out in zip(prompts, together):
         alone = llm.generate([p], params)[0]
         assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+    llm.close()
+
+
+def test_default_model_sampling_matches_the_numpy_reference_cuda(cp: Any) -> None:  # noqa: F811
+    """Each new sampling parameter, in one batch on the GPU sampler: at every step the tokens
+    (and top logprobs, within float32 rounding) equal the NumPy reference's on that step's
+    logits read back from the device, with the request's seed and step."""
+    from sampling_check import SAMPLING_PARAMS, check_each_step_against_the_reference
+
+    from trtcore.runtime.device_runner import DeviceRunner
+
+    llm = LLM(_default_model_dir(), backend="cuda", dtype="float32", max_batch_size=8, max_seq_len=256, progress=False)
+    runner = llm.executor
+    assert isinstance(runner, DeviceRunner)
+    reqs = [llm._request(i, p, sp)[0] for i, (p, sp) in enumerate(zip(PROMPTS * 2, SAMPLING_PARAMS))]
+    checked = check_each_step_against_the_reference(runner, reqs, logprob_tol=1e-4)
+    list(llm.engine.generate(reqs))
+    print(f"\n{checked[0]} sampled tokens equal the NumPy reference's")
+    assert checked[0] == sum(len(r.output_token_ids) for r in reqs) >= 6 * 4
+    llm.close()

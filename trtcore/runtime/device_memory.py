@@ -64,6 +64,18 @@ class DeviceAPI:
         self.num_allocations = 0
         self.pools: dict[str, int] = defaultdict(int)
         self.host_pools: dict[str, int] = defaultdict(int)
+        self._closers: list[Callable[[], Any]] = []
+
+    def at_close(self, close: Callable[[], Any]) -> None:
+        """Run ``close`` first when this device closes (an object with its own buffers on the
+        device's stream, e.g. the sampler: freed while the stream still exists, whichever of
+        the two the garbage collector finalizes first)."""
+        self._closers.append(close)
+
+    def _run_closers(self) -> None:
+        closers, self._closers = self._closers, []
+        for close in closers:
+            close()
 
     # memory -------------------------------------------------------------------------------
     def malloc(self, nbytes: int, pool: str) -> int:
@@ -133,8 +145,9 @@ class DeviceAPI:
         """Enqueue one replay of ``graph`` on the stream."""
         raise NotImplementedError
 
-    def close(self) -> None:  # noqa: B027 - optional
+    def close(self) -> None:
         """Free everything this device object allocated. Safe to call twice."""
+        self._run_closers()
 
 
 class CudaDevice(DeviceAPI):
@@ -222,6 +235,7 @@ class CudaDevice(DeviceAPI):
         rt = self._rt
         rt.cudaSetDevice(self.device)
         rt.cudaStreamSynchronize(self._stream)
+        self._run_closers()
         for graph, exe in self._graphs:
             rt.cudaGraphExecDestroy(exe)
             rt.cudaGraphDestroy(graph)

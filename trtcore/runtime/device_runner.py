@@ -39,14 +39,15 @@ they touch nothing of the real sequences. Prefill and mixed steps run eagerly on
 their own (shapes set per step). ``enforce_eager=True`` runs decode steps eagerly too, still
 padded to their bucket.
 
-**Sampling** (:meth:`DeviceRunner.sample`): the one place where logits meet the sampler. For
-now :meth:`~DeviceRunner.execute` enqueues, right behind the step, one asynchronous copy of the
-logits rows up to the last sequence that produces a token into the pinned buffer, and
-``sample`` waits for it and samples those rows with the host sampler; a GPU sampler replaces
-``sample`` (and that copy), reading ``logits_ptr`` (``float32 [rows, vocab_size]``) on the device.
+**Sampling** on the device (:class:`~trtcore.runtime.request_sampler.RequestSampler` over the
+batched sampling kernel, :class:`~trtcore.runtime.sampling_gpu.GpuSampler`): :meth:`~DeviceRunner.execute`
+enqueues, right behind the step, the kernel on the logits rows of the sequences that produce a
+token, and the copy of their ids (16 bytes a row) to pinned memory; :meth:`~DeviceRunner.sample`
+waits for that copy only. The logits stay on the device (:meth:`~DeviceRunner.logits_rows`
+copies them for tests and debugging).
 
 **Host work per step**: no Python per layer -- a decode step is one staging copy, one graph
-launch and one logits copy; an eager step sets the shapes that changed, binds the inputs and
+launch, the sampler's parameter copy, kernel and result copy; an eager step sets the shapes that changed, binds the inputs and
 makes one ``execute_async_v3`` call (the cuda engine replays its prepared launch list).
 """
 
@@ -75,7 +76,8 @@ from ..kv_modes import (
     StepBatch,
 )
 from .device_memory import ALIGNMENT, DeviceAPI, format_bytes
-from .sampling import Sampler
+from .request import Request
+from .request_sampler import RequestSampler, make_sampler_kernel
 
 __all__ = [
     "PAD_BLOCK_ID",
@@ -187,30 +189,29 @@ def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int
     sl, qsl, last = views[SEQ_LENS], views[QUERY_START_LOC], views[LAST_TOKEN_IDS]
     T, B = ids.shape[0], sl.shape[0]
     n = len(seqs)
-    lens = [s.num_new_tokens for s in seqs]
+    lens = [len(s.token_ids) for s in seqs]
     t = sum(lens)
     if n > B or t > T or T - t != B - n:
         raise InvalidArgumentError(
             f"a step of {n} sequences / {t} tokens does not pad to a layout of {B} sequences / {T} tokens (one token per padding row)"
         )
+    # whole-array writes from flat lists: one conversion per field, not one per sequence
     qsl[0] = 0
-    np.cumsum(lens, out=qsl[1 : n + 1])
+    if n:
+        np.cumsum(lens, out=qsl[1 : n + 1])
+        ids[:t] = [tok for s in seqs for tok in s.token_ids]
+        pos[:t] = [p for s in seqs for p in s.positions]
+        sl[:n] = [s.num_cached_tokens + k for s, k in zip(seqs, lens)]
     qsl[n + 1 :] = t + np.arange(1, B - n + 1, dtype=np.int32)
     bt.fill(PAD_BLOCK_ID)
     bt[n:, 0] = scratch_block
-    o = 0
     for i, s in enumerate(seqs):
-        k = lens[i]
-        ids[o : o + k] = s.token_ids
-        pos[o : o + k] = s.positions
         table = s.block_table  # type: ignore[attr-defined]
         bt[i, : len(table)] = table
-        sl[i] = s.num_cached_tokens + k
-        o += k
     ids[t:] = 0
     pos[t:] = 0
     sl[n:] = 1
-    last[:] = qsl[1:] - 1
+    np.subtract(qsl[1:], 1, out=last)
     if ROPE_SEQ_LENS in views:  # each token's sequence length (dynamic RoPE)
         views[ROPE_SEQ_LENS][:] = np.repeat(sl, np.diff(qsl))
 
@@ -304,7 +305,7 @@ class DeviceRunner:
         self.buckets = batch_buckets(self.max_batch_size)
         self.num_steps = 0
         self.num_graph_replays = 0
-        self._pending_rows = 0  # logits rows execute() copies back for sample()
+        self._sampling_enqueued = False  # execute() enqueued the sampling that sample() collects
         names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
         wanted = {spec.name for spec in mode.inputs} | {LOGITS}
         if wanted - names:
@@ -325,6 +326,9 @@ class DeviceRunner:
         self.staging_bytes = big.nbytes
         self.host_staging = device.host_alloc(big.nbytes, "staging")
         self.staging_ptr = device.malloc(big.nbytes, "staging")
+        # the sampler's buffers (penalty counts: 5 bytes per token and slot), before the pool takes what is left
+        #: the live requests' sampling state over the batched sampling kernel
+        self.sampler = RequestSampler(make_sampler_kernel(device, self.max_batch_size, self.vocab_size, int(plan.max_seq_len)), self.logits_rows)
         # the KV pool: what is left
         layers, _, *rest = mode.pool_shape
         pool_dtype = storage_dtype(mode.dtype)
@@ -429,22 +433,37 @@ class DeviceRunner:
 
     def execute(self, batch: StepBatch) -> int:
         """Enqueue one step of ``batch`` (no host wait): inputs into staging, one copy, then the
-        bucket's graph (a decode) or an eager execution (prefill / mixed), then the copy of the
-        logits rows up to the last sequence that produces a token into the pinned buffer, so
-        that :meth:`sample` only waits. Returns the rows of the logits buffer the step fills
-        (the bucket size, or the batch's sequences).
+        bucket's graph (a decode) or an eager execution (prefill / mixed), then the sampling
+        of the sequences that produce a token (:class:`RequestSampler`), so that
+        :meth:`sample` only waits. Returns the rows of the logits buffer the step fills (the
+        bucket size, or the batch's sequences).
 
         Raises:
             InvalidArgumentError: more sequences than ``max_batch_size`` or tokens than
                 ``max_num_tokens``.
         """
         rows = self._launch(batch)
-        index = batch.sampling_indices() if hasattr(batch, "sampling_indices") else np.zeros(0, np.int32)
-        self._pending_rows = int(index[-1]) + 1 if len(index) else 0
-        if self._pending_rows:
-            self.device.copy_async(int(self.host_logits.ctypes.data), self.logits_ptr, self._pending_rows * self.vocab_size * 4)
-            self.device.record()
+        seqs = batch.seqs
+        ids = [s.request_id if s.produces_token else None for s in seqs]  # type: ignore[attr-defined]
+        while ids and ids[-1] is None:  # rows past the last sampled one are not read
+            ids.pop()
+        self._sampling_enqueued = bool(ids)
+        if ids:
+            self.sampler.enqueue(ids, self.logits_ptr, self.vocab_size)
         return rows
+
+    def add_request(self, request: Request) -> None:
+        """Register a request for sampling (its seed, its packed parameters).
+
+        Raises:
+            InvalidRequestError: parameters the sampling kernel cannot serve (more logprobs
+                than it returns, more ``min_tokens`` ids than it masks).
+        """
+        self.sampler.add_request(request)
+
+    def remove_request(self, request_id: Hashable) -> None:
+        """Forget a finished request's sampling state."""
+        self.sampler.remove_request(request_id)
 
     def _launch(self, batch: StepBatch) -> int:
         n = len(batch.seqs)
@@ -491,22 +510,15 @@ class DeviceRunner:
         self.device.wait()
         return self.host_logits[:rows]
 
-    def sample(self, batch: Any, sampler: Sampler) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
-        """The tokens of the sequences of ``batch`` that produce one, sampled from this step's
-        device logits: ``(tokens, logprobs, errors)`` by request id (see
-        :func:`trtcore.runtime.generate.sample_rows`). The seam of GPU sampling: this copies
-        the rows up to the last sampled sequence back and samples on the host."""
-        from .generate import sample_rows
-
-        ids = batch.sampling_request_ids
-        if not ids:
+    def sample(self, batch: Any) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
+        """The tokens of the sequences of ``batch`` (the last :meth:`execute`'s) that produce
+        one: ``(tokens, logprobs, errors)`` by request id; waits for the sampled ids only."""
+        if not batch.sampling_request_ids:
             return {}, {}, {}
-        index = batch.sampling_indices()
-        if self._pending_rows < int(index[-1]) + 1:
+        if not self._sampling_enqueued:
             raise DeviceRunnerError("sample() for a batch that execute() did not run last")
-        self.device.wait()  # the logits copy enqueued by execute()
-        self._pending_rows = 0
-        return sample_rows(self.host_logits[index], ids, sampler)
+        self._sampling_enqueued = False
+        return self.sampler.collect()
 
     # reports / cleanup -----------------------------------------------------------------------
     def memory_report(self) -> list[str]:
@@ -524,6 +536,9 @@ class DeviceRunner:
         """Release the contexts and the device's memory. Safe to call twice."""
         self.graphs = {}
         self.eager = None
+        if self.sampler is not None:
+            self.sampler.close()
+            self.sampler = None  # type: ignore[assignment]
         self.device.close()
 
 

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, InvalidRequestError
 from ..kv_modes import ContiguousKV, ContiguousKVCache, KVMode, NativeKV, PagedKV, PagedKVCache
 from .executor import Executor
 from .kv_cache import BlockManager
@@ -73,21 +73,39 @@ class ModelRunner(Protocol):
     """Runs one scheduled step and samples it: :class:`HostRunner` (an executor on host
     arrays) or :class:`trtcore.runtime.device_runner.DeviceRunner` (device buffers)."""
 
+    def add_request(self, request: Request) -> None:
+        """Register a request's sampling state (raises ``InvalidRequestError`` for parameters
+        the runner's sampler cannot serve)."""
+
+    def remove_request(self, request_id: Hashable) -> None:
+        """Forget a finished request's sampling state."""
+
     def execute(self, batch: SchedulerOutput) -> Any:
         """Run the network on ``batch`` (the device runner only enqueues)."""
 
-    def sample(self, batch: SchedulerOutput, sampler: Sampler) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
+    def sample(self, batch: SchedulerOutput) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
         """``(tokens, logprobs, errors)`` of the sequences of ``batch`` that produce a token."""
 
 
 class HostRunner:
     """An :class:`Executor` on host arrays with the KV mode's runtime object: feeds from the
-    cache object, outputs back to it, the sampled rows of the logits through ``to_host``."""
+    cache object, outputs back to it, the sampled rows of the logits through ``to_host``,
+    sampled by the host :class:`~trtcore.runtime.sampling.Sampler`."""
 
     def __init__(self, executor: Executor, kv_cache: Any) -> None:
         self.executor = executor
         self.kv_cache = kv_cache
+        self.sampler = Sampler()
         self._logits: Any = None
+
+    def add_request(self, request: Request) -> None:
+        """Register the request with the host sampler (its generator, prompt, EOS ids)."""
+        self.sampler.add_request(request.request_id, request.params, request.prompt_token_ids, request.eos_token_ids)
+
+    def remove_request(self, request_id: Hashable) -> None:
+        """Forget a finished request (no error if unknown)."""
+        if request_id in self.sampler:
+            self.sampler.remove_request(request_id)
 
     def execute(self, batch: SchedulerOutput) -> Any:
         """Run the network once on ``batch``; keep the cache outputs and the logits."""
@@ -96,13 +114,13 @@ class HostRunner:
         self._logits = outputs["logits"]
         return self._logits
 
-    def sample(self, batch: SchedulerOutput, sampler: Sampler) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
+    def sample(self, batch: SchedulerOutput) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
         """Sample the rows of the last :meth:`execute` that produce a token (:func:`sample_rows`)."""
         ids = batch.sampling_request_ids
         if not ids:  # a prefill chunk that ends inside its prompt samples nothing
             return {}, {}, {}
         logits = np.asarray(self.executor.to_host(self._logits, "logits"), dtype=np.float32)[batch.sampling_indices()]
-        return sample_rows(logits, ids, sampler)
+        return sample_rows(logits, ids, self.sampler)
 
 
 class EngineCore:
@@ -130,7 +148,6 @@ class EngineCore:
         self.scheduler = scheduler
         self.kv_cache = kv_cache
         self.max_seq_len = int(max_seq_len)
-        self.sampler = Sampler()
         if runner is None:
             if executor is None:
                 raise InvalidArgumentError("EngineCore needs an executor or a runner")
@@ -150,7 +167,10 @@ class EngineCore:
             request.max_seq_len = self.max_seq_len
         self.scheduler.add_request(request)
         if request.status is not RequestStatus.REJECTED:
-            self.sampler.add_request(request.request_id, request.params, request.prompt_token_ids, request.eos_token_ids)
+            try:
+                self.runner.add_request(request)
+            except InvalidRequestError as exc:  # this request only: the others run on
+                self.scheduler.finish(request.request_id, "rejected", str(exc))
         return request
 
     def abort(self, request_id: Hashable) -> bool:
@@ -169,11 +189,11 @@ class EngineCore:
         errors: dict[Hashable, str] = {}
         if not out.is_empty:
             self.runner.execute(out)
-            sampled, logprobs, errors = self.runner.sample(out, self.sampler)
+            sampled, logprobs, errors = self.runner.sample(out)
         events = self.scheduler.update(sampled, logprobs, errors)
         for ev in events:
-            if ev.finished and ev.request_id in self.sampler:
-                self.sampler.remove_request(ev.request_id)
+            if ev.finished:
+                self.runner.remove_request(ev.request_id)
         return events
 
     def generate(self, requests: Sequence[Request]) -> Iterator[RequestEvent]:

@@ -408,11 +408,14 @@ class SampleResult:
         fallback: ``bool [batch]``; True where the row's logits were unusable
             (contained ``+inf`` or no finite value) and the token is the argmax of its
             finite logits, or id 0 when it has none. A caller may abort such requests.
+        nonfinite: ``bool [batch]`` where the row held a NaN or an infinity (the GPU
+            sampler reports it; None from the host sampler, whose callers check the logits).
     """
 
     token_ids: np.ndarray
     logprobs: list[TokenLogprobs | None]
     fallback: np.ndarray
+    nonfinite: np.ndarray | None = None
 
 
 # ---------------------------------------------------------------------------

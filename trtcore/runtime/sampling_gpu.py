@@ -45,6 +45,8 @@ __all__ = ["FLAG_ACTIVE", "GpuSampler", "ROW_PARAMS_DTYPE", "ROW_RESULT_DTYPE", 
 
 FLAG_ACTIVE, FLAG_RANDOM, FLAG_PENALTIES, FLAG_BAN, FLAG_LOGPROBS = 1, 2, 4, 8, 16
 STATUS_OK, STATUS_FALLBACK, STATUS_INACTIVE = 0, 1, 2
+#: or-ed into a status: the row held a NaN or an infinity
+STATUS_NONFINITE_BIT = 4
 #: Threads per block of ``sampling_step`` (one block per row).
 BLOCK = 1024
 _DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -311,31 +313,62 @@ class GpuSampler:
                 continue
             if not isinstance(row, SamplingRow):
                 raise InvalidArgumentError(f"rows[{i}] must be a SamplingRow or None, got {type(row).__name__}")
-            p = row.params
-            seed, step = row.key()
-            slot = i if slots is None else (-1 if slots[i] is None else int(slots[i]))
-            flags = FLAG_ACTIVE | (0 if p.greedy else FLAG_RANDOM)
-            if p.has_penalties:
-                if not 0 <= slot < self.num_slots:
-                    raise InvalidArgumentError(f"row {i} has penalties but slot {slot} is not in [0, {self.num_slots})")
-                flags |= FLAG_PENALTIES
-            banned = _banned(p, len(row.output_token_ids), row.eos_token_ids)
-            if len(banned) > self.max_banned:
-                raise InvalidRequestError(f"row {i}: min_tokens masks {len(banned)} EOS / stop ids, more than max_banned={self.max_banned}")
-            if banned:
-                flags |= FLAG_BAN
-            if p.logprobs is not None:
-                if p.logprobs > self.max_logprobs:
-                    raise InvalidRequestError(f"row {i}: logprobs={p.logprobs} exceeds the sampler's max_logprobs={self.max_logprobs}")
-                flags |= FLAG_LOGPROBS
-            e = staged[i]
-            e["temperature"] = p.temperature if not p.greedy else 1.0
-            e["top_p"], e["min_p"], e["top_k"] = p.top_p, p.min_p, p.top_k
-            e["repetition_penalty"], e["presence_penalty"], e["frequency_penalty"] = p.repetition_penalty, p.presence_penalty, p.frequency_penalty
-            e["seed"], e["step"], e["slot"], e["flags"] = seed, step, slot, flags
-            e["num_logprobs"] = p.logprobs or 0
-            e["num_banned"] = len(banned)
-            e["banned"][: len(banned)] = banned
+            staged[i] = self.pack_row(row, i if slots is None else (-1 if slots[i] is None else int(slots[i])), what=f"row {i}")[0]
+        self.set_packed(staged, rows)
+
+    def pack_row(self, row: SamplingRow, slot: int = -1, *, what: str = "the row") -> np.ndarray:
+        """``row`` as one ``RowParams`` record (host only): ``params_dtype [1]``.
+
+        The device executor packs a request once and updates ``step`` (and ``num_banned``
+        while ``min_tokens`` masks) per step, instead of packing every row every step.
+
+        Raises:
+            InvalidArgumentError: penalties without a slot in ``[0, num_slots)``.
+            InvalidRequestError: a sampled row without a seed, more logprobs than
+                ``max_logprobs``, more EOS + stop ids than ``max_banned``.
+        """
+        p = row.params
+        seed, step = row.key()
+        flags = FLAG_ACTIVE | (0 if p.greedy else FLAG_RANDOM)
+        if p.has_penalties:
+            if not 0 <= slot < self.num_slots:
+                raise InvalidArgumentError(f"{what} has penalties but slot {slot} is not in [0, {self.num_slots})")
+            flags |= FLAG_PENALTIES
+        banned = _banned(p, len(row.output_token_ids), row.eos_token_ids)
+        if len(banned) > self.max_banned:
+            raise InvalidRequestError(f"{what}: min_tokens masks {len(banned)} EOS / stop ids, more than max_banned={self.max_banned}")
+        if banned:
+            flags |= FLAG_BAN
+        if p.logprobs is not None:
+            if p.logprobs > self.max_logprobs:
+                raise InvalidRequestError(f"{what}: logprobs={p.logprobs} exceeds the sampler's max_logprobs={self.max_logprobs}")
+            flags |= FLAG_LOGPROBS
+        out = np.zeros(1, self.params_dtype)
+        e = out[0]
+        e["temperature"] = p.temperature if not p.greedy else 1.0
+        e["top_p"], e["min_p"], e["top_k"] = p.top_p, p.min_p, p.top_k
+        e["repetition_penalty"], e["presence_penalty"], e["frequency_penalty"] = p.repetition_penalty, p.presence_penalty, p.frequency_penalty
+        e["seed"], e["step"], e["slot"], e["flags"] = seed, step, slot, flags
+        e["num_logprobs"] = p.logprobs or 0
+        e["num_banned"] = len(banned)
+        e["banned"][: len(banned)] = banned
+        return out
+
+    def set_packed(self, staged: np.ndarray, rows: Sequence[SamplingRow | None]) -> None:
+        """Stage records made by :meth:`pack_row` (``params_dtype [n]``, zeros for a padding
+        row) for the next :meth:`sample`; ``rows`` are their rows (None: padding), which
+        :meth:`result` reads for the logprobs requested.
+
+        Raises:
+            InvalidArgumentError: ``staged`` and ``rows`` differ in length, or more than
+                ``max_batch_size`` rows.
+        """
+        self._check_open()
+        n = len(rows)
+        if len(staged) != n or not 1 <= n <= self.max_batch_size:
+            raise InvalidArgumentError(
+                f"set_packed takes 1 to max_batch_size={self.max_batch_size} records, one per row; got {len(staged)} for {n} rows"
+            )
         rt = _rt()
         _call("cudaEventSynchronize", rt.cudaEventSynchronize, self._ev_params)  # the last step's copy is done
         self._params_h.array[:n] = staged
@@ -389,8 +422,8 @@ class GpuSampler:
         Returns:
             :class:`~trtcore.runtime.sampling.SampleResult` over the rows of the last
             :meth:`set_params`: ``token_ids`` int64 (``-1`` for padding rows), ``fallback``
-            (unusable rows, as the host sampler's), ``logprobs`` per row (float32 values
-            widened to float).
+            (unusable rows, as the host sampler's), ``nonfinite`` (rows with a NaN or an
+            infinity), ``logprobs`` per row (float32 values widened to float).
         """
         self._check_open()
         rt = _rt()
@@ -398,7 +431,8 @@ class GpuSampler:
         n = len(self._rows)
         res = self._results_h.array[:n].copy()
         tokens = res["token"].astype(np.int64)
-        tokens[res["status"] == STATUS_INACTIVE] = -1
+        status = res["status"] & ~STATUS_NONFINITE_BIT
+        tokens[status == STATUS_INACTIVE] = -1
         out: list[TokenLogprobs | None] = []
         for i, row in enumerate(self._rows):
             if row is None or row.params.logprobs is None:
@@ -410,7 +444,7 @@ class GpuSampler:
                 ids, lps = self._top_ids_h.array[i, :k], self._top_lp_h.array[i, :k]
                 top = [(int(t), Logprob(float(v), r)) for r, (t, v) in enumerate(zip(ids, lps), start=1)]
             out.append(TokenLogprobs(token_id=int(tokens[i]), logprob=float(res["logprob"][i]), rank=int(res["rank"][i]), top=top))
-        return SampleResult(token_ids=tokens, logprobs=out, fallback=res["status"] == STATUS_FALLBACK)
+        return SampleResult(token_ids=tokens, logprobs=out, fallback=status == STATUS_FALLBACK, nonfinite=(res["status"] & STATUS_NONFINITE_BIT) != 0)
 
     def _record(self, event: Any) -> None:
         """Record ``event`` on the stream; under stream capture as an event-record node of the

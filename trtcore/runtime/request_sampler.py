@@ -1,0 +1,294 @@
+"""Sampling on the device for the device executor: the running requests' sampling state over
+one batched sampling kernel.
+
+:class:`RequestSampler` keeps, per request, its :class:`~trtcore.runtime.sampling.SamplingRow`
+(the seed drawn once: ``params.seed``, else 64 random bits) and its ``RowParams`` record packed
+once (:meth:`GpuSampler.pack_row <trtcore.runtime.sampling_gpu.GpuSampler.pack_row>`); a step
+gathers the records of its rows, sets each one's Philox counter (``step`` = tokens it generated
+so far, so a seeded request draws the same tokens alone or beside any others), repacks only
+the rows whose ``min_tokens`` mask is still changing, and enqueues the kernel on the logits
+the engine left on the device. Only the sampled ids (and requested logprobs) come back to the
+host: ``16`` bytes per row instead of the ``4 * vocab_size`` of the logits.
+
+Penalty slots: a request with repetition / frequency / presence penalties needs one of the
+kernel's ``num_slots`` rows of prompt mask and output counts. It takes a free slot the first
+time it is sampled (filled from its prompt and the outputs it has so far); when none is free,
+it takes the slot of a request not in this step (that one refills its slot when it is sampled
+again, e.g. after a preemption), so any number of waiting requests with penalties can be live.
+
+The kernel: :class:`~trtcore.runtime.sampling_gpu.GpuSampler` on a CUDA device, or
+:class:`HostSamplerKernel` on the stand-in :class:`~trtcore.runtime.device_memory.HostDevice`,
+which runs the NumPy reference (:func:`trtcore.runtime.sampling.sample_rows`, the GPU kernel's
+contract) on the records the step staged, so the CPU tests check this module's packing.
+
+A request the kernel cannot serve -- more logprobs than it returns (``max_logprobs``, 20),
+more EOS / stop ids than ``min_tokens`` masks there (``max_banned``, 32) -- is sampled on the
+host instead: its row of the logits is copied back and sampled by the NumPy reference with
+the same seed and step (the same tokens the kernel would draw), so every request the host
+sampler serves is served, only slower.
+
+A row whose logits hold a NaN or an infinity, or that has no token left to sample, gets an
+error instead of a token (as the host sampler's caller, :func:`trtcore.runtime.generate.sample_rows`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidRequestError, TrtcoreError
+from .request import Request
+from .sampling import SampleResult, SamplingRow, _banned, sample_rows
+from .sampling_gpu import GpuSampler, row_params_dtype
+
+__all__ = ["HostSamplerKernel", "RequestSampler", "make_sampler_kernel"]
+
+
+def make_sampler_kernel(device: Any, max_batch_size: int, vocab_size: int, max_model_len: int) -> Any:
+    """The batched sampling kernel for ``device``: :class:`GpuSampler` (float32 logits, on the
+    device's stream) on a CUDA device, :class:`HostSamplerKernel` on a host stand-in."""
+    from .device_memory import HostDevice
+
+    if isinstance(device, HostDevice):
+        return HostSamplerKernel(device, max_batch_size, vocab_size)
+    sampler = GpuSampler(max_batch_size, vocab_size, "float32", stream=device.stream, max_model_len=max(int(max_model_len), 64))
+    device.at_close(sampler.close)  # before the device destroys the stream the sampler syncs on
+    return sampler
+
+
+class HostSamplerKernel:
+    """:class:`GpuSampler`'s interface on a :class:`HostDevice`: :meth:`sample` enqueues the
+    NumPy reference on the rows staged by :meth:`set_packed`, reading each row's seed and
+    step from its staged record (what the kernel reads), and the logits from device memory."""
+
+    max_logprobs = 20
+    max_banned = 32
+    pack_row = GpuSampler.pack_row
+
+    def __init__(self, device: Any, max_batch_size: int, vocab_size: int) -> None:
+        self.device = device
+        self.max_batch_size, self.vocab_size = int(max_batch_size), int(vocab_size)
+        self.num_slots = self.max_batch_size
+        self.params_dtype = row_params_dtype(self.max_banned)
+        self._staged = np.zeros(0, self.params_dtype)
+        self._rows: list[SamplingRow | None] = []
+        self._result: SampleResult | None = None
+        self.num_slot_fills = 0
+
+    def add_request(self, slot: int, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int] = ()) -> None:
+        """Count the fill (the reference reads the request's tokens itself)."""
+        self.num_slot_fills += 1
+
+    def set_packed(self, staged: np.ndarray, rows: Sequence[SamplingRow | None]) -> None:
+        """Stage the records of the next :meth:`sample` (copied: the caller reuses its array)."""
+        self._staged, self._rows = staged.copy(), list(rows)
+
+    def sample(self, logits: int, row_stride: int | None = None) -> None:
+        """Enqueue the reference on ``[rows, row_stride]`` float32 logits at ``logits``."""
+        staged, rows, stride = self._staged, self._rows, self.vocab_size if row_stride is None else int(row_stride)
+
+        def run() -> None:
+            x = self.device.view(int(logits), (len(rows), stride), np.float32)[:, : self.vocab_size].astype(np.float32)
+            live = [i for i, r in enumerate(rows) if r is not None]
+            tokens = np.full(len(rows), -1, np.int64)
+            fallback = np.zeros(len(rows), bool)
+            logprobs: list[Any] = [None] * len(rows)
+            nonfinite = ~np.isfinite(x).all(axis=1)
+            if live:
+                keyed = []
+                for i in live:
+                    r, rec = rows[i], staged[i]
+                    assert r is not None
+                    keyed.append(
+                        SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, r.eos_token_ids, seed=int(rec["seed"]), step=int(rec["step"]))
+                    )
+                res = sample_rows(x[live], keyed)
+                tokens[live], fallback[live] = res.token_ids, res.fallback
+                for j, i in enumerate(live):
+                    logprobs[i] = res.logprobs[j]
+            self._result = SampleResult(tokens, logprobs, fallback, nonfinite)
+
+        self.device.enqueue(run)
+
+    def result(self) -> SampleResult:
+        """The last :meth:`sample`'s results (the host device ran it already)."""
+        assert self._result is not None, "sample() first"
+        return self._result
+
+    def close(self) -> None:
+        """Nothing to free."""
+
+
+@dataclass
+class _State:
+    """A live request's sampling state."""
+
+    request: Request
+    row: SamplingRow
+    index: int  # its record's row of the records table
+    masking: bool  # min_tokens still bans EOS / stop ids: repack each step
+    slot: int | None = None  # penalty slot, when it holds one
+    host: bool = False  # sampled on the host (parameters beyond the kernel's limits)
+
+
+class RequestSampler:
+    """The sampling state of the live requests over one batched kernel (module docstring).
+
+    Args:
+        kernel: :class:`GpuSampler` or :class:`HostSamplerKernel` (:func:`make_sampler_kernel`).
+        read_logits: ``rows -> float32 [rows, vocab_size]``, the first rows of this step's
+            logits on the host (waits for them), for requests sampled on the host.
+
+    Attributes:
+        num_slot_fills: penalty slots filled so far (a request's first sampling, or after its
+            slot was taken by another).
+    """
+
+    def __init__(self, kernel: Any, read_logits: Callable[[int], np.ndarray] | None = None) -> None:
+        self.kernel = kernel
+        self.read_logits = read_logits
+        self._host_rows: list[tuple[int, Hashable]] = []
+        self._states: dict[Hashable, _State] = {}
+        self._slot_owner: list[Hashable | None] = [None] * int(kernel.num_slots)
+        # every live request's packed record, one row each (row 0: zeros, for inactive rows);
+        # a step gathers its rows with one fancy index
+        self._table = np.zeros(64, kernel.params_dtype)
+        self._free_rows = list(range(63, 0, -1))
+        self._pending: list[Hashable | None] | None = None
+        self.num_slot_fills = 0
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._states
+
+    def add_request(self, request: Request) -> None:
+        """Register ``request``: draw its seed and pack its record (or mark it for the host
+        when the kernel cannot serve its parameters and ``read_logits`` was given).
+
+        Raises:
+            InvalidRequestError: parameters the kernel cannot serve, without ``read_logits``.
+        """
+        p = request.params
+        seed = p.seed if p.seed is not None else (0 if p.greedy else secrets.randbits(64))
+        row = SamplingRow(p, request.prompt_token_ids, request.output_token_ids, sorted(request.eos_token_ids), seed=seed)
+        host = False
+        try:
+            record = self.kernel.pack_row(row, 0 if p.has_penalties else -1, what=f"request {request.request_id}")
+        except TrtcoreError:
+            if self.read_logits is None:
+                raise
+            host, record = True, np.zeros(1, self._table.dtype)
+        masking = not host and bool(_banned(p, 0, row.eos_token_ids))
+        if not self._free_rows:  # grow the table (doubling)
+            n = len(self._table)
+            self._table = np.concatenate([self._table, np.zeros(n, self._table.dtype)])
+            self._free_rows = list(range(2 * n - 1, n - 1, -1))
+        index = self._free_rows.pop()
+        self._table[index] = record[0]
+        self._states[request.request_id] = _State(request, row, index, masking, host=host)
+
+    def remove_request(self, request_id: Hashable) -> None:
+        """Forget a finished request and free its penalty slot (no error if unknown)."""
+        st = self._states.pop(request_id, None)
+        if st is None:
+            return
+        if st.slot is not None:
+            self._slot_owner[st.slot] = None
+        self._free_rows.append(st.index)
+
+    def _take_slot(self, st: _State, in_step: set[Hashable]) -> int:
+        """A penalty slot for ``st`` (free, else one whose owner is not in this step)."""
+        owners = self._slot_owner
+        try:
+            slot = owners.index(None)
+        except ValueError:
+            slot = next(i for i, o in enumerate(owners) if o not in in_step)  # num_slots >= rows of a step
+            self._states[owners[slot]].slot = None  # type: ignore[index]
+        owners[slot] = st.request.request_id
+        st.slot = slot
+        self._table[st.index]["slot"] = slot
+        self.kernel.add_request(slot, st.request.prompt_token_ids, st.request.output_token_ids)
+        self.num_slot_fills += 1
+        return slot
+
+    def enqueue(self, request_ids: Sequence[Hashable | None], logits_ptr: int, row_stride: int) -> None:
+        """Enqueue the sampling of one step behind it on the device: row ``i`` of the float32
+        logits ``[len(request_ids), row_stride]`` at ``logits_ptr`` is sampled for
+        ``request_ids[i]`` (None: a row that produces no token, left inactive)."""
+        states, table = self._states, self._table
+        in_step = {r for r in request_ids if r is not None}
+        index = []
+        rows: list[SamplingRow | None] = []
+        steps = []
+        self._host_rows = []
+        for i, rid in enumerate(request_ids):
+            st = None if rid is None else states[rid]
+            if st is None or st.host:  # inactive in the kernel
+                if st is not None:
+                    self._host_rows.append((i, rid))
+                index.append(0)
+                rows.append(None)
+                steps.append(0)
+                continue
+            n_out = len(st.request.output_token_ids)
+            if st.masking:
+                table[st.index] = self.kernel.pack_row(st.row, int(table[st.index]["slot"]), what=f"request {rid}")[0]
+                st.masking = n_out < st.row.params.min_tokens
+            if st.row.params.has_penalties and st.slot is None:
+                self._take_slot(st, in_step)
+            index.append(st.index)
+            rows.append(st.row)
+            steps.append(n_out)
+        staged = table[index]
+        staged["step"] = steps
+        self.kernel.set_packed(staged, rows)
+        self.kernel.sample(logits_ptr, row_stride)
+        self._pending = list(request_ids)
+
+    def collect(self) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
+        """Wait for the last :meth:`enqueue` and return ``(tokens, logprobs, errors)`` by
+        request id: a row with a NaN / infinity, or with no token to sample, gets an error."""
+        ids, self._pending = self._pending, None
+        if ids is None:
+            raise InvalidRequestError("collect() without enqueue()")
+        res = self.kernel.result()
+        sampled: dict[Hashable, int] = {}
+        logprobs: dict[Hashable, Any] = {}
+        errors: dict[Hashable, str] = {}
+        nonfinite = res.nonfinite if res.nonfinite is not None else np.zeros(len(ids), bool)
+        if self._host_rows:  # the requests beyond the kernel's limits: the reference on their rows
+            assert self.read_logits is not None
+            host = self._host_rows
+            nonfinite = nonfinite.copy()
+            logits = self.read_logits(host[-1][0] + 1)
+            keyed = []
+            for _, rid in host:
+                r = self._states[rid].row
+                keyed.append(SamplingRow(r.params, r.prompt_token_ids, list(r.output_token_ids), r.eos_token_ids, seed=r.seed))
+            rows = logits[[i for i, _ in host]]
+            ref = sample_rows(rows, keyed)
+            res = SampleResult(res.token_ids.copy(), list(res.logprobs), res.fallback.copy(), nonfinite)
+            for j, (i, _) in enumerate(host):
+                res.token_ids[i], res.fallback[i], res.logprobs[i] = ref.token_ids[j], ref.fallback[j], ref.logprobs[j]
+                nonfinite[i] = not np.isfinite(rows[j]).all()
+        for i, rid in enumerate(ids):
+            if rid is None:
+                continue
+            if nonfinite[i]:
+                errors[rid] = (
+                    "the model produced non-finite logits (NaN or inf); no token can be sampled "
+                    "(an overflow: e.g. a float16 engine for a checkpoint whose activations exceed 65504)"
+                )
+            elif res.fallback[i]:
+                errors[rid] = "no token can be sampled: every logit is masked or non-finite"
+            else:
+                sampled[rid] = int(res.token_ids[i])
+                logprobs[rid] = res.logprobs[i]
+        return sampled, logprobs, errors
+
+    def close(self) -> None:
+        """Free the kernel's buffers."""
+        self.kernel.close()
