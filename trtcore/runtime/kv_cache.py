@@ -438,7 +438,7 @@ class BlockManager:
     def _new_blocks_for(self, seq_id: Hashable, n: int) -> int:
         table = self._table(seq_id)
         n = check_int("n", n, 0)
-        return -(-(self._num_tokens[seq_id] + n) // self.block_size) - len(table)
+        return self.blocks_needed(self._num_tokens[seq_id] + n) - len(table)
 
     def _take(self, seq_id: Hashable, count: int) -> list[int]:
         blocks = [self._free.popleft() for _ in range(count)]

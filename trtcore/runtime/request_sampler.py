@@ -34,6 +34,7 @@ error instead of a token (as the host sampler's caller, :func:`trtcore.runtime.g
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -146,6 +147,8 @@ class RequestSampler:
     Attributes:
         num_slot_fills: penalty slots filled so far (a request's first sampling, or after its
             slot was taken by another).
+        wait_seconds: time :meth:`collect` spent blocked on the device so far (the wait for
+            the sampled ids: the GPU's share of a step, for host-time measurements).
     """
 
     def __init__(self, kernel: Any, read_logits: Callable[[int], np.ndarray] | None = None) -> None:
@@ -160,6 +163,7 @@ class RequestSampler:
         self._free_rows = list(range(63, 0, -1))
         self._pending: list[Hashable | None] | None = None
         self.num_slot_fills = 0
+        self.wait_seconds = 0.0
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._states
@@ -199,12 +203,13 @@ class RequestSampler:
             self._slot_owner[st.slot] = None
         self._free_rows.append(st.index)
 
-    def _take_slot(self, st: _State, in_step: set[Hashable]) -> int:
-        """A penalty slot for ``st`` (free, else one whose owner is not in this step)."""
+    def _take_slot(self, st: _State, request_ids: Sequence[Hashable | None]) -> int:
+        """A penalty slot for ``st`` (free, else one whose owner is not in this step's ``request_ids``)."""
         owners = self._slot_owner
         try:
             slot = owners.index(None)
         except ValueError:
+            in_step = set(request_ids)
             slot = next(i for i, o in enumerate(owners) if o not in in_step)  # num_slots >= rows of a step
             self._states[owners[slot]].slot = None  # type: ignore[index]
         owners[slot] = st.request.request_id
@@ -219,7 +224,6 @@ class RequestSampler:
         logits ``[len(request_ids), row_stride]`` at ``logits_ptr`` is sampled for
         ``request_ids[i]`` (None: a row that produces no token, left inactive)."""
         states, table = self._states, self._table
-        in_step = {r for r in request_ids if r is not None}
         index = []
         rows: list[SamplingRow | None] = []
         steps = []
@@ -238,7 +242,7 @@ class RequestSampler:
                 table[st.index] = self.kernel.pack_row(st.row, int(table[st.index]["slot"]), what=f"request {rid}")[0]
                 st.masking = n_out < st.row.params.min_tokens
             if st.row.params.has_penalties and st.slot is None:
-                self._take_slot(st, in_step)
+                self._take_slot(st, request_ids)
             index.append(st.index)
             rows.append(st.row)
             steps.append(n_out)
@@ -254,7 +258,9 @@ class RequestSampler:
         ids, self._pending = self._pending, None
         if ids is None:
             raise InvalidRequestError("collect() without enqueue()")
+        t0 = time.perf_counter()
         res = self.kernel.result()
+        self.wait_seconds += time.perf_counter() - t0
         sampled: dict[Hashable, int] = {}
         logprobs: dict[Hashable, Any] = {}
         errors: dict[Hashable, str] = {}
