@@ -17,8 +17,10 @@ The random weights reach ``LLM`` through its checkpoint reader: a folder holds t
 
     python bench/bench_e2e.py --out $OUT [--models ...] [--batches 1,16,32] [--cb] [--no-hf]
 
-Also the host time of a graphed decode step at batch 1 (wall time per ``LLM.step()`` minus
-the wait for the GPU). Writes ``e2e.json`` and ``e2e.png`` under ``--out`` and prints a table.
+Also where a graphed decode step's time goes at batch 1 (:func:`trtcore.bench.host_time_per_step`:
+wall time per ``LLM.step()``, the host's own work, the device time of the step replayed back to
+back, and the exposed host time, their difference). ``--sync`` turns asynchronous scheduling off
+(for comparison). Writes ``e2e.json`` and ``e2e.png`` under ``--out`` and prints a table.
 """
 
 from __future__ import annotations
@@ -93,27 +95,6 @@ def trtcore_tpot(llm: Any, batch: int, prompt: int = 128, new: int = 128) -> dic
     return {"tpot_ms": tpot, "tok_per_s": batch * 1e3 / tpot}
 
 
-def host_time_per_step(llm: Any, steps: int = 200) -> dict[str, float]:
-    """Host time of a graphed decode step at batch 1: wall time per ``LLM.step()`` minus the
-    time blocked waiting for the GPU (the wait for the sampled id), microseconds."""
-    from trtcore import SamplingParams
-
-    runner = llm.executor
-    steps = min(steps, llm.build_config.max_seq_len - 16 - 30)
-    llm.add_request([5] * 16, SamplingParams(temperature=0, max_tokens=steps + 25, ignore_eos=True))
-    for _ in range(20):  # prefill, warm decode steps
-        llm.step()
-    replays, waited = runner.num_graph_replays, runner.sampler.wait_seconds
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        llm.step()
-    total = time.perf_counter() - t0
-    waited = runner.sampler.wait_seconds - waited
-    while llm.has_unfinished_requests():
-        llm.step()
-    return {"step_us": total / steps * 1e6, "host_us": (total - waited) / steps * 1e6, "steps": steps, "graph_replays": runner.num_graph_replays - replays}
-
-
 def plot(results: dict[str, Any], path: Path) -> None:
     """Decode tok/s of trtcore and transformers per model and batch (a bar chart)."""
     try:
@@ -162,33 +143,45 @@ def main() -> int:
     ap.add_argument("--cb", action="store_true", help="also 256 requests through continuous batching on the 8B shape")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (for comparison)")
+    ap.add_argument("--sync", action="store_true", help="no asynchronous scheduling (for comparison)")
     args = ap.parse_args()
     import cupy as cp
     from bench_engine import copy_bandwidth, hf_tpot
 
     from trtcore import LLM
+    from trtcore.bench import host_time_per_step
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth(cp)
     _free_gpu()
     batches = [int(b) for b in args.batches.split(",")]
-    results: dict[str, Any] = {"copy_bandwidth_Bps": bw, "enforce_eager": args.enforce_eager, "runs": []}
+    results: dict[str, Any] = {"copy_bandwidth_Bps": bw, "enforce_eager": args.enforce_eager, "async_scheduling": not args.sync, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             d = _model_dir(Path(tmp), name)
             t0 = time.perf_counter()
             with random_checkpoint():
                 llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=max(batches), max_seq_len=256,
-                          max_num_tokens=max(batches) * 128, enforce_eager=args.enforce_eager, progress=False)  # fmt: skip
+                          max_num_tokens=max(batches) * 128, enforce_eager=args.enforce_eager, async_scheduling=not args.sync,
+                          progress=False)  # fmt: skip
             start_s = time.perf_counter() - t0
             runner = llm.executor
             report = runner.memory_report()
             weight_bytes = int(runner.device.pools.get("weights", 0))
             print(f"{name}: started in {start_s:.1f} s", *report, sep="\n  ", flush=True)
             if not args.enforce_eager:
-                results.setdefault("host_time_batch1", {})[name] = ht = host_time_per_step(llm)
-                print(f"  host time per graphed decode step (batch 1): {ht['host_us']:.1f} us of {ht['step_us']:.1f} us", flush=True)
+                for key, pending in (("host_time_batch1", 2), ("host_time_batch1_sync", 1)):
+                    if pending == 2 and args.sync:
+                        continue
+                    llm.engine.scheduler.max_pending = pending  # the same engine, with / without running ahead
+                    results.setdefault(key, {})[name] = ht = host_time_per_step(llm)
+                    print(
+                        f"  graphed decode step (batch 1, {'async' if pending == 2 else 'one step at a time'}): {ht['step_us']:.1f} us wall, "
+                        f"host work {ht['host_us']:.1f} us, GPU {ht['gpu_us']:.1f} us, exposed host time {ht['exposed_host_us']:.1f} us",
+                        flush=True,
+                    )
+                llm.engine.scheduler.max_pending = 1 if args.sync else 2
             for batch in batches:
                 ours = trtcore_tpot(llm, batch)
                 entry: dict[str, Any] = {"model": name, "batch": batch, "trtcore": ours, "start_s": start_s, "memory": report}
@@ -206,8 +199,12 @@ def main() -> int:
                 with random_checkpoint():
                     llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=256, max_seq_len=256, max_num_tokens=8192,
                               enforce_eager=args.enforce_eager, progress=False)  # fmt: skip
-                results["continuous_batching"] = {"model": name, **continuous_batching(llm)}
+                results["continuous_batching"] = {"model": name, "async_scheduling": not args.sync, **continuous_batching(llm)}
                 print(f"  continuous batching: {results['continuous_batching']['output_tok_per_s']:.0f} output tok/s", flush=True)
+                if not args.sync:  # the same engine one step at a time, for the ratio
+                    llm.engine.scheduler.max_pending = 1
+                    results["continuous_batching_sync"] = {"model": name, "async_scheduling": False, **continuous_batching(llm)}
+                    print(f"  continuous batching, one step at a time: {results['continuous_batching_sync']['output_tok_per_s']:.0f} output tok/s", flush=True)
                 (out / "e2e.json").write_text(json.dumps(results, indent=1, default=str))
                 llm.close()
                 del llm

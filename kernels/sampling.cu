@@ -561,6 +561,23 @@ extern "C" __global__ void sampling_fill_slot(int* __restrict__ counts, unsigned
     }
 }
 
+// Asynchronous scheduling: a step scheduled before the previous step's tokens reached the host
+// stages, for each such token, -(row + 1) in place of its id, row = its sequence's row in the
+// previous step's results; this writes that row's sampled token there (0 for a row that
+// sampled none, so the embedding is never read out of range: that sequence's step is discarded).
+extern "C" __global__ void sampling_feed_tokens(int* __restrict__ input_ids, int num_tokens, const RowResult* __restrict__ results,
+                                                int vocab_size) {
+    PDL_WAIT();
+    PDL_LAUNCH();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < num_tokens; i += gridDim.x * blockDim.x) {
+        int v = input_ids[i];
+        if (v < 0) {
+            int t = results[-(v + 1)].token;
+            input_ids[i] = (t >= 0 && t < vocab_size) ? t : 0;
+        }
+    }
+}
+
 // The struct layouts, for the host's check: sizeof and every field offset.
 extern "C" __global__ void sampling_layout(int* out) {
     PDL_WAIT();

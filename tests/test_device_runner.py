@@ -41,20 +41,29 @@ from trtcore.trt import load_trt
 NAME = "qwen2_bias"  # GQA 4:1, biases; any variant runs on the reference
 
 
-def _runner(hf_models: Any, name: str = NAME, *, max_batch_size: int = 8, enforce_eager: bool = False, num_blocks: int | None = 64, **plan: Any) -> DeviceRunner:  # noqa: F811
+def _runner(
+    hf_models: Any,  # noqa: F811
+    name: str = NAME,
+    *,
+    max_batch_size: int = 8,
+    enforce_eager: bool = False,
+    num_blocks: int | None = 64,
+    deferred: bool = False,
+    **plan: Any,
+) -> DeviceRunner:
     d = hf_models.dir(name)
     config = load_config(d)
     trt = load_trt("reference")
     p = resolve_plan(config, BuildConfig(kv_cache="paged", max_batch_size=max_batch_size, max_seq_len=128, max_num_tokens=64, **plan), "reference")
     with Checkpoint(d) as weights:
         net = define_network(trt, config, weights, p)
-    device = HostDevice()
+    device = HostDevice(deferred=deferred)
     engine = HostEngine(build_reference_engine(net), device)
     return DeviceRunner(engine, device, kv_mode(p, config), num_blocks=num_blocks, enforce_eager=enforce_eager)
 
 
-def _generate(runner: DeviceRunner, prompts: list[list[int]], steps: int) -> list[list[int]]:
-    core = make_device_engine(runner, runner.mode)
+def _generate(runner: DeviceRunner, prompts: list[list[int]], steps: int, async_scheduling: bool = True) -> list[list[int]]:
+    core = make_device_engine(runner, runner.mode, async_scheduling=async_scheduling)
     reqs = [Request(i, p, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True), frozenset()) for i, p in enumerate(prompts)]
     list(core.generate(reqs))
     return [list(r.output_token_ids) for r in reqs]
@@ -147,7 +156,7 @@ def test_start_up_allocates_every_pool_once_and_binds_each_bucket(hf_models: Any
         for name, (offset, _) in g.layout.fields.items():
             assert ctx._addresses[name] == runner.staging_ptr + offset
         assert ctx._addresses["kv_cache_pool"] == runner.pool_ptr and ctx._addresses["logits"] == runner.logits_ptr
-        assert g.graph is not None and len(g.graph) == 1  # the captured execution, not run while captured
+        assert g.graph is not None and len(g.graph) == 2  # the feed of tokens in flight and the execution, not run while captured
     report = "\n".join(runner.memory_report())
     for word in ("activations", "kv_cache", "staging", "logits", "scratch", "[1, 2, 4, 8]"):
         assert word in report

@@ -113,8 +113,7 @@ def test_a_row_with_nan_or_inf_gets_an_error_and_the_others_their_tokens() -> No
     reqs = _requests([SamplingParams(temperature=0)] * 4, [[3, 4]] * 4)
     for r in reqs:
         sampler.add_request(r)
-    sampler.enqueue([0, 1, 2, 3], ptr, V)
-    tokens, _, errors = sampler.collect()
+    tokens, _, errors = sampler.collect(sampler.enqueue([0, 1, 2, 3], ptr, V))
     assert set(errors) == {1, 2} and all("non-finite" in e for e in errors.values())
     assert tokens == {0: int(np.argmax(logits[0])), 3: int(np.argmax(logits[3]))}
 
@@ -132,14 +131,14 @@ def test_penalty_slots_are_taken_from_requests_not_in_the_step_and_refilled() ->
         sampler.add_request(r)
     fills = []
     for step_rows in ([0, 1], [2, 3], [0, 2], [1, 3], [1, 0]):
-        sampler.enqueue(step_rows, ptr, V)
+        step = sampler.enqueue(step_rows, ptr, V)
         staged = sampler.kernel._staged
         slots = [int(staged[i]["slot"]) for i, rid in enumerate(step_rows) if reqs[rid].params.has_penalties]
         assert len(set(slots)) == len(slots) and all(0 <= s < 2 for s in slots)
         for i, rid in enumerate(step_rows):
             if reqs[rid].params.has_penalties:
                 assert sampler._states[rid].slot == int(staged[i]["slot"])
-        tokens, _, errors = sampler.collect()
+        tokens, _, errors = sampler.collect(step)
         assert not errors
         for rid, tok in tokens.items():
             reqs[rid].output_token_ids.append(tok)
@@ -161,9 +160,50 @@ def test_the_min_tokens_mask_lifts_at_min_tokens(min_tokens: int) -> None:
     r = _requests([SamplingParams(temperature=1.0, seed=1, min_tokens=min_tokens, max_tokens=10)], [[4, 5]])[0]
     sampler.add_request(r)
     while True:
-        sampler.enqueue([0], ptr, V)
-        tok = sampler.collect()[0][0]
+        tok = sampler.collect(sampler.enqueue([0], ptr, V))[0][0]
         r.output_token_ids.append(tok)
         if tok == 2:
             break
     assert len(r.output_token_ids) == min_tokens + 1
+
+
+def test_async_scheduling_gives_every_request_the_tokens_of_one_step_at_a_time(hf_models: Any) -> None:  # noqa: F811
+    """The device engine loop scheduling each step before the one in flight is sampled, on a
+    device that runs nothing until the host waits (so a host buffer rewritten before its
+    copy ran, or a token fed from the wrong row, changes the tokens): every request -- each
+    sampling kind, early stops (a stop id finishes a request with a step in flight),
+    arrivals while others decode, preemptions in a small pool -- gets the tokens of the
+    same engine run one step at a time; the greedy ones are transformers' too."""
+    from hf_models import hf_greedy
+
+    v = VARIANTS[NAME]
+    rng = np.random.default_rng()
+    # 29-31 tokens: two blocks each, so three running requests fill the pool and the third
+    # block any of them needs soon after preempts one
+    prompts = [random_prompt(rng, n, v.vocab_size) for n in (31, 30, 31, 29, 31, 30, 31, 29)]
+    stop = SamplingParams(temperature=1.0, seed=21, max_tokens=12, stop_token_ids=list(range(0, v.vocab_size, 3)))
+    params = [*PARAMS, stop, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)]
+    params = [p if p.seed is not None or p.greedy else SamplingParams(**{**p.__dict__, "seed": 77}) for p in params]  # reproducible
+    runs = []
+    for async_scheduling, deferred in ((False, False), (True, True)):
+        runner = _runner(hf_models, num_blocks=7, max_batch_size=4, deferred=deferred)  # 6 usable blocks of 16: preemptions
+        core = make_device_engine(runner, runner.mode, async_scheduling=async_scheduling)
+        reqs = _requests(params, prompts)
+        for r in reqs[:5]:
+            core.add_request(r)
+        steps = run_ahead = 0
+        while core.has_unfinished_requests():
+            if steps == 3:
+                for r in reqs[5:]:
+                    core.add_request(r)
+            core.step()
+            steps += 1
+            run_ahead += len(core._in_flight)  # a step left in flight: enqueued before this one's update
+        runs.append(([list(r.output_token_ids) for r in reqs], [r.finish_reason for r in reqs], core.scheduler.num_preemptions, run_ahead))
+    (sync_tokens, sync_reasons, sync_preempted, none_ahead), (tokens, reasons, preempted, ahead) = runs
+    assert none_ahead == 0 and ahead > len(params)
+    assert sync_preempted > 0 and preempted > 0
+    assert tokens == sync_tokens and reasons == sync_reasons
+    assert reasons[len(PARAMS)] == "stop" or len(tokens[len(PARAMS)]) == 12
+    for i in (0, len(params) - 1):  # the greedy requests
+        assert tokens[i] == hf_greedy(hf_models.hf(NAME), prompts[i], len(tokens[i]))[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from trtcore.runtime.kv_cache import BlockManager
 from trtcore.runtime.request import Request
 from trtcore.runtime.sampling import SamplingParams
 from trtcore.runtime.scheduler import (
+    PLACEHOLDER_TOKEN_ID,
     RequestStatus,
     Scheduler,
     SchedulerError,
@@ -71,16 +73,21 @@ class FakePagedModel:
         self.block_size = block_size
         self.kv = np.full(num_blocks * block_size, -1, dtype=np.int64)  # never cleared: stale data stays
 
+        self.last: dict = {}  # request id -> the token it sampled in the last step run ("device" state)
+
     def __call__(self, out: SchedulerOutput) -> dict:
         bs = self.block_size
-        # write phase for the whole batch first (as a layer writes K/V before attention)
+        # write phase for the whole batch first (as a layer writes K/V before attention); a
+        # placeholder is the token the request sampled in the step before (the device's feed)
         for s in out.seqs:
-            self.kv[[s.block_table[p // bs] * bs + p % bs for p in s.positions]] = s.token_ids
+            fed = [self.last[s.request_id] if t == PLACEHOLDER_TOKEN_ID else t for t in s.token_ids]
+            self.kv[[s.block_table[p // bs] * bs + p % bs for p in s.positions]] = fed
         result = {}
         for s in out.seqs:
             slots = [s.block_table[p // bs] * bs + p % bs for p in range(s.seq_len)]
             if s.produces_token:
                 result[s.request_id] = next_token(self.kv[slots])
+        self.last = result
         return result
 
 
@@ -100,7 +107,8 @@ def check_step(sched: Scheduler, out: SchedulerOutput) -> None:
         used.update(s.block_table)
         req = sched.get_request(s.request_id)
         assert req is not None and req.status is RequestStatus.RUNNING
-        assert s.produces_token == (s.seq_len == req.num_tokens)
+        # the tokens it has once this step's (and an earlier step's in-flight) tokens land
+        assert s.produces_token == (s.seq_len == req.num_tokens + req.num_output_placeholders - s.produces_token)
         if not sched.chunked_prefill:
             assert s.produces_token
     sched.check_invariants()
@@ -108,16 +116,16 @@ def check_step(sched: Scheduler, out: SchedulerOutput) -> None:
 
 def drive(sched, model, arrivals, max_steps=100_000):
     """Run to completion. ``arrivals``: step -> list of (request_id, prompt, max_tokens, eos).
+    With ``sched.max_pending == 2`` (asynchronous scheduling) each next step is scheduled and
+    run before the one in flight is updated, as the device engine loop does.
 
     Returns (states, streamed tokens per request, stats)."""
     arrivals = {k: list(v) for k, v in arrivals.items()}
     states, streamed = {}, {}
-    stats = {"steps": 0, "partial_prefills": 0, "preempted": 0, "max_batch": 0, "recomputes": 0}
-    step = 0
-    while arrivals or sched.has_unfinished_requests():
-        for rid, prompt, max_tokens, eos in arrivals.pop(step, []):
-            states[rid] = add(sched, rid, prompt, max_tokens, eos_token_ids=eos)
-            streamed[rid] = []
+    stats = {"steps": 0, "partial_prefills": 0, "preempted": 0, "max_batch": 0, "recomputes": 0, "run_ahead": 0, "placeholders": 0}
+    in_flight: deque = deque()
+
+    def run_one():
         out = sched.schedule()
         check_step(sched, out)
         stats["preempted"] += len(out.preempted_request_ids)
@@ -125,11 +133,29 @@ def drive(sched, model, arrivals, max_steps=100_000):
         stats["recomputes"] += sum(
             1 for s in out.seqs if s.is_prefill and s.seq_len > sched.get_request(s.request_id).num_prompt_tokens
         )
+        stats["placeholders"] += sum(t == PLACEHOLDER_TOKEN_ID for s in out.seqs for t in s.token_ids)
         stats["max_batch"] = max(stats["max_batch"], len(out.seqs))
-        for ev in sched.update(model(out) if out.seqs else {}):
+        in_flight.append((out, model(out) if out.seqs else {}))
+
+    def update(result):
+        for ev in sched.update(result):
             streamed.setdefault(ev.request_id, []).extend(ev.new_token_ids)
             if ev.finished and ev.request_id in states:
                 assert states[ev.request_id].is_finished
+
+    step = 0
+    while arrivals or sched.has_unfinished_requests() or in_flight:
+        for rid, prompt, max_tokens, eos in arrivals.pop(step, []):
+            states[rid] = add(sched, rid, prompt, max_tokens, eos_token_ids=eos)
+            streamed[rid] = []
+        if not in_flight:
+            run_one()
+        if sched.max_pending > 1 and in_flight[0][0].seqs:
+            run_one()
+            stats["run_ahead"] += 1
+        update(in_flight.popleft()[1])
+        if in_flight and not in_flight[0][0].seqs:
+            update(in_flight.popleft()[1])
         step += 1
         assert step < max_steps, "scheduler made no progress"
     stats["steps"] = step
@@ -183,6 +209,51 @@ def test_64_requests_through_a_small_pool(chunked):
         assert stats["partial_prefills"] == 0
     assert any(s.finish_reason == "stop" for s in states.values())
     assert any(s.finish_reason == "length" for s in states.values())
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_async_scheduling_runs_one_step_ahead_and_every_request_matches_running_alone(chunked):
+    """The workload of the test above with each step scheduled before the one in flight is
+    updated: decodes feed placeholders (the fake model substitutes the token it sampled the
+    step before, as the device does), requests that finish on a token in flight waste one
+    step, preempted requests with a token in flight wait for it; every request still gets
+    exactly its tokens run alone, and nothing leaks."""
+    rng = random.Random(4321)
+    reqs = make_requests(rng, 64, max_prompt=40, max_new=30)
+    arrivals: dict[int, list] = {0: reqs[:32]}
+    for i, r in enumerate(reqs[32:]):
+        arrivals.setdefault(3 + 4 * i, []).append(r)
+    block_size, num_blocks = 4, 24
+    sched = Scheduler(BlockManager(num_blocks, block_size), 16 if chunked else 80, 12, chunked_prefill=chunked, async_scheduling=True)
+    states, streamed, stats = drive(sched, FakePagedModel(num_blocks, block_size), arrivals)
+    assert_matches_reference(reqs, states, streamed)
+    assert stats["run_ahead"] > stats["steps"] // 2 and stats["placeholders"] > 0
+    assert stats["preempted"] > 0 and stats["recomputes"] > 0
+    assert all(s.num_output_placeholders == 0 for s in states.values() if s.finish_reason == "length")
+
+
+def test_async_scheduling_placeholders_and_the_last_token_in_flight():
+    """A decode scheduled while its token is in flight feeds PLACEHOLDER_TOKEN_ID at the next
+    position; a request whose max_tokens-th token is in flight is not scheduled again; the
+    updates apply in scheduling order; a third pending step is refused."""
+    sched = Scheduler(BlockManager(8, 4), 16, 4, async_scheduling=True)
+    r = add(sched, "a", [1, 2, 3], max_tokens=2)
+    first = sched.schedule()  # prefill: produces token 0
+    assert first.seqs[0].token_ids == [1, 2, 3] and r.num_output_placeholders == 1
+    second = sched.schedule()  # its token 0 is in flight
+    (s,) = second.seqs
+    assert s.token_ids == [PLACEHOLDER_TOKEN_ID] and s.positions == [3] and not s.is_prefill and s.produces_token
+    assert r.num_output_placeholders == 2
+    with pytest.raises(SchedulerError, match="before update"):
+        sched.schedule()
+    sched.update({"a": 7})
+    assert r.output_token_ids == [7] and r.num_output_placeholders == 1
+    third = sched.schedule()  # token 1 (its last, max_tokens=2) is in flight: nothing to run
+    assert third.is_empty
+    (ev,) = sched.update({"a": 9})
+    assert ev.finish_reason == "length" and r.output_token_ids == [7, 9]
+    assert sched.update({}) == [] and not sched.has_unfinished_requests()
+    assert sched.block_manager.num_free_blocks == 8
 
 
 def test_run_alone_through_the_scheduler_matches_reference():
@@ -461,10 +532,10 @@ def workloads(draw):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(workloads())
-def test_property_every_admitted_request_matches_running_alone(w):
+@given(workloads(), st.booleans())
+def test_property_every_admitted_request_matches_running_alone(w, async_scheduling):
     block_size, num_blocks, budget, max_num_seqs, chunked, reqs, arrivals = w
-    sched = Scheduler(BlockManager(num_blocks, block_size), budget, max_num_seqs, chunked_prefill=chunked)
+    sched = Scheduler(BlockManager(num_blocks, block_size), budget, max_num_seqs, chunked_prefill=chunked, async_scheduling=async_scheduling)
     states, streamed, _ = drive(sched, FakePagedModel(num_blocks, block_size), arrivals, max_steps=20_000)
     for rid, prompt, max_tokens, eos in reqs:
         kv = len(prompt) + max_tokens - 1

@@ -119,6 +119,62 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30, reps: int = 20) -> float 
     return 2 * nbytes / statistics.median(times)
 
 
+def host_time_per_step(llm: Any, steps: int = 200, prompt_len: int = 16) -> dict[str, float]:
+    """Where the time of a graphed decode step at batch 1 goes on the device executor, in
+    microseconds (one request of ``prompt_len`` tokens, greedy, ``steps`` timed steps after 20
+    warm-up steps):
+
+    * ``step_us``: wall time per :meth:`LLM.step() <trtcore.llm.LLM.step>` (the TPOT a caller sees);
+    * ``host_us``: of it, the host's own work: wall time minus the time blocked waiting for
+      the GPU's sampled ids (:attr:`RequestSampler.wait_seconds
+      <trtcore.runtime.request_sampler.RequestSampler.wait_seconds>`);
+    * ``gpu_us``: the device time of one step, the step's graph and sampling replayed back to
+      back (:meth:`DeviceRunner.replay_seconds <trtcore.runtime.device_runner.DeviceRunner.replay_seconds>`);
+    * ``exposed_host_us``: ``step_us - gpu_us``, the host time the device waits for (near 0
+      when asynchronous scheduling overlaps the host's work with the device's step; the
+      whole ``host_us`` when it does not).
+
+    Also ``steps`` and ``graph_replays`` (of the timed steps).
+
+    Raises:
+        InvalidArgumentError: ``llm`` does not run on the device executor (a paged cache on
+            a GPU backend), or already has requests.
+    """
+    from .runtime.device_runner import DeviceRunner
+    from .runtime.sampling import SamplingParams
+
+    runner = getattr(llm, "executor", None)
+    if not isinstance(runner, DeviceRunner):
+        raise InvalidArgumentError(
+            f"host_time_per_step needs an LLM on the device executor (paged KV cache, GPU backend); got {type(runner).__name__}"
+        )
+    if llm.has_unfinished_requests():
+        raise InvalidArgumentError("host_time_per_step needs an LLM without requests")
+    steps = max(1, min(int(steps), llm.build_config.max_seq_len - prompt_len - 30))
+    llm.add_request([5] * prompt_len, SamplingParams(temperature=0, max_tokens=steps + 25, ignore_eos=True))
+    for _ in range(20):  # prefill, warm decode steps
+        llm.step()
+    replays, waited = runner.num_graph_replays, runner.sampler.wait_seconds
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        llm.step()
+    total = time.perf_counter() - t0
+    waited = runner.sampler.wait_seconds - waited
+    replays = runner.num_graph_replays - replays
+    while llm.has_unfinished_requests():
+        llm.step()
+    step_us = total / steps * 1e6
+    gpu_us = runner.replay_seconds(1, steps) * 1e6
+    return {
+        "step_us": step_us,
+        "host_us": (total - waited) / steps * 1e6,
+        "gpu_us": gpu_us,
+        "exposed_host_us": step_us - gpu_us,
+        "steps": steps,
+        "graph_replays": replays,
+    }
+
+
 def _summary(name: str, values_s: Sequence[float], percentiles: Sequence[float] = (99,)) -> dict[str, float]:
     """``mean_``, ``median_`` and ``p<q>_`` ``<name>_ms`` of ``values_s`` (seconds; 0.0 when
     empty); percentiles by NumPy's default linear interpolation, as vLLM's benchmarks."""

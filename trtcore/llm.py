@@ -211,6 +211,9 @@ class LLM:
             the paged KV pool gets what is left of it after the weights, activations and
             staging buffers (at most what ``max_batch_size`` full-length sequences need).
         enforce_eager: run every step eagerly (no CUDA graphs for decode steps).
+        async_scheduling: on the device executor, schedule and enqueue step n+1 while the
+            GPU runs step n (vLLM's ``async_scheduling``; :mod:`trtcore.runtime.generate`);
+            False runs one step at a time.
         quantization: the checkpoint's weight quantization (vLLM's argument): None to take
             it from ``config.json``'s ``quantization_config``, else ``"gptq"``, ``"awq"``,
             ``"compressed-tensors"`` or ``"gguf"``, which must be what the config says
@@ -269,6 +272,7 @@ class LLM:
         attention: str = "layers",
         gpu_memory_utilization: float = 0.9,
         enforce_eager: bool = False,
+        async_scheduling: bool = True,
         engine: str | os.PathLike[str] | EngineFile | None = None,
         quantization: str | None = None,
     ):
@@ -328,7 +332,7 @@ class LLM:
             from .runtime.generate import make_device_engine
 
             #: the step loop (:class:`~trtcore.runtime.generate.EngineCore`) over the device executor
-            self.engine = make_device_engine(self.executor, self.kv_mode)
+            self.engine = make_device_engine(self.executor, self.kv_mode, async_scheduling=bool(async_scheduling))
             return
         num_blocks = None
         if self.kv_cache == "paged":

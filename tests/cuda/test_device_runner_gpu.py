@@ -9,8 +9,9 @@ pinned staging buffers, decode steps replayed from CUDA graphs per batch bucket.
   the same context; whole generations with and without graphs give the same tokens;
 * 100 decode steps allocate nothing on the device (CuPy's allocator hooks, the runner's own
   allocation count, and ``cudaMemGetInfo``'s free bytes, which do not fall);
-* the host time of a graphed decode step at batch 1 is measured and printed (wall time of
-  ``LLM.step`` minus the time spent waiting for the GPU).
+* where a graphed decode step's time goes at batch 1 is measured and printed (wall time of
+  ``LLM.step``, the host's own work, the device time, the exposed host time), with
+  asynchronous scheduling and without.
 
 The model: a tiny Llama of head_dim 64 (the paged kernels take multiples of 32; the tiny models
 of tests/hf_models.py have 16 or 24), written by transformers with random weights.
@@ -19,7 +20,6 @@ of tests/hf_models.py have 16 or 24), written by transformers with random weight
 from __future__ import annotations
 
 import gc
-import time
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +102,9 @@ def test_graph_replayed_step_equals_eager(model_dir: Path, cp: Any) -> None:  # 
     assert replays >= 3
     g = runner.graphs[4]
     assert g.graph is not None
-    runner.device.launch_graph(g.graph)  # the last step's staged inputs are still in place
+    runner.device.launch_graph(g.graph)  # the last step's staged inputs are still in place (its tokens fed already)
     graphed = runner.logits_rows(3).copy()
-    runner._execute(g.context)
+    runner._run(g.context, g.layout)
     eager = runner.logits_rows(3).copy()
     assert np.isfinite(graphed).all()
     np.testing.assert_array_equal(graphed, eager)
@@ -163,25 +163,22 @@ def test_100_decode_steps_allocate_nothing_on_the_device(model_dir: Path, cp: An
 
 
 def test_host_time_per_graphed_decode_step_batch_1(model_dir: Path, cp: Any) -> None:  # noqa: F811
-    """Wall time per ``LLM.step()`` at batch 1 minus the time blocked on the GPU (the wait for the
-    sampled id's copy): the host's share of a graphed decode step, printed (the acceptance's 50 us is
-    judged from the print; the assertion only catches a host path gone badly wrong)."""
+    """Where a graphed decode step's time goes at batch 1 (:func:`trtcore.bench.host_time_per_step`:
+    wall time per ``LLM.step()``, the host's own work, the device time of the step replayed back
+    to back, the exposed host time), with asynchronous scheduling and one step at a time,
+    printed (the acceptance's 50 us is judged from the print; the assertions only catch a host
+    path gone badly wrong, and that every timed step was a graph replay)."""
+    from trtcore.bench import host_time_per_step
+
     llm = _llm(model_dir, dtype="bfloat16", max_batch_size=1, max_seq_len=512)
-    runner = llm.executor
-    assert isinstance(runner, DeviceRunner)
-    llm.add_request(_prompts(1, seed=5)[0], SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
-    for _ in range(20):  # prefill and warm decode steps
-        llm.step()
-    n = 300
-    replays0, waited0 = runner.num_graph_replays, runner.sampler.wait_seconds
-    t0 = time.perf_counter()
-    for _ in range(n):
-        llm.step()
-    total = time.perf_counter() - t0
-    waited = runner.sampler.wait_seconds - waited0
-    assert runner.num_graph_replays - replays0 == n
-    host_us = (total - waited) / n * 1e6
-    step_us = total / n * 1e6
-    print(f"\nbatch-1 graphed decode step: {step_us:.1f} us wall, {host_us:.1f} us host (outside the GPU wait)")
-    assert host_us < 2000
+    for pending in (2, 1):
+        llm.engine.scheduler.max_pending = pending
+        ht = host_time_per_step(llm, steps=300)
+        mode = "async" if pending == 2 else "one step at a time"
+        print(
+            f"\nbatch-1 graphed decode step ({mode}): {ht['step_us']:.1f} us wall, {ht['host_us']:.1f} us host work, "
+            f"{ht['gpu_us']:.1f} us GPU, {ht['exposed_host_us']:.1f} us exposed host time"
+        )
+        assert ht["graph_replays"] == ht["steps"] == 300
+        assert ht["host_us"] < 2000
     llm.close()

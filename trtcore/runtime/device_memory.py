@@ -20,7 +20,7 @@ allocates nothing.
 from __future__ import annotations
 
 import ctypes
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -259,18 +259,28 @@ class HostDevice(DeviceAPI):
     whose addresses are the "device pointers"; work enqueued on the stream runs at once, except
     while capturing, when it is recorded into the graph and runs only at each replay.
 
+    ``deferred=True`` models a device that lags the host as far as it can: enqueued work runs
+    only when the host waits for it (:meth:`run_until` a :meth:`mark`, :meth:`wait` for the
+    last :meth:`record`, :meth:`synchronize`), so a host buffer rewritten before the copy that
+    reads it has run shows up as wrong inputs in a CPU test.
+
     Args:
         memory: the bytes :meth:`mem_get_info` reports as the device's total (nothing enforces it).
+        deferred: run enqueued work only when waited for (above).
     """
 
     name = "host"
 
-    def __init__(self, memory: int = 1 << 30) -> None:
+    def __init__(self, memory: int = 1 << 30, *, deferred: bool = False) -> None:
         super().__init__()
         self._buffers: dict[int, np.ndarray] = {}
         self._capturing: list[Callable[[], Any]] | None = None
         self.total_memory = int(memory)
         self.num_graph_launches = 0
+        self.deferred = bool(deferred)
+        self._queue: deque[Callable[[], Any]] = deque()
+        self._done = 0  # work items run so far (the queue holds those enqueued after them)
+        self._recorded = 0
 
     def _malloc(self, nbytes: int) -> int:
         arr = self._host_alloc(nbytes)
@@ -296,7 +306,21 @@ class HostDevice(DeviceAPI):
         this device calls)."""
         if self._capturing is not None:
             self._capturing.append(work)
+        elif self.deferred:
+            self._queue.append(work)
         else:
+            work()
+            self._done += 1
+
+    def mark(self) -> int:
+        """A position in the stream: everything enqueued so far (for :meth:`run_until`)."""
+        return self._done + len(self._queue)
+
+    def run_until(self, mark: int) -> None:
+        """Run the deferred work enqueued before ``mark`` (:meth:`mark`), in order."""
+        while self._done < mark and self._queue:
+            work = self._queue.popleft()
+            self._done += 1
             work()
 
     def copy_async(self, dst: int, src: int, nbytes: int) -> None:
@@ -304,13 +328,13 @@ class HostDevice(DeviceAPI):
             self.enqueue(lambda: ctypes.memmove(dst, src, nbytes))
 
     def record(self) -> None:
-        pass
+        self._recorded = self.mark()
 
     def wait(self) -> None:
-        pass
+        self.run_until(self._recorded)
 
     def synchronize(self) -> None:
-        pass
+        self.run_until(self.mark())
 
     def begin_capture(self) -> None:
         if self._capturing is not None:

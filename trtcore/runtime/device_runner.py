@@ -54,6 +54,8 @@ makes one ``execute_async_v3`` call (the cuda engine replays its prepared launch
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -77,7 +79,7 @@ from ..kv_modes import (
 )
 from .device_memory import ALIGNMENT, DeviceAPI, format_bytes
 from .request import Request
-from .request_sampler import RequestSampler, make_sampler_kernel
+from .request_sampler import RequestSampler, SamplingStep, make_sampler_kernel
 
 __all__ = [
     "PAD_BLOCK_ID",
@@ -174,15 +176,21 @@ class StepLayout:
         return out
 
 
-def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int) -> None:
+def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int, fed_rows: dict[Hashable, int] | None = None) -> None:
     """Write the inputs of ``batch`` into the int32 ``views`` of a :class:`StepLayout` whose
     sizes may exceed the batch's: the extra sequences are **padding rows** (one token, id 0 at
     position 0, ``seq_lens`` 1, block table ``[scratch_block, -1, ...]``), the extra tokens
     belong to them; a real sequence's unused block-table columns are :data:`PAD_BLOCK_ID`.
 
+    A token still in flight (:data:`~trtcore.runtime.scheduler.PLACEHOLDER_TOKEN_ID`, negative)
+    is staged as ``-(row + 1)``, ``row = fed_rows[request_id]`` its request's row in the
+    previous step's sampling, for the device to replace (:meth:`GpuSampler.feed_tokens
+    <trtcore.runtime.sampling_gpu.GpuSampler.feed_tokens>`).
+
     Raises:
         InvalidArgumentError: the batch has more tokens or sequences than the layout, or the
             layout's padding sequences have no token each (``T - tokens < B - seqs``).
+        KeyError: a placeholder for a request not in ``fed_rows``.
     """
     seqs = batch.seqs
     ids, pos, bt = views[INPUT_IDS], views[POSITION_IDS], views[BLOCK_TABLES]
@@ -199,7 +207,10 @@ def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int
     qsl[0] = 0
     if n:
         np.cumsum(lens, out=qsl[1 : n + 1])
-        ids[:t] = [tok for s in seqs for tok in s.token_ids]
+        if fed_rows:
+            ids[:t] = [tok if tok >= 0 else ~fed_rows[s.request_id] for s in seqs for tok in s.token_ids]  # type: ignore[attr-defined]
+        else:
+            ids[:t] = [tok for s in seqs for tok in s.token_ids]
         pos[:t] = [p for s in seqs for p in s.positions]
         sl[:n] = [s.num_cached_tokens + k for s, k in zip(seqs, lens)]
     qsl[n + 1 :] = t + np.arange(1, B - n + 1, dtype=np.int32)
@@ -244,13 +255,23 @@ def kv_pool_blocks(block_bytes: int, free: int, total: int, gpu_memory_utilizati
 
 @dataclass
 class _Graph:
-    """One decode bucket: its context, its layout and staging views, its graph (None: eager)."""
+    """One decode bucket: its context, its layout and the views of each host staging buffer,
+    its graph (None: eager)."""
 
     size: int
     context: Any
     layout: StepLayout
-    views: dict[str, np.ndarray]
+    views: list[dict[str, np.ndarray]]
     graph: Any = None
+
+
+@dataclass
+class _InFlight:
+    """A step enqueued and not yet sampled: the batch, its sampling (None: no row produces
+    a token)."""
+
+    batch: Any
+    sampling: SamplingStep | None
 
 
 class DeviceRunner:
@@ -305,7 +326,8 @@ class DeviceRunner:
         self.buckets = batch_buckets(self.max_batch_size)
         self.num_steps = 0
         self.num_graph_replays = 0
-        self._sampling_enqueued = False  # execute() enqueued the sampling that sample() collects
+        self._in_flight: deque[_InFlight] = deque()  # enqueued by execute(), oldest first
+        self._fed_rows: dict[Hashable, int] = {}  # request id -> its row in the last sampling
         names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
         wanted = {spec.name for spec in mode.inputs} | {LOGITS}
         if wanted - names:
@@ -321,10 +343,12 @@ class DeviceRunner:
         logits_bytes = self.max_batch_size * self.vocab_size * 4
         self.logits_ptr = device.malloc(logits_bytes, "logits")
         self.host_logits = device.host_alloc(logits_bytes, "logits")[:logits_bytes].view(np.float32).reshape(self.max_batch_size, self.vocab_size)
-        # staging: the largest step layout, host (pinned) and device
+        # staging: the largest step layout, on the device and twice in pinned host memory (a
+        # step is staged while the copy of the one before may still be pending)
         big = StepLayout.make(self.max_num_tokens, self.max_batch_size, self.max_blocks, self.rope_seq_lens)
         self.staging_bytes = big.nbytes
-        self.host_staging = device.host_alloc(big.nbytes, "staging")
+        self.host_staging = [device.host_alloc(big.nbytes, "staging") for _ in range(2)]
+        self._side = 0  # the host staging buffer of the last step
         self.staging_ptr = device.malloc(big.nbytes, "staging")
         # the sampler's buffers (penalty counts: 5 bytes per token and slot), before the pool takes what is left
         #: the live requests' sampling state over the batched sampling kernel
@@ -351,14 +375,14 @@ class DeviceRunner:
         # execution contexts: one for eager steps, one per decode bucket (one per graph)
         self.eager = self._context("eager")
         self._eager_shapes: dict[str, tuple[int, ...]] = {}
-        self._eager_layouts: dict[tuple[int, int], tuple[StepLayout, dict[str, np.ndarray]]] = {}
+        self._eager_layouts: dict[tuple[int, int], tuple[StepLayout, list[dict[str, np.ndarray]]]] = {}
         self.graphs: dict[int, _Graph] = {}
         for size in self.buckets:
             layout = StepLayout.make(size, size, self.max_blocks, self.rope_seq_lens)
             ctx = self._context(f"decode[{size}]")
             self._set_shapes(ctx, layout)
             self._bind_inputs(ctx, layout)
-            self.graphs[size] = _Graph(size, ctx, layout, layout.views(self.host_staging))
+            self.graphs[size] = _Graph(size, ctx, layout, [layout.views(h) for h in self.host_staging])
         self._capture_all()
         self.device.synchronize()
         for line in self.memory_report():
@@ -404,14 +428,14 @@ class DeviceRunner:
         it once, so that the graph's first upload to the device happens here, not in a step."""
         empty = _Empty()
         for g in self.graphs.values():
-            fill_step(g.views, cast(StepBatch, empty), self.scratch_block)
+            fill_step(g.views[self._side], cast(StepBatch, empty), self.scratch_block)
             self._copy_inputs(g.layout)
-            self._execute(g.context)  # warm-up: the launches are prepared for these shapes
+            self._run(g.context, g.layout)  # warm-up: the launches are prepared for these shapes
             self.device.synchronize()
             if not self.enforce_eager:
                 self.device.begin_capture()
                 try:
-                    self._execute(g.context)
+                    self._run(g.context, g.layout)
                 finally:
                     graph = self.device.end_capture()
                 g.graph = graph
@@ -420,9 +444,13 @@ class DeviceRunner:
 
     # steps ---------------------------------------------------------------------------------
     def _copy_inputs(self, layout: StepLayout) -> None:
-        self.device.copy_async(self.staging_ptr, int(self.host_staging.ctypes.data), layout.nbytes)
+        self.device.copy_async(self.staging_ptr, int(self.host_staging[self._side].ctypes.data), layout.nbytes)
 
-    def _execute(self, ctx: Any) -> None:
+    def _run(self, ctx: Any, layout: StepLayout, feed: bool = True) -> None:
+        """Enqueue one step on staged inputs: the write of the tokens still in flight into
+        ``input_ids`` (``feed``), then the engine."""
+        if feed:
+            self.sampler.feed_tokens(self.staging_ptr + layout.fields[INPUT_IDS][0], layout.num_tokens)
         if not ctx.execute_async_v3(self.device.stream):
             raise DeviceRunnerError("execute_async_v3 failed")
 
@@ -438,19 +466,33 @@ class DeviceRunner:
         :meth:`sample` only waits. Returns the rows of the logits buffer the step fills (the
         bucket size, or the batch's sequences).
 
+        Two steps may be in flight (asynchronous scheduling, :meth:`can_run_ahead`): a token
+        of the step before that the host does not know yet (a placeholder) is written into
+        this step's inputs on the device; :meth:`sample` takes the steps in order.
+
         Raises:
             InvalidArgumentError: more sequences than ``max_batch_size`` or tokens than
                 ``max_num_tokens``.
+            DeviceRunnerError: a third step while two are in flight.
         """
+        if len(self._in_flight) >= 2:
+            raise DeviceRunnerError("execute() with two steps in flight; sample() the oldest first")
+        self._side ^= 1  # the other host staging buffer: its last copy was waited for
         rows = self._launch(batch)
         seqs = batch.seqs
         ids = [s.request_id if s.produces_token else None for s in seqs]  # type: ignore[attr-defined]
         while ids and ids[-1] is None:  # rows past the last sampled one are not read
             ids.pop()
-        self._sampling_enqueued = bool(ids)
-        if ids:
-            self.sampler.enqueue(ids, self.logits_ptr, self.vocab_size)
+        sampling = self.sampler.enqueue(ids, self.logits_ptr, self.vocab_size) if ids else None
+        self._fed_rows = {rid: i for i, rid in enumerate(ids) if rid is not None}
+        self._in_flight.append(_InFlight(batch, sampling))
         return rows
+
+    def can_run_ahead(self) -> bool:
+        """Whether the next step may be enqueued before the last one's tokens are read: one
+        step in flight, and no live request sampled on the host (its token is not on the
+        device to feed the next step, and its logits would be overwritten)."""
+        return len(self._in_flight) == 1 and not self.sampler.has_host_requests
 
     def add_request(self, request: Request) -> None:
         """Register a request for sampling (its seed, its packed parameters).
@@ -470,15 +512,16 @@ class DeviceRunner:
         if n > self.max_batch_size:
             raise InvalidArgumentError(f"a step of {n} sequences; the engine takes at most max_batch_size={self.max_batch_size}")
         self.num_steps += 1
+        fed = self._fed_rows if self._in_flight else None  # placeholders name rows of the step in flight
         if self.is_decode(batch):
             g = self.graphs[bucket_for(n, self.buckets)]
-            fill_step(g.views, batch, self.scratch_block)
+            fill_step(g.views[self._side], batch, self.scratch_block, fed)
             self._copy_inputs(g.layout)
             if g.graph is not None:
                 self.device.launch_graph(g.graph)
                 self.num_graph_replays += 1
             else:
-                self._execute(g.context)
+                self._run(g.context, g.layout)
             return g.size
         tokens = sum(s.num_new_tokens for s in batch.seqs)
         if tokens > self.max_num_tokens:
@@ -487,9 +530,9 @@ class DeviceRunner:
         cached = self._eager_layouts.get(key)
         if cached is None:  # host-side only: a layout and its views, no device memory
             layout = StepLayout.make(tokens, n, self.max_blocks, self.rope_seq_lens)
-            cached = self._eager_layouts[key] = (layout, layout.views(self.host_staging))
+            cached = self._eager_layouts[key] = (layout, [layout.views(h) for h in self.host_staging])
         layout, views = cached
-        fill_step(views, batch, self.scratch_block)
+        fill_step(views[self._side], batch, self.scratch_block, fed)
         self._copy_inputs(layout)
         ctx = self.eager
         for name, (_, shape) in layout.fields.items():
@@ -498,7 +541,7 @@ class DeviceRunner:
                     raise DeviceRunnerError(f"the engine refuses input {name!r} of shape {shape} (outside its optimization profile)")
                 self._eager_shapes[name] = shape
         self._bind_inputs(ctx, layout)
-        self._execute(ctx)
+        self._run(ctx, layout, feed=bool(fed))
         return n
 
     def logits_rows(self, rows: int) -> np.ndarray:
@@ -511,14 +554,43 @@ class DeviceRunner:
         return self.host_logits[:rows]
 
     def sample(self, batch: Any) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
-        """The tokens of the sequences of ``batch`` (the last :meth:`execute`'s) that produce
-        one: ``(tokens, logprobs, errors)`` by request id; waits for the sampled ids only."""
-        if not batch.sampling_request_ids:
+        """The tokens of the sequences of ``batch`` (the oldest step in flight) that produce
+        one: ``(tokens, logprobs, errors)`` by request id; waits for the sampled ids only.
+
+        Raises:
+            DeviceRunnerError: ``batch`` is not the oldest step :meth:`execute` enqueued.
+        """
+        if not self._in_flight or self._in_flight[0].batch is not batch:
+            raise DeviceRunnerError("sample() for a batch that is not the oldest step execute() enqueued")
+        step = self._in_flight.popleft()
+        if step.sampling is None:
             return {}, {}, {}
-        if not self._sampling_enqueued:
-            raise DeviceRunnerError("sample() for a batch that execute() did not run last")
-        self._sampling_enqueued = False
-        return self.sampler.collect()
+        return self.sampler.collect(step.sampling)
+
+    def replay_seconds(self, size: int = 1, steps: int = 100) -> float:
+        """Device time of one decode step of bucket ``size``, seconds: the bucket's graph and
+        the sampling replayed ``steps`` times back to back on the inputs staged last (host
+        work between them is only the launches, so the device never waits for the host).
+        For profiling: it rewrites the logits and the KV slots that staged step writes, so
+        call it with no request running.
+
+        Raises:
+            DeviceRunnerError: the bucket has no graph (``enforce_eager``), a step is in
+                flight, or nothing was sampled yet.
+        """
+        g = self.graphs.get(size)
+        if g is None or g.graph is None:
+            raise DeviceRunnerError(f"no graph for bucket {size} (buckets {list(self.buckets)}, enforce_eager={self.enforce_eager})")
+        if self._in_flight:
+            raise DeviceRunnerError("replay_seconds() with a step in flight; sample it first")
+        kernel = self.sampler.kernel
+        self.device.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(int(steps)):
+            self.device.launch_graph(g.graph)
+            kernel.sample(self.logits_ptr, self.vocab_size)  # the rows staged last
+        self.device.synchronize()
+        return (time.perf_counter() - t0) / max(int(steps), 1)
 
     # reports / cleanup -----------------------------------------------------------------------
     def memory_report(self) -> list[str]:

@@ -18,10 +18,22 @@ Each :meth:`EngineCore.step`:
 
 The two modes differ only in the scheduler and the KV mode object given to the loop
 (:func:`make_engine` picks them from the build's KV cache mode and attention).
+
+**Asynchronous scheduling** (the device executor, :func:`make_device_engine`; vLLM's
+``async_scheduling``): while step n runs on the device, the loop schedules and enqueues step
+n+1 (its decodes feed the tokens step n is sampling: the runner writes them on the device),
+then waits for step n's tokens and applies them. The host's share of a step (scheduling,
+staging, the scheduler's update, the caller's detokenization between two :meth:`EngineCore.step`
+calls) then runs while the device computes, instead of between two steps. A request that
+finishes on a token of step n has had step n+1 computed for nothing (dropped). The runner
+says when it cannot run ahead (:meth:`DeviceRunner.can_run_ahead
+<trtcore.runtime.device_runner.DeviceRunner.can_run_ahead>`: a request sampled on the host);
+the loop then runs that step alone.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -86,6 +98,10 @@ class ModelRunner(Protocol):
     def sample(self, batch: SchedulerOutput) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
         """``(tokens, logprobs, errors)`` of the sequences of ``batch`` that produce a token."""
 
+    def can_run_ahead(self) -> bool:
+        """Whether the next step may be executed before this one is sampled (asynchronous
+        scheduling; a runner without it always answers False)."""
+
 
 class HostRunner:
     """An :class:`Executor` on host arrays with the KV mode's runtime object: feeds from the
@@ -106,6 +122,10 @@ class HostRunner:
         """Forget a finished request (no error if unknown)."""
         if request_id in self.sampler:
             self.sampler.remove_request(request_id)
+
+    def can_run_ahead(self) -> bool:
+        """Never: a step needs the tokens the host sampled after the step before."""
+        return False
 
     def execute(self, batch: SchedulerOutput) -> Any:
         """Run the network once on ``batch``; keep the cache outputs and the logits."""
@@ -154,6 +174,8 @@ class EngineCore:
             runner = HostRunner(executor, kv_cache)
         #: runs a step and samples it (:class:`HostRunner`, or the device executor)
         self.runner = runner
+        #: steps enqueued and not yet sampled, oldest first (two with asynchronous scheduling)
+        self._in_flight: deque[SchedulerOutput] = deque()
 
     def add_request(self, request: Request) -> Request:
         """Queue ``request``; it joins at the next :meth:`step` with room.
@@ -177,20 +199,40 @@ class EngineCore:
         """Finish a live request now (``finish_reason="abort"``); False if none has that id."""
         return self.scheduler.finish(request_id, "abort")
 
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether steps are scheduled one ahead (the scheduler allows two pending steps)."""
+        return self.scheduler.max_pending > 1
+
     def has_unfinished_requests(self) -> bool:
-        """Whether some request still waits or runs."""
-        return self.scheduler.has_unfinished_requests()
+        """Whether some request still waits or runs, or a step is still in flight."""
+        return bool(self._in_flight) or self.scheduler.has_unfinished_requests()
+
+    def _enqueue(self) -> None:
+        out = self.scheduler.schedule()
+        if not out.is_empty:
+            self.runner.execute(out)
+        self._in_flight.append(out)
 
     def step(self) -> list[RequestEvent]:
-        """Run one step (see the module docstring) and return its events."""
-        out = self.scheduler.schedule()
+        """Run one step (see the module docstring) and return its events: enqueue a step if
+        none is in flight, enqueue the next one behind it when running ahead (asynchronous
+        scheduling), then wait for the oldest one's tokens and apply them."""
+        if not self._in_flight:
+            self._enqueue()
+        if self.async_scheduling and not self._in_flight[0].is_empty and self.runner.can_run_ahead():
+            self._enqueue()
+        out = self._in_flight[0]
         sampled: dict[Hashable, int] = {}
         logprobs: dict[Hashable, Any] = {}
         errors: dict[Hashable, str] = {}
         if not out.is_empty:
-            self.runner.execute(out)
             sampled, logprobs, errors = self.runner.sample(out)
         events = self.scheduler.update(sampled, logprobs, errors)
+        self._in_flight.popleft()
+        if self._in_flight and self._in_flight[0].is_empty:  # scheduled behind it with nothing to run
+            events += self.scheduler.update({})
+            self._in_flight.popleft()
         for ev in events:
             if ev.finished:
                 self.runner.remove_request(ev.request_id)
@@ -242,10 +284,16 @@ def make_engine(executor: Executor, mode: KVMode, num_blocks: int | None = None)
     return EngineCore(executor, sched, kv, plan.max_seq_len)
 
 
-def make_device_engine(runner: Any, mode: PagedKV) -> EngineCore:
+def make_device_engine(runner: Any, mode: PagedKV, async_scheduling: bool = True) -> EngineCore:
     """The step loop over the device executor ``runner``
     (:class:`~trtcore.runtime.device_runner.DeviceRunner`, paged KV cache): continuous batching
-    over the blocks its pool holds (``runner.num_blocks``, the scratch block excluded)."""
+    over the blocks its pool holds (``runner.num_blocks``, the scratch block excluded), with
+    asynchronous scheduling unless ``async_scheduling=False`` (module docstring)."""
     plan = mode.plan
-    sched = Scheduler(BlockManager(runner.num_blocks, plan.block_size), max_num_batched_tokens=plan.max_num_tokens, max_num_seqs=plan.max_batch_size)
+    sched = Scheduler(
+        BlockManager(runner.num_blocks, plan.block_size),
+        max_num_batched_tokens=plan.max_num_tokens,
+        max_num_seqs=plan.max_batch_size,
+        async_scheduling=async_scheduling,
+    )
     return EngineCore(None, sched, None, plan.max_seq_len, runner=runner)

@@ -81,6 +81,9 @@ class Request:
         error: why it was rejected or ended in error (non-finite logits); None otherwise.
         num_computed_tokens: tokens of :attr:`all_token_ids` whose keys/values are in the
             KV cache (0 while waiting).
+        num_output_placeholders: tokens it produces in scheduled steps whose results the
+            scheduler has not had yet (the step in flight; asynchronous scheduling runs one
+            step ahead of the host, vLLM's ``num_output_placeholders``).
         num_preemptions: times it was preempted.
         first_token_time / finished_time: ``time.perf_counter()`` seconds; None until then.
 
@@ -103,6 +106,7 @@ class Request:
     error: str | None = None
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    num_output_placeholders: int = 0
     first_token_time: float | None = None
     finished_time: float | None = None
     _num_taken: int = field(default=0, repr=False)

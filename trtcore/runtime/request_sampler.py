@@ -41,12 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidRequestError, TrtcoreError
+from ..errors import TrtcoreError
 from .request import Request
 from .sampling import SampleResult, SamplingRow, _banned, sample_rows
 from .sampling_gpu import GpuSampler, row_params_dtype
 
-__all__ = ["HostSamplerKernel", "RequestSampler", "make_sampler_kernel"]
+__all__ = ["HostSamplerKernel", "RequestSampler", "SamplingStep", "make_sampler_kernel"]
 
 
 def make_sampler_kernel(device: Any, max_batch_size: int, vocab_size: int, max_model_len: int) -> Any:
@@ -56,15 +56,20 @@ def make_sampler_kernel(device: Any, max_batch_size: int, vocab_size: int, max_m
 
     if isinstance(device, HostDevice):
         return HostSamplerKernel(device, max_batch_size, vocab_size)
-    sampler = GpuSampler(max_batch_size, vocab_size, "float32", stream=device.stream, max_model_len=max(int(max_model_len), 64))
+    sampler = GpuSampler(max_batch_size, vocab_size, "float32", stream=device.stream, max_model_len=max(int(max_model_len), 64), host_sides=2)
     device.at_close(sampler.close)  # before the device destroys the stream the sampler syncs on
+    device.pools["sampler"] += sampler.device_bytes  # for the start-up report (its own cudaMallocs)
+    device.host_pools["sampler"] += sampler.pinned_bytes
     return sampler
 
 
 class HostSamplerKernel:
     """:class:`GpuSampler`'s interface on a :class:`HostDevice`: :meth:`sample` enqueues the
-    NumPy reference on the rows staged by :meth:`set_packed`, reading each row's seed and
-    step from its staged record (what the kernel reads), and the logits from device memory."""
+    NumPy reference on the rows staged by :meth:`set_packed`, reading each row's seed, step
+    and ``min_tokens`` count from its staged record and a penalty row's tokens from its slot
+    (what the kernel reads: the slot's prompt and the outputs counted so far, kept up to date
+    by the sampling itself), and the logits from device memory. Work runs in the device's
+    stream order, so on a deferred :class:`HostDevice` two steps can be in flight."""
 
     max_logprobs = 20
     max_banned = 32
@@ -77,20 +82,34 @@ class HostSamplerKernel:
         self.params_dtype = row_params_dtype(self.max_banned)
         self._staged = np.zeros(0, self.params_dtype)
         self._rows: list[SamplingRow | None] = []
-        self._result: SampleResult | None = None
+        self._results: dict[int, SampleResult] = {}  # by ticket, once the device ran it
+        self._marks: dict[int, int] = {}  # ticket -> the stream position after its sampling
+        self._next_ticket = 0
+        # "device" state: each slot's prompt and counted outputs; the last step's tokens
+        self._slots: list[tuple[list[int], list[int]]] = [([], []) for _ in range(self.num_slots)]
+        self._last_tokens = np.zeros(0, np.int64)
         self.num_slot_fills = 0
 
     def add_request(self, slot: int, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int] = ()) -> None:
-        """Count the fill (the reference reads the request's tokens itself)."""
+        """Enqueue the reset of penalty slot ``slot`` to this prompt and these outputs."""
         self.num_slot_fills += 1
+        filled = ([int(t) for t in prompt_token_ids], [int(t) for t in output_token_ids])
+
+        def fill() -> None:
+            self._slots[int(slot)] = filled
+
+        self.device.enqueue(fill)
 
     def set_packed(self, staged: np.ndarray, rows: Sequence[SamplingRow | None]) -> None:
         """Stage the records of the next :meth:`sample` (copied: the caller reuses its array)."""
         self._staged, self._rows = staged.copy(), list(rows)
 
-    def sample(self, logits: int, row_stride: int | None = None) -> None:
-        """Enqueue the reference on ``[rows, row_stride]`` float32 logits at ``logits``."""
+    def sample(self, logits: int, row_stride: int | None = None) -> int:
+        """Enqueue the reference on ``[rows, row_stride]`` float32 logits at ``logits``;
+        returns the ticket of :meth:`result`."""
         staged, rows, stride = self._staged, self._rows, self.vocab_size if row_stride is None else int(row_stride)
+        ticket = self._next_ticket
+        self._next_ticket += 1
 
         def run() -> None:
             x = self.device.view(int(logits), (len(rows), stride), np.float32)[:, : self.vocab_size].astype(np.float32)
@@ -104,24 +123,69 @@ class HostSamplerKernel:
                 for i in live:
                     r, rec = rows[i], staged[i]
                     assert r is not None
-                    keyed.append(
-                        SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, r.eos_token_ids, seed=int(rec["seed"]), step=int(rec["step"]))
-                    )
+                    step = int(rec["step"])
+                    prompt: Sequence[int]
+                    if r.params.has_penalties:
+                        prompt, outputs = self._slots[int(rec["slot"])]
+                    else:  # only its length matters (min_tokens)
+                        prompt, outputs = r.prompt_token_ids, [0] * step
+                    keyed.append(SamplingRow(r.params, prompt, list(outputs), r.eos_token_ids, seed=int(rec["seed"]), step=step))
                 res = sample_rows(x[live], keyed)
                 tokens[live], fallback[live] = res.token_ids, res.fallback
                 for j, i in enumerate(live):
                     logprobs[i] = res.logprobs[j]
-            self._result = SampleResult(tokens, logprobs, fallback, nonfinite)
+                    r = rows[i]
+                    assert r is not None
+                    if r.params.has_penalties and not res.fallback[j]:  # the kernel counts the token in its slot
+                        self._slots[int(staged[i]["slot"])][1].append(int(res.token_ids[j]))
+            self._last_tokens = tokens
+            self._results[ticket] = SampleResult(tokens, logprobs, fallback, nonfinite)
+
+        mark = getattr(self.device, "mark", None)
+        self._marks[ticket] = 0 if mark is None else mark() + 1  # the stream position after run
+        self.device.enqueue(run)
+        return ticket
+
+    def feed_tokens(self, input_ids: int, num_tokens: int) -> None:
+        """Enqueue :meth:`GpuSampler.feed_tokens`' write: an id ``-(row + 1)`` in the int32
+        ``input_ids [num_tokens]`` becomes the token the last sampling drew for ``row``."""
+
+        def run() -> None:
+            ids = self.device.view(int(input_ids), (int(num_tokens),), np.int32)
+            fed = np.flatnonzero(ids < 0)
+            if len(fed):
+                rows, last = -(ids[fed].astype(np.int64) + 1), self._last_tokens
+                got = np.full(len(fed), -1, np.int64)
+                known = rows < len(last)
+                got[known] = last[rows[known]]
+                ids[fed] = np.where((got >= 0) & (got < self.vocab_size), got, 0)
 
         self.device.enqueue(run)
 
-    def result(self) -> SampleResult:
-        """The last :meth:`sample`'s results (the host device ran it already)."""
-        assert self._result is not None, "sample() first"
-        return self._result
+    def result(self, ticket: int | None = None) -> SampleResult:
+        """The results of :meth:`sample` ``ticket`` (default the last), after the device ran it."""
+        ticket = self._next_ticket - 1 if ticket is None else ticket
+        assert ticket in self._marks, "sample() first"
+        run_until = getattr(self.device, "run_until", None)
+        if run_until is not None:
+            run_until(self._marks[ticket])
+        del self._marks[ticket]
+        res = self._results.pop(ticket, None)
+        assert res is not None, "the device did not run the sampling"
+        return res
 
     def close(self) -> None:
         """Nothing to free."""
+
+
+@dataclass(frozen=True)
+class SamplingStep:
+    """One enqueued sampling (:meth:`RequestSampler.enqueue`): its rows' request ids (None:
+    inactive), the rows sampled on the host ``(row, request id)``, the kernel's ticket."""
+
+    request_ids: list[Hashable | None]
+    host_rows: list[tuple[int, Hashable]]
+    ticket: Any
 
 
 @dataclass
@@ -154,19 +218,24 @@ class RequestSampler:
     def __init__(self, kernel: Any, read_logits: Callable[[int], np.ndarray] | None = None) -> None:
         self.kernel = kernel
         self.read_logits = read_logits
-        self._host_rows: list[tuple[int, Hashable]] = []
         self._states: dict[Hashable, _State] = {}
+        self._num_host = 0  # live requests sampled on the host
         self._slot_owner: list[Hashable | None] = [None] * int(kernel.num_slots)
         # every live request's packed record, one row each (row 0: zeros, for inactive rows);
         # a step gathers its rows with one fancy index
         self._table = np.zeros(64, kernel.params_dtype)
         self._free_rows = list(range(63, 0, -1))
-        self._pending: list[Hashable | None] | None = None
         self.num_slot_fills = 0
         self.wait_seconds = 0.0
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._states
+
+    @property
+    def has_host_requests(self) -> bool:
+        """Whether a live request is sampled on the host (its token never reaches the
+        device's results, so a step cannot be staged before it is known)."""
+        return self._num_host > 0
 
     def add_request(self, request: Request) -> None:
         """Register ``request``: draw its seed and pack its record (or mark it for the host
@@ -193,6 +262,7 @@ class RequestSampler:
         index = self._free_rows.pop()
         self._table[index] = record[0]
         self._states[request.request_id] = _State(request, row, index, masking, host=host)
+        self._num_host += host
 
     def remove_request(self, request_id: Hashable) -> None:
         """Forget a finished request and free its penalty slot (no error if unknown)."""
@@ -202,6 +272,7 @@ class RequestSampler:
         if st.slot is not None:
             self._slot_owner[st.slot] = None
         self._free_rows.append(st.index)
+        self._num_host -= st.host
 
     def _take_slot(self, st: _State, request_ids: Sequence[Hashable | None]) -> int:
         """A penalty slot for ``st`` (free, else one whose owner is not in this step's ``request_ids``)."""
@@ -219,27 +290,33 @@ class RequestSampler:
         self.num_slot_fills += 1
         return slot
 
-    def enqueue(self, request_ids: Sequence[Hashable | None], logits_ptr: int, row_stride: int) -> None:
+    def enqueue(self, request_ids: Sequence[Hashable | None], logits_ptr: int, row_stride: int) -> SamplingStep:
         """Enqueue the sampling of one step behind it on the device: row ``i`` of the float32
         logits ``[len(request_ids), row_stride]`` at ``logits_ptr`` is sampled for
-        ``request_ids[i]`` (None: a row that produces no token, left inactive)."""
+        ``request_ids[i]`` (None: a row that produces no token, left inactive). Returns the
+        step for :meth:`collect`; two steps may be in flight (asynchronous scheduling).
+
+        A request's Philox step (and what ``min_tokens`` bans) is the count of tokens it
+        generated before this one: its outputs plus the ones still in flight
+        (``Request.num_output_placeholders`` counts those and this one)."""
         states, table = self._states, self._table
         index = []
         rows: list[SamplingRow | None] = []
         steps = []
-        self._host_rows = []
+        host_rows = []
         for i, rid in enumerate(request_ids):
             st = None if rid is None else states[rid]
             if st is None or st.host:  # inactive in the kernel
                 if st is not None:
-                    self._host_rows.append((i, rid))
+                    host_rows.append((i, rid))
                 index.append(0)
                 rows.append(None)
                 steps.append(0)
                 continue
-            n_out = len(st.request.output_token_ids)
+            req = st.request
+            n_out = len(req.output_token_ids) + max(req.num_output_placeholders - 1, 0)
             if st.masking:
-                table[st.index] = self.kernel.pack_row(st.row, int(table[st.index]["slot"]), what=f"request {rid}")[0]
+                table[st.index] = self.kernel.pack_row(st.row, int(table[st.index]["slot"]), what=f"request {rid}", num_generated=n_out)[0]
                 st.masking = n_out < st.row.params.min_tokens
             if st.row.params.has_penalties and st.slot is None:
                 self._take_slot(st, request_ids)
@@ -249,25 +326,28 @@ class RequestSampler:
         staged = table[index]
         staged["step"] = steps
         self.kernel.set_packed(staged, rows)
-        self.kernel.sample(logits_ptr, row_stride)
-        self._pending = list(request_ids)
+        ticket = self.kernel.sample(logits_ptr, row_stride)
+        return SamplingStep(list(request_ids), host_rows, ticket)
 
-    def collect(self) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
-        """Wait for the last :meth:`enqueue` and return ``(tokens, logprobs, errors)`` by
-        request id: a row with a NaN / infinity, or with no token to sample, gets an error."""
-        ids, self._pending = self._pending, None
-        if ids is None:
-            raise InvalidRequestError("collect() without enqueue()")
+    def feed_tokens(self, input_ids: int, num_tokens: int) -> None:
+        """Enqueue the write of the last step's sampled tokens into the next step's staged
+        ``input_ids`` (``-(row + 1)`` placeholders; :meth:`GpuSampler.feed_tokens`)."""
+        self.kernel.feed_tokens(input_ids, num_tokens)
+
+    def collect(self, step: SamplingStep) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
+        """Wait for ``step`` (an :meth:`enqueue`'s) and return ``(tokens, logprobs, errors)``
+        by request id: a row with a NaN / infinity, or with no token to sample, gets an error."""
+        ids = step.request_ids
         t0 = time.perf_counter()
-        res = self.kernel.result()
+        res = self.kernel.result(step.ticket)
         self.wait_seconds += time.perf_counter() - t0
         sampled: dict[Hashable, int] = {}
         logprobs: dict[Hashable, Any] = {}
         errors: dict[Hashable, str] = {}
         nonfinite = res.nonfinite if res.nonfinite is not None else np.zeros(len(ids), bool)
-        if self._host_rows:  # the requests beyond the kernel's limits: the reference on their rows
+        if step.host_rows:  # the requests beyond the kernel's limits: the reference on their rows
             assert self.read_logits is not None
-            host = self._host_rows
+            host = step.host_rows
             nonfinite = nonfinite.copy()
             logits = self.read_logits(host[-1][0] + 1)
             keyed = []

@@ -18,13 +18,20 @@ One step::
 a CUDA graph (``cudaStreamBeginCapture`` on ``stream`` around it); a replay then reads the
 pinned parameters written by the last ``set_params`` and writes the pinned results that
 ``result()`` reads. A graph replays the copies that were captured: capture with the same
-row count, and with a row asking for logprobs if replays will (``copy_logprobs=True``).
+row count, and with a row asking for logprobs if replays will (``copy_logprobs=True``),
+and with ``host_sides=1`` (the default).
+
+Asynchronous scheduling (the device executor): with ``host_sides=2`` the pinned parameter
+and result buffers alternate, so step n+1 is staged and enqueued before step n's results are
+read (``ticket = sample(...)``, later ``result(ticket)``), and :meth:`GpuSampler.feed_tokens`
+writes step n's sampled ids into step n+1's ``input_ids`` on the device.
 
 Memory (allocated once, in the constructor): device ``RowParams [max_batch_size]`` (216
 bytes each), results ``[max_batch_size]`` (16 bytes), top-k logprob ids and values
 ``[max_batch_size, max_logprobs]``, penalty data ``int32 + uint8 [num_slots, vocab_size]``
 (5 bytes per token and slot) and a ``int32 [max_model_len]`` staging buffer for
-:meth:`GpuSampler.add_request`; the same in pinned host memory for what crosses PCIe.
+:meth:`GpuSampler.add_request`; the same in pinned host memory for what crosses PCIe (the
+parameters and results once per host side).
 
 Not thread-safe: one owner per instance (the step loop).
 """
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -131,6 +139,19 @@ class _Pinned:
             self.ptr = 0
 
 
+@dataclass
+class _HostSide:
+    """One step's pinned host buffers (parameters in, results out) and its done event."""
+
+    params: _Pinned
+    results: _Pinned
+    top_ids: _Pinned
+    top_lp: _Pinned
+    done: Any
+    rows: list[SamplingRow | None] = field(default_factory=list)
+    copy_logprobs: bool = False
+
+
 class GpuSampler:
     """Batched sampling on the GPU with preallocated buffers (see the module docstring).
 
@@ -149,6 +170,10 @@ class GpuSampler:
         num_slots: penalty-data slots (one per running request with penalties); default
             ``max_batch_size``.
         max_model_len: the most prompt + output ids :meth:`add_request` takes.
+        host_sides: sets of pinned parameter / result buffers used in turn, 1 or 2. With 1 a
+            captured :meth:`sample` replays on the buffers the next :meth:`set_params` fills;
+            with 2 (the device executor's asynchronous scheduling) a step's parameters can be
+            staged while the previous step's results are still to be read.
         arch: NVRTC target (default: the current GPU).
 
     Raises:
@@ -167,6 +192,7 @@ class GpuSampler:
         max_banned: int = 32,
         num_slots: int | None = None,
         max_model_len: int = 8192,
+        host_sides: int = 1,
         arch: str | None = None,
     ) -> None:
         from trtcore import kernels
@@ -177,9 +203,12 @@ class GpuSampler:
             ("max_logprobs", max_logprobs),
             ("max_banned", max_banned),
             ("max_model_len", max_model_len),
+            ("host_sides", host_sides),
         ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidArgumentError(f"GpuSampler {name} must be an integer >= 1, got {v!r}")
+        if host_sides > 2:
+            raise InvalidArgumentError(f"GpuSampler host_sides must be 1 or 2, got {host_sides}")
         if dtype not in _DTYPES:
             raise InvalidArgumentError(f"GpuSampler dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         self.max_batch_size, self.vocab_size, self.dtype = max_batch_size, vocab_size, dtype
@@ -195,13 +224,18 @@ class GpuSampler:
         self._clear_fn = ck.function("sampling_clear_slot")
         self._fill_fn = ck.function("sampling_fill_slot")
         self._layout_fn = ck.function("sampling_layout")
+        self._feed_fn = ck.function("sampling_feed_tokens")
 
         rt = _rt()
         self._device: list[int] = []
 
+        #: bytes of device / pinned host memory the sampler holds (for the memory report)
+        self.device_bytes = self.pinned_bytes = 0
+
         def dmalloc(nbytes: int, what: str) -> int:
             ptr = int(_call(f"cudaMalloc({nbytes}) for the sampler's {what}", rt.cudaMalloc, max(1, nbytes)))
             self._device.append(ptr)
+            self.device_bytes += max(1, nbytes)
             return ptr
 
         self._pinned: list[_Pinned] = []
@@ -209,6 +243,7 @@ class GpuSampler:
         def pinned(shape: tuple[int, ...], dt: Any) -> _Pinned:
             buf = _Pinned(shape, np.dtype(dt))
             self._pinned.append(buf)
+            self.pinned_bytes += buf.nbytes
             return buf
 
         B, ML, V = max_batch_size, max_logprobs, vocab_size
@@ -219,21 +254,29 @@ class GpuSampler:
         self._counts_d = dmalloc(self.num_slots * V * 4, "output-token counts")
         self._mask_d = dmalloc(self.num_slots * V, "prompt masks")
         self._ids_d = dmalloc(max(max_model_len, 64) * 4, "add_request staging")
-        self._params_h = pinned((B,), self.params_dtype)
-        self._results_h = pinned((B,), ROW_RESULT_DTYPE)
-        self._top_ids_h = pinned((B, ML), np.int32)
-        self._top_lp_h = pinned((B, ML), np.float32)
         self._ids_h = pinned((max_model_len,), np.int32)
         flags = rt.cudaEventDisableTiming
-        self._ev_params = _call("cudaEventCreateWithFlags", rt.cudaEventCreateWithFlags, flags)
-        self._ev_done = _call("cudaEventCreateWithFlags", rt.cudaEventCreateWithFlags, flags)
-        self._ev_ids = _call("cudaEventCreateWithFlags", rt.cudaEventCreateWithFlags, flags)
+
+        def event() -> Any:
+            ev = _call("cudaEventCreateWithFlags", rt.cudaEventCreateWithFlags, flags)
+            self._events.append(ev)
+            return ev
+
+        self._events: list[Any] = []
+        # host sides used in turn: with two, the host fills one step's parameters and reads the
+        # step before's results while the device may still copy the other's (asynchronous scheduling)
+        self._sides = [
+            _HostSide(
+                pinned((B,), self.params_dtype), pinned((B,), ROW_RESULT_DTYPE), pinned((B, ML), np.int32), pinned((B, ML), np.float32), event()
+            )
+            for _ in range(host_sides)
+        ]
+        self._turn = 0  # the side of the last set_packed (sample and result use it)
+        self._ev_ids = event()
         self._closed = False
         _call("cudaMemsetAsync(counts)", rt.cudaMemsetAsync, self._counts_d, 0, self.num_slots * V * 4, self.stream)
         _call("cudaMemsetAsync(prompt masks)", rt.cudaMemsetAsync, self._mask_d, 0, self.num_slots * V, self.stream)
         _call("cudaStreamSynchronize", rt.cudaStreamSynchronize, self.stream)
-        self._rows: list[SamplingRow | None] = []
-        self._copy_logprobs = False
 
     # ---- set-up ----------------------------------------------------------------------------
 
@@ -316,8 +359,10 @@ class GpuSampler:
             staged[i] = self.pack_row(row, i if slots is None else (-1 if slots[i] is None else int(slots[i])), what=f"row {i}")[0]
         self.set_packed(staged, rows)
 
-    def pack_row(self, row: SamplingRow, slot: int = -1, *, what: str = "the row") -> np.ndarray:
-        """``row`` as one ``RowParams`` record (host only): ``params_dtype [1]``.
+    def pack_row(self, row: SamplingRow, slot: int = -1, *, what: str = "the row", num_generated: int | None = None) -> np.ndarray:
+        """``row`` as one ``RowParams`` record (host only): ``params_dtype [1]``;
+        ``num_generated`` (default ``len(row.output_token_ids)``) the tokens generated before
+        this one, which decides what ``min_tokens`` still bans.
 
         The device executor packs a request once and updates ``step`` (and ``num_banned``
         while ``min_tokens`` masks) per step, instead of packing every row every step.
@@ -334,7 +379,7 @@ class GpuSampler:
             if not 0 <= slot < self.num_slots:
                 raise InvalidArgumentError(f"{what} has penalties but slot {slot} is not in [0, {self.num_slots})")
             flags |= FLAG_PENALTIES
-        banned = _banned(p, len(row.output_token_ids), row.eos_token_ids)
+        banned = _banned(p, len(row.output_token_ids) if num_generated is None else int(num_generated), row.eos_token_ids)
         if len(banned) > self.max_banned:
             raise InvalidRequestError(f"{what}: min_tokens masks {len(banned)} EOS / stop ids, more than max_banned={self.max_banned}")
         if banned:
@@ -369,15 +414,18 @@ class GpuSampler:
             raise InvalidArgumentError(
                 f"set_packed takes 1 to max_batch_size={self.max_batch_size} records, one per row; got {len(staged)} for {n} rows"
             )
-        rt = _rt()
-        _call("cudaEventSynchronize", rt.cudaEventSynchronize, self._ev_params)  # the last step's copy is done
-        self._params_h.array[:n] = staged
-        self._rows = list(rows)
+        self._turn = (self._turn + 1) % len(self._sides)
+        side = self._sides[self._turn]
+        _call("cudaEventSynchronize", _rt().cudaEventSynchronize, side.done)  # that side's last step is done
+        side.params.array[:n] = staged
+        side.rows = list(rows)
 
     # ---- the step --------------------------------------------------------------------------
 
-    def sample(self, logits: Any, row_stride: int | None = None, *, copy_logprobs: bool | None = None) -> None:
+    def sample(self, logits: Any, row_stride: int | None = None, *, copy_logprobs: bool | None = None) -> int:
         """Enqueue one step on the stream: the parameters' copy, the kernel, the results' copy.
+        Returns the step's ticket for :meth:`result` (with ``host_sides=2`` two steps may be
+        in flight: the host sides alternate at each :meth:`set_packed`).
 
         Args:
             logits: device pointer to ``[batch, row_stride]`` logits of the constructor's
@@ -390,7 +438,9 @@ class GpuSampler:
             InvalidArgumentError: no :meth:`set_params` yet, a bad ``row_stride``.
         """
         self._check_open()
-        n = len(self._rows)
+        ticket = self._turn
+        side = self._sides[ticket]
+        n = len(side.rows)
         if n == 0:
             raise InvalidArgumentError("call set_params() before sample()")
         stride = self.vocab_size if row_stride is None else int(row_stride)
@@ -400,24 +450,35 @@ class GpuSampler:
         rt = _rt()
         h2d, d2h = rt.cudaMemcpyKind.cudaMemcpyHostToDevice, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
         s = self.stream
-        _call("cudaMemcpyAsync(sampler params)", rt.cudaMemcpyAsync, self._params_d, self._params_h.ptr, n * self.params_dtype.itemsize, h2d, s)
-        self._record(self._ev_params)
+        _call("cudaMemcpyAsync(sampler params)", rt.cudaMemcpyAsync, self._params_d, side.params.ptr, n * self.params_dtype.itemsize, h2d, s)
         args = [
             (ptr, "ptr"), (stride, "i64"), (self.vocab_size, "i32"), (self._params_d, "ptr"), (self._counts_d, "ptr"),
             (self._mask_d, "ptr"), (self._results_d, "ptr"), (self._top_ids_d, "ptr"), (self._top_lp_d, "ptr"),
         ]  # fmt: skip
         self._step_fn.launch(n, BLOCK, args, shared_mem=4 * (-(-self.vocab_size // 32)), stream=s)
-        _call("cudaMemcpyAsync(sampled ids)", rt.cudaMemcpyAsync, self._results_h.ptr, self._results_d, n * ROW_RESULT_DTYPE.itemsize, d2h, s)
-        want = any(r is not None and r.params.logprobs is not None for r in self._rows) if copy_logprobs is None else bool(copy_logprobs)
+        _call("cudaMemcpyAsync(sampled ids)", rt.cudaMemcpyAsync, side.results.ptr, self._results_d, n * ROW_RESULT_DTYPE.itemsize, d2h, s)
+        want = any(r is not None and r.params.logprobs is not None for r in side.rows) if copy_logprobs is None else bool(copy_logprobs)
         if want:
             nb = n * self.max_logprobs * 4
-            _call("cudaMemcpyAsync(top-k ids)", rt.cudaMemcpyAsync, self._top_ids_h.ptr, self._top_ids_d, nb, d2h, s)
-            _call("cudaMemcpyAsync(top-k logprobs)", rt.cudaMemcpyAsync, self._top_lp_h.ptr, self._top_lp_d, nb, d2h, s)
-        self._copy_logprobs = want
-        self._record(self._ev_done)
+            _call("cudaMemcpyAsync(top-k ids)", rt.cudaMemcpyAsync, side.top_ids.ptr, self._top_ids_d, nb, d2h, s)
+            _call("cudaMemcpyAsync(top-k logprobs)", rt.cudaMemcpyAsync, side.top_lp.ptr, self._top_lp_d, nb, d2h, s)
+        side.copy_logprobs = want
+        self._record(side.done)
+        return ticket
 
-    def result(self) -> SampleResult:
-        """Wait for the last :meth:`sample` (its event only) and return its results.
+    def feed_tokens(self, input_ids: int, num_tokens: int) -> None:
+        """Enqueue the write of the last sampled tokens into a step's staged ``input_ids``
+        (device, int32 ``[num_tokens]``): an id ``-(row + 1)`` becomes the token that
+        :meth:`sample` drew for ``row`` (0 for a row that drew none); other ids stay. Runs
+        between the last step's sampling and the next step's engine (asynchronous
+        scheduling: the next step was staged before the host knew those tokens). Capturable.
+        """
+        self._check_open()
+        args = [(int(input_ids), "ptr"), (int(num_tokens), "i32"), (self._results_d, "ptr"), (self.vocab_size, "i32")]
+        self._feed_fn.launch(max(1, min(64, -(-int(num_tokens) // 256))), 256, args, stream=self.stream)
+
+    def result(self, ticket: int | None = None) -> SampleResult:
+        """Wait for a :meth:`sample` (its event only; default the last) and return its results.
 
         Returns:
             :class:`~trtcore.runtime.sampling.SampleResult` over the rows of the last
@@ -426,22 +487,22 @@ class GpuSampler:
             infinity), ``logprobs`` per row (float32 values widened to float).
         """
         self._check_open()
-        rt = _rt()
-        _call("cudaEventSynchronize", rt.cudaEventSynchronize, self._ev_done)
-        n = len(self._rows)
-        res = self._results_h.array[:n].copy()
+        side = self._sides[self._turn if ticket is None else ticket]
+        _call("cudaEventSynchronize", _rt().cudaEventSynchronize, side.done)
+        n = len(side.rows)
+        res = side.results.array[:n].copy()
         tokens = res["token"].astype(np.int64)
         status = res["status"] & ~STATUS_NONFINITE_BIT
         tokens[status == STATUS_INACTIVE] = -1
         out: list[TokenLogprobs | None] = []
-        for i, row in enumerate(self._rows):
+        for i, row in enumerate(side.rows):
             if row is None or row.params.logprobs is None:
                 out.append(None)
                 continue
             k = min(row.params.logprobs, self.vocab_size)
             top = []
-            if k and self._copy_logprobs:
-                ids, lps = self._top_ids_h.array[i, :k], self._top_lp_h.array[i, :k]
+            if k and side.copy_logprobs:
+                ids, lps = side.top_ids.array[i, :k], side.top_lp.array[i, :k]
                 top = [(int(t), Logprob(float(v), r)) for r, (t, v) in enumerate(zip(ids, lps), start=1)]
             out.append(TokenLogprobs(token_id=int(tokens[i]), logprob=float(res["logprob"][i]), rank=int(res["rank"][i]), top=top))
         return SampleResult(token_ids=tokens, logprobs=out, fallback=status == STATUS_FALLBACK, nonfinite=(res["status"] & STATUS_NONFINITE_BIT) != 0)
@@ -469,7 +530,7 @@ class GpuSampler:
         self._closed = True
         rt = _rt()
         rt.cudaStreamSynchronize(self.stream)
-        for ev in (self._ev_params, self._ev_done, self._ev_ids):
+        for ev in self._events:
             rt.cudaEventDestroy(ev)
         for ptr in self._device:
             rt.cudaFree(ptr)

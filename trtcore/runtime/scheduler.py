@@ -45,6 +45,18 @@ Streaming: every :class:`Request` records its generated tokens;
 :meth:`Request.take_new_token_ids` returns those not yet taken, and :meth:`Scheduler.update`
 returns a :class:`~trtcore.runtime.request.RequestEvent` per request that got a token or finished.
 
+Asynchronous scheduling (``Scheduler(async_scheduling=True)``, vLLM's ``async_scheduling``):
+step n+1 may be scheduled before step n's tokens are known, so that the host prepares it
+while the device runs step n. A request then counts the tokens in flight
+(:attr:`Request.num_output_placeholders`); a decode whose input is one of them feeds
+:data:`PLACEHOLDER_TOKEN_ID`, which the executor replaces on the device with the token step n
+sampled. A request whose last allowed token (``max_tokens``) is in flight is not scheduled
+again; one that finishes on a token in flight (EOS, a stop id or string) has computed one
+step for nothing, whose result is dropped (its KV writes go to blocks it held when the step
+was enqueued; a later owner of those blocks writes them again, in stream order, before it
+reads them). A preempted request with a token in flight is re-admitted once that token is
+known. :meth:`Scheduler.update` takes the steps in the order they were scheduled.
+
 Static batches (:class:`StaticBatchScheduler`, the contiguous KV cache): when no batch
 runs, up to ``max_num_seqs`` waiting requests start together (their prompts prefilled
 whole, right-padded by the KV mode); each later step decodes the batch's live requests;
@@ -70,6 +82,7 @@ from .request import Request, RequestEvent, RequestStatus
 from .sampling import TokenLogprobs
 
 __all__ = [
+    "PLACEHOLDER_TOKEN_ID",
     "FinishPredicate",
     "RequestStatus",
     "ScheduledSequence",
@@ -78,6 +91,11 @@ __all__ = [
     "SchedulerOutput",
     "StaticBatchScheduler",
 ]
+
+
+#: the id a scheduled step gives a token that is still in flight (asynchronous scheduling:
+#: sampled by the step before, not yet on the host; the device executor feeds it on the device)
+PLACEHOLDER_TOKEN_ID = -1
 
 
 class SchedulerError(TrtcoreError, RuntimeError):
@@ -219,13 +237,17 @@ class _BaseScheduler:
     Every :meth:`schedule` must be followed by one :meth:`update` (even for an empty step).
     """
 
+    #: steps :meth:`schedule` may have pending before an :meth:`update` (2: one step in
+    #: flight while the next is scheduled, asynchronous scheduling)
+    max_pending = 1
+
     def __init__(self, max_num_seqs: int, finish_predicate: FinishPredicate | None = None):
         self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
         self.finish_predicate = finish_predicate
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._live: dict[Hashable, Request] = {}
-        self._pending: SchedulerOutput | None = None
+        self._pending: deque[SchedulerOutput] = deque()
         self._events: list[RequestEvent] = []
         self.num_steps = 0
         self.num_preemptions = 0
@@ -273,10 +295,7 @@ class _BaseScheduler:
         req = self._live.get(request_id)
         if req is None:
             return False
-        if req.status is RequestStatus.RUNNING:
-            self.running.remove(req)
-        else:
-            self.waiting.remove(req)
+        self._leave_queue(req)
         self._finish(req, reason, error)
         self._events.append(RequestEvent(request_id, finish_reason=reason, error=error))
         return True
@@ -307,25 +326,33 @@ class _BaseScheduler:
         Raises:
             SchedulerError: the previous step was not passed to :meth:`update`.
         """
-        if self._pending is not None:
-            raise SchedulerError(f"schedule() called again before update() for step {self._pending.step}")
+        if len(self._pending) >= self.max_pending:
+            raise SchedulerError(f"schedule() called again before update() for step {self._pending[0].step}")
         scheduled, preempted = self._schedule()
         seqs = []
         for req, n in scheduled:
             start = req.num_computed_tokens
             end = start + n
+            known = req.num_tokens
+            total = known + req.num_output_placeholders
+            tokens = req.tokens(start, min(end, known))
+            if end > known:  # tokens still in flight: the device feeds them (asynchronous scheduling)
+                tokens += [PLACEHOLDER_TOKEN_ID] * (end - known)
+            produces = end == total
             seqs.append(
                 ScheduledSequence(
                     request_id=req.request_id,
-                    token_ids=req.tokens(start, end),
+                    token_ids=tokens,
                     positions=list(range(start, end)),
                     num_cached_tokens=start,
                     block_table=self._block_table(req),
-                    produces_token=end == req.num_tokens,
-                    is_prefill=not (n == 1 and end == req.num_tokens and req.output_token_ids),
+                    produces_token=produces,
+                    is_prefill=not (n == 1 and produces and (req.output_token_ids or req.num_output_placeholders)),
                 )
             )
             req.num_computed_tokens = end
+            if produces:
+                req.num_output_placeholders += 1
         out = SchedulerOutput(
             step=self.num_steps,
             seqs=seqs,
@@ -334,7 +361,7 @@ class _BaseScheduler:
             block_size=self._block_size,
         )
         self.num_steps += 1
-        self._pending = out
+        self._pending.append(out)
         return out
 
     def update(
@@ -363,16 +390,16 @@ class _BaseScheduler:
                 is given for a request that produces none this step; a token is not an
                 integer ``>= 0``. Nothing changes then, and the step stays pending.
         """
-        out = self._pending
-        if out is None:
+        if not self._pending:
             raise SchedulerError("update() called without a pending schedule()")
+        out = self._pending[0]  # the oldest pending step
         errors = errors or {}
         logprobs = logprobs or {}
         producing = {s.request_id for s in out.seqs if s.produces_token}
         extra = [r for r in [*sampled, *errors] if r not in producing]
         if extra:
             raise SchedulerError(f"step {out.step}: tokens given for requests that produce none this step: {extra!r}")
-        missing = [r for r in producing if r not in sampled and r not in errors and r in self._live and self._live[r].status is RequestStatus.RUNNING]
+        missing = [r for r in producing if r not in sampled and r not in errors and r in self._live]
         if missing:
             raise SchedulerError(f"step {out.step}: no sampled token for requests {missing!r}")
         tokens: dict[Hashable, int] = {}
@@ -380,18 +407,21 @@ class _BaseScheduler:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
                 raise SchedulerError(f"step {out.step}: token {t!r} for request {r!r} is not an integer >= 0")
             tokens[r] = int(t)
-        self._pending = None
+        self._pending.popleft()
 
         events, self._events = self._events, []
         for s in out.seqs:
             if not s.produces_token:
                 continue
             req = self._live.get(s.request_id)
-            if req is None or req.status is not RequestStatus.RUNNING:
+            if req is None:
                 continue  # finished by finish() after schedule()
+            # running, or preempted by a later schedule() while this step was in flight: the
+            # token was sampled all the same
+            req.num_output_placeholders -= 1
             rid = req.request_id
             if rid in errors:
-                self.running.remove(req)
+                self._leave_queue(req)
                 self._finish(req, "error", errors[rid])
                 events.append(RequestEvent(rid, finish_reason="error", error=errors[rid]))
                 continue
@@ -400,10 +430,22 @@ class _BaseScheduler:
             if reason is None and self.finish_predicate is not None:
                 reason = self.finish_predicate(req, tok)
             if reason is not None:
-                self.running.remove(req)
+                self._leave_queue(req)
                 self._finish(req, reason)
             events.append(RequestEvent(rid, tok, lp, reason, req.stop_reason if reason else None))
         return events
+
+    @property
+    def num_pending(self) -> int:
+        """Steps scheduled and not yet updated (1 while a step runs; 2 when the next one was
+        scheduled before it ended)."""
+        return len(self._pending)
+
+    def _leave_queue(self, req: Request) -> None:
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
 
     # ---- policy hooks -----------------------------------------------------------------
 
@@ -485,6 +527,8 @@ class Scheduler(_BaseScheduler):
             (the engine's longest sequence).
         finish_predicate: ``(request, token_id) -> reason | None``, asked after every new
             token the record's finish rule did not end; a reason finishes the request.
+        async_scheduling: allow the next :meth:`schedule` before the last step's
+            :meth:`update` (module doc, "Asynchronous scheduling").
 
     Raises:
         InvalidArgumentError: a limit is not a positive integer.
@@ -498,8 +542,10 @@ class Scheduler(_BaseScheduler):
         chunked_prefill: bool = True,
         max_model_len: int | None = None,
         finish_predicate: FinishPredicate | None = None,
+        async_scheduling: bool = False,
     ):
         super().__init__(max_num_seqs, finish_predicate)
+        self.max_pending = 2 if async_scheduling else 1
         self.block_manager = block_manager
         self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
         self.chunked_prefill = bool(chunked_prefill)
@@ -517,7 +563,10 @@ class Scheduler(_BaseScheduler):
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            remaining = req.num_tokens - req.num_computed_tokens
+            if req.num_output_placeholders and req.num_output_tokens + req.num_output_placeholders >= req.max_tokens:
+                i += 1  # its last token is in flight: nothing more to run
+                continue
+            remaining = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
             n = min(remaining, budget)
             if n < remaining and not self.chunked_prefill:  # cannot happen: unchunked prefills finish at admission
                 break
@@ -537,6 +586,8 @@ class Scheduler(_BaseScheduler):
         # 2. waiting requests, first come first served
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if req.num_output_placeholders:  # preempted with a token in flight: wait for it
+                break
             remaining = req.num_tokens  # nothing cached after waiting
             n = min(remaining, budget) if self.chunked_prefill else remaining
             if n > budget or not bm.can_allocate(n):
