@@ -25,27 +25,19 @@ SAMPLING_PARAMS = [
 
 
 def check_each_step_against_the_reference(runner: Any, requests: list[Request], logprob_tol: float = 0.0) -> list[int]:
-    """Wrap ``runner.sampler.enqueue`` / ``collect`` so that each step is checked (assertions
-    inside): the logits are read when the step's sampling is enqueued (the next step may
-    overwrite them before it is collected, with asynchronous scheduling); the reference runs
-    at collect time, on the outputs the host knows then (those before this step). Returns a
-    one-element list counting the checked tokens the requests keep (a request that finished
-    while a step ran ahead is checked there too, not counted)."""
+    """Wrap ``runner.sampler.collect`` so that each step is checked (assertions inside): its
+    logits, read back from the device when it is collected, sampled by the reference on the
+    outputs the host knows then. The engine must run one step at a time
+    (``async_scheduling=False``: a step run ahead would overwrite the logits first). Returns
+    a one-element list counting the checked tokens."""
     by_id: dict[Hashable, Request] = {r.request_id: r for r in requests}
-    enqueue, collect = runner.sampler.enqueue, runner.sampler.collect
+    collect = runner.sampler.collect
     checked = [0]
-    step_logits: dict[int, Any] = {}
-
-    def reading_enqueue(request_ids: Any, *args: Any) -> Any:
-        logits = runner.logits_rows(len(request_ids)).copy()  # this step's logits, from the device
-        step = enqueue(request_ids, *args)
-        seeds = {rid: runner.sampler._states[rid].row.seed for rid in request_ids if rid is not None}
-        step_logits[id(step)] = (step, logits, seeds)
-        return step
 
     def checked_collect(step: Any) -> Any:
+        assert not runner._in_flight, "check_each_step_against_the_reference needs async_scheduling=False"
         ids = step.request_ids
-        _, logits, seeds = step_logits.pop(id(step))
+        logits = runner.logits_rows(len(ids)).copy()  # this step's logits, from the device
         got = collect(step)
         sampled, logprobs, errors = got
         assert not errors, errors
@@ -53,15 +45,16 @@ def check_each_step_against_the_reference(runner: Any, requests: list[Request], 
             if rid is None:
                 continue
             r = by_id[rid]
-            row = SamplingRow(r.params, r.prompt_token_ids, list(r.output_token_ids), sorted(r.eos_token_ids), seed=seeds[rid])
+            seed = runner.sampler._states[rid].row.seed
+            row = SamplingRow(r.params, r.prompt_token_ids, list(r.output_token_ids), sorted(r.eos_token_ids), seed=seed)
             ref = sample_rows(logits[i : i + 1], [row])
             assert sampled[rid] == int(ref.token_ids[0]), f"request {rid} at its step {len(r.output_token_ids)}: {sampled[rid]} != {int(ref.token_ids[0])}"
             if r.params.logprobs is not None:
                 got_top, ref_top = logprobs[rid].top, ref.logprobs[0].top
                 assert [t for t, _ in got_top] == [t for t, _ in ref_top]
                 assert all(abs(a.logprob - b.logprob) <= logprob_tol for (_, a), (_, b) in zip(got_top, ref_top))
-            checked[0] += not r.is_finished  # a step run ahead of a request's finish is dropped
+            checked[0] += 1
         return got
 
-    runner.sampler.enqueue, runner.sampler.collect = reading_enqueue, checked_collect
+    runner.sampler.collect = checked_collect
     return checked

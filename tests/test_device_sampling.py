@@ -41,7 +41,7 @@ def test_every_step_samples_what_the_numpy_reference_draws_from_its_logits(hf_mo
     prompts = [random_prompt(rng, int(n), v.vocab_size) for n in rng.integers(2, 30, size=len(PARAMS))]
     reqs = _requests(PARAMS, prompts)
     checked = check_each_step_against_the_reference(runner, reqs)
-    core = make_device_engine(runner, runner.mode)
+    core = make_device_engine(runner, runner.mode, async_scheduling=False)  # the check reads each step's logits
     list(core.generate(reqs))
     assert checked[0] == sum(len(r.output_token_ids) for r in reqs) > len(PARAMS)
     # min_tokens: no EOS / stop id before the fourth token
@@ -83,7 +83,7 @@ def test_a_request_beyond_the_kernels_limits_is_sampled_on_the_host(hf_models: A
     ]
     reqs = _requests(params, [random_prompt(rng, 4, v.vocab_size) for _ in params])
     checked = check_each_step_against_the_reference(runner, reqs)
-    core = make_device_engine(runner, runner.mode)
+    core = make_device_engine(runner, runner.mode, async_scheduling=False)  # the check reads each step's logits
     list(core.generate(reqs))
     assert [len(r.output_token_ids) for r in reqs] == [3, 3, 4] and checked[0] == 10
     assert all(len(lp.top) == 60 for lp in reqs[1].logprobs)

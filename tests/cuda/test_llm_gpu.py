@@ -196,7 +196,8 @@ def test_default_model_sampling_matches_the_numpy_reference_cuda(cp: Any) -> Non
 
     from trtcore.runtime.device_runner import DeviceRunner
 
-    llm = LLM(_default_model_dir(), backend="cuda", dtype="float32", max_batch_size=8, max_seq_len=256, progress=False)
+    # one step at a time: the check reads each step's logits back before the next step runs
+    llm = LLM(_default_model_dir(), backend="cuda", dtype="float32", max_batch_size=8, max_seq_len=256, progress=False, async_scheduling=False)
     runner = llm.executor
     assert isinstance(runner, DeviceRunner)
     reqs = [llm._request(i, p, sp)[0] for i, (p, sp) in enumerate(zip(PROMPTS * 2, SAMPLING_PARAMS))]

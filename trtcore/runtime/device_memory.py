@@ -260,8 +260,8 @@ class HostDevice(DeviceAPI):
     while capturing, when it is recorded into the graph and runs only at each replay.
 
     ``deferred=True`` models a device that lags the host as far as it can: enqueued work runs
-    only when the host waits for it (:meth:`run_until` a :meth:`mark`, :meth:`wait` for the
-    last :meth:`record`, :meth:`synchronize`), so a host buffer rewritten before the copy that
+    only when the host waits for it (:meth:`run_until` a :meth:`mark`, :meth:`run_while` a
+    result is missing, :meth:`wait` for the last :meth:`record`, :meth:`synchronize`), so a host buffer rewritten before the copy that
     reads it has run shows up as wrong inputs in a CPU test.
 
     Args:
@@ -318,7 +318,12 @@ class HostDevice(DeviceAPI):
 
     def run_until(self, mark: int) -> None:
         """Run the deferred work enqueued before ``mark`` (:meth:`mark`), in order."""
-        while self._done < mark and self._queue:
+        self.run_while(lambda: self._done < mark)
+
+    def run_while(self, pending: Callable[[], bool]) -> None:
+        """Run the deferred work in order while ``pending()`` holds (the host waiting for
+        something the device produces) and work is queued."""
+        while self._queue and pending():
             work = self._queue.popleft()
             self._done += 1
             work()

@@ -27,10 +27,10 @@ Nothing is allocated after start-up: a step writes into these buffers only.
 **Shape buckets and CUDA graphs.** A decode step (every sequence feeds its one last token) of
 ``n`` sequences is padded to the smallest bucket ``>= n`` of :func:`batch_buckets` (1, 2, 4, 8,
 ..., ``max_batch_size``). Each bucket has its own execution context whose input shapes and
-tensor addresses are set once, warmed up once eagerly, then captured into a CUDA graph (TensorRT's
+tensor addresses are set once, warmed up once eagerly, then captured into CUDA graphs (TensorRT's
 rules for ``enqueueV3`` capture: a warm-up after the shapes are set, a non-default stream, one
-execution context per graph); a step replays it after copying its inputs into the same device
-buffers. Padding rows (:func:`fill_step`) have one token (id 0 at position 0), ``seq_lens`` 1,
+execution context per bucket, whose graphs never run at the same time: one stream); a step
+replays one after writing its inputs into the pinned buffers the graph copies from. Padding rows (:func:`fill_step`) have one token (id 0 at position 0), ``seq_lens`` 1,
 and the block table ``[scratch, -1, -1, ...]``: the attention kernel writes their key/value
 into the scratch block's slot 0 and reads only that slot (entries past a sequence's last block
 are never read; entries ``< 0`` are never written and read as zeros in the kernel, and the
@@ -40,15 +40,24 @@ their own (shapes set per step). ``enforce_eager=True`` runs decode steps eagerl
 padded to their bucket.
 
 **Sampling** on the device (:class:`~trtcore.runtime.request_sampler.RequestSampler` over the
-batched sampling kernel, :class:`~trtcore.runtime.sampling_gpu.GpuSampler`): :meth:`~DeviceRunner.execute`
-enqueues, right behind the step, the kernel on the logits rows of the sequences that produce a
-token, and the copy of their ids (16 bytes a row) to pinned memory; :meth:`~DeviceRunner.sample`
+batched sampling kernel, :class:`~trtcore.runtime.sampling_gpu.GpuSampler`): right behind the
+engine, the kernel samples the logits rows of the sequences that produce a token and their ids
+(16 bytes a row, plus the top-k logprobs) are copied to pinned memory; :meth:`~DeviceRunner.sample`
 waits for that copy only. The logits stay on the device (:meth:`~DeviceRunner.logits_rows`
 copies them for tests and debugging).
 
-**Host work per step**: no Python per layer -- a decode step is one staging copy, one graph
-launch, the sampler's parameter copy, kernel and result copy; an eager step sets the shapes that changed, binds the inputs and
-makes one ``execute_async_v3`` call (the cuda engine replays its prepared launch list).
+**One graph per decode step and host side.** Each bucket has two graphs, one per host side
+(pinned staging buffer and pinned sampler buffers; steps alternate sides, so a step is staged
+while the step before may still be in flight, asynchronous scheduling): the copy of that side's
+staging to the device, ``sampling_feed_tokens`` (a token still in flight, staged as ``-(row + 1)``,
+becomes what the step before sampled for that row), the engine, and the sampling of that side's
+records with its copies back and done event. A decode step writes its inputs and its sampling
+records into the side's pinned buffers and launches that side's graph: one CUDA call.
+
+**Host work per step**: no Python per layer -- a decode step is the staging of its inputs and
+sampling records and one graph launch; an eager step (prefill, mixed) copies its staging, sets
+the shapes that changed, binds the inputs, makes one ``execute_async_v3`` call (the cuda engine
+replays its prepared launch list) and enqueues the sampling.
 """
 
 from __future__ import annotations
@@ -57,7 +66,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -256,13 +265,13 @@ def kv_pool_blocks(block_bytes: int, free: int, total: int, gpu_memory_utilizati
 @dataclass
 class _Graph:
     """One decode bucket: its context, its layout and the views of each host staging buffer,
-    its graph (None: eager)."""
+    its graphs, one per host side (empty: eager)."""
 
     size: int
     context: Any
     layout: StepLayout
     views: list[dict[str, np.ndarray]]
-    graph: Any = None
+    graphs: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -424,23 +433,32 @@ class DeviceRunner:
 
     def _capture_all(self) -> None:
         """Warm up every bucket's context on padding rows only (they touch only the scratch
-        block), then capture it (TensorRT: capture after a warm-up for these shapes) and replay
-        it once, so that the graph's first upload to the device happens here, not in a step."""
-        empty = _Empty()
+        block), then capture, per host side, the whole decode step -- the staging copy from
+        that side, the feed of tokens in flight, the engine (TensorRT: capture after a warm-up
+        for these shapes), the sampling of that side's records with its copies back -- and
+        replay each graph once on padding rows, so that its first upload to the device
+        happens here, not in a step."""
+        empty = cast(StepBatch, _Empty())
         for g in self.graphs.values():
-            fill_step(g.views[self._side], cast(StepBatch, empty), self.scratch_block)
+            for views in g.views:
+                fill_step(views, empty, self.scratch_block)
             self._copy_inputs(g.layout)
             self._run(g.context, g.layout)  # warm-up: the launches are prepared for these shapes
             self.device.synchronize()
-            if not self.enforce_eager:
+            if self.enforce_eager:
+                continue
+            for side in range(len(self.host_staging)):
                 self.device.begin_capture()
                 try:
+                    self.device.copy_async(self.staging_ptr, int(self.host_staging[side].ctypes.data), g.layout.nbytes)
                     self._run(g.context, g.layout)
+                    self.sampler.kernel.enqueue_step(side, g.size, self.logits_ptr, self.vocab_size)
                 finally:
                     graph = self.device.end_capture()
-                g.graph = graph
+                g.graphs.append(graph)
+                padding = self.sampler.enqueue([], self.logits_ptr, self.vocab_size, side=side, rows=g.size)
                 self.device.launch_graph(graph)
-                self.device.synchronize()
+                self.sampler.kernel.result(padding.ticket)  # waits; nothing to read
 
     # steps ---------------------------------------------------------------------------------
     def _copy_inputs(self, layout: StepLayout) -> None:
@@ -477,13 +495,13 @@ class DeviceRunner:
         """
         if len(self._in_flight) >= 2:
             raise DeviceRunnerError("execute() with two steps in flight; sample() the oldest first")
-        self._side ^= 1  # the other host staging buffer: its last copy was waited for
-        rows = self._launch(batch)
-        seqs = batch.seqs
-        ids = [s.request_id if s.produces_token else None for s in seqs]  # type: ignore[attr-defined]
+        n = len(batch.seqs)
+        if n > self.max_batch_size:
+            raise InvalidArgumentError(f"a step of {n} sequences; the engine takes at most max_batch_size={self.max_batch_size}")
+        ids = [s.request_id if s.produces_token else None for s in batch.seqs]  # type: ignore[attr-defined]
         while ids and ids[-1] is None:  # rows past the last sampled one are not read
             ids.pop()
-        sampling = self.sampler.enqueue(ids, self.logits_ptr, self.vocab_size) if ids else None
+        rows, sampling = self._launch(batch, ids)
         self._fed_rows = {rid: i for i, rid in enumerate(ids) if rid is not None}
         self._in_flight.append(_InFlight(batch, sampling))
         return rows
@@ -507,22 +525,29 @@ class DeviceRunner:
         """Forget a finished request's sampling state."""
         self.sampler.remove_request(request_id)
 
-    def _launch(self, batch: StepBatch) -> int:
+    def _sample(self, ids: list[Hashable | None], rows: int | None = None) -> SamplingStep | None:
+        """Stage (and, without ``rows``, enqueue) the sampling of ``ids`` on this step's side."""
+        if not ids:
+            return None
+        return self.sampler.enqueue(ids, self.logits_ptr, self.vocab_size, side=self._side, rows=rows)
+
+    def _launch(self, batch: StepBatch, ids: list[Hashable | None]) -> tuple[int, SamplingStep | None]:
         n = len(batch.seqs)
-        if n > self.max_batch_size:
-            raise InvalidArgumentError(f"a step of {n} sequences; the engine takes at most max_batch_size={self.max_batch_size}")
         self.num_steps += 1
+        self._side ^= 1  # the other host side: its last step was collected before this one
         fed = self._fed_rows if self._in_flight else None  # placeholders name rows of the step in flight
         if self.is_decode(batch):
             g = self.graphs[bucket_for(n, self.buckets)]
             fill_step(g.views[self._side], batch, self.scratch_block, fed)
-            self._copy_inputs(g.layout)
-            if g.graph is not None:
-                self.device.launch_graph(g.graph)
+            if g.graphs:  # the whole step: staging copy, feed, engine, sampling, copies back
+                sampling = self._sample(ids, rows=g.size)
+                self.device.launch_graph(g.graphs[self._side])
                 self.num_graph_replays += 1
             else:
+                self._copy_inputs(g.layout)
                 self._run(g.context, g.layout)
-            return g.size
+                sampling = self._sample(ids)
+            return g.size, sampling
         tokens = sum(s.num_new_tokens for s in batch.seqs)
         if tokens > self.max_num_tokens:
             raise InvalidArgumentError(f"a step of {tokens} tokens; the engine takes at most max_num_tokens={self.max_num_tokens}")
@@ -542,7 +567,7 @@ class DeviceRunner:
                 self._eager_shapes[name] = shape
         self._bind_inputs(ctx, layout)
         self._run(ctx, layout, feed=bool(fed))
-        return n
+        return n, self._sample(ids)
 
     def logits_rows(self, rows: int) -> np.ndarray:
         """Copy the first ``rows`` logits rows to the pinned host buffer and wait; float32
@@ -579,16 +604,15 @@ class DeviceRunner:
                 flight, or nothing was sampled yet.
         """
         g = self.graphs.get(size)
-        if g is None or g.graph is None:
+        if g is None or not g.graphs:
             raise DeviceRunnerError(f"no graph for bucket {size} (buckets {list(self.buckets)}, enforce_eager={self.enforce_eager})")
         if self._in_flight:
             raise DeviceRunnerError("replay_seconds() with a step in flight; sample it first")
-        kernel = self.sampler.kernel
+        graph = g.graphs[self._side]  # that side holds the last step's inputs and records
         self.device.synchronize()
         t0 = time.perf_counter()
         for _ in range(int(steps)):
-            self.device.launch_graph(g.graph)
-            kernel.sample(self.logits_ptr, self.vocab_size)  # the rows staged last
+            self.device.launch_graph(graph)
         self.device.synchronize()
         return (time.perf_counter() - t0) / max(int(steps), 1)
 

@@ -80,15 +80,21 @@ class HostSamplerKernel:
         self.max_batch_size, self.vocab_size = int(max_batch_size), int(vocab_size)
         self.num_slots = self.max_batch_size
         self.params_dtype = row_params_dtype(self.max_banned)
-        self._staged = np.zeros(0, self.params_dtype)
-        self._rows: list[SamplingRow | None] = []
-        self._results: dict[int, SampleResult] = {}  # by ticket, once the device ran it
-        self._marks: dict[int, int] = {}  # ticket -> the stream position after its sampling
+        # the two host sides' "pinned memory": (records, rows, ticket) staged last on each
+        self._sides: list[tuple[np.ndarray, list[SamplingRow | None], int] | None] = [None, None]
+        self._turn = 0
         self._next_ticket = 0
+        self._results: dict[int, SampleResult] = {}  # by ticket, once the device ran it
         # "device" state: each slot's prompt and counted outputs; the last step's tokens
         self._slots: list[tuple[list[int], list[int]]] = [([], []) for _ in range(self.num_slots)]
         self._last_tokens = np.zeros(0, np.int64)
         self.num_slot_fills = 0
+
+    @property
+    def _staged(self) -> np.ndarray:
+        """The records staged last (tests)."""
+        staged = self._sides[self._turn]
+        return np.zeros(0, self.params_dtype) if staged is None else staged[0]
 
     def add_request(self, slot: int, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int] = ()) -> None:
         """Enqueue the reset of penalty slot ``slot`` to this prompt and these outputs."""
@@ -100,28 +106,44 @@ class HostSamplerKernel:
 
         self.device.enqueue(fill)
 
-    def set_packed(self, staged: np.ndarray, rows: Sequence[SamplingRow | None]) -> None:
-        """Stage the records of the next :meth:`sample` (copied: the caller reuses its array)."""
-        self._staged, self._rows = staged.copy(), list(rows)
-
-    def sample(self, logits: int, row_stride: int | None = None) -> int:
-        """Enqueue the reference on ``[rows, row_stride]`` float32 logits at ``logits``;
-        returns the ticket of :meth:`result`."""
-        staged, rows, stride = self._staged, self._rows, self.vocab_size if row_stride is None else int(row_stride)
+    def set_packed(self, staged: np.ndarray, rows: Sequence[SamplingRow | None], side: int | None = None) -> int:
+        """Stage the records of the next step on ``side`` (default: the next in turn; copied:
+        the caller reuses its array); returns the step's ticket."""
+        self._turn = 1 - self._turn if side is None else int(side)
         ticket = self._next_ticket
         self._next_ticket += 1
+        self._sides[self._turn] = (staged.copy(), list(rows), ticket)
+        return ticket
+
+    def sample(self, logits: int, row_stride: int | None = None) -> int:
+        """Enqueue the reference on ``[rows, row_stride]`` float32 logits at ``logits`` for
+        the records staged last; returns their ticket for :meth:`result`."""
+        staged = self._sides[self._turn]
+        assert staged is not None, "set_packed() first"
+        self.enqueue_step(self._turn, len(staged[1]), logits, row_stride)
+        return staged[2]
+
+    def enqueue_step(self, side: int, rows: int, logits: int, row_stride: int | None = None, *, copy_logprobs: bool = True) -> None:
+        """Enqueue the reference on what ``side`` holds when it runs (capturable: a graph
+        replay samples the records staged on that side before it)."""
+        stride = self.vocab_size if row_stride is None else int(row_stride)
 
         def run() -> None:
-            x = self.device.view(int(logits), (len(rows), stride), np.float32)[:, : self.vocab_size].astype(np.float32)
-            live = [i for i, r in enumerate(rows) if r is not None]
-            tokens = np.full(len(rows), -1, np.int64)
-            fallback = np.zeros(len(rows), bool)
-            logprobs: list[Any] = [None] * len(rows)
+            staged_side = self._sides[side]
+            assert staged_side is not None
+            staged, all_rows, ticket = staged_side
+            n = min(int(rows), len(all_rows))
+            staged, live_rows = staged[:n], all_rows[:n]
+            x = self.device.view(int(logits), (n, stride), np.float32)[:, : self.vocab_size].astype(np.float32)
+            live = [i for i, r in enumerate(live_rows) if r is not None]
+            tokens = np.full(n, -1, np.int64)
+            fallback = np.zeros(n, bool)
+            logprobs: list[Any] = [None] * n
             nonfinite = ~np.isfinite(x).all(axis=1)
             if live:
                 keyed = []
                 for i in live:
-                    r, rec = rows[i], staged[i]
+                    r, rec = live_rows[i], staged[i]
                     assert r is not None
                     step = int(rec["step"])
                     prompt: Sequence[int]
@@ -134,17 +156,14 @@ class HostSamplerKernel:
                 tokens[live], fallback[live] = res.token_ids, res.fallback
                 for j, i in enumerate(live):
                     logprobs[i] = res.logprobs[j]
-                    r = rows[i]
+                    r = live_rows[i]
                     assert r is not None
                     if r.params.has_penalties and not res.fallback[j]:  # the kernel counts the token in its slot
                         self._slots[int(staged[i]["slot"])][1].append(int(res.token_ids[j]))
             self._last_tokens = tokens
             self._results[ticket] = SampleResult(tokens, logprobs, fallback, nonfinite)
 
-        mark = getattr(self.device, "mark", None)
-        self._marks[ticket] = 0 if mark is None else mark() + 1  # the stream position after run
         self.device.enqueue(run)
-        return ticket
 
     def feed_tokens(self, input_ids: int, num_tokens: int) -> None:
         """Enqueue :meth:`GpuSampler.feed_tokens`' write: an id ``-(row + 1)`` in the int32
@@ -163,15 +182,14 @@ class HostSamplerKernel:
         self.device.enqueue(run)
 
     def result(self, ticket: int | None = None) -> SampleResult:
-        """The results of :meth:`sample` ``ticket`` (default the last), after the device ran it."""
+        """The results of step ``ticket`` (default the last staged), after the device ran it
+        (on a deferred device: running its queue until they exist)."""
         ticket = self._next_ticket - 1 if ticket is None else ticket
-        assert ticket in self._marks, "sample() first"
-        run_until = getattr(self.device, "run_until", None)
-        if run_until is not None:
-            run_until(self._marks[ticket])
-        del self._marks[ticket]
+        run_while = getattr(self.device, "run_while", None)
+        if run_while is not None:
+            run_while(lambda: ticket not in self._results)
         res = self._results.pop(ticket, None)
-        assert res is not None, "the device did not run the sampling"
+        assert res is not None, f"the device produced no results for step {ticket} (its side was restaged before it ran?)"
         return res
 
     def close(self) -> None:
@@ -290,18 +308,25 @@ class RequestSampler:
         self.num_slot_fills += 1
         return slot
 
-    def enqueue(self, request_ids: Sequence[Hashable | None], logits_ptr: int, row_stride: int) -> SamplingStep:
+    def enqueue(
+        self, request_ids: Sequence[Hashable | None], logits_ptr: int, row_stride: int, *, side: int | None = None, rows: int | None = None
+    ) -> SamplingStep:
         """Enqueue the sampling of one step behind it on the device: row ``i`` of the float32
         logits ``[len(request_ids), row_stride]`` at ``logits_ptr`` is sampled for
         ``request_ids[i]`` (None: a row that produces no token, left inactive). Returns the
         step for :meth:`collect`; two steps may be in flight (asynchronous scheduling).
+
+        ``side``: the kernel's host side to stage on (default: the next in turn). ``rows``:
+        stage that many rows (the ones past ``request_ids`` inactive) and launch nothing: a
+        graph captured with the kernel's ``enqueue_step`` on that side samples them when it
+        is replayed next.
 
         A request's Philox step (and what ``min_tokens`` bans) is the count of tokens it
         generated before this one: its outputs plus the ones still in flight
         (``Request.num_output_placeholders`` counts those and this one)."""
         states, table = self._states, self._table
         index = []
-        rows: list[SamplingRow | None] = []
+        sampling_rows: list[SamplingRow | None] = []
         steps = []
         host_rows = []
         for i, rid in enumerate(request_ids):
@@ -310,7 +335,7 @@ class RequestSampler:
                 if st is not None:
                     host_rows.append((i, rid))
                 index.append(0)
-                rows.append(None)
+                sampling_rows.append(None)
                 steps.append(0)
                 continue
             req = st.request
@@ -321,12 +346,18 @@ class RequestSampler:
             if st.row.params.has_penalties and st.slot is None:
                 self._take_slot(st, request_ids)
             index.append(st.index)
-            rows.append(st.row)
+            sampling_rows.append(st.row)
             steps.append(n_out)
+        if rows is not None and rows > len(index):  # padding rows of a captured step: inactive
+            pad = rows - len(index)
+            index += [0] * pad
+            sampling_rows += [None] * pad
+            steps += [0] * pad
         staged = table[index]
         staged["step"] = steps
-        self.kernel.set_packed(staged, rows)
-        ticket = self.kernel.sample(logits_ptr, row_stride)
+        ticket = self.kernel.set_packed(staged, sampling_rows, side)
+        if rows is None:
+            self.kernel.sample(logits_ptr, row_stride)
         return SamplingStep(list(request_ids), host_rows, ticket)
 
     def feed_tokens(self, input_ids: int, num_tokens: int) -> None:

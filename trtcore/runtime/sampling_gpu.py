@@ -399,14 +399,17 @@ class GpuSampler:
         e["banned"][: len(banned)] = banned
         return out
 
-    def set_packed(self, staged: np.ndarray, rows: Sequence[SamplingRow | None]) -> None:
+    def set_packed(self, staged: np.ndarray, rows: Sequence[SamplingRow | None], side: int | None = None) -> int:
         """Stage records made by :meth:`pack_row` (``params_dtype [n]``, zeros for a padding
-        row) for the next :meth:`sample`; ``rows`` are their rows (None: padding), which
-        :meth:`result` reads for the logprobs requested.
+        row) for the next :meth:`sample` (or a replay of a graph captured with
+        :meth:`enqueue_step` on that side); ``rows`` are their rows (None: padding), which
+        :meth:`result` reads for the logprobs requested. ``side``: the host side to stage
+        on (default: the next in turn); it waits for that side's last step first. Returns
+        the step's ticket for :meth:`result`.
 
         Raises:
-            InvalidArgumentError: ``staged`` and ``rows`` differ in length, or more than
-                ``max_batch_size`` rows.
+            InvalidArgumentError: ``staged`` and ``rows`` differ in length, more than
+                ``max_batch_size`` rows, or no such side.
         """
         self._check_open()
         n = len(rows)
@@ -414,11 +417,15 @@ class GpuSampler:
             raise InvalidArgumentError(
                 f"set_packed takes 1 to max_batch_size={self.max_batch_size} records, one per row; got {len(staged)} for {n} rows"
             )
-        self._turn = (self._turn + 1) % len(self._sides)
-        side = self._sides[self._turn]
-        _call("cudaEventSynchronize", _rt().cudaEventSynchronize, side.done)  # that side's last step is done
-        side.params.array[:n] = staged
-        side.rows = list(rows)
+        if side is not None and not 0 <= side < len(self._sides):
+            raise InvalidArgumentError(f"side {side} is not in [0, {len(self._sides)})")
+        self._turn = (self._turn + 1) % len(self._sides) if side is None else int(side)
+        host = self._sides[self._turn]
+        _call("cudaEventSynchronize", _rt().cudaEventSynchronize, host.done)  # that side's last step is done
+        host.params.array[:n] = staged
+        host.rows = list(rows)
+        host.copy_logprobs = True  # what a captured step does; sample() says otherwise
+        return self._turn
 
     # ---- the step --------------------------------------------------------------------------
 
@@ -443,6 +450,29 @@ class GpuSampler:
         n = len(side.rows)
         if n == 0:
             raise InvalidArgumentError("call set_params() before sample()")
+        want = any(r is not None and r.params.logprobs is not None for r in side.rows) if copy_logprobs is None else bool(copy_logprobs)
+        self.enqueue_step(ticket, n, logits, row_stride, copy_logprobs=want)
+        side.copy_logprobs = want
+        return ticket
+
+    def enqueue_step(self, side: int, rows: int, logits: Any, row_stride: int | None = None, *, copy_logprobs: bool = True) -> None:
+        """Enqueue the step of host side ``side`` on ``rows`` rows, whatever is staged there
+        when it runs: the parameters' copy, the kernel, the results' (and top-k logprobs')
+        copy back, the side's done event. :meth:`sample` calls it; the device executor
+        captures it into each decode graph (one graph per side; :meth:`set_packed` with that
+        side before each replay), so a replayed step samples inside the graph.
+
+        Raises:
+            InvalidArgumentError: no such side, ``rows`` outside ``[1, max_batch_size]``, a
+                bad ``row_stride``.
+        """
+        self._check_open()
+        if not 0 <= side < len(self._sides):
+            raise InvalidArgumentError(f"side {side} is not in [0, {len(self._sides)})")
+        n = int(rows)
+        if not 1 <= n <= self.max_batch_size:
+            raise InvalidArgumentError(f"rows={rows} is not in [1, max_batch_size={self.max_batch_size}]")
+        host = self._sides[side]
         stride = self.vocab_size if row_stride is None else int(row_stride)
         if stride < self.vocab_size:
             raise InvalidArgumentError(f"row_stride={stride} is below vocab_size={self.vocab_size}")
@@ -450,21 +480,18 @@ class GpuSampler:
         rt = _rt()
         h2d, d2h = rt.cudaMemcpyKind.cudaMemcpyHostToDevice, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
         s = self.stream
-        _call("cudaMemcpyAsync(sampler params)", rt.cudaMemcpyAsync, self._params_d, side.params.ptr, n * self.params_dtype.itemsize, h2d, s)
+        _call("cudaMemcpyAsync(sampler params)", rt.cudaMemcpyAsync, self._params_d, host.params.ptr, n * self.params_dtype.itemsize, h2d, s)
         args = [
             (ptr, "ptr"), (stride, "i64"), (self.vocab_size, "i32"), (self._params_d, "ptr"), (self._counts_d, "ptr"),
             (self._mask_d, "ptr"), (self._results_d, "ptr"), (self._top_ids_d, "ptr"), (self._top_lp_d, "ptr"),
         ]  # fmt: skip
         self._step_fn.launch(n, BLOCK, args, shared_mem=4 * (-(-self.vocab_size // 32)), stream=s)
-        _call("cudaMemcpyAsync(sampled ids)", rt.cudaMemcpyAsync, side.results.ptr, self._results_d, n * ROW_RESULT_DTYPE.itemsize, d2h, s)
-        want = any(r is not None and r.params.logprobs is not None for r in side.rows) if copy_logprobs is None else bool(copy_logprobs)
-        if want:
+        _call("cudaMemcpyAsync(sampled ids)", rt.cudaMemcpyAsync, host.results.ptr, self._results_d, n * ROW_RESULT_DTYPE.itemsize, d2h, s)
+        if copy_logprobs:
             nb = n * self.max_logprobs * 4
-            _call("cudaMemcpyAsync(top-k ids)", rt.cudaMemcpyAsync, side.top_ids.ptr, self._top_ids_d, nb, d2h, s)
-            _call("cudaMemcpyAsync(top-k logprobs)", rt.cudaMemcpyAsync, side.top_lp.ptr, self._top_lp_d, nb, d2h, s)
-        side.copy_logprobs = want
-        self._record(side.done)
-        return ticket
+            _call("cudaMemcpyAsync(top-k ids)", rt.cudaMemcpyAsync, host.top_ids.ptr, self._top_ids_d, nb, d2h, s)
+            _call("cudaMemcpyAsync(top-k logprobs)", rt.cudaMemcpyAsync, host.top_lp.ptr, self._top_lp_d, nb, d2h, s)
+        self._record(host.done)
 
     def feed_tokens(self, input_ids: int, num_tokens: int) -> None:
         """Enqueue the write of the last sampled tokens into a step's staged ``input_ids``
