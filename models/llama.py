@@ -49,8 +49,9 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
     def w(role: str, layer: int | None, *shape: int, suffix: str = ".weight") -> np.ndarray:
         return weights.get(fam.tensor(role, layer, suffix), shape=tuple(shape))
 
-    def lw(role: str, layer: int | None, out: int, inp: int) -> np.ndarray:
-        # a linear's weight: quantized checkpoints give it through the quantized-weight hook
+    def lw(role: str, layer: int | None, out: int, inp: int) -> Any:
+        # a linear's weight; a quantized checkpoint's stays quantized (ops.linear then builds the
+        # weight-only GEMM: the plugin, or TensorRT's dequantize layer where plugins cannot be hosted)
         return linear_weight(weights, fam.tensor(role, layer, ".weight"), (out, inp))
 
     def proj(role: str, i: int, out: int, inp: int, bias: bool, x: Any) -> Any:
@@ -92,7 +93,7 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                 mlp = ops.swiglu_mlp(g, x, gate, up, down, biases, "mlp")  # type: ignore[arg-type]
                 h = ops.add(g, h, mlp, "mlp_residual")
         last = ops.rms_norm(g, ops.last_token_hidden(g, h), w("norm", None, E), c.rms_norm_eps, "norm")
-    lm_head = embed if c.tie_word_embeddings else lw("lm_head", None, c.vocab_size, E)
+    lm_head = embed if c.tie_word_embeddings else linear_weight(weights, fam.tensor("lm_head", None, ".weight"), (c.vocab_size, E), quantized=False)
     ops.logits_output(g, ops.linear(g, last, lm_head, None, "lm_head"))
 
 

@@ -30,6 +30,7 @@ from trtcore.runtime.device_runner import (
     StepLayout,
     batch_buckets,
     bucket_for,
+    fill_decode,
     fill_step,
     kv_pool_blocks,
 )
@@ -124,6 +125,37 @@ def test_fill_step_pads_rows_onto_the_scratch_block() -> None:
     with pytest.raises(InvalidArgumentError, match="pad"):
         fill_step(views, _Batch([_Seq([1, 2], 0, [0])] + seqs), scratch_block=63)
 
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_fill_decode_writes_what_fill_step_writes(rope: bool) -> None:
+    """After a decode step of one batch size filled the layout (fill_step), fill_decode of any
+    other decode batch leaves the staging bytes exactly as fill_step writes them (the formulas
+    of the test above), placeholders included."""
+    rng = np.random.default_rng()
+    layout = StepLayout.make(8, 8, 6, rope_seq_lens=rope)
+
+    def batch(n: int) -> _Batch:
+        seqs = []
+        for c in rng.integers(0, 90, size=n):
+            tok = -1 if rng.random() < 0.5 else int(rng.integers(100))  # -1: a placeholder (token in flight)
+            s = _Seq([tok], int(c), [int(b) for b in rng.choice(50, size=int(c) // 16 + 1, replace=False)])
+            s.request_id = len(seqs)  # type: ignore[attr-defined]
+            seqs.append(s)
+        return _Batch(seqs)
+
+    a, b = np.full(layout.nbytes, 0xAB, np.uint8), np.full(layout.nbytes, 0xCD, np.uint8)
+    va, vb = layout.views(a), layout.views(b)
+    fed = {i: int(r) for i, r in enumerate(rng.permutation(8))}
+    fill_step(va, batch(5), 63, fed)
+    fill_step(vb, batch(2), 63, fed)
+    for n in (3, 8, 1, 6):
+        step = batch(n)
+        fill_step(va, step, 63, fed)
+        fill_decode(vb, step.seqs, 63, fed)
+        for name in layout.fields:
+            np.testing.assert_array_equal(va[name], vb[name], err_msg=name)
+        ph = [i for i, q in enumerate(step.seqs) if q.token_ids[0] < 0]
+        assert vb[INPUT_IDS][ph].tolist() == [-(fed[i] + 1) for i in ph]
 
 def test_kv_pool_size_follows_gpu_memory_utilization() -> None:
     gib = 1 << 30

@@ -45,9 +45,9 @@ def _pack(case: str, w: np.ndarray, rng: np.random.Generator) -> tuple[dict[str,
     return pack_compressed(qz, 4, sym=False), qz.dequantize()
 
 
-@pytest.mark.filterwarnings("error::UserWarning")  # every packed tensor is read (none unexpected)
-@pytest.mark.parametrize("case", list(CONFIGS))
-def test_quantized_llama_greedy_equals_transformers_on_dequantized_weights(tmp_path: Path, case: str) -> None:
+def _checkpoints(tmp_path: Path, case: str) -> tuple[Path, Path]:
+    """The tiny Llama's checkpoint with every linear packed in ``case``'s format, and a plain
+    one of the packers' float64 dequantized weights."""
     v = VARIANTS["llama3_rope"]
     src = write_checkpoint(v, tmp_path / "src")
     weights = load_file(str(src / "model.safetensors"))
@@ -68,10 +68,49 @@ def test_quantized_llama_greedy_equals_transformers_on_dequantized_weights(tmp_p
         d.mkdir()
         save_file(tensors, str(d / "model.safetensors"))
         (d / "config.json").write_text(json.dumps(cfg))
+    return qdir, ddir
 
+
+@pytest.mark.filterwarnings("error::UserWarning")  # every packed tensor is read (none unexpected)
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_quantized_llama_greedy_equals_transformers_on_dequantized_weights(tmp_path: Path, case: str) -> None:
+    v = VARIANTS["llama3_rope"]
+    qdir, ddir = _checkpoints(tmp_path, case)
     llm = LLM(qdir, backend="reference", dtype="float32", progress=False)
     assert llm.quantization == CONFIGS[case]["quant_method"]
     prompt = random_prompt(np.random.default_rng(3), 12, v.vocab_size)
     [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
     expected, _ = hf_greedy(load_hf(ddir), prompt, 16)
     assert out.outputs[0].token_ids == expected
+
+
+def _layer_kinds(network: Any) -> list[str]:
+    kinds = []
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        plugin = getattr(layer, "plugin", None)
+        kinds.append(type(plugin).__name__ if plugin is not None else str(layer.type).rsplit(".", 1)[-1])
+    return kinds
+
+
+@pytest.mark.parametrize("case", ["gptq_v1_act_order", "awq"])
+def test_quantized_linears_stay_quantized_in_the_network(tmp_path: Path, case: str) -> None:
+    """Every linear of a quantized checkpoint is a weight-only GEMM in the network (none is
+    dequantized at load): the plugin where the backend hosts plugins (the reference), TensorRT's
+    dequantize layer on ``tensorrt_rtx`` (no plugins), which builds the network."""
+    from trtcore.builder import BuildConfig, build_engine, define_network
+    from trtcore.checkpoint import Checkpoint
+    from trtcore.config import load_config
+    from trtcore.trt import load_trt
+
+    qdir, _ = _checkpoints(tmp_path, case)
+    config = load_config(qdir)
+    expected = len(LINEARS) * config.num_hidden_layers
+    with Checkpoint(qdir) as weights:
+        d = define_network(load_trt("reference"), config, weights, BuildConfig(dtype="float32", max_batch_size=2, max_seq_len=64))
+    assert _layer_kinds(d.network).count("WeightOnlyGemmPlugin") == expected
+    rtx = pytest.importorskip("tensorrt_rtx")
+    with Checkpoint(qdir) as weights:
+        d = define_network(rtx, config, weights, BuildConfig(dtype="float16", max_batch_size=2, max_seq_len=64))
+    assert _layer_kinds(d.network).count("DEQUANTIZE") == expected
+    assert len(build_engine(d, "sm89")) > 1000

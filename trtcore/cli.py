@@ -125,6 +125,15 @@ def _parser() -> argparse.ArgumentParser:
         help="keep Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K linear weights in their GGUF blocks (quantization 'gguf') instead of float16",
     )
 
+    q = sub.add_parser("quantize", help="quantize a checkpoint's linears into a compressed-tensors (pack-quantized) checkpoint")
+    q.add_argument("--model", required=True, help="Hugging Face model folder (float safetensors; Llama-family architecture)")
+    q.add_argument("--output", required=True, help="folder to create")
+    q.add_argument("--method", default="rtn", choices=["rtn"], help="round to nearest (calibrated methods, awq and fp8, are not implemented yet)")
+    q.add_argument("--bits", type=int, default=4, choices=[4, 8])
+    q.add_argument("--group-size", type=int, default=128, help="input features per scale; 0 for one scale per output channel (default 128)")
+    q.add_argument("--symmetric", action="store_true", help="no zero points")
+    q.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+
     k = sub.add_parser("check", help="compare trtcore's logits with Hugging Face transformers'")
     k.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
     k.add_argument("--prompt", default=DEFAULT_PROMPT)
@@ -235,6 +244,16 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantize(args: argparse.Namespace) -> int:
+    from .quantizer import quantize_checkpoint
+
+    out = quantize_checkpoint(
+        args.model, args.output, method=args.method, bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, overwrite=args.overwrite
+    )
+    print(f"wrote {out}")
+    return 0
+
+
 def _check(args: argparse.Namespace) -> int:
     from .check import compare, compare_with_transformers
 
@@ -262,7 +281,15 @@ def _check(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trtcore`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
-    handlers: dict[str, Any] = {"generate": _generate, "build": _build, "convert": _convert, "check": _check, "bench": _bench, "serve": _serve}
+    handlers: dict[str, Any] = {
+        "generate": _generate,
+        "build": _build,
+        "convert": _convert,
+        "quantize": _quantize,
+        "check": _check,
+        "bench": _bench,
+        "serve": _serve,
+    }
     try:
         return int(handlers[args.command](args))
     except TrtcoreError as exc:

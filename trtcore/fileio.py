@@ -1,20 +1,27 @@
-"""File writing: the one atomic writer (engines, sidecars, kernel CUBINs, cache markers).
+"""File writing: the one atomic writer (engines, sidecars, kernel CUBINs, cache markers), and
+the one atomic folder writer (converted and quantized checkpoints).
 
 A reader never sees a partial file: :func:`write_atomic` writes a temporary file in the
 target's folder (same file system) and renames it over the target with :func:`os.replace`,
 which POSIX and Windows both make atomic. A process killed half-way leaves at most a hidden
-``.<name>.*.tmp`` file beside the target, never a truncated target.
+``.<name>.*.tmp`` file beside the target, never a truncated target. :func:`atomic_folder`
+does the same for a folder: it is written as a hidden ``.<name>.partial-*`` sibling and
+renamed into place when complete, removed on any failure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import InvalidArgumentError
 
-__all__ = ["check_writable", "write_atomic"]
+__all__ = ["atomic_folder", "check_folder_free", "check_writable", "write_atomic"]
 
 
 def check_writable(path: str | os.PathLike[str]) -> None:
@@ -67,3 +74,59 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int | None 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_folder_free(output_dir: str | os.PathLike[str], overwrite: bool, error: type[Exception] = InvalidArgumentError) -> None:
+    """Fail early when ``output_dir`` exists, is not an empty folder and ``overwrite`` is false.
+
+    Raises:
+        error: it does (the message names it and the way to replace it).
+    """
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not overwrite and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        raise error(f"{output_dir} already exists and is not empty (pass overwrite=True, or --overwrite on the command line)")
+
+
+@contextlib.contextmanager
+def atomic_folder(output_dir: str | os.PathLike[str], *, overwrite: bool = False, error: type[Exception] = InvalidArgumentError) -> Iterator[Path]:
+    """A temporary folder beside ``output_dir`` to write a whole folder into: when the
+    ``with`` block ends without an exception it is renamed to ``output_dir`` (an existing
+    one replaced only with ``overwrite``, and put back if the rename fails); on any exception
+    it is removed, so nothing half-written is left at or next to ``output_dir``.
+
+    Raises:
+        error: ``output_dir`` exists, is not empty and ``overwrite`` is false.
+    """
+    output_dir = Path(output_dir)
+    check_folder_free(output_dir, overwrite, error)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output_dir.parent / f".{output_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        _move_into_place(tmp, output_dir, overwrite, error)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _move_into_place(tmp: Path, output_dir: Path, overwrite: bool, error: type[Exception]) -> None:
+    if output_dir.exists():
+        if output_dir.is_dir() and not any(output_dir.iterdir()):
+            output_dir.rmdir()
+        elif overwrite:
+            trash = output_dir.parent / f".{output_dir.name}.old-{uuid.uuid4().hex[:8]}"
+            output_dir.rename(trash)
+            try:
+                tmp.rename(output_dir)
+            except BaseException:
+                trash.rename(output_dir)  # put the old folder back
+                raise
+            if trash.is_dir():
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                trash.unlink(missing_ok=True)
+            return
+        else:
+            check_folder_free(output_dir, overwrite, error)
+    tmp.rename(output_dir)

@@ -45,9 +45,7 @@ import logging
 import math
 import os
 import re
-import shutil
 import struct
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +55,7 @@ import numpy as np
 
 from .errors import ConversionError
 from .families import GGUFMapping, gguf_families
+from .fileio import atomic_folder, check_folder_free
 from .quant_formats.gguf_blocks import GGUF_TYPES
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "convert_gguf", "unpermute_qk"]
@@ -153,9 +152,7 @@ def convert_gguf(
     """
     gguf_path = Path(gguf_path)
     output_dir = Path(output_dir)
-    if output_dir.exists() and not overwrite:
-        if not output_dir.is_dir() or any(output_dir.iterdir()):
-            raise ConversionError(f"{output_dir} already exists and is not empty (pass overwrite=True, or --overwrite on the command line)")
+    check_folder_free(output_dir, overwrite, ConversionError)
 
     reader = _open_gguf(gguf_path)
     meta = _Metadata(reader)
@@ -173,19 +170,12 @@ def convert_gguf(
     tokenizer, tokenizer_config = _build_tokenizer(meta, config)
     generation_config = _build_generation_config(meta, config)
 
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output_dir.parent / f".{output_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic_folder(output_dir, overwrite=overwrite, error=ConversionError) as tmp:
         _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", generation_config)
         tokenizer.save(str(tmp / "tokenizer.json"))
         _write_json(tmp / "tokenizer_config.json", tokenizer_config)
         _write_safetensors(tmp / "model.safetensors", plan, progress=progress)
-        _move_into_place(tmp, output_dir, overwrite=overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return output_dir
 
 
@@ -751,25 +741,3 @@ def _build_generation_config(meta: _Metadata, config: dict[str, Any]) -> dict[st
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def _move_into_place(tmp: Path, output_dir: Path, *, overwrite: bool) -> None:
-    if output_dir.exists():
-        if output_dir.is_dir() and not any(output_dir.iterdir()):
-            output_dir.rmdir()
-        elif overwrite:
-            trash = output_dir.parent / f".{output_dir.name}.old-{uuid.uuid4().hex[:8]}"
-            output_dir.rename(trash)
-            try:
-                tmp.rename(output_dir)
-            except BaseException:
-                trash.rename(output_dir)  # put the old directory back
-                raise
-            if trash.is_dir():
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                trash.unlink(missing_ok=True)
-            return
-        else:
-            raise ConversionError(f"{output_dir} already exists and is not empty (pass overwrite=True, or --overwrite on the command line)")
-    tmp.rename(output_dir)

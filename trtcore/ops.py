@@ -289,18 +289,22 @@ def matmul(g: Graph, a: Tensor, b: Tensor, transpose_b: bool = False, name: str 
 # ---------------------------------------------------------------------------------------
 
 
-def linear(g: Graph, x: Tensor, weight: np.ndarray, bias: np.ndarray | None = None, name: str = "linear") -> Tensor:
+def linear(g: Graph, x: Tensor, weight: np.ndarray | QuantizedWeight, bias: np.ndarray | None = None, name: str = "linear") -> Tensor:
     """``x @ weight.T + bias`` (``torch.nn.Linear``).
 
     Args:
         x: ``[..., in_features]`` of the graph dtype.
         weight: ``[out_features, in_features]`` (Hugging Face layout), any float dtype;
-            stored as a constant of the graph dtype.
+            stored as a constant of the graph dtype. A
+            :class:`~trtcore.quantization.QuantizedWeight` (a quantized checkpoint's linear)
+            stays quantized: :func:`weight_only_linear`.
         bias: ``[out_features]`` or None.
 
     Returns:
         ``[..., out_features]`` of the graph dtype, named ``name``.
     """
+    if isinstance(weight, QuantizedWeight):
+        return weight_only_linear(g, x, weight, bias, name)
     if weight.ndim != 2 or (x.shape[-1] != -1 and x.shape[-1] != weight.shape[1]):
         raise NetworkError(f"{name}: weight {weight.shape} does not fit input {tuple(x.shape)}")
     rank = len(x.shape)
@@ -331,7 +335,8 @@ def weight_only_linear(
             ``IDequantizeLayer`` on signed int4/int8 codes with block scales of x's dtype,
             feeding a matmul; a zero point ``z != 2**(bits-1)`` adds the float32 term
             ``sum_g xsum[..., g] * (2**(bits-1) - z[n, g]) * s[n, g]``, ``xsum`` the sums of x
-            over each group). Default: ``g.implementations.get("weight_only_gemm", "plugin")``.
+            over each group). Default: ``g.implementations["weight_only_gemm"]`` if set, else
+            the plugin where the TensorRT module hosts plugins, the dequantize layer where not.
             On ``trtcore.reference``, which has no dequantize layer, ``"dequantize"`` is
             emulated by a cast and a multiply of the same signed codes and rounded scales.
 
@@ -347,7 +352,10 @@ def weight_only_linear(
         raise NetworkError(f"{name}: quantized weight [{n}, {k}] does not fit input {tuple(x.shape)}")
     if bias is not None and bias.shape != (n,):
         raise NetworkError(f"{name}: bias must be [{n}], got {bias.shape}")
-    impl = impl or g.implementations.get("weight_only_gemm", "plugin")
+    if impl is None:  # the plugin where the network can host plugins (tensorrt_rtx cannot)
+        from trtcore.plugins.base import hosts_plugins
+
+        impl = g.implementations.get("weight_only_gemm") or ("plugin" if hosts_plugins(g.trt) else "dequantize")
     if impl not in WEIGHT_ONLY_IMPLEMENTATIONS:
         raise InvalidArgumentError(f"{name}: weight-only GEMM implementation {impl!r} is not one of {WEIGHT_ONLY_IMPLEMENTATIONS}")
     np_x = _np_of(g, x)
@@ -1114,6 +1122,10 @@ def self_attention(
     fused = fuses_rope(g, spec)
     common: dict[str, Any] = dict(num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale, layer_type=layer_type, sliding_window=sliding_window)
     if fused and head_norms is None:
+        if any(isinstance(a, QuantizedWeight) for a in weights):  # three weight-only GEMMs (own groups, act orders)
+            parts = [linear(g, x, wi, bi, f"{role}_proj") for role, wi, bi in zip("qkv", weights, bias)]
+            qkv = concat(g, parts, len(x.shape) - 1, "qkv_proj")
+            return cached_attention(g, layer_idx, qkv, None, None, rope=spec, **common)
         w = np.concatenate([np.asarray(a) for a in weights], axis=0)
         b = None
         if any(a is not None for a in bias):

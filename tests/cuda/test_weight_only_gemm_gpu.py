@@ -33,7 +33,7 @@ CASES = [
     # (N, K, bits, group_size (0: per channel), zeros, perm)
     (256, 4096, 4, 128, "none", False),
     (300, 1536, 4, 64, "int", False),
-    (96, 2056, 4, 32, "frac", True),
+    (96, 2080, 4, 32, "frac", True),  # 65 groups of 32: an odd group count
     (512, 1024, 8, 0, "none", False),
     (200, 2048, 8, 64, "int", True),
     (64, 520, 8, 8, "frac", False),

@@ -6,9 +6,11 @@
 * :class:`QuantizedCheckpoint` wraps a :class:`~trtcore.checkpoint.Checkpoint`: each
   quantized linear ``X`` appears as one tensor ``X.weight`` that :meth:`~QuantizedCheckpoint.quantized`
   returns as a QuantizedWeight (its packed tensors are hidden); everything else reads through;
-* :func:`linear_weight` is what a model asks for a linear layer's weight;
-  :func:`dequantize_for_network` is the one place where a QuantizedWeight becomes a float
-  weight, until the weight-only GEMM plugin takes QuantizedWeight directly.
+* :func:`linear_weight` is what a model asks for a linear layer's weight: the
+  QuantizedWeight itself for a quantized linear (the model then builds
+  :func:`trtcore.ops.weight_only_linear`, the weight-only GEMM plugin or TensorRT's
+  dequantize layer), the float array otherwise; :func:`dequantize_for_network` turns a
+  QuantizedWeight into a float weight where a float one is needed.
 
 One module per format: :mod:`.gptq`, :mod:`.awq`, :mod:`.compressed_tensors`, :mod:`.gguf_blocks`.
 """
@@ -224,10 +226,11 @@ def dequantize_for_network(weight: QuantizedWeight) -> np.ndarray:
     return weight.dequantize().astype(np.float32)
 
 
-def linear_weight(weights: Any, name: str, shape: tuple[int, int]) -> np.ndarray:
-    """A linear layer's ``[N, K]`` weight ``name`` for the network: quantized weights
-    (``weights.quantized``, e.g. :meth:`trtcore.checkpoint.LoadReport.quantized`) through
-    :func:`dequantize_for_network`, others read as they are.
+def linear_weight(weights: Any, name: str, shape: tuple[int, int], *, quantized: bool = True) -> np.ndarray | QuantizedWeight:
+    """A linear layer's ``[N, K]`` weight ``name`` for the network: a quantized weight
+    (``weights.quantized``, e.g. :meth:`trtcore.checkpoint.LoadReport.quantized`) as its
+    :class:`~trtcore.quantization.QuantizedWeight` (``quantized=False``: dequantized,
+    :func:`dequantize_for_network`), others read as they are.
 
     Raises:
         MissingTensorError / TensorShapeError: see the checkpoint's ``get``.
@@ -238,7 +241,7 @@ def linear_weight(weights: Any, name: str, shape: tuple[int, int]) -> np.ndarray
         return weights.get(name, shape=shape)
     if q.shape != tuple(shape):
         raise TensorShapeError(f"quantized weight '{name}' has shape {q.shape}, expected {tuple(shape)}")
-    return dequantize_for_network(q)
+    return q if quantized else dequantize_for_network(q)
 
 
 __all__ = [

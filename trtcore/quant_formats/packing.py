@@ -43,6 +43,28 @@ def unpack_int32(words: np.ndarray, bits: int, axis: int, name: str = "tensor") 
     return np.moveaxis(codes.reshape(*w.shape[:-1], w.shape[-1] * per_word), -1, axis)
 
 
+def pack_int32(codes: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """The inverse of :func:`unpack_int32`: ``32 // bits`` unsigned codes per int32 word along
+    ``axis`` (whose length must be a multiple of it), the first code in the low bits.
+
+    Raises:
+        CheckpointError: ``bits`` is not 4 or 8, a code does not fit ``bits``, or the axis
+            length is not a multiple of ``32 // bits``.
+    """
+    if bits not in (4, 8):
+        raise CheckpointError(f"{bits}-bit codes are not supported, expected 4 or 8")
+    per_word = 32 // bits
+    c = np.moveaxis(np.asarray(codes), axis, -1)
+    if c.shape[-1] % per_word:
+        raise CheckpointError(f"{c.shape[-1]} codes along axis {axis} do not fill whole words of {per_word}")
+    if c.size and int(c.max()) >= 1 << bits:
+        raise CheckpointError(f"a code {int(c.max())} does not fit {bits} bits")
+    slots = c.astype(np.uint32).reshape(*c.shape[:-1], -1, per_word)
+    shifts = np.arange(per_word, dtype=np.uint32) * np.uint32(bits)
+    words = np.bitwise_or.reduce(slots << shifts, axis=-1).astype(np.uint32)
+    return np.ascontiguousarray(np.moveaxis(words.view(np.int32), -1, axis))
+
+
 def awq_unorder(codes: np.ndarray, axis: int) -> np.ndarray:
     """Put AWQ's interleaved columns (:data:`AWQ_ORDER`, unpacked along ``axis`` by
     :func:`unpack_int32`) back in their natural order."""
@@ -53,4 +75,4 @@ def awq_unorder(codes: np.ndarray, axis: int) -> np.ndarray:
     return np.moveaxis(natural.reshape(c.shape), -1, axis)
 
 
-__all__ = ["AWQ_ORDER", "awq_unorder", "unpack_int32"]
+__all__ = ["AWQ_ORDER", "awq_unorder", "pack_int32", "unpack_int32"]

@@ -97,6 +97,7 @@ __all__ = [
     "StepLayout",
     "batch_buckets",
     "bucket_for",
+    "fill_decode",
     "fill_step",
     "kv_pool_blocks",
 ]
@@ -236,6 +237,40 @@ def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int
         views[ROPE_SEQ_LENS][:] = np.repeat(sl, np.diff(qsl))
 
 
+def fill_decode(views: dict[str, np.ndarray], seqs: Sequence[Any], scratch_block: int, fed_rows: dict[Hashable, int] | None = None) -> None:
+    """:func:`fill_step` for a decode step (every sequence feeds one token) on a decode layout
+    (one token per row, ``T == B``) that :func:`fill_step` filled last in this staging buffer:
+    there ``query_start_loc`` is ``0..B`` and ``last_token_ids`` ``0..B-1`` whatever the
+    batch, so only the per-row fields are written (the host's share of a graphed step).
+
+    Raises:
+        InvalidArgumentError: more sequences than the layout's rows.
+    """
+    ids, pos, bt, sl = views[INPUT_IDS], views[POSITION_IDS], views[BLOCK_TABLES], views[SEQ_LENS]
+    n, B = len(seqs), sl.shape[0]
+    if n > B:
+        raise InvalidArgumentError(f"a decode step of {n} sequences does not fit a layout of {B} rows")
+    if fed_rows:
+        ids[:n] = [t if (t := s.token_ids[0]) >= 0 else ~fed_rows[s.request_id] for s in seqs]
+    else:
+        ids[:n] = [s.token_ids[0] for s in seqs]
+    cached = [s.num_cached_tokens for s in seqs]
+    pos[:n] = cached
+    sl[:n] = cached
+    sl[:n] += 1
+    bt.fill(PAD_BLOCK_ID)
+    if n < B:  # padding rows
+        ids[n:] = 0
+        pos[n:] = 0
+        sl[n:] = 1
+        bt[n:, 0] = scratch_block
+    for i, s in enumerate(seqs):
+        table = s.block_table
+        bt[i, : len(table)] = table
+    if ROPE_SEQ_LENS in views:  # each token's sequence length (dynamic RoPE): one token per row
+        views[ROPE_SEQ_LENS][:] = sl
+
+
 def kv_pool_blocks(block_bytes: int, free: int, total: int, gpu_memory_utilization: float, kv_cache_memory: int | None, cap: int) -> int:
     """Blocks of the KV pool (the scratch block included): ``kv_cache_memory`` bytes when
     given, else what ``gpu_memory_utilization`` of ``total`` leaves once ``total - free`` is
@@ -358,6 +393,7 @@ class DeviceRunner:
         self.staging_bytes = big.nbytes
         self.host_staging = [device.host_alloc(big.nbytes, "staging") for _ in range(2)]
         self._side = 0  # the host staging buffer of the last step
+        self._filled: list[Any] = [None, None]  # per side: the decode bucket filled there last (None: another layout)
         self.staging_ptr = device.malloc(big.nbytes, "staging")
         # the sampler's buffers (penalty counts: 5 bytes per token and slot), before the pool takes what is left
         #: the live requests' sampling state over the batched sampling kernel
@@ -538,7 +574,11 @@ class DeviceRunner:
         fed = self._fed_rows if self._in_flight else None  # placeholders name rows of the step in flight
         if self.is_decode(batch):
             g = self.graphs[bucket_for(n, self.buckets)]
-            fill_step(g.views[self._side], batch, self.scratch_block, fed)
+            if self._filled[self._side] is g:  # its constant fields are still in place
+                fill_decode(g.views[self._side], batch.seqs, self.scratch_block, fed)
+            else:
+                fill_step(g.views[self._side], batch, self.scratch_block, fed)
+                self._filled[self._side] = g
             if g.graphs:  # the whole step: staging copy, feed, engine, sampling, copies back
                 sampling = self._sample(ids, rows=g.size)
                 self.device.launch_graph(g.graphs[self._side])
@@ -558,6 +598,7 @@ class DeviceRunner:
             cached = self._eager_layouts[key] = (layout, [layout.views(h) for h in self.host_staging])
         layout, views = cached
         fill_step(views[self._side], batch, self.scratch_block, fed)
+        self._filled[self._side] = None  # the staging now holds another layout
         self._copy_inputs(layout)
         ctx = self.eager
         for name, (_, shape) in layout.fields.items():

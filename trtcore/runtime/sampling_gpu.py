@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from trtcore.errors import InvalidArgumentError, InvalidRequestError
+from trtcore.gpu import call, cuda_bindings
 
 from .sampling import Logprob, SampleResult, SamplingRow, TokenLogprobs, _banned
 
@@ -91,15 +92,17 @@ ROW_PARAMS_DTYPE = row_params_dtype()
 ROW_RESULT_DTYPE = np.dtype([("token", "<i4"), ("status", "<i4"), ("logprob", "<f4"), ("rank", "<i4")], align=True)
 
 
-def _rt() -> Any:
-    from trtcore.gpu import cuda_bindings
+_RUNTIME: Any = None
 
-    return cuda_bindings("runtime")
+
+def _rt() -> Any:
+    global _RUNTIME
+    if _RUNTIME is None:  # once: the sampler's per-step calls would pay the import machinery each time
+        _RUNTIME = cuda_bindings("runtime")
+    return _RUNTIME
 
 
 def _call(what: str, fn: Any, *args: Any) -> Any:
-    from trtcore.gpu import call
-
     return call(what, fn, *args)
 
 

@@ -1,0 +1,95 @@
+"""Where the host's share of a graphed decode step at batch 1 goes: for each model shape,
+:func:`trtcore.bench.host_time_per_step` (wall time per ``LLM.step()``, host work, device time,
+exposed host time; with asynchronous scheduling and one step at a time), then ``cProfile`` of
+``--steps`` more ``LLM.step()`` calls, the functions by own time.
+
+Random bfloat16 weights in the shape of a Hugging Face config (``bench_e2e``'s checkpoint
+stand-in), ``LLM(backend="cuda", max_batch_size=1)``.
+
+    python bench/profile_host.py --out $OUT [--models SmolLM2-135M,Llama-3.2-1B] [--steps 300]
+
+Writes ``profile_host.json`` (the timings and, per model, the top functions: calls, own and
+cumulative microseconds per step) under ``--out`` and prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def profile_steps(llm: Any, steps: int, top: int = 25) -> list[dict[str, Any]]:
+    """``cProfile`` of ``steps`` graphed decode steps of one request: the ``top`` functions by
+    own time, each ``{"function", "calls_per_step", "own_us_per_step", "cum_us_per_step"}``."""
+    from trtcore import SamplingParams
+
+    llm.add_request([5] * 16, SamplingParams(temperature=0, max_tokens=steps + 25, ignore_eos=True))
+    for _ in range(20):
+        llm.step()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        llm.step()
+    prof.disable()
+    while llm.has_unfinished_requests():
+        llm.step()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (path, line, fn), (_, ncalls, own, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(path).name}:{line}({fn})", "calls_per_step": ncalls / steps, "own_us_per_step": own / steps * 1e6, "cum_us_per_step": cum / steps * 1e6})
+    rows.sort(key=lambda r: -r["own_us_per_step"])
+    return rows[:top]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--models", default="SmolLM2-135M,Llama-3.2-1B")
+    ap.add_argument("--steps", type=int, default=300)
+    args = ap.parse_args()
+    from bench_e2e import _free_gpu, _model_dir, random_checkpoint
+
+    from trtcore import LLM
+    from trtcore.bench import host_time_per_step
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            t0 = time.perf_counter()
+            with random_checkpoint():
+                llm = LLM(_model_dir(Path(tmp), name), backend="cuda", dtype="bfloat16", max_batch_size=1, max_seq_len=512, progress=False)
+            entry: dict[str, Any] = {"start_s": time.perf_counter() - t0}
+            for key, pending in (("async", 2), ("one_step_at_a_time", 1)):
+                llm.engine.scheduler.max_pending = pending
+                entry[key] = ht = host_time_per_step(llm, steps=args.steps)
+                print(
+                    f"{name} ({key}): {ht['step_us']:.1f} us wall, host work {ht['host_us']:.1f} us, GPU {ht['gpu_us']:.1f} us, "
+                    f"exposed host time {ht['exposed_host_us']:.1f} us",
+                    flush=True,
+                )
+            llm.engine.scheduler.max_pending = 2
+            entry["profile_async"] = prof = profile_steps(llm, args.steps)
+            print(f"{name}: cProfile of {args.steps} steps (async), us per step (profiled, so inflated):")
+            for r in prof:
+                print(f"  {r['own_us_per_step']:8.1f} own {r['cum_us_per_step']:8.1f} cum {r['calls_per_step']:5.1f}x  {r['function']}")
+            results[name] = entry
+            (out / "profile_host.json").write_text(json.dumps(results, indent=1))
+            llm.close()
+            del llm
+            _free_gpu()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

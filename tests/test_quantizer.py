@@ -1,0 +1,146 @@
+"""``trtcore quantize --method rtn`` (trtcore/quantizer.py) on a tiny transformers Llama.
+
+References: the RTN grid written here in float64 from the formulas of the quantizer's docstring
+(per group: asymmetric ``lo = min(w, 0)``, ``hi = max(w, 0)``, ``s = (hi - lo) / (2^b - 1)``
+rounded to float32, ``z = clip(round(-lo / s))``; symmetric ``s = max|w| / (2^(b-1) - 1)``,
+``z = 2^(b-1)``; ``q = clip(round(w / s) + z)``), and transformers (float64) running a plain
+checkpoint of those dequantized weights: trtcore's greedy tokens on the quantized checkpoint
+(its linears weight-only GEMMs) equal transformers'.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hf_models import VARIANTS, hf_greedy, load_hf, random_prompt, write_checkpoint
+from safetensors.numpy import load_file, save_file
+
+from trtcore import LLM, SamplingParams
+from trtcore.cli import main
+from trtcore.errors import InvalidArgumentError, UnsupportedArchitectureError
+from trtcore.quantizer import quantize_checkpoint, quantize_rtn
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def rtn_reference(w: np.ndarray, bits: int, group_size: int, symmetric: bool) -> np.ndarray:
+    """The dequantized RTN weight, float64, group by group with plain loops over rows."""
+    n, k = w.shape
+    gs = group_size or k
+    top = 2**bits - 1
+    out = np.empty((n, k))
+    for r in range(n):
+        for c0 in range(0, k, gs):
+            x = w[r, c0 : c0 + gs].astype(np.float64)
+            if symmetric:
+                s = float(np.float32(np.abs(x).max() / (2 ** (bits - 1) - 1)))
+                z = 2 ** (bits - 1)
+            else:
+                lo, hi = min(x.min(), 0.0), max(x.max(), 0.0)
+                s = float(np.float32((hi - lo) / top))
+                s = s if s > 0 else 1.0
+                z = min(max(round(-lo / s), 0), top)
+            s = s if s > 0 else 1.0
+            q = np.clip(np.round(x / s) + z, 0, top)
+            out[r, c0 : c0 + gs] = (q - z) * s
+    return out
+
+
+@pytest.mark.parametrize(("bits", "group_size", "symmetric"), [(4, 32, False), (4, 16, True), (8, 0, True), (8, 32, False)])
+def test_rtn_equals_the_float64_grid(bits: int, group_size: int, symmetric: bool) -> None:
+    rng = np.random.default_rng()
+    w = rng.standard_normal((24, 64)) * rng.uniform(0.01, 1.0, (24, 1))
+    w[3, :32] = 0.0  # a group of zeros
+    w[5] = np.abs(w[5])  # all positive: lo = 0
+    qw = quantize_rtn(w, bits, group_size, symmetric)
+    np.testing.assert_array_equal(qw.dequantize(), rtn_reference(w, bits, group_size, symmetric))
+    assert qw.codes.max() <= 2**bits - 1
+    # within half a grid step of the original: s / 2, s <= 2 max|w| / (2^b - 1) asymmetric,
+    # max|w| / (2^(b-1) - 1) symmetric
+    err = np.abs(qw.dequantize() - w).max(axis=1)
+    amax = np.abs(w).max(axis=1)
+    half_step = amax / (2**bits - 1) if not symmetric else amax / (2 * (2 ** (bits - 1) - 1))
+    assert (err <= half_step * (1 + 1e-6) + 1e-12).all()
+
+
+def _tiny(tmp_path: Path) -> Path:
+    return write_checkpoint(VARIANTS["llama3_rope"], tmp_path / "src")
+
+
+@pytest.mark.parametrize(("bits", "group_size", "symmetric"), [(4, 32, False), (8, 0, True)])
+def test_quantized_checkpoint_runs_and_equals_transformers_on_its_grid(tmp_path: Path, bits: int, group_size: int, symmetric: bool) -> None:
+    src = _tiny(tmp_path)
+    out = quantize_checkpoint(src, tmp_path / "q", bits=bits, group_size=group_size, symmetric=symmetric)
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert cfg["quant_method"] == "compressed-tensors" and cfg["format"] == "pack-quantized"
+    assert cfg["config_groups"]["group_0"]["weights"]["num_bits"] == bits
+    packed = load_file(str(out / "model.safetensors"))
+    assert not any(n.endswith(f"{lin}.weight") for n in packed for lin in LINEARS)  # no float linear left
+    assert all(n in packed for n in ("model.embed_tokens.weight", "model.norm.weight"))
+
+    # the plain checkpoint transformers runs: each linear replaced by the reference grid
+    dense = {n: v for n, v in load_file(str(src / "model.safetensors")).items()}
+    for n, v in list(dense.items()):
+        if n.removesuffix(".weight").rsplit(".", 1)[-1] in LINEARS:
+            dense[n] = rtn_reference(v, bits, group_size, symmetric).astype(np.float32)
+    ddir = tmp_path / "dense"
+    ddir.mkdir()
+    save_file(dense, str(ddir / "model.safetensors"))
+    (ddir / "config.json").write_text((src / "config.json").read_text())
+
+    llm = LLM(out, backend="reference", dtype="float32", progress=False)
+    assert llm.quantization == "compressed-tensors"
+    prompt = random_prompt(np.random.default_rng(), 10, VARIANTS["llama3_rope"].vocab_size)
+    [res] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert res.outputs[0].token_ids == hf_greedy(load_hf(ddir), prompt, 12)[0]
+
+
+@pytest.mark.parametrize(("bits", "group_size", "symmetric"), [(4, 32, False), (4, 16, True), (8, 0, True)])
+def test_transformers_reads_the_written_checkpoint(tmp_path: Path, bits: int, group_size: int, symmetric: bool) -> None:
+    """transformers with compressed-tensors (the format's own decompressor) loads the folder
+    trtcore wrote and finds the reference grid in every linear."""
+    pytest.importorskip("compressed_tensors")
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    src = _tiny(tmp_path)
+    out = quantize_checkpoint(src, tmp_path / "q", bits=bits, group_size=group_size, symmetric=symmetric)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False))
+    state = model.state_dict()
+    original = load_file(str(src / "model.safetensors"))
+    linears = [n for n in original if n.removesuffix(".weight").rsplit(".", 1)[-1] in LINEARS]
+    assert len(linears) == len(LINEARS) * json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    for name in linears:
+        want = rtn_reference(original[name], bits, group_size, symmetric)
+        np.testing.assert_allclose(state[name].double().numpy(), want, rtol=0, atol=np.abs(want).max() * 2**-23, err_msg=name)
+
+
+def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any) -> None:
+    src = _tiny(tmp_path)
+    with pytest.raises(InvalidArgumentError, match=r"proj\.weight: K=\d+ is not a multiple of group_size=7; choose a divisor of it such as 32"):
+        quantize_checkpoint(src, tmp_path / "q", group_size=7)
+    with pytest.raises(InvalidArgumentError, match="'awq' is not implemented; available: rtn"):
+        quantize_checkpoint(src, tmp_path / "q", method="awq")
+    with pytest.raises(InvalidArgumentError, match="bits must be 4 or 8"):
+        quantize_checkpoint(src, tmp_path / "q", bits=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing half written beside it
+    quantize_checkpoint(src, tmp_path / "q", group_size=32)
+    with pytest.raises(InvalidArgumentError, match="already exists"):
+        quantize_checkpoint(src, tmp_path / "q")
+    with pytest.raises(InvalidArgumentError, match="already quantized"):
+        quantize_checkpoint(tmp_path / "q", tmp_path / "qq")
+    assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--bits", "8", "--group-size", "0", "--overwrite"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] == "channel"
+    neox = tmp_path / "neox"  # a family whose network builder reads float weights only
+    neox.mkdir()
+    cfg = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": 100, "hidden_size": 64,
+           "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}  # fmt: skip
+    (neox / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedArchitectureError, match="Llama-family"):
+        quantize_checkpoint(neox, tmp_path / "n")

@@ -1,0 +1,233 @@
+"""trtcore's own weight quantizer (``trtcore quantize``): round to nearest (RTN), written as a
+compressed-tensors ``pack-quantized`` checkpoint, which :mod:`trtcore.quant_formats` reads back
+(and vLLM and transformers load), so the linears run as weight-only GEMMs.
+
+For every decoder linear (``q/k/v/o_proj``, ``gate/up/down_proj`` of each layer; the embedding,
+the norms and ``lm_head`` stay as they are), per output row and group of ``group_size`` input
+features (``group_size=0``: the whole row, compressed-tensors' ``channel`` strategy), in
+float64, with ``b`` bits (``L = 2**b - 1``):
+
+* asymmetric (default): ``lo = min(w, 0)``, ``hi = max(w, 0)``, scale ``s = (hi - lo) / L``,
+  zero point ``z = clip(round(-lo / s), 0, L)``;
+* symmetric: ``s = max|w| / (2**(b-1) - 1)``, ``z = 2**(b-1)``;
+
+``s`` is stored as float32 (a group of zeros gets ``s = 1``), and the codes are
+``q = clip(round(w / s) + z, 0, L)`` with that stored ``s``, so ``(q - z) * s`` is the nearest
+point of the group's grid that the stored scale defines. RTN is the baseline of GPTQ (Frantar
+et al. 2022, arXiv:2210.17323) and AWQ (Lin et al. 2023, arXiv:2306.00978), both of which pick
+the grid with calibration data instead.
+
+The output folder holds ``config.json`` with the ``quantization_config``
+(``{"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups":
+{"group_0": {"targets": ["Linear"], "weights": {"num_bits", "type": "int", "symmetric",
+"strategy", "group_size"}}}, "ignore": ["lm_head"]}``), ``model.safetensors`` (per linear
+``X``: ``X.weight_packed``, ``X.weight_scale``, ``X.weight_zero_point`` when asymmetric,
+``X.weight_shape``; every other tensor copied) and the model folder's other files (tokenizer,
+generation config). It is written beside the target and renamed into place
+(:func:`trtcore.fileio.atomic_folder`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArgumentError, UnsupportedArchitectureError
+from .quant_formats.packing import pack_int32
+from .quantization import QuantizedWeight
+
+__all__ = ["METHODS", "quantize_checkpoint", "quantize_rtn"]
+
+#: ``trtcore quantize --method`` values implemented
+METHODS = ("rtn",)
+#: the decoder linears a Llama-family checkpoint quantizes (family roles)
+LINEAR_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json"}
+
+
+def quantize_rtn(weight: np.ndarray, bits: int, group_size: int = 128, symmetric: bool = False) -> QuantizedWeight:
+    """Round-to-nearest quantization of one ``[N, K]`` weight (formulas: module docstring).
+
+    Args:
+        weight: ``[N, K]``, any float dtype (computed in float64).
+        bits: 4 or 8.
+        group_size: input features per scale; 0 for one scale per output row.
+        symmetric: no zero points (``z = 2**(bits-1)``).
+
+    Returns:
+        The :class:`~trtcore.quantization.QuantizedWeight` (``float32`` scales and zeros).
+
+    Raises:
+        InvalidArgumentError: ``bits`` not 4 or 8, a 2-D weight is not given, ``group_size``
+            negative or not dividing ``K``, or a non-finite weight.
+    """
+    if bits not in (4, 8):
+        raise InvalidArgumentError(f"bits must be 4 or 8, got {bits!r}")
+    w = np.asarray(weight, dtype=np.float64)
+    if w.ndim != 2:
+        raise InvalidArgumentError(f"quantize_rtn takes a [N, K] weight, got shape {w.shape}")
+    n, k = w.shape
+    gs = k if group_size == 0 else int(group_size)
+    if gs <= 0 or k % gs:
+        raise InvalidArgumentError(f"group_size={group_size} must be 0 (per channel) or a positive divisor of K={k}")
+    if not np.isfinite(w).all():
+        raise InvalidArgumentError("the weight holds a NaN or an infinity; it cannot be quantized")
+    top = (1 << bits) - 1
+    g = w.reshape(n, k // gs, gs)
+    if symmetric:
+        scale = np.abs(g).max(axis=2) / ((1 << (bits - 1)) - 1)
+    else:
+        lo, hi = np.minimum(g.min(axis=2), 0.0), np.maximum(g.max(axis=2), 0.0)
+        scale = (hi - lo) / top
+    scale32 = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    s = scale32.astype(np.float64)
+    if symmetric:
+        zero = np.full(s.shape, float(1 << (bits - 1)))
+    else:
+        zero = np.clip(np.round(-lo / s), 0, top)
+    codes = np.clip(np.round(g / s[..., None]) + zero[..., None], 0, top).astype(np.uint8).reshape(n, k)
+    return QuantizedWeight(codes, scale32, None if symmetric else zero.astype(np.float32), bits, gs)
+
+
+def compressed_tensors_tensors(prefix: str, qw: QuantizedWeight) -> dict[str, np.ndarray]:
+    """``qw`` as the ``pack-quantized`` tensors of linear ``prefix`` (the layout
+    :mod:`trtcore.quant_formats.compressed_tensors` reads): codes packed along K, zero points
+    (asymmetric) packed along N, both as the unsigned codes (signed value + ``2**(bits-1)``).
+
+    Raises:
+        InvalidArgumentError: ``qw`` has an act-order permutation (not in this layout's RTN
+            output).
+    """
+    if qw.perm is not None:
+        raise InvalidArgumentError(f"{prefix}: act-order weights are not written by the RTN quantizer")
+    n, k = qw.shape
+    per_word = 32 // qw.bits
+    out = {
+        f"{prefix}.weight_packed": pack_int32(_pad(qw.codes, 1, per_word), qw.bits, 1),
+        f"{prefix}.weight_scale": np.ascontiguousarray(qw.scales, np.float32),
+        f"{prefix}.weight_shape": np.array([n, k], np.int64),
+    }
+    if qw.zeros is not None:
+        out[f"{prefix}.weight_zero_point"] = pack_int32(_pad(qw.zeros.astype(np.uint8), 0, per_word), qw.bits, 0)
+    return out
+
+
+def _pad(codes: np.ndarray, axis: int, multiple: int) -> np.ndarray:
+    extra = -codes.shape[axis] % multiple
+    if not extra:
+        return codes
+    width = [(0, 0)] * codes.ndim
+    width[axis] = (0, extra)
+    return np.pad(codes, width)
+
+
+def _linear_names(config: Any) -> Iterator[str]:
+    from .families import family_of
+
+    fam = family_of(config.model_type)
+    if fam.builder != "trtcore.models.llama":
+        raise UnsupportedArchitectureError(
+            f"trtcore quantize writes weight-only checkpoints for the Llama-family architectures; "
+            f"{config.architecture} ({config.model_type}) is built by {fam.builder}, which reads float weights only"
+        )
+    for layer in range(config.num_hidden_layers):
+        for role in LINEAR_ROLES:
+            yield fam.tensor(role, layer, ".weight")
+
+
+def quantize_checkpoint(
+    model_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    *,
+    method: str = "rtn",
+    bits: int = 4,
+    group_size: int = 128,
+    symmetric: bool = False,
+    overwrite: bool = False,
+) -> Path:
+    """Quantize the decoder linears of the checkpoint in ``model_dir`` into ``output_dir``
+    (a compressed-tensors ``pack-quantized`` checkpoint; module docstring).
+
+    Args:
+        model_dir: a Hugging Face model folder (safetensors, one file or sharded).
+        output_dir: the folder to write (created; replaced only with ``overwrite``).
+        method: ``"rtn"`` (:data:`METHODS`).
+        bits, group_size, symmetric: see :func:`quantize_rtn`.
+
+    Returns:
+        ``output_dir``.
+
+    Raises:
+        InvalidArgumentError: an unknown method, bad bits / group size, a linear whose K the
+            group size does not divide (named), an already quantized checkpoint, or
+            ``output_dir`` exists and is not empty without ``overwrite``.
+        UnsupportedArchitectureError: not a Llama-family architecture.
+        CheckpointError / MissingTensorError: the checkpoint cannot be read.
+    """
+    from safetensors.numpy import save_file
+
+    from .checkpoint import Checkpoint
+    from .config import load_config
+    from .fileio import atomic_folder, check_folder_free
+
+    if method not in METHODS:
+        raise InvalidArgumentError(f"quantization method {method!r} is not implemented; available: {', '.join(METHODS)}")
+    if bits not in (4, 8):
+        raise InvalidArgumentError(f"bits must be 4 or 8, got {bits!r}")
+    if group_size < 0:
+        raise InvalidArgumentError(f"group_size must be 0 (per channel) or positive, got {group_size}")
+    model_dir, output_dir = Path(model_dir), Path(output_dir)
+    check_folder_free(output_dir, overwrite)
+    config = load_config(model_dir)
+    if config.quantization_config:
+        raise InvalidArgumentError(
+            f"{model_dir} is already quantized ({config.quantization_config.get('quant_method')}); quantize a float checkpoint"
+        )
+    raw_config = json.loads((model_dir / "config.json").read_text())
+    linears = set(_linear_names(config))
+    tensors: dict[str, np.ndarray] = {}
+    with Checkpoint(model_dir) as weights:
+        missing = sorted(linears - set(weights.names))
+        if missing:
+            raise InvalidArgumentError(f"{model_dir}: the checkpoint lacks the linears {missing[:4]}{' ...' if len(missing) > 4 else ''}")
+        for name in weights.names:
+            value = weights.get(name)
+            if name not in linears:
+                tensors[name] = value
+                continue
+            k = value.shape[1]
+            if group_size and k % group_size:
+                fits = [d for d in (128, 64, 32, 16) if k % d == 0]
+                hint = f" such as {fits[0]}" if fits else ""
+                raise InvalidArgumentError(f"{name}: K={k} is not a multiple of group_size={group_size}; choose a divisor of it{hint}, or 0 (per channel)")
+            tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(value, bits, group_size, symmetric))
+    raw_config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {
+                    "num_bits": bits,
+                    "type": "int",
+                    "symmetric": bool(symmetric),
+                    "strategy": "group" if group_size else "channel",
+                    "group_size": group_size or None,
+                },
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+    with atomic_folder(output_dir, overwrite=overwrite) as tmp:
+        for item in model_dir.iterdir():  # tokenizer, generation config, ...: copied as they are
+            if item.is_file() and item.name not in _SKIP_FILES and not item.name.endswith(".safetensors"):
+                shutil.copy2(item, tmp / item.name)
+        (tmp / "config.json").write_text(json.dumps(raw_config, indent=2) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    return output_dir
