@@ -205,7 +205,9 @@ def quantize_checkpoint(
             if group_size and k % group_size:
                 fits = [d for d in (128, 64, 32, 16) if k % d == 0]
                 hint = f" such as {fits[0]}" if fits else ""
-                raise InvalidArgumentError(f"{name}: K={k} is not a multiple of group_size={group_size}; choose a divisor of it{hint}, or 0 (per channel)")
+                raise InvalidArgumentError(
+                    f"{name}: K={k} is not a multiple of group_size={group_size}; choose a divisor of it{hint}, or 0 (per channel)"
+                )
             tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(value, bits, group_size, symmetric))
     raw_config["quantization_config"] = {
         "quant_method": "compressed-tensors",
