@@ -77,15 +77,18 @@ def test_a_request_beyond_the_kernels_limits_is_sampled_on_the_host(hf_models: A
     v = VARIANTS[NAME]
     rng = np.random.default_rng()
     params = [
-        SamplingParams(temperature=0, max_tokens=3),
-        SamplingParams(temperature=0, max_tokens=3, logprobs=60),
+        SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=3, logprobs=60, ignore_eos=True),
         SamplingParams(temperature=1.0, seed=4, min_tokens=2, stop_token_ids=list(range(10, 50)), max_tokens=4),
     ]
     reqs = _requests(params, [random_prompt(rng, 4, v.vocab_size) for _ in params])
     checked = check_each_step_against_the_reference(runner, reqs)
     core = make_device_engine(runner, runner.mode, async_scheduling=False)  # the check reads each step's logits
     list(core.generate(reqs))
-    assert [len(r.output_token_ids) for r in reqs] == [3, 3, 4] and checked[0] == 10
+    lens = [len(r.output_token_ids) for r in reqs]
+    # the third may stop on a stop id once min_tokens=2 allows it (its draws are random)
+    assert lens[:2] == [3, 3] and 2 <= lens[2] <= 4 and checked[0] == sum(lens)
+    assert not set(reqs[2].output_token_ids[:2]) & set(range(10, 50))
     assert all(len(lp.top) == 60 for lp in reqs[1].logprobs)
     assert runner.sampler._states == {}
 
