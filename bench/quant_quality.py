@@ -1,0 +1,109 @@
+"""Quality of the quantized variants of the default model (SmolLM2-135M-Instruct, a Q4_1 GGUF):
+the mean log-probability per token of a fixed English passage (``tests/data/passage.txt``),
+teacher-forced, under each variant against the bfloat16 engine's, and a greedy continuation of
+a prompt, on the reference backend (CPU; the weight-only GEMMs run their plugin's reference).
+
+Variants:
+
+* ``bfloat16``: the GGUF converted to float16 (``trtcore convert``), run in bfloat16: the baseline;
+* ``gguf-q4_1``: the GGUF's own 4-bit blocks kept (``convert --keep-quantized``);
+* ``rtn-w8-channel``: ``trtcore quantize --bits 8 --group-size 0 --symmetric`` of the float16 folder;
+* ``rtn-w4-g64`` / ``rtn-w4-g32``: ``trtcore quantize --bits 4 --group-size 64 / 32``.
+
+The issue's bounds: within 5% (4-bit) and 1% (8-bit) of the bfloat16 engine's mean
+log-probability.
+
+    python bench/quant_quality.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PASSAGE = Path(__file__).resolve().parent.parent / "tests" / "data" / "passage.txt"
+PROMPT = "The history of the printing press"
+#: (variant, bits: the bound's class, how it is made from the float16 folder)
+VARIANTS: list[tuple[str, int, dict[str, Any] | None]] = [
+    ("bfloat16", 16, None),
+    ("gguf-q4_1", 4, None),
+    ("rtn-w8-channel", 8, {"bits": 8, "group_size": 0, "symmetric": True}),
+    ("rtn-w4-g64", 4, {"bits": 4, "group_size": 64}),
+    ("rtn-w4-g32", 4, {"bits": 4, "group_size": 32}),
+]
+BOUNDS = {4: 0.05, 8: 0.01}
+
+
+def mean_logprob(llm: Any, token_ids: list[int]) -> float:
+    """Mean natural-log probability of ``token_ids[1:]``, each given the ones before
+    (teacher-forced through the contiguous KV cache, float64 log-softmax)."""
+    from trtcore.check import _trtcore_logits
+
+    logits = _trtcore_logits(llm, token_ids[:1], token_ids[1:-1])
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return float(logp[np.arange(len(token_ids) - 1), token_ids[1:]].mean())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gguf", required=True, help="SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--variants", default=",".join(v for v, _, _ in VARIANTS), help="comma-separated; the first is the baseline")
+    ap.add_argument("--name", default="quant_quality", help="the JSON file's name (without .json)")
+    args = ap.parse_args()
+    chosen = args.variants.split(",")
+    unknown = sorted(set(chosen) - {v for v, _, _ in VARIANTS})
+    if unknown:
+        ap.error(f"unknown variants {unknown}")
+    variants = [v for v in VARIANTS if v[0] in chosen]
+    from trtcore import LLM, SamplingParams
+    from trtcore.gguf_convert import convert_gguf
+    from trtcore.quantizer import quantize_checkpoint
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    passage = PASSAGE.read_text().strip()
+    results: dict[str, Any] = {"passage_file": "tests/data/passage.txt", "prompt": PROMPT, "variants": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        dense = convert_gguf(args.gguf, root / "float16", progress=False)
+        dirs = {"bfloat16": dense}
+        if "gguf-q4_1" in chosen:
+            dirs["gguf-q4_1"] = convert_gguf(args.gguf, root / "q4_1", progress=False, keep_quantized=True)
+        for name, _, how in variants:
+            if how is not None:
+                dirs[name] = quantize_checkpoint(dense, root / name, **how)
+        base = None
+        for name, bits, _ in variants:
+            t0 = time.perf_counter()
+            llm = LLM(dirs[name], backend="reference", dtype="bfloat16", kv_cache="contiguous", max_batch_size=1, max_seq_len=512, progress=False)
+            ids = llm.tokenizer.encode(passage).ids  # tokenizers.Tokenizer
+            lp = mean_logprob(llm, list(ids))
+            [gen] = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=args.new_tokens))
+            entry: dict[str, Any] = {"mean_logprob": lp, "tokens": len(ids), "quantization": llm.quantization, "greedy": gen.outputs[0].text}
+            if base is None:
+                base = lp
+            else:
+                entry["relative_difference"] = abs(lp - base) / abs(base)
+                entry["bound"] = BOUNDS[bits]
+                entry["within_bound"] = entry["relative_difference"] <= BOUNDS[bits]
+            entry["seconds"] = time.perf_counter() - t0
+            results["variants"][name] = entry
+            rel = f"{entry['relative_difference'] * 100:.2f}% (bound {BOUNDS[bits] * 100:.0f}%)" if "bound" in entry else "baseline"
+            print(f"{name:16} mean log-prob {lp:.4f} over {len(ids) - 1} tokens, {rel}: {entry['greedy']!r}", flush=True)
+            (out / f"{args.name}.json").write_text(json.dumps(results, indent=1))
+            llm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
