@@ -220,7 +220,8 @@ class EngineCore:
         scheduling), then wait for the oldest one's tokens and apply them."""
         if not self._in_flight:
             self._enqueue()
-        if self.async_scheduling and not self._in_flight[0].is_empty and self.runner.can_run_ahead():
+        run_ahead = getattr(self.runner, "can_run_ahead", None)  # runners without it run one step at a time
+        if self.async_scheduling and not self._in_flight[0].is_empty and run_ahead is not None and run_ahead():
             self._enqueue()
         out = self._in_flight[0]
         sampled: dict[Hashable, int] = {}
