@@ -171,17 +171,17 @@ def main() -> int:
             weight_bytes = int(runner.device.pools.get("weights", 0))
             print(f"{name}: started in {start_s:.1f} s", *report, sep="\n  ", flush=True)
             if not args.enforce_eager:
-                for key, pending in (("host_time_batch1", 2), ("host_time_batch1_sync", 1)):
-                    if pending == 2 and args.sync:
+                for key, ahead in (("host_time_batch1", True), ("host_time_batch1_sync", False)):
+                    if ahead and args.sync:
                         continue
-                    llm.engine.scheduler.max_pending = pending  # the same engine, with / without running ahead
+                    llm.engine.async_scheduling = ahead  # the same engine, with / without running ahead
                     results.setdefault(key, {})[name] = ht = host_time_per_step(llm)
                     print(
-                        f"  graphed decode step (batch 1, {'async' if pending == 2 else 'one step at a time'}): {ht['step_us']:.1f} us wall, "
+                        f"  graphed decode step (batch 1, {'async' if ahead else 'one step at a time'}): {ht['step_us']:.1f} us wall, "
                         f"host work {ht['host_us']:.1f} us, GPU {ht['gpu_us']:.1f} us, exposed host time {ht['exposed_host_us']:.1f} us",
                         flush=True,
                     )
-                llm.engine.scheduler.max_pending = 1 if args.sync else 2
+                llm.engine.async_scheduling = not args.sync
             for batch in batches:
                 ours = trtcore_tpot(llm, batch)
                 entry: dict[str, Any] = {"model": name, "batch": batch, "trtcore": ours, "start_s": start_s, "memory": report}
@@ -202,7 +202,7 @@ def main() -> int:
                 results["continuous_batching"] = {"model": name, "async_scheduling": not args.sync, **continuous_batching(llm)}
                 print(f"  continuous batching: {results['continuous_batching']['output_tok_per_s']:.0f} output tok/s", flush=True)
                 if not args.sync:  # the same engine one step at a time, for the ratio
-                    llm.engine.scheduler.max_pending = 1
+                    llm.engine.async_scheduling = False
                     results["continuous_batching_sync"] = {"model": name, "async_scheduling": False, **continuous_batching(llm)}
                     print(f"  continuous batching, one step at a time: {results['continuous_batching_sync']['output_tok_per_s']:.0f} output tok/s", flush=True)
                 (out / "e2e.json").write_text(json.dumps(results, indent=1, default=str))

@@ -70,15 +70,15 @@ def main() -> int:
             with random_checkpoint():
                 llm = LLM(_model_dir(Path(tmp), name), backend="cuda", dtype="bfloat16", max_batch_size=1, max_seq_len=512, progress=False)
             entry: dict[str, Any] = {"start_s": time.perf_counter() - t0}
-            for key, pending in (("async", 2), ("one_step_at_a_time", 1)):
-                llm.engine.scheduler.max_pending = pending
+            for key, ahead in (("async", True), ("one_step_at_a_time", False)):
+                llm.engine.async_scheduling = ahead
                 entry[key] = ht = host_time_per_step(llm, steps=args.steps)
                 print(
                     f"{name} ({key}): {ht['step_us']:.1f} us wall, host work {ht['host_us']:.1f} us, GPU {ht['gpu_us']:.1f} us, "
                     f"exposed host time {ht['exposed_host_us']:.1f} us",
                     flush=True,
                 )
-            llm.engine.scheduler.max_pending = 2
+            llm.engine.async_scheduling = True
             entry["profile_async"] = prof = profile_steps(llm, args.steps)
             print(f"{name}: cProfile of {args.steps} steps (async), us per step (profiled, so inflated):")
             for r in prof:

@@ -210,3 +210,20 @@ def test_async_scheduling_gives_every_request_the_tokens_of_one_step_at_a_time(h
     assert reasons[len(PARAMS)] == "stop" or len(tokens[len(PARAMS)]) == 12
     for i in (0, len(params) - 1):  # the greedy requests
         assert tokens[i] == hf_greedy(hf_models.hf(NAME), prompts[i], len(tokens[i]))[0]
+
+
+def test_async_scheduling_can_be_switched_between_steps_only(hf_models: Any) -> None:  # noqa: F811
+    from trtcore.runtime.scheduler import SchedulerError
+
+    runner = _runner(hf_models)
+    core = make_device_engine(runner, runner.mode)
+    assert core.async_scheduling
+    core.add_request(_requests([SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)], [[3, 4, 5]])[0])
+    core.step()
+    assert core._in_flight  # the next step was enqueued behind the prefill
+    with pytest.raises(SchedulerError, match="in flight"):
+        core.async_scheduling = False
+    while core.has_unfinished_requests():
+        core.step()
+    core.async_scheduling = False
+    assert not core.async_scheduling and core.scheduler.max_pending == 1

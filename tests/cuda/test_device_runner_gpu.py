@@ -171,10 +171,10 @@ def test_host_time_per_graphed_decode_step_batch_1(model_dir: Path, cp: Any) -> 
     from trtcore.bench import host_time_per_step
 
     llm = _llm(model_dir, dtype="bfloat16", max_batch_size=1, max_seq_len=512)
-    for pending in (2, 1):
-        llm.engine.scheduler.max_pending = pending
+    for ahead in (True, False):
+        llm.engine.async_scheduling = ahead
         ht = host_time_per_step(llm, steps=300)
-        mode = "async" if pending == 2 else "one step at a time"
+        mode = "async" if ahead else "one step at a time"
         print(
             f"\nbatch-1 graphed decode step ({mode}): {ht['step_us']:.1f} us wall, {ht['host_us']:.1f} us host work, "
             f"{ht['gpu_us']:.1f} us GPU, {ht['exposed_host_us']:.1f} us exposed host time"

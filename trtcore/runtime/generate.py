@@ -44,7 +44,7 @@ from ..kv_modes import ContiguousKV, ContiguousKVCache, KVMode, NativeKV, PagedK
 from .executor import Executor
 from .kv_cache import BlockManager
 from .request import Request, RequestEvent, RequestStatus
-from .sampling import Sampler
+from .sampling import NON_FINITE_HINT, Sampler
 from .scheduler import Scheduler, SchedulerError, SchedulerOutput, StaticBatchScheduler
 
 __all__ = ["EngineCore", "HostRunner", "ModelRunner", "make_device_engine", "make_engine", "non_finite_message", "sample_rows"]
@@ -53,10 +53,7 @@ __all__ = ["EngineCore", "HostRunner", "ModelRunner", "make_device_engine", "mak
 def non_finite_message(row: np.ndarray) -> str:
     """Why a logits row is refused: its count of NaN / inf values."""
     nan, inf = int(np.isnan(row).sum()), int(np.isinf(row).sum())
-    return (
-        f"the model produced non-finite logits ({nan} NaN, {inf} inf of {row.shape[-1]}); no token can be "
-        "sampled (an overflow: e.g. a float16 engine for a checkpoint whose activations exceed 65504)"
-    )
+    return f"the model produced non-finite logits ({nan} NaN, {inf} inf of {row.shape[-1]}); {NON_FINITE_HINT}"
 
 
 def sample_rows(
@@ -201,8 +198,19 @@ class EngineCore:
 
     @property
     def async_scheduling(self) -> bool:
-        """Whether steps are scheduled one ahead (the scheduler allows two pending steps)."""
+        """Whether steps are scheduled one ahead (the scheduler allows two pending steps).
+        Settable between steps (e.g. to time the same engine both ways).
+
+        Raises:
+            SchedulerError: set while a step is in flight.
+        """
         return self.scheduler.max_pending > 1
+
+    @async_scheduling.setter
+    def async_scheduling(self, on: bool) -> None:
+        if self._in_flight:
+            raise SchedulerError("async_scheduling changed while a step is in flight; step() until has_unfinished_requests() is False")
+        self.scheduler.max_pending = 2 if on else 1
 
     def has_unfinished_requests(self) -> bool:
         """Whether some request still waits or runs, or a step is still in flight."""

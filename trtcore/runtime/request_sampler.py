@@ -43,7 +43,7 @@ import numpy as np
 
 from ..errors import TrtcoreError
 from .request import Request
-from .sampling import SampleResult, SamplingRow, _banned, sample_rows
+from .sampling import NON_FINITE_HINT, SampleResult, SamplingRow, _banned, sample_rows
 from .sampling_gpu import GpuSampler, row_params_dtype
 
 __all__ = ["HostSamplerKernel", "RequestSampler", "SamplingStep", "make_sampler_kernel"]
@@ -395,10 +395,7 @@ class RequestSampler:
             if rid is None:
                 continue
             if nonfinite[i]:
-                errors[rid] = (
-                    "the model produced non-finite logits (NaN or inf); no token can be sampled "
-                    "(an overflow: e.g. a float16 engine for a checkpoint whose activations exceed 65504)"
-                )
+                errors[rid] = f"the model produced non-finite logits (NaN or inf); {NON_FINITE_HINT}"
             elif res.fallback[i]:
                 errors[rid] = "no token can be sampled: every logit is masked or non-finite"
             else:

@@ -77,6 +77,7 @@ import numpy as np
 from trtcore.errors import InvalidRequestError
 
 __all__ = [
+    "NON_FINITE_HINT",
     "Logprob",
     "SampleResult",
     "Sampler",
@@ -395,6 +396,11 @@ class TokenLogprobs:
         if self.token_id not in out:
             out[self.token_id] = Logprob(self.logprob, self.rank)
         return out
+
+
+#: why no token is sampled from a row with a NaN or an infinity (the host and the device
+#: executors' errors end with it)
+NON_FINITE_HINT = "no token can be sampled (an overflow: e.g. a float16 engine for a checkpoint whose activations exceed 65504)"
 
 
 @dataclass
