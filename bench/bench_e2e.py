@@ -51,13 +51,15 @@ def _model_dir(root: Path, name: str) -> Path:
 
 
 @contextlib.contextmanager
-def random_checkpoint() -> Any:
-    """``LLM`` reads random weights instead of safetensors files while inside."""
+def random_checkpoint(make: Any = None) -> Any:
+    """``LLM`` reads random weights (``make()``, default ``RandomWeights(seed=1)``) instead of
+    safetensors files while inside."""
     import trtcore.llm as llm_module
     from trtcore.cuda import synthetic
 
+    make = make or (lambda: synthetic.RandomWeights(seed=1))
     original = llm_module.Checkpoint
-    llm_module.Checkpoint = lambda _d: contextlib.nullcontext(synthetic.RandomWeights(seed=1))  # type: ignore[assignment,misc]
+    llm_module.Checkpoint = lambda _d: contextlib.nullcontext(make())  # type: ignore[assignment,misc]
     try:
         yield
     finally:

@@ -9,6 +9,9 @@ L2 cache; launches are captured in a CUDA graph and timed with events (median of
 W4A16 >= 3.2x and W8A16 >= 1.8x faster than cuBLAS bfloat16.
 
     python bench/bench_wq_gemm.py --out $OUT       # writes wq_gemm.json, prints a table
+    python bench/bench_wq_gemm.py --out $OUT --tune    # also every (warps, UNROLL) of the decode kernel
+
+The JSON is printed too (one line after ``JSON:``), for runs whose files do not come back.
 """
 
 from __future__ import annotations
@@ -41,7 +44,11 @@ def _quantized(rng: np.random.Generator, n: int, k: int, bits: int, gs: int, zer
     return QuantizedWeight(rng.integers(0, 1 << bits, (n, k)).astype(np.uint8), rng.uniform(0.002, 0.02, (n, g)).astype(np.float32), z, bits, gs)
 
 
-def time_shape(cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator) -> dict[str, Any]:
+#: decode-kernel settings ``--tune`` times: (warps per tile, UNROLL)
+TUNE = [(w, u) for w in (4, 8, 16) for u in (1, 2, 3)]
+
+
+def time_shape(cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tune: bool = False) -> dict[str, Any]:
     from trtcore.cuda.gemm import GemmCall
     from trtcore.plugins.base import DeviceTensor
     from trtcore.plugins.weight_only_gemm import WeightOnlyGemmPlugin
@@ -86,28 +93,44 @@ def time_shape(cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator) -> 
         copies = max(1, -(-ROTATE_BYTES // nbytes))
         dev = [[cp.asarray(a) for a in arrays] for _ in range(copies)]
         ys = [cp.empty((1, n), cp.uint16) for _ in range(copies)]
-        ws_bytes = plugin.workspace_size([((1, k), np.dtype(bf16))], [((1, n), np.dtype(bf16))])
-        work = cp.empty(max(ws_bytes, 1), cp.uint8)
         xt = DeviceTensor(int(x.data.ptr), (1, k), np.dtype(bf16))
+        want = qw.dequantize() @ x64[0]
 
-        ws_ptr = int(work.data.ptr) if ws_bytes else 0
-
-        def launch(d: list[Any], y: Any, plugin: Any = plugin, xt: Any = xt, ws_ptr: int = ws_ptr) -> None:
+        def launch(d: list[Any], y: Any, plugin: Any = plugin, xt: Any = xt) -> None:
             ins = [xt] + [DeviceTensor(int(a.data.ptr), a.shape, a.dtype) for a in d]
-            plugin.enqueue(ins, [DeviceTensor(int(y.data.ptr), (1, n), np.dtype(bf16))], ws_ptr, stream())
+            plugin.enqueue(ins, [DeviceTensor(int(y.data.ptr), (1, n), np.dtype(bf16))], 0, stream())
 
-        ys[0].fill(0xFFFF)
-        us = _time_graph(cp, [lambda d=d, y=y: launch(d, y) for d, y in zip(dev, ys)] * max(1, 24 // copies))
-        err = check(ys[0], qw.dequantize() @ x64[0])
+        def timed(plugin: Any = plugin) -> tuple[float, float]:
+            ys[0].fill(0xFFFF)
+            us = _time_graph(cp, [lambda d=d, y=y: launch(d, y) for d, y in zip(dev, ys)] * max(1, 24 // copies))
+            return us, check(ys[0], want)
+
+        us, err = timed()
         row["variants"][label] = {
             "us": round(us, 3),
             "GBps": round((nbytes + (k + n) * 2) / us * 1e-3, 1),
             "speedup_vs_cublas": round(cublas_us / us, 3),
-            "splits": plugin.decode_splits(),
+            "warps": plugin.decode_warps(),
             "rel_err": err,
         }
         assert err < 1e-2, (n, k, label, err)
-        del dev, ys, work
+        if tune:
+            cls = type(plugin)
+            base_defines, base_warps = cls.defines, cls.decode_warps
+            sweep = {}
+            try:
+                for warps, unroll in TUNE:
+                    cls.defines = lambda self, dtype, u=unroll: {**base_defines(self, dtype), "UNROLL": u}  # type: ignore[method-assign]
+                    cls.decode_warps = lambda self, w=warps: w  # type: ignore[method-assign]
+                    t_us, t_err = timed()
+                    sweep[f"w{warps}_u{unroll}"] = {"us": round(t_us, 3), "speedup_vs_cublas": round(cublas_us / t_us, 3), "rel_err": t_err}
+                    print(
+                        f"    tune {label:20s} warps {warps:2d} UNROLL {unroll}: {t_us:8.2f} us  x{cublas_us / t_us:.2f}  err {t_err:.1e}", flush=True
+                    )
+            finally:
+                cls.defines, cls.decode_warps = base_defines, base_warps  # type: ignore[method-assign]
+            row["variants"][label]["tune"] = sweep
+        del dev, ys
         cp.get_default_memory_pool().free_all_blocks()
     return row
 
@@ -116,6 +139,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tune", action="store_true", help="also time every (warps, UNROLL) of the decode kernel")
     args = ap.parse_args()
     import cupy as cp
 
@@ -128,7 +152,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"shapes": {}}
     for name in args.shapes.split(","):
-        row = time_shape(cp, blas, *SHAPES[name], rng)
+        row = time_shape(cp, blas, *SHAPES[name], rng, args.tune)
         results["shapes"][name] = row
         for label, v in row["variants"].items():
             print(
@@ -136,6 +160,7 @@ def main() -> int:
                 flush=True,
             )
     (out / "wq_gemm.json").write_text(json.dumps(results, indent=1))
+    print("JSON:", json.dumps(results))
     return 0
 
 

@@ -6,34 +6,43 @@
 // the stored column k multiplies input feature perm[k] (act-order): the kernels gather
 // x[m, perm[k]].
 //
-// Weight layout (made once, at build, by trtcore.plugins.weight_only_gemm.pack_codes):
-//   a "unit" is 8 consecutive codes along K (k = 8b .. 8b+7 of unit b), packed little-end
-//   first into 32-bit words: int4 one word (code e at bits 4e..4e+3), int8 two words (the
-//   first holds codes 0..3, code e at bits 8e..8e+7). Each row is padded with zero codes to a
-//   multiple of TILE = 32 * UNITS * 8 codes (1024 int4, 512 int8: one warp-wide 16-byte load
-//   each); within tile t, the 16-byte vector `t * 32 + lane` holds the units
-//   b = t * 32 * UNITS + lane + 32 * u, u = 0 .. UNITS-1 (UNITS = 4 int4, 2 int8), so one
-//   coalesced uint4 load per lane brings a whole tile into the warp, and the lanes' units are
-//   consecutive in K (their activation loads coalesce too).
-//   scales, zeros: float32 [N, K / group_size] as QuantizedWeight holds them.
+// Weight layout (made once, at build, by trtcore.plugins.weight_only_gemm.pack_codes): the
+// operand layout of the tensor cores' mma.m16n8k16 (PTX ISA, "Matrix Fragments for
+// mma.m16n8k16 with floating point type"), so that one 16-byte load per lane brings a warp the
+// A fragments of CHUNK_STEPS consecutive 16 x 16 tiles of W with no shuffle:
+//   rows are grouped in tiles of 16 (N padded with zero codes), K is cut into chunks of
+//   CHUNK codes (64 int4, 32 int8; K padded with zero codes), and uint4 (tile, chunk, lane) of
+//   the codes array holds, for lane = 4 gid + tid, the k-steps j = 0 .. CHUNK_STEPS-1 of the
+//   chunk (k0 = chunk * CHUNK + 16 j, rows r0 = tile * 16 + gid and r0 + 8, columns
+//   c = k0 + 2 tid, c + 1, c + 8, c + 9):
+//     int4: word j holds 8 codes, code (row, col) at nibble  reg + 4 e  where the pair
+//           reg 0 = (r0, c + e), 1 = (r0 + 8, c + e), 2 = (r0, c + 8 + e), 3 = (r0 + 8, c + 8 + e);
+//     int8: words 2j and 2j+1 hold (r0, c), (r0, c+1), (r0+8, c), (r0+8, c+1) and the same
+//           at c + 8, one byte each, in that order.
+//   The nibble order makes (word >> 4 reg) & 0x000F000F the two codes of A-fragment register
+//   reg in the two 16-bit halves, ready for the magic-number conversion below.
+//   scales, zeros: float32 [N_pad / 16, groups * 16]: tile, then group, then row in the tile.
 //
 // Numerics (the contract of WeightOnlyGemmPlugin.reference, within float32 rounding):
-//   w = fmaf(float(q), s, -z * s) (float32), acc += w * float(x) in float32 (FMA), in K order
-//   per lane then a fixed warp-tree (decode) or in K order per output (prefill); one rounding
-//   to the output type. Split-K partials are summed in split order by the reduce kernel, so
-//   every result is deterministic.
+//   decode (trtcore_wq_gemv, tensor cores): per 16-code k-step the codes become exact 16-bit
+//   integers (q - z for symmetric weights, q with zero points), the products with x are exact
+//   in the mma's float32 accumulator, which sums each group segment; the segment's sum D is
+//   scaled in float32: acc += s * D (symmetric) or s * (D - z * X) with X = sum of x over the
+//   segment (a second mma against a matrix of ones), so fractional zero points stay exact.
+//   prefill (trtcore_wq_gemm, no tensor cores): w = fmaf(float(q), s, -z * s), acc += w * x.
+//   One rounding to the output type. Every sum has a fixed order: results are deterministic.
 //
 // Kernels:
-//   trtcore_wq_gemv           decode, M <= DECODE_MAX_M: one warp per output row n, all M rows of
-//                             x in registers' accumulators (each code is dequantized once);
-//                             grid (ceil(N / DECODE_WARPS), splits); with splits > 1 it writes
-//                             float32 partials [splits, M, N] and trtcore_wq_splitk_reduce sums them.
-//   trtcore_wq_splitk_reduce  out[i] = sum over splits of partial[s * M * N + i].
-//   trtcore_wq_gemm           prefill: 64 x 64 output tiles, K in chunks of 32, the dequantized
-//                             weight chunk and the activation chunk in shared memory (float32),
-//                             4 x 4 outputs per thread.
+//   trtcore_wq_gemv     M <= 8:  one block per 16-row tile, its warps take the tile's chunks
+//   trtcore_wq_gemv16   M <= 16  round robin (UNROLL 16-byte loads in flight per lane, the first
+//                                ones issued before PDL_WAIT: weights are constants), the
+//                                warps' partial sums added in shared memory in warp order.
+//                                Needs DTYPE 1 or 2 and group_size a multiple of 16 (or K).
+//   trtcore_wq_gemm     any M:   64 x 64 output tiles, K in chunks of 32, the dequantized weight
+//                                chunk and the activation chunk in shared memory (float32),
+//                                4 x 4 outputs per thread.
 //
-// Defines: DTYPE (dtype.cuh), BITS 4 | 8, HAS_ZEROS 0 | 1, HAS_PERM 0 | 1.
+// Defines: DTYPE (dtype.cuh), BITS 4 | 8, HAS_ZEROS 0 | 1, HAS_PERM 0 | 1, UNROLL (default 2).
 // Run-time: K a multiple of 8, group_size a multiple of 8 dividing K.
 //
 // trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 1}]
@@ -53,42 +62,34 @@
 #ifndef HAS_PERM
 #define HAS_PERM 0
 #endif
+#ifndef UNROLL
+#define UNROLL 2
+#endif
 #if BITS != 4 && BITS != 8
 #error "BITS must be 4 or 8"
 #endif
 
-#define CODES_PER_WORD (32 / BITS)
-#define WORDS_PER_UNIT (8 / CODES_PER_WORD)
-#define UNITS (4 / WORDS_PER_UNIT)            // units per 16-byte vector
-#define TILE (32 * UNITS * 8)                 // codes per row per warp-wide load
+#define CHUNK_STEPS (BITS == 4 ? 4 : 2)  // 16-code k-steps per 16-byte vector
+#define CHUNK (16 * CHUNK_STEPS)         // codes per tile row per chunk
 #define CODE_MASK ((1u << BITS) - 1u)
 #define SYM_ZERO ((float)(1 << (BITS - 1)))
+#define MAX_WARPS 16
 
-#define DECODE_WARPS 4
-#define DECODE_MAX_M 8
+// ---- the layout ---------------------------------------------------------------------------
 
-// code e (0..7) of a unit whose words are w[0 .. WORDS_PER_UNIT-1], as an exact float: the code
-// is placed in the low mantissa bits of 2^23 (0x4B000000), then 2^23 is subtracted
-__device__ __forceinline__ float code_f32(const unsigned int* w, int e) {
-    unsigned int q = (w[e / CODES_PER_WORD] >> (BITS * (e % CODES_PER_WORD))) & CODE_MASK;
-    return __int_as_float(0x4B000000 | q) - 8388608.0f;
-}
-
-// the 8 dequantized weights of a unit starting at column k of row n
-__device__ __forceinline__ void dequant_unit(const unsigned int* w, const float* __restrict__ scales,
-                                             const float* __restrict__ zeros, int n, int k, int groups,
-                                             int group_size, float* out) {
-    const int idx = n * groups + k / group_size;
-    const float s = __ldg(scales + idx);
-#if HAS_ZEROS
-    const float z = __ldg(zeros + idx);
+// code (row r in its tile, column k) of tile tt: the word and the bit offset of the layout above
+__device__ __forceinline__ unsigned int code_at(const unsigned int* __restrict__ w, int chunks, int tt, int r, int k) {
+    const int chunk = k / CHUNK, j = (k % CHUNK) / 16, kk = k % 16;
+    const int lane = (r % 8) * 4 + (kk % 8) / 2, e = kk % 2, h = r / 8, c8 = kk / 8;
+    const unsigned int* v = w + (((size_t)tt * chunks + chunk) * 32 + lane) * 4;
+#if BITS == 4
+    return (__ldg(v + j) >> (4 * ((h + 2 * c8) + 4 * e))) & CODE_MASK;
 #else
-    const float z = SYM_ZERO;
+    return (__ldg(v + 2 * j + c8) >> (8 * (2 * h + e))) & CODE_MASK;
 #endif
-    const float b = -z * s;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) out[e] = fmaf(code_f32(w, e), s, b);
 }
+
+__device__ __forceinline__ int scale_index(int n, int g, int groups) { return ((n / 16) * groups + g) * 16 + n % 16; }
 
 // x[row, k .. k+7] (or x[row, perm[k .. k+7]]) as float32; k is a multiple of 8
 __device__ __forceinline__ void load_x8(const elem_t* __restrict__ xrow, const int* __restrict__ perm, int k, float* out) {
@@ -111,69 +112,334 @@ __device__ __forceinline__ void load_x8(const elem_t* __restrict__ xrow, const i
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32)
-trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
-                const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out,
-                float* __restrict__ partial, int M, int N, int K, int group_size, int tiles_per_split) {
+// ---- decode: tensor cores -------------------------------------------------------------------
+
+#if DTYPE == 1 || DTYPE == 2
+#if DTYPE == 1
+#define MAGIC16 0x6400u  // 1024.0 in float16: 1024 + q is exact for q < 1024
+#define ONE16 0x3C00u
+#else
+#define MAGIC16 0x4300u  // 128.0 in bfloat16: 128 + q is exact for q < 128
+#define ONE16 0x3F80u
+#endif
+#define PAIR(h) (((unsigned int)(h) << 16) | (unsigned int)(h))
+
+__device__ __forceinline__ unsigned int pack2(float lo, float hi) {
+    unsigned int d;
+#if DTYPE == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+#endif
+    return d;
+}
+
+// a * 1 + c on two 16-bit lanes (exact here: integers of at most 11 bits)
+__device__ __forceinline__ unsigned int fma2_one(unsigned int a, unsigned int c) {
+    unsigned int d;
+#if DTYPE == 1
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(PAIR(ONE16)), "r"(c));
+#else
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(PAIR(ONE16)), "r"(c));
+#endif
+    return d;
+}
+
+__device__ __forceinline__ void mma16816(float* d, const unsigned int* a, unsigned int b0, unsigned int b1) {
+#if DTYPE == 1
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+#endif
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// the A fragment (exact 16-bit integers: q - 2^(BITS-1) symmetric, q with zero points) of
+// k-step j of a lane's vector v
+// (a & b) | c in one LOP3, b and c in registers: a mask the compiler cannot see as a constant
+// stays in its register instead of being rematerialized before every use
+__device__ __forceinline__ unsigned int and_or(unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// mask: 0x000F000F (held in a register, see and_or)
+__device__ __forceinline__ void a_fragment(const uint4& v, int j, unsigned int* a, unsigned int mask) {
+    const unsigned int wv[4] = {v.x, v.y, v.z, v.w};
+#if BITS == 4
+    const unsigned int word = wv[j];
+    // -(magic + z0) as a 16-bit float pair: z0 = 8 symmetric, 0 with zero points
+#if DTYPE == 1
+    const unsigned int negc = PAIR(HAS_ZEROS ? 0xE400u : 0xE408u);  // -1024, -1032
+#else
+    const unsigned int negc = PAIR(HAS_ZEROS ? 0xC300u : 0xC308u);  // -128, -136
+#endif
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[r] = fma2_one(and_or(word >> (4 * r), mask, PAIR(MAGIC16)), negc);
+#else
+    // 0x4B0000qq is 2^23 + q in float32; minus 2^23 + z0 (z0 = 128 symmetric, 0 with zero
+    // points) it is q - z0 exactly, and exact again after rounding to 16 bits (|q - z0| < 256)
+    const float off = 8388608.0f + (HAS_ZEROS ? 0.0f : SYM_ZERO);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned int word = wv[2 * j + h];
+        float f[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f[e] = __uint_as_float(0x4B000000u | ((word >> (8 * e)) & 0xFFu)) - off;
+        a[2 * h] = pack2(f[0], f[1]);
+        a[2 * h + 1] = pack2(f[2], f[3]);
+    }
+#endif
+}
+
+// the B fragment of x rows mt*8 + gid at columns k0 + 2 tid (+1) and k0 + 2 tid + 8 (+9), 0
+// beyond M or K
+__device__ __forceinline__ void b_fragment(const elem_t* x, const int* __restrict__ perm, int m, int M, int K, int k0, int tid,
+                                           unsigned int& b0, unsigned int& b1) {
+    b0 = 0u;
+    b1 = 0u;
+    if (m >= M) return;
+    const int ka = k0 + 2 * tid, kb = ka + 8;
+    const elem_t* row = x + (size_t)m * K;
+#if HAS_PERM
+    if (ka < K) b0 = (unsigned int)row[__ldg(perm + ka)] | ((unsigned int)row[__ldg(perm + ka + 1)] << 16);
+    if (kb < K) b1 = (unsigned int)row[__ldg(perm + kb)] | ((unsigned int)row[__ldg(perm + kb + 1)] << 16);
+#else
+    if (ka < K) b0 = *reinterpret_cast<const unsigned int*>(row + ka);  // K even: both in or both out
+    if (kb < K) b1 = *reinterpret_cast<const unsigned int*>(row + kb);
+#endif
+}
+
+// the scale (and zero point) pair of rows gid, gid + 8 of group g
+struct GroupPair {
+    float s[2];
+#if HAS_ZEROS
+    float z[2];
+#endif
+};
+
+__device__ __forceinline__ GroupPair group_pair(const float* __restrict__ st, const float* __restrict__ zt, int g, int gid) {
+    GroupPair q;
+    q.s[0] = __ldg(st + g * 16 + gid);
+    q.s[1] = __ldg(st + g * 16 + gid + 8);
+#if HAS_ZEROS
+    q.z[0] = __ldg(zt + g * 16 + gid);
+    q.z[1] = __ldg(zt + g * 16 + gid + 8);
+#endif
+    return q;
+}
+
+// a group segment's sums into the outputs: acc += s * d (s * (d - z * d1) with zero points);
+// d (and d1) restart at 0
+template <int MT>
+__device__ __forceinline__ void flush(float (&acc)[MT][4], float (&d)[MT][4],
+#if HAS_ZEROS
+                                      float (&d1)[MT][4],
+#endif
+                                      const GroupPair& q) {
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float sv = q.s[i >> 1];  // D rows gid (i < 2), gid + 8
+#if HAS_ZEROS
+            acc[t][i] = fmaf(sv, fmaf(-q.z[i >> 1], d1[t][i], d[t][i]), acc[t][i]);
+            d1[t][i] = 0.0f;
+#else
+            acc[t][i] = fmaf(sv, d[t][i], acc[t][i]);
+#endif
+            d[t][i] = 0.0f;
+        }
+    }
+}
+
+// the group of chunk c: cdiv > 0 when every group is cdiv whole chunks (cmagic = ceil(2^32 /
+// cdiv): a multiply-high instead of a division, exact for c * cdiv < 2^32)
+__device__ __forceinline__ int chunk_group(int c, int cdiv, unsigned int cmagic, int group_size) {
+    if (cdiv == 1) return c;
+    if (cdiv > 1) return (int)__umulhi((unsigned int)c, cmagic);
+    return c * CHUNK / group_size;
+}
+
+// MT: 8-column tiles of x rows (M <= 8 MT). cdiv, cmagic: chunk_group; with cdiv > 0 a chunk
+// inside K is one group segment, the fast path (no per-k-step bounds or group arithmetic).
+// Each warp keeps UNROLL chunks' 16-byte vectors (and their first groups' scales) in flight in
+// registers, refilling a buffer once its chunk is computed.
+template <int MT>
+__device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
+                                          const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M,
+                                          int N, int K, int group_size, int cdiv, unsigned int cmagic) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int gid = lane >> 2, tid = lane & 3;
+    const int tt = blockIdx.x;
+    const int chunks = (K + CHUNK - 1) / CHUNK;
+    const int groups = K / group_size;
+    const uint4* wt = w + (size_t)tt * chunks * 32 + lane;
+    const float* st = scales + (size_t)tt * groups * 16;
+#if HAS_ZEROS
+    const float* zt = zeros + (size_t)tt * groups * 16;
+    const unsigned int ones[4] = {PAIR(ONE16), PAIR(ONE16), PAIR(ONE16), PAIR(ONE16)};
+#else
+    const float* zt = nullptr;
+#endif
+    __shared__ float red[MAX_WARPS * MT * 4 * 32];  // the warps' partial sums [warp][MT * 4][32]
+
+    // the first vectors and their chunks' first groups before PDL_WAIT: they are constants,
+    // the previous kernel may still run
+    uint4 buf[UNROLL];
+    GroupPair gbuf[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int c = warp + u * warps;
+        if (c < chunks) {
+            buf[u] = load_stream(wt + (size_t)c * 32);
+            gbuf[u] = group_pair(st, zt, chunk_group(c, cdiv, cmagic, group_size), gid);
+        }
+    }
     PDL_WAIT();
     PDL_LAUNCH();
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * DECODE_WARPS + (threadIdx.x >> 5);
-    if (n >= N) return;  // whole warps only: no barrier below
-    const int tiles = (K + TILE - 1) / TILE;
-    const int groups = K / group_size;
-    const int t0 = blockIdx.y * tiles_per_split;
-    const int t1 = min(tiles, t0 + tiles_per_split);
-    const uint4* wrow = w + (size_t)n * tiles * 32;
+    // 0x000F000F, opaque to the compiler (group_size > 0, so group_size >> 31 is 0)
+    const unsigned int mask = 0x000F000Fu | (unsigned int)(group_size >> 31);
+    (void)mask;
+    // this lane's B-fragment rows: x[t * 8 + gid, 2 tid ..] (null beyond M)
+    const elem_t* xrow[MT];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) xrow[t] = t * 8 + gid < M ? x + (size_t)(t * 8 + gid) * K + 2 * tid : nullptr;
 
-    float acc[DECODE_MAX_M];
+    float acc[MT][4];
+    float d[MT][4];
+#if HAS_ZEROS
+    float d1[MT][4];
+#endif
 #pragma unroll
-    for (int m = 0; m < DECODE_MAX_M; ++m) acc[m] = 0.0f;
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            acc[t][i] = 0.0f;
+            d[t][i] = 0.0f;
+#if HAS_ZEROS
+            d1[t][i] = 0.0f;
+#endif
+        }
 
-    for (int t = t0; t < t1; ++t) {
-        const uint4 v = __ldg(wrow + t * 32 + lane);
-        const unsigned int words[4] = {v.x, v.y, v.z, v.w};
+    int next = warp + UNROLL * warps;  // the chunk the next refill loads, and its vector
+    const uint4* wnext = wt + (size_t)next * 32;
+    for (int base = warp; base < chunks; base += UNROLL * warps) {
 #pragma unroll
-        for (int u = 0; u < UNITS; ++u) {
-            const int k = t * TILE + (u * 32 + lane) * 8;
-            if (k >= K) continue;  // zero-code padding at the row's end
-            float wv[8];
-            dequant_unit(words + u * WORDS_PER_UNIT, scales, zeros, n, k, groups, group_size, wv);
+    for (int u = 0; u < UNROLL; ++u) {
+        const int c = base + u * warps;
+        if (c >= chunks) break;
+        const uint4& v = buf[u];
+        const GroupPair& first = gbuf[u];
+        if (!HAS_PERM && cdiv > 0 && (c + 1) * CHUNK <= K) {  // the fast path: one segment
+            const int kc = c * CHUNK;
 #pragma unroll
-            for (int m = 0; m < DECODE_MAX_M; ++m) {
-                if (m < M) {
-                    float xv[8];
-                    load_x8(x + (size_t)m * K, perm, k, xv);
+            for (int j = 0; j < CHUNK_STEPS; ++j) {
+                unsigned int a[4];
+                a_fragment(v, j, a, mask);
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[m] = fmaf(wv[e], xv[e], acc[m]);
+                for (int t = 0; t < MT; ++t) {
+                    unsigned int b0 = 0u, b1 = 0u;
+                    if (xrow[t] != nullptr) {
+                        b0 = *reinterpret_cast<const unsigned int*>(xrow[t] + kc + 16 * j);
+                        b1 = *reinterpret_cast<const unsigned int*>(xrow[t] + kc + 16 * j + 8);
+                    }
+                    mma16816(d[t], a, b0, b1);
+#if HAS_ZEROS
+                    mma16816(d1[t], ones, b0, b1);
+#endif
+                }
+            }
+            flush<MT>(acc, d,
+#if HAS_ZEROS
+                      d1,
+#endif
+                      first);
+        } else {
+            const int g0 = chunk_group(c, cdiv, cmagic, group_size);
+#pragma unroll
+            for (int j = 0; j < CHUNK_STEPS; ++j) {
+                const int k0 = c * CHUNK + 16 * j;
+                if (k0 >= K) break;
+                unsigned int a[4];
+                a_fragment(v, j, a, mask);
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {
+                    unsigned int b0, b1;
+                    b_fragment(x, perm, t * 8 + gid, M, K, k0, tid, b0, b1);
+                    mma16816(d[t], a, b0, b1);
+#if HAS_ZEROS
+                    mma16816(d1[t], ones, b0, b1);
+#endif
+                }
+                // end of a group segment: the chunk's last k-step, a group's end or K's
+                if (j == CHUNK_STEPS - 1 || (k0 + 16) % group_size == 0 || k0 + 16 >= K) {
+                    const int g = k0 / group_size;
+                    const GroupPair q = g == g0 ? first : group_pair(st, zt, g, gid);  // groups below CHUNK: loaded here
+                    flush<MT>(acc, d,
+#if HAS_ZEROS
+                              d1,
+#endif
+                              q);
                 }
             }
         }
+        // refill after the chunk's last use of buf[u]: no register copies; UNROLL - 1
+        // vectors stay in flight while it computes
+        if (next < chunks) {  // next = c + UNROLL * warps, at wnext
+            buf[u] = load_stream(wnext);
+            gbuf[u] = group_pair(st, zt, chunk_group(next, cdiv, cmagic, group_size), gid);
+        }
+        next += warps;
+        wnext += (size_t)warps * 32;
     }
+    }
+
+    // the warps' partial sums, added in warp order
 #pragma unroll
-    for (int m = 0; m < DECODE_MAX_M; ++m) {
-        if (m < M) {
-            float a = acc[m];
+    for (int t = 0; t < MT; ++t)
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
-            if (lane == 0) {
-                if (gridDim.y == 1) out[(size_t)m * N + n] = from_f32(a);
-                else partial[((size_t)blockIdx.y * M + m) * N + n] = a;
-            }
+        for (int i = 0; i < 4; ++i) red[(warp * MT * 4 + t * 4 + i) * 32 + lane] = acc[t][i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float sum = red[(t * 4 + i) * 32 + lane];
+            for (int q = 1; q < warps; ++q) sum += red[(q * MT * 4 + t * 4 + i) * 32 + lane];
+            // D fragment: rows gid (i < 2) or gid + 8, columns 2 tid + (i & 1)
+            const int n = tt * 16 + gid + (i < 2 ? 0 : 8);
+            const int m = t * 8 + 2 * tid + (i & 1);
+            if (n < N && m < M) out[(size_t)m * N + n] = from_f32(sum);
         }
     }
 }
 
-extern "C" __global__ void trtcore_wq_splitk_reduce(const float* __restrict__ partial, elem_t* __restrict__ out,
-                                                    int MN, int splits) {
-    PDL_WAIT();
-    PDL_LAUNCH();
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= MN) return;
-    float s = 0.0f;
-    for (int p = 0; p < splits; ++p) s += partial[(size_t)p * MN + i];
-    out[i] = from_f32(s);
+extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
+trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
+                const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
+                int group_size, int cdiv, unsigned int cmagic) {
+    gemv_body<1>(x, w, scales, zeros, perm, out, M, N, K, group_size, cdiv, cmagic);
 }
+
+extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
+trtcore_wq_gemv16(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
+                  const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
+                  int group_size, int cdiv, unsigned int cmagic) {
+    gemv_body<2>(x, w, scales, zeros, perm, out, M, N, K, group_size, cdiv, cmagic);
+}
+#endif  // DTYPE 1 or 2
+
+// ---- prefill (and float32 activations): float32 tiles -----------------------------------------
 
 #define BM 64
 #define BN 64
@@ -190,10 +456,10 @@ trtcore_wq_gemm(const elem_t* __restrict__ x, const unsigned int* __restrict__ w
     const int tid = threadIdx.x;
     const int tx = tid & 15, ty = tid >> 4;
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-    const int tiles = (K + TILE - 1) / TILE;
+    const int chunks = (K + CHUNK - 1) / CHUNK;
     const int groups = K / group_size;
     const int r = tid >> 2;          // the tile row this thread loads (x row m0 + r, weight row n0 + r)
-    const int kk = (tid & 3) * 8;    // its unit within the chunk
+    const int kk = (tid & 3) * 8;    // its 8 columns within the chunk
 
     float acc[4][4];
 #pragma unroll
@@ -216,14 +482,16 @@ trtcore_wq_gemm(const elem_t* __restrict__ x, const unsigned int* __restrict__ w
 
         const int n = n0 + r;
         if (n < N && k < K) {
-            const int b = k / 8;                         // unit index along the row
-            const int bt = b % (32 * UNITS);             // within its tile
-            const int word = (b / (32 * UNITS)) * 128 + (bt % 32) * 4 + (bt / 32) * WORDS_PER_UNIT;
-            const unsigned int* src = w + (size_t)n * tiles * 128 + word;
-            unsigned int uw[WORDS_PER_UNIT];
+            const int idx = scale_index(n, k / group_size, groups);
+            const float s = __ldg(scales + idx);
+#if HAS_ZEROS
+            const float z = __ldg(zeros + idx);
+#else
+            const float z = SYM_ZERO;
+#endif
+            const float b = -z * s;
 #pragma unroll
-            for (int i = 0; i < WORDS_PER_UNIT; ++i) uw[i] = __ldg(src + i);
-            dequant_unit(uw, scales, zeros, n, k, groups, group_size, v);
+            for (int e = 0; e < 8; ++e) v[e] = fmaf((float)code_at(w, chunks, n / 16, n % 16, k + e), s, b);
         } else {
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[e] = 0.0f;

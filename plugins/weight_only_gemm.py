@@ -7,28 +7,32 @@ accumulation, one rounding to the activation dtype.
 
 The weight is repacked once, when the network is defined (:func:`pack_weight`), into the
 kernels' layout and travels as network constants (the plugin's inputs 1..4); the fields
-carry only shapes and flags. The layout (``kernels/wq_gemm.cu`` documents it too):
+carry only shapes and flags. The layout is the A-operand layout of the tensor cores'
+``mma.m16n8k16`` (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type";
+``kernels/wq_gemm.cu`` documents it too), so one 16-byte load per lane gives a warp its
+fragments:
 
-* codes: ``int32 [N, K_pad * bits / 32]``. A *unit* is 8 consecutive codes along K, packed
-  little end first into 32-bit words (int4: one word, code ``e`` at bits ``4e..4e+3``; int8:
-  two words, code ``e`` at bits ``8(e % 4)..`` of word ``e // 4``). Rows are padded with zero
-  codes to ``K_pad``, a multiple of ``TILE`` codes (1024 int4, 512 int8); within tile ``t``,
-  the 16-byte vector ``t * 32 + lane`` holds the units ``t * 32 * UNITS + lane + 32 * u``
-  (``UNITS`` = 4 int4, 2 int8), so one coalesced uint4 load per lane brings a whole tile
-  into a warp and the lanes' activation loads are contiguous.
-* scales, zeros: ``float32 [N, K / group_size]`` as in the QuantizedWeight (zeros only when
-  the weight has them; symmetric uses ``2**(bits - 1)``).
+* codes: ``int32 [N_pad / 16, chunks * 128]``: rows in tiles of 16 (N padded to ``N_pad``
+  with zero codes), K in chunks of :func:`chunk_codes` codes (64 int4, 32 int8; padded with
+  zero codes); tile ``t``'s row holds ``chunks * 32`` 16-byte vectors, vector ``c * 32 + lane``
+  holding the codes lane ``lane = 4 gid + tid`` feeds to the mma's k-steps ``j`` of chunk
+  ``c`` (rows ``16 t + gid`` and ``+ 8``, columns ``k0 + 2 tid``, ``+ 1``, ``+ 8``, ``+ 9`` of
+  ``k0 = c * chunk + 16 j``); :func:`code_position` is the per-code formula.
+* scales, zeros: ``float32 [N_pad / 16, groups * 16]`` (tile, group, row in tile; padded rows
+  0); zeros only when the weight has them (symmetric uses ``2**(bits - 1)``).
 * perm: ``int32 [K]`` (act-order only): stored column ``j`` multiplies ``x[..., perm[j]]``.
 
-Kernels: M (the product of x's leading dimensions) up to :data:`DECODE_MAX_M` runs the
-GEMV-style decode kernel (one warp per output row, every code dequantized once in registers
-for all M rows, split-K over blocks with a deterministic reduction when N is small); larger
-M runs a tiled float32 kernel (64 x 64 outputs per block, dequantized weights in shared
-memory). Tensor cores are not used yet.
+Kernels: float16/bfloat16 x with M (the product of x's leading dimensions) up to
+:data:`DECODE_MAX_M` and a group size that is a multiple of 16 (or K) runs the decode kernel
+on the tensor cores (one block per 16-row tile, :meth:`WeightOnlyGemmPlugin.decode_warps`
+warps sharing its K, the codes dequantized to exact 16-bit integers, the scales applied in
+float32 per group); everything else runs a tiled float32 kernel (64 x 64 outputs per block,
+dequantized weights in shared memory).
 
 Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
-(``x64 @ QuantizedWeight.dequantize().T`` rounded once to x's dtype); the kernels compute
-``w = fmaf(q, s, -z * s)`` and accumulate ``w * x`` in float32, so they agree with it to
+(``x64 @ QuantizedWeight.dequantize().T`` rounded once to x's dtype); the kernels accumulate
+in float32 (the decode kernel: exact products of the integer codes and x summed per group,
+then scaled; the tiled kernel: ``w = fmaf(q, s, -z * s)`` times x), so they agree with it to
 float32 accumulation error plus the final rounding (one output ulp at the largest magnitude
 for K up to a few thousand, :func:`trtcore.testing.default_tolerance`).
 """
@@ -41,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import ml_dtypes
 import numpy as np
 
 from trtcore.dtypes import KERNEL_DTYPE_CODES
@@ -48,40 +53,77 @@ from trtcore.quantization import SUPPORTED_BITS, QuantizedWeight
 
 from .base import DeviceTensor, Dim, Plugin, PluginError
 
-__all__ = ["DECODE_MAX_M", "PackedWeight", "WeightOnlyGemmPlugin", "pack_codes", "pack_weight", "unpack_codes", "unpack_weight"]
+__all__ = [
+    "DECODE_MAX_M",
+    "PackedWeight",
+    "WeightOnlyGemmPlugin",
+    "chunk_codes",
+    "code_position",
+    "pack_codes",
+    "pack_groups",
+    "pack_weight",
+    "unpack_codes",
+    "unpack_groups",
+    "unpack_weight",
+]
 
 _INT32 = np.dtype(np.int32)
 _FLOAT32 = np.dtype(np.float32)
-#: largest M of the decode (GEMV) kernel (``DECODE_MAX_M`` in wq_gemm.cu)
-DECODE_MAX_M = 8
-#: output rows per decode block (``DECODE_WARPS``)
-_DECODE_WARPS = 4
+_FLOAT16 = np.dtype(np.float16)
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+#: largest M of the tensor-core decode kernels (``trtcore_wq_gemv`` up to 8, ``_gemv16`` up to 16)
+DECODE_MAX_M = 16
+#: rows per tile (the mma's M)
+TILE_ROWS = 16
+#: most warps of a decode block (``MAX_WARPS`` in wq_gemm.cu)
+_MAX_WARPS = 16
 #: prefill tile (``BM`` x ``BN``)
 _BM = _BN = 64
-#: warps the decode kernel should have in flight before splitting K (about 2 waves of an H200's
-#: 132 SMs x 32 resident warps)
+#: warps the decode kernel should launch in all (about two H200 waves of 132 SMs x 32 warps):
+#: a weight with few tiles gives each tile more warps (measured on the 8B MLP shapes,
+#: bench/bench_wq_gemm.py --tune)
 _TARGET_WARPS = 8192
 
 
-def units_per_vector(bits: int) -> int:
-    """8-code units per 16-byte vector: 4 (int4) or 2 (int8)."""
-    return 4 if bits == 4 else 2
+def chunk_codes(bits: int) -> int:
+    """Codes per tile row in one 16-byte vector per lane (``CHUNK``): 64 (int4) or 32 (int8)."""
+    return 64 if bits == 4 else 32
 
 
-def tile_codes(bits: int) -> int:
-    """Codes per row in one warp-wide load (``TILE``): 1024 (int4) or 512 (int8)."""
-    return 32 * units_per_vector(bits) * 8
+def _padded(n: int, k: int, bits: int) -> tuple[int, int]:
+    c = chunk_codes(bits)
+    return -(-n // TILE_ROWS) * TILE_ROWS, -(-k // c) * c
 
 
-def padded_k(k: int, bits: int) -> int:
-    """K rounded up to a multiple of :func:`tile_codes`."""
-    t = tile_codes(bits)
-    return -(-k // t) * t
+def code_position(bits: int, tile: int, chunk: int, lane: int, word: int, slot: int) -> tuple[int, int]:
+    """The (row, column) of the code at ``slot`` (nibble 0..7 for int4, byte 0..3 for int8) of
+    32-bit ``word`` (0..3) of 16-byte vector ``chunk * 32 + lane`` in tile ``tile``'s row (the
+    layout of the module docstring, written from the mma.m16n8k16 A-fragment table: register
+    ``reg`` of lane ``4 gid + tid`` holds rows ``gid + 8 (reg % 2)``, columns
+    ``2 tid + 8 (reg // 2) + e``, e = 0, 1 in its low / high half)."""
+    gid, tid = divmod(lane, 4)
+    if bits == 4:
+        j, (e, reg) = word, divmod(slot, 4)  # nibble = reg + 4 e
+    else:
+        (j, c8), (h, e) = divmod(word, 2), divmod(slot, 2)  # word = 2 j + c8, byte = 2 h + e
+        reg = h + 2 * c8
+    row = tile * TILE_ROWS + gid + 8 * (reg % 2)
+    col = chunk * chunk_codes(bits) + 16 * j + 8 * (reg // 2) + 2 * tid + e
+    return row, col
+
+
+def _axes(bits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The padded codes' split shape (after [tiles, ..]) and the transpose into the layout."""
+    if bits == 4:
+        # [T, h, gid, C, j, c8, tid, e] -> [T, C, gid, tid, j, e, c8, h]: nibble 4 e + 2 c8 + h
+        return (2, 8, -1, 4, 2, 4, 2), (0, 3, 2, 6, 4, 7, 5, 1)
+    # [T, h, gid, C, j, c8, tid, e] -> [T, C, gid, tid, j, c8, h, e]: word 2 j + c8, byte 2 h + e
+    return (2, 8, -1, 2, 2, 4, 2), (0, 3, 2, 6, 4, 5, 1, 7)
 
 
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Unsigned codes ``uint8 [N, K]`` into the kernels' ``int32 [N, K_pad * bits / 32]`` layout
-    (module docstring).
+    """Unsigned codes ``uint8 [N, K]`` into the kernels' ``int32 [N_pad / 16, chunks * 128]``
+    layout (module docstring; :func:`code_position` per code).
 
     Raises:
         PluginError: bits not 4 or 8, K not a multiple of 8, or a code out of range.
@@ -93,29 +135,56 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
         raise PluginError(f"pack_codes: K must be a multiple of 8, got {k}")
     if codes.size and int(codes.max()) >= 1 << bits:
         raise PluginError(f"pack_codes: codes must be below 2**{bits}, got {int(codes.max())}")
-    kp, units = padded_k(k, bits), units_per_vector(bits)
-    padded = np.zeros((n, kp), np.uint32)
-    padded[:, :k] = codes
-    per_word = 32 // bits
-    # [n, tile, u, lane, 8] -> [n, tile, lane, u, words of the unit, codes of a word]
-    u = padded.reshape(n, kp // tile_codes(bits), units, 32, 8).transpose(0, 1, 3, 2, 4)
-    u = u.reshape(*u.shape[:4], 8 // per_word, per_word)
-    shifts = (np.arange(per_word, dtype=np.uint32) * bits).astype(np.uint32)
-    words = np.bitwise_or.reduce(u << shifts, axis=-1).astype(np.uint32)
-    return words.reshape(n, kp * bits // 32).view(np.int32)
+    n_pad, k_pad = _padded(n, k, bits)
+    padded = np.zeros((n_pad, k_pad), np.uint8)
+    padded[:n, :k] = codes
+    split, order = _axes(bits)
+    tiles, chunks = n_pad // TILE_ROWS, k_pad // chunk_codes(bits)
+    # [tiles, chunks, lane, word, slot] in uint8, then each word's slots as its 4 bytes
+    u = np.ascontiguousarray(padded.reshape(tiles, *split).transpose(order)).reshape(tiles, chunks, 32, 4, 32 // bits)
+    if bits == 4:
+        u = u[..., 0::2] | (u[..., 1::2] << 4)  # byte b holds nibbles 2b (low) and 2b + 1
+    return np.ascontiguousarray(u).view("<u4").reshape(tiles, chunks * 128).view(np.int32)
 
 
-def unpack_codes(packed: np.ndarray, bits: int, k: int) -> np.ndarray:
-    """The inverse of :func:`pack_codes`: ``uint8 [N, K]``."""
-    n = packed.shape[0]
-    kp, units, per_word = padded_k(k, bits), units_per_vector(bits), 32 // bits
-    if packed.shape != (n, kp * bits // 32):
-        raise PluginError(f"unpack_codes: packed codes must be int32 [{n}, {kp * bits // 32}] for K={k}, bits={bits}; got {packed.shape}")
-    words = np.ascontiguousarray(packed).view(np.uint32).reshape(n, kp // tile_codes(bits), 32, units, 8 // per_word, 1)
-    shifts = (np.arange(per_word, dtype=np.uint32) * bits).astype(np.uint32)
-    codes = (words >> shifts) & np.uint32((1 << bits) - 1)  # [n, tile, lane, u, words, per_word]
-    codes = codes.reshape(n, kp // tile_codes(bits), 32, units, 8).transpose(0, 1, 3, 2, 4).reshape(n, kp)
-    return codes[:, :k].astype(np.uint8)
+def unpack_codes(packed: np.ndarray, bits: int, n: int, k: int) -> np.ndarray:
+    """The inverse of :func:`pack_codes`: ``uint8 [N, K]``.
+
+    Raises:
+        PluginError: ``packed`` is not the shape :func:`pack_codes` makes for N, K, bits.
+    """
+    n_pad, k_pad = _padded(n, k, bits)
+    tiles, chunks = n_pad // TILE_ROWS, k_pad // chunk_codes(bits)
+    if packed.shape != (tiles, chunks * 128):
+        raise PluginError(f"unpack_codes: packed codes must be int32 [{tiles}, {chunks * 128}] for N={n}, K={k}, bits={bits}; got {packed.shape}")
+    words = np.ascontiguousarray(packed).view(np.uint32).reshape(tiles, chunks, 32, 4, 1)
+    shifts = (np.arange(32 // bits, dtype=np.uint32) * bits).astype(np.uint32)
+    u = (words >> shifts) & np.uint32((1 << bits) - 1)
+    split, order = _axes(bits)
+    shape = [tiles, *split]
+    shape[shape.index(-1)] = chunks
+    inverse = np.argsort(order)
+    laid = [shape[a] for a in order]
+    codes = u.reshape(laid).transpose(inverse).reshape(n_pad, k_pad)
+    return codes[:n, :k].astype(np.uint8)
+
+
+def pack_groups(values: np.ndarray) -> np.ndarray:
+    """Per-group values ``float32 [N, G]`` (scales, zeros) into ``[N_pad / 16, G * 16]``
+    (tile, group, row in tile; padded rows 0)."""
+    n, g = values.shape
+    n_pad = -(-n // TILE_ROWS) * TILE_ROWS
+    out = np.zeros((n_pad, g), np.float32)
+    out[:n] = values
+    return np.ascontiguousarray(out.reshape(n_pad // TILE_ROWS, TILE_ROWS, g).transpose(0, 2, 1).reshape(n_pad // TILE_ROWS, g * TILE_ROWS))
+
+
+def unpack_groups(packed: np.ndarray, n: int, g: int) -> np.ndarray:
+    """The inverse of :func:`pack_groups`: ``float32 [N, G]``."""
+    tiles = -(-n // TILE_ROWS)
+    if packed.shape != (tiles, g * TILE_ROWS):
+        raise PluginError(f"unpack_groups: per-group values must be float32 [{tiles}, {g * TILE_ROWS}] for N={n}, {g} groups; got {packed.shape}")
+    return np.asarray(packed, np.float32).reshape(tiles, g, TILE_ROWS).transpose(0, 2, 1).reshape(tiles * TILE_ROWS, g)[:n]
 
 
 @dataclass(frozen=True)
@@ -124,9 +193,9 @@ class PackedWeight:
     constant inputs (module docstring).
 
     Attributes:
-        codes: ``int32 [N, K_pad * bits / 32]``.
-        scales: ``float32 [N, K / group_size]``.
-        zeros: ``float32 [N, K / group_size]`` or None (symmetric).
+        codes: ``int32 [N_pad / 16, chunks * 128]`` (:func:`pack_codes`).
+        scales: ``float32 [N_pad / 16, groups * 16]`` (:func:`pack_groups`).
+        zeros: the same shape, or None (symmetric).
         perm: ``int32 [K]`` or None.
         bits, group_size, in_features (K), out_features (N).
     """
@@ -154,15 +223,18 @@ def pack_weight(qw: QuantizedWeight) -> PackedWeight:
     n, k = qw.shape
     if qw.group_size % 8:
         raise PluginError(f"weight-only GEMM: group_size must be a multiple of 8, got {qw.group_size}")
-    zeros = None if qw.zeros is None else np.ascontiguousarray(qw.zeros, np.float32)
+    zeros = None if qw.zeros is None else pack_groups(np.asarray(qw.zeros, np.float32))
     perm = None if qw.perm is None else np.ascontiguousarray(qw.perm, np.int32)
-    return PackedWeight(pack_codes(qw.codes, qw.bits), np.ascontiguousarray(qw.scales, np.float32), zeros, perm, qw.bits, qw.group_size, k, n)
+    return PackedWeight(pack_codes(qw.codes, qw.bits), pack_groups(np.asarray(qw.scales, np.float32)), zeros, perm, qw.bits, qw.group_size, k, n)
 
 
 def unpack_weight(pw: PackedWeight) -> QuantizedWeight:
     """The :class:`QuantizedWeight` ``pw`` was packed from (exactly)."""
-    codes = unpack_codes(pw.codes, pw.bits, pw.in_features)
-    return QuantizedWeight(codes, pw.scales, pw.zeros, pw.bits, pw.group_size, pw.perm)
+    n, k = pw.out_features, pw.in_features
+    g = k // pw.group_size
+    codes = unpack_codes(pw.codes, pw.bits, n, k)
+    zeros = None if pw.zeros is None else unpack_groups(pw.zeros, n, g)
+    return QuantizedWeight(codes, unpack_groups(pw.scales, n, g), zeros, pw.bits, pw.group_size, pw.perm)
 
 
 @dataclass
@@ -175,9 +247,9 @@ class WeightOnlyGemmPlugin(Plugin):
     #    name    shape                               dtype
     ===  ======  ==================================  ===========================================
     0    x       ``[..., K]``                        float16, bfloat16 or float32
-    1    codes   ``[N, K_pad * bits / 32]``          int32 (:func:`pack_codes`)
-    2    scales  ``[N, K / group_size]``             float32
-    3    zeros   ``[N, K / group_size]``             float32, only when ``has_zeros``
+    1    codes   ``[N_pad / 16, chunks * 128]``      int32 (:func:`pack_codes`)
+    2    scales  ``[N_pad / 16, groups * 16]``       float32 (:func:`pack_groups`)
+    3    zeros   ``[N_pad / 16, groups * 16]``       float32, only when ``has_zeros``
     4    perm    ``[K]``                             int32, only when ``has_perm``
     ===  ======  ==================================  ===========================================
 
@@ -231,9 +303,11 @@ class WeightOnlyGemmPlugin(Plugin):
     def input_shapes(self) -> list[tuple[int, ...]]:
         """Shapes of the constant inputs 1.. (codes, scales, [zeros], [perm])."""
         n, k = self.out_features, self.in_features
-        shapes: list[tuple[int, ...]] = [(n, padded_k(k, self.bits) * self.bits // 32), (n, self.groups)]
+        n_pad, k_pad = _padded(n, k, self.bits)
+        tiles = n_pad // TILE_ROWS
+        shapes: list[tuple[int, ...]] = [(tiles, k_pad // chunk_codes(self.bits) * 128), (tiles, self.groups * TILE_ROWS)]
         if self.has_zeros:
-            shapes.append((n, self.groups))
+            shapes.append((tiles, self.groups * TILE_ROWS))
         if self.has_perm:
             shapes.append((k,))
         return shapes
@@ -309,30 +383,32 @@ class WeightOnlyGemmPlugin(Plugin):
         """The kernels' compile-time defines for activation ``dtype``."""
         return {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(dtype)], "BITS": self.bits, "HAS_ZEROS": int(self.has_zeros), "HAS_PERM": int(self.has_perm)}
 
-    def decode_splits(self) -> int:
-        """K-splits of the decode kernel: enough blocks that about :data:`_TARGET_WARPS` warps
-        run (N warps without a split), at most one tile per split; 1 means no partials."""
-        tiles = padded_k(self.in_features, self.bits) // tile_codes(self.bits)
-        want = max(1, -(-_TARGET_WARPS // self.out_features))
-        splits = min(tiles, want)
-        per = -(-tiles // splits)
-        return -(-tiles // per)  # no empty split
+    def uses_tensor_cores(self, dtype: Any, m: int) -> bool:
+        """Whether ``m`` rows of ``dtype`` run the tensor-core decode kernel (float16/bfloat16,
+        ``m <= DECODE_MAX_M``, group size a multiple of 16 or K); else the tiled kernel."""
+        g = self.group_size
+        return np.dtype(dtype) in (_FLOAT16, _BFLOAT16) and 0 < m <= DECODE_MAX_M and (g % 16 == 0 or g == self.in_features)
 
-    def workspace_size(self, inputs: Sequence[tuple[tuple[int, ...], np.dtype]], outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
-        """float32 split-K partials ``[splits, M, N]`` of the decode kernel (0 without a split)."""
-        splits = self.decode_splits()
-        if splits == 1:
-            return 0
-        m = int(np.prod(inputs[0][0][:-1], dtype=np.int64))
-        return splits * min(m, DECODE_MAX_M) * self.out_features * 4
+    def chunks_per_group(self) -> int:
+        """Whole chunks per group (0 when groups do not cover whole chunks): the decode
+        kernel's fast path, a chunk as one group segment, needs it above 0."""
+        g, c = self.group_size, chunk_codes(self.bits)
+        return g // c if g % c == 0 else 0
+
+    def decode_warps(self) -> int:
+        """Warps per block (per 16-row tile) of the decode kernel: about :data:`_TARGET_WARPS`
+        in all, a power of two from 1 to 16, at most one per chunk of K."""
+        tiles = -(-self.out_features // TILE_ROWS)
+        chunks = -(-self.in_features // chunk_codes(self.bits))
+        want = max(1, min(_MAX_WARPS, _TARGET_WARPS // tiles, chunks))
+        return 1 << (want.bit_length() - 1)  # a power of two
 
     def enqueue(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], workspace: int, stream: int) -> None:
-        """Decode kernel for M <= :data:`DECODE_MAX_M` (plus the split-K reduction), tiled kernel
-        above; on ``stream``, no allocation, no sync.
+        """The decode kernel on the tensor cores where :meth:`uses_tensor_cores`, else the
+        tiled kernel; on ``stream``, no allocation, no sync, no workspace.
 
         Raises:
-            PluginError: unsupported dtype, M beyond the grid, or a split needs a workspace
-                that was not given.
+            PluginError: unsupported dtype or M beyond the tiled kernel's grid.
         """
         self._check_count(len(inputs))
         x, out = inputs[0], outputs[0]
@@ -345,23 +421,18 @@ class WeightOnlyGemmPlugin(Plugin):
         n, k = self.out_features, self.in_features
         zeros = inputs[3].ptr if self.has_zeros else 0
         perm = inputs[3 + int(self.has_zeros)].ptr if self.has_perm else 0
-        common = [(x.ptr, "ptr"), (inputs[1].ptr, "ptr"), (inputs[2].ptr, "ptr"), (zeros, "ptr"), (perm, "ptr"), (out.ptr, "ptr")]
+        args = [(x.ptr, "ptr"), (inputs[1].ptr, "ptr"), (inputs[2].ptr, "ptr"), (zeros, "ptr"), (perm, "ptr"), (out.ptr, "ptr")]
+        args += [(m, "i32"), (n, "i32"), (k, "i32"), (self.group_size, "i32")]
         defines = tuple(sorted(self.defines(dtype).items()))
-        if m <= DECODE_MAX_M:
-            splits = self.decode_splits()
-            if splits > 1 and not workspace:
-                raise PluginError(f"WeightOnlyGemmPlugin: {splits} K-splits need a workspace of {splits * m * n * 4} bytes")
-            tiles = padded_k(k, self.bits) // tile_codes(self.bits)
-            per = -(-tiles // splits)
-            args = [*common, (workspace if splits > 1 else 0, "ptr"), (m, "i32"), (n, "i32"), (k, "i32"), (self.group_size, "i32"), (per, "i32")]
-            _launch(defines, "trtcore_wq_gemv", (-(-n // _DECODE_WARPS), splits), (32 * _DECODE_WARPS,), args, stream)
-            if splits > 1:
-                red = [(workspace, "ptr"), (out.ptr, "ptr"), (m * n, "i32"), (splits, "i32")]
-                _launch(defines, "trtcore_wq_splitk_reduce", (-(-(m * n) // 256),), (256,), red, stream)
+        if self.uses_tensor_cores(dtype, m):
+            name = "trtcore_wq_gemv" if m <= 8 else "trtcore_wq_gemv16"
+            cdiv = self.chunks_per_group()
+            cmagic = -(-(1 << 32) // cdiv) if cdiv > 1 else 0  # kernels/wq_gemm.cu chunk_group
+            args += [(cdiv, "i32"), (cmagic, "u32")]
+            _launch(defines, name, (-(-n // TILE_ROWS),), (32 * self.decode_warps(),), args, stream)
             return
         if -(-m // _BM) > 65535:
-            raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the prefill kernel's grid (at most {65535 * _BM})")
-        args = [*common, (m, "i32"), (n, "i32"), (k, "i32"), (self.group_size, "i32")]
+            raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the tiled kernel's grid (at most {65535 * _BM})")
         _launch(defines, "trtcore_wq_gemm", (-(-n // _BN), -(-m // _BM)), (256,), args, stream)
 
 

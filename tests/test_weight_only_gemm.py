@@ -28,10 +28,10 @@ from trtcore.plugins import base, builtin_plugins
 from trtcore.plugins.base import PluginError
 from trtcore.plugins.weight_only_gemm import (
     WeightOnlyGemmPlugin,
+    chunk_codes,
+    code_position,
     pack_codes,
     pack_weight,
-    padded_k,
-    tile_codes,
     unpack_codes,
     unpack_weight,
 )
@@ -110,7 +110,9 @@ def test_layout_round_trips(case: tuple, rng: np.random.Generator) -> None:
     qw = _qw(rng, case)
     pw = pack_weight(qw)
     n, k = qw.shape
-    assert pw.codes.dtype == np.int32 and pw.codes.shape == (n, padded_k(k, qw.bits) * qw.bits // 32)
+    tiles, chunks = -(-n // 16), -(-k // chunk_codes(qw.bits))
+    assert pw.codes.dtype == np.int32 and pw.codes.shape == (tiles, chunks * 128)
+    assert pw.scales.shape == (tiles, 16 * (k // qw.group_size))
     back = unpack_weight(pw)
     np.testing.assert_array_equal(back.codes, qw.codes)
     np.testing.assert_array_equal(back.scales, qw.scales)
@@ -119,25 +121,55 @@ def test_layout_round_trips(case: tuple, rng: np.random.Generator) -> None:
     assert (back.bits, back.group_size) == (qw.bits, qw.group_size)
 
 
+def _a_fragment_table(lane: int, reg: int, e: int) -> tuple[int, int]:
+    """Row and column of element ``2 reg + e`` of lane ``lane``'s A fragment of
+    ``mma.m16n8k16`` (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type":
+    ``row = groupID`` for a0, a1, a4, a5 and ``groupID + 8`` for the others,
+    ``col = threadID_in_group * 2 + (i & 1)`` for a0..a3 and ``+ 8`` for a4..a7)."""
+    i = 2 * reg + e
+    group, thread = divmod(lane, 4)
+    row = group + (8 if i in (2, 3, 6, 7) else 0)
+    col = thread * 2 + (i & 1) + (8 if i >= 4 else 0)
+    return row, col
+
+
 @pytest.mark.parametrize("bits", [4, 8])
-def test_layout_places_each_code_as_documented(bits: int, rng: np.random.Generator) -> None:
-    """Code (n, k) lies in word ``(k // TILE) * 128 + lane * 4 + u * words_per_unit + e // per_word``
-    at bit ``bits * (e % per_word)``, with unit ``b = k // 8``, ``bt = b % (TILE // 8)``,
-    ``lane = bt % 32``, ``u = bt // 32``, ``e = k % 8`` (kernels/wq_gemm.cu's index formula)."""
-    n, k = 3, 1544
+def test_layout_feeds_the_mma_fragments(bits: int, rng: np.random.Generator) -> None:
+    """Decoding every lane's words the way kernels/wq_gemm.cu's ``a_fragment`` does (int4:
+    register ``reg`` = the nibbles of ``(word >> 4 reg) & 0x000F000F``, low half first; int8:
+    register ``2 h + p`` = bytes ``2p``, ``2p + 1`` of word ``2 j + h``) and placing each value
+    by the PTX fragment table gives back the 16 x 16 block of codes of every k-step;
+    :func:`code_position` agrees, and the padding holds zero codes."""
+    n, k = 37, 1544  # 3 tiles (the last one padded), K padded to whole chunks
     codes = rng.integers(0, 1 << bits, (n, k)).astype(np.uint8)
     words = pack_codes(codes, bits).view(np.uint32)
-    per_word, tile = 32 // bits, tile_codes(bits)
-    for row in range(n):
-        for col in rng.integers(0, k, 64):
-            b, e = col // 8, col % 8
-            bt = b % (tile // 8)
-            word = (col // tile) * 128 + (bt % 32) * 4 + (bt // 32) * (8 // per_word) + e // per_word
-            assert (int(words[row, word]) >> (bits * (e % per_word))) & ((1 << bits) - 1) == codes[row, col]
-    # the padding holds zero codes
-    full = np.zeros((n, padded_k(k, bits)), np.uint8)
-    full[:, :k] = codes
-    np.testing.assert_array_equal(unpack_codes(pack_codes(codes, bits), bits, padded_k(k, bits)), full)
+    c = chunk_codes(bits)
+    tiles, chunks = words.shape[0], words.shape[1] // 128
+    full = np.zeros((tiles * 16, chunks * c), np.uint8)
+    full[:n, :k] = codes
+    mask = (1 << bits) - 1
+    for tile in range(tiles):
+        for chunk in range(chunks):
+            vec = words[tile, chunk * 128 : (chunk + 1) * 128].reshape(32, 4)
+            for j in range(c // 16):
+                block = np.full((16, 16), 255, np.int64)
+                for lane in range(32):
+                    for reg in range(4):
+                        for e in range(2):
+                            if bits == 4:
+                                val = (int(vec[lane, j]) >> (4 * reg + 16 * e)) & mask
+                            else:
+                                h, p = divmod(reg, 2)
+                                val = (int(vec[lane, 2 * j + h]) >> (8 * (2 * p + e))) & mask
+                            block[_a_fragment_table(lane, reg, e)] = val
+                k0 = chunk * c + 16 * j
+                np.testing.assert_array_equal(block, full[tile * 16 : tile * 16 + 16, k0 : k0 + 16])
+    for _ in range(200):
+        t, ch, lane, w = int(rng.integers(tiles)), int(rng.integers(chunks)), int(rng.integers(32)), int(rng.integers(4))
+        slot = int(rng.integers(32 // bits))
+        row, col = code_position(bits, t, ch, lane, w, slot)
+        assert (int(words[t, ch * 128 + lane * 4 + w]) >> (bits * slot)) & mask == full[row, col]
+    np.testing.assert_array_equal(unpack_codes(pack_codes(codes, bits), bits, n, k), codes)
 
 
 def test_bad_fields_and_inputs_are_refused(rng: np.random.Generator) -> None:
@@ -174,7 +206,7 @@ def test_every_variant_compiles(arch: str) -> None:
     for v in variants:
         c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
         assert kernels.cubin_arch(c.cubin) == arch
-        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_splitk_reduce", "trtcore_wq_gemm"}
+        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm"}
 
 
 NET_CASES = [
@@ -243,11 +275,11 @@ def test_network_with_the_plugin_compiles_on_the_cuda_backend(rng: np.random.Gen
 
     net = network()
     g = ops.Graph(tc, net, "bfloat16")
-    qw = random_qw(rng, 256, 2048, 4, 128, "int", False)  # 2 tiles, N < 8192: the decode kernel splits K
+    qw = random_qw(rng, 256, 2048, 4, 128, "int", False)  # 16 tiles of 16 rows: 16 warps per tile
     x = net.add_input("x", tc.DataType.BF16, (-1, 2048))
     g.output(ops.weight_only_linear(g, x, qw, name="o_proj"), "y")
     plan = compile_net(net, {"x": ((1, 2048), (4, 2048), (64, 2048))})
     assert any(node.op == "plugin" for node in plan.graph.nodes)
     plugin = WeightOnlyGemmPlugin.from_quantized(qw)[0]
-    assert plugin.decode_splits() == 2
-    assert plugin.workspace_size([((64, 2048), BF16)], [((64, 256), BF16)]) == 2 * 8 * 256 * 4
+    assert plugin.decode_warps() == 16 and plugin.uses_tensor_cores(BF16, 16) and not plugin.uses_tensor_cores(BF16, 17)
+    assert plugin.workspace_size([((64, 2048), BF16)], [((64, 256), BF16)]) == 0

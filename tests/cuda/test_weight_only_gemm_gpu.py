@@ -1,9 +1,10 @@
 """The weight-only GEMM kernels (kernels/wq_gemm.cu) against the plugin's float64 reference on
 the GPU (marker ``gpu``; skipped with the reason without CuPy or a GPU).
 
-Every variant (int4 group 32/64/128 and int8 per channel / group 64, symmetric, integer and
-fractional zero points, act-order permutation; float16 and bfloat16) at M in {1, 4, 16, 64}
-(1 and 4: the decode kernel, with split-K where N is small; 16 and 64: the tiled kernel),
+Every variant (int4 group 32/64/128 and int8 per channel / group 64 / group 8, symmetric,
+integer and fractional zero points, act-order permutation; float16 and bfloat16) at M in
+{1, 4, 9, 16, 17, 64} (up to 16: the tensor-core decode kernels, 8 and 16 columns, except group
+8, which runs the tiled kernel; 17 and 64: the tiled kernel),
 through :func:`trtcore.testing.check_plugin`, which poisons the output with NaN before each of
 two runs and requires bit-identical results. Tolerance: the reference is float64 rounded once;
 the kernels accumulate in float32 over K terms, so one output ulp at ``max|y|`` (the default)
@@ -58,7 +59,7 @@ def _qw(rng: np.random.Generator, n: int, k: int, bits: int, gs: int, zeros: str
     )
 
 
-@pytest.mark.parametrize("m", [1, 4, 16, 64])
+@pytest.mark.parametrize("m", [1, 4, 9, 16, 17, 64])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_kernel_matches_reference(case: tuple, dtype: np.dtype, m: int) -> None:
@@ -71,11 +72,15 @@ def test_kernel_matches_reference(case: tuple, dtype: np.dtype, m: int) -> None:
     check_plugin(plugin, specs, rtol=rtol)
 
 
-def test_decode_split_k_is_used_and_matches() -> None:
-    """N small against K: the decode kernel splits K over blocks (partials + reduce kernel)."""
-    rng = np.random.default_rng(5)
-    qw = _qw(rng, 64, 8192, 4, 128, "int", False)
+@pytest.mark.parametrize("warps", [1, 3, 16])
+def test_decode_warps_share_a_tile(warps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any number of warps per tile gives the same sums (the warps' partials added in shared
+    memory); K = 4128 leaves the last chunk half outside K."""
+    rng = np.random.default_rng(5 + warps)
+    qw = _qw(rng, 48, 4128, 4, 96, "frac", False)  # group 96: segments end inside chunks
     plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
-    assert plugin.decode_splits() > 1
-    specs = [((2, 8192), np.dtype(ml_dtypes.bfloat16))] + [(a.shape, a.dtype, a) for a in packed.arrays()]
+    monkeypatch.setattr(WeightOnlyGemmPlugin, "decode_warps", lambda self: warps)
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    assert plugin.uses_tensor_cores(dtype, 2)
+    specs = [((2, 4128), dtype)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
     check_plugin(plugin, specs, rtol=2.0**-7 + 1e-5)

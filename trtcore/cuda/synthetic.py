@@ -108,3 +108,62 @@ class RandomWeights:
 
     def __contains__(self, name: str) -> bool:
         return not name.endswith(".bias")
+
+
+#: the linear layers of a Llama decoder layer: name suffix -> (rows, columns) as config fields
+_LINEARS = {
+    "self_attn.q_proj.weight": ("q", "hidden"),
+    "self_attn.k_proj.weight": ("kv", "hidden"),
+    "self_attn.v_proj.weight": ("kv", "hidden"),
+    "self_attn.o_proj.weight": ("hidden", "q"),
+    "mlp.gate_proj.weight": ("inter", "hidden"),
+    "mlp.up_proj.weight": ("inter", "hidden"),
+    "mlp.down_proj.weight": ("hidden", "inter"),
+}
+
+
+class RandomQuantizedWeights(RandomWeights):
+    """:class:`RandomWeights` whose decoder linear layers are weight-only quantized: the
+    checkpoint interface of :class:`trtcore.quant_formats.QuantizedCheckpoint`
+    (``is_quantized(name)``, ``quantized(name)``) with random codes (uniform, symmetric) and
+    scales ``0.004 .. 0.006`` (so ``(q - 2^(bits-1)) * s`` has about the pool's std 0.02 at 4
+    bits). Embeddings, norms and ``lm_head`` stay bfloat16, as in published GPTQ / AWQ models.
+
+    Args:
+        config: the model's :class:`ModelConfig` (the layers' shapes).
+        bits: 4 or 8. group_size: K-elements per scale (0: one per output channel).
+        seed: seed of the pool and the codes.
+    """
+
+    def __init__(self, config: ModelConfig, bits: int = 4, group_size: int = 128, seed: int = 0):
+        super().__init__(seed=seed)
+        q = config.num_attention_heads * config.head_dim
+        self._dims = {"q": q, "kv": config.num_key_value_heads * config.head_dim, "hidden": config.hidden_size, "inter": config.intermediate_size}
+        self.bits, self.group_size = int(bits), int(group_size)
+        self._code_rng = np.random.default_rng(seed + 1)
+
+    def _linear(self, name: str) -> tuple[int, int] | None:
+        if not name.startswith("model.layers."):
+            return None
+        suffix = name.split(".", 3)[3]
+        dims = _LINEARS.get(suffix)
+        return None if dims is None else (self._dims[dims[0]], self._dims[dims[1]])
+
+    def is_quantized(self, name: str) -> bool:
+        return self._linear(name) is not None
+
+    def quantized(self, name: str) -> Any:
+        """A fresh random :class:`~trtcore.quantization.QuantizedWeight` for linear ``name``
+        (every layer its own codes, so no two layers share device memory)."""
+        from ..quantization import QuantizedWeight
+
+        shape = self._linear(name)
+        if shape is None:
+            raise KeyError(name)
+        self._given.append(name)
+        n, k = shape
+        gs = self.group_size or k
+        codes = self._code_rng.integers(0, 1 << self.bits, (n, k), dtype=np.uint8)
+        scale = 0.005 * 2.0 ** (4 - self.bits)
+        scales = self._code_rng.uniform(0.8 * scale, 1.2 * scale, (n, k // gs)).astype(np.float32)
+        return QuantizedWeight(codes, scales, None, self.bits, gs)
