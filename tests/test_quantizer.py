@@ -124,8 +124,8 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
     src = _tiny(tmp_path)
     with pytest.raises(InvalidArgumentError, match=r"proj\.weight: K=\d+ is not a multiple of group_size=7; choose a divisor of it such as 32"):
         quantize_checkpoint(src, tmp_path / "q", group_size=7)
-    with pytest.raises(InvalidArgumentError, match="'awq' is not implemented; available: rtn"):
-        quantize_checkpoint(src, tmp_path / "q", method="awq")
+    with pytest.raises(InvalidArgumentError, match="'gptq' is not implemented; available: rtn, awq"):
+        quantize_checkpoint(src, tmp_path / "q", method="gptq")
     with pytest.raises(InvalidArgumentError, match="bits must be 4 or 8"):
         quantize_checkpoint(src, tmp_path / "q", bits=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing half written beside it

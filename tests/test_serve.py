@@ -180,6 +180,20 @@ def test_64_concurrent_streams_get_what_they_get_alone(server: Any, llm: LLM) ->
     assert asyncio.run(run()) == alone
 
 
+def _wait_aborted(server: Any, before: dict[Any, float]) -> dict[Any, float]:
+    """The metrics once one more request than in ``before`` was aborted and nothing runs or
+    holds KV blocks (at most 30 s)."""
+    aborts = value(before, "trtcore:request_success_total", finished_reason="abort") + 1
+    deadline = time.monotonic() + 30
+    while True:
+        m = metrics(server)
+        freed = value(m, "trtcore:num_requests_running") == 0 and value(m, "trtcore:kv_cache_usage_perc") == 0.0
+        if freed and value(m, "trtcore:request_success_total", finished_reason="abort") == aborts:
+            return m
+        assert time.monotonic() < deadline, "the disconnected request was not aborted"
+        time.sleep(0.02)
+
+
 def test_a_client_gone_mid_stream_frees_its_blocks(server: Any) -> None:
     before = metrics(server)
     body = {"model": NAME, "prompt": "the theory of", "max_tokens": 240, "ignore_eos": True, "temperature": 0, "stream": True}
@@ -189,17 +203,24 @@ def test_a_client_gone_mid_stream_frees_its_blocks(server: Any) -> None:
         for _ in range(3):
             assert next(line for line in lines if line).startswith("data: {")
     # closed: the server aborts it before its next step, which frees its blocks
-    aborts = value(before, "trtcore:request_success_total", finished_reason="abort") + 1
-    deadline = time.monotonic() + 30
-    while True:
-        m = metrics(server)
-        freed = value(m, "trtcore:num_requests_running") == 0 and value(m, "trtcore:kv_cache_usage_perc") == 0.0
-        if freed and value(m, "trtcore:request_success_total", finished_reason="abort") == aborts:
-            break
-        assert time.monotonic() < deadline, "the disconnected request was not aborted"
-        time.sleep(0.02)
+    m = _wait_aborted(server, before)
     generated = value(m, "trtcore:generation_tokens_total") - value(before, "trtcore:generation_tokens_total")
     assert 3 <= generated < 240
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_client_gone_before_a_whole_response_frees_its_blocks(server: Any, path: str) -> None:
+    """A non-streamed request whose client gives up (a read timeout) is aborted as soon as the
+    server sees the disconnect, not generated to its end."""
+    before = metrics(server)
+    body: dict[str, Any] = {"model": NAME, "max_tokens": 200, "ignore_eos": True, "temperature": 0}  # the chat template's tokens fit too
+    body |= {"prompt": "the theory of"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "the theory of"}]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + path, json=body, timeout=httpx.Timeout(60, read=0.5))
+    m = _wait_aborted(server, before)
+    generated = value(m, "trtcore:generation_tokens_total") - value(before, "trtcore:generation_tokens_total")
+    assert generated < 200
+    assert value(m, "trtcore:request_success_total", finished_reason="length") == value(before, "trtcore:request_success_total", finished_reason="length")
 
 
 def _post(server: Any, path: str, content: bytes | None = None, **body: Any) -> httpx.Response:
@@ -219,8 +240,26 @@ def _post(server: Any, path: str, content: bytes | None = None, **body: Any) -> 
         (None, {"model": NAME, "prompt": "x", "n": 2}, 400, "n"),
         (None, {"model": NAME, "prompt": [10**6]}, 400, "prompt"),
         (None, {"model": "other", "prompt": "x"}, 404, "model"),
+        (None, {"model": NAME, "prompt": "x", "stream": "yes"}, 400, "stream"),
+        (None, {"model": NAME, "prompt": "x", "max_tokens": "2"}, 400, "max_tokens"),
+        (None, {"model": NAME, "prompt": {"a": 1}}, 400, "prompt"),
+        (None, {"model": NAME, "prompt": "x", "stop": 5}, 400, "stop"),
     ],
-    ids=["malformed-json", "wrong-type", "wrong-type-list", "max-tokens-0", "over-context", "max-tokens-over-context", "n-2", "bad-token", "unknown-model"],
+    ids=[
+        "malformed-json",
+        "wrong-type",
+        "wrong-type-list",
+        "max-tokens-0",
+        "over-context",
+        "max-tokens-over-context",
+        "n-2",
+        "bad-token",
+        "unknown-model",
+        "string-for-bool",
+        "string-for-int",
+        "object-for-prompt",
+        "int-for-stop",
+    ],
 )
 def test_bad_requests_get_their_status_and_the_server_goes_on(server: Any, client: openai.OpenAI, content: Any, body: Any, status: int, param: Any) -> None:
     r = _post(server, "/v1/completions", content, **(body or {}))

@@ -84,3 +84,13 @@ def test_sigterm_drains(server: Any, client: openai.OpenAI) -> None:
     assert [c.choices[0].finish_reason for c in got if c.choices][-1] == "length"
     assert got[-1].usage is not None and got[-1].usage.completion_tokens == 200
     assert server.process.wait(60) == 0, "".join(server.stderr_lines)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--max-waiting", "0"), ("--max-queue-delay-ms", "-1")])
+def test_bad_serve_flags_are_refused_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str) -> None:
+    """``--max-waiting 0`` would refuse every request (a new request waits until the scheduler
+    takes it): the command refuses it, naming the flag, without loading anything."""
+    from trtcore.cli import main
+
+    assert main(["serve", "--model", str(tmp_path / "absent"), flag, value]) != 0
+    assert flag in capsys.readouterr().err

@@ -253,30 +253,17 @@ def compare(
         raise InvalidArgumentError(f"tolerance must be > 0, got {tolerance!r}")
     torch, auto_model = _transformers()
     from .llm import LLM
-    from .runtime.sampling import SamplingParams
 
     llm = LLM(model, backend=backend, dtype=dtype, max_batch_size=1, kv_cache=kv_cache, device="cpu", progress=False)
     ids = llm.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not ids:
         raise InvalidArgumentError("compare needs a prompt of at least one token")
     points = bisect_points(llm.config.model_type, llm.config.num_hidden_layers)
-    from .runtime.generate import HostRunner
-    from .runtime.reference_executor import ReferenceExecutor
+    from .calibration import capture_prefill, network_tensor_names
 
-    assert isinstance(llm.executor, ReferenceExecutor)  # backend "reference", checked above
-    network = llm.executor.network  # the reference engine's network: every tensor by name
-    present = {network.get_layer(k).get_output(j).name for k in range(network.num_layers) for j in range(network.get_layer(k).num_outputs)}
+    present = network_tensor_names(llm)  # the reference engine's network: every tensor by name
     wanted = [p.tensor for p in points if p.tensor in present]
-
-    runner = llm.engine.runner
-    assert isinstance(runner, HostRunner)  # the reference backend runs on host arrays
-    capturing = _CaptureFirstRun(runner.executor, wanted)
-    runner.executor = capturing  # type: ignore[assignment]  # the same run/to_host, plus the capture
-    try:
-        llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
-    finally:
-        runner.executor = capturing.inner
-    ours = capturing.captured or {}
+    ours = capture_prefill(llm, ids, wanted)
 
     hf = auto_model.from_pretrained(str(reference or model), dtype=torch.float32, attn_implementation="eager").eval()
     theirs: dict[str, np.ndarray] = {}
@@ -312,23 +299,3 @@ def compare(
         diverged = diverged or status != OK
         rows.append(ModuleError(p.hf_module, p.tensor, err, status))
     return CompareReport(llm.config.architecture, len(ids), float(tolerance), tuple(rows))
-
-
-class _CaptureFirstRun:
-    """An executor that captures ``names`` on its first :meth:`run` (the prefill) and is the
-    wrapped executor otherwise."""
-
-    def __init__(self, inner: Any, names: list[str]):
-        self.inner = inner
-        self.names = names
-        self.captured: dict[str, np.ndarray] | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def run(self, feeds: Any, capture: Any = ()) -> Any:
-        if self.captured is not None:
-            return self.inner.run(feeds, capture=capture)
-        out = self.inner.run(feeds, capture=self.names)
-        self.captured = {n: np.asarray(self.inner.to_host(out[n], n)) for n in self.names}
-        return out

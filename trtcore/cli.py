@@ -128,7 +128,14 @@ def _parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quantize", help="quantize a checkpoint's linears into a compressed-tensors (pack-quantized) checkpoint")
     q.add_argument("--model", required=True, help="Hugging Face model folder (float safetensors; Llama-family architecture)")
     q.add_argument("--output", required=True, help="folder to create")
-    q.add_argument("--method", default="rtn", choices=["rtn"], help="round to nearest (calibrated methods, awq and fp8, are not implemented yet)")
+    q.add_argument(
+        "--method",
+        default="rtn",
+        choices=["rtn", "awq"],
+        help="rtn: round to nearest; awq: activation-aware scales from calibration text, then RTN (fp8 is not implemented yet)",
+    )
+    q.add_argument("--calibration", help="awq: calibration text file (default: trtcore's own, a few paragraphs of English)")
+    q.add_argument("--calibration-tokens", type=int, default=512, help="awq: calibration tokens in all (default 512)")
     q.add_argument("--bits", type=int, default=4, choices=[4, 8])
     q.add_argument("--group-size", type=int, default=128, help="input features per scale; 0 for one scale per output channel (default 128)")
     q.add_argument("--symmetric", action="store_true", help="no zero points")
@@ -248,7 +255,15 @@ def _quantize(args: argparse.Namespace) -> int:
     from .quantizer import quantize_checkpoint
 
     out = quantize_checkpoint(
-        args.model, args.output, method=args.method, bits=args.bits, group_size=args.group_size, symmetric=args.symmetric, overwrite=args.overwrite
+        args.model,
+        args.output,
+        method=args.method,
+        bits=args.bits,
+        group_size=args.group_size,
+        symmetric=args.symmetric,
+        overwrite=args.overwrite,
+        calibration=args.calibration,
+        calibration_tokens=args.calibration_tokens,
     )
     print(f"wrote {out}")
     return 0

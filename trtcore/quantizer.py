@@ -1,4 +1,5 @@
-"""trtcore's own weight quantizer (``trtcore quantize``): round to nearest (RTN), written as a
+"""trtcore's own weight quantizer (``trtcore quantize``): round to nearest (RTN), optionally
+after AWQ's activation-aware scaling (``method="awq"``, :mod:`trtcore.awq`), written as a
 compressed-tensors ``pack-quantized`` checkpoint, which :mod:`trtcore.quant_formats` reads back
 (and vLLM and transformers load), so the linears run as weight-only GEMMs.
 
@@ -14,8 +15,10 @@ float64, with ``b`` bits (``L = 2**b - 1``):
 ``s`` is stored as float32 (a group of zeros gets ``s = 1``), and the codes are
 ``q = clip(round(w / s) + z, 0, L)`` with that stored ``s``, so ``(q - z) * s`` is the nearest
 point of the group's grid that the stored scale defines. RTN is the baseline of GPTQ (Frantar
-et al. 2022, arXiv:2210.17323) and AWQ (Lin et al. 2023, arXiv:2306.00978), both of which pick
-the grid with calibration data instead.
+et al. 2022, arXiv:2210.17323) and AWQ (Lin et al. 2023, arXiv:2306.00978), both of which use
+calibration data. With ``method="awq"`` each linear is RTN-quantized after its input channels
+are multiplied by AWQ's scale, and the inverse scale is folded into the norm or linear that
+feeds it (those tensors are written changed, in their own dtype).
 
 The output folder holds ``config.json`` with the ``quantization_config``
 (``{"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups":
@@ -32,7 +35,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +48,7 @@ from .quantization import QuantizedWeight
 __all__ = ["METHODS", "quantize_checkpoint", "quantize_rtn"]
 
 #: ``trtcore quantize --method`` values implemented
-METHODS = ("rtn",)
+METHODS = ("rtn", "awq")
 #: the decoder linears a Llama-family checkpoint quantizes (family roles)
 LINEAR_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json"}
@@ -150,6 +153,9 @@ def quantize_checkpoint(
     group_size: int = 128,
     symmetric: bool = False,
     overwrite: bool = False,
+    calibration: str | os.PathLike[str] | None = None,
+    calibration_tokens: int = 512,
+    calibration_ids: Sequence[Sequence[int]] | None = None,
 ) -> Path:
     """Quantize the decoder linears of the checkpoint in ``model_dir`` into ``output_dir``
     (a compressed-tensors ``pack-quantized`` checkpoint; module docstring).
@@ -157,16 +163,21 @@ def quantize_checkpoint(
     Args:
         model_dir: a Hugging Face model folder (safetensors, one file or sharded).
         output_dir: the folder to write (created; replaced only with ``overwrite``).
-        method: ``"rtn"`` (:data:`METHODS`).
+        method: ``"rtn"`` or ``"awq"`` (:data:`METHODS`).
         bits, group_size, symmetric: see :func:`quantize_rtn`.
+        calibration: ``"awq"``: a text file (default
+            :data:`trtcore.calibration.DEFAULT_CALIBRATION`).
+        calibration_tokens: ``"awq"``: calibration tokens in all.
+        calibration_ids: ``"awq"``: calibration sequences as token ids instead of a text
+            (:func:`trtcore.awq.awq_plan`'s ``token_ids``).
 
     Returns:
         ``output_dir``.
 
     Raises:
         InvalidArgumentError: an unknown method, bad bits / group size, a linear whose K the
-            group size does not divide (named), an already quantized checkpoint, or
-            ``output_dir`` exists and is not empty without ``overwrite``.
+            group size does not divide (named), an already quantized checkpoint, a missing
+            calibration file, or ``output_dir`` exists and is not empty without ``overwrite``.
         UnsupportedArchitectureError: not a Llama-family architecture.
         CheckpointError / MissingTensorError: the checkpoint cannot be read.
     """
@@ -196,19 +207,33 @@ def quantize_checkpoint(
         missing = sorted(linears - set(weights.names))
         if missing:
             raise InvalidArgumentError(f"{model_dir}: the checkpoint lacks the linears {missing[:4]}{' ...' if len(missing) > 4 else ''}")
-        for name in weights.names:
-            value = weights.get(name)
-            if name not in linears:
-                tensors[name] = value
-                continue
-            k = value.shape[1]
+        for name in sorted(linears):
+            k = weights.get(name).shape[1]
             if group_size and k % group_size:
                 fits = [d for d in (128, 64, 32, 16) if k % d == 0]
                 hint = f" such as {fits[0]}" if fits else ""
                 raise InvalidArgumentError(
                     f"{name}: K={k} is not a multiple of group_size={group_size}; choose a divisor of it{hint}, or 0 (per channel)"
                 )
-            tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(value, bits, group_size, symmetric))
+        plan = None
+        if method == "awq":
+            from .awq import awq_plan
+
+            plan = awq_plan(
+                model_dir,
+                weights,
+                lambda w: quantize_rtn(w, bits, group_size, symmetric).dequantize(),
+                calibration,
+                calibration_tokens,
+                token_ids=calibration_ids,
+            )
+        for name in weights.names:
+            value = weights.get(name)
+            edited = value if plan is None else plan.apply(name, value)
+            if name not in linears:
+                tensors[name] = edited if edited is value else edited.astype(value.dtype)
+                continue
+            tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(edited, bits, group_size, symmetric))
     raw_config["quantization_config"] = {
         "quant_method": "compressed-tensors",
         "format": "pack-quantized",

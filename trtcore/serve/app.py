@@ -61,6 +61,8 @@ __all__ = ["ApiError", "build_app"]
 
 #: the lowest log-probability sent (JSON has no -inf); vLLM's clamp
 MIN_LOGPROB = -9999.0
+#: seconds between checks that a non-streamed request's client is still connected
+DISCONNECT_POLL_S = 0.05
 
 
 class ApiError(Exception):
@@ -84,12 +86,22 @@ class ApiError(Exception):
         return JSONResponse(ErrorResponse(error=self.info).model_dump(), status_code=self.status, headers=headers)
 
 
+#: pydantic's location tags of union members that are plain identifiers (the others hold brackets)
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
 def _validation_error(exc: RequestValidationError) -> ApiError:
     """400 for the first problem pydantic found; ``param`` is the field's dotted path."""
     err = exc.errors()[0]
     if err.get("type") == "json_invalid":
         return ApiError(400, f"malformed JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}")
-    loc = [str(x) for x in err.get("loc", ())[1:]]  # without "body"
+    loc = []
+    for x in err.get("loc", ())[1:]:  # without "body"
+        if isinstance(x, str) and not x.isidentifier():
+            break  # pydantic's name of a union member ("list[int]", "function-after[...]"), not a field
+        if x in _TYPE_TAGS:
+            break
+        loc.append(str(x))
     param = ".".join(loc) or None
     return ApiError(400, f"{param or 'body'}: {err.get('msg')} (got {err.get('input')!r})", param=param)
 
@@ -175,18 +187,37 @@ def _error_body(exc: Exception) -> dict[str, Any]:
     ).model_dump()
 
 
-async def _collect(stream: RequestStream, on_output: Callable[[Any], None]) -> Any:
-    """Run a non-streamed request to its end; the last output (its finish reason)."""
+class _ClientGone(Exception):
+    """The client of a non-streamed request disconnected (its request was aborted)."""
+
+
+async def _collect(stream: RequestStream, on_output: Callable[[Any], None], request: Request) -> Any:
+    """Run a non-streamed request to its end; the last output (its finish reason). The client
+    is watched meanwhile (every :data:`DISCONNECT_POLL_S`): when it disconnects, the request is
+    aborted at once, so its KV blocks are freed, and :class:`_ClientGone` ends the handler."""
     last = None
-    try:
+
+    async def consume() -> None:
+        nonlocal last
         async for out in stream:
             on_output(out)
             last = out
+
+    task = asyncio.ensure_future(consume())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                raise _ClientGone
+        task.result()
     except TrtcoreError as exc:
         raise ApiError(400, str(exc)) from None
     finally:
+        if not task.done():
+            task.cancel()
         if not stream.finished:
-            stream.abort()  # the handler was cancelled (client gone)
+            stream.abort()  # the client is gone, or the handler was cancelled
     return last
 
 
@@ -243,6 +274,10 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return ApiError(exc.status_code, str(exc.detail), "not_found_error" if exc.status_code == 404 else "invalid_request_error").response()
 
+    @app.exception_handler(_ClientGone)
+    async def client_gone(request: Request, exc: _ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         return ApiError(500, f"{type(exc).__name__}: {exc}", "internal_error").response()
@@ -265,7 +300,7 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
         return ModelList(data=[ModelCard(id=served.name, root=str(llm.model_dir), max_model_len=llm.build_config.max_seq_len, version=version)])
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> Any:
+    async def completions(body: CompletionRequest, request: Request) -> Any:
         served.check_model(body.model)
         if body.echo or body.suffix:
             raise ApiError(400, "echo and suffix are not supported", param="echo" if body.echo else "suffix")
@@ -302,12 +337,12 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
             pieces.append(out.text)
             logprobs_of(out, lps)
 
-        last = await _collect(stream, add)
+        last = await _collect(stream, add, request)
         choice = CompletionChoice(text="".join(pieces), logprobs=lps, finish_reason=last.finish_reason, stop_reason=last.stop_reason)
         return CompletionResponse(id=rid, model=served.name, choices=[choice], usage=_usage(stream))
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest) -> Any:
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         served.check_model(body.model)
         try:
             prompt = served.llm.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
@@ -363,7 +398,7 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
             pieces.append(out.text)
             content.extend(logprobs_of(out))
 
-        last = await _collect(stream, add)
+        last = await _collect(stream, add, request)
         choice = ChatChoice(
             message=ChatResponseMessage(role="assistant", content="".join(pieces)),
             logprobs=ChatLogprobs(content=content) if k is not None else None,

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import TrtcoreError
+from ..errors import InvalidArgumentError, TrtcoreError
 from ..runtime.sampling import SamplingParams
 from .metrics import ServerMetrics
 
@@ -113,15 +113,21 @@ class AsyncEngine:
             it must use the paged KV cache).
         metrics: where the request metrics go.
         max_waiting: most requests waiting (submitted, not yet scheduled) before
-            :meth:`submit` refuses with :class:`QueueFullError`.
+            :meth:`submit` refuses with :class:`QueueFullError`; at least 1 (every new
+            request waits until the scheduler takes it).
         max_queue_delay_s: the batching window, seconds (0: none).
 
     Attributes:
         llm: the model, once :attr:`ready`.
         draining: set on shutdown: :meth:`submit` refuses, running requests finish.
+
+    Raises:
+        InvalidArgumentError: ``max_waiting`` below 1.
     """
 
     def __init__(self, make_llm: Callable[[], Any], metrics: ServerMetrics, max_waiting: int = 1024, max_queue_delay_s: float = 0.0) -> None:
+        if int(max_waiting) < 1:
+            raise InvalidArgumentError(f"max_waiting must be >= 1 (a new request waits until the scheduler takes it), got {max_waiting}")
         self._make_llm = make_llm
         self.metrics = metrics
         self.max_waiting = int(max_waiting)

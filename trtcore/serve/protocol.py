@@ -7,7 +7,8 @@ the error object) and, for sampling options OpenAI lacks, vLLM's (``top_k``, ``m
 ``vllm/entrypoints/openai/protocol.py`` (read, not copied).
 
 Unknown request fields are accepted and ignored (as vLLM does); a known field of the wrong
-type is a 400 naming it (:mod:`trtcore.serve.app`).
+type is a 400 naming it (:mod:`trtcore.serve.app`). Types are strict, as OpenAI's API: ``"yes"``
+is no boolean and ``"2"`` or ``2.0`` no integer (an integer is a number, though).
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ def random_id(prefix: str) -> str:
 
 
 class _Body(BaseModel):
-    """Request bodies: unknown fields are ignored."""
+    """Request bodies: unknown fields are ignored, known ones are strictly typed."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Body):

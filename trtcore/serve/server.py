@@ -99,8 +99,8 @@ def serve(args: argparse.Namespace) -> int:
     from .engine import AsyncEngine
     from .metrics import ServerMetrics
 
-    if args.max_waiting < 0:
-        raise InvalidArgumentError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if args.max_waiting < 1:
+        raise InvalidArgumentError(f"--max-waiting must be >= 1 (a new request waits until the scheduler takes it), got {args.max_waiting}")
     if args.max_queue_delay_ms < 0:
         raise InvalidArgumentError(f"--max-queue-delay-ms must be >= 0, got {args.max_queue_delay_ms}")
     name = _served_name(args)
