@@ -24,6 +24,7 @@ from test_gguf import write_synthetic_gguf
 
 from trtcore import LLM, SamplingParams
 from trtcore.serve.process import ServerProcess
+from trtcore.token_bytes import token_bytes, token_text
 
 NAME = "tiny"
 MAX_SEQ_LEN = 256
@@ -147,14 +148,23 @@ def test_logprobs_and_stop_strings_equal_generate(client: openai.OpenAI, llm: LL
     r = client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=8, logprobs=3)
     lp = r.choices[0].logprobs
     assert lp is not None and lp.token_logprobs == pytest.approx([d[t].logprob for d, t in zip(want.logprobs, want.token_ids)], abs=1e-9)
-    # keyed by token text (two tokens may share one, then one entry shows): each shown value is one of the reference's
+    # keyed by token text, which is never lossy ("bytes:\xNN" for part of a character), so
+    # no two tokens share a key: the reference's entries, one for one
     for top, d in zip(lp.top_logprobs, want.logprobs):
-        assert top and all(any(abs(v - x.logprob) < 1e-9 for x in d.values()) for v in top.values())
+        assert top == pytest.approx({token_text(llm.tokenizer, t): x.logprob for t, x in d.items()}, abs=1e-9)
     c = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=4, logprobs=True, top_logprobs=2)
     [cref] = llm.generate(llm.apply_chat_template([{"role": "user", "content": prompt}]), SamplingParams(temperature=0, max_tokens=4, logprobs=2))
     content = c.choices[0].logprobs.content
     assert [e.logprob for e in content] == pytest.approx([d[t].logprob for d, t in zip(cref.outputs[0].logprobs, cref.outputs[0].token_ids)], abs=1e-9)
     assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob for e in content)
+    for e, t in zip(content, cref.outputs[0].token_ids):  # the token's own bytes, not its lone decoding's
+        assert e.bytes == list(token_bytes(llm.tokenizer, t)) and e.token == token_text(llm.tokenizer, t)
+    # a prompt whose greedy tokens include part of a character (the bug report's case)
+    x = client.completions.create(model=NAME, prompt="x", temperature=0, max_tokens=3, logprobs=2)
+    [xref] = llm.generate("x", SamplingParams(temperature=0, max_tokens=3, logprobs=2))
+    assert x.choices[0].logprobs is not None
+    for top, d in zip(x.choices[0].logprobs.top_logprobs, xref.outputs[0].logprobs):
+        assert top == pytest.approx({token_text(llm.tokenizer, t): v.logprob for t, v in d.items()}, abs=1e-9)
     # a stop string taken from the greedy text ends it there, as in generate
     [long] = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24))
     stop = long.outputs[0].text[6:9]
@@ -210,13 +220,24 @@ def test_a_client_gone_mid_stream_frees_its_blocks(server: Any) -> None:
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_a_client_gone_before_a_whole_response_frees_its_blocks(server: Any, path: str) -> None:
-    """A non-streamed request whose client gives up (a read timeout) is aborted as soon as the
-    server sees the disconnect, not generated to its end."""
+    """A non-streamed request whose client closes its connection while the request runs is
+    aborted as soon as the server sees the disconnect, not generated to its end. (The request
+    is sent on a raw socket, which is closed once the metrics show the request running.)"""
+    import socket
+    from urllib.parse import urlsplit
+
     before = metrics(server)
     body: dict[str, Any] = {"model": NAME, "max_tokens": 200, "ignore_eos": True, "temperature": 0}  # the chat template's tokens fit too
     body |= {"prompt": "the theory of"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "the theory of"}]}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + path, json=body, timeout=httpx.Timeout(60, read=0.5))
+    data = json.dumps(body).encode()
+    url = urlsplit(server.url)
+    head = f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(head.encode() + data)
+        deadline = time.monotonic() + 30
+        while value(metrics(server), "trtcore:num_requests_running") < 1:
+            assert time.monotonic() < deadline, "the request never ran"
+            time.sleep(0.01)
     m = _wait_aborted(server, before)
     generated = value(m, "trtcore:generation_tokens_total") - value(before, "trtcore:generation_tokens_total")
     assert generated < 200

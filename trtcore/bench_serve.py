@@ -25,8 +25,9 @@ names, from the client's side of the HTTP connection:
   ``median_`` / ``p90_`` / ``p99_`` (``--metric-percentiles``) of ``ttft_ms``, ``tpot_ms``,
   ``itl_ms``, ``e2el_ms`` (:func:`trtcore.bench._summary`).
 
-Prompts: ``--random-prompts`` (the default) of ``--input-len`` tokens: random token ids
-decoded by ``--tokenizer`` (a model folder or ``tokenizer.json``) where given, else
+Prompts: ``--random-prompts`` (the default) of ``--input-len`` tokens: random token ids (of
+tokens that are whole, visible text: no special token, no part of a character) decoded by ``--tokenizer`` (a model folder or ``tokenizer.json``) where given, re-drawn
+until the text encodes back to ``--input-len`` tokens, else
 ``--input-len`` random common English words (about one token each: the exact count is the
 server's ``usage.prompt_tokens``); or ``--dataset FILE``: JSON Lines of ``{"prompt": ...,
 "output_len": N}`` (``output_len`` optional), or a ShareGPT JSON list (each conversation's
@@ -140,16 +141,49 @@ def _load_tokenizer(path: str) -> Any:
     return Tokenizer.from_file(str(file))
 
 
+def _is_text(raw: bytes) -> bool:
+    try:
+        return bool(raw.decode("utf-8").strip())
+    except UnicodeDecodeError:
+        return False
+
+
+def _exact_length_text(tokenizer: Any, ordinary: np.ndarray, input_len: int, rng: np.random.Generator, tries: int = 16) -> tuple[str, int]:
+    """A text of random tokens that encodes to ``input_len`` tokens (decoding random ids and
+    encoding the text back merges or splits some, so the ids are re-drawn from the text's own
+    encoding, cut or extended, until it holds; vLLM's random dataset does the same), and its
+    token count (the closest reached after ``tries`` rounds)."""
+    ids = rng.choice(ordinary, size=input_len).tolist()
+    best: tuple[str, int] = ("", 0)
+    for _ in range(tries):
+        text = tokenizer.decode(ids)
+        back = tokenizer.encode(text, add_special_tokens=False).ids
+        if abs(len(back) - input_len) < abs(best[1] - input_len) or not best[0]:
+            best = (text, len(back))
+        if len(back) == input_len:
+            break
+        ids = back[:input_len] + rng.choice(ordinary, size=max(0, input_len - len(back))).tolist()
+    return best
+
+
 def random_prompts(num_prompts: int, input_len: int, output_len: int, rng: np.random.Generator, tokenizer: Any = None) -> list[Prompt]:
     """``num_prompts`` random prompts of ``input_len`` tokens (module docstring); ``tokenizer``
     a :class:`tokenizers.Tokenizer` or None."""
     if input_len < 1 or output_len < 1:
         raise InvalidArgumentError(f"--input-len and --output-len must be >= 1, got {input_len}, {output_len}")
     out = []
+    ordinary = None
+    if tokenizer is not None:
+        # special tokens decode to nothing and part of a character to U+FFFD (which encodes to
+        # other tokens): draw only tokens that are whole text
+        from .token_bytes import token_bytes
+
+        special = set(tokenizer.get_added_tokens_decoder())
+        ordinary = np.array([i for i in range(tokenizer.get_vocab_size()) if i not in special and _is_text(token_bytes(tokenizer, i))])
     for _ in range(num_prompts):
-        if tokenizer is not None:
-            ids = rng.integers(0, tokenizer.get_vocab_size(), size=input_len).tolist()
-            out.append(Prompt(tokenizer.decode(ids), input_len, output_len))
+        if ordinary is not None:
+            text, n = _exact_length_text(tokenizer, ordinary, input_len, rng)
+            out.append(Prompt(text, n, output_len))
         else:
             out.append(Prompt(" ".join(rng.choice(_WORDS, size=input_len).tolist()), input_len, output_len))
     return out

@@ -57,6 +57,7 @@ from .errors import ConversionError
 from .families import GGUFMapping, gguf_families
 from .fileio import atomic_folder, check_folder_free
 from .quant_formats.gguf_blocks import GGUF_TYPES
+from .token_bytes import bytes_to_unicode
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "convert_gguf", "unpermute_qk"]
 
@@ -564,19 +565,6 @@ def _write_safetensors(path: Path, plan: list[_PlannedTensor], *, progress: bool
 # tokenizer
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table used by byte-level BPE vocabularies."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
 def _sentencepiece_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
     """BPE merges implied by a SentencePiece vocabulary: every split of a token into two
     tokens, best score first (ties: shorter left, then shorter right piece; as transformers'
@@ -632,7 +620,7 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
     if kind == "gpt2":
         if merges is None:
             raise ConversionError("byte-level BPE tokenizer without tokenizer.ggml.merges")
-        spelling = _bytes_to_unicode()
+        spelling = bytes_to_unicode()
         alphabet = set(spelling.values())
         vocab = {(tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8"))): i for i, tok in enumerate(tokens)}
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
@@ -677,7 +665,7 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
 
     # CONTROL tokens are special; in a byte-level vocabulary one spelled outside the byte
     # alphabet is a llama.cpp mislabel and is skipped (as transformers does).
-    byte_alphabet = set(_bytes_to_unicode().values()) if byte_level else None
+    byte_alphabet = set(bytes_to_unicode().values()) if byte_level else None
     control = [t for t, ty in zip(tokens, token_types) if ty == _TOKEN_CONTROL and (byte_alphabet is None or set(t) <= byte_alphabet)]
     if control:
         tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])

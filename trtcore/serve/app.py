@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import TrtcoreError
+from ..token_bytes import token_bytes, token_text
 from .engine import AsyncEngine, EngineDrainingError, EngineNotReadyError, QueueFullError, RequestStream
 from .metrics import CONTENT_TYPE_LATEST
 from .protocol import (
@@ -154,8 +155,15 @@ class _Served:
         return n
 
     def token_text(self, token_id: int) -> str:
+        """The token's text in logprobs: never lossy (``"bytes:\\xNN"`` for part of a UTF-8
+        character, :func:`trtcore.token_bytes.token_text`); the id without a tokenizer."""
         tok = self.llm.tokenizer
-        return str(tok.decode([token_id], skip_special_tokens=False)) if tok is not None else str(token_id)
+        return token_text(tok, token_id) if tok is not None else str(token_id)
+
+    def token_bytes(self, token_id: int) -> list[int] | None:
+        """The token's raw bytes (chat logprobs' ``bytes``); None without a tokenizer."""
+        tok = self.llm.tokenizer
+        return list(token_bytes(tok, token_id)) if tok is not None else None
 
     def submit(self, ids: list[int], body: Any, max_tokens: int, logprobs: int | None) -> RequestStream:
         if body.n != 1:
@@ -360,13 +368,12 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
             if k is None or out.logprobs is None:
                 return []
             tops = sorted(((t, lp) for t, lp in out.logprobs.items() if lp.rank is not None and lp.rank <= k), key=lambda e: e[1].rank)[:k]
-            text = served.token_text(out.token_id)
             return [
                 ChatLogprob(
-                    token=text,
+                    token=served.token_text(out.token_id),
                     logprob=_lp(out.logprobs[out.token_id].logprob),
-                    bytes=list(text.encode()),
-                    top_logprobs=[TopLogprob(token=(s := served.token_text(t)), logprob=_lp(lp.logprob), bytes=list(s.encode())) for t, lp in tops],
+                    bytes=served.token_bytes(out.token_id),
+                    top_logprobs=[TopLogprob(token=served.token_text(t), logprob=_lp(lp.logprob), bytes=served.token_bytes(t)) for t, lp in tops],
                 )
             ]
 
