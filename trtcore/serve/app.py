@@ -21,6 +21,7 @@ A request that fails after its stream started gets one ``data: {"error": ...}`` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from collections.abc import AsyncIterator, Callable
@@ -224,6 +225,8 @@ async def _collect(stream: RequestStream, on_output: Callable[[Any], None], requ
     finally:
         if not task.done():
             task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task  # finished here, not collected later as a pending task
         if not stream.finished:
             stream.abort()  # the client is gone, or the handler was cancelled
     return last
