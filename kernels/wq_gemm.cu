@@ -308,7 +308,6 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
     PDL_LAUNCH();
     // 0x000F000F, opaque to the compiler (group_size > 0, so group_size >> 31 is 0)
     const unsigned int mask = 0x000F000Fu | (unsigned int)(group_size >> 31);
-    (void)mask;
     // this lane's B-fragment rows: x[t * 8 + gid, 2 tid ..] (null beyond M)
     const elem_t* xrow[MT];
 #pragma unroll

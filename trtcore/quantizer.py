@@ -208,7 +208,7 @@ def quantize_checkpoint(
         if missing:
             raise InvalidArgumentError(f"{model_dir}: the checkpoint lacks the linears {missing[:4]}{' ...' if len(missing) > 4 else ''}")
         for name in sorted(linears):
-            k = weights.get(name).shape[1]
+            k = weights.shape(name)[1]  # the header: no data read twice
             if group_size and k % group_size:
                 fits = [d for d in (128, 64, 32, 16) if k % d == 0]
                 hint = f" such as {fits[0]}" if fits else ""
