@@ -248,7 +248,8 @@ def load_hf(path: Path, dtype: str = "float64", **config_overrides: Any) -> Any:
     config = AutoConfig.from_pretrained(path)
     for k, val in config_overrides.items():
         setattr(config, k, val)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32, attn_implementation="eager")
+    # eager experts: transformers 5's grouped_mm (MoE) takes no float64
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager")
     model = model.to(getattr(torch, dtype)).eval()
     return model
 

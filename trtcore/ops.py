@@ -534,10 +534,14 @@ def gelu_mlp(
         return linear(g, h, down[0], down[1], names[1])
 
 
+def sigmoid(g: Graph, x: Tensor, name: str = "sigmoid") -> Tensor:
+    """``1 / (1 + exp(-x))`` (``ActivationType.SIGMOID``); x's shape and type."""
+    return g.named(g.network.add_activation(x, g.trt.ActivationType.SIGMOID), name)
+
+
 def silu(g: Graph, x: Tensor, name: str = "silu") -> Tensor:
     """``x * sigmoid(x)`` (SiLU / swish)."""
-    s = g.named(g.network.add_activation(x, g.trt.ActivationType.SIGMOID), f"{name}.sigmoid")
-    return mul(g, x, s, name)
+    return mul(g, x, sigmoid(g, x, f"{name}.sigmoid"), name)
 
 
 def swiglu_mlp(
@@ -553,6 +557,146 @@ def swiglu_mlp(
     with g.scope(name):
         h = mul(g, silu(g, linear(g, x, gate, biases[0], "gate_proj"), "act_fn"), linear(g, x, up, biases[1], "up_proj"), "gated")
         return linear(g, h, down, biases[2], "down_proj")
+
+
+# ---------------------------------------------------------------------------------------
+# mixture of experts: top-k routing and the routed experts
+# ---------------------------------------------------------------------------------------
+
+
+class Routing(NamedTuple):
+    """The experts chosen for each token by :func:`topk_routing`.
+
+    Attributes:
+        weights: float32 ``[..., top_k]``, the routing weight of each chosen expert, largest
+            probability first.
+        ids: int32 ``[..., top_k]``, the chosen experts' indices.
+        one_hot: float32 ``[..., top_k, num_experts]``, 1 where slot ``r`` chose expert ``e``.
+    """
+
+    weights: Tensor
+    ids: Tensor
+    one_hot: Tensor
+
+
+def _select01(g: Graph, cond: Tensor, name: str) -> Tensor:
+    """float32 1 where ``cond`` (bool) holds, else 0."""
+    rank = len(cond.shape)
+    one, zero = scalar(g, 1.0, rank, np.float32, f"{name}.one"), scalar(g, 0.0, rank, np.float32, f"{name}.zero")
+    return g.named(g.network.add_select(cond, one, zero), name)
+
+
+def topk_routing(g: Graph, router_logits: Tensor, top_k: int, normalize: bool, name: str = "router") -> Routing:
+    """Top-k routing of a mixture of experts (Shazeer et al., arXiv:1701.06538; transformers'
+    ``MixtralTopKRouter`` / ``Qwen2MoeTopKRouter``): ``p = softmax(float32(logits))`` over the
+    experts, the ``top_k`` largest ``p`` (ties: the lower index first, as ``torch.topk``), and
+    with ``normalize`` their weights divided by their sum (Mixtral always; Qwen when
+    ``norm_topk_prob``).
+
+    Composed of standard layers, so every backend builds it: expert ``e``'s rank is the number
+    of experts ``j`` with ``p_j > p_e`` (or ``p_j == p_e`` and ``j < e``), a ``[..., X, X]``
+    comparison; slot ``r`` holds the expert of rank ``r``.
+
+    Args:
+        router_logits: ``[..., num_experts]`` (any float dtype).
+        top_k: experts per token, ``1 <= top_k <= num_experts``.
+
+    Returns:
+        :class:`Routing` (float32 weights, int32 ids, float32 one-hot).
+
+    Raises:
+        InvalidArgumentError: ``top_k`` out of range or the number of experts not static.
+    """
+    x = router_logits.shape[-1]
+    if x < 1 or not 1 <= top_k <= x:
+        raise InvalidArgumentError(f"{name}: top_k {top_k!r} must be in [1, num_experts = {x}]")
+    r = len(router_logits.shape)
+    keep = (0,) * (r - 1)
+    with g.scope(name):
+        p = softmax(g, cast(g, router_logits, np.float32, "logits_float"), -1, "probs")
+        p_e = reshape(g, p, keep + (x, 1), "probs_e")  # [..., X, 1]
+        p_j = reshape(g, p, keep + (1, x), "probs_j")  # [..., 1, X]
+        gt = g.named(g.network.add_elementwise(p_j, p_e, g.trt.ElementWiseOperation.GREATER), "greater")
+        eq = g.named(g.network.add_elementwise(p_j, p_e, g.trt.ElementWiseOperation.EQUAL), "equal")
+        lower = constant(g, np.tril(np.ones((x, x), bool), -1).reshape((1,) * (r - 1) + (x, x)), "lower_index")
+        tie = g.named(g.network.add_elementwise(eq, lower, g.trt.ElementWiseOperation.AND), "tie_lower")
+        beats = g.named(g.network.add_elementwise(gt, tie, g.trt.ElementWiseOperation.OR), "beats")
+        rank = reduce(g, _select01(g, beats, "beats_float"), "SUM", [-1], keep_dims=False, name="rank")  # [..., X]
+        slots = constant(g, np.arange(top_k, dtype=np.float32).reshape((1,) * (r - 1) + (top_k, 1)), "slots")
+        chosen = g.named(g.network.add_elementwise(reshape(g, rank, keep + (1, x), "rank_j"), slots, g.trt.ElementWiseOperation.EQUAL), "chosen")
+        one_hot = _select01(g, chosen, "one_hot")  # [..., k, X]
+        weights = reduce(g, mul(g, one_hot, p_j, "chosen_probs"), "SUM", [-1], keep_dims=False, name="topk_probs")
+        index = constant(g, np.arange(x, dtype=np.float32).reshape((1,) * r + (x,)), "expert_index")
+        ids = cast(g, reduce(g, mul(g, one_hot, index, "chosen_index"), "SUM", [-1], keep_dims=False, name="ids_float"), np.int32, "topk_ids")
+        if normalize:
+            weights = div(g, weights, reduce(g, weights, "SUM", [-1], True, "topk_sum"), "topk_weights")
+    return Routing(weights, ids, one_hot)
+
+
+#: implementations of :func:`moe_experts`: trtcore's grouped-GEMM plugin, or dense standard layers
+MOE_EXPERTS_IMPLEMENTATIONS = ("plugin", "layers")
+
+
+def moe_experts(
+    g: Graph, x: Tensor, routing: Routing, gate_up: np.ndarray, down: np.ndarray, name: str = "experts", impl: str | None = None
+) -> Tensor:
+    """The routed experts of a sparse MoE block: ``sum_r w_r * down_e(silu(gate_e(x)) * up_e(x))``
+    over each token's chosen experts ``e = ids[r]`` (``MixtralExperts`` / ``Qwen2MoeExperts``).
+
+    Args:
+        x: ``[..., hidden]`` of the graph dtype.
+        routing: from :func:`topk_routing` on the same tokens.
+        gate_up: ``[num_experts, 2 * I, hidden]``, each expert's gate rows then up rows
+            (transformers 5's ``experts.gate_up_proj``).
+        down: ``[num_experts, hidden, I]`` (``experts.down_proj``).
+        impl: ``"plugin"`` (:class:`trtcore.plugins.moe_experts.MoeExpertsPlugin`: grouped GEMMs
+            over the tokens routed to each expert) or ``"layers"`` (dense: every expert on every
+            token as one ``[X * I, hidden]`` GEMM each for gate and up, the activations scaled by
+            the routing weight, zero for experts not chosen, and one ``[hidden, X * I]`` GEMM that
+            sums the experts). Default: ``g.implementations["moe_experts"]`` if set, else the
+            plugin where the TensorRT module hosts plugins, the layers where not.
+
+    Returns:
+        ``[..., hidden]`` of the graph dtype, named ``name``.
+
+    Raises:
+        NetworkError: the weights' shapes do not fit each other or x.
+        InvalidArgumentError: an unknown ``impl``.
+    """
+    if gate_up.ndim != 3 or down.ndim != 3 or gate_up.shape[1] % 2:
+        raise NetworkError(f"{name}: gate_up {gate_up.shape} must be [X, 2 I, hidden] and down {down.shape} [X, hidden, I]")
+    num_experts, two_i, hidden = gate_up.shape
+    inter = two_i // 2
+    if down.shape != (num_experts, hidden, inter) or x.shape[-1] not in (-1, hidden):
+        raise NetworkError(f"{name}: gate_up {gate_up.shape}, down {down.shape} and x {tuple(x.shape)} do not fit ([X, 2 I, E], [X, E, I], [..., E])")
+    if impl is None:
+        from trtcore.plugins.base import hosts_plugins
+
+        impl = g.implementations.get("moe_experts") or ("plugin" if hosts_plugins(g.trt) else "layers")
+    if impl not in MOE_EXPERTS_IMPLEMENTATIONS:
+        raise InvalidArgumentError(f"{name}: MoE experts implementation {impl!r} is not one of {MOE_EXPERTS_IMPLEMENTATIONS}")
+    if impl == "plugin":
+        from trtcore.plugins.base import create
+        from trtcore.plugins.moe_experts import MoeExpertsPlugin
+
+        plugin = MoeExpertsPlugin(num_experts=num_experts, top_k=int(routing.ids.shape[-1]), hidden_size=hidden, intermediate_size=inter)
+        with g.scope(name):
+            consts = [constant(g, gate_up, "gate_up_proj", g.np_dtype), constant(g, down, "down_proj", g.np_dtype)]
+        layer = g.network.add_plugin_v3([x, routing.ids, routing.weights, *consts], [], create(plugin, g.trt))
+        return g.named(layer, name)
+    rank = len(x.shape)
+    keep = (0,) * (rank - 1)
+    with g.scope(name):
+        gate = linear(g, x, gate_up[:, :inter].reshape(num_experts * inter, hidden), None, "gate_proj")
+        up = linear(g, x, gate_up[:, inter:].reshape(num_experts * inter, hidden), None, "up_proj")
+        act = reshape(g, cast(g, mul(g, silu(g, gate, "act_fn"), up, "gated"), np.float32, "gated_float"), keep + (num_experts, inter), "per_expert")
+        # dense routing weights [..., X]: the weight of each slot on its expert, 0 elsewhere
+        w = reshape(g, routing.weights, keep + (routing.weights.shape[-1], 1), "slot_weights")
+        dense = reduce(g, mul(g, routing.one_hot, w, "slot_expert_weights"), "SUM", [-2], keep_dims=False, name="expert_weights")
+        scaled = mul(g, act, reshape(g, dense, keep + (num_experts, 1), "expert_weights_col"), "routed")
+        flat = reshape(g, cast(g, scaled, g.np_dtype, "routed_dtype"), keep + (num_experts * inter,), "routed_flat")
+    out = linear(g, flat, np.ascontiguousarray(down.transpose(1, 0, 2).reshape(hidden, num_experts * inter)), None, name)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
