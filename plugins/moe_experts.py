@@ -197,7 +197,7 @@ class MoeExpertsPlugin(Plugin):
         h = perm + parts[1]
         y = h + parts[2]
         x_dim, e_dim, i_dim, k = self.num_experts, self.hidden_size, self.intermediate_size, self.top_k
-        v = self.vec(dtype, [x.ptr, gate_up.ptr, down.ptr])
+        v = self.vec(dtype, [x.ptr, gate_up.ptr, down.ptr, workspace])
         kernels = _Kernels.of((("DTYPE", KERNEL_DTYPE_CODES[dtype]), ("VEC", v)))
         kernels.launch(
             "trtcore_moe_route", (1,), (256,), [(ids.ptr, "ptr"), (tokens * k, "i32"), (x_dim, "i32"), (offsets, "ptr"), (perm, "ptr")], stream

@@ -360,3 +360,23 @@ def test_bisect_is_within_tolerance(store: _Store, name: str) -> None:
     cfg = load_config(store.dir(name))
     for i in range(2):  # every sparse block is compared; a dense one has no mlp.output
         assert statuses[f"model.layers.{i}.mlp"] == (OK if is_sparse(cfg, i) else NOT_CAPTURED)
+
+
+def test_bench_shape_is_a_mixtral_config() -> None:
+    """bench/bench_moe.py's shape parses for trtcore and for transformers (the lead runs it on the GPU)."""
+    import importlib.util
+
+    import transformers
+
+    spec = importlib.util.spec_from_file_location("bench_moe", Path(__file__).parents[1] / "bench" / "bench_moe.py")
+    bench = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    shape = {**bench.MIXTRAL_8X7B, "num_hidden_layers": 2}
+    cfg = ModelConfig.from_dict(shape)
+    assert cfg.family_fields["num_local_experts"] == 8 and cfg.head_dim == 128
+    fields = {k: v for k, v in shape.items() if k not in ("architectures", "model_type", "rope_theta")}
+    hf = transformers.MixtralConfig(**fields, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    assert hf.num_local_experts == 8 and hf.num_experts_per_tok == 2
+    # two layers: attention 2 * 4096 * (4096 + 1024) values, router 8 * 4096, two experts 3 * 4096 * 14336
+    per_layer = 2 * 4096 * 5120 + 8 * 4096 + 2 * 3 * 4096 * 14336
+    assert bench.active_bytes(shape) == 2 * (2 * per_layer + 32000 * 4096)
