@@ -132,6 +132,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) trtcore_moe_gate_up(
             ag[m] = 0.f;
             au[m] = 0.f;
         }
+#pragma unroll 2
         for (int k = lane * VEC; k < hidden; k += 32 * VEC) {
             float g[VEC], u[VEC];
             load_elems(wg + k, g);
@@ -177,6 +178,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) trtcore_moe_down(
             hs[m] = h + (size_t)perm[m0 + min(m, count - 1)] * inter;
             acc[m] = 0.f;
         }
+#pragma unroll 2
         for (int k = lane * VEC; k < inter; k += 32 * VEC) {
             float w[VEC];
             load_elems(wd + k, w);

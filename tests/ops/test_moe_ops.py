@@ -194,3 +194,14 @@ def test_routing_and_plugin_compile_on_the_cuda_backend(rng: np.random.Generator
     g.output(ops.moe_experts(g, x, ops.topk_routing(g, logits, 2, True), gate_up, down), "y")
     plan = compile_net(net, {"x": ((1, 64), (4, 64), (64, 64))})
     assert [n.attrs["plugin"].plugin_name for n in plan.graph.nodes if n.op == "plugin"] == ["trtcore_moe_experts"]
+
+
+def test_kernel_variants_are_those_the_plugin_launches() -> None:
+    """moe_experts.cu lists (for tests/test_kernels.py's NVRTC builds on sm_80/89/90) every
+    (DTYPE, VEC) that :meth:`MoeExpertsPlugin.vec` can pick: 16-byte loads or scalar ones."""
+    from trtcore import kernels
+    from trtcore.dtypes import KERNEL_DTYPE_CODES
+
+    plugin = MoeExpertsPlugin(num_experts=2, top_k=1, hidden_size=64, intermediate_size=64)
+    picked = {(KERNEL_DTYPE_CODES[np.dtype(d)], plugin.vec(d, p)) for d in NP_DTYPES.values() for p in ([], [4])}
+    assert {(v["DTYPE"], v["VEC"]) for v in kernels.variants("moe_experts")} == picked
