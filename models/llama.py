@@ -75,11 +75,13 @@ def attention_block(g: Graph, c: ModelConfig, fam: Any, weights: Any, i: int, x:
         return ops.linear(g, ctx, linear_tensor(weights, fam, "o_proj", i, E, H * D), o_b, "o_proj")
 
 
-def dense_mlp(g: Graph, c: ModelConfig, fam: Any, weights: Any, i: int, x: Any, intermediate_size: int, name: str = "mlp") -> Any:
-    """Layer ``i``'s SwiGLU MLP (``gate_proj`` / ``up_proj`` / ``down_proj`` of the family's
-    ``{name}`` roles, biases per ``c.mlp_bias``), scope ``name``."""
+def dense_mlp(
+    g: Graph, c: ModelConfig, fam: Any, weights: Any, i: int, x: Any, intermediate_size: int, name: str = "mlp", role_prefix: str = ""
+) -> Any:
+    """Layer ``i``'s SwiGLU MLP (the family's ``{role_prefix}gate_proj`` / ``up_proj`` /
+    ``down_proj`` roles, biases per ``c.mlp_bias``), scope ``name``."""
     E, I = c.hidden_size, intermediate_size
-    mlp_shapes = {"gate_proj": (I, E), "up_proj": (I, E), "down_proj": (E, I)}
+    mlp_shapes = {f"{role_prefix}gate_proj": (I, E), f"{role_prefix}up_proj": (I, E), f"{role_prefix}down_proj": (E, I)}
     biases = tuple(tensor(weights, fam, r, i, n, suffix=".bias") if c.mlp_bias else None for r, (n, _) in mlp_shapes.items())
     gate, up, down = (linear_tensor(weights, fam, r, i, *shape) for r, shape in mlp_shapes.items())
     return ops.swiglu_mlp(g, x, gate, up, down, biases, name)  # type: ignore[arg-type]

@@ -95,21 +95,10 @@ def sparse_moe_block(g: Graph, c: ModelConfig, weights: Any, layer: int, x: Any)
         if c.model_type != "qwen2_moe":
             return ops.moe_experts(g, x, routing, gate_up, down, "output")
         routed = ops.moe_experts(g, x, routing, gate_up, down, "experts")
-        shared = dense_mlp(g, c, _shared(fam), weights, layer, x, int(f["shared_expert_intermediate_size"]), "shared_expert")
+        shared = dense_mlp(g, c, fam, weights, layer, x, int(f["shared_expert_intermediate_size"]), "shared_expert", "shared_expert.")
         gate = ops.linear(g, x, tensor(weights, fam, "shared_expert_gate", layer, 1, c.hidden_size), None, "shared_expert_gate")
         scaled = ops.mul(g, ops.sigmoid(g, gate, "shared_expert_gate.sigmoid"), shared, "shared_expert_scaled")
         return ops.add(g, routed, scaled, "output")
-
-
-def _shared(fam: Any) -> Any:
-    """The family with the shared expert's linears as its ``gate_proj`` / ``up_proj`` /
-    ``down_proj`` roles (for :func:`trtcore.models.llama.dense_mlp`)."""
-    from dataclasses import replace
-
-    names = dict(fam.tensor_names)
-    for p in ("gate_proj", "up_proj", "down_proj"):
-        names[p] = f"{fam.tensor_names['shared_expert']}.{p}"
-    return replace(fam, tensor_names=names)
 
 
 def build(g: Graph, config: ModelConfig, weights: Any) -> None:

@@ -380,3 +380,24 @@ def test_bench_shape_is_a_mixtral_config() -> None:
     # two layers: attention 2 * 4096 * (4096 + 1024) values, router 8 * 4096, two experts 3 * 4096 * 14336
     per_layer = 2 * 4096 * 5120 + 8 * 4096 + 2 * 3 * 4096 * 14336
     assert bench.active_bytes(shape) == 2 * (2 * per_layer + 32000 * 4096)
+
+
+def test_bisect_names_a_perturbed_expert_layer(store: _Store, tmp_path: Path) -> None:
+    """trtcore runs a copy whose layer-1 experts' ``w2`` are scaled by 1.01, transformers the
+    original (``--reference``): the first divergence is layer 1's MoE block."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from trtcore.check import compare
+
+    name = "mixtral_top2"
+    d = tmp_path / "perturbed"
+    shutil.copytree(store.dir(name), d)
+    t = load_file(d / "model.safetensors")
+    for e in range(MOE[name].experts):
+        key = f"model.layers.1.block_sparse_moe.experts.{e}.w2.weight"
+        t[key] = t[key] * np.float32(1.01)
+    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    report = compare(d, _prompt(name)[:12], reference=store.dir(name))
+    assert report.first_divergence is not None and report.first_divergence.module == "model.layers.1.mlp", report.table()

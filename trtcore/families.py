@@ -345,7 +345,9 @@ MOE_TENSOR_NAMES: Mapping[str, str] = {
     "experts": "model.layers.{i}.mlp.experts",
     "router_fused": "model.layers.{i}.mlp.gate",
     "experts_fused": "model.layers.{i}.mlp.experts",
-    "shared_expert": "model.layers.{i}.mlp.shared_expert",
+    "shared_expert.gate_proj": "model.layers.{i}.mlp.shared_expert.gate_proj",
+    "shared_expert.up_proj": "model.layers.{i}.mlp.shared_expert.up_proj",
+    "shared_expert.down_proj": "model.layers.{i}.mlp.shared_expert.down_proj",
     "shared_expert_gate": "model.layers.{i}.mlp.shared_expert_gate",
 }
 
