@@ -256,18 +256,6 @@ class PagedAttentionPlugin(Plugin):
     # collection without them (an engine built before) rebuilds that plugin
     _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"packed_qkv": False, "rotary_dim": 0, "is_neox": True, "attention_scaling": 1.0}
 
-    def field_values(self) -> list[tuple[str, str, np.ndarray]]:
-        """The base class's field values, less the optional fields at their defaults."""
-        return [f for f in super().field_values() if self._OPTIONAL_FIELDS.get(f[0], object()) != getattr(self, f[0])]
-
-    @classmethod
-    def from_field_data(cls, data: dict[str, Any]) -> Plugin:
-        """The base class's rebuild; optional fields absent from ``data`` take their defaults."""
-        defaults = {
-            name: np.asarray(value, dtype=dt) for name, _, dt, _ in cls.field_specs() if (value := cls._OPTIONAL_FIELDS.get(name)) is not None
-        }
-        return super().from_field_data({**defaults, **data})
-
     def rope(self) -> RopePlugin:
         """The RoPE plugin whose rotation the fused RoPE applies (``rotary_dim > 0``).
 

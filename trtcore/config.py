@@ -52,7 +52,7 @@ GENERATION_CONFIG_NAME = "generation_config.json"
 
 # RoPE types for which transformers v5 fills ``original_max_position_embeddings`` from
 # ``max_position_embeddings`` when absent (``standardize_rope_params``).
-_ROPE_TYPES_WITH_ORIGINAL_MAX = ("llama3", "yarn")
+_ROPE_TYPES_WITH_ORIGINAL_MAX = ("llama3", "yarn", "longrope")
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
