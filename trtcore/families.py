@@ -381,7 +381,9 @@ def _phi3_config(d: Mapping[str, Any]) -> dict[str, Any]:
                 p.pop("type", None)
                 p["rope_type"] = rope_type
             if rope_type not in ("default", "longrope"):
-                raise ConfigError(f"field '{key}' has rope_type {rope_type!r}; Phi-3 takes 'default' or 'longrope' (or its aliases {list(PHI3_LONGROPE_ALIASES)})")
+                raise ConfigError(
+                    f"field '{key}' has rope_type {rope_type!r}; Phi-3 takes 'default' or 'longrope' (or its aliases {list(PHI3_LONGROPE_ALIASES)})"
+                )
             out[key] = p
             break  # the first set one is the one read (rope_scaling over rope_parameters)
     act = out.get("hidden_act", "silu")

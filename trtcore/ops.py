@@ -593,7 +593,9 @@ def rope_cos_sin(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "ro
             assert s is not None and spec.long_inv_freq is not None
             L = float(spec.original_max_position_embeddings)
             over = sub(g, s, scalar(g, L, r + 1, np.float32, "original_max_position_embeddings"), "over")
-            use_long = minimum(g, maximum(g, over, scalar(g, 0.0, r + 1, np.float32, "zero"), "over_pos"), scalar(g, 1.0, r + 1, np.float32, "one_"), "use_long")
+            use_long = minimum(
+                g, maximum(g, over, scalar(g, 0.0, r + 1, np.float32, "zero"), "over_pos"), scalar(g, 1.0, r + 1, np.float32, "one_"), "use_long"
+            )
             use_short = sub(g, scalar(g, 1.0, r + 1, np.float32, "one_s"), use_long, "use_short")
             short_c = constant(g, spec.inv_freq.reshape((1,) * r + (half,)), "short_inv_freq", np.float32)
             long_c = constant(g, spec.long_inv_freq.reshape((1,) * r + (half,)), "long_inv_freq", np.float32)
@@ -753,7 +755,9 @@ def paged_attention(
     extra: list[Tensor] = []
     if rope is not None:
         if rope.per_sequence or position_ids is None:
-            raise InvalidArgumentError(f"{name}: fused RoPE needs position_ids and a RoPE with fixed frequencies (not dynamic / longrope), got {rope.rope_type!r}")
+            raise InvalidArgumentError(
+                f"{name}: fused RoPE needs position_ids and a RoPE with fixed frequencies (not dynamic / longrope), got {rope.rope_type!r}"
+            )
         rp = RopePlugin.from_spec(rope)
         rotary = {"rotary_dim": rp.rotary_dim, "is_neox": rp.is_neox, "attention_scaling": rp.attention_scaling}
         extra = [position_ids, *_rope_plugin_inputs(g, position_ids, rope)]
