@@ -360,6 +360,7 @@ def test_fields_are_float32_values() -> None:
     assert [s[:2] for s in RopePlugin.field_specs()] == [
         ("head_dim", "INT32"), ("rotary_dim", "INT32"), ("is_neox", "INT8"), ("dynamic", "INT8"),
         ("base", "FLOAT32"), ("dynamic_factor", "FLOAT32"), ("max_position_embeddings", "INT32"), ("attention_scaling", "FLOAT32"),
+        ("longrope", "INT8"), ("original_max_position_embeddings", "INT32"),
     ]
     assert RopePlugin.plugin_name == "trtcore_rope" and RopePlugin.plugin_version == "1" and RopePlugin.num_outputs == 2
 
@@ -510,7 +511,7 @@ def test_vector_width_and_block() -> None:
 
 def test_every_declared_variant_is_a_define_set() -> None:
     """The variants rope.cu declares are what the plugin asks for (head_dim 64/128 x 3 dtypes
-    x neox/gptj x dynamic, full rotary, 16-byte vectors)."""
+    x neox/gptj x dynamic, full rotary, 16-byte vectors; longrope neox with head_dim 96/128)."""
     kernels = pytest.importorskip("trtcore.kernels")
     declared = {tuple(sorted(v.items())) for v in kernels.variants("rope")}
     wanted = set()
@@ -520,6 +521,10 @@ def test_every_declared_variant_is_a_define_set() -> None:
                 for dyn in (False, True):
                     p = RopePlugin(hd, hd, is_neox=neox, dynamic=dyn, dynamic_factor=2.0, max_position_embeddings=8)
                     wanted.add(tuple(sorted(p.defines(dtype, p.vector_width(dtype)).items())))
+    for dtype in (np.float32, np.float16, BF16):  # longrope: Phi-3 mini's head_dim 96, and 128
+        for hd in (96, 128):
+            p = RopePlugin(hd, hd, longrope=True, original_max_position_embeddings=8)
+            wanted.add(tuple(sorted(p.defines(dtype, p.vector_width(dtype)).items())))
     assert declared == wanted
 
 
@@ -703,6 +708,10 @@ def _variant_plugins() -> list[tuple[str, RopePlugin]]:
     out.append(("hd256-rot64-gptj", RopePlugin(256, 64, is_neox=False)))
     out.append(("hd96-rot24-neox-dynamic", RopePlugin(96, 24, dynamic=True, base=500000.0, dynamic_factor=4.0, max_position_embeddings=2048)))
     out.append(("hd80-rot20-gptj", RopePlugin(80, 20, is_neox=False)))
+    # longrope (Phi-3): short / long frequencies chosen per token by seq_lens vs 4096 (input_specs
+    # draws seq_lens on both sides); precompiled head_dim 96 and a partial-rotary one
+    out.append(("hd96-longrope", RopePlugin(96, 96, longrope=True, original_max_position_embeddings=4096, attention_scaling=1.1902380714)))
+    out.append(("hd128-rot64-longrope", RopePlugin(128, 64, longrope=True, original_max_position_embeddings=2048, attention_scaling=1.2)))
     return out
 
 
