@@ -128,6 +128,8 @@ LLAMA_BISECT_POINTS: tuple[BisectPoint, ...] = (
 #: ``model_type`` -> the modules :func:`compare` aligns (points with ``{i}`` repeat for every
 #: decoder layer, in the order given). A new family adds its entry here.
 BISECT_POINTS: dict[str, tuple[BisectPoint, ...]] = {t: LLAMA_BISECT_POINTS for t in ("llama", "mistral", "qwen2", "qwen3")}
+# Phi-3: the Llama decoder over its split fused projections (trtcore.models.phi3), same module paths
+BISECT_POINTS["phi3"] = LLAMA_BISECT_POINTS
 
 #: :attr:`ModuleError.status` values
 OK, BEYOND, FIRST_DIVERGENCE, NOT_CAPTURED = "ok", "beyond", "FIRST DIVERGENCE", "not captured"
