@@ -351,6 +351,7 @@ PLUGINS = [
     RopePlugin(128, 64, is_neox=False, dynamic=True, base=500000.0, dynamic_factor=2.0, max_position_embeddings=2048, attention_scaling=1.1386294361),
     RopePlugin.from_spec(rope_spec(trtcore_config(*CASES["yarn4"]))),
     RopePlugin.from_spec(rope_spec(trtcore_config(*CASES["dynamic2"])), is_neox=False),
+    RopePlugin(96, 96, longrope=True, original_max_position_embeddings=4096, attention_scaling=1.1902380714),
 ]
 
 
@@ -368,7 +369,8 @@ def test_fields_are_float32_values() -> None:
 @pytest.mark.parametrize("plugin", PLUGINS, ids=range(len(PLUGINS)))
 def test_fields_round_trip_reference(plugin: RopePlugin) -> None:
     fc = plugin.field_collection(ref)
-    assert isinstance(fc, ref.PluginFieldCollection) and len(fc) == 8
+    # the longrope fields are serialized only when set (engines from before them still load)
+    assert isinstance(fc, ref.PluginFieldCollection) and len(fc) == (10 if plugin.longrope else 8)
     assert RopePlugin.from_field_collection(fc) == plugin
     made = base.create(plugin, ref)  # through the reference registry's creator
     assert made == plugin and made is not plugin
@@ -387,7 +389,7 @@ def _rtx_collection(plugin: RopePlugin) -> tuple[Any, list[Any]]:
 def test_fields_round_trip_tensorrt_rtx(plugin: RopePlugin) -> None:
     fc, keep = _rtx_collection(plugin)
     _churn()
-    assert [f.type for f in fc] == [getattr(rtx.PluginFieldType, k) for _, k, _, _ in RopePlugin.field_specs()]
+    assert [f.type for f in fc] == [getattr(rtx.PluginFieldType, k) for _, k, _ in plugin.field_values()]
     assert RopePlugin.from_field_collection(fc) == plugin
     # the generated creator, registered in tensorrt_rtx's own plugin registry
     registry = rtx.get_plugin_registry()
@@ -400,7 +402,7 @@ def test_fields_round_trip_tensorrt_rtx(plugin: RopePlugin) -> None:
         assert made.plugin == plugin and made.num_outputs == 2
         assert made.clone().plugin == plugin
         bf16, i32, f32 = rtx.DataType.BF16, rtx.DataType.INT32, rtx.DataType.FLOAT
-        ins = [bf16, bf16, i32, f32] + ([i32] if plugin.dynamic else [])
+        ins = [bf16, bf16, i32, f32] + ([i32] if plugin.per_sequence else [])
         assert made.get_output_data_types(ins) == [bf16, bf16]
     finally:
         registry.deregister_creator(creator)
