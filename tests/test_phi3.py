@@ -16,7 +16,8 @@ References come from transformers (eager, float64) decoding as ``generate`` does
 cache (:func:`hf_models.hf_greedy_cached`): log-probabilities of every vocabulary token within
 1e-4 relative (``|ours - hf| <= 1e-4 * max(1, |hf|)``) at the last prompt position and the 16
 decode steps after it, greedy tokens equal for 32 steps, with both KV cache modes on the
-reference backend (and the composed-layers RoPE for the crossing variant); ``tensorrt_rtx``
+reference backend (and, for the crossing variant, the composed-layers RoPE and LongRoPE fused into
+the paged attention plugin); ``tensorrt_rtx``
 builds each in float16; ``trtcore check --bisect`` aligns every module.
 """
 
@@ -237,6 +238,19 @@ def test_composed_layers_rope_crossing_matches_hf(store: _Store, kv_cache: str) 
     original_max_position_embeddings."""
     name = "phi3_longrope_cross"
     _check_generation(store, name, LLM(store.dir(name), backend="reference", dtype="float32", kv_cache=kv_cache, rope="layers", progress=False))
+
+
+def test_longrope_fused_into_paged_attention_matches_hf(store: _Store) -> None:
+    """``rope="attention"``: LongRoPE inside the paged attention plugin (it picks each
+    sequence's short or long frequencies by its ``seq_lens``); no RoPE plugin, no
+    ``rope_seq_lens`` input."""
+    name = "phi3_longrope_cross"
+    llm = LLM(store.dir(name), backend="reference", dtype="float32", kv_cache="paged", rope="attention", progress=False)
+    names = [layer.name for layer in llm.executor.network.layers]
+    assert not any(".rotary_emb.plugin" in n for n in names) and any(n.endswith("self_attn.qkv_proj") for n in names)
+    net = llm.executor.network
+    assert "rope_seq_lens" not in [net.get_input(i).name for i in range(net.num_inputs)]
+    _check_generation(store, name, llm)
 
 
 # ---------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import numpy as np
 from .config import ModelConfig
 from .dtypes import ENGINE_DTYPES, storage_dtype
 from .errors import InvalidArgumentError
-from .plan import BuildPlan
+from .plan import ROPE_IN_ATTENTION, BuildPlan
 from .rope import PER_SEQUENCE_ROPE_TYPES
 
 # ---------------------------------------------------------------------------------------
@@ -229,7 +229,10 @@ class PagedKV(KVMode):
 
     def __init__(self, plan: BuildPlan, config: ModelConfig):
         super().__init__(plan, config)
-        self.takes_rope_seq_lens = (config.rope_scaling or {}).get("rope_type") in PER_SEQUENCE_ROPE_TYPES
+        # the RoPE plugin reads each token's sequence length; LongRoPE fused into the attention
+        # plugin reads the plugin's own seq_lens instead (ops.fuses_rope)
+        rope_type = (config.rope_scaling or {}).get("rope_type")
+        self.takes_rope_seq_lens = rope_type == "dynamic" or (rope_type in PER_SEQUENCE_ROPE_TYPES and plan.rope != ROPE_IN_ATTENTION)
 
     @property
     def pool_shape(self) -> Shape:

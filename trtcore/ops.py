@@ -683,18 +683,29 @@ def rope_plugin(
         return q_out, k_out
 
 
-def _rope_plugin_inputs(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None) -> list[Tensor]:
-    """The inputs after ``position_ids`` of RoPE's plugins (RopePlugin, fused RoPE of the paged
-    attention plugin), made once per network: ``[inv_freq]`` (a float32 constant), plus for
-    dynamic / longrope scaling each token's sequence length (``seq_lens``, else
-    ``max(position_ids) + 1`` of its row; :meth:`trtcore.plugins.rope.RopePlugin.inv_freq_of`
-    gives longrope's short and long frequencies as one constant)."""
+def _inv_freq_input(g: Graph, spec: RopeSpec, name: str = "rotary_emb") -> Tensor:
+    """The ``inv_freq`` input of RoPE's plugins, a float32 constant made once per network
+    (:meth:`trtcore.plugins.rope.RopePlugin.inv_freq_of`: longrope's short and long
+    frequencies as one constant)."""
     from trtcore.plugins.rope import RopePlugin
 
-    key = ("rope_plugin_inputs", id(position_ids))
+    values = RopePlugin.inv_freq_of(spec)
+    key = ("rope_inv_freq", values.tobytes())
     if key not in g.shared:
         with g.scope_at(f"model.{name}"):
-            extra = [constant(g, RopePlugin.inv_freq_of(spec), "inv_freq", np.float32)]
+            g.shared[key] = constant(g, values, "inv_freq", np.float32)
+    return g.shared[key]
+
+
+def _rope_plugin_inputs(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None) -> list[Tensor]:
+    """The inputs after ``position_ids`` of RoPE's plugins (RopePlugin, fused RoPE of the paged
+    attention plugin), made once per network: ``[inv_freq]`` (:func:`_inv_freq_input`), plus
+    for dynamic / longrope scaling each token's sequence length (``seq_lens``, else
+    ``max(position_ids) + 1`` of its row)."""
+    key = ("rope_plugin_inputs", id(position_ids))
+    if key not in g.shared:
+        extra = [_inv_freq_input(g, spec, name)]
+        with g.scope_at(f"model.{name}"):
             if spec.per_sequence and seq_lens is not None:
                 extra.append(seq_lens)
             elif spec.per_sequence:
@@ -735,7 +746,8 @@ def paged_attention(
             packed ``qkv [T, (Hq + 2 Hkv) * D]`` (q heads, k heads, v heads per token: the
             plugin's ``packed_qkv``).
         rope: None: q and k arrive rotated; a (not ``dynamic``) :class:`trtcore.rope.RopeSpec`:
-            the plugin rotates them (fused RoPE, neox pairing) by int32 ``position_ids [T]``.
+            the plugin rotates them (fused RoPE, neox pairing) by int32 ``position_ids [T]``
+            (``longrope``: each sequence by its ``seq_lens``, the plugin's rule).
         kv_pool: ``[num_layers, num_blocks, 2, Hkv, block_size, D]``; the plugin writes this
             step's k/v of layer ``layer_idx`` into it in place.
         block_tables: int32 ``[B, max_blocks]``; seq_lens: int32 ``[B]``; query_start_loc:
@@ -754,13 +766,16 @@ def paged_attention(
     rotary: dict[str, Any] = {}
     extra: list[Tensor] = []
     if rope is not None:
-        if rope.per_sequence or position_ids is None:
-            raise InvalidArgumentError(
-                f"{name}: fused RoPE needs position_ids and a RoPE with fixed frequencies (not dynamic / longrope), got {rope.rope_type!r}"
-            )
+        if rope.rope_type == "dynamic" or position_ids is None:
+            raise InvalidArgumentError(f"{name}: fused RoPE needs position_ids and a RoPE without dynamic NTK scaling, got {rope.rope_type!r}")
         rp = RopePlugin.from_spec(rope)
-        rotary = {"rotary_dim": rp.rotary_dim, "is_neox": rp.is_neox, "attention_scaling": rp.attention_scaling}
-        extra = [position_ids, *_rope_plugin_inputs(g, position_ids, rope)]
+        rotary = {
+            "rotary_dim": rp.rotary_dim,
+            "is_neox": rp.is_neox,
+            "attention_scaling": rp.attention_scaling,
+            "original_max_position_embeddings": rp.original_max_position_embeddings,
+        }
+        extra = [position_ids, _inv_freq_input(g, rope)]
     plugin = PagedAttentionPlugin(
         layer_idx=layer_idx,
         num_kv_heads=num_kv_heads,
@@ -1093,9 +1108,12 @@ def cached_attention(
 
 def fuses_rope(g: Graph, spec: RopeSpec) -> bool:
     """Whether :func:`self_attention` rotates inside the paged attention plugin: the plan's
-    ``rope`` is ``"attention"``, the KV cache is paged and the RoPE's frequencies are fixed
-    (per-sequence frequencies, ``dynamic`` and ``longrope``, stay with the RoPE plugin)."""
-    return g.implementations.get("rope") == ROPE_IN_ATTENTION and g.kv_mode is not None and g.kv_mode.kv_cache == "paged" and not spec.per_sequence
+    ``rope`` is ``"attention"``, the KV cache is paged and the RoPE has no dynamic NTK scaling
+    (its per-sequence base stays with the RoPE plugin; LongRoPE's two frequency sets are fused:
+    the attention plugin picks them by each sequence's ``seq_lens``)."""
+    return (
+        g.implementations.get("rope") == ROPE_IN_ATTENTION and g.kv_mode is not None and g.kv_mode.kv_cache == "paged" and spec.rope_type != "dynamic"
+    )
 
 
 def self_attention(
