@@ -11,8 +11,8 @@ the RoPE plugin's reference and (marker ``gpu``) its CUDA kernel.
   sequence is longer than ``original_max_position_embeddings``, cos/sin times the attention
   factor, ``rotate_half``), on packed tokens of sequences on both sides;
 * the plugin's fields (serialized, and an engine's field collection from before the longrope
-  fields still loads), its validation, and the ops' refusal to fuse longrope into the paged
-  attention plugin;
+  fields still loads), its validation, and LongRoPE fused into the paged attention plugin by
+  the ops (dynamic NTK is not);
 * GPU: the kernel against the float32 reference (``trtcore.testing.check_plugin``).
 """
 
@@ -252,19 +252,37 @@ def test_bad_longrope_parameters_are_refused(rope: dict[str, Any], match: str) -
         rope_spec(ModelConfig.from_dict(phi3_dict(rope)))
 
 
-def test_paged_attention_does_not_fuse_longrope() -> None:
-    """Per-sequence frequencies stay with the RoPE plugin (the paged attention plugin's fused
-    RoPE has one inv_freq); asking for it fused is refused."""
+def test_paged_attention_fuses_longrope_not_dynamic() -> None:
+    """LongRoPE's two frequency sets go into the paged attention plugin (one ``inv_freq`` of
+    ``rotary_dim`` values; the plugin picks by each sequence's ``seq_lens``); dynamic NTK's
+    per-sequence base does not, and asking for it fused is refused."""
     from trtcore import ops
     from trtcore.errors import InvalidArgumentError
+    from trtcore.plugins.paged_attention import PagedAttentionPlugin
 
     network = ref.Builder().create_network(1 << int(ref.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     g = ops.Graph(ref, network, "float32", implementations={"rope": "attention"})
-    assert not ops.fuses_rope(g, spec_of("ratio"))
+    g.kv_mode = type("Paged", (), {"kv_cache": "paged"})()
+    assert ops.fuses_rope(g, spec_of("ratio"))
+    dyn = rope_spec(ModelConfig.from_dict(phi3_dict(None) | {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                                                             "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}))
+    assert not ops.fuses_rope(g, dyn)
     x = g.input("x", np.float32, (-1, 96))
-    with pytest.raises(InvalidArgumentError, match="fixed frequencies.*'longrope'"):
+    with pytest.raises(InvalidArgumentError, match="without dynamic NTK scaling, got 'dynamic'"):
         ops.paged_attention(g, x, x, x, x, x, x, x, layer_idx=0, num_kv_heads=1, head_dim=96, block_size=16, sliding_window=0, scale=1.0,
-                            rope=spec_of("ratio"), position_ids=x)
+                            rope=dyn, position_ids=x)
+    # the plugin the ops make for longrope
+    spec = spec_of("partial0.5")
+    pos = g.input("position_ids", np.int32, (-1,))
+    out = ops.paged_attention(g, x, None, None, x, x, x, x, layer_idx=0, num_kv_heads=1, head_dim=96, block_size=16, sliding_window=0,
+                              scale=1.0, rope=spec, position_ids=pos)
+    layer = network.get_layer(network.num_layers - 1)
+    plugin = layer.plugin
+    assert isinstance(plugin, PagedAttentionPlugin) and out is not None
+    assert plugin.original_max_position_embeddings == 512 and plugin.rotary_dim == 48
+    rp, want = plugin.rope(), RopePlugin.from_spec(spec)
+    assert rp.longrope and (rp.rotary_dim, rp.original_max_position_embeddings, rp.attention_scaling) == (
+        want.rotary_dim, want.original_max_position_embeddings, want.attention_scaling)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
