@@ -138,6 +138,8 @@ MOE_BISECT_POINTS: tuple[BisectPoint, ...] = tuple(
 BISECT_POINTS: dict[str, tuple[BisectPoint, ...]] = {
     **{t: LLAMA_BISECT_POINTS for t in ("llama", "mistral", "qwen2", "qwen3")},
     **{t: MOE_BISECT_POINTS for t in ("mixtral", "qwen2_moe", "qwen3_moe")},
+    # Phi-3: the Llama decoder over its split fused projections (trtcore.models.phi3), same module paths
+    "phi3": LLAMA_BISECT_POINTS,
 }
 
 #: :attr:`ModuleError.status` values

@@ -515,6 +515,95 @@ MODEL_FAMILIES["qwen3_moe"] = ModelFamily(
 )
 
 
+#: Phi-3 module names, from transformers' ``modeling_phi3.py``: the checkpoint holds the fused
+#: ``qkv_proj`` (rows q | k | v) and ``gate_up_proj`` (rows gate | up); the Llama roles
+#: ``q_proj`` ... ``up_proj`` name their parts, which :mod:`trtcore.models.phi3` splits off on
+#: the host (:attr:`ModelFamily.packed_modules` says which fused module holds which parts).
+PHI3_TENSOR_NAMES: Mapping[str, str] = {
+    **LLAMA_TENSOR_NAMES,
+    "qkv_proj": "model.layers.{i}.self_attn.qkv_proj",
+    "gate_up_proj": "model.layers.{i}.mlp.gate_up_proj",
+}
+
+#: Phi-3's default ``original_max_position_embeddings`` (``Phi3Config``), which
+#: ``standardize_rope_params`` puts into the RoPE parameters over their own value
+PHI3_ORIGINAL_MAX_POSITION_EMBEDDINGS = 4096
+
+#: RoPE type names Phi-3's config maps onto ``longrope`` (``Phi3Config.convert_rope_params_to_dict``)
+PHI3_LONGROPE_ALIASES = ("su", "yarn")
+
+#: ``hidden_act`` values of Phi-3 that trtcore builds (the gate of its SwiGLU MLP is SiLU)
+PHI3_ACTIVATIONS = ("silu", "swish")
+
+
+def _phi3_config(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Phi-3's config.json onto the common names, as ``Phi3Config`` reads it:
+
+    * a RoPE ``type`` / ``rope_type`` of ``"su"`` or ``"yarn"`` is ``"longrope"``
+      (``convert_rope_params_to_dict``; transformers 5.x then still requires
+      ``original_max_position_embeddings`` for ``"su"``, trtcore fills it as for
+      ``"longrope"``, as transformers 4.x did);
+    * the top-level ``original_max_position_embeddings`` (default 4096, a ``Phi3Config``
+      field) wins over the one inside the RoPE parameters (``standardize_rope_params``).
+
+    Raises:
+        ConfigError: a RoPE type other than default / longrope (``Phi3Config.validate_rope``
+            refuses them too), a ``hidden_act`` other than SiLU, or a quantized checkpoint
+            (its fused ``qkv_proj`` / ``gate_up_proj`` are not split quantized).
+    """
+    out = dict(d)
+    out.setdefault("original_max_position_embeddings", PHI3_ORIGINAL_MAX_POSITION_EMBEDDINGS)
+    for key in ("rope_scaling", "rope_parameters"):
+        params = out.get(key)
+        if isinstance(params, Mapping):
+            p = dict(params)
+            rope_type = p.get("rope_type") or p.get("type") or "default"
+            if rope_type in PHI3_LONGROPE_ALIASES:
+                rope_type = "longrope"
+                p.pop("type", None)
+                p["rope_type"] = rope_type
+            if rope_type not in ("default", "longrope"):
+                raise ConfigError(
+                    f"field '{key}' has rope_type {rope_type!r}; Phi-3 takes 'default' or 'longrope' (or its aliases {list(PHI3_LONGROPE_ALIASES)})"
+                )
+            out[key] = p
+            break  # the first set one is the one read (rope_scaling over rope_parameters)
+    act = out.get("hidden_act", "silu")
+    if act not in PHI3_ACTIVATIONS:
+        raise ConfigError(f"field 'hidden_act' is {act!r}; Phi-3's gated MLP is built with one of {list(PHI3_ACTIVATIONS)}")
+    if out.get("quantization_config") is not None:
+        raise ConfigError("field 'quantization_config' is set; trtcore does not split Phi-3's fused qkv_proj / gate_up_proj when quantized")
+    return out
+
+
+#: ``Phi3ForCausalLM`` (Phi-3 / Phi-3.5 mini): defaults from transformers'
+#: ``configuration_phi3.py``; a Llama-style decoder with fused ``qkv_proj`` / ``gate_up_proj``
+#: (no biases), partial rotary and ``longrope`` scaling from the config, and a sliding window on
+#: every layer when ``sliding_window`` is set (``modeling_phi3.py``).
+MODEL_FAMILIES["phi3"] = ModelFamily(
+    "phi3",
+    "Phi3ForCausalLM",
+    {
+        **_COMMON_DEFAULTS,
+        "num_key_value_heads": None,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "bos_token_id": 1,
+        "eos_token_id": 32000,
+        "pad_token_id": 32000,
+    },
+    qkv_bias=False,
+    o_bias=False,
+    mlp_bias=False,
+    sliding_window_rule="always",
+    partial_rotary_factor=None,
+    builder="trtcore.models.phi3",
+    tensor_names=PHI3_TENSOR_NAMES,
+    packed_modules=LLAMA_PACKED_MODULES,
+    prepare_config=_phi3_config,
+)
+
+
 def register_model_type(family: ModelFamily) -> None:
     """Teach trtcore a new ``model_type`` (for a new architecture file).
 

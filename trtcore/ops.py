@@ -252,6 +252,7 @@ sub = _elementwise("sub", "SUB", "sub")
 mul = _elementwise("mul", "PROD", "mul")
 div = _elementwise("div", "DIV", "div")
 maximum = _elementwise("maximum", "MAX", "max")
+minimum = _elementwise("minimum", "MIN", "min")
 power = _elementwise("power", "POW", "pow")
 
 
@@ -710,25 +711,43 @@ def rope_cos_sin(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "ro
 
     Returns two float32 tensors ``[..., 1, rotary_dim]`` (each half repeated, as
     transformers' ``cat((freqs, freqs), -1)``; the 1 broadcasts over heads), scaled by the
-    attention factor. For ``dynamic`` scaling the base is recomputed per sequence
-    (:func:`trtcore.rope.dynamic_ntk_base`) from ``seq_lens`` (int32, same shape as
-    ``position_ids``: each token's sequence length in this call) or, when None, from the
-    largest position of each row of a ``[batch, seq]`` input, as transformers does per
-    forward call.
+    attention factor. For ``dynamic`` and ``longrope`` scaling the frequencies depend on
+    each token's sequence length ``s`` in this call: ``seq_lens`` (int32, same shape as
+    ``position_ids``) or, when None, the largest position of each row of a ``[batch, seq]``
+    input + 1, as transformers does per forward call. ``dynamic`` recomputes the base
+    (:func:`trtcore.rope.dynamic_ntk_base`); ``longrope`` takes ``spec.long_inv_freq`` where
+    ``s > original_max_position_embeddings``, else ``spec.inv_freq``
+    (:func:`trtcore.rope.longrope_uses_long`).
     """
     half = spec.rotary_dim // 2
     r = len(position_ids.shape)
     keep = (0,) * r
     with g.scope(name):
         pos = reshape(g, cast(g, position_ids, np.float32, "positions"), keep + (1,), "positions_col")
-        if spec.rope_type == "dynamic":
-            # inv_freq = base'^(-2i/d), base' = base * (f*s/L - (f-1))^(d/(d-2)), s = max(L, seq_len)
-            d, f, L = spec.rotary_dim, spec.dynamic_factor, float(spec.max_position_embeddings)
+        s = None
+        if spec.per_sequence:
             if seq_lens is not None:
                 s = reshape(g, cast(g, seq_lens, np.float32, "seq_lens_float"), keep + (1,), "seq_len")
             else:
                 smax = reduce(g, pos, "MAX", [r - 1], True, "max_position")
                 s = add(g, smax, scalar(g, 1.0, r + 1, np.float32, "one"), "seq_len")
+        if spec.rope_type == "longrope":
+            # long = clamp(s - L, 0, 1): exactly 1 where s > L, else 0 (integers in float32);
+            # inv_freq = short * (1 - long) + long_inv * long selects one set exactly
+            assert s is not None and spec.long_inv_freq is not None
+            L = float(spec.original_max_position_embeddings)
+            over = sub(g, s, scalar(g, L, r + 1, np.float32, "original_max_position_embeddings"), "over")
+            use_long = minimum(
+                g, maximum(g, over, scalar(g, 0.0, r + 1, np.float32, "zero"), "over_pos"), scalar(g, 1.0, r + 1, np.float32, "one_"), "use_long"
+            )
+            use_short = sub(g, scalar(g, 1.0, r + 1, np.float32, "one_s"), use_long, "use_short")
+            short_c = constant(g, spec.inv_freq.reshape((1,) * r + (half,)), "short_inv_freq", np.float32)
+            long_c = constant(g, spec.long_inv_freq.reshape((1,) * r + (half,)), "long_inv_freq", np.float32)
+            inv_freq = add(g, mul(g, short_c, use_short, "short_part"), mul(g, long_c, use_long, "long_part"), "inv_freq")
+        elif spec.rope_type == "dynamic":
+            # inv_freq = base'^(-2i/d), base' = base * (f*s/L - (f-1))^(d/(d-2)), s = max(L, seq_len)
+            assert s is not None
+            d, f, L = spec.rotary_dim, spec.dynamic_factor, float(spec.max_position_embeddings)
             s = maximum(g, s, scalar(g, L, r + 1, np.float32, "max_position_embeddings"), "seq_len_clamped")
             ratio = sub(
                 g, mul(g, s, scalar(g, f / L, r + 1, np.float32, "f_over_L"), "scaled"), scalar(g, f - 1, r + 1, np.float32, "f_minus_1"), "ratio"
@@ -808,18 +827,32 @@ def rope_plugin(
         return q_out, k_out
 
 
-def _rope_plugin_inputs(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None) -> list[Tensor]:
-    """The inputs after ``position_ids`` of RoPE's plugins (RopePlugin, fused RoPE of the paged
-    attention plugin), made once per network: ``[inv_freq]`` (a float32 constant), plus for
-    dynamic scaling each token's sequence length (``seq_lens``, else ``max(position_ids) + 1``
-    of its row)."""
-    key = ("rope_plugin_inputs", id(position_ids))
+def _inv_freq_input(g: Graph, spec: RopeSpec, name: str = "rotary_emb") -> Tensor:
+    """The ``inv_freq`` input of RoPE's plugins, a float32 constant made once per network
+    (:meth:`trtcore.plugins.rope.RopePlugin.inv_freq_of`: longrope's short and long
+    frequencies as one constant)."""
+    from trtcore.plugins.rope import RopePlugin
+
+    values = RopePlugin.inv_freq_of(spec)
+    key = ("rope_inv_freq", values.tobytes())
     if key not in g.shared:
         with g.scope_at(f"model.{name}"):
-            extra = [constant(g, spec.inv_freq.astype(np.float32), "inv_freq", np.float32)]
-            if spec.rope_type == "dynamic" and seq_lens is not None:
+            g.shared[key] = constant(g, values, "inv_freq", np.float32)
+    return g.shared[key]
+
+
+def _rope_plugin_inputs(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None) -> list[Tensor]:
+    """The inputs after ``position_ids`` of RoPE's plugins (RopePlugin, fused RoPE of the paged
+    attention plugin), made once per network: ``[inv_freq]`` (:func:`_inv_freq_input`), plus
+    for dynamic / longrope scaling each token's sequence length (``seq_lens``, else
+    ``max(position_ids) + 1`` of its row)."""
+    key = ("rope_plugin_inputs", id(position_ids))
+    if key not in g.shared:
+        extra = [_inv_freq_input(g, spec, name)]
+        with g.scope_at(f"model.{name}"):
+            if spec.per_sequence and seq_lens is not None:
                 extra.append(seq_lens)
-            elif spec.rope_type == "dynamic":
+            elif spec.per_sequence:
                 rank = len(position_ids.shape)
                 smax = reduce(g, position_ids, "MAX", [rank - 1], True, "max_position")
                 one = scalar(g, 1, rank, np.int32, "one")
@@ -857,7 +890,8 @@ def paged_attention(
             packed ``qkv [T, (Hq + 2 Hkv) * D]`` (q heads, k heads, v heads per token: the
             plugin's ``packed_qkv``).
         rope: None: q and k arrive rotated; a (not ``dynamic``) :class:`trtcore.rope.RopeSpec`:
-            the plugin rotates them (fused RoPE, neox pairing) by int32 ``position_ids [T]``.
+            the plugin rotates them (fused RoPE, neox pairing) by int32 ``position_ids [T]``
+            (``longrope``: each sequence by its ``seq_lens``, the plugin's rule).
         kv_pool: ``[num_layers, num_blocks, 2, Hkv, block_size, D]``; the plugin writes this
             step's k/v of layer ``layer_idx`` into it in place.
         block_tables: int32 ``[B, max_blocks]``; seq_lens: int32 ``[B]``; query_start_loc:
@@ -877,10 +911,15 @@ def paged_attention(
     extra: list[Tensor] = []
     if rope is not None:
         if rope.rope_type == "dynamic" or position_ids is None:
-            raise InvalidArgumentError(f"{name}: fused RoPE needs position_ids and a RoPE without dynamic scaling, got {rope.rope_type!r}")
+            raise InvalidArgumentError(f"{name}: fused RoPE needs position_ids and a RoPE without dynamic NTK scaling, got {rope.rope_type!r}")
         rp = RopePlugin.from_spec(rope)
-        rotary = {"rotary_dim": rp.rotary_dim, "is_neox": rp.is_neox, "attention_scaling": rp.attention_scaling}
-        extra = [position_ids, *_rope_plugin_inputs(g, position_ids, rope)]
+        rotary = {
+            "rotary_dim": rp.rotary_dim,
+            "is_neox": rp.is_neox,
+            "attention_scaling": rp.attention_scaling,
+            "original_max_position_embeddings": rp.original_max_position_embeddings,
+        }
+        extra = [position_ids, _inv_freq_input(g, rope)]
     plugin = PagedAttentionPlugin(
         layer_idx=layer_idx,
         num_kv_heads=num_kv_heads,
@@ -1213,8 +1252,9 @@ def cached_attention(
 
 def fuses_rope(g: Graph, spec: RopeSpec) -> bool:
     """Whether :func:`self_attention` rotates inside the paged attention plugin: the plan's
-    ``rope`` is ``"attention"``, the KV cache is paged and the RoPE has no dynamic scaling
-    (per-sequence frequencies stay with the RoPE plugin)."""
+    ``rope`` is ``"attention"``, the KV cache is paged and the RoPE has no dynamic NTK scaling
+    (its per-sequence base stays with the RoPE plugin; LongRoPE's two frequency sets are fused:
+    the attention plugin picks them by each sequence's ``seq_lens``)."""
     return (
         g.implementations.get("rope") == ROPE_IN_ATTENTION and g.kv_mode is not None and g.kv_mode.kv_cache == "paged" and spec.rope_type != "dynamic"
     )
