@@ -125,9 +125,16 @@ LLAMA_BISECT_POINTS: tuple[BisectPoint, ...] = (
     BisectPoint("lm_head", "logits", last_only=True),
 )
 
+#: Gemma's points: as Llama's (the attention and MLP outputs are read before Gemma 2/3's norms
+#: after them, as transformers' ``self_attn`` / ``mlp`` modules return them), the embeddings
+#: after their ``sqrt(hidden_size)`` scaling, and the logits before the final soft-capping
+#: (transformers' ``lm_head`` output; trtcore's ``lm_head`` tensor).
+GEMMA_BISECT_POINTS: tuple[BisectPoint, ...] = (*LLAMA_BISECT_POINTS[:-1], BisectPoint("lm_head", "lm_head", last_only=True))
+
 #: ``model_type`` -> the modules :func:`compare` aligns (points with ``{i}`` repeat for every
 #: decoder layer, in the order given). A new family adds its entry here.
 BISECT_POINTS: dict[str, tuple[BisectPoint, ...]] = {t: LLAMA_BISECT_POINTS for t in ("llama", "mistral", "qwen2", "qwen3")}
+BISECT_POINTS.update({t: GEMMA_BISECT_POINTS for t in ("gemma", "gemma2", "gemma3_text")})
 
 #: :attr:`ModuleError.status` values
 OK, BEYOND, FIRST_DIVERGENCE, NOT_CAPTURED = "ok", "beyond", "FIRST DIVERGENCE", "not captured"

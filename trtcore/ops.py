@@ -1243,5 +1243,10 @@ def last_token_hidden(g: Graph, h: Tensor, name: str = "last_hidden") -> Tensor:
 
 
 def logits_output(g: Graph, logits: Tensor) -> Tensor:
-    """Mark ``logits`` ``[B, vocab_size]``, cast to float32, as the network's logits output."""
-    return g.output(cast(g, logits, np.float32, "logits_float"), kv_modes.LOGITS)
+    """Mark ``logits`` ``[B, vocab_size]``, cast to float32, as the network's logits output
+    (a float32 ``logits`` passes through an identity layer, so that the tensor given keeps its
+    name, e.g. ``lm_head`` for ``trtcore check --bisect``)."""
+    out = cast(g, logits, np.float32, "logits_float")
+    if out is logits:
+        out = g.named(g.network.add_identity(logits), "logits_float")
+    return g.output(out, kv_modes.LOGITS)
