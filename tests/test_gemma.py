@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 from hf_models import hf_greedy, hf_logits, load_hf, random_prompt, redraw_weights
+from test_gpu_backend import cp  # noqa: F401  (the cuda backend's skip-or-fail fixture)
 
 from trtcore import LLM, SamplingParams
 from trtcore.config import ModelConfig, load_config
@@ -87,6 +88,20 @@ GEMMA = {
 }
 
 
+#: GPU-only variants (head_dim 256: the paged attention CUDA kernels take multiples of 32)
+GPU_GEMMA = {
+    v.name: v
+    for v in [
+        Gemma("gemma2_d256_softcap", "gemma2", {"head_dim": 256, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+                                                 "query_pre_attn_scalar": 200, "sliding_window": WINDOW}, seed=36, num_hidden_layers=3),
+        Gemma("gemma3_d256", "gemma3", {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": WINDOW, "sliding_window_pattern": 2,
+                                        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 20000.0},
+                                                            "sliding_attention": {"rope_type": "default", "rope_theta": 300.0}}},
+              seed=37),
+    ]
+}
+
+
 def _hf_config(v: Gemma) -> Any:
     import transformers
 
@@ -117,11 +132,11 @@ class _Store:
         self.root = root
         self._dirs: dict[str, Path] = {}
         self._hf: dict[str, Any] = {}
-        self._llm: dict[tuple[str, str], LLM] = {}
+        self._llm: dict[tuple[str, str, str], LLM] = {}
 
     def dir(self, name: str) -> Path:
         if name not in self._dirs:
-            self._dirs[name] = _write(GEMMA[name], self.root / name)
+            self._dirs[name] = _write({**GEMMA, **GPU_GEMMA}[name], self.root / name)
         return self._dirs[name]
 
     def hf(self, name: str) -> Any:
@@ -129,10 +144,11 @@ class _Store:
             self._hf[name] = load_hf(self.dir(name))
         return self._hf[name]
 
-    def llm(self, name: str, kv_cache: str) -> LLM:
-        if (name, kv_cache) not in self._llm:
-            self._llm[name, kv_cache] = LLM(self.dir(name), backend="reference", dtype="float32", kv_cache=kv_cache, progress=False)
-        return self._llm[name, kv_cache]
+    def llm(self, name: str, kv_cache: str, backend: str = "reference") -> LLM:
+        if (name, kv_cache, backend) not in self._llm:
+            device = {"cuda": {"device": "cuda"}}.get(backend, {})
+            self._llm[name, kv_cache, backend] = LLM(self.dir(name), backend=backend, dtype="float32", kv_cache=kv_cache, progress=False, **device)
+        return self._llm[name, kv_cache, backend]
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +157,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> _Store:
 
 
 def _prompt(name: str) -> list[int]:
-    v = GEMMA[name]
+    v = {**GEMMA, **GPU_GEMMA}[name]
     return random_prompt(np.random.default_rng([v.seed, PROMPT_LEN]), PROMPT_LEN, v.vocab_size)
 
 
@@ -202,13 +218,13 @@ def test_gemma3_attention_does_not_apply_attn_logit_softcapping(store: _Store) -
 # log-probabilities and greedy tokens against transformers
 
 
-@pytest.mark.parametrize("kv_cache", KV_CACHES)
-@pytest.mark.parametrize("name", list(GEMMA))
-def test_logprobs_and_greedy_match_hf(store: _Store, name: str, kv_cache: str) -> None:
-    v = GEMMA[name]
+def check_against_hf(store: _Store, name: str, kv_cache: str, backend: str = "reference") -> None:
+    """Greedy tokens equal to transformers' for 32 steps, log-probabilities within 1e-4
+    relative at the last prompt position and 16 decode steps."""
+    v = {**GEMMA, **GPU_GEMMA}[name]
     p = _prompt(name)
     params = SamplingParams(temperature=0, max_tokens=GREEDY_STEPS, ignore_eos=True, logprobs=v.vocab_size)
-    [out] = store.llm(name, kv_cache).generate(p, params)
+    [out] = store.llm(name, kv_cache, backend).generate(p, params)
     assert out.error is None
     comp = out.outputs[0]
     want_tokens, want_rows = hf_greedy(store.hf(name), p, GREEDY_STEPS)
@@ -217,6 +233,21 @@ def test_logprobs_and_greedy_match_hf(store: _Store, name: str, kv_cache: str) -
     ref = want_rows[:LOGPROB_STEPS]
     ok = np.abs(ours - ref) <= RTOL * np.maximum(1.0, np.abs(ref))
     assert ok.all(), f"{(~ok).sum()} log-probs beyond {RTOL} relative; max abs diff {np.abs(ours - ref).max():.3g}"
+
+
+@pytest.mark.parametrize("kv_cache", KV_CACHES)
+@pytest.mark.parametrize("name", list(GEMMA))
+def test_logprobs_and_greedy_match_hf(store: _Store, name: str, kv_cache: str) -> None:
+    check_against_hf(store, name, kv_cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_cache", KV_CACHES)
+@pytest.mark.parametrize("name", list(GPU_GEMMA))
+def test_cuda_engine_matches_hf(cp: Any, store: _Store, name: str, kv_cache: str) -> None:  # noqa: F811
+    """The cuda engine (float32; paged: the attention plugin's kernels with soft-capping and
+    head_dim 256) against transformers (float64, CPU), as the reference backend is."""
+    check_against_hf(store, name, kv_cache, backend="cuda")
 
 
 # ---------------------------------------------------------------------------------------

@@ -363,7 +363,9 @@ def _gemma_common(d: Mapping[str, Any], act_field: str) -> dict[str, Any]:
     family's MLP reads: Gemma ``hidden_act``, Gemma 2/3 ``hidden_activation``)."""
     out = dict(d)
     if out.get("use_bidirectional_attention"):
-        raise ConfigError("field 'use_bidirectional_attention' is true; trtcore builds causal decoders only (Gemma's bidirectional variant is an encoder)")
+        raise ConfigError(
+            "field 'use_bidirectional_attention' is true; trtcore builds causal decoders only (Gemma's bidirectional variant is an encoder)"
+        )
     act = out.get(act_field, "gelu_pytorch_tanh")
     if act not in GEMMA_ACTIVATIONS:
         raise ConfigError(f"field '{act_field}' is {act!r}; Gemma is built with one of {list(GEMMA_ACTIVATIONS)}")

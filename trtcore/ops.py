@@ -459,7 +459,9 @@ def rms_norm(g: Graph, x: Tensor, weight: np.ndarray, eps: float, name: str = "n
             normed = cast(g, normed32, g.np_dtype, "to_dtype")
     if offset is not None:
         # (offset + w) in float32, as float(offset) + weight.float() (exact for offset 1 and a weight of dtype precision)
-        w32 = constant(g, (np.float32(offset) + np.asarray(weight, np.float32)).reshape((1,) * (rank - 1) + weight.shape), f"{name}.weight", np.float32)
+        w32 = constant(
+            g, (np.float32(offset) + np.asarray(weight, np.float32)).reshape((1,) * (rank - 1) + weight.shape), f"{name}.weight", np.float32
+        )
         y = mul(g, normed32, w32, f"{name}.scaled")
         return cast(g, y, g.np_dtype, name) if g.np_dtype != np.float32 else g.named(g.network.add_identity(y), name)
     w = constant(g, weight.reshape((1,) * (rank - 1) + weight.shape), f"{name}.weight", g.np_dtype)
