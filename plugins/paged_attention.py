@@ -68,8 +68,9 @@ writes into the NumPy pool array it is given, the same array every step.
 Semantics: query head ``hq`` uses KV head ``hq // (Hq // num_kv_heads)`` (GQA/MQA); a query
 at position ``p`` attends to keys at positions ``k <= p`` of its own sequence (cached and
 new), and with ``sliding_window = W > 0`` only to those with ``p - k < W`` (transformers'
-rule); scores ``scale * q.k``, softmax and the weighted sum of values are computed in
-float32 with float32 accumulation, and the output is rounded once to the dtype. The
+rule); scores ``scale * q.k`` (with ``softcap = c > 0`` soft-capped to ``c * tanh(scale * q.k / c)``
+before the mask, Gemma 2's attention logit soft-capping), softmax and the weighted sum of
+values are computed in float32 with float32 accumulation, and the output is rounded once to the dtype. The
 tensor-core kernels (float16/bfloat16, head_dim 64 or 128) round the softmax
 probabilities to the input dtype before the P.V product, as FlashAttention does: a relative
 error of at most one unit roundoff of the dtype per probability (see the tests' tolerance).
