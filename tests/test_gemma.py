@@ -241,6 +241,20 @@ def test_logprobs_and_greedy_match_hf(store: _Store, name: str, kv_cache: str) -
     check_against_hf(store, name, kv_cache)
 
 
+@pytest.mark.parametrize("rope", ["layers", "plugin", "attention"])
+def test_gemma3_two_ropes_with_every_rope_implementation(store: _Store, rope: str) -> None:
+    """Gemma 3's global and local RoPE side by side in one network, with each RoPE
+    implementation (composed layers, the RoPE plugin, fused into the paged attention plugin)."""
+    name = "gemma3_local_rope"
+    p = _prompt(name)
+    llm = LLM(store.dir(name), backend="reference", dtype="float32", kv_cache="paged", rope=rope, progress=False)
+    [out] = llm.generate(p, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=GEMMA[name].vocab_size))
+    tokens, rows = hf_greedy(store.hf(name), p, 4)
+    assert list(out.outputs[0].token_ids) == tokens
+    ours = np.array([[d[t].logprob for t in range(GEMMA[name].vocab_size)] for d in out.outputs[0].logprobs])
+    np.testing.assert_allclose(ours, rows, rtol=RTOL, atol=RTOL)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_cache", KV_CACHES)
 @pytest.mark.parametrize("name", list(GPU_GEMMA))
