@@ -408,3 +408,12 @@ def test_rtx_builds_float16(store: _Store, name: str) -> None:
         d = define_network(trt, load_config(store.dir(name)), weights, BuildConfig(dtype="float16", max_batch_size=2, max_seq_len=64))
         engine = build_engine(d, "sm89")
     assert len(engine) > 1000
+
+
+def test_awq_refuses_gemma(store: _Store) -> None:
+    """AWQ's scales fold into Llama-style norms (weight * x); Gemma's are (1 + weight) * x and
+    Gemma 2/3's post_attention_layernorm does not feed the MLP: refused, not folded wrongly."""
+    from trtcore.awq import awq_plan
+
+    with pytest.raises(InvalidArgumentError, match="Gemma2ForCausalLM.*not supported"):
+        awq_plan(store.dir("gemma2_softcap"), None, lambda w: w, token_ids=[[3, 4, 5]])
