@@ -315,6 +315,22 @@ def test_gemma3_v4_dialect() -> None:
     assert cfg.family_fields["rope_local_base_freq"] == hf.rope_parameters["sliding_attention"]["rope_theta"] == 777.0
 
 
+@pytest.mark.parametrize("name", list(GEMMA))
+def test_to_dict_loads_back_in_transformers(store: _Store, name: str) -> None:
+    """ModelConfig.to_dict() is a config.json transformers' config class reads as the original
+    (Gemma 3: rope_parameters per layer type)."""
+    hf = store.hf(name).config
+    d = load_config(store.dir(name)).to_dict()
+    back = type(hf)(**{k: v for k, v in d.items() if k not in ("architectures", "model_type")})
+    fields = ["rope_parameters", "head_dim", "num_key_value_heads", "tie_word_embeddings", "attention_bias"]
+    if GEMMA[name].family != "gemma":
+        fields += ["layer_types", "sliding_window", "query_pre_attn_scalar", "final_logit_softcapping", "hidden_activation"]
+    if GEMMA[name].family == "gemma2":  # Gemma 3 does not read it (test_gemma3_attention_does_not_apply_attn_logit_softcapping)
+        fields.append("attn_logit_softcapping")
+    for f in fields:
+        assert getattr(back, f) == getattr(hf, f), f
+
+
 def test_gemma1_legacy_gelu_means_tanh() -> None:
     import transformers
 

@@ -596,6 +596,8 @@ class ModelConfig:
                 self.num_hidden_layers,
             )
             d["max_window_layers"] = first_sliding
+        if family is not None and family.export_config is not None:
+            d = family.export_config(d)
         return d
 
 

@@ -146,6 +146,9 @@ class ModelFamily:
             (GPT-NeoX: ``rotary_emb_base`` -> ``rope_theta``) and refuses fields trtcore cannot
             honour (raising ConfigError), before :meth:`trtcore.config.ModelConfig.from_dict`
             parses it; None when the dialect is the common one.
+        export_config: the inverse for :meth:`trtcore.config.ModelConfig.to_dict`: the common
+            dict onto the family's dialect, so that its transformers config class loads it
+            (Gemma 3: ``rope_parameters`` per layer type); None when the common one does.
     """
 
     model_type: str
@@ -163,6 +166,7 @@ class ModelFamily:
     gguf: GGUFMapping | None = None
     family_fields: Mapping[str, Any] = field(default_factory=dict)
     prepare_config: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    export_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def tensor(self, role: str, layer: int | None = None, suffix: str = ".weight") -> str:
         """The Hugging Face name of ``role`` (of ``layer``), plus ``suffix`` (``".weight"``).
@@ -432,6 +436,18 @@ def _gemma3_config(d: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _gemma3_export(d: dict[str, Any]) -> dict[str, Any]:
+    """``rope_parameters`` per layer type, as ``Gemma3TextConfig`` writes it (the global RoPE for
+    ``full_attention``, the default RoPE of ``rope_local_base_freq`` for ``sliding_attention``)."""
+    out = dict(d)
+    out["rope_parameters"] = {
+        "full_attention": dict(d["rope_parameters"]),
+        "sliding_attention": {"rope_type": "default", "rope_theta": d["rope_local_base_freq"]},
+    }
+    out.pop("rope_scaling", None)  # inside full_attention now (Gemma3TextConfig would apply it there again)
+    return out
+
+
 #: Gemma (Team Gemma, arXiv:2403.08295), Gemma 2 (arXiv:2408.00118) and Gemma 3 text
 #: (arXiv:2503.19786): defaults from transformers' ``configuration_gemma{,2,3}.py``; RMSNorm
 #: with a (1 + weight) offset, GeGLU, embeddings scaled by sqrt(hidden_size), head_dim 256;
@@ -480,6 +496,7 @@ MODEL_FAMILIES["gemma3_text"] = ModelFamily(
         "rope_local_base_freq": 10_000.0,
     },
     prepare_config=_gemma3_config,
+    export_config=_gemma3_export,
 )
 
 
