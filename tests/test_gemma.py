@@ -347,6 +347,8 @@ def test_gemma1_legacy_gelu_means_tanh() -> None:
         ("gemma", {"hidden_act": "relu"}, "hidden_act"),
         ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_logit_softcapping"),
         ("gemma2", {"query_pre_attn_scalar": None}, "query_pre_attn_scalar"),
+        ("gemma3_text", {"sliding_window_pattern": None}, "sliding_window_pattern"),
+        ("gemma3_text", {"sliding_window_pattern": 0}, "sliding_window_pattern"),
         ("gemma3_text", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                              "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}}, "sliding layers"),
     ],

@@ -392,7 +392,7 @@ def _positive_or_null(out: Mapping[str, Any], name: str) -> None:
         raise ConfigError(f"field {name!r} is {v!r}, expected a positive number or null")
 
 
-def _gemma2_config(d: Mapping[str, Any], sliding_every: int | None = None) -> dict[str, Any]:
+def _gemma2_config(d: Mapping[str, Any], sliding_every: Any = 2) -> dict[str, Any]:
     """``Gemma2Config``: ``hidden_activation``; ``layer_types`` absent -> sliding on even
     layers (``Gemma2Config.__post_init__``: ``(i + 1) % 2``), or with ``sliding_every`` = n
     (Gemma 3's ``sliding_window_pattern``) on all but every n-th layer."""
@@ -403,10 +403,9 @@ def _gemma2_config(d: Mapping[str, Any], sliding_every: int | None = None) -> di
         raise ConfigError("field 'query_pre_attn_scalar' is null, expected a positive number (the query scale is its -0.5 power)")
     n = out.get("num_hidden_layers")
     if out.get("layer_types") is None and isinstance(n, int):
-        every = 2 if sliding_every is None else sliding_every
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ConfigError(f"field 'sliding_window_pattern' is {every!r}, expected a positive integer")
-        out["layer_types"] = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+        if isinstance(sliding_every, bool) or not isinstance(sliding_every, int) or sliding_every < 1:
+            raise ConfigError(f"field 'sliding_window_pattern' is {sliding_every!r}, expected a positive integer")
+        out["layer_types"] = ["sliding_attention" if (i + 1) % sliding_every else "full_attention" for i in range(n)]
     return out
 
 
