@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["LISTENING", "add_serve_parser", "make_llm_factory", "serve"]
+__all__ = ["LISTENING", "add_serve_parser", "make_llm_factory", "run_server", "serve"]
 
 #: the start of the stderr line that announces the bound address
 LISTENING = "trtcore serve: listening on "
@@ -92,10 +92,7 @@ def _served_name(args: argparse.Namespace) -> str:
 def serve(args: argparse.Namespace) -> int:
     """Run the server until SIGTERM / SIGINT; the exit status (0 after a drain, 2 if the
     model failed to load)."""
-    import uvicorn
-
     from ..errors import InvalidArgumentError
-    from .app import build_app
     from .engine import AsyncEngine
     from .metrics import ServerMetrics
 
@@ -105,6 +102,17 @@ def serve(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--max-queue-delay-ms must be >= 0, got {args.max_queue_delay_ms}")
     name = _served_name(args)
     engine = AsyncEngine(make_llm_factory(args), ServerMetrics(name), args.max_waiting, args.max_queue_delay_ms / 1000.0)
+    return run_server(engine, name, args.host, args.port, args.log_level)
+
+
+def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "warning") -> int:
+    """Serve ``engine`` (an :class:`~trtcore.serve.engine.AsyncEngine`, not started) as ``name``
+    on ``host:port`` with uvicorn until SIGTERM / SIGINT (module docstring: the announced
+    address, the drain); the exit status (0 after a drain, 2 if the model failed to load)."""
+    import uvicorn
+
+    from .app import build_app
+
     failed: list[BaseException] = []
 
     class _Server(uvicorn.Server):
@@ -117,14 +125,14 @@ def serve(args: argparse.Namespace) -> int:
         server.should_exit = True
 
     app = build_app(engine, name, on_load_error=load_error)
-    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=None, lifespan="on")
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=None, lifespan="on")
     server = _Server(config)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
+    sock.bind((host, port))
     sock.set_inheritable(True)
-    host, port = sock.getsockname()[:2]
-    print(f"{LISTENING}http://{host}:{port}", file=sys.stderr, flush=True)
+    bound_host, bound_port = sock.getsockname()[:2]
+    print(f"{LISTENING}http://{bound_host}:{bound_port}", file=sys.stderr, flush=True)
     # uvicorn re-raises the signal it drained on; after a drain the process exits 0 instead
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
