@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import math
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -186,6 +187,45 @@ def _sse(obj: Any) -> str:
     return f"data: {data}\n\n"
 
 
+class _ChunkTemplate:
+    """The SSE event of a streamed chunk whose only changing fields are a few JSON leaves:
+    the chunk's JSON text is made once with marker strings in those leaves, and each event
+    fills them in (``json.dumps`` of each value), the bytes :func:`_sse` of
+    :func:`_chunk_dict` would give for the same values, without building pydantic models per
+    token.
+
+    Args:
+        chunk: the chunk's dict (:func:`_chunk_dict`) with the changing leaves set to
+            ``_ChunkTemplate.mark(i)``, ``i`` = 0, 1, ... in the order :meth:`fill` takes them.
+    """
+
+    @staticmethod
+    def mark(i: int) -> str:
+        return chr(0xE000 + i)  # a private-use character: json.dumps writes it as "\ue00i"
+
+    def __init__(self, chunk: dict[str, Any]) -> None:
+        text = f"data: {json.dumps(chunk)}\n\n"
+        marks = []  # (where, which)
+        while (at := text.find(json.dumps(self.mark(len(marks))))) >= 0:
+            marks.append((at, len(marks)))
+        marks.sort()
+        self._order = [i for _, i in marks]
+        self._parts, pos = [], 0
+        for at, i in marks:
+            self._parts.append(text[pos:at])
+            pos = at + len(json.dumps(self.mark(i)))
+        self._parts.append(text[pos:])
+
+    def fill(self, *values: Any) -> str:
+        """The event with ``values`` in the marked leaves."""
+        parts, dumps = self._parts, json.dumps
+        out = [parts[0]]
+        for k, i in enumerate(self._order):
+            out.append(dumps(values[i]))
+            out.append(parts[k + 1])
+        return "".join(out)
+
+
 def _lp(x: float) -> float:
     return max(float(x), MIN_LOGPROB) if not math.isnan(x) else MIN_LOGPROB
 
@@ -232,13 +272,13 @@ async def _collect(stream: RequestStream, on_output: Callable[[Any], None], requ
     return last
 
 
-async def _events(stream: RequestStream, chunks: Callable[[Any], list[Any]], tail: Callable[[], list[Any]]) -> AsyncIterator[str]:
-    """The SSE body: ``chunks(output)`` per output, then ``tail()``, then ``[DONE]``; an error
+async def _events(stream: RequestStream, chunks: Callable[[Any], str], tail: Callable[[], list[Any]]) -> AsyncIterator[str]:
+    """The SSE body: ``chunks(output)`` (its events' text) per output, then ``tail()``'s
+    chunks, then ``[DONE]``; the outputs that arrived together go out in one write; an error
     becomes one error event; a disconnect (the generator closed early) aborts the request."""
     try:
-        async for out in stream:
-            for c in chunks(out):
-                yield _sse(c)
+        while outs := await stream.drain():
+            yield "".join([chunks(out) for out in outs])
         for c in tail():
             yield _sse(c)
     except Exception as exc:  # the request failed after the stream began
@@ -333,11 +373,22 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
             return into
 
         if body.stream:
+            created, m = int(time.time()), _ChunkTemplate.mark
+            plain = _ChunkTemplate(
+                _chunk_dict(
+                    CompletionResponse(
+                        id=rid, created=created, model=served.name, choices=[CompletionChoice(text=m(0), finish_reason=m(1), stop_reason=m(2))]
+                    ),
+                    usage_opt,
+                )
+            )
 
-            def chunks(out: Any) -> list[Any]:
-                lp = logprobs_of(out, CompletionLogprobs() if lps is not None else None)
+            def chunks(out: Any) -> str:
+                if lps is None:
+                    return plain.fill(out.text, out.finish_reason, out.stop_reason)
+                lp = logprobs_of(out, CompletionLogprobs())
                 choice = CompletionChoice(text=out.text, logprobs=lp, finish_reason=out.finish_reason, stop_reason=out.stop_reason)
-                return [_chunk_dict(CompletionResponse(id=rid, model=served.name, choices=[choice]), usage_opt)]
+                return _sse(_chunk_dict(CompletionResponse(id=rid, created=created, model=served.name, choices=[choice]), usage_opt))
 
             def tail() -> list[Any]:
                 return [CompletionResponse(id=rid, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []
@@ -382,19 +433,25 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
 
         if body.stream:
             first = [True]
+            created, m = int(time.time()), _ChunkTemplate.mark
+            delta = ChatStreamChoice(delta=ChatResponseMessage(content=m(0)), finish_reason=m(1), stop_reason=m(2))
+            plain = _ChunkTemplate(_chunk_dict(ChatCompletionChunk(id=rid, created=created, model=served.name, choices=[delta]), usage_opt))
 
-            def chunks(out: Any) -> list[Any]:
-                out_chunks = []
+            def chunks(out: Any) -> str:
+                head = ""
                 if first[0]:  # OpenAI's first chunk: the role
                     first[0] = False
                     role = ChatStreamChoice(delta=ChatResponseMessage(role="assistant", content=""))
-                    out_chunks.append(_chunk_dict(ChatCompletionChunk(id=rid, model=served.name, choices=[role]), usage_opt))
-                lp = ChatLogprobs(content=logprobs_of(out)) if k is not None else None
+                    head = _sse(_chunk_dict(ChatCompletionChunk(id=rid, created=created, model=served.name, choices=[role]), usage_opt))
+                if k is None:
+                    return head + plain.fill(out.text, out.finish_reason, out.stop_reason)
                 choice = ChatStreamChoice(
-                    delta=ChatResponseMessage(content=out.text), logprobs=lp, finish_reason=out.finish_reason, stop_reason=out.stop_reason
+                    delta=ChatResponseMessage(content=out.text),
+                    logprobs=ChatLogprobs(content=logprobs_of(out)),
+                    finish_reason=out.finish_reason,
+                    stop_reason=out.stop_reason,
                 )
-                out_chunks.append(_chunk_dict(ChatCompletionChunk(id=rid, model=served.name, choices=[choice]), usage_opt))
-                return out_chunks
+                return head + _sse(_chunk_dict(ChatCompletionChunk(id=rid, created=created, model=served.name, choices=[choice]), usage_opt))
 
             def tail() -> list[Any]:
                 return [ChatCompletionChunk(id=rid, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []

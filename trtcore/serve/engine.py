@@ -2,12 +2,16 @@
 asyncio queue, driving :class:`trtcore.llm.LLM`'s online API (``add_request`` / ``step`` /
 ``abort_request``).
 
-Threads: the loop is an asyncio task; every call into the LLM (its construction, admissions,
-aborts, steps, ``close``) runs in one dedicated worker thread (``run_in_executor`` on a
-one-thread pool), so HTTP handling never waits for a step and the LLM (with its GPU
-context, where it has one) only ever sees one thread. Between two steps the loop admits
-the queued requests, applies the aborts of disconnected clients (their KV blocks are freed
-before the next step), and hands each request's outputs to its :class:`RequestStream`.
+Threads: every call into the LLM (its construction, admissions, aborts, steps, ``close``)
+runs in one dedicated engine thread (a one-thread pool), so HTTP handling never waits for a
+step and the LLM (with its GPU context, where it has one) only ever sees one thread. The
+engine thread steps continuously while requests are live, as vLLM's engine core does: between
+two steps it admits the queued requests and applies the aborts of disconnected clients (their
+KV blocks are freed before the next step), and it hands each step's outputs to the event loop
+with one ``loop.call_soon_threadsafe`` and goes on without waiting for them; on the loop's
+thread :meth:`AsyncEngine._dispatch` routes them to their :class:`RequestStream` s and updates
+the metrics. A stream whose reader falls behind collects its outputs, and the reader takes them
+all at its next wake-up (:meth:`RequestStream.drain`; vLLM's ``RequestOutputCollector``).
 
 Batching window (``max_queue_delay_s``, Triton's ``max_queue_delay``): queued requests are
 held until the oldest has waited that long, or until they fill the free batch slots
@@ -21,6 +25,7 @@ an exception out of a step fails the requests then live and the loop goes on.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +56,8 @@ class RequestStream:
     """One request's side of the loop: its outputs arrive in an asyncio queue.
 
     Iterate it (``async for out in stream``) for :class:`trtcore.llm.StreamOutput` s until
-    the one with a ``finish_reason``; a failed request raises its error
+    the one with a ``finish_reason``, or call :meth:`drain` for all that arrived since the
+    last call; a failed request raises its error
     (:class:`~trtcore.errors.InvalidRequestError`, :class:`~trtcore.errors.GenerationError`)
     from the iteration. :meth:`abort` cancels it (a client that went away).
 
@@ -72,19 +78,47 @@ class RequestStream:
     last_token_time: float | None = None
     finished: bool = False
     aborted: bool = False
-    _queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    _items: list[Any] = field(default_factory=list)
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _done: bool = False
+
+    def _put(self, item: Any) -> None:
+        """On the loop's thread: one output (or the request's error)."""
+        self._items.append(item)
+        self._ready.set()
+
+    async def drain(self) -> list[Any]:
+        """The outputs that arrived since the last call (waits for at least one; ``[]`` once
+        the last one was taken); a failure raises its error after the outputs before it
+        were taken."""
+        if self._done:
+            return []
+        if not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        items, self._items = self._items, []
+        if isinstance(items[0], Exception):
+            self._done = True
+            raise items[0]
+        for i, item in enumerate(items):
+            if isinstance(item, Exception):  # deliver what came before; the error next time
+                self._items = items[i:]
+                return items[:i]
+            if item.finish_reason is not None:
+                self._done = True
+                return items[: i + 1]
+        return items
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Any]:
         while True:
-            item = await self._queue.get()
-            if isinstance(item, Exception):
-                raise item
-            yield item
-            if item.finish_reason is not None:
+            items = await self.drain()
+            if not items:
                 return
+            for item in items:
+                yield item
 
     def abort(self) -> None:
         """Cancel the request (no-op once finished): it leaves the queue or the running
@@ -100,7 +134,6 @@ class _StepResult:
     end: float
     scheduled: list[int]
     running: int
-    unfinished: bool
     kv_usage: float
     preemptions: int
 
@@ -136,16 +169,17 @@ class AsyncEngine:
         self.load_error: BaseException | None = None
         self.draining = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtcore-engine")
+        # shared by the loop's thread and the engine thread, under _lock
+        self._lock = threading.Lock()
         self._pending: list[RequestStream] = []
         self._aborts: list[RequestStream] = []
+        self._stopping = False
+        self._wakeup = threading.Event()
+        # the loop's thread only
         self._live: dict[int, RequestStream] = {}
         self._waiting: set[RequestStream] = set()
-        self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._running = 0
-        self._unfinished = False
+        self._task: asyncio.Future[None] | None = None
         self._preemptions = 0
-        self._stopping = False
 
     @property
     def ready(self) -> bool:
@@ -161,14 +195,15 @@ class AsyncEngine:
         except BaseException as exc:
             self.load_error = exc
             raise
-        self._task = asyncio.create_task(self._run(), name="trtcore-engine-loop")
+        self._task = loop.run_in_executor(self._executor, self._run, loop)
 
     async def shutdown(self) -> None:
         """Stop the loop (after the requests still live, which drain first) and close the LLM."""
         self.draining = True
         while self._task is not None and (self._live or self._pending) and not self._task.done():
             await asyncio.sleep(0.05)
-        self._stopping = True
+        with self._lock:
+            self._stopping = True
         self._wakeup.set()
         if self._task is not None:
             await self._task
@@ -192,7 +227,8 @@ class AsyncEngine:
         if len(self._waiting) >= self.max_waiting:
             raise QueueFullError(f"{len(self._waiting)} requests wait already (--max-waiting {self.max_waiting}); retry later")
         stream = RequestStream(self, list(prompt_token_ids), params)
-        self._pending.append(stream)
+        with self._lock:
+            self._pending.append(stream)
         self._waiting.add(stream)
         self.metrics.num_requests_waiting.set(len(self._waiting))
         self._wakeup.set()
@@ -202,10 +238,11 @@ class AsyncEngine:
         if stream.finished:
             return
         stream.aborted = True
-        if stream in self._pending:
-            self._pending.remove(stream)
-        else:
-            self._aborts.append(stream)  # the engine thread frees its blocks before the next step
+        with self._lock:
+            if stream in self._pending:
+                self._pending.remove(stream)
+            else:
+                self._aborts.append(stream)  # the engine thread frees its blocks before the next step
         self._finish(stream, "abort")
         self._wakeup.set()
 
@@ -223,57 +260,67 @@ class AsyncEngine:
             m.e2e_request_latency.observe((now or time.perf_counter()) - stream.arrival_time)
         m.num_requests_waiting.set(len(self._waiting))
 
-    # the loop ------------------------------------------------------------------------------
+    # the engine thread -------------------------------------------------------------------
     def _admissions(self, now: float) -> tuple[list[RequestStream], float | None]:
-        """The queued requests to admit now, and how long to wait for the window otherwise."""
+        """Under the lock: the queued requests to admit now, and how long to wait for the
+        window otherwise."""
         if not self._pending:
             return [], None
         if self.max_queue_delay_s > 0:
-            free = max(self.llm.build_config.max_batch_size - self._running, 0)
+            free = max(self.llm.build_config.max_batch_size - self.llm.engine.scheduler.num_running, 0)
             waited = now - self._pending[0].arrival_time
             if waited < self.max_queue_delay_s and (free == 0 or len(self._pending) < free):
                 return [], self.max_queue_delay_s - waited
         admit, self._pending = self._pending, []
         return admit, None
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._stopping:
-            self._wakeup.clear()
-            admit, hold = self._admissions(time.perf_counter())
-            aborts, self._aborts = self._aborts, []
-            if not admit and not aborts and not self._unfinished:
-                try:  # idle (or holding the window): sleep until a request or the window's end
-                    await asyncio.wait_for(self._wakeup.wait(), timeout=hold)
-                except TimeoutError:
-                    pass
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The engine thread's loop: admit, abort, step, hand the result to ``loop``; sleep
+        while idle; return once stopping and idle."""
+        live: dict[int, RequestStream] = {}  # admitted and not finished, as this thread knows
+        while True:
+            with self._lock:
+                admit, hold = self._admissions(time.perf_counter())
+                aborts, self._aborts = self._aborts, []
+                idle = not admit and not aborts and not self.llm.has_unfinished_requests()
+                if idle:
+                    if self._stopping:
+                        return
+                    self._wakeup.clear()  # under the lock: a submit after it sets it again
+            if idle:  # (or holding the window): sleep until a request or the window's end
+                self._wakeup.wait(hold)
                 continue
-            live = list(self._live.values())
-            result = await loop.run_in_executor(self._executor, self._step, admit, aborts, live)
-            self._dispatch(admit, result)
+            result = self._step(admit, aborts, live)
+            loop.call_soon_threadsafe(self._dispatch, admit, result)
 
-    def _step(self, admit: list[RequestStream], aborts: list[RequestStream], live: list[RequestStream]) -> _StepResult:
+    def _step(self, admit: list[RequestStream], aborts: list[RequestStream], live: dict[int, RequestStream]) -> _StepResult:
         """In the engine thread: admissions, aborts, one step, the scheduler's state
-        (``live``: the requests running before, failed too if the step raises)."""
+        (``live``: the requests admitted and not finished, failed too if the step raises)."""
         llm = self.llm
         errors: list[tuple[RequestStream, Exception]] = []
         for s in admit:
             try:
                 s.request_id = llm.add_request(s.prompt_token_ids, s.params)
+                live[s.request_id] = s
             except Exception as exc:  # refused (e.g. never fits the KV pool): only this one
                 errors.append((s, exc))
         for s in aborts:
             if s.request_id is not None:
                 llm.abort_request(s.request_id)
+                live.pop(s.request_id, None)
         start = time.perf_counter()
         outputs: list[Any] = []
         if llm.has_unfinished_requests():
             try:
                 outputs = llm.step()
             except Exception as exc:  # a bug or a device error: fail what is live, keep serving
-                for s in [*live, *(s for s in admit if s.request_id is not None)]:
+                for s in live.values():
                     errors.append((s, exc))
                     llm.abort_request(s.request_id)
+                live.clear()
+        for out in outputs:
+            if out.finish_reason is not None:
+                live.pop(out.index, None)
         end = time.perf_counter()
         sched = llm.engine.scheduler
         blocks = sched.block_manager
@@ -285,11 +332,11 @@ class AsyncEngine:
             end,
             [r.request_id for r in sched.running],
             sched.num_running,
-            llm.has_unfinished_requests(),
             used / max(used + blocks.num_free_blocks, 1),
             sched.num_preemptions,
         )
 
+    # the loop's thread ---------------------------------------------------------------------
     def _scheduled(self, s: RequestStream, at: float) -> None:
         if s.scheduled_time is None:
             s.scheduled_time = at
@@ -303,38 +350,39 @@ class AsyncEngine:
         for s in admit:
             if s.request_id is not None and id(s) not in failed:
                 m.prompt_tokens.inc(len(s.prompt_token_ids))
-                if s.aborted:  # went away while being admitted: abort before the next step
-                    self._aborts.append(s)
-                else:
+                if not s.aborted:  # (one that went away while being admitted is aborted already)
                     self._live[s.request_id] = s
         for s, exc in r.errors:
             if not s.finished:
                 self._finish(s, None)
-                s._queue.put_nowait(exc)
+                s._put(exc)
         for rid in r.scheduled:
             if rid in self._live:
                 self._scheduled(self._live[rid], r.start)
+        tokens = 0
+        ttft, itl = m.time_to_first_token.observe, m.inter_token_latency.observe
         for out in r.outputs:
-            if out.index not in self._live:
+            s = self._live.get(out.index)
+            if s is None:
                 continue  # aborted meanwhile
-            s = self._live[out.index]
             if out.error is not None:
                 self._finish(s, None)
-                s._queue.put_nowait(out.error)
+                s._put(out.error)
                 continue
-            self._scheduled(s, r.start)
+            if s.scheduled_time is None:
+                self._scheduled(s, r.start)
             s.num_output_tokens += 1
-            m.generation_tokens.inc()
+            tokens += 1
             if s.last_token_time is None:
-                m.time_to_first_token.observe(r.end - s.arrival_time)
+                ttft(r.end - s.arrival_time)
             else:
-                m.inter_token_latency.observe(r.end - s.last_token_time)
+                itl(r.end - s.last_token_time)
             s.last_token_time = r.end
             if out.finish_reason is not None:
                 self._finish(s, out.finish_reason, r.end)
-            s._queue.put_nowait(out)
-        self._running = r.running
-        self._unfinished = r.unfinished
+            s._put(out)
+        if tokens:
+            m.generation_tokens.inc(tokens)
         if r.preemptions > self._preemptions:
             m.num_preemptions.inc(r.preemptions - self._preemptions)
         self._preemptions = r.preemptions
