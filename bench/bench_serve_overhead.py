@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -127,8 +128,10 @@ def offline_tok_s(concurrency: int, num_prompts: int, output_len: int, step_s: f
     return n / (time.perf_counter() - t0)
 
 
-def serve_stand_in(step_s: float, host_s: float, max_batch_size: int) -> int:
+def serve_stand_in(step_s: float, host_s: float, max_batch_size: int, switch_interval_s: float | None = None) -> int:
     """Run the real server (:func:`trtcore.serve.server.run_server`) over a stand-in on a free port."""
+    if switch_interval_s is not None:
+        sys.setswitchinterval(switch_interval_s)
     from trtcore.serve.engine import AsyncEngine
     from trtcore.serve.metrics import ServerMetrics
     from trtcore.serve.server import run_server
@@ -137,8 +140,33 @@ def serve_stand_in(step_s: float, host_s: float, max_batch_size: int) -> int:
     return run_server(engine, "stand-in", "127.0.0.1", 0)
 
 
-def start_server(step_ms: float, host_ms: float, max_batch_size: int) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, __file__, "--serve", "--step-ms", str(step_ms), "--host-ms", str(host_ms), "--max-batch-size", str(max_batch_size)]
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_metrics(url: str) -> dict[str, float]:
+    """The ``_sum`` and ``_count`` samples of the server's ``/metrics``."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for smp in fam.samples:
+            if smp.name.endswith(("_sum", "_count")):
+                out[smp.name.removeprefix("trtcore:")] = smp.value
+    return out
+
+
+def mean_ms(m0: dict[str, float], m1: dict[str, float], name: str) -> float:
+    """The mean of histogram ``name`` (seconds) over the samples between ``m0`` and ``m1``, in ms."""
+    n = m1[f"{name}_seconds_count"] - m0.get(f"{name}_seconds_count", 0)
+    return (m1[f"{name}_seconds_sum"] - m0.get(f"{name}_seconds_sum", 0)) / max(n, 1) * 1e3
+
+
+def start_server(step_ms: float, host_ms: float, max_batch_size: int, extra: list[str]) -> tuple[subprocess.Popen[str], str]:
+    cmd = [sys.executable, __file__, "--serve", "--step-ms", str(step_ms), "--host-ms", str(host_ms), "--max-batch-size", str(max_batch_size), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -170,22 +198,27 @@ def main() -> None:
     ap.add_argument("--prompts-per-client", type=int, default=4, help="requests per concurrent client (at least 32 requests)")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--switch-interval-ms", type=float, help="(experiment) the server's sys.setswitchinterval")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--label", default="", help="a note stored in the JSON (e.g. the commit)")
     args = ap.parse_args()
     if args.serve:
-        sys.exit(serve_stand_in(args.step_ms / 1e3, args.host_ms / 1e3, args.max_batch_size))
+        interval = args.switch_interval_ms / 1e3 if args.switch_interval_ms else None
+        sys.exit(serve_stand_in(args.step_ms / 1e3, args.host_ms / 1e3, args.max_batch_size, interval))
 
     from trtcore.bench_serve import benchmark, random_prompts
 
     rows = []
-    proc, url = start_server(args.step_ms, args.host_ms, args.max_batch_size)
+    extra = ["--switch-interval-ms", str(args.switch_interval_ms)] if args.switch_interval_ms else []
+    proc, url = start_server(args.step_ms, args.host_ms, args.max_batch_size, extra)
     try:
         for c in (int(x) for x in args.concurrency.split(",")):
             n = max(32, args.prompts_per_client * c)
             prompts = random_prompts(n, args.input_len, args.output_len, np.random.default_rng(0))
             asyncio.run(benchmark(url, prompts[: min(n, c)], max_concurrency=c, ignore_eos=True))  # warm-up
+            cpu0, client0, m0 = cpu_seconds(proc.pid), time.process_time(), server_metrics(url)
             rep = asyncio.run(benchmark(url, prompts, max_concurrency=c, ignore_eos=True))
+            cpu, client, m1 = cpu_seconds(proc.pid) - cpu0, time.process_time() - client0, server_metrics(url)
             if rep["completed"] != n:
                 raise RuntimeError(f"{n - rep['completed']} requests failed: {next(e for e in rep['errors'] if e)}")
             off = offline_tok_s(c, n, args.output_len, args.step_ms / 1e3, args.host_ms / 1e3)
@@ -198,11 +231,18 @@ def main() -> None:
                 "ttft_p50_ms": rep["median_ttft_ms"],
                 "tpot_p50_ms": rep["median_tpot_ms"],
                 "itl_p99_ms": rep["p99_itl_ms"],
+                "server_cpu_us_per_token": cpu / rep["total_output_tokens"] * 1e6,
+                "server_cpu_busy": cpu / rep["duration"],
+                "client_cpu_busy": client / rep["duration"],
+                "server_ttft_mean_ms": mean_ms(m0, m1, "time_to_first_token"),
+                "server_itl_mean_ms": mean_ms(m0, m1, "inter_token_latency"),
             }
             rows.append(row)
             print(
                 f"c={c:4d}  served {row['served_output_tok_s']:8.1f} tok/s  stand-in {off:8.1f} tok/s  ratio {row['ratio']:.2f}  "
-                f"TTFT p50 {row['ttft_p50_ms']:.2f} ms  TPOT p50 {row['tpot_p50_ms']:.2f} ms",
+                f"TTFT p50 {row['ttft_p50_ms']:.2f} ms  TPOT p50 {row['tpot_p50_ms']:.2f} ms  "
+                f"server CPU {row['server_cpu_us_per_token']:.1f} us/token ({row['server_cpu_busy']:.2f} cores), "
+                f"client {row['client_cpu_busy']:.2f} cores; the server's TTFT {row['server_ttft_mean_ms']:.2f} ms, ITL {row['server_itl_mean_ms']:.2f} ms",
                 flush=True,
             )
     finally:

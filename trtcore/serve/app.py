@@ -16,6 +16,11 @@ Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}
 
 A request that fails after its stream started gets one ``data: {"error": ...}`` event, then
 ``data: [DONE]``. A client that disconnects mid-stream aborts its request.
+
+Streaming: the chunks of a response share one ``created`` (as OpenAI's and vLLM's); one event
+per token, written from a per-request JSON template (:class:`_ChunkTemplate`; pydantic models
+only for chunks with logprobs); the events of the tokens that arrived together go out in one
+write.
 """
 
 from __future__ import annotations
@@ -201,7 +206,8 @@ class _ChunkTemplate:
 
     @staticmethod
     def mark(i: int) -> str:
-        return chr(0xE000 + i)  # a private-use character: json.dumps writes it as "\ue00i"
+        """The marker of leaf ``i`` (private-use characters around it: no served name or id holds it)."""
+        return f"\ue000trtcore-leaf-{i}\ue001"
 
     def __init__(self, chunk: dict[str, Any]) -> None:
         text = f"data: {json.dumps(chunk)}\n\n"

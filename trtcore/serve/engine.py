@@ -131,7 +131,6 @@ class _StepResult:
     outputs: list[Any]
     errors: list[tuple[RequestStream, Exception]]
     start: float
-    end: float
     scheduled: list[int]
     running: int
     kv_usage: float
@@ -321,7 +320,6 @@ class AsyncEngine:
         for out in outputs:
             if out.finish_reason is not None:
                 live.pop(out.index, None)
-        end = time.perf_counter()
         sched = llm.engine.scheduler
         blocks = sched.block_manager
         used = blocks.num_used_blocks
@@ -329,7 +327,6 @@ class AsyncEngine:
             outputs,
             errors,
             start,
-            end,
             [r.request_id for r in sched.running],
             sched.num_running,
             used / max(used + blocks.num_free_blocks, 1),
@@ -344,8 +341,10 @@ class AsyncEngine:
             self._waiting.discard(s)
 
     def _dispatch(self, admit: list[RequestStream], r: _StepResult) -> None:
-        """On the loop's thread: route the step's outputs to their streams, update metrics."""
+        """On the loop's thread: route the step's outputs to their streams, update metrics
+        (a token's time is now, when its stream gets it, as vLLM's frontend stamps it)."""
         m = self.metrics
+        now = time.perf_counter()
         failed = {id(s) for s, _ in r.errors}
         for s in admit:
             if s.request_id is not None and id(s) not in failed:
@@ -374,12 +373,12 @@ class AsyncEngine:
             s.num_output_tokens += 1
             tokens += 1
             if s.last_token_time is None:
-                ttft(r.end - s.arrival_time)
+                ttft(now - s.arrival_time)
             else:
-                itl(r.end - s.last_token_time)
-            s.last_token_time = r.end
+                itl(now - s.last_token_time)
+            s.last_token_time = now
             if out.finish_reason is not None:
-                self._finish(s, out.finish_reason, r.end)
+                self._finish(s, out.finish_reason, now)
             s._put(out)
         if tokens:
             m.generation_tokens.inc(tokens)

@@ -1,0 +1,125 @@
+"""The server's engine loop and its streaming fast path, without HTTP or a model.
+
+* :class:`~trtcore.serve.engine.AsyncEngine` over bench/bench_serve_overhead.py's time-based
+  stand-in LLM: the engine thread goes on stepping while the event loop's thread is busy
+  (it does not wait for the dispatch of the step before), a stream that fell behind gets what
+  accumulated in one :meth:`~trtcore.serve.engine.RequestStream.drain`, and every token
+  arrives once, in order, counted in the metrics.
+* :class:`~trtcore.serve.app._ChunkTemplate`'s events are the bytes the pydantic models give.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trtcore.llm import StreamOutput
+from trtcore.runtime.sampling import SamplingParams
+from trtcore.serve.app import _chunk_dict, _ChunkTemplate, _sse
+from trtcore.serve.engine import AsyncEngine, RequestStream
+from trtcore.serve.metrics import ServerMetrics
+from trtcore.serve.protocol import ChatCompletionChunk, ChatResponseMessage, ChatStreamChoice, CompletionChoice, CompletionResponse
+
+
+def _stand_in_class() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_serve_overhead", Path(__file__).parents[1] / "bench" / "bench_serve_overhead.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod.StandInLLM
+
+
+def _sample(metrics: ServerMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, {"model_name": "m", **labels}) or 0.0
+
+
+def test_the_engine_steps_on_while_the_loop_is_busy() -> None:
+    steps = []
+    stand_in = _stand_in_class()(step_s=1e-3, host_s=0.0, max_batch_size=4)
+    step = stand_in.step
+    stand_in.step = lambda: steps.append(time.perf_counter()) or step()
+    metrics = ServerMetrics("m")
+    n = 300
+
+    async def scenario() -> list[list[Any]]:
+        engine = AsyncEngine(lambda: stand_in, metrics)
+        await engine.start()
+        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=n, ignore_eos=True))
+        batches = [await stream.drain()]
+        before = len(steps)
+        time.sleep(0.2)  # the loop's thread is busy: no dispatch for 0.2 s
+        during = len(steps) - before
+        batches.append(await stream.drain())
+        while batch := await stream.drain():
+            batches.append(batch)
+        await engine.shutdown()
+        # 1 ms steps: ~200 in 0.2 s (a loop that waits for each dispatch makes at most 1)
+        assert during >= 30, f"the engine made {during} steps while the loop was busy"
+        return batches
+
+    batches = asyncio.run(scenario())
+    assert len(batches[1]) >= 30  # what accumulated comes in one drain
+    outs = [o for b in batches for o in b]
+    assert len(outs) == n and [o.finish_reason for o in outs] == [None] * (n - 1) + ["length"]
+    assert _sample(metrics, "trtcore:generation_tokens_total") == n
+    assert _sample(metrics, "trtcore:request_success_total", finished_reason="length") == 1
+    assert _sample(metrics, "trtcore:inter_token_latency_seconds_count") == n - 1
+    assert _sample(metrics, "trtcore:time_to_first_token_seconds_count") == 1
+
+
+def test_drain_hands_out_the_outputs_before_an_error_then_raises_it() -> None:
+    async def scenario() -> None:
+        stream = RequestStream(engine=None, prompt_token_ids=[1], params=SamplingParams())  # type: ignore[arg-type]
+        a, b = StreamOutput(0, 5, "a"), StreamOutput(0, 6, "b")
+        stream._put(a)
+        stream._put(b)
+        err = RuntimeError("boom")
+        stream._put(err)
+        assert await stream.drain() == [a, b]
+        with pytest.raises(RuntimeError, match="boom"):
+            await stream.drain()
+        assert await stream.drain() == []
+
+    asyncio.run(scenario())
+
+
+_ALPHABET = ['"', "\\", "\n", "\t", "\x00", "\x1f", "é", "漢", "😀", "\ue000", "a", " ", "/", "\u2028"]
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_chunk_template_gives_the_bytes_of_the_pydantic_chunk(include_usage: bool) -> None:
+    rng = random.Random()
+    created, rid, name = int(time.time()), f"cmpl-{rng.getrandbits(128):032x}", 'model/"x"é'
+    m = _ChunkTemplate.mark
+    completion = _ChunkTemplate(
+        _chunk_dict(
+            CompletionResponse(id=rid, created=created, model=name, choices=[CompletionChoice(text=m(0), finish_reason=m(1), stop_reason=m(2))]),
+            include_usage,
+        )
+    )
+    delta = ChatStreamChoice(delta=ChatResponseMessage(content=m(0)), finish_reason=m(1), stop_reason=m(2))
+    chat = _ChunkTemplate(_chunk_dict(ChatCompletionChunk(id=rid, created=created, model=name, choices=[delta]), include_usage))
+    for _ in range(200):
+        text = "".join(rng.choice(_ALPHABET) for _ in range(rng.randrange(0, 6)))
+        finish = rng.choice([None, "stop", "length"])
+        stop = rng.choice([None, rng.randrange(0, 50000), "".join(rng.choice(_ALPHABET) for _ in range(3))])
+        want = _sse(
+            _chunk_dict(
+                CompletionResponse(
+                    id=rid, created=created, model=name, choices=[CompletionChoice(text=text, finish_reason=finish, stop_reason=stop)]
+                ),
+                include_usage,
+            )
+        )
+        assert completion.fill(text, finish, stop) == want
+        choice = ChatStreamChoice(delta=ChatResponseMessage(content=text), finish_reason=finish, stop_reason=stop)
+        want = _sse(_chunk_dict(ChatCompletionChunk(id=rid, created=created, model=name, choices=[choice]), include_usage))
+        assert chat.fill(text, finish, stop) == want
+        event = json.loads(chat.fill(text, finish, stop)[len("data: ") :])
+        assert event["choices"][0]["delta"]["content"] == text and ("usage" in event) == include_usage
