@@ -8,9 +8,10 @@ step and the LLM (with its GPU context, where it has one) only ever sees one thr
 engine thread steps continuously while requests are live, as vLLM's engine core does: between
 two steps it admits the queued requests and applies the aborts of disconnected clients (their
 KV blocks are freed before the next step), and it hands each step's outputs to the event loop
-with one ``loop.call_soon_threadsafe`` and goes on without waiting for them; on the loop's
-thread :meth:`AsyncEngine._dispatch` routes them to their :class:`RequestStream` s and updates
-the metrics. A stream whose reader falls behind collects its outputs, and the reader takes them
+and goes on without waiting for them: the results queue up, and one ``loop.call_soon_threadsafe``
+wakes the loop for all the results that arrive before it runs; on the loop's thread
+:meth:`AsyncEngine._dispatch` routes them to their :class:`RequestStream` s and updates the
+metrics. A stream whose reader falls behind collects its outputs, and the reader takes them
 all at its next wake-up (:meth:`RequestStream.drain`; vLLM's ``RequestOutputCollector``).
 
 Batching window (``max_queue_delay_s``, Triton's ``max_queue_delay``): queued requests are
@@ -174,6 +175,7 @@ class AsyncEngine:
         self._aborts: list[RequestStream] = []
         self._stopping = False
         self._wakeup = threading.Event()
+        self._results: list[tuple[list[RequestStream], _StepResult]] = []  # for the loop, in step order
         # the loop's thread only
         self._live: dict[int, RequestStream] = {}
         self._waiting: set[RequestStream] = set()
@@ -290,7 +292,11 @@ class AsyncEngine:
                 self._wakeup.wait(hold)
                 continue
             result = self._step(admit, aborts, live)
-            loop.call_soon_threadsafe(self._dispatch, admit, result)
+            with self._lock:
+                self._results.append((admit, result))
+                wake = len(self._results) == 1  # else a wake-up is on its way and takes this one too
+            if wake:
+                loop.call_soon_threadsafe(self._dispatch_results)
 
     def _step(self, admit: list[RequestStream], aborts: list[RequestStream], live: dict[int, RequestStream]) -> _StepResult:
         """In the engine thread: admissions, aborts, one step, the scheduler's state
@@ -339,6 +345,12 @@ class AsyncEngine:
             s.scheduled_time = at
             self.metrics.request_queue_time.observe(at - s.arrival_time)
             self._waiting.discard(s)
+
+    def _dispatch_results(self) -> None:
+        with self._lock:
+            results, self._results = self._results, []
+        for admit, r in results:
+            self._dispatch(admit, r)
 
     def _dispatch(self, admit: list[RequestStream], r: _StepResult) -> None:
         """On the loop's thread: route the step's outputs to their streams, update metrics
