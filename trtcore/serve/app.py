@@ -397,7 +397,7 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
                 return _sse(_chunk_dict(CompletionResponse(id=rid, created=created, model=served.name, choices=[choice]), usage_opt))
 
             def tail() -> list[Any]:
-                return [CompletionResponse(id=rid, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []
+                return [CompletionResponse(id=rid, created=created, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []
 
             return StreamingResponse(_events(stream, chunks, tail), media_type="text/event-stream")
 
@@ -460,7 +460,7 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
                 return head + _sse(_chunk_dict(ChatCompletionChunk(id=rid, created=created, model=served.name, choices=[choice]), usage_opt))
 
             def tail() -> list[Any]:
-                return [ChatCompletionChunk(id=rid, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []
+                return [ChatCompletionChunk(id=rid, created=created, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []
 
             return StreamingResponse(_events(stream, chunks, tail), media_type="text/event-stream")
 
