@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from trtcore import ops
 from trtcore.config import ModelConfig
 from trtcore.families import family_of
@@ -46,18 +44,17 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
     inputs = ops.model_inputs(g)
     spec = rope_spec(c, fam.partial_rotary_factor)  # the family's rule: rotate what transformers rotates
 
-    def w(role: str, layer: int | None, *shape: int, suffix: str = ".weight") -> np.ndarray:
-        return weights.get(fam.tensor(role, layer, suffix), shape=tuple(shape))
+    lazy = getattr(weights, "lazy", weights.get)  # unread: the ops read the slice a tensor-parallel rank holds
+
+    def w(role: str, layer: int | None, *shape: int, suffix: str = ".weight", read: Any = weights.get) -> Any:
+        return read(fam.tensor(role, layer, suffix), shape=tuple(shape))
 
     def lw(role: str, layer: int | None, out: int, inp: int) -> Any:
         # a linear's weight; a quantized checkpoint's stays quantized (ops.linear then builds the
         # weight-only GEMM: the plugin, or TensorRT's dequantize layer where plugins cannot be hosted)
-        return linear_weight(weights, fam.tensor(role, layer, ".weight"), (out, inp))
+        return linear_weight(weights, fam.tensor(role, layer, ".weight"), (out, inp), lazy=True)
 
-    def proj(role: str, i: int, out: int, inp: int, bias: bool, x: Any) -> Any:
-        return ops.linear(g, x, lw(role, i, out, inp), w(role, i, out, suffix=".bias") if bias else None, role)
-
-    embed = w("embed_tokens", None, c.vocab_size, E)
+    embed = w("embed_tokens", None, c.vocab_size, E, read=lazy)
     with g.scope("model"):
         h = ops.embedding(g, inputs.input_ids, embed, "embed_tokens")
         for i in range(c.num_hidden_layers):
@@ -66,7 +63,7 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                 with g.scope("self_attn"):
                     roles = {"q_proj": H * D, "k_proj": Hkv * D, "v_proj": Hkv * D}
                     qkv_w = [lw(r, i, n, E) for r, n in roles.items()]
-                    qkv_b = [w(r, i, n, suffix=".bias") for r, n in roles.items()] if c.qkv_bias else None
+                    qkv_b = [w(r, i, n, suffix=".bias", read=lazy) for r, n in roles.items()] if c.qkv_bias else None
                     # Qwen3: RMSNorm on each query/key head before RoPE
                     norms = (w("q_norm", i, D), w("k_norm", i, D), c.rms_norm_eps) if c.model_type == "qwen3" else None
                     ctx = ops.self_attention(
@@ -84,17 +81,20 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                         sliding_window=c.sliding_window,
                         head_norms=norms,
                     )
-                    o = proj("o_proj", i, E, H * D, c.o_bias, ctx)
+                    o_bias = w("o_proj", i, E, suffix=".bias") if c.o_bias else None
+                    o = ops.linear(g, ctx, lw("o_proj", i, E, H * D), o_bias, "o_proj", parallel="row")
                 h = ops.add(g, h, o, "attn_residual")
                 x = ops.rms_norm(g, h, w("post_attention_layernorm", i, E), c.rms_norm_eps, "post_attention_layernorm")
                 mlp_shapes = {"gate_proj": (I, E), "up_proj": (I, E), "down_proj": (E, I)}
-                biases = tuple(w(r, i, n, suffix=".bias") if c.mlp_bias else None for r, (n, _) in mlp_shapes.items())
+                biases = tuple(w(r, i, n, suffix=".bias", read=lazy) if c.mlp_bias else None for r, (n, _) in mlp_shapes.items())
                 gate, up, down = (lw(r, i, *shape) for r, shape in mlp_shapes.items())
                 mlp = ops.swiglu_mlp(g, x, gate, up, down, biases, "mlp")  # type: ignore[arg-type]
                 h = ops.add(g, h, mlp, "mlp_residual")
         last = ops.rms_norm(g, ops.last_token_hidden(g, h), w("norm", None, E), c.rms_norm_eps, "norm")
-    lm_head = embed if c.tie_word_embeddings else linear_weight(weights, fam.tensor("lm_head", None, ".weight"), (c.vocab_size, E), quantized=False)
-    ops.logits_output(g, ops.linear(g, last, lm_head, None, "lm_head"))
+    lm_head = embed if c.tie_word_embeddings else linear_weight(weights, fam.tensor("lm_head", None, ".weight"), (c.vocab_size, E), quantized=False, lazy=True)
+    ops.logits_output(g, ops.linear(g, last, lm_head, None, "lm_head", parallel="vocab"))
 
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+#: the family builds tensor-parallel ranks (``Graph.mapping``; o_proj row-, lm_head vocabulary-parallel here, the rest in the ops)
+TENSOR_PARALLEL = True
