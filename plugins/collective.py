@@ -178,6 +178,14 @@ class NcclGroup:
         self.rank = int(rank)
         self.comm = nccl.NcclCommunicator(self.world_size, unique_id, self.rank)
 
+    @classmethod
+    def from_communicator(cls, comm: Any, world_size: int, rank: int) -> NcclGroup:
+        """Wrap an existing ``NcclCommunicator`` (e.g. one of ``NcclCommunicator.initAll(devices)``,
+        several ranks driven from one process)."""
+        group = cls.__new__(cls)
+        group.world_size, group.rank, group.comm = int(world_size), int(rank), comm
+        return group
+
     @staticmethod
     def unique_id() -> Any:
         """A new group id (``ncclGetUniqueId``), made on rank 0 and handed to every rank."""

@@ -51,17 +51,18 @@ class TensorParallelExecutor(Executor):
             :class:`~trtcore.plugins.collective.SimulatedGroup` is registered under it until
             :meth:`close`.
         mode: the whole model's KV cache contract (all ranks' KV heads); its cache inputs
-            are split on the head axis (paged pool: axis 3; per-layer caches: axis 1).
+            are split on the head axis (paged pool: axis 3; per-layer caches: axis 1). None:
+            a network without a KV cache (every rank gets the same feeds).
         local_kv_heads: KV heads per rank.
 
     Raises:
         InvalidArgumentError: no ranks, or a mode whose cache cannot be split that way.
     """
 
-    def __init__(self, ranks: Sequence[Executor], group: str, mode: KVMode, local_kv_heads: int):
+    def __init__(self, ranks: Sequence[Executor], group: str, mode: KVMode | None = None, local_kv_heads: int = 1):
         if not ranks:
             raise InvalidArgumentError("TensorParallelExecutor needs at least one rank executor")
-        if mode.num_kv_heads != local_kv_heads * len(ranks):
+        if mode is not None and mode.num_kv_heads != local_kv_heads * len(ranks):
             raise InvalidArgumentError(f"the KV cache holds {mode.num_kv_heads} heads, expected {len(ranks)} ranks x {local_kv_heads}")
         self.ranks = list(ranks)
         self.group_name = group
@@ -71,8 +72,11 @@ class TensorParallelExecutor(Executor):
         self.input_names = list(self.ranks[0].input_names)
         self.output_names = list(self.ranks[0].output_names)
         # the head axis of every cache input / output
-        self._split: dict[str, int] = {kv_modes.KV_CACHE_POOL: 3} if mode.kv_cache == "paged" else {s.name: 1 for s in mode.cache_inputs}
-        self._join: dict[str, int] = {s.name: 1 for s in mode.cache_outputs}
+        self._split: dict[str, int] = {}
+        self._join: dict[str, int] = {}
+        if mode is not None:
+            self._split = {kv_modes.KV_CACHE_POOL: 3} if mode.kv_cache == "paged" else {s.name: 1 for s in mode.cache_inputs}
+            self._join = {s.name: 1 for s in mode.cache_outputs}
         self._pool = ThreadPoolExecutor(max_workers=len(self.ranks), thread_name_prefix="tp-rank")
         self._lock = threading.Lock()
 
