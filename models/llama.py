@@ -91,7 +91,8 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                 mlp = ops.swiglu_mlp(g, x, gate, up, down, biases, "mlp")  # type: ignore[arg-type]
                 h = ops.add(g, h, mlp, "mlp_residual")
         last = ops.rms_norm(g, ops.last_token_hidden(g, h), w("norm", None, E), c.rms_norm_eps, "norm")
-    lm_head = embed if c.tie_word_embeddings else linear_weight(weights, fam.tensor("lm_head", None, ".weight"), (c.vocab_size, E), quantized=False, lazy=True)
+    head_name = fam.tensor("lm_head", None, ".weight")
+    lm_head = embed if c.tie_word_embeddings else linear_weight(weights, head_name, (c.vocab_size, E), quantized=False, lazy=True)
     ops.logits_output(g, ops.linear(g, last, lm_head, None, "lm_head", parallel="vocab"))
 
 

@@ -333,7 +333,8 @@ class LLM:
         self.tokenizer = _load_tokenizer(self.model_dir)
         self.kv_cache = self.plan.kv_cache
         #: the network's KV cache contract (:func:`trtcore.kv_modes.kv_mode` of the plan)
-        self.kv_mode = kv_mode(self.plan, self.config, self.tensor_parallel_size * local_kv_heads(self.config.num_key_value_heads, self.tensor_parallel_size))
+        tp = self.tensor_parallel_size
+        self.kv_mode = kv_mode(self.plan, self.config, tp * local_kv_heads(self.config.num_key_value_heads, tp))  # every rank's KV heads
         #: the paged cache on a GPU backend runs on the device executor (device-resident pool,
         #: CUDA graphs); the reference backend and contiguous caches on host arrays
         self.device_executor = self.backend != "reference" and self.kv_cache == "paged"

@@ -360,6 +360,8 @@ def linear(
         raise InvalidArgumentError(f"{name}: parallel={parallel!r} is not one of {PARALLEL_STYLES}")
     m = g.mapping
     if m.parallel and parallel is not None:
+        if isinstance(weight, QuantizedWeight):
+            raise InvalidArgumentError(f"{name}: tensor parallelism does not slice quantized weights yet; use an unquantized checkpoint")
         out_f, in_f = weight.shape
         if parallel == "column":
             lo, hi = m.split(out_f, f"{name} out_features")
@@ -369,20 +371,21 @@ def linear(
             partial = linear(g, x, read_weight(weight, 1, lo, hi), None, f"{name}.partial")
             y = all_reduce(g, partial, name if bias is None else f"{name}.all_reduce")
             if bias is not None:
-                b = read_weight(bias)
-                y = add(g, y, constant(g, b.reshape((1,) * (len(x.shape) - 1) + b.shape), f"{name}.bias", g.np_dtype), name)
+                whole: np.ndarray = read_weight(bias)
+                y = add(g, y, constant(g, whole.reshape((1,) * (len(x.shape) - 1) + whole.shape), f"{name}.bias", g.np_dtype), name)
             return y
         return _vocab_parallel_linear(g, x, weight, bias, name)
-    weight, bias = read_weight(weight), read_weight(bias)
-    if isinstance(weight, QuantizedWeight):
-        return weight_only_linear(g, x, weight, bias, name)
-    if weight.ndim != 2 or (x.shape[-1] != -1 and x.shape[-1] != weight.shape[1]):
-        raise NetworkError(f"{name}: weight {weight.shape} does not fit input {tuple(x.shape)}")
+    wt: Any = read_weight(weight)
+    bs: np.ndarray | None = read_weight(bias)
+    if isinstance(wt, QuantizedWeight):
+        return weight_only_linear(g, x, wt, bs, name)
+    if wt.ndim != 2 or (x.shape[-1] != -1 and x.shape[-1] != wt.shape[1]):
+        raise NetworkError(f"{name}: weight {wt.shape} does not fit input {tuple(x.shape)}")
     rank = len(x.shape)
-    w = constant(g, weight.reshape((1,) * (rank - 2) + weight.shape), f"{name}.weight", g.np_dtype)
-    y = matmul(g, x, w, transpose_b=True, name=name if bias is None else f"{name}.matmul")
-    if bias is not None:
-        b = constant(g, bias.reshape((1,) * (rank - 1) + bias.shape), f"{name}.bias", g.np_dtype)
+    w = constant(g, wt.reshape((1,) * (rank - 2) + wt.shape), f"{name}.weight", g.np_dtype)
+    y = matmul(g, x, w, transpose_b=True, name=name if bs is None else f"{name}.matmul")
+    if bs is not None:
+        b = constant(g, bs.reshape((1,) * (rank - 1) + bs.shape), f"{name}.bias", g.np_dtype)
         y = add(g, y, b, name)
     return y
 
@@ -515,7 +518,8 @@ def embedding(g: Graph, ids: Tensor, table: Weight, name: str = "embed_tokens") 
     held = np.zeros(vocab, np.float32)
     held[start:stop] = 1.0
     with g.scope(name):
-        rows = gather(g, constant(g, _vocab_rows(g, table), "weight", g.np_dtype), gather(g, constant(g, local, "local_ids"), ids, 0, "local_ids_of"), 0, "lookup")
+        local_ids = gather(g, constant(g, local, "local_ids"), ids, 0, "local_ids_of")
+        rows = gather(g, constant(g, _vocab_rows(g, table), "weight", g.np_dtype), local_ids, 0, "lookup")
         keep = gather(g, constant(g, held, "held", g.np_dtype), ids, 0, "held_of")
         masked = mul(g, rows, reshape(g, keep, (0,) * len(ids.shape) + (1,), "held_col"), "masked")
     return all_reduce(g, masked, name)
