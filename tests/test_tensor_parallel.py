@@ -2,7 +2,8 @@
 ranks in one process on the reference backend (:mod:`trtcore.runtime.tensor_parallel`).
 
 * N = 2 and 4 give the log-probabilities of N = 1 (every vocabulary entry, 1e-5 relative, float32)
-  and the same greedy tokens, in both KV cache modes, on tiny checkpoints covering GQA 2:1
+  and the same greedy tokens, in both KV cache modes (and with RoPE fused into the paged
+  attention plugin), on tiny checkpoints covering GQA 2:1
   (KV heads replicated at N = 4), MQA, MHA with Qwen3's head norms, q/k/v biases, tied
   embeddings and a vocabulary N does not divide (that one also against transformers);
 * each rank reads only its slice of each sharded tensor from the checkpoint (bytes counted);
@@ -57,22 +58,24 @@ def _assert_same(got: tuple[list[int], np.ndarray], want: tuple[list[int], np.nd
 
 
 @pytest.mark.parametrize(
-    ("name", "kv_cache"),
+    ("name", "options"),
     [
-        ("llama3_rope", "paged"),  # GQA 2:1: KV heads split at N=2, replicated at N=4
-        ("llama3_rope", "contiguous"),
-        ("qwen2_bias", "paged"),  # MQA (1 KV head, replicated), q/k/v bias, tied embeddings
-        ("qwen3_qknorm", "paged"),  # MHA, q/k head norms, head_dim 24
-        ("qwen3_qknorm", "contiguous"),
-        ("mistral_sw8", "paged"),  # sliding window
+        ("llama3_rope", {"kv_cache": "paged"}),  # GQA 2:1: KV heads split at N=2, replicated at N=4
+        ("llama3_rope", {"kv_cache": "contiguous"}),
+        ("llama3_rope", {"kv_cache": "paged", "rope": "attention"}),  # one fused qkv_proj per rank, RoPE in the plugin
+        ("qwen2_bias", {"kv_cache": "paged"}),  # MQA (1 KV head, replicated), q/k/v bias, tied embeddings
+        ("qwen3_qknorm", {"kv_cache": "paged"}),  # MHA, q/k head norms, head_dim 24
+        ("qwen3_qknorm", {"kv_cache": "contiguous"}),
+        ("mistral_sw8", {"kv_cache": "paged"}),  # sliding window
     ],
+    ids=lambda o: o if isinstance(o, str) else "-".join(o.values()),
 )
-def test_ranks_give_the_log_probabilities_of_one(hf_models: Any, name: str, kv_cache: str) -> None:
+def test_ranks_give_the_log_probabilities_of_one(hf_models: Any, name: str, options: dict[str, str]) -> None:
     v = VARIANTS[name]
     prompt = random_prompt(np.random.default_rng([v.seed, 13]), 12, v.vocab_size)
-    one = _run(_llm(hf_models.dir(name), 1, kv_cache=kv_cache), prompt, v.vocab_size)
+    one = _run(_llm(hf_models.dir(name), 1, **options), prompt, v.vocab_size)
     for n in (2, 4):
-        llm = _llm(hf_models.dir(name), n, kv_cache=kv_cache)
+        llm = _llm(hf_models.dir(name), n, **options)
         try:
             _assert_same(_run(llm, prompt, v.vocab_size), one)
         finally:

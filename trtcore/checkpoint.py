@@ -501,7 +501,7 @@ class LoadReport:
         """The tensor ``name`` unread (:class:`LazyTensor`): the ops read the slice they need.
 
         Raises:
-            TensorShapeError: the tensor exists with another shape (checked from the header).
+            TensorShapeError: the tensor exists with another shape (checked before any data is read).
         """
         self.used.add(name)
         if name not in self.checkpoint:

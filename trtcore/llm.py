@@ -250,6 +250,9 @@ class LLM:
     Attributes:
         device: ``"cpu"`` or ``"cuda"``, where the network executes.
         plan: the resolved :class:`~trtcore.plan.BuildPlan` (``build_config``: the same object).
+        bytes_read: per rank, the bytes its network read from the checkpoint per tensor name, for
+            the tensors read by slice (:attr:`trtcore.checkpoint.LoadReport.bytes_read`; empty
+            lists for an engine file).
 
     Raises:
         ConfigError / UnsupportedArchitectureError / CheckpointError: bad model folder.
@@ -343,6 +346,7 @@ class LLM:
             "kv_cache_memory": kv_cache_memory,
             "enforce_eager": bool(enforce_eager),
         }
+        self.bytes_read: list[dict[str, int]] = []
         self.executor = self._make_executor(progress)
         self._next_request_id = 0
         self._texts: dict[int, _IncrementalText] = {}
@@ -396,8 +400,6 @@ class LLM:
 
         n, group = self.tensor_parallel_size, new_group_name()
         ranks: list[Executor] = []
-        #: bytes each rank read from the checkpoint, per tensor (:attr:`trtcore.checkpoint.LoadReport.bytes_read`)
-        self.bytes_read: list[dict[str, int]] = []
         for r in range(n):
             net = define_network(trt, self.config, weights, self.plan, Mapping(n, r, group))
             self.bytes_read.append(net.bytes_read)
@@ -419,6 +421,7 @@ class LLM:
             if self.tensor_parallel_size > 1:
                 return self._tensor_parallel_executor(trt, weights)
             net = define_network(trt, self.config, weights, self.plan)
+            self.bytes_read = [net.bytes_read]
             bar.update()
             if self.backend == "reference":
                 from .runtime.reference_executor import ReferenceExecutor
