@@ -9,7 +9,8 @@
 //   k, v         [T, Hkv, HEAD_DIM]      the step's new keys / values, token stride kv_stride
 //                                        (packed qkv: k = qkv + Hq * HEAD_DIM, v = k + Hkv *
 //                                        HEAD_DIM, kv_stride = q_stride)
-//   position_ids int32 [T], inv_freq float32 [ROTARY_DIM / 2]: read only when ROTARY_DIM > 0
+//   position_ids int32 [T], inv_freq float32 [ROTARY_DIM / 2] (LONGROPE: [ROTARY_DIM], the short
+//                                        then the long frequencies): read only when ROTARY_DIM > 0
 //   pool         [L, NB, 2, Hkv, BLOCK_SIZE, HEAD_DIM]   one KV pool for all layers;
 //                                        index 0 = K, 1 = V; "HND" inside a block, so the
 //                                        BLOCK_SIZE rows of one head are one contiguous run
@@ -29,7 +30,11 @@
 // where it loads them (kernels/rope.cuh, the contract of trtcore.plugins.rope: cos/sin of
 // float32(position_ids[t]) * inv_freq[i], scaled by attention_scaling, the rotated value
 // rounded once to DTYPE before use), so the pool holds exactly what the RoPE plugin followed
-// by the unfused kernels writes, and q is exactly what they read:
+// by the unfused kernels writes, and q is exactly what they read. LONGROPE (Phi-3's LongRoPE):
+// the tokens of sequence b take the long frequencies inv_freq[ROTARY_DIM / 2 + i] when
+// seq_lens[b] (its length after this step, the largest position + 1) exceeds
+// original_max_position_embeddings, else the short ones inv_freq[i] (rope_args_of), as the
+// RoPE plugin does given rope_seq_lens = seq_lens[b] for each of them:
 //   paged_kv_write     k before it is written to the pool;
 //   paged_attn_decode  the token's q rows and its own k (through a shared-memory row);
 //   paged_attn_prefill, paged_attn_simple   q when it is loaded into registers.
@@ -69,6 +74,7 @@
 //   ROTARY_DIM  0 (default): q and k arrive rotated; > 0: fused RoPE on this many features
 //               of each head (even, <= HEAD_DIM)
 //   NEOX        fused RoPE pairing: 1 (default) half-split (i, i + ROTARY_DIM/2), 0 GPT-J (2i, 2i+1)
+//   LONGROPE    fused RoPE with LongRoPE's short / long frequencies (needs ROTARY_DIM > 0); 0 default
 //
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
@@ -76,6 +82,7 @@
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 1}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 128, "NEOX": 1}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 1}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 128, "NEOX": 1}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 0}, {"DTYPE": 0, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 1}]
+// trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 128, "NEOX": 1, "LONGROPE": 1}, {"DTYPE": 2, "HEAD_DIM": 96, "BLOCK_SIZE": 16, "ROTARY_DIM": 96, "NEOX": 1, "LONGROPE": 1}, {"DTYPE": 0, "HEAD_DIM": 96, "BLOCK_SIZE": 16, "ROTARY_DIM": 48, "NEOX": 1, "LONGROPE": 1}]
 
 #include "pdl.cuh"  // PDL_WAIT / PDL_LAUNCH: each kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE (default 2, bfloat16), elem_t, to_f32 / from_f32
@@ -164,13 +171,32 @@ __device__ __forceinline__ PoolView make_pool_view(const elem_t* pool, const int
     return p;
 }
 
-// RoPE arguments of every kernel (position_ids, inv_freq, attention_scaling: the last three
-// parameters of each; unused when ROTARY_DIM == 0)
+// RoPE arguments of every kernel (position_ids, inv_freq, attention_scaling,
+// original_max_position_embeddings: the last four parameters of each; unused when
+// ROTARY_DIM == 0)
 struct RopeArgs {
     const int* position_ids;
-    const float* inv_freq;
+    const float* inv_freq;  // the frequencies of this CTA's sequence
     float attention_scaling;
 };
+
+#ifndef LONGROPE
+#define LONGROPE 0
+#endif
+#if LONGROPE && !(ROTARY_DIM > 0)
+#error "LONGROPE needs ROTARY_DIM > 0"
+#endif
+
+// The RoPE arguments of sequence b: LONGROPE picks its short or long frequencies by its length
+__device__ __forceinline__ RopeArgs rope_args_of(const int* position_ids, const float* inv_freq, float attention_scaling,
+                                                 int original_max_position_embeddings, const int* seq_lens, int b) {
+#if LONGROPE
+    return RopeArgs{position_ids, inv_freq + (__ldg(seq_lens + b) > original_max_position_embeddings ? ROPE_HALF : 0), attention_scaling};
+#else
+    (void)original_max_position_embeddings; (void)seq_lens; (void)b;
+    return RopeArgs{position_ids, inv_freq, attention_scaling};
+#endif
+}
 
 #if ROTARY_DIM > 0
 // Feature d of `row` (one head of a token at `pos`) rotated and rounded to DTYPE (as the RoPE
@@ -204,12 +230,13 @@ extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
     const elem_t* __restrict__ k, const elem_t* __restrict__ v, elem_t* __restrict__ pool,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const int* __restrict__ qsl,
     int B, int max_blocks, int num_blocks, int layer, int Hkv, int skip_decode, int kv_stride,
-    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
+    int original_max_position_embeddings) {
     PDL_WAIT();
     PDL_LAUNCH();
-    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     const int t = blockIdx.x;
     const int b = find_seq(qsl, B, t);
+    const RopeArgs ra = rope_args_of(position_ids, inv_freq, attention_scaling, original_max_position_embeddings, seq_lens, b);
     const int q0 = __ldg(qsl + b);
     const int qlen = __ldg(qsl + b + 1) - q0;
     if (skip_decode && qlen == 1) return;  // paged_attn_decode writes it
@@ -255,10 +282,10 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
     const elem_t* __restrict__ q, const elem_t* __restrict__ pool, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out,
     int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int window, float scale, int q_stride,
-    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
+    int original_max_position_embeddings) {
     PDL_WAIT();
     PDL_LAUNCH();
-    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     constexpr int NWARP = PA_THREADS / 32;
     constexpr int PER = HEAD_DIM / 32;
     __shared__ float s_m[NWARP], s_l[NWARP];
@@ -267,6 +294,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
     const int Hq = Hkv * G, h = hq / G;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int b = find_seq(qsl, B, t);
+    const RopeArgs ra = rope_args_of(position_ids, inv_freq, attention_scaling, original_max_position_embeddings, seq_lens, b);
     const int q0 = __ldg(qsl + b);
     const int qlen = __ldg(qsl + b + 1) - q0;
     const int pos = __ldg(seq_lens + b) - qlen + (t - q0);
@@ -638,12 +666,13 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out, float* __restrict__ ws_o,
     float* __restrict__ ws_ml, int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int num_splits,
     int window, float scale_log2, int q_stride, int kv_stride,
-    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
+    int original_max_position_embeddings) {
     PDL_WAIT();
     PDL_LAUNCH();
-    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     extern __shared__ __align__(128) char smem[];
     const int split = blockIdx.x, b = blockIdx.z;
+    const RopeArgs ra = rope_args_of(position_ids, inv_freq, attention_scaling, original_max_position_embeddings, seq_lens, b);
     const int RT = (G + 15) / 16;
     const int h = blockIdx.y / RT, rt = blockIdx.y % RT;
     const int q0 = __ldg(qsl + b), q1 = __ldg(qsl + b + 1), seq = __ldg(seq_lens + b);  // one round trip
@@ -710,10 +739,10 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
     const elem_t* __restrict__ q, const elem_t* __restrict__ pool, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out, int B, int max_blocks,
     int num_blocks, int layer, int Hkv, int G, int window, float scale_log2, int q_stride,
-    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
+    int original_max_position_embeddings) {
     PDL_WAIT();
     PDL_LAUNCH();
-    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     extern __shared__ __align__(128) char smem[];
     constexpr int M = 64;
     const int x = blockIdx.x, h = blockIdx.y;
@@ -747,6 +776,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
         base += total;
     }
     if (b < 0) return;
+    const RopeArgs ra = rope_args_of(position_ids, inv_freq, attention_scaling, original_max_position_embeddings, seq_lens, b);
     tile = ntiles_b - 1 - tile;  // the longest tiles of a sequence first
     const int q0 = __ldg(qsl + b);
     const int qlen = __ldg(qsl + b + 1) - q0;

@@ -52,7 +52,11 @@ q and k arrive *unrotated* and two inputs are appended at the end, ``position_id
 and ``inv_freq [rotary_dim // 2]`` float32 (as :class:`trtcore.plugins.rope.RopePlugin`
 takes them). The plugin rotates q and the new k with RopePlugin's exact numerical contract
 (fields ``rotary_dim``, ``is_neox``, ``attention_scaling`` as RopePlugin's; dynamic NTK scaling
-is not fused: use the RoPE plugin for it), each rotated value rounded once to the dtype before
+is not fused: use the RoPE plugin for it), LongRoPE included (field
+``original_max_position_embeddings > 0``: ``inv_freq`` holds ``rotary_dim`` values, the short
+then the long frequencies, and the tokens of sequence ``b`` take the long ones when
+``seq_lens[b]`` exceeds ``original_max_position_embeddings``: the RoPE plugin's rule with each
+token's sequence length ``seq_lens[b]``), each rotated value rounded once to the dtype before
 use, so the pool holds bit for bit what the RoPE plugin followed by this plugin without fused
 RoPE writes, and the output equals theirs within the kernels' tolerance.
 :meth:`PagedAttentionPlugin.reference` calls RopePlugin's reference for it.
@@ -200,6 +204,8 @@ class PagedAttentionPlugin(Plugin):
             rotated.
         is_neox: fused RoPE pairing, as :class:`~trtcore.plugins.rope.RopePlugin`'s.
         attention_scaling: fused RoPE's cos/sin factor, as RopePlugin's (float32).
+        original_max_position_embeddings: > 0: the fused RoPE is LongRoPE, with this threshold
+            (RopePlugin's ``longrope`` / ``original_max_position_embeddings``); 0: not.
     """
 
     plugin_name: ClassVar[str] = "trtcore_paged_attention"
@@ -216,6 +222,7 @@ class PagedAttentionPlugin(Plugin):
     rotary_dim: int = 0
     is_neox: bool = True
     attention_scaling: float = 1.0
+    original_max_position_embeddings: int = 0
 
     def __post_init__(self) -> None:
         self.layer_idx = int(self.layer_idx)
@@ -231,6 +238,7 @@ class PagedAttentionPlugin(Plugin):
         self.rotary_dim = int(self.rotary_dim)
         self.is_neox = bool(self.is_neox)
         self.attention_scaling = _f32(self.attention_scaling)
+        self.original_max_position_embeddings = int(self.original_max_position_embeddings)
         super().__post_init__()
 
     def validate(self) -> None:
@@ -248,25 +256,24 @@ class PagedAttentionPlugin(Plugin):
             raise PluginError(f"PagedAttentionPlugin.scale is {self.scale}, expected a positive finite number")
         if self.rotary_dim < 0:
             raise PluginError(f"PagedAttentionPlugin.rotary_dim is {self.rotary_dim}, expected 0 (no fused RoPE) or an even number in [2, head_dim]")
+        if self.original_max_position_embeddings < 0 or (self.original_max_position_embeddings and not self.rotary_dim):
+            raise PluginError(
+                f"PagedAttentionPlugin.original_max_position_embeddings is {self.original_max_position_embeddings}, "
+                "expected 0 or, with fused RoPE (rotary_dim > 0), the LongRoPE threshold >= 1"
+            )
         if self.rotary_dim:
             self.rope()  # RopePlugin's checks of rotary_dim, pairing and attention_scaling
 
     # the fields packed qkv and fused RoPE added, with the values that mean "not used": a
     # plugin that uses neither serializes exactly the fields it had before them, and a field
     # collection without them (an engine built before) rebuilds that plugin
-    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"packed_qkv": False, "rotary_dim": 0, "is_neox": True, "attention_scaling": 1.0}
-
-    def field_values(self) -> list[tuple[str, str, np.ndarray]]:
-        """The base class's field values, less the optional fields at their defaults."""
-        return [f for f in super().field_values() if self._OPTIONAL_FIELDS.get(f[0], object()) != getattr(self, f[0])]
-
-    @classmethod
-    def from_field_data(cls, data: dict[str, Any]) -> Plugin:
-        """The base class's rebuild; optional fields absent from ``data`` take their defaults."""
-        defaults = {
-            name: np.asarray(value, dtype=dt) for name, _, dt, _ in cls.field_specs() if (value := cls._OPTIONAL_FIELDS.get(name)) is not None
-        }
-        return super().from_field_data({**defaults, **data})
+    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {
+        "packed_qkv": False,
+        "rotary_dim": 0,
+        "is_neox": True,
+        "attention_scaling": 1.0,
+        "original_max_position_embeddings": 0,
+    }
 
     def rope(self) -> RopePlugin:
         """The RoPE plugin whose rotation the fused RoPE applies (``rotary_dim > 0``).
@@ -276,7 +283,14 @@ class PagedAttentionPlugin(Plugin):
         """
         if self.rotary_dim <= 0:
             raise PluginError(f"PagedAttentionPlugin has no fused RoPE (rotary_dim is {self.rotary_dim})")
-        return RopePlugin(head_dim=self.head_dim, rotary_dim=self.rotary_dim, is_neox=self.is_neox, attention_scaling=self.attention_scaling)
+        return RopePlugin(
+            head_dim=self.head_dim,
+            rotary_dim=self.rotary_dim,
+            is_neox=self.is_neox,
+            attention_scaling=self.attention_scaling,
+            longrope=self.original_max_position_embeddings > 0,
+            original_max_position_embeddings=self.original_max_position_embeddings,
+        )
 
     # --- shapes and types ---------------------------------------------------------------------
 
@@ -353,9 +367,9 @@ class PagedAttentionPlugin(Plugin):
             if len(shape) != ranks[name]:
                 raise PluginError(f"PagedAttentionPlugin: {name} must have rank {ranks[name]}, got {len(shape)}")
         if self.rotary_dim:
-            n = _dimval(input_shapes[-1][0])
-            if n is not None and n != self.rotary_dim // 2:
-                raise PluginError(f"PagedAttentionPlugin: inv_freq has {n} values, expected rotary_dim // 2 = {self.rotary_dim // 2}")
+            n, want = _dimval(input_shapes[-1][0]), self.rope().num_inv_freq
+            if n is not None and n != want:
+                raise PluginError(f"PagedAttentionPlugin: inv_freq has {n} values, expected {want} (rotary_dim // 2, longrope: rotary_dim)")
         if self.packed_qkv:
             qkv, pool = list(input_shapes[0]), list(input_shapes[1])
             self._check_pool(pool)
@@ -477,8 +491,6 @@ class PagedAttentionPlugin(Plugin):
             arrays[:1] = [heads[:, :hq], heads[:, hq : hq + hkv], heads[:, hq + hkv :]]
         q, k, v = arrays[:3]
         bt, seq_lens, qsl = arrays[4:7]
-        if self.rotary_dim:
-            q, k = self.rope().reference(q, k, *arrays[7:9])
         T, hq, D = q.shape
         hkv, bs = self.num_kv_heads, self.block_size
         g = hq // hkv
@@ -495,6 +507,11 @@ class PagedAttentionPlugin(Plugin):
         cached_all = seq_lens.astype(np.int64) - qlens
         if (cached_all < 0).any():
             raise PluginError(f"PagedAttentionPlugin: seq_lens {seq_lens.tolist()} smaller than the sequences' new tokens {qlens.tolist()}")
+        if self.rotary_dim:
+            rope = self.rope()
+            # longrope: each token takes its sequence's length (seq_lens[b], after this step)
+            token_seq_lens = [np.repeat(seq_lens, qlens)] if rope.longrope else []
+            q, k = rope.reference(q, k, *arrays[7:9], *token_seq_lens)
         num_blocks = pool.shape[1]
         layer = pool[self.layer_idx]  # [num_blocks, 2, Hkv, block_size, D], a view: written in place
         out = np.empty((T, hq, D), np.float32)
@@ -534,6 +551,8 @@ class PagedAttentionPlugin(Plugin):
         d = {"DTYPE": DTYPE_CODES[np.dtype(dtype)], "HEAD_DIM": self.head_dim, "BLOCK_SIZE": self.block_size}
         if self.rotary_dim:
             d.update(ROTARY_DIM=self.rotary_dim, NEOX=int(self.is_neox))
+        if self.original_max_position_embeddings:
+            d["LONGROPE"] = 1
         if TUNING["stages"] != 2:
             d["PA_STAGES"] = int(TUNING["stages"])
         return d
@@ -561,7 +580,7 @@ class PagedAttentionPlugin(Plugin):
         else:
             q_stride, kv_stride = int(np.prod(q.shape[1:])), int(np.prod(k.shape[1:]))
         rope_args = [(rope_inputs[0].ptr, "ptr"), (rope_inputs[1].ptr, "ptr")] if self.rotary_dim else [(0, "ptr"), (0, "ptr")]
-        rope_args.append((self.attention_scaling, "f32"))
+        rope_args += [(self.attention_scaling, "f32"), (self.original_max_position_embeddings, "i32")]
         if dtype not in DTYPE_CODES or any(np.dtype(x.dtype) != dtype for x in (k, v, pool, out)):
             raise PluginError(f"PagedAttentionPlugin.enqueue: q/k/v/kv_pool/out dtypes {[str(x.dtype) for x in (q, k, v, pool, out)]} not supported")
         if any(np.dtype(x.dtype) != _INT32 for x in (bt, sl, qsl)):

@@ -52,7 +52,7 @@ GENERATION_CONFIG_NAME = "generation_config.json"
 
 # RoPE types for which transformers v5 fills ``original_max_position_embeddings`` from
 # ``max_position_embeddings`` when absent (``standardize_rope_params``).
-_ROPE_TYPES_WITH_ORIGINAL_MAX = ("llama3", "yarn")
+_ROPE_TYPES_WITH_ORIGINAL_MAX = ("llama3", "yarn", "longrope")
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -564,6 +564,9 @@ class ModelConfig:
         }
         if write_prf:
             d["partial_rotary_factor"] = self.partial_rotary_factor
+        if self.rope_scaling and self.rope_scaling.get("original_max_position_embeddings") is not None:
+            # also at the top level, where Phi-3 keeps it (and where it wins when read back)
+            d["original_max_position_embeddings"] = self.rope_scaling["original_max_position_embeddings"]
         d.update(self.family_fields)
         if self.dtype is not None:
             d["dtype"] = self.dtype

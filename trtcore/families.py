@@ -333,6 +333,277 @@ MODEL_FAMILIES["gpt_neox"] = ModelFamily(
 )
 
 
+#: Mixture-of-experts module names (transformers' ``modeling_{mixtral,qwen2_moe,qwen3_moe}.py``) on
+#: top of the Llama-style ones. Two layouts of the routed experts exist: the per-expert linears
+#: that checkpoints on the Hub hold and ``save_pretrained`` writes (``experts.{e}.w1`` in Mixtral's
+#: ``block_sparse_moe``; ``experts.{e}.gate_proj`` in Qwen's ``mlp``), and transformers 5's fused
+#: in-memory parameters ``mlp.experts.gate_up_proj`` ``[X, 2 I, E]`` (gate rows, then up rows) and
+#: ``mlp.experts.down_proj`` ``[X, E, I]`` (no ``.weight`` suffix), with the router at ``mlp.gate``.
+MOE_TENSOR_NAMES: Mapping[str, str] = {
+    **LLAMA_TENSOR_NAMES,
+    "router": "model.layers.{i}.mlp.gate",
+    "experts": "model.layers.{i}.mlp.experts",
+    "router_fused": "model.layers.{i}.mlp.gate",
+    "experts_fused": "model.layers.{i}.mlp.experts",
+    "shared_expert.gate_proj": "model.layers.{i}.mlp.shared_expert.gate_proj",
+    "shared_expert.up_proj": "model.layers.{i}.mlp.shared_expert.up_proj",
+    "shared_expert.down_proj": "model.layers.{i}.mlp.shared_expert.down_proj",
+    "shared_expert_gate": "model.layers.{i}.mlp.shared_expert_gate",
+}
+
+#: ``model_type`` -> the per-expert linears' names in the Hub layout: (gate, up, down)
+MOE_EXPERT_LINEARS: Mapping[str, tuple[str, str, str]] = {
+    "mixtral": ("w1", "w3", "w2"),
+    "qwen2_moe": ("gate_proj", "up_proj", "down_proj"),
+    "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
+}
+
+#: the MoE config fields only these families read -> transformers' defaults
+#: (``configuration_{mixtral,qwen2_moe,qwen3_moe}.py``)
+_MIXTRAL_FIELDS: dict[str, Any] = {"num_local_experts": 8, "num_experts_per_tok": 2, "router_jitter_noise": 0.0}
+_QWEN_MOE_FIELDS: dict[str, Any] = {
+    "num_experts": 60,
+    "num_experts_per_tok": 4,
+    "norm_topk_prob": False,
+    "moe_intermediate_size": 1408,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+
+
+def _moe_int(out: dict[str, Any], name: str, minimum: int) -> int:
+    v = out[name]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(f"field {name!r} is {v!r}, expected an integer >= {minimum}")
+    return v
+
+
+def _moe_config(d: Mapping[str, Any], experts_field: str, alias: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The checks and spellings common to the MoE families: ``alias`` (transformers'
+    ``attribute_map``) read as ``experts_field``, defaults filled, types checked.
+
+    Raises:
+        ConfigError: a count that is not a positive integer, ``num_experts_per_tok`` above the
+            number of experts, a ``hidden_act`` other than ``silu`` (the experts are SwiGLU).
+    """
+    out = dict(d)
+    if out.get(experts_field) is None and out.get(alias) is not None:
+        out[experts_field] = out[alias]
+    out.pop(alias, None)
+    for k, v in fields.items():
+        if out.get(k) is None:
+            out[k] = list(v) if isinstance(v, list) else v
+    experts = _moe_int(out, experts_field, 0)
+    k = _moe_int(out, "num_experts_per_tok", 1)
+    if experts and k > experts:
+        raise ConfigError(f"field 'num_experts_per_tok' is {k}, expected at most {experts_field} = {experts}")
+    act = out.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"field 'hidden_act' is {act!r}; trtcore builds the experts as SwiGLU MLPs ('silu')")
+    for name in ("moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step"):
+        if name in fields:
+            _moe_int(out, name, 1)
+    if "norm_topk_prob" in fields and not isinstance(out["norm_topk_prob"], bool):
+        raise ConfigError(f"field 'norm_topk_prob' is {out['norm_topk_prob']!r}, expected true or false")
+    if "mlp_only_layers" in fields:
+        layers = out["mlp_only_layers"]
+        if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise ConfigError(f"field 'mlp_only_layers' is {layers!r}, expected a list of layer indices")
+        out["mlp_only_layers"] = sorted(set(layers))
+    return out
+
+
+def _mixtral_config(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Mixtral: ``num_experts`` (its ``attribute_map``) is ``num_local_experts``; at least one
+    expert. ``router_jitter_noise`` only acts in training (ignored); ``output_router_logits`` and
+    ``router_aux_loss_coef`` only concern the training loss."""
+    out = _moe_config(d, "num_local_experts", "num_experts", _MIXTRAL_FIELDS)
+    _moe_int(out, "num_local_experts", 1)
+    return out
+
+
+def _qwen2_moe_config(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Qwen2-MoE: the q/k/v bias is ``qkv_bias`` (default true; transformers 4 hard-coded it),
+    read here as ``attention_bias``; without ``layer_types``, a sliding window applies to the
+    even-numbered layers (``(i + 1) % 2``) below ``max_window_layers`` (``Qwen2MoeConfig``)."""
+    out = _moe_config(d, "num_experts", "num_local_experts", {**_QWEN_MOE_FIELDS, "shared_expert_intermediate_size": 5632})
+    if "qkv_bias" in out:
+        out["attention_bias"] = out.pop("qkv_bias")
+    if out.get("use_sliding_window") is True and out.get("layer_types") is None:
+        mwl = out.get("max_window_layers", 28)
+        out["layer_types"] = ["sliding_attention" if (i + 1) % 2 and i < mwl else "full_attention" for i in range(out.get("num_hidden_layers") or 0)]
+    return out
+
+
+def _qwen3_moe_config(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Qwen3-MoE: ``num_local_experts`` (what its ``attribute_map`` writes) is ``num_experts``; a
+    sliding window, when ``use_sliding_window``, applies to every layer (one mask for all)."""
+    out = _moe_config(
+        d, "num_experts", "num_local_experts", {**_QWEN_MOE_FIELDS, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768}
+    )
+    if out.get("use_sliding_window") is True and out.get("layer_types") is None:
+        out["layer_types"] = ["sliding_attention"] * (out.get("num_hidden_layers") or 0)
+    return out
+
+
+#: ``MixtralForCausalLM`` / ``Qwen2MoeForCausalLM`` / ``Qwen3MoeForCausalLM``: Llama-style attention
+#: (Mistral's window; Qwen2's q/k/v bias; Qwen3's q/k norms) and a sparse MoE block of SwiGLU experts
+#: (models/moe.py). Defaults from transformers' ``configuration_{mixtral,qwen2_moe,qwen3_moe}.py``.
+MODEL_FAMILIES["mixtral"] = ModelFamily(
+    "mixtral",
+    "MixtralForCausalLM",
+    {
+        **_COMMON_DEFAULTS,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1e6,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 4096 * 32,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    qkv_bias=False,
+    o_bias=False,
+    mlp_bias=False,
+    sliding_window_rule="always",
+    builder="trtcore.models.moe",
+    tensor_names={
+        **MOE_TENSOR_NAMES,
+        "router": "model.layers.{i}.block_sparse_moe.gate",
+        "experts": "model.layers.{i}.block_sparse_moe.experts",
+    },
+    packed_modules={"qkv_proj": ("q_proj", "k_proj", "v_proj")},
+    family_fields=_MIXTRAL_FIELDS,
+    prepare_config=_mixtral_config,
+)
+MODEL_FAMILIES["qwen2_moe"] = ModelFamily(
+    "qwen2_moe",
+    "Qwen2MoeForCausalLM",
+    {
+        **_COMMON_DEFAULTS,
+        "attention_bias": True,
+        "num_key_value_heads": 16,
+        "max_position_embeddings": 32768,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "sliding_window": 4096,
+    },
+    o_bias=False,
+    mlp_bias=False,
+    sliding_window_rule="use_sliding_window",
+    builder="trtcore.models.moe",
+    tensor_names=MOE_TENSOR_NAMES,
+    family_fields={**_QWEN_MOE_FIELDS, "shared_expert_intermediate_size": 5632},
+    prepare_config=_qwen2_moe_config,
+)
+MODEL_FAMILIES["qwen3_moe"] = ModelFamily(
+    "qwen3_moe",
+    "Qwen3MoeForCausalLM",
+    {
+        **_COMMON_DEFAULTS,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "sliding_window": 4096,
+    },
+    mlp_bias=False,
+    sliding_window_rule="use_sliding_window",
+    builder="trtcore.models.moe",
+    tensor_names=MOE_TENSOR_NAMES,
+    family_fields={**_QWEN_MOE_FIELDS, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768},
+    prepare_config=_qwen3_moe_config,
+)
+
+
+#: Phi-3 module names, from transformers' ``modeling_phi3.py``: the checkpoint holds the fused
+#: ``qkv_proj`` (rows q | k | v) and ``gate_up_proj`` (rows gate | up); the Llama roles
+#: ``q_proj`` ... ``up_proj`` name their parts, which :mod:`trtcore.models.phi3` splits off on
+#: the host (:attr:`ModelFamily.packed_modules` says which fused module holds which parts).
+PHI3_TENSOR_NAMES: Mapping[str, str] = {
+    **LLAMA_TENSOR_NAMES,
+    "qkv_proj": "model.layers.{i}.self_attn.qkv_proj",
+    "gate_up_proj": "model.layers.{i}.mlp.gate_up_proj",
+}
+
+#: Phi-3's default ``original_max_position_embeddings`` (``Phi3Config``), which
+#: ``standardize_rope_params`` puts into the RoPE parameters over their own value
+PHI3_ORIGINAL_MAX_POSITION_EMBEDDINGS = 4096
+
+#: RoPE type names Phi-3's config maps onto ``longrope`` (``Phi3Config.convert_rope_params_to_dict``)
+PHI3_LONGROPE_ALIASES = ("su", "yarn")
+
+#: ``hidden_act`` values of Phi-3 that trtcore builds (the gate of its SwiGLU MLP is SiLU)
+PHI3_ACTIVATIONS = ("silu", "swish")
+
+
+def _phi3_config(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Phi-3's config.json onto the common names, as ``Phi3Config`` reads it:
+
+    * a RoPE ``type`` / ``rope_type`` of ``"su"`` or ``"yarn"`` is ``"longrope"``
+      (``convert_rope_params_to_dict``; transformers 5.x then still requires
+      ``original_max_position_embeddings`` for ``"su"``, trtcore fills it as for
+      ``"longrope"``, as transformers 4.x did);
+    * the top-level ``original_max_position_embeddings`` (default 4096, a ``Phi3Config``
+      field) wins over the one inside the RoPE parameters (``standardize_rope_params``).
+
+    Raises:
+        ConfigError: a RoPE type other than default / longrope (``Phi3Config.validate_rope``
+            refuses them too), a ``hidden_act`` other than SiLU, or a quantized checkpoint
+            (its fused ``qkv_proj`` / ``gate_up_proj`` are not split quantized).
+    """
+    out = dict(d)
+    out.setdefault("original_max_position_embeddings", PHI3_ORIGINAL_MAX_POSITION_EMBEDDINGS)
+    for key in ("rope_scaling", "rope_parameters"):
+        params = out.get(key)
+        if isinstance(params, Mapping):
+            p = dict(params)
+            rope_type = p.get("rope_type") or p.get("type") or "default"
+            if rope_type in PHI3_LONGROPE_ALIASES:
+                rope_type = "longrope"
+                p.pop("type", None)
+                p["rope_type"] = rope_type
+            if rope_type not in ("default", "longrope"):
+                raise ConfigError(
+                    f"field '{key}' has rope_type {rope_type!r}; Phi-3 takes 'default' or 'longrope' (or its aliases {list(PHI3_LONGROPE_ALIASES)})"
+                )
+            out[key] = p
+            break  # the first set one is the one read (rope_scaling over rope_parameters)
+    act = out.get("hidden_act", "silu")
+    if act not in PHI3_ACTIVATIONS:
+        raise ConfigError(f"field 'hidden_act' is {act!r}; Phi-3's gated MLP is built with one of {list(PHI3_ACTIVATIONS)}")
+    if out.get("quantization_config") is not None:
+        raise ConfigError("field 'quantization_config' is set; trtcore does not split Phi-3's fused qkv_proj / gate_up_proj when quantized")
+    return out
+
+
+#: ``Phi3ForCausalLM`` (Phi-3 / Phi-3.5 mini): defaults from transformers'
+#: ``configuration_phi3.py``; a Llama-style decoder with fused ``qkv_proj`` / ``gate_up_proj``
+#: (no biases), partial rotary and ``longrope`` scaling from the config, and a sliding window on
+#: every layer when ``sliding_window`` is set (``modeling_phi3.py``).
+MODEL_FAMILIES["phi3"] = ModelFamily(
+    "phi3",
+    "Phi3ForCausalLM",
+    {
+        **_COMMON_DEFAULTS,
+        "num_key_value_heads": None,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "bos_token_id": 1,
+        "eos_token_id": 32000,
+        "pad_token_id": 32000,
+    },
+    qkv_bias=False,
+    o_bias=False,
+    mlp_bias=False,
+    sliding_window_rule="always",
+    partial_rotary_factor=None,
+    builder="trtcore.models.phi3",
+    tensor_names=PHI3_TENSOR_NAMES,
+    packed_modules=LLAMA_PACKED_MODULES,
+    prepare_config=_phi3_config,
+)
+
+
 def register_model_type(family: ModelFamily) -> None:
     """Teach trtcore a new ``model_type`` (for a new architecture file).
 

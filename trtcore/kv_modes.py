@@ -33,8 +33,8 @@ import numpy as np
 from .config import ModelConfig
 from .dtypes import ENGINE_DTYPES, storage_dtype
 from .errors import InvalidArgumentError
-from .plan import BuildPlan
-from .rope import rope_spec
+from .plan import ROPE_IN_ATTENTION, BuildPlan
+from .rope import PER_SEQUENCE_ROPE_TYPES
 
 # ---------------------------------------------------------------------------------------
 # network side: cache inputs / outputs and profile shapes (used by ops and the builder)
@@ -215,8 +215,9 @@ class PagedKV(KVMode):
     * ``block_tables`` int32 ``[B, max_blocks_per_seq]``, ``seq_lens`` int32 ``[B]`` (cached +
       new tokens), ``query_start_loc`` int32 ``[B + 1]`` (offsets of each sequence's tokens);
     * ``last_token_ids`` int32 ``[B]``: packed index of each sequence's last token;
-    * with ``dynamic`` RoPE scaling, ``rope_seq_lens`` int32 ``[T]``: each token's sequence
-      length in this step (transformers recomputes the frequencies per forward call).
+    * with ``dynamic`` or ``longrope`` RoPE scaling, ``rope_seq_lens`` int32 ``[T]``: each
+      token's sequence length in this step (transformers recomputes the frequencies per
+      forward call, :func:`trtcore.rope.longrope_uses_long`).
 
     Output: ``logits`` float32 ``[B, vocab_size]``.
 
@@ -231,7 +232,10 @@ class PagedKV(KVMode):
 
     def __init__(self, plan: BuildPlan, config: ModelConfig, num_kv_heads: int | None = None):
         super().__init__(plan, config, num_kv_heads)
-        self.takes_rope_seq_lens = rope_spec(config).rope_type == "dynamic"
+        # the RoPE plugin reads each token's sequence length; LongRoPE fused into the attention
+        # plugin reads the plugin's own seq_lens instead (ops.fuses_rope)
+        rope_type = (config.rope_scaling or {}).get("rope_type")
+        self.takes_rope_seq_lens = rope_type == "dynamic" or (rope_type in PER_SEQUENCE_ROPE_TYPES and plan.rope != ROPE_IN_ATTENTION)
 
     @property
     def pool_shape(self) -> Shape:

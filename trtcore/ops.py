@@ -261,6 +261,7 @@ sub = _elementwise("sub", "SUB", "sub")
 mul = _elementwise("mul", "PROD", "mul")
 div = _elementwise("div", "DIV", "div")
 maximum = _elementwise("maximum", "MAX", "max")
+minimum = _elementwise("minimum", "MIN", "min")
 power = _elementwise("power", "POW", "pow")
 
 
@@ -712,10 +713,14 @@ def gelu_mlp(
         return linear(g, h, down[0], down[1], names[1])
 
 
+def sigmoid(g: Graph, x: Tensor, name: str = "sigmoid") -> Tensor:
+    """``1 / (1 + exp(-x))`` (``ActivationType.SIGMOID``); x's shape and type."""
+    return g.named(g.network.add_activation(x, g.trt.ActivationType.SIGMOID), name)
+
+
 def silu(g: Graph, x: Tensor, name: str = "silu") -> Tensor:
     """``x * sigmoid(x)`` (SiLU / swish)."""
-    s = g.named(g.network.add_activation(x, g.trt.ActivationType.SIGMOID), f"{name}.sigmoid")
-    return mul(g, x, s, name)
+    return mul(g, x, sigmoid(g, x, f"{name}.sigmoid"), name)
 
 
 def swiglu_mlp(
@@ -738,6 +743,146 @@ def swiglu_mlp(
 
 
 # ---------------------------------------------------------------------------------------
+# mixture of experts: top-k routing and the routed experts
+# ---------------------------------------------------------------------------------------
+
+
+class Routing(NamedTuple):
+    """The experts chosen for each token by :func:`topk_routing`.
+
+    Attributes:
+        weights: float32 ``[..., top_k]``, the routing weight of each chosen expert, largest
+            probability first.
+        ids: int32 ``[..., top_k]``, the chosen experts' indices.
+        one_hot: float32 ``[..., top_k, num_experts]``, 1 where slot ``r`` chose expert ``e``.
+    """
+
+    weights: Tensor
+    ids: Tensor
+    one_hot: Tensor
+
+
+def _select01(g: Graph, cond: Tensor, name: str) -> Tensor:
+    """float32 1 where ``cond`` (bool) holds, else 0."""
+    rank = len(cond.shape)
+    one, zero = scalar(g, 1.0, rank, np.float32, f"{name}.one"), scalar(g, 0.0, rank, np.float32, f"{name}.zero")
+    return g.named(g.network.add_select(cond, one, zero), name)
+
+
+def topk_routing(g: Graph, router_logits: Tensor, top_k: int, normalize: bool, name: str = "router") -> Routing:
+    """Top-k routing of a mixture of experts (Shazeer et al., arXiv:1701.06538; transformers'
+    ``MixtralTopKRouter`` / ``Qwen2MoeTopKRouter``): ``p = softmax(float32(logits))`` over the
+    experts, the ``top_k`` largest ``p`` (ties: the lower index first, as ``torch.topk``), and
+    with ``normalize`` their weights divided by their sum (Mixtral always; Qwen when
+    ``norm_topk_prob``).
+
+    Composed of standard layers, so every backend builds it: expert ``e``'s rank is the number
+    of experts ``j`` with ``p_j > p_e`` (or ``p_j == p_e`` and ``j < e``), a ``[..., X, X]``
+    comparison; slot ``r`` holds the expert of rank ``r``.
+
+    Args:
+        router_logits: ``[..., num_experts]`` (any float dtype).
+        top_k: experts per token, ``1 <= top_k <= num_experts``.
+
+    Returns:
+        :class:`Routing` (float32 weights, int32 ids, float32 one-hot).
+
+    Raises:
+        InvalidArgumentError: ``top_k`` out of range or the number of experts not static.
+    """
+    x = router_logits.shape[-1]
+    if x < 1 or not 1 <= top_k <= x:
+        raise InvalidArgumentError(f"{name}: top_k {top_k!r} must be in [1, num_experts = {x}]")
+    r = len(router_logits.shape)
+    keep = (0,) * (r - 1)
+    with g.scope(name):
+        p = softmax(g, cast(g, router_logits, np.float32, "logits_float"), -1, "probs")
+        p_e = reshape(g, p, keep + (x, 1), "probs_e")  # [..., X, 1]
+        p_j = reshape(g, p, keep + (1, x), "probs_j")  # [..., 1, X]
+        gt = g.named(g.network.add_elementwise(p_j, p_e, g.trt.ElementWiseOperation.GREATER), "greater")
+        eq = g.named(g.network.add_elementwise(p_j, p_e, g.trt.ElementWiseOperation.EQUAL), "equal")
+        lower = constant(g, np.tril(np.ones((x, x), bool), -1).reshape((1,) * (r - 1) + (x, x)), "lower_index")
+        tie = g.named(g.network.add_elementwise(eq, lower, g.trt.ElementWiseOperation.AND), "tie_lower")
+        beats = g.named(g.network.add_elementwise(gt, tie, g.trt.ElementWiseOperation.OR), "beats")
+        rank = reduce(g, _select01(g, beats, "beats_float"), "SUM", [-1], keep_dims=False, name="rank")  # [..., X]
+        slots = constant(g, np.arange(top_k, dtype=np.float32).reshape((1,) * (r - 1) + (top_k, 1)), "slots")
+        chosen = g.named(g.network.add_elementwise(reshape(g, rank, keep + (1, x), "rank_j"), slots, g.trt.ElementWiseOperation.EQUAL), "chosen")
+        one_hot = _select01(g, chosen, "one_hot")  # [..., k, X]
+        weights = reduce(g, mul(g, one_hot, p_j, "chosen_probs"), "SUM", [-1], keep_dims=False, name="topk_probs")
+        index = constant(g, np.arange(x, dtype=np.float32).reshape((1,) * r + (x,)), "expert_index")
+        ids = cast(g, reduce(g, mul(g, one_hot, index, "chosen_index"), "SUM", [-1], keep_dims=False, name="ids_float"), np.int32, "topk_ids")
+        if normalize:
+            weights = div(g, weights, reduce(g, weights, "SUM", [-1], True, "topk_sum"), "topk_weights")
+    return Routing(weights, ids, one_hot)
+
+
+#: implementations of :func:`moe_experts`: trtcore's grouped-GEMM plugin, or dense standard layers
+MOE_EXPERTS_IMPLEMENTATIONS = ("plugin", "layers")
+
+
+def moe_experts(
+    g: Graph, x: Tensor, routing: Routing, gate_up: np.ndarray, down: np.ndarray, name: str = "experts", impl: str | None = None
+) -> Tensor:
+    """The routed experts of a sparse MoE block: ``sum_r w_r * down_e(silu(gate_e(x)) * up_e(x))``
+    over each token's chosen experts ``e = ids[r]`` (``MixtralExperts`` / ``Qwen2MoeExperts``).
+
+    Args:
+        x: ``[..., hidden]`` of the graph dtype.
+        routing: from :func:`topk_routing` on the same tokens.
+        gate_up: ``[num_experts, 2 * I, hidden]``, each expert's gate rows then up rows
+            (transformers 5's ``experts.gate_up_proj``).
+        down: ``[num_experts, hidden, I]`` (``experts.down_proj``).
+        impl: ``"plugin"`` (:class:`trtcore.plugins.moe_experts.MoeExpertsPlugin`: grouped GEMMs
+            over the tokens routed to each expert) or ``"layers"`` (dense: every expert on every
+            token as one ``[X * I, hidden]`` GEMM each for gate and up, the activations scaled by
+            the routing weight, zero for experts not chosen, and one ``[hidden, X * I]`` GEMM that
+            sums the experts). Default: ``g.implementations["moe_experts"]`` if set, else the
+            plugin where the TensorRT module hosts plugins, the layers where not.
+
+    Returns:
+        ``[..., hidden]`` of the graph dtype, named ``name``.
+
+    Raises:
+        NetworkError: the weights' shapes do not fit each other or x.
+        InvalidArgumentError: an unknown ``impl``.
+    """
+    if gate_up.ndim != 3 or down.ndim != 3 or gate_up.shape[1] % 2:
+        raise NetworkError(f"{name}: gate_up {gate_up.shape} must be [X, 2 I, hidden] and down {down.shape} [X, hidden, I]")
+    num_experts, two_i, hidden = gate_up.shape
+    inter = two_i // 2
+    if down.shape != (num_experts, hidden, inter) or x.shape[-1] not in (-1, hidden):
+        raise NetworkError(f"{name}: gate_up {gate_up.shape}, down {down.shape} and x {tuple(x.shape)} do not fit ([X, 2 I, E], [X, E, I], [..., E])")
+    if impl is None:
+        from trtcore.plugins.base import hosts_plugins
+
+        impl = g.implementations.get("moe_experts") or ("plugin" if hosts_plugins(g.trt) else "layers")
+    if impl not in MOE_EXPERTS_IMPLEMENTATIONS:
+        raise InvalidArgumentError(f"{name}: MoE experts implementation {impl!r} is not one of {MOE_EXPERTS_IMPLEMENTATIONS}")
+    if impl == "plugin":
+        from trtcore.plugins.base import create
+        from trtcore.plugins.moe_experts import MoeExpertsPlugin
+
+        plugin = MoeExpertsPlugin(num_experts=num_experts, top_k=int(routing.ids.shape[-1]), hidden_size=hidden, intermediate_size=inter)
+        with g.scope(name):
+            consts = [constant(g, gate_up, "gate_up_proj", g.np_dtype), constant(g, down, "down_proj", g.np_dtype)]
+        layer = g.network.add_plugin_v3([x, routing.ids, routing.weights, *consts], [], create(plugin, g.trt))
+        return g.named(layer, name)
+    rank = len(x.shape)
+    keep = (0,) * (rank - 1)
+    with g.scope(name):
+        gate = linear(g, x, gate_up[:, :inter].reshape(num_experts * inter, hidden), None, "gate_proj")
+        up = linear(g, x, gate_up[:, inter:].reshape(num_experts * inter, hidden), None, "up_proj")
+        act = reshape(g, cast(g, mul(g, silu(g, gate, "act_fn"), up, "gated"), np.float32, "gated_float"), keep + (num_experts, inter), "per_expert")
+        # dense routing weights [..., X]: the weight of each slot on its expert, 0 elsewhere
+        w = reshape(g, routing.weights, keep + (routing.weights.shape[-1], 1), "slot_weights")
+        dense = reduce(g, mul(g, routing.one_hot, w, "slot_expert_weights"), "SUM", [-2], keep_dims=False, name="expert_weights")
+        scaled = mul(g, act, reshape(g, dense, keep + (num_experts, 1), "expert_weights_col"), "routed")
+        flat = reshape(g, cast(g, scaled, g.np_dtype, "routed_dtype"), keep + (num_experts * inter,), "routed_flat")
+    out = linear(g, flat, np.ascontiguousarray(down.transpose(1, 0, 2).reshape(hidden, num_experts * inter)), None, name)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
 # rotary embedding (composed standard layers)
 # ---------------------------------------------------------------------------------------
 
@@ -748,25 +893,43 @@ def rope_cos_sin(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "ro
 
     Returns two float32 tensors ``[..., 1, rotary_dim]`` (each half repeated, as
     transformers' ``cat((freqs, freqs), -1)``; the 1 broadcasts over heads), scaled by the
-    attention factor. For ``dynamic`` scaling the base is recomputed per sequence
-    (:func:`trtcore.rope.dynamic_ntk_base`) from ``seq_lens`` (int32, same shape as
-    ``position_ids``: each token's sequence length in this call) or, when None, from the
-    largest position of each row of a ``[batch, seq]`` input, as transformers does per
-    forward call.
+    attention factor. For ``dynamic`` and ``longrope`` scaling the frequencies depend on
+    each token's sequence length ``s`` in this call: ``seq_lens`` (int32, same shape as
+    ``position_ids``) or, when None, the largest position of each row of a ``[batch, seq]``
+    input + 1, as transformers does per forward call. ``dynamic`` recomputes the base
+    (:func:`trtcore.rope.dynamic_ntk_base`); ``longrope`` takes ``spec.long_inv_freq`` where
+    ``s > original_max_position_embeddings``, else ``spec.inv_freq``
+    (:func:`trtcore.rope.longrope_uses_long`).
     """
     half = spec.rotary_dim // 2
     r = len(position_ids.shape)
     keep = (0,) * r
     with g.scope(name):
         pos = reshape(g, cast(g, position_ids, np.float32, "positions"), keep + (1,), "positions_col")
-        if spec.rope_type == "dynamic":
-            # inv_freq = base'^(-2i/d), base' = base * (f*s/L - (f-1))^(d/(d-2)), s = max(L, seq_len)
-            d, f, L = spec.rotary_dim, spec.dynamic_factor, float(spec.max_position_embeddings)
+        s = None
+        if spec.per_sequence:
             if seq_lens is not None:
                 s = reshape(g, cast(g, seq_lens, np.float32, "seq_lens_float"), keep + (1,), "seq_len")
             else:
                 smax = reduce(g, pos, "MAX", [r - 1], True, "max_position")
                 s = add(g, smax, scalar(g, 1.0, r + 1, np.float32, "one"), "seq_len")
+        if spec.rope_type == "longrope":
+            # long = clamp(s - L, 0, 1): exactly 1 where s > L, else 0 (integers in float32);
+            # inv_freq = short * (1 - long) + long_inv * long selects one set exactly
+            assert s is not None and spec.long_inv_freq is not None
+            L = float(spec.original_max_position_embeddings)
+            over = sub(g, s, scalar(g, L, r + 1, np.float32, "original_max_position_embeddings"), "over")
+            use_long = minimum(
+                g, maximum(g, over, scalar(g, 0.0, r + 1, np.float32, "zero"), "over_pos"), scalar(g, 1.0, r + 1, np.float32, "one_"), "use_long"
+            )
+            use_short = sub(g, scalar(g, 1.0, r + 1, np.float32, "one_s"), use_long, "use_short")
+            short_c = constant(g, spec.inv_freq.reshape((1,) * r + (half,)), "short_inv_freq", np.float32)
+            long_c = constant(g, spec.long_inv_freq.reshape((1,) * r + (half,)), "long_inv_freq", np.float32)
+            inv_freq = add(g, mul(g, short_c, use_short, "short_part"), mul(g, long_c, use_long, "long_part"), "inv_freq")
+        elif spec.rope_type == "dynamic":
+            # inv_freq = base'^(-2i/d), base' = base * (f*s/L - (f-1))^(d/(d-2)), s = max(L, seq_len)
+            assert s is not None
+            d, f, L = spec.rotary_dim, spec.dynamic_factor, float(spec.max_position_embeddings)
             s = maximum(g, s, scalar(g, L, r + 1, np.float32, "max_position_embeddings"), "seq_len_clamped")
             ratio = sub(
                 g, mul(g, s, scalar(g, f / L, r + 1, np.float32, "f_over_L"), "scaled"), scalar(g, f - 1, r + 1, np.float32, "f_minus_1"), "ratio"
@@ -846,18 +1009,32 @@ def rope_plugin(
         return q_out, k_out
 
 
-def _rope_plugin_inputs(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None) -> list[Tensor]:
-    """The inputs after ``position_ids`` of RoPE's plugins (RopePlugin, fused RoPE of the paged
-    attention plugin), made once per network: ``[inv_freq]`` (a float32 constant), plus for
-    dynamic scaling each token's sequence length (``seq_lens``, else ``max(position_ids) + 1``
-    of its row)."""
-    key = ("rope_plugin_inputs", id(position_ids))
+def _inv_freq_input(g: Graph, spec: RopeSpec, name: str = "rotary_emb") -> Tensor:
+    """The ``inv_freq`` input of RoPE's plugins, a float32 constant made once per network
+    (:meth:`trtcore.plugins.rope.RopePlugin.inv_freq_of`: longrope's short and long
+    frequencies as one constant)."""
+    from trtcore.plugins.rope import RopePlugin
+
+    values = RopePlugin.inv_freq_of(spec)
+    key = ("rope_inv_freq", values.tobytes())
     if key not in g.shared:
         with g.scope_at(f"model.{name}"):
-            extra = [constant(g, spec.inv_freq.astype(np.float32), "inv_freq", np.float32)]
-            if spec.rope_type == "dynamic" and seq_lens is not None:
+            g.shared[key] = constant(g, values, "inv_freq", np.float32)
+    return g.shared[key]
+
+
+def _rope_plugin_inputs(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None) -> list[Tensor]:
+    """The inputs after ``position_ids`` of RoPE's plugins (RopePlugin, fused RoPE of the paged
+    attention plugin), made once per network: ``[inv_freq]`` (:func:`_inv_freq_input`), plus
+    for dynamic / longrope scaling each token's sequence length (``seq_lens``, else
+    ``max(position_ids) + 1`` of its row)."""
+    key = ("rope_plugin_inputs", id(position_ids))
+    if key not in g.shared:
+        extra = [_inv_freq_input(g, spec, name)]
+        with g.scope_at(f"model.{name}"):
+            if spec.per_sequence and seq_lens is not None:
                 extra.append(seq_lens)
-            elif spec.rope_type == "dynamic":
+            elif spec.per_sequence:
                 rank = len(position_ids.shape)
                 smax = reduce(g, position_ids, "MAX", [rank - 1], True, "max_position")
                 one = scalar(g, 1, rank, np.int32, "one")
@@ -895,7 +1072,8 @@ def paged_attention(
             packed ``qkv [T, (Hq + 2 Hkv) * D]`` (q heads, k heads, v heads per token: the
             plugin's ``packed_qkv``).
         rope: None: q and k arrive rotated; a (not ``dynamic``) :class:`trtcore.rope.RopeSpec`:
-            the plugin rotates them (fused RoPE, neox pairing) by int32 ``position_ids [T]``.
+            the plugin rotates them (fused RoPE, neox pairing) by int32 ``position_ids [T]``
+            (``longrope``: each sequence by its ``seq_lens``, the plugin's rule).
         kv_pool: ``[num_layers, num_blocks, 2, Hkv, block_size, D]``; the plugin writes this
             step's k/v of layer ``layer_idx`` into it in place.
         block_tables: int32 ``[B, max_blocks]``; seq_lens: int32 ``[B]``; query_start_loc:
@@ -915,10 +1093,15 @@ def paged_attention(
     extra: list[Tensor] = []
     if rope is not None:
         if rope.rope_type == "dynamic" or position_ids is None:
-            raise InvalidArgumentError(f"{name}: fused RoPE needs position_ids and a RoPE without dynamic scaling, got {rope.rope_type!r}")
+            raise InvalidArgumentError(f"{name}: fused RoPE needs position_ids and a RoPE without dynamic NTK scaling, got {rope.rope_type!r}")
         rp = RopePlugin.from_spec(rope)
-        rotary = {"rotary_dim": rp.rotary_dim, "is_neox": rp.is_neox, "attention_scaling": rp.attention_scaling}
-        extra = [position_ids, *_rope_plugin_inputs(g, position_ids, rope)]
+        rotary = {
+            "rotary_dim": rp.rotary_dim,
+            "is_neox": rp.is_neox,
+            "attention_scaling": rp.attention_scaling,
+            "original_max_position_embeddings": rp.original_max_position_embeddings,
+        }
+        extra = [position_ids, _inv_freq_input(g, rope)]
     plugin = PagedAttentionPlugin(
         layer_idx=layer_idx,
         num_kv_heads=num_kv_heads,
@@ -1251,8 +1434,9 @@ def cached_attention(
 
 def fuses_rope(g: Graph, spec: RopeSpec) -> bool:
     """Whether :func:`self_attention` rotates inside the paged attention plugin: the plan's
-    ``rope`` is ``"attention"``, the KV cache is paged and the RoPE has no dynamic scaling
-    (per-sequence frequencies stay with the RoPE plugin)."""
+    ``rope`` is ``"attention"``, the KV cache is paged and the RoPE has no dynamic NTK scaling
+    (its per-sequence base stays with the RoPE plugin; LongRoPE's two frequency sets are fused:
+    the attention plugin picks them by each sequence's ``seq_lens``)."""
     return (
         g.implementations.get("rope") == ROPE_IN_ATTENTION and g.kv_mode is not None and g.kv_mode.kv_cache == "paged" and spec.rope_type != "dynamic"
     )
