@@ -72,8 +72,9 @@ writes into the NumPy pool array it is given, the same array every step.
 Semantics: query head ``hq`` uses KV head ``hq // (Hq // num_kv_heads)`` (GQA/MQA); a query
 at position ``p`` attends to keys at positions ``k <= p`` of its own sequence (cached and
 new), and with ``sliding_window = W > 0`` only to those with ``p - k < W`` (transformers'
-rule); scores ``scale * q.k``, softmax and the weighted sum of values are computed in
-float32 with float32 accumulation, and the output is rounded once to the dtype. The
+rule); scores ``scale * q.k`` (with ``softcap = c > 0`` soft-capped to ``c * tanh(scale * q.k / c)``
+before the mask, Gemma 2's attention logit soft-capping), softmax and the weighted sum of
+values are computed in float32 with float32 accumulation, and the output is rounded once to the dtype. The
 tensor-core kernels (float16/bfloat16, head_dim 64 or 128) round the softmax
 probabilities to the input dtype before the P.V product, as FlashAttention does: a relative
 error of at most one unit roundoff of the dtype per probability (see the tests' tolerance).
@@ -206,6 +207,10 @@ class PagedAttentionPlugin(Plugin):
         attention_scaling: fused RoPE's cos/sin factor, as RopePlugin's (float32).
         original_max_position_embeddings: > 0: the fused RoPE is LongRoPE, with this threshold
             (RopePlugin's ``longrope`` / ``original_max_position_embeddings``); 0: not.
+        softcap: attention logit soft-capping ``c > 0``: each score becomes
+            ``c * tanh(scale * q.k / c)`` before the mask and the softmax (Gemma 2/3's
+            ``attn_logit_softcapping``; transformers' ``eager_attention_forward``); 0: none.
+            Stored as float32.
     """
 
     plugin_name: ClassVar[str] = "trtcore_paged_attention"
@@ -223,6 +228,7 @@ class PagedAttentionPlugin(Plugin):
     is_neox: bool = True
     attention_scaling: float = 1.0
     original_max_position_embeddings: int = 0
+    softcap: float = 0.0
 
     def __post_init__(self) -> None:
         self.layer_idx = int(self.layer_idx)
@@ -239,6 +245,7 @@ class PagedAttentionPlugin(Plugin):
         self.is_neox = bool(self.is_neox)
         self.attention_scaling = _f32(self.attention_scaling)
         self.original_max_position_embeddings = int(self.original_max_position_embeddings)
+        self.softcap = _f32(self.softcap)
         super().__post_init__()
 
     def validate(self) -> None:
@@ -254,6 +261,8 @@ class PagedAttentionPlugin(Plugin):
             raise PluginError(f"PagedAttentionPlugin.sliding_window is {self.sliding_window}, expected >= 0 (0 = no window)")
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise PluginError(f"PagedAttentionPlugin.scale is {self.scale}, expected a positive finite number")
+        if not (math.isfinite(self.softcap) and self.softcap >= 0):
+            raise PluginError(f"PagedAttentionPlugin.softcap is {self.softcap}, expected 0 (no soft-capping) or a positive finite number")
         if self.rotary_dim < 0:
             raise PluginError(f"PagedAttentionPlugin.rotary_dim is {self.rotary_dim}, expected 0 (no fused RoPE) or an even number in [2, head_dim]")
         if self.original_max_position_embeddings < 0 or (self.original_max_position_embeddings and not self.rotary_dim):
@@ -264,7 +273,7 @@ class PagedAttentionPlugin(Plugin):
         if self.rotary_dim:
             self.rope()  # RopePlugin's checks of rotary_dim, pairing and attention_scaling
 
-    # the fields packed qkv and fused RoPE added, with the values that mean "not used": a
+    # the fields packed qkv, fused RoPE and soft-capping added, with the values that mean "not used": a
     # plugin that uses neither serializes exactly the fields it had before them, and a field
     # collection without them (an engine built before) rebuilds that plugin
     _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {
@@ -273,6 +282,7 @@ class PagedAttentionPlugin(Plugin):
         "is_neox": True,
         "attention_scaling": 1.0,
         "original_max_position_embeddings": 0,
+        "softcap": 0.0,
     }
 
     def rope(self) -> RopePlugin:
@@ -533,6 +543,9 @@ class PagedAttentionPlugin(Plugin):
             vals = layer[blocks[kpos // bs], 1, :, kpos % bs].astype(np.float32)
             qb = q[q0:q1].astype(np.float32).reshape(qlen, hkv, g, D).transpose(1, 2, 0, 3)  # [Hkv, G, qlen, D]
             scores = np.matmul(qb, keys.transpose(1, 2, 0)[:, None]) * scale  # [Hkv, G, qlen, seq]
+            if self.softcap:
+                cap = np.float32(self.softcap)
+                scores = np.tanh(scores / cap) * cap
             allowed = kpos[None, :] <= pos[:, None]
             if self.sliding_window:
                 allowed &= (pos[:, None] - kpos[None, :]) < self.sliding_window
@@ -553,6 +566,8 @@ class PagedAttentionPlugin(Plugin):
             d.update(ROTARY_DIM=self.rotary_dim, NEOX=int(self.is_neox))
         if self.original_max_position_embeddings:
             d["LONGROPE"] = 1
+        if self.softcap:
+            d["SOFTCAP"] = 1
         if TUNING["stages"] != 2:
             d["PA_STAGES"] = int(TUNING["stages"])
         return d
@@ -581,6 +596,11 @@ class PagedAttentionPlugin(Plugin):
             q_stride, kv_stride = int(np.prod(q.shape[1:])), int(np.prod(k.shape[1:]))
         rope_args = [(rope_inputs[0].ptr, "ptr"), (rope_inputs[1].ptr, "ptr")] if self.rotary_dim else [(0, "ptr"), (0, "ptr")]
         rope_args += [(self.attention_scaling, "f32"), (self.original_max_position_embeddings, "i32")]
+        # soft-capping (SOFTCAP): score = cap * tanh(q.k * scale_arg), scale_arg = scale / softcap
+        # (the log2-domain kernels take cap * log2(e)); without it, score = q.k * scale_arg
+        cap = self.softcap
+        simple_scale, simple_cap = (self.scale / cap, cap) if cap else (self.scale, 0.0)
+        tc_scale, tc_cap = (self.scale / cap, cap * math.log2(math.e)) if cap else (self.scale * math.log2(math.e), 0.0)
         if dtype not in DTYPE_CODES or any(np.dtype(x.dtype) != dtype for x in (k, v, pool, out)):
             raise PluginError(f"PagedAttentionPlugin.enqueue: q/k/v/kv_pool/out dtypes {[str(x.dtype) for x in (q, k, v, pool, out)]} not supported")
         if any(np.dtype(x.dtype) != _INT32 for x in (bt, sl, qsl)):
@@ -618,13 +638,12 @@ class PagedAttentionPlugin(Plugin):
         if not tensor_cores:
             fns.launch(
                 "paged_attn_simple", (T, hq), (_THREADS,),
-                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (self.scale, "f32"),
-                 (q_stride, "i32"), *rope_args],
+                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (simple_scale, "f32"),
+                 (simple_cap, "f32"), (q_stride, "i32"), *rope_args],
                 0, stream,
             )  # fmt: skip
             return
 
-        scale_log2 = self.scale * math.log2(math.e)
         smem = self.shared_mem_bytes(dtype)
         splits = self.num_splits(B, hq, max_blocks, dtype)
         ws_o = workspace if splits > 1 else 0
@@ -634,8 +653,8 @@ class PagedAttentionPlugin(Plugin):
         fns.launch(
             "paged_attn_decode", (splits, hkv * _cdiv(g, 16), B), (_THREADS,),
             [(q.ptr, "ptr"), (k.ptr, "ptr"), (v.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), (ws_o, "ptr"),
-             (ws_ml, "ptr"), *sizes, (g, "i32"), (splits, "i32"), (self.sliding_window, "i32"), (scale_log2, "f32"), (q_stride, "i32"),
-             (kv_stride, "i32"), *rope_args],
+             (ws_ml, "ptr"), *sizes, (g, "i32"), (splits, "i32"), (self.sliding_window, "i32"), (tc_scale, "f32"), (tc_cap, "f32"),
+             (q_stride, "i32"), (kv_stride, "i32"), *rope_args],
             smem, stream,
         )  # fmt: skip
         if splits > 1:
@@ -648,8 +667,8 @@ class PagedAttentionPlugin(Plugin):
             tiles = _cdiv(T * g, _PREFILL_ROWS) + min(B, T // 2)
             fns.launch(
                 "paged_attn_prefill", (tiles, hkv), (_THREADS,),
-                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (scale_log2, "f32"),
-                 (q_stride, "i32"), *rope_args],
+                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (tc_scale, "f32"),
+                 (tc_cap, "f32"), (q_stride, "i32"), *rope_args],
                 smem, stream,
             )  # fmt: skip
 

@@ -61,6 +61,9 @@ class ScaleGroup:
     needs_mha: bool = False
 
 
+#: the family file whose decoder layer :data:`LLAMA_SCALE_GROUPS` describes
+LLAMA_BUILDER = "trtcore.models.llama"
+
 #: the Llama-family decoder layer (trtcore.models.llama's tensor names)
 LLAMA_SCALE_GROUPS: tuple[ScaleGroup, ...] = (
     ScaleGroup("model.layers.{i}.input_layernorm", ("q_proj", "k_proj", "v_proj"), "norm", "input_layernorm"),
@@ -185,12 +188,23 @@ def awq_plan(
 
     Raises:
         InvalidArgumentError: the calibration file is missing or gives no token, a sequence is
-            empty or longer than ``seq_len``, or the network lacks every group's input tensor.
+            empty or longer than ``seq_len``, or the network lacks every group's input tensor,
+            or the checkpoint is not of a Llama-style family (its norms are not the plain
+            ``weight * x_normed`` the scales fold into: Gemma's ``(1 + weight)``, Gemma 2/3's
+            norm order).
         InvalidRequestError: the checkpoint has no tokenizer and no ``token_ids`` are given.
     """
     from .calibration import DEFAULT_CALIBRATION, calibration_token_ids, capture_prefill, network_tensor_names
+    from .config import load_config
     from .families import family_of
     from .llm import LLM
+
+    arch_family = family_of(load_config(model_dir).model_type)
+    if arch_family.builder != LLAMA_BUILDER:
+        raise InvalidArgumentError(
+            f"AWQ folds its scales into Llama-style norms and projections; {arch_family.architecture} ({arch_family.builder}) "
+            "is not supported (use --method rtn)"
+        )
 
     path = Path(calibration) if calibration is not None else DEFAULT_CALIBRATION
     if token_ids is None and not path.is_file():

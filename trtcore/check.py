@@ -133,6 +133,12 @@ MOE_BISECT_POINTS: tuple[BisectPoint, ...] = tuple(
     BisectPoint(p.hf_module, "model.layers.{i}.mlp.output") if p.hf_module == "model.layers.{i}.mlp" else p for p in LLAMA_BISECT_POINTS
 )
 
+#: Gemma's points: as Llama's (the attention and MLP outputs are read before Gemma 2/3's norms
+#: after them, as transformers' ``self_attn`` / ``mlp`` modules return them), the embeddings
+#: after their ``sqrt(hidden_size)`` scaling, and the logits before the final soft-capping
+#: (transformers' ``lm_head`` output; trtcore's ``lm_head`` tensor).
+GEMMA_BISECT_POINTS: tuple[BisectPoint, ...] = (*LLAMA_BISECT_POINTS[:-1], BisectPoint("lm_head", "lm_head", last_only=True))
+
 #: ``model_type`` -> the modules :func:`compare` aligns (points with ``{i}`` repeat for every
 #: decoder layer, in the order given). A new family adds its entry here.
 BISECT_POINTS: dict[str, tuple[BisectPoint, ...]] = {
@@ -140,6 +146,7 @@ BISECT_POINTS: dict[str, tuple[BisectPoint, ...]] = {
     **{t: MOE_BISECT_POINTS for t in ("mixtral", "qwen2_moe", "qwen3_moe")},
     # Phi-3: the Llama decoder over its split fused projections (trtcore.models.phi3), same module paths
     "phi3": LLAMA_BISECT_POINTS,
+    **{t: GEMMA_BISECT_POINTS for t in ("gemma", "gemma2", "gemma3_text")},
 }
 
 #: :attr:`ModuleError.status` values

@@ -480,6 +480,16 @@ class ModelConfig:
             layer_types = tuple(lt)
             if "sliding_attention" not in layer_types:
                 sliding_window = None  # no layer slides: the window has no effect
+        elif family.sliding_window_rule == "layer_types":
+            # the window applies on the layers config.layer_types marks (the family's
+            # prepare_config fills the list its config class derives when it is absent)
+            sliding_window = d["sliding_window"] if "sliding_window" in d else defaults["sliding_window"]
+            lt = d.get("layer_types")
+            if not isinstance(lt, (list, tuple)):
+                raise ConfigError(f"field 'layer_types' is {lt!r}, expected a list")
+            layer_types = tuple(lt)
+            if "sliding_attention" not in layer_types:
+                sliding_window = None
         else:
             layer_types = ("full_attention",) * num_layers
         if sliding_window is None:
@@ -517,7 +527,8 @@ class ModelConfig:
             eos_token_id=_token_ids("eos_token_id", d.get("eos_token_id", defaults["eos_token_id"])),
             pad_token_id=_optional_int("pad_token_id", d.get("pad_token_id", defaults["pad_token_id"])),
             quantization_config=_optional_object("quantization_config", d.get("quantization_config")),
-            family_fields={k: v if d.get(k) is None else d[k] for k, v in family.family_fields.items()},
+            # an explicit null is kept (Gemma 2's attn_logit_softcapping: null turns it off)
+            family_fields={k: d[k] if k in d else v for k, v in family.family_fields.items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -576,6 +587,9 @@ class ModelConfig:
         rule = family.sliding_window_rule if family else "always"
         if rule == "always":
             d["sliding_window"] = self.sliding_window
+        elif rule == "layer_types":
+            d["sliding_window"] = self.sliding_window
+            d["layer_types"] = list(self.layer_types)
         elif rule == "use_sliding_window":
             d["use_sliding_window"] = self.sliding_window is not None
             d["sliding_window"] = self.sliding_window
@@ -585,6 +599,8 @@ class ModelConfig:
                 self.num_hidden_layers,
             )
             d["max_window_layers"] = first_sliding
+        if family is not None and family.export_config is not None:
+            d = family.export_config(d)
         return d
 
 

@@ -123,9 +123,11 @@ class ModelFamily:
         qkv_bias, o_bias, mlp_bias: ``None`` when the modeling code reads the config
             (``attention_bias`` / ``mlp_bias``); a bool when it hard-codes ``bias=...``.
         sliding_window_rule: ``"none"`` (no sliding window, Llama), ``"always"``
-            (``config.sliding_window`` applies to every layer, Mistral) or
+            (``config.sliding_window`` applies to every layer, Mistral),
             ``"use_sliding_window"`` (only when ``use_sliding_window`` is true, and only on
-            the layers whose ``layer_types`` entry is ``"sliding_attention"``, Qwen2/Qwen3).
+            the layers whose ``layer_types`` entry is ``"sliding_attention"``, Qwen2/Qwen3) or
+            ``"layer_types"`` (on the layers ``layer_types`` marks, a list the family's
+            ``prepare_config`` fills when config.json has none; Gemma 2/3).
         partial_rotary_factor: ``None`` when the modeling code rotates
             ``head_dim * partial_rotary_factor`` features; a number when it hard-codes the
             fraction (the four Llama-style families: 1.0, their default RoPE computes
@@ -144,6 +146,9 @@ class ModelFamily:
             (GPT-NeoX: ``rotary_emb_base`` -> ``rope_theta``) and refuses fields trtcore cannot
             honour (raising ConfigError), before :meth:`trtcore.config.ModelConfig.from_dict`
             parses it; None when the dialect is the common one.
+        export_config: the inverse for :meth:`trtcore.config.ModelConfig.to_dict`: the common
+            dict onto the family's dialect, so that its transformers config class loads it
+            (Gemma 3: ``rope_parameters`` per layer type); None when the common one does.
     """
 
     model_type: str
@@ -161,6 +166,7 @@ class ModelFamily:
     gguf: GGUFMapping | None = None
     family_fields: Mapping[str, Any] = field(default_factory=dict)
     prepare_config: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    export_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def tensor(self, role: str, layer: int | None = None, suffix: str = ".weight") -> str:
         """The Hugging Face name of ``role`` (of ``layer``), plus ``suffix`` (``".weight"``).
@@ -604,6 +610,170 @@ MODEL_FAMILIES["phi3"] = ModelFamily(
 )
 
 
+#: Gemma module names (transformers' ``modeling_gemma{,2,3}.py``): the Llama names plus Gemma 2/3's
+#: norms around the MLP (``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``).
+GEMMA_TENSOR_NAMES: Mapping[str, str] = {
+    **LLAMA_TENSOR_NAMES,
+    "pre_feedforward_layernorm": "model.layers.{i}.pre_feedforward_layernorm",
+    "post_feedforward_layernorm": "model.layers.{i}.post_feedforward_layernorm",
+}
+
+#: MLP activations trtcore builds for Gemma (GeGLU with these GELUs, or SwiGLU)
+GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_new", "gelu", "silu")
+
+_GEMMA_DEFAULTS: dict[str, Any] = {
+    **_COMMON_DEFAULTS,
+    "hidden_act": "gelu_pytorch_tanh",
+    "head_dim": 256,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "bos_token_id": 2,
+}
+
+
+def _gemma_common(d: Mapping[str, Any], act_field: str) -> dict[str, Any]:
+    """The checks every Gemma shares; ``hidden_act`` set from ``act_field`` (the field the
+    family's MLP reads: Gemma ``hidden_act``, Gemma 2/3 ``hidden_activation``)."""
+    out = dict(d)
+    if out.get("use_bidirectional_attention"):
+        raise ConfigError(
+            "field 'use_bidirectional_attention' is true; trtcore builds causal decoders only (Gemma's bidirectional variant is an encoder)"
+        )
+    act = out.get(act_field, "gelu_pytorch_tanh")
+    if act not in GEMMA_ACTIVATIONS:
+        raise ConfigError(f"field '{act_field}' is {act!r}; Gemma is built with one of {list(GEMMA_ACTIVATIONS)}")
+    out["hidden_act"] = act
+    return out
+
+
+def _gemma_config(d: Mapping[str, Any]) -> dict[str, Any]:
+    """``GemmaConfig``: the MLP reads ``hidden_act``, whose legacy ``"gelu"`` means the tanh
+    approximation (``GemmaConfig.__post_init__`` rewrites it to ``"gelu_pytorch_tanh"``)."""
+    out = dict(d)
+    if out.get("hidden_act") == "gelu":
+        out["hidden_act"] = "gelu_pytorch_tanh"
+    return _gemma_common(out, "hidden_act")
+
+
+def _positive_or_null(out: Mapping[str, Any], name: str) -> None:
+    v = out.get(name)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+        raise ConfigError(f"field {name!r} is {v!r}, expected a positive number or null")
+
+
+def _gemma2_config(d: Mapping[str, Any], sliding_every: Any = 2) -> dict[str, Any]:
+    """``Gemma2Config``: ``hidden_activation``; ``layer_types`` absent -> sliding on even
+    layers (``Gemma2Config.__post_init__``: ``(i + 1) % 2``), or with ``sliding_every`` = n
+    (Gemma 3's ``sliding_window_pattern``) on all but every n-th layer."""
+    out = _gemma_common(d, "hidden_activation")
+    for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 3 does not read the second
+        _positive_or_null(out, name)
+    if out.get("query_pre_attn_scalar", 1) is None:
+        raise ConfigError("field 'query_pre_attn_scalar' is null, expected a positive number (the query scale is its -0.5 power)")
+    n = out.get("num_hidden_layers")
+    if out.get("layer_types") is None and isinstance(n, int):
+        if isinstance(sliding_every, bool) or not isinstance(sliding_every, int) or sliding_every < 1:
+            raise ConfigError(f"field 'sliding_window_pattern' is {sliding_every!r}, expected a positive integer")
+        out["layer_types"] = ["sliding_attention" if (i + 1) % sliding_every else "full_attention" for i in range(n)]
+    return out
+
+
+def _gemma3_config(d: Mapping[str, Any]) -> dict[str, Any]:
+    """``Gemma3TextConfig``: as Gemma 2 with ``sliding_window_pattern`` (default 6), and a
+    second RoPE for the sliding layers: ``rope_parameters["sliding_attention"]["rope_theta"]``
+    (v5), else ``rope_local_base_freq`` (v4), else 10000 -- read into the family field
+    ``rope_local_base_freq``; the global RoPE is ``rope_parameters["full_attention"]`` (or
+    v4 ``rope_theta`` / ``rope_scaling``; default theta 1e6).
+
+    Raises:
+        ConfigError: the sliding layers' RoPE has a scaling (trtcore builds their default RoPE
+            only), or a field as for Gemma 2.
+    """
+    out = _gemma2_config(d, d.get("sliding_window_pattern", 6))
+    rp = out.get("rope_parameters")
+    local = rp.get("sliding_attention") if isinstance(rp, Mapping) else None
+    if isinstance(local, Mapping):
+        kind = local.get("rope_type", local.get("type", "default"))
+        if kind != "default":
+            raise ConfigError(f"field 'rope_parameters' gives the sliding layers rope_type {kind!r}; trtcore builds their default RoPE only")
+        if local.get("rope_theta") is not None:
+            out["rope_local_base_freq"] = local["rope_theta"]
+    _positive_or_null(out, "rope_local_base_freq")
+    if out.get("rope_local_base_freq", 1) is None:
+        out.pop("rope_local_base_freq")
+    return out
+
+
+def _gemma3_export(d: dict[str, Any]) -> dict[str, Any]:
+    """``rope_parameters`` per layer type, as ``Gemma3TextConfig`` writes it (the global RoPE for
+    ``full_attention``, the default RoPE of ``rope_local_base_freq`` for ``sliding_attention``)."""
+    out = dict(d)
+    out["rope_parameters"] = {
+        "full_attention": dict(d["rope_parameters"]),
+        "sliding_attention": {"rope_type": "default", "rope_theta": d["rope_local_base_freq"]},
+    }
+    out.pop("rope_scaling", None)  # inside full_attention now (Gemma3TextConfig would apply it there again)
+    return out
+
+
+#: Gemma (Team Gemma, arXiv:2403.08295), Gemma 2 (arXiv:2408.00118) and Gemma 3 text
+#: (arXiv:2503.19786): defaults from transformers' ``configuration_gemma{,2,3}.py``; RMSNorm
+#: with a (1 + weight) offset, GeGLU, embeddings scaled by sqrt(hidden_size), head_dim 256;
+#: Gemma 2/3 add norms after attention and around the MLP, ``query_pre_attn_scalar``,
+#: alternating sliding windows and final logit soft-capping; Gemma 2 attention logit
+#: soft-capping; Gemma 3 q/k norms and a local RoPE.
+MODEL_FAMILIES["gemma"] = ModelFamily(
+    "gemma",
+    "GemmaForCausalLM",
+    {**_GEMMA_DEFAULTS, "num_key_value_heads": 16},
+    mlp_bias=False,
+    builder="trtcore.models.gemma",
+    tensor_names=GEMMA_TENSOR_NAMES,
+    prepare_config=_gemma_config,
+)
+MODEL_FAMILIES["gemma2"] = ModelFamily(
+    "gemma2",
+    "Gemma2ForCausalLM",
+    {**_GEMMA_DEFAULTS, "num_key_value_heads": 4, "sliding_window": 4096},
+    mlp_bias=False,
+    sliding_window_rule="layer_types",
+    builder="trtcore.models.gemma",
+    tensor_names=GEMMA_TENSOR_NAMES,
+    family_fields={
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 256,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+    },
+    prepare_config=_gemma2_config,
+)
+MODEL_FAMILIES["gemma3_text"] = ModelFamily(
+    "gemma3_text",
+    "Gemma3ForCausalLM",
+    {**_GEMMA_DEFAULTS, "num_key_value_heads": 4, "sliding_window": 4096, "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0},
+    mlp_bias=False,
+    sliding_window_rule="layer_types",
+    builder="trtcore.models.gemma",
+    tensor_names=GEMMA_TENSOR_NAMES,
+    family_fields={
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 256,
+        # attn_logit_softcapping is not read: Gemma3Attention keeps it but never passes it to
+        # the attention function (transformers 5.x), so a Gemma 3 config's value has no effect
+        "final_logit_softcapping": None,
+        "rope_local_base_freq": 10_000.0,
+    },
+    prepare_config=_gemma3_config,
+    export_config=_gemma3_export,
+)
+
+
+#: the values of :attr:`ModelFamily.sliding_window_rule`
+SLIDING_WINDOW_RULES = ("none", "always", "use_sliding_window", "layer_types")
+
+
 def register_model_type(family: ModelFamily) -> None:
     """Teach trtcore a new ``model_type`` (for a new architecture file).
 
@@ -617,10 +787,10 @@ def register_model_type(family: ModelFamily) -> None:
     missing = sorted(set(MODEL_FAMILIES["llama"].defaults) - set(family.defaults))
     if missing:
         raise ConfigError(f"register_model_type({family.model_type!r}): defaults lack {missing}")
-    if family.sliding_window_rule not in ("none", "always", "use_sliding_window"):
+    if family.sliding_window_rule not in SLIDING_WINDOW_RULES:
         raise ConfigError(
             f"register_model_type({family.model_type!r}): sliding_window_rule is "
-            f"{family.sliding_window_rule!r}, expected 'none', 'always' or 'use_sliding_window'"
+            f"{family.sliding_window_rule!r}, expected one of {list(SLIDING_WINDOW_RULES)}"
         )
     MODEL_FAMILIES[family.model_type] = family
 

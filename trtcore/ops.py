@@ -498,9 +498,14 @@ def _weight_only_dequantize(g: Graph, x: Tensor, qw: QuantizedWeight, np_x: np.d
     return add(g, y, term, "sum")
 
 
-def embedding(g: Graph, ids: Tensor, table: Weight, name: str = "embed_tokens") -> Tensor:
+def embedding(g: Graph, ids: Tensor, table: Weight, name: str = "embed_tokens", scale: float | None = None) -> Tensor:
     """Look up rows of ``table`` (``[vocab_size, hidden_size]``, an array or a
-    :class:`~trtcore.checkpoint.LazyTensor`) for int32 ``ids`` ``[...]``; returns ``[..., hidden_size]``.
+    :class:`~trtcore.checkpoint.LazyTensor`) for int32 ``ids`` ``[...]``.
+
+    ``scale``: each row multiplied by it, the factor first rounded to the graph dtype (Gemma's
+    ``sqrt(hidden_size)``: transformers' ``*ScaledWordEmbedding`` multiplies by
+    ``embed_scale.to(weight.dtype)``); the lookup is then ``{name}.lookup``. Output:
+    ``[..., hidden_size]`` of the graph dtype, named ``name``.
 
     With ``g.mapping.tp_size > 1`` the table is vocabulary-parallel (Megatron-LM's
     ``VocabParallelEmbedding``): this rank holds ``ceil(vocab_size / tp_size)`` rows
@@ -509,9 +514,19 @@ def embedding(g: Graph, ids: Tensor, table: Weight, name: str = "embed_tokens") 
     others, and :func:`all_reduce` adds the ranks' rows: exactly one rank contributes each row.
     """
     m = g.mapping
+    looked_up = name if scale is None else f"{name}.lookup"
     if not m.parallel:
-        t = constant(g, read_weight(table), f"{name}.weight", g.np_dtype)
-        return gather(g, t, ids, 0, name)
+        rows = gather(g, constant(g, read_weight(table), f"{name}.weight", g.np_dtype), ids, 0, looked_up)
+    else:
+        rows = _vocab_parallel_lookup(g, ids, table, name, looked_up)
+    if scale is None:
+        return rows
+    return mul(g, rows, scalar(g, scale, len(rows.shape), g.np_dtype, f"{name}.embed_scale"), name)
+
+
+def _vocab_parallel_lookup(g: Graph, ids: Tensor, table: Weight, name: str, out_name: str) -> Tensor:
+    """:func:`embedding` over tensor-parallel ranks (see there), named ``out_name``."""
+    m = g.mapping
     vocab = table.shape[0]
     start, stop, _ = m.vocab(vocab)
     local = np.zeros(vocab, np.int32)
@@ -523,7 +538,7 @@ def embedding(g: Graph, ids: Tensor, table: Weight, name: str = "embed_tokens") 
         rows = gather(g, constant(g, _vocab_rows(g, table), "weight", g.np_dtype), local_ids, 0, "lookup")
         keep = gather(g, constant(g, held, "held", g.np_dtype), ids, 0, "held_of")
         masked = mul(g, rows, reshape(g, keep, (0,) * len(ids.shape) + (1,), "held_col"), "masked")
-    return all_reduce(g, masked, name)
+    return all_reduce(g, masked, out_name)
 
 
 def _vocab_rows(g: Graph, table: Weight) -> np.ndarray:
@@ -608,11 +623,14 @@ def all_gather(g: Graph, x: Tensor, name: str = "all_gather") -> Tensor:
     return _collective(g, x, "all_gather", name)
 
 
-def rms_norm(g: Graph, x: Tensor, weight: np.ndarray, eps: float, name: str = "norm") -> Tensor:
-    """RMSNorm (Zhang & Sennrich, arXiv:1910.07467) over the last axis, as ``LlamaRMSNorm``.
+def rms_norm(g: Graph, x: Tensor, weight: np.ndarray, eps: float, name: str = "norm", offset: float | None = None) -> Tensor:
+    """RMSNorm (Zhang & Sennrich, arXiv:1910.07467) over the last axis.
 
-    Computes ``weight * (x32 / sqrt(mean(x32**2) + eps)).to(dtype)`` with ``x32`` = x in
-    float32; ``x`` is ``[..., hidden]``, ``weight`` ``[hidden]``. Output: graph dtype.
+    ``offset`` None (``LlamaRMSNorm``): ``weight * (x32 / sqrt(mean(x32**2) + eps)).to(dtype)``
+    with ``x32`` = x in float32. ``offset`` a number (Gemma's ``GemmaRMSNorm`` / ``Gemma2RMSNorm``
+    / ``Gemma3RMSNorm``, offset 1): ``((x32 / sqrt(mean(x32**2) + eps)) * (offset + weight32)).to(dtype)``,
+    the weight applied in float32 before the one rounding to the dtype. ``x`` is
+    ``[..., hidden]``, ``weight`` ``[hidden]``. Output: the graph dtype, named ``name``.
     """
     rank = len(x.shape)
     with g.scope(name):
@@ -621,9 +639,44 @@ def rms_norm(g: Graph, x: Tensor, weight: np.ndarray, eps: float, name: str = "n
         var = reduce(g, sq, "AVG", [-1], True, "variance")
         var = add(g, var, scalar(g, eps, rank, np.float32, "eps"), "add_eps")
         inv = unary(g, unary(g, var, "SQRT", "sqrt"), "RECIP", "rsqrt")
-        normed = cast(g, mul(g, x32, inv, "normalize"), g.np_dtype, "to_dtype")
+        normed32 = mul(g, x32, inv, "normalize")
+        if offset is None:
+            normed = cast(g, normed32, g.np_dtype, "to_dtype")
+    if offset is not None:
+        # (offset + w) in float32, as float(offset) + weight.float() (exact for offset 1 and a weight of dtype precision)
+        w32 = constant(
+            g, (np.float32(offset) + np.asarray(weight, np.float32)).reshape((1,) * (rank - 1) + weight.shape), f"{name}.weight", np.float32
+        )
+        y = mul(g, normed32, w32, f"{name}.scaled")
+        return cast(g, y, g.np_dtype, name) if g.np_dtype != np.float32 else g.named(g.network.add_identity(y), name)
     w = constant(g, weight.reshape((1,) * (rank - 1) + weight.shape), f"{name}.weight", g.np_dtype)
     return mul(g, normed, w, name)
+
+
+def soft_cap(g: Graph, x: Tensor, cap: float, name: str = "softcap") -> Tensor:
+    """Logit soft-capping ``cap * tanh(x / cap)`` (Gemma 2, Team Gemma arXiv:2408.00118, section 2;
+    transformers: ``x / softcap``, ``torch.tanh``, ``* softcap``), computed in float32.
+
+    Args:
+        x: any shape, float32/float16/bfloat16.
+        cap: the cap, > 0 (``attn_logit_softcapping`` / ``final_logit_softcapping``).
+
+    Returns:
+        x's shape and type, named ``name``.
+
+    Raises:
+        InvalidArgumentError: ``cap`` is not a positive finite number.
+    """
+    if not (isinstance(cap, (int, float)) and np.isfinite(cap) and cap > 0):
+        raise InvalidArgumentError(f"{name}: soft-cap {cap!r} must be a positive finite number")
+    rank = len(x.shape)
+    np_x = _np_of(g, x)
+    with g.scope(name):
+        c = scalar(g, cap, rank, np.float32, "cap")
+        x32 = cast(g, x, np.float32, "to_float")
+        t = g.named(g.network.add_activation(div(g, x32, c, "divided"), g.trt.ActivationType.TANH), "tanh")
+        y = mul(g, t, c, "capped")
+    return cast(g, y, np_x, name) if np_x != np.float32 else g.named(g.network.add_identity(y), name)
 
 
 def layer_norm(g: Graph, x: Tensor, weight: np.ndarray, bias: np.ndarray | None, eps: float, name: str = "norm") -> Tensor:
@@ -731,14 +784,26 @@ def swiglu_mlp(
     down: np.ndarray,
     biases: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] = (None, None, None),
     name: str = "mlp",
+    hidden_act: str = "silu",
 ) -> Tensor:
-    """``down(silu(gate(x)) * up(x))`` (Shazeer, "GLU Variants", arXiv:2002.05202; ``LlamaMLP``).
+    """``down(act(gate(x)) * up(x))`` (Shazeer, "GLU Variants", arXiv:2002.05202): SwiGLU with
+    ``hidden_act`` ``"silu"`` (``LlamaMLP``), GeGLU with a GELU of :data:`GELU_ACTIVATIONS`
+    (``GemmaMLP``: ``"gelu_pytorch_tanh"``, the tanh approximation).
 
     With ``g.mapping.tp_size > 1``: gate/up column-parallel, down row-parallel (one all-reduce).
+
+    Raises:
+        InvalidArgumentError: ``hidden_act`` is neither ``"silu"`` nor one of :data:`GELU_ACTIVATIONS`.
     """
+    if hidden_act != "silu" and hidden_act not in GELU_ACTIVATIONS:
+        raise InvalidArgumentError(f"{name}: hidden_act {hidden_act!r} is not supported; expected 'silu' or one of {sorted(GELU_ACTIVATIONS)}")
     with g.scope(name):
-        gated = linear(g, x, gate, biases[0], "gate_proj", parallel="column")
-        h = mul(g, silu(g, gated, "act_fn"), linear(g, x, up, biases[1], "up_proj", parallel="column"), "gated")
+        gate_out = linear(g, x, gate, biases[0], "gate_proj", parallel="column")
+        if hidden_act == "silu":
+            act = silu(g, gate_out, "act_fn")
+        else:
+            act = gelu(g, gate_out, "none" if GELU_ACTIVATIONS[hidden_act] == "GELU_ERF" else "tanh", "act_fn")
+        h = mul(g, act, linear(g, x, up, biases[1], "up_proj", parallel="column"), "gated")
         return linear(g, h, down, biases[2], "down_proj", parallel="row")
 
 
@@ -1009,6 +1074,12 @@ def rope_plugin(
         return q_out, k_out
 
 
+def _rope_key(spec: RopeSpec) -> tuple[Any, ...]:
+    """What tells two RoPEs of one network apart (Gemma 3's global and local RoPE): their
+    frequencies and scaling, hashable."""
+    return (spec.rope_type, spec.rotary_dim, spec.inv_freq.tobytes(), spec.attention_scaling, spec.dynamic_factor)
+
+
 def _inv_freq_input(g: Graph, spec: RopeSpec, name: str = "rotary_emb") -> Tensor:
     """The ``inv_freq`` input of RoPE's plugins, a float32 constant made once per network
     (:meth:`trtcore.plugins.rope.RopePlugin.inv_freq_of`: longrope's short and long
@@ -1028,7 +1099,7 @@ def _rope_plugin_inputs(g: Graph, position_ids: Tensor, spec: RopeSpec, name: st
     attention plugin), made once per network: ``[inv_freq]`` (:func:`_inv_freq_input`), plus
     for dynamic / longrope scaling each token's sequence length (``seq_lens``, else
     ``max(position_ids) + 1`` of its row)."""
-    key = ("rope_plugin_inputs", id(position_ids))
+    key = ("rope_plugin_inputs", id(position_ids), _rope_key(spec))  # Gemma 3: two RoPEs in one network
     if key not in g.shared:
         extra = [_inv_freq_input(g, spec, name)]
         with g.scope_at(f"model.{name}"):
@@ -1064,6 +1135,7 @@ def paged_attention(
     rope: RopeSpec | None = None,
     position_ids: Tensor | None = None,
     name: str = "attention",
+    softcap: float | None = None,
 ) -> Tensor:
     """Paged attention of one layer on packed tokens (:class:`trtcore.plugins.paged_attention.PagedAttentionPlugin`).
 
@@ -1078,6 +1150,8 @@ def paged_attention(
             step's k/v of layer ``layer_idx`` into it in place.
         block_tables: int32 ``[B, max_blocks]``; seq_lens: int32 ``[B]``; query_start_loc:
             int32 ``[B + 1]``.
+        scale: the score scale; softcap: attention logit soft-capping, or None (the plugin's
+            ``scale`` / ``softcap`` fields); sliding_window: 0 or the layer's window.
 
     Returns:
         ``[T, Hq * D]``, named ``name``.
@@ -1109,6 +1183,7 @@ def paged_attention(
         block_size=block_size,
         sliding_window=sliding_window,
         scale=scale,
+        softcap=softcap or 0.0,
         packed_qkv=packed,
         **rotary,
     )
@@ -1133,7 +1208,7 @@ def rotary(
     if impl != "layers":
         own = tuple(i for i in IMPLEMENTATIONS["rope"] if i != ROPE_IN_ATTENTION)  # "attention" takes the plugin here
         raise InvalidArgumentError(f"rope implementation {impl!r} is not one of {own}")
-    key = ("rope_cos_sin", id(position_ids))
+    key = ("rope_cos_sin", id(position_ids), _rope_key(spec))
     if key not in g.shared:
         with g.scope_at("model"):
             g.shared[key] = rope_cos_sin(g, position_ids, spec, name, seq_lens)
@@ -1156,6 +1231,7 @@ def attention(
     head_dim: int,
     scale: float,
     name: str = "attention",
+    softcap: float | None = None,
 ) -> Tensor:
     """Scaled dot-product attention with GQA/MQA over a contiguous cache.
 
@@ -1163,12 +1239,14 @@ def attention(
         q: ``[batch, seq, num_heads, head_dim]`` (graph dtype, RoPE applied).
         k_cache, v_cache: ``[batch, num_kv_heads, total_len, head_dim]`` (past + new).
         mask: float32 additive mask ``[batch, 1, 1, seq, total_len]`` (0 or a large negative).
-        scale: softmax scale, usually ``head_dim ** -0.5``.
+        scale: softmax scale, usually ``head_dim ** -0.5`` (Gemma 2/3: ``query_pre_attn_scalar ** -0.5``).
+        softcap: attention logit soft-capping (:func:`soft_cap` of the scaled scores before the
+            mask, as transformers' ``eager_attention_forward`` of Gemma 2/3), or None.
 
     Returns:
         ``[batch, seq, num_heads * head_dim]``. Query head ``h`` attends to KV head
         ``h // (num_heads // num_kv_heads)`` (transformers' ``repeat_kv``); scores are
-        scaled, masked and soft-maxed in float32 (Vaswani et al., arXiv:1706.03762).
+        scaled, (soft-capped,) masked and soft-maxed in float32 (Vaswani et al., arXiv:1706.03762).
     """
     num_heads = q.shape[2]
     groups = num_heads // num_kv_heads
@@ -1179,6 +1257,8 @@ def attention(
         v5 = reshape(g, v_cache, (0, 0, 1, -1, head_dim), "v_5d")
         scores = cast(g, matmul(g, q5, k5, transpose_b=True, name="qk"), np.float32, "qk_float")
         scores = mul(g, scores, scalar(g, scale, 5, np.float32, "scale"), "scaled")
+        if softcap:
+            scores = soft_cap(g, scores, softcap, "softcap")
         scores = add(g, scores, mask, "masked")
         probs = cast(g, softmax(g, scores, -1, "softmax"), g.np_dtype, "probs")
         ctx = matmul(g, probs, v5, name="pv")  # [B, Hkv, G, S, D]
@@ -1351,6 +1431,7 @@ def cached_attention(
     sliding_window: int | None = None,
     rope: RopeSpec | None = None,
     name: str = "attention",
+    softcap: float | None = None,
 ) -> Tensor:
     """Attention of layer ``layer_idx`` over the KV cache, with the implementation of
     ``g.kv_mode`` (the plan's ``kv_cache`` / ``attention``), its cache I/O included:
@@ -1369,13 +1450,15 @@ def cached_attention(
         layer_type: the layer's ``config.layer_types`` entry, ``"full_attention"`` or
             ``"sliding_attention"`` (which mask it reads; whether ``sliding_window`` applies).
         sliding_window: the model's window (``config.sliding_window``), or None.
+        softcap: attention logit soft-capping (``attn_logit_softcapping``), or None.
 
     Returns:
         ``[..., H * D]`` of the graph dtype.
 
     Raises:
         InvalidArgumentError: ``g`` has no KV cache contract, or its inputs are undeclared
-            (call :func:`model_inputs` first), or packed qkv / ``rope`` outside the paged mode.
+            (call :func:`model_inputs` first), or packed qkv / ``rope`` outside the paged mode,
+            or ``softcap`` with TensorRT's native attention (``IAttention`` has no soft-capping).
     """
     mode = _kv_mode(g)
     if mode.kv_cache != "paged" and (rope is not None or k is None or v is None):
@@ -1386,6 +1469,11 @@ def cached_attention(
     if layer_type not in kv_modes.MASK_NAMES:
         raise InvalidArgumentError(f"layer_type {layer_type!r} is not one of {', '.join(kv_modes.MASK_NAMES)}")
     window = sliding_window if layer_type == "sliding_attention" else None
+    if softcap and mode.attention == "native":
+        raise InvalidArgumentError(
+            f"{name}: attention logit soft-capping ({softcap!r}) cannot be built with attention='native' "
+            "(TensorRT's IAttention has no soft-capping); use attention='layers' or the paged KV cache"
+        )
     if mode.kv_cache == "paged":
         return paged_attention(
             g,
@@ -1405,6 +1493,7 @@ def cached_attention(
             rope=rope,
             position_ids=x[kv_modes.POSITION_IDS],
             name=name,
+            softcap=softcap,
         )
     assert k is not None and v is not None  # checked above
     mask = x[kv_modes.MASK_NAMES[layer_type]]
@@ -1426,7 +1515,7 @@ def cached_attention(
     else:
         k_all = concat(g, [past_k, transpose(g, k, (0, 2, 1, 3), "k_bhsd")], 2, "k_cache")
         v_all = concat(g, [past_v, transpose(g, v, (0, 2, 1, 3), "v_bhsd")], 2, "v_cache")
-        ctx = attention(g, q, k_all, v_all, mask, num_kv_heads, head_dim, scale, name)
+        ctx = attention(g, q, k_all, v_all, mask, num_kv_heads, head_dim, scale, name, softcap=softcap)
     g.output(k_all, mode.cache_output(layer_idx, "key"))
     g.output(v_all, mode.cache_output(layer_idx, "value"))
     return ctx
@@ -1457,6 +1546,8 @@ def self_attention(
     layer_type: str = "full_attention",
     sliding_window: int | None = None,
     head_norms: tuple[np.ndarray, np.ndarray, float] | None = None,
+    head_norm_offset: float | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """A decoder layer's attention up to (not including) ``o_proj``: the q/k/v projections,
     optional RMSNorm of each q/k head, RoPE (neox pairing) by the network's ``position_ids``,
@@ -1481,6 +1572,8 @@ def self_attention(
         spec: the model's RoPE (:func:`trtcore.rope.rope_spec`).
         head_norms: ``(q_norm weight, k_norm weight, eps)`` (Qwen3: RMSNorm of each head
             before RoPE), or None.
+        head_norm_offset: the head norms' weight offset (:func:`rms_norm`; Gemma 3: 1), or None.
+        softcap: attention logit soft-capping, or None (:func:`cached_attention`).
         others: as :func:`cached_attention`.
 
     Returns:
@@ -1500,7 +1593,9 @@ def self_attention(
         weights, bias = [read_weight(w) for w in weights], [read_weight(b) for b in bias]
     num_heads, num_kv_heads = h1 - h0, kv1 - kv0
     fused = fuses_rope(g, spec)
-    common: dict[str, Any] = dict(num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale, layer_type=layer_type, sliding_window=sliding_window)
+    common: dict[str, Any] = dict(
+        num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale, layer_type=layer_type, sliding_window=sliding_window, softcap=softcap
+    )
     if fused and head_norms is None:
         if any(isinstance(a, QuantizedWeight) for a in weights):  # three weight-only GEMMs (own groups, act orders)
             parts = [linear(g, x, wi, bi, f"{role}_proj") for role, wi, bi in zip("qkv", weights, bias)]
@@ -1518,8 +1613,8 @@ def self_attention(
     )
     if head_norms is not None:
         q_w, k_w, eps = head_norms
-        q = rms_norm(g, q, q_w, eps, "q_norm")
-        k = rms_norm(g, k, k_w, eps, "k_norm")
+        q = rms_norm(g, q, q_w, eps, "q_norm", head_norm_offset)
+        k = rms_norm(g, k, k_w, eps, "k_norm", head_norm_offset)
     if fused:
         return cached_attention(g, layer_idx, q, k, v, rope=spec, **common)
     q, k = rotary(g, q, k, inputs[kv_modes.POSITION_IDS], spec, seq_lens=inputs.get(kv_modes.ROPE_SEQ_LENS))
@@ -1534,5 +1629,10 @@ def last_token_hidden(g: Graph, h: Tensor, name: str = "last_hidden") -> Tensor:
 
 
 def logits_output(g: Graph, logits: Tensor) -> Tensor:
-    """Mark ``logits`` ``[B, vocab_size]``, cast to float32, as the network's logits output."""
-    return g.output(cast(g, logits, np.float32, "logits_float"), kv_modes.LOGITS)
+    """Mark ``logits`` ``[B, vocab_size]``, cast to float32, as the network's logits output
+    (a float32 ``logits`` passes through an identity layer, so that the tensor given keeps its
+    name, e.g. ``lm_head`` for ``trtcore check --bisect``)."""
+    out = cast(g, logits, np.float32, "logits_float")
+    if out is logits:
+        out = g.named(g.network.add_identity(logits), "logits_float")
+    return g.output(out, kv_modes.LOGITS)
