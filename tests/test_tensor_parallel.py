@@ -160,6 +160,9 @@ def _fake_config(**fields: Any) -> Any:
         ({}, 0, InvalidArgumentError, "must be an int >= 1, got 0"),
         ({}, 2.0, InvalidArgumentError, "must be an int >= 1, got 2.0"),
         ({"architecture": "GPTNeoXForCausalLM"}, 2, InvalidArgumentError, "GPTNeoXForCausalLM family does not support tensor parallelism"),
+        ({"architecture": "MixtralForCausalLM"}, 2, InvalidArgumentError, "MixtralForCausalLM family does not support tensor parallelism"),
+        ({"architecture": "GemmaForCausalLM"}, 2, InvalidArgumentError, "GemmaForCausalLM family does not support tensor parallelism"),
+        ({"architecture": "Phi3ForCausalLM"}, 2, InvalidArgumentError, "Phi3ForCausalLM family does not support tensor parallelism"),
         ({"quantization_config": {"quant_method": "gptq"}}, 2, InvalidArgumentError, "quantized checkpoints"),
     ],
 )
