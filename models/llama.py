@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from trtcore import ops
 from trtcore.config import ModelConfig
 from trtcore.families import family_of
@@ -32,15 +30,18 @@ from trtcore.rope import rope_spec
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 
 
-def tensor(weights: Any, fam: Any, role: str, layer: int | None, *shape: int, suffix: str = ".weight") -> np.ndarray:
-    """The checkpoint tensor of ``role`` (of ``layer``), checked to be ``shape``."""
-    return weights.get(fam.tensor(role, layer, suffix), shape=tuple(shape))
+def tensor(weights: Any, fam: Any, role: str, layer: int | None, *shape: int, suffix: str = ".weight", lazy: bool = False) -> Any:
+    """The checkpoint tensor of ``role`` (of ``layer``), checked to be ``shape``; ``lazy``: unread
+    (a :class:`~trtcore.checkpoint.LazyTensor` where ``weights`` has ``lazy``), for the ops to
+    read the slice a tensor-parallel rank holds."""
+    read = getattr(weights, "lazy", weights.get) if lazy else weights.get
+    return read(fam.tensor(role, layer, suffix), shape=tuple(shape))
 
 
 def linear_tensor(weights: Any, fam: Any, role: str, layer: int | None, out: int, inp: int) -> Any:
     """A linear's weight ``[out, inp]``; a quantized checkpoint's stays quantized (ops.linear then
     builds the weight-only GEMM: the plugin, or TensorRT's dequantize layer where plugins cannot be hosted)."""
-    return linear_weight(weights, fam.tensor(role, layer, ".weight"), (out, inp))
+    return linear_weight(weights, fam.tensor(role, layer, ".weight"), (out, inp), lazy=True)
 
 
 def attention_block(g: Graph, c: ModelConfig, fam: Any, weights: Any, i: int, x: Any, spec: Any) -> Any:
@@ -51,7 +52,7 @@ def attention_block(g: Graph, c: ModelConfig, fam: Any, weights: Any, i: int, x:
     with g.scope("self_attn"):
         roles = {"q_proj": H * D, "k_proj": Hkv * D, "v_proj": Hkv * D}
         qkv_w = [linear_tensor(weights, fam, r, i, n, E) for r, n in roles.items()]
-        qkv_b = [tensor(weights, fam, r, i, n, suffix=".bias") for r, n in roles.items()] if c.qkv_bias else None
+        qkv_b = [tensor(weights, fam, r, i, n, suffix=".bias", lazy=True) for r, n in roles.items()] if c.qkv_bias else None
         # Qwen3: RMSNorm on each query/key head before RoPE
         norms = None
         if c.model_type in QK_NORM_TYPES:
@@ -72,7 +73,7 @@ def attention_block(g: Graph, c: ModelConfig, fam: Any, weights: Any, i: int, x:
             head_norms=norms,
         )
         o_b = tensor(weights, fam, "o_proj", i, E, suffix=".bias") if c.o_bias else None
-        return ops.linear(g, ctx, linear_tensor(weights, fam, "o_proj", i, E, H * D), o_b, "o_proj")
+        return ops.linear(g, ctx, linear_tensor(weights, fam, "o_proj", i, E, H * D), o_b, "o_proj", parallel="row")
 
 
 def dense_mlp(
@@ -82,7 +83,7 @@ def dense_mlp(
     ``down_proj`` roles, biases per ``c.mlp_bias``), scope ``name``."""
     E, I = c.hidden_size, intermediate_size
     mlp_shapes = {f"{role_prefix}gate_proj": (I, E), f"{role_prefix}up_proj": (I, E), f"{role_prefix}down_proj": (E, I)}
-    biases = tuple(tensor(weights, fam, r, i, n, suffix=".bias") if c.mlp_bias else None for r, (n, _) in mlp_shapes.items())
+    biases = tuple(tensor(weights, fam, r, i, n, suffix=".bias", lazy=True) if c.mlp_bias else None for r, (n, _) in mlp_shapes.items())
     gate, up, down = (linear_tensor(weights, fam, r, i, *shape) for r, shape in mlp_shapes.items())
     return ops.swiglu_mlp(g, x, gate, up, down, biases, name)  # type: ignore[arg-type]
 
@@ -92,14 +93,15 @@ def final_norm(g: Graph, c: ModelConfig, fam: Any, weights: Any, h: Any) -> Any:
     return ops.rms_norm(g, ops.last_token_hidden(g, h), tensor(weights, fam, "norm", None, c.hidden_size), c.rms_norm_eps, "norm")
 
 
-def lm_head_logits(g: Graph, c: ModelConfig, fam: Any, weights: Any, last: Any, embed: np.ndarray) -> None:
-    """``lm_head`` (tied to ``embed`` when ``tie_word_embeddings``) and the logits output."""
+def lm_head_logits(g: Graph, c: ModelConfig, fam: Any, weights: Any, last: Any, embed: Any) -> None:
+    """``lm_head`` (tied to ``embed`` when ``tie_word_embeddings``; vocabulary-parallel over
+    tensor-parallel ranks) and the logits output."""
     lm_head = (
         embed
         if c.tie_word_embeddings
-        else linear_weight(weights, fam.tensor("lm_head", None, ".weight"), (c.vocab_size, c.hidden_size), quantized=False)
+        else linear_weight(weights, fam.tensor("lm_head", None, ".weight"), (c.vocab_size, c.hidden_size), quantized=False, lazy=True)
     )
-    ops.logits_output(g, ops.linear(g, last, lm_head, None, "lm_head"))
+    ops.logits_output(g, ops.linear(g, last, lm_head, None, "lm_head", parallel="vocab"))
 
 
 def build(g: Graph, config: ModelConfig, weights: Any) -> None:
@@ -118,7 +120,7 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
     E = c.hidden_size
     inputs = ops.model_inputs(g)
     spec = rope_spec(c, fam.partial_rotary_factor)  # the family's rule: rotate what transformers rotates
-    embed = tensor(weights, fam, "embed_tokens", None, c.vocab_size, E)
+    embed = tensor(weights, fam, "embed_tokens", None, c.vocab_size, E, lazy=True)
     with g.scope("model"):
         h = ops.embedding(g, inputs.input_ids, embed, "embed_tokens")
         for i in range(c.num_hidden_layers):
@@ -132,3 +134,5 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
 
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+#: the family builds tensor-parallel ranks (``Graph.mapping``; o_proj row-, lm_head vocabulary-parallel here, the rest in the ops)
+TENSOR_PARALLEL = True

@@ -5,7 +5,8 @@
 * :mod:`trtcore.plugins.rope` — fused rotary position embedding;
 * :mod:`trtcore.plugins.paged_attention` — attention over the paged KV cache;
 * :mod:`trtcore.plugins.weight_only_gemm` — int4/int8 weight-only quantized GEMM;
-* :mod:`trtcore.plugins.moe_experts` — mixture-of-experts experts (grouped GEMMs).
+* :mod:`trtcore.plugins.moe_experts` — mixture-of-experts experts (grouped GEMMs);
+* :mod:`trtcore.plugins.collective` — all-reduce / all-gather of tensor parallelism (NCCL).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from typing import Any
 
 def builtin_plugins() -> list[type]:
     """The plugin classes trtcore ships."""
+    from .collective import CollectivePlugin
     from .moe_experts import MoeExpertsPlugin
     from .paged_attention import PagedAttentionPlugin
     from .rope import RopePlugin
     from .weight_only_gemm import WeightOnlyGemmPlugin
 
-    return [RopePlugin, PagedAttentionPlugin, WeightOnlyGemmPlugin, MoeExpertsPlugin]
+    return [RopePlugin, PagedAttentionPlugin, WeightOnlyGemmPlugin, MoeExpertsPlugin, CollectivePlugin]
 
 
 def register_all(trt: Any) -> list[type]:

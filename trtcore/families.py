@@ -400,9 +400,9 @@ def _moe_config(d: Mapping[str, Any], experts_field: str, alias: str, fields: Ma
         if out.get(k) is None:
             out[k] = list(v) if isinstance(v, list) else v
     experts = _moe_int(out, experts_field, 0)
-    k = _moe_int(out, "num_experts_per_tok", 1)
-    if experts and k > experts:
-        raise ConfigError(f"field 'num_experts_per_tok' is {k}, expected at most {experts_field} = {experts}")
+    top_k = _moe_int(out, "num_experts_per_tok", 1)
+    if experts and top_k > experts:
+        raise ConfigError(f"field 'num_experts_per_tok' is {top_k}, expected at most {experts_field} = {experts}")
     act = out.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"field 'hidden_act' is {act!r}; trtcore builds the experts as SwiGLU MLPs ('silu')")

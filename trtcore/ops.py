@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from . import kv_modes
+from .checkpoint import LazyTensor
 from .dtypes import ENGINE_DTYPES, trt_dtype
 from .errors import InvalidArgumentError, NetworkError
 from .kv_modes import KVMode
+from .parallel import Mapping
 from .plan import IMPLEMENTATIONS, ROPE_IN_ATTENTION
 from .quantization import QuantizedWeight
 from .rope import RopeSpec
@@ -57,6 +59,10 @@ class Graph:
         kv_mode: the network's KV cache contract (:func:`trtcore.kv_modes.kv_mode`): its
             inputs and outputs, declared by :func:`model_inputs` and :func:`cached_attention`;
             None for networks without a KV cache (single-op tests).
+        mapping: the tensor-parallel rank this network is (:class:`trtcore.parallel.Mapping`;
+            default one rank): :func:`linear` (``parallel=``), :func:`embedding`,
+            :func:`self_attention` and :func:`swiglu_mlp` slice their weights to the rank's
+            share and add the collectives (:func:`all_reduce`, :func:`all_gather`).
 
     Attributes:
         keepalive: arrays whose memory TensorRT reads at build time (constants made with
@@ -72,6 +78,7 @@ class Graph:
         block_size: int = 16,
         max_seq_len: int | None = None,
         kv_mode: KVMode | None = None,
+        mapping: Mapping | None = None,
     ):
         if dtype not in _NP_DTYPES:
             raise InvalidArgumentError(f"dtype {dtype!r} is not supported; expected one of {sorted(_NP_DTYPES)}")
@@ -89,6 +96,8 @@ class Graph:
         self.max_seq_len = None if max_seq_len is None else int(max_seq_len)
         #: the KV cache contract (network I/O) of a whole-model network
         self.kv_mode = kv_mode
+        #: the tensor-parallel rank of this network
+        self.mapping = mapping or Mapping()
         #: network inputs declared by :func:`model_inputs`, by name
         self.inputs: dict[str, Tensor] = {}
         #: tensors shared by all layers (e.g. RoPE's cos/sin), keyed by op
@@ -290,29 +299,94 @@ def matmul(g: Graph, a: Tensor, b: Tensor, transpose_b: bool = False, name: str 
 # ---------------------------------------------------------------------------------------
 
 
-def linear(g: Graph, x: Tensor, weight: np.ndarray | QuantizedWeight, bias: np.ndarray | None = None, name: str = "linear") -> Tensor:
+#: the tensor-parallel styles of :func:`linear`'s ``parallel``
+PARALLEL_STYLES = ("column", "row", "vocab")
+
+Weight = np.ndarray | LazyTensor
+
+
+def read_weight(w: Any, axis: int = 0, start: int = 0, stop: int | None = None) -> Any:
+    """The slice ``[start, stop)`` along ``axis`` of a weight (all of it by default): a
+    :class:`~trtcore.checkpoint.LazyTensor` reads only that slice from the checkpoint, an
+    array is sliced (a view), a :class:`~trtcore.quantization.QuantizedWeight` or None is
+    returned as it is when the whole is asked for."""
+    if w is None or (isinstance(w, QuantizedWeight) and start == 0 and stop is None):
+        return w
+    if isinstance(w, LazyTensor):
+        return w.read(axis, start, stop)
+    if isinstance(w, QuantizedWeight):
+        raise InvalidArgumentError("tensor parallelism does not slice quantized weights yet; use an unquantized checkpoint")
+    a = np.asarray(w)
+    index = [slice(None)] * a.ndim
+    index[axis % a.ndim] = slice(start, stop)
+    return a[tuple(index)]
+
+
+def linear(
+    g: Graph,
+    x: Tensor,
+    weight: Weight | QuantizedWeight,
+    bias: Weight | None = None,
+    name: str = "linear",
+    parallel: str | None = None,
+) -> Tensor:
     """``x @ weight.T + bias`` (``torch.nn.Linear``).
 
     Args:
-        x: ``[..., in_features]`` of the graph dtype.
-        weight: ``[out_features, in_features]`` (Hugging Face layout), any float dtype;
-            stored as a constant of the graph dtype. A
+        x: ``[..., in_features]`` of the graph dtype (``parallel="row"``: this rank's share
+            of the input features, the output of a column-parallel op).
+        weight: ``[out_features, in_features]`` (Hugging Face layout), any float dtype, an
+            array or a :class:`~trtcore.checkpoint.LazyTensor` (then only this rank's slice is
+            read); stored as a constant of the graph dtype. A
             :class:`~trtcore.quantization.QuantizedWeight` (a quantized checkpoint's linear)
             stays quantized: :func:`weight_only_linear`.
         bias: ``[out_features]`` or None.
+        parallel: with ``g.mapping.tp_size > 1`` (Megatron-LM, arXiv:1909.08053, section 3):
+            ``"column"``: this rank's even share of the output features (weight rows, bias);
+            ``"row"``: the share of the input features (weight columns), the partial products
+            summed over ranks by :func:`all_reduce`, then the whole bias added once;
+            ``"vocab"`` (the LM head): ``ceil(out_features / tp_size)`` rows per rank (the last
+            zero-padded), the ranks' outputs joined by :func:`all_gather` and the padding
+            dropped: the whole ``[..., out_features]`` on every rank. None: not split.
 
     Returns:
-        ``[..., out_features]`` of the graph dtype, named ``name``.
+        ``[..., out_features]`` of the graph dtype (``"column"``: this rank's share), named ``name``.
+
+    Raises:
+        InvalidArgumentError: an unknown ``parallel``; a quantized weight with tensor parallelism.
+        ConfigError: ``tp_size`` does not divide the split dimension.
+        NetworkError: the weight does not fit ``x``.
     """
-    if isinstance(weight, QuantizedWeight):
-        return weight_only_linear(g, x, weight, bias, name)
-    if weight.ndim != 2 or (x.shape[-1] != -1 and x.shape[-1] != weight.shape[1]):
-        raise NetworkError(f"{name}: weight {weight.shape} does not fit input {tuple(x.shape)}")
+    if parallel is not None and parallel not in PARALLEL_STYLES:
+        raise InvalidArgumentError(f"{name}: parallel={parallel!r} is not one of {PARALLEL_STYLES}")
+    m = g.mapping
+    if m.parallel and parallel is not None:
+        if isinstance(weight, QuantizedWeight):
+            raise InvalidArgumentError(f"{name}: tensor parallelism does not slice quantized weights yet; use an unquantized checkpoint")
+        out_f, in_f = weight.shape
+        if parallel == "column":
+            lo, hi = m.split(out_f, f"{name} out_features")
+            return linear(g, x, read_weight(weight, 0, lo, hi), read_weight(bias, 0, lo, hi), name)
+        if parallel == "row":
+            lo, hi = m.split(in_f, f"{name} in_features")
+            partial = linear(g, x, read_weight(weight, 1, lo, hi), None, f"{name}.partial")
+            y = all_reduce(g, partial, name if bias is None else f"{name}.all_reduce")
+            if bias is not None:
+                whole: np.ndarray = read_weight(bias)
+                y = add(g, y, constant(g, whole.reshape((1,) * (len(x.shape) - 1) + whole.shape), f"{name}.bias", g.np_dtype), name)
+            return y
+        return _vocab_parallel_linear(g, x, weight, bias, name)
+    wt: Any = read_weight(weight)
+    bs: np.ndarray | None = read_weight(bias)
+    if isinstance(wt, QuantizedWeight):
+        return weight_only_linear(g, x, wt, bs, name)
+    if wt.ndim != 2 or (x.shape[-1] != -1 and x.shape[-1] != wt.shape[1]):
+        raise NetworkError(f"{name}: weight {wt.shape} does not fit input {tuple(x.shape)}")
     rank = len(x.shape)
-    w = constant(g, weight.reshape((1,) * (rank - 2) + weight.shape), f"{name}.weight", g.np_dtype)
-    y = matmul(g, x, w, transpose_b=True, name=name if bias is None else f"{name}.matmul")
-    if bias is not None:
-        b = constant(g, bias.reshape((1,) * (rank - 1) + bias.shape), f"{name}.bias", g.np_dtype)
+    w = constant(g, wt.reshape((1,) * (rank - 2) + wt.shape), f"{name}.weight", g.np_dtype)
+    y = matmul(g, x, w, transpose_b=True, name=name if bs is None else f"{name}.matmul")
+    if bs is not None:
+        b = constant(g, bs.reshape((1,) * (rank - 1) + bs.shape), f"{name}.bias", g.np_dtype)
         y = add(g, y, b, name)
     return y
 
@@ -424,19 +498,129 @@ def _weight_only_dequantize(g: Graph, x: Tensor, qw: QuantizedWeight, np_x: np.d
     return add(g, y, term, "sum")
 
 
-def embedding(g: Graph, ids: Tensor, table: np.ndarray, name: str = "embed_tokens", scale: float | None = None) -> Tensor:
-    """Look up rows of ``table`` (``[vocab_size, hidden_size]``) for int32 ``ids`` ``[...]``.
+def embedding(g: Graph, ids: Tensor, table: Weight, name: str = "embed_tokens", scale: float | None = None) -> Tensor:
+    """Look up rows of ``table`` (``[vocab_size, hidden_size]``, an array or a
+    :class:`~trtcore.checkpoint.LazyTensor`) for int32 ``ids`` ``[...]``.
 
     ``scale``: each row multiplied by it, the factor first rounded to the graph dtype (Gemma's
     ``sqrt(hidden_size)``: transformers' ``*ScaledWordEmbedding`` multiplies by
     ``embed_scale.to(weight.dtype)``); the lookup is then ``{name}.lookup``. Output:
     ``[..., hidden_size]`` of the graph dtype, named ``name``.
+
+    With ``g.mapping.tp_size > 1`` the table is vocabulary-parallel (Megatron-LM's
+    ``VocabParallelEmbedding``): this rank holds ``ceil(vocab_size / tp_size)`` rows
+    (:meth:`trtcore.parallel.Mapping.vocab`), looks up ``ids`` in its rows (two constant
+    gathers map an id to its local row and to 1 or 0, whether the rank holds it), zeroes the
+    others, and :func:`all_reduce` adds the ranks' rows: exactly one rank contributes each row.
     """
-    t = constant(g, table, f"{name}.weight", g.np_dtype)
+    m = g.mapping
+    looked_up = name if scale is None else f"{name}.lookup"
+    if not m.parallel:
+        rows = gather(g, constant(g, read_weight(table), f"{name}.weight", g.np_dtype), ids, 0, looked_up)
+    else:
+        rows = _vocab_parallel_lookup(g, ids, table, name, looked_up)
     if scale is None:
-        return gather(g, t, ids, 0, name)
-    rows = gather(g, t, ids, 0, f"{name}.lookup")
+        return rows
     return mul(g, rows, scalar(g, scale, len(rows.shape), g.np_dtype, f"{name}.embed_scale"), name)
+
+
+def _vocab_parallel_lookup(g: Graph, ids: Tensor, table: Weight, name: str, out_name: str) -> Tensor:
+    """:func:`embedding` over tensor-parallel ranks (see there), named ``out_name``."""
+    m = g.mapping
+    vocab = table.shape[0]
+    start, stop, _ = m.vocab(vocab)
+    local = np.zeros(vocab, np.int32)
+    local[start:stop] = np.arange(stop - start, dtype=np.int32)
+    held = np.zeros(vocab, np.float32)
+    held[start:stop] = 1.0
+    with g.scope(name):
+        local_ids = gather(g, constant(g, local, "local_ids"), ids, 0, "local_ids_of")
+        rows = gather(g, constant(g, _vocab_rows(g, table), "weight", g.np_dtype), local_ids, 0, "lookup")
+        keep = gather(g, constant(g, held, "held", g.np_dtype), ids, 0, "held_of")
+        masked = mul(g, rows, reshape(g, keep, (0,) * len(ids.shape) + (1,), "held_col"), "masked")
+    return all_reduce(g, masked, out_name)
+
+
+def _vocab_rows(g: Graph, table: Weight) -> np.ndarray:
+    """This rank's ``ceil(vocab / tp_size)`` rows of ``table`` (zero rows past the vocabulary),
+    made once per table (a tied LM head shares the embedding's)."""
+    key = ("vocab_rows", id(table))
+    if key not in g.shared:
+        start, stop, rows = g.mapping.vocab(table.shape[0])
+        part = read_weight(table, 0, start, stop)
+        if stop - start < rows:
+            part = np.concatenate([part, np.zeros((rows - (stop - start), *part.shape[1:]), part.dtype)])
+        g.shared[key] = (table, part)  # holding the table keeps its id from being reused
+    return g.shared[key][1]  # type: ignore[no-any-return]
+
+
+def _vocab_parallel_linear(g: Graph, x: Tensor, weight: Weight, bias: Weight | None, name: str) -> Tensor:
+    """:func:`linear` with ``parallel="vocab"``: the rank's rows, then the ranks' outputs gathered."""
+    vocab = weight.shape[0]
+    _, _, rows = g.mapping.vocab(vocab)
+    r = len(x.shape)
+    with g.scope(name):
+        b = None
+        if bias is not None:
+            start, stop, _ = g.mapping.vocab(vocab)
+            b = np.zeros(rows, np.float32)
+            b[: stop - start] = read_weight(bias, 0, start, stop)
+        part = linear(g, x, _vocab_rows(g, weight), b, "partial")  # [..., rows]
+        last_first = [r - 1, *range(r - 1)]
+        gathered = all_gather(g, transpose(g, part, last_first, "vocab_first"), "all_gather")  # [tp * rows, ...]
+        y = transpose(g, gathered, [*range(1, r), 0], "vocab_last")
+        if rows * g.mapping.tp_size != vocab:
+            y = gather_const(g, y, range(vocab), r - 1, "unpad")
+    y.name = g.unique(name)
+    return y
+
+
+#: implementations of :func:`all_reduce` / :func:`all_gather`: trtcore's collective plugin
+#: (NCCL on the GPU, the simulated ranks on the reference backend) or TensorRT's
+#: ``IDistCollectiveLayer`` (``add_dist_collective``, TensorRT 10.16+ / TensorRT-RTX 1.7)
+COLLECTIVE_IMPLEMENTATIONS = ("plugin", "native")
+
+
+def _collective(g: Graph, x: Tensor, collective: str, name: str) -> Tensor:
+    m = g.mapping
+    if not m.parallel:
+        return x
+    from trtcore.plugins.base import create, hosts_plugins
+
+    impl = g.implementations.get("collective") or ("plugin" if hosts_plugins(g.trt) else "native")
+    if impl not in COLLECTIVE_IMPLEMENTATIONS:
+        raise InvalidArgumentError(f"{name}: collective implementation {impl!r} is not one of {COLLECTIVE_IMPLEMENTATIONS}")
+    if impl == "plugin":
+        from trtcore.plugins.collective import CollectivePlugin
+
+        plugin = CollectivePlugin(collective=collective, group=m.group, rank=m.tp_rank, world_size=m.tp_size)
+        return g.named(g.network.add_plugin_v3([x], [], create(plugin, g.trt)), name)
+    if not hasattr(g.network, "add_dist_collective"):
+        raise InvalidArgumentError(f"{name}: {getattr(g.trt, '__name__', g.trt)} has neither plugins nor IDistCollectiveLayer for the {collective}")
+    op = getattr(g.trt.CollectiveOperation, collective.upper())
+    reduce_op = g.trt.ReduceOperation.SUM if collective == "all_reduce" else g.trt.ReduceOperation.NONE
+    layer = g.network.add_dist_collective(x, op, reduce_op, -1, None)
+    layer.num_ranks = m.tp_size
+    return g.named(layer, name)
+
+
+def all_reduce(g: Graph, x: Tensor, name: str = "all_reduce") -> Tensor:
+    """The elementwise sum of ``x`` over the ranks of ``g.mapping`` (every rank gets it);
+    ``x`` itself with one rank. Implementation: ``g.implementations["collective"]`` if set,
+    else the collective plugin where the module hosts plugins, else TensorRT's
+    ``IDistCollectiveLayer`` (:data:`COLLECTIVE_IMPLEMENTATIONS`).
+
+    Raises:
+        InvalidArgumentError: the module has neither.
+    """
+    return _collective(g, x, "all_reduce", name)
+
+
+def all_gather(g: Graph, x: Tensor, name: str = "all_gather") -> Tensor:
+    """``x`` ``[d0, ...]`` of every rank of ``g.mapping`` concatenated along the first axis,
+    rank-major: ``[tp_size * d0, ...]`` (NCCL's ``ncclAllGather``); ``x`` itself with one rank.
+    Implementations as :func:`all_reduce`."""
+    return _collective(g, x, "all_gather", name)
 
 
 def rms_norm(g: Graph, x: Tensor, weight: np.ndarray, eps: float, name: str = "norm", offset: float | None = None) -> Tensor:
@@ -606,19 +790,21 @@ def swiglu_mlp(
     ``hidden_act`` ``"silu"`` (``LlamaMLP``), GeGLU with a GELU of :data:`GELU_ACTIVATIONS`
     (``GemmaMLP``: ``"gelu_pytorch_tanh"``, the tanh approximation).
 
+    With ``g.mapping.tp_size > 1``: gate/up column-parallel, down row-parallel (one all-reduce).
+
     Raises:
         InvalidArgumentError: ``hidden_act`` is neither ``"silu"`` nor one of :data:`GELU_ACTIVATIONS`.
     """
     if hidden_act != "silu" and hidden_act not in GELU_ACTIVATIONS:
         raise InvalidArgumentError(f"{name}: hidden_act {hidden_act!r} is not supported; expected 'silu' or one of {sorted(GELU_ACTIVATIONS)}")
     with g.scope(name):
-        gate_out = linear(g, x, gate, biases[0], "gate_proj")
+        gate_out = linear(g, x, gate, biases[0], "gate_proj", parallel="column")
         if hidden_act == "silu":
             act = silu(g, gate_out, "act_fn")
         else:
             act = gelu(g, gate_out, "none" if GELU_ACTIVATIONS[hidden_act] == "GELU_ERF" else "tanh", "act_fn")
-        h = mul(g, act, linear(g, x, up, biases[1], "up_proj"), "gated")
-        return linear(g, h, down, biases[2], "down_proj")
+        h = mul(g, act, linear(g, x, up, biases[1], "up_proj", parallel="column"), "gated")
+        return linear(g, h, down, biases[2], "down_proj", parallel="row")
 
 
 # ---------------------------------------------------------------------------------------
@@ -1367,6 +1553,10 @@ def self_attention(
     optional RMSNorm of each q/k head, RoPE (neox pairing) by the network's ``position_ids``,
     and :func:`cached_attention`.
 
+    With ``g.mapping.tp_size > 1`` the rank computes its ``num_heads / tp_size`` query heads
+    and the KV heads they read (:meth:`trtcore.parallel.Mapping.kv_heads`), reading only those
+    rows of the q/k/v weights; the result is its share of the heads, for a row-parallel ``o_proj``.
+
     When :func:`fuses_rope`, RoPE runs inside the paged attention plugin; without head norms
     the three projections are also one product ``qkv_proj`` (the weights concatenated along
     the output features, q|k|v, as TensorRT-LLM's fused QKV) whose output is the plugin's
@@ -1376,7 +1566,8 @@ def self_attention(
 
     Args:
         x: ``[..., hidden]`` normalized hidden states (the token layout of the KV mode).
-        weights: ``(q_proj, k_proj, v_proj)`` weights, ``[out_features, hidden]`` each.
+        weights: ``(q_proj, k_proj, v_proj)`` weights, ``[out_features, hidden]`` each (arrays
+            or :class:`~trtcore.checkpoint.LazyTensor`).
         biases: their biases (``[out_features]`` or None each), or None.
         spec: the model's RoPE (:func:`trtcore.rope.rope_spec`).
         head_norms: ``(q_norm weight, k_norm weight, eps)`` (Qwen3: RMSNorm of each head
@@ -1386,12 +1577,21 @@ def self_attention(
         others: as :func:`cached_attention`.
 
     Returns:
-        ``[..., num_heads * head_dim]`` of the graph dtype.
+        ``[..., num_heads * head_dim]`` of the graph dtype (this rank's heads).
     """
     inputs = g.inputs
     if kv_modes.POSITION_IDS not in inputs:
         raise InvalidArgumentError("self_attention needs the network inputs; call ops.model_inputs(g) first")
     bias = list(biases) if biases is not None else [None, None, None]
+    # tensor parallelism: this rank's query heads and the KV heads they read (column-parallel q/k/v)
+    (h0, h1), (kv0, kv1) = g.mapping.split(num_heads, "num_attention_heads"), g.mapping.kv_heads(num_kv_heads)
+    if g.mapping.parallel:
+        rows = [(h0 * head_dim, h1 * head_dim), (kv0 * head_dim, kv1 * head_dim), (kv0 * head_dim, kv1 * head_dim)]
+        weights = [read_weight(w, 0, lo, hi) for w, (lo, hi) in zip(weights, rows)]
+        bias = [read_weight(b, 0, lo, hi) for b, (lo, hi) in zip(bias, rows)]
+    else:
+        weights, bias = [read_weight(w) for w in weights], [read_weight(b) for b in bias]
+    num_heads, num_kv_heads = h1 - h0, kv1 - kv0
     fused = fuses_rope(g, spec)
     common: dict[str, Any] = dict(
         num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale, layer_type=layer_type, sliding_window=sliding_window, softcap=softcap
