@@ -4,7 +4,9 @@
   registration, entry-point discovery;
 * :mod:`trtcore.plugins.rope` — fused rotary position embedding;
 * :mod:`trtcore.plugins.paged_attention` — attention over the paged KV cache;
-* :mod:`trtcore.plugins.weight_only_gemm` — int4/int8 weight-only quantized GEMM.
+* :mod:`trtcore.plugins.weight_only_gemm` — int4/int8 weight-only quantized GEMM;
+* :mod:`trtcore.plugins.fp8_gemm` — FP8 (E4M3) GEMM through cuBLASLt;
+* :mod:`trtcore.plugins.launcher` — compiling and launching a plugin's kernels.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from typing import Any
 
 def builtin_plugins() -> list[type]:
     """The plugin classes trtcore ships."""
+    from .fp8_gemm import Fp8GemmPlugin
     from .paged_attention import PagedAttentionPlugin
     from .rope import RopePlugin
     from .weight_only_gemm import WeightOnlyGemmPlugin
 
-    return [RopePlugin, PagedAttentionPlugin, WeightOnlyGemmPlugin]
+    return [RopePlugin, PagedAttentionPlugin, WeightOnlyGemmPlugin, Fp8GemmPlugin]
 
 
 def register_all(trt: Any) -> list[type]:
