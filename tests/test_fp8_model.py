@@ -219,3 +219,25 @@ def test_unsupported_fp8_variants_are_refused(qc: dict, match: str) -> None:
 
     with pytest.raises(UnsupportedQuantizationError, match=match):
         detect_quantization(qc)
+
+
+def test_cli_quantize_fp8_and_bench_random_fp8_weights(src: Path, tmp_path: Path) -> None:
+    from trtcore import cli
+
+    out = tmp_path / "cli"
+    argv = ["quantize", "--model", str(src), "--output", str(out), "--method", "fp8", "--strategy", "tensor", "--activations", "dynamic"]
+    assert cli.main(argv) == 0
+    group = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]
+    assert group["weights"]["strategy"] == "tensor" and group["input_activations"]["dynamic"] is True
+    report = tmp_path / "bench.json"
+    argv = ["bench", "throughput", "--random-weights", str(src / "config.json"), "--backend", "reference", "--quantization", "fp8",
+            "--num-prompts", "2", "--input-len", "4", "--output-len", "3", "--num-iters-warmup", "0", "--json", str(report)]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert json.loads(report.read_text())["results"][0]["output_throughput"] > 0
+
+
+def test_random_fp8_weights_build_fp8_gemms(src: Path) -> None:
+    from trtcore import bench
+
+    llm, _ = bench._random_weights_llm(str(src / "config.json"), "reference", "bfloat16", {"max_batch_size": 2, "max_seq_len": 16}, 0, "fp8")
+    assert _layer_kinds(llm.executor.network).count("Fp8GemmPlugin") == LINEARS
