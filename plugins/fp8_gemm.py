@@ -17,7 +17,8 @@ static per-tensor scale or a dynamic one, ``max|x| / 448`` of the call's x).
 
 Workspace (:meth:`Fp8GemmPlugin.workspace_size`): 256 bytes of scalars, ``M * K`` E4M3 bytes,
 ``M * N`` float32 (per-channel), and :data:`LT_WORKSPACE` bytes for cuBLASLt, each 256-byte
-aligned. ``K`` must be a multiple of 16 (cuBLASLt's FP8 rule); ``N`` a multiple of 8.
+aligned. ``K`` and ``N`` must be multiples of 16 (cuBLASLt's FP8 operands: 16-byte aligned
+leading dimensions; PyTorch's ``_scaled_mm`` asks the same).
 
 Numerical contract: :meth:`Fp8GemmPlugin.reference` is :meth:`trtcore.fp8.Fp8Weight.reference_linear`
 (float64) rounded once to x's dtype; the GPU agrees with it exactly on the E4M3 codes of x and
@@ -72,7 +73,7 @@ class Fp8GemmPlugin(Plugin):
     Output: ``y [..., N]`` of x's dtype.
 
     Fields:
-        in_features: K (a multiple of 16). out_features: N (a multiple of 8).
+        in_features: K (a multiple of 16). out_features: N (a multiple of 16).
         per_channel: one weight scale per output channel (else one for all).
         static_input: the activation scale is input 3 (else dynamic, ``max|x| / 448``).
     """
@@ -89,8 +90,8 @@ class Fp8GemmPlugin(Plugin):
     def validate(self) -> None:
         if self.in_features <= 0 or self.in_features % 16:
             raise PluginError(f"Fp8GemmPlugin.in_features must be a positive multiple of 16 (cuBLASLt FP8), got {self.in_features!r}")
-        if self.out_features <= 0 or self.out_features % 8:
-            raise PluginError(f"Fp8GemmPlugin.out_features must be a positive multiple of 8, got {self.out_features!r}")
+        if self.out_features <= 0 or self.out_features % 16:
+            raise PluginError(f"Fp8GemmPlugin.out_features must be a positive multiple of 16 (cuBLASLt FP8), got {self.out_features!r}")
 
     @classmethod
     def from_fp8(cls, fw: Fp8Weight) -> tuple[Fp8GemmPlugin, list[np.ndarray]]:

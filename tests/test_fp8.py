@@ -133,7 +133,7 @@ def _run_linear(trt_name: str, fw: fp8.Fp8Weight, x: np.ndarray, impl: str, dtyp
 @pytest.mark.parametrize(("strategy", "input_scale"), [("channel", 0.03), ("tensor", None), ("channel", None)])
 def test_fp8_linear_on_the_reference_backend(impl: str, strategy: str, input_scale: float | None) -> None:
     rng = np.random.default_rng([3, len(impl), len(strategy)])
-    w = rng.normal(0, 0.1, (24, 48)) * rng.uniform(0.2, 3, (24, 1))
+    w = rng.normal(0, 0.1, (32, 48)) * rng.uniform(0.2, 3, (32, 1))
     fw = fp8.quantize_weight(w, strategy, input_scale)
     x = rng.normal(0, 1.5, (2, 3, 48)).astype(np.float32)
     s_x = input_scale if input_scale is not None else float(np.float32(np.abs(x).max() / 448))
@@ -182,3 +182,58 @@ def test_tensorrt_rtx_builds_the_qdq_linear(strategy: str, input_scale: float | 
     cfg.set_compute_capability(trt.ComputeCapability.SM89, 0)
     plan = builder.build_serialized_network(network, cfg)
     assert plan is not None and plan.nbytes > 1000
+
+
+def _qdq_net(trt: object, strategy: str, input_scale: float | None) -> tuple[object, fp8.Fp8Weight]:
+    import ml_dtypes
+
+    from trtcore import ops
+
+    fw = fp8.quantize_weight(np.random.default_rng(6).normal(0, 0.1, (40, 64)), strategy, input_scale)
+    network = trt.Builder(trt.Logger()).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))  # type: ignore[attr-defined]
+    g = ops.Graph(trt, network, "bfloat16")
+    x = g.input("x", ml_dtypes.bfloat16, (-1, 64))
+    g.output(ops.fp8_linear(g, x, fw, None, "proj", impl="qdq"), "y")
+    return network, fw
+
+
+def test_cuda_backend_compiles_the_qdq_linear_with_e4m3_rounding() -> None:
+    """On the cuda backend the Q/DQ emulation's cast to FP8 rounds to E4M3 inside the fused
+    kernel (``rnd_e4m3``, cuda_fp8.h's saturating nearest-even conversion), and every generated
+    kernel compiles with NVRTC for sm_80, sm_89 and sm_90 (no GPU needed)."""
+    import trtcore.cuda as tc
+    from trtcore.cuda import codegen
+    from trtcore.cuda.builder import compile_network
+
+    net, _ = _qdq_net(tc, "channel", None)
+    b = tc.Builder(tc.Logger(tc.Logger.ERROR))
+    cfg = b.create_builder_config()
+    prof = b.create_optimization_profile()
+    prof.set_shape("x", (1, 64), (4, 64), (16, 64))
+    cfg.add_optimization_profile(prof)
+    plan = compile_network(net, cfg, None, arch=None)
+    body = [ks.source.split("float rnd_e4m3(float v)", 1)[1] for ks in plan.sources.values()]
+    assert any("rnd_e4m3(" in s for s in body)
+    for ks in plan.sources.values():
+        for arch in ("sm_80", "sm_89", "sm_90"):
+            assert ks.function in codegen.compile_source(ks, arch).symbols
+
+
+def test_plugin_needs_multiples_of_16_and_ops_fall_back_to_qdq() -> None:
+    from trtcore import ops
+    from trtcore.plugins.base import PluginError
+    from trtcore.plugins.fp8_gemm import Fp8GemmPlugin
+    from trtcore.trt import load_trt
+
+    with pytest.raises(PluginError, match="in_features must be a positive multiple of 16"):
+        Fp8GemmPlugin(40, 32)
+    with pytest.raises(PluginError, match="out_features must be a positive multiple of 16"):
+        Fp8GemmPlugin(32, 40)
+    trt = load_trt("reference")
+    for n, kind in ((32, "Fp8GemmPlugin"), (40, None)):
+        network = trt.Builder(trt.Logger()).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        g = ops.Graph(trt, network, "float32")
+        fw = fp8.quantize_weight(np.ones((n, 32)), "tensor")
+        ops.linear(g, g.input("x", np.float32, (-1, 32)), fw, None, "proj")
+        plugins = [type(network.get_layer(i).plugin).__name__ for i in range(network.num_layers) if hasattr(network.get_layer(i), "plugin")]
+        assert plugins == ([kind] if kind else [])

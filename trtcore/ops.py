@@ -454,7 +454,7 @@ def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = Non
             cast to FP8 (round to nearest even), back to float32, multiplied by the E4M3
             weight values (float32 constants, exact), then by ``s_w`` and ``s_x``. Default:
             ``g.implementations["fp8_gemm"]`` if set, else the plugin where the TensorRT
-            module hosts plugins and the shape suits cuBLASLt (K a multiple of 16, N of 8),
+            module hosts plugins and the shape suits cuBLASLt (K and N multiples of 16),
             ``"qdq"`` otherwise.
 
     Returns:
@@ -472,7 +472,7 @@ def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = Non
     if impl is None:
         from trtcore.plugins.base import hosts_plugins
 
-        fits = k % 16 == 0 and n % 8 == 0
+        fits = k % 16 == 0 and n % 16 == 0
         impl = g.implementations.get("fp8_gemm") or ("plugin" if hosts_plugins(g.trt) and fits else "qdq")
     if impl not in FP8_IMPLEMENTATIONS:
         raise InvalidArgumentError(f"{name}: FP8 GEMM implementation {impl!r} is not one of {FP8_IMPLEMENTATIONS}")

@@ -90,7 +90,7 @@ DTYPES = [np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float3
 CASES = [  # (N, K, per_channel, static)
     (256, 4096, False, True),
     (4096, 1024, True, True),
-    (1000, 512, True, False),
+    (1008, 512, True, False),
     (96, 64, False, False),
 ]
 
@@ -126,3 +126,22 @@ def test_tiny_fp8_llama_on_cuda_equals_transformers(tmp_path: Path) -> None:
 
     expected, _ = hf_greedy(_hf_fp8(out), prompt, 12)
     assert res.outputs[0].token_ids == expected
+
+
+@pytest.mark.parametrize(("strategy", "input_scale"), [("channel", None), ("tensor", 2.0 / 448)])
+def test_qdq_linear_on_the_cuda_engine_equals_the_reference(strategy: str, input_scale: float | None) -> None:
+    """The Q/DQ form (``impl="qdq"``: no plugin) compiled by the cuda backend, against the
+    reference backend's evaluation of the same network (bfloat16 x, 37 tokens)."""
+    from test_engine_gpu import Run, compare, engine_of
+    from test_fp8 import _qdq_net
+
+    import trtcore.cuda as tc
+    from trtcore.reference.evaluator import evaluate
+
+    net, _ = _qdq_net(tc, strategy, input_scale)
+    x = np.random.default_rng(11).normal(0, 1, (37, 64)).astype(ml_dtypes.bfloat16)
+    ref = evaluate(net, {"x": x.copy()})["y"]
+    run = Run(cp, engine_of(net, {"x": ((1, 64), (16, 64), (64, 64))}))
+    run.feed({"x": x})
+    run.execute()
+    compare("y", run.output("y"), ref)
