@@ -139,11 +139,19 @@ class Fp8GemmPlugin(Plugin):
     # --- numerics (the contract) -----------------------------------------------------------------
 
     def fp8_weight(self, *constants: np.ndarray) -> Fp8Weight:
-        """The :class:`Fp8Weight` the constant inputs hold."""
+        """The :class:`Fp8Weight` the constant inputs hold (made once while the same arrays
+        come back, as the reference backend's constants do: its dequantized weight is reused)."""
         if len(constants) != self.num_inputs - 1:
             raise PluginError(f"Fp8GemmPlugin: expected {self.num_inputs - 1} constant inputs, got {len(constants)}")
-        w, s = np.asarray(constants[0]), np.asarray(constants[1], np.float32).reshape(-1)
-        return Fp8Weight(w, s, np.asarray(constants[2], np.float32).reshape(1) if self.static_input else None)
+        arrays = [np.asarray(c) for c in constants]
+        key = tuple((id(a), a.__array_interface__["data"][0], a.shape) for a in arrays)
+        cached = self.__dict__.get("_weight")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        w, s = arrays[0], arrays[1].astype(np.float32).reshape(-1)
+        fw = Fp8Weight(w, s, arrays[2].astype(np.float32).reshape(1) if self.static_input else None)
+        self.__dict__["_weight"] = (key, fw, arrays)  # the arrays held: their ids stay theirs
+        return fw
 
     def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """float64 NumPy (:meth:`trtcore.fp8.Fp8Weight.reference_linear`) rounded once to x's dtype.

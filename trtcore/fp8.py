@@ -54,9 +54,13 @@ def to_e4m3(x: np.ndarray) -> np.ndarray:
     return np.clip(x32, -E4M3_MAX, E4M3_MAX).astype(E4M3).view(np.uint8)
 
 
+#: the float64 value of each of the 256 E4M3 bit patterns (ml_dtypes' decoding)
+_VALUES = np.arange(256, dtype=np.uint8).view(E4M3).astype(np.float64)
+
+
 def from_e4m3(bits: np.ndarray) -> np.ndarray:
-    """E4M3 bit patterns (``uint8``) as ``float64`` values."""
-    return np.asarray(bits, dtype=np.uint8).view(E4M3).astype(np.float64)
+    """E4M3 bit patterns (``uint8``) as ``float64`` values (a table lookup)."""
+    return _VALUES[np.asarray(bits, dtype=np.uint8)]
 
 
 def amax_scale(amax: np.ndarray | float) -> np.ndarray:
@@ -131,8 +135,14 @@ class Fp8Weight:
         return self.weight_scale.shape[0] != 1
 
     def dequantize(self) -> np.ndarray:
-        """``float64 [N, K]``: ``e4m3(weight) * weight_scale`` (per row or for all)."""
-        return from_e4m3(self.weight) * self.weight_scale.astype(np.float64)[:, None]
+        """``float64 [N, K]``: ``e4m3(weight) * weight_scale`` (per row or for all); computed
+        once per object (read-only)."""
+        cached = self.__dict__.get("_dequantized")
+        if cached is None:
+            cached = from_e4m3(self.weight) * self.weight_scale.astype(np.float64)[:, None]
+            cached.flags.writeable = False
+            object.__setattr__(self, "_dequantized", cached)
+        return cached
 
     def activation_scale(self, x: np.ndarray) -> np.ndarray:
         """The scale x is quantized with: ``input_scale``, or (dynamic) ``max|x| / 448`` in float32."""
