@@ -25,6 +25,7 @@ from trtcore.plan import BuildConfig, resolve_plan
 from trtcore.runtime.device_memory import HostDevice
 from trtcore.runtime.device_runner import (
     PAD_BLOCK_ID,
+    PAD_ROW,
     DeviceRunner,
     DeviceRunnerError,
     StepLayout,
@@ -156,6 +157,46 @@ def test_fill_decode_writes_what_fill_step_writes(rope: bool) -> None:
             np.testing.assert_array_equal(va[name], vb[name], err_msg=name)
         ph = [i for i, q in enumerate(step.seqs) if q.token_ids[0] < 0]
         assert vb[INPUT_IDS][ph].tolist() == [-(fed[i] + 1) for i in ph]
+
+def test_fill_decode_rewrites_only_block_table_rows_that_changed() -> None:
+    """With the rows it wrote remembered (the device runner's steady decode), fill_decode over a
+    run of decode steps -- tables growing by a block now and then, requests leaving so that rows
+    shift, the batch shrinking onto padding rows -- leaves the staging exactly as fill_step
+    writes each step from scratch."""
+    rng = np.random.default_rng()
+    layout = StepLayout.make(8, 8, 6, rope_seq_lens=False)
+    free = list(rng.permutation(60).tolist())
+    live = {rid: (int(c), [free.pop() for _ in range(int(c) // 16 + 1)]) for rid, c in enumerate(rng.integers(0, 40, size=8))}
+
+    def batch() -> _Batch:
+        seqs = []
+        for rid, (c, table) in live.items():
+            s = _Seq([int(rng.integers(100))], c, list(table))
+            s.request_id = rid  # type: ignore[attr-defined]
+            seqs.append(s)
+        return _Batch(seqs)
+
+    a, b = np.full(layout.nbytes, 0xAB, np.uint8), np.full(layout.nbytes, 0xCD, np.uint8)
+    va, vb = layout.views(a), layout.views(b)
+    first = batch()
+    fill_step(vb, first, 63)
+    rows = [(q.request_id, len(q.block_table)) for q in first.seqs] + [PAD_ROW] * (8 - len(first.seqs))  # type: ignore[attr-defined]
+    for _ in range(60):
+        for rid in list(live):
+            c, table = live[rid]
+            c += 1
+            if c // 16 + 1 > len(table):  # crosses a block boundary: one more block
+                table = [*table, free.pop()]
+            live[rid] = (c, table)
+        if len(live) > 1 and rng.random() < 0.15:  # a request finishes: the rows after it move up
+            del live[int(rng.choice(list(live)))]
+        step = batch()
+        fill_step(va, step, 63)
+        fill_decode(vb, step.seqs, 63, None, rows)
+        for name in layout.fields:
+            np.testing.assert_array_equal(va[name], vb[name], err_msg=name)
+    assert len(live) < 8  # rows did move
+
 
 def test_kv_pool_size_follows_gpu_memory_utilization() -> None:
     gib = 1 << 30

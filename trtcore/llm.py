@@ -32,6 +32,7 @@ from .errors import GenerationError, InvalidArgumentError, InvalidRequestError, 
 from .kv_modes import kv_mode
 from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
 from .quant_formats import detect_quantization
+from .runtime.detokenizer import IncrementalDetokenizer
 from .runtime.device import resolve_device
 from .runtime.executor import Executor
 from .runtime.generate import make_engine
@@ -132,13 +133,15 @@ def _is_single_prompt(prompts: Any) -> bool:
 
 
 class _IncrementalText:
-    """Incremental detokenization of one request: each new token's text delta, with its
-    stop strings (:class:`~trtcore.runtime.stop.StopStringMatcher`): a match finishes the
-    request in the engine (``finish_reason="stop"``, ``stop_reason`` = the string)."""
+    """Incremental detokenization of one request
+    (:class:`~trtcore.runtime.detokenizer.IncrementalDetokenizer`: each token's text delta in
+    time independent of the output's length), with its stop strings
+    (:class:`~trtcore.runtime.stop.StopStringMatcher`): a match finishes the request in the
+    engine (``finish_reason="stop"``, ``stop_reason`` = the string)."""
 
     def __init__(self, llm: LLM, params: SamplingParams | None = None):
         self.llm = llm
-        self.ids: list[int] = []
+        self.detokenizer = IncrementalDetokenizer(llm.tokenizer)
         self.stop = StopStringMatcher(params.stop if params else [], params.min_tokens if params else 0)
 
     def output(self, index: int, event: RequestEvent) -> StreamOutput | None:
@@ -148,12 +151,9 @@ class _IncrementalText:
         error = _request_error(index, event.finish_reason, event.error)
         if error is not None:
             return StreamOutput(index, -1, "", finish_reason="error", error=error)
-        self.ids.append(event.token_id)
-        text = self.llm.decode(self.ids)
-        if text.endswith("\ufffd") and event.finish_reason is None:
-            delta, stop = "", None  # wait for the rest of a multi-byte character
-        else:
-            delta, stop = self.stop.update(text, len(self.ids), final=event.finish_reason is not None)
+        final = event.finish_reason is not None
+        piece = self.detokenizer.step(event.token_id, final=final)
+        delta, stop = self.stop.feed(piece, len(self.detokenizer.token_ids), final=final)
         logprobs = event.logprobs.as_dict() if event.logprobs is not None else None
         if stop is not None:
             self.llm.engine.scheduler.finish(event.request_id, "stop")  # no-op if it just finished

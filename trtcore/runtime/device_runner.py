@@ -92,6 +92,7 @@ from .request_sampler import RequestSampler, SamplingStep, make_sampler_kernel
 
 __all__ = [
     "PAD_BLOCK_ID",
+    "PAD_ROW",
     "DeviceRunner",
     "DeviceRunnerError",
     "StepLayout",
@@ -237,11 +238,27 @@ def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int
         views[ROPE_SEQ_LENS][:] = np.repeat(sl, np.diff(qsl))
 
 
-def fill_decode(views: dict[str, np.ndarray], seqs: Sequence[Any], scratch_block: int, fed_rows: dict[Hashable, int] | None = None) -> None:
+#: a block-table row that holds a padding row (:func:`fill_decode`'s ``rows``)
+PAD_ROW = ("padding",)
+
+
+def fill_decode(
+    views: dict[str, np.ndarray],
+    seqs: Sequence[Any],
+    scratch_block: int,
+    fed_rows: dict[Hashable, int] | None = None,
+    rows: list[Any] | None = None,
+) -> None:
     """:func:`fill_step` for a decode step (every sequence feeds one token) on a decode layout
     (one token per row, ``T == B``) that :func:`fill_step` filled last in this staging buffer:
     there ``query_start_loc`` is ``0..B`` and ``last_token_ids`` ``0..B-1`` whatever the
     batch, so only the per-row fields are written (the host's share of a graphed step).
+
+    ``rows``: what each block-table row of this buffer holds, ``(request_id, blocks)`` or
+    :data:`PAD_ROW` (None: unknown, every row is written); a row that already holds its
+    sequence's table is not written again (a table only grows, by appending, while its
+    request runs; the caller forgets ``rows`` when a request may have been re-admitted, i.e.
+    after any step that is not a decode), and ``rows`` is updated.
 
     Raises:
         InvalidArgumentError: more sequences than the layout's rows.
@@ -258,15 +275,29 @@ def fill_decode(views: dict[str, np.ndarray], seqs: Sequence[Any], scratch_block
     pos[:n] = cached
     sl[:n] = cached
     sl[:n] += 1
-    bt.fill(PAD_BLOCK_ID)
     if n < B:  # padding rows
         ids[n:] = 0
         pos[n:] = 0
         sl[n:] = 1
+    if rows is None:
+        bt.fill(PAD_BLOCK_ID)
         bt[n:, 0] = scratch_block
-    for i, s in enumerate(seqs):
-        table = s.block_table
-        bt[i, : len(table)] = table
+        for i, s in enumerate(seqs):
+            table = s.block_table
+            bt[i, : len(table)] = table
+    else:
+        for i, s in enumerate(seqs):
+            table = s.block_table
+            key = (s.request_id, len(table))
+            if rows[i] != key:
+                bt[i, : len(table)] = table
+                bt[i, len(table) :] = PAD_BLOCK_ID
+                rows[i] = key
+        for i in range(n, B):
+            if rows[i] is not PAD_ROW:
+                bt[i] = PAD_BLOCK_ID
+                bt[i, 0] = scratch_block
+                rows[i] = PAD_ROW
     if ROPE_SEQ_LENS in views:  # each token's sequence length (dynamic RoPE): one token per row
         views[ROPE_SEQ_LENS][:] = sl
 
@@ -394,6 +425,7 @@ class DeviceRunner:
         self.host_staging = [device.host_alloc(big.nbytes, "staging") for _ in range(2)]
         self._side = 0  # the host staging buffer of the last step
         self._filled: list[Any] = [None, None]  # per side: the decode bucket filled there last (None: another layout)
+        self._rows: list[list[Any]] = [[], []]  # per side: what its block-table rows hold (fill_decode)
         self.staging_ptr = device.malloc(big.nbytes, "staging")
         # the sampler's buffers (penalty counts: 5 bytes per token and slot), before the pool takes what is left
         #: the live requests' sampling state over the batched sampling kernel
@@ -574,11 +606,13 @@ class DeviceRunner:
         fed = self._fed_rows if self._in_flight else None  # placeholders name rows of the step in flight
         if self.is_decode(batch):
             g = self.graphs[bucket_for(n, self.buckets)]
-            if self._filled[self._side] is g:  # its constant fields are still in place
-                fill_decode(g.views[self._side], batch.seqs, self.scratch_block, fed)
+            side = self._side
+            if self._filled[side] is g:  # its constant fields are still in place
+                fill_decode(g.views[side], batch.seqs, self.scratch_block, fed, self._rows[side])
             else:
-                fill_step(g.views[self._side], batch, self.scratch_block, fed)
-                self._filled[self._side] = g
+                fill_step(g.views[side], batch, self.scratch_block, fed)
+                self._filled[side] = g
+                self._rows[side] = [(s.request_id, len(s.block_table)) for s in batch.seqs] + [PAD_ROW] * (g.size - n)  # type: ignore[attr-defined]
             if g.graphs:  # the whole step: staging copy, feed, engine, sampling, copies back
                 sampling = self._sample(ids, rows=g.size)
                 self.device.launch_graph(g.graphs[self._side])
@@ -598,7 +632,9 @@ class DeviceRunner:
             cached = self._eager_layouts[key] = (layout, [layout.views(h) for h in self.host_staging])
         layout, views = cached
         fill_step(views[self._side], batch, self.scratch_block, fed)
-        self._filled[self._side] = None  # the staging now holds another layout
+        # this side's staging now holds another layout, and a request may have been (re-)admitted
+        # with new blocks: the next decode on either side writes its whole layout (fill_step)
+        self._filled = [None, None]
         self._copy_inputs(layout)
         ctx = self.eager
         for name, (_, shape) in layout.fields.items():

@@ -332,6 +332,27 @@ class BlockManager:
         self._num_tokens[seq_id] += n
         return new
 
+    def try_append(self, seq_id: Hashable, n: int = 1) -> bool:
+        """:meth:`append` when the free blocks allow it, else nothing (the scheduler's
+        ``can_append`` + ``append`` in one look-up).
+
+        Returns:
+            Whether the sequence grew.
+
+        Raises:
+            UnknownSequenceError: no live sequence ``seq_id``.
+            InvalidArgumentError: ``n < 0``.
+        """
+        table = self._table(seq_id)
+        total = self._num_tokens[seq_id] + (n if type(n) is int and n >= 0 else check_int("n", n, 0))
+        need = -(-total // self.block_size) - len(table)
+        if need > len(self._free):
+            return False
+        if need > 0:
+            table.extend(self._take(seq_id, need))
+        self._num_tokens[seq_id] = total
+        return True
+
     def free(self, seq_id: Hashable) -> int:
         """Release all blocks of sequence ``seq_id`` (it finished or was preempted); the id
         is forgotten and may be allocated again.

@@ -214,6 +214,7 @@ class _State:
     row: SamplingRow
     index: int  # its record's row of the records table
     masking: bool  # min_tokens still bans EOS / stop ids: repack each step
+    penalties: bool  # it needs a penalty slot (params.has_penalties, asked once)
     slot: int | None = None  # penalty slot, when it holds one
     host: bool = False  # sampled on the host (parameters beyond the kernel's limits)
 
@@ -279,7 +280,7 @@ class RequestSampler:
             self._free_rows = list(range(2 * n - 1, n - 1, -1))
         index = self._free_rows.pop()
         self._table[index] = record[0]
-        self._states[request.request_id] = _State(request, row, index, masking, host=host)
+        self._states[request.request_id] = _State(request, row, index, masking, p.has_penalties, host=host)
         self._num_host += host
 
     def remove_request(self, request_id: Hashable) -> None:
@@ -343,7 +344,7 @@ class RequestSampler:
             if st.masking:
                 table[st.index] = self.kernel.pack_row(st.row, int(table[st.index]["slot"]), what=f"request {rid}", num_generated=n_out)[0]
                 st.masking = n_out < st.row.params.min_tokens
-            if st.row.params.has_penalties and st.slot is None:
+            if st.penalties and st.slot is None:
                 self._take_slot(st, request_ids)
             index.append(st.index)
             sampling_rows.append(st.row)
@@ -391,16 +392,19 @@ class RequestSampler:
             for j, (i, _) in enumerate(host):
                 res.token_ids[i], res.fallback[i], res.logprobs[i] = ref.token_ids[j], ref.fallback[j], ref.logprobs[j]
                 nonfinite[i] = not np.isfinite(rows[j]).all()
+        tokens, lps = res.token_ids.tolist(), res.logprobs
+        bad = (nonfinite[: len(ids)] | res.fallback[: len(ids)]).tolist() if (nonfinite.any() or res.fallback.any()) else None
         for i, rid in enumerate(ids):
             if rid is None:
                 continue
-            if nonfinite[i]:
-                errors[rid] = f"the model produced non-finite logits (NaN or inf); {NON_FINITE_HINT}"
-            elif res.fallback[i]:
-                errors[rid] = "no token can be sampled: every logit is masked or non-finite"
-            else:
-                sampled[rid] = int(res.token_ids[i])
-                logprobs[rid] = res.logprobs[i]
+            if bad is not None and bad[i]:
+                if nonfinite[i]:
+                    errors[rid] = f"the model produced non-finite logits (NaN or inf); {NON_FINITE_HINT}"
+                else:
+                    errors[rid] = "no token can be sampled: every logit is masked or non-finite"
+                continue
+            sampled[rid] = tokens[i]
+            logprobs[rid] = lps[i]
         return sampled, logprobs, errors
 
     def close(self) -> None:

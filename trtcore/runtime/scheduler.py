@@ -69,9 +69,11 @@ chunked prefill, recompute preemption of the last running request; ``query_start
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -108,9 +110,8 @@ class SchedulerError(TrtcoreError, RuntimeError):
 FinishPredicate = Callable[[Request, int], "str | None"]
 
 
-@dataclass(frozen=True)
-class ScheduledSequence:
-    """One sequence in a step.
+class ScheduledSequence(NamedTuple):
+    """One sequence in a step (immutable; a ``NamedTuple``, built per sequence and step).
 
     Attributes:
         request_id: its request.
@@ -330,24 +331,32 @@ class _BaseScheduler:
             raise SchedulerError(f"schedule() called again before update() for step {self._pending[0].step}")
         scheduled, preempted = self._schedule()
         seqs = []
+        block_table = self._block_table
         for req, n in scheduled:
             start = req.num_computed_tokens
             end = start + n
-            known = req.num_tokens
-            total = known + req.num_output_placeholders
+            outputs = req.output_token_ids
+            known = len(req.prompt_token_ids) + len(outputs)
+            in_flight = req.num_output_placeholders
+            if n == 1 and end == known + in_flight and (outputs or in_flight):  # a decode: its last token
+                tokens = [outputs[-1]] if end == known else [PLACEHOLDER_TOKEN_ID]
+                seqs.append(ScheduledSequence(req.request_id, tokens, [start], start, block_table(req), True, False))
+                req.num_computed_tokens = end
+                req.num_output_placeholders = in_flight + 1
+                continue
             tokens = req.tokens(start, min(end, known))
             if end > known:  # tokens still in flight: the device feeds them (asynchronous scheduling)
                 tokens += [PLACEHOLDER_TOKEN_ID] * (end - known)
-            produces = end == total
+            produces = end == known + in_flight
             seqs.append(
                 ScheduledSequence(
                     request_id=req.request_id,
                     token_ids=tokens,
                     positions=list(range(start, end)),
                     num_cached_tokens=start,
-                    block_table=self._block_table(req),
+                    block_table=block_table(req),
                     produces_token=produces,
-                    is_prefill=not (n == 1 and produces and (req.output_token_ids or req.num_output_placeholders)),
+                    is_prefill=True,  # n > 1, or a chunk that produces nothing, or the first token
                 )
             )
             req.num_computed_tokens = end
@@ -396,24 +405,29 @@ class _BaseScheduler:
         errors = errors or {}
         logprobs = logprobs or {}
         producing = {s.request_id for s in out.seqs if s.produces_token}
-        extra = [r for r in [*sampled, *errors] if r not in producing]
-        if extra:
+        if not (producing.issuperset(sampled) and producing.issuperset(errors)):
+            extra = [r for r in [*sampled, *errors] if r not in producing]
             raise SchedulerError(f"step {out.step}: tokens given for requests that produce none this step: {extra!r}")
-        missing = [r for r in producing if r not in sampled and r not in errors and r in self._live]
-        if missing:
-            raise SchedulerError(f"step {out.step}: no sampled token for requests {missing!r}")
+        if (len(sampled) if not errors else len(sampled.keys() | errors.keys())) < len(producing):
+            missing = [r for r in producing if r not in sampled and r not in errors and r in self._live]
+            if missing:
+                raise SchedulerError(f"step {out.step}: no sampled token for requests {missing!r}")
         tokens: dict[Hashable, int] = {}
         for r, t in sampled.items():
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
-                raise SchedulerError(f"step {out.step}: token {t!r} for request {r!r} is not an integer >= 0")
-            tokens[r] = int(t)
+            if type(t) is not int or t < 0:  # the common case (int >= 0) in one test
+                if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+                    raise SchedulerError(f"step {out.step}: token {t!r} for request {r!r} is not an integer >= 0")
+                t = int(t)
+            tokens[r] = t
         self._pending.popleft()
 
         events, self._events = self._events, []
+        now = time.perf_counter()
+        live = self._live
         for s in out.seqs:
             if not s.produces_token:
                 continue
-            req = self._live.get(s.request_id)
+            req = live.get(s.request_id)
             if req is None:
                 continue  # finished by finish() after schedule()
             # running, or preempted by a later schedule() while this step was in flight: the
@@ -426,7 +440,7 @@ class _BaseScheduler:
                 events.append(RequestEvent(rid, finish_reason="error", error=errors[rid]))
                 continue
             tok, lp = tokens[rid], logprobs.get(rid)
-            reason = req.append_token(tok, lp)
+            reason = req.append_token(tok, lp, now)
             if reason is None and self.finish_predicate is not None:
                 reason = self.finish_predicate(req, tok)
             if reason is not None:
@@ -563,14 +577,15 @@ class Scheduler(_BaseScheduler):
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.num_output_placeholders and req.num_output_tokens + req.num_output_placeholders >= req.max_tokens:
+            in_flight, num_out = req.num_output_placeholders, len(req.output_token_ids)
+            if in_flight and num_out + in_flight >= req.max_tokens:
                 i += 1  # its last token is in flight: nothing more to run
                 continue
-            remaining = req.num_tokens + req.num_output_placeholders - req.num_computed_tokens
+            remaining = len(req.prompt_token_ids) + num_out + in_flight - req.num_computed_tokens
             n = min(remaining, budget)
             if n < remaining and not self.chunked_prefill:  # cannot happen: unchunked prefills finish at admission
                 break
-            while not bm.can_append(req.request_id, n):
+            while not bm.try_append(req.request_id, n):
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted.append(victim.request_id)
@@ -578,7 +593,6 @@ class Scheduler(_BaseScheduler):
                     break
             if req.status is not RequestStatus.RUNNING:  # preempted itself: nothing else can run
                 break
-            bm.append(req.request_id, n)
             scheduled.append((req, n))
             budget -= n
             i += 1

@@ -48,8 +48,17 @@ class StopStringMatcher:
         if min_tokens < 0:
             raise InvalidRequestError(f"min_tokens must be >= 0, got {min_tokens}")
         self.min_tokens = int(min_tokens)
-        self.shown = ""
+        self._shown: list[str] = []
+        self._num_seen = 0  # characters of the text taken so far (shown + pending)
+        self._pending = ""  # taken, not shown: what may still begin a stop string
         self.stop_reason: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """The text released so far."""
+        if len(self._shown) > 1:
+            self._shown = ["".join(self._shown)]
+        return self._shown[0] if self._shown else ""
 
     @property
     def stopped(self) -> bool:
@@ -67,10 +76,17 @@ class StopStringMatcher:
         return best
 
     def update(self, text: str, num_tokens: int, final: bool = False) -> tuple[str, str | None]:
-        """Take the whole completion text after a new token; return what to show now.
+        """:meth:`feed` for the whole completion text so far (``text`` extends the text of
+        the last call)."""
+        delta = text[self._num_seen :]
+        return self.feed(delta, num_tokens, final)
+
+    def feed(self, delta: str, num_tokens: int, final: bool = False) -> tuple[str, str | None]:
+        """Take the text a new token added; return what to show now. The work is bounded by
+        the text held back plus ``delta``, not by the completion's length.
 
         Args:
-            text: the completion's text so far (detokenized output tokens).
+            delta: the text the token added (possibly empty).
             num_tokens: output tokens generated so far.
             final: the request ends with this token for another reason (EOS, length):
                 release whatever is held back.
@@ -81,17 +97,20 @@ class StopStringMatcher:
         """
         if self.stopped:
             return "", None
-        start = len(self.shown)
+        self._num_seen += len(delta)
+        pending = self._pending + delta
+        # a stop string starts in the text not shown yet: what was shown held no piece of one
         if self.stop and num_tokens > self.min_tokens:
-            hits = [(i, k) for k, s in enumerate(self.stop) if (i := text.find(s, start)) >= 0]
+            hits = [(i, k) for k, s in enumerate(self.stop) if (i := pending.find(s)) >= 0]
             if hits:
                 idx, k = min(hits)
-                delta = text[start:idx]
-                self.shown = text[:idx]
+                out = pending[:idx]
+                self._shown.append(out)
+                self._pending = ""
                 self.stop_reason = self.stop[k]
-                return delta, self.stop_reason
-        end = len(text) if final else len(text) - self._held(text)
-        end = max(end, start)
-        delta = text[start:end]
-        self.shown = text[:end]
-        return delta, None
+                return out, self.stop_reason
+        end = len(pending) if final else len(pending) - self._held(pending)
+        out, self._pending = pending[:end], pending[end:]
+        if out:
+            self._shown.append(out)
+        return out, None
