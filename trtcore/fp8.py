@@ -16,7 +16,9 @@ Scales (symmetric, "amax / 448"): per tensor ``s = max|w| / 448``; per output ch
 (compressed-tensors' ``channel`` strategy) ``s[n] = max_k |w[n, k]| / 448``; an all-zero
 tensor or row gets ``s = 1``. Activations use one static per-tensor scale from calibration
 (``max|x| / 448`` over the calibration tokens) or, when none is given, a dynamic one computed
-per call the same way from the call's own ``x`` (vLLM's ``activation_scheme: "dynamic"``).
+per call the same way from the call's own ``x`` (vLLM's ``activation_scheme: "dynamic"``): over
+every row of the call, so in a batched step the sequences share it (and a padded row counts),
+as in vLLM.
 
 The product of an FP8 linear is ``y = (q_x * s_x) @ (q_w * s_w)^T``: :meth:`Fp8Weight.reference_linear`
 computes it in float64, the contract every implementation (TensorRT's Q/DQ, the

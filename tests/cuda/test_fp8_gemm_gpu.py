@@ -10,9 +10,10 @@ and below compute capability 8.9, which has no FP8 tensor cores):
   bfloat16 and float32 x, M from 1 to 300. Tolerance: one output ulp at ``max|y|`` plus
   ``2**-10`` relative (cuBLASLt's FP8 accumulation on Hopper is float32 with periodic
   promotion; a wrong scale, layout or code is off by far more);
-* a tiny FP8 Llama (tests/test_fp8_model.py's quantizer output) on ``backend="cuda"`` (CUDA
-  graphs on, so the plugin is captured): greedy tokens equal transformers' run of the same
-  checkpoint (CPU, float32, compressed-tensors' fake quantization).
+* a tiny FP8 Llama (``trtcore quantize --method fp8``, static and dynamic activations) on
+  ``backend="cuda"`` (CUDA graphs on, so the plugin is captured): greedy tokens and
+  log-probabilities equal the reference backend's (float32);
+* the Q/DQ form (no plugin) compiled by the cuda backend equals the reference's evaluation.
 """
 
 from __future__ import annotations
@@ -108,24 +109,35 @@ def test_plugin_matches_reference(case: tuple, dtype: np.dtype, m: int) -> None:
     check_plugin(plugin, specs, rtol=default_tolerance(dtype)[0] + 2.0**-10)
 
 
-def test_tiny_fp8_llama_on_cuda_equals_transformers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("activations", ["static", "dynamic"])
+def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations: str) -> None:
+    """The quantizer's FP8 checkpoint on ``backend="cuda"`` (CUDA graphs on) against the
+    reference backend (the float64 FP8 contract, itself held to transformers in
+    tests/test_fp8_model.py; compressed-tensors need not be installed here): the same greedy
+    tokens, and log-probabilities within 1e-3."""
     from hf_models import VARIANTS, random_prompt, write_checkpoint
-    from test_fp8_model import _calibration, _hf_fp8
 
     from trtcore import LLM, SamplingParams
     from trtcore.quantizer import quantize_checkpoint
 
     v = VARIANTS["llama3_rope"]
     src = write_checkpoint(v, tmp_path / "src")
-    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", calibration_ids=_calibration())
-    llm = LLM(out, backend="cuda", dtype="float32", max_batch_size=2, max_seq_len=128, progress=False)
+    rng = np.random.default_rng(0)
+    calibration = [random_prompt(rng, 24, v.vocab_size) for _ in range(3)]
+    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", activations=activations, calibration_ids=calibration)
     prompt = random_prompt(np.random.default_rng(7), 12, v.vocab_size)
-    [res] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-    llm.close()
-    from hf_models import hf_greedy
-
-    expected, _ = hf_greedy(_hf_fp8(out), prompt, 12)
-    assert res.outputs[0].token_ids == expected
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
+    results = []
+    for backend in ("reference", "cuda"):
+        llm = LLM(out, backend=backend, dtype="float32", max_batch_size=1, max_seq_len=128, progress=False)  # no padded rows in a dynamic amax
+        [res] = llm.generate([prompt], params)
+        llm.close()
+        results.append(res.outputs[0])
+    ref, got = results
+    assert got.token_ids == ref.token_ids
+    for a, b in zip(ref.logprobs, got.logprobs):
+        for t, lp in a.items():
+            assert abs(b[t].logprob - lp.logprob) < 1e-3, (t, lp, b[t])
 
 
 @pytest.mark.parametrize(("strategy", "input_scale"), [("channel", None), ("tensor", 2.0 / 448)])
