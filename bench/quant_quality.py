@@ -14,7 +14,8 @@ Variants:
 * ``fp8-channel-static``: ``trtcore quantize --method fp8`` (E4M3 weights with per-channel
   scales, activations with static per-tensor scales calibrated on the same 512 tokens);
 * ``fp8-tensor-dynamic``: ``--method fp8 --strategy tensor --activations dynamic`` (vLLM's
-  on-the-fly ``quantization="fp8"``: one weight scale per tensor, activation scales per call).
+  on-the-fly ``quantization="fp8"``: one weight scale per tensor, activation scales per call);
+* ``fp8-channel-dynamic``: ``--method fp8 --activations dynamic``.
 
 The issue's bounds: within 5% (4-bit) and 1% (8-bit, FP8) of the bfloat16 engine's mean
 log-probability.
@@ -47,6 +48,7 @@ VARIANTS: list[tuple[str, int, dict[str, Any] | None]] = [
     ("awq-w4-g32", 4, {"method": "awq", "bits": 4, "group_size": 32}),
     ("fp8-channel-static", 8, {"method": "fp8", "strategy": "channel"}),
     ("fp8-tensor-dynamic", 8, {"method": "fp8", "strategy": "tensor", "activations": "dynamic"}),
+    ("fp8-channel-dynamic", 8, {"method": "fp8", "strategy": "channel", "activations": "dynamic"}),
 ]
 BOUNDS = {4: 0.05, 8: 0.01}
 
