@@ -165,6 +165,10 @@ class Fp8GemmPlugin(Plugin):
             raise PluginError(f"Fp8GemmPlugin: x {x.shape} must end in in_features={self.in_features}")
         return [self.fp8_weight(*inputs[1:]).reference_linear(x).astype(x.dtype)]
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields only (the reference's cached weight stays out of pickled plans)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_weight"}
+
     # --- GPU ---------------------------------------------------------------------------------------
 
     def _layout(self, m: int) -> tuple[int, int, int, int]:
