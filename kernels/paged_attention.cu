@@ -9,7 +9,8 @@
 //   k, v         [T, Hkv, HEAD_DIM]      the step's new keys / values, token stride kv_stride
 //                                        (packed qkv: k = qkv + Hq * HEAD_DIM, v = k + Hkv *
 //                                        HEAD_DIM, kv_stride = q_stride)
-//   position_ids int32 [T], inv_freq float32 [ROTARY_DIM / 2]: read only when ROTARY_DIM > 0
+//   position_ids int32 [T], inv_freq float32 [ROTARY_DIM / 2] (LONGROPE: [ROTARY_DIM], the short
+//                                        then the long frequencies): read only when ROTARY_DIM > 0
 //   pool         [L, NB, 2, Hkv, BLOCK_SIZE, HEAD_DIM]   one KV pool for all layers;
 //                                        index 0 = K, 1 = V; "HND" inside a block, so the
 //                                        BLOCK_SIZE rows of one head are one contiguous run
@@ -22,14 +23,20 @@
 // block_tables[b][pos / BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE of layer `layer`.
 // Query head hq reads KV head hq / G. Key k is visible to a query at position p iff
 // k <= p and (window == 0 or p - k < window). Scores and softmax in float32 with float32
-// accumulation; the output is rounded once to DTYPE. Block-table entries < 0 (padding) are
+// accumulation; the output is rounded once to DTYPE. With SOFTCAP, each score scale * q.k
+// becomes softcap * tanh(scale * q.k / softcap) before masking (attention logit soft-capping,
+// Gemma 2/3): the kernels get scale / softcap and the cap (see pa_score). Block-table entries < 0 (padding) are
 // never written and read as zeros.
 //
 // Fused RoPE (ROTARY_DIM > 0): q and the new k arrive unrotated; every kernel rotates them
 // where it loads them (kernels/rope.cuh, the contract of trtcore.plugins.rope: cos/sin of
 // float32(position_ids[t]) * inv_freq[i], scaled by attention_scaling, the rotated value
 // rounded once to DTYPE before use), so the pool holds exactly what the RoPE plugin followed
-// by the unfused kernels writes, and q is exactly what they read:
+// by the unfused kernels writes, and q is exactly what they read. LONGROPE (Phi-3's LongRoPE):
+// the tokens of sequence b take the long frequencies inv_freq[ROTARY_DIM / 2 + i] when
+// seq_lens[b] (its length after this step, the largest position + 1) exceeds
+// original_max_position_embeddings, else the short ones inv_freq[i] (rope_args_of), as the
+// RoPE plugin does given rope_seq_lens = seq_lens[b] for each of them:
 //   paged_kv_write     k before it is written to the pool;
 //   paged_attn_decode  the token's q rows and its own k (through a shared-memory row);
 //   paged_attn_prefill, paged_attn_simple   q when it is loaded into registers.
@@ -69,6 +76,10 @@
 //   ROTARY_DIM  0 (default): q and k arrive rotated; > 0: fused RoPE on this many features
 //               of each head (even, <= HEAD_DIM)
 //   NEOX        fused RoPE pairing: 1 (default) half-split (i, i + ROTARY_DIM/2), 0 GPT-J (2i, 2i+1)
+//   LONGROPE    fused RoPE with LongRoPE's short / long frequencies (needs ROTARY_DIM > 0); 0 default
+//   SOFTCAP     0 (default): score = q.k * scale; 1: score = cap * tanh(q.k * scale), where the
+//               plugin passes scale = softmax scale / softcap and cap = softcap (log2-domain
+//               kernels: cap = softcap * log2(e))
 //
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
@@ -76,6 +87,9 @@
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 1}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 128, "NEOX": 1}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 1}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 128, "NEOX": 1}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 0}, {"DTYPE": 0, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "ROTARY_DIM": 64, "NEOX": 1}]
+// trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 128, "NEOX": 1, "LONGROPE": 1}, {"DTYPE": 2, "HEAD_DIM": 96, "BLOCK_SIZE": 16, "ROTARY_DIM": 96, "NEOX": 1, "LONGROPE": 1}, {"DTYPE": 0, "HEAD_DIM": 96, "BLOCK_SIZE": 16, "ROTARY_DIM": 48, "NEOX": 1, "LONGROPE": 1}]
+// trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 256, "BLOCK_SIZE": 16, "SOFTCAP": 1}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "SOFTCAP": 1}, {"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "SOFTCAP": 1, "ROTARY_DIM": 64, "NEOX": 1}]
+// trtcore-variants: [{"DTYPE": 0, "HEAD_DIM": 256, "BLOCK_SIZE": 16, "SOFTCAP": 1}, {"DTYPE": 1, "HEAD_DIM": 256, "BLOCK_SIZE": 16, "ROTARY_DIM": 256, "NEOX": 1}]
 
 #include "pdl.cuh"  // PDL_WAIT / PDL_LAUNCH: each kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE (default 2, bfloat16), elem_t, to_f32 / from_f32
@@ -96,6 +110,9 @@
 #endif
 #ifndef NEOX
 #define NEOX 1
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
 #endif
 #if ROTARY_DIM > 0
 #include "rope.cuh"  // the rotation of the RoPE plugin (one implementation of its contract)
@@ -128,6 +145,17 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 #define PA_VEC (16 / (int)sizeof(elem_t))  // elements per 16-byte vector
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+// A score in the kernel's units from the dot product qk: qk * scale, or with SOFTCAP the
+// soft-capped cap * tanh(qk * scale) (scale and cap as the plugin passes them, see SOFTCAP)
+__device__ __forceinline__ float pa_score(float qk, float scale, float cap) {
+#if SOFTCAP
+    return cap * tanhf(qk * scale);
+#else
+    (void)cap;
+    return qk * scale;
+#endif
+}
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 
 // Sequence of packed token t: the largest b with qsl[b] <= t (binary search).
@@ -164,13 +192,32 @@ __device__ __forceinline__ PoolView make_pool_view(const elem_t* pool, const int
     return p;
 }
 
-// RoPE arguments of every kernel (position_ids, inv_freq, attention_scaling: the last three
-// parameters of each; unused when ROTARY_DIM == 0)
+// RoPE arguments of every kernel (position_ids, inv_freq, attention_scaling,
+// original_max_position_embeddings: the last four parameters of each; unused when
+// ROTARY_DIM == 0)
 struct RopeArgs {
     const int* position_ids;
-    const float* inv_freq;
+    const float* inv_freq;  // the frequencies of this CTA's sequence
     float attention_scaling;
 };
+
+#ifndef LONGROPE
+#define LONGROPE 0
+#endif
+#if LONGROPE && !(ROTARY_DIM > 0)
+#error "LONGROPE needs ROTARY_DIM > 0"
+#endif
+
+// The RoPE arguments of sequence b: LONGROPE picks its short or long frequencies by its length
+__device__ __forceinline__ RopeArgs rope_args_of(const int* position_ids, const float* inv_freq, float attention_scaling,
+                                                 int original_max_position_embeddings, const int* seq_lens, int b) {
+#if LONGROPE
+    return RopeArgs{position_ids, inv_freq + (__ldg(seq_lens + b) > original_max_position_embeddings ? ROPE_HALF : 0), attention_scaling};
+#else
+    (void)original_max_position_embeddings; (void)seq_lens; (void)b;
+    return RopeArgs{position_ids, inv_freq, attention_scaling};
+#endif
+}
 
 #if ROTARY_DIM > 0
 // Feature d of `row` (one head of a token at `pos`) rotated and rounded to DTYPE (as the RoPE
@@ -204,12 +251,13 @@ extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
     const elem_t* __restrict__ k, const elem_t* __restrict__ v, elem_t* __restrict__ pool,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const int* __restrict__ qsl,
     int B, int max_blocks, int num_blocks, int layer, int Hkv, int skip_decode, int kv_stride,
-    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
+    int original_max_position_embeddings) {
     PDL_WAIT();
     PDL_LAUNCH();
-    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     const int t = blockIdx.x;
     const int b = find_seq(qsl, B, t);
+    const RopeArgs ra = rope_args_of(position_ids, inv_freq, attention_scaling, original_max_position_embeddings, seq_lens, b);
     const int q0 = __ldg(qsl + b);
     const int qlen = __ldg(qsl + b + 1) - q0;
     if (skip_decode && qlen == 1) return;  // paged_attn_decode writes it
@@ -254,11 +302,11 @@ extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
 extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
     const elem_t* __restrict__ q, const elem_t* __restrict__ pool, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out,
-    int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int window, float scale, int q_stride,
-    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int window, float scale, float cap, int q_stride,
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
+    int original_max_position_embeddings) {
     PDL_WAIT();
     PDL_LAUNCH();
-    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     constexpr int NWARP = PA_THREADS / 32;
     constexpr int PER = HEAD_DIM / 32;
     __shared__ float s_m[NWARP], s_l[NWARP];
@@ -267,6 +315,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
     const int Hq = Hkv * G, h = hq / G;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int b = find_seq(qsl, B, t);
+    const RopeArgs ra = rope_args_of(position_ids, inv_freq, attention_scaling, original_max_position_embeddings, seq_lens, b);
     const int q0 = __ldg(qsl + b);
     const int qlen = __ldg(qsl + b + 1) - q0;
     const int pos = __ldg(seq_lens + b) - qlen + (t - q0);
@@ -304,7 +353,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
         for (int i = 0; i < PER; ++i) s = fmaf(qv[i], kf[i], s);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        s *= scale;
+        s = pa_score(s, scale, cap);
         const float mn = fmaxf(m, s);
         const float alpha = expf(m - mn);
         const float p = expf(s - mn);
@@ -392,7 +441,7 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
 template <int WARPS_M, int WARPS_N>
 __device__ __forceinline__ void attention_rows(
     const elem_t* __restrict__ q, const PoolView& pv, int q_tok0, int cached, int nrows, int R0, int G, int Hq, int h,
-    int key_lo, int key_hi, int window, float scale_log2, elem_t* __restrict__ out, float* __restrict__ part_o,
+    int key_lo, int key_hi, int window, float scale_log2, float cap, elem_t* __restrict__ out, float* __restrict__ part_o,
     float* __restrict__ part_ml, char* smem, int new_key, const elem_t* __restrict__ k_new,
     const elem_t* __restrict__ v_new, int q_stride, const RopeArgs& ra, const float* rope_tab, const elem_t* k_new_smem) {
     constexpr int M = 16 * WARPS_M;
@@ -524,7 +573,7 @@ __device__ __forceinline__ void attention_rows(
             for (int j = 0; j < 4; ++j) {
                 const int i = j >> 1;
                 const int key = kt + wn * NW + nt * 8 + 2 * c + (j & 1);
-                const float x = (key >= kmin[i] && key <= kmax[i]) ? s[nt][j] * scale_log2 : PA_NEG_INF;
+                const float x = (key >= kmin[i] && key <= kmax[i]) ? pa_score(s[nt][j], scale_log2, cap) : PA_NEG_INF;
                 s[nt][j] = x;
                 mx[i] = fmaxf(mx[i], x);
             }
@@ -637,13 +686,14 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v, elem_t* __restrict__ pool, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out, float* __restrict__ ws_o,
     float* __restrict__ ws_ml, int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int num_splits,
-    int window, float scale_log2, int q_stride, int kv_stride,
-    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    int window, float scale_log2, float cap, int q_stride, int kv_stride,
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
+    int original_max_position_embeddings) {
     PDL_WAIT();
     PDL_LAUNCH();
-    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     extern __shared__ __align__(128) char smem[];
     const int split = blockIdx.x, b = blockIdx.z;
+    const RopeArgs ra = rope_args_of(position_ids, inv_freq, attention_scaling, original_max_position_embeddings, seq_lens, b);
     const int RT = (G + 15) / 16;
     const int h = blockIdx.y / RT, rt = blockIdx.y % RT;
     const int q0 = __ldg(qsl + b), q1 = __ldg(qsl + b + 1), seq = __ldg(seq_lens + b);  // one round trip
@@ -700,7 +750,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
         }
     }
     const PoolView pv = make_pool_view(pool, bt_row, layer, num_blocks, Hkv, h);
-    attention_rows<1, 4>(q, pv, q0, pos, G, 16 * rt, G, Hq, h, lo, hi, window, scale_log2, out, po, pml, smem, pos, k_new,
+    attention_rows<1, 4>(q, pv, q0, pos, G, 16 * rt, G, Hq, h, lo, hi, window, scale_log2, cap, out, po, pml, smem, pos, k_new,
                          v_new, q_stride, ra, rope_tab, k_src);
 }
 
@@ -709,11 +759,11 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
 extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
     const elem_t* __restrict__ q, const elem_t* __restrict__ pool, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out, int B, int max_blocks,
-    int num_blocks, int layer, int Hkv, int G, int window, float scale_log2, int q_stride,
-    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling) {
+    int num_blocks, int layer, int Hkv, int G, int window, float scale_log2, float cap, int q_stride,
+    const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
+    int original_max_position_embeddings) {
     PDL_WAIT();
     PDL_LAUNCH();
-    const RopeArgs ra{position_ids, inv_freq, attention_scaling};
     extern __shared__ __align__(128) char smem[];
     constexpr int M = 64;
     const int x = blockIdx.x, h = blockIdx.y;
@@ -747,6 +797,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
         base += total;
     }
     if (b < 0) return;
+    const RopeArgs ra = rope_args_of(position_ids, inv_freq, attention_scaling, original_max_position_embeddings, seq_lens, b);
     tile = ntiles_b - 1 - tile;  // the longest tiles of a sequence first
     const int q0 = __ldg(qsl + b);
     const int qlen = __ldg(qsl + b + 1) - q0;
@@ -756,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
     const int pos_min = cached + R0 / G, pos_max = cached + Rlast / G;
     const int klo = window > 0 ? imax(0, pos_min - window + 1) : 0, khi = pos_max + 1;
     const PoolView pv = make_pool_view(pool, block_tables + (long long)b * max_blocks, layer, num_blocks, Hkv, h);
-    attention_rows<4, 1>(q, pv, q0, cached, nrows, R0, G, Hkv * G, h, klo, khi, window, scale_log2, out, nullptr,
+    attention_rows<4, 1>(q, pv, q0, cached, nrows, R0, G, Hkv * G, h, klo, khi, window, scale_log2, cap, out, nullptr,
                          nullptr, smem, -1, nullptr, nullptr, q_stride, ra, nullptr, nullptr);
 }
 

@@ -12,6 +12,9 @@
 //            DYNAMIC and seq_len > max_position_embeddings (dynamic NTK, as transformers):
 //            base' = base * (factor * s / L - (factor - 1)) ** (d / (d - 2)),
 //            freq  = float32(1 / base' ** (2i / d))      evaluated in float64, rounded once
+//            LONGROPE (Phi-3's LongRoPE, as transformers' longrope_frequency_update):
+//            freq  = inv_freq[ROTARY_DIM / 2 + i] (the long factors) if seq_len >
+//            original_max_position_embeddings, else inv_freq[i] (the short factors)
 //   angle  = float32(pos) * freq                          one float32 product, as transformers
 //   cos, sin = float32(cos/sin(double(angle))) * attention_scaling     (float32 product)
 //   neox:  out[i] = x[i] * cos[i] - x[i + d/2] * sin[i],  out[i + d/2] = x[i + d/2] * cos[i] + x[i] * sin[i]
@@ -39,6 +42,8 @@
 //   ROTARY_DIM  rotated features per head (even, <= HEAD_DIM)
 //   NEOX        1 half-split pairing (i, i + ROTARY_DIM/2); 0 interleaved (2i, 2i+1), GPT-J
 //   DYNAMIC     1 dynamic NTK scaling (reads seq_lens); 0 none
+//   LONGROPE    1 LongRoPE (reads seq_lens; inv_freq holds ROTARY_DIM values, short then
+//               long); 0 none (inv_freq holds ROTARY_DIM / 2). Not together with DYNAMIC.
 //   VEC         elements per vector access (VEC * element size <= 16 bytes, a power of 2);
 //               must divide HEAD_DIM - ROTARY_DIM and ROTARY_DIM / 2 (neox) or ROTARY_DIM
 //               (gptj, VEC even); the host picks the largest that also fits the pointers'
@@ -48,6 +53,7 @@
 // trtcore-variants: [{"DTYPE": 0, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 0, "VEC": 4}, {"DTYPE": 0, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 1, "VEC": 4}, {"DTYPE": 0, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 0, "VEC": 4}, {"DTYPE": 0, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 1, "VEC": 4}, {"DTYPE": 0, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 0, "VEC": 4}, {"DTYPE": 0, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 1, "VEC": 4}, {"DTYPE": 0, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 0, "VEC": 4}, {"DTYPE": 0, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 1, "VEC": 4}]
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 64, "ROTARY_DIM": 64, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 1, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 0, "VEC": 8}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 0, "DYNAMIC": 1, "VEC": 8}]
+// trtcore-variants: [{"DTYPE": 0, "HEAD_DIM": 96, "ROTARY_DIM": 96, "NEOX": 1, "DYNAMIC": 0, "VEC": 4, "LONGROPE": 1}, {"DTYPE": 0, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 0, "VEC": 4, "LONGROPE": 1}, {"DTYPE": 1, "HEAD_DIM": 96, "ROTARY_DIM": 96, "NEOX": 1, "DYNAMIC": 0, "VEC": 8, "LONGROPE": 1}, {"DTYPE": 1, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 0, "VEC": 8, "LONGROPE": 1}, {"DTYPE": 2, "HEAD_DIM": 96, "ROTARY_DIM": 96, "NEOX": 1, "DYNAMIC": 0, "VEC": 8, "LONGROPE": 1}, {"DTYPE": 2, "HEAD_DIM": 128, "ROTARY_DIM": 128, "NEOX": 1, "DYNAMIC": 0, "VEC": 8, "LONGROPE": 1}]
 
 #include "pdl.cuh"  // PDL_WAIT / PDL_LAUNCH: the kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE (default 2, bfloat16), elem_t, to_f32 / from_f32
@@ -62,6 +68,9 @@
 #endif
 #ifndef DYNAMIC
 #define DYNAMIC 0
+#endif
+#ifndef LONGROPE
+#define LONGROPE 0
 #endif
 #ifndef VEC
 #define VEC (DTYPE == 0 ? 4 : 8)
@@ -101,6 +110,7 @@ union pack_t {
 #endif
 #define UNITS_PER_HEAD (ROT_UNITS + PASS_DIM / VEC)
 
+static_assert(!(DYNAMIC && LONGROPE), "DYNAMIC and LONGROPE are exclusive");
 static_assert(ROTARY_DIM % 2 == 0 && ROTARY_DIM >= 2 && ROTARY_DIM <= HEAD_DIM, "ROTARY_DIM must be even, in [2, HEAD_DIM]");
 static_assert(VEC_BYTES <= 16 && (VEC_BYTES & (VEC_BYTES - 1)) == 0, "VEC * element size must be a power of 2 <= 16");
 static_assert(PASS_DIM % VEC == 0, "VEC must divide HEAD_DIM - ROTARY_DIM");
@@ -183,7 +193,7 @@ trtcore_rope(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
              const int* __restrict__ position_ids, const float* __restrict__ inv_freq,
              const int* __restrict__ seq_lens, elem_t* __restrict__ q_out, elem_t* __restrict__ k_out,
              int num_q_heads, int num_k_heads, float attention_scaling, float base,
-             float dynamic_factor, int max_position_embeddings) {
+             float dynamic_factor, int max_position_embeddings, int original_max_position_embeddings) {
     PDL_WAIT();
     PDL_LAUNCH();
     __shared__ float s_cos[HALF_ROT];
@@ -218,7 +228,16 @@ trtcore_rope(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
                                       (double)ROTARY_DIM / (double)(ROTARY_DIM - 2));
     }
 #else
-    (void)seq_lens; (void)base; (void)dynamic_factor; (void)max_position_embeddings;
+    (void)base; (void)dynamic_factor; (void)max_position_embeddings;
+#endif
+#if LONGROPE
+    const float* freqs = inv_freq + (seq_lens[tok] > original_max_position_embeddings ? HALF_ROT : 0);
+#else
+    const float* freqs = inv_freq;
+    (void)original_max_position_embeddings;
+#if !DYNAMIC
+    (void)seq_lens;
+#endif
 #endif
     for (int i = threadIdx.x; i < HALF_ROT; i += stride) {
         float freq;
@@ -226,10 +245,10 @@ trtcore_rope(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
         if (scaled) {
             freq = (float)(1.0 / pow(dyn_base, (double)(2 * i) / (double)ROTARY_DIM));
         } else {
-            freq = inv_freq[i];
+            freq = freqs[i];
         }
 #else
-        freq = inv_freq[i];
+        freq = freqs[i];
 #endif
         rope_cos_sin(pos, freq, attention_scaling, s_cos[i], s_sin[i]);
     }

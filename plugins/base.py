@@ -139,11 +139,19 @@ class Plugin:
             specs.append((f.name, kind, dt, t))
         return specs
 
+    #: fields added after a plugin's first version -> their defaults: left out of the field
+    #: collection at their default, and taken at their default when a serialized plugin lacks
+    #: them, so that engines serialized before the field existed still load
+    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {}
+
     def field_values(self) -> list[tuple[str, str, np.ndarray]]:
-        """``(name, PluginFieldType name, data)`` with data a 1-D NumPy array."""
+        """``(name, PluginFieldType name, data)`` with data a 1-D NumPy array (optional
+        fields at their defaults left out)."""
         out = []
         for name, kind, dt, t in self.field_specs():
             v = getattr(self, name)
+            if name in self._OPTIONAL_FIELDS and self._OPTIONAL_FIELDS[name] == v:
+                continue
             if t is str:
                 data = np.frombuffer(v.encode("utf-8"), dtype=np.int8).copy()
             else:
@@ -159,6 +167,8 @@ class Plugin:
             PluginError: a field is missing or does not parse.
         """
         kwargs: dict[str, Any] = {}
+        defaults = {name: np.asarray(cls._OPTIONAL_FIELDS[name], dtype=dt) for name, _, dt, _ in cls.field_specs() if name in cls._OPTIONAL_FIELDS}
+        data = {**defaults, **data}
         for name, _, _dt, t in cls.field_specs():
             if name not in data:
                 raise PluginError(f"plugin {cls.plugin_name}: field {name!r} missing from the field collection")

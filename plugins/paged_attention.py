@@ -52,7 +52,11 @@ q and k arrive *unrotated* and two inputs are appended at the end, ``position_id
 and ``inv_freq [rotary_dim // 2]`` float32 (as :class:`trtcore.plugins.rope.RopePlugin`
 takes them). The plugin rotates q and the new k with RopePlugin's exact numerical contract
 (fields ``rotary_dim``, ``is_neox``, ``attention_scaling`` as RopePlugin's; dynamic NTK scaling
-is not fused: use the RoPE plugin for it), each rotated value rounded once to the dtype before
+is not fused: use the RoPE plugin for it), LongRoPE included (field
+``original_max_position_embeddings > 0``: ``inv_freq`` holds ``rotary_dim`` values, the short
+then the long frequencies, and the tokens of sequence ``b`` take the long ones when
+``seq_lens[b]`` exceeds ``original_max_position_embeddings``: the RoPE plugin's rule with each
+token's sequence length ``seq_lens[b]``), each rotated value rounded once to the dtype before
 use, so the pool holds bit for bit what the RoPE plugin followed by this plugin without fused
 RoPE writes, and the output equals theirs within the kernels' tolerance.
 :meth:`PagedAttentionPlugin.reference` calls RopePlugin's reference for it.
@@ -68,8 +72,9 @@ writes into the NumPy pool array it is given, the same array every step.
 Semantics: query head ``hq`` uses KV head ``hq // (Hq // num_kv_heads)`` (GQA/MQA); a query
 at position ``p`` attends to keys at positions ``k <= p`` of its own sequence (cached and
 new), and with ``sliding_window = W > 0`` only to those with ``p - k < W`` (transformers'
-rule); scores ``scale * q.k``, softmax and the weighted sum of values are computed in
-float32 with float32 accumulation, and the output is rounded once to the dtype. The
+rule); scores ``scale * q.k`` (with ``softcap = c > 0`` soft-capped to ``c * tanh(scale * q.k / c)``
+before the mask, Gemma 2's attention logit soft-capping), softmax and the weighted sum of
+values are computed in float32 with float32 accumulation, and the output is rounded once to the dtype. The
 tensor-core kernels (float16/bfloat16, head_dim 64 or 128) round the softmax
 probabilities to the input dtype before the P.V product, as FlashAttention does: a relative
 error of at most one unit roundoff of the dtype per probability (see the tests' tolerance).
@@ -200,6 +205,12 @@ class PagedAttentionPlugin(Plugin):
             rotated.
         is_neox: fused RoPE pairing, as :class:`~trtcore.plugins.rope.RopePlugin`'s.
         attention_scaling: fused RoPE's cos/sin factor, as RopePlugin's (float32).
+        original_max_position_embeddings: > 0: the fused RoPE is LongRoPE, with this threshold
+            (RopePlugin's ``longrope`` / ``original_max_position_embeddings``); 0: not.
+        softcap: attention logit soft-capping ``c > 0``: each score becomes
+            ``c * tanh(scale * q.k / c)`` before the mask and the softmax (Gemma 2/3's
+            ``attn_logit_softcapping``; transformers' ``eager_attention_forward``); 0: none.
+            Stored as float32.
     """
 
     plugin_name: ClassVar[str] = "trtcore_paged_attention"
@@ -216,6 +227,8 @@ class PagedAttentionPlugin(Plugin):
     rotary_dim: int = 0
     is_neox: bool = True
     attention_scaling: float = 1.0
+    original_max_position_embeddings: int = 0
+    softcap: float = 0.0
 
     def __post_init__(self) -> None:
         self.layer_idx = int(self.layer_idx)
@@ -231,6 +244,8 @@ class PagedAttentionPlugin(Plugin):
         self.rotary_dim = int(self.rotary_dim)
         self.is_neox = bool(self.is_neox)
         self.attention_scaling = _f32(self.attention_scaling)
+        self.original_max_position_embeddings = int(self.original_max_position_embeddings)
+        self.softcap = _f32(self.softcap)
         super().__post_init__()
 
     def validate(self) -> None:
@@ -246,27 +261,29 @@ class PagedAttentionPlugin(Plugin):
             raise PluginError(f"PagedAttentionPlugin.sliding_window is {self.sliding_window}, expected >= 0 (0 = no window)")
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise PluginError(f"PagedAttentionPlugin.scale is {self.scale}, expected a positive finite number")
+        if not (math.isfinite(self.softcap) and self.softcap >= 0):
+            raise PluginError(f"PagedAttentionPlugin.softcap is {self.softcap}, expected 0 (no soft-capping) or a positive finite number")
         if self.rotary_dim < 0:
             raise PluginError(f"PagedAttentionPlugin.rotary_dim is {self.rotary_dim}, expected 0 (no fused RoPE) or an even number in [2, head_dim]")
+        if self.original_max_position_embeddings < 0 or (self.original_max_position_embeddings and not self.rotary_dim):
+            raise PluginError(
+                f"PagedAttentionPlugin.original_max_position_embeddings is {self.original_max_position_embeddings}, "
+                "expected 0 or, with fused RoPE (rotary_dim > 0), the LongRoPE threshold >= 1"
+            )
         if self.rotary_dim:
             self.rope()  # RopePlugin's checks of rotary_dim, pairing and attention_scaling
 
-    # the fields packed qkv and fused RoPE added, with the values that mean "not used": a
+    # the fields packed qkv, fused RoPE and soft-capping added, with the values that mean "not used": a
     # plugin that uses neither serializes exactly the fields it had before them, and a field
     # collection without them (an engine built before) rebuilds that plugin
-    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"packed_qkv": False, "rotary_dim": 0, "is_neox": True, "attention_scaling": 1.0}
-
-    def field_values(self) -> list[tuple[str, str, np.ndarray]]:
-        """The base class's field values, less the optional fields at their defaults."""
-        return [f for f in super().field_values() if self._OPTIONAL_FIELDS.get(f[0], object()) != getattr(self, f[0])]
-
-    @classmethod
-    def from_field_data(cls, data: dict[str, Any]) -> Plugin:
-        """The base class's rebuild; optional fields absent from ``data`` take their defaults."""
-        defaults = {
-            name: np.asarray(value, dtype=dt) for name, _, dt, _ in cls.field_specs() if (value := cls._OPTIONAL_FIELDS.get(name)) is not None
-        }
-        return super().from_field_data({**defaults, **data})
+    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {
+        "packed_qkv": False,
+        "rotary_dim": 0,
+        "is_neox": True,
+        "attention_scaling": 1.0,
+        "original_max_position_embeddings": 0,
+        "softcap": 0.0,
+    }
 
     def rope(self) -> RopePlugin:
         """The RoPE plugin whose rotation the fused RoPE applies (``rotary_dim > 0``).
@@ -276,7 +293,14 @@ class PagedAttentionPlugin(Plugin):
         """
         if self.rotary_dim <= 0:
             raise PluginError(f"PagedAttentionPlugin has no fused RoPE (rotary_dim is {self.rotary_dim})")
-        return RopePlugin(head_dim=self.head_dim, rotary_dim=self.rotary_dim, is_neox=self.is_neox, attention_scaling=self.attention_scaling)
+        return RopePlugin(
+            head_dim=self.head_dim,
+            rotary_dim=self.rotary_dim,
+            is_neox=self.is_neox,
+            attention_scaling=self.attention_scaling,
+            longrope=self.original_max_position_embeddings > 0,
+            original_max_position_embeddings=self.original_max_position_embeddings,
+        )
 
     # --- shapes and types ---------------------------------------------------------------------
 
@@ -353,9 +377,9 @@ class PagedAttentionPlugin(Plugin):
             if len(shape) != ranks[name]:
                 raise PluginError(f"PagedAttentionPlugin: {name} must have rank {ranks[name]}, got {len(shape)}")
         if self.rotary_dim:
-            n = _dimval(input_shapes[-1][0])
-            if n is not None and n != self.rotary_dim // 2:
-                raise PluginError(f"PagedAttentionPlugin: inv_freq has {n} values, expected rotary_dim // 2 = {self.rotary_dim // 2}")
+            n, want = _dimval(input_shapes[-1][0]), self.rope().num_inv_freq
+            if n is not None and n != want:
+                raise PluginError(f"PagedAttentionPlugin: inv_freq has {n} values, expected {want} (rotary_dim // 2, longrope: rotary_dim)")
         if self.packed_qkv:
             qkv, pool = list(input_shapes[0]), list(input_shapes[1])
             self._check_pool(pool)
@@ -477,8 +501,6 @@ class PagedAttentionPlugin(Plugin):
             arrays[:1] = [heads[:, :hq], heads[:, hq : hq + hkv], heads[:, hq + hkv :]]
         q, k, v = arrays[:3]
         bt, seq_lens, qsl = arrays[4:7]
-        if self.rotary_dim:
-            q, k = self.rope().reference(q, k, *arrays[7:9])
         T, hq, D = q.shape
         hkv, bs = self.num_kv_heads, self.block_size
         g = hq // hkv
@@ -495,6 +517,11 @@ class PagedAttentionPlugin(Plugin):
         cached_all = seq_lens.astype(np.int64) - qlens
         if (cached_all < 0).any():
             raise PluginError(f"PagedAttentionPlugin: seq_lens {seq_lens.tolist()} smaller than the sequences' new tokens {qlens.tolist()}")
+        if self.rotary_dim:
+            rope = self.rope()
+            # longrope: each token takes its sequence's length (seq_lens[b], after this step)
+            token_seq_lens = [np.repeat(seq_lens, qlens)] if rope.longrope else []
+            q, k = rope.reference(q, k, *arrays[7:9], *token_seq_lens)
         num_blocks = pool.shape[1]
         layer = pool[self.layer_idx]  # [num_blocks, 2, Hkv, block_size, D], a view: written in place
         out = np.empty((T, hq, D), np.float32)
@@ -516,6 +543,9 @@ class PagedAttentionPlugin(Plugin):
             vals = layer[blocks[kpos // bs], 1, :, kpos % bs].astype(np.float32)
             qb = q[q0:q1].astype(np.float32).reshape(qlen, hkv, g, D).transpose(1, 2, 0, 3)  # [Hkv, G, qlen, D]
             scores = np.matmul(qb, keys.transpose(1, 2, 0)[:, None]) * scale  # [Hkv, G, qlen, seq]
+            if self.softcap:
+                cap = np.float32(self.softcap)
+                scores = np.tanh(scores / cap) * cap
             allowed = kpos[None, :] <= pos[:, None]
             if self.sliding_window:
                 allowed &= (pos[:, None] - kpos[None, :]) < self.sliding_window
@@ -534,6 +564,10 @@ class PagedAttentionPlugin(Plugin):
         d = {"DTYPE": DTYPE_CODES[np.dtype(dtype)], "HEAD_DIM": self.head_dim, "BLOCK_SIZE": self.block_size}
         if self.rotary_dim:
             d.update(ROTARY_DIM=self.rotary_dim, NEOX=int(self.is_neox))
+        if self.original_max_position_embeddings:
+            d["LONGROPE"] = 1
+        if self.softcap:
+            d["SOFTCAP"] = 1
         if TUNING["stages"] != 2:
             d["PA_STAGES"] = int(TUNING["stages"])
         return d
@@ -561,7 +595,12 @@ class PagedAttentionPlugin(Plugin):
         else:
             q_stride, kv_stride = int(np.prod(q.shape[1:])), int(np.prod(k.shape[1:]))
         rope_args = [(rope_inputs[0].ptr, "ptr"), (rope_inputs[1].ptr, "ptr")] if self.rotary_dim else [(0, "ptr"), (0, "ptr")]
-        rope_args.append((self.attention_scaling, "f32"))
+        rope_args += [(self.attention_scaling, "f32"), (self.original_max_position_embeddings, "i32")]
+        # soft-capping (SOFTCAP): score = cap * tanh(q.k * scale_arg), scale_arg = scale / softcap
+        # (the log2-domain kernels take cap * log2(e)); without it, score = q.k * scale_arg
+        cap = self.softcap
+        simple_scale, simple_cap = (self.scale / cap, cap) if cap else (self.scale, 0.0)
+        tc_scale, tc_cap = (self.scale / cap, cap * math.log2(math.e)) if cap else (self.scale * math.log2(math.e), 0.0)
         if dtype not in DTYPE_CODES or any(np.dtype(x.dtype) != dtype for x in (k, v, pool, out)):
             raise PluginError(f"PagedAttentionPlugin.enqueue: q/k/v/kv_pool/out dtypes {[str(x.dtype) for x in (q, k, v, pool, out)]} not supported")
         if any(np.dtype(x.dtype) != _INT32 for x in (bt, sl, qsl)):
@@ -599,13 +638,12 @@ class PagedAttentionPlugin(Plugin):
         if not tensor_cores:
             fns.launch(
                 "paged_attn_simple", (T, hq), (_THREADS,),
-                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (self.scale, "f32"),
-                 (q_stride, "i32"), *rope_args],
+                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (simple_scale, "f32"),
+                 (simple_cap, "f32"), (q_stride, "i32"), *rope_args],
                 0, stream,
             )  # fmt: skip
             return
 
-        scale_log2 = self.scale * math.log2(math.e)
         smem = self.shared_mem_bytes(dtype)
         splits = self.num_splits(B, hq, max_blocks, dtype)
         ws_o = workspace if splits > 1 else 0
@@ -615,8 +653,8 @@ class PagedAttentionPlugin(Plugin):
         fns.launch(
             "paged_attn_decode", (splits, hkv * _cdiv(g, 16), B), (_THREADS,),
             [(q.ptr, "ptr"), (k.ptr, "ptr"), (v.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), (ws_o, "ptr"),
-             (ws_ml, "ptr"), *sizes, (g, "i32"), (splits, "i32"), (self.sliding_window, "i32"), (scale_log2, "f32"), (q_stride, "i32"),
-             (kv_stride, "i32"), *rope_args],
+             (ws_ml, "ptr"), *sizes, (g, "i32"), (splits, "i32"), (self.sliding_window, "i32"), (tc_scale, "f32"), (tc_cap, "f32"),
+             (q_stride, "i32"), (kv_stride, "i32"), *rope_args],
             smem, stream,
         )  # fmt: skip
         if splits > 1:
@@ -629,8 +667,8 @@ class PagedAttentionPlugin(Plugin):
             tiles = _cdiv(T * g, _PREFILL_ROWS) + min(B, T // 2)
             fns.launch(
                 "paged_attn_prefill", (tiles, hkv), (_THREADS,),
-                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (scale_log2, "f32"),
-                 (q_stride, "i32"), *rope_args],
+                [(q.ptr, "ptr"), (pool.ptr, "ptr"), *common, (out.ptr, "ptr"), *sizes, (g, "i32"), (self.sliding_window, "i32"), (tc_scale, "f32"),
+                 (tc_cap, "f32"), (q_stride, "i32"), *rope_args],
                 smem, stream,
             )  # fmt: skip
 

@@ -15,7 +15,10 @@ scaling variants of Hugging Face transformers (see :mod:`trtcore.rope`):
   bit-identical frequencies;
 * ``dynamic`` (NTK-aware) scaling: the frequencies depend on each sequence's length, given
   per token in ``seq_lens``; see :meth:`RopePlugin.frequencies`;
-* ``attention_scaling`` (YaRN's attention factor) multiplies cos and sin.
+* ``longrope`` scaling (Phi-3 / Phi-3.5): ``inv_freq`` holds the short and the long
+  frequencies, and each token takes the long ones when its sequence length (``seq_lens``)
+  exceeds ``original_max_position_embeddings`` (:func:`trtcore.rope.longrope_uses_long`);
+* ``attention_scaling`` (YaRN's and LongRoPE's attention factor) multiplies cos and sin.
 
 The CUDA kernel is ``kernels/rope.cu`` (compiled by NVRTC through :mod:`trtcore.kernels`,
 specialised by dtype, head_dim, rotary_dim, pairing, dynamic and vector width).
@@ -23,7 +26,7 @@ specialised by dtype, head_dim, rotary_dim, pairing, dynamic and vector width).
 Numerical contract (float32 arithmetic, one rounding to the I/O dtype; the kernel and the
 NumPy reference follow it operation by operation)::
 
-    freq   = inv_freq[i]                      (float32; dynamic: see frequencies())
+    freq   = inv_freq[i]                      (float32; dynamic / longrope: see frequencies())
     angle  = float32(position) * freq         one float32 product, as transformers'
                                               position_ids.float() @ inv_freq
     cos    = float32(cos(float64(angle))) * float32(attention_scaling)   (float32 product)
@@ -102,8 +105,11 @@ class RopePlugin(Plugin):
     1    k              ``[T..., num_k_heads, head_dim]``   the dtype of q
     2    position_ids   ``[T...]``                int32, each token's position
     3    inv_freq       ``[rotary_dim // 2]``     float32, ``float32(RopeSpec.inv_freq)``
-    4    seq_lens       ``[T...]``                int32, only when ``dynamic``: the length of
-                                                  each token's sequence (its largest
+                        (longrope:                (longrope: short then long,
+                        ``[rotary_dim]``)         :meth:`inv_freq_of`)
+    4    seq_lens       ``[T...]``                int32, only when ``dynamic`` or
+                                                  ``longrope``: the length of each token's
+                                                  sequence in this call (its largest
                                                   position + 1)
     ===  =============  ========================  ==========================================
 
@@ -119,7 +125,12 @@ class RopePlugin(Plugin):
         base: ``rope_theta`` (used by dynamic scaling only; inv_freq carries it otherwise).
         dynamic_factor: dynamic scaling's ``factor`` (0 when not dynamic).
         max_position_embeddings: the length beyond which dynamic scaling starts.
-        attention_scaling: multiplies cos and sin (YaRN's attention factor; 1 otherwise).
+        attention_scaling: multiplies cos and sin (YaRN's / LongRoPE's attention factor; 1
+            otherwise).
+        longrope: LongRoPE scaling (``inv_freq`` is ``[rotary_dim]``: the short frequencies
+            then the long ones; adds the ``seq_lens`` input).
+        original_max_position_embeddings: longrope: a token whose ``seq_lens`` exceeds it
+            takes the long frequencies.
     """
 
     plugin_name: ClassVar[str] = "trtcore_rope"
@@ -134,6 +145,12 @@ class RopePlugin(Plugin):
     dynamic_factor: float = 0.0
     max_position_embeddings: int = 0
     attention_scaling: float = 1.0
+    longrope: bool = False
+    original_max_position_embeddings: int = 0
+
+    # added after version 1's first fields: a plugin without longrope serializes the fields
+    # it had before, and an engine serialized before them still loads
+    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"longrope": False, "original_max_position_embeddings": 0}
 
     def __post_init__(self) -> None:
         # the values a serialized plugin holds (FLOAT32 / INT32 / INT8 fields)
@@ -145,6 +162,8 @@ class RopePlugin(Plugin):
         self.dynamic_factor = _f32(self.dynamic_factor)
         self.max_position_embeddings = int(self.max_position_embeddings)
         self.attention_scaling = _f32(self.attention_scaling)
+        self.longrope = bool(self.longrope)
+        self.original_max_position_embeddings = int(self.original_max_position_embeddings)
         super().__post_init__()
 
     def validate(self) -> None:
@@ -167,6 +186,11 @@ class RopePlugin(Plugin):
                 raise PluginError(f"RopePlugin.max_position_embeddings is {self.max_position_embeddings}, expected >= 1 (dynamic scaling)")
             if self.rotary_dim < 4:
                 raise PluginError(f"RopePlugin.rotary_dim is {self.rotary_dim}, dynamic scaling needs >= 4 (exponent d / (d - 2))")
+        if self.longrope:
+            if self.dynamic:
+                raise PluginError("RopePlugin: longrope and dynamic scaling are exclusive, got both")
+            if self.original_max_position_embeddings < 1:
+                raise PluginError(f"RopePlugin.original_max_position_embeddings is {self.original_max_position_embeddings}, expected >= 1 (longrope)")
 
     # --- construction ------------------------------------------------------------------------
 
@@ -174,6 +198,7 @@ class RopePlugin(Plugin):
     def from_spec(cls, spec: Any, is_neox: bool = True) -> RopePlugin:
         """The plugin for a :class:`trtcore.rope.RopeSpec` (``rope_spec(config)``)."""
         dynamic = spec.rope_type == "dynamic"
+        longrope = spec.rope_type == "longrope"
         return cls(
             head_dim=int(spec.head_dim),
             rotary_dim=int(spec.rotary_dim),
@@ -183,36 +208,53 @@ class RopePlugin(Plugin):
             dynamic_factor=float(spec.dynamic_factor) if dynamic else 0.0,
             max_position_embeddings=int(spec.max_position_embeddings),
             attention_scaling=float(spec.attention_scaling),
+            longrope=longrope,
+            original_max_position_embeddings=int(spec.original_max_position_embeddings) if longrope else 0,
         )
 
     @staticmethod
     def inv_freq_of(spec: Any) -> np.ndarray:
-        """The ``inv_freq`` input for a :class:`trtcore.rope.RopeSpec`: float32 ``[rotary_dim // 2]``."""
-        return np.ascontiguousarray(np.asarray(spec.inv_freq, dtype=np.float64).astype(np.float32))
+        """The ``inv_freq`` input for a :class:`trtcore.rope.RopeSpec`: float32 ``[rotary_dim // 2]``
+        (longrope: ``[rotary_dim]``, ``spec.inv_freq`` then ``spec.long_inv_freq``)."""
+        inv = np.asarray(spec.inv_freq, dtype=np.float64)
+        if spec.rope_type == "longrope":
+            inv = np.concatenate([inv, np.asarray(spec.long_inv_freq, dtype=np.float64)])
+        return np.ascontiguousarray(inv.astype(np.float32))
+
+    @property
+    def per_sequence(self) -> bool:
+        """Whether the frequencies depend on each token's sequence length (dynamic, longrope)."""
+        return self.dynamic or self.longrope
+
+    @property
+    def num_inv_freq(self) -> int:
+        """Values of the ``inv_freq`` input: ``rotary_dim // 2`` (longrope: ``rotary_dim``)."""
+        return self.rotary_dim if self.longrope else self.rotary_dim // 2
 
     @property
     def num_inputs(self) -> int:
-        return 5 if self.dynamic else 4
+        return 5 if self.per_sequence else 4
 
     def input_names(self) -> list[str]:
-        """``["q", "k", "position_ids", "inv_freq"]`` (+ ``"seq_lens"`` when dynamic)."""
-        return ["q", "k", "position_ids", "inv_freq", *(["seq_lens"] if self.dynamic else [])]
+        """``["q", "k", "position_ids", "inv_freq"]`` (+ ``"seq_lens"`` when dynamic or longrope)."""
+        return ["q", "k", "position_ids", "inv_freq", *(["seq_lens"] if self.per_sequence else [])]
 
     def inputs(self, q: Any, k: Any, position_ids: Any, inv_freq: Any, seq_lens: Any = None) -> list[Any]:
         """The plugin's input list in order (arrays or network tensors): ``[q, k,
-        position_ids, inv_freq]`` plus ``seq_lens`` when ``dynamic``.
+        position_ids, inv_freq]`` plus ``seq_lens`` when ``dynamic`` or ``longrope``.
 
-        ``seq_lens`` must be given exactly when the plugin is dynamic: for a batch of
-        sequences it is, per token, ``max(position_ids of its sequence) + 1``.
+        ``seq_lens`` must be given exactly when the plugin is dynamic or longrope: for a batch
+        of sequences it is, per token, ``max(position_ids of its sequence) + 1``.
 
         Raises:
-            PluginError: ``seq_lens`` given to a non-dynamic plugin or missing for a dynamic one.
+            PluginError: ``seq_lens`` given to a plugin with fixed frequencies or missing for
+                a dynamic / longrope one.
         """
-        if self.dynamic and seq_lens is None:
-            raise PluginError("RopePlugin(dynamic=True) needs seq_lens (each token's sequence length)")
-        if not self.dynamic and seq_lens is not None:
-            raise PluginError("RopePlugin(dynamic=False) takes no seq_lens")
-        return [q, k, position_ids, inv_freq, *([seq_lens] if self.dynamic else [])]
+        if self.per_sequence and seq_lens is None:
+            raise PluginError("RopePlugin(dynamic or longrope) needs seq_lens (each token's sequence length)")
+        if not self.per_sequence and seq_lens is not None:
+            raise PluginError("RopePlugin without dynamic or longrope scaling takes no seq_lens")
+        return [q, k, position_ids, inv_freq, *([seq_lens] if self.per_sequence else [])]
 
     def input_specs(
         self,
@@ -226,19 +268,25 @@ class RopePlugin(Plugin):
     ) -> list[tuple[Any, ...]]:
         """Random-input specs for :func:`trtcore.testing.check_plugin` / ``benchmark_plugin``:
         standard normal q and k, positions in ``[0, max_position)``, ``inv_freq`` (default:
-        plain RoPE with ``base``), and for dynamic plugins sequence lengths in ``[1, 2 *
-        max_position_embeddings]`` (both sides of the scaling threshold)."""
+        plain RoPE with ``base``; longrope: those divided by short factors in [1, 1.5] then by
+        long factors in [1, 8]), and for dynamic / longrope plugins sequence lengths in ``[1, 2 *
+        threshold]`` (both sides of the scaling threshold)."""
         if inv_freq is None:
             d = self.rotary_dim
-            inv_freq = (1.0 / self.base ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
+            inv_freq = 1.0 / self.base ** (np.arange(0, d, 2, dtype=np.float64) / d)
+            if self.longrope:
+                factors = np.random.default_rng([d, self.original_max_position_embeddings])
+                inv_freq = np.concatenate([inv_freq / factors.uniform(1.0, 1.5, d // 2), inv_freq / factors.uniform(1.0, 8.0, d // 2)])
+            inv_freq = inv_freq.astype(np.float32)
         specs: list[tuple[Any, ...]] = [
             ((num_tokens, num_q_heads, self.head_dim), dtype),
             ((num_tokens, num_k_heads, self.head_dim), dtype),
             ((num_tokens,), np.int32, (0, max_position)),
-            ((self.rotary_dim // 2,), np.float32, np.asarray(inv_freq, dtype=np.float32)),
+            ((self.num_inv_freq,), np.float32, np.asarray(inv_freq, dtype=np.float32)),
         ]
-        if self.dynamic:
-            specs.append(((num_tokens,), np.int32, (1, 2 * self.max_position_embeddings + 1)))
+        if self.per_sequence:
+            threshold = self.original_max_position_embeddings if self.longrope else self.max_position_embeddings
+            specs.append(((num_tokens,), np.int32, (1, 2 * threshold + 1)))
         return specs
 
     # --- shapes and types --------------------------------------------------------------------
@@ -287,7 +335,9 @@ class RopePlugin(Plugin):
         """Per-token frequencies ``[T..., rotary_dim // 2]`` in ``dtype`` (float32, or float64
         for float64 mode).
 
-        Not dynamic: ``inv_freq`` for every token. Dynamic (transformers'
+        Neither dynamic nor longrope: ``inv_freq`` for every token. Longrope: ``inv_freq[half:]``
+        (the long frequencies) for a token whose ``seq_len > original_max_position_embeddings``,
+        else ``inv_freq[:half]`` (:func:`trtcore.rope.longrope_uses_long`). Dynamic (transformers'
         ``_compute_dynamic_ntk_parameters`` with ``dynamic_rope_update``): a token whose
         ``seq_len <= max_position_embeddings`` uses ``inv_freq`` (transformers' original
         frequencies); a longer one uses ``1 / base' ** (2i / d)`` with ``base' = base *
@@ -303,12 +353,16 @@ class RopePlugin(Plugin):
         dtype = np.dtype(dtype)
         inv = np.asarray(inv_freq).astype(dtype)
         half = self.rotary_dim // 2
-        if inv.shape != (half,):
-            raise PluginError(f"RopePlugin: inv_freq must have shape ({half},), got {inv.shape}")
-        if not self.dynamic:
+        if inv.shape != (self.num_inv_freq,):
+            raise PluginError(f"RopePlugin: inv_freq must have shape ({self.num_inv_freq},), got {inv.shape}")
+        if not self.per_sequence:
             return inv
         if seq_lens is None:
-            raise PluginError("RopePlugin(dynamic=True) needs seq_lens")
+            raise PluginError("RopePlugin(dynamic or longrope) needs seq_lens")
+        if self.longrope:
+            from trtcore.rope import longrope_uses_long
+
+            return np.where(longrope_uses_long(seq_lens, self.original_max_position_embeddings)[..., None], inv[half:], inv[:half])
         s = np.asarray(seq_lens).astype(np.float64)
         d, f, L = self.rotary_dim, self.dynamic_factor, float(self.max_position_embeddings)
         expo = np.arange(0, d, 2, dtype=np.float64) / d
@@ -362,7 +416,7 @@ class RopePlugin(Plugin):
         """
         self._check_count(len(inputs))
         q, k, position_ids, inv_freq = (np.asarray(a) for a in inputs[:4])
-        seq_lens = np.asarray(inputs[4]) if self.dynamic else None
+        seq_lens = np.asarray(inputs[4]) if self.per_sequence else None
         if q.dtype != k.dtype:
             raise PluginError(f"RopePlugin: q is {q.dtype} but k is {k.dtype}")
         compute = _FLOAT64 if q.dtype == _FLOAT64 else _FLOAT32
@@ -411,6 +465,7 @@ class RopePlugin(Plugin):
             "NEOX": int(self.is_neox),
             "DYNAMIC": int(self.dynamic),
             "VEC": vec,
+            **({"LONGROPE": 1} if self.longrope else {}),  # absent when 0: the variants' keys stay as they were
         }
 
     def kernel(self, dtype: Any, vec: int | None = None) -> Any:
@@ -433,7 +488,7 @@ class RopePlugin(Plugin):
         """Launch ``trtcore_rope``: one block per token, on ``stream``; no allocation, no sync."""
         self._check_count(len(inputs))
         q, k, pos, inv = inputs[:4]
-        seq = inputs[4] if self.dynamic else None
+        seq = inputs[4] if self.per_sequence else None
         q_out, k_out = outputs
         dtype = np.dtype(q.dtype)
         if dtype not in DTYPE_CODES or np.dtype(k.dtype) != dtype:
@@ -460,6 +515,7 @@ class RopePlugin(Plugin):
             (self.base, "f32"),
             (self.dynamic_factor, "f32"),
             (self.max_position_embeddings, "i32"),
+            (self.original_max_position_embeddings, "i32"),
         ]
         grid, block = (num_tokens,), (self.block_size(nq, nk, vec),)
         fn = _load_kernel(defines)

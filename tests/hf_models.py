@@ -248,7 +248,8 @@ def load_hf(path: Path, dtype: str = "float64", **config_overrides: Any) -> Any:
     config = AutoConfig.from_pretrained(path)
     for k, val in config_overrides.items():
         setattr(config, k, val)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32, attn_implementation="eager")
+    # eager experts: transformers 5's grouped_mm (MoE) takes no float64
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager")
     model = model.to(getattr(torch, dtype)).eval()
     return model
 
@@ -301,6 +302,32 @@ def hf_greedy(model: Any, prompt: list[int], steps: int) -> tuple[list[int], np.
         rows.append(log_softmax(logits))
         seq.append(int(np.argmax(logits)))
     return seq[len(prompt):], np.stack(rows)
+
+
+def hf_greedy_cached(model: Any, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:
+    """Greedy continuation as ``generate`` runs it: one forward over the prompt, then one
+    forward per new token with transformers' KV cache (``past_key_values``), explicit
+    ``position_ids``. Returns what :func:`hf_greedy` returns.
+
+    Differs from :func:`hf_greedy` where the RoPE frequencies depend on the length of each
+    forward call (``longrope``: the cached keys keep the rotation of the call that wrote them)."""
+    import warnings
+
+    import torch
+
+    seq: list[int] = []
+    rows = []
+    with torch_one_thread(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # past_key_values' new name differs across 5.x
+        out = model(torch.tensor([prompt]), position_ids=torch.arange(len(prompt))[None], use_cache=True)
+        for i in range(steps):
+            logits = out.logits[0, -1].double().numpy()
+            rows.append(log_softmax(logits))
+            seq.append(int(np.argmax(logits)))
+            if i + 1 < steps:
+                pos = torch.tensor([[len(prompt) + i]])
+                out = model(torch.tensor([[seq[-1]]]), past_key_values=out.past_key_values, position_ids=pos, use_cache=True)
+    return seq, np.stack(rows)
 
 
 class ModelStore:
@@ -357,6 +384,7 @@ __all__ = [
     "hf_logits",
     "torch_one_thread",
     "hf_greedy",
+    "hf_greedy_cached",
     "log_softmax",
     "random_prompt",
     "replace",

@@ -72,6 +72,18 @@ def test_generate_json_matches_transformers(model: Path) -> None:
     assert set(out["timings"]) >= {"load_s", "ttft_s", "e2e_s", "tpot_s"}
 
 
+def test_generate_tensor_parallel_matches_transformers(model: Path) -> None:
+    """--tensor-parallel-size 2: two simulated ranks give transformers' greedy tokens; 3 (not
+    a divisor of the 4 heads) is refused in one line."""
+    proc = _cli("generate", "the theory of", "--model", str(model), "--max-tokens", "6", "--json", "--tensor-parallel-size", "2")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    ref = _hf_greedy(model, out["prompt_token_ids"], 6)
+    assert out["token_ids"] == ref[: len(out["token_ids"])] and out["token_ids"]
+    bad = _cli("generate", "x", "--model", str(model), "--max-tokens", "1", "--tensor-parallel-size", "3")
+    assert bad.returncode == 2 and bad.stderr.startswith("trtcore: error: tensor_parallel_size 3 does not divide num_attention_heads")
+
+
 def test_generate_streams_prompt_and_continuation(model: Path) -> None:
     js = json.loads(_cli("generate", "the theory of", "--model", str(model), "--max-tokens", "8", "--json").stdout)
     proc = _cli("generate", "the theory of", "--model", str(model), "--max-tokens", "8")

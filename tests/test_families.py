@@ -75,20 +75,21 @@ def test_families_declare_the_rules() -> None:
 
 
 def test_unsupported_rope_type_fails_at_load(tmp_path: Path, hf_models: ModelStore) -> None:  # noqa: F811
-    """``longrope`` used to parse and then fail at build; now load_config names the supported types."""
+    """An unsupported type (here Qwen2-VL's multimodal ``mrope``) is refused by load_config,
+    which names the supported types (``longrope`` used to parse and then fail at build; it is
+    supported now)."""
     from trtcore.rope import ROPE_TYPES, SUPPORTED_ROPE_TYPES
 
     d = tmp_path / "m"
     shutil.copytree(hf_models.dir("llama3_rope"), d)
     cfg = json.loads((d / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
-                              "long_factor": [2.0] * 8, "original_max_position_embeddings": 64}
+    cfg["rope_parameters"] = {"rope_type": "mrope", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConfigError, match="longrope") as err:
+    with pytest.raises(ConfigError, match="mrope") as err:
         load_config(d)
     for name in SUPPORTED_ROPE_TYPES:
         assert name in str(err.value)
-    assert "longrope" not in ROPE_TYPES
+    assert "mrope" not in ROPE_TYPES and "longrope" in ROPE_TYPES
 
 
 # ---------------------------------------------------------------------------------------

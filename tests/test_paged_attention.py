@@ -7,7 +7,8 @@ prefills and decodes with random, shuffled block tables; the pool write (exactly
 slots change, every other slot keeps its sentinel); field serialization.
 
 GPU (marker ``gpu``): ``enqueue`` against the reference for the same cases in float16,
-bfloat16 and float32. They skip, saying why, without CuPy or a GPU, and fail on a GPU when
+bfloat16 and float32, and for Gemma 2/3's needs (attention logit soft-capping, a given
+query scale, head_dim 256, sliding windows). They skip, saying why, without CuPy or a GPU, and fail on a GPU when
 broken. Tolerances:
 
 * the reference itself computes in float32 and rounds once: against float64 its output is
@@ -74,7 +75,7 @@ class Case:
     cached tokens, and random shuffled block ids (non-contiguous, other sequences' blocks
     interleaved, unused blocks left over)."""
 
-    def __init__(self, specs, *, bs, hkv, g, d, dtype, window=0, num_layers=3, layer=1, seed=0):
+    def __init__(self, specs, *, bs, hkv, g, d, dtype, window=0, num_layers=3, layer=1, seed=0, scale=0.0, softcap=0.0):
         rng = np.random.default_rng(seed)
         self.specs, self.bs, self.hkv, self.g, self.d = specs, bs, hkv, g, d
         self.dtype, self.window, self.layer = np.dtype(dtype), window, layer
@@ -105,7 +106,9 @@ class Case:
         self.block_tables = bt
         self.seq_lens = np.asarray(seq_lens, np.int32)
         self.qsl = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
-        self.plugin = PagedAttentionPlugin(layer_idx=layer, num_kv_heads=hkv, head_dim=d, block_size=bs, sliding_window=window)
+        self.plugin = PagedAttentionPlugin(
+            layer_idx=layer, num_kv_heads=hkv, head_dim=d, block_size=bs, sliding_window=window, scale=scale, softcap=softcap
+        )
 
     def inputs(self, pool=None):
         return [self.q, self.k, self.v, self.pool.copy() if pool is None else pool, self.block_tables, self.seq_lens, self.qsl]
@@ -121,8 +124,9 @@ class Case:
                 pool[self.layer, blk, 1, :, row, :] = self.v[t]
         return pool
 
-    def attention_f64(self) -> np.ndarray:
-        """Plain float64 attention: [T, Hq * D]."""
+    def attention_f64(self, softcap: bool = True) -> np.ndarray:
+        """Plain float64 attention: [T, Hq * D]; the plugin's soft-capping ``c * tanh(s / c)``
+        of each scaled score ``s`` (Gemma 2, arXiv:2408.00118) unless ``softcap`` is False."""
         out = np.zeros((self.T, self.hq, self.d))
         scale = float(self.plugin.scale)
         for b, (cached, n) in enumerate(self.specs):
@@ -136,6 +140,9 @@ class Case:
             vals = np.repeat(vals, self.g, axis=1)
             q = self.q[q0 : q0 + n].astype(np.float64)  # [n, Hq, D]
             s = np.einsum("ihd,jhd->hij", q, keys) * scale
+            cap = float(self.plugin.softcap)
+            if cap and softcap:
+                s = cap * np.tanh(s / cap)
             qpos = cached + np.arange(n)[:, None]
             kpos = np.arange(cached + n)[None, :]
             allowed = kpos <= qpos
@@ -162,6 +169,22 @@ CASES = {
     "decode_only": (lambda bs: [(bs - 1, 1), (7 * bs, 1), (0, 1), (300, 1), (2, 1)], 2, 8, 128, 0),
 }
 
+#: Gemma 2/3 shapes: name -> (specs(bs), hkv, g, d, window, scale, softcap). head_dim 256 (the
+#: CUDA-core kernel), soft-capping with caps small enough to change the result (checked by
+#: test_gemma_cases_depend_on_softcap), query scales other than head_dim ** -0.5
+#: (query_pre_attn_scalar ** -0.5), sliding windows shorter than the sequences.
+GEMMA_CASES = {
+    "gemma_d256_softcap": (mixed_specs, 2, 4, 256, 0, 224**-0.5, 5.0),
+    "gemma_d256_window": (lambda bs: [(60, 1), (0, 45), (30, 12), (3, 1), (2 * bs + 5, 1)], 1, 8, 256, 20, 256**-0.5, 0.0),
+    "gemma_d128_softcap_window": (mixed_specs, 2, 4, 128, 24, 0.05, 3.0),
+    "gemma_d64_softcap_scale": (mixed_specs, 1, 4, 64, 0, 0.3, 2.0),
+}
+
+
+def gemma_case(name: str, bs: int, dtype: np.dtype) -> Case:
+    spec_fn, hkv, g, d, window, scale, softcap = GEMMA_CASES[name]
+    return Case(spec_fn(bs), bs=bs, hkv=hkv, g=g, d=d, dtype=dtype, window=window, scale=scale, softcap=softcap, seed=seed_of(name, bs, str(dtype)))
+
 
 # ---------------------------------------------------------------------------------------
 # CPU: reference numerics and the pool write
@@ -182,6 +205,34 @@ def test_reference_matches_float64_attention(name: str, bs: int) -> None:
     assert err.max() <= 1e-5 * max(1.0, np.abs(ref).max()), err.max()
     # the pool: exactly the new tokens' slots changed, to exactly k and v
     np.testing.assert_array_equal(bits(pool), bits(case.expected_pool()))
+
+
+@pytest.mark.parametrize("name", sorted(GEMMA_CASES))
+def test_reference_softcap_scale_head_dim_match_float64(name: str) -> None:
+    case = gemma_case(name, 16, F32)
+    pool = case.pool.copy()
+    (out,) = case.plugin.reference(*case.inputs(pool))
+    np.testing.assert_allclose(out.astype(np.float64), case.attention_f64(), rtol=0, atol=2e-5 * float(np.abs(case.v).max()))
+    np.testing.assert_array_equal(bits(pool), bits(case.expected_pool()))
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(GEMMA_CASES) if GEMMA_CASES[n][6]])
+def test_gemma_cases_depend_on_softcap(name: str) -> None:
+    """The caps change the attention a lot, so the GPU comparisons test the kernels' capping."""
+    case = gemma_case(name, 16, F32)
+    assert np.abs(case.attention_f64() - case.attention_f64(softcap=False)).max() > 0.1
+
+
+def test_softcap_field_round_trips_and_validates() -> None:
+    import trtcore.reference as ref
+
+    p = PagedAttentionPlugin(layer_idx=0, num_kv_heads=2, head_dim=256, block_size=16, scale=224**-0.5, softcap=50.0)
+    fc = p.field_collection(ref)
+    assert "softcap" in {f.name for f in fc} and PagedAttentionPlugin.from_field_collection(fc) == p
+    assert p.defines(F16)["SOFTCAP"] == 1 and "SOFTCAP" not in _plugin().defines(F16)
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(PluginError, match="softcap"):
+            PagedAttentionPlugin(layer_idx=0, num_kv_heads=2, head_dim=64, block_size=16, softcap=bad)
 
 
 @pytest.mark.parametrize("dtype", [F16, BF16])
@@ -416,6 +467,27 @@ def test_gpu_enqueue_matches_reference(name: str, bs: int, dtype: np.dtype) -> N
 @pytest.mark.parametrize("bs", [16, 64])
 def test_gpu_long_sequences(specs, hkv: int, g: int, window: int, bs: int, dtype: np.dtype) -> None:
     case = Case(specs, bs=bs, hkv=hkv, g=g, d=128, dtype=dtype, window=window, num_layers=2, layer=0, seed=seed_of(specs, bs))
+    check_gpu(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+@pytest.mark.parametrize("bs", [16, 32])
+@pytest.mark.parametrize("name", sorted(GEMMA_CASES))
+def test_gpu_softcap_scale_head_dim_window(name: str, bs: int, dtype: np.dtype) -> None:
+    """Gemma 2/3: soft-capping, a given query scale, head_dim 256, sliding windows (decode,
+    prefill and chunked prefill kernels; head_dim 256 on the CUDA-core kernel)."""
+    check_gpu(gemma_case(name, bs, dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=str)
+@pytest.mark.parametrize("d", [128, 256])
+def test_gpu_softcap_long_sequences(d: int, dtype: np.dtype) -> None:
+    """Soft-capped long decodes (split + reduction on the tensor-core kernels at d 128) beside a
+    windowed chunked prefill."""
+    case = Case([(4000, 1), (2500, 1), (1000, 70)], bs=16, hkv=2, g=4, d=d, dtype=dtype, window=1500, num_layers=2, layer=0,
+                seed=seed_of("softcap_long", d, str(dtype)), scale=0.06, softcap=4.0)
     check_gpu(case)
 
 

@@ -5,7 +5,9 @@ CPU (CI):
 * the fused plugin's reference equals the RoPE plugin's reference followed by the unfused
   paged-attention reference -- the pool bit for bit, the output bit for bit -- on random
   mixed batches (prefills, chunked prefills, decodes), GQA/MHA/MQA, a sliding window, neox and
-  GPT-J pairing, partial rotary, YaRN-style ``attention_scaling``, float32/float16/bfloat16,
+  GPT-J pairing, partial rotary, YaRN-style ``attention_scaling``, LongRoPE (short and long
+  frequencies chosen per sequence by ``seq_lens`` against a threshold between the batch's
+  sequence lengths), float32/float16/bfloat16,
   packed and separate q/k/v; the pool is also checked slot by slot against keys rotated here
   with the RoPE plugin's reference;
 * fields serialize (an unfused plugin keeps the field set it always had), shapes, dtypes,
@@ -35,12 +37,15 @@ from trtcore.plugins.rope import RopePlugin
 
 DTYPES = [F32, F16, BF16]
 
-#: fused RoPE variants: name -> (rotary_dim as a fraction of head_dim, is_neox, attention_scaling)
+#: fused RoPE variants: name -> (rotary_dim as a fraction of head_dim, is_neox, attention_scaling,
+#: longrope)
 ROPES = {
-    "neox": (1.0, True, 1.0),
-    "gptj": (1.0, False, 1.0),
-    "neox_partial": (0.5, True, 1.0),
-    "gptj_partial_scaled": (0.25, False, 1.1),
+    "neox": (1.0, True, 1.0, False),
+    "gptj": (1.0, False, 1.0, False),
+    "neox_partial": (0.5, True, 1.0, False),
+    "gptj_partial_scaled": (0.25, False, 1.1, False),
+    "neox_longrope": (1.0, True, 1.19, True),
+    "neox_partial_longrope": (0.5, True, 1.3, True),
 }
 
 
@@ -52,22 +57,31 @@ class FusedCase(Case):
 
     def __init__(self, specs, *, packed: bool, rope: str, **kw):
         super().__init__(specs, **kw)
-        frac, neox, scaling = ROPES[rope]
+        frac, neox, scaling, longrope = ROPES[rope]
         self.packed = packed
         self.unfused = self.plugin
         rd = int(self.d * frac) // 2 * 2
+        # LongRoPE: a threshold with sequences on both sides (the median length), the long
+        # frequencies the short ones divided by factors in [1, 8]
+        original = int(np.median(self.seq_lens)) if longrope else 0
         self.plugin = PagedAttentionPlugin(
             layer_idx=self.layer, num_kv_heads=self.hkv, head_dim=self.d, block_size=self.bs, sliding_window=self.window,
-            packed_qkv=packed, rotary_dim=rd, is_neox=neox, attention_scaling=scaling,
+            packed_qkv=packed, rotary_dim=rd, is_neox=neox, attention_scaling=scaling, original_max_position_embeddings=original,
         )  # fmt: skip
         # each token's position (cached + j), offset per case so that angles are large too
         rng = np.random.default_rng(kw.get("seed", 0) + 1)
         offset = int(rng.integers(0, 5000))
         self.position_ids = np.concatenate([np.arange(c, c + n) for c, n in specs]).astype(np.int32) + offset
-        self.inv_freq = (1.0 / 10000.0 ** (np.arange(0, rd, 2, dtype=np.float64) / rd)).astype(np.float32)
-        self.rope = RopePlugin(head_dim=self.d, rotary_dim=rd, is_neox=neox, attention_scaling=scaling)
+        inv = 1.0 / 10000.0 ** (np.arange(0, rd, 2, dtype=np.float64) / rd)
+        if longrope:
+            inv = np.concatenate([inv, inv / rng.uniform(1.0, 8.0, rd // 2)])
+        self.inv_freq = inv.astype(np.float32)
+        self.rope = RopePlugin(head_dim=self.d, rotary_dim=rd, is_neox=neox, attention_scaling=scaling, longrope=longrope,
+                               original_max_position_embeddings=original)  # fmt: skip
+        #: RopePlugin's seq_lens input: each token's sequence length (longrope only)
+        self.token_seq_lens = [np.repeat(self.seq_lens, np.diff(self.qsl))] if longrope else []
         self.q_in, self.k_in = self.q, self.k
-        self.q, self.k = self.rope.reference(self.q_in, self.k_in, self.position_ids, self.inv_freq)
+        self.q, self.k = self.rope.reference(self.q_in, self.k_in, self.position_ids, self.inv_freq, *self.token_seq_lens)
 
     def inputs(self, pool=None):
         pool = self.pool.copy() if pool is None else pool
@@ -99,9 +113,13 @@ def test_reference_equals_rope_plugin_then_unfused(name: str, dtype, rope: str, 
     fused_pool = case.pool.copy()
     (got,) = case.plugin.reference(*case.inputs(fused_pool))
     # the two plugins in a row, each with its own reference
+    frac, neox, scaling, longrope = ROPES[rope]
+    threshold = case.plugin.original_max_position_embeddings
+    assert longrope == (threshold > 0) and (not longrope or case.seq_lens.min() <= threshold < case.seq_lens.max()), case.seq_lens
     q_rot, k_rot = RopePlugin(
-        head_dim=case.d, rotary_dim=case.plugin.rotary_dim, is_neox=case.plugin.is_neox, attention_scaling=ROPES[rope][2]
-    ).reference(case.q_in, case.k_in, case.position_ids, case.inv_freq)
+        head_dim=case.d, rotary_dim=case.plugin.rotary_dim, is_neox=neox, attention_scaling=scaling, longrope=longrope,
+        original_max_position_embeddings=threshold,
+    ).reference(case.q_in, case.k_in, case.position_ids, case.inv_freq, *case.token_seq_lens)
     two_pool = case.pool.copy()
     (want,) = case.unfused.reference(q_rot, k_rot, case.v, two_pool, case.block_tables, case.seq_lens, case.qsl)
     np.testing.assert_array_equal(bits(fused_pool), bits(two_pool))
@@ -171,7 +189,7 @@ def test_input_names_shapes_and_types() -> None:
     assert p.num_q_heads((hq + 2 * hkv) * d) == hq
     with pytest.raises(PluginError, match=r"qkv has 640 features per token"):
         p.output_shapes([(-1, 640), *shapes[1:]])  # 10 heads of 64: Hq = 4 is no multiple of 3
-    with pytest.raises(PluginError, match="inv_freq has 8 values, expected rotary_dim // 2 = 16"):
+    with pytest.raises(PluginError, match=r"inv_freq has 8 values, expected 16 \(rotary_dim // 2"):
         p.output_shapes([*shapes[:-1], (8,)])
     with pytest.raises(PluginError, match="takes 7 inputs"):
         p.output_shapes(shapes[:5])
@@ -204,6 +222,11 @@ def test_validation() -> None:
         PagedAttentionPlugin(layer_idx=0, num_kv_heads=1, head_dim=64, block_size=16, rotary_dim=64, attention_scaling=float("inf"))
     with pytest.raises(PluginError, match="no fused RoPE"):
         PagedAttentionPlugin(layer_idx=0, num_kv_heads=1, head_dim=64, block_size=16).rope()
+    with pytest.raises(PluginError, match="original_max_position_embeddings is 8, expected 0 or, with fused RoPE"):
+        PagedAttentionPlugin(layer_idx=0, num_kv_heads=1, head_dim=64, block_size=16, original_max_position_embeddings=8)
+    longrope = PagedAttentionPlugin(layer_idx=0, num_kv_heads=1, head_dim=64, block_size=16, rotary_dim=32, original_max_position_embeddings=8)
+    assert longrope.rope().longrope and longrope.rope().num_inv_freq == 32 and longrope.defines(BF16)["LONGROPE"] == 1
+    assert "LONGROPE" not in _fused().defines(BF16)
 
 
 # ---------------------------------------------------------------------------------------
@@ -219,6 +242,8 @@ def test_fused_kernels_compile(arch: str) -> None:
         (PagedAttentionPlugin(layer_idx=0, num_kv_heads=3, head_dim=64, block_size=16, packed_qkv=True, rotary_dim=64), BF16),
         (PagedAttentionPlugin(layer_idx=0, num_kv_heads=8, head_dim=128, block_size=32, rotary_dim=32, is_neox=False), F16),
         (PagedAttentionPlugin(layer_idx=0, num_kv_heads=2, head_dim=96, block_size=16, packed_qkv=True, rotary_dim=48), F32),
+        (PagedAttentionPlugin(layer_idx=0, num_kv_heads=2, head_dim=128, block_size=16, packed_qkv=True, rotary_dim=128,
+                              original_max_position_embeddings=4096), BF16),
     ]
     for p, dt in plugins:
         defines = p.defines(dt)
@@ -305,8 +330,9 @@ def test_gpu_fused_enqueue_matches_reference(name: str, dtype, rope: str, packed
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rope", ["neox", "neox_longrope"])
 @pytest.mark.parametrize("dtype", [F16, BF16], ids=str)
 @pytest.mark.parametrize("specs", [[(4000, 1), (2500, 1), (17, 1)], [(3000, 1), (1000, 70)]], ids=["long_decodes", "decode_and_chunk"])
-def test_gpu_fused_long_sequences(specs, dtype) -> None:
-    case = FusedCase(specs, bs=16, hkv=2, g=4, d=128, dtype=dtype, num_layers=2, layer=0, seed=seed_of(specs, str(dtype)), packed=True, rope="neox")
+def test_gpu_fused_long_sequences(specs, dtype, rope: str) -> None:
+    case = FusedCase(specs, bs=16, hkv=2, g=4, d=128, dtype=dtype, num_layers=2, layer=0, seed=seed_of(specs, str(dtype)), packed=True, rope=rope)
     check_gpu(case)

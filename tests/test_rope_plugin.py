@@ -351,6 +351,7 @@ PLUGINS = [
     RopePlugin(128, 64, is_neox=False, dynamic=True, base=500000.0, dynamic_factor=2.0, max_position_embeddings=2048, attention_scaling=1.1386294361),
     RopePlugin.from_spec(rope_spec(trtcore_config(*CASES["yarn4"]))),
     RopePlugin.from_spec(rope_spec(trtcore_config(*CASES["dynamic2"])), is_neox=False),
+    RopePlugin(96, 96, longrope=True, original_max_position_embeddings=4096, attention_scaling=1.1902380714),
 ]
 
 
@@ -360,6 +361,7 @@ def test_fields_are_float32_values() -> None:
     assert [s[:2] for s in RopePlugin.field_specs()] == [
         ("head_dim", "INT32"), ("rotary_dim", "INT32"), ("is_neox", "INT8"), ("dynamic", "INT8"),
         ("base", "FLOAT32"), ("dynamic_factor", "FLOAT32"), ("max_position_embeddings", "INT32"), ("attention_scaling", "FLOAT32"),
+        ("longrope", "INT8"), ("original_max_position_embeddings", "INT32"),
     ]
     assert RopePlugin.plugin_name == "trtcore_rope" and RopePlugin.plugin_version == "1" and RopePlugin.num_outputs == 2
 
@@ -367,7 +369,8 @@ def test_fields_are_float32_values() -> None:
 @pytest.mark.parametrize("plugin", PLUGINS, ids=range(len(PLUGINS)))
 def test_fields_round_trip_reference(plugin: RopePlugin) -> None:
     fc = plugin.field_collection(ref)
-    assert isinstance(fc, ref.PluginFieldCollection) and len(fc) == 8
+    # the longrope fields are serialized only when set (engines from before them still load)
+    assert isinstance(fc, ref.PluginFieldCollection) and len(fc) == (10 if plugin.longrope else 8)
     assert RopePlugin.from_field_collection(fc) == plugin
     made = base.create(plugin, ref)  # through the reference registry's creator
     assert made == plugin and made is not plugin
@@ -386,7 +389,7 @@ def _rtx_collection(plugin: RopePlugin) -> tuple[Any, list[Any]]:
 def test_fields_round_trip_tensorrt_rtx(plugin: RopePlugin) -> None:
     fc, keep = _rtx_collection(plugin)
     _churn()
-    assert [f.type for f in fc] == [getattr(rtx.PluginFieldType, k) for _, k, _, _ in RopePlugin.field_specs()]
+    assert [f.type for f in fc] == [getattr(rtx.PluginFieldType, k) for _, k, _ in plugin.field_values()]
     assert RopePlugin.from_field_collection(fc) == plugin
     # the generated creator, registered in tensorrt_rtx's own plugin registry
     registry = rtx.get_plugin_registry()
@@ -399,7 +402,7 @@ def test_fields_round_trip_tensorrt_rtx(plugin: RopePlugin) -> None:
         assert made.plugin == plugin and made.num_outputs == 2
         assert made.clone().plugin == plugin
         bf16, i32, f32 = rtx.DataType.BF16, rtx.DataType.INT32, rtx.DataType.FLOAT
-        ins = [bf16, bf16, i32, f32] + ([i32] if plugin.dynamic else [])
+        ins = [bf16, bf16, i32, f32] + ([i32] if plugin.per_sequence else [])
         assert made.get_output_data_types(ins) == [bf16, bf16]
     finally:
         registry.deregister_creator(creator)
@@ -510,7 +513,7 @@ def test_vector_width_and_block() -> None:
 
 def test_every_declared_variant_is_a_define_set() -> None:
     """The variants rope.cu declares are what the plugin asks for (head_dim 64/128 x 3 dtypes
-    x neox/gptj x dynamic, full rotary, 16-byte vectors)."""
+    x neox/gptj x dynamic, full rotary, 16-byte vectors; longrope neox with head_dim 96/128)."""
     kernels = pytest.importorskip("trtcore.kernels")
     declared = {tuple(sorted(v.items())) for v in kernels.variants("rope")}
     wanted = set()
@@ -520,6 +523,10 @@ def test_every_declared_variant_is_a_define_set() -> None:
                 for dyn in (False, True):
                     p = RopePlugin(hd, hd, is_neox=neox, dynamic=dyn, dynamic_factor=2.0, max_position_embeddings=8)
                     wanted.add(tuple(sorted(p.defines(dtype, p.vector_width(dtype)).items())))
+    for dtype in (np.float32, np.float16, BF16):  # longrope: Phi-3 mini's head_dim 96, and 128
+        for hd in (96, 128):
+            p = RopePlugin(hd, hd, longrope=True, original_max_position_embeddings=8)
+            wanted.add(tuple(sorted(p.defines(dtype, p.vector_width(dtype)).items())))
     assert declared == wanted
 
 
@@ -703,6 +710,10 @@ def _variant_plugins() -> list[tuple[str, RopePlugin]]:
     out.append(("hd256-rot64-gptj", RopePlugin(256, 64, is_neox=False)))
     out.append(("hd96-rot24-neox-dynamic", RopePlugin(96, 24, dynamic=True, base=500000.0, dynamic_factor=4.0, max_position_embeddings=2048)))
     out.append(("hd80-rot20-gptj", RopePlugin(80, 20, is_neox=False)))
+    # longrope (Phi-3): short / long frequencies chosen per token by seq_lens vs 4096 (input_specs
+    # draws seq_lens on both sides); precompiled head_dim 96 and a partial-rotary one
+    out.append(("hd96-longrope", RopePlugin(96, 96, longrope=True, original_max_position_embeddings=4096, attention_scaling=1.1902380714)))
+    out.append(("hd128-rot64-longrope", RopePlugin(128, 64, longrope=True, original_max_position_embeddings=2048, attention_scaling=1.2)))
     return out
 
 

@@ -60,6 +60,9 @@ class ScaleGroup:
     needs_mha: bool = False
 
 
+#: the family file whose decoder layer :data:`LLAMA_SCALE_GROUPS` describes
+LLAMA_BUILDER = "trtcore.models.llama"
+
 #: the Llama-family decoder layer (trtcore.models.llama's tensor names)
 LLAMA_SCALE_GROUPS: tuple[ScaleGroup, ...] = (
     ScaleGroup("model.layers.{i}.input_layernorm", ("q_proj", "k_proj", "v_proj"), "norm", "input_layernorm"),
@@ -184,12 +187,22 @@ def awq_plan(
 
     Raises:
         InvalidArgumentError: the calibration file is missing or gives no token, a sequence is
-            empty or longer than ``seq_len``, or the network lacks every group's input tensor.
+            empty or longer than ``seq_len``, or the network lacks every group's input tensor,
+            or the checkpoint is not of a Llama-style family (its norms are not the plain
+            ``weight * x_normed`` the scales fold into: Gemma's ``(1 + weight)``, Gemma 2/3's
+            norm order).
         InvalidRequestError: the checkpoint has no tokenizer and no ``token_ids`` are given.
     """
     from .calibration import capture_calibration
+    from .config import load_config
     from .families import family_of
 
+    arch_family = family_of(load_config(model_dir).model_type)
+    if arch_family.builder != LLAMA_BUILDER:
+        raise InvalidArgumentError(
+            f"AWQ folds its scales into Llama-style norms and projections; {arch_family.architecture} ({arch_family.builder}) "
+            "is not supported (use --method rtn)"
+        )
     groups: list[ScaleGroup] = []
 
     def select(config: Any, present: set[str]) -> list[str]:

@@ -23,6 +23,7 @@ from .fileio import check_writable, write_atomic
 from .kv_modes import Profile, kv_mode
 from .log import trt_logger
 from .models import family_for
+from .parallel import Mapping, check_tensor_parallel, local_kv_heads
 from .plan import DTYPES, BuildConfig, BuildPlan, resolve_plan
 from .plan import implementations as plan_implementations
 from .quant_formats import quantized_weights
@@ -35,6 +36,7 @@ __all__ = [
     "DefinedNetwork",
     "build_engine",
     "build_reference_engine",
+    "check_tensor_parallel_family",
     "check_writable",
     "define_network",
     "implementations",
@@ -62,7 +64,8 @@ def _as_plan(config: ModelConfig, plan: BuildPlan | BuildConfig, trt: Any) -> Bu
 
 @dataclass
 class DefinedNetwork:
-    """A network defined from a checkpoint: its builder, network and graph (keep all alive)."""
+    """A network defined from a checkpoint: its builder, network and graph (keep all alive),
+    and the load report of the weights it read."""
 
     trt: Any
     builder: Any
@@ -70,6 +73,13 @@ class DefinedNetwork:
     graph: ops.Graph
     config: ModelConfig
     plan: BuildPlan
+    report: LoadReport | None = None
+
+    @property
+    def bytes_read(self) -> dict[str, int]:
+        """Bytes read from the checkpoint per tensor name for the tensors read by slice
+        (:attr:`trtcore.checkpoint.LoadReport.bytes_read`; a tensor-parallel rank's slices)."""
+        return dict(self.report.bytes_read) if self.report is not None else {}
 
     @property
     def build_config(self) -> BuildPlan:
@@ -87,7 +97,7 @@ def implementations(trt: Any, build_config: BuildConfig) -> dict[str, str]:
     return plan_implementations(build_config, backend_name(trt), trt)
 
 
-def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan | BuildConfig) -> DefinedNetwork:
+def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan | BuildConfig, mapping: Mapping | None = None) -> DefinedNetwork:
     """Define ``config``'s model in a strongly typed network of the module ``trt``.
 
     Args:
@@ -96,12 +106,20 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
         weights: a :class:`trtcore.checkpoint.Checkpoint` (or anything with ``get(name, shape=)``).
         plan: the resolved plan, or user options (resolved here with :func:`resolve_plan`
             for ``trt``'s backend).
+        mapping: the tensor-parallel rank to build (:class:`trtcore.parallel.Mapping`;
+            default: the whole model on one rank). A rank's network holds its slices of the
+            weights (read alone from the checkpoint), its KV heads in the cache I/O, and the
+            collectives; families whose module sets ``TENSOR_PARALLEL = True`` build ranks.
 
     Raises:
         UnsupportedArchitectureError: the architecture has no model family.
         MissingTensorError: tensors the network needs are absent (all of them listed).
         TensorShapeError: a checkpoint tensor does not fit the config.
-        InvalidArgumentError: the plan does not fit ``trt`` (a plugin it cannot host).
+        InvalidArgumentError: the plan does not fit ``trt`` (a plugin it cannot host); a
+            tensor-parallel ``mapping`` for a family that cannot build ranks, or for a
+            quantized checkpoint.
+        ConfigError: ``mapping.tp_size`` does not divide the model's heads or
+            ``intermediate_size`` (:func:`trtcore.parallel.check_tensor_parallel`).
 
     Warns:
         UserWarning: checkpoint tensors no layer reads (listed by name; rotary ``inv_freq``
@@ -109,15 +127,41 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
     """
     plan = _as_plan(config, plan, trt)
     family = family_for(config.architecture)
+    mapping = mapping or Mapping()
+    if mapping.parallel:
+        check_tensor_parallel_family(config, mapping.tp_size)
     builder = trt.Builder(trt_logger(trt))
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     network.name = config.architecture
-    graph = ops.Graph(trt, network, plan.dtype, plan.implementations, plan.block_size, plan.max_seq_len, kv_mode=kv_mode(plan, config))
+    mode = kv_mode(plan, config, local_kv_heads(config.num_key_value_heads, mapping.tp_size))
+    graph = ops.Graph(trt, network, plan.dtype, plan.implementations, plan.block_size, plan.max_seq_len, kv_mode=mode, mapping=mapping)
     report = LoadReport(quantized_weights(weights, config.quantization_config), family_of(config.model_type).is_ignored)
     family.build(graph, config, report)
     report.check(f"the {config.architecture} network")
-    return DefinedNetwork(trt, builder, network, graph, config, plan)
+    return DefinedNetwork(trt, builder, network, graph, config, plan, report)
+
+
+def check_tensor_parallel_family(config: ModelConfig, tp_size: int) -> None:
+    """Check that ``config``'s model can be split over ``tp_size`` ranks: its family builds
+    ranks (``TENSOR_PARALLEL`` in its module), its checkpoint is not quantized, and
+    ``tp_size`` divides its heads and ``intermediate_size``.
+
+    Raises:
+        InvalidArgumentError: a family without tensor parallelism, a quantized checkpoint, or
+            a bad ``tp_size``.
+        ConfigError: ``tp_size`` does not fit the model (:func:`trtcore.parallel.check_tensor_parallel`).
+    """
+    check_tensor_parallel(config, tp_size)
+    if tp_size == 1:
+        return
+    if not getattr(family_for(config.architecture), "TENSOR_PARALLEL", False):
+        raise InvalidArgumentError(
+            f"tensor_parallel_size {tp_size}: the {config.architecture} family does not support tensor parallelism yet "
+            "(the Llama family does: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM); use tensor_parallel_size=1"
+        )
+    if config.quantization_config:
+        raise InvalidArgumentError(f"tensor_parallel_size {tp_size}: quantized checkpoints are not split over ranks yet; use tensor_parallel_size=1")
 
 
 def _profile(d: DefinedNetwork) -> dict[str, Profile]:

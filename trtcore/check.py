@@ -57,7 +57,7 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
     ids = llm.encode(prompt) if isinstance(prompt, str) else list(prompt)
     [out] = llm.generate([ids], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, logprobs=0))
     ours_tokens = out.outputs[0].token_ids
-    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager")
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager", experts_implementation="eager")
     hf.eval()
     seq = ids + ours_tokens[:-1]
     with torch.no_grad():
@@ -125,9 +125,29 @@ LLAMA_BISECT_POINTS: tuple[BisectPoint, ...] = (
     BisectPoint("lm_head", "logits", last_only=True),
 )
 
+#: The mixture-of-experts families (models/moe.py): as Llama, the MLP point being the sparse MoE
+#: block's output (routed experts, plus Qwen2-MoE's gated shared expert); a dense layer of a Qwen
+#: MoE model (``mlp_only_layers``, ``decoder_sparse_step``) has ``mlp.down_proj`` instead and shows
+#: as not captured there.
+MOE_BISECT_POINTS: tuple[BisectPoint, ...] = tuple(
+    BisectPoint(p.hf_module, "model.layers.{i}.mlp.output") if p.hf_module == "model.layers.{i}.mlp" else p for p in LLAMA_BISECT_POINTS
+)
+
+#: Gemma's points: as Llama's (the attention and MLP outputs are read before Gemma 2/3's norms
+#: after them, as transformers' ``self_attn`` / ``mlp`` modules return them), the embeddings
+#: after their ``sqrt(hidden_size)`` scaling, and the logits before the final soft-capping
+#: (transformers' ``lm_head`` output; trtcore's ``lm_head`` tensor).
+GEMMA_BISECT_POINTS: tuple[BisectPoint, ...] = (*LLAMA_BISECT_POINTS[:-1], BisectPoint("lm_head", "lm_head", last_only=True))
+
 #: ``model_type`` -> the modules :func:`compare` aligns (points with ``{i}`` repeat for every
 #: decoder layer, in the order given). A new family adds its entry here.
-BISECT_POINTS: dict[str, tuple[BisectPoint, ...]] = {t: LLAMA_BISECT_POINTS for t in ("llama", "mistral", "qwen2", "qwen3")}
+BISECT_POINTS: dict[str, tuple[BisectPoint, ...]] = {
+    **{t: LLAMA_BISECT_POINTS for t in ("llama", "mistral", "qwen2", "qwen3")},
+    **{t: MOE_BISECT_POINTS for t in ("mixtral", "qwen2_moe", "qwen3_moe")},
+    # Phi-3: the Llama decoder over its split fused projections (trtcore.models.phi3), same module paths
+    "phi3": LLAMA_BISECT_POINTS,
+    **{t: GEMMA_BISECT_POINTS for t in ("gemma", "gemma2", "gemma3_text")},
+}
 
 #: :attr:`ModuleError.status` values
 OK, BEYOND, FIRST_DIVERGENCE, NOT_CAPTURED = "ok", "beyond", "FIRST DIVERGENCE", "not captured"
@@ -265,7 +285,7 @@ def compare(
     wanted = [p.tensor for p in points if p.tensor in present]
     ours = capture_prefill(llm, ids, wanted)
 
-    hf = auto_model.from_pretrained(str(reference or model), dtype=torch.float32, attn_implementation="eager").eval()
+    hf = auto_model.from_pretrained(str(reference or model), dtype=torch.float32, attn_implementation="eager", experts_implementation="eager").eval()
     theirs: dict[str, np.ndarray] = {}
 
     def hook(path: str) -> Any:

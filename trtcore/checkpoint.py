@@ -37,9 +37,9 @@ import numpy as np
 
 from trtcore.dtypes import NAMES as _DTYPE_ALIASES
 from trtcore.dtypes import SAFETENSORS_DTYPES
-from trtcore.errors import CheckpointError, MissingTensorError, TensorShapeError
+from trtcore.errors import CheckpointError, InvalidArgumentError, MissingTensorError, TensorShapeError
 
-__all__ = ["Checkpoint", "SAFETENSORS_DTYPES", "read_safetensors_header"]
+__all__ = ["Checkpoint", "LazyTensor", "LoadReport", "SAFETENSORS_DTYPES", "read_safetensors_header"]
 
 SINGLE_FILE_NAME = "model.safetensors"
 INDEX_FILE_NAME = "model.safetensors.index.json"
@@ -411,6 +411,55 @@ class Checkpoint:
         self.close()
 
 
+class LazyTensor:
+    """A checkpoint tensor not read yet: its name, shape and dtype from the header; reading a
+    slice (:meth:`read`) copies only that slice's bytes out of the memory-mapped file.
+
+    ``numpy.asarray(t)`` reads the whole tensor. Every read is counted in the owning
+    :class:`LoadReport`'s :attr:`~LoadReport.bytes_read` (tensor-parallel ranks read only
+    their slice of each sharded tensor).
+
+    Attributes:
+        name: the checkpoint tensor's name.
+        shape: its shape.
+        dtype: its stored NumPy dtype.
+    """
+
+    def __init__(self, report: LoadReport, name: str, shape: tuple[int, ...], dtype: np.dtype):
+        self._report = report
+        self.name = name
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self._cache: dict[tuple[int, int, int], np.ndarray] = {}
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def read(self, axis: int = 0, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """The slice ``[start, stop)`` along ``axis`` (whole tensor by default), read-only;
+        the same slice asked twice is the same array (read once).
+
+        Raises:
+            InvalidArgumentError: the range is outside the tensor.
+        """
+        axis = axis % max(1, self.ndim)
+        stop = self.shape[axis] if stop is None else stop
+        if not 0 <= start <= stop <= (self.shape[axis] if self.ndim else 1):
+            raise InvalidArgumentError(f"slice [{start}, {stop}) of axis {axis} is outside tensor '{self.name}' of shape {self.shape}")
+        key = (axis, start, stop)
+        if key not in self._cache:
+            self._cache[key] = self._report._read(self, axis, start, stop)
+        return self._cache[key]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.read()
+        return a if dtype is None else a.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"LazyTensor({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
 class LoadReport:
     """Which checkpoint tensors a network build read: a reader over a :class:`Checkpoint`
     that records every name asked for, then reports, as transformers' load report does,
@@ -431,6 +480,8 @@ class LoadReport:
         self.ignored = ignored or (lambda name: False)
         self.used: set[str] = set()
         self.missing: list[str] = []
+        #: bytes copied out of the checkpoint per tensor name by :class:`LazyTensor` reads
+        self.bytes_read: dict[str, int] = {}
 
     def get(self, name: str, shape: Sequence[int] | None = None, dtype: Any = None) -> np.ndarray:
         """The tensor ``name`` (see :meth:`Checkpoint.get`), read-only and zero-copy where
@@ -445,6 +496,34 @@ class LoadReport:
                 self.missing.append(name)
             return np.zeros(tuple(shape or (1,)), np.float32)
         return self.checkpoint.get(name, shape=shape, dtype=dtype, copy=False)
+
+    def lazy(self, name: str, shape: Sequence[int] | None = None) -> LazyTensor:
+        """The tensor ``name`` unread (:class:`LazyTensor`): the ops read the slice they need.
+
+        Raises:
+            TensorShapeError: the tensor exists with another shape (checked before any data is read).
+        """
+        self.used.add(name)
+        if name not in self.checkpoint:
+            if name not in self.missing:
+                self.missing.append(name)
+            return LazyTensor(self, name, tuple(shape or (1,)), np.dtype(np.float32))
+        view = self.checkpoint.get(name, shape=shape, copy=False)  # a zero-copy view: its shape checked, nothing read
+        return LazyTensor(self, name, view.shape, view.dtype)
+
+    def _read(self, t: LazyTensor, axis: int, start: int, stop: int) -> np.ndarray:
+        """Copy ``t``'s slice out of the (memory-mapped) checkpoint, counting its bytes."""
+        if t.name in self.missing:
+            shape = list(t.shape)
+            if shape:
+                shape[axis] = stop - start
+            return np.zeros(shape, np.float32)
+        view = self.checkpoint.get(t.name, copy=False)  # a zero-copy view: nothing read yet
+        index = tuple(slice(start, stop) if i == axis else slice(None) for i in range(view.ndim))
+        out = np.array(view[index])  # copies (reads) only the slice's bytes
+        out.flags.writeable = False
+        self.bytes_read[t.name] = self.bytes_read.get(t.name, 0) + out.nbytes
+        return out
 
     def quantized(self, name: str) -> Any:
         """The :class:`~trtcore.quantization.QuantizedWeight` ``name`` when the checkpoint

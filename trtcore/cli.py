@@ -54,7 +54,16 @@ def _llm(args: argparse.Namespace) -> Any:
     from .llm import LLM
 
     model = args.model if args.engine else _model_dir(args.model)  # an engine's sidecar names its model folder
-    return LLM(model, engine=args.engine, backend=args.backend, device=args.device, quantization=args.quantization, **_plan_choices(args))
+    tp = getattr(args, "tensor_parallel_size", 1)
+    return LLM(
+        model,
+        engine=args.engine,
+        backend=args.backend,
+        device=args.device,
+        tensor_parallel_size=tp,
+        quantization=args.quantization,
+        **_plan_choices(args),
+    )
 
 
 def _add_implementations(p: argparse.ArgumentParser, attention_default: str | None = None) -> None:
@@ -96,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a check: the reference backend runs on the CPU, the others on the GPU (use --backend cuda on a GPU)",
     )
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    g.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="split each layer over N ranks (Llama family; simulated in this process on the reference backend)",
+    )
 
     b = sub.add_parser("build", help="build a serialized TensorRT engine and its JSON sidecar")
     b.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")

@@ -52,7 +52,7 @@ GENERATION_CONFIG_NAME = "generation_config.json"
 
 # RoPE types for which transformers v5 fills ``original_max_position_embeddings`` from
 # ``max_position_embeddings`` when absent (``standardize_rope_params``).
-_ROPE_TYPES_WITH_ORIGINAL_MAX = ("llama3", "yarn")
+_ROPE_TYPES_WITH_ORIGINAL_MAX = ("llama3", "yarn", "longrope")
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -480,6 +480,16 @@ class ModelConfig:
             layer_types = tuple(lt)
             if "sliding_attention" not in layer_types:
                 sliding_window = None  # no layer slides: the window has no effect
+        elif family.sliding_window_rule == "layer_types":
+            # the window applies on the layers config.layer_types marks (the family's
+            # prepare_config fills the list its config class derives when it is absent)
+            sliding_window = d["sliding_window"] if "sliding_window" in d else defaults["sliding_window"]
+            lt = d.get("layer_types")
+            if not isinstance(lt, (list, tuple)):
+                raise ConfigError(f"field 'layer_types' is {lt!r}, expected a list")
+            layer_types = tuple(lt)
+            if "sliding_attention" not in layer_types:
+                sliding_window = None
         else:
             layer_types = ("full_attention",) * num_layers
         if sliding_window is None:
@@ -517,7 +527,8 @@ class ModelConfig:
             eos_token_id=_token_ids("eos_token_id", d.get("eos_token_id", defaults["eos_token_id"])),
             pad_token_id=_optional_int("pad_token_id", d.get("pad_token_id", defaults["pad_token_id"])),
             quantization_config=_optional_object("quantization_config", d.get("quantization_config")),
-            family_fields={k: v if d.get(k) is None else d[k] for k, v in family.family_fields.items()},
+            # an explicit null is kept (Gemma 2's attn_logit_softcapping: null turns it off)
+            family_fields={k: d[k] if k in d else v for k, v in family.family_fields.items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -564,6 +575,9 @@ class ModelConfig:
         }
         if write_prf:
             d["partial_rotary_factor"] = self.partial_rotary_factor
+        if self.rope_scaling and self.rope_scaling.get("original_max_position_embeddings") is not None:
+            # also at the top level, where Phi-3 keeps it (and where it wins when read back)
+            d["original_max_position_embeddings"] = self.rope_scaling["original_max_position_embeddings"]
         d.update(self.family_fields)
         if self.dtype is not None:
             d["dtype"] = self.dtype
@@ -573,6 +587,9 @@ class ModelConfig:
         rule = family.sliding_window_rule if family else "always"
         if rule == "always":
             d["sliding_window"] = self.sliding_window
+        elif rule == "layer_types":
+            d["sliding_window"] = self.sliding_window
+            d["layer_types"] = list(self.layer_types)
         elif rule == "use_sliding_window":
             d["use_sliding_window"] = self.sliding_window is not None
             d["sliding_window"] = self.sliding_window
@@ -582,6 +599,8 @@ class ModelConfig:
                 self.num_hidden_layers,
             )
             d["max_window_layers"] = first_sliding
+        if family is not None and family.export_config is not None:
+            d = family.export_config(d)
         return d
 
 

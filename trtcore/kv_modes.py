@@ -33,8 +33,8 @@ import numpy as np
 from .config import ModelConfig
 from .dtypes import ENGINE_DTYPES, storage_dtype
 from .errors import InvalidArgumentError
-from .plan import BuildPlan
-from .rope import rope_spec
+from .plan import ROPE_IN_ATTENTION, BuildPlan
+from .rope import PER_SEQUENCE_ROPE_TYPES
 
 # ---------------------------------------------------------------------------------------
 # network side: cache inputs / outputs and profile shapes (used by ops and the builder)
@@ -100,9 +100,12 @@ class KVMode:
     attention: ClassVar[str]
     token_layout: ClassVar[str]
 
-    def __init__(self, plan: BuildPlan, config: ModelConfig):
+    def __init__(self, plan: BuildPlan, config: ModelConfig, num_kv_heads: int | None = None):
         self.plan = plan
         self.config = config
+        #: KV heads in the cache: ``config.num_key_value_heads``, or one tensor-parallel
+        #: rank's share (:func:`trtcore.parallel.local_kv_heads`), or all ranks' side by side
+        self.num_kv_heads = int(config.num_key_value_heads if num_kv_heads is None else num_kv_heads)
         self.dtype = ENGINE_DTYPES[plan.dtype]
         self.takes_rope_seq_lens = False
         self.cache_len: int | None = None
@@ -168,7 +171,7 @@ class KVMode:
 
     def _cache_shape(self) -> Shape:
         c = self.config
-        return (-1, c.num_key_value_heads, -1 if self.cache_len is None else self.cache_len, c.head_dim)
+        return (-1, self.num_kv_heads, -1 if self.cache_len is None else self.cache_len, c.head_dim)
 
     def _padded_inputs(self, mask_dtype: Any, mask_shape: Shape) -> list[TensorSpec]:
         """Token ids, positions, the masks of the model's attention kinds, last token ids."""
@@ -212,8 +215,9 @@ class PagedKV(KVMode):
     * ``block_tables`` int32 ``[B, max_blocks_per_seq]``, ``seq_lens`` int32 ``[B]`` (cached +
       new tokens), ``query_start_loc`` int32 ``[B + 1]`` (offsets of each sequence's tokens);
     * ``last_token_ids`` int32 ``[B]``: packed index of each sequence's last token;
-    * with ``dynamic`` RoPE scaling, ``rope_seq_lens`` int32 ``[T]``: each token's sequence
-      length in this step (transformers recomputes the frequencies per forward call).
+    * with ``dynamic`` or ``longrope`` RoPE scaling, ``rope_seq_lens`` int32 ``[T]``: each
+      token's sequence length in this step (transformers recomputes the frequencies per
+      forward call, :func:`trtcore.rope.longrope_uses_long`).
 
     Output: ``logits`` float32 ``[B, vocab_size]``.
 
@@ -226,15 +230,18 @@ class PagedKV(KVMode):
     attention = "plugin"
     token_layout = "packed"
 
-    def __init__(self, plan: BuildPlan, config: ModelConfig):
-        super().__init__(plan, config)
-        self.takes_rope_seq_lens = rope_spec(config).rope_type == "dynamic"
+    def __init__(self, plan: BuildPlan, config: ModelConfig, num_kv_heads: int | None = None):
+        super().__init__(plan, config, num_kv_heads)
+        # the RoPE plugin reads each token's sequence length; LongRoPE fused into the attention
+        # plugin reads the plugin's own seq_lens instead (ops.fuses_rope)
+        rope_type = (config.rope_scaling or {}).get("rope_type")
+        self.takes_rope_seq_lens = rope_type == "dynamic" or (rope_type in PER_SEQUENCE_ROPE_TYPES and plan.rope != ROPE_IN_ATTENTION)
 
     @property
     def pool_shape(self) -> Shape:
         """``[num_layers, -1 (blocks), 2, num_key_value_heads, block_size, head_dim]``."""
         c = self.config
-        return (c.num_hidden_layers, -1, 2, c.num_key_value_heads, self.plan.block_size, c.head_dim)
+        return (c.num_hidden_layers, -1, 2, self.num_kv_heads, self.plan.block_size, c.head_dim)
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -313,7 +320,7 @@ class ContiguousKV(KVMode):
         p = self.plan
         B, L, b, s = p.max_batch_size, p.max_seq_len, p.opt_batch_size, p.opt_seq_len
         o = min(s, L - 1)  # opt cached length
-        Hkv, D = self.config.num_key_value_heads, self.config.head_dim
+        Hkv, D = self.num_kv_heads, self.config.head_dim
         shapes = self._padded_profile(((1, 1, 1, 1, 1), (b, 1, 1, s, o + s), (B, 1, 1, L, 2 * L - 1)))
         return shapes | self._cache_profile((1, Hkv, 0, D), (b, Hkv, o, D), (B, Hkv, L - 1, D))
 
@@ -348,8 +355,8 @@ class NativeKV(KVMode):
     attention = "native"
     token_layout = "padded"
 
-    def __init__(self, plan: BuildPlan, config: ModelConfig):
-        super().__init__(plan, config)
+    def __init__(self, plan: BuildPlan, config: ModelConfig, num_kv_heads: int | None = None):
+        super().__init__(plan, config, num_kv_heads)
         self.cache_len = plan.max_seq_len
 
     def cache_input(self, layer: int, kind: str) -> str:
@@ -370,7 +377,7 @@ class NativeKV(KVMode):
     def profile_shapes(self) -> dict[str, Profile]:
         p = self.plan
         B, L, b, s = p.max_batch_size, p.max_seq_len, p.opt_batch_size, p.opt_seq_len
-        Hkv, D = self.config.num_key_value_heads, self.config.head_dim
+        Hkv, D = self.num_kv_heads, self.config.head_dim
         shapes = self._padded_profile(((1, 1, 1, L), (b, 1, s, L), (B, 1, L, L)))
         shapes[CACHE_WRITE_POSITIONS] = ((1,), (b,), (B,))
         return shapes | self._cache_profile((1, Hkv, L, D), (b, Hkv, L, D), (B, Hkv, L, D))
@@ -380,8 +387,9 @@ class NativeKV(KVMode):
 MODES: dict[tuple[str, str], type[KVMode]] = {(m.kv_cache, m.attention): m for m in (PagedKV, ContiguousKV, NativeKV)}
 
 
-def kv_mode(plan: BuildPlan, config: ModelConfig) -> KVMode:
-    """The KV cache mode of ``plan`` for ``config``'s model.
+def kv_mode(plan: BuildPlan, config: ModelConfig, num_kv_heads: int | None = None) -> KVMode:
+    """The KV cache mode of ``plan`` for ``config``'s model; ``num_kv_heads``: the cache's KV
+    heads when not ``config.num_key_value_heads`` (a tensor-parallel rank's share).
 
     Raises:
         InvalidArgumentError: the plan's ``(kv_cache, attention)`` pair has no mode.
@@ -389,7 +397,7 @@ def kv_mode(plan: BuildPlan, config: ModelConfig) -> KVMode:
     key = (plan.kv_cache, plan.attention)
     if key not in MODES:
         raise InvalidArgumentError(f"no KV cache mode for kv_cache={plan.kv_cache!r}, attention={plan.attention!r}; expected one of {sorted(MODES)}")
-    return MODES[key](plan, config)
+    return MODES[key](plan, config, num_kv_heads)
 
 
 # ---------------------------------------------------------------------------------------
@@ -571,11 +579,11 @@ class ContiguousKVCache:
         """Start an empty cache of ``n`` rows."""
         c = self.config
         if self.native:
-            shape = (n, c.num_key_value_heads, self.max_seq_len, c.head_dim)
+            shape = (n, self.mode.num_kv_heads, self.max_seq_len, c.head_dim)
             self.cache = {p: self.xp.zeros(shape, storage_dtype(self.dtype, self.xp)) for p, _ in self.names}
             self.key_pos = np.full((n, self.max_seq_len), -1, np.int64)
         else:
-            empty = np.zeros((n, c.num_key_value_heads, 0, c.head_dim), self.dtype)
+            empty = np.zeros((n, self.mode.num_kv_heads, 0, c.head_dim), self.dtype)
             self.cache = {p: empty for p, _ in self.names}
             self.key_pos = np.zeros((n, 0), np.int64)
 

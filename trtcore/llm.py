@@ -24,12 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from .builder import build_engine, build_reference_engine, define_network
+from .builder import build_engine, build_reference_engine, check_tensor_parallel_family, define_network
 from .checkpoint import Checkpoint
 from .config import GenerationConfig, ModelConfig, load_config, load_generation_config
 from .engine_file import EngineFile, load_engine_file
 from .errors import GenerationError, InvalidArgumentError, InvalidRequestError, TrtcoreError
 from .kv_modes import kv_mode
+from .parallel import Mapping, local_kv_heads
 from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
 from .quant_formats import detect_quantization
 from .runtime.detokenizer import IncrementalDetokenizer
@@ -236,6 +237,15 @@ class LLM:
             (:func:`trtcore.runtime.device.resolve_device`): the reference backend runs on the
             CPU (``"cuda"`` is refused, pointing to ``backend="cuda"``), the others on the
             GPU (``"cpu"`` is refused). The result is :attr:`device`.
+        tensor_parallel_size: ranks each layer is split over (vLLM's name; Megatron-style:
+            column-parallel q/k/v and gate/up, row-parallel o_proj and down_proj with an
+            all-reduce, vocabulary-parallel embedding and LM head, KV heads split or
+            replicated; :mod:`trtcore.parallel`). Llama family only; must divide
+            ``num_attention_heads`` and ``intermediate_size``. Today the ranks are simulated
+            in this process on the reference backend
+            (:class:`~trtcore.runtime.tensor_parallel.TensorParallelExecutor`), each rank's
+            network reading only its slices of the checkpoint; one process per GPU over NCCL
+            is not there yet.
 
     The defaults of ``backend`` ... ``attention`` are resolved once into :attr:`plan` by
     :func:`trtcore.plan.resolve_plan`, the same rules as ``trtcore build``'s.
@@ -243,6 +253,9 @@ class LLM:
     Attributes:
         device: ``"cpu"`` or ``"cuda"``, where the network executes.
         plan: the resolved :class:`~trtcore.plan.BuildPlan` (``build_config``: the same object).
+        bytes_read: per rank, the bytes its network read from the checkpoint per tensor name, for
+            the tensors read by slice (:attr:`trtcore.checkpoint.LoadReport.bytes_read`; empty
+            lists for an engine file).
 
     Raises:
         ConfigError / UnsupportedArchitectureError / CheckpointError: bad model folder.
@@ -253,6 +266,10 @@ class LLM:
             backend (use ``backend="cuda"``), or ``device="cpu"`` with a GPU backend; a
             ``quantization`` that is unknown or differs from the config's; a
             build option or backend that differs from the ``engine``'s.
+        ConfigError: ``tensor_parallel_size`` does not divide the model's heads or
+            ``intermediate_size``; InvalidArgumentError: ``tensor_parallel_size > 1`` on
+            another backend than ``reference``, with an engine file, for another family or a
+            quantized checkpoint.
         EngineFileError: the engine file or its sidecar is missing, corrupted, or built for
             another trtcore / TensorRT version, GPU target, plugin version or model files
             (the message names the field, the engine's value and the value found).
@@ -278,6 +295,7 @@ class LLM:
         async_scheduling: bool = True,
         engine: str | os.PathLike[str] | EngineFile | None = None,
         quantization: str | None = None,
+        tensor_parallel_size: int = 1,
     ):
         #: the engine file this LLM runs (``engine=``), checked on load; None: built at start-up
         self.engine_file: EngineFile | None = None
@@ -318,10 +336,13 @@ class LLM:
             self.plan = resolve_plan(self.config, options, backend_name)
         self.backend = self.plan.backend
         self.build_config = self.plan  # its former name
+        #: ranks each layer is split over (simulated in this process, reference backend)
+        self.tensor_parallel_size = self._check_tensor_parallel(tensor_parallel_size)
         self.tokenizer = _load_tokenizer(self.model_dir)
         self.kv_cache = self.plan.kv_cache
         #: the network's KV cache contract (:func:`trtcore.kv_modes.kv_mode` of the plan)
-        self.kv_mode = kv_mode(self.plan, self.config)
+        tp = self.tensor_parallel_size
+        self.kv_mode = kv_mode(self.plan, self.config, tp * local_kv_heads(self.config.num_key_value_heads, tp))  # every rank's KV heads
         #: the paged cache on a GPU backend runs on the device executor (device-resident pool,
         #: CUDA graphs); the reference backend and contiguous caches on host arrays
         self.device_executor = self.backend != "reference" and self.kv_cache == "paged"
@@ -330,6 +351,7 @@ class LLM:
             "kv_cache_memory": kv_cache_memory,
             "enforce_eager": bool(enforce_eager),
         }
+        self.bytes_read: list[dict[str, int]] = []
         self.executor = self._make_executor(progress)
         self._next_request_id = 0
         self._texts: dict[int, _IncrementalText] = {}
@@ -344,7 +366,7 @@ class LLM:
             from .runtime.kv_cache import KVCacheSpec
 
             c = self.config
-            spec = KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.plan.block_size, self.kv_mode.dtype)
+            spec = KVCacheSpec(c.num_hidden_layers, self.kv_mode.num_kv_heads, c.head_dim, self.plan.block_size, self.kv_mode.dtype)
             num_blocks = self._num_kv_blocks(spec, kv_cache_memory)
         #: the step loop (:class:`~trtcore.runtime.generate.EngineCore`): its scheduler and KV cache
         self.engine = make_engine(self.executor, self.kv_mode, num_blocks)
@@ -366,6 +388,29 @@ class LLM:
         return max(1, min(wanted, spec.num_blocks_for_budget(budget), bc.max_num_blocks))
 
     # construction -----------------------------------------------------------------------
+    def _check_tensor_parallel(self, tp_size: Any) -> int:
+        check_tensor_parallel_family(self.config, tp_size)
+        if tp_size > 1 and (self.backend != "reference" or self.engine_file is not None):
+            raise InvalidArgumentError(
+                f"tensor_parallel_size {tp_size} runs its ranks simulated in one process on the reference backend only "
+                f"(got backend {self.backend!r}{' and an engine file' if self.engine_file is not None else ''}); "
+                "one process per GPU over NCCL is not there yet"
+            )
+        return int(tp_size)
+
+    def _tensor_parallel_executor(self, trt: Any, weights: Checkpoint) -> Executor:
+        """The rank networks, each from its slices of ``weights``, as one executor."""
+        from .runtime.reference_executor import ReferenceExecutor
+        from .runtime.tensor_parallel import TensorParallelExecutor, new_group_name
+
+        n, group = self.tensor_parallel_size, new_group_name()
+        ranks: list[Executor] = []
+        for r in range(n):
+            net = define_network(trt, self.config, weights, self.plan, Mapping(n, r, group))
+            self.bytes_read.append(net.bytes_read)
+            ranks.append(ReferenceExecutor(build_reference_engine(net)))
+        return TensorParallelExecutor(ranks, group, self.kv_mode, local_kv_heads(self.config.num_key_value_heads, n))
+
     def _make_executor(self, progress: bool) -> Executor:
         from tqdm.auto import tqdm
 
@@ -378,7 +423,10 @@ class LLM:
             return self._engine_executor(trt, self.engine_file.serialized)
         with Checkpoint(self.model_dir) as weights, tqdm(total=2, desc="build", disable=not progress, leave=False) as bar:
             bar.set_postfix_str(f"defining {self.config.architecture} network ({self.backend})")
+            if self.tensor_parallel_size > 1:
+                return self._tensor_parallel_executor(trt, weights)
             net = define_network(trt, self.config, weights, self.plan)
+            self.bytes_read = [net.bytes_read]
             bar.update()
             if self.backend == "reference":
                 from .runtime.reference_executor import ReferenceExecutor

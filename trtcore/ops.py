@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from . import kv_modes
+from .checkpoint import LazyTensor
 from .dtypes import ENGINE_DTYPES, trt_dtype
 from .errors import InvalidArgumentError, NetworkError
 from .fp8 import E4M3, E4M3_MAX, Fp8Weight, from_e4m3
 from .kv_modes import KVMode
+from .parallel import Mapping
 from .plan import IMPLEMENTATIONS, ROPE_IN_ATTENTION
 from .quantization import QuantizedWeight
 from .rope import RopeSpec
@@ -58,6 +60,10 @@ class Graph:
         kv_mode: the network's KV cache contract (:func:`trtcore.kv_modes.kv_mode`): its
             inputs and outputs, declared by :func:`model_inputs` and :func:`cached_attention`;
             None for networks without a KV cache (single-op tests).
+        mapping: the tensor-parallel rank this network is (:class:`trtcore.parallel.Mapping`;
+            default one rank): :func:`linear` (``parallel=``), :func:`embedding`,
+            :func:`self_attention` and :func:`swiglu_mlp` slice their weights to the rank's
+            share and add the collectives (:func:`all_reduce`, :func:`all_gather`).
 
     Attributes:
         keepalive: arrays whose memory TensorRT reads at build time (constants made with
@@ -73,6 +79,7 @@ class Graph:
         block_size: int = 16,
         max_seq_len: int | None = None,
         kv_mode: KVMode | None = None,
+        mapping: Mapping | None = None,
     ):
         if dtype not in _NP_DTYPES:
             raise InvalidArgumentError(f"dtype {dtype!r} is not supported; expected one of {sorted(_NP_DTYPES)}")
@@ -90,6 +97,8 @@ class Graph:
         self.max_seq_len = None if max_seq_len is None else int(max_seq_len)
         #: the KV cache contract (network I/O) of a whole-model network
         self.kv_mode = kv_mode
+        #: the tensor-parallel rank of this network
+        self.mapping = mapping or Mapping()
         #: network inputs declared by :func:`model_inputs`, by name
         self.inputs: dict[str, Tensor] = {}
         #: tensors shared by all layers (e.g. RoPE's cos/sin), keyed by op
@@ -291,32 +300,97 @@ def matmul(g: Graph, a: Tensor, b: Tensor, transpose_b: bool = False, name: str 
 # ---------------------------------------------------------------------------------------
 
 
-def linear(g: Graph, x: Tensor, weight: np.ndarray | QuantizedWeight | Fp8Weight, bias: np.ndarray | None = None, name: str = "linear") -> Tensor:
+#: the tensor-parallel styles of :func:`linear`'s ``parallel``
+PARALLEL_STYLES = ("column", "row", "vocab")
+
+Weight = np.ndarray | LazyTensor
+
+
+def read_weight(w: Any, axis: int = 0, start: int = 0, stop: int | None = None) -> Any:
+    """The slice ``[start, stop)`` along ``axis`` of a weight (all of it by default): a
+    :class:`~trtcore.checkpoint.LazyTensor` reads only that slice from the checkpoint, an
+    array is sliced (a view), a :class:`~trtcore.quantization.QuantizedWeight`, an
+    :class:`~trtcore.fp8.Fp8Weight` or None is returned as it is when the whole is asked for."""
+    if w is None or (isinstance(w, (QuantizedWeight, Fp8Weight)) and start == 0 and stop is None):
+        return w
+    if isinstance(w, LazyTensor):
+        return w.read(axis, start, stop)
+    if isinstance(w, (QuantizedWeight, Fp8Weight)):
+        raise InvalidArgumentError("tensor parallelism does not slice quantized weights yet; use an unquantized checkpoint")
+    a = np.asarray(w)
+    index = [slice(None)] * a.ndim
+    index[axis % a.ndim] = slice(start, stop)
+    return a[tuple(index)]
+
+
+def linear(
+    g: Graph,
+    x: Tensor,
+    weight: Weight | QuantizedWeight | Fp8Weight,
+    bias: Weight | None = None,
+    name: str = "linear",
+    parallel: str | None = None,
+) -> Tensor:
     """``x @ weight.T + bias`` (``torch.nn.Linear``).
 
     Args:
-        x: ``[..., in_features]`` of the graph dtype.
-        weight: ``[out_features, in_features]`` (Hugging Face layout), any float dtype;
-            stored as a constant of the graph dtype. A
+        x: ``[..., in_features]`` of the graph dtype (``parallel="row"``: this rank's share
+            of the input features, the output of a column-parallel op).
+        weight: ``[out_features, in_features]`` (Hugging Face layout), any float dtype, an
+            array or a :class:`~trtcore.checkpoint.LazyTensor` (then only this rank's slice is
+            read); stored as a constant of the graph dtype. A
             :class:`~trtcore.quantization.QuantizedWeight` (a quantized checkpoint's linear)
             stays quantized: :func:`weight_only_linear`; an :class:`~trtcore.fp8.Fp8Weight`
             runs as an FP8 GEMM: :func:`fp8_linear`.
         bias: ``[out_features]`` or None.
+        parallel: with ``g.mapping.tp_size > 1`` (Megatron-LM, arXiv:1909.08053, section 3):
+            ``"column"``: this rank's even share of the output features (weight rows, bias);
+            ``"row"``: the share of the input features (weight columns), the partial products
+            summed over ranks by :func:`all_reduce`, then the whole bias added once;
+            ``"vocab"`` (the LM head): ``ceil(out_features / tp_size)`` rows per rank (the last
+            zero-padded), the ranks' outputs joined by :func:`all_gather` and the padding
+            dropped: the whole ``[..., out_features]`` on every rank. None: not split.
 
     Returns:
-        ``[..., out_features]`` of the graph dtype, named ``name``.
+        ``[..., out_features]`` of the graph dtype (``"column"``: this rank's share), named ``name``.
+
+    Raises:
+        InvalidArgumentError: an unknown ``parallel``; a quantized weight with tensor parallelism.
+        ConfigError: ``tp_size`` does not divide the split dimension.
+        NetworkError: the weight does not fit ``x``.
     """
-    if isinstance(weight, QuantizedWeight):
-        return weight_only_linear(g, x, weight, bias, name)
-    if isinstance(weight, Fp8Weight):
-        return fp8_linear(g, x, weight, bias, name)
-    if weight.ndim != 2 or (x.shape[-1] != -1 and x.shape[-1] != weight.shape[1]):
-        raise NetworkError(f"{name}: weight {weight.shape} does not fit input {tuple(x.shape)}")
+    if parallel is not None and parallel not in PARALLEL_STYLES:
+        raise InvalidArgumentError(f"{name}: parallel={parallel!r} is not one of {PARALLEL_STYLES}")
+    m = g.mapping
+    if m.parallel and parallel is not None:
+        if isinstance(weight, (QuantizedWeight, Fp8Weight)):
+            raise InvalidArgumentError(f"{name}: tensor parallelism does not slice quantized weights yet; use an unquantized checkpoint")
+        out_f, in_f = weight.shape
+        if parallel == "column":
+            lo, hi = m.split(out_f, f"{name} out_features")
+            return linear(g, x, read_weight(weight, 0, lo, hi), read_weight(bias, 0, lo, hi), name)
+        if parallel == "row":
+            lo, hi = m.split(in_f, f"{name} in_features")
+            partial = linear(g, x, read_weight(weight, 1, lo, hi), None, f"{name}.partial")
+            y = all_reduce(g, partial, name if bias is None else f"{name}.all_reduce")
+            if bias is not None:
+                whole: np.ndarray = read_weight(bias)
+                y = add(g, y, constant(g, whole.reshape((1,) * (len(x.shape) - 1) + whole.shape), f"{name}.bias", g.np_dtype), name)
+            return y
+        return _vocab_parallel_linear(g, x, weight, bias, name)
+    wt: Any = read_weight(weight)
+    bs: np.ndarray | None = read_weight(bias)
+    if isinstance(wt, QuantizedWeight):
+        return weight_only_linear(g, x, wt, bs, name)
+    if isinstance(wt, Fp8Weight):
+        return fp8_linear(g, x, wt, bs, name)
+    if wt.ndim != 2 or (x.shape[-1] != -1 and x.shape[-1] != wt.shape[1]):
+        raise NetworkError(f"{name}: weight {wt.shape} does not fit input {tuple(x.shape)}")
     rank = len(x.shape)
-    w = constant(g, weight.reshape((1,) * (rank - 2) + weight.shape), f"{name}.weight", g.np_dtype)
-    y = matmul(g, x, w, transpose_b=True, name=name if bias is None else f"{name}.matmul")
-    if bias is not None:
-        b = constant(g, bias.reshape((1,) * (rank - 1) + bias.shape), f"{name}.bias", g.np_dtype)
+    w = constant(g, wt.reshape((1,) * (rank - 2) + wt.shape), f"{name}.weight", g.np_dtype)
+    y = matmul(g, x, w, transpose_b=True, name=name if bs is None else f"{name}.matmul")
+    if bs is not None:
+        b = constant(g, bs.reshape((1,) * (rank - 1) + bs.shape), f"{name}.bias", g.np_dtype)
         y = add(g, y, b, name)
     return y
 
@@ -546,17 +620,139 @@ def _fp8_qdq(g: Graph, x: Tensor, fw: Fp8Weight, np_x: np.dtype) -> Tensor:
     return y if np_x == np.float32 else cast(g, y, np_x, "output")
 
 
-def embedding(g: Graph, ids: Tensor, table: np.ndarray, name: str = "embed_tokens") -> Tensor:
-    """Look up rows of ``table`` (``[vocab_size, hidden_size]``) for int32 ``ids`` ``[...]``."""
-    t = constant(g, table, f"{name}.weight", g.np_dtype)
-    return gather(g, t, ids, 0, name)
+def embedding(g: Graph, ids: Tensor, table: Weight, name: str = "embed_tokens", scale: float | None = None) -> Tensor:
+    """Look up rows of ``table`` (``[vocab_size, hidden_size]``, an array or a
+    :class:`~trtcore.checkpoint.LazyTensor`) for int32 ``ids`` ``[...]``.
+
+    ``scale``: each row multiplied by it, the factor first rounded to the graph dtype (Gemma's
+    ``sqrt(hidden_size)``: transformers' ``*ScaledWordEmbedding`` multiplies by
+    ``embed_scale.to(weight.dtype)``); the lookup is then ``{name}.lookup``. Output:
+    ``[..., hidden_size]`` of the graph dtype, named ``name``.
+
+    With ``g.mapping.tp_size > 1`` the table is vocabulary-parallel (Megatron-LM's
+    ``VocabParallelEmbedding``): this rank holds ``ceil(vocab_size / tp_size)`` rows
+    (:meth:`trtcore.parallel.Mapping.vocab`), looks up ``ids`` in its rows (two constant
+    gathers map an id to its local row and to 1 or 0, whether the rank holds it), zeroes the
+    others, and :func:`all_reduce` adds the ranks' rows: exactly one rank contributes each row.
+    """
+    m = g.mapping
+    looked_up = name if scale is None else f"{name}.lookup"
+    if not m.parallel:
+        rows = gather(g, constant(g, read_weight(table), f"{name}.weight", g.np_dtype), ids, 0, looked_up)
+    else:
+        rows = _vocab_parallel_lookup(g, ids, table, name, looked_up)
+    if scale is None:
+        return rows
+    return mul(g, rows, scalar(g, scale, len(rows.shape), g.np_dtype, f"{name}.embed_scale"), name)
 
 
-def rms_norm(g: Graph, x: Tensor, weight: np.ndarray, eps: float, name: str = "norm") -> Tensor:
-    """RMSNorm (Zhang & Sennrich, arXiv:1910.07467) over the last axis, as ``LlamaRMSNorm``.
+def _vocab_parallel_lookup(g: Graph, ids: Tensor, table: Weight, name: str, out_name: str) -> Tensor:
+    """:func:`embedding` over tensor-parallel ranks (see there), named ``out_name``."""
+    m = g.mapping
+    vocab = table.shape[0]
+    start, stop, _ = m.vocab(vocab)
+    local = np.zeros(vocab, np.int32)
+    local[start:stop] = np.arange(stop - start, dtype=np.int32)
+    held = np.zeros(vocab, np.float32)
+    held[start:stop] = 1.0
+    with g.scope(name):
+        local_ids = gather(g, constant(g, local, "local_ids"), ids, 0, "local_ids_of")
+        rows = gather(g, constant(g, _vocab_rows(g, table), "weight", g.np_dtype), local_ids, 0, "lookup")
+        keep = gather(g, constant(g, held, "held", g.np_dtype), ids, 0, "held_of")
+        masked = mul(g, rows, reshape(g, keep, (0,) * len(ids.shape) + (1,), "held_col"), "masked")
+    return all_reduce(g, masked, out_name)
 
-    Computes ``weight * (x32 / sqrt(mean(x32**2) + eps)).to(dtype)`` with ``x32`` = x in
-    float32; ``x`` is ``[..., hidden]``, ``weight`` ``[hidden]``. Output: graph dtype.
+
+def _vocab_rows(g: Graph, table: Weight) -> np.ndarray:
+    """This rank's ``ceil(vocab / tp_size)`` rows of ``table`` (zero rows past the vocabulary),
+    made once per table (a tied LM head shares the embedding's)."""
+    key = ("vocab_rows", id(table))
+    if key not in g.shared:
+        start, stop, rows = g.mapping.vocab(table.shape[0])
+        part = read_weight(table, 0, start, stop)
+        if stop - start < rows:
+            part = np.concatenate([part, np.zeros((rows - (stop - start), *part.shape[1:]), part.dtype)])
+        g.shared[key] = (table, part)  # holding the table keeps its id from being reused
+    return g.shared[key][1]  # type: ignore[no-any-return]
+
+
+def _vocab_parallel_linear(g: Graph, x: Tensor, weight: Weight, bias: Weight | None, name: str) -> Tensor:
+    """:func:`linear` with ``parallel="vocab"``: the rank's rows, then the ranks' outputs gathered."""
+    vocab = weight.shape[0]
+    _, _, rows = g.mapping.vocab(vocab)
+    r = len(x.shape)
+    with g.scope(name):
+        b = None
+        if bias is not None:
+            start, stop, _ = g.mapping.vocab(vocab)
+            b = np.zeros(rows, np.float32)
+            b[: stop - start] = read_weight(bias, 0, start, stop)
+        part = linear(g, x, _vocab_rows(g, weight), b, "partial")  # [..., rows]
+        last_first = [r - 1, *range(r - 1)]
+        gathered = all_gather(g, transpose(g, part, last_first, "vocab_first"), "all_gather")  # [tp * rows, ...]
+        y = transpose(g, gathered, [*range(1, r), 0], "vocab_last")
+        if rows * g.mapping.tp_size != vocab:
+            y = gather_const(g, y, range(vocab), r - 1, "unpad")
+    y.name = g.unique(name)
+    return y
+
+
+#: implementations of :func:`all_reduce` / :func:`all_gather`: trtcore's collective plugin
+#: (NCCL on the GPU, the simulated ranks on the reference backend) or TensorRT's
+#: ``IDistCollectiveLayer`` (``add_dist_collective``, TensorRT 10.16+ / TensorRT-RTX 1.7)
+COLLECTIVE_IMPLEMENTATIONS = ("plugin", "native")
+
+
+def _collective(g: Graph, x: Tensor, collective: str, name: str) -> Tensor:
+    m = g.mapping
+    if not m.parallel:
+        return x
+    from trtcore.plugins.base import create, hosts_plugins
+
+    impl = g.implementations.get("collective") or ("plugin" if hosts_plugins(g.trt) else "native")
+    if impl not in COLLECTIVE_IMPLEMENTATIONS:
+        raise InvalidArgumentError(f"{name}: collective implementation {impl!r} is not one of {COLLECTIVE_IMPLEMENTATIONS}")
+    if impl == "plugin":
+        from trtcore.plugins.collective import CollectivePlugin
+
+        plugin = CollectivePlugin(collective=collective, group=m.group, rank=m.tp_rank, world_size=m.tp_size)
+        return g.named(g.network.add_plugin_v3([x], [], create(plugin, g.trt)), name)
+    if not hasattr(g.network, "add_dist_collective"):
+        raise InvalidArgumentError(f"{name}: {getattr(g.trt, '__name__', g.trt)} has neither plugins nor IDistCollectiveLayer for the {collective}")
+    op = getattr(g.trt.CollectiveOperation, collective.upper())
+    reduce_op = g.trt.ReduceOperation.SUM if collective == "all_reduce" else g.trt.ReduceOperation.NONE
+    layer = g.network.add_dist_collective(x, op, reduce_op, -1, None)
+    layer.num_ranks = m.tp_size
+    return g.named(layer, name)
+
+
+def all_reduce(g: Graph, x: Tensor, name: str = "all_reduce") -> Tensor:
+    """The elementwise sum of ``x`` over the ranks of ``g.mapping`` (every rank gets it);
+    ``x`` itself with one rank. Implementation: ``g.implementations["collective"]`` if set,
+    else the collective plugin where the module hosts plugins, else TensorRT's
+    ``IDistCollectiveLayer`` (:data:`COLLECTIVE_IMPLEMENTATIONS`).
+
+    Raises:
+        InvalidArgumentError: the module has neither.
+    """
+    return _collective(g, x, "all_reduce", name)
+
+
+def all_gather(g: Graph, x: Tensor, name: str = "all_gather") -> Tensor:
+    """``x`` ``[d0, ...]`` of every rank of ``g.mapping`` concatenated along the first axis,
+    rank-major: ``[tp_size * d0, ...]`` (NCCL's ``ncclAllGather``); ``x`` itself with one rank.
+    Implementations as :func:`all_reduce`."""
+    return _collective(g, x, "all_gather", name)
+
+
+def rms_norm(g: Graph, x: Tensor, weight: np.ndarray, eps: float, name: str = "norm", offset: float | None = None) -> Tensor:
+    """RMSNorm (Zhang & Sennrich, arXiv:1910.07467) over the last axis.
+
+    ``offset`` None (``LlamaRMSNorm``): ``weight * (x32 / sqrt(mean(x32**2) + eps)).to(dtype)``
+    with ``x32`` = x in float32. ``offset`` a number (Gemma's ``GemmaRMSNorm`` / ``Gemma2RMSNorm``
+    / ``Gemma3RMSNorm``, offset 1): ``((x32 / sqrt(mean(x32**2) + eps)) * (offset + weight32)).to(dtype)``,
+    the weight applied in float32 before the one rounding to the dtype. ``x`` is
+    ``[..., hidden]``, ``weight`` ``[hidden]``. Output: the graph dtype, named ``name``.
     """
     rank = len(x.shape)
     with g.scope(name):
@@ -565,9 +761,44 @@ def rms_norm(g: Graph, x: Tensor, weight: np.ndarray, eps: float, name: str = "n
         var = reduce(g, sq, "AVG", [-1], True, "variance")
         var = add(g, var, scalar(g, eps, rank, np.float32, "eps"), "add_eps")
         inv = unary(g, unary(g, var, "SQRT", "sqrt"), "RECIP", "rsqrt")
-        normed = cast(g, mul(g, x32, inv, "normalize"), g.np_dtype, "to_dtype")
+        normed32 = mul(g, x32, inv, "normalize")
+        if offset is None:
+            normed = cast(g, normed32, g.np_dtype, "to_dtype")
+    if offset is not None:
+        # (offset + w) in float32, as float(offset) + weight.float() (exact for offset 1 and a weight of dtype precision)
+        w32 = constant(
+            g, (np.float32(offset) + np.asarray(weight, np.float32)).reshape((1,) * (rank - 1) + weight.shape), f"{name}.weight", np.float32
+        )
+        y = mul(g, normed32, w32, f"{name}.scaled")
+        return cast(g, y, g.np_dtype, name) if g.np_dtype != np.float32 else g.named(g.network.add_identity(y), name)
     w = constant(g, weight.reshape((1,) * (rank - 1) + weight.shape), f"{name}.weight", g.np_dtype)
     return mul(g, normed, w, name)
+
+
+def soft_cap(g: Graph, x: Tensor, cap: float, name: str = "softcap") -> Tensor:
+    """Logit soft-capping ``cap * tanh(x / cap)`` (Gemma 2, Team Gemma arXiv:2408.00118, section 2;
+    transformers: ``x / softcap``, ``torch.tanh``, ``* softcap``), computed in float32.
+
+    Args:
+        x: any shape, float32/float16/bfloat16.
+        cap: the cap, > 0 (``attn_logit_softcapping`` / ``final_logit_softcapping``).
+
+    Returns:
+        x's shape and type, named ``name``.
+
+    Raises:
+        InvalidArgumentError: ``cap`` is not a positive finite number.
+    """
+    if not (isinstance(cap, (int, float)) and np.isfinite(cap) and cap > 0):
+        raise InvalidArgumentError(f"{name}: soft-cap {cap!r} must be a positive finite number")
+    rank = len(x.shape)
+    np_x = _np_of(g, x)
+    with g.scope(name):
+        c = scalar(g, cap, rank, np.float32, "cap")
+        x32 = cast(g, x, np.float32, "to_float")
+        t = g.named(g.network.add_activation(div(g, x32, c, "divided"), g.trt.ActivationType.TANH), "tanh")
+        y = mul(g, t, c, "capped")
+    return cast(g, y, np_x, name) if np_x != np.float32 else g.named(g.network.add_identity(y), name)
 
 
 def layer_norm(g: Graph, x: Tensor, weight: np.ndarray, bias: np.ndarray | None, eps: float, name: str = "norm") -> Tensor:
@@ -657,10 +888,14 @@ def gelu_mlp(
         return linear(g, h, down[0], down[1], names[1])
 
 
+def sigmoid(g: Graph, x: Tensor, name: str = "sigmoid") -> Tensor:
+    """``1 / (1 + exp(-x))`` (``ActivationType.SIGMOID``); x's shape and type."""
+    return g.named(g.network.add_activation(x, g.trt.ActivationType.SIGMOID), name)
+
+
 def silu(g: Graph, x: Tensor, name: str = "silu") -> Tensor:
     """``x * sigmoid(x)`` (SiLU / swish)."""
-    s = g.named(g.network.add_activation(x, g.trt.ActivationType.SIGMOID), f"{name}.sigmoid")
-    return mul(g, x, s, name)
+    return mul(g, x, sigmoid(g, x, f"{name}.sigmoid"), name)
 
 
 def swiglu_mlp(
@@ -671,11 +906,167 @@ def swiglu_mlp(
     down: np.ndarray,
     biases: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] = (None, None, None),
     name: str = "mlp",
+    hidden_act: str = "silu",
 ) -> Tensor:
-    """``down(silu(gate(x)) * up(x))`` (Shazeer, "GLU Variants", arXiv:2002.05202; ``LlamaMLP``)."""
+    """``down(act(gate(x)) * up(x))`` (Shazeer, "GLU Variants", arXiv:2002.05202): SwiGLU with
+    ``hidden_act`` ``"silu"`` (``LlamaMLP``), GeGLU with a GELU of :data:`GELU_ACTIVATIONS`
+    (``GemmaMLP``: ``"gelu_pytorch_tanh"``, the tanh approximation).
+
+    With ``g.mapping.tp_size > 1``: gate/up column-parallel, down row-parallel (one all-reduce).
+
+    Raises:
+        InvalidArgumentError: ``hidden_act`` is neither ``"silu"`` nor one of :data:`GELU_ACTIVATIONS`.
+    """
+    if hidden_act != "silu" and hidden_act not in GELU_ACTIVATIONS:
+        raise InvalidArgumentError(f"{name}: hidden_act {hidden_act!r} is not supported; expected 'silu' or one of {sorted(GELU_ACTIVATIONS)}")
     with g.scope(name):
-        h = mul(g, silu(g, linear(g, x, gate, biases[0], "gate_proj"), "act_fn"), linear(g, x, up, biases[1], "up_proj"), "gated")
-        return linear(g, h, down, biases[2], "down_proj")
+        gate_out = linear(g, x, gate, biases[0], "gate_proj", parallel="column")
+        if hidden_act == "silu":
+            act = silu(g, gate_out, "act_fn")
+        else:
+            act = gelu(g, gate_out, "none" if GELU_ACTIVATIONS[hidden_act] == "GELU_ERF" else "tanh", "act_fn")
+        h = mul(g, act, linear(g, x, up, biases[1], "up_proj", parallel="column"), "gated")
+        return linear(g, h, down, biases[2], "down_proj", parallel="row")
+
+
+# ---------------------------------------------------------------------------------------
+# mixture of experts: top-k routing and the routed experts
+# ---------------------------------------------------------------------------------------
+
+
+class Routing(NamedTuple):
+    """The experts chosen for each token by :func:`topk_routing`.
+
+    Attributes:
+        weights: float32 ``[..., top_k]``, the routing weight of each chosen expert, largest
+            probability first.
+        ids: int32 ``[..., top_k]``, the chosen experts' indices.
+        one_hot: float32 ``[..., top_k, num_experts]``, 1 where slot ``r`` chose expert ``e``.
+    """
+
+    weights: Tensor
+    ids: Tensor
+    one_hot: Tensor
+
+
+def _select01(g: Graph, cond: Tensor, name: str) -> Tensor:
+    """float32 1 where ``cond`` (bool) holds, else 0."""
+    rank = len(cond.shape)
+    one, zero = scalar(g, 1.0, rank, np.float32, f"{name}.one"), scalar(g, 0.0, rank, np.float32, f"{name}.zero")
+    return g.named(g.network.add_select(cond, one, zero), name)
+
+
+def topk_routing(g: Graph, router_logits: Tensor, top_k: int, normalize: bool, name: str = "router") -> Routing:
+    """Top-k routing of a mixture of experts (Shazeer et al., arXiv:1701.06538; transformers'
+    ``MixtralTopKRouter`` / ``Qwen2MoeTopKRouter``): ``p = softmax(float32(logits))`` over the
+    experts, the ``top_k`` largest ``p`` (ties: the lower index first, as ``torch.topk``), and
+    with ``normalize`` their weights divided by their sum (Mixtral always; Qwen when
+    ``norm_topk_prob``).
+
+    Composed of standard layers, so every backend builds it: expert ``e``'s rank is the number
+    of experts ``j`` with ``p_j > p_e`` (or ``p_j == p_e`` and ``j < e``), a ``[..., X, X]``
+    comparison; slot ``r`` holds the expert of rank ``r``.
+
+    Args:
+        router_logits: ``[..., num_experts]`` (any float dtype).
+        top_k: experts per token, ``1 <= top_k <= num_experts``.
+
+    Returns:
+        :class:`Routing` (float32 weights, int32 ids, float32 one-hot).
+
+    Raises:
+        InvalidArgumentError: ``top_k`` out of range or the number of experts not static.
+    """
+    x = router_logits.shape[-1]
+    if x < 1 or not 1 <= top_k <= x:
+        raise InvalidArgumentError(f"{name}: top_k {top_k!r} must be in [1, num_experts = {x}]")
+    r = len(router_logits.shape)
+    keep = (0,) * (r - 1)
+    with g.scope(name):
+        p = softmax(g, cast(g, router_logits, np.float32, "logits_float"), -1, "probs")
+        p_e = reshape(g, p, keep + (x, 1), "probs_e")  # [..., X, 1]
+        p_j = reshape(g, p, keep + (1, x), "probs_j")  # [..., 1, X]
+        gt = g.named(g.network.add_elementwise(p_j, p_e, g.trt.ElementWiseOperation.GREATER), "greater")
+        eq = g.named(g.network.add_elementwise(p_j, p_e, g.trt.ElementWiseOperation.EQUAL), "equal")
+        lower = constant(g, np.tril(np.ones((x, x), bool), -1).reshape((1,) * (r - 1) + (x, x)), "lower_index")
+        tie = g.named(g.network.add_elementwise(eq, lower, g.trt.ElementWiseOperation.AND), "tie_lower")
+        beats = g.named(g.network.add_elementwise(gt, tie, g.trt.ElementWiseOperation.OR), "beats")
+        rank = reduce(g, _select01(g, beats, "beats_float"), "SUM", [-1], keep_dims=False, name="rank")  # [..., X]
+        slots = constant(g, np.arange(top_k, dtype=np.float32).reshape((1,) * (r - 1) + (top_k, 1)), "slots")
+        chosen = g.named(g.network.add_elementwise(reshape(g, rank, keep + (1, x), "rank_j"), slots, g.trt.ElementWiseOperation.EQUAL), "chosen")
+        one_hot = _select01(g, chosen, "one_hot")  # [..., k, X]
+        weights = reduce(g, mul(g, one_hot, p_j, "chosen_probs"), "SUM", [-1], keep_dims=False, name="topk_probs")
+        index = constant(g, np.arange(x, dtype=np.float32).reshape((1,) * r + (x,)), "expert_index")
+        ids = cast(g, reduce(g, mul(g, one_hot, index, "chosen_index"), "SUM", [-1], keep_dims=False, name="ids_float"), np.int32, "topk_ids")
+        if normalize:
+            weights = div(g, weights, reduce(g, weights, "SUM", [-1], True, "topk_sum"), "topk_weights")
+    return Routing(weights, ids, one_hot)
+
+
+#: implementations of :func:`moe_experts`: trtcore's grouped-GEMM plugin, or dense standard layers
+MOE_EXPERTS_IMPLEMENTATIONS = ("plugin", "layers")
+
+
+def moe_experts(
+    g: Graph, x: Tensor, routing: Routing, gate_up: np.ndarray, down: np.ndarray, name: str = "experts", impl: str | None = None
+) -> Tensor:
+    """The routed experts of a sparse MoE block: ``sum_r w_r * down_e(silu(gate_e(x)) * up_e(x))``
+    over each token's chosen experts ``e = ids[r]`` (``MixtralExperts`` / ``Qwen2MoeExperts``).
+
+    Args:
+        x: ``[..., hidden]`` of the graph dtype.
+        routing: from :func:`topk_routing` on the same tokens.
+        gate_up: ``[num_experts, 2 * I, hidden]``, each expert's gate rows then up rows
+            (transformers 5's ``experts.gate_up_proj``).
+        down: ``[num_experts, hidden, I]`` (``experts.down_proj``).
+        impl: ``"plugin"`` (:class:`trtcore.plugins.moe_experts.MoeExpertsPlugin`: grouped GEMMs
+            over the tokens routed to each expert) or ``"layers"`` (dense: every expert on every
+            token as one ``[X * I, hidden]`` GEMM each for gate and up, the activations scaled by
+            the routing weight, zero for experts not chosen, and one ``[hidden, X * I]`` GEMM that
+            sums the experts). Default: ``g.implementations["moe_experts"]`` if set, else the
+            plugin where the TensorRT module hosts plugins, the layers where not.
+
+    Returns:
+        ``[..., hidden]`` of the graph dtype, named ``name``.
+
+    Raises:
+        NetworkError: the weights' shapes do not fit each other or x.
+        InvalidArgumentError: an unknown ``impl``.
+    """
+    if gate_up.ndim != 3 or down.ndim != 3 or gate_up.shape[1] % 2:
+        raise NetworkError(f"{name}: gate_up {gate_up.shape} must be [X, 2 I, hidden] and down {down.shape} [X, hidden, I]")
+    num_experts, two_i, hidden = gate_up.shape
+    inter = two_i // 2
+    if down.shape != (num_experts, hidden, inter) or x.shape[-1] not in (-1, hidden):
+        raise NetworkError(f"{name}: gate_up {gate_up.shape}, down {down.shape} and x {tuple(x.shape)} do not fit ([X, 2 I, E], [X, E, I], [..., E])")
+    if impl is None:
+        from trtcore.plugins.base import hosts_plugins
+
+        impl = g.implementations.get("moe_experts") or ("plugin" if hosts_plugins(g.trt) else "layers")
+    if impl not in MOE_EXPERTS_IMPLEMENTATIONS:
+        raise InvalidArgumentError(f"{name}: MoE experts implementation {impl!r} is not one of {MOE_EXPERTS_IMPLEMENTATIONS}")
+    if impl == "plugin":
+        from trtcore.plugins.base import create
+        from trtcore.plugins.moe_experts import MoeExpertsPlugin
+
+        plugin = MoeExpertsPlugin(num_experts=num_experts, top_k=int(routing.ids.shape[-1]), hidden_size=hidden, intermediate_size=inter)
+        with g.scope(name):
+            consts = [constant(g, gate_up, "gate_up_proj", g.np_dtype), constant(g, down, "down_proj", g.np_dtype)]
+        layer = g.network.add_plugin_v3([x, routing.ids, routing.weights, *consts], [], create(plugin, g.trt))
+        return g.named(layer, name)
+    rank = len(x.shape)
+    keep = (0,) * (rank - 1)
+    with g.scope(name):
+        gate = linear(g, x, gate_up[:, :inter].reshape(num_experts * inter, hidden), None, "gate_proj")
+        up = linear(g, x, gate_up[:, inter:].reshape(num_experts * inter, hidden), None, "up_proj")
+        act = reshape(g, cast(g, mul(g, silu(g, gate, "act_fn"), up, "gated"), np.float32, "gated_float"), keep + (num_experts, inter), "per_expert")
+        # dense routing weights [..., X]: the weight of each slot on its expert, 0 elsewhere
+        w = reshape(g, routing.weights, keep + (routing.weights.shape[-1], 1), "slot_weights")
+        dense = reduce(g, mul(g, routing.one_hot, w, "slot_expert_weights"), "SUM", [-2], keep_dims=False, name="expert_weights")
+        scaled = mul(g, act, reshape(g, dense, keep + (num_experts, 1), "expert_weights_col"), "routed")
+        flat = reshape(g, cast(g, scaled, g.np_dtype, "routed_dtype"), keep + (num_experts * inter,), "routed_flat")
+    out = linear(g, flat, np.ascontiguousarray(down.transpose(1, 0, 2).reshape(hidden, num_experts * inter)), None, name)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -689,25 +1080,43 @@ def rope_cos_sin(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "ro
 
     Returns two float32 tensors ``[..., 1, rotary_dim]`` (each half repeated, as
     transformers' ``cat((freqs, freqs), -1)``; the 1 broadcasts over heads), scaled by the
-    attention factor. For ``dynamic`` scaling the base is recomputed per sequence
-    (:func:`trtcore.rope.dynamic_ntk_base`) from ``seq_lens`` (int32, same shape as
-    ``position_ids``: each token's sequence length in this call) or, when None, from the
-    largest position of each row of a ``[batch, seq]`` input, as transformers does per
-    forward call.
+    attention factor. For ``dynamic`` and ``longrope`` scaling the frequencies depend on
+    each token's sequence length ``s`` in this call: ``seq_lens`` (int32, same shape as
+    ``position_ids``) or, when None, the largest position of each row of a ``[batch, seq]``
+    input + 1, as transformers does per forward call. ``dynamic`` recomputes the base
+    (:func:`trtcore.rope.dynamic_ntk_base`); ``longrope`` takes ``spec.long_inv_freq`` where
+    ``s > original_max_position_embeddings``, else ``spec.inv_freq``
+    (:func:`trtcore.rope.longrope_uses_long`).
     """
     half = spec.rotary_dim // 2
     r = len(position_ids.shape)
     keep = (0,) * r
     with g.scope(name):
         pos = reshape(g, cast(g, position_ids, np.float32, "positions"), keep + (1,), "positions_col")
-        if spec.rope_type == "dynamic":
-            # inv_freq = base'^(-2i/d), base' = base * (f*s/L - (f-1))^(d/(d-2)), s = max(L, seq_len)
-            d, f, L = spec.rotary_dim, spec.dynamic_factor, float(spec.max_position_embeddings)
+        s = None
+        if spec.per_sequence:
             if seq_lens is not None:
                 s = reshape(g, cast(g, seq_lens, np.float32, "seq_lens_float"), keep + (1,), "seq_len")
             else:
                 smax = reduce(g, pos, "MAX", [r - 1], True, "max_position")
                 s = add(g, smax, scalar(g, 1.0, r + 1, np.float32, "one"), "seq_len")
+        if spec.rope_type == "longrope":
+            # long = clamp(s - L, 0, 1): exactly 1 where s > L, else 0 (integers in float32);
+            # inv_freq = short * (1 - long) + long_inv * long selects one set exactly
+            assert s is not None and spec.long_inv_freq is not None
+            L = float(spec.original_max_position_embeddings)
+            over = sub(g, s, scalar(g, L, r + 1, np.float32, "original_max_position_embeddings"), "over")
+            use_long = minimum(
+                g, maximum(g, over, scalar(g, 0.0, r + 1, np.float32, "zero"), "over_pos"), scalar(g, 1.0, r + 1, np.float32, "one_"), "use_long"
+            )
+            use_short = sub(g, scalar(g, 1.0, r + 1, np.float32, "one_s"), use_long, "use_short")
+            short_c = constant(g, spec.inv_freq.reshape((1,) * r + (half,)), "short_inv_freq", np.float32)
+            long_c = constant(g, spec.long_inv_freq.reshape((1,) * r + (half,)), "long_inv_freq", np.float32)
+            inv_freq = add(g, mul(g, short_c, use_short, "short_part"), mul(g, long_c, use_long, "long_part"), "inv_freq")
+        elif spec.rope_type == "dynamic":
+            # inv_freq = base'^(-2i/d), base' = base * (f*s/L - (f-1))^(d/(d-2)), s = max(L, seq_len)
+            assert s is not None
+            d, f, L = spec.rotary_dim, spec.dynamic_factor, float(spec.max_position_embeddings)
             s = maximum(g, s, scalar(g, L, r + 1, np.float32, "max_position_embeddings"), "seq_len_clamped")
             ratio = sub(
                 g, mul(g, s, scalar(g, f / L, r + 1, np.float32, "f_over_L"), "scaled"), scalar(g, f - 1, r + 1, np.float32, "f_minus_1"), "ratio"
@@ -787,18 +1196,38 @@ def rope_plugin(
         return q_out, k_out
 
 
-def _rope_plugin_inputs(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None) -> list[Tensor]:
-    """The inputs after ``position_ids`` of RoPE's plugins (RopePlugin, fused RoPE of the paged
-    attention plugin), made once per network: ``[inv_freq]`` (a float32 constant), plus for
-    dynamic scaling each token's sequence length (``seq_lens``, else ``max(position_ids) + 1``
-    of its row)."""
-    key = ("rope_plugin_inputs", id(position_ids))
+def _rope_key(spec: RopeSpec) -> tuple[Any, ...]:
+    """What tells two RoPEs of one network apart (Gemma 3's global and local RoPE): their
+    frequencies and scaling, hashable."""
+    return (spec.rope_type, spec.rotary_dim, spec.inv_freq.tobytes(), spec.attention_scaling, spec.dynamic_factor)
+
+
+def _inv_freq_input(g: Graph, spec: RopeSpec, name: str = "rotary_emb") -> Tensor:
+    """The ``inv_freq`` input of RoPE's plugins, a float32 constant made once per network
+    (:meth:`trtcore.plugins.rope.RopePlugin.inv_freq_of`: longrope's short and long
+    frequencies as one constant)."""
+    from trtcore.plugins.rope import RopePlugin
+
+    values = RopePlugin.inv_freq_of(spec)
+    key = ("rope_inv_freq", values.tobytes())
     if key not in g.shared:
         with g.scope_at(f"model.{name}"):
-            extra = [constant(g, spec.inv_freq.astype(np.float32), "inv_freq", np.float32)]
-            if spec.rope_type == "dynamic" and seq_lens is not None:
+            g.shared[key] = constant(g, values, "inv_freq", np.float32)
+    return g.shared[key]
+
+
+def _rope_plugin_inputs(g: Graph, position_ids: Tensor, spec: RopeSpec, name: str = "rotary_emb", seq_lens: Tensor | None = None) -> list[Tensor]:
+    """The inputs after ``position_ids`` of RoPE's plugins (RopePlugin, fused RoPE of the paged
+    attention plugin), made once per network: ``[inv_freq]`` (:func:`_inv_freq_input`), plus
+    for dynamic / longrope scaling each token's sequence length (``seq_lens``, else
+    ``max(position_ids) + 1`` of its row)."""
+    key = ("rope_plugin_inputs", id(position_ids), _rope_key(spec))  # Gemma 3: two RoPEs in one network
+    if key not in g.shared:
+        extra = [_inv_freq_input(g, spec, name)]
+        with g.scope_at(f"model.{name}"):
+            if spec.per_sequence and seq_lens is not None:
                 extra.append(seq_lens)
-            elif spec.rope_type == "dynamic":
+            elif spec.per_sequence:
                 rank = len(position_ids.shape)
                 smax = reduce(g, position_ids, "MAX", [rank - 1], True, "max_position")
                 one = scalar(g, 1, rank, np.int32, "one")
@@ -828,6 +1257,7 @@ def paged_attention(
     rope: RopeSpec | None = None,
     position_ids: Tensor | None = None,
     name: str = "attention",
+    softcap: float | None = None,
 ) -> Tensor:
     """Paged attention of one layer on packed tokens (:class:`trtcore.plugins.paged_attention.PagedAttentionPlugin`).
 
@@ -836,11 +1266,14 @@ def paged_attention(
             packed ``qkv [T, (Hq + 2 Hkv) * D]`` (q heads, k heads, v heads per token: the
             plugin's ``packed_qkv``).
         rope: None: q and k arrive rotated; a (not ``dynamic``) :class:`trtcore.rope.RopeSpec`:
-            the plugin rotates them (fused RoPE, neox pairing) by int32 ``position_ids [T]``.
+            the plugin rotates them (fused RoPE, neox pairing) by int32 ``position_ids [T]``
+            (``longrope``: each sequence by its ``seq_lens``, the plugin's rule).
         kv_pool: ``[num_layers, num_blocks, 2, Hkv, block_size, D]``; the plugin writes this
             step's k/v of layer ``layer_idx`` into it in place.
         block_tables: int32 ``[B, max_blocks]``; seq_lens: int32 ``[B]``; query_start_loc:
             int32 ``[B + 1]``.
+        scale: the score scale; softcap: attention logit soft-capping, or None (the plugin's
+            ``scale`` / ``softcap`` fields); sliding_window: 0 or the layer's window.
 
     Returns:
         ``[T, Hq * D]``, named ``name``.
@@ -856,10 +1289,15 @@ def paged_attention(
     extra: list[Tensor] = []
     if rope is not None:
         if rope.rope_type == "dynamic" or position_ids is None:
-            raise InvalidArgumentError(f"{name}: fused RoPE needs position_ids and a RoPE without dynamic scaling, got {rope.rope_type!r}")
+            raise InvalidArgumentError(f"{name}: fused RoPE needs position_ids and a RoPE without dynamic NTK scaling, got {rope.rope_type!r}")
         rp = RopePlugin.from_spec(rope)
-        rotary = {"rotary_dim": rp.rotary_dim, "is_neox": rp.is_neox, "attention_scaling": rp.attention_scaling}
-        extra = [position_ids, *_rope_plugin_inputs(g, position_ids, rope)]
+        rotary = {
+            "rotary_dim": rp.rotary_dim,
+            "is_neox": rp.is_neox,
+            "attention_scaling": rp.attention_scaling,
+            "original_max_position_embeddings": rp.original_max_position_embeddings,
+        }
+        extra = [position_ids, _inv_freq_input(g, rope)]
     plugin = PagedAttentionPlugin(
         layer_idx=layer_idx,
         num_kv_heads=num_kv_heads,
@@ -867,6 +1305,7 @@ def paged_attention(
         block_size=block_size,
         sliding_window=sliding_window,
         scale=scale,
+        softcap=softcap or 0.0,
         packed_qkv=packed,
         **rotary,
     )
@@ -891,7 +1330,7 @@ def rotary(
     if impl != "layers":
         own = tuple(i for i in IMPLEMENTATIONS["rope"] if i != ROPE_IN_ATTENTION)  # "attention" takes the plugin here
         raise InvalidArgumentError(f"rope implementation {impl!r} is not one of {own}")
-    key = ("rope_cos_sin", id(position_ids))
+    key = ("rope_cos_sin", id(position_ids), _rope_key(spec))
     if key not in g.shared:
         with g.scope_at("model"):
             g.shared[key] = rope_cos_sin(g, position_ids, spec, name, seq_lens)
@@ -914,6 +1353,7 @@ def attention(
     head_dim: int,
     scale: float,
     name: str = "attention",
+    softcap: float | None = None,
 ) -> Tensor:
     """Scaled dot-product attention with GQA/MQA over a contiguous cache.
 
@@ -921,12 +1361,14 @@ def attention(
         q: ``[batch, seq, num_heads, head_dim]`` (graph dtype, RoPE applied).
         k_cache, v_cache: ``[batch, num_kv_heads, total_len, head_dim]`` (past + new).
         mask: float32 additive mask ``[batch, 1, 1, seq, total_len]`` (0 or a large negative).
-        scale: softmax scale, usually ``head_dim ** -0.5``.
+        scale: softmax scale, usually ``head_dim ** -0.5`` (Gemma 2/3: ``query_pre_attn_scalar ** -0.5``).
+        softcap: attention logit soft-capping (:func:`soft_cap` of the scaled scores before the
+            mask, as transformers' ``eager_attention_forward`` of Gemma 2/3), or None.
 
     Returns:
         ``[batch, seq, num_heads * head_dim]``. Query head ``h`` attends to KV head
         ``h // (num_heads // num_kv_heads)`` (transformers' ``repeat_kv``); scores are
-        scaled, masked and soft-maxed in float32 (Vaswani et al., arXiv:1706.03762).
+        scaled, (soft-capped,) masked and soft-maxed in float32 (Vaswani et al., arXiv:1706.03762).
     """
     num_heads = q.shape[2]
     groups = num_heads // num_kv_heads
@@ -937,6 +1379,8 @@ def attention(
         v5 = reshape(g, v_cache, (0, 0, 1, -1, head_dim), "v_5d")
         scores = cast(g, matmul(g, q5, k5, transpose_b=True, name="qk"), np.float32, "qk_float")
         scores = mul(g, scores, scalar(g, scale, 5, np.float32, "scale"), "scaled")
+        if softcap:
+            scores = soft_cap(g, scores, softcap, "softcap")
         scores = add(g, scores, mask, "masked")
         probs = cast(g, softmax(g, scores, -1, "softmax"), g.np_dtype, "probs")
         ctx = matmul(g, probs, v5, name="pv")  # [B, Hkv, G, S, D]
@@ -1109,6 +1553,7 @@ def cached_attention(
     sliding_window: int | None = None,
     rope: RopeSpec | None = None,
     name: str = "attention",
+    softcap: float | None = None,
 ) -> Tensor:
     """Attention of layer ``layer_idx`` over the KV cache, with the implementation of
     ``g.kv_mode`` (the plan's ``kv_cache`` / ``attention``), its cache I/O included:
@@ -1127,13 +1572,15 @@ def cached_attention(
         layer_type: the layer's ``config.layer_types`` entry, ``"full_attention"`` or
             ``"sliding_attention"`` (which mask it reads; whether ``sliding_window`` applies).
         sliding_window: the model's window (``config.sliding_window``), or None.
+        softcap: attention logit soft-capping (``attn_logit_softcapping``), or None.
 
     Returns:
         ``[..., H * D]`` of the graph dtype.
 
     Raises:
         InvalidArgumentError: ``g`` has no KV cache contract, or its inputs are undeclared
-            (call :func:`model_inputs` first), or packed qkv / ``rope`` outside the paged mode.
+            (call :func:`model_inputs` first), or packed qkv / ``rope`` outside the paged mode,
+            or ``softcap`` with TensorRT's native attention (``IAttention`` has no soft-capping).
     """
     mode = _kv_mode(g)
     if mode.kv_cache != "paged" and (rope is not None or k is None or v is None):
@@ -1144,6 +1591,11 @@ def cached_attention(
     if layer_type not in kv_modes.MASK_NAMES:
         raise InvalidArgumentError(f"layer_type {layer_type!r} is not one of {', '.join(kv_modes.MASK_NAMES)}")
     window = sliding_window if layer_type == "sliding_attention" else None
+    if softcap and mode.attention == "native":
+        raise InvalidArgumentError(
+            f"{name}: attention logit soft-capping ({softcap!r}) cannot be built with attention='native' "
+            "(TensorRT's IAttention has no soft-capping); use attention='layers' or the paged KV cache"
+        )
     if mode.kv_cache == "paged":
         return paged_attention(
             g,
@@ -1163,6 +1615,7 @@ def cached_attention(
             rope=rope,
             position_ids=x[kv_modes.POSITION_IDS],
             name=name,
+            softcap=softcap,
         )
     assert k is not None and v is not None  # checked above
     mask = x[kv_modes.MASK_NAMES[layer_type]]
@@ -1184,7 +1637,7 @@ def cached_attention(
     else:
         k_all = concat(g, [past_k, transpose(g, k, (0, 2, 1, 3), "k_bhsd")], 2, "k_cache")
         v_all = concat(g, [past_v, transpose(g, v, (0, 2, 1, 3), "v_bhsd")], 2, "v_cache")
-        ctx = attention(g, q, k_all, v_all, mask, num_kv_heads, head_dim, scale, name)
+        ctx = attention(g, q, k_all, v_all, mask, num_kv_heads, head_dim, scale, name, softcap=softcap)
     g.output(k_all, mode.cache_output(layer_idx, "key"))
     g.output(v_all, mode.cache_output(layer_idx, "value"))
     return ctx
@@ -1192,8 +1645,9 @@ def cached_attention(
 
 def fuses_rope(g: Graph, spec: RopeSpec) -> bool:
     """Whether :func:`self_attention` rotates inside the paged attention plugin: the plan's
-    ``rope`` is ``"attention"``, the KV cache is paged and the RoPE has no dynamic scaling
-    (per-sequence frequencies stay with the RoPE plugin)."""
+    ``rope`` is ``"attention"``, the KV cache is paged and the RoPE has no dynamic NTK scaling
+    (its per-sequence base stays with the RoPE plugin; LongRoPE's two frequency sets are fused:
+    the attention plugin picks them by each sequence's ``seq_lens``)."""
     return (
         g.implementations.get("rope") == ROPE_IN_ATTENTION and g.kv_mode is not None and g.kv_mode.kv_cache == "paged" and spec.rope_type != "dynamic"
     )
@@ -1214,10 +1668,16 @@ def self_attention(
     layer_type: str = "full_attention",
     sliding_window: int | None = None,
     head_norms: tuple[np.ndarray, np.ndarray, float] | None = None,
+    head_norm_offset: float | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """A decoder layer's attention up to (not including) ``o_proj``: the q/k/v projections,
     optional RMSNorm of each q/k head, RoPE (neox pairing) by the network's ``position_ids``,
     and :func:`cached_attention`.
+
+    With ``g.mapping.tp_size > 1`` the rank computes its ``num_heads / tp_size`` query heads
+    and the KV heads they read (:meth:`trtcore.parallel.Mapping.kv_heads`), reading only those
+    rows of the q/k/v weights; the result is its share of the heads, for a row-parallel ``o_proj``.
 
     When :func:`fuses_rope`, RoPE runs inside the paged attention plugin; without head norms
     the three projections are also one product ``qkv_proj`` (the weights concatenated along
@@ -1228,22 +1688,36 @@ def self_attention(
 
     Args:
         x: ``[..., hidden]`` normalized hidden states (the token layout of the KV mode).
-        weights: ``(q_proj, k_proj, v_proj)`` weights, ``[out_features, hidden]`` each.
+        weights: ``(q_proj, k_proj, v_proj)`` weights, ``[out_features, hidden]`` each (arrays
+            or :class:`~trtcore.checkpoint.LazyTensor`).
         biases: their biases (``[out_features]`` or None each), or None.
         spec: the model's RoPE (:func:`trtcore.rope.rope_spec`).
         head_norms: ``(q_norm weight, k_norm weight, eps)`` (Qwen3: RMSNorm of each head
             before RoPE), or None.
+        head_norm_offset: the head norms' weight offset (:func:`rms_norm`; Gemma 3: 1), or None.
+        softcap: attention logit soft-capping, or None (:func:`cached_attention`).
         others: as :func:`cached_attention`.
 
     Returns:
-        ``[..., num_heads * head_dim]`` of the graph dtype.
+        ``[..., num_heads * head_dim]`` of the graph dtype (this rank's heads).
     """
     inputs = g.inputs
     if kv_modes.POSITION_IDS not in inputs:
         raise InvalidArgumentError("self_attention needs the network inputs; call ops.model_inputs(g) first")
     bias = list(biases) if biases is not None else [None, None, None]
+    # tensor parallelism: this rank's query heads and the KV heads they read (column-parallel q/k/v)
+    (h0, h1), (kv0, kv1) = g.mapping.split(num_heads, "num_attention_heads"), g.mapping.kv_heads(num_kv_heads)
+    if g.mapping.parallel:
+        rows = [(h0 * head_dim, h1 * head_dim), (kv0 * head_dim, kv1 * head_dim), (kv0 * head_dim, kv1 * head_dim)]
+        weights = [read_weight(w, 0, lo, hi) for w, (lo, hi) in zip(weights, rows)]
+        bias = [read_weight(b, 0, lo, hi) for b, (lo, hi) in zip(bias, rows)]
+    else:
+        weights, bias = [read_weight(w) for w in weights], [read_weight(b) for b in bias]
+    num_heads, num_kv_heads = h1 - h0, kv1 - kv0
     fused = fuses_rope(g, spec)
-    common: dict[str, Any] = dict(num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale, layer_type=layer_type, sliding_window=sliding_window)
+    common: dict[str, Any] = dict(
+        num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale, layer_type=layer_type, sliding_window=sliding_window, softcap=softcap
+    )
     if fused and head_norms is None:
         if any(isinstance(a, (QuantizedWeight, Fp8Weight)) for a in weights):  # three quantized GEMMs (own scales, groups, act orders)
             parts = [linear(g, x, wi, bi, f"{role}_proj") for role, wi, bi in zip("qkv", weights, bias)]
@@ -1261,8 +1735,8 @@ def self_attention(
     )
     if head_norms is not None:
         q_w, k_w, eps = head_norms
-        q = rms_norm(g, q, q_w, eps, "q_norm")
-        k = rms_norm(g, k, k_w, eps, "k_norm")
+        q = rms_norm(g, q, q_w, eps, "q_norm", head_norm_offset)
+        k = rms_norm(g, k, k_w, eps, "k_norm", head_norm_offset)
     if fused:
         return cached_attention(g, layer_idx, q, k, v, rope=spec, **common)
     q, k = rotary(g, q, k, inputs[kv_modes.POSITION_IDS], spec, seq_lens=inputs.get(kv_modes.ROPE_SEQ_LENS))
@@ -1277,5 +1751,10 @@ def last_token_hidden(g: Graph, h: Tensor, name: str = "last_hidden") -> Tensor:
 
 
 def logits_output(g: Graph, logits: Tensor) -> Tensor:
-    """Mark ``logits`` ``[B, vocab_size]``, cast to float32, as the network's logits output."""
-    return g.output(cast(g, logits, np.float32, "logits_float"), kv_modes.LOGITS)
+    """Mark ``logits`` ``[B, vocab_size]``, cast to float32, as the network's logits output
+    (a float32 ``logits`` passes through an identity layer, so that the tensor given keeps its
+    name, e.g. ``lm_head`` for ``trtcore check --bisect``)."""
+    out = cast(g, logits, np.float32, "logits_float")
+    if out is logits:
+        out = g.named(g.network.add_identity(logits), "logits_float")
+    return g.output(out, kv_modes.LOGITS)

@@ -14,7 +14,13 @@ transformers' ``modeling_rope_utils.py`` (``_compute_default_rope_parameters``,
 * ``llama3``: wavelength-dependent interpolation between ``inv_freq`` and
   ``inv_freq / factor`` (Llama 3.1 reference code);
 * ``yarn`` (Peng et al., arXiv:2309.00071): ramp between interpolation and extrapolation,
-  plus an attention factor that scales cos and sin.
+  plus an attention factor that scales cos and sin;
+* ``longrope`` (Ding et al., "LongRoPE", arXiv:2402.13753; Phi-3 / Phi-3.5,
+  ``_compute_longrope_parameters``): per-frequency rescale factors,
+  ``inv_freq[i] = 1 / (ext_factor[i] * base ** (2i / dim))`` with ``ext_factor`` the
+  ``short_factor`` list, or the ``long_factor`` list for a sequence longer than
+  ``original_max_position_embeddings``, and an attention factor on cos and sin (see
+  :func:`longrope_uses_long`).
 
 All arrays here are float64; the network casts to float32 as transformers computes in float32.
 """
@@ -36,7 +42,12 @@ ROPE_TYPES: dict[str, tuple[str, ...]] = {
     "dynamic": ("factor",),
     "yarn": ("factor", "original_max_position_embeddings"),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
 }
+
+#: RoPE types whose frequencies depend on the length of each token's sequence in the current
+#: forward call (the network then takes each token's sequence length, ``rope_seq_lens``).
+PER_SEQUENCE_ROPE_TYPES: tuple[str, ...] = ("dynamic", "longrope")
 
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", *ROPE_TYPES)
 
@@ -51,10 +62,15 @@ class RopeSpec:
         base: ``rope_theta``.
         rope_type: one of :data:`SUPPORTED_ROPE_TYPES`.
         inv_freq: float64 ``[rotary_dim // 2]`` inverse frequencies (for ``dynamic``: those
-            at ``seq_len <= max_position_embeddings``).
-        attention_scaling: factor applied to cos and sin (YaRN's attention factor, else 1).
+            at ``seq_len <= max_position_embeddings``; for ``longrope``: the short ones).
+        attention_scaling: factor applied to cos and sin (YaRN's and LongRoPE's attention
+            factor, else 1).
         dynamic_factor: the ``factor`` of dynamic NTK scaling, 0 for other types.
         max_position_embeddings: the length beyond which dynamic NTK scaling starts.
+        long_inv_freq: ``longrope`` only: float64 ``[rotary_dim // 2]``, the inverse
+            frequencies of a sequence longer than ``original_max_position_embeddings``.
+        original_max_position_embeddings: ``longrope`` only: the length beyond which
+            ``long_inv_freq`` is used (:func:`longrope_uses_long`); 0 otherwise.
     """
 
     rotary_dim: int
@@ -65,6 +81,14 @@ class RopeSpec:
     attention_scaling: float = 1.0
     dynamic_factor: float = 0.0
     max_position_embeddings: int = 0
+    long_inv_freq: np.ndarray | None = None
+    original_max_position_embeddings: int = 0
+
+    @property
+    def per_sequence(self) -> bool:
+        """Whether the frequencies depend on each sequence's length in the current forward
+        call (``dynamic``, ``longrope``; :data:`PER_SEQUENCE_ROPE_TYPES`)."""
+        return self.rope_type in PER_SEQUENCE_ROPE_TYPES
 
 
 def default_inv_freq(base: float, dim: int) -> np.ndarray:
@@ -122,6 +146,44 @@ def _yarn(base: float, dim: int, p: dict[str, Any], max_position_embeddings: int
     return inv, float(attention_factor)
 
 
+def longrope_uses_long(seq_len: Any, original_max_position_embeddings: int) -> Any:
+    """Whether LongRoPE rotates a token with the ``long_factor`` frequencies: its sequence's
+    length in the current forward call ``seq_len`` (the largest position + 1) exceeds
+    ``original_max_position_embeddings`` (a bool, or a bool array for an array ``seq_len``).
+
+    This is transformers' rule (``dynamic_rope_update`` -> ``longrope_frequency_update``,
+    ``seq_len = max(position_ids) + 1`` of each call) and therefore its behaviour with a KV
+    cache: a prompt of ``n <= L`` tokens is rotated with the short factors, and so are
+    the decode steps at positions ``< L``; the step at position ``L`` and every later
+    one use the long factors, while the keys already in the cache keep the short rotation
+    they were written with (transformers does not recompute them; neither does trtcore).
+    A prompt longer than ``L`` is rotated with the long factors throughout. trtcore applies
+    the rule per sequence (transformers takes the maximum over the whole padded batch, which
+    is the same for one sequence or when all sequences are on the same side of ``L``).
+    """
+    return np.asarray(seq_len) > int(original_max_position_embeddings)
+
+
+def _longrope(base: float, dim: int, p: dict[str, Any], max_position_embeddings: int) -> tuple[np.ndarray, np.ndarray, float, int]:
+    """(short inv_freq, long inv_freq, attention factor, original length) of ``_compute_longrope_parameters``."""
+    from .errors import ConfigError
+
+    original = int(p["original_max_position_embeddings"])
+    exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
+    inv = []
+    for key in ("short_factor", "long_factor"):
+        f = np.asarray(p[key], dtype=np.float64)
+        if f.shape != (dim // 2,) or not np.all(np.isfinite(f)) or not np.all(f > 0):
+            raise ConfigError(f"rope_scaling field {key!r} is {p[key]!r}, expected {dim // 2} positive numbers (rotary_dim // 2)")
+        inv.append(1.0 / (f * base**exponents))
+    factor = p.get("factor")
+    factor = float(factor) if factor is not None else max_position_embeddings / original  # Phi-3: the ratio of the lengths
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return inv[0], inv[1], float(attention_factor), original
+
+
 def rope_spec(config: Any, partial_rotary_factor: float | None = None) -> RopeSpec:
     """The :class:`RopeSpec` of a :class:`trtcore.config.ModelConfig`.
 
@@ -148,7 +210,7 @@ def rope_spec(config: Any, partial_rotary_factor: float | None = None) -> RopeSp
         raise ConfigError(f"rope_scaling rope_type {rope_type!r} is not supported; expected one of {SUPPORTED_ROPE_TYPES}")
     try:
         inv = default_inv_freq(base, dim)
-        scale, dyn = 1.0, 0.0
+        scale, dyn, long_inv, original = 1.0, 0.0, None, 0
         if rope_type == "linear":
             inv = inv / float(scaling["factor"])
         elif rope_type == "llama3":
@@ -157,6 +219,8 @@ def rope_spec(config: Any, partial_rotary_factor: float | None = None) -> RopeSp
             inv, scale = _yarn(base, dim, scaling, int(config.max_position_embeddings))
         elif rope_type == "dynamic":
             dyn = float(scaling["factor"])
+        elif rope_type == "longrope":
+            inv, long_inv, scale, original = _longrope(base, dim, scaling, int(config.max_position_embeddings))
     except KeyError as exc:
         raise ConfigError(f"rope_scaling of type {rope_type!r} needs the field {exc.args[0]!r}") from None
     return RopeSpec(
@@ -168,4 +232,6 @@ def rope_spec(config: Any, partial_rotary_factor: float | None = None) -> RopeSp
         attention_scaling=scale,
         dynamic_factor=dyn,
         max_position_embeddings=int(config.max_position_embeddings),
+        long_inv_freq=long_inv,
+        original_max_position_embeddings=original,
     )

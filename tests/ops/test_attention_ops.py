@@ -8,7 +8,9 @@ head ``h`` reads key/value head ``h // (Hq // Hkv)``, transformers' ``repeat_kv`
   ``IKVCacheUpdateLayer`` + ``IAttention``) over a fixed-size cache with a bool mask;
 * ``paged_attention`` (the plugin's reference) on packed tokens of several sequences whose
   cached keys/values sit in a pool under random, shuffled block tables; the pool's unused
-  slots hold NaN, so a read of one shows in the output.
+  slots hold NaN, so a read of one shows in the output;
+* attention logit soft-capping (``softcap``), query scales other than ``head_dim ** -0.5`` and
+  head_dim 256 (Gemma 2/3), in the composed attention and the paged plugin.
 
 Tolerances (``u``: the dtype's unit roundoff): the composed attention rounds the raw scores
 ``Q K^T`` to the dtype (``|d score| <= u |score|``, moving each probability by at most
@@ -32,13 +34,18 @@ from .conftest import DTYPES, NP_DTYPES, UNIT_ROUNDOFF, OneOp, as_float64, build
 MASK_VALUE = np.float32(-1e30)
 
 
-def attention64(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, scale: float) -> np.ndarray:
+def attention64(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, scale: float, softcap: float | None = None) -> np.ndarray:
     """float64 attention. q ``[B, Hq, S, D]``, k/v ``[B, Hkv, T, D]``, allowed bool broadcasting
-    to ``[B, Hq, S, T]`` (every row allows a key); returns ``[B, Hq, S, D]``."""
+    to ``[B, Hq, S, T]`` (every row allows a key); with ``softcap`` each scaled score ``s``
+    becomes ``softcap * tanh(s / softcap)`` (Gemma 2's attention logit soft-capping,
+    arXiv:2408.00118); returns ``[B, Hq, S, D]``."""
     q, k, v = as_float64(q), as_float64(k), as_float64(v)
     group = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    scores = np.where(allowed, scale * q @ np.swapaxes(k, -1, -2), -np.inf)
+    raw = scale * q @ np.swapaxes(k, -1, -2)
+    if softcap:
+        raw = softcap * np.tanh(raw / softcap)
+    scores = np.where(allowed, raw, -np.inf)
     p = np.exp(scores - scores.max(axis=-1, keepdims=True))
     return (p / p.sum(axis=-1, keepdims=True)) @ v
 
@@ -94,6 +101,32 @@ def test_attention(step: tuple, heads: tuple, dtype: str, rng: np.random.Generat
     smax = max_scaled_score(q, k_cache, scale)
     assert_attention_close(got, want.transpose(0, 2, 1, 3).reshape(B, S, hq * D), dtype, v_cache, 2 * smax)
     if step == STEPS[0] and builds_rtx(dtype, heads == (4, 2)):
+        [(_, shape, _)] = net.check_rtx()
+        assert shape == (-1, -1, hq * D)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("softcap", [0.7, 3.0])
+def test_attention_softcap_and_query_scale(softcap: float, dtype: str, rng: np.random.Generator) -> None:
+    """Soft-capped scores with a query scale that is not head_dim ** -0.5 (Gemma 2's
+    query_pre_attn_scalar ** -0.5); a cap of 0.7 changes the result a lot (checked)."""
+    B, S, past, hq, hkv, D = 2, 5, 3, 4, 2, 16
+    T, scale = S + past, 24**-0.5
+    q = randn(rng, (B, S, hq, D), dtype, scale=2.0)
+    k_cache, v_cache = randn(rng, (B, hkv, T, D), dtype, scale=2.0), randn(rng, (B, hkv, T, D), dtype)
+    allowed = causal_allowed(rng, B, S, past, True)
+    mask = np.where(allowed, np.float32(0), MASK_VALUE)[:, None, None]
+    net = OneOp(lambda g, i: ops.attention(g, i["q"], i["k"], i["v"], i["mask"], hkv, D, scale, softcap=softcap),
+                {"q": q, "k": k_cache, "v": v_cache, "mask": mask}, dtype=dtype,
+                dynamic={"q": (0, 1), "k": (0, 2), "v": (0, 2), "mask": (0, 3, 4)})
+    got = net.run()["out"]
+    qt = np.transpose(q, (0, 2, 1, 3))
+    want = attention64(qt, k_cache, v_cache, allowed[:, None], scale, softcap).transpose(0, 2, 1, 3).reshape(B, S, hq * D)
+    assert_attention_close(got, want, dtype, v_cache, 2 * max_scaled_score(q, k_cache, scale))
+    if softcap < 1:
+        uncapped = attention64(qt, k_cache, v_cache, allowed[:, None], scale).transpose(0, 2, 1, 3).reshape(B, S, hq * D)
+        assert np.abs(uncapped - want).max() > 0.1  # the cap matters here
+    if builds_rtx(dtype, softcap == 0.7):
         [(_, shape, _)] = net.check_rtx()
         assert shape == (-1, -1, hq * D)
 
@@ -197,9 +230,30 @@ PAGED_SPECS = [[(5, 1)], [(3, 1), (8, 1), (0, 6), (9, 4)], [(0, 1)], [(17, 3), (
 @pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"{h[0]}q{h[1]}kv")
 @pytest.mark.parametrize("specs", PAGED_SPECS, ids=lambda s: "+".join(f"{c}c{n}n" for c, n in s))
 def test_paged_attention(specs: list, heads: tuple, window: int, dtype: str, rng: np.random.Generator) -> None:
+    paged_attention_case(specs, heads, window, dtype, rng)
+
+
+#: (head_dim, scale, softcap, window): Gemma 2/3's shapes (head_dim 256, a query scale of
+#: query_pre_attn_scalar ** -0.5, soft-capping, sliding windows)
+GEMMA_PAGED = [(256, 200**-0.5, 1.5, 5), (16, 24**-0.5, 0.5, 0), (32, 32**-0.5, None, 3)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", GEMMA_PAGED, ids=lambda c: f"D{c[0]}-cap{c[2]}-w{c[3]}")
+def test_paged_attention_softcap_scale_head_dim(case: tuple, dtype: str, rng: np.random.Generator) -> None:
+    D, scale, softcap, window = case
+    paged_attention_case(PAGED_SPECS[1] + [(0, 9)], (4, 2), window, dtype, rng, head_dim=D, scale=scale, softcap=softcap)
+
+
+def paged_attention_case(
+    specs: list, heads: tuple, window: int, dtype: str, rng: np.random.Generator, head_dim: int = 16, scale: float | None = None,
+    softcap: float | None = None,
+) -> None:
+    """One paged_attention call on ``specs`` (per sequence (cached, new)) against
+    :func:`attention64`, and its pool write checked bit for bit."""
     hq, hkv = heads
-    D, bs, layers, layer = 16, 4, 2, 1
-    scale = D**-0.5
+    D, bs, layers, layer = head_dim, 4, 2, 1
+    scale = D**-0.5 if scale is None else scale
     B = len(specs)
     seq_lens = np.array([c + n for c, n in specs], np.int32)
     qsl = np.concatenate([[0], np.cumsum([n for _, n in specs])]).astype(np.int32)
@@ -224,7 +278,7 @@ def test_paged_attention(specs: list, heads: tuple, window: int, dtype: str, rng
 
     net = OneOp(lambda g, i: ops.paged_attention(g, i["q"], i["k"], i["v"], i["kv_pool"], i["block_tables"], i["seq_lens"],
                                                  i["query_start_loc"], layer_idx=layer, num_kv_heads=hkv, head_dim=D, block_size=bs,
-                                                 sliding_window=window, scale=scale),
+                                                 sliding_window=window, scale=scale, softcap=softcap),
                 {"q": q, "k": k, "v": v, "kv_pool": pool, "block_tables": block_tables, "seq_lens": seq_lens, "query_start_loc": qsl},
                 dtype=dtype)
     got = net.run()["out"]
@@ -238,7 +292,7 @@ def test_paged_attention(specs: list, heads: tuple, window: int, dtype: str, rng
         qpos, kpos = cached + np.arange(n)[:, None], np.arange(cached + n)[None, :]
         allowed = (kpos <= qpos) & ((qpos - kpos < window) if window else True)
         want = attention64(q[t0:t1].transpose(1, 0, 2)[None], keys.transpose(1, 0, 2)[None], values.transpose(1, 0, 2)[None],
-                           allowed[None, None], scale)  # [1, Hq, n, D]
+                           allowed[None, None], scale, softcap)  # [1, Hq, n, D]
         assert_attention_close(got[t0:t1], want[0].transpose(1, 0, 2).reshape(n, hq * D), dtype, values, 0)
         for j in range(n):
             p = cached + j

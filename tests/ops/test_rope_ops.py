@@ -1,13 +1,14 @@
 """RoPE ops against transformers' rotary modules evaluated in float64: ``rope_cos_sin``,
 ``apply_rope`` and ``rotary`` (both implementations: composed layers, and ``rope_plugin``
-on the reference backend) for the default, linear, llama3, YaRN and dynamic NTK scalings and
-partial rotary (transformers' GPT-NeoX classes, which rotate the first ``rotary_dim``
+on the reference backend) for the default, linear, llama3, YaRN, dynamic NTK and LongRoPE
+scalings and partial rotary (transformers' GPT-NeoX classes, which rotate the first ``rotary_dim``
 features), head_dim 128, GQA variants, ``[batch, seq]`` and packed ``[tokens]`` positions.
 
 transformers' modules and configurations come from tests/test_rope_plugin.py (its
 ``hf_float64`` runs them in float64). Dynamic scaling: trtcore gives each sequence (row, or
 packed sequence via ``seq_lens``) its own length, as one transformers forward call per
-sequence does; transformers is run per sequence.
+sequence does; transformers is run per sequence. So is LongRoPE (short factors for a
+sequence of at most ``original_max_position_embeddings`` = 16 tokens, long ones beyond).
 
 Tolerances: the ops compute the angle ``position * inv_freq`` in float32 (``inv_freq`` rounded
 to float32, one rounding of the product: ``|d angle| <= 2 u32 * angle``), then float32
@@ -46,7 +47,15 @@ CASES: dict[str, tuple[float, dict[str, Any] | None, float, int]] = {
     "partial0.5": (10000.0, None, 0.5, 64),
     "partial0.25_llama3": (500000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                       "original_max_position_embeddings": 16}, 0.25, 128),
+    # LongRoPE: factor max/original = 4 -> attention factor sqrt(1 + ln 4 / ln 16)
+    "longrope": (10000.0, {"rope_type": "longrope", "short_factor": np.linspace(1.0, 1.6, HEAD_DIM // 2).tolist(),
+                           "long_factor": np.linspace(1.0, 9.0, HEAD_DIM // 2).tolist(), "original_max_position_embeddings": 16}, 1.0, 64),
+    "partial0.5_longrope": (10000.0, {"rope_type": "longrope", "short_factor": np.linspace(1.2, 1.0, HEAD_DIM // 4).tolist(),
+                                      "long_factor": np.linspace(2.0, 5.0, HEAD_DIM // 4).tolist(), "original_max_position_embeddings": 16,
+                                      "attention_factor": 1.3}, 0.5, 64),
 }
+#: the scalings whose frequencies depend on each sequence's length
+PER_SEQUENCE = ["dynamic", "longrope", "partial0.5_longrope"]
 
 #: per batch row: (first position, length): a prefill from 0, a chunk after a cache, a decode
 ROWS = [(0, 24), (9, 24), (38, 24)]
@@ -98,10 +107,12 @@ def test_rope_cos_sin_matches_transformers(case: str) -> None:
     assert net.check_rtx() == [("out0", (-1, -1, 1, spec.rotary_dim), "FLOAT"), ("out1", (-1, -1, 1, spec.rotary_dim), "FLOAT")]
 
 
-def test_rope_cos_sin_dynamic_packed_with_seq_lens() -> None:
+@pytest.mark.parametrize("case", PER_SEQUENCE)
+def test_rope_cos_sin_per_sequence_packed_with_seq_lens(case: str) -> None:
     """Packed tokens of two sequences, one shorter and one longer than
-    max_position_embeddings (16): each scales by its own ``seq_lens``."""
-    spec = rope_spec(trtcore_config(*CASES["dynamic"]))
+    max_position_embeddings (dynamic) / original_max_position_embeddings (longrope), both 16:
+    each scales by its own ``seq_lens``."""
+    spec = rope_spec(trtcore_config(*CASES[case]))
     lengths = [11, 40]
     pos = np.concatenate([np.arange(n) for n in lengths]).astype(np.int32)
     seq_lens = np.repeat(lengths, lengths).astype(np.int32)
@@ -110,8 +121,8 @@ def test_rope_cos_sin_dynamic_packed_with_seq_lens() -> None:
     out = net.run()
     start = 0
     for n in lengths:
-        want_cos, want_sin, _ = hf_cos_sin("dynamic", pos[None, start : start + n])
-        tol = angle_tolerance(pos, 1.0)
+        want_cos, want_sin, scaling = hf_cos_sin(case, pos[None, start : start + n])
+        tol = angle_tolerance(pos, scaling)
         np.testing.assert_allclose(out["out0"][start : start + n, 0], want_cos[0], rtol=0, atol=tol)
         np.testing.assert_allclose(out["out1"][start : start + n, 0], want_sin[0], rtol=0, atol=tol)
         start += n
@@ -171,11 +182,12 @@ def test_rotary_matches_transformers(case: str, impl: str, dtype: str, rng: np.r
         net.check_rtx()
 
 
+@pytest.mark.parametrize("case", PER_SEQUENCE)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_rope_plugin_packed_dynamic_with_seq_lens(dtype: str, rng: np.random.Generator) -> None:
+def test_rope_plugin_packed_per_sequence_with_seq_lens(case: str, dtype: str, rng: np.random.Generator) -> None:
     """The plugin on packed tokens ``[T, heads, head_dim]`` of two sequences with their
-    ``seq_lens`` (dynamic NTK: one below, one above max_position_embeddings)."""
-    spec = rope_spec(trtcore_config(*CASES["dynamic"]))
+    ``seq_lens`` (dynamic NTK / LongRoPE: one below, one above the threshold 16)."""
+    spec = rope_spec(trtcore_config(*CASES[case]))
     lengths = [11, 40]
     pos = np.concatenate([np.arange(n) for n in lengths]).astype(np.int32)
     seq_lens = np.repeat(lengths, lengths).astype(np.int32)
@@ -185,9 +197,9 @@ def test_rope_plugin_packed_dynamic_with_seq_lens(dtype: str, rng: np.random.Gen
     out = net.run()
     start = 0
     for n in lengths:
-        cos, sin, _ = hf_cos_sin("dynamic", pos[None, start : start + n])
+        cos, sin, scaling = hf_cos_sin(case, pos[None, start : start + n])
         for got, x in ((out["out0"], q), (out["out1"], k)):
-            want = hf_apply("dynamic", x[start : start + n], cos[0], sin[0])
-            atol = (4 * UNIT_ROUNDOFF[dtype] + 2 * angle_tolerance(pos, 1.0)) * float(np.abs(want).max())
+            want = hf_apply(case, x[start : start + n], cos[0], sin[0])
+            atol = (4 * UNIT_ROUNDOFF[dtype] + 2 * angle_tolerance(pos, scaling)) * float(np.abs(want).max())
             np.testing.assert_allclose(as_float64(got[start : start + n]), want, rtol=0, atol=atol)
         start += n

@@ -274,11 +274,14 @@ def dequantize_for_network(weight: QuantizedWeight | Fp8Weight) -> np.ndarray:
     return weight.dequantize().astype(np.float32)
 
 
-def linear_weight(weights: Any, name: str, shape: tuple[int, int], *, quantized: bool = True) -> np.ndarray | QuantizedWeight | Fp8Weight:
+def linear_weight(weights: Any, name: str, shape: tuple[int, int], *, quantized: bool = True, lazy: bool = False) -> Any:
     """A linear layer's ``[N, K]`` weight ``name`` for the network: a quantized weight
     (``weights.quantized``, e.g. :meth:`trtcore.checkpoint.LoadReport.quantized`) as its
-    :class:`~trtcore.quantization.QuantizedWeight` (``quantized=False``: dequantized,
-    :func:`dequantize_for_network`), others read as they are.
+    :class:`~trtcore.quantization.QuantizedWeight` or :class:`~trtcore.fp8.Fp8Weight`
+    (``quantized=False``: dequantized, :func:`dequantize_for_network`), others read as they
+    are (``lazy=True``: unread, a
+    :class:`~trtcore.checkpoint.LazyTensor` from ``weights.lazy`` where it has one, so that a
+    tensor-parallel rank reads only its slice).
 
     Raises:
         MissingTensorError / TensorShapeError: see the checkpoint's ``get``.
@@ -286,7 +289,7 @@ def linear_weight(weights: Any, name: str, shape: tuple[int, int], *, quantized:
     find = getattr(weights, "quantized", None)
     q = find(name) if find is not None else None
     if q is None:
-        return weights.get(name, shape=shape)
+        return (getattr(weights, "lazy", weights.get) if lazy else weights.get)(name, shape=shape)
     if q.shape != tuple(shape):
         raise TensorShapeError(f"quantized weight '{name}' has shape {q.shape}, expected {tuple(shape)}")
     return q if quantized else dequantize_for_network(q)
