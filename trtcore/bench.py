@@ -255,8 +255,12 @@ class _Recorded:
     def __iter__(self) -> Any:
         return iter(self.inner)
 
-    def __getattr__(self, name: str) -> Any:  # is_quantized / quantized of quantized random weights
-        return getattr(self.inner, name)
+    def is_quantized(self, name: str) -> bool:  # quantized random weights (RandomFp8Weights ...)
+        test = getattr(self.inner, "is_quantized", None)
+        return bool(test is not None and test(name))
+
+    def quantized(self, name: str) -> Any:
+        return self.inner.quantized(name)
 
 
 def _random_weights_llm(
