@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -330,17 +330,36 @@ def hf_greedy_cached(model: Any, prompt: list[int], steps: int) -> tuple[list[in
     return seq, np.stack(rows)
 
 
-class ModelStore:
-    """Writes each variant once (lazily) under a session temp folder; caches HF models."""
+def assert_matches_hf(out: Any, want_tokens: list[int], want_rows: np.ndarray, logprob_steps: int, rtol: float = 1e-4) -> None:
+    """One greedy ``LLM.generate`` output with full-vocabulary logprobs against transformers'
+    greedy tokens and log-probability rows (:func:`hf_greedy`): the tokens equal, and every
+    log-probability of the first ``logprob_steps`` steps (the last prompt position, then the
+    decode steps) within ``rtol`` relative (of ``max(1, |reference|)``)."""
+    assert out.error is None, out.error
+    comp = out.outputs[0]
+    assert list(comp.token_ids) == list(want_tokens)
+    vocab = want_rows.shape[1]
+    ours = np.array([[comp.logprobs[s][t].logprob for t in range(vocab)] for s in range(logprob_steps)])
+    ref = want_rows[:logprob_steps]
+    ok = np.abs(ours - ref) <= rtol * np.maximum(1.0, np.abs(ref))
+    assert ok.all(), f"{(~ok).sum()} log-probs beyond {rtol} relative; max abs diff {np.abs(ours - ref).max():.3g}"
 
-    def __init__(self, root: Path):
+
+class ModelStore:
+    """Writes each checkpoint once (lazily) under a temp folder -- ``write(name, path) -> folder``,
+    by default the :data:`VARIANTS` above -- and caches the transformers models loaded back and
+    the LLMs built on them (one store per test module or session)."""
+
+    def __init__(self, root: Path, write: Callable[[str, Path], Path] | None = None):
         self.root = root
+        self._write = write or (lambda name, path: write_checkpoint(VARIANTS[name], path))
         self._dirs: dict[str, Path] = {}
         self._hf: dict[tuple[str, str], Any] = {}
+        self._llm: dict[tuple[Any, ...], Any] = {}
 
     def dir(self, name: str) -> Path:
         if name not in self._dirs:
-            self._dirs[name] = write_checkpoint(VARIANTS[name], self.root / name)
+            self._dirs[name] = self._write(name, self.root / name)
         return self._dirs[name]
 
     def hf(self, name: str, dtype: str = "float64") -> Any:
@@ -348,6 +367,16 @@ class ModelStore:
         if key not in self._hf:
             self._hf[key] = load_hf(self.dir(name), dtype)
         return self._hf[key]
+
+    def llm(self, name: str, kv_cache: str, **options: Any) -> Any:
+        """``LLM(self.dir(name), kv_cache=..., **options)``, built once (default: the reference
+        backend in float32)."""
+        key = (name, kv_cache, tuple(sorted(options.items())))
+        if key not in self._llm:
+            from trtcore import LLM
+
+            self._llm[key] = LLM(self.dir(name), kv_cache=kv_cache, **{"backend": "reference", "dtype": "float32", "progress": False, **options})
+        return self._llm[key]
 
     def variant(self, name: str) -> Variant:
         return VARIANTS[name]

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hf_models import hf_greedy, hf_logits, load_hf, random_prompt, redraw_weights
+from hf_models import ModelStore, assert_matches_hf, hf_greedy, hf_logits, load_hf, random_prompt, redraw_weights
 from test_gpu_backend import cp  # noqa: F401  (the cuda backend's skip-or-fail fixture)
 
 from trtcore import LLM, SamplingParams
@@ -127,33 +127,9 @@ def _write(v: Gemma, path: Path) -> Path:
     return path
 
 
-class _Store:
-    def __init__(self, root: Path):
-        self.root = root
-        self._dirs: dict[str, Path] = {}
-        self._hf: dict[str, Any] = {}
-        self._llm: dict[tuple[str, str, str], LLM] = {}
-
-    def dir(self, name: str) -> Path:
-        if name not in self._dirs:
-            self._dirs[name] = _write({**GEMMA, **GPU_GEMMA}[name], self.root / name)
-        return self._dirs[name]
-
-    def hf(self, name: str) -> Any:
-        if name not in self._hf:
-            self._hf[name] = load_hf(self.dir(name))
-        return self._hf[name]
-
-    def llm(self, name: str, kv_cache: str, backend: str = "reference") -> LLM:
-        if (name, kv_cache, backend) not in self._llm:
-            device = {"cuda": {"device": "cuda"}}.get(backend, {})
-            self._llm[name, kv_cache, backend] = LLM(self.dir(name), backend=backend, dtype="float32", kv_cache=kv_cache, progress=False, **device)
-        return self._llm[name, kv_cache, backend]
-
-
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> _Store:
-    return _Store(tmp_path_factory.mktemp("gemma"))
+def store(tmp_path_factory: pytest.TempPathFactory) -> ModelStore:
+    return ModelStore(tmp_path_factory.mktemp("gemma"), lambda name, path: _write({**GEMMA, **GPU_GEMMA}[name], path))
 
 
 def _prompt(name: str) -> list[int]:
@@ -166,7 +142,7 @@ def _prompt(name: str) -> list[int]:
 
 
 @pytest.mark.parametrize("name", list(GEMMA))
-def test_checkpoint_is_the_variant(store: _Store, name: str) -> None:
+def test_checkpoint_is_the_variant(store: ModelStore, name: str) -> None:
     v = GEMMA[name]
     hf = store.hf(name)
     cfg = load_config(store.dir(name))
@@ -195,7 +171,7 @@ def test_checkpoint_is_the_variant(store: _Store, name: str) -> None:
         ("gemma2_softcap", {"sliding_window": 64}),
     ],
 )
-def test_distinguishing_fields_change_hf_logits(store: _Store, name: str, override: dict[str, Any]) -> None:
+def test_distinguishing_fields_change_hf_logits(store: ModelStore, name: str, override: dict[str, Any]) -> None:
     """Each field the variants cover matters on the test prompt (so the comparisons test it)."""
     p = _prompt(name)
     ref = hf_logits(store.hf(name), p)[-1]
@@ -203,7 +179,7 @@ def test_distinguishing_fields_change_hf_logits(store: _Store, name: str, overri
     assert np.abs(other - ref).max() > 0.05, override
 
 
-def test_gemma3_attention_does_not_apply_attn_logit_softcapping(store: _Store) -> None:
+def test_gemma3_attention_does_not_apply_attn_logit_softcapping(store: ModelStore) -> None:
     """transformers' Gemma3Attention stores attn_logit_softcapping but never passes it on, so
     the field changes nothing (trtcore does not read it; the log-prob test checks that)."""
     name = "gemma3_attn_softcap_unread"
@@ -218,31 +194,24 @@ def test_gemma3_attention_does_not_apply_attn_logit_softcapping(store: _Store) -
 # log-probabilities and greedy tokens against transformers
 
 
-def check_against_hf(store: _Store, name: str, kv_cache: str, backend: str = "reference") -> None:
+def check_against_hf(store: ModelStore, name: str, kv_cache: str, backend: str = "reference") -> None:
     """Greedy tokens equal to transformers' for 32 steps, log-probabilities within 1e-4
     relative at the last prompt position and 16 decode steps."""
-    v = {**GEMMA, **GPU_GEMMA}[name]
     p = _prompt(name)
-    params = SamplingParams(temperature=0, max_tokens=GREEDY_STEPS, ignore_eos=True, logprobs=v.vocab_size)
-    [out] = store.llm(name, kv_cache, backend).generate(p, params)
-    assert out.error is None
-    comp = out.outputs[0]
-    want_tokens, want_rows = hf_greedy(store.hf(name), p, GREEDY_STEPS)
-    assert list(comp.token_ids) == want_tokens
-    ours = np.array([[comp.logprobs[s][t].logprob for t in range(v.vocab_size)] for s in range(LOGPROB_STEPS)])
-    ref = want_rows[:LOGPROB_STEPS]
-    ok = np.abs(ours - ref) <= RTOL * np.maximum(1.0, np.abs(ref))
-    assert ok.all(), f"{(~ok).sum()} log-probs beyond {RTOL} relative; max abs diff {np.abs(ours - ref).max():.3g}"
+    params = SamplingParams(temperature=0, max_tokens=GREEDY_STEPS, ignore_eos=True, logprobs={**GEMMA, **GPU_GEMMA}[name].vocab_size)
+    device = {"device": "cuda"} if backend == "cuda" else {}
+    [out] = store.llm(name, kv_cache, backend=backend, **device).generate(p, params)
+    assert_matches_hf(out, *hf_greedy(store.hf(name), p, GREEDY_STEPS), LOGPROB_STEPS, RTOL)
 
 
 @pytest.mark.parametrize("kv_cache", KV_CACHES)
 @pytest.mark.parametrize("name", list(GEMMA))
-def test_logprobs_and_greedy_match_hf(store: _Store, name: str, kv_cache: str) -> None:
+def test_logprobs_and_greedy_match_hf(store: ModelStore, name: str, kv_cache: str) -> None:
     check_against_hf(store, name, kv_cache)
 
 
 @pytest.mark.parametrize("rope", ["layers", "plugin", "attention"])
-def test_gemma3_two_ropes_with_every_rope_implementation(store: _Store, rope: str) -> None:
+def test_gemma3_two_ropes_with_every_rope_implementation(store: ModelStore, rope: str) -> None:
     """Gemma 3's global and local RoPE side by side in one network, with each RoPE
     implementation (composed layers, the RoPE plugin, fused into the paged attention plugin)."""
     name = "gemma3_local_rope"
@@ -258,7 +227,7 @@ def test_gemma3_two_ropes_with_every_rope_implementation(store: _Store, rope: st
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_cache", KV_CACHES)
 @pytest.mark.parametrize("name", list(GPU_GEMMA))
-def test_cuda_engine_matches_hf(cp: Any, store: _Store, name: str, kv_cache: str) -> None:  # noqa: F811
+def test_cuda_engine_matches_hf(cp: Any, store: ModelStore, name: str, kv_cache: str) -> None:  # noqa: F811
     """The cuda engine (float32; paged: the attention plugin's kernels with soft-capping and
     head_dim 256) against transformers (float64, CPU), as the reference backend is."""
     check_against_hf(store, name, kv_cache, backend="cuda")
@@ -316,7 +285,7 @@ def test_gemma3_v4_dialect() -> None:
 
 
 @pytest.mark.parametrize("name", list(GEMMA))
-def test_to_dict_loads_back_in_transformers(store: _Store, name: str) -> None:
+def test_to_dict_loads_back_in_transformers(store: ModelStore, name: str) -> None:
     """ModelConfig.to_dict() is a config.json transformers' config class reads as the original
     (Gemma 3: rope_parameters per layer type)."""
     hf = store.hf(name).config
@@ -367,7 +336,7 @@ def test_family_records() -> None:
     assert family_of("gemma2").tensor("post_feedforward_layernorm", 3) == "model.layers.3.post_feedforward_layernorm.weight"
 
 
-def test_native_attention_refuses_soft_capping(store: _Store) -> None:
+def test_native_attention_refuses_soft_capping(store: ModelStore) -> None:
     import trtcore.reference as ref
     from trtcore.builder import BuildConfig, define_network
     from trtcore.checkpoint import Checkpoint
@@ -381,7 +350,7 @@ def test_native_attention_refuses_soft_capping(store: _Store) -> None:
 # trtcore check --bisect
 
 
-def test_bisect_reports_every_module_within_tolerance(store: _Store) -> None:
+def test_bisect_reports_every_module_within_tolerance(store: ModelStore) -> None:
     from trtcore.check import compare
 
     for name in ("gemma2_softcap", "gemma3_local_rope"):
@@ -389,7 +358,7 @@ def test_bisect_reports_every_module_within_tolerance(store: _Store) -> None:
         assert report.ok and all(m.rel_error is not None for m in report.modules), report.table()
 
 
-def test_bisect_names_the_perturbed_layer(store: _Store, tmp_path: Path) -> None:
+def test_bisect_names_the_perturbed_layer(store: ModelStore, tmp_path: Path) -> None:
     """A copy with one layer's o_proj perturbed, against the original: layer 1's attention is
     the first divergence."""
     import shutil
@@ -416,7 +385,7 @@ def test_bisect_names_the_perturbed_layer(store: _Store, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("name", ["gemma1_legacy_gelu", "gemma2_softcap", "gemma3_local_rope"])
-def test_rtx_builds_float16(store: _Store, name: str) -> None:
+def test_rtx_builds_float16(store: ModelStore, name: str) -> None:
     import tensorrt_rtx as trt
 
     from trtcore.builder import BuildConfig, build_engine, define_network
@@ -428,7 +397,7 @@ def test_rtx_builds_float16(store: _Store, name: str) -> None:
     assert len(engine) > 1000
 
 
-def test_awq_refuses_gemma(store: _Store) -> None:
+def test_awq_refuses_gemma(store: ModelStore) -> None:
     """AWQ's scales fold into Llama-style norms (weight * x); Gemma's are (1 + weight) * x and
     Gemma 2/3's post_attention_layernorm does not feed the MLP: refused, not folded wrongly."""
     from trtcore.awq import awq_plan

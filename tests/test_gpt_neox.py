@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hf_models import hf_greedy, hf_logits, load_hf, random_prompt, redraw_weights
+from hf_models import ModelStore, assert_matches_hf, hf_greedy, hf_logits, load_hf, random_prompt, redraw_weights
 
-from trtcore import LLM, SamplingParams
+from trtcore import SamplingParams
 from trtcore.config import ModelConfig, load_config
 from trtcore.errors import ConfigError
 
@@ -96,32 +96,9 @@ def _write(v: NeoX, path: Path) -> Path:
     return path
 
 
-class _Store:
-    def __init__(self, root: Path):
-        self.root = root
-        self._dirs: dict[str, Path] = {}
-        self._hf: dict[str, Any] = {}
-        self._llm: dict[tuple[str, str], LLM] = {}
-
-    def dir(self, name: str) -> Path:
-        if name not in self._dirs:
-            self._dirs[name] = _write(NEOX[name], self.root / name)
-        return self._dirs[name]
-
-    def hf(self, name: str) -> Any:
-        if name not in self._hf:
-            self._hf[name] = load_hf(self.dir(name))
-        return self._hf[name]
-
-    def llm(self, name: str, kv_cache: str) -> LLM:
-        if (name, kv_cache) not in self._llm:
-            self._llm[name, kv_cache] = LLM(self.dir(name), backend="reference", dtype="float32", kv_cache=kv_cache, progress=False)
-        return self._llm[name, kv_cache]
-
-
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> _Store:
-    return _Store(tmp_path_factory.mktemp("gpt_neox"))
+def store(tmp_path_factory: pytest.TempPathFactory) -> ModelStore:
+    return ModelStore(tmp_path_factory.mktemp("gpt_neox"), lambda name, path: _write(NEOX[name], path))
 
 
 def _prompt(name: str) -> list[int]:
@@ -134,7 +111,7 @@ def _prompt(name: str) -> list[int]:
 
 
 @pytest.mark.parametrize("name", list(NEOX))
-def test_checkpoint_is_the_variant(store: _Store, name: str) -> None:
+def test_checkpoint_is_the_variant(store: ModelStore, name: str) -> None:
     v = NEOX[name]
     hf = store.hf(name)
     assert hf.config.rope_parameters["partial_rotary_factor"] == v.rotary_pct
@@ -149,7 +126,7 @@ def test_checkpoint_is_the_variant(store: _Store, name: str) -> None:
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
 
 
-def test_residual_and_rotary_change_hf_logits(store: _Store) -> None:
+def test_residual_and_rotary_change_hf_logits(store: ModelStore) -> None:
     """use_parallel_residual and rotary_pct matter on the test prompt (so the comparisons test them)."""
     name = "neox_parallel_pct25"
     p = _prompt(name)
@@ -165,19 +142,11 @@ def test_residual_and_rotary_change_hf_logits(store: _Store) -> None:
 
 @pytest.mark.parametrize("kv_cache", KV_CACHES)
 @pytest.mark.parametrize("name", list(NEOX))
-def test_logprobs_and_greedy_match_hf(store: _Store, name: str, kv_cache: str) -> None:
-    v = NEOX[name]
+def test_logprobs_and_greedy_match_hf(store: ModelStore, name: str, kv_cache: str) -> None:
     p = _prompt(name)
-    params = SamplingParams(temperature=0, max_tokens=GREEDY_STEPS, ignore_eos=True, logprobs=v.vocab_size)
+    params = SamplingParams(temperature=0, max_tokens=GREEDY_STEPS, ignore_eos=True, logprobs=NEOX[name].vocab_size)
     [out] = store.llm(name, kv_cache).generate(p, params)
-    assert out.error is None
-    comp = out.outputs[0]
-    want_tokens, want_rows = hf_greedy(store.hf(name), p, GREEDY_STEPS)
-    assert list(comp.token_ids) == want_tokens
-    ours = np.array([[comp.logprobs[s][t].logprob for t in range(v.vocab_size)] for s in range(LOGPROB_STEPS)])
-    ref = want_rows[:LOGPROB_STEPS]
-    ok = np.abs(ours - ref) <= RTOL * np.maximum(1.0, np.abs(ref))
-    assert ok.all(), f"{(~ok).sum()} log-probs beyond {RTOL} relative; max abs diff {np.abs(ours - ref).max():.3g}"
+    assert_matches_hf(out, *hf_greedy(store.hf(name), p, GREEDY_STEPS), LOGPROB_STEPS, RTOL)
 
 
 # ---------------------------------------------------------------------------------------
@@ -259,7 +228,7 @@ def test_config_fields_trtcore_cannot_honour_are_refused(fields: dict[str, Any],
 
 
 @pytest.mark.parametrize("name", list(NEOX))
-def test_rtx_builds_float16(store: _Store, name: str) -> None:
+def test_rtx_builds_float16(store: ModelStore, name: str) -> None:
     import tensorrt_rtx as trt
 
     from trtcore.builder import BuildConfig, build_engine, define_network

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hf_models import hf_greedy, hf_logits, load_hf, random_prompt, redraw_weights
+from hf_models import ModelStore, assert_matches_hf, hf_greedy, hf_logits, load_hf, random_prompt, redraw_weights
 
 from trtcore import LLM, SamplingParams
 from trtcore.config import ModelConfig, load_config
@@ -117,12 +117,8 @@ def write(v: Moe, path: Path) -> Path:
     return path
 
 
-class _Store:
-    def __init__(self, root: Path):
-        self.root = root
-        self._dirs: dict[str, Path] = {}
-        self._hf: dict[str, Any] = {}
-        self._llm: dict[tuple[str, str], LLM] = {}
+class _Store(ModelStore):
+    """The module's checkpoints: transformers loads the Hub layout, trtcore runs the variant's."""
 
     def hub_dir(self, name: str) -> Path:
         """The checkpoint as save_pretrained wrote it (transformers loads it)."""
@@ -145,20 +141,16 @@ class _Store:
             self._dirs[name] = d
         return self._dirs[name]
 
-    def hf(self, name: str) -> Any:
-        if name not in self._hf:
-            self._hf[name] = load_hf(self.hub_dir(name))
-        return self._hf[name]
+    def hf(self, name: str, dtype: str = "float64") -> Any:
+        if (name, dtype) not in self._hf:
+            self._hf[name, dtype] = load_hf(self.hub_dir(name), dtype)
+        return self._hf[name, dtype]
 
-    def llm(self, name: str, kv_cache: str) -> LLM:
-        if (name, kv_cache) not in self._llm:
-            self._llm[name, kv_cache] = LLM(self.dir(name), backend="reference", dtype="float32", kv_cache=kv_cache, progress=False)
-        return self._llm[name, kv_cache]
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> _Store:
-    return _Store(tmp_path_factory.mktemp("moe"))
+    return _Store(tmp_path_factory.mktemp("moe"), lambda name, path: write(MOE[name], path))
 
 
 def _prompt(name: str) -> list[int]:
@@ -167,18 +159,10 @@ def _prompt(name: str) -> list[int]:
 
 
 def _check_against_hf(llm: LLM, store: _Store, name: str) -> None:
-    v = MOE[name]
     p = _prompt(name)
-    params = SamplingParams(temperature=0, max_tokens=GREEDY_STEPS, ignore_eos=True, logprobs=v.vocab_size)
+    params = SamplingParams(temperature=0, max_tokens=GREEDY_STEPS, ignore_eos=True, logprobs=MOE[name].vocab_size)
     [out] = llm.generate(p, params)
-    assert out.error is None
-    comp = out.outputs[0]
-    want_tokens, want_rows = hf_greedy(store.hf(name), p, GREEDY_STEPS)
-    assert list(comp.token_ids) == want_tokens
-    ours = np.array([[comp.logprobs[s][t].logprob for t in range(v.vocab_size)] for s in range(LOGPROB_STEPS)])
-    ref = want_rows[:LOGPROB_STEPS]
-    ok = np.abs(ours - ref) <= RTOL * np.maximum(1.0, np.abs(ref))
-    assert ok.all(), f"{(~ok).sum()} log-probs beyond {RTOL} relative; max abs diff {np.abs(ours - ref).max():.3g}"
+    assert_matches_hf(out, *hf_greedy(store.hf(name), p, GREEDY_STEPS), LOGPROB_STEPS, RTOL)
 
 
 # ---------------------------------------------------------------------------------------

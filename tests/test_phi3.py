@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hf_models import hf_greedy, hf_greedy_cached, load_hf, random_prompt, redraw_weights
+from hf_models import ModelStore, assert_matches_hf, hf_greedy, hf_greedy_cached, load_hf, random_prompt, redraw_weights
 
 from trtcore import LLM, SamplingParams
 from trtcore.config import ModelConfig, load_config
@@ -115,22 +115,12 @@ def _write(v: Phi3, path: Path) -> Path:
     return path
 
 
-class _Store:
+class _Store(ModelStore):
+    """The module's checkpoints, and transformers' reference decoding of each."""
+
     def __init__(self, root: Path):
-        self.root = root
-        self._dirs: dict[str, Path] = {}
-        self._hf: dict[str, Any] = {}
+        super().__init__(root, lambda name, path: _write(PHI3[name], path))
         self._ref: dict[str, tuple[list[int], np.ndarray]] = {}
-
-    def dir(self, name: str) -> Path:
-        if name not in self._dirs:
-            self._dirs[name] = _write(PHI3[name], self.root / name)
-        return self._dirs[name]
-
-    def hf(self, name: str) -> Any:
-        if name not in self._hf:
-            self._hf[name] = load_hf(self.dir(name))
-        return self._hf[name]
 
     def reference(self, name: str) -> tuple[list[int], np.ndarray]:
         """transformers' greedy tokens and log-prob rows, decoding with its KV cache."""
@@ -211,18 +201,9 @@ def test_distinguishing_fields_change_hf_logits(store: _Store) -> None:
 
 
 def _check_generation(store: _Store, name: str, llm: LLM) -> None:
-    v = PHI3[name]
-    p = _prompt(name)
-    params = SamplingParams(temperature=0, max_tokens=GREEDY_STEPS, ignore_eos=True, logprobs=v.vocab_size)
-    [out] = llm.generate(p, params)
-    assert out.error is None
-    comp = out.outputs[0]
-    want_tokens, want_rows = store.reference(name)
-    assert list(comp.token_ids) == want_tokens
-    ours = np.array([[comp.logprobs[s][t].logprob for t in range(v.vocab_size)] for s in range(LOGPROB_STEPS)])
-    ref = want_rows[:LOGPROB_STEPS]
-    ok = np.abs(ours - ref) <= RTOL * np.maximum(1.0, np.abs(ref))
-    assert ok.all(), f"{(~ok).sum()} log-probs beyond {RTOL} relative; max abs diff {np.abs(ours - ref).max():.3g}"
+    params = SamplingParams(temperature=0, max_tokens=GREEDY_STEPS, ignore_eos=True, logprobs=PHI3[name].vocab_size)
+    [out] = llm.generate(_prompt(name), params)
+    assert_matches_hf(out, *store.reference(name), LOGPROB_STEPS, RTOL)
 
 
 @pytest.mark.parametrize("kv_cache", KV_CACHES)

@@ -518,7 +518,7 @@ class LoadReport:
             if shape:
                 shape[axis] = stop - start
             return np.zeros(shape, np.float32)
-        view = self.checkpoint.get(t.name, shape=t.shape, copy=False)  # a zero-copy view: nothing read yet (shape: synthetic weights need it)
+        view = self.checkpoint.get(t.name, shape=t.shape, copy=False)  # a zero-copy view: nothing read yet
         index = tuple(slice(start, stop) if i == axis else slice(None) for i in range(view.ndim))
         out = np.array(view[index])  # copies (reads) only the slice's bytes
         out.flags.writeable = False
