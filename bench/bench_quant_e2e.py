@@ -5,11 +5,16 @@ greedy (``bench_e2e.trtcore_tpot``), batch 1 and 16.
 Variants: bfloat16 (:class:`trtcore.cuda.synthetic.RandomWeights`), W4A16 group 128 and W8A16
 per channel (:class:`~trtcore.cuda.synthetic.RandomQuantizedWeights`: the decoder's seven
 linear layers quantized, embeddings, norms and ``lm_head`` bfloat16, as published GPTQ / AWQ
-checkpoints). Reported: TPOT, tok/s, the weight pool's bytes and the ratio of tok/s to the
-bfloat16 engine's. The issue's target: W4A16 at batch 1 on the Llama-3-8B shape at least 2.5x
-the bfloat16 engine's tok/s.
+checkpoints), FP8 W8A8 with per-tensor weight scales and static or dynamic activation scales
+(:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's
+FP8 GEMM). Reported: TPOT, tok/s, the weight pool's bytes and the ratio of tok/s to the
+bfloat16 engine's. The issue's targets: W4A16 at batch 1 on the Llama-3-8B shape at least 2.5x
+the bfloat16 engine's tok/s; FP8 throughput (256 requests, 128 in / 128 out) at least 1.5x
+bfloat16's (``--throughput 256``: every variant also streams that many requests through
+continuous batching, ``trtcore bench throughput``'s measurement, and reports output tok/s).
 
     python bench/bench_quant_e2e.py --out $OUT [--models Llama-3-8B] [--batches 1,16]
+    python bench/bench_quant_e2e.py --out $OUT --variants bfloat16,"FP8 W8A8 static" --batches 1 --throughput 256
 
 Writes ``quant_e2e.json`` under ``--out`` and prints it (one line after ``JSON:``).
 """
@@ -27,8 +32,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import _free_gpu, _model_dir, random_checkpoint, trtcore_tpot  # noqa: E402
 
-#: (label, bits, group_size (0: per channel)); bits 16: bfloat16
-VARIANTS = [("bfloat16", 16, 0), ("W4A16 g128", 4, 128), ("W8A16 per-channel", 8, 0)]
+#: (label, bits, group_size (0: per channel)); bits 16: bfloat16; bits "fp8": W8A8 FP8, group_size 1 static / 0 dynamic activations
+VARIANTS: list[tuple[str, Any, int]] = [
+    ("bfloat16", 16, 0),
+    ("W4A16 g128", 4, 128),
+    ("W8A16 per-channel", 8, 0),
+    ("FP8 W8A8 static", "fp8", 1),
+    ("FP8 W8A8 dynamic", "fp8", 0),
+]
 
 
 def main() -> int:
@@ -37,6 +48,7 @@ def main() -> int:
     ap.add_argument("--models", default="Llama-3-8B")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
+    ap.add_argument("--throughput", type=int, default=0, help="also stream this many requests (128 in / 128 out) per variant")
     args = ap.parse_args()
     from trtcore import LLM
     from trtcore.cuda import synthetic
@@ -51,18 +63,25 @@ def main() -> int:
             d = _model_dir(Path(tmp), name)
             config = synthetic.config(name)
             base: dict[int, float] = {}
+            base_tput = 0.0
             for label, bits, gs in [v for v in VARIANTS if v[0] in wanted]:
                 if bits == 16:
                     make = None
+                elif bits == "fp8":
+
+                    def make(gs: int = gs) -> Any:
+                        return synthetic.RandomFp8Weights(config, "tensor", static=bool(gs), seed=1)
+
                 else:
 
                     def make(bits: int = bits, gs: int = gs) -> Any:
                         return synthetic.RandomQuantizedWeights(config, bits, gs, seed=1)
 
                 t0 = time.perf_counter()
+                seqs = max([*batches, args.throughput])
                 with random_checkpoint(make):
-                    llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=max(batches), max_seq_len=256,
-                              max_num_tokens=max(batches) * 128, progress=False)  # fmt: skip
+                    llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
+                              max_num_tokens=max(max(batches) * 128, 8192 if args.throughput else 0), progress=False)  # fmt: skip
                 start_s = time.perf_counter() - t0
                 weight_bytes = int(llm.executor.device.pools.get("weights", 0))
                 print(f"{name} {label}: started in {start_s:.1f} s, weights {weight_bytes / 2**30:.2f} GiB", flush=True)
@@ -79,11 +98,33 @@ def main() -> int:
                         flush=True,
                     )
                     (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
+                if args.throughput:
+                    tput = throughput(llm, args.throughput)
+                    entry = {"model": name, "variant": label, "requests": args.throughput, **tput}
+                    if bits == 16:
+                        base_tput = tput["output_throughput"]
+                    entry["throughput_vs_bfloat16"] = tput["output_throughput"] / base_tput if base_tput else None
+                    results.setdefault("throughput", []).append(entry)
+                    print(f"  {args.throughput} requests 128/128: {tput['output_throughput']:.0f} output tok/s, x{entry['throughput_vs_bfloat16'] or float('nan'):.2f} vs bfloat16", flush=True)
+                    (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
                 llm.close()
                 del llm
                 _free_gpu()
     print("JSON:", json.dumps(results))
     return 0
+
+
+def throughput(llm: Any, requests: int, input_len: int = 128, output_len: int = 128) -> dict[str, Any]:
+    """``requests`` random prompts of ``input_len`` tokens streamed to ``output_len`` new tokens
+    each through continuous batching, after one warm-up run (``trtcore bench throughput``'s
+    measurement: :func:`trtcore.bench._timed_run`)."""
+    import numpy as np
+
+    from trtcore.bench import _prompts, _timed_run
+
+    prompts = _prompts(np.random.default_rng(0), requests, input_len, llm.config.vocab_size)
+    _timed_run(llm, prompts, output_len)
+    return _timed_run(llm, prompts, output_len)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,14 @@ Variants:
 * ``rtn-w8-channel``: ``trtcore quantize --bits 8 --group-size 0 --symmetric`` of the float16 folder;
 * ``rtn-w4-g64`` / ``rtn-w4-g32``: ``trtcore quantize --bits 4 --group-size 64 / 32``;
 * ``awq-w4-g64`` / ``awq-w4-g32``: the same with ``--method awq`` (trtcore's own calibration
-  text, ``trtcore/data/calibration.txt``, 512 tokens: not the scored passage).
+  text, ``trtcore/data/calibration.txt``, 512 tokens: not the scored passage);
+* ``fp8-channel-static``: ``trtcore quantize --method fp8`` (E4M3 weights with per-channel
+  scales, activations with static per-tensor scales calibrated on the same 512 tokens);
+* ``fp8-tensor-dynamic``: ``--method fp8 --strategy tensor --activations dynamic`` (vLLM's
+  on-the-fly ``quantization="fp8"``: one weight scale per tensor, activation scales per call);
+* ``fp8-channel-dynamic``: ``--method fp8 --activations dynamic``.
 
-The issue's bounds: within 5% (4-bit) and 1% (8-bit) of the bfloat16 engine's mean
+The issue's bounds: within 5% (4-bit) and 1% (8-bit, FP8) of the bfloat16 engine's mean
 log-probability.
 
     python bench/quant_quality.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
@@ -41,6 +46,9 @@ VARIANTS: list[tuple[str, int, dict[str, Any] | None]] = [
     ("rtn-w4-g32", 4, {"bits": 4, "group_size": 32}),
     ("awq-w4-g64", 4, {"method": "awq", "bits": 4, "group_size": 64}),
     ("awq-w4-g32", 4, {"method": "awq", "bits": 4, "group_size": 32}),
+    ("fp8-channel-static", 8, {"method": "fp8", "strategy": "channel"}),
+    ("fp8-tensor-dynamic", 8, {"method": "fp8", "strategy": "tensor", "activations": "dynamic"}),
+    ("fp8-channel-dynamic", 8, {"method": "fp8", "strategy": "channel", "activations": "dynamic"}),
 ]
 BOUNDS = {4: 0.05, 8: 0.01}
 

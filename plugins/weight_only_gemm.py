@@ -39,8 +39,6 @@ for K up to a few thousand, :func:`trtcore.testing.default_tolerance`).
 
 from __future__ import annotations
 
-import functools
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -52,6 +50,7 @@ from trtcore.dtypes import KERNEL_DTYPE_CODES
 from trtcore.quantization import SUPPORTED_BITS, QuantizedWeight
 
 from .base import DeviceTensor, Dim, Plugin, PluginError
+from .launcher import KernelLauncher
 
 __all__ = [
     "DECODE_MAX_M",
@@ -436,32 +435,5 @@ class WeightOnlyGemmPlugin(Plugin):
         _launch(defines, "trtcore_wq_gemm", (-(-n // _BN), -(-m // _BM)), (256,), args, stream)
 
 
-_lock = threading.Lock()
-_functions: dict[tuple[tuple[tuple[str, int], ...], str], Any] = {}
-
-
-@functools.cache
-def _compiled(defines: tuple[tuple[str, int], ...]) -> Any:
-    from trtcore import kernels
-
-    return kernels.compile_kernel("wq_gemm", defines=dict(defines))
-
-
-def _function(defines: tuple[tuple[str, int], ...], name: str, reload: bool = False) -> Any:
-    """The loaded kernel ``name`` of the variant ``defines`` (compiled once per process,
-    disk-cached; ``reload`` after the current context changed)."""
-    fn = None if reload else _functions.get((defines, name))
-    if fn is None:
-        with _lock:
-            fn = _compiled(defines).function(name)
-            _functions[(defines, name)] = fn
-    return fn
-
-
-def _launch(defines: tuple[tuple[str, int], ...], name: str, grid: tuple[int, ...], block: tuple[int, ...], args: list, stream: int) -> None:
-    try:
-        _function(defines, name).launch(grid, block, args, stream=stream, programmatic=True)  # kernels start with PDL_WAIT
-    except Exception as exc:  # loaded in another context: load it here
-        if getattr(exc, "result", None) != "CUDA_ERROR_INVALID_CONTEXT":
-            raise
-        _function(defines, name, reload=True).launch(grid, block, args, stream=stream, programmatic=True)
+_KERNELS = KernelLauncher("wq_gemm")
+_launch = _KERNELS.launch

@@ -140,7 +140,7 @@ def test_g_idx_with_unequal_groups_is_refused(tmp_path: Path) -> None:
     "config",
     [
         {"quant_method": "bitsandbytes", "load_in_4bit": True},
-        {"quant_method": "fp8", "activation_scheme": "dynamic"},
+        {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
         {"quant_method": "awq", "bits": 4, "version": "gemv"},
         {"quant_method": "gptq", "bits": 3},
         {"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"},

@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -194,10 +193,9 @@ def awq_plan(
             norm order).
         InvalidRequestError: the checkpoint has no tokenizer and no ``token_ids`` are given.
     """
-    from .calibration import DEFAULT_CALIBRATION, calibration_token_ids, capture_prefill, network_tensor_names
+    from .calibration import capture_calibration
     from .config import load_config
     from .families import family_of
-    from .llm import LLM
 
     arch_family = family_of(load_config(model_dir).model_type)
     if arch_family.builder != LLAMA_BUILDER:
@@ -205,42 +203,26 @@ def awq_plan(
             f"AWQ folds its scales into Llama-style norms and projections; {arch_family.architecture} ({arch_family.builder}) "
             "is not supported (use --method rtn)"
         )
+    groups: list[ScaleGroup] = []
 
-    path = Path(calibration) if calibration is not None else DEFAULT_CALIBRATION
-    if token_ids is None and not path.is_file():
-        raise InvalidArgumentError(f"calibration file {str(path)!r} does not exist")
-    if token_ids is not None and (not token_ids or any(not 0 < len(t) <= seq_len for t in token_ids)):
-        raise InvalidArgumentError(f"calibration token_ids must be sequences of 1 to seq_len={seq_len} ids")
-    llm = LLM(model_dir, backend="reference", dtype="float32", kv_cache="contiguous", device="cpu", max_batch_size=1,
-              max_seq_len=max(seq_len + 1, 2), progress=False)  # fmt: skip
-    try:
-        config = llm.config
-        fam = family_of(config.model_type)
+    def select(config: Any, present: set[str]) -> list[str]:
         mha = config.num_key_value_heads == config.num_attention_heads
-        groups = [g for g in LLAMA_SCALE_GROUPS if mha or not g.needs_mha]
-        present = network_tensor_names(llm)
-        layers = range(config.num_hidden_layers)
-        names = [g.input.format(i=i) for i in layers for g in groups if g.input.format(i=i) in present]
+        groups.extend(g for g in LLAMA_SCALE_GROUPS if mha or not g.needs_mha)
+        names = [g.input.format(i=i) for i in range(config.num_hidden_layers) for g in groups if g.input.format(i=i) in present]
         if not names:
             raise InvalidArgumentError(f"the {config.architecture} network has none of AWQ's input tensors ({[g.input for g in groups]})")
-        seqs = (
-            [list(t) for t in token_ids]
-            if token_ids is not None
-            else calibration_token_ids(llm, path.read_text(encoding="utf-8"), num_tokens, seq_len)
-        )
-        inputs: dict[str, list[np.ndarray]] = {n: [] for n in names}
-        for ids in seqs:
-            for n, v in capture_prefill(llm, ids, names).items():
-                inputs[n].append(np.asarray(v, np.float64).reshape(len(ids), -1))
-    finally:
-        llm.close()
+        return names
+
+    config, inputs = capture_calibration(model_dir, select, calibration, num_tokens, seq_len, token_ids)
+    fam = family_of(config.model_type)
+    layers = range(config.num_hidden_layers)
     plan = AwqPlan()
     for i in layers:
         for g in groups:
             key = g.input.format(i=i)
             if key not in inputs:
                 continue
-            x = np.concatenate(inputs.pop(key), axis=0)
+            x = inputs.pop(key)
             lin_names = [fam.tensor(r, i, ".weight") for r in g.linears]
             s, alpha, mse_rtn, mse_awq = search_scale(x, [weights.get(n) for n in lin_names], quantize, n_grid)
             plan.groups.append(GroupResult(i, g.linears, alpha, mse_rtn, mse_awq))

@@ -255,9 +255,23 @@ class _Recorded:
     def __iter__(self) -> Any:
         return iter(self.inner)
 
+    def is_quantized(self, name: str) -> bool:  # quantized random weights (RandomFp8Weights ...)
+        test = getattr(self.inner, "is_quantized", None)
+        return bool(test is not None and test(name))
 
-def _random_weights_llm(shape: str, backend: str | None, dtype: str, options: dict[str, Any], seed: int) -> tuple[Any, dict[str, np.ndarray]]:
-    """An LLM of random weights in ``shape``'s config, built in memory; and the weights."""
+    def quantized(self, name: str) -> Any:
+        return self.inner.quantized(name)
+
+
+def _random_weights_llm(
+    shape: str, backend: str | None, dtype: str, options: dict[str, Any], seed: int, quantization: str | None = None
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """An LLM of random weights in ``shape``'s config, built in memory; and the weights
+    (``quantization="fp8"``: the decoder linears FP8, :class:`trtcore.cuda.synthetic.RandomFp8Weights`).
+
+    Raises:
+        InvalidArgumentError: an unknown shape, or a quantization other than ``"fp8"``.
+    """
     from .builder import build_engine, define_network
     from .config import load_config
     from .cuda import synthetic
@@ -275,7 +289,9 @@ def _random_weights_llm(shape: str, backend: str | None, dtype: str, options: di
     folder = Path(tempfile.mkdtemp(prefix="trtcore-bench-"))
     (folder / "config.json").write_text(json.dumps(config.to_dict()))
     plan = resolve_plan(config, BuildConfig(dtype=dtype, **options), backend)
-    weights = _Recorded(synthetic.RandomWeights(seed=seed))
+    if quantization not in (None, "fp8"):
+        raise InvalidArgumentError(f"--random-weights takes --quantization fp8 or none, got {quantization!r}")
+    weights = _Recorded(synthetic.RandomFp8Weights(config, seed=seed) if quantization == "fp8" else synthetic.RandomWeights(seed=seed))
     d = define_network(load_trt(plan.backend), config, weights, plan)
     engine = EngineFile.from_network(d, build_engine(d), folder)
     del d
@@ -294,7 +310,11 @@ def _make_llm(args: argparse.Namespace, max_batch_size: int, max_seq_len: int) -
     if args.kv_cache:
         options["kv_cache"] = args.kv_cache
     if args.random_weights:
-        return _random_weights_llm(args.random_weights, args.backend, args.dtype or "bfloat16", options, args.seed)
+        if getattr(args, "quantization", None) and args.peer:
+            raise InvalidArgumentError("--peer transformers runs float weights; leave out --quantization")
+        return _random_weights_llm(
+            args.random_weights, args.backend, args.dtype or "bfloat16", options, args.seed, getattr(args, "quantization", None)
+        )
     if args.engine:
         llm = LLM(args.model, engine=args.engine, backend=args.backend, dtype=args.dtype, progress=False)
         if llm.plan.max_batch_size < max_batch_size or llm.plan.max_seq_len < max_seq_len:
@@ -305,7 +325,7 @@ def _make_llm(args: argparse.Namespace, max_batch_size: int, max_seq_len: int) -
         return llm, llm.model_dir
     if not args.model:
         raise InvalidArgumentError("give --model, --engine or --random-weights")
-    llm = LLM(args.model, backend=args.backend, dtype=args.dtype, progress=False, **options)
+    llm = LLM(args.model, backend=args.backend, dtype=args.dtype, progress=False, quantization=getattr(args, "quantization", None), **options)
     return llm, llm.model_dir
 
 

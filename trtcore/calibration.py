@@ -11,7 +11,8 @@ the statistics trtcore's calibrated quantizers (:mod:`trtcore.awq`) and ``trtcor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_CALIBRATION", "calibration_token_ids", "capture_prefill", "network_tensor_names"]
+__all__ = ["DEFAULT_CALIBRATION", "calibration_token_ids", "capture_calibration", "capture_prefill", "network_tensor_names"]
 
 #: the calibration text ``trtcore quantize --method awq`` uses by default
 DEFAULT_CALIBRATION = Path(__file__).parent / "data" / "calibration.txt"
@@ -114,3 +115,58 @@ def calibration_token_ids(llm: Any, text: str, num_tokens: int = 512, seq_len: i
     if not ids:
         raise InvalidArgumentError("the calibration text gives no token")
     return [ids[i : i + seq_len] for i in range(0, len(ids), seq_len)]
+
+
+def capture_calibration(
+    model_dir: str | os.PathLike[str],
+    select: Callable[[Any, set[str]], list[str]],
+    calibration: str | os.PathLike[str] | None = None,
+    num_tokens: int = 512,
+    seq_len: int = 256,
+    token_ids: Sequence[Sequence[int]] | None = None,
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """Run calibration text through the float checkpoint in ``model_dir`` (reference backend,
+    float32, one prefill per sequence) and capture network tensors.
+
+    Args:
+        model_dir: a Hugging Face model folder (with its tokenizer unless ``token_ids``).
+        select: ``(config, every tensor name of the network) -> names to capture``.
+        calibration: a text file (default :data:`DEFAULT_CALIBRATION`).
+        num_tokens: calibration tokens in all. seq_len: tokens per prefill.
+        token_ids: calibration sequences as token ids, instead of the text.
+
+    Returns:
+        ``(config, {name: float64 [tokens, features]})``: the model config, and each captured
+        tensor with every calibration token's row, sequences concatenated.
+
+    Raises:
+        InvalidArgumentError: the calibration file is missing or gives no token, a sequence is
+            empty or longer than ``seq_len``, or ``select`` names no tensor.
+        InvalidRequestError: the checkpoint has no tokenizer and no ``token_ids`` are given.
+    """
+    from .llm import LLM
+
+    path = Path(calibration) if calibration is not None else DEFAULT_CALIBRATION
+    if token_ids is None and not path.is_file():
+        raise InvalidArgumentError(f"calibration file {str(path)!r} does not exist")
+    if token_ids is not None and (not token_ids or any(not 0 < len(t) <= seq_len for t in token_ids)):
+        raise InvalidArgumentError(f"calibration token_ids must be sequences of 1 to seq_len={seq_len} ids")
+    llm = LLM(model_dir, backend="reference", dtype="float32", kv_cache="contiguous", device="cpu", max_batch_size=1,
+              max_seq_len=max(seq_len + 1, 2), progress=False)  # fmt: skip
+    try:
+        config = llm.config
+        names = select(config, network_tensor_names(llm))
+        if not names:
+            raise InvalidArgumentError(f"no calibration tensor to capture in the {config.architecture} network")
+        seqs = (
+            [list(t) for t in token_ids]
+            if token_ids is not None
+            else calibration_token_ids(llm, path.read_text(encoding="utf-8"), num_tokens, seq_len)
+        )
+        inputs: dict[str, list[np.ndarray]] = {n: [] for n in names}
+        for ids in seqs:
+            for n, v in capture_prefill(llm, ids, names).items():
+                inputs[n].append(np.asarray(v, np.float64).reshape(len(ids), -1))
+    finally:
+        llm.close()
+    return config, {n: np.concatenate(v, axis=0) for n, v in inputs.items()}

@@ -38,7 +38,15 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 
 
 def _add_engine(p: argparse.ArgumentParser) -> None:
+    """``--engine`` and ``--quantization`` (vLLM's name): what the LLM runs."""
+    from .quant_formats import QUANTIZATION_METHODS
+
     p.add_argument("--engine", help="run this engine file from `trtcore build` (checked against its sidecar) instead of building")
+    p.add_argument(
+        "--quantization",
+        choices=QUANTIZATION_METHODS,
+        help="the checkpoint's quantization (default: config.json's quantization_config); fp8 on a float checkpoint quantizes its linears to FP8 at load",
+    )
 
 
 def _llm(args: argparse.Namespace) -> Any:
@@ -47,7 +55,15 @@ def _llm(args: argparse.Namespace) -> Any:
 
     model = args.model if args.engine else _model_dir(args.model)  # an engine's sidecar names its model folder
     tp = getattr(args, "tensor_parallel_size", 1)
-    return LLM(model, engine=args.engine, backend=args.backend, device=args.device, tensor_parallel_size=tp, **_plan_choices(args))
+    return LLM(
+        model,
+        engine=args.engine,
+        backend=args.backend,
+        device=args.device,
+        tensor_parallel_size=tp,
+        quantization=args.quantization,
+        **_plan_choices(args),
+    )
 
 
 def _add_implementations(p: argparse.ArgumentParser, attention_default: str | None = None) -> None:
@@ -132,17 +148,25 @@ def _parser() -> argparse.ArgumentParser:
         help="keep Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K linear weights in their GGUF blocks (quantization 'gguf') instead of float16",
     )
 
-    q = sub.add_parser("quantize", help="quantize a checkpoint's linears into a compressed-tensors (pack-quantized) checkpoint")
+    q = sub.add_parser("quantize", help="quantize a checkpoint's linears into a compressed-tensors (pack-quantized / float-quantized) checkpoint")
     q.add_argument("--model", required=True, help="Hugging Face model folder (float safetensors; Llama-family architecture)")
     q.add_argument("--output", required=True, help="folder to create")
     q.add_argument(
         "--method",
         default="rtn",
-        choices=["rtn", "awq"],
-        help="rtn: round to nearest; awq: activation-aware scales from calibration text, then RTN (fp8 is not implemented yet)",
+        choices=["rtn", "awq", "fp8"],
+        help="rtn: round to nearest; awq: activation-aware scales from calibration text, then RTN; "
+        "fp8: E4M3 weights and activations (compressed-tensors float-quantized)",
     )
-    q.add_argument("--calibration", help="awq: calibration text file (default: trtcore's own, a few paragraphs of English)")
-    q.add_argument("--calibration-tokens", type=int, default=512, help="awq: calibration tokens in all (default 512)")
+    q.add_argument("--calibration", help="awq, fp8: calibration text file (default: trtcore's own, a few paragraphs of English)")
+    q.add_argument("--calibration-tokens", type=int, default=512, help="awq, fp8: calibration tokens in all (default 512)")
+    q.add_argument("--strategy", choices=["channel", "tensor"], default="channel", help="fp8: weight scales per output channel or per tensor")
+    q.add_argument(
+        "--activations",
+        choices=["static", "dynamic"],
+        default="static",
+        help="fp8: input scales calibrated (amax / 448 over the calibration text) or computed per call",
+    )
     q.add_argument("--bits", type=int, default=4, choices=[4, 8])
     q.add_argument("--group-size", type=int, default=128, help="input features per scale; 0 for one scale per output channel (default 128)")
     q.add_argument("--symmetric", action="store_true", help="no zero points")
@@ -271,6 +295,8 @@ def _quantize(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         calibration=args.calibration,
         calibration_tokens=args.calibration_tokens,
+        strategy=args.strategy,
+        activations=args.activations,
     )
     print(f"wrote {out}")
     return 0

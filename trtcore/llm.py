@@ -15,6 +15,7 @@ and ``finish_reason == "error"``. A single prompt passed on its own raises inste
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -217,9 +218,11 @@ class LLM:
             False runs one step at a time.
         quantization: the checkpoint's weight quantization (vLLM's argument): None to take
             it from ``config.json``'s ``quantization_config``, else ``"gptq"``, ``"awq"``,
-            ``"compressed-tensors"`` or ``"gguf"``, which must be what the config says
-            (:func:`trtcore.quant_formats.detect_quantization`). The result is
-            :attr:`quantization`.
+            ``"compressed-tensors"``, ``"gguf"`` or ``"fp8"``, which must be what the config says
+            (:func:`trtcore.quant_formats.detect_quantization`); ``"fp8"`` on a float
+            checkpoint quantizes the decoder linears to FP8 at load, as vLLM does (E4M3
+            weights with one scale each, activations with dynamic per-tensor scales;
+            :mod:`trtcore.fp8`). The result is :attr:`quantization`.
         attention: contiguous mode's attention: ``"layers"`` (composed standard layers) or
             ``"native"`` (TensorRT's ``IAttention`` + ``IKVCacheUpdateLayer`` over a fixed
             ``[batch, num_kv_heads, max_seq_len, head_dim]`` cache; implies
@@ -308,6 +311,8 @@ class LLM:
         self.model_dir = Path(model)
         self.config: ModelConfig = load_config(self.model_dir)
         scheme = detect_quantization(self.config.quantization_config, quantization)
+        if scheme is not None and scheme.on_the_fly:  # the build reads the scheme from the config
+            self.config = dataclasses.replace(self.config, quantization_config=scheme.config)
         #: the checkpoint's quantization method (``"gptq"`` ...), or None
         self.quantization: str | None = scheme.method if scheme else None
         self.generation_config: GenerationConfig = load_generation_config(self.model_dir, self.config)

@@ -24,6 +24,7 @@ from . import kv_modes
 from .checkpoint import LazyTensor
 from .dtypes import ENGINE_DTYPES, trt_dtype
 from .errors import InvalidArgumentError, NetworkError
+from .fp8 import E4M3, E4M3_MAX, Fp8Weight, from_e4m3
 from .kv_modes import KVMode
 from .parallel import Mapping
 from .plan import IMPLEMENTATIONS, ROPE_IN_ATTENTION
@@ -308,13 +309,13 @@ Weight = np.ndarray | LazyTensor
 def read_weight(w: Any, axis: int = 0, start: int = 0, stop: int | None = None) -> Any:
     """The slice ``[start, stop)`` along ``axis`` of a weight (all of it by default): a
     :class:`~trtcore.checkpoint.LazyTensor` reads only that slice from the checkpoint, an
-    array is sliced (a view), a :class:`~trtcore.quantization.QuantizedWeight` or None is
-    returned as it is when the whole is asked for."""
-    if w is None or (isinstance(w, QuantizedWeight) and start == 0 and stop is None):
+    array is sliced (a view), a :class:`~trtcore.quantization.QuantizedWeight`, an
+    :class:`~trtcore.fp8.Fp8Weight` or None is returned as it is when the whole is asked for."""
+    if w is None or (isinstance(w, (QuantizedWeight, Fp8Weight)) and start == 0 and stop is None):
         return w
     if isinstance(w, LazyTensor):
         return w.read(axis, start, stop)
-    if isinstance(w, QuantizedWeight):
+    if isinstance(w, (QuantizedWeight, Fp8Weight)):
         raise InvalidArgumentError("tensor parallelism does not slice quantized weights yet; use an unquantized checkpoint")
     a = np.asarray(w)
     index = [slice(None)] * a.ndim
@@ -325,7 +326,7 @@ def read_weight(w: Any, axis: int = 0, start: int = 0, stop: int | None = None) 
 def linear(
     g: Graph,
     x: Tensor,
-    weight: Weight | QuantizedWeight,
+    weight: Weight | QuantizedWeight | Fp8Weight,
     bias: Weight | None = None,
     name: str = "linear",
     parallel: str | None = None,
@@ -339,7 +340,8 @@ def linear(
             array or a :class:`~trtcore.checkpoint.LazyTensor` (then only this rank's slice is
             read); stored as a constant of the graph dtype. A
             :class:`~trtcore.quantization.QuantizedWeight` (a quantized checkpoint's linear)
-            stays quantized: :func:`weight_only_linear`.
+            stays quantized: :func:`weight_only_linear`; an :class:`~trtcore.fp8.Fp8Weight`
+            runs as an FP8 GEMM: :func:`fp8_linear`.
         bias: ``[out_features]`` or None.
         parallel: with ``g.mapping.tp_size > 1`` (Megatron-LM, arXiv:1909.08053, section 3):
             ``"column"``: this rank's even share of the output features (weight rows, bias);
@@ -361,7 +363,7 @@ def linear(
         raise InvalidArgumentError(f"{name}: parallel={parallel!r} is not one of {PARALLEL_STYLES}")
     m = g.mapping
     if m.parallel and parallel is not None:
-        if isinstance(weight, QuantizedWeight):
+        if isinstance(weight, (QuantizedWeight, Fp8Weight)):
             raise InvalidArgumentError(f"{name}: tensor parallelism does not slice quantized weights yet; use an unquantized checkpoint")
         out_f, in_f = weight.shape
         if parallel == "column":
@@ -380,6 +382,8 @@ def linear(
     bs: np.ndarray | None = read_weight(bias)
     if isinstance(wt, QuantizedWeight):
         return weight_only_linear(g, x, wt, bs, name)
+    if isinstance(wt, Fp8Weight):
+        return fp8_linear(g, x, wt, bs, name)
     if wt.ndim != 2 or (x.shape[-1] != -1 and x.shape[-1] != wt.shape[1]):
         raise NetworkError(f"{name}: weight {wt.shape} does not fit input {tuple(x.shape)}")
     rank = len(x.shape)
@@ -496,6 +500,124 @@ def _weight_only_dequantize(g: Graph, x: Tensor, qw: QuantizedWeight, np_x: np.d
     c = constant(g, corr.reshape((1,) * (rank - 2) + corr.shape), "zero_point_term.weight")
     term = cast(g, matmul(g, xsum, c, transpose_b=True, name="zero_point_term"), np_x, "zero_point_term.cast")
     return add(g, y, term, "sum")
+
+
+#: implementations of :func:`fp8_linear`: trtcore's cuBLASLt plugin, or TensorRT's quantize / dequantize layers feeding a matmul
+FP8_IMPLEMENTATIONS = ("plugin", "qdq")
+#: the smallest normal float32: the floor of a dynamic activation scale (an all-zero x gives zeros for any scale)
+_MIN_SCALE = float(np.finfo(np.float32).tiny)
+
+
+def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = None, name: str = "linear", impl: str | None = None) -> Tensor:
+    """``x @ W^T + bias`` for an FP8 (E4M3) weight with x quantized to FP8 too (:mod:`trtcore.fp8`:
+    ``(e4m3(x / s_x) * s_x) @ (q_w * s_w)^T``, ``s_x`` static or dynamic).
+
+    Args:
+        x: ``[..., K]`` float16/bfloat16/float32.
+        fw: the :class:`~trtcore.fp8.Fp8Weight` ``[N, K]``.
+        bias: ``[N]`` or None (added in x's dtype).
+        impl: ``"plugin"`` (:class:`trtcore.plugins.fp8_gemm.Fp8GemmPlugin`: cuBLASLt's FP8 GEMM
+            on the GPU) or ``"qdq"``: explicit quantize / dequantize for TensorRT (strongly
+            typed): x cast to float32, ``IQuantizeLayer`` to FP8 with ``s_x`` (a constant, or
+            ``max(max|x| / 448, 2**-126)`` computed in the network), ``IDequantizeLayer`` back
+            to float32, the FP8 weight constant through an ``IDequantizeLayer`` with ``s_w``
+            (per tensor, or per channel on axis 0), a float32 matmul, a cast to x's dtype --
+            the pattern TensorRT fuses into an FP8 GEMM. On ``trtcore.reference``, which has no
+            quantize layer, ``"qdq"`` computes the same in standard layers, exactly as
+            :mod:`trtcore.fp8` defines it: ``x / s_x`` in float32, clipped to ``[-448, 448]``,
+            cast to FP8 (round to nearest even), back to float32, multiplied by the E4M3
+            weight values (float32 constants, exact), then by ``s_w`` and ``s_x``. Default:
+            ``g.implementations["fp8_gemm"]`` if set, else the plugin where the TensorRT
+            module hosts plugins and the shape suits cuBLASLt (K and N multiples of 16),
+            ``"qdq"`` otherwise.
+
+    Returns:
+        ``[..., N]`` of x's dtype, named ``name``.
+
+    Raises:
+        NetworkError: x's last dimension is not K, or the bias is not ``[N]``.
+        InvalidArgumentError: unknown ``impl``.
+    """
+    n, k = fw.shape
+    if x.shape[-1] != -1 and x.shape[-1] != k:
+        raise NetworkError(f"{name}: FP8 weight [{n}, {k}] does not fit input {tuple(x.shape)}")
+    if bias is not None and bias.shape != (n,):
+        raise NetworkError(f"{name}: bias must be [{n}], got {bias.shape}")
+    if impl is None:
+        from trtcore.plugins.base import hosts_plugins
+
+        fits = k % 16 == 0 and n % 16 == 0
+        impl = g.implementations.get("fp8_gemm") or ("plugin" if hosts_plugins(g.trt) and fits else "qdq")
+    if impl not in FP8_IMPLEMENTATIONS:
+        raise InvalidArgumentError(f"{name}: FP8 GEMM implementation {impl!r} is not one of {FP8_IMPLEMENTATIONS}")
+    np_x = _np_of(g, x)
+    with g.scope(name):
+        if impl == "plugin":
+            from trtcore.plugins.base import create
+            from trtcore.plugins.fp8_gemm import Fp8GemmPlugin
+
+            plugin, consts = Fp8GemmPlugin.from_fp8(fw)
+            parts = ("weight", "weight_scale", "input_scale")
+            tensors = [constant(g, a, part) for a, part in zip(consts, parts)]
+            y = g.named(g.network.add_plugin_v3([x, *tensors], [], create(plugin, g.trt)), "plugin")
+        else:
+            y = _fp8_qdq(g, x, fw, np_x)
+    if bias is not None:
+        y = add(g, y, constant(g, bias.reshape((1,) * (len(x.shape) - 1) + bias.shape), f"{name}.bias", np_x), name)
+    else:
+        y.name = g.unique(name)
+    return y
+
+
+def _fp8_scalar(g: Graph, value: np.ndarray | float, rank: int, name: str) -> Tensor:
+    """A float32 constant of shape ``[1] * rank``, or 0-D for ``rank=0`` (TensorRT's per-tensor scale)."""
+    c = constant(g, np.full((1,) * max(rank, 1), value, np.float32), name)
+    return c if rank else reshape(g, c, (), f"{name}.scalar")
+
+
+def _fp8_input_scale(g: Graph, xf: Tensor, fw: Fp8Weight, rank: int) -> Tensor:
+    """x's scale: the static ``input_scale`` or ``max(max|x| / 448, 2**-126)``, 0-D (``rank=0``,
+    TensorRT's quantize layer) or ``[1] * rank`` (broadcasting, the reference's emulation)."""
+    if fw.input_scale is not None:
+        return _fp8_scalar(g, fw.input_scale[0], rank, "input_scale")
+    amax = reduce(g, unary(g, xf, "ABS", "x_abs"), "MAX", list(range(len(xf.shape))), keep_dims=rank != 0, name="x_amax")
+    s = div(g, amax, _fp8_scalar(g, E4M3_MAX, rank, "e4m3_max"), "x_scale_raw")
+    return maximum(g, s, _fp8_scalar(g, _MIN_SCALE, rank, "min_scale"), "x_scale")
+
+
+def _fp8_qdq(g: Graph, x: Tensor, fw: Fp8Weight, np_x: np.dtype) -> Tensor:
+    n, k = fw.shape
+    rank = len(x.shape)
+    lead = (1,) * (rank - 2)
+    xf = x if np_x == np.float32 else cast(g, x, np.float32, "x_f32")
+    if hasattr(g.network, "add_quantize"):  # TensorRT: Q/DQ on x, DQ on the FP8 weight
+        fp8 = g.trt.DataType.FP8
+        s_x = _fp8_input_scale(g, xf, fw, 0)
+        q = g.named(g.network.add_quantize(xf, s_x, fp8), "input.quantize")
+        xd = g.named(g.network.add_dequantize(q, s_x, g.trt.float32), "input.dequantize")
+        data = np.ascontiguousarray(fw.weight)
+        g.keepalive.append(data)
+        wq = g.named(g.network.add_constant((n, k), g.trt.Weights(fp8, data.ctypes.data, n * k)), "weight")
+        per_channel = fw.per_channel
+        s_w = constant(g, fw.weight_scale, "weight_scale") if per_channel else _fp8_scalar(g, fw.weight_scale[0], 0, "weight_scale")
+        layer = g.network.add_dequantize(wq, s_w, g.trt.float32)
+        if per_channel:
+            layer.axis = 0
+        wd = g.named(layer, "weight.dequantize")
+        wd = reshape(g, wd, lead + (n, k), "weight.rank") if rank != 2 else wd
+        y = matmul(g, xd, wd, transpose_b=True, name="matmul")
+    else:  # trtcore.reference: the same arithmetic in standard layers, scales after the product
+        s_x = _fp8_input_scale(g, xf, fw, rank)
+        v = div(g, xf, s_x, "input.scaled")
+        clip = g.network.add_activation(v, g.trt.ActivationType.CLIP)
+        clip.alpha, clip.beta = -E4M3_MAX, E4M3_MAX
+        q = cast(g, g.named(clip, "input.clip"), E4M3, "input.quantize")
+        qf = cast(g, q, np.float32, "input.values")
+        w = constant(g, from_e4m3(fw.weight).astype(np.float32).reshape(lead + (n, k)), "weight.values")
+        y = matmul(g, qf, w, transpose_b=True, name="matmul")
+        y = mul(g, y, constant(g, fw.weight_scale.reshape((1,) * (rank - 1) + (-1,)), "weight_scale"), "weight_scaled")
+        y = mul(g, y, s_x, "scaled")
+    return y if np_x == np.float32 else cast(g, y, np_x, "output")
 
 
 def embedding(g: Graph, ids: Tensor, table: Weight, name: str = "embed_tokens", scale: float | None = None) -> Tensor:
@@ -1597,7 +1719,7 @@ def self_attention(
         num_kv_heads=num_kv_heads, head_dim=head_dim, scale=scale, layer_type=layer_type, sliding_window=sliding_window, softcap=softcap
     )
     if fused and head_norms is None:
-        if any(isinstance(a, QuantizedWeight) for a in weights):  # three weight-only GEMMs (own groups, act orders)
+        if any(isinstance(a, (QuantizedWeight, Fp8Weight)) for a in weights):  # three quantized GEMMs (own scales, groups, act orders)
             parts = [linear(g, x, wi, bi, f"{role}_proj") for role, wi, bi in zip("qkv", weights, bias)]
             qkv = concat(g, parts, len(x.shape) - 1, "qkv_proj")
             return cached_attention(g, layer_idx, qkv, None, None, rope=spec, **common)

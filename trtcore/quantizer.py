@@ -1,7 +1,9 @@
 """trtcore's own weight quantizer (``trtcore quantize``): round to nearest (RTN), optionally
 after AWQ's activation-aware scaling (``method="awq"``, :mod:`trtcore.awq`), written as a
 compressed-tensors ``pack-quantized`` checkpoint, which :mod:`trtcore.quant_formats` reads back
-(and vLLM and transformers load), so the linears run as weight-only GEMMs.
+(and vLLM and transformers load), so the linears run as weight-only GEMMs; or FP8
+(``method="fp8"``, :func:`fp8_tensors`), written as a compressed-tensors ``float-quantized``
+checkpoint.
 
 For every decoder linear (``q/k/v/o_proj``, ``gate/up/down_proj`` of each layer; the embedding,
 the norms and ``lm_head`` stay as they are), per output row and group of ``group_size`` input
@@ -28,6 +30,20 @@ The output folder holds ``config.json`` with the ``quantization_config``
 ``X.weight_shape``; every other tensor copied) and the model folder's other files (tokenizer,
 generation config). It is written beside the target and renamed into place
 (:func:`trtcore.fileio.atomic_folder`).
+
+FP8 (``method="fp8"``, :mod:`trtcore.fp8`): every decoder linear's weight becomes E4M3 with
+``amax / 448`` scales per output channel (``strategy="channel"``) or per tensor, and, with
+static activations (the default), each linear's input gets one scale, ``amax / 448`` of that
+input over the calibration tokens run through the float model on the reference backend
+(:func:`trtcore.calibration.capture_calibration`; the linears reading one tensor share it).
+The checkpoint is compressed-tensors ``float-quantized`` (llm-compressor's ``FP8`` scheme with
+``channel`` or ``tensor`` weights): per linear ``X``, ``X.weight`` (``F8_E4M3``),
+``X.weight_scale`` (float32 ``[N, 1]`` or ``[1]``) and ``X.input_scale`` (float32 ``[1]``,
+static only); ``quantization_config.config_groups.group_0`` holds ``weights`` ``{"num_bits": 8,
+"type": "float", "strategy", "symmetric": true, "dynamic": false}`` and ``input_activations``
+``{"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": true, "dynamic"}``.
+transformers (with the compressed-tensors package) and vLLM load it, and so does
+:mod:`trtcore.quant_formats.fp8`.
 """
 
 from __future__ import annotations
@@ -42,13 +58,16 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgumentError, UnsupportedArchitectureError
+from .fp8 import E4M3, WEIGHT_STRATEGIES, Fp8Weight, amax_scale, quantize_weight
 from .quant_formats.packing import pack_int32
 from .quantization import QuantizedWeight
 
-__all__ = ["METHODS", "quantize_checkpoint", "quantize_rtn"]
+__all__ = ["METHODS", "fp8_input_amax", "fp8_tensors", "quantize_checkpoint", "quantize_rtn"]
 
 #: ``trtcore quantize --method`` values implemented
-METHODS = ("rtn", "awq")
+METHODS = ("rtn", "awq", "fp8")
+#: FP8 activation scales: calibrated per tensor, or computed per call
+ACTIVATIONS = ("static", "dynamic")
 #: the decoder linears a Llama-family checkpoint quantizes (family roles)
 LINEAR_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json"}
@@ -121,6 +140,50 @@ def compressed_tensors_tensors(prefix: str, qw: QuantizedWeight) -> dict[str, np
     return out
 
 
+def fp8_tensors(prefix: str, fw: Fp8Weight) -> dict[str, np.ndarray]:
+    """``fw`` as the compressed-tensors ``float-quantized`` tensors of linear ``prefix``
+    (module docstring; per-channel scales as ``[N, 1]``)."""
+    out = {
+        f"{prefix}.weight": fw.weight.view(E4M3),
+        f"{prefix}.weight_scale": fw.weight_scale.reshape(-1, 1) if fw.per_channel else fw.weight_scale.copy(),
+    }
+    if fw.input_scale is not None:
+        out[f"{prefix}.input_scale"] = fw.input_scale.copy()
+    return out
+
+
+def fp8_input_amax(
+    model_dir: str | os.PathLike[str],
+    calibration: str | os.PathLike[str] | None = None,
+    num_tokens: int = 512,
+    token_ids: Sequence[Sequence[int]] | None = None,
+) -> dict[str, float]:
+    """``max|x|`` of every decoder linear's input over the calibration tokens (float model,
+    reference backend): ``{linear weight name: amax}``.
+
+    Raises:
+        InvalidArgumentError / InvalidRequestError: see :func:`trtcore.calibration.capture_calibration`.
+    """
+    from .awq import LLAMA_SCALE_GROUPS
+    from .calibration import capture_calibration
+    from .families import family_of
+
+    def select(config: Any, present: set[str]) -> list[str]:
+        return [g.input.format(i=i) for i in range(config.num_hidden_layers) for g in LLAMA_SCALE_GROUPS if g.input.format(i=i) in present]
+
+    config, inputs = capture_calibration(model_dir, select, calibration, num_tokens, token_ids=token_ids)
+    fam = family_of(config.model_type)
+    amax = {}
+    for i in range(config.num_hidden_layers):
+        for g in LLAMA_SCALE_GROUPS:
+            x = inputs.get(g.input.format(i=i))
+            if x is None:
+                raise InvalidArgumentError(f"the {config.architecture} network has no tensor {g.input.format(i=i)!r} to calibrate {g.linears}")
+            for role in g.linears:
+                amax[fam.tensor(role, i, ".weight")] = float(np.abs(x).max(initial=0.0))
+    return amax
+
+
 def _pad(codes: np.ndarray, axis: int, multiple: int) -> np.ndarray:
     extra = -codes.shape[axis] % multiple
     if not extra:
@@ -156,6 +219,8 @@ def quantize_checkpoint(
     calibration: str | os.PathLike[str] | None = None,
     calibration_tokens: int = 512,
     calibration_ids: Sequence[Sequence[int]] | None = None,
+    strategy: str = "channel",
+    activations: str = "static",
 ) -> Path:
     """Quantize the decoder linears of the checkpoint in ``model_dir`` into ``output_dir``
     (a compressed-tensors ``pack-quantized`` checkpoint; module docstring).
@@ -163,13 +228,15 @@ def quantize_checkpoint(
     Args:
         model_dir: a Hugging Face model folder (safetensors, one file or sharded).
         output_dir: the folder to write (created; replaced only with ``overwrite``).
-        method: ``"rtn"`` or ``"awq"`` (:data:`METHODS`).
-        bits, group_size, symmetric: see :func:`quantize_rtn`.
-        calibration: ``"awq"``: a text file (default
+        method: ``"rtn"``, ``"awq"`` or ``"fp8"`` (:data:`METHODS`).
+        bits, group_size, symmetric: see :func:`quantize_rtn` (not for ``"fp8"``).
+        calibration: ``"awq"`` and static ``"fp8"``: a text file (default
             :data:`trtcore.calibration.DEFAULT_CALIBRATION`).
-        calibration_tokens: ``"awq"``: calibration tokens in all.
-        calibration_ids: ``"awq"``: calibration sequences as token ids instead of a text
+        calibration_tokens: calibration tokens in all.
+        calibration_ids: calibration sequences as token ids instead of a text
             (:func:`trtcore.awq.awq_plan`'s ``token_ids``).
+        strategy: ``"fp8"``: weight scales per ``"channel"`` or per ``"tensor"``.
+        activations: ``"fp8"``: ``"static"`` (calibrated input scales) or ``"dynamic"``.
 
     Returns:
         ``output_dir``.
@@ -189,6 +256,12 @@ def quantize_checkpoint(
 
     if method not in METHODS:
         raise InvalidArgumentError(f"quantization method {method!r} is not implemented; available: {', '.join(METHODS)}")
+    if method == "fp8":
+        if strategy not in WEIGHT_STRATEGIES:
+            raise InvalidArgumentError(f"FP8 weight strategy {strategy!r} is not one of {WEIGHT_STRATEGIES}")
+        if activations not in ACTIVATIONS:
+            raise InvalidArgumentError(f"FP8 activations {activations!r}: expected one of {ACTIVATIONS}")
+        bits, group_size = 8, 0  # no group-size check below
     if bits not in (4, 8):
         raise InvalidArgumentError(f"bits must be 4 or 8, got {bits!r}")
     if group_size < 0:
@@ -216,6 +289,9 @@ def quantize_checkpoint(
                     f"{name}: K={k} is not a multiple of group_size={group_size}; choose a divisor of it{hint}, or 0 (per channel)"
                 )
         plan = None
+        amax: dict[str, float] = {}
+        if method == "fp8" and activations == "static":
+            amax = fp8_input_amax(model_dir, calibration, calibration_tokens, calibration_ids)
         if method == "awq":
             from .awq import awq_plan
 
@@ -233,24 +309,32 @@ def quantize_checkpoint(
             if name not in linears:
                 tensors[name] = edited if edited is value else edited.astype(value.dtype)
                 continue
+            if method == "fp8":
+                scale = amax_scale(amax[name]) if amax else None
+                tensors |= fp8_tensors(name.removesuffix(".weight"), quantize_weight(value, strategy, scale))
+                continue
             tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(edited, bits, group_size, symmetric))
-    raw_config["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {
-                    "num_bits": bits,
-                    "type": "int",
-                    "symmetric": bool(symmetric),
-                    "strategy": "group" if group_size else "channel",
-                    "group_size": group_size or None,
-                },
-            }
-        },
-        "ignore": ["lm_head"],
-    }
+    raw_config["quantization_config"] = (
+        _fp8_config(strategy, activations)
+        if method == "fp8"
+        else {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {
+                        "num_bits": bits,
+                        "type": "int",
+                        "symmetric": bool(symmetric),
+                        "strategy": "group" if group_size else "channel",
+                        "group_size": group_size or None,
+                    },
+                }
+            },
+            "ignore": ["lm_head"],
+        }
+    )
     with atomic_folder(output_dir, overwrite=overwrite) as tmp:
         for item in model_dir.iterdir():  # tokenizer, generation config, ...: copied as they are
             if item.is_file() and item.name not in _SKIP_FILES and not item.name.endswith(".safetensors"):
@@ -258,3 +342,23 @@ def quantize_checkpoint(
         (tmp / "config.json").write_text(json.dumps(raw_config, indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     return output_dir
+
+
+def _fp8_config(strategy: str, activations: str) -> dict[str, Any]:
+    """The compressed-tensors ``quantization_config`` of an FP8 checkpoint (module docstring)."""
+    args = {"num_bits": 8, "type": "float", "symmetric": True, "observer": "minmax"}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": args | {"strategy": strategy, "dynamic": False},
+                "input_activations": args
+                | {"strategy": "tensor", "dynamic": activations == "dynamic"}
+                | ({"observer": None} if activations == "dynamic" else {}),
+            }
+        },
+        "ignore": ["lm_head"],
+    }

@@ -6,8 +6,9 @@ through :func:`trtcore.kernels.compile_kernel` (:func:`compile_source`), cached 
 their text like trtcore's other kernels.
 
 Numerics: float16/bfloat16 values stay 16-bit in memory (``__half`` / ``__nv_bfloat16``),
-are widened to float32 when loaded, and every value is rounded to its own type where the
-layer's output type says (round to nearest even), so a fused kernel computes what the
+FP8 ones 8-bit (``__nv_fp8_e4m3``), are widened to float32 when loaded, and every value is
+rounded to its own type where the layer's output type says (round to nearest even; E4M3
+saturates at 448, as ``cuda_fp8.h``'s conversion does), so a fused kernel computes what the
 layers compute one by one; reductions, softmax and attention accumulate in float32.
 Integers compute in their own width, booleans as ``bool`` (one byte, as TensorRT stores them).
 
@@ -52,11 +53,13 @@ def compute_type(dtype: DataType) -> str:
 PREAMBLE = r"""
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 typedef long long i64;
 #include "pdl.cuh"  // PDL_WAIT / PDL_LAUNCH: every generated kernel starts with them (PDL_ENTRY)
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const __half* p) { return __half2float(*p); }
 __device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld(const __nv_fp8_e4m3* p) { return float(*p); }
 __device__ __forceinline__ int ld(const int* p) { return *p; }
 __device__ __forceinline__ long long ld(const long long* p) { return *p; }
 __device__ __forceinline__ int ld(const signed char* p) { return *p; }
@@ -65,6 +68,7 @@ __device__ __forceinline__ bool ld(const bool* p) { return *p; }
 __device__ __forceinline__ void st(float* p, float v) { *p = v; }
 __device__ __forceinline__ void st(__half* p, float v) { *p = __float2half_rn(v); }
 __device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void st(__nv_fp8_e4m3* p, float v) { *p = __nv_fp8_e4m3(v); }  // nearest even, saturating
 __device__ __forceinline__ void st(int* p, int v) { *p = v; }
 __device__ __forceinline__ void st(long long* p, long long v) { *p = v; }
 __device__ __forceinline__ void st(signed char* p, int v) { *p = (signed char)v; }
@@ -72,6 +76,7 @@ __device__ __forceinline__ void st(unsigned char* p, int v) { *p = (unsigned cha
 __device__ __forceinline__ void st(bool* p, bool v) { *p = v; }
 __device__ __forceinline__ float rnd_half(float v) { return __half2float(__float2half_rn(v)); }
 __device__ __forceinline__ float rnd_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float rnd_e4m3(float v) { return float(__nv_fp8_e4m3(v)); }
 __device__ __forceinline__ float op_max(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
 __device__ __forceinline__ float op_min(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fminf(a, b); }
 template <typename X> __device__ __forceinline__ X op_max(X a, X b) { return a > b ? a : b; }
@@ -146,6 +151,8 @@ def _rounded(expr: str, dtype: DataType) -> str:
         return f"rnd_half({expr})"
     if dtype == DataType.BF16:
         return f"rnd_bf16({expr})"
+    if dtype == DataType.FP8:
+        return f"rnd_e4m3({expr})"
     return expr
 
 

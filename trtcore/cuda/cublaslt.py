@@ -183,4 +183,96 @@ class Lt(HandleOwner):
             self.handle = 0
 
 
-__all__ = ["Candidate", "Lt", "signature"]
+#: ``cudaDataType_t`` CUDA_R_8F_E4M3
+R_8F_E4M3 = 28
+
+
+class Fp8Matmul(HandleOwner):
+    """cuBLASLt's FP8 GEMM for a row-major linear ``D[M, N] = s_a * s_b * X[M, K] @ W[N, K]^T``
+    with E4M3 ``X`` and ``W`` (NVIDIA, cuBLAS documentation, "cublasLtMatmul": FP8 needs the
+    ``TN`` form, A transposed and B not, in column-major terms: here ``A = W`` (``K x N``,
+    ``ld = K``) and ``B = X`` (``K x M``, ``ld = K``), so ``D`` is ``N x M`` column-major =
+    ``[M, N]`` row-major; ``K`` a multiple of 16, 16-byte aligned pointers). ``D`` (and ``C``,
+    unused with ``beta = 0``) is bfloat16, float16 or float32; compute and scale type float32;
+    ``s_a`` and ``s_b`` are device pointers to float32 scalars (``CUBLASLT_MATMUL_DESC_A_SCALE_POINTER``
+    / ``B_SCALE_POINTER``; null means 1). The algorithm is cuBLASLt's first heuristic
+    candidate within the workspace, chosen once per shape.
+
+    Raises (from :meth:`run`): ``nvmath.bindings.cublasLt.cuBLASLtError`` (no algorithm for
+    the shape, bad alignment), ValueError for ``K`` not a multiple of 16.
+    """
+
+    def __init__(self) -> None:
+        from nvmath.bindings import cublasLt
+
+        self._lt = cublasLt
+        self.handle = cublasLt.create()
+        self._plans: dict[tuple[int, int, int, int, int], tuple[int, int, int, int, np.ndarray]] = {}
+        self._one = np.ones(1, dtype=np.float32)
+        self._zero = np.zeros(1, dtype=np.float32)
+
+    def _set(self, obj: int, attr: Any, value: int) -> None:
+        lt = self._lt
+        buf = np.array(value, dtype=lt.get_matmul_desc_attribute_dtype(attr))
+        lt.matmul_desc_set_attribute(obj, attr, buf.ctypes.data, buf.nbytes)
+
+    def _plan(self, m: int, n: int, k: int, out_type: int, workspace_size: int) -> tuple[int, int, int, int, np.ndarray]:
+        key = (m, n, k, out_type, workspace_size)
+        got = self._plans.get(key)
+        if got is not None:
+            return got
+        lt = self._lt
+        desc = lt.matmul_desc_create(COMPUTE_32F, _R_32F)
+        D = lt.MatmulDescAttribute
+        self._set(desc, D.TRANSA, 1)
+        self._set(desc, D.TRANSB, 0)
+        a = lt.matrix_layout_create(R_8F_E4M3, k, n, k)
+        b = lt.matrix_layout_create(R_8F_E4M3, k, m, k)
+        c = lt.matrix_layout_create(out_type, n, m, n)
+        pref = lt.matmul_preference_create()
+        try:
+            P = lt.MatmulPreferenceAttribute
+            buf = np.array(workspace_size, dtype=lt.get_matmul_preference_attribute_dtype(P.MAX_WORKSPACE_BYTES))
+            lt.matmul_preference_set_attribute(pref, P.MAX_WORKSPACE_BYTES, buf.ctypes.data, buf.nbytes)
+            results = lt.MatmulHeuristicResult(1)
+            count = np.zeros(1, dtype=np.int32)
+            lt.matmul_algo_get_heuristic(self.handle, desc, a, b, c, c, pref, 1, results.ptr, count.ctypes.data)
+        finally:
+            lt.matmul_preference_destroy(pref)
+        if not int(count[0]):
+            raise RuntimeError(f"cuBLASLt has no FP8 GEMM algorithm for m={m} n={n} k={k} output type {out_type}")
+        algo = np.frombuffer(_field(results[0], "algo").tobytes(), dtype=np.uint8).copy()
+        self._plans[key] = (desc, a, b, c, algo)
+        return self._plans[key]
+
+    def run(
+        self, m: int, n: int, k: int, w_ptr: int, x_ptr: int, a_scale_ptr: int, b_scale_ptr: int, d_ptr: int, out_type: int,
+        workspace: int, workspace_size: int, stream: int,
+    ) -> None:  # fmt: skip
+        """Enqueue ``D = s_a * s_b * X @ W^T`` on ``stream`` (``out_type`` a ``cudaDataType_t``:
+        14 bfloat16, 2 float16, 0 float32)."""
+        if k % 16:
+            raise ValueError(f"cuBLASLt FP8 GEMM needs K a multiple of 16, got {k}")
+        desc, a, b, c, algo = self._plan(m, n, k, out_type, workspace_size)
+        D = self._lt.MatmulDescAttribute
+        self._set(desc, D.A_SCALE_POINTER, int(a_scale_ptr))
+        self._set(desc, D.B_SCALE_POINTER, int(b_scale_ptr))
+        self._lt.matmul(
+            self.handle, desc, self._one.ctypes.data, w_ptr, a, x_ptr, b, self._zero.ctypes.data, d_ptr, c, d_ptr, c,
+            algo.ctypes.data, workspace, workspace_size, int(stream),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Destroy the descriptors and the handle (idempotent)."""
+        lt = self._lt
+        for desc, a, b, c, _ in self._plans.values():
+            lt.matmul_desc_destroy(desc)
+            for layout in (a, b, c):
+                lt.matrix_layout_destroy(layout)
+        self._plans.clear()
+        if self.handle:
+            lt.destroy(self.handle)
+            self.handle = 0
+
+
+__all__ = ["Candidate", "Fp8Matmul", "Lt", "R_8F_E4M3", "signature"]

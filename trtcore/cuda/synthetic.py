@@ -167,3 +167,36 @@ class RandomQuantizedWeights(RandomWeights):
         scale = 0.005 * 2.0 ** (4 - self.bits)
         scales = self._code_rng.uniform(0.8 * scale, 1.2 * scale, (n, k // gs)).astype(np.float32)
         return QuantizedWeight(codes, scales, None, self.bits, gs)
+
+
+class RandomFp8Weights(RandomQuantizedWeights):
+    """:class:`RandomWeights` whose decoder linear layers are FP8 (E4M3): ``quantized(name)``
+    gives a :class:`~trtcore.fp8.Fp8Weight` of uniformly random E4M3 bit patterns (NaN
+    patterns replaced by zero) with weight scales ``0.8 .. 1.2 x 3e-4`` (about the pool's std
+    0.02) and, when ``static``, an input scale of ``0.02`` (else dynamic activation scales).
+    Embeddings, norms and ``lm_head`` stay bfloat16, as in published FP8 checkpoints.
+
+    Args:
+        config: the model's :class:`ModelConfig` (the layers' shapes).
+        strategy: ``"tensor"`` or ``"channel"`` weight scales.
+        static: a static input scale per linear (else dynamic).
+        seed: seed of the pool and the codes.
+    """
+
+    def __init__(self, config: ModelConfig, strategy: str = "tensor", static: bool = True, seed: int = 0):
+        super().__init__(config, 8, 0, seed)
+        self.strategy, self.static = strategy, bool(static)
+
+    def quantized(self, name: str) -> Any:
+        """A fresh random :class:`~trtcore.fp8.Fp8Weight` for linear ``name``."""
+        from ..fp8 import Fp8Weight
+
+        shape = self._linear(name)
+        if shape is None:
+            raise KeyError(name)
+        self._given.append(name)
+        n, k = shape
+        codes = self._code_rng.integers(0, 256, (n, k), dtype=np.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0
+        scales = self._code_rng.uniform(0.8 * 3e-4, 1.2 * 3e-4, n if self.strategy == "channel" else 1).astype(np.float32)
+        return Fp8Weight(codes, scales, np.full(1, 0.02, np.float32) if self.static else None)

@@ -1,5 +1,7 @@
 """Quantized checkpoints as they are published: GPTQ, AWQ, compressed-tensors
-``pack-quantized`` and GGUF block types, read into :class:`trtcore.quantization.QuantizedWeight`.
+``pack-quantized`` and GGUF block types, read into :class:`trtcore.quantization.QuantizedWeight`;
+FP8 (compressed-tensors ``float-quantized``, ``quant_method: "fp8"``, or a float checkpoint
+quantized at load with ``quantization="fp8"``), read into :class:`trtcore.fp8.Fp8Weight`.
 
 * :func:`detect_quantization` reads ``config.json``'s ``quantization_config`` (and checks it
   against ``LLM(quantization=...)``, vLLM's argument) into a :class:`QuantScheme`;
@@ -12,7 +14,8 @@
   dequantize layer), the float array otherwise; :func:`dequantize_for_network` turns a
   QuantizedWeight into a float weight where a float one is needed.
 
-One module per format: :mod:`.gptq`, :mod:`.awq`, :mod:`.compressed_tensors`, :mod:`.gguf_blocks`.
+One module per format: :mod:`.gptq`, :mod:`.awq`, :mod:`.compressed_tensors`, :mod:`.gguf_blocks`,
+:mod:`.fp8`.
 """
 
 from __future__ import annotations
@@ -24,21 +27,25 @@ from typing import Any
 import numpy as np
 
 from trtcore.errors import CheckpointError, InvalidArgumentError, TensorShapeError, UnsupportedQuantizationError
+from trtcore.fp8 import Fp8Weight, quantize_weight
 from trtcore.quantization import QuantizedWeight
 
 from .awq import AWQ_VERSIONS, read_awq
 from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight_args
+from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, fp8_weight_args, read_fp8
 from .gguf_blocks import BLOCKS, GGUF_TYPES, gguf_weight
 from .gptq import ZERO_OFFSETS, read_gptq
 
 #: ``quantization`` values (vLLM's names) and ``quantization_config.quant_method`` values read here
-QUANTIZATION_METHODS = ("gptq", "awq", "compressed-tensors", "gguf")
+QUANTIZATION_METHODS = ("gptq", "awq", "compressed-tensors", "gguf", "fp8")
 
 SUPPORTED_FORMATS = (
     f"gptq (checkpoint_format {' / '.join(ZERO_OFFSETS)}, bits 4/8, any group_size, sym, desc_act with g_idx); "
     f"awq (version {' / '.join(AWQ_VERSIONS)}, bits 4); "
     f"compressed-tensors (format {' / '.join(FORMATS)}, int weights, num_bits 4/8, strategy {' / '.join(STRATEGIES)}); "
-    f"gguf ({' / '.join(GGUF_TYPES)}, from trtcore convert --gguf --keep-quantized)"
+    f"gguf ({' / '.join(GGUF_TYPES)}, from trtcore convert --gguf --keep-quantized); "
+    f"FP8 E4M3: compressed-tensors (format {' / '.join(FLOAT_FORMATS)}, float weights per tensor / channel, activations per tensor) "
+    "and fp8 (weight_scale or weight_scale_inv per tensor / channel, activation_scheme static / dynamic)"
 )
 
 #: per method: the suffix that marks a quantized linear, and every tensor suffix it owns
@@ -49,6 +56,11 @@ _TENSORS = {
 }
 
 
+#: the ``quantization_config`` of a float checkpoint quantized to FP8 at load (``quantization="fp8"``
+#: without a quantization_config, as vLLM: per-tensor weight scales, dynamic activation scales)
+FP8_ON_THE_FLY = {"quant_method": "fp8", "activation_scheme": "dynamic", "on_the_fly": True}
+
+
 @dataclass(frozen=True)
 class QuantScheme:
     """A checkpoint's quantization: ``method`` (one of :data:`QUANTIZATION_METHODS`) and the
@@ -56,6 +68,16 @@ class QuantScheme:
 
     method: str
     config: dict[str, Any] = field(compare=False)
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the linears are FP8 (:class:`~trtcore.fp8.Fp8Weight`)."""
+        return self.method == "fp8" or (self.method == "compressed-tensors" and fp8_weight_args(weight_args(self.config)))
+
+    @property
+    def on_the_fly(self) -> bool:
+        """Whether a float checkpoint's linears are quantized at load (:data:`FP8_ON_THE_FLY`)."""
+        return bool(self.config.get("on_the_fly"))
 
 
 def _refuse(what: str) -> UnsupportedQuantizationError:
@@ -79,6 +101,13 @@ def _check(method: str, c: dict[str, Any]) -> None:
         # the checkpoint's format, or (newer files) each config group's
         groups = [g for g in (c.get("config_groups") or {}).values() if isinstance(g, dict)]
         formats = {c["format"]} if c.get("format") else {g.get("format") for g in groups}
+        if fp8_weight_args(weight_args(c)):
+            if not formats or not formats <= set(FLOAT_FORMATS):
+                raise _refuse(f"compressed-tensors FP8 format {c.get('format') or sorted(map(str, formats))!r}")
+            problem = check_compressed_fp8(c)
+            if problem:
+                raise _refuse(problem)
+            return
         if not formats or not formats <= set(FORMATS):
             raise _refuse(f"compressed-tensors format {c.get('format') or sorted(map(str, formats))!r}")
         args = weight_args(c)
@@ -89,6 +118,10 @@ def _check(method: str, c: dict[str, Any]) -> None:
                 raise _refuse(f"compressed-tensors weights {a!r}")
         if len({a.get("num_bits") for a in args}) > 1:
             raise _refuse("compressed-tensors config groups of different num_bits")
+    elif method == "fp8":
+        problem = check_hf_fp8(c)
+        if problem:
+            raise _refuse(problem)
     elif method == "gguf":
         types = c.get("ggml_types")
         if not isinstance(types, dict) or any(t not in GGUF_TYPES for t in types.values()):
@@ -115,6 +148,8 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
     if quantization is not None and quantization not in QUANTIZATION_METHODS:
         raise InvalidArgumentError(f"quantization={quantization!r} is not supported; expected None or one of {list(QUANTIZATION_METHODS)}")
     if quantization_config is None:
+        if quantization == "fp8":
+            return QuantScheme("fp8", dict(FP8_ON_THE_FLY))
         if quantization is not None:
             raise InvalidArgumentError(f"quantization={quantization!r}, but config.json has no quantization_config (the checkpoint is not quantized)")
         return None
@@ -146,6 +181,14 @@ class QuantizedCheckpoint:
         if scheme.method == "gguf":
             self._linears = {n[: -len(".weight")] for n in scheme.config["ggml_types"] if n in raw}
             hidden = {f"{p}.weight" for p in self._linears}
+        elif scheme.on_the_fly:  # the decoder layers' 2-D weights (norms are 1-D; embeddings and lm_head outside)
+            self._linears = {n[: -len(".weight")] for n in raw if n.endswith(".weight") and ".layers." in n and len(checkpoint.shape(n)) == 2}
+            hidden = set()
+        elif scheme.fp8:
+            self._linears = {
+                n.rsplit(".", 1)[0] for n in raw if n.endswith((".weight_scale", ".weight_scale_inv")) and f"{n.rsplit('.', 1)[0]}.weight" in raw
+            }
+            hidden = {p + s for p in self._linears for s in FP8_SUFFIXES if p + s in raw}
         else:
             marker, owned = _TENSORS[scheme.method]
             self._linears = {n[: -len(marker)] for n in raw if n.endswith(marker)}
@@ -170,8 +213,9 @@ class QuantizedCheckpoint:
         """Whether ``name`` (``X.weight``) is a quantized linear's weight."""
         return name.endswith(".weight") and name[: -len(".weight")] in self._linears
 
-    def quantized(self, name: str) -> QuantizedWeight:
-        """The quantized linear weight ``name`` (``X.weight``) in canonical form.
+    def quantized(self, name: str) -> QuantizedWeight | Fp8Weight:
+        """The quantized linear weight ``name`` (``X.weight``) in canonical form
+        (:class:`~trtcore.fp8.Fp8Weight` for FP8 schemes).
 
         Raises:
             CheckpointError: ``name`` is not a quantized weight, or its tensors are inconsistent.
@@ -180,6 +224,10 @@ class QuantizedCheckpoint:
             raise CheckpointError(f"'{name}' is not a quantized weight of {self.model_dir} ({self.scheme.method})")
         prefix = name[: -len(".weight")]
         c = self.scheme.config
+        if self.scheme.on_the_fly:
+            return quantize_weight(self.checkpoint.get(name, copy=False), "tensor")
+        if self.scheme.fp8:
+            return read_fp8(self.checkpoint, prefix)
         if self.scheme.method == "gguf":
             raw = self.checkpoint.get(name, copy=False)
             per_block, nbytes = BLOCKS[c["ggml_types"][name]]
@@ -219,7 +267,7 @@ def quantized_weights(weights: Any, quantization_config: dict[str, Any] | None, 
     return QuantizedCheckpoint(weights, scheme)
 
 
-def dequantize_for_network(weight: QuantizedWeight) -> np.ndarray:
+def dequantize_for_network(weight: QuantizedWeight | Fp8Weight) -> np.ndarray:
     """THE HOOK the weight-only GEMM plugin path replaces: a QuantizedWeight as the float
     weight the ops take today (``float32 [N, K]``, input features in their own order; the
     ops convert it to the engine dtype)."""
@@ -229,8 +277,9 @@ def dequantize_for_network(weight: QuantizedWeight) -> np.ndarray:
 def linear_weight(weights: Any, name: str, shape: tuple[int, int], *, quantized: bool = True, lazy: bool = False) -> Any:
     """A linear layer's ``[N, K]`` weight ``name`` for the network: a quantized weight
     (``weights.quantized``, e.g. :meth:`trtcore.checkpoint.LoadReport.quantized`) as its
-    :class:`~trtcore.quantization.QuantizedWeight` (``quantized=False``: dequantized,
-    :func:`dequantize_for_network`), others read as they are (``lazy=True``: unread, a
+    :class:`~trtcore.quantization.QuantizedWeight` or :class:`~trtcore.fp8.Fp8Weight`
+    (``quantized=False``: dequantized, :func:`dequantize_for_network`), others read as they
+    are (``lazy=True``: unread, a
     :class:`~trtcore.checkpoint.LazyTensor` from ``weights.lazy`` where it has one, so that a
     tensor-parallel rank reads only its slice).
 
@@ -247,6 +296,7 @@ def linear_weight(weights: Any, name: str, shape: tuple[int, int], *, quantized:
 
 
 __all__ = [
+    "FP8_ON_THE_FLY",
     "QUANTIZATION_METHODS",
     "SUPPORTED_FORMATS",
     "QuantScheme",

@@ -74,7 +74,15 @@ def make_llm_factory(args: argparse.Namespace) -> Callable[[], Any]:
         }
         if args.engine is None:
             options["kv_cache"] = "paged"  # continuous batching (an engine file brings its own)
-        return LLM(model, engine=args.engine, backend=args.backend, progress=False, gpu_memory_utilization=args.gpu_memory_utilization, **options)
+        return LLM(
+            model,
+            engine=args.engine,
+            backend=args.backend,
+            progress=False,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            quantization=getattr(args, "quantization", None),
+            **options,
+        )
 
     return make
 

@@ -1,0 +1,84 @@
+// FP8 (E4M3) linear, the parts around cuBLASLt's FP8 GEMM (trtcore_fp8_gemm plugin):
+// quantize the activations x [M, K] to E4M3 with one per-tensor scale, and (per-channel weight
+// scales) scale the GEMM's float32 result per output channel into the output type.
+//
+// Numerics (trtcore.fp8, the contract of Fp8GemmPlugin.reference):
+//   scale s: the static input scale, or (dynamic) amax / 448 in float32 (amax = max |x|; 1 when
+//            amax is 0);
+//   q = e4m3(clip(float32(x) / s, -448, 448)): IEEE float32 division (__fdiv_rn), then round to
+//       nearest, ties to even (OCP OFP8 rev. 1.0: 1 sign, 4 exponent bits of bias 7, 3 mantissa
+//       bits; 448 = S.1111.110 the largest finite value, 2^-9 the smallest subnormal).
+// The conversion is written out here (no cuda_fp8.h, which NVRTC cannot find without the full
+// toolkit headers, and the same code on every architecture).
+//
+// Kernels (each starts with PDL_WAIT(); none triggers its dependents early):
+//   trtcore_fp8_zero        amax = 0 (before trtcore_fp8_amax)
+//   trtcore_fp8_amax        amax = max |x| (atomicMax on the float's bits: non-negative floats
+//                           order as their unsigned bit patterns)
+//   trtcore_fp8_quantize    q = e4m3(x / s), and the scale s written to scale_out (cuBLASLt's
+//                           B scale pointer)
+//   trtcore_fp8_scale_rows  out[m, n] = round(d[m, n] * w_scale[n]) to the output type
+#include "dtype.cuh"
+#include "pdl.cuh"
+
+// trtcore-variants: [{"DTYPE": 0}, {"DTYPE": 1}, {"DTYPE": 2}]
+
+#define E4M3_MAX 448.0f
+
+// E4M3 bits of float32 v, saturating (|v| > 448 -> 448), round to nearest even; NaN -> 0x7f.
+__device__ __forceinline__ unsigned char e4m3_of(float v) {
+    unsigned int sign = (__float_as_uint(v) >> 24) & 0x80u;
+    float a = fabsf(v);
+    if (a != a) return (unsigned char)(sign | 0x7fu);
+    if (a >= E4M3_MAX) return (unsigned char)(sign | 0x7eu);
+    unsigned int code;
+    if (a < 0.015625f) {  // below 2^-6: subnormal, steps of 2^-9 (code 8 is 2^-6, the first normal)
+        code = (unsigned int)__float2int_rn(a * 512.0f);
+    } else {
+        int e = ((__float_as_uint(a) >> 23) & 0xff) - 127;  // floor(log2 a), -6 .. 8
+        float m = a * __uint_as_float((unsigned int)(127 - e + 3) << 23);  // a / 2^(e-3): 8 <= m < 16, exact
+        unsigned int r = (unsigned int)__float2int_rn(m);                 // 8 .. 16 (16 carries)
+        code = (unsigned int)(e + 7) * 8u + (r - 8u);
+        if (code > 0x7eu) code = 0x7eu;
+    }
+    return (unsigned char)(sign | code);
+}
+
+extern "C" __global__ void trtcore_fp8_zero(unsigned int* amax) {
+    PDL_WAIT();
+    if (threadIdx.x == 0 && blockIdx.x == 0) *amax = 0u;
+}
+
+extern "C" __global__ void trtcore_fp8_amax(const elem_t* __restrict__ x, long long n, unsigned int* amax) {
+    PDL_WAIT();
+    float m = 0.0f;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float v = fabsf(to_f32(x[i]));
+        m = v > m ? v : m;  // a NaN never wins (max|x| of finite activations)
+    }
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(m));
+}
+
+// static_scale: the input scale (float32 [1]) or null; then amax (from trtcore_fp8_amax) gives it
+extern "C" __global__ void trtcore_fp8_quantize(const elem_t* __restrict__ x, long long n, const float* static_scale,
+                                                const unsigned int* amax, float* scale_out, unsigned char* __restrict__ q) {
+    PDL_WAIT();
+    float s;
+    if (static_scale != nullptr) {
+        s = *static_scale;
+    } else {
+        float a = __uint_as_float(*amax);
+        s = a > 0.0f ? __fdiv_rn(a, E4M3_MAX) : 1.0f;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = s;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        q[i] = e4m3_of(__fdiv_rn(to_f32(x[i]), s));
+}
+
+extern "C" __global__ void trtcore_fp8_scale_rows(const float* __restrict__ d, const float* __restrict__ w_scale, long long total, int n,
+                                                  elem_t* __restrict__ out) {
+    PDL_WAIT();
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
+        out[i] = from_f32(d[i] * w_scale[i % n]);
+}

@@ -1,0 +1,234 @@
+"""FP8 (E4M3) linear: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's FP8 GEMM on Hopper / Ada.
+
+``y[..., N] = (e4m3(x / s_x) * s_x) @ (W * s_w)^T`` for an :class:`trtcore.fp8.Fp8Weight`
+(E4M3 weight, per-tensor or per-output-channel scales; the activations quantized with a
+static per-tensor scale or a dynamic one, ``max|x| / 448`` of the call's x).
+
+:meth:`Fp8GemmPlugin.enqueue` (compute capability 8.9+; ``kernels/fp8_gemm.cu``):
+
+1. dynamic scale only: ``trtcore_fp8_zero`` and ``trtcore_fp8_amax`` (``max|x|`` into the
+   workspace);
+2. ``trtcore_fp8_quantize``: x to E4M3 in the workspace, and the scale used beside it;
+3. cuBLASLt's FP8 GEMM (:class:`trtcore.cuda.cublaslt.Fp8Matmul`, TN, float32 accumulation,
+   ``A_SCALE_POINTER`` = the weight's per-tensor scale, ``B_SCALE_POINTER`` = x's scale):
+   per-tensor weights straight into the output (bfloat16 / float16 / float32); per-channel
+   weights into a float32 buffer that ``trtcore_fp8_scale_rows`` scales by ``s_w[n]`` and
+   rounds into the output.
+
+Workspace (:meth:`Fp8GemmPlugin.workspace_size`): 256 bytes of scalars, ``M * K`` E4M3 bytes,
+``M * N`` float32 (per-channel), and :data:`LT_WORKSPACE` bytes for cuBLASLt, each 256-byte
+aligned. ``K`` and ``N`` must be multiples of 16 (cuBLASLt's FP8 operands: 16-byte aligned
+leading dimensions; PyTorch's ``_scaled_mm`` asks the same).
+
+Numerical contract: :meth:`Fp8GemmPlugin.reference` is :meth:`trtcore.fp8.Fp8Weight.reference_linear`
+(float64) rounded once to x's dtype; the GPU agrees with it exactly on the E4M3 codes of x and
+to float32 accumulation error on the product (plus, per-channel, one float32 rounding of the
+unscaled sum).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from trtcore.dtypes import KERNEL_DTYPE_CODES, lookup
+from trtcore.fp8 import Fp8Weight
+
+from .base import DeviceTensor, Dim, Plugin, PluginError
+from .launcher import KernelLauncher
+
+__all__ = ["LT_WORKSPACE", "Fp8GemmPlugin"]
+
+_UINT8 = np.dtype(np.uint8)
+_FLOAT32 = np.dtype(np.float32)
+#: bytes of cuBLASLt workspace in the plugin's workspace
+LT_WORKSPACE = 8 << 20
+_ALIGN = 256
+_THREADS = 256
+
+
+def _up(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+@dataclass
+class Fp8GemmPlugin(Plugin):
+    """``y = fp8(x) @ fp8(W)^T`` (plugin ``trtcore_fp8_gemm``, version 1, namespace ``trtcore``).
+
+    Inputs (make them with :meth:`from_fp8`):
+
+    ===  ============  =====================  ===========================================
+    #    name          shape                  dtype
+    ===  ============  =====================  ===========================================
+    0    x             ``[..., K]``           float16, bfloat16 or float32
+    1    weight        ``[N, K]``             uint8 (E4M3 bits)
+    2    weight_scale  ``[1]`` or ``[N]``     float32 (``[N]`` when ``per_channel``)
+    3    input_scale   ``[1]``                float32, only when ``static_input``
+    ===  ============  =====================  ===========================================
+
+    Output: ``y [..., N]`` of x's dtype.
+
+    Fields:
+        in_features: K (a multiple of 16). out_features: N (a multiple of 16).
+        per_channel: one weight scale per output channel (else one for all).
+        static_input: the activation scale is input 3 (else dynamic, ``max|x| / 448``).
+    """
+
+    plugin_name: ClassVar[str] = "trtcore_fp8_gemm"
+    plugin_version: ClassVar[str] = "1"
+    num_outputs: ClassVar[int] = 1
+
+    in_features: int
+    out_features: int
+    per_channel: bool = False
+    static_input: bool = True
+
+    def validate(self) -> None:
+        if self.in_features <= 0 or self.in_features % 16:
+            raise PluginError(f"Fp8GemmPlugin.in_features must be a positive multiple of 16 (cuBLASLt FP8), got {self.in_features!r}")
+        if self.out_features <= 0 or self.out_features % 16:
+            raise PluginError(f"Fp8GemmPlugin.out_features must be a positive multiple of 16 (cuBLASLt FP8), got {self.out_features!r}")
+
+    @classmethod
+    def from_fp8(cls, fw: Fp8Weight) -> tuple[Fp8GemmPlugin, list[np.ndarray]]:
+        """The plugin for ``fw`` and its constant inputs (weight, weight_scale[, input_scale])."""
+        n, k = fw.shape
+        plugin = cls(k, n, fw.per_channel, fw.input_scale is not None)
+        consts = [fw.weight, fw.weight_scale] + ([fw.input_scale] if fw.input_scale is not None else [])
+        return plugin, consts
+
+    @property
+    def num_inputs(self) -> int:
+        return 3 + int(self.static_input)
+
+    def _check_count(self, n: int) -> None:
+        if n != self.num_inputs:
+            raise PluginError(f"Fp8GemmPlugin takes {self.num_inputs} inputs (x, weight, weight_scale{', input_scale' * self.static_input}), got {n}")
+
+    def output_dtypes(self, input_dtypes: Sequence[np.dtype]) -> list[np.dtype]:
+        self._check_count(len(input_dtypes))
+        d = np.dtype(input_dtypes[0])
+        if d not in KERNEL_DTYPE_CODES:
+            raise PluginError(f"Fp8GemmPlugin: x must be float16, bfloat16 or float32, got {d}")
+        return [d]
+
+    def output_shapes(self, input_shapes: Sequence[Sequence[Dim]]) -> list[list[Dim]]:
+        self._check_count(len(input_shapes))
+        x = list(input_shapes[0])
+        if not x:
+            raise PluginError("Fp8GemmPlugin: x must have rank >= 1 ([..., in_features])")
+        last = getattr(x[-1], "value", x[-1])
+        if isinstance(last, int) and last >= 0 and last != self.in_features:
+            raise PluginError(f"Fp8GemmPlugin: x's last dimension is {last}, expected in_features={self.in_features}")
+        return [x[:-1] + [Dim(self.out_features)]]
+
+    def supports(self, pos: int, dtypes: Sequence[np.dtype], num_inputs: int) -> bool:
+        if num_inputs != self.num_inputs:
+            return False
+        d = np.dtype(dtypes[pos])
+        if pos == 0:
+            return d in KERNEL_DTYPE_CODES
+        if pos >= num_inputs:
+            return d == np.dtype(dtypes[0])
+        return d == (_UINT8 if pos == 1 else _FLOAT32)
+
+    # --- numerics (the contract) -----------------------------------------------------------------
+
+    def fp8_weight(self, *constants: np.ndarray) -> Fp8Weight:
+        """The :class:`Fp8Weight` the constant inputs hold (made once while the same arrays
+        come back, as the reference backend's constants do: its dequantized weight is reused)."""
+        if len(constants) != self.num_inputs - 1:
+            raise PluginError(f"Fp8GemmPlugin: expected {self.num_inputs - 1} constant inputs, got {len(constants)}")
+        arrays = [np.asarray(c) for c in constants]
+        key = tuple((id(a), a.__array_interface__["data"][0], a.shape) for a in arrays)
+        cached = self.__dict__.get("_weight")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        w, s = arrays[0], arrays[1].astype(np.float32).reshape(-1)
+        fw = Fp8Weight(w, s, arrays[2].astype(np.float32).reshape(1) if self.static_input else None)
+        self.__dict__["_weight"] = (key, fw, arrays)  # the arrays held: their ids stay theirs
+        return fw
+
+    def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """float64 NumPy (:meth:`trtcore.fp8.Fp8Weight.reference_linear`) rounded once to x's dtype.
+
+        Raises:
+            PluginError: wrong input count or x's last dimension is not in_features.
+        """
+        self._check_count(len(inputs))
+        x = np.asarray(inputs[0])
+        if x.shape[-1:] != (self.in_features,):
+            raise PluginError(f"Fp8GemmPlugin: x {x.shape} must end in in_features={self.in_features}")
+        return [self.fp8_weight(*inputs[1:]).reference_linear(x).astype(x.dtype)]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields only (the reference's cached weight stays out of pickled plans)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_weight"}
+
+    # --- GPU ---------------------------------------------------------------------------------------
+
+    def _layout(self, m: int) -> tuple[int, int, int, int]:
+        """Workspace offsets ``(xq, d32, lt, total)`` for ``m`` rows (scalars at 0: amax, scale)."""
+        xq = _ALIGN
+        d32 = xq + _up(m * self.in_features)
+        lt = d32 + (_up(m * self.out_features * 4) if self.per_channel else 0)
+        return xq, d32, lt, lt + LT_WORKSPACE
+
+    def workspace_size(self, inputs: Sequence[tuple[tuple[int, ...], np.dtype]], outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
+        m = int(np.prod(inputs[0][0][:-1], dtype=np.int64))
+        return self._layout(m)[3]
+
+    def enqueue(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], workspace: int, stream: int) -> None:
+        """Quantize x, then cuBLASLt's FP8 GEMM (module docstring); on ``stream``, no allocation,
+        no sync.
+
+        Raises:
+            PluginError: unsupported dtype or no workspace.
+        """
+        self._check_count(len(inputs))
+        x, out = inputs[0], outputs[0]
+        dtype = np.dtype(x.dtype)
+        if dtype not in KERNEL_DTYPE_CODES:
+            raise PluginError(f"Fp8GemmPlugin.enqueue: x dtype {dtype} not supported")
+        m = int(np.prod(x.shape[:-1], dtype=np.int64))
+        if m == 0:
+            return
+        if not workspace:
+            raise PluginError("Fp8GemmPlugin.enqueue: no workspace given (see workspace_size)")
+        n, k = self.out_features, self.in_features
+        xq_off, d_off, lt_off, _ = self._layout(m)
+        amax, scale = workspace, workspace + 4
+        defines = (("DTYPE", KERNEL_DTYPE_CODES[dtype]),)
+        blocks = max(1, min(1024, -(-m * k // _THREADS)))
+        if not self.static_input:
+            _launch(defines, "trtcore_fp8_zero", (1,), (32,), [(amax, "ptr")], stream)
+            _launch(defines, "trtcore_fp8_amax", (blocks,), (_THREADS,), [(x.ptr, "ptr"), (m * k, "i64"), (amax, "ptr")], stream)
+        static = inputs[3].ptr if self.static_input else 0
+        args = [(x.ptr, "ptr"), (m * k, "i64"), (static, "ptr"), (amax, "ptr"), (scale, "ptr"), (workspace + xq_off, "ptr")]
+        _launch(defines, "trtcore_fp8_quantize", (blocks,), (_THREADS,), args, stream)
+        w_scale = 0 if self.per_channel else inputs[2].ptr
+        target, out_type = (workspace + d_off, 0) if self.per_channel else (out.ptr, lookup(dtype).cuda_data_type)
+        _matmul().run(m, n, k, inputs[1].ptr, workspace + xq_off, w_scale, scale, target, out_type, workspace + lt_off, LT_WORKSPACE, stream)
+        if self.per_channel:
+            args = [(workspace + d_off, "ptr"), (inputs[2].ptr, "ptr"), (m * n, "i64"), (n, "i32"), (out.ptr, "ptr")]
+            _launch(defines, "trtcore_fp8_scale_rows", (max(1, min(1024, -(-m * n // _THREADS))),), (_THREADS,), args, stream)
+
+
+_KERNELS = KernelLauncher("fp8_gemm")
+_launch = _KERNELS.launch
+_local = threading.local()
+
+
+def _matmul() -> Any:
+    """This thread's cuBLASLt FP8 matmul (one handle per thread, made on first use; cuBLASLt
+    handles are not bound to a stream, the stream is an argument of each matmul)."""
+    mm = getattr(_local, "fp8", None)
+    if mm is None:
+        from trtcore.cuda.cublaslt import Fp8Matmul
+
+        mm = _local.fp8 = Fp8Matmul()
+    return mm

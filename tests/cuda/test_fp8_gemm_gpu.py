@@ -1,0 +1,159 @@
+"""The FP8 linear on the GPU (marker ``gpu``; skipped with the reason without CuPy or a GPU,
+and below compute capability 8.9, which has no FP8 tensor cores):
+
+* ``kernels/fp8_gemm.cu``'s quantize kernel gives exactly the E4M3 codes of ml_dtypes' round to
+  nearest even (every tie between neighbouring E4M3 values, saturation, subnormals, random
+  values; static and dynamic scale, the amax kernel's ``max|x|``);
+* the ``trtcore_fp8_gemm`` plugin (quantize + cuBLASLt FP8 GEMM + per-channel epilogue) against
+  its float64 reference through :func:`trtcore.testing.check_plugin` (NaN-poisoned output, two
+  identical runs), per-tensor / per-channel weights, static / dynamic activations, float16,
+  bfloat16 and float32 x, M from 1 to 300. Tolerance: one output ulp at ``max|y|`` plus
+  ``2**-10`` relative (cuBLASLt's FP8 accumulation on Hopper is float32 with periodic
+  promotion; a wrong scale, layout or code is off by far more);
+* a tiny FP8 Llama (``trtcore quantize --method fp8``, static and dynamic activations) on
+  ``backend="cuda"`` (CUDA graphs on, so the plugin is captured): greedy tokens and
+  log-probabilities equal the reference backend's (float32);
+* the Q/DQ form (no plugin) compiled by the cuda backend equals the reference's evaluation.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from trtcore import fp8
+from trtcore.testing import check_plugin, default_tolerance, gpu_status
+
+pytestmark = pytest.mark.gpu
+
+OK, WHY = gpu_status()
+if not OK:
+    pytest.skip(WHY, allow_module_level=True)
+
+from trtcore.gpu import compute_capability  # noqa: E402
+
+if compute_capability(0) < (8, 9):
+    pytest.skip(f"FP8 GEMMs need compute capability 8.9+, this GPU is {compute_capability(0)}", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+from trtcore.plugins.fp8_gemm import _KERNELS, Fp8GemmPlugin  # noqa: E402
+
+
+def _quantize_on_gpu(x: np.ndarray, scale: float | None) -> tuple[np.ndarray, float]:
+    """E4M3 codes and the scale from the quantize kernel (dynamic: amax kernel first)."""
+    defines = (("DTYPE", 0),)
+    xd = cp.asarray(x.astype(np.float32))
+    n = x.size
+    q = cp.zeros(n, cp.uint8)
+    scalars = cp.zeros(2, cp.uint32)  # amax bits, then the scale
+    static = cp.asarray(np.array([scale or 1.0], np.float32))
+    amax_ptr, scale_ptr = scalars.data.ptr, scalars.data.ptr + 4
+    stream = cp.cuda.Stream(non_blocking=True)
+    blocks = max(1, min(1024, -(-n // 256)))
+    if scale is None:
+        _KERNELS.launch(defines, "trtcore_fp8_zero", (1,), (32,), [(amax_ptr, "ptr")], stream.ptr)
+        _KERNELS.launch(defines, "trtcore_fp8_amax", (blocks,), (256,), [(xd.data.ptr, "ptr"), (n, "i64"), (amax_ptr, "ptr")], stream.ptr)
+    args = [(xd.data.ptr, "ptr"), (n, "i64"), (static.data.ptr if scale else 0, "ptr"), (amax_ptr, "ptr"), (scale_ptr, "ptr"), (q.data.ptr, "ptr")]
+    _KERNELS.launch(defines, "trtcore_fp8_quantize", (blocks,), (256,), args, stream.ptr)
+    stream.synchronize()
+    return cp.asnumpy(q).reshape(x.shape), float(cp.asnumpy(scalars).view(np.float32)[1])
+
+
+def test_quantize_kernel_codes_are_exact() -> None:
+    rng = np.random.default_rng(0)
+    values = fp8.from_e4m3(np.arange(0x7F, dtype=np.uint8))  # +0 .. 448
+    mids = (values[:-1] + values[1:]) / 2  # every tie
+    x = np.concatenate([mids, -mids, values, rng.normal(0, 100, 5000), rng.normal(0, 1e-3, 2000), [449.0, 464.0, 465.0, 1e9, -1e9, 0.0]])
+    codes, s = _quantize_on_gpu(x, 1.0)
+    assert s == 1.0
+    np.testing.assert_array_equal(codes, fp8.to_e4m3(x))
+    codes, s = _quantize_on_gpu(x * 0.37, 0.37)
+    np.testing.assert_array_equal(codes, fp8.quantize(x * 0.37, np.float32(0.37)))
+
+
+def test_dynamic_scale_is_amax_over_448() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.normal(0, 3, 100_000).astype(np.float32)
+    x[12345] = -77.5
+    codes, s = _quantize_on_gpu(x, None)
+    assert s == float(fp8.amax_scale(77.5))
+    np.testing.assert_array_equal(codes, fp8.quantize(x, np.float32(s)))
+    _, s0 = _quantize_on_gpu(np.zeros(1000), None)
+    assert s0 == 1.0
+
+
+DTYPES = [np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)]
+CASES = [  # (N, K, per_channel, static)
+    (256, 4096, False, True),
+    (4096, 1024, True, True),
+    (1008, 512, True, False),
+    (96, 64, False, False),
+]
+
+
+@pytest.mark.parametrize("m", [1, 7, 64, 300])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_plugin_matches_reference(case: tuple, dtype: np.dtype, m: int) -> None:
+    n, k, per_channel, static = case
+    rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), m)).encode()))
+    w = rng.normal(0, 0.05, (n, k)) * rng.uniform(0.2, 5, (n, 1))
+    fw = fp8.quantize_weight(w, "channel" if per_channel else "tensor", 3.0 / 448 if static else None)
+    plugin, consts = Fp8GemmPlugin.from_fp8(fw)
+    specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in consts]
+    check_plugin(plugin, specs, rtol=default_tolerance(dtype)[0] + 2.0**-10)
+
+
+@pytest.mark.parametrize("activations", ["static", "dynamic"])
+def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations: str) -> None:
+    """The quantizer's FP8 checkpoint on ``backend="cuda"`` (CUDA graphs on) against the
+    reference backend (the float64 FP8 contract, itself held to transformers in
+    tests/test_fp8_model.py; compressed-tensors need not be installed here): the same greedy
+    tokens, and log-probabilities within 1e-3."""
+    from hf_models import VARIANTS, random_prompt, write_checkpoint
+
+    from trtcore import LLM, SamplingParams
+    from trtcore.quantizer import quantize_checkpoint
+
+    v = VARIANTS["llama3_rope"]
+    src = write_checkpoint(v, tmp_path / "src")
+    rng = np.random.default_rng(0)
+    calibration = [random_prompt(rng, 24, v.vocab_size) for _ in range(3)]
+    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", activations=activations, calibration_ids=calibration)
+    prompt = random_prompt(np.random.default_rng(7), 12, v.vocab_size)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
+    results = []
+    for backend in ("reference", "cuda"):
+        llm = LLM(out, backend=backend, dtype="float32", max_batch_size=1, max_seq_len=128, progress=False)  # no padded rows in a dynamic amax
+        [res] = llm.generate([prompt], params)
+        llm.close()
+        results.append(res.outputs[0])
+    ref, got = results
+    assert got.token_ids == ref.token_ids
+    for a, b in zip(ref.logprobs, got.logprobs):
+        for t, lp in a.items():
+            assert abs(b[t].logprob - lp.logprob) < 1e-3, (t, lp, b[t])
+
+
+@pytest.mark.parametrize(("strategy", "input_scale"), [("channel", None), ("tensor", 2.0 / 448)])
+def test_qdq_linear_on_the_cuda_engine_equals_the_reference(strategy: str, input_scale: float | None) -> None:
+    """The Q/DQ form (``impl="qdq"``: no plugin) compiled by the cuda backend, against the
+    reference backend's evaluation of the same network (bfloat16 x, 37 tokens)."""
+    from test_engine_gpu import Run, compare, engine_of
+    from test_fp8 import _qdq_net
+
+    import trtcore.cuda as tc
+    from trtcore.reference.evaluator import evaluate
+
+    net, _ = _qdq_net(tc, strategy, input_scale)
+    x = np.random.default_rng(11).normal(0, 1, (37, 64)).astype(ml_dtypes.bfloat16)
+    ref = evaluate(net, {"x": x.copy()})["y"]
+    run = Run(cp, engine_of(net, {"x": ((1, 64), (16, 64), (64, 64))}))
+    run.feed({"x": x})
+    run.execute()
+    compare("y", run.output("y"), ref)

@@ -1,0 +1,239 @@
+"""FP8 (E4M3) quantization (:mod:`trtcore.fp8`) against a float64 implementation written from
+the OCP 8-bit floating point specification (OFP8 rev. 1.0): bit patterns decoded from the
+field layout, rounding by nearest search over every finite value with ties to the even
+mantissa, saturation at 448; and the FP8 linear in the network (``ops.fp8_linear``: the
+plugin's NumPy reference and the Q/DQ layers on the reference backend; ``tensorrt_rtx`` builds
+the Q/DQ variant)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtcore import fp8
+from trtcore.errors import InvalidArgumentError
+
+
+def spec_decode(bits: int) -> float:
+    """E4M3 value of an 8-bit pattern (OCP OFP8: S.EEEE.MMM, bias 7, subnormals at E = 0,
+    S.1111.111 is NaN, no infinities)."""
+    s, e, m = bits >> 7, (bits >> 3) & 0xF, bits & 7
+    if e == 0xF and m == 7:
+        return float("nan")
+    mag = (m / 8) * 2.0 ** (1 - 7) if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+    return -mag if s else mag
+
+
+SPEC_VALUES = np.array([spec_decode(b) for b in range(256)])
+FINITE = [b for b in range(256) if not np.isnan(SPEC_VALUES[b])]
+
+
+def spec_encode(x: float) -> int:
+    """The E4M3 pattern nearest to ``x`` (saturated to +-448), ties to the even mantissa."""
+    x = min(max(x, -448.0), 448.0)
+    dist = [abs(SPEC_VALUES[b] - x) for b in FINITE]
+    best = min(dist)
+    ties = [b for b, d in zip(FINITE, dist) if d == best]
+    if len(ties) > 1:  # a tie between two neighbours (or +0 / -0): the even mantissa, then the sign of x
+        even = [b for b in ties if b & 1 == 0]
+        ties = even if len(even) == 1 else [b for b in even if (b >> 7) == (x < 0 or (x == 0 and np.signbit(x)))] or even
+    return ties[0]
+
+
+def test_decoding_matches_the_spec() -> None:
+    ours = fp8.from_e4m3(np.arange(256, dtype=np.uint8))
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(SPEC_VALUES))
+    finite = ~np.isnan(SPEC_VALUES)
+    np.testing.assert_array_equal(ours[finite], SPEC_VALUES[finite])
+    assert SPEC_VALUES[0x7E] == fp8.E4M3_MAX == 448.0 and SPEC_VALUES[1] == 2.0**-9
+
+
+def test_rounding_matches_the_spec_including_ties_and_saturation() -> None:
+    rng = np.random.default_rng(0)
+    pos = SPEC_VALUES[[b for b in FINITE if b < 0x80]]
+    mids = (pos[:-1] + pos[1:]) / 2  # every tie between neighbours, exactly representable in float32
+    x = np.concatenate([rng.normal(0, 30, 400), rng.normal(0, 0.01, 200), mids, -mids, [460.0, 500, -1e6, 464.0, 448, 0.0]]).astype(np.float32)
+    got = fp8.to_e4m3(x)
+    want = np.array([spec_encode(float(v)) for v in x], np.uint8)
+    mismatch = np.flatnonzero(got != want)
+    assert mismatch.size == 0, [(float(x[i]), int(got[i]), int(want[i])) for i in mismatch[:5]]
+
+
+def test_quantize_weight_per_channel_and_per_tensor() -> None:
+    rng = np.random.default_rng(1)
+    w = rng.normal(0, 0.05, (24, 32)) * rng.uniform(0.1, 10, (24, 1))
+    w[3] = 0.0  # an all-zero row gets scale 1
+    for strategy in ("channel", "tensor"):
+        fw = fp8.quantize_weight(w, strategy)
+        amax = np.abs(w).max(axis=1) if strategy == "channel" else np.full(1, np.abs(w).max())
+        scale = np.where(amax > 0, amax / 448, 1.0).astype(np.float32)
+        np.testing.assert_array_equal(fw.weight_scale, scale)
+        s = scale.astype(np.float64)[:, None]
+        codes = np.array(
+            [[spec_encode(float(np.float32(v) / np.float32(si))) for v in row] for row, si in zip(w, np.broadcast_to(s, (24, 1)).ravel())]
+        )
+        np.testing.assert_array_equal(fw.weight, codes)
+        np.testing.assert_array_equal(fw.dequantize(), SPEC_VALUES[codes] * s)
+        assert np.abs(fw.dequantize() - w).max() <= np.abs(w).max() / 16  # 3 mantissa bits
+
+
+def test_reference_linear_static_and_dynamic() -> None:
+    rng = np.random.default_rng(2)
+    w = rng.normal(0, 0.1, (16, 32))
+    x = rng.normal(0, 2, (3, 5, 32)).astype(np.float32)
+    for input_scale in (0.02, None):
+        fw = fp8.quantize_weight(w, "channel", input_scale)
+        s_x = np.float32(input_scale) if input_scale is not None else np.float32(np.abs(x).max() / 448)
+        xq = np.array([spec_encode(float(v / s_x)) for v in x.ravel()]).reshape(x.shape)
+        want = (SPEC_VALUES[xq] * float(s_x)) @ fw.dequantize().T
+        np.testing.assert_allclose(fw.reference_linear(x), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"weight": np.zeros((2, 4), np.float32), "weight_scale": np.ones(1, np.float32)}, "uint8"),
+        ({"weight": np.zeros((2, 4), np.uint8), "weight_scale": np.ones(3, np.float32)}, r"\[1\] or \[2\]"),
+        ({"weight": np.zeros((2, 4), np.uint8), "weight_scale": np.zeros(1, np.float32)}, "positive"),
+        ({"weight": np.full((2, 4), 0x7F, np.uint8), "weight_scale": np.ones(1, np.float32)}, "NaN"),
+        ({"weight": np.zeros((2, 4), np.uint8), "weight_scale": np.ones(1, np.float32), "input_scale": np.ones(2, np.float32)}, "input_scale"),
+    ],
+)
+def test_bad_fp8_weight_is_refused(kwargs: dict, match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        fp8.Fp8Weight(**kwargs)
+
+
+def test_bad_strategy_and_amax() -> None:
+    with pytest.raises(InvalidArgumentError, match="strategy 'group'"):
+        fp8.quantize_weight(np.ones((2, 2)), "group")
+    with pytest.raises(InvalidArgumentError, match="amax"):
+        fp8.amax_scale(-1.0)
+
+
+# --- the FP8 linear in networks -----------------------------------------------------------------
+
+
+def _run_linear(trt_name: str, fw: fp8.Fp8Weight, x: np.ndarray, impl: str, dtype: str = "float32") -> np.ndarray:
+    from trtcore import ops
+    from trtcore.dtypes import numpy_dtype
+    from trtcore.reference.evaluator import evaluate
+    from trtcore.trt import load_trt
+
+    trt = load_trt(trt_name)
+    network = trt.Builder(trt.Logger()).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    g = ops.Graph(trt, network, dtype)
+    xi = g.input("x", numpy_dtype(dtype), x.shape)
+    y = ops.linear(g, xi, fw, None, "proj") if impl == "auto" else ops.fp8_linear(g, xi, fw, None, "proj", impl=impl)
+    g.output(y, "y")
+    return evaluate(network, {"x": x.astype(numpy_dtype(dtype))})["y"]
+
+
+@pytest.mark.parametrize("impl", ["plugin", "qdq"])
+@pytest.mark.parametrize(("strategy", "input_scale"), [("channel", 0.03), ("tensor", None), ("channel", None)])
+def test_fp8_linear_on_the_reference_backend(impl: str, strategy: str, input_scale: float | None) -> None:
+    rng = np.random.default_rng([3, len(impl), len(strategy)])
+    w = rng.normal(0, 0.1, (32, 48)) * rng.uniform(0.2, 3, (32, 1))
+    fw = fp8.quantize_weight(w, strategy, input_scale)
+    x = rng.normal(0, 1.5, (2, 3, 48)).astype(np.float32)
+    s_x = input_scale if input_scale is not None else float(np.float32(np.abs(x).max() / 448))
+    xq = np.array([spec_encode(float(np.float32(v) / np.float32(s_x))) for v in x.ravel()]).reshape(x.shape)
+    want = (SPEC_VALUES[xq] * np.float64(np.float32(s_x))) @ (SPEC_VALUES[fw.weight] * fw.weight_scale.astype(np.float64)[:, None]).T
+    got = _run_linear("reference", fw, x, impl)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+
+
+def test_fp8_linear_bfloat16_rounds_once() -> None:
+    rng = np.random.default_rng(4)
+    fw = fp8.quantize_weight(rng.normal(0, 0.1, (16, 32)), "tensor", 0.01)
+    x = rng.normal(0, 1, (4, 32)).astype(np.float32)
+    import ml_dtypes
+
+    xb = x.astype(ml_dtypes.bfloat16)
+    got = _run_linear("reference", fw, x, "plugin", "bfloat16")
+    want = fw.reference_linear(xb.astype(np.float32))
+    np.testing.assert_array_equal(got, want.astype(ml_dtypes.bfloat16))
+    qdq = _run_linear("reference", fw, x, "qdq", "bfloat16").astype(np.float64)
+    np.testing.assert_allclose(qdq, want, rtol=2**-7, atol=2**-7 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("input_scale", [0.05, None])
+@pytest.mark.parametrize("strategy", ["tensor", "channel"])
+def test_tensorrt_rtx_builds_the_qdq_linear(strategy: str, input_scale: float | None) -> None:
+    trt = pytest.importorskip("tensorrt_rtx")
+    from trtcore import ops
+
+    rng = np.random.default_rng(5)
+    fw = fp8.quantize_weight(rng.normal(0, 0.1, (32, 64)), strategy, input_scale)
+    network = trt.Builder(trt.Logger(trt.Logger.ERROR)).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    g = ops.Graph(trt, network, "bfloat16")
+    import ml_dtypes
+
+    x = g.input("x", ml_dtypes.bfloat16, (-1, 64))
+    g.output(ops.linear(g, x, fw, rng.normal(0, 1, 32).astype(np.float32), "proj"), "y")
+    kinds = [str(network.get_layer(i).type).rsplit(".", 1)[-1] for i in range(network.num_layers)]
+    assert kinds.count("QUANTIZE") == 1 and kinds.count("DEQUANTIZE") == 2
+    builder = trt.Builder(trt.Logger(trt.Logger.ERROR))
+    cfg = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    profile.set_shape("x", (1, 64), (8, 64), (16, 64))
+    cfg.add_optimization_profile(profile)
+    cfg.num_compute_capabilities = 1
+    cfg.set_compute_capability(trt.ComputeCapability.SM89, 0)
+    plan = builder.build_serialized_network(network, cfg)
+    assert plan is not None and plan.nbytes > 1000
+
+
+def _qdq_net(trt: object, strategy: str, input_scale: float | None) -> tuple[object, fp8.Fp8Weight]:
+    import ml_dtypes
+
+    from trtcore import ops
+
+    fw = fp8.quantize_weight(np.random.default_rng(6).normal(0, 0.1, (40, 64)), strategy, input_scale)
+    network = trt.Builder(trt.Logger()).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))  # type: ignore[attr-defined]
+    g = ops.Graph(trt, network, "bfloat16")
+    x = g.input("x", ml_dtypes.bfloat16, (-1, 64))
+    g.output(ops.fp8_linear(g, x, fw, None, "proj", impl="qdq"), "y")
+    return network, fw
+
+
+def test_cuda_backend_compiles_the_qdq_linear_with_e4m3_rounding() -> None:
+    """On the cuda backend the Q/DQ emulation's cast to FP8 rounds to E4M3 inside the fused
+    kernel (``rnd_e4m3``, cuda_fp8.h's saturating nearest-even conversion), and every generated
+    kernel compiles with NVRTC for sm_80, sm_89 and sm_90 (no GPU needed)."""
+    import trtcore.cuda as tc
+    from trtcore.cuda import codegen
+    from trtcore.cuda.builder import compile_network
+
+    net, _ = _qdq_net(tc, "channel", None)
+    b = tc.Builder(tc.Logger(tc.Logger.ERROR))
+    cfg = b.create_builder_config()
+    prof = b.create_optimization_profile()
+    prof.set_shape("x", (1, 64), (4, 64), (16, 64))
+    cfg.add_optimization_profile(prof)
+    plan = compile_network(net, cfg, None, arch=None)
+    body = [ks.source.split("float rnd_e4m3(float v)", 1)[1] for ks in plan.sources.values()]
+    assert any("rnd_e4m3(" in s for s in body)
+    for ks in plan.sources.values():
+        for arch in ("sm_80", "sm_89", "sm_90"):
+            assert ks.function in codegen.compile_source(ks, arch).symbols
+
+
+def test_plugin_needs_multiples_of_16_and_ops_fall_back_to_qdq() -> None:
+    from trtcore import ops
+    from trtcore.plugins.base import PluginError
+    from trtcore.plugins.fp8_gemm import Fp8GemmPlugin
+    from trtcore.trt import load_trt
+
+    with pytest.raises(PluginError, match="in_features must be a positive multiple of 16"):
+        Fp8GemmPlugin(40, 32)
+    with pytest.raises(PluginError, match="out_features must be a positive multiple of 16"):
+        Fp8GemmPlugin(32, 40)
+    trt = load_trt("reference")
+    for n, kind in ((32, "Fp8GemmPlugin"), (40, None)):
+        network = trt.Builder(trt.Logger()).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        g = ops.Graph(trt, network, "float32")
+        fw = fp8.quantize_weight(np.ones((n, 32)), "tensor")
+        ops.linear(g, g.input("x", np.float32, (-1, 32)), fw, None, "proj")
+        plugins = [type(network.get_layer(i).plugin).__name__ for i in range(network.num_layers) if hasattr(network.get_layer(i), "plugin")]
+        assert plugins == ([kind] if kind else [])

@@ -1,0 +1,243 @@
+"""Tiny FP8 Llamas end to end (reference backend): ``trtcore quantize --method fp8`` writes a
+compressed-tensors ``float-quantized`` checkpoint that transformers (with the compressed-tensors
+package) loads and runs with its own fake quantization of weights and activations -- the judge
+of the greedy tokens trtcore generates from it; the Hugging Face / vLLM ``quant_method: "fp8"``
+layout and ``LLM(quantization="fp8")`` on a float checkpoint; ``tensorrt_rtx`` builds the Q/DQ
+network of the whole model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hf_models import VARIANTS, hf_greedy, hf_logits, load_hf, log_softmax, random_prompt, torch_one_thread, write_checkpoint
+from safetensors.numpy import save_file
+from safetensors.torch import load_file as load_torch
+
+from trtcore import LLM, SamplingParams
+from trtcore.errors import UnsupportedQuantizationError
+from trtcore.quantizer import quantize_checkpoint
+
+V = VARIANTS["llama3_rope"]
+LINEARS = 7 * 2  # q/k/v/o/gate/up/down x 2 layers
+
+
+def _calibration(seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [random_prompt(rng, 24, V.vocab_size) for _ in range(3)]
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(V, tmp_path_factory.mktemp("fp8") / "src")
+
+
+def _hf_fp8(path: Path) -> Any:
+    """transformers' model of an FP8 compressed-tensors checkpoint, float32 (its linears
+    fake-quantize their weights and inputs)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def _layer_kinds(network: Any) -> list[str]:
+    kinds = []
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        plugin = getattr(layer, "plugin", None)
+        kinds.append(type(plugin).__name__ if plugin is not None else str(layer.type).rsplit(".", 1)[-1])
+    return kinds
+
+
+@pytest.mark.filterwarnings("error::UserWarning")  # every checkpoint tensor is read
+@pytest.mark.parametrize("strategy", ["channel", "tensor"])
+def test_fp8_checkpoint_greedy_equals_transformers(src: Path, tmp_path: Path, strategy: str) -> None:
+    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", strategy=strategy, calibration_ids=_calibration())
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["format"] == "float-quantized" and qc["config_groups"]["group_0"]["weights"]["strategy"] == strategy
+    llm = LLM(out, backend="reference", dtype="float32", progress=False)
+    assert llm.quantization == "compressed-tensors"
+    assert _layer_kinds(llm.executor.network).count("Fp8GemmPlugin") == LINEARS
+    prompt = random_prompt(np.random.default_rng(7), 10, V.vocab_size)
+    [res] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    expected, _ = hf_greedy(_hf_fp8(out), prompt, 12)
+    assert res.outputs[0].token_ids == expected
+
+
+def test_calibrated_input_scales_are_amax_over_448(src: Path, tmp_path: Path) -> None:
+    """Each linear's input_scale is max|x| / 448 of its input over the calibration tokens,
+    captured here with forward pre-hooks on transformers' float model."""
+    import torch
+
+    ids = _calibration(1)
+    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", calibration_ids=ids)
+    model = load_hf(src, "float32")
+    amax: dict[str, float] = {}
+
+    def hook(name: str) -> Any:
+        def fn(mod: Any, args: Any) -> None:
+            amax[name] = max(amax.get(name, 0.0), float(args[0].abs().max()))
+
+        return fn
+
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and ".layers." in name:
+            mod.register_forward_pre_hook(hook(name))
+    for seq in ids:
+        hf_logits(model, seq)
+    got = load_torch(str(out / "model.safetensors"))
+    assert len(amax) == LINEARS
+    for name, a in amax.items():
+        np.testing.assert_allclose(float(got[f"{name}.input_scale"]), a / 448, rtol=1e-5)
+
+
+def _to_hf_fp8(ct: Path, dst: Path, suffix: str) -> Path:
+    """The compressed-tensors FP8 checkpoint ``ct`` rewritten in the Hugging Face / vLLM
+    ``quant_method: "fp8"`` layout (weight scales named ``suffix``, flat)."""
+    import ml_dtypes
+    import torch
+
+    tensors = {}
+    for k, t in load_torch(str(ct / "model.safetensors")).items():
+        if t.dtype == torch.float8_e4m3fn:
+            tensors[k] = t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+        elif k.endswith(".weight_scale"):
+            tensors[k.replace(".weight_scale", suffix)] = t.float().reshape(-1).numpy()
+        else:
+            tensors[k] = t.float().numpy()
+    dst.mkdir()
+    save_file(tensors, str(dst / "model.safetensors"))
+    config = json.loads((ct / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "static"}
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.mark.parametrize("suffix", [".weight_scale", ".weight_scale_inv"])
+def test_hf_fp8_layout_reads_the_same_weights(src: Path, tmp_path: Path, suffix: str) -> None:
+    ct = quantize_checkpoint(src, tmp_path / "ct", method="fp8", strategy="tensor", calibration_ids=_calibration())
+    hf = _to_hf_fp8(ct, tmp_path / "hf", suffix)
+    prompt = random_prompt(np.random.default_rng(8), 10, V.vocab_size)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    a = LLM(ct, backend="reference", dtype="float32", progress=False).generate([prompt], params)[0]
+    llm = LLM(hf, backend="reference", dtype="float32", progress=False, quantization="fp8")
+    assert llm.quantization == "fp8"
+    assert llm.generate([prompt], params)[0].outputs[0].token_ids == a.outputs[0].token_ids
+
+
+def _prefill_logprobs(llm: LLM, prompt: list[int], k: int) -> dict[int, float]:
+    [res] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=k))
+    return {t: lp.logprob for t, lp in res.outputs[0].logprobs[0].items()}
+
+
+def test_dynamic_activations_prefill_equals_transformers(src: Path, tmp_path: Path) -> None:
+    """Dynamic per-tensor activation scales (max|x| / 448 of each call): one prefill of one
+    prompt is one call in both, so its log-probabilities agree."""
+    out = quantize_checkpoint(src, tmp_path / "dyn", method="fp8", activations="dynamic")
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["config_groups"]["group_0"]["input_activations"]["dynamic"] is True
+    assert not any(k.endswith(".input_scale") for k in load_torch(str(out / "model.safetensors")))
+    prompt = random_prompt(np.random.default_rng(9), 12, V.vocab_size)
+    got = _prefill_logprobs(LLM(out, backend="reference", dtype="float32", progress=False), prompt, 5)
+    want = log_softmax(hf_logits(_hf_fp8(out), prompt)[-1])
+    for t, lp in got.items():
+        assert abs(lp - want[t]) < 2e-4, (t, lp, want[t])
+
+
+def test_on_the_fly_fp8_equals_per_tensor_fake_quantization(src: Path) -> None:
+    """``LLM(quantization="fp8")`` on a float checkpoint (vLLM's meaning): per-tensor E4M3
+    weights and dynamic per-tensor activations, here against transformers' float model with
+    both fake-quantized by torch's own float8_e4m3fn casts."""
+    import torch
+
+    model = load_hf(src, "float32")
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if isinstance(mod, torch.nn.Linear) and ".layers." in name:
+                w = mod.weight.float()
+                s = torch.where(w.abs().max() > 0, w.abs().max() / 448, torch.ones(()))
+                mod.weight.copy_((w / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s)
+
+                def fake_quant(mod: Any, args: Any) -> Any:
+                    x = args[0].float()
+                    s = x.abs().max() / 448
+                    return ((x / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s,)
+
+                mod.register_forward_pre_hook(fake_quant)
+    llm = LLM(src, backend="reference", dtype="float32", progress=False, quantization="fp8")
+    assert llm.quantization == "fp8"
+    assert _layer_kinds(llm.executor.network).count("Fp8GemmPlugin") == LINEARS
+    prompt = random_prompt(np.random.default_rng(10), 12, V.vocab_size)
+    got = _prefill_logprobs(llm, prompt, 5)
+    with torch_one_thread():
+        want = log_softmax(hf_logits(model, prompt)[-1])
+    for t, lp in got.items():
+        assert abs(lp - want[t]) < 2e-4, (t, lp, want[t])
+
+
+def test_tensorrt_rtx_builds_the_fp8_model(src: Path, tmp_path: Path) -> None:
+    rtx = pytest.importorskip("tensorrt_rtx")
+    from trtcore.builder import BuildConfig, build_engine, define_network
+    from trtcore.checkpoint import Checkpoint
+    from trtcore.config import load_config
+
+    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", calibration_ids=_calibration())
+    config = load_config(out)
+    with Checkpoint(out) as weights:
+        d = define_network(rtx, config, weights, BuildConfig(dtype="bfloat16", max_batch_size=2, max_seq_len=64))
+    kinds = _layer_kinds(d.network)
+    assert kinds.count("QUANTIZE") == LINEARS and kinds.count("DEQUANTIZE") == 2 * LINEARS
+    assert len(build_engine(d, "sm89")) > 1000
+
+
+@pytest.mark.parametrize(
+    ("qc", "match"),
+    [
+        ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}, "weight_block_size"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "float-quantized",
+                "config_groups": {
+                    "g": {
+                        "targets": ["Linear"],
+                        "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+                    }
+                },
+            },
+            "token",
+        ),
+    ],
+)
+def test_unsupported_fp8_variants_are_refused(qc: dict, match: str) -> None:
+    from trtcore.quant_formats import detect_quantization
+
+    with pytest.raises(UnsupportedQuantizationError, match=match):
+        detect_quantization(qc)
+
+
+def test_cli_quantize_fp8_and_bench_random_fp8_weights(src: Path, tmp_path: Path) -> None:
+    from trtcore import cli
+
+    out = tmp_path / "cli"
+    argv = ["quantize", "--model", str(src), "--output", str(out), "--method", "fp8", "--strategy", "tensor", "--activations", "dynamic"]
+    assert cli.main(argv) == 0
+    group = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]
+    assert group["weights"]["strategy"] == "tensor" and group["input_activations"]["dynamic"] is True
+    report = tmp_path / "bench.json"
+    argv = ["bench", "throughput", "--random-weights", str(src / "config.json"), "--backend", "reference", "--quantization", "fp8",
+            "--num-prompts", "2", "--input-len", "4", "--output-len", "3", "--num-iters-warmup", "0", "--json", str(report)]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert json.loads(report.read_text())["results"][0]["output_throughput"] > 0
+
+
+def test_random_fp8_weights_build_fp8_gemms(src: Path) -> None:
+    from trtcore import bench
+
+    llm, _ = bench._random_weights_llm(str(src / "config.json"), "reference", "bfloat16", {"max_batch_size": 2, "max_seq_len": 16}, 0, "fp8")
+    assert _layer_kinds(llm.executor.network).count("Fp8GemmPlugin") == LINEARS

@@ -1,0 +1,98 @@
+"""FP8 (E4M3) checkpoints, read into :class:`trtcore.fp8.Fp8Weight`.
+
+Two published layouts, both with the E4M3 weight in the linear's own ``X.weight`` tensor
+(safetensors ``F8_E4M3``, ``[N, K]``):
+
+* compressed-tensors ``float-quantized`` (llm-compressor's FP8 schemes; ``quant_method:
+  "compressed-tensors"``, ``format: "float-quantized"`` or ``"naive-quantized"``, config groups
+  whose ``weights`` are ``{"type": "float", "num_bits": 8, "strategy": "tensor" | "channel"}``):
+  ``X.weight_scale`` ``[1]`` / ``[]`` (tensor) or ``[N, 1]`` (channel), and ``X.input_scale``
+  ``[1]`` when the group's ``input_activations`` are static (``"dynamic": false``, strategy
+  ``tensor``); dynamic per-tensor activations have none;
+* Hugging Face / vLLM ``quant_method: "fp8"`` (``activation_scheme: "static" | "dynamic"``):
+  ``X.weight_scale`` (one per tensor, or ``[N]`` / ``[N, 1]`` per channel) or, from HF's
+  ``FP8Linear``, ``X.weight_scale_inv`` (the same number: ``w = q * weight_scale_inv``), and
+  ``X.input_scale`` when static. Block-wise scales (``weight_block_size``) are refused.
+
+In both, ``w = e4m3(weight) * weight_scale`` (per row for channel scales).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trtcore.errors import CheckpointError
+from trtcore.fp8 import E4M3, Fp8Weight
+
+#: compressed-tensors formats holding FP8 weights as they are
+FLOAT_FORMATS = ("float-quantized", "naive-quantized")
+#: compressed-tensors activation strategies read (static or dynamic, one scale per tensor)
+ACTIVATION_STRATEGIES = ("tensor",)
+#: the tensor suffixes an FP8 linear ``X`` owns (besides ``X.weight``)
+FP8_SUFFIXES = (".weight_scale", ".weight_scale_inv", ".input_scale")
+
+
+def fp8_weight_args(group_weights: list[dict[str, Any]]) -> bool:
+    """Whether compressed-tensors config groups' ``weights`` describe FP8 (``type: float``)."""
+    return bool(group_weights) and all(a.get("type") == "float" for a in group_weights)
+
+
+def check_compressed_fp8(config: dict[str, Any]) -> str | None:
+    """What in a compressed-tensors FP8 ``quantization_config`` trtcore cannot read, or None."""
+    for name, g in (config.get("config_groups") or {}).items():
+        if not isinstance(g, dict):
+            continue
+        w = g.get("weights") or {}
+        if w.get("num_bits") != 8 or w.get("strategy") not in ("tensor", "channel") or w.get("dynamic"):
+            return f"compressed-tensors float weights {w!r} (group {name!r}; FP8 needs num_bits 8, strategy tensor or channel, static)"
+        a = g.get("input_activations")
+        if a is not None and (
+            a.get("type", "float") != "float" or a.get("num_bits", 8) != 8 or a.get("strategy", "tensor") not in ACTIVATION_STRATEGIES
+        ):
+            return f"compressed-tensors input_activations {a!r} (group {name!r}; FP8 activations are read per tensor, static or dynamic)"
+    return None
+
+
+def check_hf_fp8(config: dict[str, Any]) -> str | None:
+    """What in a ``quant_method: "fp8"`` config trtcore cannot read, or None."""
+    if config.get("weight_block_size"):
+        return f"FP8 weight_block_size {config['weight_block_size']!r} (block-wise scales; per-tensor and per-channel scales are read)"
+    if str(config.get("activation_scheme", "dynamic")) not in ("static", "dynamic"):
+        return f"FP8 activation_scheme {config.get('activation_scheme')!r}"
+    if str(config.get("fmt", "e4m3")) != "e4m3":
+        return f"FP8 fmt {config.get('fmt')!r} (E4M3 is read)"
+    return None
+
+
+def read_fp8(weights: Any, prefix: str) -> Fp8Weight:
+    """The FP8 linear ``prefix`` of a checkpoint (either layout of the module docstring).
+
+    Raises:
+        CheckpointError: the weight is not E4M3 or a scale's shape fits neither strategy.
+    """
+
+    def opt(suffix: str) -> np.ndarray | None:
+        name = f"{prefix}.{suffix}"
+        return np.asarray(weights.get(name), np.float32) if name in weights else None
+
+    w = np.asarray(weights.get(f"{prefix}.weight", copy=False))
+    if w.dtype != E4M3 or w.ndim != 2:
+        raise CheckpointError(f"'{prefix}.weight' must be an F8_E4M3 [N, K] tensor in an FP8 checkpoint, got {w.dtype} {w.shape}")
+    n = w.shape[0]
+    scale = opt("weight_scale")
+    if scale is None:
+        scale = opt("weight_scale_inv")
+    if scale is None:
+        raise CheckpointError(f"FP8 linear '{prefix}' has neither weight_scale nor weight_scale_inv")
+    scale = scale.reshape(-1)
+    if scale.size not in (1, n):
+        raise CheckpointError(f"'{prefix}.weight_scale' has {scale.size} values; expected 1 (per tensor) or {n} (per output channel)")
+    inp = opt("input_scale")
+    if inp is not None and inp.size != 1:
+        raise CheckpointError(f"'{prefix}.input_scale' has {inp.size} values; expected 1 (per tensor)")
+    return Fp8Weight(np.ascontiguousarray(w.view(np.uint8)), np.ascontiguousarray(scale), None if inp is None else inp.reshape(1))
+
+
+__all__ = ["ACTIVATION_STRATEGIES", "FLOAT_FORMATS", "FP8_SUFFIXES", "check_compressed_fp8", "check_hf_fp8", "fp8_weight_args", "read_fp8"]
