@@ -37,6 +37,8 @@ from typing import Any, ClassVar, Protocol
 import ml_dtypes
 import numpy as np
 
+from trtcore.dtypes import NCCL_DTYPE_CODES
+
 from .base import DeviceTensor, Dim, Plugin, PluginError
 
 __all__ = ["COLLECTIVES", "CollectivePlugin", "NcclGroup", "SimulatedGroup", "communicator", "register_group", "unregister_group"]
@@ -46,8 +48,8 @@ COLLECTIVES = ("all_reduce", "all_gather")
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
-# ncclDataType_t and ncclRedOp_t values (nccl.h); CuPy's bindings take them as ints
-_NCCL_DTYPES = {np.dtype(np.float16): 6, np.dtype(np.float32): 7, np.dtype(ml_dtypes.bfloat16): 9}
+# ncclDataType_t (trtcore.dtypes' table) and ncclRedOp_t (nccl.h) values; CuPy's bindings take ints
+_NCCL_DTYPES = NCCL_DTYPE_CODES
 _NCCL_SUM = 0
 
 

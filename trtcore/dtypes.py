@@ -37,6 +37,7 @@ __all__ = [
     "DTYPES",
     "ENGINE_DTYPES",
     "KERNEL_DTYPE_CODES",
+    "NCCL_DTYPE_CODES",
     "NAMES",
     "SAFETENSORS_DTYPES",
     "DType",
@@ -63,6 +64,8 @@ class DType:
         aliases: other names accepted by :func:`lookup` (``"bf16"``).
         cuda_data_type: the ``cudaDataType_t`` code cuBLAS takes (``CUDA_R_16BF`` = 14; CUDA
             Toolkit ``library_types.h``), None where cuBLAS has none.
+        nccl: the ``ncclDataType_t`` code (``ncclBfloat16`` = 9; ``nccl.h``), None where NCCL
+            has none.
     """
 
     name: str
@@ -74,6 +77,7 @@ class DType:
     kernel: int | None = None
     aliases: tuple[str, ...] = ()
     cuda_data_type: int | None = None
+    nccl: int | None = None
 
     @property
     def cuda_compute(self) -> str | None:
@@ -103,9 +107,9 @@ def _row(name: str, numpy: Any, trt: str | None, st: str | None, storage: Any = 
 DTYPES: tuple[DType, ...] = tuple(
     row
     for row in (
-        _row("float32", np.float32, "FLOAT", "F32", cuda="float", kernel=0, aliases=("fp32", "float"), cuda_data_type=0),
-        _row("float16", np.float16, "HALF", "F16", cuda="__half", kernel=1, aliases=("fp16", "half"), cuda_data_type=2),
-        _row("bfloat16", ml_dtypes.bfloat16, "BF16", "BF16", np.uint16, cuda="__nv_bfloat16", kernel=2, aliases=("bf16",), cuda_data_type=14),
+        _row("float32", np.float32, "FLOAT", "F32", cuda="float", kernel=0, aliases=("fp32", "float"), cuda_data_type=0, nccl=7),
+        _row("float16", np.float16, "HALF", "F16", cuda="__half", kernel=1, aliases=("fp16", "half"), cuda_data_type=2, nccl=6),
+        _row("bfloat16", ml_dtypes.bfloat16, "BF16", "BF16", np.uint16, cuda="__nv_bfloat16", kernel=2, aliases=("bf16",), cuda_data_type=14, nccl=9),
         _row("float8_e4m3fn", ml_dtypes.float8_e4m3fn, "FP8", "F8_E4M3", np.uint8, cuda="__nv_fp8_e4m3", aliases=("fp8", "fp8_e4m3")),
         _row("int8", np.int8, "INT8", "I8", cuda="signed char", cuda_data_type=3),
         _row("uint8", np.uint8, "UINT8", "U8", cuda="unsigned char", cuda_data_type=8),
@@ -138,6 +142,8 @@ ENGINE_DTYPES: dict[str, np.dtype] = {n: _BY_NAME[n].numpy for n in ("float32", 
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {row.safetensors: row.numpy for row in DTYPES if row.safetensors}
 #: NumPy dtype -> the ``DTYPE`` define of ``kernels/dtype.cuh`` (float32 0, float16 1, bfloat16 2)
 KERNEL_DTYPE_CODES: dict[np.dtype, int] = {row.numpy: row.kernel for row in DTYPES if row.kernel is not None}
+#: NumPy dtype -> ``ncclDataType_t`` (the floats NCCL's collectives take here)
+NCCL_DTYPE_CODES: dict[np.dtype, int] = {row.numpy: row.nccl for row in DTYPES if row.nccl is not None}
 
 
 def _is_trt_datatype(x: Any) -> bool:

@@ -508,6 +508,15 @@ FP8_IMPLEMENTATIONS = ("plugin", "qdq")
 _MIN_SCALE = float(np.finfo(np.float32).tiny)
 
 
+#: why the cuda backend refuses FP8 linears (:func:`fp8_linear`)
+FP8_ON_CUDA = (
+    "FP8 linears do not run on the cuda backend yet: on the H200 cuBLASLt refused the FP8 GEMM "
+    "(CUBLAS_STATUS_NOT_SUPPORTED) and the Q/DQ form did not match the reference; run FP8 "
+    "checkpoints with backend='tensorrt' (TensorRT's own FP8 GEMMs) or backend='reference', or "
+    "a weight-only quantized (GPTQ / AWQ / compressed-tensors int4/int8) or bfloat16 checkpoint on cuda"
+)
+
+
 def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = None, name: str = "linear", impl: str | None = None) -> Tensor:
     """``x @ W^T + bias`` for an FP8 (E4M3) weight with x quantized to FP8 too (:mod:`trtcore.fp8`:
     ``(e4m3(x / s_x) * s_x) @ (q_w * s_w)^T``, ``s_x`` static or dynamic).
@@ -527,9 +536,15 @@ def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = Non
             :mod:`trtcore.fp8` defines it: ``x / s_x`` in float32, clipped to ``[-448, 448]``,
             cast to FP8 (round to nearest even), back to float32, multiplied by the E4M3
             weight values (float32 constants, exact), then by ``s_w`` and ``s_x``. Default:
-            ``g.implementations["fp8_gemm"]`` if set, else the plugin where the TensorRT
-            module hosts plugins and the shape suits cuBLASLt (K and N multiples of 16),
-            ``"qdq"`` otherwise.
+            ``g.implementations["fp8_gemm"]`` if set, else on ``trtcore.reference`` the plugin
+            (its NumPy reference) when K and N are multiples of 16, else ``"qdq"`` (TensorRT
+            fuses the Q/DQ pattern into its own FP8 GEMM).
+
+    The cuda backend refuses FP8 linears unless an implementation is named (``impl`` or
+    ``g.implementations``; :data:`FP8_ON_CUDA`): on the H200 (2026-12-02,
+    ``bench/results/h200-2026-12-02-final/``) cuBLASLt answered the plugin's FP8 matmul with
+    ``CUBLAS_STATUS_NOT_SUPPORTED`` and the engine's Q/DQ form differed from the reference by
+    up to 10% of an output, so neither may serve tokens until both pass on a GPU.
 
     Returns:
         ``[..., N]`` of x's dtype, named ``name``.
@@ -543,11 +558,15 @@ def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = Non
         raise NetworkError(f"{name}: FP8 weight [{n}, {k}] does not fit input {tuple(x.shape)}")
     if bias is not None and bias.shape != (n,):
         raise NetworkError(f"{name}: bias must be [{n}], got {bias.shape}")
-    if impl is None:
-        from trtcore.plugins.base import hosts_plugins
+    from trtcore.trt import backend_name
 
+    backend = backend_name(g.trt)
+    if impl is None:
+        impl = g.implementations.get("fp8_gemm")
+        if impl is None and backend == "cuda":  # only an explicit implementation (development, tests) runs there
+            raise InvalidArgumentError(f"{name}: {FP8_ON_CUDA}")
         fits = k % 16 == 0 and n % 16 == 0
-        impl = g.implementations.get("fp8_gemm") or ("plugin" if hosts_plugins(g.trt) and fits else "qdq")
+        impl = impl or ("plugin" if backend == "reference" and fits else "qdq")
     if impl not in FP8_IMPLEMENTATIONS:
         raise InvalidArgumentError(f"{name}: FP8 GEMM implementation {impl!r} is not one of {FP8_IMPLEMENTATIONS}")
     np_x = _np_of(g, x)
