@@ -146,13 +146,13 @@ def test_random_weights_peer_runs_on_the_same_weights(hf_models: ModelStore) -> 
 def test_bench_peer_transformers_cli(hf_models: ModelStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
     out = tmp_path / "peer.json"
     argv = ["bench", "latency", "--random-weights", str(hf_models.dir("llama3_rope") / "config.json"), "--backend", "reference",
-            "--batch-sizes", "1,2", "--input-len", "6", "--output-len", "4", "--num-iters", "1", "--peer", "transformers",
+            "--batch-sizes", "1,2", "--input-len", "6", "--output-len", "16", "--num-iters", "1", "--peer", "transformers",
             "--json", str(out)]  # fmt: skip
     assert cli.main(argv) == 0
     report = json.loads(out.read_text())
     assert report["random_weights"] and report["dtype"] == "bfloat16"
-    _check_report(report, "latency", [1, 2], 4, 1)
-    for r in report["results"]:
+    _check_report(report, "latency", [1, 2], 16, 1)
+    for r in report["results"]:  # 16 tokens: transformers' TPOT, (t(16) - t(1)) / 15, stays above the timing noise under load
         hf = r["transformers"]
         assert set(hf) == {"ttft_ms", "tpot_ms", "e2el_ms", "output_throughput"} and hf["tpot_ms"] > 0
         assert r["decode_speedup"] == pytest.approx(hf["tpot_ms"] / r["median_tpot_ms"])
