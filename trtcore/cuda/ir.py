@@ -16,6 +16,7 @@ compare shapes and the memory planner sizes buffers for the largest shapes).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -221,10 +222,10 @@ def reshape_target(attrs: Mapping[str, Any], in_shape: Shape) -> Shape:
     dims = list(attrs["reshape_dims"])
     out = [in_shape[i] if d == 0 and attrs["zero_is_placeholder"] else int(d) for i, d in enumerate(dims)]
     if -1 in out:
-        rest = int(np.prod([d for d in out if d != -1]))
-        vol = int(np.prod(in_shape))
+        rest = int(math.prod([d for d in out if d != -1]))
+        vol = int(math.prod(in_shape))
         out[out.index(-1)] = vol // rest if rest else 0
-    if int(np.prod(out)) != int(np.prod(in_shape)):
+    if int(math.prod(out)) != int(math.prod(in_shape)):
         raise NetworkError(f"cannot reshape {in_shape} into {tuple(out)}")
     return tuple(out)
 

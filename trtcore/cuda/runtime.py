@@ -379,7 +379,7 @@ class IExecutionContext:
         for name in plan.offsets:
             if name.startswith("workspace:"):
                 continue
-            need = int(np.prod(shapes[name])) * g.values[name].dtype.itemsize
+            need = int(math.prod(shapes[name])) * g.values[name].dtype.itemsize
             if need > plan.sizes[name]:
                 raise EngineExecutionError(f"tensor {name!r} of shape {shapes[name]} needs {need} bytes, the plan has {plan.sizes[name]}")
         addr: dict[str, int] = {}
@@ -482,7 +482,7 @@ class IExecutionContext:
             # what trtcore.plugins.base.DeviceTensor holds (plugins sit above this layer)
             def dev(v: str) -> SimpleNamespace:
                 shape = tuple(int(d) for d in shapes[v])
-                return SimpleNamespace(ptr=ptr(v), shape=shape, dtype=np.dtype(nptype(g.values[v].dtype)), size=int(np.prod(shape)))
+                return SimpleNamespace(ptr=ptr(v), shape=shape, dtype=np.dtype(nptype(g.values[v].dtype)), size=int(math.prod(shape)))
 
             ins = [dev(v) for v in node.inputs if v]
             outs = [dev(o) for o in node.outputs]
@@ -500,11 +500,11 @@ class IExecutionContext:
             for v in node.inputs:
                 roles.update(_per_axis(f"stride:{v}", bstrides(v, domain)))
         if op in ("pointwise_group", "copy"):
-            n = int(np.prod(domain))
+            n = int(math.prod(domain))
             roles["numel"] = n
             grid = (_grid(n, block), 1, 1)
         elif op == "row_group":
-            rows = int(np.prod(domain[:-1]))
+            rows = int(math.prod(domain[:-1]))
             roles["rows"] = rows
             grid = (max(rows, 1), 1, 1)
             # whole warps (block_reduce); wide rows get more threads: at decode one block does a row
@@ -516,7 +516,7 @@ class IExecutionContext:
             dims = [shapes[x][d] for d in order]
             xs = [lay[x][1][d] for d in order]
             os_ = [dense_strides(shapes[x])[d] for d in order]
-            rows = int(np.prod(dims[:-1]))
+            rows = int(math.prod(dims[:-1]))
             roles["rows"] = rows
             for d in range(len(dims)):
                 roles[f"dim:{d}"], roles[f"stride:x:{d}"], roles[f"stride:o:{d}"] = dims[d], xs[d], os_[d]
@@ -525,8 +525,8 @@ class IExecutionContext:
             x = node.inputs[0]
             axes = node.attrs["axes"]
             kept = [d for d in range(len(shapes[x])) if d not in axes]
-            roles["numel"] = int(np.prod([shapes[x][d] for d in kept]))
-            roles["count"] = int(np.prod([shapes[x][d] for d in axes]))
+            roles["numel"] = int(math.prod([shapes[x][d] for d in kept]))
+            roles["count"] = int(math.prod([shapes[x][d] for d in axes]))
             for i, d in enumerate(kept):
                 roles[f"kdim:{i}"], roles[f"kstride:{i}"] = shapes[x][d], lay[x][1][d]
             for i, d in enumerate(axes):
@@ -536,7 +536,7 @@ class IExecutionContext:
             data, idx = node.inputs
             axis = node.attrs["axis"]
             ds, dst_ = shapes[data], lay[data][1]
-            roles["numel"] = int(np.prod(shapes[node.outputs[0]]))
+            roles["numel"] = int(math.prod(shapes[node.outputs[0]]))
             roles["axis_len"], roles["axis_stride"] = ds[axis], dst_[axis]
             for d in range(axis):
                 roles[f"gdim:pd{d}"], roles[f"gstride:ps{d}"] = ds[d], dst_[d]
@@ -548,7 +548,7 @@ class IExecutionContext:
         elif op == "concat":
             out = shapes[node.outputs[0]]
             axis = node.attrs["axis"]
-            roles["numel"], roles["axis"] = int(np.prod(out)), axis
+            roles["numel"], roles["axis"] = int(math.prod(out)), axis
             roles.update(_per_axis("dim", out))
             for k, v in enumerate(node.inputs):
                 roles[f"len:{k}"] = shapes[v][axis]

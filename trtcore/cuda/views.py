@@ -15,6 +15,7 @@ empty view.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,9 +52,9 @@ def reshape_strides(shape: Shape, strides: Sequence[int], new_shape: Shape) -> t
     """Strides of ``new_shape`` over the same memory as ``(shape, strides)``, or None when a
     reshape needs a copy (NumPy's ``_attempt_nocopy_reshape``: runs of old dimensions that
     are contiguous with each other map onto runs of new dimensions)."""
-    if int(np.prod(shape)) != int(np.prod(new_shape)):
+    if int(math.prod(shape)) != int(math.prod(new_shape)):
         return None
-    if int(np.prod(shape)) == 0:
+    if int(math.prod(shape)) == 0:
         return dense_strides(new_shape)
     old = [(d, s) for d, s in zip(shape, strides) if d != 1]
     out = [0] * len(new_shape)

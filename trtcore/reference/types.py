@@ -34,7 +34,8 @@ class DataType(enum.IntEnum):
     @property
     def itemsize(self) -> int:
         """Bytes per element."""
-        return int(np.dtype(nptype(self)).itemsize)
+        size = _ITEMSIZE.get(self)
+        return size if size is not None else int(np.dtype(nptype(self)).itemsize)
 
 
 FLOATING = frozenset({DataType.FLOAT, DataType.HALF, DataType.BF16})
@@ -47,11 +48,19 @@ def nptype(dtype: DataType) -> Any:
     Raises:
         TypeError: not a data type here (``trtcore.errors.UnsupportedDTypeError``).
     """
+    cached = _NPTYPE.get(dtype)  # asked for every tensor of every launch list (cuda engine's prepare)
+    if cached is not None:
+        return cached
     try:
         member = DataType(dtype)
     except ValueError:
         raise UnsupportedDTypeError(f"no NumPy type for TensorRT data type {dtype!r}") from None
     return dtypes.numpy_dtype(member).type
+
+
+#: :func:`nptype` and :attr:`DataType.itemsize` of every member, computed once
+_NPTYPE: dict[Any, Any] = {m: dtypes.numpy_dtype(m).type for m in DataType}
+_ITEMSIZE: dict[Any, int] = {m: int(np.dtype(t).itemsize) for m, t in _NPTYPE.items()}
 
 
 def from_numpy_dtype(dtype: Any) -> DataType:
