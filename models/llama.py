@@ -17,6 +17,7 @@ The network's I/O (token inputs, KV cache, logits) comes from the plan's KV cach
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from trtcore import ops
@@ -104,14 +105,19 @@ def lm_head_logits(g: Graph, c: ModelConfig, fam: Any, weights: Any, last: Any, 
     ops.logits_output(g, ops.linear(g, last, lm_head, None, "lm_head", parallel="vocab"))
 
 
-def build(g: Graph, config: ModelConfig, weights: Any) -> None:
-    """Add the whole decoder to ``g.network``: inputs, layers, outputs (I/O: ``g.kv_mode``).
+#: ``mlp(g, config, family, weights, layer, x) -> [..., hidden]``: one decoder layer's MLP block
+MlpBlock = Callable[[Graph, ModelConfig, Any, Any, int, Any], Any]
 
-    Args:
-        g: the graph (TensorRT module, network, dtype, KV cache contract).
-        config: the model config (Hugging Face field names).
-        weights: a :class:`trtcore.checkpoint.LoadReport` or :class:`~trtcore.checkpoint.Checkpoint`
-            (``get(name, shape=...)``); names from the family's ``tensor_names``.
+
+def dense_mlp_block(g: Graph, c: ModelConfig, fam: Any, weights: Any, i: int, x: Any) -> Any:
+    """The Llama MLP of layer ``i`` (:func:`dense_mlp` at ``intermediate_size``), an :data:`MlpBlock`."""
+    return dense_mlp(g, c, fam, weights, i, x, c.intermediate_size)
+
+
+def decoder(g: Graph, config: ModelConfig, weights: Any, mlp: MlpBlock = dense_mlp_block) -> None:
+    """The Llama-style decoder with each layer's MLP block from ``mlp`` (a mixture of experts
+    swaps it: :mod:`trtcore.models.moe`): inputs, embeddings, per layer RMSNorm, attention,
+    residual, RMSNorm, ``mlp``, residual; the final norm and the LM head (I/O: ``g.kv_mode``).
 
     Raises:
         MissingTensorError / TensorShapeError: a checkpoint tensor is absent or mis-shaped.
@@ -128,9 +134,24 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                 x = ops.rms_norm(g, h, tensor(weights, fam, "input_layernorm", i, E), c.rms_norm_eps, "input_layernorm")
                 h = ops.add(g, h, attention_block(g, c, fam, weights, i, x, spec), "attn_residual")
                 x = ops.rms_norm(g, h, tensor(weights, fam, "post_attention_layernorm", i, E), c.rms_norm_eps, "post_attention_layernorm")
-                h = ops.add(g, h, dense_mlp(g, c, fam, weights, i, x, c.intermediate_size), "mlp_residual")
+                h = ops.add(g, h, mlp(g, c, fam, weights, i, x), "mlp_residual")
         last = final_norm(g, c, fam, weights, h)
     lm_head_logits(g, c, fam, weights, last, embed)
+
+
+def build(g: Graph, config: ModelConfig, weights: Any) -> None:
+    """Add the whole decoder to ``g.network``: inputs, layers, outputs (I/O: ``g.kv_mode``).
+
+    Args:
+        g: the graph (TensorRT module, network, dtype, KV cache contract).
+        config: the model config (Hugging Face field names).
+        weights: a :class:`trtcore.checkpoint.LoadReport` or :class:`~trtcore.checkpoint.Checkpoint`
+            (``get(name, shape=...)``); names from the family's ``tensor_names``.
+
+    Raises:
+        MissingTensorError / TensorShapeError: a checkpoint tensor is absent or mis-shaped.
+    """
+    decoder(g, config, weights)
 
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")

@@ -32,9 +32,8 @@ from trtcore import ops
 from trtcore.config import ModelConfig
 from trtcore.families import MOE_EXPERT_LINEARS, family_of
 from trtcore.ops import Graph
-from trtcore.rope import rope_spec
 
-from .llama import attention_block, dense_mlp, final_norm, lm_head_logits, tensor
+from .llama import decoder, dense_mlp, tensor
 
 
 def num_experts(c: ModelConfig) -> int:
@@ -113,22 +112,11 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
     Raises:
         MissingTensorError / TensorShapeError: a checkpoint tensor is absent or mis-shaped.
     """
-    c, fam = config, family_of(config.model_type)
-    E = c.hidden_size
-    inputs = ops.model_inputs(g)
-    spec = rope_spec(c, fam.partial_rotary_factor)
-    embed = tensor(weights, fam, "embed_tokens", None, c.vocab_size, E)
-    with g.scope("model"):
-        h = ops.embedding(g, inputs.input_ids, embed, "embed_tokens")
-        for i in range(c.num_hidden_layers):
-            with g.scope(f"layers.{i}"):
-                x = ops.rms_norm(g, h, tensor(weights, fam, "input_layernorm", i, E), c.rms_norm_eps, "input_layernorm")
-                h = ops.add(g, h, attention_block(g, c, fam, weights, i, x, spec), "attn_residual")
-                x = ops.rms_norm(g, h, tensor(weights, fam, "post_attention_layernorm", i, E), c.rms_norm_eps, "post_attention_layernorm")
-                mlp = sparse_moe_block(g, c, weights, i, x) if is_sparse(c, i) else dense_mlp(g, c, fam, weights, i, x, c.intermediate_size)
-                h = ops.add(g, h, mlp, "mlp_residual")
-        last = final_norm(g, c, fam, weights, h)
-    lm_head_logits(g, c, fam, weights, last, embed)
+
+    def mlp(g: Graph, c: ModelConfig, fam: Any, w: Any, i: int, x: Any) -> Any:
+        return sparse_moe_block(g, c, w, i, x) if is_sparse(c, i) else dense_mlp(g, c, fam, w, i, x, c.intermediate_size)
+
+    decoder(g, config, weights, mlp)
 
 
 ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")

@@ -379,3 +379,57 @@ def load_entry_point_plugins(trt: Any) -> list[type[Plugin]]:
         register(cls, trt)
         loaded.append(cls)
     return loaded
+
+
+class LinearShapes:
+    """Shapes and types of a linear-layer plugin, ``y[..., out_features] = x[..., in_features] @ W^T``
+    (the weight-only and FP8 GEMM plugins): input 0 is x (float16 / bfloat16 / float32), y has x's
+    dtype, and the constant inputs after x have the dtypes of ``_constant_dtypes()``. A subclass
+    of :class:`Plugin` mixes it in ahead of ``Plugin`` and provides ``in_features``,
+    ``out_features``, ``num_inputs``, ``_check_count(n)`` and ``_constant_dtypes()``.
+
+    Raises (from the methods):
+        PluginError: x's dtype is not a kernel dtype, x has rank 0 or a last dimension other
+            than ``in_features``, or the input count is wrong (``_check_count``).
+    """
+
+    in_features: int
+    out_features: int
+    num_inputs: int
+
+    def _check_count(self, n: int) -> None:
+        raise NotImplementedError
+
+    def _constant_dtypes(self) -> list[np.dtype]:
+        raise NotImplementedError
+
+    def output_dtypes(self, input_dtypes: Sequence[np.dtype]) -> list[np.dtype]:
+        from trtcore.dtypes import KERNEL_DTYPE_CODES
+
+        self._check_count(len(input_dtypes))
+        d = np.dtype(input_dtypes[0])
+        if d not in KERNEL_DTYPE_CODES:
+            raise PluginError(f"{type(self).__name__}: x must be float16, bfloat16 or float32, got {d}")
+        return [d]
+
+    def output_shapes(self, input_shapes: Sequence[Sequence[Dim]]) -> list[list[Dim]]:
+        self._check_count(len(input_shapes))
+        x = list(input_shapes[0])
+        if not x:
+            raise PluginError(f"{type(self).__name__}: x must have rank >= 1 ([..., in_features])")
+        last = getattr(x[-1], "value", x[-1])
+        if isinstance(last, int) and last >= 0 and last != self.in_features:
+            raise PluginError(f"{type(self).__name__}: x's last dimension is {last}, expected in_features={self.in_features}")
+        return [x[:-1] + [Dim(self.out_features)]]
+
+    def supports(self, pos: int, dtypes: Sequence[np.dtype], num_inputs: int) -> bool:
+        from trtcore.dtypes import KERNEL_DTYPE_CODES
+
+        if num_inputs != self.num_inputs:
+            return False
+        d = np.dtype(dtypes[pos])
+        if pos == 0:
+            return d in KERNEL_DTYPE_CODES
+        if pos >= num_inputs:
+            return d == np.dtype(dtypes[0])
+        return d == self._constant_dtypes()[pos - 1]

@@ -38,7 +38,7 @@ import numpy as np
 from trtcore.dtypes import KERNEL_DTYPE_CODES, lookup
 from trtcore.fp8 import Fp8Weight
 
-from .base import DeviceTensor, Dim, Plugin, PluginError
+from .base import DeviceTensor, LinearShapes, Plugin, PluginError
 from .launcher import KernelLauncher
 
 __all__ = ["LT_WORKSPACE", "Fp8GemmPlugin"]
@@ -56,7 +56,7 @@ def _up(n: int) -> int:
 
 
 @dataclass
-class Fp8GemmPlugin(Plugin):
+class Fp8GemmPlugin(LinearShapes, Plugin):
     """``y = fp8(x) @ fp8(W)^T`` (plugin ``trtcore_fp8_gemm``, version 1, namespace ``trtcore``).
 
     Inputs (make them with :meth:`from_fp8`):
@@ -105,36 +105,12 @@ class Fp8GemmPlugin(Plugin):
     def num_inputs(self) -> int:
         return 3 + int(self.static_input)
 
+    def _constant_dtypes(self) -> list[np.dtype]:
+        return [_UINT8] + [_FLOAT32] * (self.num_inputs - 2)
+
     def _check_count(self, n: int) -> None:
         if n != self.num_inputs:
             raise PluginError(f"Fp8GemmPlugin takes {self.num_inputs} inputs (x, weight, weight_scale{', input_scale' * self.static_input}), got {n}")
-
-    def output_dtypes(self, input_dtypes: Sequence[np.dtype]) -> list[np.dtype]:
-        self._check_count(len(input_dtypes))
-        d = np.dtype(input_dtypes[0])
-        if d not in KERNEL_DTYPE_CODES:
-            raise PluginError(f"Fp8GemmPlugin: x must be float16, bfloat16 or float32, got {d}")
-        return [d]
-
-    def output_shapes(self, input_shapes: Sequence[Sequence[Dim]]) -> list[list[Dim]]:
-        self._check_count(len(input_shapes))
-        x = list(input_shapes[0])
-        if not x:
-            raise PluginError("Fp8GemmPlugin: x must have rank >= 1 ([..., in_features])")
-        last = getattr(x[-1], "value", x[-1])
-        if isinstance(last, int) and last >= 0 and last != self.in_features:
-            raise PluginError(f"Fp8GemmPlugin: x's last dimension is {last}, expected in_features={self.in_features}")
-        return [x[:-1] + [Dim(self.out_features)]]
-
-    def supports(self, pos: int, dtypes: Sequence[np.dtype], num_inputs: int) -> bool:
-        if num_inputs != self.num_inputs:
-            return False
-        d = np.dtype(dtypes[pos])
-        if pos == 0:
-            return d in KERNEL_DTYPE_CODES
-        if pos >= num_inputs:
-            return d == np.dtype(dtypes[0])
-        return d == (_UINT8 if pos == 1 else _FLOAT32)
 
     # --- numerics (the contract) -----------------------------------------------------------------
 

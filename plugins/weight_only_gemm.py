@@ -49,7 +49,7 @@ import numpy as np
 from trtcore.dtypes import KERNEL_DTYPE_CODES
 from trtcore.quantization import SUPPORTED_BITS, QuantizedWeight
 
-from .base import DeviceTensor, Dim, Plugin, PluginError
+from .base import DeviceTensor, LinearShapes, Plugin, PluginError
 from .launcher import KernelLauncher
 
 __all__ = [
@@ -237,7 +237,7 @@ def unpack_weight(pw: PackedWeight) -> QuantizedWeight:
 
 
 @dataclass
-class WeightOnlyGemmPlugin(Plugin):
+class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     """``y = x @ dequant(W)^T`` (plugin ``trtcore_weight_only_gemm``, version 1, namespace ``trtcore``).
 
     Inputs (make them with :meth:`from_quantized` / :func:`pack_weight`):
@@ -319,35 +319,6 @@ class WeightOnlyGemmPlugin(Plugin):
             raise PluginError(
                 f"WeightOnlyGemmPlugin takes {self.num_inputs} inputs (x, codes, scales{', zeros' * self.has_zeros}{', perm' * self.has_perm}), got {n}"
             )
-
-    # --- shapes and types ----------------------------------------------------------------------
-
-    def output_dtypes(self, input_dtypes: Sequence[np.dtype]) -> list[np.dtype]:
-        self._check_count(len(input_dtypes))
-        d = np.dtype(input_dtypes[0])
-        if d not in KERNEL_DTYPE_CODES:
-            raise PluginError(f"WeightOnlyGemmPlugin: x must be float16, bfloat16 or float32, got {d}")
-        return [d]
-
-    def output_shapes(self, input_shapes: Sequence[Sequence[Dim]]) -> list[list[Dim]]:
-        self._check_count(len(input_shapes))
-        x = list(input_shapes[0])
-        if not x:
-            raise PluginError("WeightOnlyGemmPlugin: x must have rank >= 1 ([..., in_features])")
-        last = getattr(x[-1], "value", x[-1])
-        if isinstance(last, int) and last >= 0 and last != self.in_features:
-            raise PluginError(f"WeightOnlyGemmPlugin: x's last dimension is {last}, expected in_features={self.in_features}")
-        return [x[:-1] + [Dim(self.out_features)]]
-
-    def supports(self, pos: int, dtypes: Sequence[np.dtype], num_inputs: int) -> bool:
-        if num_inputs != self.num_inputs:
-            return False
-        d = np.dtype(dtypes[pos])
-        if pos == 0:
-            return d in KERNEL_DTYPE_CODES
-        if pos >= num_inputs:
-            return d == np.dtype(dtypes[0])
-        return d == self._constant_dtypes()[pos - 1]
 
     # --- numerics (the contract) -----------------------------------------------------------------
 
