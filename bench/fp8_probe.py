@@ -7,11 +7,13 @@ operands, in up to three ways, and prints per run ``OK`` with the largest error 
 
 * ``trtcore``: :class:`trtcore.cuda.cublaslt.Fp8Matmul` from this checkout, as the
   ``trtcore_fp8_gemm`` plugin calls it (the decisive row);
-* ``raw:scales-first``: the same descriptors made here with nvmath-python's bindings directly,
-  the A/B scale pointers set before ``cublasLtMatmulAlgoGetHeuristic`` (the fix);
-* ``raw:scales-after``: the scale pointers set after the heuristic (what the plugin did when
-  every FP8 matmul failed with CUBLAS_STATUS_NOT_SUPPORTED on 2026-12-02), and
-  ``raw:no-scales`` (null scale pointers: 1), which tell which rule was broken.
+* ``raw:...``: the descriptors made here with nvmath-python's bindings directly, one
+  difference at a time, to tell which rule the failing code broke: ``scales-after`` is what
+  the plugin did when every FP8 matmul failed with CUBLAS_STATUS_NOT_SUPPORTED on 2026-12-02
+  (A/B scale pointers set after ``cublasLtMatmulAlgoGetHeuristic``, result 0 taken
+  unchecked); ``scales-first`` sets them before; ``scales-after+any8`` keeps the old order
+  but takes the first of 8 results whose state is success; ``scales-first+modes`` also states
+  ``A/B_SCALE_MODE = SCALAR_32F``; ``no-scales`` leaves the pointers null (scales 1).
 
 Then, unless ``--no-plugin``, the whole ``trtcore_fp8_gemm`` plugin (quantize kernel + GEMM +
 per-channel epilogue) through ``trtcore.testing.check_plugin`` on a few cases.
@@ -88,55 +90,55 @@ class Raw:
         self.lt.matmul_desc_set_attribute(desc, attr, buf.ctypes.data, buf.nbytes)
 
     def run(self, mode: str, m: int, n: int, k: int, w: int, x: int, sa: int, sb: int, d: int, out_type: int, ws: int, stream: int) -> None:
+        """``mode``: ``scales-first`` / ``scales-after`` / ``no-scales``, optionally ``+modes``
+        (A/B_SCALE_MODE = SCALAR_32F stated) and ``+any8`` (8 heuristic results, the first whose
+        state is success, instead of result 0 unchecked)."""
         lt = self.lt
         D = lt.MatmulDescAttribute
+        order, *extra = mode.split("+")
         desc = lt.matmul_desc_create(COMPUTE_32F, R_32F)
         lay = [lt.matrix_layout_create(R_8F_E4M3, k, n, k), lt.matrix_layout_create(R_8F_E4M3, k, m, k), lt.matrix_layout_create(out_type, n, m, n)]
         pref = lt.matmul_preference_create()
         try:
             self._set(desc, D.TRANSA, 1)
             self._set(desc, D.TRANSB, 0)
-            if mode == "scales-first":
+            if "modes" in extra:
+                self._set(desc, D.A_SCALE_MODE, 0)
+                self._set(desc, D.B_SCALE_MODE, 0)
+            if order == "scales-first":
                 self._set(desc, D.A_SCALE_POINTER, sa)
                 self._set(desc, D.B_SCALE_POINTER, sb)
             P = lt.MatmulPreferenceAttribute
             buf = np.array(WORKSPACE, dtype=lt.get_matmul_preference_attribute_dtype(P.MAX_WORKSPACE_BYTES))
             lt.matmul_preference_set_attribute(pref, P.MAX_WORKSPACE_BYTES, buf.ctypes.data, buf.nbytes)
-            res = lt.MatmulHeuristicResult(1)
+            limit = 8 if "any8" in extra else 1
+            res = lt.MatmulHeuristicResult(limit)
             count = np.zeros(1, np.int32)
-            lt.matmul_algo_get_heuristic(self.handle, desc, lay[0], lay[1], lay[2], lay[2], pref, 1, res.ptr, count.ctypes.data)
-            if not count[0]:
-                raise RuntimeError("no heuristic result")
-            algo = np.frombuffer(np.asarray(res[0]["algo"]).reshape(-1)[0].tobytes(), np.uint8).copy()
-            if mode == "scales-after":
+            lt.matmul_algo_get_heuristic(self.handle, desc, lay[0], lay[1], lay[2], lay[2], pref, limit, res.ptr, count.ctypes.data)
+            states = [int(np.asarray(res[i]["state"]).reshape(-1)[0]) for i in range(int(count[0]))]
+            pick = next((i for i, st in enumerate(states) if st == 0), None) if "any8" in extra else (0 if states else None)
+            if pick is None:
+                raise RuntimeError(f"no usable heuristic result (states {states})")
+            algo = np.frombuffer(np.asarray(res[pick]["algo"]).reshape(-1)[0].tobytes(), np.uint8).copy()
+            if order == "scales-after":
                 self._set(desc, D.A_SCALE_POINTER, sa)
                 self._set(desc, D.B_SCALE_POINTER, sb)
             lt.matmul(
-                self.handle,
-                desc,
-                self.one.ctypes.data,
-                w,
-                lay[0],
-                x,
-                lay[1],
-                self.zero.ctypes.data,
-                d,
-                lay[2],
-                d,
-                lay[2],
-                algo.ctypes.data,
-                ws,
-                WORKSPACE,
-                stream,
-            )
+                self.handle, desc, self.one.ctypes.data, w, lay[0], x, lay[1], self.zero.ctypes.data, d, lay[2], d, lay[2],
+                algo.ctypes.data, ws, WORKSPACE, stream,
+            )  # fmt: skip
             import cupy as cp
 
-            cp.cuda.runtime.streamSynchronize(stream)
+            cp.cuda.runtime.streamSynchronize(stream)  # before the descriptors go
         finally:
             lt.matmul_preference_destroy(pref)
             lt.matmul_desc_destroy(desc)
             for layout in lay:
                 lt.matrix_layout_destroy(layout)
+
+
+#: the nvmath-direct variants (``Raw.run`` modes), each isolating one difference
+RAW_MODES = ["no-scales", "scales-after", "scales-first", "scales-after+any8", "scales-first+modes"]
 
 
 def status_of(exc: BaseException) -> str:
@@ -177,7 +179,7 @@ def probe_gemms(cp: Any, quick: bool) -> list[dict[str, Any]]:
             for out_type, (tname, _) in OUT_TYPES.items():
                 d = cp.zeros((m, n), np.uint16 if out_type == 14 else (np.float16 if out_type == 2 else np.float32))
                 ptrs = (int(wd.data.ptr), int(xd.data.ptr), sa, sb, int(d.data.ptr), out_type)
-                ways = (["trtcore"] if ours is not None else []) + ["raw:scales-first", "raw:scales-after", "raw:no-scales"]
+                ways = (["trtcore"] if ours is not None else []) + [f"raw:{mode}" for mode in RAW_MODES]
                 for way in ways:
                     d.fill(0)  # on the null stream: the device-wide syncs order it with the probe's stream
                     dev.synchronize()
@@ -186,7 +188,7 @@ def probe_gemms(cp: Any, quick: bool) -> list[dict[str, Any]]:
                         if way == "trtcore":
                             ours.run(m, n, k, *ptrs, int(ws.ptr), WORKSPACE, int(stream.ptr))
                         else:
-                            raw.run(way.split(":")[1], m, n, k, *ptrs, int(ws.ptr), int(stream.ptr))
+                            raw.run(way.split(":", 1)[1], m, n, k, *ptrs, int(ws.ptr), int(stream.ptr))
                         dev.synchronize()
                         got = to_float(cp, d, out_type)
                         unit = 1.0 if way != "raw:no-scales" else 0.0125 * 0.03125  # null scale pointers: 1
@@ -197,7 +199,7 @@ def probe_gemms(cp: Any, quick: bool) -> list[dict[str, Any]]:
                         row.update(ok=False, status=status_of(exc))
                     rows.append(row)
                     err_text = f"max err {row['err']:.2e} (tol {row['tol']:.0e})" if "err" in row else ""
-                    print(f"{way:18s} M={m:<4d} N={n:<5d} K={k:<5d} {tname:9s} {row['status']:34s} {err_text}", flush=True)
+                    print(f"{way:24s} M={m:<4d} N={n:<5d} K={k:<5d} {tname:9s} {row['status']:34s} {err_text}", flush=True)
     if ours is not None:
         ours.close()
     return rows
@@ -269,7 +271,7 @@ def main() -> int:
     for way in sorted({r["way"] for r in rows}):
         mine = [r for r in rows if r["way"] == way]
         bad = sorted({r["status"] for r in mine if not r["ok"]})
-        print(f"  {way:18s} {sum(r['ok'] for r in mine):3d} / {len(mine):3d}  {'; '.join(bad)}")
+        print(f"  {way:24s} {sum(r['ok'] for r in mine):3d} / {len(mine):3d}  {'; '.join(bad)}")
     print(f"({time.perf_counter() - t0:.1f} s)")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -52,16 +52,20 @@ class FakeLt(types.ModuleType):
     """nvmath.bindings.cublasLt as far as Fp8Matmul uses it, recording calls."""
 
     class MatmulDescAttribute:
-        TRANSA, TRANSB, A_SCALE_POINTER, B_SCALE_POINTER, FAST_ACCUM = 3, 4, 17, 18, 23
+        TRANSA, TRANSB, A_SCALE_POINTER, B_SCALE_POINTER, FAST_ACCUM, A_SCALE_MODE, B_SCALE_MODE = 3, 4, 17, 18, 25, 31, 32
 
     class MatmulPreferenceAttribute:
-        MAX_WORKSPACE_BYTES = 1
+        MAX_WORKSPACE_BYTES, MIN_ALIGNMENT_A_BYTES, MIN_ALIGNMENT_B_BYTES, MIN_ALIGNMENT_C_BYTES, MIN_ALIGNMENT_D_BYTES = 1, 5, 6, 7, 8
 
-    _ATTR = {3: np.int32, 4: np.int32, 17: np.intp, 18: np.intp, 23: np.int8}
+    _ATTR = {3: np.int32, 4: np.int32, 17: np.intp, 18: np.intp, 25: np.int8, 31: np.int32, 32: np.int32}
+    _PREF = {1: np.uint64, 5: np.uint32, 6: np.uint32, 7: np.uint32, 8: np.uint32}
+
+    #: cublasLtMatmulHeuristicResult_t
+    RESULT = np.dtype([("algo", "V64"), ("workspace_size", "u8"), ("state", "i4"), ("waves_count", "f4"), ("reserved", "4i4")])
 
     class MatmulHeuristicResult:
         def __init__(self, n: int = 1):
-            self.data = np.zeros(n, dtype=[("algo", "V64"), ("workspace_size", "u8")])
+            self.data = np.zeros(n, dtype=FakeLt.RESULT)
             self.ptr = self.data.ctypes.data
 
         def __getitem__(self, i: int) -> np.ndarray:
@@ -72,6 +76,8 @@ class FakeLt(types.ModuleType):
         self.calls: list[tuple] = []
         self.descs: dict[int, dict] = {}
         self.layouts: dict[int, dict] = {}
+        self.prefs: dict[int, dict] = {}
+        self.states = [0]  # the heuristic's results: their state (0 success), algo byte 0 = index
         self._next = 100
 
     def _id(self) -> int:
@@ -88,7 +94,7 @@ class FakeLt(types.ModuleType):
         return self._ATTR[attr]
 
     def get_matmul_preference_attribute_dtype(self, attr: int) -> Any:
-        return np.uint64
+        return self._PREF[attr]
 
     def matmul_desc_create(self, compute: int, scale: int) -> int:
         d = self._id()
@@ -114,21 +120,30 @@ class FakeLt(types.ModuleType):
         pass
 
     def matmul_preference_create(self) -> int:
-        return self._id()
+        pref = self._id()
+        self.prefs[pref] = {}
+        return pref
 
     def matmul_preference_set_attribute(self, pref: int, attr: int, ptr: int, nbytes: int) -> None:
-        pass
+        dtype = np.dtype(self._PREF[attr])
+        assert nbytes == dtype.itemsize, (attr, nbytes)
+        self.prefs[pref][attr] = int(_read(ptr, dtype, 1)[0])
 
     def matmul_preference_destroy(self, pref: int) -> None:
         pass
 
     def matmul_algo_get_heuristic(self, handle, desc, a, b, c, d, pref, n, results_ptr, count_ptr) -> None:  # noqa: ANN001
-        self.calls.append(("heuristic", desc, dict(self.descs[desc]["attrs"]), (a, b, c, d)))
-        ctypes.c_int32.from_address(count_ptr).value = 1
+        self.calls.append(("heuristic", desc, dict(self.descs[desc]["attrs"]), (a, b, c, d), dict(self.prefs[pref])))
+        got = min(n, len(self.states))
+        out = np.frombuffer((ctypes.c_uint8 * (got * self.RESULT.itemsize)).from_address(results_ptr), self.RESULT)
+        for i in range(got):
+            out[i]["algo"] = bytes([i]) + bytes(63)
+            out[i]["state"] = self.states[i]
+        ctypes.c_int32.from_address(count_ptr).value = got
 
     def matmul(self, handle, desc, alpha, a, adesc, b, bdesc, beta, c, cdesc, d, ddesc, algo, ws, wss, stream) -> None:  # noqa: ANN001
         """cuBLASLt's definition, column-major: D = alpha * sA * sB * op(A) @ op(B) + beta * C."""
-        self.calls.append(("matmul", desc, (adesc, bdesc, cdesc, ddesc), (c, d)))
+        self.calls.append(("matmul", desc, (adesc, bdesc, cdesc, ddesc), (c, d), _read(algo, np.dtype(np.uint8), 1)[0]))
         spec = self.descs[desc]
         at = spec["attrs"]
         la, lb, lc, ld_ = (self.layouts[x] for x in (adesc, bdesc, cdesc, ddesc))
@@ -199,6 +214,8 @@ def test_fp8_matmul_is_the_row_major_linear_with_a_complete_descriptor(lt: FakeL
     desc, attrs = heur[0][1], heur[0][2]
     assert attrs[3] == 1 and attrs[4] == 0, "FP8 needs the TN form: TRANSA = T, TRANSB = N"
     assert attrs[17] == sp and attrs[18] == sp + 4, "the scale pointers must be set before the heuristic"
+    assert attrs.get(31) == attrs.get(32) == 0, "tensor-wide float32 scales (SCALAR_32F)"
+    assert heur[0][4] == {1: 1 << 20, 5: 256, 6: 256, 7: 256, 8: 256}, "workspace and the pointers' alignment"
     spec = lt.descs[desc]
     assert (spec["compute"], spec["scale"]) == (68, 0), "CUBLAS_COMPUTE_32F with CUDA_R_32F scales"
     i = lt.calls.index(heur[0])
@@ -217,6 +234,32 @@ def test_fp8_matmul_is_the_row_major_linear_with_a_complete_descriptor(lt: FakeL
     mm.close()
     assert sum(c[0] == "desc_destroy" for c in lt.calls) == 2
     del keep, scales_raw, d_raw
+
+
+def _operands(m: int, n: int, k: int, d_offset: int = 0) -> tuple[list, tuple[int, ...]]:
+    """Zero E4M3 operands, scales 1 and a float32 output (``d_offset`` bytes past 256-byte
+    alignment): the buffers to keep and the pointers (w, x, sa, sb, d)."""
+    (w, wp), (x, xp), (s, sp), (d, dp) = _aligned(n * k), _aligned(m * k), _aligned(8), _aligned(m * n * 4 + d_offset)
+    np.frombuffer((ctypes.c_uint8 * 8).from_address(sp), np.float32)[:] = 1.0
+    return [w, x, s, d], (wp, xp, sp, sp + 4, dp + d_offset)
+
+
+def test_the_first_successful_heuristic_result_runs_for_the_real_alignment(lt: FakeLt) -> None:
+    """A heuristic result whose state is not success is skipped (its algo is not valid), and
+    the heuristic is told the pointers' real alignment (an algorithm picked for the default,
+    256 bytes, may refuse a less aligned operand)."""
+    keep, (wp, xp, sa, sb, dp) = _operands(3, 32, 32, d_offset=16)
+    lt.states = [15, 0]  # CUBLAS_STATUS_NOT_SUPPORTED, then success
+    mm = cublaslt.Fp8Matmul()
+    mm.run(3, 32, 32, wp, xp, sa, sb, dp, 0, 0, 1 << 20, 0)
+    assert [c[4] for c in lt.calls if c[0] == "matmul"] == [1]
+    heur = [c for c in lt.calls if c[0] == "heuristic"]
+    assert heur[0][4][7] == heur[0][4][8] == 16 and heur[0][4][5] == heur[0][4][6] == 256
+    lt.states = [15]
+    with pytest.raises(RuntimeError, match="no FP8 GEMM algorithm for m=3 n=32 k=32 output bfloat16"):
+        mm.run(3, 32, 32, wp, xp, sa, sb, dp, 14, 0, 1 << 20, 0)
+    mm.close()
+    del keep
 
 
 @pytest.mark.parametrize(

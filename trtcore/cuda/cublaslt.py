@@ -238,10 +238,13 @@ class Fp8Matmul(HandleOwner):
       do. One plan (descriptor, layouts, algorithm) per shape, output type and pair of scale
       pointers; an engine's pointers are fixed, so a step reuses its plans (and a CUDA graph
       captures them);
-    * ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` = 0 (stated: the float32 accumulation is promoted
+    * ``A_SCALE_MODE`` / ``B_SCALE_MODE`` = ``SCALAR_32F`` where cuBLASLt has them (12.8+),
+      ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` = 0 (stated: the float32 accumulation is promoted
       at cuBLASLt's intervals, not only at the end);
     * ``K`` and ``N`` multiples of 16 (:func:`fp8_check`); ``M`` any; the algorithm is
-      cuBLASLt's first heuristic candidate within the workspace.
+      cuBLASLt's first heuristic candidate whose state is success, within the workspace and
+      for the pointers' actual alignment (``CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES``, as
+      nvmath-python gives it; the default assumes 256 bytes).
 
     Raises (from :meth:`run`): ValueError for a rule above broken (:func:`fp8_check`);
     RuntimeError when cuBLASLt offers no algorithm; ``nvmath.bindings.cublasLt.cuBLASLtError``
@@ -263,11 +266,22 @@ class Fp8Matmul(HandleOwner):
         lt.matmul_desc_set_attribute(obj, attr, buf.ctypes.data, buf.nbytes)
 
     def plan(
-        self, m: int, n: int, k: int, out_type: int, a_scale_ptr: int, b_scale_ptr: int, workspace_size: int
+        self,
+        m: int,
+        n: int,
+        k: int,
+        out_type: int,
+        a_scale_ptr: int,
+        b_scale_ptr: int,
+        workspace_size: int,
+        align: tuple[int, int, int] = (256, 256, 256),
     ) -> tuple[int, int, int, int, np.ndarray]:
         """``(matmul_desc, a_layout, b_layout, d_layout, algo)`` for the call (made once; the
-        descriptor holds the scale pointers, set before the heuristic)."""
-        key = (m, n, k, out_type, int(a_scale_ptr), int(b_scale_ptr), workspace_size)
+        descriptor holds the scale pointers, set before the heuristic). ``align``: the byte
+        alignment (at most 256) the W, X and D pointers are known to have, given to the
+        heuristic (``CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES``, default 256: an
+        algorithm picked for 256-byte aligned operands may refuse less aligned ones)."""
+        key = (m, n, k, out_type, int(a_scale_ptr), int(b_scale_ptr), workspace_size, align)
         got = self._plans.get(key)
         if got is not None:
             return got
@@ -280,21 +294,13 @@ class Fp8Matmul(HandleOwner):
             self._set(desc, D.TRANSB, 0)  # CUBLAS_OP_N
             self._set(desc, D.A_SCALE_POINTER, int(a_scale_ptr))
             self._set(desc, D.B_SCALE_POINTER, int(b_scale_ptr))
+            self._scalar_scale_modes(desc)
             self._set(desc, D.FAST_ACCUM, 0)
             a = lt.matrix_layout_create(R_8F_E4M3, k, n, k)
             b = lt.matrix_layout_create(R_8F_E4M3, k, m, k)
             d = lt.matrix_layout_create(out_type, n, m, n)
-            pref = lt.matmul_preference_create()
-            try:
-                P = lt.MatmulPreferenceAttribute
-                buf = np.array(workspace_size, dtype=lt.get_matmul_preference_attribute_dtype(P.MAX_WORKSPACE_BYTES))
-                lt.matmul_preference_set_attribute(pref, P.MAX_WORKSPACE_BYTES, buf.ctypes.data, buf.nbytes)
-                results = lt.MatmulHeuristicResult(1)
-                count = np.zeros(1, dtype=np.int32)
-                lt.matmul_algo_get_heuristic(self.handle, desc, a, b, d, d, pref, 1, results.ptr, count.ctypes.data)
-            finally:
-                lt.matmul_preference_destroy(pref)
-            if not int(count[0]):
+            algo = self._heuristic(desc, a, b, d, workspace_size, align)
+            if algo is None:
                 raise RuntimeError(f"cuBLASLt has no FP8 GEMM algorithm for m={m} n={n} k={k} output {FP8_OUTPUT_TYPES[out_type]}")
         except BaseException:
             lt.matmul_desc_destroy(desc)
@@ -302,9 +308,45 @@ class Fp8Matmul(HandleOwner):
                 if layout:
                     lt.matrix_layout_destroy(layout)
             raise
-        algo = np.frombuffer(_field(results[0], "algo").tobytes(), dtype=np.uint8).copy()
         self._plans[key] = (desc, a, b, d, algo)
         return self._plans[key]
+
+    def _scalar_scale_modes(self, desc: int) -> None:
+        """``CUBLASLT_MATMUL_DESC_{A,B}_SCALE_MODE`` = ``SCALAR_32F`` (one float32 per operand),
+        stated as nvmath-python's FP8 matmul states it; cuBLASLt before 12.8 has no such
+        attribute (its only mode is this one) and refuses it, which is ignored."""
+        lt = self._lt
+        D = lt.MatmulDescAttribute
+        if not hasattr(D, "A_SCALE_MODE"):
+            return
+        for attr in (D.A_SCALE_MODE, D.B_SCALE_MODE):
+            try:
+                self._set(desc, attr, 0)  # CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
+            except Exception:  # noqa: BLE001 - an older cuBLASLt: scalar scaling is all it has
+                return
+
+    def _heuristic(self, desc: int, a: int, b: int, d: int, workspace_size: int, align: tuple[int, int, int]) -> np.ndarray | None:
+        """The first of cuBLASLt's (up to 8) heuristic results whose ``state`` is success, as
+        algorithm bytes; None when there is none."""
+        lt = self._lt
+        pref = lt.matmul_preference_create()
+        try:
+            P = lt.MatmulPreferenceAttribute
+            settings = [(P.MAX_WORKSPACE_BYTES, workspace_size)]
+            settings += [(P.MIN_ALIGNMENT_A_BYTES, align[0]), (P.MIN_ALIGNMENT_B_BYTES, align[1])]
+            settings += [(P.MIN_ALIGNMENT_C_BYTES, align[2]), (P.MIN_ALIGNMENT_D_BYTES, align[2])]
+            for attr, value in settings:
+                buf = np.array(value, dtype=lt.get_matmul_preference_attribute_dtype(attr))
+                lt.matmul_preference_set_attribute(pref, attr, buf.ctypes.data, buf.nbytes)
+            results = lt.MatmulHeuristicResult(8)
+            count = np.zeros(1, dtype=np.int32)
+            lt.matmul_algo_get_heuristic(self.handle, desc, a, b, d, d, pref, 8, results.ptr, count.ctypes.data)
+        finally:
+            lt.matmul_preference_destroy(pref)
+        for i in range(int(count[0])):
+            if int(_field(results[i], "state")) == 0:  # CUBLAS_STATUS_SUCCESS
+                return np.frombuffer(_field(results[i], "algo").tobytes(), dtype=np.uint8).copy()
+        return None
 
     def run(
         self, m: int, n: int, k: int, w_ptr: int, x_ptr: int, a_scale_ptr: int, b_scale_ptr: int, d_ptr: int, out_type: int,
@@ -314,7 +356,8 @@ class Fp8Matmul(HandleOwner):
         14 bfloat16, 2 float16, 0 float32; ``a_scale_ptr`` / ``b_scale_ptr`` device pointers to
         float32, the weight's and x's scale)."""
         fp8_check(m, n, k, out_type, {"W": w_ptr, "X": x_ptr, "D": d_ptr, "A scale": a_scale_ptr, "B scale": b_scale_ptr})
-        desc, a, b, d, algo = self.plan(m, n, k, out_type, a_scale_ptr, b_scale_ptr, workspace_size)
+        align = tuple(min(256, p & -p) for p in (w_ptr, x_ptr, d_ptr))
+        desc, a, b, d, algo = self.plan(m, n, k, out_type, a_scale_ptr, b_scale_ptr, workspace_size, align)
         self._lt.matmul(
             self.handle, desc, self._one.ctypes.data, w_ptr, a, x_ptr, b, self._zero.ctypes.data, d_ptr, d, d_ptr, d,
             algo.ctypes.data, workspace, workspace_size, int(stream),
