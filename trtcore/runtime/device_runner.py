@@ -628,8 +628,8 @@ class DeviceRunner:
                 self._filled[side] = g
                 self._rows[side] = [(s.request_id, len(s.block_table)) for s in batch.seqs] + [PAD_ROW] * (g.size - n)  # type: ignore[attr-defined]
             if g.graphs:  # the whole step: staging copy, feed, engine, sampling, copies back
-                sampling = self._sample(ids, rows=g.size)
-                self.device.launch_graph(g.graphs[self._side])
+                sampling = self.sampler.enqueue(ids, self.logits_ptr, self.vocab_size, side=side, rows=g.size) if ids else None
+                self.device.launch_graph(g.graphs[side])
                 self.num_graph_replays += 1
             else:
                 self._copy_inputs(g.layout)

@@ -218,7 +218,7 @@ class EngineCore:
 
     def _enqueue(self) -> None:
         out = self.scheduler.schedule()
-        if not out.is_empty:
+        if out.seqs:  # not out.is_empty
             self.runner.execute(out)
         self._in_flight.append(out)
 

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from trtcore.errors import InvalidArgumentError, InvalidRequestError
-from trtcore.gpu import call, cuda_bindings
+from trtcore.gpu import call, check, cuda_bindings
 
 from .sampling import Logprob, SampleResult, SamplingRow, TokenLogprobs, _banned
 
@@ -104,6 +104,14 @@ def _rt() -> Any:
 
 def _call(what: str, fn: Any, *args: Any) -> Any:
     return call(what, fn, *args)
+
+
+def _wait(event: Any) -> None:
+    """``cudaEventSynchronize(event)``, its status checked (:func:`trtcore.gpu.check`) only
+    when it is an error: the per-step wait, without the wrapper calls."""
+    result = _rt().cudaEventSynchronize(event)
+    if result[0]:
+        check(result, "cudaEventSynchronize")
 
 
 def _stream_int(stream: Any) -> int:
@@ -464,7 +472,7 @@ class GpuSampler:
         self._turn = (self._turn + 1) % len(self._sides) if side is None else int(side)
         host = self._sides[self._turn]
         if host.pending:
-            _call("cudaEventSynchronize", _rt().cudaEventSynchronize, host.done)  # that side's last step is done
+            _wait(host.done)  # that side's last step is done
         host.pending = True
         return host
 
@@ -480,7 +488,8 @@ class GpuSampler:
             InvalidArgumentError: ``index``, ``steps`` and ``rows`` differ in length, more
                 than ``max_batch_size`` rows, ``table`` of another dtype, or no such side.
         """
-        self._check_open()
+        if self._closed:
+            self._check_open()
         n = len(rows)
         if len(index) != n or len(steps) != n or not 1 <= n <= self.max_batch_size:
             raise InvalidArgumentError(
@@ -612,9 +621,10 @@ class GpuSampler:
         per row as the kernel wrote them (``status``: ``STATUS_OK`` / ``STATUS_FALLBACK`` /
         ``STATUS_INACTIVE``, or-ed with ``STATUS_NONFINITE_BIT``), no logprobs: the step
         loop's path when no row asks for logprobs."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
         side = self._sides[self._turn if ticket is None else ticket]
-        _call("cudaEventSynchronize", _rt().cudaEventSynchronize, side.done)
+        _wait(side.done)
         side.pending = False
         return side.results_i32[: len(side.rows), :2].tolist()  # type: ignore[no-any-return]
 
