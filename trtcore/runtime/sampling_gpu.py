@@ -24,7 +24,11 @@ and with ``host_sides=1`` (the default).
 Asynchronous scheduling (the device executor): with ``host_sides=2`` the pinned parameter
 and result buffers alternate, so step n+1 is staged and enqueued before step n's results are
 read (``ticket = sample(...)``, later ``result(ticket)``), and :meth:`GpuSampler.feed_tokens`
-writes step n's sampled ids into step n+1's ``input_ids`` on the device.
+writes step n's sampled ids into step n+1's ``input_ids`` on the device. The executor's
+per-step host work uses the lean twins: :meth:`GpuSampler.stage` (records gathered from a
+table of packed requests straight into the pinned buffer) and :meth:`GpuSampler.result_status`
+(tokens and status codes, no arrays, when no row asks for logprobs); a side's done event is
+waited for before restaging it only while its step's results are unread.
 
 Memory (allocated once, in the constructor): device ``RowParams [max_batch_size]`` (216
 bytes each), results ``[max_batch_size]`` (16 bytes), top-k logprob ids and values
@@ -501,7 +505,12 @@ class GpuSampler:
             if table.dtype != self.params_dtype:
                 raise InvalidArgumentError(f"stage needs a table of params_dtype records, got dtype {table.dtype}")
             self._table, self._table_u8 = table, table.view(np.uint8).reshape(len(table), table.dtype.itemsize)
-        host = self._next_side(side)
+        # _next_side, inline (the per-step path)
+        self._turn = turn = (self._turn + 1) % len(self._sides) if side is None else int(side)
+        host = self._sides[turn]
+        if host.pending:
+            _wait(host.done)  # that side's last step is done
+        host.pending = True
         stage_records(host.params_u8, host.params_u64, self._table_u8, index, steps, self._step_col)
         host.rows = list(rows)
         host.copy_logprobs = True
