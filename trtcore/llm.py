@@ -147,12 +147,13 @@ class _IncrementalText:
 
     def output(self, index: int, event: RequestEvent) -> StreamOutput | None:
         """The stream's output for ``event``; None for the engine's finish event after a stop string."""
-        if self.stop.stopped:
+        if self.stop.stop_reason is not None:  # stopped
             return None
-        error = _request_error(index, event.finish_reason, event.error)
-        if error is not None:
-            return StreamOutput(index, -1, "", finish_reason="error", error=error)
         final = event.finish_reason is not None
+        if final:
+            error = _request_error(index, event.finish_reason, event.error)
+            if error is not None:
+                return StreamOutput(index, -1, "", finish_reason="error", error=error)
         piece = self.detokenizer.step(event.token_id, final=final)
         delta, stop = self.stop.feed(piece, len(self.detokenizer.token_ids), final=final)
         logprobs = event.logprobs.as_dict() if event.logprobs is not None else None
@@ -616,15 +617,17 @@ class LLM:
         their new tokens (``index`` = request id; a request that failed gives one output
         with ``finish_reason="error"`` and ``error``)."""
         outs = []
+        texts = self._texts
         for event in self.engine.step():
-            rid = _index(event.request_id)
-            if rid not in self._texts:
+            rid = int(event.request_id)  # _index
+            text = texts.get(rid)
+            if text is None:
                 continue  # rejected: add_request raised already
-            out = self._texts[rid].output(rid, event)
+            out = text.output(rid, event)
             if out is not None:
                 outs.append(out)
             if out is None or out.finish_reason is not None:
-                del self._texts[rid]
+                del texts[rid]
         return outs
 
     def abort_request(self, request_id: int) -> bool:
