@@ -235,7 +235,9 @@ class Fp8Matmul(HandleOwner):
       ``cublasLtMatmulAlgoGetHeuristic`` and never changed after: the algorithm is chosen for
       the descriptor as it runs, as NVIDIA's ``LtFp8Matmul`` sample, PyTorch's
       ``scaled_gemm`` and nvmath-python's ``Matmul`` (which asks for every operand's scale)
-      do. One plan (descriptor, layouts, algorithm) per shape, output type and pair of scale
+      do -- "cuBLASLt might use kernels that don't work with scales if not set up" (XLA
+      pull request 40747, 2026: XLA queried the heuristic without the scale pointers and set
+      them at run time, as trtcore did, and cuBLASLt 12.8 refused some FP8 GEMMs). One plan (descriptor, layouts, algorithm) per shape, output type and pair of scale
       pointers; an engine's pointers are fixed, so a step reuses its plans (and a CUDA graph
       captures them);
     * ``A_SCALE_MODE`` / ``B_SCALE_MODE`` = ``SCALAR_32F`` where cuBLASLt has them (12.8+),
