@@ -89,7 +89,22 @@ class Raw:
         buf = np.array(value, dtype=self.lt.get_matmul_desc_attribute_dtype(attr))
         self.lt.matmul_desc_set_attribute(desc, attr, buf.ctypes.data, buf.nbytes)
 
-    def run(self, mode: str, m: int, n: int, k: int, w: int, x: int, sa: int, sb: int, d: int, out_type: int, ws: int, stream: int) -> None:
+    def run(
+        self,
+        mode: str,
+        m: int,
+        n: int,
+        k: int,
+        w: int,
+        x: int,
+        sa: int,
+        sb: int,
+        d: int,
+        out_type: int,
+        ws: int,
+        stream: int,
+        alpha: tuple[int, int, int] = (0, 0, 0),
+    ) -> None:
         """``mode``: ``scales-first`` / ``scales-after`` / ``no-scales``, optionally ``+modes``
         (A/B_SCALE_MODE = SCALAR_32F stated) and ``+any8`` (8 heuristic results, the first whose
         state is success, instead of result 0 unchecked)."""
@@ -108,6 +123,13 @@ class Raw:
             if order == "scales-first":
                 self._set(desc, D.A_SCALE_POINTER, sa)
                 self._set(desc, D.B_SCALE_POINTER, sb)
+            alpha_ptr, beta_ptr = self.one.ctypes.data, self.zero.ctypes.data
+            if order == "alpha-device":  # the scales' product as a device alpha (POINTER_MODE_DEVICE), no scale pointers
+                self._set(desc, D.POINTER_MODE, 1)
+                alpha_ptr, beta_ptr = alpha[0], alpha[1]
+            if order == "alpha-vector":  # one device alpha per row of D (POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO)
+                self._set(desc, D.POINTER_MODE, 3)
+                alpha_ptr, beta_ptr = alpha[2], 0
             P = lt.MatmulPreferenceAttribute
             buf = np.array(WORKSPACE, dtype=lt.get_matmul_preference_attribute_dtype(P.MAX_WORKSPACE_BYTES))
             lt.matmul_preference_set_attribute(pref, P.MAX_WORKSPACE_BYTES, buf.ctypes.data, buf.nbytes)
@@ -124,7 +146,7 @@ class Raw:
                 self._set(desc, D.A_SCALE_POINTER, sa)
                 self._set(desc, D.B_SCALE_POINTER, sb)
             lt.matmul(
-                self.handle, desc, self.one.ctypes.data, w, lay[0], x, lay[1], self.zero.ctypes.data, d, lay[2], d, lay[2],
+                self.handle, desc, alpha_ptr, w, lay[0], x, lay[1], beta_ptr, d, lay[2], d, lay[2],
                 algo.ctypes.data, ws, WORKSPACE, stream,
             )  # fmt: skip
             import cupy as cp
@@ -138,7 +160,17 @@ class Raw:
 
 
 #: the nvmath-direct variants (``Raw.run`` modes), each isolating one difference
-RAW_MODES = ["no-scales", "scales-after", "scales-first", "scales-after+any8", "scales-first+modes"]
+RAW_MODES = [
+    "no-scales",
+    "scales-after",
+    "scales-first",
+    "scales-after+any8",
+    "scales-first+modes",
+    "alpha-device",
+    "alpha-device+any8",
+    "alpha-vector",
+    "alpha-vector+any8",
+]
 
 
 def status_of(exc: BaseException) -> str:
@@ -156,6 +188,10 @@ def probe_gemms(cp: Any, quick: bool) -> list[dict[str, Any]]:
     ws = cp.cuda.alloc(WORKSPACE)
     scales = cp.asarray(np.array([0.0125, 0.03125], np.float32))
     sa, sb = int(scales.data.ptr), int(scales.data.ptr) + 4
+    # the alpha variants: the scales' product as a device scalar (with a device zero beta), and as a vector per row of D
+    alpha_dev = cp.asarray(np.array([0.0125 * 0.03125, 0.0], np.float32))
+    alpha_vec = cp.full(8192, 0.0125 * 0.03125, np.float32)
+    alphas = (int(alpha_dev.data.ptr), int(alpha_dev.data.ptr) + 4, int(alpha_vec.data.ptr))
     raw = Raw()
     try:
         sys.path.insert(0, str(ROOT))
@@ -188,7 +224,7 @@ def probe_gemms(cp: Any, quick: bool) -> list[dict[str, Any]]:
                         if way == "trtcore":
                             ours.run(m, n, k, *ptrs, int(ws.ptr), WORKSPACE, int(stream.ptr))
                         else:
-                            raw.run(way.split(":", 1)[1], m, n, k, *ptrs, int(ws.ptr), int(stream.ptr))
+                            raw.run(way.split(":", 1)[1], m, n, k, *ptrs, int(ws.ptr), int(stream.ptr), alphas)
                         dev.synchronize()
                         got = to_float(cp, d, out_type)
                         unit = 1.0 if way != "raw:no-scales" else 0.0125 * 0.03125  # null scale pointers: 1
