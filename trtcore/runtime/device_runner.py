@@ -36,8 +36,12 @@ into the scratch block's slot 0 and reads only that slot (entries past a sequenc
 are never read; entries ``< 0`` are never written and read as zeros in the kernel, and the
 NumPy reference refuses them among the blocks a sequence uses, hence the scratch block), so
 they touch nothing of the real sequences. Prefill and mixed steps run eagerly on a context of
-their own (shapes set per step). ``enforce_eager=True`` runs decode steps eagerly too, still
-padded to their bucket.
+their own (shapes set per step), padded too (:func:`padded_step_shape`): their tokens to a
+power of two (:func:`token_buckets`), their sequences to a batch bucket, the padding tokens
+in padding rows that read and write only the scratch block (:func:`fill_step`), so that the
+eager context meets a few shape combinations only (the cuda engine prepares the launch list
+of each new one on the host, milliseconds; ``warm_eager`` prepares them all at start-up).
+``enforce_eager=True`` runs decode steps eagerly too, still padded to their bucket.
 
 **Sampling** on the device (:class:`~trtcore.runtime.request_sampler.RequestSampler` over the
 batched sampling kernel, :class:`~trtcore.runtime.sampling_gpu.GpuSampler`): right behind the
@@ -64,7 +68,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -101,12 +105,17 @@ __all__ = [
     "fill_decode",
     "fill_step",
     "kv_pool_blocks",
+    "padded_step_shape",
+    "padding_row_tokens",
+    "token_buckets",
 ]
 
 _log = logging.getLogger("trtcore.runtime")
 
 #: block-table entry of the columns a sequence does not use (never read, never written)
 PAD_BLOCK_ID = -1
+#: most eager step layouts kept (host views; LRU): the padded shapes and some unpadded ones
+MAX_EAGER_LAYOUTS = 128
 _I32 = np.dtype(np.int32)
 
 
@@ -143,6 +152,56 @@ def bucket_for(num_seqs: int, buckets: Sequence[int]) -> int:
         if b >= num_seqs >= 1:
             return b
     raise InvalidArgumentError(f"{num_seqs} sequences fit no batch bucket of {tuple(buckets)}")
+
+
+def token_buckets(max_num_tokens: int, smallest: int = 16) -> tuple[int, ...]:
+    """The token counts prefill and mixed steps are padded to: powers of two from
+    ``smallest`` below ``max_num_tokens``, then ``max_num_tokens`` itself (``2048 -> (16, 32,
+    ..., 1024, 2048)``, ``100 -> (16, 32, 64, 100)``), as TensorRT-LLM's and vLLM's token
+    buckets: a server then meets a few input-shape combinations only.
+
+    Raises:
+        InvalidArgumentError: ``max_num_tokens`` or ``smallest`` below 1.
+    """
+    if max_num_tokens < 1 or smallest < 1:
+        raise InvalidArgumentError(f"max_num_tokens and smallest must be >= 1, got {max_num_tokens}, {smallest}")
+    out = []
+    t = int(smallest)
+    while t < max_num_tokens:
+        out.append(t)
+        t *= 2
+    out.append(int(max_num_tokens))
+    return tuple(out)
+
+
+def padded_step_shape(num_tokens: int, num_seqs: int, tokens: Sequence[int], seqs: Sequence[int], max_row_tokens: int) -> tuple[int, int]:
+    """``(T, B)``: the tokens and sequences an eager step of ``num_tokens`` tokens of
+    ``num_seqs`` sequences is padded to: ``B`` the smallest of the sequence buckets ``seqs``
+    ``>= num_seqs`` (one more when the tokens need padding and ``num_seqs`` is a bucket: the
+    padding tokens need a padding row), ``T`` the smallest of the token buckets ``tokens``
+    ``>= num_tokens + B - num_seqs`` (a token per padding row); the step itself, unpadded,
+    where that does not fit (``num_seqs`` already the largest bucket, more tokens than the
+    largest, or more padding than ``B - num_seqs`` rows of ``max_row_tokens`` hold).
+
+    Raises:
+        InvalidArgumentError: ``num_seqs < 1`` or ``num_tokens < num_seqs``.
+    """
+    t, n = int(num_tokens), int(num_seqs)
+    if n < 1 or t < n:
+        raise InvalidArgumentError(f"a step of {t} tokens and {n} sequences (every sequence has a token at least)")
+    if n > seqs[-1]:
+        return t, n
+    b = bucket_for(n, seqs)
+    if b == n and t in tokens:
+        return t, n
+    if b == n:
+        if n >= seqs[-1]:
+            return t, n
+        b = bucket_for(n + 1, seqs)
+    T = next((x for x in tokens if x >= t + b - n), None)
+    if T is None or T - t > (b - n) * int(max_row_tokens):
+        return t, n
+    return T, b
 
 
 @dataclass(frozen=True)
@@ -187,11 +246,44 @@ class StepLayout:
         return out
 
 
-def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int, fed_rows: dict[Hashable, int] | None = None) -> None:
+def padding_row_tokens(pad_tokens: int, pad_rows: int, max_row_tokens: int | None = None) -> list[int]:
+    """How :func:`fill_step` spreads ``pad_tokens`` padding tokens over ``pad_rows`` padding
+    rows: one each, the surplus on the first rows, at most ``max_row_tokens`` a row (None: no
+    limit), e.g. ``(10, 3, None) -> [8, 1, 1]``, ``(10, 3, 4) -> [4, 4, 2]``.
+
+    Raises:
+        InvalidArgumentError: fewer tokens than rows, or more than the rows hold.
+    """
+    cap = pad_tokens if max_row_tokens is None else int(max_row_tokens)
+    if pad_tokens < pad_rows or pad_tokens > pad_rows * cap or (pad_rows == 0 and pad_tokens):
+        raise InvalidArgumentError(
+            f"{pad_tokens} padding tokens do not fit {pad_rows} padding rows (one token each at least, {max_row_tokens} at most)"
+        )
+    out = []
+    left = pad_tokens
+    for r in range(pad_rows, 0, -1):
+        k = min(cap, left - (r - 1))
+        out.append(k)
+        left -= k
+    return out
+
+
+def fill_step(
+    views: dict[str, np.ndarray],
+    batch: StepBatch,
+    scratch_block: int,
+    fed_rows: dict[Hashable, int] | None = None,
+    max_row_tokens: int | None = None,
+) -> None:
     """Write the inputs of ``batch`` into the int32 ``views`` of a :class:`StepLayout` whose
-    sizes may exceed the batch's: the extra sequences are **padding rows** (one token, id 0 at
-    position 0, ``seq_lens`` 1, block table ``[scratch_block, -1, ...]``), the extra tokens
-    belong to them; a real sequence's unused block-table columns are :data:`PAD_BLOCK_ID`.
+    sizes may exceed the batch's: the extra sequences are **padding rows**, the extra tokens
+    belong to them (:func:`padding_row_tokens`: one each, the surplus on the first ones, at
+    most ``max_row_tokens`` a row). A padding row of ``k`` tokens has token ids 0 at positions
+    ``0 .. k-1`` and ``seq_lens`` ``k``; its block table is ``[scratch_block, -1, ...]`` for one
+    token, and the scratch block in every column for several (its positions pass the first
+    block: they all land in the scratch block, columns past its last block are never read), so
+    it reads and writes only the scratch block. A real sequence's unused block-table columns
+    are :data:`PAD_BLOCK_ID`.
 
     A token still in flight (:data:`~trtcore.runtime.scheduler.PLACEHOLDER_TOKEN_ID`, negative)
     is staged as ``-(row + 1)``, ``row = fed_rows[request_id]`` its request's row in the
@@ -200,7 +292,7 @@ def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int
 
     Raises:
         InvalidArgumentError: the batch has more tokens or sequences than the layout, or the
-            layout's padding sequences have no token each (``T - tokens < B - seqs``).
+            layout's padding tokens do not fit its padding rows (:func:`padding_row_tokens`).
         KeyError: a placeholder for a request not in ``fed_rows``.
     """
     seqs = batch.seqs
@@ -210,10 +302,9 @@ def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int
     n = len(seqs)
     lens = [len(s.token_ids) for s in seqs]
     t = sum(lens)
-    if n > B or t > T or T - t != B - n:
-        raise InvalidArgumentError(
-            f"a step of {n} sequences / {t} tokens does not pad to a layout of {B} sequences / {T} tokens (one token per padding row)"
-        )
+    if n > B or t > T:
+        raise InvalidArgumentError(f"a step of {n} sequences / {t} tokens does not pad to a layout of {B} sequences / {T} tokens")
+    pad = padding_row_tokens(T - t, B - n, max_row_tokens)
     # whole-array writes from flat lists: one conversion per field, not one per sequence
     qsl[0] = 0
     if n:
@@ -224,15 +315,24 @@ def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int
             ids[:t] = [tok for s in seqs for tok in s.token_ids]
         pos[:t] = [p for s in seqs for p in s.positions]
         sl[:n] = [s.num_cached_tokens + k for s, k in zip(seqs, lens)]
-    qsl[n + 1 :] = t + np.arange(1, B - n + 1, dtype=np.int32)
     bt.fill(PAD_BLOCK_ID)
     bt[n:, 0] = scratch_block
     for i, s in enumerate(seqs):
         table = s.block_table  # type: ignore[attr-defined]
         bt[i, : len(table)] = table
     ids[t:] = 0
-    pos[t:] = 0
-    sl[n:] = 1
+    if T - t == B - n:  # one token per padding row (every decode bucket)
+        qsl[n + 1 :] = t + np.arange(1, B - n + 1, dtype=np.int32)
+        pos[t:] = 0
+        sl[n:] = 1
+    else:
+        np.cumsum(pad, out=qsl[n + 1 :])
+        qsl[n + 1 :] += t
+        sl[n:] = pad
+        pos[t:] = np.concatenate([np.arange(k, dtype=np.int32) for k in pad])
+        for i, k in enumerate(pad):
+            if k > 1:
+                bt[n + i] = scratch_block
     np.subtract(qsl[1:], 1, out=last)
     if ROPE_SEQ_LENS in views:  # each token's sequence length (dynamic RoPE)
         views[ROPE_SEQ_LENS][:] = np.repeat(sl, np.diff(qsl))
@@ -362,12 +462,20 @@ class DeviceRunner:
         gpu_memory_utilization: fraction of the device memory the process may use (0, 1].
         kv_cache_memory: bytes for the pool instead (overrides ``gpu_memory_utilization``).
         enforce_eager: no CUDA graphs.
+        pad_eager_steps: pad prefill and mixed steps to :func:`token_buckets` x
+            :func:`batch_buckets` (:func:`padded_step_shape`); False runs each with its
+            exact sizes.
+        warm_eager: prepare the eager context's launches for every padded shape at start-up
+            (where the engine's context can, the cuda backend's: ``prepare_launches``).
         weights_bytes: device bytes the engine's weights took (for the report; measured by
             the caller around deserialization).
 
     Attributes:
         num_blocks: blocks the scheduler may hand out (the pool has one more, the scratch block).
         buckets: the decode batch buckets.
+        token_buckets: the token counts eager steps are padded to.
+        eager_shapes: the ``(tokens, sequences)`` shapes eager steps are padded to (warmed at
+            start-up with ``warm_eager``).
         num_steps / num_graph_replays: steps run, of them replayed from a graph.
 
     Raises:
@@ -385,6 +493,8 @@ class DeviceRunner:
         gpu_memory_utilization: float = 0.9,
         kv_cache_memory: int | None = None,
         enforce_eager: bool = False,
+        pad_eager_steps: bool = True,
+        warm_eager: bool = True,
         weights_bytes: int = 0,
     ) -> None:
         self.engine = engine
@@ -399,6 +509,18 @@ class DeviceRunner:
         self.max_blocks = -(-int(plan.max_seq_len) // int(plan.block_size))
         self.enforce_eager = bool(enforce_eager)
         self.buckets = batch_buckets(self.max_batch_size)
+        self.pad_eager_steps = bool(pad_eager_steps)
+        self.token_buckets = token_buckets(self.max_num_tokens)
+        #: most tokens one padding row of an eager step holds (every column the scratch block)
+        self.max_row_tokens = self.max_blocks * int(plan.block_size)
+        self.eager_shapes = sorted(
+            {
+                padded_step_shape(t, b, self.token_buckets, self.buckets, self.max_row_tokens)
+                for t in self.token_buckets
+                for b in self.buckets
+                if b <= t
+            }
+        )
         self.num_steps = 0
         self.num_graph_replays = 0
         self._in_flight: deque[_InFlight] = deque()  # enqueued by execute(), oldest first
@@ -452,7 +574,8 @@ class DeviceRunner:
         # execution contexts: one for eager steps, one per decode bucket (one per graph)
         self.eager = self._context("eager")
         self._eager_shapes: dict[str, tuple[int, ...]] = {}
-        self._eager_layouts: dict[tuple[int, int], tuple[StepLayout, list[dict[str, np.ndarray]]]] = {}
+        # host-side layouts of the eager shapes met (LRU: unpadded shapes can be many)
+        self._eager_layouts: OrderedDict[tuple[int, int], tuple[StepLayout, list[dict[str, np.ndarray]]]] = OrderedDict()
         self.graphs: dict[int, _Graph] = {}
         for size in self.buckets:
             layout = StepLayout.make(size, size, self.max_blocks, self.rope_seq_lens)
@@ -461,6 +584,8 @@ class DeviceRunner:
             self._bind_inputs(ctx, layout)
             self.graphs[size] = _Graph(size, ctx, layout, [layout.views(h) for h in self.host_staging])
         self._capture_all()
+        if warm_eager and self.pad_eager_steps:
+            self._warm_eager()
         self.device.synchronize()
         for line in self.memory_report():
             _log.info("%s", line)
@@ -528,7 +653,49 @@ class DeviceRunner:
                 self.device.launch_graph(graph)
                 self.sampler.kernel.result(padding.ticket)  # waits; nothing to read
 
+    def _warm_eager(self) -> None:
+        """Prepare the eager context's launch list for every padded eager shape (host work
+        only, nothing runs), so that no step of a server pays it; a no-op for contexts that
+        prepare nothing on the host (TensorRT's, the reference backend's)."""
+        prepare = getattr(self.eager, "prepare_launches", None)
+        if prepare is None:
+            return
+        limit = getattr(self.eager, "max_prepared", None)
+        if limit is not None and limit < len(self.eager_shapes) + MAX_EAGER_LAYOUTS:
+            self.eager.max_prepared = len(self.eager_shapes) + MAX_EAGER_LAYOUTS
+        t0 = time.perf_counter()
+        for T, B in self.eager_shapes:
+            layout, _ = self._eager_layout(T, B)
+            self._set_eager_shapes(layout)
+            self._bind_inputs(self.eager, layout)
+            prepare()
+        _log.info("prepared %d eager step shapes in %.2f s", len(self.eager_shapes), time.perf_counter() - t0)
+
     # steps ---------------------------------------------------------------------------------
+    def _eager_layout(self, T: int, B: int) -> tuple[StepLayout, list[dict[str, np.ndarray]]]:
+        """The layout of an eager step of ``T`` tokens and ``B`` sequences and its views of
+        each host staging buffer (host-side only, no device memory; LRU of
+        :data:`MAX_EAGER_LAYOUTS`)."""
+        key = (T, B)
+        cached = self._eager_layouts.get(key)
+        if cached is None:
+            layout = StepLayout.make(T, B, self.max_blocks, self.rope_seq_lens)
+            cached = self._eager_layouts[key] = (layout, [layout.views(h) for h in self.host_staging])
+            if len(self._eager_layouts) > MAX_EAGER_LAYOUTS:
+                self._eager_layouts.popitem(last=False)
+        else:
+            self._eager_layouts.move_to_end(key)
+        return cached
+
+    def _set_eager_shapes(self, layout: StepLayout) -> None:
+        """Set the eager context's input shapes that differ from ``layout``'s."""
+        ctx = self.eager
+        for name, (_, shape) in layout.fields.items():
+            if self._eager_shapes.get(name) != shape:
+                if not ctx.set_input_shape(name, shape):
+                    raise DeviceRunnerError(f"the engine refuses input {name!r} of shape {shape} (outside its optimization profile)")
+                self._eager_shapes[name] = shape
+
     def _copy_inputs(self, layout: StepLayout) -> None:
         self.device.copy_async(self.staging_ptr, int(self.host_staging[self._side].ctypes.data), layout.nbytes)
 
@@ -550,7 +717,7 @@ class DeviceRunner:
         bucket's graph (a decode) or an eager execution (prefill / mixed), then the sampling
         of the sequences that produce a token (:class:`RequestSampler`), so that
         :meth:`sample` only waits. Returns the rows of the logits buffer the step fills (the
-        bucket size, or the batch's sequences).
+        decode bucket, or the padded sequences of an eager step).
 
         Two steps may be in flight (asynchronous scheduling, :meth:`can_run_ahead`): a token
         of the step before that the host does not know yet (a placeholder) is written into
@@ -625,26 +792,20 @@ class DeviceRunner:
         tokens = sum(s.num_new_tokens for s in batch.seqs)
         if tokens > self.max_num_tokens:
             raise InvalidArgumentError(f"a step of {tokens} tokens; the engine takes at most max_num_tokens={self.max_num_tokens}")
-        key = (tokens, n)
-        cached = self._eager_layouts.get(key)
-        if cached is None:  # host-side only: a layout and its views, no device memory
-            layout = StepLayout.make(tokens, n, self.max_blocks, self.rope_seq_lens)
-            cached = self._eager_layouts[key] = (layout, [layout.views(h) for h in self.host_staging])
-        layout, views = cached
-        fill_step(views[self._side], batch, self.scratch_block, fed)
+        if self.pad_eager_steps:
+            T, B = padded_step_shape(tokens, n, self.token_buckets, self.buckets, self.max_row_tokens)
+        else:
+            T, B = tokens, n
+        layout, views = self._eager_layout(T, B)
+        fill_step(views[self._side], batch, self.scratch_block, fed, self.max_row_tokens)
         # this side's staging now holds another layout, and a request may have been (re-)admitted
         # with new blocks: the next decode on either side writes its whole layout (fill_step)
         self._filled = [None, None]
         self._copy_inputs(layout)
-        ctx = self.eager
-        for name, (_, shape) in layout.fields.items():
-            if self._eager_shapes.get(name) != shape:
-                if not ctx.set_input_shape(name, shape):
-                    raise DeviceRunnerError(f"the engine refuses input {name!r} of shape {shape} (outside its optimization profile)")
-                self._eager_shapes[name] = shape
-        self._bind_inputs(ctx, layout)
-        self._run(ctx, layout, feed=bool(fed))
-        return n, self._sample(ids)
+        self._set_eager_shapes(layout)
+        self._bind_inputs(self.eager, layout)
+        self._run(self.eager, layout, feed=bool(fed))
+        return B, self._sample(ids)
 
     def logits_rows(self, rows: int) -> np.ndarray:
         """Copy the first ``rows`` logits rows to the pinned host buffer and wait; float32
