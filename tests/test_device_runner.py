@@ -396,7 +396,8 @@ def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool) 
             rows = execute(batch)
             if not runner.is_decode(batch):
                 mixed = any(s.is_prefill for s in batch.seqs) and not all(s.is_prefill for s in batch.seqs)
-                eager.append((runner._eager_shapes[INPUT_IDS][0], runner._eager_shapes[SEQ_LENS][0], mixed))
+                assert runner.last_eager_shape is not None
+                eager.append((*runner.last_eager_shape, mixed))
             return rows
 
         def read(batch: Any, sample: Any = sample, runner: DeviceRunner = runner, logits: list[Any] = logits) -> Any:

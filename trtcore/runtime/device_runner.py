@@ -476,6 +476,7 @@ class DeviceRunner:
         token_buckets: the token counts eager steps are padded to.
         eager_shapes: the ``(tokens, sequences)`` shapes eager steps are padded to (warmed at
             start-up with ``warm_eager``).
+        last_eager_shape: the ``(tokens, sequences)`` the last eager step ran with (None: none yet).
         num_steps / num_graph_replays: steps run, of them replayed from a graph.
 
     Raises:
@@ -521,6 +522,7 @@ class DeviceRunner:
                 if b <= t
             }
         )
+        self.last_eager_shape: tuple[int, int] | None = None
         self.num_steps = 0
         self.num_graph_replays = 0
         self._in_flight: deque[_InFlight] = deque()  # enqueued by execute(), oldest first
@@ -796,6 +798,7 @@ class DeviceRunner:
             T, B = padded_step_shape(tokens, n, self.token_buckets, self.buckets, self.max_row_tokens)
         else:
             T, B = tokens, n
+        self.last_eager_shape = (T, B)
         layout, views = self._eager_layout(T, B)
         fill_step(views[self._side], batch, self.scratch_block, fed, self.max_row_tokens)
         # this side's staging now holds another layout, and a request may have been (re-)admitted
