@@ -27,6 +27,7 @@ Prints one line per concurrency and padding mode and writes ``eager_steps.json``
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import platform
 import sys
@@ -59,19 +60,43 @@ def build_engine(arch: str, max_batch_size: int, max_seq_len: int) -> tuple[Any,
     d = define_network(tc, cfg, synthetic.RandomWeights(pool_size=1 << 22), plan)
     compiled = compile_network(d.network, _builder_config(d, None), None, arch=arch)
 
-    class _NoCublas:
+    from cuda.bindings import driver
+
+    import trtcore.plugins.paged_attention as paged_attention
+    import trtcore.plugins.rope as rope
+    from trtcore.kernels import launch as kl
+
+    class _Function:
+        """A kernel whose launch does the Python work of ``KernelFunction.launch`` (argument
+        packing, the programmatic launch config) and skips the driver call."""
+
+        def launch(self, grid: Any, block: Any, args: Any = (), *, shared_mem: int = 0, stream: Any = 0, programmatic: bool = False) -> None:
+            packed = [kl._pack(a, i) for i, a in enumerate(args)]
+            (ctypes.c_void_p * max(len(packed), 1))(*[ctypes.addressof(o) for o in packed])
+            kl.programmatic_config(kl._dims(grid, "grid"), kl._dims(block, "block"), shared_mem, driver.CUstream(int(stream)))
+
+    class _Cublas:
         def __init__(self, *args: Any) -> None:
             pass
 
-    runtime.Cublas = _NoCublas  # type: ignore[misc,assignment]
-    runtime.IExecutionContext._launch = lambda self, step, stream: None  # type: ignore[method-assign]
+        def run(self, *args: Any) -> None:  # cuBLAS's own host work is not counted
+            pass
+
+    class _Functions(dict):  # type: ignore[type-arg]
+        def __missing__(self, key: str) -> _Function:
+            return _Function()
+
+    runtime.Cublas = _Cublas  # type: ignore[misc,assignment]
+    paged_attention._Functions.get = lambda self, symbol, reload=False: _Function()  # type: ignore[method-assign]
+    rope._load_kernel = lambda *a, **k: _Function()  # type: ignore[assignment]
     engine = runtime.ICudaEngine(compiled)
     engine._load = lambda: None  # type: ignore[method-assign]
+    engine._functions = _Functions()
     engine._const_ptr = {name: (i + 100) << 40 for i, name in enumerate(compiled.graph.constants)}
     return engine, kv_mode(plan, cfg), cfg
 
 
-def serve(engine: Any, mode: Any, concurrency: int, pad: bool, warm: bool, args: Any, rng: np.random.Generator) -> dict[str, Any]:
+def serve(engine: Any, mode: Any, concurrency: int, run_mode: str, args: Any, rng: np.random.Generator) -> dict[str, Any]:
     """One run of ``max(32, 4 * concurrency)`` requests through a fresh runner (module docstring)."""
     from trtcore import SamplingParams
     from trtcore.runtime.device_memory import HostDevice
@@ -79,80 +104,81 @@ def serve(engine: Any, mode: Any, concurrency: int, pad: bool, warm: bool, args:
     from trtcore.runtime.generate import make_device_engine
     from trtcore.runtime.request import Request
 
-    device = HostDevice(memory=64 << 30)
+    pad, graphs = {"exact": (False, False), "padded": (True, False), "graphs": (True, True)}[run_mode]
+    device = HostDevice(memory=64 << 30, deferred=True)  # the sampling and copies run when waited for, not in execute
     blocks = concurrency * -(-(args.input_len + args.output_len) // mode.plan.block_size) + 2
     t0 = time.perf_counter()
-    runner = DeviceRunner(engine, device, mode, num_blocks=min(blocks, mode.plan.max_num_blocks), pad_eager_steps=pad, warm_eager=warm)
+    runner = DeviceRunner(engine, device, mode, num_blocks=min(blocks, mode.plan.max_num_blocks), pad_eager_steps=pad, eager_graphs=graphs)
     startup_s = time.perf_counter() - t0
     warm_prepares, warm_s = runner.eager.num_prepares, runner.eager.prepare_seconds
     core = make_device_engine(runner, mode, async_scheduling=True)
-    eager_shapes: list[tuple[int, int]] = []  # (tokens, sequences) of each eager step, unpadded
+    steps: list[dict[str, Any]] = []  # per executed step: its shape, padded shape, host ms, prepares
     execute = runner.execute
 
-    def counted(batch: Any) -> int:
-        if not runner.is_decode(batch):
-            eager_shapes.append((sum(s.num_new_tokens for s in batch.seqs), len(batch.seqs)))
-        return execute(batch)
+    def timed(batch: Any) -> int:
+        prepares = runner.eager.num_prepares
+        t = time.perf_counter()
+        rows = execute(batch)
+        host = (time.perf_counter() - t) * 1e3
+        tokens, seqs = sum(s.num_new_tokens for s in batch.seqs), len(batch.seqs)
+        eager = not runner.is_decode(batch)
+        shape = runner.last_eager_shape if eager else (rows, rows)
+        steps.append({"eager": eager, "tokens": tokens, "seqs": seqs, "shape": shape, "host_ms": host, "prepares": runner.eager.num_prepares - prepares})
+        return rows
 
-    runner.execute = counted  # type: ignore[method-assign]
+    runner.execute = timed  # type: ignore[method-assign]
     n_requests = max(32, 4 * concurrency)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
-    arrivals = [(0.0, c) for c in range(concurrency)]  # (time ms, client): all clients start at once
-    sent = 0
-    clock = 0.0
+    arrivals = [0.0] * concurrency  # times (ms) of the next requests: all clients start at once
+    sent, clock = 0, 0.0
     arrival_of: dict[int, float] = {}
     first: dict[int, float] = {}
-    eager_steps, eager_prepare_ms, eager_host_ms = 0, [], []
-    while len(first) < n_requests or core.has_unfinished_requests():
+    while True:
         arrivals.sort()
-        while arrivals and arrivals[0][0] <= clock and sent < n_requests:
-            at, _client = arrivals.pop(0)
+        while arrivals and arrivals[0] <= clock and sent < n_requests:
+            arrival_of[sent] = arrivals.pop(0)
             prompt = [int(t) for t in rng.integers(1000, 40000, size=args.input_len)]
             core.add_request(Request(sent, prompt, params, frozenset()))
-            arrival_of[sent] = at
             sent += 1
         if not core.has_unfinished_requests():
             if not arrivals or sent >= n_requests:
                 break
-            clock = arrivals[0][0]
+            clock = arrivals[0]
             continue
-        before = (runner.eager.num_prepares, runner.eager.prepare_seconds, runner.num_steps, len(eager_shapes))
-        t1 = time.perf_counter()
+        done = len(steps)
         events = core.step()
-        host_ms = (time.perf_counter() - t1) * 1e3
-        prepared_ms = (runner.eager.prepare_seconds - before[1]) * 1e3
-        steps_run = runner.num_steps - before[2]
-        if len(eager_shapes) > before[3]:  # this call enqueued an eager step (and maybe a decode behind it)
-            eager_steps += len(eager_shapes) - before[3]
-            eager_prepare_ms.append(prepared_ms)
-            eager_host_ms.append(host_ms)
-        tokens = sum(1 for _ in events)
-        clock += gpu_ms(max(tokens, 1), max(tokens, 1)) * max(steps_run, 1) + prepared_ms
+        # the device runs each step after its launches: a step takes its device time or, when
+        # longer, the host's launch work (an eager step's launches are exposed)
+        clock += sum(max(gpu_ms(*s["shape"]), s["host_ms"]) for s in steps[done:])
         for ev in events:
-            rid = ev.request_id
-            if rid not in first and ev.token_id is not None and ev.token_id >= 0:
-                first[rid] = clock
+            if ev.request_id not in first and ev.token_id is not None and ev.token_id >= 0:
+                first[ev.request_id] = clock
             if ev.finished:
-                arrivals.append((clock + rng.exponential(args.think_ms), 0))
+                arrivals.append(clock + rng.exponential(args.think_ms))
     ttft = np.array([first[r] - arrival_of[r] for r in first])
+    eager = [s for s in steps if s["eager"]]
+    misses = [s for s in eager if s["prepares"]]
     out = {
         "concurrency": concurrency,
-        "pad_eager_steps": pad,
-        "warm_eager": warm,
+        "mode": run_mode,
         "requests": n_requests,
         "startup_s": startup_s,
         "warm_prepares": warm_prepares,
         "warm_prepare_s": warm_s,
-        "steps": runner.num_steps,
-        "eager_steps": eager_steps,
+        "steps": len(steps),
+        "eager_steps": len(eager),
+        "distinct_eager_shapes": len({(s["tokens"], s["seqs"]) for s in eager}),
+        "distinct_padded_shapes": len({s["shape"] for s in eager}),
         "prepares_while_serving": runner.eager.num_prepares - warm_prepares,
         "prepare_ms_per_miss": (runner.eager.prepare_seconds - warm_s) * 1e3 / max(runner.eager.num_prepares - warm_prepares, 1),
-        "eager_prepare_ms_mean": float(np.mean(eager_prepare_ms)) if eager_prepare_ms else 0.0,
-        "eager_host_ms_median": float(np.median(eager_host_ms)) if eager_host_ms else 0.0,
-        "distinct_eager_shapes": len(set(eager_shapes)),
+        "eager_host_ms_median": float(np.median([s["host_ms"] for s in eager])) if eager else 0.0,
+        "eager_host_ms_median_hits": float(np.median([s["host_ms"] for s in eager if not s["prepares"]])) if len(eager) > len(misses) else 0.0,
+        "eager_graph_replays": runner.num_eager_graph_replays,
+        "decode_host_ms_median": float(np.median([s["host_ms"] for s in steps if not s["eager"]])),
         "prepared_kept": len(runner.eager._prepared),
         "model_ttft_p50_ms": float(np.median(ttft)),
         "model_ttft_p90_ms": float(np.percentile(ttft, 90)),
+        "model_output_tok_s": n_requests * args.output_len / (clock / 1e3),
     }
     runner.close()
     return out
@@ -165,25 +191,24 @@ def main() -> int:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--think-ms", type=float, default=1.0, help="mean client gap between a response and its next request")
-    ap.add_argument("--modes", default="exact,padded", help="exact (unpadded eager steps), padded (warmed at start-up), padded-cold")
+    ap.add_argument("--modes", default="exact,padded,graphs", help="exact (unpadded eager steps), padded, graphs (padded, replayed from CUDA graphs)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     max_seq_len = 1 << (args.input_len + args.output_len + 16).bit_length()
     engine, mode, _ = build_engine(args.arch, max(levels), max_seq_len)
-    modes = {"exact": (False, False), "padded": (True, True), "padded-cold": (True, False)}
     rows = []
     for c in levels:
         for name in args.modes.split(","):
-            pad, warm = modes[name]
-            row = serve(engine, mode, c, pad, warm, args, np.random.default_rng(c))
-            row["mode"] = name
+            row = serve(engine, mode, c, name, args, np.random.default_rng(c))
             rows.append(row)
             print(
-                f"C={c:>3} {name:<11} requests {row['requests']:>3}: eager steps {row['eager_steps']:>4} ({row['distinct_eager_shapes']} shapes), prepares while serving "
-                f"{row['prepares_while_serving']:>3} ({row['prepare_ms_per_miss']:.1f} ms each), host ms per eager step (median) "
-                f"{row['eager_host_ms_median']:.1f}, warm-up {row['warm_prepares']} in {row['warm_prepare_s']:.2f} s, "
-                f"model TTFT p50/p90 {row['model_ttft_p50_ms']:.1f}/{row['model_ttft_p90_ms']:.1f} ms",
+                f"C={c:>3} {name:<7} {row['requests']:>3} requests: eager steps {row['eager_steps']:>3} ({row['distinct_eager_shapes']:>2} shapes, "
+                f"padded {row['distinct_padded_shapes']:>2}), prepares while serving {row['prepares_while_serving']:>2} "
+                f"({row['prepare_ms_per_miss']:.1f} ms each), host ms per eager step p50 {row['eager_host_ms_median']:.2f} "
+                f"(cached {row['eager_host_ms_median_hits']:.2f}), graph replays {row['eager_graph_replays']:>3}, decode {row['decode_host_ms_median']:.2f}; "
+                f"warm-up {row['warm_prepares']} in {row['warm_prepare_s']:.2f} s; model TTFT p50/p90 {row['model_ttft_p50_ms']:.1f}/"
+                f"{row['model_ttft_p90_ms']:.1f} ms, {row['model_output_tok_s']:.0f} tok/s",
                 flush=True,
             )
     out = Path(args.out)

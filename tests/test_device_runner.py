@@ -131,7 +131,9 @@ def test_padded_step_shape_rules_on_random_steps() -> None:
             assert T in tokens and B in seqs, (t, n)
 
 
-@pytest.mark.parametrize(("tokens", "rows", "cap", "expected"), [(10, 3, None, [8, 1, 1]), (10, 3, 4, [4, 4, 2]), (3, 3, 1, [1, 1, 1]), (0, 0, None, [])])
+@pytest.mark.parametrize(
+    ("tokens", "rows", "cap", "expected"), [(10, 3, None, [8, 1, 1]), (10, 3, 4, [4, 4, 2]), (3, 3, 1, [1, 1, 1]), (0, 0, None, [])]
+)
 def test_padding_row_tokens(tokens: int, rows: int, cap: int | None, expected: list[int]) -> None:
     assert padding_row_tokens(tokens, rows, cap) == expected
 
@@ -235,13 +237,14 @@ def test_fill_decode_writes_what_fill_step_writes(rope: bool) -> None:
         ph = [i for i, q in enumerate(step.seqs) if q.token_ids[0] < 0]
         assert vb[INPUT_IDS][ph].tolist() == [-(fed[i] + 1) for i in ph]
 
+
 def test_fill_decode_rewrites_only_block_table_rows_that_changed() -> None:
     """With the rows it wrote remembered (the device runner's steady decode), fill_decode over a
     run of decode steps -- tables growing by a block now and then, requests leaving so that rows
     shift, the batch shrinking onto padding rows -- leaves the staging exactly as fill_step
     writes each step from scratch."""
     rng = np.random.default_rng()
-    layout = StepLayout.make(8, 8, 6, rope_seq_lens=False)
+    layout = StepLayout.make(8, 8, 8, rope_seq_lens=False)  # tables reach 99 // 16 + 1 = 7 blocks
     free = list(rng.permutation(60).tolist())
     live = {rid: (int(c), [free.pop() for _ in range(int(c) // 16 + 1)]) for rid, c in enumerate(rng.integers(0, 40, size=8))}
 
@@ -377,7 +380,9 @@ def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool) 
     tokens on the scratch block, poisoned with NaN first) give the real sequences the logits
     and tokens of the same steps unpadded (within float32 rounding: the GEMMs see more rows),
     write the pool outside the scratch block as those do, and meet only the runner's
-    ``eager_shapes``."""
+    ``eager_shapes``; the same arrivals twice more: the padded steps are captured at their
+    second run and replayed from those graphs at the third (none with ``enforce_eager``), with
+    the same results."""
     v = VARIANTS[NAME]
     rng = np.random.default_rng()
     prompts = [random_prompt(rng, int(n), v.vocab_size) for n in rng.integers(2, 30, size=5)]
@@ -406,16 +411,23 @@ def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool) 
 
         runner.execute, runner.sample = run, read  # type: ignore[method-assign]
         core = make_device_engine(runner, runner.mode, async_scheduling=False)
-        reqs = [Request(i, p, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), frozenset()) for i, p in enumerate(prompts)]
-        for arrivals in ([0, 1], [], [2], [3, 4]):  # arrivals between steps: mixed prefill + decode steps
-            for i in arrivals:
-                core.add_request(reqs[i])
-            core.step()
-        while core.has_unfinished_requests():
-            core.step()
-        runs.append((runner, logits, eager, [list(r.output_token_ids) for r in reqs], pool[:, : runner.scratch_block].copy()))
+        tokens = []
+        for again in range(3):
+            params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+            reqs = [Request((again, i), p, params, frozenset()) for i, p in enumerate(prompts)]
+            for arrivals in ([0, 1], [], [2], [3, 4]):  # arrivals between steps: mixed prefill + decode steps
+                for i in arrivals:
+                    core.add_request(reqs[i])
+                core.step()
+            while core.has_unfinished_requests():
+                core.step()
+            tokens += [list(r.output_token_ids) for r in reqs]
+            if again == 1:  # the shapes met twice now: captured, not yet replayed
+                replays = runner.num_eager_graph_replays
+        runs.append((runner, logits, eager, tokens, pool[:, : runner.scratch_block].copy()))
+        assert (runner.num_eager_graph_replays > replays) == (pad and not enforce_eager)
     (padded, lp, ep, tp, pp), (plain, lu, eu, tu, pu) = runs
-    assert tp == tu
+    assert tp == tu and tp[:5] == tp[5:10] == tp[10:]
     assert len(lp) == len(lu) and all(np.isfinite(a).all() for a in lp)
     for a, b in zip(lp, lu):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -423,6 +435,45 @@ def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool) 
     assert any(m for *_, m in eu), "no mixed step"
     assert [(t, n) for t, n, _ in ep] != [(t, n) for t, n, _ in eu], "nothing was padded"
     assert {(t, n) for t, n, _ in ep} <= set(padded.eager_shapes)
+
+
+def test_a_step_that_fills_the_token_budget_still_pads(hf_models: Any) -> None:  # noqa: F811
+    """The step loop's token budget leaves the padding rows' tokens free: max_num_tokens 64 and
+    batch buckets 1, 2, 4, 8 need up to 4 padding rows (4 sequences pad to 8), so the budget
+    is 60, and a step of 60 tokens of any number of sequences below 8 pads to a bucket pair."""
+    runner = _runner(hf_models, max_batch_size=8)
+    assert runner.token_headroom == 4
+    assert make_device_engine(runner, runner.mode).scheduler.max_num_batched_tokens == 60
+    for n in range(1, 8):
+        T, B = padded_step_shape(60, n, runner.token_buckets, runner.buckets, runner.max_row_tokens)
+        assert (T, B) in runner.eager_shapes and T == 64 and B > n
+    assert _runner(hf_models, max_batch_size=8, pad_eager_steps=False).token_headroom == 0
+
+
+def test_eager_graph_replays_under_asynchronous_scheduling_on_a_lagging_device(hf_models: Any) -> None:  # noqa: F811
+    """Requests arriving between steps with two steps in flight on a device that runs work
+    only when waited for (a host buffer rewritten too early shows up as wrong tokens): padded
+    eager steps replayed from their graphs give the tokens of the unpadded eager steps."""
+    v = VARIANTS[NAME]
+    rng = np.random.default_rng()
+    prompts = [random_prompt(rng, int(n), v.vocab_size) for n in rng.integers(2, 30, size=6)]
+    got = []
+    for pad in (True, False):
+        runner = _runner(hf_models, pad_eager_steps=pad, deferred=True)
+        core = make_device_engine(runner, runner.mode, async_scheduling=True)
+        tokens = []
+        for again in range(3):
+            reqs = [Request((again, i), p, SamplingParams(temperature=0, max_tokens=7, ignore_eos=True), frozenset()) for i, p in enumerate(prompts)]
+            for arrivals in ([0], [1, 2], [], [3], [4, 5]):
+                for i in arrivals:
+                    core.add_request(reqs[i])
+                core.step()
+            while core.has_unfinished_requests():
+                core.step()
+            tokens += [list(r.output_token_ids) for r in reqs]
+        assert (runner.num_eager_graph_replays > 0) == pad
+        got.append(tokens)
+    assert got[0] == got[1]
 
 
 def test_a_step_beyond_the_engine_bounds_is_refused(hf_models: Any) -> None:  # noqa: F811

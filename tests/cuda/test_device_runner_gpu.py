@@ -234,7 +234,8 @@ def test_padded_eager_steps_equal_unpadded(model_dir: Path, cp: Any, dtype: str,
     ones) on the same runner, and in float32 the same greedy tokens (in bfloat16 the logits
     are compared up to the first step whose greedy tokens differ, a near tie); every padded
     step has one of the runner's ``eager_shapes``, warmed at start-up (no launch list is
-    prepared while serving)."""
+    prepared while serving). The same arrivals twice more: the padded steps are captured into
+    CUDA graphs at their second run and replayed at the third, the same logits bit for bit."""
     llm = _llm(model_dir, dtype=dtype, async_scheduling=False)
     runner = llm.executor
     assert isinstance(runner, DeviceRunner) and runner.pad_eager_steps
@@ -247,23 +248,31 @@ def test_padded_eager_steps_equal_unpadded(model_dir: Path, cp: Any, dtype: str,
     prompts = _prompts(5, seed=6, lo=2, hi=40)
     padded = _padding_scenario(llm, prompts)
     assert runner.eager.num_prepares == warmed, "a padded eager step prepared a launch list while serving"
-    runner.pad_eager_steps = False
+    _padding_scenario(llm, prompts)  # the shapes recur: captured into graphs after their eager run
+    replays = runner.num_eager_graph_replays
+    again = _padding_scenario(llm, prompts)
+    assert runner.num_eager_graph_replays > replays, "no eager step was replayed from a graph"
+    runner.pad_eager_steps = runner.eager_graphs = False
     plain = _padding_scenario(llm, prompts)
     llm.close()
     (lp, ep, tp), (lu, eu, tu) = padded, plain
+    assert again[1] == ep and again[2] == tp
+    for a, b in zip(padded[0], again[0]):  # graph replays: the eager runs' launches, bit for bit
+        np.testing.assert_array_equal(a, b)
     print(f"\neager steps padded {ep}\nunpadded {eu}")
     assert all(n == r for _, n, r in eu) and any(t != r and r > 1 for t, _, r in eu)  # a mixed or multi-sequence prefill
     assert [r for *_, r in ep] == [r for *_, r in eu] and any((t, n) != (tu_, nu) for (t, n, _), (tu_, nu, _) in zip(ep, eu))
     assert all((t, n) in runner.eager_shapes for t, n, _ in ep)
     if dtype == "float32":
         assert tp == tu
-    assert len(lp) >= 3 and len(lu) >= 3
+    assert len(lp) >= 3 and len(lu) == len(lp) == len(again[0])
     worst, compared = 0.0, 0
-    for a, b in zip(lp, lu):
-        assert np.isfinite(a).all() and np.isfinite(b).all()
-        worst = max(worst, float(np.abs(a - b).max()))
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
-        compared += 1
-        if (a.argmax(axis=-1) != b.argmax(axis=-1)).any():
-            break
+    for steps in (lp, again[0]):  # the first run (eager), the third (graphs)
+        for a, b in zip(steps, lu):
+            assert np.isfinite(a).all() and np.isfinite(b).all()
+            worst = max(worst, float(np.abs(a - b).max()))
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+            compared += 1
+            if (a.argmax(axis=-1) != b.argmax(axis=-1)).any():
+                break
     print(f"largest logit difference padded / unpadded over {compared} steps: {worst:.3g}")

@@ -40,8 +40,11 @@ their own (shapes set per step), padded too (:func:`padded_step_shape`): their t
 power of two (:func:`token_buckets`), their sequences to a batch bucket, the padding tokens
 in padding rows that read and write only the scratch block (:func:`fill_step`), so that the
 eager context meets a few shape combinations only (the cuda engine prepares the launch list
-of each new one on the host, milliseconds; ``warm_eager`` prepares them all at start-up).
-``enforce_eager=True`` runs decode steps eagerly too, still padded to their bucket.
+of each new one on the host, milliseconds; ``warm_eager`` prepares them all at start-up). A
+padded shape that recurs is captured into a graph per host side right after its second eager
+run (its warm-up), like a decode bucket's; later steps of that shape that sample a token replay
+it (``eager_graphs``): the host launches one graph instead of every kernel, GEMM and plugin call.
+``enforce_eager=True`` runs every step eagerly, decode steps still padded to their bucket.
 
 **Sampling** on the device (:class:`~trtcore.runtime.request_sampler.RequestSampler` over the
 batched sampling kernel, :class:`~trtcore.runtime.sampling_gpu.GpuSampler`): right behind the
@@ -67,6 +70,7 @@ replays its prepared launch list) and enqueues the sampling.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
@@ -467,6 +471,10 @@ class DeviceRunner:
             exact sizes.
         warm_eager: prepare the eager context's launches for every padded shape at start-up
             (where the engine's context can, the cuda backend's: ``prepare_launches``).
+        eager_graphs: capture a padded eager shape's step into CUDA graphs (one per host
+            side) right after its second eager run (its warm-up; a shape met once is never
+            captured), and replay them for the later steps of that shape that sample a token
+            (None: on unless ``enforce_eager`` or the environment's ``TRTCORE_EAGER_GRAPHS=0``).
         weights_bytes: device bytes the engine's weights took (for the report; measured by
             the caller around deserialization).
 
@@ -474,10 +482,12 @@ class DeviceRunner:
         num_blocks: blocks the scheduler may hand out (the pool has one more, the scratch block).
         buckets: the decode batch buckets.
         token_buckets: the token counts eager steps are padded to.
+        token_headroom: tokens of ``max_num_tokens`` the scheduler leaves for padding rows.
         eager_shapes: the ``(tokens, sequences)`` shapes eager steps are padded to (warmed at
             start-up with ``warm_eager``).
         last_eager_shape: the ``(tokens, sequences)`` the last eager step ran with (None: none yet).
         num_steps / num_graph_replays: steps run, of them replayed from a graph.
+        num_eager_graph_replays: of those, eager (prefill / mixed) steps.
 
     Raises:
         DeviceRunnerError: the engine lacks a paged-mode input, a binding fails, or the pool
@@ -496,6 +506,7 @@ class DeviceRunner:
         enforce_eager: bool = False,
         pad_eager_steps: bool = True,
         warm_eager: bool = True,
+        eager_graphs: bool | None = None,
         weights_bytes: int = 0,
     ) -> None:
         self.engine = engine
@@ -523,8 +534,22 @@ class DeviceRunner:
             }
         )
         self.last_eager_shape: tuple[int, int] | None = None
+        if eager_graphs is None:
+            eager_graphs = os.environ.get("TRTCORE_EAGER_GRAPHS", "1") != "0"
+        self.eager_graphs = bool(eager_graphs) and self.pad_eager_steps and not self.enforce_eager
+        self._eager_graphs: dict[tuple[int, int], list[Any]] = {}  # padded shape -> a graph per host side
+        self._eager_seen: set[tuple[int, int]] = set()  # padded shapes run eagerly once
+        self._eager_shape_set = set(self.eager_shapes)
+        #: tokens a step's padding rows may need beyond the step's own (one per padding row):
+        #: the scheduler's token budget leaves them free, so that a step that fills the budget
+        #: still pads to a bucket pair
+        self.token_headroom = 0
+        if self.pad_eager_steps and self.max_batch_size > 1:
+            gaps = [bucket_for(n + 1 if bucket_for(n, self.buckets) == n else n, self.buckets) - n for n in range(1, self.max_batch_size)]
+            self.token_headroom = min(max(gaps), self.max_num_tokens // 2)
         self.num_steps = 0
         self.num_graph_replays = 0
+        self.num_eager_graph_replays = 0
         self._in_flight: deque[_InFlight] = deque()  # enqueued by execute(), oldest first
         self._fed_rows: dict[Hashable, int] = {}  # request id -> its row in the last sampling
         names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
@@ -628,11 +653,9 @@ class DeviceRunner:
 
     def _capture_all(self) -> None:
         """Warm up every bucket's context on padding rows only (they touch only the scratch
-        block), then capture, per host side, the whole decode step -- the staging copy from
-        that side, the feed of tokens in flight, the engine (TensorRT: capture after a warm-up
-        for these shapes), the sampling of that side's records with its copies back -- and
-        replay each graph once on padding rows, so that its first upload to the device
-        happens here, not in a step."""
+        block), capture its decode step per host side (:meth:`_capture_step`) and replay each
+        graph once on padding rows, so that its first upload to the device happens here, not
+        in a step."""
         empty = cast(StepBatch, _Empty())
         for g in self.graphs.values():
             for views in g.views:
@@ -642,18 +665,28 @@ class DeviceRunner:
             self.device.synchronize()
             if self.enforce_eager:
                 continue
-            for side in range(len(self.host_staging)):
-                self.device.begin_capture()
-                try:
-                    self.device.copy_async(self.staging_ptr, int(self.host_staging[side].ctypes.data), g.layout.nbytes)
-                    self._run(g.context, g.layout)
-                    self.sampler.kernel.enqueue_step(side, g.size, self.logits_ptr, self.vocab_size)
-                finally:
-                    graph = self.device.end_capture()
-                g.graphs.append(graph)
+            g.graphs = self._capture_step(g.context, g.layout, g.size)
+            for side, graph in enumerate(g.graphs):
                 padding = self.sampler.enqueue([], self.logits_ptr, self.vocab_size, side=side, rows=g.size)
                 self.device.launch_graph(graph)
                 self.sampler.kernel.result(padding.ticket)  # waits; nothing to read
+
+    def _capture_step(self, ctx: Any, layout: StepLayout, rows: int) -> list[Any]:
+        """Per host side, a graph of one whole step on ``ctx`` (TensorRT: captured after a
+        warm-up run for these shapes): the staging copy from that side, the feed of tokens in
+        flight, the engine, and the sampling of ``rows`` rows of that side's records with its
+        copies back."""
+        graphs = []
+        for side in range(len(self.host_staging)):
+            self.device.begin_capture()
+            try:
+                self.device.copy_async(self.staging_ptr, int(self.host_staging[side].ctypes.data), layout.nbytes)
+                self._run(ctx, layout)
+                self.sampler.kernel.enqueue_step(side, rows, self.logits_ptr, self.vocab_size)
+            finally:
+                graph = self.device.end_capture()
+            graphs.append(graph)
+        return graphs
 
     def _warm_eager(self) -> None:
         """Prepare the eager context's launch list for every padded eager shape (host work
@@ -804,11 +837,24 @@ class DeviceRunner:
         # this side's staging now holds another layout, and a request may have been (re-)admitted
         # with new blocks: the next decode on either side writes its whole layout (fill_step)
         self._filled = [None, None]
+        # a graph always samples its rows: not for a step that samples none
+        graphs = self._eager_graphs.get((T, B)) if ids and self.eager_graphs else None
+        if graphs:
+            sampling = self._sample(ids, rows=B)
+            self.device.launch_graph(graphs[self._side])
+            self.num_graph_replays += 1
+            self.num_eager_graph_replays += 1
+            return B, sampling
         self._copy_inputs(layout)
         self._set_eager_shapes(layout)
         self._bind_inputs(self.eager, layout)
         self._run(self.eager, layout, feed=bool(fed))
-        return B, self._sample(ids)
+        sampling = self._sample(ids)
+        if self.eager_graphs and (T, B) in self._eager_shape_set and (T, B) not in self._eager_graphs:
+            if (T, B) in self._eager_seen:  # it recurs: capture it, the run above was its warm-up
+                self._eager_graphs[(T, B)] = self._capture_step(self.eager, layout, B)
+            self._eager_seen.add((T, B))
+        return B, sampling
 
     def logits_rows(self, rows: int) -> np.ndarray:
         """Copy the first ``rows`` logits rows to the pinned host buffer and wait; float32
@@ -866,6 +912,8 @@ class DeviceRunner:
             f"shape {self.pool_shape} {self.pool_dtype}"
         )
         graphs = "off (enforce_eager)" if self.enforce_eager else f"decode buckets {list(self.buckets)}"
+        if self.eager_graphs:
+            graphs += f", eager steps of {len(self.eager_shapes)} padded shapes (captured when they recur)"
         lines.append(f"CUDA graphs: {graphs}; staging {format_bytes(self.staging_bytes)} per step at most")
         return lines
 
