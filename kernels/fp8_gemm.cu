@@ -15,8 +15,9 @@
 //   trtcore_fp8_zero        amax = 0 (before trtcore_fp8_amax)
 //   trtcore_fp8_amax        amax = max |x| (atomicMax on the float's bits: non-negative floats
 //                           order as their unsigned bit patterns)
-//   trtcore_fp8_quantize    q = e4m3(x / s), and the scale s written to scale_out (cuBLASLt's
-//                           B scale pointer)
+//   trtcore_fp8_quantize    q = e4m3(x / s), the scale s written to scale_out[0] (cuBLASLt's
+//                           B scale pointer) and 1.0f to scale_out[1] (the A scale pointer of a
+//                           per-channel weight, whose scales are applied after the GEMM)
 //   trtcore_fp8_scale_rows  out[m, n] = round(d[m, n] * w_scale[n]) to the output type
 #include "dtype.cuh"
 #include "pdl.cuh"
@@ -71,7 +72,10 @@ extern "C" __global__ void trtcore_fp8_quantize(const elem_t* __restrict__ x, lo
         float a = __uint_as_float(*amax);
         s = a > 0.0f ? __fdiv_rn(a, E4M3_MAX) : 1.0f;
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = s;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        scale_out[0] = s;
+        scale_out[1] = 1.0f;
+    }
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         q[i] = e4m3_of(__fdiv_rn(to_f32(x[i]), s));
 }

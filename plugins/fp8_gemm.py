@@ -8,14 +8,17 @@ static per-tensor scale or a dynamic one, ``max|x| / 448`` of the call's x).
 
 1. dynamic scale only: ``trtcore_fp8_zero`` and ``trtcore_fp8_amax`` (``max|x|`` into the
    workspace);
-2. ``trtcore_fp8_quantize``: x to E4M3 in the workspace, and the scale used beside it;
+2. ``trtcore_fp8_quantize``: x to E4M3 in the workspace, the scale used beside it (and a
+   float32 1 after it);
 3. cuBLASLt's FP8 GEMM (:class:`trtcore.cuda.cublaslt.Fp8Matmul`, TN, float32 accumulation,
-   ``A_SCALE_POINTER`` = the weight's per-tensor scale, ``B_SCALE_POINTER`` = x's scale):
+   ``A_SCALE_POINTER`` = the weight's per-tensor scale (per-channel: the 1), ``B_SCALE_POINTER``
+   = x's scale; both set before cuBLASLt picks the algorithm):
    per-tensor weights straight into the output (bfloat16 / float16 / float32); per-channel
    weights into a float32 buffer that ``trtcore_fp8_scale_rows`` scales by ``s_w[n]`` and
    rounds into the output.
 
-Workspace (:meth:`Fp8GemmPlugin.workspace_size`): 256 bytes of scalars, ``M * K`` E4M3 bytes,
+Workspace (:meth:`Fp8GemmPlugin.workspace_size`): 256 bytes of scalars (amax bits, x's scale,
+1.0), ``M * K`` E4M3 bytes,
 ``M * N`` float32 (per-channel), and :data:`LT_WORKSPACE` bytes for cuBLASLt, each 256-byte
 aligned. ``K`` and ``N`` must be multiples of 16 (cuBLASLt's FP8 operands: 16-byte aligned
 leading dimensions; PyTorch's ``_scaled_mm`` asks the same).
@@ -177,7 +180,7 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
             raise PluginError("Fp8GemmPlugin.enqueue: no workspace given (see workspace_size)")
         n, k = self.out_features, self.in_features
         xq_off, d_off, lt_off, _ = self._layout(m)
-        amax, scale = workspace, workspace + 4
+        amax, scale, one = workspace, workspace + 4, workspace + 8
         defines = (("DTYPE", KERNEL_DTYPE_CODES[dtype]),)
         blocks = max(1, min(1024, -(-m * k // _THREADS)))
         if not self.static_input:
@@ -186,7 +189,7 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         static = inputs[3].ptr if self.static_input else 0
         args = [(x.ptr, "ptr"), (m * k, "i64"), (static, "ptr"), (amax, "ptr"), (scale, "ptr"), (workspace + xq_off, "ptr")]
         _launch(defines, "trtcore_fp8_quantize", (blocks,), (_THREADS,), args, stream)
-        w_scale = 0 if self.per_channel else inputs[2].ptr
+        w_scale = one if self.per_channel else inputs[2].ptr
         target, out_type = (workspace + d_off, 0) if self.per_channel else (out.ptr, lookup(dtype).cuda_data_type)
         _matmul().run(m, n, k, inputs[1].ptr, workspace + xq_off, w_scale, scale, target, out_type, workspace + lt_off, LT_WORKSPACE, stream)
         if self.per_channel:

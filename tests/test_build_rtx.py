@@ -130,3 +130,22 @@ def test_rtx_builds_short_max_seq_len_with_opt_inside(hf_models: ModelStore, tmp
 def test_rtx_builds_short_max_seq_len(hf_models: ModelStore, tmp_path: Path) -> None:
     path, side, _ = _build(hf_models, "mistral_sw8", "float16", tmp_path, max_seq_len=64)
     _short_build_check(path, side)
+
+
+def test_rtx_builds_with_captured_tensors_as_outputs(hf_models: ModelStore) -> None:  # noqa: F811
+    """``build_engine(capture=...)`` on TensorRT marks the named layer outputs as network
+    outputs (``mark_output``) and the engine builds; an unknown name is refused before building."""
+    from trtcore.errors import InvalidArgumentError
+
+    d_dir = hf_models.dir("llama3_rope")
+    names = ["model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj", "model.norm"]
+    with Checkpoint(d_dir) as weights:
+        d = define_network(trt, load_config(d_dir), weights, BuildConfig(dtype="float16", max_batch_size=2, max_seq_len=64))
+        before = [d.network.get_output(i).name for i in range(d.network.num_outputs)]
+        with pytest.raises(InvalidArgumentError, match="no layer output named \\['model.layers.0.nope'\\]"):
+            build_engine(d, CC, capture=["model.layers.0.nope"])
+        assert d.network.num_outputs == len(before)  # nothing marked by the refused call
+        engine = build_engine(d, CC, capture=names)
+    after = [d.network.get_output(i).name for i in range(d.network.num_outputs)]
+    assert after[: len(before)] == before and sorted(after[len(before) :]) == sorted(names)
+    assert len(engine) > 1000

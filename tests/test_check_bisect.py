@@ -22,6 +22,7 @@ from safetensors.numpy import load_file, save_file
 from trtcore.check import FIRST_DIVERGENCE, OK, bisect_points, compare
 from trtcore.cli import main
 from trtcore.errors import InvalidArgumentError, UnsupportedArchitectureError
+from trtcore.gpu import NoGPUError, gpu_status
 
 PERTURBED = "model.layers.1.self_attn.o_proj.weight"
 
@@ -72,13 +73,38 @@ def test_a_perturbed_o_proj_is_named_as_the_first_divergence(llama: Path, tmp_pa
     assert not report.ok
 
 
-def test_an_unknown_family_and_another_backend_are_refused(llama: Path) -> None:
+def test_an_unknown_family_and_bad_arguments_are_refused(llama: Path) -> None:
     with pytest.raises(UnsupportedArchitectureError, match="'nope'"):
         bisect_points("nope", 2)
-    with pytest.raises(InvalidArgumentError, match="'cuda'"):
-        compare(llama, [3, 4], backend="cuda")
     with pytest.raises(InvalidArgumentError, match="tolerance"):
         compare(llama, [3, 4], tolerance=0)
+    if not gpu_status()[0]:  # the cuda leg is tests/cuda/test_check_bisect_gpu.py
+        with pytest.raises(NoGPUError):
+            compare(llama, [3, 4], backend="cuda")
+
+
+def test_capture_keeps_the_names_the_network_defines(llama: Path) -> None:
+    """``LLM(capture=...)`` records the names its network defines (a typo is left out and
+    :func:`capture_prefill` then names it); the kept tensors equal what the reference reads at
+    run time."""
+    from trtcore import LLM
+    from trtcore.calibration import capture_prefill
+
+    keep = ["model.layers.1.mlp.down_proj", "model.layers.0.self_attn.o_proj"]
+    llm = LLM(llama, backend="reference", dtype="float32", max_batch_size=1, kv_cache="contiguous", progress=False, capture=[*keep, "model.layers.0.nope", keep[0]])
+    assert llm.captured == tuple(keep)
+    ids = random_prompt(np.random.default_rng(3), 7, 160)
+    got = capture_prefill(llm, ids, keep)
+    assert sorted(got) == sorted(keep) and all(got[n].shape[-1] == llm.config.hidden_size for n in keep)
+    with pytest.raises(InvalidArgumentError, match="model.layers.0.nope"):
+        capture_prefill(llm, ids, ["model.layers.0.nope"])
+    with pytest.raises(InvalidArgumentError, match="capture must be tensor names"):
+        LLM(llama, backend="reference", dtype="float32", progress=False, capture=[3])
+
+
+def test_cli_bisect_options_need_bisect(converted: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--model", str(converted), "--backend", "cuda", "--kv-cache", "paged"]) == 2
+    assert "--backend, --kv-cache needs --bisect" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -212,7 +212,7 @@ def test_fill_decode_writes_what_fill_step_writes(rope: bool) -> None:
     other decode batch leaves the staging bytes exactly as fill_step writes them (the formulas
     of the test above), placeholders included."""
     rng = np.random.default_rng()
-    layout = StepLayout.make(8, 8, 6, rope_seq_lens=rope)
+    layout = StepLayout.make(12, 12, 6, rope_seq_lens=rope)
 
     def batch(n: int) -> _Batch:
         seqs = []
@@ -225,10 +225,10 @@ def test_fill_decode_writes_what_fill_step_writes(rope: bool) -> None:
 
     a, b = np.full(layout.nbytes, 0xAB, np.uint8), np.full(layout.nbytes, 0xCD, np.uint8)
     va, vb = layout.views(a), layout.views(b)
-    fed = {i: int(r) for i, r in enumerate(rng.permutation(8))}
+    fed = {i: int(r) for i, r in enumerate(rng.permutation(12))}
     fill_step(va, batch(5), 63, fed)
     fill_step(vb, batch(2), 63, fed)
-    for n in (3, 8, 1, 6):
+    for n in (3, 8, 1, 12, 9, 6):  # a few rows (scalar writes) and many (slices)
         step = batch(n)
         fill_step(va, step, 63, fed)
         fill_decode(vb, step.seqs, 63, fed)
@@ -236,6 +236,14 @@ def test_fill_decode_writes_what_fill_step_writes(rope: bool) -> None:
             np.testing.assert_array_equal(va[name], vb[name], err_msg=name)
         ph = [i for i, q in enumerate(step.seqs) if q.token_ids[0] < 0]
         assert vb[INPUT_IDS][ph].tolist() == [-(fed[i] + 1) for i in ph]
+    for n in (2, 10):  # no step in flight: every token as given
+        step = batch(n)
+        fill_step(va, step, 63)
+        fill_decode(vb, step.seqs, 63)
+        assert vb[INPUT_IDS][:n].tolist() == [q.token_ids[0] for q in step.seqs]
+        for name in layout.fields:
+            np.testing.assert_array_equal(va[name], vb[name], err_msg=name)
+
 
 
 def test_fill_decode_rewrites_only_block_table_rows_that_changed() -> None:

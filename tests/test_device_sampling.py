@@ -26,7 +26,6 @@ from trtcore.runtime.request import Request
 from trtcore.runtime.request_sampler import HostSamplerKernel, RequestSampler
 
 
-
 def _requests(params: list[SamplingParams], prompts: list[list[int]], eos: frozenset[int] = frozenset({2})) -> list[Request]:
     return [Request(i, p, sp, eos) for i, (p, sp) in enumerate(zip(prompts, params))]
 
@@ -59,7 +58,10 @@ def test_a_seeded_request_draws_the_same_tokens_alone_and_beside_others(hf_model
     alone = _requests([seeded], [prompt])
     list(core.generate(alone))
     others = [SamplingParams(temperature=1.0, max_tokens=int(k), ignore_eos=True) for k in rng.integers(2, 12, size=4)]
-    mixed = _requests(others[:2] + [seeded] + others[2:], [random_prompt(rng, int(n), v.vocab_size) for n in (3, 20)] + [prompt] + [random_prompt(rng, 5, v.vocab_size)] * 2)
+    mixed = _requests(
+        others[:2] + [seeded] + others[2:],
+        [random_prompt(rng, int(n), v.vocab_size) for n in (3, 20)] + [prompt] + [random_prompt(rng, 5, v.vocab_size)] * 2,
+    )
     list(core.generate(mixed))
     assert mixed[2].output_token_ids == alone[0].output_token_ids
     # unseeded requests draw their own seeds: two of the same prompt differ (probability of a
@@ -227,3 +229,87 @@ def test_async_scheduling_can_be_switched_between_steps_only(hf_models: Any) -> 
         core.step()
     core.async_scheduling = False
     assert not core.async_scheduling and core.scheduler.max_pending == 1
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 9, 32])
+def test_stage_records_writes_the_gathered_records_with_their_steps(n: int) -> None:
+    """stage_records (a row at a time for a few rows, np.take beyond) leaves the buffer's first
+    rows equal to ``table[index]`` with ``step`` replaced, field by field, and the rows past
+    them untouched."""
+    from trtcore.runtime.sampling_gpu import row_params_dtype, stage_records
+
+    dt = row_params_dtype(32)
+    rng = np.random.default_rng()
+    table = np.frombuffer(rng.integers(0, 256, size=64 * dt.itemsize, dtype=np.uint8).tobytes(), dt).copy()
+    index = rng.integers(0, 64, size=n).tolist()
+    steps = rng.integers(0, 2**40, size=n).tolist()
+    dst = np.frombuffer(rng.integers(0, 256, size=40 * dt.itemsize, dtype=np.uint8).tobytes(), dt).copy()
+    before = dst.copy()
+    stage_records(
+        dst.view(np.uint8).reshape(40, -1),
+        dst.view(np.uint64).reshape(40, -1),
+        table.view(np.uint8).reshape(64, -1),
+        index,
+        steps,
+        dt.fields["step"][1] // 8,
+    )
+    want = table[index]
+    want["step"] = steps
+    assert dst[:n].tobytes() == want.tobytes()
+    assert dst["step"][:n].tolist() == steps
+    assert dst[n:].tobytes() == before[n:].tobytes()
+
+
+class _StatusKernel:
+    """A kernel whose step results are given per row as the GPU kernel's status codes, read
+    either way: ``result_status`` (the step loop's path) or ``result`` (arrays)."""
+
+    num_slots = 1
+
+    def __init__(self, tokens: list[int], codes: list[int]) -> None:
+        from trtcore.runtime.sampling_gpu import ROW_PARAMS_DTYPE
+
+        self.params_dtype = ROW_PARAMS_DTYPE
+        self.tokens, self.codes = tokens, codes
+
+    def result_status(self, ticket: int) -> list[list[int]]:
+        return [[t, c] for t, c in zip(self.tokens, self.codes)]
+
+    def result(self, ticket: int) -> Any:
+        from trtcore.runtime.sampling import SampleResult
+        from trtcore.runtime.sampling_gpu import STATUS_FALLBACK, STATUS_INACTIVE, STATUS_NONFINITE_BIT
+
+        codes = np.array(self.codes)
+        status = codes & ~STATUS_NONFINITE_BIT
+        tokens = np.where(status == STATUS_INACTIVE, -1, self.tokens).astype(np.int64)
+        return SampleResult(tokens, [None] * len(codes), status == STATUS_FALLBACK, (codes & STATUS_NONFINITE_BIT) != 0)
+
+
+def test_collect_without_logprobs_reads_the_status_codes_as_the_arrays_say() -> None:
+    """Every status code (ok, fallback, inactive, each with and without the non-finite bit)
+    on rows of requests and on rows of none: collect's path without logprobs (tokens and codes
+    only) gives the tokens and errors its path through the result arrays gives, and the
+    documented outcome: a non-finite row an error naming it, a fallback an error, else the token."""
+    from trtcore.runtime.request_sampler import SamplingStep
+    from trtcore.runtime.sampling_gpu import STATUS_FALLBACK, STATUS_INACTIVE, STATUS_NONFINITE_BIT, STATUS_OK
+
+    rng = np.random.default_rng()
+    codes = [c | bit for c in (STATUS_OK, STATUS_FALLBACK, STATUS_INACTIVE) for bit in (0, STATUS_NONFINITE_BIT)] * 2
+    order = rng.permutation(len(codes)).tolist()
+    codes = [codes[i] for i in order]
+    tokens = rng.integers(0, 1000, size=len(codes)).tolist()
+    ids: list[Any] = [f"r{i}" if i < len(codes) // 2 or i % 3 else None for i in range(len(codes))]
+    sampler = RequestSampler(_StatusKernel(tokens, codes))
+    fast = sampler.collect(SamplingStep(ids, [], 0, False))
+    arrays = sampler.collect(SamplingStep(ids, [], 0, True))
+    assert fast == arrays
+    sampled, logprobs, errors = fast
+    for i, rid in enumerate(ids):
+        if rid is None:
+            assert rid not in sampled and rid not in errors
+        elif codes[i] & STATUS_NONFINITE_BIT:
+            assert "non-finite" in errors[rid] and rid not in sampled
+        elif codes[i] == STATUS_FALLBACK:
+            assert "no token" in errors[rid] and rid not in sampled
+        else:
+            assert sampled[rid] == (-1 if codes[i] == STATUS_INACTIVE else tokens[i]) and logprobs[rid] is None

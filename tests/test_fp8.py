@@ -199,7 +199,7 @@ def _qdq_net(trt: object, strategy: str, input_scale: float | None) -> tuple[obj
 
 def test_cuda_backend_compiles_the_qdq_linear_with_e4m3_rounding() -> None:
     """On the cuda backend the Q/DQ emulation's cast to FP8 rounds to E4M3 inside the fused
-    kernel (``rnd_e4m3``, cuda_fp8.h's saturating nearest-even conversion), and every generated
+    kernel (``rnd_e4m3``: nearest even, NaN past 464 as the reference's cast), and every generated
     kernel compiles with NVRTC for sm_80, sm_89 and sm_90 (no GPU needed)."""
     import trtcore.cuda as tc
     from trtcore.cuda import codegen

@@ -10,6 +10,7 @@ means float32.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "implementations",
     "profile_shapes",
     "save_engine",
+    "tensor_names",
     "sidecar",
     "trt_logger",
     "write_atomic",
@@ -192,22 +194,57 @@ def _builder_config(d: DefinedNetwork, compute_capability: str | None) -> Any:
     return cfg
 
 
-def build_engine(d: DefinedNetwork, compute_capability: str | None = None) -> bytes:
+def tensor_names(network: Any) -> set[str]:
+    """The name of every layer output of ``network`` (an ``INetworkDefinition`` of any
+    backend's module): what ``capture=`` can name."""
+    return {network.get_layer(k).get_output(j).name for k in range(network.num_layers) for j in range(network.get_layer(k).num_outputs)}
+
+
+def _mark_captured(d: DefinedNetwork, capture: Sequence[str]) -> None:
+    """Mark the tensors ``capture`` as network outputs (TensorRT's way of keeping an
+    intermediate tensor: ``INetworkDefinition.mark_output``)."""
+    wanted = set(capture)
+    for k in range(d.network.num_layers):
+        layer = d.network.get_layer(k)
+        for j in range(layer.num_outputs):
+            t = layer.get_output(j)
+            if t.name in wanted and not t.is_network_output:
+                d.network.mark_output(t)
+
+
+def build_engine(d: DefinedNetwork, compute_capability: str | None = None, capture: Sequence[str] = ()) -> bytes:
     """Build ``d.network`` into a serialized engine with one optimization profile.
 
     Args:
         d: from :func:`define_network`.
         compute_capability: ``"sm89"`` etc., tensorrt_rtx only (ahead-of-time, no GPU needed).
+        capture: layer outputs (tensor names, :func:`tensor_names`) the engine returns as
+            extra outputs, a debugging aid (``trtcore check --bisect``): the cuda backend
+            keeps them through its fusions (:func:`trtcore.cuda.builder.keep_captured`: a fused
+            kernel writes the value as one more output); TensorRT marks them as network outputs
+            (``INetworkDefinition.mark_output``, which may stop some of its fusions there).
 
     Raises:
         EngineBuildError: the TensorRT builder returned no engine (its log says why).
-        InvalidArgumentError: a compute capability was given where it cannot be used.
+        InvalidArgumentError: a compute capability was given where it cannot be used; a
+            ``capture`` name that is no layer output of the network.
     """
     cfg = _builder_config(d, compute_capability)
     logger = trt_logger(d.trt)
     errors = getattr(logger, "errors", [])
     seen = len(errors)
-    serialized = d.builder.build_serialized_network(d.network, cfg)
+    extra: dict[str, Any] = {}
+    if capture:
+        missing = sorted(set(capture) - tensor_names(d.network))
+        if missing:
+            raise InvalidArgumentError(
+                f"capture: no layer output named {missing[:4]}{' ...' if len(missing) > 4 else ''} in the {d.config.architecture} network"
+            )
+        if backend_name(d.trt) == "cuda":
+            extra["capture"] = list(capture)
+        else:
+            _mark_captured(d, capture)
+    serialized = d.builder.build_serialized_network(d.network, cfg, **extra)
     if serialized is None:
         why = "; ".join(errors[seen:]) or "see TensorRT's log above"
         raise EngineBuildError(f"TensorRT failed to build the {d.config.architecture} network: {why}")

@@ -1,12 +1,13 @@
-"""Intermediate tensors of a model on calibration text, on the reference backend (no GPU):
-the statistics trtcore's calibrated quantizers (:mod:`trtcore.awq`) and ``trtcore check
---bisect`` read.
+"""Intermediate tensors of a model on calibration text: the statistics trtcore's calibrated
+quantizers (:mod:`trtcore.awq`) and ``trtcore check --bisect`` read.
 
-:func:`capture_prefill` runs one prefill of an :class:`~trtcore.llm.LLM` built with
-``backend="reference"`` and returns the named network tensors (the reference evaluator's
-``capture=``); :func:`calibration_token_ids` cuts a text into token sequences.
-:data:`DEFAULT_CALIBRATION` is a few paragraphs of plain English shipped with trtcore
-(``trtcore/data/calibration.txt``), distinct from the passage the quality benchmark scores.
+:func:`capture_prefill` runs one prefill of an :class:`~trtcore.llm.LLM` and returns the
+named network tensors: on the reference backend (no GPU) any tensor, read at run time (the
+reference evaluator's ``capture=``); on a GPU backend the tensors the LLM was built to keep
+(``LLM(..., capture=[...])``, extra engine outputs). :func:`calibration_token_ids` cuts a text
+into token sequences. :data:`DEFAULT_CALIBRATION` is a few paragraphs of plain English shipped
+with trtcore (``trtcore/data/calibration.txt``), distinct from the passage the quality
+benchmark scores.
 """
 
 from __future__ import annotations
@@ -28,50 +29,54 @@ DEFAULT_CALIBRATION = Path(__file__).parent / "data" / "calibration.txt"
 
 class _CaptureFirstRun:
     """An executor that captures ``names`` on its first :meth:`run` (the prefill) and is the
-    wrapped executor otherwise."""
+    wrapped executor otherwise. ``at_run_time``: the reference executor, told what to capture
+    per run; else an engine built to return them as outputs."""
 
-    def __init__(self, inner: Any, names: Sequence[str]):
+    def __init__(self, inner: Any, names: Sequence[str], at_run_time: bool):
         self.inner = inner
         self.names = list(names)
+        self.at_run_time = at_run_time
         self.captured: dict[str, np.ndarray] | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def run(self, feeds: Any, capture: Any = ()) -> Any:
-        if self.captured is not None:
-            return self.inner.run(feeds, capture=capture)
-        out = self.inner.run(feeds, capture=self.names)
-        self.captured = {n: np.asarray(self.inner.to_host(out[n], n)) for n in self.names}
+        if self.captured is not None or not self.at_run_time:
+            out = self.inner.run(feeds, capture=capture) if self.at_run_time else self.inner.run(feeds)
+        else:
+            out = self.inner.run(feeds, capture=self.names)
+        if self.captured is None:
+            self.captured = {n: np.asarray(self.inner.to_host(out[n], n)) for n in self.names}
         return out
 
 
 def network_tensor_names(llm: Any) -> set[str]:
-    """Every tensor name (layer output) of ``llm``'s reference network.
-
-    Raises:
-        InvalidArgumentError: ``llm`` is not on backend ``"reference"``.
+    """The tensor names :func:`capture_prefill` can read from ``llm``: every layer output of
+    the reference backend's network; on another backend, those the LLM was built to keep
+    (its ``capture=``).
     """
-    network = _reference_network(llm)
-    return {network.get_layer(k).get_output(j).name for k in range(network.num_layers) for j in range(network.get_layer(k).num_outputs)}
+    if _on_reference(llm):
+        from .builder import tensor_names
+
+        return tensor_names(llm.executor.network)
+    return set(getattr(llm, "captured", ()))
 
 
-def _reference_network(llm: Any) -> Any:
+def _on_reference(llm: Any) -> bool:
     from .runtime.reference_executor import ReferenceExecutor
 
-    if not isinstance(getattr(llm, "executor", None), ReferenceExecutor):
-        raise InvalidArgumentError(
-            f"capturing tensors needs an LLM on backend 'reference' (it reads them at run time), got {getattr(llm, 'backend', '?')!r}"
-        )
-    return llm.executor.network
+    return isinstance(getattr(llm, "executor", None), ReferenceExecutor)
 
 
 def capture_prefill(llm: Any, token_ids: Sequence[int], names: Sequence[str]) -> dict[str, np.ndarray]:
     """The tensors ``names`` of the prefill of ``token_ids`` (one request, one new token).
 
     Args:
-        llm: an :class:`~trtcore.llm.LLM` with ``backend="reference"`` and no requests.
-        token_ids: the prompt (at least one id).
+        llm: an :class:`~trtcore.llm.LLM` with no requests: on ``backend="reference"``
+            (any tensor), or on a GPU backend built with ``capture=`` naming ``names``.
+        token_ids: the prompt (at least one id; with the paged cache at most the plan's
+            ``max_num_tokens``, so that the prefill is one step).
         names: network tensor names (e.g. ``"model.layers.0.input_layernorm"``).
 
     Returns:
@@ -79,21 +84,29 @@ def capture_prefill(llm: Any, token_ids: Sequence[int], names: Sequence[str]) ->
         axis, the network's dtype).
 
     Raises:
-        InvalidArgumentError: another backend, an empty prompt, or a name that is no tensor of
-            the network (all of them listed).
+        InvalidArgumentError: an empty or too long prompt, or a name that
+            :func:`network_tensor_names` lacks (all of them listed; on a GPU backend: build
+            the LLM with ``capture=`` naming them).
     """
     from .runtime.generate import HostRunner
     from .runtime.sampling import SamplingParams
 
-    _reference_network(llm)
     if not token_ids:
         raise InvalidArgumentError("capture_prefill needs a prompt of at least one token")
+    if llm.kv_cache == "paged" and len(token_ids) > llm.plan.max_num_tokens:  # chunked prefill
+        raise InvalidArgumentError(
+            f"capture_prefill: a prompt of {len(token_ids)} tokens is more than one step's max_num_tokens {llm.plan.max_num_tokens}"
+        )
     missing = sorted(set(names) - network_tensor_names(llm))
     if missing:
-        raise InvalidArgumentError(f"no tensor named {missing[:4]}{' ...' if len(missing) > 4 else ''} in the {llm.config.architecture} network")
+        hint = "" if _on_reference(llm) else f" kept by this {llm.backend} engine (build the LLM with capture= naming them)"
+        raise InvalidArgumentError(
+            f"no tensor named {missing[:4]}{' ...' if len(missing) > 4 else ''} in the {llm.config.architecture} network{hint}"
+        )
     runner = llm.engine.runner
-    assert isinstance(runner, HostRunner)  # the reference backend runs on host arrays
-    capturing = _CaptureFirstRun(runner.executor, names)
+    if not isinstance(runner, HostRunner):
+        raise InvalidArgumentError(f"capture_prefill needs an LLM that runs on host arrays, got {type(runner).__name__} (build it with capture=)")
+    capturing = _CaptureFirstRun(runner.executor, names, at_run_time=_on_reference(llm))
     runner.executor = capturing  # type: ignore[assignment]  # the same run/to_host, plus the capture
     try:
         llm.generate([[int(t) for t in token_ids]], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))

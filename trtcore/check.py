@@ -10,7 +10,8 @@ trtcore. The error reported is ``max |trtcore - hf| / max |hf|`` over the logits
 last prompt position and of every decode step.
 
 The bisection aligns transformers' module outputs (forward hooks) with trtcore's network
-tensors (``capture=`` of the reference backend) through a per-family table,
+tensors (``capture=``: read at run time on the reference backend, kept as extra engine outputs
+on a GPU backend) through a per-family table,
 :data:`BISECT_POINTS` (Hugging Face module path -> trtcore tensor name, both following
 the checkpoint's module names), and reports the relative L2 error of each, in forward
 order, marking the first beyond the tolerance: a conversion, a quantization or a port
@@ -257,33 +258,49 @@ def compare(
         prompt: text (tokenized by ``model``'s tokenizer) or token ids.
         reference: the folder transformers loads (default: ``model``), e.g. the original
             of a converted or quantized checkpoint.
-        backend: trtcore's backend; ``"reference"`` (capture at run time) only for now.
+        backend: trtcore's backend: ``"reference"`` (tensors read at run time, CPU) or a GPU
+            backend (``"cuda"``: the engine is built with ``capture=`` of the points' tensors,
+            which its fusions then write out, so a fused kernel is compared at its outputs;
+            ``"tensorrt"``: marked as network outputs). A GPU backend needs
+            ``kv_cache="contiguous"``.
         dtype: trtcore's dtype (``"float32"``, ``"float16"``, ``"bfloat16"``).
         tolerance: the relative L2 error allowed per module (> 0).
         kv_cache: ``"contiguous"`` or ``"paged"``.
 
     Raises:
         TrtcoreError: torch / transformers are missing.
-        InvalidArgumentError: another backend, a tolerance <= 0, an empty prompt.
+        InvalidArgumentError: a tolerance <= 0, an empty prompt, the paged cache on a GPU
+            backend.
+        BackendNotAvailableError / trtcore.gpu.NoGPUError: a GPU backend that cannot run here.
         UnsupportedArchitectureError: the family has no module table.
     """
-    if backend != "reference":
-        raise InvalidArgumentError(f"trtcore check --bisect runs on backend 'reference' (it reads intermediate tensors at run time), got {backend!r}")
     if not tolerance > 0:
         raise InvalidArgumentError(f"tolerance must be > 0, got {tolerance!r}")
     torch, auto_model = _transformers()
+    from .calibration import capture_prefill, network_tensor_names
+    from .config import load_config
     from .llm import LLM
 
-    llm = LLM(model, backend=backend, dtype=dtype, max_batch_size=1, kv_cache=kv_cache, device="cpu", progress=False)
+    config = load_config(Path(model))
+    points = bisect_points(config.model_type, config.num_hidden_layers)
+    on_host = backend == "reference"
+    llm = LLM(
+        model,
+        backend=backend,
+        dtype=dtype,
+        max_batch_size=1,
+        kv_cache=kv_cache,
+        device="cpu" if on_host else None,
+        progress=False,
+        capture=() if on_host else [p.tensor for p in points],  # a GPU engine keeps what it is told to
+    )
     ids = llm.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not ids:
         raise InvalidArgumentError("compare needs a prompt of at least one token")
-    points = bisect_points(llm.config.model_type, llm.config.num_hidden_layers)
-    from .calibration import capture_prefill, network_tensor_names
-
-    present = network_tensor_names(llm)  # the reference engine's network: every tensor by name
+    present = network_tensor_names(llm)  # reference: every tensor of the network; GPU: those captured
     wanted = [p.tensor for p in points if p.tensor in present]
     ours = capture_prefill(llm, ids, wanted)
+    llm.close()
 
     hf = auto_model.from_pretrained(str(reference or model), dtype=torch.float32, attn_implementation="eager", experts_implementation="eager").eval()
     theirs: dict[str, np.ndarray] = {}

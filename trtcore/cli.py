@@ -176,8 +176,21 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")
     k.add_argument("--prompt", default=DEFAULT_PROMPT)
     k.add_argument("--tolerance", type=float, default=1e-4, help="max relative logit error; with --bisect per module, relative L2 (default 1e-4)")
-    k.add_argument("--bisect", action="store_true", help="compare module by module and name the first divergence (reference backend)")
+    k.add_argument("--bisect", action="store_true", help="compare module by module and name the first divergence")
     k.add_argument("--reference", help="with --bisect: the folder transformers loads (default: --model), e.g. the original of a converted checkpoint")
+    k.add_argument(
+        "--backend",
+        default="reference",
+        choices=("reference", "tensorrt", "cuda"),
+        help="with --bisect: trtcore's backend; a GPU backend's engine keeps the compared tensors as outputs (default: reference)",
+    )
+    k.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"), help="with --bisect: trtcore's dtype (default float32)")
+    k.add_argument(
+        "--kv-cache",
+        default="contiguous",
+        choices=("contiguous", "paged"),
+        help="with --bisect: KV cache mode (paged: reference backend only; default contiguous)",
+    )
     return ap
 
 
@@ -306,7 +319,15 @@ def _check(args: argparse.Namespace) -> int:
     from .check import compare, compare_with_transformers
 
     if args.bisect:
-        bisect = compare(_model_dir(args.model), args.prompt, reference=args.reference, tolerance=args.tolerance)
+        bisect = compare(
+            _model_dir(args.model),
+            args.prompt,
+            reference=args.reference,
+            tolerance=args.tolerance,
+            backend=args.backend,
+            dtype=args.dtype,
+            kv_cache=args.kv_cache,
+        )
         print(bisect.table())
         first = bisect.first_divergence
         print(
@@ -314,8 +335,13 @@ def _check(args: argparse.Namespace) -> int:
             + (f"first divergence: {first.module}" if first else f"every module within {args.tolerance:g}")
         )
         return 0 if first is None else 1
-    if args.reference:
-        raise InvalidArgumentError("--reference needs --bisect")
+    given = [
+        f"--{n.replace('_', '-')}"
+        for n, default in (("reference", None), ("backend", "reference"), ("dtype", "float32"), ("kv_cache", "contiguous"))
+        if getattr(args, n) != default
+    ]
+    if given:
+        raise InvalidArgumentError(f"{', '.join(given)} needs --bisect")
     report = compare_with_transformers(_model_dir(args.model), args.prompt)
     ok = report["max_rel_error"] <= args.tolerance
     print(

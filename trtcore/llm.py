@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .builder import build_engine, build_reference_engine, check_tensor_parallel_family, define_network
+from .builder import build_engine, build_reference_engine, check_tensor_parallel_family, define_network, tensor_names
 from .checkpoint import Checkpoint
 from .config import GenerationConfig, ModelConfig, load_config, load_generation_config
 from .engine_file import EngineFile, load_engine_file
@@ -147,12 +147,13 @@ class _IncrementalText:
 
     def output(self, index: int, event: RequestEvent) -> StreamOutput | None:
         """The stream's output for ``event``; None for the engine's finish event after a stop string."""
-        if self.stop.stopped:
+        if self.stop.stop_reason is not None:  # stopped
             return None
-        error = _request_error(index, event.finish_reason, event.error)
-        if error is not None:
-            return StreamOutput(index, -1, "", finish_reason="error", error=error)
         final = event.finish_reason is not None
+        if final:
+            error = _request_error(index, event.finish_reason, event.error)
+            if error is not None:
+                return StreamOutput(index, -1, "", finish_reason="error", error=error)
         piece = self.detokenizer.step(event.token_id, final=final)
         delta, stop = self.stop.feed(piece, len(self.detokenizer.token_ids), final=final)
         logprobs = event.logprobs.as_dict() if event.logprobs is not None else None
@@ -246,6 +247,14 @@ class LLM:
             (:class:`~trtcore.runtime.tensor_parallel.TensorParallelExecutor`), each rank's
             network reading only its slices of the checkpoint; one process per GPU over NCCL
             is not there yet.
+        capture: network tensors (layer outputs by name, e.g.
+            ``"model.layers.0.mlp.down_proj"``) a GPU backend's engine keeps as extra outputs,
+            for :func:`trtcore.calibration.capture_prefill` and ``trtcore check --bisect`` (a
+            debugging aid, as TensorRT-LLM's debug outputs; :func:`trtcore.builder.build_engine`).
+            Names the network does not define are left out; :attr:`captured` lists those kept.
+            Such an LLM runs on host arrays (no device runner, no CUDA graphs) and needs
+            ``kv_cache="contiguous"`` there. The reference backend reads any tensor at run time
+            and needs no ``capture``.
 
     The defaults of ``backend`` ... ``attention`` are resolved once into :attr:`plan` by
     :func:`trtcore.plan.resolve_plan`, the same rules as ``trtcore build``'s.
@@ -256,6 +265,7 @@ class LLM:
         bytes_read: per rank, the bytes its network read from the checkpoint per tensor name, for
             the tensors read by slice (:attr:`trtcore.checkpoint.LoadReport.bytes_read`; empty
             lists for an engine file).
+        captured: the ``capture`` names the engine keeps as outputs (those the network defines).
 
     Raises:
         ConfigError / UnsupportedArchitectureError / CheckpointError: bad model folder.
@@ -273,6 +283,8 @@ class LLM:
         EngineFileError: the engine file or its sidecar is missing, corrupted, or built for
             another trtcore / TensorRT version, GPU target, plugin version or model files
             (the message names the field, the engine's value and the value found).
+        InvalidArgumentError: ``capture`` with an engine file, or on a GPU backend with the
+            paged KV cache (it runs on the device runner, which returns no captured tensors).
     """
 
     def __init__(
@@ -296,6 +308,7 @@ class LLM:
         engine: str | os.PathLike[str] | EngineFile | None = None,
         quantization: str | None = None,
         tensor_parallel_size: int = 1,
+        capture: Sequence[str] = (),
     ):
         #: the engine file this LLM runs (``engine=``), checked on load; None: built at start-up
         self.engine_file: EngineFile | None = None
@@ -346,6 +359,8 @@ class LLM:
         #: the paged cache on a GPU backend runs on the device executor (device-resident pool,
         #: CUDA graphs); the reference backend and contiguous caches on host arrays
         self.device_executor = self.backend != "reference" and self.kv_cache == "paged"
+        self._capture = self._check_capture(capture)
+        self.captured: tuple[str, ...] = ()
         self._runner_options: dict[str, Any] = {
             "gpu_memory_utilization": float(gpu_memory_utilization),
             "kv_cache_memory": kv_cache_memory,
@@ -388,6 +403,18 @@ class LLM:
         return max(1, min(wanted, spec.num_blocks_for_budget(budget), bc.max_num_blocks))
 
     # construction -----------------------------------------------------------------------
+    def _check_capture(self, capture: Any) -> tuple[str, ...]:
+        names = (capture,) if isinstance(capture, str) else tuple(capture)
+        if not all(isinstance(n, str) for n in names):
+            raise InvalidArgumentError(f"capture must be tensor names (str), got {capture!r}")
+        if names and self.engine_file is not None:
+            raise InvalidArgumentError("capture needs a build (the tensors to keep are chosen when the engine is built), not an engine file")
+        if names and self.device_executor:
+            raise InvalidArgumentError(
+                f"capture on backend {self.backend!r} needs kv_cache='contiguous' (the paged cache runs on the device runner, which returns no captured tensors)"
+            )
+        return names
+
     def _check_tensor_parallel(self, tp_size: Any) -> int:
         check_tensor_parallel_family(self.config, tp_size)
         if tp_size > 1 and (self.backend != "reference" or self.engine_file is not None):
@@ -428,13 +455,16 @@ class LLM:
             net = define_network(trt, self.config, weights, self.plan)
             self.bytes_read = [net.bytes_read]
             bar.update()
+            if self._capture:
+                present = tensor_names(net.network)
+                self.captured = tuple(n for n in dict.fromkeys(self._capture) if n in present)
             if self.backend == "reference":
                 from .runtime.reference_executor import ReferenceExecutor
 
                 executor: Executor = ReferenceExecutor(build_reference_engine(net))
             else:
                 bar.set_postfix_str("building TensorRT engine")
-                blob = build_engine(net)
+                blob = build_engine(net, capture=self.captured)
                 bar.set_postfix_str("allocating memory pools, capturing CUDA graphs" if self.device_executor else "loading the engine")
                 executor = self._engine_executor(trt, blob)
             bar.update()
@@ -587,15 +617,17 @@ class LLM:
         their new tokens (``index`` = request id; a request that failed gives one output
         with ``finish_reason="error"`` and ``error``)."""
         outs = []
+        texts = self._texts
         for event in self.engine.step():
-            rid = _index(event.request_id)
-            if rid not in self._texts:
+            rid = int(event.request_id)  # _index
+            text = texts.get(rid)
+            if text is None:
                 continue  # rejected: add_request raised already
-            out = self._texts[rid].output(rid, event)
+            out = text.output(rid, event)
             if out is not None:
                 outs.append(out)
             if out is None or out.finish_reason is not None:
-                del self._texts[rid]
+                del texts[rid]
         return outs
 
     def abort_request(self, request_id: int) -> bool:

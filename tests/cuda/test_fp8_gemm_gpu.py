@@ -56,7 +56,7 @@ def _quantize_on_gpu(x: np.ndarray, scale: float | None) -> tuple[np.ndarray, fl
     xd = cp.asarray(x.astype(np.float32))
     n = x.size
     q = cp.zeros(n, cp.uint8)
-    scalars = cp.zeros(2, cp.uint32)  # amax bits, then the scale
+    scalars = cp.zeros(3, cp.uint32)  # amax bits, the scale, then the kernel's 1.0f (per-channel A scale)
     static = cp.asarray(np.array([scale or 1.0], np.float32))
     amax_ptr, scale_ptr = scalars.data.ptr, scalars.data.ptr + 4
     stream = cp.cuda.Stream(non_blocking=True)
@@ -67,7 +67,9 @@ def _quantize_on_gpu(x: np.ndarray, scale: float | None) -> tuple[np.ndarray, fl
     args = [(xd.data.ptr, "ptr"), (n, "i64"), (static.data.ptr if scale else 0, "ptr"), (amax_ptr, "ptr"), (scale_ptr, "ptr"), (q.data.ptr, "ptr")]
     _KERNELS.launch(defines, "trtcore_fp8_quantize", (blocks,), (256,), args, stream.ptr)
     stream.synchronize()
-    return cp.asnumpy(q).reshape(x.shape), float(cp.asnumpy(scalars).view(np.float32)[1])
+    got = cp.asnumpy(scalars).view(np.float32)
+    assert got[2] == 1.0, got
+    return cp.asnumpy(q).reshape(x.shape), float(got[1])
 
 
 def test_quantize_kernel_codes_are_exact() -> None:

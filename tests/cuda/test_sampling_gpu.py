@@ -183,7 +183,11 @@ def test_philox_kernel_draws_the_reference_bits(stream) -> None:
 def test_seeded_request_draws_the_same_alone_and_in_any_batch(stream) -> None:
     rng = np.random.default_rng(2)
     a = SamplingParams(temperature=1.0, top_p=0.95, repetition_penalty=1.3, frequency_penalty=0.5, seed=42, max_tokens=64)
-    others = [SamplingParams(temperature=0.6, seed=7, presence_penalty=1.0), SamplingParams(temperature=0), SamplingParams(top_k=3, seed=9, logprobs=2)]
+    others = [
+        SamplingParams(temperature=0.6, seed=7, presence_penalty=1.0),
+        SamplingParams(temperature=0),
+        SamplingParams(top_k=3, seed=9, logprobs=2),
+    ]
     prompt = [3, 4, 5]
     mine_alone: list[int] = []
     mine_batched: list[int] = []
@@ -263,7 +267,12 @@ def test_graph_replay_equals_eager_step(stream) -> None:
     rt = _rt()
     rng = np.random.default_rng(6)
     batch = 4
-    params = [SamplingParams(seed=11, top_p=0.8), SamplingParams(temperature=0, logprobs=4), SamplingParams(seed=12, top_k=7, min_p=0.05, logprobs=2), SamplingParams(seed=13)]
+    params = [
+        SamplingParams(seed=11, top_p=0.8),
+        SamplingParams(temperature=0, logprobs=4),
+        SamplingParams(seed=12, top_k=7, min_p=0.05, logprobs=2),
+        SamplingParams(seed=13),
+    ]
     with _sampler(stream, batch, "bfloat16") as s:
         dev = _Dev(_logits(rng, batch, "bfloat16"))
         try:
@@ -290,6 +299,51 @@ def test_graph_replay_equals_eager_step(stream) -> None:
             rt.cudaGraphDestroy(graph)
         finally:
             dev.free()
+
+
+def test_stage_and_result_status_equal_set_packed_and_result(stream) -> None:
+    """GpuSampler.stage (records gathered from a table straight into pinned memory: a row at a
+    time for 3 rows, np.take for 12) and result_status (tokens and status codes, no arrays)
+    give what set_packed of ``table[index]`` with its steps and result() give, and the
+    reference's tokens; the two steps are in flight together on the two host sides; a NaN
+    row has the non-finite bit, a padding row is inactive."""
+    from trtcore.runtime.sampling_gpu import STATUS_FALLBACK, STATUS_INACTIVE, STATUS_NONFINITE_BIT
+
+    rng = np.random.default_rng(21)
+    with _sampler(stream, 12, "float32", host_sides=2) as s:
+        for n in (3, 12):
+            params = [SamplingParams(seed=100 + i, top_k=int(rng.integers(0, 50)), top_p=0.9) for i in range(n)]
+            steps = rng.integers(0, 50, size=n).tolist()
+            table = np.zeros(20, s.params_dtype)
+            index = (1 + rng.permutation(19)[:n]).tolist()
+            rows: list[Any] = []
+            for i, p in enumerate(params):
+                table[index[i]] = s.pack_row(SamplingRow(p, step=0))[0]
+                rows.append(SamplingRow(p, step=steps[i]))
+            index[-1], rows[-1] = 0, None  # a padding row: the zero record
+            logits = _logits(rng, n, "float32")
+            logits[0, 5] = np.nan
+            dev = _Dev(logits)
+            try:
+                t_staged = s.stage(table, index, steps, rows)
+                s.sample(dev.ptr, row_stride=WIDTH)
+                packed = table[index]
+                packed["step"] = steps
+                t_packed = s.set_packed(packed, rows)
+                s.sample(dev.ptr, row_stride=WIDTH)
+                assert t_staged != t_packed  # both sides in flight
+                status = s.result_status(t_staged)
+                res = s.result(t_packed)
+            finally:
+                dev.free()
+            codes = [c for _, c in status]
+            assert [bool(c & STATUS_NONFINITE_BIT) for c in codes] == res.nonfinite.tolist()
+            assert [(c & ~STATUS_NONFINITE_BIT) == STATUS_FALLBACK for c in codes] == res.fallback.tolist()
+            assert [(c & ~STATUS_NONFINITE_BIT) == STATUS_INACTIVE for c in codes] == [r is None for r in rows]
+            assert codes[0] & STATUS_NONFINITE_BIT
+            live = list(range(1, n - 1))
+            want = sample_rows(logits[live], [rows[i] for i in live], vocab_size=VOCAB)
+            assert [status[i][0] for i in live] == res.token_ids[live].tolist() == want.token_ids.tolist()
 
 
 def test_bad_rows_are_refused(stream) -> None:

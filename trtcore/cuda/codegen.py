@@ -7,9 +7,14 @@ their text like trtcore's other kernels.
 
 Numerics: float16/bfloat16 values stay 16-bit in memory (``__half`` / ``__nv_bfloat16``),
 FP8 ones 8-bit (``__nv_fp8_e4m3``), are widened to float32 when loaded, and every value is
-rounded to its own type where the layer's output type says (round to nearest even; E4M3
-saturates at 448, as ``cuda_fp8.h``'s conversion does), so a fused kernel computes what the
-layers compute one by one; reductions, softmax and attention accumulate in float32.
+rounded to its own type where the layer's output type says (round to nearest even), so a fused
+kernel computes what the layers compute one by one; reductions, softmax and attention
+accumulate in float32. FP8 (E4M3) is a floating type here like the 16-bit ones: a cast from
+float32 rounds the value itself to the nearest E4M3 value (ties to even, OCP OFP8 rev. 1.0),
+never through an integer, and, as the reference backend's cast (ml_dtypes'
+``float8_e4m3fn``) does, a magnitude above 464 (448 plus half an E4M3 ulp at 448), an
+infinity or a NaN becomes NaN -- E4M3 has no infinity; saturation to 448 is the quantize
+step's clip, not the cast's (:data:`E4M3_HELPERS`).
 Integers compute in their own width, booleans as ``bool`` (one byte, as TensorRT stores them).
 
 Parameters: pointers (``ptr``) and 64-bit integers (``i64``: sizes, dimensions, strides in
@@ -39,6 +44,10 @@ from ..reference.types import (
 )
 from .ir import Node
 
+#: types whose values a kernel computes as floats: ``FLOATING`` (the types float arithmetic
+#: layers take) and FP8, which only casts and Q/DQ reach
+FLOAT_VALUES = FLOATING | {DataType.FP8}
+
 
 def ctype(dtype: DataType) -> str:
     """The CUDA C storage type of ``dtype`` (:mod:`trtcore.dtypes`)."""
@@ -50,11 +59,28 @@ def compute_type(dtype: DataType) -> str:
     return str(dtype_table.lookup(dtype).cuda_compute)
 
 
-PREAMBLE = r"""
+#: float32 <-> E4M3 of the generated kernels (host and device, so a CPU test can compile it
+#: with a C++ compiler and ``cuda_fp8.h`` and compare every code with ml_dtypes):
+#: ``e4m3_bits``: cuda_fp8.h's round-to-nearest-even conversion (``cvt.rn.satfinite`` on
+#: compute capability 8.9+), with magnitudes above 464 and infinities sent to NaN (0x7f) first,
+#: so it equals ml_dtypes' ``float8_e4m3fn`` cast (the reference backend's) on every float32
+#: value; ``e4m3_value``: the exact float32 value of a code.
+E4M3_HELPERS = r"""
+__host__ __device__ __forceinline__ __nv_fp8_storage_t e4m3_bits(float v) {
+  return fabsf(v) > 464.0f ? (__nv_fp8_storage_t)0x7fu : __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+__host__ __device__ __forceinline__ float e4m3_value(__nv_fp8_storage_t b) { __nv_fp8_e4m3 r; r.__x = b; return float(r); }
+"""
+
+PREAMBLE = (
+    r"""
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 typedef long long i64;
+"""
+    + E4M3_HELPERS
+    + r"""
 #include "pdl.cuh"  // PDL_WAIT / PDL_LAUNCH: every generated kernel starts with them (PDL_ENTRY)
 __device__ __forceinline__ float ld(const float* p) { return *p; }
 __device__ __forceinline__ float ld(const __half* p) { return __half2float(*p); }
@@ -68,7 +94,7 @@ __device__ __forceinline__ bool ld(const bool* p) { return *p; }
 __device__ __forceinline__ void st(float* p, float v) { *p = v; }
 __device__ __forceinline__ void st(__half* p, float v) { *p = __float2half_rn(v); }
 __device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void st(__nv_fp8_e4m3* p, float v) { *p = __nv_fp8_e4m3(v); }  // nearest even, saturating
+__device__ __forceinline__ void st(__nv_fp8_e4m3* p, float v) { p->__x = e4m3_bits(v); }
 __device__ __forceinline__ void st(int* p, int v) { *p = v; }
 __device__ __forceinline__ void st(long long* p, long long v) { *p = v; }
 __device__ __forceinline__ void st(signed char* p, int v) { *p = (signed char)v; }
@@ -76,7 +102,7 @@ __device__ __forceinline__ void st(unsigned char* p, int v) { *p = (unsigned cha
 __device__ __forceinline__ void st(bool* p, bool v) { *p = v; }
 __device__ __forceinline__ float rnd_half(float v) { return __half2float(__float2half_rn(v)); }
 __device__ __forceinline__ float rnd_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
-__device__ __forceinline__ float rnd_e4m3(float v) { return float(__nv_fp8_e4m3(v)); }
+__device__ __forceinline__ float rnd_e4m3(float v) { return e4m3_value(e4m3_bits(v)); }
 __device__ __forceinline__ float op_max(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
 __device__ __forceinline__ float op_min(float a, float b) { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fminf(a, b); }
 template <typename X> __device__ __forceinline__ X op_max(X a, X b) { return a > b ? a : b; }
@@ -106,6 +132,7 @@ template <int KIND> __device__ __forceinline__ float block_reduce(float v, float
   return smem[0];
 }
 """
+)
 
 
 #: the first statements of every generated kernel (see PDL_WAIT in :data:`PREAMBLE`)
@@ -137,7 +164,7 @@ def float_literal(x: float) -> str:
 def scalar_literal(arr: np.ndarray, dtype: DataType) -> str:
     """A one-element constant as a literal of its compute type (16-bit floats exactly)."""
     v = np.asarray(arr).reshape(-1)[0]
-    if dtype in FLOATING:
+    if dtype in FLOAT_VALUES:
         return float_literal(float(np.float32(v)))
     if dtype == DataType.BOOL:
         return "true" if bool(v) else "false"
@@ -205,7 +232,7 @@ _UN = {
 
 def _activation(kind: ActivationType, x: str, alpha: float, beta: float, dtype: DataType) -> str:
     al, be = float_literal(alpha), float_literal(beta)
-    if dtype not in FLOATING:  # RELU on integers
+    if dtype not in FLOAT_VALUES:  # RELU on integers
         return f"op_max({x}, ({compute_type(dtype)})0)"
     return {
         A.RELU: f"op_max({x}, 0.0f)",
@@ -240,7 +267,7 @@ def member_expr(node: Node, args: Sequence[str], in_dtypes: Sequence[DataType], 
             e = f"({args[0]} != 0)"
         else:
             e = f"(({compute_type(dst)}){args[0]})"
-        if src in FLOATING and dst not in FLOATING and dst != DataType.BOOL:
+        if src in FLOAT_VALUES and dst not in FLOAT_VALUES and dst != DataType.BOOL:  # float -> integer: truncate
             e = f"(({compute_type(dst)})(long long)({args[0]}))" if dst != DataType.INT64 else f"((long long)({args[0]}))"
     elif op == "select":
         e = f"({args[0]} ? {args[1]} : {args[2]})"
@@ -494,7 +521,7 @@ def reduce_generic(op: ReduceOperation, dtype: DataType, kept: int, reduced: int
     """Any reduction: one thread per output element over ``kept`` dims, a loop over the
     ``reduced`` dims (float32 accumulation for floats, 64-bit for integers)."""
     fn = f"k_reduce_{op.name}_{dtype.name}_{kept}_{reduced}"
-    acc_t = "float" if dtype in FLOATING else "long long"
+    acc_t = "float" if dtype in FLOAT_VALUES else "long long"
     sig = [f"{ctype(dtype)}* __restrict__ out", f"const {ctype(dtype)}* __restrict__ x", "i64 n", "i64 count"]
     params = [("ptr", "out"), ("ptr", "in:0"), ("i64", "numel"), ("i64", "count")]
     for d in range(kept):
@@ -507,8 +534,8 @@ def reduce_generic(op: ReduceOperation, dtype: DataType, kept: int, reduced: int
         ReduceOperation.SUM: "0",
         ReduceOperation.AVG: "0",
         ReduceOperation.PROD: "1",
-        ReduceOperation.MAX: "__int_as_float(0xff800000)" if dtype in FLOATING else "(-9223372036854775807LL - 1)",
-        ReduceOperation.MIN: "__int_as_float(0x7f800000)" if dtype in FLOATING else "9223372036854775807LL",
+        ReduceOperation.MAX: "__int_as_float(0xff800000)" if dtype in FLOAT_VALUES else "(-9223372036854775807LL - 1)",
+        ReduceOperation.MIN: "__int_as_float(0x7f800000)" if dtype in FLOAT_VALUES else "9223372036854775807LL",
     }[op]
     comb = {
         ReduceOperation.SUM: "acc += v;",

@@ -185,21 +185,72 @@ class Lt(HandleOwner):
 
 #: ``cudaDataType_t`` CUDA_R_8F_E4M3
 R_8F_E4M3 = 28
+#: ``cudaDataType_t`` of the FP8 GEMM's output (and C): CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
+FP8_OUTPUT_TYPES = {0: "float32", 2: "float16", 14: "bfloat16"}
+#: cuBLASLt's FP8 operands and output: pointers and leading dimensions 16-byte aligned
+FP8_ALIGN = 16
+
+
+def fp8_check(m: int, n: int, k: int, out_type: int, pointers: dict[str, int]) -> None:
+    """Refuse an FP8 GEMM cuBLASLt documents as unsupported, naming the value (the rules of
+    :class:`Fp8Matmul`): ``m, n, k >= 1``; ``k`` and ``n`` multiples of 16 (the leading
+    dimensions of the E4M3 operands, ``k`` bytes, and of the output, ``n`` elements); an
+    output type of :data:`FP8_OUTPUT_TYPES`; every pointer in ``pointers`` (name -> address)
+    non-null, the matrices' 16-byte aligned and the scales' 4-byte aligned.
+
+    Raises:
+        ValueError: the first rule broken.
+    """
+    if m < 1 or n < 1 or k < 1:
+        raise ValueError(f"cuBLASLt FP8 GEMM: m, n, k must be >= 1, got m={m} n={n} k={k}")
+    if k % 16 or n % 16:
+        raise ValueError(f"cuBLASLt FP8 GEMM needs K and N multiples of 16 (16-byte aligned leading dimensions), got K={k} N={n}")
+    if out_type not in FP8_OUTPUT_TYPES:
+        raise ValueError(
+            f"cuBLASLt FP8 GEMM: output cudaDataType_t {out_type} is not one of {FP8_OUTPUT_TYPES} (E4M3 x E4M3 -> float32/float16/bfloat16)"
+        )
+    for name, ptr in pointers.items():
+        align = 4 if name.endswith("scale") else FP8_ALIGN
+        if not ptr or ptr % align:
+            raise ValueError(f"cuBLASLt FP8 GEMM: {name} pointer 0x{ptr:x} must be non-null and {align}-byte aligned")
 
 
 class Fp8Matmul(HandleOwner):
     """cuBLASLt's FP8 GEMM for a row-major linear ``D[M, N] = s_a * s_b * X[M, K] @ W[N, K]^T``
-    with E4M3 ``X`` and ``W`` (NVIDIA, cuBLAS documentation, "cublasLtMatmul": FP8 needs the
-    ``TN`` form, A transposed and B not, in column-major terms: here ``A = W`` (``K x N``,
-    ``ld = K``) and ``B = X`` (``K x M``, ``ld = K``), so ``D`` is ``N x M`` column-major =
-    ``[M, N]`` row-major; ``K`` a multiple of 16, 16-byte aligned pointers). ``D`` (and ``C``,
-    unused with ``beta = 0``) is bfloat16, float16 or float32; compute and scale type float32;
-    ``s_a`` and ``s_b`` are device pointers to float32 scalars (``CUBLASLT_MATMUL_DESC_A_SCALE_POINTER``
-    / ``B_SCALE_POINTER``; null means 1). The algorithm is cuBLASLt's first heuristic
-    candidate within the workspace, chosen once per shape.
+    with E4M3 ``X`` and ``W``.
 
-    Raises (from :meth:`run`): ``nvmath.bindings.cublasLt.cuBLASLtError`` (no algorithm for
-    the shape, bad alignment), ValueError for ``K`` not a multiple of 16.
+    The rules it follows (NVIDIA, cuBLAS documentation, "cublasLtMatmul()", the FP8 paragraph
+    "To use FP8 kernels, the following set of requirements must be satisfied": all matrix
+    dimensions meet the Tensor Core requirements -- pointers and leading dimensions 16-byte
+    aligned --; "A must be transposed and B non-transposed (The "TN" format)" on compute
+    capability 8.9 / 9.0; compute type ``CUBLAS_COMPUTE_32F``; scale type ``CUDA_R_32F``; and
+    its type table: E4M3 x E4M3 with ``C`` and ``D`` both bfloat16, both float16 or both
+    float32):
+
+    * column-major ``A = W`` stored ``K x N`` (``ld = K``) with ``TRANSA = T``, ``B = X``
+      stored ``K x M`` (``ld = K``) with ``TRANSB = N``, so ``D`` is ``N x M`` column-major
+      (``ld = N``) = ``[M, N]`` row-major; ``C`` has ``D``'s layout and type (unused, beta 0);
+    * ``CUBLASLT_MATMUL_DESC_A_SCALE_POINTER`` / ``B_SCALE_POINTER``: device pointers to
+      float32 scalars (the type of the compute type), **set on the descriptor before**
+      ``cublasLtMatmulAlgoGetHeuristic`` and never changed after: the algorithm is chosen for
+      the descriptor as it runs, as NVIDIA's ``LtFp8Matmul`` sample, PyTorch's
+      ``scaled_gemm`` and nvmath-python's ``Matmul`` (which asks for every operand's scale)
+      do -- "cuBLASLt might use kernels that don't work with scales if not set up" (XLA
+      pull request 40747, 2026: XLA queried the heuristic without the scale pointers and set
+      them at run time, as trtcore did, and cuBLASLt 12.8 refused some FP8 GEMMs). One plan (descriptor, layouts, algorithm) per shape, output type and pair of scale
+      pointers; an engine's pointers are fixed, so a step reuses its plans (and a CUDA graph
+      captures them);
+    * ``A_SCALE_MODE`` / ``B_SCALE_MODE`` = ``SCALAR_32F`` where cuBLASLt has them (12.8+),
+      ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` = 0 (stated: the float32 accumulation is promoted
+      at cuBLASLt's intervals, not only at the end);
+    * ``K`` and ``N`` multiples of 16 (:func:`fp8_check`); ``M`` any; the algorithm is
+      cuBLASLt's first heuristic candidate whose state is success, within the workspace and
+      for the pointers' actual alignment (``CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES``, as
+      nvmath-python gives it; the default assumes 256 bytes).
+
+    Raises (from :meth:`run`): ValueError for a rule above broken (:func:`fp8_check`);
+    RuntimeError when cuBLASLt offers no algorithm; ``nvmath.bindings.cublasLt.cuBLASLtError``
+    from cuBLASLt itself.
     """
 
     def __init__(self) -> None:
@@ -207,7 +258,7 @@ class Fp8Matmul(HandleOwner):
 
         self._lt = cublasLt
         self.handle = cublasLt.create()
-        self._plans: dict[tuple[int, int, int, int, int], tuple[int, int, int, int, np.ndarray]] = {}
+        self._plans: dict[tuple[int, ...], tuple[int, int, int, int, np.ndarray]] = {}
         self._one = np.ones(1, dtype=np.float32)
         self._zero = np.zeros(1, dtype=np.float32)
 
@@ -216,58 +267,110 @@ class Fp8Matmul(HandleOwner):
         buf = np.array(value, dtype=lt.get_matmul_desc_attribute_dtype(attr))
         lt.matmul_desc_set_attribute(obj, attr, buf.ctypes.data, buf.nbytes)
 
-    def _plan(self, m: int, n: int, k: int, out_type: int, workspace_size: int) -> tuple[int, int, int, int, np.ndarray]:
-        key = (m, n, k, out_type, workspace_size)
+    def plan(
+        self,
+        m: int,
+        n: int,
+        k: int,
+        out_type: int,
+        a_scale_ptr: int,
+        b_scale_ptr: int,
+        workspace_size: int,
+        align: tuple[int, int, int] = (256, 256, 256),
+    ) -> tuple[int, int, int, int, np.ndarray]:
+        """``(matmul_desc, a_layout, b_layout, d_layout, algo)`` for the call (made once; the
+        descriptor holds the scale pointers, set before the heuristic). ``align``: the byte
+        alignment (at most 256) the W, X and D pointers are known to have, given to the
+        heuristic (``CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES``, default 256: an
+        algorithm picked for 256-byte aligned operands may refuse less aligned ones)."""
+        key = (m, n, k, out_type, int(a_scale_ptr), int(b_scale_ptr), workspace_size, align)
         got = self._plans.get(key)
         if got is not None:
             return got
         lt = self._lt
         desc = lt.matmul_desc_create(COMPUTE_32F, _R_32F)
+        a = b = d = 0
+        try:
+            D = lt.MatmulDescAttribute
+            self._set(desc, D.TRANSA, 1)  # CUBLAS_OP_T
+            self._set(desc, D.TRANSB, 0)  # CUBLAS_OP_N
+            self._set(desc, D.A_SCALE_POINTER, int(a_scale_ptr))
+            self._set(desc, D.B_SCALE_POINTER, int(b_scale_ptr))
+            self._scalar_scale_modes(desc)
+            self._set(desc, D.FAST_ACCUM, 0)
+            a = lt.matrix_layout_create(R_8F_E4M3, k, n, k)
+            b = lt.matrix_layout_create(R_8F_E4M3, k, m, k)
+            d = lt.matrix_layout_create(out_type, n, m, n)
+            algo = self._heuristic(desc, a, b, d, workspace_size, align)
+            if algo is None:
+                raise RuntimeError(f"cuBLASLt has no FP8 GEMM algorithm for m={m} n={n} k={k} output {FP8_OUTPUT_TYPES[out_type]}")
+        except BaseException:
+            lt.matmul_desc_destroy(desc)
+            for layout in (a, b, d):
+                if layout:
+                    lt.matrix_layout_destroy(layout)
+            raise
+        self._plans[key] = (desc, a, b, d, algo)
+        return self._plans[key]
+
+    def _scalar_scale_modes(self, desc: int) -> None:
+        """``CUBLASLT_MATMUL_DESC_{A,B}_SCALE_MODE`` = ``SCALAR_32F`` (one float32 per operand),
+        stated as nvmath-python's FP8 matmul states it; cuBLASLt before 12.8 has no such
+        attribute (its only mode is this one) and refuses it, which is ignored."""
+        lt = self._lt
         D = lt.MatmulDescAttribute
-        self._set(desc, D.TRANSA, 1)
-        self._set(desc, D.TRANSB, 0)
-        a = lt.matrix_layout_create(R_8F_E4M3, k, n, k)
-        b = lt.matrix_layout_create(R_8F_E4M3, k, m, k)
-        c = lt.matrix_layout_create(out_type, n, m, n)
+        if not hasattr(D, "A_SCALE_MODE"):
+            return
+        for attr in (D.A_SCALE_MODE, D.B_SCALE_MODE):
+            try:
+                self._set(desc, attr, 0)  # CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
+            except Exception:  # noqa: BLE001 - an older cuBLASLt: scalar scaling is all it has
+                return
+
+    def _heuristic(self, desc: int, a: int, b: int, d: int, workspace_size: int, align: tuple[int, int, int]) -> np.ndarray | None:
+        """The first of cuBLASLt's (up to 8) heuristic results whose ``state`` is success, as
+        algorithm bytes; None when there is none."""
+        lt = self._lt
         pref = lt.matmul_preference_create()
         try:
             P = lt.MatmulPreferenceAttribute
-            buf = np.array(workspace_size, dtype=lt.get_matmul_preference_attribute_dtype(P.MAX_WORKSPACE_BYTES))
-            lt.matmul_preference_set_attribute(pref, P.MAX_WORKSPACE_BYTES, buf.ctypes.data, buf.nbytes)
-            results = lt.MatmulHeuristicResult(1)
+            settings = [(P.MAX_WORKSPACE_BYTES, workspace_size)]
+            settings += [(P.MIN_ALIGNMENT_A_BYTES, align[0]), (P.MIN_ALIGNMENT_B_BYTES, align[1])]
+            settings += [(P.MIN_ALIGNMENT_C_BYTES, align[2]), (P.MIN_ALIGNMENT_D_BYTES, align[2])]
+            for attr, value in settings:
+                buf = np.array(value, dtype=lt.get_matmul_preference_attribute_dtype(attr))
+                lt.matmul_preference_set_attribute(pref, attr, buf.ctypes.data, buf.nbytes)
+            results = lt.MatmulHeuristicResult(8)
             count = np.zeros(1, dtype=np.int32)
-            lt.matmul_algo_get_heuristic(self.handle, desc, a, b, c, c, pref, 1, results.ptr, count.ctypes.data)
+            lt.matmul_algo_get_heuristic(self.handle, desc, a, b, d, d, pref, 8, results.ptr, count.ctypes.data)
         finally:
             lt.matmul_preference_destroy(pref)
-        if not int(count[0]):
-            raise RuntimeError(f"cuBLASLt has no FP8 GEMM algorithm for m={m} n={n} k={k} output type {out_type}")
-        algo = np.frombuffer(_field(results[0], "algo").tobytes(), dtype=np.uint8).copy()
-        self._plans[key] = (desc, a, b, c, algo)
-        return self._plans[key]
+        for i in range(int(count[0])):
+            if int(_field(results[i], "state")) == 0:  # CUBLAS_STATUS_SUCCESS
+                return np.frombuffer(_field(results[i], "algo").tobytes(), dtype=np.uint8).copy()
+        return None
 
     def run(
         self, m: int, n: int, k: int, w_ptr: int, x_ptr: int, a_scale_ptr: int, b_scale_ptr: int, d_ptr: int, out_type: int,
         workspace: int, workspace_size: int, stream: int,
     ) -> None:  # fmt: skip
         """Enqueue ``D = s_a * s_b * X @ W^T`` on ``stream`` (``out_type`` a ``cudaDataType_t``:
-        14 bfloat16, 2 float16, 0 float32)."""
-        if k % 16:
-            raise ValueError(f"cuBLASLt FP8 GEMM needs K a multiple of 16, got {k}")
-        desc, a, b, c, algo = self._plan(m, n, k, out_type, workspace_size)
-        D = self._lt.MatmulDescAttribute
-        self._set(desc, D.A_SCALE_POINTER, int(a_scale_ptr))
-        self._set(desc, D.B_SCALE_POINTER, int(b_scale_ptr))
+        14 bfloat16, 2 float16, 0 float32; ``a_scale_ptr`` / ``b_scale_ptr`` device pointers to
+        float32, the weight's and x's scale)."""
+        fp8_check(m, n, k, out_type, {"W": w_ptr, "X": x_ptr, "D": d_ptr, "A scale": a_scale_ptr, "B scale": b_scale_ptr})
+        align = tuple(min(256, p & -p) for p in (w_ptr, x_ptr, d_ptr))
+        desc, a, b, d, algo = self.plan(m, n, k, out_type, a_scale_ptr, b_scale_ptr, workspace_size, align)
         self._lt.matmul(
-            self.handle, desc, self._one.ctypes.data, w_ptr, a, x_ptr, b, self._zero.ctypes.data, d_ptr, c, d_ptr, c,
+            self.handle, desc, self._one.ctypes.data, w_ptr, a, x_ptr, b, self._zero.ctypes.data, d_ptr, d, d_ptr, d,
             algo.ctypes.data, workspace, workspace_size, int(stream),
         )  # fmt: skip
 
     def close(self) -> None:
         """Destroy the descriptors and the handle (idempotent)."""
         lt = self._lt
-        for desc, a, b, c, _ in self._plans.values():
+        for desc, a, b, d, _ in self._plans.values():
             lt.matmul_desc_destroy(desc)
-            for layout in (a, b, c):
+            for layout in (a, b, d):
                 lt.matrix_layout_destroy(layout)
         self._plans.clear()
         if self.handle:
@@ -275,4 +378,4 @@ class Fp8Matmul(HandleOwner):
             self.handle = 0
 
 
-__all__ = ["Candidate", "Fp8Matmul", "Lt", "R_8F_E4M3", "signature"]
+__all__ = ["FP8_ALIGN", "FP8_OUTPUT_TYPES", "Candidate", "Fp8Matmul", "Lt", "R_8F_E4M3", "fp8_check", "signature"]

@@ -226,7 +226,9 @@ class CudaDevice(DeviceAPI):
         return exe
 
     def launch_graph(self, graph: Any) -> None:
-        cuda_check(self._rt.cudaGraphLaunch(graph, self._stream), "cudaGraphLaunch")
+        result = self._rt.cudaGraphLaunch(graph, self._stream)
+        if result[0]:  # the status checked only when it is an error (the per-step call)
+            cuda_check(result, "cudaGraphLaunch")
 
     def close(self) -> None:
         if self._closed:

@@ -75,7 +75,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -371,14 +371,24 @@ def fill_decode(
     n, B = len(seqs), sl.shape[0]
     if n > B:
         raise InvalidArgumentError(f"a decode step of {n} sequences does not fit a layout of {B} rows")
-    if fed_rows:
-        ids[:n] = [t if (t := s.token_ids[0]) >= 0 else ~fed_rows[s.request_id] for s in seqs]
+    if n <= 8:  # a few rows: scalar writes (a list into a NumPy slice costs a microsecond a field)
+        for i, s in enumerate(seqs):
+            t = s.token_ids[0]
+            if t < 0 and fed_rows:
+                t = ~fed_rows[s.request_id]
+            ids[i] = t
+            c = s.num_cached_tokens
+            pos[i] = c
+            sl[i] = c + 1
     else:
-        ids[:n] = [s.token_ids[0] for s in seqs]
-    cached = [s.num_cached_tokens for s in seqs]
-    pos[:n] = cached
-    sl[:n] = cached
-    sl[:n] += 1
+        if fed_rows:
+            ids[:n] = [t if (t := s.token_ids[0]) >= 0 else ~fed_rows[s.request_id] for s in seqs]
+        else:
+            ids[:n] = [s.token_ids[0] for s in seqs]
+        cached = [s.num_cached_tokens for s in seqs]
+        pos[:n] = cached
+        sl[:n] = cached
+        sl[:n] += 1
     if n < B:  # padding rows
         ids[n:] = 0
         pos[n:] = 0
@@ -444,8 +454,7 @@ class _Graph:
     graphs: list[Any] = field(default_factory=list)
 
 
-@dataclass
-class _InFlight:
+class _InFlight(NamedTuple):
     """A step enqueued and not yet sampled: the batch, its sampling (None: no row produces
     a token)."""
 
@@ -610,6 +619,8 @@ class DeviceRunner:
             self._set_shapes(ctx, layout)
             self._bind_inputs(ctx, layout)
             self.graphs[size] = _Graph(size, ctx, layout, [layout.views(h) for h in self.host_staging])
+        #: the bucket's graph of a decode of ``n`` sequences, by ``n`` (1..max_batch_size)
+        self._decode_graphs = [None, *(self.graphs[bucket_for(k, self.buckets)] for k in range(1, self.max_batch_size + 1))]
         self._capture_all()
         if warm_eager and self.pad_eager_steps:
             self._warm_eager()
@@ -745,7 +756,10 @@ class DeviceRunner:
     @staticmethod
     def is_decode(batch: StepBatch) -> bool:
         """Every sequence feeds one token after its cached ones (a graph-able step)."""
-        return all(not s.is_prefill for s in batch.seqs)  # type: ignore[attr-defined]
+        for s in batch.seqs:
+            if s.is_prefill:  # type: ignore[attr-defined]
+                return False
+        return True
 
     def execute(self, batch: StepBatch) -> int:
         """Enqueue one step of ``batch`` (no host wait): inputs into staging, one copy, then the
@@ -807,7 +821,7 @@ class DeviceRunner:
         self._side ^= 1  # the other host side: its last step was collected before this one
         fed = self._fed_rows if self._in_flight else None  # placeholders name rows of the step in flight
         if self.is_decode(batch):
-            g = self.graphs[bucket_for(n, self.buckets)]
+            g = self._decode_graphs[n] if n else self.graphs[bucket_for(n, self.buckets)]
             side = self._side
             if self._filled[side] is g:  # its constant fields are still in place
                 fill_decode(g.views[side], batch.seqs, self.scratch_block, fed, self._rows[side])
@@ -816,8 +830,8 @@ class DeviceRunner:
                 self._filled[side] = g
                 self._rows[side] = [(s.request_id, len(s.block_table)) for s in batch.seqs] + [PAD_ROW] * (g.size - n)  # type: ignore[attr-defined]
             if g.graphs:  # the whole step: staging copy, feed, engine, sampling, copies back
-                sampling = self._sample(ids, rows=g.size)
-                self.device.launch_graph(g.graphs[self._side])
+                sampling = self.sampler.enqueue(ids, self.logits_ptr, self.vocab_size, side=side, rows=g.size) if ids else None
+                self.device.launch_graph(g.graphs[side])
                 self.num_graph_replays += 1
             else:
                 self._copy_inputs(g.layout)

@@ -218,7 +218,7 @@ class EngineCore:
 
     def _enqueue(self) -> None:
         out = self.scheduler.schedule()
-        if not out.is_empty:
+        if out.seqs:  # not out.is_empty
             self.runner.execute(out)
         self._in_flight.append(out)
 
@@ -226,24 +226,24 @@ class EngineCore:
         """Run one step (see the module docstring) and return its events: enqueue a step if
         none is in flight, enqueue the next one behind it when running ahead (asynchronous
         scheduling), then wait for the oldest one's tokens and apply them."""
-        if not self._in_flight:
+        in_flight = self._in_flight
+        if not in_flight:
             self._enqueue()
-        run_ahead = getattr(self.runner, "can_run_ahead", None)  # runners without it run one step at a time
-        if self.async_scheduling and not self._in_flight[0].is_empty and run_ahead is not None and run_ahead():
-            self._enqueue()
-        out = self._in_flight[0]
-        sampled: dict[Hashable, int] = {}
-        logprobs: dict[Hashable, Any] = {}
-        errors: dict[Hashable, str] = {}
-        if not out.is_empty:
-            sampled, logprobs, errors = self.runner.sample(out)
-        events = self.scheduler.update(sampled, logprobs, errors)
-        self._in_flight.popleft()
-        if self._in_flight and self._in_flight[0].is_empty:  # scheduled behind it with nothing to run
+        out = in_flight[0]
+        if self.scheduler.max_pending > 1 and out.seqs:  # asynchronous scheduling, a step to run behind
+            run_ahead = getattr(self.runner, "can_run_ahead", None)  # runners without it run one step at a time
+            if run_ahead is not None and run_ahead():
+                self._enqueue()
+        if out.seqs:
+            events = self.scheduler.update(*self.runner.sample(out))
+        else:
+            events = self.scheduler.update({}, {}, {})
+        in_flight.popleft()
+        if in_flight and not in_flight[0].seqs:  # scheduled behind it with nothing to run
             events += self.scheduler.update({})
-            self._in_flight.popleft()
+            in_flight.popleft()
         for ev in events:
-            if ev.finished:
+            if ev.finish_reason is not None:
                 self.runner.remove_request(ev.request_id)
         return events
 

@@ -37,14 +37,14 @@ import secrets
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import TrtcoreError
 from .request import Request
 from .sampling import NON_FINITE_HINT, SampleResult, SamplingRow, _banned, sample_rows
-from .sampling_gpu import GpuSampler, row_params_dtype
+from .sampling_gpu import STATUS_FALLBACK, STATUS_INACTIVE, STATUS_NONFINITE_BIT, STATUS_OK, GpuSampler, row_params_dtype
 
 __all__ = ["HostSamplerKernel", "RequestSampler", "SamplingStep", "make_sampler_kernel"]
 
@@ -114,6 +114,15 @@ class HostSamplerKernel:
         self._next_ticket += 1
         self._sides[self._turn] = (staged.copy(), list(rows), ticket)
         return ticket
+
+    def stage(
+        self, table: np.ndarray, index: Sequence[int], steps: Sequence[int], rows: Sequence[SamplingRow | None], side: int | None = None
+    ) -> int:
+        """:meth:`GpuSampler.stage`: :meth:`set_packed` of ``table[index]`` with each
+        record's ``step`` set to ``steps[i]``."""
+        staged = table[list(index)]
+        staged["step"] = steps
+        return self.set_packed(staged, rows, side)
 
     def sample(self, logits: int, row_stride: int | None = None) -> int:
         """Enqueue the reference on ``[rows, row_stride]`` float32 logits at ``logits`` for
@@ -192,18 +201,32 @@ class HostSamplerKernel:
         assert res is not None, f"the device produced no results for step {ticket} (its side was restaged before it ran?)"
         return res
 
+    def result_status(self, ticket: int | None = None) -> list[list[int]]:
+        """:meth:`GpuSampler.result_status`: ``[token, status]`` per row of :meth:`result`
+        (the kernel's status codes: inactive rows, fallbacks, the non-finite bit)."""
+        res = self.result(ticket)
+        nonfinite = res.nonfinite if res.nonfinite is not None else np.zeros(len(res.token_ids), bool)
+        return [
+            [t, (STATUS_FALLBACK if fb else STATUS_INACTIVE if t < 0 else STATUS_OK) | (STATUS_NONFINITE_BIT if nf else 0)]
+            for t, fb, nf in zip(res.token_ids.tolist(), res.fallback.tolist(), nonfinite.tolist())
+        ]
+
     def close(self) -> None:
         """Nothing to free."""
 
 
-@dataclass(frozen=True)
-class SamplingStep:
+class SamplingStep(NamedTuple):
     """One enqueued sampling (:meth:`RequestSampler.enqueue`): its rows' request ids (None:
-    inactive), the rows sampled on the host ``(row, request id)``, the kernel's ticket."""
+    inactive), the rows sampled on the host ``(row, request id)``, the kernel's ticket, and
+    whether a row asks for logprobs. Immutable (a ``NamedTuple``: one per step)."""
 
     request_ids: list[Hashable | None]
     host_rows: list[tuple[int, Hashable]]
     ticket: Any
+    logprobs: bool = True
+
+
+_NO_TOKEN = "no token can be sampled: every logit is masked or non-finite"
 
 
 @dataclass
@@ -215,6 +238,7 @@ class _State:
     index: int  # its record's row of the records table
     masking: bool  # min_tokens still bans EOS / stop ids: repack each step
     penalties: bool  # it needs a penalty slot (params.has_penalties, asked once)
+    logprobs: bool  # it asks for logprobs
     slot: int | None = None  # penalty slot, when it holds one
     host: bool = False  # sampled on the host (parameters beyond the kernel's limits)
 
@@ -280,7 +304,7 @@ class RequestSampler:
             self._free_rows = list(range(2 * n - 1, n - 1, -1))
         index = self._free_rows.pop()
         self._table[index] = record[0]
-        self._states[request.request_id] = _State(request, row, index, masking, p.has_penalties, host=host)
+        self._states[request.request_id] = _State(request, row, index, masking, p.has_penalties, p.logprobs is not None, host=host)
         self._num_host += host
 
     def remove_request(self, request_id: Hashable) -> None:
@@ -330,6 +354,7 @@ class RequestSampler:
         sampling_rows: list[SamplingRow | None] = []
         steps = []
         host_rows = []
+        logprobs = False
         for i, rid in enumerate(request_ids):
             st = None if rid is None else states[rid]
             if st is None or st.host:  # inactive in the kernel
@@ -340,7 +365,8 @@ class RequestSampler:
                 steps.append(0)
                 continue
             req = st.request
-            n_out = len(req.output_token_ids) + max(req.num_output_placeholders - 1, 0)
+            in_flight = req.num_output_placeholders
+            n_out = len(req.output_token_ids) + (in_flight - 1 if in_flight > 1 else 0)
             if st.masking:
                 table[st.index] = self.kernel.pack_row(st.row, int(table[st.index]["slot"]), what=f"request {rid}", num_generated=n_out)[0]
                 st.masking = n_out < st.row.params.min_tokens
@@ -349,17 +375,16 @@ class RequestSampler:
             index.append(st.index)
             sampling_rows.append(st.row)
             steps.append(n_out)
+            logprobs = logprobs or st.logprobs
         if rows is not None and rows > len(index):  # padding rows of a captured step: inactive
             pad = rows - len(index)
             index += [0] * pad
             sampling_rows += [None] * pad
             steps += [0] * pad
-        staged = table[index]
-        staged["step"] = steps
-        ticket = self.kernel.set_packed(staged, sampling_rows, side)
+        ticket = self.kernel.stage(self._table, index, steps, sampling_rows, side)
         if rows is None:
             self.kernel.sample(logits_ptr, row_stride)
-        return SamplingStep(list(request_ids), host_rows, ticket)
+        return SamplingStep(list(request_ids), host_rows, ticket, logprobs)
 
     def feed_tokens(self, input_ids: int, num_tokens: int) -> None:
         """Enqueue the write of the last step's sampled tokens into the next step's staged
@@ -370,12 +395,32 @@ class RequestSampler:
         """Wait for ``step`` (an :meth:`enqueue`'s) and return ``(tokens, logprobs, errors)``
         by request id: a row with a NaN / infinity, or with no token to sample, gets an error."""
         ids = step.request_ids
-        t0 = time.perf_counter()
-        res = self.kernel.result(step.ticket)
-        self.wait_seconds += time.perf_counter() - t0
         sampled: dict[Hashable, int] = {}
         logprobs: dict[Hashable, Any] = {}
         errors: dict[Hashable, str] = {}
+        if not step.logprobs and not step.host_rows:  # tokens and statuses only: no arrays
+            t0 = time.perf_counter()
+            status = self.kernel.result_status(step.ticket)
+            self.wait_seconds += time.perf_counter() - t0
+            for i, rid in enumerate(ids):
+                if rid is None:
+                    continue
+                token, code = status[i]
+                if code:
+                    if code & STATUS_NONFINITE_BIT:
+                        errors[rid] = f"the model produced non-finite logits (NaN or inf); {NON_FINITE_HINT}"
+                        continue
+                    if code == STATUS_FALLBACK:
+                        errors[rid] = _NO_TOKEN
+                        continue
+                    if code == STATUS_INACTIVE:
+                        token = -1
+                sampled[rid] = token
+                logprobs[rid] = None
+            return sampled, logprobs, errors
+        t0 = time.perf_counter()
+        res = self.kernel.result(step.ticket)
+        self.wait_seconds += time.perf_counter() - t0
         nonfinite = res.nonfinite if res.nonfinite is not None else np.zeros(len(ids), bool)
         if step.host_rows:  # the requests beyond the kernel's limits: the reference on their rows
             assert self.read_logits is not None
@@ -401,7 +446,7 @@ class RequestSampler:
                 if nonfinite[i]:
                     errors[rid] = f"the model produced non-finite logits (NaN or inf); {NON_FINITE_HINT}"
                 else:
-                    errors[rid] = "no token can be sampled: every logit is masked or non-finite"
+                    errors[rid] = _NO_TOKEN
                 continue
             sampled[rid] = tokens[i]
             logprobs[rid] = lps[i]

@@ -24,7 +24,11 @@ and with ``host_sides=1`` (the default).
 Asynchronous scheduling (the device executor): with ``host_sides=2`` the pinned parameter
 and result buffers alternate, so step n+1 is staged and enqueued before step n's results are
 read (``ticket = sample(...)``, later ``result(ticket)``), and :meth:`GpuSampler.feed_tokens`
-writes step n's sampled ids into step n+1's ``input_ids`` on the device.
+writes step n's sampled ids into step n+1's ``input_ids`` on the device. The executor's
+per-step host work uses the lean twins: :meth:`GpuSampler.stage` (records gathered from a
+table of packed requests straight into the pinned buffer) and :meth:`GpuSampler.result_status`
+(tokens and status codes, no arrays, when no row asks for logprobs); a side's done event is
+waited for before restaging it only while its step's results are unread.
 
 Memory (allocated once, in the constructor): device ``RowParams [max_batch_size]`` (216
 bytes each), results ``[max_batch_size]`` (16 bytes), top-k logprob ids and values
@@ -46,11 +50,11 @@ from typing import Any
 import numpy as np
 
 from trtcore.errors import InvalidArgumentError, InvalidRequestError
-from trtcore.gpu import call, cuda_bindings
+from trtcore.gpu import call, check, cuda_bindings
 
 from .sampling import Logprob, SampleResult, SamplingRow, TokenLogprobs, _banned
 
-__all__ = ["FLAG_ACTIVE", "GpuSampler", "ROW_PARAMS_DTYPE", "ROW_RESULT_DTYPE", "row_params_dtype"]
+__all__ = ["FLAG_ACTIVE", "GpuSampler", "ROW_PARAMS_DTYPE", "ROW_RESULT_DTYPE", "row_params_dtype", "stage_records"]
 
 FLAG_ACTIVE, FLAG_RANDOM, FLAG_PENALTIES, FLAG_BAN, FLAG_LOGPROBS = 1, 2, 4, 8, 16
 STATUS_OK, STATUS_FALLBACK, STATUS_INACTIVE = 0, 1, 2
@@ -106,6 +110,14 @@ def _call(what: str, fn: Any, *args: Any) -> Any:
     return call(what, fn, *args)
 
 
+def _wait(event: Any) -> None:
+    """``cudaEventSynchronize(event)``, its status checked (:func:`trtcore.gpu.check`) only
+    when it is an error: the per-step wait, without the wrapper calls."""
+    result = _rt().cudaEventSynchronize(event)
+    if result[0]:
+        check(result, "cudaEventSynchronize")
+
+
 def _stream_int(stream: Any) -> int:
     if stream is None:
         return 0
@@ -153,6 +165,33 @@ class _HostSide:
     done: Any
     rows: list[SamplingRow | None] = field(default_factory=list)
     copy_logprobs: bool = False
+    #: a step was staged or enqueued on this side since its results were last read
+    pending: bool = False
+
+    def __post_init__(self) -> None:
+        # raw views for the per-step host work: records as bytes rows and 8-byte words, results as int32
+        params = self.params.array
+        self.params_u8 = params.view(np.uint8).reshape(len(params), params.dtype.itemsize)
+        self.params_u64 = params.view(np.uint64).reshape(len(params), params.dtype.itemsize // 8)
+        results = self.results.array
+        self.results_i32 = results.view(np.int32).reshape(len(results), results.dtype.itemsize // 4)
+
+
+def stage_records(dst_u8: np.ndarray, dst_u64: np.ndarray, table_u8: np.ndarray, index: Sequence[int], steps: Sequence[int], step_col: int) -> None:
+    """Write records ``table[index]`` into the first ``len(index)`` rows of a ``RowParams``
+    buffer and set each one's ``step`` to ``steps[i]``: ``dst_u8`` / ``dst_u64`` are the
+    buffer's ``uint8 [rows, itemsize]`` / ``uint64 [rows, itemsize // 8]`` views, ``table_u8``
+    the table's ``uint8`` view, ``step_col`` the ``step`` field's offset in 8-byte words. The
+    same bytes as ``staged = table[index]; staged["step"] = steps``, without the temporary
+    arrays (a row at a time for a few rows: NumPy's fancy indexing costs microseconds)."""
+    n = len(index)
+    if n <= 8:
+        for i in range(n):
+            dst_u8[i] = table_u8[index[i]]
+            dst_u64[i, step_col] = steps[i]
+    else:
+        np.take(table_u8, index, axis=0, out=dst_u8[:n])
+        dst_u64[:n, step_col] = steps
 
 
 class GpuSampler:
@@ -275,6 +314,9 @@ class GpuSampler:
             for _ in range(host_sides)
         ]
         self._turn = 0  # the side of the last set_packed (sample and result use it)
+        self._table: Any = None  # the records table of the last stage() and its byte view
+        self._table_u8: Any = None
+        self._step_col = int(self.params_dtype.fields["step"][1]) // 8
         self._ev_ids = event()
         self._closed = False
         _call("cudaMemsetAsync(counts)", rt.cudaMemsetAsync, self._counts_d, 0, self.num_slots * V * 4, self.stream)
@@ -407,7 +449,7 @@ class GpuSampler:
         row) for the next :meth:`sample` (or a replay of a graph captured with
         :meth:`enqueue_step` on that side); ``rows`` are their rows (None: padding), which
         :meth:`result` reads for the logprobs requested. ``side``: the host side to stage
-        on (default: the next in turn); it waits for that side's last step first. Returns
+        on (default: the next in turn); it waits for that side's last step first (unless its :meth:`result` was read since). Returns
         the step's ticket for :meth:`result`.
 
         Raises:
@@ -422,12 +464,56 @@ class GpuSampler:
             )
         if side is not None and not 0 <= side < len(self._sides):
             raise InvalidArgumentError(f"side {side} is not in [0, {len(self._sides)})")
-        self._turn = (self._turn + 1) % len(self._sides) if side is None else int(side)
-        host = self._sides[self._turn]
-        _call("cudaEventSynchronize", _rt().cudaEventSynchronize, host.done)  # that side's last step is done
+        host = self._next_side(side)
         host.params.array[:n] = staged
         host.rows = list(rows)
         host.copy_logprobs = True  # what a captured step does; sample() says otherwise
+        return self._turn
+
+    def _next_side(self, side: int | None) -> _HostSide:
+        """Turn to ``side`` (default the next), wait for its last step unless its results
+        were read since (:meth:`result` waited for it then), and mark it pending."""
+        self._turn = (self._turn + 1) % len(self._sides) if side is None else int(side)
+        host = self._sides[self._turn]
+        if host.pending:
+            _wait(host.done)  # that side's last step is done
+        host.pending = True
+        return host
+
+    def stage(
+        self, table: np.ndarray, index: Sequence[int], steps: Sequence[int], rows: Sequence[SamplingRow | None], side: int | None = None
+    ) -> int:
+        """:meth:`set_packed` of ``staged = table[index]`` with ``staged["step"] = steps``
+        (``table``: ``params_dtype`` records, e.g. one per live request packed once), written
+        straight into the side's pinned buffer (:func:`stage_records`): the device
+        executor's per-step staging. Returns the step's ticket.
+
+        Raises:
+            InvalidArgumentError: ``index``, ``steps`` and ``rows`` differ in length, more
+                than ``max_batch_size`` rows, ``table`` of another dtype, or no such side.
+        """
+        if self._closed:
+            self._check_open()
+        n = len(rows)
+        if len(index) != n or len(steps) != n or not 1 <= n <= self.max_batch_size:
+            raise InvalidArgumentError(
+                f"stage takes 1 to max_batch_size={self.max_batch_size} rows, one index and step each; got {len(index)} / {len(steps)} for {n} rows"
+            )
+        if side is not None and not 0 <= side < len(self._sides):
+            raise InvalidArgumentError(f"side {side} is not in [0, {len(self._sides)})")
+        if table is not self._table:  # a new table (the caller grew it): its byte view, once
+            if table.dtype != self.params_dtype:
+                raise InvalidArgumentError(f"stage needs a table of params_dtype records, got dtype {table.dtype}")
+            self._table, self._table_u8 = table, table.view(np.uint8).reshape(len(table), table.dtype.itemsize)
+        # _next_side, inline (the per-step path)
+        self._turn = turn = (self._turn + 1) % len(self._sides) if side is None else int(side)
+        host = self._sides[turn]
+        if host.pending:
+            _wait(host.done)  # that side's last step is done
+        host.pending = True
+        stage_records(host.params_u8, host.params_u64, self._table_u8, index, steps, self._step_col)
+        host.rows = list(rows)
+        host.copy_logprobs = True
         return self._turn
 
     # ---- the step --------------------------------------------------------------------------
@@ -476,6 +562,7 @@ class GpuSampler:
         if not 1 <= n <= self.max_batch_size:
             raise InvalidArgumentError(f"rows={rows} is not in [1, max_batch_size={self.max_batch_size}]")
         host = self._sides[side]
+        host.pending = True
         stride = self.vocab_size if row_stride is None else int(row_stride)
         if stride < self.vocab_size:
             raise InvalidArgumentError(f"row_stride={stride} is below vocab_size={self.vocab_size}")
@@ -519,6 +606,7 @@ class GpuSampler:
         self._check_open()
         side = self._sides[self._turn if ticket is None else ticket]
         _call("cudaEventSynchronize", _rt().cudaEventSynchronize, side.done)
+        side.pending = False
         n = len(side.rows)
         res = side.results.array[:n].copy()
         tokens = res["token"].astype(np.int64)
@@ -536,6 +624,18 @@ class GpuSampler:
                 top = [(int(t), Logprob(float(v), r)) for r, (t, v) in enumerate(zip(ids, lps), start=1)]
             out.append(TokenLogprobs(token_id=int(tokens[i]), logprob=float(res["logprob"][i]), rank=int(res["rank"][i]), top=top))
         return SampleResult(token_ids=tokens, logprobs=out, fallback=status == STATUS_FALLBACK, nonfinite=(res["status"] & STATUS_NONFINITE_BIT) != 0)
+
+    def result_status(self, ticket: int | None = None) -> list[list[int]]:
+        """:meth:`result` without the arrays: waits the same way, then ``[token, status]``
+        per row as the kernel wrote them (``status``: ``STATUS_OK`` / ``STATUS_FALLBACK`` /
+        ``STATUS_INACTIVE``, or-ed with ``STATUS_NONFINITE_BIT``), no logprobs: the step
+        loop's path when no row asks for logprobs."""
+        if self._closed:
+            self._check_open()
+        side = self._sides[self._turn if ticket is None else ticket]
+        _wait(side.done)
+        side.pending = False
+        return side.results_i32[: len(side.rows), :2].tolist()  # type: ignore[no-any-return]
 
     def _record(self, event: Any) -> None:
         """Record ``event`` on the stream; under stream capture as an event-record node of the

@@ -72,7 +72,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -147,11 +146,10 @@ class ScheduledSequence(NamedTuple):
         return self.num_cached_tokens + len(self.token_ids)
 
 
-@dataclass(frozen=True)
-class SchedulerOutput:
+class SchedulerOutput(NamedTuple):
     """One step's work. Sequences are in batch order: running requests (oldest admission
     first), then newly admitted ones. Array helpers give the packed (ragged) inputs of a
-    paged network, all int32.
+    paged network, all int32. Immutable (a ``NamedTuple``: one is made per step).
 
     Attributes:
         step: index of this step (0, 1, ...).
@@ -229,6 +227,17 @@ class SchedulerOutput:
         for i, s in enumerate(self.seqs):
             out[i, : len(s.block_table)] = s.block_table
         return out
+
+
+def _check_token(step: int, request_id: Hashable, token: object) -> int:
+    """``token`` as an int (a NumPy integer converted).
+
+    Raises:
+        SchedulerError: it is not an integer ``>= 0`` (a bool is not one).
+    """
+    if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
+        raise SchedulerError(f"step {step}: token {token!r} for request {request_id!r} is not an integer >= 0")
+    return int(token)
 
 
 class _BaseScheduler:
@@ -332,7 +341,9 @@ class _BaseScheduler:
         scheduled, preempted = self._schedule()
         seqs = []
         block_table = self._block_table
+        num_tokens = 0
         for req, n in scheduled:
+            num_tokens += n
             start = req.num_computed_tokens
             end = start + n
             outputs = req.output_token_ids
@@ -362,13 +373,7 @@ class _BaseScheduler:
             req.num_computed_tokens = end
             if produces:
                 req.num_output_placeholders += 1
-        out = SchedulerOutput(
-            step=self.num_steps,
-            seqs=seqs,
-            num_batched_tokens=sum(n for _, n in scheduled),
-            preempted_request_ids=preempted,
-            block_size=self._block_size,
-        )
+        out = SchedulerOutput(self.num_steps, seqs, num_tokens, preempted, self._block_size)
         self.num_steps += 1
         self._pending.append(out)
         return out
@@ -412,13 +417,11 @@ class _BaseScheduler:
             missing = [r for r in producing if r not in sampled and r not in errors and r in self._live]
             if missing:
                 raise SchedulerError(f"step {out.step}: no sampled token for requests {missing!r}")
-        tokens: dict[Hashable, int] = {}
-        for r, t in sampled.items():
-            if type(t) is not int or t < 0:  # the common case (int >= 0) in one test
-                if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
-                    raise SchedulerError(f"step {out.step}: token {t!r} for request {r!r} is not an integer >= 0")
-                t = int(t)
-            tokens[r] = t
+        tokens: Mapping[Hashable, int] = sampled
+        for t in sampled.values():
+            if type(t) is not int or t < 0:  # the common case (int >= 0) in one test; else check and convert
+                tokens = {r: _check_token(out.step, r, t) for r, t in sampled.items()}
+                break
         self._pending.popleft()
 
         events, self._events = self._events, []

@@ -95,9 +95,13 @@ class StopStringMatcher:
             ``(delta, stop)``: the text to append to what was shown, and the stop string
             that matched with this token (then ``shown`` is the final text) or None.
         """
-        if self.stopped:
+        if self.stop_reason is not None:  # stopped
             return "", None
         self._num_seen += len(delta)
+        if not self.stop:  # nothing to hold back: the delta as it comes
+            if delta:
+                self._shown.append(delta)
+            return delta, None
         pending = self._pending + delta
         # a stop string starts in the text not shown yet: what was shown held no piece of one
         if self.stop and num_tokens > self.min_tokens:
