@@ -934,6 +934,7 @@ class DeviceRunner:
     def close(self) -> None:
         """Release the contexts and the device's memory. Safe to call twice."""
         self.graphs = {}
+        self._eager_graphs = {}
         self.eager = None
         if self.sampler is not None:
             self.sampler.close()
