@@ -55,6 +55,7 @@ def _runner(
     num_blocks: int | None = 64,
     deferred: bool = False,
     pad_eager_steps: bool = True,
+    eager_graphs: bool | None = None,
     **plan: Any,
 ) -> DeviceRunner:
     d = hf_models.dir(name)
@@ -65,7 +66,15 @@ def _runner(
         net = define_network(trt, config, weights, p)
     device = HostDevice(deferred=deferred)
     engine = HostEngine(build_reference_engine(net), device)
-    return DeviceRunner(engine, device, kv_mode(p, config), num_blocks=num_blocks, enforce_eager=enforce_eager, pad_eager_steps=pad_eager_steps)
+    return DeviceRunner(
+        engine,
+        device,
+        kv_mode(p, config),
+        num_blocks=num_blocks,
+        enforce_eager=enforce_eager,
+        pad_eager_steps=pad_eager_steps,
+        eager_graphs=eager_graphs,
+    )
 
 
 def _generate(runner: DeviceRunner, prompts: list[list[int]], steps: int, async_scheduling: bool = True) -> list[list[int]]:
@@ -245,7 +254,6 @@ def test_fill_decode_writes_what_fill_step_writes(rope: bool) -> None:
             np.testing.assert_array_equal(va[name], vb[name], err_msg=name)
 
 
-
 def test_fill_decode_rewrites_only_block_table_rows_that_changed() -> None:
     """With the rows it wrote remembered (the device runner's steady decode), fill_decode over a
     run of decode steps -- tables growing by a block now and then, requests leaving so that rows
@@ -396,7 +404,9 @@ def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool) 
     prompts = [random_prompt(rng, int(n), v.vocab_size) for n in rng.integers(2, 30, size=5)]
     runs = []
     for pad in (True, False):
-        runner = _runner(hf_models, pad_eager_steps=pad, enforce_eager=enforce_eager)
+        runner = _runner(
+            hf_models, pad_eager_steps=pad, enforce_eager=enforce_eager, eager_graphs=True
+        )  # asked: HostEngine's contexts are TensorRT-like
         dev = runner.device
         assert isinstance(dev, HostDevice)
         pool = dev.view(runner.pool_ptr, runner.pool_shape, runner.pool_dtype)
@@ -467,7 +477,7 @@ def test_eager_graph_replays_under_asynchronous_scheduling_on_a_lagging_device(h
     prompts = [random_prompt(rng, int(n), v.vocab_size) for n in rng.integers(2, 30, size=6)]
     got = []
     for pad in (True, False):
-        runner = _runner(hf_models, pad_eager_steps=pad, deferred=True)
+        runner = _runner(hf_models, pad_eager_steps=pad, deferred=True, eager_graphs=True)
         core = make_device_engine(runner, runner.mode, async_scheduling=True)
         tokens = []
         for again in range(3):
@@ -507,3 +517,12 @@ def test_paged_is_the_default_where_the_plugin_and_its_kernels_run(hf_models: An
     assert resolve_plan(tiny, BuildConfig(), "cuda").kv_cache == "contiguous"
     assert resolve_plan(tiny, BuildConfig(), "reference").kv_cache == "paged"
     assert resolve_plan(smol, BuildConfig(attention="native"), "cuda").kv_cache == "contiguous"
+
+
+def test_eager_graphs_default_off_where_a_context_does_not_keep_its_launches(hf_models: Any) -> None:  # noqa: F811
+    """By default eager steps are captured only on contexts that keep their prepared launches
+    (the cuda engine's ``prepare_launches``): one eager context meets every shape, and TensorRT's
+    rule is one execution context per graph; asked for, they are on."""
+    runner = _runner(hf_models)
+    assert not hasattr(runner.eager, "prepare_launches") and runner.eager_graphs is False
+    assert _runner(hf_models, eager_graphs=True).eager_graphs is True

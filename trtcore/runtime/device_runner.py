@@ -483,7 +483,10 @@ class DeviceRunner:
         eager_graphs: capture a padded eager shape's step into CUDA graphs (one per host
             side) right after its second eager run (its warm-up; a shape met once is never
             captured), and replay them for the later steps of that shape that sample a token
-            (None: on unless ``enforce_eager`` or the environment's ``TRTCORE_EAGER_GRAPHS=0``).
+            (None: on for the cuda engine's contexts, whose prepared launches stay as they are
+            when the context meets other shapes, unless ``enforce_eager`` or the environment's
+            ``TRTCORE_EAGER_GRAPHS=0``; off for TensorRT's, whose rule is one execution context
+            per graph).
         weights_bytes: device bytes the engine's weights took (for the report; measured by
             the caller around deserialization).
 
@@ -543,6 +546,7 @@ class DeviceRunner:
             }
         )
         self.last_eager_shape: tuple[int, int] | None = None
+        eager_graphs_default = eager_graphs is None
         if eager_graphs is None:
             eager_graphs = os.environ.get("TRTCORE_EAGER_GRAPHS", "1") != "0"
         self.eager_graphs = bool(eager_graphs) and self.pad_eager_steps and not self.enforce_eager
@@ -609,6 +613,11 @@ class DeviceRunner:
 
         # execution contexts: one for eager steps, one per decode bucket (one per graph)
         self.eager = self._context("eager")
+        if eager_graphs_default and not hasattr(self.eager, "prepare_launches"):
+            # one context meets every eager shape: TensorRT's rule is one execution context per
+            # graph, so graphs of eager steps only where the context's launches, once prepared
+            # for a shape, stay as they are (the cuda engine's prepared launch lists)
+            self.eager_graphs = False
         self._eager_shapes: dict[str, tuple[int, ...]] = {}
         # host-side layouts of the eager shapes met (LRU: unpadded shapes can be many)
         self._eager_layouts: OrderedDict[tuple[int, int], tuple[StepLayout, list[dict[str, np.ndarray]]]] = OrderedDict()
