@@ -67,3 +67,62 @@ def test_stubbed_graph_replays_stream_the_devices_tokens_with_their_philox_steps
     # running ahead, the step after the last token is staged and replayed before it is known
     assert staged[: max_tokens - 1] == [(0, k) for k in range(1, max_tokens)]
     assert llm.executor.num_graph_replays == len(staged) >= max_tokens - 1
+
+
+def test_stage_keeping_records_in_place_writes_what_a_full_restage_writes() -> None:
+    """RequestSampler.enqueue over GpuSampler.stage with the table's version (a side whose
+    last staging named the same records keeps them and writes the steps only) against the same
+    calls with no version (every record copied each step): random arrivals, finishes, batch
+    changes, min_tokens (records repacked while they mask) and penalties (slots taken from
+    others), on both host sides; after every step the pinned parameters of the replayed rows
+    are byte for byte the same."""
+    psh = _harness()
+    from trtcore.runtime.device_memory import CudaDevice
+    from trtcore.runtime.request import Request
+    from trtcore.runtime.request_sampler import RequestSampler, make_sampler_kernel
+
+    rng = np.random.default_rng()
+    with psh.stubbed_cuda():
+        dev = CudaDevice(0)
+        kernels = [make_sampler_kernel(dev, 8, 512, 256) for _ in range(2)]
+        slow_stage = kernels[1].stage
+        kernels[1].stage = lambda table, index, steps, rows, side=None, version=None: slow_stage(table, index, steps, rows, side)
+        samplers = [RequestSampler(k) for k in kernels]
+        live: dict[str, list[Request]] = {}
+        next_id = 0
+        side = 0
+        for _ in range(300):
+            if rng.random() < 0.15 or not live:  # an arrival
+                rid = f"r{next_id}"
+                next_id += 1
+                kw: dict[str, Any] = {"temperature": float(rng.choice([0.0, 0.8])), "seed": int(rng.integers(1 << 30)), "max_tokens": 64}
+                if rng.random() < 0.3:
+                    kw["min_tokens"] = int(rng.integers(1, 6))
+                if rng.random() < 0.3:
+                    kw["presence_penalty"] = 0.5
+                prompt = rng.integers(3, 500, size=int(rng.integers(1, 8))).tolist()
+                live[rid] = [Request(rid, prompt, SamplingParams(**kw), eos_token_ids={2}) for _ in samplers]
+                for s, req in zip(samplers, live[rid]):
+                    s.add_request(req)
+            if len(live) > 1 and rng.random() < 0.1:  # a finish
+                rid = str(rng.choice(sorted(live)))
+                for s in samplers:
+                    s.remove_request(rid)
+                del live[rid]
+            ids = sorted(live)[:8]
+            if rng.random() < 0.2:  # a step where some rows produce no token
+                ids = [r if rng.random() < 0.7 else None for r in ids]
+            side ^= 1
+            staged = []
+            for k, (s, kern) in enumerate(zip(samplers, kernels)):
+                s.enqueue(ids, 0, 512, side=side, rows=8)
+                staged.append(kern._sides[side].params.array[:8].tobytes())
+                kern.result_status(side)
+            assert staged[0] == staged[1]
+            for reqs in live.values():  # every live request's step produced a token
+                tok = int(rng.integers(3, 500))
+                for req in reqs:
+                    req.output_token_ids.append(tok)
+        for k in kernels:
+            k.close()
+        dev.close()

@@ -788,10 +788,11 @@ class DeviceRunner:
         """
         if len(self._in_flight) >= 2:
             raise DeviceRunnerError("execute() with two steps in flight; sample() the oldest first")
-        n = len(batch.seqs)
+        seqs = batch.seqs
+        n = len(seqs)
         if n > self.max_batch_size:
             raise InvalidArgumentError(f"a step of {n} sequences; the engine takes at most max_batch_size={self.max_batch_size}")
-        ids = [s.request_id if s.produces_token else None for s in batch.seqs]  # type: ignore[attr-defined]
+        ids = [s.request_id if s.produces_token else None for s in seqs]  # type: ignore[attr-defined]
         while ids and ids[-1] is None:  # rows past the last sampled one are not read
             ids.pop()
         rows, sampling = self._launch(batch, ids)
@@ -829,7 +830,10 @@ class DeviceRunner:
         self.num_steps += 1
         self._side ^= 1  # the other host side: its last step was collected before this one
         fed = self._fed_rows if self._in_flight else None  # placeholders name rows of the step in flight
-        if self.is_decode(batch):
+        for s in batch.seqs:  # is_decode, inline
+            if s.is_prefill:  # type: ignore[attr-defined]
+                break
+        else:
             g = self._decode_graphs[n] if n else self.graphs[bucket_for(n, self.buckets)]
             side = self._side
             if self._filled[side] is g:  # its constant fields are still in place

@@ -226,25 +226,25 @@ class EngineCore:
         """Run one step (see the module docstring) and return its events: enqueue a step if
         none is in flight, enqueue the next one behind it when running ahead (asynchronous
         scheduling), then wait for the oldest one's tokens and apply them."""
-        in_flight = self._in_flight
+        in_flight, scheduler, runner = self._in_flight, self.scheduler, self.runner
         if not in_flight:
             self._enqueue()
         out = in_flight[0]
-        if self.scheduler.max_pending > 1 and out.seqs:  # asynchronous scheduling, a step to run behind
-            run_ahead = getattr(self.runner, "can_run_ahead", None)  # runners without it run one step at a time
-            if run_ahead is not None and run_ahead():
-                self._enqueue()
         if out.seqs:
-            events = self.scheduler.update(*self.runner.sample(out))
+            if scheduler.max_pending > 1:  # asynchronous scheduling, a step to run behind
+                run_ahead = getattr(runner, "can_run_ahead", None)  # runners without it run one step at a time
+                if run_ahead is not None and run_ahead():
+                    self._enqueue()
+            events = scheduler.update(*runner.sample(out))
         else:
-            events = self.scheduler.update({}, {}, {})
+            events = scheduler.update({}, {}, {})
         in_flight.popleft()
         if in_flight and not in_flight[0].seqs:  # scheduled behind it with nothing to run
-            events += self.scheduler.update({})
+            events += scheduler.update({})
             in_flight.popleft()
         for ev in events:
             if ev.finish_reason is not None:
-                self.runner.remove_request(ev.request_id)
+                runner.remove_request(ev.request_id)
         return events
 
     def generate(self, requests: Sequence[Request]) -> Iterator[RequestEvent]:

@@ -116,10 +116,16 @@ class HostSamplerKernel:
         return ticket
 
     def stage(
-        self, table: np.ndarray, index: Sequence[int], steps: Sequence[int], rows: Sequence[SamplingRow | None], side: int | None = None
+        self,
+        table: np.ndarray,
+        index: Sequence[int],
+        steps: Sequence[int],
+        rows: Sequence[SamplingRow | None],
+        side: int | None = None,
+        version: int | None = None,
     ) -> int:
         """:meth:`GpuSampler.stage`: :meth:`set_packed` of ``table[index]`` with each
-        record's ``step`` set to ``steps[i]``."""
+        record's ``step`` set to ``steps[i]`` (``version`` is not used: it copies anyway)."""
         staged = table[list(index)]
         staged["step"] = steps
         return self.set_packed(staged, rows, side)
@@ -267,6 +273,7 @@ class RequestSampler:
         # every live request's packed record, one row each (row 0: zeros, for inactive rows);
         # a step gathers its rows with one fancy index
         self._table = np.zeros(64, kernel.params_dtype)
+        self._version = 0  # writes into _table so far (GpuSampler.stage keeps records in place while it holds)
         self._free_rows = list(range(63, 0, -1))
         self.num_slot_fills = 0
         self.wait_seconds = 0.0
@@ -304,6 +311,7 @@ class RequestSampler:
             self._free_rows = list(range(2 * n - 1, n - 1, -1))
         index = self._free_rows.pop()
         self._table[index] = record[0]
+        self._version += 1
         self._states[request.request_id] = _State(request, row, index, masking, p.has_penalties, p.logprobs is not None, host=host)
         self._num_host += host
 
@@ -329,6 +337,7 @@ class RequestSampler:
         owners[slot] = st.request.request_id
         st.slot = slot
         self._table[st.index]["slot"] = slot
+        self._version += 1
         self.kernel.add_request(slot, st.request.prompt_token_ids, st.request.output_token_ids)
         self.num_slot_fills += 1
         return slot
@@ -353,9 +362,10 @@ class RequestSampler:
         index = []
         sampling_rows: list[SamplingRow | None] = []
         steps = []
-        host_rows = []
+        host_rows: list[tuple[int, Hashable]] = []
         logprobs = False
-        for i, rid in enumerate(request_ids):
+        i = 0
+        for rid in request_ids:
             st = None if rid is None else states[rid]
             if st is None or st.host:  # inactive in the kernel
                 if st is not None:
@@ -363,28 +373,32 @@ class RequestSampler:
                 index.append(0)
                 sampling_rows.append(None)
                 steps.append(0)
+                i += 1
                 continue
+            i += 1
             req = st.request
             in_flight = req.num_output_placeholders
             n_out = len(req.output_token_ids) + (in_flight - 1 if in_flight > 1 else 0)
             if st.masking:
                 table[st.index] = self.kernel.pack_row(st.row, int(table[st.index]["slot"]), what=f"request {rid}", num_generated=n_out)[0]
+                self._version += 1
                 st.masking = n_out < st.row.params.min_tokens
             if st.penalties and st.slot is None:
                 self._take_slot(st, request_ids)
             index.append(st.index)
             sampling_rows.append(st.row)
             steps.append(n_out)
-            logprobs = logprobs or st.logprobs
-        if rows is not None and rows > len(index):  # padding rows of a captured step: inactive
-            pad = rows - len(index)
+            if st.logprobs:
+                logprobs = True
+        if rows is not None and rows > i:  # padding rows of a captured step: inactive
+            pad = rows - i
             index += [0] * pad
             sampling_rows += [None] * pad
             steps += [0] * pad
-        ticket = self.kernel.stage(self._table, index, steps, sampling_rows, side)
+        ticket = self.kernel.stage(self._table, index, steps, sampling_rows, side, self._version)
         if rows is None:
             self.kernel.sample(logits_ptr, row_stride)
-        return SamplingStep(list(request_ids), host_rows, ticket, logprobs)
+        return SamplingStep(request_ids if type(request_ids) is list else list(request_ids), host_rows, ticket, logprobs)
 
     def feed_tokens(self, input_ids: int, num_tokens: int) -> None:
         """Enqueue the write of the last step's sampled tokens into the next step's staged

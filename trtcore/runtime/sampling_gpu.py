@@ -167,6 +167,9 @@ class _HostSide:
     copy_logprobs: bool = False
     #: a step was staged or enqueued on this side since its results were last read
     pending: bool = False
+    #: what :meth:`GpuSampler.stage` last wrote here, ``(table, version, index)``; None after
+    #: any other write (its records are still in place when the next stage names the same)
+    staged: Any = None
 
     def __post_init__(self) -> None:
         # raw views for the per-step host work: records as bytes rows and 8-byte words, results as int32
@@ -466,6 +469,7 @@ class GpuSampler:
             raise InvalidArgumentError(f"side {side} is not in [0, {len(self._sides)})")
         host = self._next_side(side)
         host.params.array[:n] = staged
+        host.staged = None
         host.rows = list(rows)
         host.copy_logprobs = True  # what a captured step does; sample() says otherwise
         return self._turn
@@ -481,12 +485,23 @@ class GpuSampler:
         return host
 
     def stage(
-        self, table: np.ndarray, index: Sequence[int], steps: Sequence[int], rows: Sequence[SamplingRow | None], side: int | None = None
+        self,
+        table: np.ndarray,
+        index: Sequence[int],
+        steps: Sequence[int],
+        rows: Sequence[SamplingRow | None],
+        side: int | None = None,
+        version: int | None = None,
     ) -> int:
         """:meth:`set_packed` of ``staged = table[index]`` with ``staged["step"] = steps``
         (``table``: ``params_dtype`` records, e.g. one per live request packed once), written
         straight into the side's pinned buffer (:func:`stage_records`): the device
         executor's per-step staging. Returns the step's ticket.
+
+        ``version``: the caller's count of writes into ``table`` (None: unknown). When the
+        side's last :meth:`stage` had the same ``table``, ``version`` and ``index``, its
+        records are still in place and only the ``step`` fields are written (a steady
+        decode: the same requests on the same rows, vLLM's persistent batch).
 
         Raises:
             InvalidArgumentError: ``index``, ``steps`` and ``rows`` differ in length, more
@@ -511,7 +526,14 @@ class GpuSampler:
         if host.pending:
             _wait(host.done)  # that side's last step is done
         host.pending = True
-        stage_records(host.params_u8, host.params_u64, self._table_u8, index, steps, self._step_col)
+        staged = host.staged
+        if version is not None and staged is not None and staged[1] == version and staged[0] is table and staged[2] == index:
+            u64, col = host.params_u64, self._step_col  # the records are in place: the steps only
+            for i in range(n):
+                u64[i, col] = steps[i]
+        else:
+            stage_records(host.params_u8, host.params_u64, self._table_u8, index, steps, self._step_col)
+            host.staged = None if version is None else (table, version, list(index))
         host.rows = list(rows)
         host.copy_logprobs = True
         return self._turn

@@ -409,14 +409,15 @@ class _BaseScheduler:
         out = self._pending[0]  # the oldest pending step
         errors = errors or {}
         logprobs = logprobs or {}
-        producing = {s.request_id for s in out.seqs if s.produces_token}
-        if not (producing.issuperset(sampled) and producing.issuperset(errors)):
-            extra = [r for r in [*sampled, *errors] if r not in producing]
-            raise SchedulerError(f"step {out.step}: tokens given for requests that produce none this step: {extra!r}")
-        if (len(sampled) if not errors else len(sampled.keys() | errors.keys())) < len(producing):
-            missing = [r for r in producing if r not in sampled and r not in errors and r in self._live]
-            if missing:
-                raise SchedulerError(f"step {out.step}: no sampled token for requests {missing!r}")
+        seqs = out.seqs
+        exact = not errors and len(sampled) == len(seqs)  # the common case: a token for every sequence
+        if exact:
+            for s in seqs:
+                if not s.produces_token or s.request_id not in sampled:
+                    exact = False
+                    break
+        if not exact:
+            self._check_sampled(out, sampled, errors)
         tokens: Mapping[Hashable, int] = sampled
         for t in sampled.values():
             if type(t) is not int or t < 0:  # the common case (int >= 0) in one test; else check and convert
@@ -427,7 +428,7 @@ class _BaseScheduler:
         events, self._events = self._events, []
         now = time.perf_counter()
         live = self._live
-        for s in out.seqs:
+        for s in seqs:
             if not s.produces_token:
                 continue
             req = live.get(s.request_id)
@@ -451,6 +452,18 @@ class _BaseScheduler:
                 self._finish(req, reason)
             events.append(RequestEvent(rid, tok, lp, reason, req.stop_reason if reason else None))
         return events
+
+    def _check_sampled(self, out: SchedulerOutput, sampled: Mapping[Hashable, int], errors: Mapping[Hashable, str]) -> None:
+        """:meth:`update`'s check that ``sampled`` and ``errors`` name exactly the producing
+        sequences of ``out`` (those finished since may be left out); raises SchedulerError."""
+        producing = {s.request_id for s in out.seqs if s.produces_token}
+        if not (producing.issuperset(sampled) and producing.issuperset(errors)):
+            extra = [r for r in [*sampled, *errors] if r not in producing]
+            raise SchedulerError(f"step {out.step}: tokens given for requests that produce none this step: {extra!r}")
+        if (len(sampled) if not errors else len(sampled.keys() | errors.keys())) < len(producing):
+            missing = [r for r in producing if r not in sampled and r not in errors and r in self._live]
+            if missing:
+                raise SchedulerError(f"step {out.step}: no sampled token for requests {missing!r}")
 
     @property
     def num_pending(self) -> int:
@@ -578,30 +591,31 @@ class Scheduler(_BaseScheduler):
 
         # 1. running requests, oldest admission first
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        running = self.running
+        while i < len(running) and budget > 0:
+            req = running[i]
+            i += 1
             in_flight, num_out = req.num_output_placeholders, len(req.output_token_ids)
             if in_flight and num_out + in_flight >= req.max_tokens:
-                i += 1  # its last token is in flight: nothing more to run
-                continue
+                continue  # its last token is in flight: nothing more to run
             remaining = len(req.prompt_token_ids) + num_out + in_flight - req.num_computed_tokens
-            n = min(remaining, budget)
+            n = remaining if remaining <= budget else budget
             if n < remaining and not self.chunked_prefill:  # cannot happen: unchunked prefills finish at admission
                 break
-            while not bm.try_append(req.request_id, n):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted.append(victim.request_id)
-                if victim is req:
+            if not bm.try_append(req.request_id, n):
+                while True:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim.request_id)
+                    if victim is req or bm.try_append(req.request_id, n):
+                        break
+                if req.status is not RequestStatus.RUNNING:  # preempted itself: nothing else can run
                     break
-            if req.status is not RequestStatus.RUNNING:  # preempted itself: nothing else can run
-                break
             scheduled.append((req, n))
             budget -= n
-            i += 1
 
         # 2. waiting requests, first come first served
-        while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and not preempted and len(running) < self.max_num_seqs:
             req = self.waiting[0]
             if req.num_output_placeholders:  # preempted with a token in flight: wait for it
                 break
