@@ -343,7 +343,10 @@ class BlockManager:
             UnknownSequenceError: no live sequence ``seq_id``.
             InvalidArgumentError: ``n < 0``.
         """
-        table = self._table(seq_id)
+        try:  # _table, inline (the per-step call)
+            table = self._tables[seq_id]
+        except (KeyError, TypeError):
+            table = self._table(seq_id)  # raises
         total = self._num_tokens[seq_id] + (n if type(n) is int and n >= 0 else check_int("n", n, 0))
         need = -(-total // self.block_size) - len(table)
         if need > len(self._free):
@@ -379,7 +382,10 @@ class BlockManager:
         Raises:
             UnknownSequenceError: no live sequence ``seq_id``.
         """
-        return list(self._table(seq_id))
+        try:  # _table, inline (the per-step call)
+            return list(self._tables[seq_id])
+        except (KeyError, TypeError):
+            return list(self._table(seq_id))  # raises
 
     def num_tokens(self, seq_id: Hashable) -> int:
         """Tokens with reserved slots in sequence ``seq_id``.

@@ -211,7 +211,8 @@ class Request:
         if not p.ignore_eos and token in self.eos_token_ids:
             return "stop"
         n = len(self.output_token_ids)
-        if n >= self.max_tokens:
+        cached = self._max_tokens  # the max_tokens property's cache, inline (the per-token call)
+        if n >= (cached[1] if cached is not None and cached[0] == self.max_seq_len else self.max_tokens):
             return "length"
         if self.max_seq_len is not None and n + len(self.prompt_token_ids) >= self.max_seq_len:
             return "length"

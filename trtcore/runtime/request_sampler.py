@@ -398,7 +398,8 @@ class RequestSampler:
         ticket = self.kernel.stage(self._table, index, steps, sampling_rows, side, self._version)
         if rows is None:
             self.kernel.sample(logits_ptr, row_stride)
-        return SamplingStep(request_ids if type(request_ids) is list else list(request_ids), host_rows, ticket, logprobs)
+        ids = request_ids if type(request_ids) is list else list(request_ids)
+        return tuple.__new__(SamplingStep, (ids, host_rows, ticket, logprobs))  # SamplingStep(...) without its Python __new__
 
     def feed_tokens(self, input_ids: int, num_tokens: int) -> None:
         """Enqueue the write of the last step's sampled tokens into the next step's staged

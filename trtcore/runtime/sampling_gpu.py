@@ -655,7 +655,9 @@ class GpuSampler:
         if self._closed:
             self._check_open()
         side = self._sides[self._turn if ticket is None else ticket]
-        _wait(side.done)
+        result = _RUNTIME.cudaEventSynchronize(side.done)  # _wait, inline (the per-step call; _RUNTIME is set once a sampler exists)
+        if result[0]:
+            check(result, "cudaEventSynchronize")
         side.pending = False
         return side.results_i32[: len(side.rows), :2].tolist()  # type: ignore[no-any-return]
 

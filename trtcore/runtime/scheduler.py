@@ -99,6 +99,11 @@ __all__ = [
 PLACEHOLDER_TOKEN_ID = -1
 
 
+#: ``_new(NamedTupleClass, (field, ...))`` builds a NamedTuple without its Python-level
+#: ``__new__`` (every field given, in order): the per-step records, at half the cost
+_new = tuple.__new__
+
+
 class SchedulerError(TrtcoreError, RuntimeError):
     """The scheduler was driven out of order (``update`` without ``schedule``, a second
     ``schedule`` before ``update``) or given outputs that do not match the step."""
@@ -351,7 +356,7 @@ class _BaseScheduler:
             in_flight = req.num_output_placeholders
             if n == 1 and end == known + in_flight and (outputs or in_flight):  # a decode: its last token
                 tokens = [outputs[-1]] if end == known else [PLACEHOLDER_TOKEN_ID]
-                seqs.append(ScheduledSequence(req.request_id, tokens, [start], start, block_table(req), True, False))
+                seqs.append(_new(ScheduledSequence, (req.request_id, tokens, [start], start, block_table(req), True, False)))
                 req.num_computed_tokens = end
                 req.num_output_placeholders = in_flight + 1
                 continue
@@ -373,7 +378,7 @@ class _BaseScheduler:
             req.num_computed_tokens = end
             if produces:
                 req.num_output_placeholders += 1
-        out = SchedulerOutput(self.num_steps, seqs, num_tokens, preempted, self._block_size)
+        out = _new(SchedulerOutput, (self.num_steps, seqs, num_tokens, preempted, self._block_size))
         self.num_steps += 1
         self._pending.append(out)
         return out
@@ -450,7 +455,7 @@ class _BaseScheduler:
             if reason is not None:
                 self._leave_queue(req)
                 self._finish(req, reason)
-            events.append(RequestEvent(rid, tok, lp, reason, req.stop_reason if reason else None))
+            events.append(_new(RequestEvent, (rid, tok, lp, reason, req.stop_reason if reason else None, None)))
         return events
 
     def _check_sampled(self, out: SchedulerOutput, sampled: Mapping[Hashable, int], errors: Mapping[Hashable, str]) -> None:
