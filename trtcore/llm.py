@@ -154,8 +154,8 @@ class _IncrementalText:
             error = _request_error(index, event.finish_reason, event.error)
             if error is not None:
                 return StreamOutput(index, -1, "", finish_reason="error", error=error)
-        piece = self.detokenizer.step(event.token_id, final=final)
-        delta, stop = self.stop.feed(piece, len(self.detokenizer.token_ids), final=final)
+        detokenizer = self.detokenizer
+        delta, stop = self.stop.feed(detokenizer.step(event.token_id, final), len(detokenizer.token_ids), final)
         logprobs = event.logprobs.as_dict() if event.logprobs is not None else None
         if stop is not None:
             self.llm.engine.scheduler.finish(event.request_id, "stop")  # no-op if it just finished

@@ -178,6 +178,8 @@ class _HostSide:
         self.params_u64 = params.view(np.uint64).reshape(len(params), params.dtype.itemsize // 8)
         results = self.results.array
         self.results_i32 = results.view(np.int32).reshape(len(results), results.dtype.itemsize // 4)
+        #: ``[token, status]`` of the first ``n`` rows, by ``n`` (result_status's view, made once)
+        self.status_views = [self.results_i32[:n, :2] for n in range(len(results) + 1)]
 
 
 def stage_records(dst_u8: np.ndarray, dst_u64: np.ndarray, table_u8: np.ndarray, index: Sequence[int], steps: Sequence[int], step_col: int) -> None:
@@ -659,7 +661,7 @@ class GpuSampler:
         if result[0]:
             check(result, "cudaEventSynchronize")
         side.pending = False
-        return side.results_i32[: len(side.rows), :2].tolist()  # type: ignore[no-any-return]
+        return side.status_views[len(side.rows)].tolist()  # type: ignore[no-any-return]
 
     def _record(self, event: Any) -> None:
         """Record ``event`` on the stream; under stream capture as an event-record node of the

@@ -345,7 +345,7 @@ class _BaseScheduler:
             raise SchedulerError(f"schedule() called again before update() for step {self._pending[0].step}")
         scheduled, preempted = self._schedule()
         seqs = []
-        block_table = self._block_table
+        block_table = self._block_table  # request id -> its block ids (a copy)
         num_tokens = 0
         for req, n in scheduled:
             num_tokens += n
@@ -356,7 +356,7 @@ class _BaseScheduler:
             in_flight = req.num_output_placeholders
             if n == 1 and end == known + in_flight and (outputs or in_flight):  # a decode: its last token
                 tokens = [outputs[-1]] if end == known else [PLACEHOLDER_TOKEN_ID]
-                seqs.append(_new(ScheduledSequence, (req.request_id, tokens, [start], start, block_table(req), True, False)))
+                seqs.append(_new(ScheduledSequence, (req.request_id, tokens, [start], start, block_table(req.request_id), True, False)))
                 req.num_computed_tokens = end
                 req.num_output_placeholders = in_flight + 1
                 continue
@@ -370,7 +370,7 @@ class _BaseScheduler:
                     token_ids=tokens,
                     positions=list(range(start, end)),
                     num_cached_tokens=start,
-                    block_table=block_table(req),
+                    block_table=block_table(req.request_id),
                     produces_token=produces,
                     is_prefill=True,  # n > 1, or a chunk that produces nothing, or the first token
                 )
@@ -415,19 +415,21 @@ class _BaseScheduler:
         errors = errors or {}
         logprobs = logprobs or {}
         seqs = out.seqs
-        exact = not errors and len(sampled) == len(seqs)  # the common case: a token for every sequence
+        # the common case: an int token >= 0 for every sequence, checked in one pass
+        exact = not errors and len(sampled) == len(seqs)
         if exact:
             for s in seqs:
-                if not s.produces_token or s.request_id not in sampled:
+                t = sampled.get(s.request_id) if s.produces_token else None
+                if type(t) is not int or t < 0:
                     exact = False
                     break
+        tokens: Mapping[Hashable, int] = sampled
         if not exact:
             self._check_sampled(out, sampled, errors)
-        tokens: Mapping[Hashable, int] = sampled
-        for t in sampled.values():
-            if type(t) is not int or t < 0:  # the common case (int >= 0) in one test; else check and convert
-                tokens = {r: _check_token(out.step, r, t) for r, t in sampled.items()}
-                break
+            for t in sampled.values():
+                if type(t) is not int or t < 0:  # else check and convert
+                    tokens = {r: _check_token(out.step, r, t) for r, t in sampled.items()}
+                    break
         self._pending.popleft()
 
         events, self._events = self._events, []
@@ -490,7 +492,7 @@ class _BaseScheduler:
         """``([(request, tokens to feed)], preempted ids)`` of this step, in batch order."""
         raise NotImplementedError
 
-    def _block_table(self, req: Request) -> list[int]:
+    def _block_table(self, request_id: Hashable) -> list[int]:
         return []
 
     def _rejection_reason(self, req: Request) -> str | None:
@@ -637,8 +639,8 @@ class Scheduler(_BaseScheduler):
             budget -= n
         return scheduled, preempted
 
-    def _block_table(self, req: Request) -> list[int]:
-        return self.block_manager.block_table(req.request_id)
+    def _block_table(self, request_id: Hashable) -> list[int]:
+        return self.block_manager.block_table(request_id)
 
     def check_invariants(self) -> None:
         """Cross-check the queues against the block manager (tests, debugging).
