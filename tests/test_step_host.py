@@ -69,13 +69,14 @@ def test_stubbed_graph_replays_stream_the_devices_tokens_with_their_philox_steps
     assert llm.executor.num_graph_replays == len(staged) >= max_tokens - 1
 
 
-def test_stage_keeping_records_in_place_writes_what_a_full_restage_writes() -> None:
-    """RequestSampler.enqueue over GpuSampler.stage with the table's version (a side whose
-    last staging named the same records keeps them and writes the steps only) against the same
-    calls with no version (every record copied each step): random arrivals, finishes, batch
-    changes, min_tokens (records repacked while they mask) and penalties (slots taken from
-    others), on both host sides; after every step the pinned parameters of the replayed rows
-    are byte for byte the same."""
+def test_steady_staging_writes_what_a_full_restage_writes() -> None:
+    """RequestSampler.enqueue with its steady path (the same requests on the same rows of a
+    side: GpuSampler.restage_steps writes the steps only) and GpuSampler.stage's in-place
+    records (the table's version) against the same calls with neither (every record gathered
+    and copied each step): random arrivals, finishes, batch changes, rows without a token,
+    min_tokens (records repacked while they mask) and penalties (slots taken from others), on
+    both host sides; after every step the pinned parameters of the replayed rows are byte for
+    byte the same, and so are the enqueued steps; the steady path did run."""
     psh = _harness()
     from trtcore.runtime.device_memory import CudaDevice
     from trtcore.runtime.request import Request
@@ -87,6 +88,10 @@ def test_stage_keeping_records_in_place_writes_what_a_full_restage_writes() -> N
         kernels = [make_sampler_kernel(dev, 8, 512, 256) for _ in range(2)]
         slow_stage = kernels[1].stage
         kernels[1].stage = lambda table, index, steps, rows, side=None, version=None: slow_stage(table, index, steps, rows, side)
+        kernels[1].restage_steps = None  # no steady path
+        restaged = []
+        fast_restage = kernels[0].restage_steps
+        kernels[0].restage_steps = lambda *a: restaged.append(fast_restage(*a)) or restaged[-1]
         samplers = [RequestSampler(k) for k in kernels]
         live: dict[str, list[Request]] = {}
         next_id = 0
@@ -112,17 +117,23 @@ def test_stage_keeping_records_in_place_writes_what_a_full_restage_writes() -> N
             ids = sorted(live)[:8]
             if rng.random() < 0.2:  # a step where some rows produce no token
                 ids = [r if rng.random() < 0.7 else None for r in ids]
+            for reqs in live.values():  # tokens in flight (asynchronous scheduling): 0 to 2
+                in_flight = int(rng.integers(0, 3))
+                for req in reqs:
+                    req.num_output_placeholders = in_flight
             side ^= 1
-            staged = []
-            for k, (s, kern) in enumerate(zip(samplers, kernels)):
-                s.enqueue(ids, 0, 512, side=side, rows=8)
+            staged, steps = [], []
+            for s, kern in zip(samplers, kernels):
+                steps.append(s.enqueue(ids, 0, 512, side=side, rows=8))
                 staged.append(kern._sides[side].params.array[:8].tobytes())
                 kern.result_status(side)
             assert staged[0] == staged[1]
+            assert steps[0] == steps[1]
             for reqs in live.values():  # every live request's step produced a token
                 tok = int(rng.integers(3, 500))
                 for req in reqs:
                     req.output_token_ids.append(tok)
+        assert sum(t is not None for t in restaged) > 50
         for k in kernels:
             k.close()
         dev.close()

@@ -273,7 +273,12 @@ class RequestSampler:
         # every live request's packed record, one row each (row 0: zeros, for inactive rows);
         # a step gathers its rows with one fancy index
         self._table = np.zeros(64, kernel.params_dtype)
-        self._version = 0  # writes into _table so far (GpuSampler.stage keeps records in place while it holds)
+        self._version = 0  # changes to _table and the live requests so far (what a staged side's records depend on)
+        # per kernel side, what enqueue staged there last when it can be restaged by its steps
+        # alone (a steady decode: the same requests on the same rows, nothing repacked since):
+        # (version, rows, request ids, [(row, request)] of the kernel's rows, steps, host rows, logprobs)
+        self._steady: dict[int, tuple[Any, ...]] = {}
+        self._restage = getattr(kernel, "restage_steps", None)
         self._free_rows = list(range(63, 0, -1))
         self.num_slot_fills = 0
         self.wait_seconds = 0.0
@@ -308,6 +313,7 @@ class RequestSampler:
         if not self._free_rows:  # grow the table (doubling)
             n = len(self._table)
             self._table = np.concatenate([self._table, np.zeros(n, self._table.dtype)])
+            self._version += 1
             self._free_rows = list(range(2 * n - 1, n - 1, -1))
         index = self._free_rows.pop()
         self._table[index] = record[0]
@@ -320,6 +326,7 @@ class RequestSampler:
         st = self._states.pop(request_id, None)
         if st is None:
             return
+        self._version += 1
         if st.slot is not None:
             self._slot_owner[st.slot] = None
         self._free_rows.append(st.index)
@@ -358,7 +365,20 @@ class RequestSampler:
         A request's Philox step (and what ``min_tokens`` bans) is the count of tokens it
         generated before this one: its outputs plus the ones still in flight
         (``Request.num_output_placeholders`` counts those and this one)."""
+        if side is not None:
+            hit = self._steady.get(side)
+            if hit is not None and hit[0] == self._version and hit[1] == rows and hit[2] == request_ids:
+                _, _, _, active, steps, host_rows, logprobs = hit
+                for i, req in active:  # the steps as the loop below computes them
+                    in_flight = req.num_output_placeholders
+                    steps[i] = len(req.output_token_ids) + (in_flight - 1 if in_flight > 1 else 0)
+                ticket = self._restage(side, steps, self._version)  # type: ignore[misc]
+                if ticket is not None:
+                    ids = request_ids if type(request_ids) is list else list(request_ids)
+                    return tuple.__new__(SamplingStep, (ids, list(host_rows), ticket, logprobs))  # SamplingStep(...) without its Python __new__
         states, table = self._states, self._table
+        steady = self._restage is not None and side is not None and rows is not None
+        active: list[tuple[int, Request]] = []
         index = []
         sampling_rows: list[SamplingRow | None] = []
         steps = []
@@ -385,6 +405,9 @@ class RequestSampler:
                 st.masking = n_out < st.row.params.min_tokens
             if st.penalties and st.slot is None:
                 self._take_slot(st, request_ids)
+            if st.masking:
+                steady = False
+            active.append((i - 1, req))
             index.append(st.index)
             sampling_rows.append(st.row)
             steps.append(n_out)
@@ -398,6 +421,10 @@ class RequestSampler:
         ticket = self.kernel.stage(self._table, index, steps, sampling_rows, side, self._version)
         if rows is None:
             self.kernel.sample(logits_ptr, row_stride)
+        if steady:
+            self._steady[side] = (self._version, rows, list(request_ids), active, list(steps), host_rows, logprobs)  # type: ignore[index]
+        elif side is not None:
+            self._steady.pop(side, None)
         ids = request_ids if type(request_ids) is list else list(request_ids)
         return tuple.__new__(SamplingStep, (ids, host_rows, ticket, logprobs))  # SamplingStep(...) without its Python __new__
 

@@ -540,6 +540,25 @@ class GpuSampler:
         host.copy_logprobs = True
         return self._turn
 
+    def restage_steps(self, side: int, steps: Sequence[int], version: int) -> int | None:
+        """:meth:`stage` again on ``side`` of what its last :meth:`stage` (with ``version``)
+        wrote there, only each row's ``step`` set to ``steps[i]`` (the records, rows and
+        index as they were): the steady decode's staging. Returns the ticket, or None (and
+        does nothing) when the side holds something else since or ``version`` differs."""
+        host = self._sides[side]
+        staged = host.staged
+        if staged is None or staged[1] != version or staged[0] is not self._table or self._closed:
+            return None
+        self._turn = side
+        if host.pending:
+            _wait(host.done)  # that side's last step is done
+        host.pending = True
+        u64, col = host.params_u64, self._step_col
+        for i in range(len(steps)):
+            u64[i, col] = steps[i]
+        host.copy_logprobs = True
+        return side
+
     # ---- the step --------------------------------------------------------------------------
 
     def sample(self, logits: Any, row_stride: int | None = None, *, copy_logprobs: bool | None = None) -> int:
