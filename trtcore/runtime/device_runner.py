@@ -792,11 +792,18 @@ class DeviceRunner:
         n = len(seqs)
         if n > self.max_batch_size:
             raise InvalidArgumentError(f"a step of {n} sequences; the engine takes at most max_batch_size={self.max_batch_size}")
-        ids = [s.request_id if s.produces_token else None for s in seqs]  # type: ignore[attr-defined]
+        ids: list[Hashable | None] = []  # the sampled rows' request ids (None: no token)
+        fed_rows = {}  # this step's _fed_rows, for the next one (_launch reads the last one's)
+        for s in seqs:
+            if s.produces_token:  # type: ignore[attr-defined]
+                fed_rows[s.request_id] = len(ids)  # type: ignore[attr-defined]
+                ids.append(s.request_id)  # type: ignore[attr-defined]
+            else:
+                ids.append(None)
         while ids and ids[-1] is None:  # rows past the last sampled one are not read
             ids.pop()
         rows, sampling = self._launch(batch, ids)
-        self._fed_rows = {rid: i for i, rid in enumerate(ids) if rid is not None}
+        self._fed_rows = fed_rows
         self._in_flight.append(tuple.__new__(_InFlight, (batch, sampling)))  # _InFlight(...) without its Python __new__
         return rows
 
