@@ -364,18 +364,23 @@ class RequestSampler:
 
         A request's Philox step (and what ``min_tokens`` bans) is the count of tokens it
         generated before this one: its outputs plus the ones still in flight
-        (``Request.num_output_placeholders`` counts those and this one)."""
+        (``Request.num_output_placeholders`` counts those and this one).
+
+        Steady decode (vLLM v1's persistent batch: apply what changed, rebuild nothing): when
+        this side's last staging had the same ``request_ids`` and ``rows`` and nothing changed
+        since (no request added or removed, no record repacked, no penalty slot moved: the
+        table's version), only each row's step is written (:meth:`GpuSampler.restage_steps`)."""
         if side is not None:
             hit = self._steady.get(side)
             if hit is not None and hit[0] == self._version and hit[1] == rows and hit[2] == request_ids:
-                _, _, _, active, steps, host_rows, logprobs = hit
-                for i, req in active:  # the steps as the loop below computes them
-                    in_flight = req.num_output_placeholders
-                    steps[i] = len(req.output_token_ids) + (in_flight - 1 if in_flight > 1 else 0)
-                ticket = self._restage(side, steps, self._version)  # type: ignore[misc]
+                kept_steps = hit[4]
+                for row, kept in hit[3]:  # the steps as the loop below computes them
+                    in_flight = kept.num_output_placeholders
+                    kept_steps[row] = len(kept.output_token_ids) + (in_flight - 1 if in_flight > 1 else 0)
+                ticket = self._restage(side, kept_steps, self._version)  # type: ignore[misc]
                 if ticket is not None:
                     ids = request_ids if type(request_ids) is list else list(request_ids)
-                    return tuple.__new__(SamplingStep, (ids, list(host_rows), ticket, logprobs))  # SamplingStep(...) without its Python __new__
+                    return tuple.__new__(SamplingStep, (ids, list(hit[5]), ticket, hit[6]))  # SamplingStep(...) without its Python __new__
         states, table = self._states, self._table
         steady = self._restage is not None and side is not None and rows is not None
         active: list[tuple[int, Request]] = []
