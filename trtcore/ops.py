@@ -545,9 +545,10 @@ def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = Non
     ``bench/results/h200-2026-12-02-final/``) cuBLASLt answered the plugin's FP8 matmul with
     ``CUBLAS_STATUS_NOT_SUPPORTED`` and the engine's Q/DQ form differed from the reference by
     up to 10% of an output, so neither may serve tokens until both pass on a GPU. The fixes
-    since (:class:`trtcore.cuda.cublaslt.Fp8Matmul` sets the scale pointers before cuBLASLt
-    picks the algorithm; the generated cast to FP8 rounds the value, not its integer part:
-    :mod:`trtcore.cuda.codegen`) await that run: ``bench/fp8_probe.py`` and
+    since (:class:`trtcore.cuda.cublaslt.Fp8Matmul` sets no A/B scale pointers, which cuBLASLt
+    13.1 refused on the H200 however they were set up, and passes the scales' product as a
+    device alpha, which ran there; the generated cast to FP8 rounds the value, not its integer
+    part: :mod:`trtcore.cuda.codegen`) await that run: ``bench/fp8_probe.py`` and
     ``tests/cuda/test_fp8_gemm_gpu.py``.
 
     Returns:
