@@ -15,7 +15,8 @@ and below compute capability 8.9, which has no FP8 tensor cores):
   so float32 outputs cannot be held to 1e-5; a wrong scale, layout or code is off by far more);
 * a tiny FP8 Llama (``trtcore quantize --method fp8``, static and dynamic activations) on
   ``backend="cuda"`` (CUDA graphs on, so the plugin is captured): greedy tokens and
-  log-probabilities equal the reference backend's (float32);
+  log-probabilities equal the reference backend's (float32) up to the FP8 accumulation's
+  effect, derived at :data:`LOGPROB_TOL`;
 * the Q/DQ form (no plugin) compiled by the cuda backend equals the reference's evaluation.
 """
 
@@ -138,13 +139,30 @@ def test_plugin_matches_reference(case: tuple, dtype: np.dtype, m: int) -> None:
     check_plugin(plugin, specs, rtol=default_tolerance(dtype)[0] + FP8_ACCUMULATION_RTOL)
 
 
+#: log-probability tolerance of the tiny FP8 Llama on the GPU against the reference backend (float32).
+#: Derivation: the FP8 GEMM's accumulation error (up to FP8_ACCUMULATION_RTOL of max|y|) changes
+#: the E4M3 code of an activation sitting near a rounding boundary in the next layer, a jump of
+#: one E4M3 step (up to 2**-3 of that activation), so the model does not follow the GEMM's error
+#: smoothly. Emulated on the reference backend (every FP8 GEMM's output plus uniform noise of
+#: +-FP8_ACCUMULATION_RTOL * max|y|; 18 seeds, static and dynamic activations): log-probabilities
+#: moved by up to 0.194 up to the first differing token, which came only where the reference's best
+#: two were within 0.035 (1e-5 noise already moved them by 0.04..0.3; 1e-7 by 7e-7, so the old
+#: 1e-3 held only for float32 accumulation). 0.3 is 1.5x the worst. What it catches: plumbing (an
+#: output scaled by 1.1 fails it, by 1.02 passes); the GEMM's numbers are
+#: test_plugin_matches_reference's to check.
+LOGPROB_TOL = 0.3
+
+
 @KNOWN_BROKEN
 @pytest.mark.parametrize("activations", ["static", "dynamic"])
 def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations: str) -> None:
     """The quantizer's FP8 checkpoint on ``backend="cuda"`` (CUDA graphs on) against the
     reference backend (the float64 FP8 contract, itself held to transformers in
     tests/test_fp8_model.py; compressed-tensors need not be installed here): the same greedy
-    tokens, and log-probabilities within 1e-3."""
+    tokens up to the first step where the reference's best two are within ``2 * LOGPROB_TOL``
+    (a near tie the FP8 accumulation may flip; each log-probability moving by at most the
+    tolerance cannot flip a wider one), and log-probabilities within :data:`LOGPROB_TOL` up to
+    and including that step."""
     from hf_models import VARIANTS, random_prompt, write_checkpoint
 
     from trtcore import LLM, SamplingParams
@@ -156,7 +174,7 @@ def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations
     calibration = [random_prompt(rng, 24, v.vocab_size) for _ in range(3)]
     out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", activations=activations, calibration_ids=calibration)
     prompt = random_prompt(np.random.default_rng(7), 12, v.vocab_size)
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)
     results = []
     for backend in ("reference", "cuda"):
         llm = LLM(out, backend=backend, dtype="float32", max_batch_size=1, max_seq_len=128, progress=False)  # no padded rows in a dynamic amax
@@ -164,10 +182,14 @@ def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations
         llm.close()
         results.append(res.outputs[0])
     ref, got = results
-    assert got.token_ids == ref.token_ids
-    for a, b in zip(ref.logprobs, got.logprobs):
+    differ = next((i for i, (a, b) in enumerate(zip(ref.token_ids, got.token_ids)) if a != b), len(ref.token_ids))
+    if differ < len(ref.token_ids):
+        best, theirs = ref.logprobs[differ][ref.token_ids[differ]].logprob, ref.logprobs[differ].get(got.token_ids[differ])
+        assert theirs is not None and best - theirs.logprob <= 2 * LOGPROB_TOL, (differ, ref.token_ids, got.token_ids, ref.logprobs[differ])
+    for a, b in zip(ref.logprobs[: differ + 1], got.logprobs[: differ + 1]):
         for t, lp in a.items():
-            assert abs(b[t].logprob - lp.logprob) < 1e-3, (t, lp, b[t])
+            if t in b:
+                assert abs(b[t].logprob - lp.logprob) <= LOGPROB_TOL, (t, lp, b[t])
 
 
 @KNOWN_BROKEN
