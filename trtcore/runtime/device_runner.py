@@ -629,7 +629,9 @@ class DeviceRunner:
             self._bind_inputs(ctx, layout)
             self.graphs[size] = _Graph(size, ctx, layout, [layout.views(h) for h in self.host_staging])
         #: the bucket's graph of a decode of ``n`` sequences, by ``n`` (1..max_batch_size)
-        self._decode_graphs: list[_Graph] = [self.graphs[b] for b in (self.buckets[0], *(bucket_for(k, self.buckets) for k in range(1, self.max_batch_size + 1)))]
+        self._decode_graphs: list[_Graph] = [
+            self.graphs[b] for b in (self.buckets[0], *(bucket_for(k, self.buckets) for k in range(1, self.max_batch_size + 1)))
+        ]
         self._capture_all()
         if warm_eager and self.pad_eager_steps:
             self._warm_eager()
