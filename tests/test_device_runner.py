@@ -20,7 +20,7 @@ from trtcore.builder import build_reference_engine, define_network
 from trtcore.checkpoint import Checkpoint
 from trtcore.config import load_config
 from trtcore.errors import InvalidArgumentError
-from trtcore.kv_modes import BLOCK_TABLES, INPUT_IDS, LAST_TOKEN_IDS, POSITION_IDS, QUERY_START_LOC, SEQ_LENS, kv_mode
+from trtcore.kv_modes import BLOCK_TABLES, INPUT_IDS, LAST_TOKEN_IDS, POSITION_IDS, QUERY_START_LOC, ROPE_SEQ_LENS, SEQ_LENS, kv_mode
 from trtcore.plan import BuildConfig, resolve_plan
 from trtcore.runtime.device_memory import HostDevice
 from trtcore.runtime.device_runner import (
@@ -34,6 +34,9 @@ from trtcore.runtime.device_runner import (
     fill_decode,
     fill_step,
     kv_pool_blocks,
+    padded_step_shape,
+    padding_row_tokens,
+    token_buckets,
 )
 from trtcore.runtime.generate import make_device_engine
 from trtcore.runtime.host_engine import HostEngine
@@ -51,6 +54,8 @@ def _runner(
     enforce_eager: bool = False,
     num_blocks: int | None = 64,
     deferred: bool = False,
+    pad_eager_steps: bool = True,
+    eager_graphs: bool | None = None,
     **plan: Any,
 ) -> DeviceRunner:
     d = hf_models.dir(name)
@@ -61,7 +66,15 @@ def _runner(
         net = define_network(trt, config, weights, p)
     device = HostDevice(deferred=deferred)
     engine = HostEngine(build_reference_engine(net), device)
-    return DeviceRunner(engine, device, kv_mode(p, config), num_blocks=num_blocks, enforce_eager=enforce_eager)
+    return DeviceRunner(
+        engine,
+        device,
+        kv_mode(p, config),
+        num_blocks=num_blocks,
+        enforce_eager=enforce_eager,
+        pad_eager_steps=pad_eager_steps,
+        eager_graphs=eager_graphs,
+    )
 
 
 def _generate(runner: DeviceRunner, prompts: list[list[int]], steps: int, async_scheduling: bool = True) -> list[list[int]]:
@@ -83,6 +96,61 @@ def test_batch_buckets(max_batch: int, expected: tuple[int, ...]) -> None:
         assert b >= n and all(x < n for x in expected if x < b)
     with pytest.raises(InvalidArgumentError, match="bucket"):
         bucket_for(max_batch + 1, expected)
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "expected"), [(2048, (16, 32, 64, 128, 256, 512, 1024, 2048)), (100, (16, 32, 64, 100)), (16, (16,)), (8, (8,))]
+)
+def test_token_buckets(max_tokens: int, expected: tuple[int, ...]) -> None:
+    assert token_buckets(max_tokens) == expected
+
+
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [
+        ((128, 1), (128, 1)),  # both sizes are buckets: unpadded
+        ((129, 1), (256, 2)),  # a padding row for the 127 padding tokens
+        ((128, 3), (256, 4)),  # 4 sequences: the padding row needs a token
+        ((40, 3), (64, 4)),
+        ((5, 1), (16, 2)),
+        ((2040, 2), (2048, 4)),
+        ((40, 8), (40, 8)),  # no padding row left (8 is the largest bucket)
+        ((2047, 7), (2048, 8)),
+        ((2048, 7), (2048, 7)),  # the padding row's token would pass max_num_tokens
+    ],
+)
+def test_padded_step_shape(step: tuple[int, int], expected: tuple[int, int]) -> None:
+    assert padded_step_shape(*step, token_buckets(2048), (1, 2, 4, 8), 512) == expected
+
+
+def test_padded_step_shape_rules_on_random_steps() -> None:
+    """Every padded shape holds the step (a token per padding row, at most max_row_tokens a
+    row) and is a pair of buckets; with room to spare (a bucket of more sequences, tokens far
+    below the largest bucket, long padding rows) every step is padded."""
+    rng = np.random.default_rng()
+    tokens, seqs = token_buckets(1000), batch_buckets(12)
+    for _ in range(500):
+        n = int(rng.integers(1, 13))
+        t = int(rng.integers(n, 1001))
+        cap = int(rng.choice([16, 64, 1024]))
+        T, B = padded_step_shape(t, n, tokens, seqs, cap)
+        if (T, B) != (t, n):
+            assert T in tokens and B in seqs and T >= t and B > n and B - n <= T - t <= (B - n) * cap
+        if n < 8 and 2 * t + 16 <= 1000 and cap == 1024:
+            assert T in tokens and B in seqs, (t, n)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "rows", "cap", "expected"), [(10, 3, None, [8, 1, 1]), (10, 3, 4, [4, 4, 2]), (3, 3, 1, [1, 1, 1]), (0, 0, None, [])]
+)
+def test_padding_row_tokens(tokens: int, rows: int, cap: int | None, expected: list[int]) -> None:
+    assert padding_row_tokens(tokens, rows, cap) == expected
+
+
+@pytest.mark.parametrize(("tokens", "rows", "cap"), [(2, 3, None), (13, 3, 4), (1, 0, None)])
+def test_padding_row_tokens_refuses_what_does_not_fit(tokens: int, rows: int, cap: int | None) -> None:
+    with pytest.raises(InvalidArgumentError, match="padding"):
+        padding_row_tokens(tokens, rows, cap)
 
 
 class _Seq:
@@ -125,6 +193,26 @@ def test_fill_step_pads_rows_onto_the_scratch_block() -> None:
     assert all(a % 256 == 0 for a, _ in spans) and all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:])) and spans[-1][1] <= layout.nbytes
     with pytest.raises(InvalidArgumentError, match="pad"):
         fill_step(views, _Batch([_Seq([1, 2], 0, [0])] + seqs), scratch_block=63)
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_fill_step_spreads_padding_tokens_over_padding_rows(rope: bool) -> None:
+    """A layout with more padding tokens than padding rows: the first padding rows take the
+    surplus (at most max_row_tokens each), at positions 0.. with the scratch block in every
+    column of their block table."""
+    layout = StepLayout.make(14, 4, 3, rope_seq_lens=rope)
+    views = layout.views(np.full(layout.nbytes, 0xAB, np.uint8))
+    fill_step(views, _Batch([_Seq([11, 12, 13], 5, [7])]), scratch_block=63, max_row_tokens=6)
+    assert views[INPUT_IDS].tolist() == [11, 12, 13] + [0] * 11
+    assert views[POSITION_IDS].tolist() == [5, 6, 7] + list(range(6)) + list(range(4)) + [0]
+    assert views[SEQ_LENS].tolist() == [8, 6, 4, 1]
+    assert views[QUERY_START_LOC].tolist() == [0, 3, 9, 13, 14]
+    assert views[LAST_TOKEN_IDS].tolist() == [2, 8, 12, 13]
+    assert views[BLOCK_TABLES].tolist() == [[7, -1, -1], [63, 63, 63], [63, 63, 63], [63, -1, -1]]
+    if rope:
+        assert views[ROPE_SEQ_LENS].tolist() == [8] * 3 + [6] * 6 + [4] * 4 + [1]
+    with pytest.raises(InvalidArgumentError, match="padding"):  # 11 padding tokens, 3 rows of at most 3
+        fill_step(views, _Batch([_Seq([11, 12, 13], 5, [7])]), scratch_block=63, max_row_tokens=3)
 
 
 @pytest.mark.parametrize("rope", [False, True])
@@ -172,7 +260,7 @@ def test_fill_decode_rewrites_only_block_table_rows_that_changed() -> None:
     shift, the batch shrinking onto padding rows -- leaves the staging exactly as fill_step
     writes each step from scratch."""
     rng = np.random.default_rng()
-    layout = StepLayout.make(8, 8, 6, rope_seq_lens=False)
+    layout = StepLayout.make(8, 8, 8, rope_seq_lens=False)  # tables reach 99 // 16 + 1 = 7 blocks
     free = list(rng.permutation(60).tolist())
     live = {rid: (int(c), [free.pop() for _ in range(int(c) // 16 + 1)]) for rid, c in enumerate(rng.integers(0, 40, size=8))}
 
@@ -278,13 +366,14 @@ def test_padding_rows_touch_only_the_scratch_block(hf_models: Any) -> None:  # n
     """Decode steps of 3 sequences padded to bucket 4 write the pool as the same steps without
     padding (bucket 3 of max_batch_size 3) do, outside the scratch block (within float32
     rounding: the GEMMs see 4 rows instead of 3), give the same logits, and write the padding
-    row's key/value into slot 0 of the scratch block only."""
+    row's key/value into slot 0 of the scratch block only (the prefill unpadded: its padding
+    rows write more of the scratch block, test_padded_eager_steps_equal_unpadded)."""
     v = VARIANTS[NAME]
     rng = np.random.default_rng()
     prompts = [random_prompt(rng, n, v.vocab_size) for n in (4, 16, 21)]
     pools, logits, scratch = [], [], []
     for max_batch in (4, 3):
-        runner = _runner(hf_models, max_batch_size=max_batch)
+        runner = _runner(hf_models, max_batch_size=max_batch, pad_eager_steps=False)
         assert bucket_for(3, runner.buckets) == (4 if max_batch == 4 else 3)
         _generate(runner, prompts, 3)  # prefill, then two decode steps
         dev = runner.device
@@ -299,6 +388,110 @@ def test_padding_rows_touch_only_the_scratch_block(hf_models: Any) -> None:  # n
     assert len(used) == sum(-(-(len(p) + 2) // 16) for p in prompts)  # only the sequences' blocks were written
     for sc in scratch:  # the start-up warm-ups pad every bucket too
         assert np.abs(sc[:, :, :, 0]).sum() > 0 and not sc[:, :, :, 1:].any()
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool) -> None:  # noqa: F811
+    """Prefill and mixed steps padded to token / sequence buckets (padding rows of several
+    tokens on the scratch block, poisoned with NaN first) give the real sequences the logits
+    and tokens of the same steps unpadded (within float32 rounding: the GEMMs see more rows),
+    write the pool outside the scratch block as those do, and meet only the runner's
+    ``eager_shapes``; the same arrivals twice more: the padded steps are captured at their
+    second run and replayed from those graphs at the third (none with ``enforce_eager``), with
+    the same results."""
+    v = VARIANTS[NAME]
+    rng = np.random.default_rng()
+    prompts = [random_prompt(rng, int(n), v.vocab_size) for n in rng.integers(2, 30, size=5)]
+    runs = []
+    for pad in (True, False):
+        runner = _runner(
+            hf_models, pad_eager_steps=pad, enforce_eager=enforce_eager, eager_graphs=True
+        )  # asked: HostEngine's contexts are TensorRT-like
+        dev = runner.device
+        assert isinstance(dev, HostDevice)
+        pool = dev.view(runner.pool_ptr, runner.pool_shape, runner.pool_dtype)
+        pool[:, runner.scratch_block] = np.nan
+        logits: list[np.ndarray] = []
+        eager: list[tuple[int, int, bool]] = []  # (tokens, sequences) staged, mixed
+        execute, sample = runner.execute, runner.sample
+
+        def run(batch: Any, execute: Any = execute, runner: DeviceRunner = runner, eager: list[Any] = eager) -> int:
+            rows = execute(batch)
+            if not runner.is_decode(batch):
+                mixed = any(s.is_prefill for s in batch.seqs) and not all(s.is_prefill for s in batch.seqs)
+                assert runner.last_eager_shape is not None
+                eager.append((*runner.last_eager_shape, mixed))
+            return rows
+
+        def read(batch: Any, sample: Any = sample, runner: DeviceRunner = runner, logits: list[Any] = logits) -> Any:
+            logits.append(runner.logits_rows(len(batch.seqs)).copy())
+            return sample(batch)
+
+        runner.execute, runner.sample = run, read  # type: ignore[method-assign]
+        core = make_device_engine(runner, runner.mode, async_scheduling=False)
+        tokens = []
+        for again in range(3):
+            params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+            reqs = [Request((again, i), p, params, frozenset()) for i, p in enumerate(prompts)]
+            for arrivals in ([0, 1], [], [2], [3, 4]):  # arrivals between steps: mixed prefill + decode steps
+                for i in arrivals:
+                    core.add_request(reqs[i])
+                core.step()
+            while core.has_unfinished_requests():
+                core.step()
+            tokens += [list(r.output_token_ids) for r in reqs]
+            if again == 1:  # the shapes met twice now: captured, not yet replayed
+                replays = runner.num_eager_graph_replays
+        runs.append((runner, logits, eager, tokens, pool[:, : runner.scratch_block].copy()))
+        assert (runner.num_eager_graph_replays > replays) == (pad and not enforce_eager)
+    (padded, lp, ep, tp, pp), (plain, lu, eu, tu, pu) = runs
+    assert tp == tu and tp[:5] == tp[5:10] == tp[10:]
+    assert len(lp) == len(lu) and all(np.isfinite(a).all() for a in lp)
+    for a, b in zip(lp, lu):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pp, pu, rtol=1e-5, atol=1e-6)
+    assert any(m for *_, m in eu), "no mixed step"
+    assert [(t, n) for t, n, _ in ep] != [(t, n) for t, n, _ in eu], "nothing was padded"
+    assert {(t, n) for t, n, _ in ep} <= set(padded.eager_shapes)
+
+
+def test_a_step_that_fills_the_token_budget_still_pads(hf_models: Any) -> None:  # noqa: F811
+    """The step loop's token budget leaves the padding rows' tokens free: max_num_tokens 64 and
+    batch buckets 1, 2, 4, 8 need up to 4 padding rows (4 sequences pad to 8), so the budget
+    is 60, and a step of 60 tokens of any number of sequences below 8 pads to a bucket pair."""
+    runner = _runner(hf_models, max_batch_size=8)
+    assert runner.token_headroom == 4
+    assert make_device_engine(runner, runner.mode).scheduler.max_num_batched_tokens == 60
+    for n in range(1, 8):
+        T, B = padded_step_shape(60, n, runner.token_buckets, runner.buckets, runner.max_row_tokens)
+        assert (T, B) in runner.eager_shapes and T == 64 and B > n
+    assert _runner(hf_models, max_batch_size=8, pad_eager_steps=False).token_headroom == 0
+
+
+def test_eager_graph_replays_under_asynchronous_scheduling_on_a_lagging_device(hf_models: Any) -> None:  # noqa: F811
+    """Requests arriving between steps with two steps in flight on a device that runs work
+    only when waited for (a host buffer rewritten too early shows up as wrong tokens): padded
+    eager steps replayed from their graphs give the tokens of the unpadded eager steps."""
+    v = VARIANTS[NAME]
+    rng = np.random.default_rng()
+    prompts = [random_prompt(rng, int(n), v.vocab_size) for n in rng.integers(2, 30, size=6)]
+    got = []
+    for pad in (True, False):
+        runner = _runner(hf_models, pad_eager_steps=pad, deferred=True, eager_graphs=True)
+        core = make_device_engine(runner, runner.mode, async_scheduling=True)
+        tokens = []
+        for again in range(3):
+            reqs = [Request((again, i), p, SamplingParams(temperature=0, max_tokens=7, ignore_eos=True), frozenset()) for i, p in enumerate(prompts)]
+            for arrivals in ([0], [1, 2], [], [3], [4, 5]):
+                for i in arrivals:
+                    core.add_request(reqs[i])
+                core.step()
+            while core.has_unfinished_requests():
+                core.step()
+            tokens += [list(r.output_token_ids) for r in reqs]
+        assert (runner.num_eager_graph_replays > 0) == pad
+        got.append(tokens)
+    assert got[0] == got[1]
 
 
 def test_a_step_beyond_the_engine_bounds_is_refused(hf_models: Any) -> None:  # noqa: F811
@@ -324,3 +517,12 @@ def test_paged_is_the_default_where_the_plugin_and_its_kernels_run(hf_models: An
     assert resolve_plan(tiny, BuildConfig(), "cuda").kv_cache == "contiguous"
     assert resolve_plan(tiny, BuildConfig(), "reference").kv_cache == "paged"
     assert resolve_plan(smol, BuildConfig(attention="native"), "cuda").kv_cache == "contiguous"
+
+
+def test_eager_graphs_default_off_where_a_context_does_not_keep_its_launches(hf_models: Any) -> None:  # noqa: F811
+    """By default eager steps are captured only on contexts that keep their prepared launches
+    (the cuda engine's ``prepare_launches``): one eager context meets every shape, and TensorRT's
+    rule is one execution context per graph; asked for, they are on."""
+    runner = _runner(hf_models)
+    assert not hasattr(runner.eager, "prepare_launches") and runner.eager_graphs is False
+    assert _runner(hf_models, eager_graphs=True).eager_graphs is True

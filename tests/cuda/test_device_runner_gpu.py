@@ -7,6 +7,9 @@ pinned staging buffers, decode steps replayed from CUDA graphs per batch bucket.
   decodes in bucket 8 with three padding rows, and for each prompt alone (bucket 1);
 * a graph-replayed decode step gives bit for bit the logits of the same step run eagerly on
   the same context; whole generations with and without graphs give the same tokens;
+* prefill and mixed steps padded to token / sequence buckets give the real sequences the
+  logits of the same steps unpadded (the scratch block poisoned with NaN), with no launch list
+  prepared while serving;
 * 100 decode steps allocate nothing on the device (CuPy's allocator hooks, the runner's own
   allocation count, and ``cudaMemGetInfo``'s free bytes, which do not fall);
 * where a graphed decode step's time goes at batch 1 is measured and printed (wall time of
@@ -182,3 +185,94 @@ def test_host_time_per_graphed_decode_step_batch_1(model_dir: Path, cp: Any) -> 
         assert ht["graph_replays"] == ht["steps"] == 300
         assert ht["host_us"] < 2000
     llm.close()
+
+
+def _padding_scenario(llm: LLM, prompts: list[list[int]]) -> tuple[list[np.ndarray], list[tuple[int, int, int]], dict[int, list[int]]]:
+    """Requests arriving between steps (prefills, then mixed prefill + decode steps), one step
+    in flight at a time: the logits rows of the real sequences of every step, the ``(tokens,
+    sequences, real sequences)`` of each eager step, and each request's tokens."""
+    runner = llm.executor
+    assert isinstance(runner, DeviceRunner)
+    logits: list[np.ndarray] = []
+    eager: list[tuple[int, int, int]] = []
+    execute, sample = runner.execute, runner.sample
+
+    def run(batch: Any) -> int:
+        rows = execute(batch)
+        if not runner.is_decode(batch):
+            assert runner.last_eager_shape is not None
+            eager.append((*runner.last_eager_shape, len(batch.seqs)))
+        return rows
+
+    def read(batch: Any) -> Any:
+        logits.append(runner.logits_rows(len(batch.seqs)).copy())
+        return sample(batch)
+
+    runner.execute, runner.sample = run, read  # type: ignore[method-assign]
+    tokens: dict[int, list[int]] = {}
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    try:
+        ids = []
+        for arrivals in ([0, 1], [], [2], [3, 4]):
+            ids += [llm.add_request(prompts[i], params) for i in arrivals]
+            for out in llm.step():
+                tokens.setdefault(out.index, []).append(out.token_id)
+        while llm.has_unfinished_requests():
+            for out in llm.step():
+                tokens.setdefault(out.index, []).append(out.token_id)
+    finally:
+        del runner.execute, runner.sample
+    return logits, eager, {i - ids[0]: tokens[i] for i in ids}
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("bfloat16", 5e-2)])
+def test_padded_eager_steps_equal_unpadded(model_dir: Path, cp: Any, dtype: str, tol: float) -> None:  # noqa: F811
+    """Prefill and mixed steps padded to token / sequence buckets (the padding rows' tokens on
+    the scratch block, which is poisoned with NaN first) give the real sequences the logits of
+    the same steps unpadded (the GEMMs see more rows, so cuBLAS may pick another kernel:
+    within ``tol``; float32 runs the CUDA-core attention kernels, bfloat16 the tensor-core
+    ones) on the same runner, and in float32 the same greedy tokens (in bfloat16 the logits
+    are compared up to the first step whose greedy tokens differ, a near tie); every padded
+    step has one of the runner's ``eager_shapes``, warmed at start-up (no launch list is
+    prepared while serving). The same arrivals twice more: the padded steps are captured into
+    CUDA graphs at their second run and replayed at the third, the same logits bit for bit."""
+    llm = _llm(model_dir, dtype=dtype, async_scheduling=False)
+    runner = llm.executor
+    assert isinstance(runner, DeviceRunner) and runner.pad_eager_steps
+    warmed = runner.eager.num_prepares
+    assert warmed >= len(runner.eager_shapes)
+    pool_bytes = int(np.prod(runner.pool_shape)) * np.dtype(runner.pool_dtype).itemsize
+    pool = cp.ndarray(runner.pool_shape, runner.pool_dtype, cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(runner.pool_ptr, pool_bytes, runner), 0))
+    pool[:, runner.scratch_block] = cp.nan
+    cp.cuda.runtime.deviceSynchronize()
+    prompts = _prompts(5, seed=6, lo=2, hi=40)
+    padded = _padding_scenario(llm, prompts)
+    assert runner.eager.num_prepares == warmed, "a padded eager step prepared a launch list while serving"
+    _padding_scenario(llm, prompts)  # the shapes recur: captured into graphs after their eager run
+    replays = runner.num_eager_graph_replays
+    again = _padding_scenario(llm, prompts)
+    assert runner.num_eager_graph_replays > replays, "no eager step was replayed from a graph"
+    runner.pad_eager_steps = runner.eager_graphs = False
+    plain = _padding_scenario(llm, prompts)
+    llm.close()
+    (lp, ep, tp), (lu, eu, tu) = padded, plain
+    assert again[1] == ep and again[2] == tp
+    for a, b in zip(padded[0], again[0]):  # graph replays: the eager runs' launches, bit for bit
+        np.testing.assert_array_equal(a, b)
+    print(f"\neager steps padded {ep}\nunpadded {eu}")
+    assert all(n == r for _, n, r in eu) and any(t != r and r > 1 for t, _, r in eu)  # a mixed or multi-sequence prefill
+    assert [r for *_, r in ep] == [r for *_, r in eu] and any((t, n) != (tu_, nu) for (t, n, _), (tu_, nu, _) in zip(ep, eu))
+    assert all((t, n) in runner.eager_shapes for t, n, _ in ep)
+    if dtype == "float32":
+        assert tp == tu
+    assert len(lp) >= 3 and len(lu) == len(lp) == len(again[0])
+    worst, compared = 0.0, 0
+    for steps in (lp, again[0]):  # the first run (eager), the third (graphs)
+        for a, b in zip(steps, lu):
+            assert np.isfinite(a).all() and np.isfinite(b).all()
+            worst = max(worst, float(np.abs(a - b).max()))
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+            compared += 1
+            if (a.argmax(axis=-1) != b.argmax(axis=-1)).any():
+                break
+    print(f"largest logit difference padded / unpadded over {compared} steps: {worst:.3g}")

@@ -8,8 +8,9 @@ allocates device memory: activations live at the memory plan's offsets in the bl
 by ``set_device_memory`` (or allocated once by ``create_execution_context``), weights were
 uploaded once per engine. The first call for a combination of input shapes and tensor
 addresses prepares the launches on the host (shape inference, layouts, kernel arguments);
-later calls replay them, so after that warm-up a call can be captured in a CUDA graph, as
-TensorRT documents for ``enqueueV3``.
+later calls replay them (the last ``max_prepared`` combinations are kept, LRU), so after that
+warm-up a call can be captured in a CUDA graph, as TensorRT documents for ``enqueueV3``;
+:meth:`IExecutionContext.prepare_launches` does the preparation alone.
 
 Host-side preparation (:meth:`IExecutionContext.prepare`) needs no GPU; it returns the list
 of steps, which the tests inspect on the CPU.
@@ -21,6 +22,8 @@ import logging
 import math
 import os
 import pickle
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -38,6 +41,10 @@ from .plan import FORMAT, KernelInfo, Plan
 from .views import Layout, apply_stages, dense_strides, is_dense
 
 _log = logging.getLogger(__name__)
+
+
+#: launch lists an execution context keeps (LRU): a server's padded step shapes fit many times
+MAX_PREPARED = 256
 
 
 class EngineExecutionError(TrtcoreError, RuntimeError):
@@ -251,7 +258,12 @@ class IExecutionContext:
         self._memory = 0
         self._memory_size = 0
         self._own_memory: Any = None
-        self._prepared: dict[Any, list[Step]] = {}
+        self._prepared: OrderedDict[Any, list[Step]] = OrderedDict()
+        #: most launch lists kept (LRU over the shape / address combinations met)
+        self.max_prepared = MAX_PREPARED
+        #: launch lists prepared (cache misses) and their host seconds
+        self.num_prepares = 0
+        self.prepare_seconds = 0.0
         self._cublas: Cublas | None = None
         self._lt: Lt | None = None  # made at the first cuBLASLt tactic, sharing the cuBLAS workspace
         self.name = ""
@@ -342,10 +354,23 @@ class IExecutionContext:
                 shapes[n] = tuple(g.values[n].shape)
         return infer_shapes(g, shapes)
 
+    def prepare_launches(self) -> int:
+        """Prepare (and keep) the launch list for the current shapes and addresses without
+        enqueueing anything -- what the first ``execute_async_v3`` for them would do first
+        (a trtcore extension: a server warms the shapes it will meet); returns the launches.
+
+        Raises:
+            EngineExecutionError: as :meth:`prepare`.
+        """
+        return len(self._steps())
+
     def _steps(self) -> list[Step]:
         key = (tuple(sorted(self._shapes.items())), tuple(sorted(self._addresses.items())), self._memory)
         steps = self._prepared.get(key)
-        if steps is None:
+        if steps is not None:
+            self._prepared.move_to_end(key)
+        else:
+            t0 = time.perf_counter()
             self.engine._load()
             if self._cublas is None:
                 ws = self._memory + self.engine.plan.offsets["workspace:cublas"]
@@ -358,6 +383,10 @@ class IExecutionContext:
                             self._lt = Lt(self._cublas.workspace, self._cublas.workspace_size)
                         self._lt.descriptors(call, step.dtype)
             self._prepared[key] = steps
+            while len(self._prepared) > max(int(self.max_prepared), 1):
+                self._prepared.popitem(last=False)
+            self.num_prepares += 1
+            self.prepare_seconds += time.perf_counter() - t0
         return steps
 
     def prepare(self, const_ptr: dict[str, int], tuned: bool = True) -> list[Step]:

@@ -36,8 +36,15 @@ into the scratch block's slot 0 and reads only that slot (entries past a sequenc
 are never read; entries ``< 0`` are never written and read as zeros in the kernel, and the
 NumPy reference refuses them among the blocks a sequence uses, hence the scratch block), so
 they touch nothing of the real sequences. Prefill and mixed steps run eagerly on a context of
-their own (shapes set per step). ``enforce_eager=True`` runs decode steps eagerly too, still
-padded to their bucket.
+their own (shapes set per step), padded too (:func:`padded_step_shape`): their tokens to a
+power of two (:func:`token_buckets`), their sequences to a batch bucket, the padding tokens
+in padding rows that read and write only the scratch block (:func:`fill_step`), so that the
+eager context meets a few shape combinations only (the cuda engine prepares the launch list
+of each new one on the host, milliseconds; ``warm_eager`` prepares them all at start-up). A
+padded shape that recurs is captured into a graph per host side right after its second eager
+run (its warm-up), like a decode bucket's; later steps of that shape that sample a token replay
+it (``eager_graphs``): the host launches one graph instead of every kernel, GEMM and plugin call.
+``enforce_eager=True`` runs every step eagerly, decode steps still padded to their bucket.
 
 **Sampling** on the device (:class:`~trtcore.runtime.request_sampler.RequestSampler` over the
 batched sampling kernel, :class:`~trtcore.runtime.sampling_gpu.GpuSampler`): right behind the
@@ -63,8 +70,9 @@ replays its prepared launch list) and enqueues the sampling.
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
@@ -101,12 +109,17 @@ __all__ = [
     "fill_decode",
     "fill_step",
     "kv_pool_blocks",
+    "padded_step_shape",
+    "padding_row_tokens",
+    "token_buckets",
 ]
 
 _log = logging.getLogger("trtcore.runtime")
 
 #: block-table entry of the columns a sequence does not use (never read, never written)
 PAD_BLOCK_ID = -1
+#: most eager step layouts kept (host views; LRU): the padded shapes and some unpadded ones
+MAX_EAGER_LAYOUTS = 128
 _I32 = np.dtype(np.int32)
 
 
@@ -143,6 +156,56 @@ def bucket_for(num_seqs: int, buckets: Sequence[int]) -> int:
         if b >= num_seqs >= 1:
             return b
     raise InvalidArgumentError(f"{num_seqs} sequences fit no batch bucket of {tuple(buckets)}")
+
+
+def token_buckets(max_num_tokens: int, smallest: int = 16) -> tuple[int, ...]:
+    """The token counts prefill and mixed steps are padded to: powers of two from
+    ``smallest`` below ``max_num_tokens``, then ``max_num_tokens`` itself (``2048 -> (16, 32,
+    ..., 1024, 2048)``, ``100 -> (16, 32, 64, 100)``), as TensorRT-LLM's and vLLM's token
+    buckets: a server then meets a few input-shape combinations only.
+
+    Raises:
+        InvalidArgumentError: ``max_num_tokens`` or ``smallest`` below 1.
+    """
+    if max_num_tokens < 1 or smallest < 1:
+        raise InvalidArgumentError(f"max_num_tokens and smallest must be >= 1, got {max_num_tokens}, {smallest}")
+    out = []
+    t = int(smallest)
+    while t < max_num_tokens:
+        out.append(t)
+        t *= 2
+    out.append(int(max_num_tokens))
+    return tuple(out)
+
+
+def padded_step_shape(num_tokens: int, num_seqs: int, tokens: Sequence[int], seqs: Sequence[int], max_row_tokens: int) -> tuple[int, int]:
+    """``(T, B)``: the tokens and sequences an eager step of ``num_tokens`` tokens of
+    ``num_seqs`` sequences is padded to: ``B`` the smallest of the sequence buckets ``seqs``
+    ``>= num_seqs`` (one more when the tokens need padding and ``num_seqs`` is a bucket: the
+    padding tokens need a padding row), ``T`` the smallest of the token buckets ``tokens``
+    ``>= num_tokens + B - num_seqs`` (a token per padding row); the step itself, unpadded,
+    where that does not fit (``num_seqs`` already the largest bucket, more tokens than the
+    largest, or more padding than ``B - num_seqs`` rows of ``max_row_tokens`` hold).
+
+    Raises:
+        InvalidArgumentError: ``num_seqs < 1`` or ``num_tokens < num_seqs``.
+    """
+    t, n = int(num_tokens), int(num_seqs)
+    if n < 1 or t < n:
+        raise InvalidArgumentError(f"a step of {t} tokens and {n} sequences (every sequence has a token at least)")
+    if n > seqs[-1]:
+        return t, n
+    b = bucket_for(n, seqs)
+    if b == n and t in tokens:
+        return t, n
+    if b == n:
+        if n >= seqs[-1]:
+            return t, n
+        b = bucket_for(n + 1, seqs)
+    T = next((x for x in tokens if x >= t + b - n), None)
+    if T is None or T - t > (b - n) * int(max_row_tokens):
+        return t, n
+    return T, b
 
 
 @dataclass(frozen=True)
@@ -187,11 +250,44 @@ class StepLayout:
         return out
 
 
-def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int, fed_rows: dict[Hashable, int] | None = None) -> None:
+def padding_row_tokens(pad_tokens: int, pad_rows: int, max_row_tokens: int | None = None) -> list[int]:
+    """How :func:`fill_step` spreads ``pad_tokens`` padding tokens over ``pad_rows`` padding
+    rows: one each, the surplus on the first rows, at most ``max_row_tokens`` a row (None: no
+    limit), e.g. ``(10, 3, None) -> [8, 1, 1]``, ``(10, 3, 4) -> [4, 4, 2]``.
+
+    Raises:
+        InvalidArgumentError: fewer tokens than rows, or more than the rows hold.
+    """
+    cap = pad_tokens if max_row_tokens is None else int(max_row_tokens)
+    if pad_tokens < pad_rows or pad_tokens > pad_rows * cap or (pad_rows == 0 and pad_tokens):
+        raise InvalidArgumentError(
+            f"{pad_tokens} padding tokens do not fit {pad_rows} padding rows (one token each at least, {max_row_tokens} at most)"
+        )
+    out = []
+    left = pad_tokens
+    for r in range(pad_rows, 0, -1):
+        k = min(cap, left - (r - 1))
+        out.append(k)
+        left -= k
+    return out
+
+
+def fill_step(
+    views: dict[str, np.ndarray],
+    batch: StepBatch,
+    scratch_block: int,
+    fed_rows: dict[Hashable, int] | None = None,
+    max_row_tokens: int | None = None,
+) -> None:
     """Write the inputs of ``batch`` into the int32 ``views`` of a :class:`StepLayout` whose
-    sizes may exceed the batch's: the extra sequences are **padding rows** (one token, id 0 at
-    position 0, ``seq_lens`` 1, block table ``[scratch_block, -1, ...]``), the extra tokens
-    belong to them; a real sequence's unused block-table columns are :data:`PAD_BLOCK_ID`.
+    sizes may exceed the batch's: the extra sequences are **padding rows**, the extra tokens
+    belong to them (:func:`padding_row_tokens`: one each, the surplus on the first ones, at
+    most ``max_row_tokens`` a row). A padding row of ``k`` tokens has token ids 0 at positions
+    ``0 .. k-1`` and ``seq_lens`` ``k``; its block table is ``[scratch_block, -1, ...]`` for one
+    token, and the scratch block in every column for several (its positions pass the first
+    block: they all land in the scratch block, columns past its last block are never read), so
+    it reads and writes only the scratch block. A real sequence's unused block-table columns
+    are :data:`PAD_BLOCK_ID`.
 
     A token still in flight (:data:`~trtcore.runtime.scheduler.PLACEHOLDER_TOKEN_ID`, negative)
     is staged as ``-(row + 1)``, ``row = fed_rows[request_id]`` its request's row in the
@@ -200,7 +296,7 @@ def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int
 
     Raises:
         InvalidArgumentError: the batch has more tokens or sequences than the layout, or the
-            layout's padding sequences have no token each (``T - tokens < B - seqs``).
+            layout's padding tokens do not fit its padding rows (:func:`padding_row_tokens`).
         KeyError: a placeholder for a request not in ``fed_rows``.
     """
     seqs = batch.seqs
@@ -210,10 +306,9 @@ def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int
     n = len(seqs)
     lens = [len(s.token_ids) for s in seqs]
     t = sum(lens)
-    if n > B or t > T or T - t != B - n:
-        raise InvalidArgumentError(
-            f"a step of {n} sequences / {t} tokens does not pad to a layout of {B} sequences / {T} tokens (one token per padding row)"
-        )
+    if n > B or t > T:
+        raise InvalidArgumentError(f"a step of {n} sequences / {t} tokens does not pad to a layout of {B} sequences / {T} tokens")
+    pad = padding_row_tokens(T - t, B - n, max_row_tokens)
     # whole-array writes from flat lists: one conversion per field, not one per sequence
     qsl[0] = 0
     if n:
@@ -224,15 +319,24 @@ def fill_step(views: dict[str, np.ndarray], batch: StepBatch, scratch_block: int
             ids[:t] = [tok for s in seqs for tok in s.token_ids]
         pos[:t] = [p for s in seqs for p in s.positions]
         sl[:n] = [s.num_cached_tokens + k for s, k in zip(seqs, lens)]
-    qsl[n + 1 :] = t + np.arange(1, B - n + 1, dtype=np.int32)
     bt.fill(PAD_BLOCK_ID)
     bt[n:, 0] = scratch_block
     for i, s in enumerate(seqs):
         table = s.block_table  # type: ignore[attr-defined]
         bt[i, : len(table)] = table
     ids[t:] = 0
-    pos[t:] = 0
-    sl[n:] = 1
+    if T - t == B - n:  # one token per padding row (every decode bucket)
+        qsl[n + 1 :] = t + np.arange(1, B - n + 1, dtype=np.int32)
+        pos[t:] = 0
+        sl[n:] = 1
+    else:
+        np.cumsum(pad, out=qsl[n + 1 :])
+        qsl[n + 1 :] += t
+        sl[n:] = pad
+        pos[t:] = np.concatenate([np.arange(k, dtype=np.int32) for k in pad])
+        for i, k in enumerate(pad):
+            if k > 1:
+                bt[n + i] = scratch_block
     np.subtract(qsl[1:], 1, out=last)
     if ROPE_SEQ_LENS in views:  # each token's sequence length (dynamic RoPE)
         views[ROPE_SEQ_LENS][:] = np.repeat(sl, np.diff(qsl))
@@ -371,13 +475,31 @@ class DeviceRunner:
         gpu_memory_utilization: fraction of the device memory the process may use (0, 1].
         kv_cache_memory: bytes for the pool instead (overrides ``gpu_memory_utilization``).
         enforce_eager: no CUDA graphs.
+        pad_eager_steps: pad prefill and mixed steps to :func:`token_buckets` x
+            :func:`batch_buckets` (:func:`padded_step_shape`); False runs each with its
+            exact sizes.
+        warm_eager: prepare the eager context's launches for every padded shape at start-up
+            (where the engine's context can, the cuda backend's: ``prepare_launches``).
+        eager_graphs: capture a padded eager shape's step into CUDA graphs (one per host
+            side) right after its second eager run (its warm-up; a shape met once is never
+            captured), and replay them for the later steps of that shape that sample a token
+            (None: on for the cuda engine's contexts, whose prepared launches stay as they are
+            when the context meets other shapes, unless ``enforce_eager`` or the environment's
+            ``TRTCORE_EAGER_GRAPHS=0``; off for TensorRT's, whose rule is one execution context
+            per graph).
         weights_bytes: device bytes the engine's weights took (for the report; measured by
             the caller around deserialization).
 
     Attributes:
         num_blocks: blocks the scheduler may hand out (the pool has one more, the scratch block).
         buckets: the decode batch buckets.
+        token_buckets: the token counts eager steps are padded to.
+        token_headroom: tokens of ``max_num_tokens`` the scheduler leaves for padding rows.
+        eager_shapes: the ``(tokens, sequences)`` shapes eager steps are padded to (warmed at
+            start-up with ``warm_eager``).
+        last_eager_shape: the ``(tokens, sequences)`` the last eager step ran with (None: none yet).
         num_steps / num_graph_replays: steps run, of them replayed from a graph.
+        num_eager_graph_replays: of those, eager (prefill / mixed) steps.
 
     Raises:
         DeviceRunnerError: the engine lacks a paged-mode input, a binding fails, or the pool
@@ -394,6 +516,9 @@ class DeviceRunner:
         gpu_memory_utilization: float = 0.9,
         kv_cache_memory: int | None = None,
         enforce_eager: bool = False,
+        pad_eager_steps: bool = True,
+        warm_eager: bool = True,
+        eager_graphs: bool | None = None,
         weights_bytes: int = 0,
     ) -> None:
         self.engine = engine
@@ -408,8 +533,36 @@ class DeviceRunner:
         self.max_blocks = -(-int(plan.max_seq_len) // int(plan.block_size))
         self.enforce_eager = bool(enforce_eager)
         self.buckets = batch_buckets(self.max_batch_size)
+        self.pad_eager_steps = bool(pad_eager_steps)
+        self.token_buckets = token_buckets(self.max_num_tokens)
+        #: most tokens one padding row of an eager step holds (every column the scratch block)
+        self.max_row_tokens = self.max_blocks * int(plan.block_size)
+        self.eager_shapes = sorted(
+            {
+                padded_step_shape(t, b, self.token_buckets, self.buckets, self.max_row_tokens)
+                for t in self.token_buckets
+                for b in self.buckets
+                if b <= t
+            }
+        )
+        self.last_eager_shape: tuple[int, int] | None = None
+        eager_graphs_default = eager_graphs is None
+        if eager_graphs is None:
+            eager_graphs = os.environ.get("TRTCORE_EAGER_GRAPHS", "1") != "0"
+        self.eager_graphs = bool(eager_graphs) and self.pad_eager_steps and not self.enforce_eager
+        self._eager_graphs: dict[tuple[int, int], list[Any]] = {}  # padded shape -> a graph per host side
+        self._eager_seen: set[tuple[int, int]] = set()  # padded shapes run eagerly once
+        self._eager_shape_set = set(self.eager_shapes)
+        #: tokens a step's padding rows may need beyond the step's own (one per padding row):
+        #: the scheduler's token budget leaves them free, so that a step that fills the budget
+        #: still pads to a bucket pair
+        self.token_headroom = 0
+        if self.pad_eager_steps and self.max_batch_size > 1:
+            gaps = [bucket_for(n + 1 if bucket_for(n, self.buckets) == n else n, self.buckets) - n for n in range(1, self.max_batch_size)]
+            self.token_headroom = min(max(gaps), self.max_num_tokens // 2)
         self.num_steps = 0
         self.num_graph_replays = 0
+        self.num_eager_graph_replays = 0
         self._in_flight: deque[_InFlight] = deque()  # enqueued by execute(), oldest first
         self._fed_rows: dict[Hashable, int] = {}  # request id -> its row in the last sampling
         names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
@@ -460,8 +613,14 @@ class DeviceRunner:
 
         # execution contexts: one for eager steps, one per decode bucket (one per graph)
         self.eager = self._context("eager")
+        if eager_graphs_default and not hasattr(self.eager, "prepare_launches"):
+            # one context meets every eager shape: TensorRT's rule is one execution context per
+            # graph, so graphs of eager steps only where the context's launches, once prepared
+            # for a shape, stay as they are (the cuda engine's prepared launch lists)
+            self.eager_graphs = False
         self._eager_shapes: dict[str, tuple[int, ...]] = {}
-        self._eager_layouts: dict[tuple[int, int], tuple[StepLayout, list[dict[str, np.ndarray]]]] = {}
+        # host-side layouts of the eager shapes met (LRU: unpadded shapes can be many)
+        self._eager_layouts: OrderedDict[tuple[int, int], tuple[StepLayout, list[dict[str, np.ndarray]]]] = OrderedDict()
         self.graphs: dict[int, _Graph] = {}
         for size in self.buckets:
             layout = StepLayout.make(size, size, self.max_blocks, self.rope_seq_lens)
@@ -470,8 +629,12 @@ class DeviceRunner:
             self._bind_inputs(ctx, layout)
             self.graphs[size] = _Graph(size, ctx, layout, [layout.views(h) for h in self.host_staging])
         #: the bucket's graph of a decode of ``n`` sequences, by ``n`` (1..max_batch_size)
-        self._decode_graphs = [None, *(self.graphs[bucket_for(k, self.buckets)] for k in range(1, self.max_batch_size + 1))]
+        self._decode_graphs: list[_Graph] = [
+            self.graphs[b] for b in (self.buckets[0], *(bucket_for(k, self.buckets) for k in range(1, self.max_batch_size + 1)))
+        ]
         self._capture_all()
+        if warm_eager and self.pad_eager_steps:
+            self._warm_eager()
         self.device.synchronize()
         for line in self.memory_report():
             _log.info("%s", line)
@@ -512,11 +675,9 @@ class DeviceRunner:
 
     def _capture_all(self) -> None:
         """Warm up every bucket's context on padding rows only (they touch only the scratch
-        block), then capture, per host side, the whole decode step -- the staging copy from
-        that side, the feed of tokens in flight, the engine (TensorRT: capture after a warm-up
-        for these shapes), the sampling of that side's records with its copies back -- and
-        replay each graph once on padding rows, so that its first upload to the device
-        happens here, not in a step."""
+        block), capture its decode step per host side (:meth:`_capture_step`) and replay each
+        graph once on padding rows, so that its first upload to the device happens here, not
+        in a step."""
         empty = cast(StepBatch, _Empty())
         for g in self.graphs.values():
             for views in g.views:
@@ -526,20 +687,72 @@ class DeviceRunner:
             self.device.synchronize()
             if self.enforce_eager:
                 continue
-            for side in range(len(self.host_staging)):
-                self.device.begin_capture()
-                try:
-                    self.device.copy_async(self.staging_ptr, int(self.host_staging[side].ctypes.data), g.layout.nbytes)
-                    self._run(g.context, g.layout)
-                    self.sampler.kernel.enqueue_step(side, g.size, self.logits_ptr, self.vocab_size)
-                finally:
-                    graph = self.device.end_capture()
-                g.graphs.append(graph)
+            g.graphs = self._capture_step(g.context, g.layout, g.size)
+            for side, graph in enumerate(g.graphs):
                 padding = self.sampler.enqueue([], self.logits_ptr, self.vocab_size, side=side, rows=g.size)
                 self.device.launch_graph(graph)
                 self.sampler.kernel.result(padding.ticket)  # waits; nothing to read
 
+    def _capture_step(self, ctx: Any, layout: StepLayout, rows: int) -> list[Any]:
+        """Per host side, a graph of one whole step on ``ctx`` (TensorRT: captured after a
+        warm-up run for these shapes): the staging copy from that side, the feed of tokens in
+        flight, the engine, and the sampling of ``rows`` rows of that side's records with its
+        copies back."""
+        graphs = []
+        for side in range(len(self.host_staging)):
+            self.device.begin_capture()
+            try:
+                self.device.copy_async(self.staging_ptr, int(self.host_staging[side].ctypes.data), layout.nbytes)
+                self._run(ctx, layout)
+                self.sampler.kernel.enqueue_step(side, rows, self.logits_ptr, self.vocab_size)
+            finally:
+                graph = self.device.end_capture()
+            graphs.append(graph)
+        return graphs
+
+    def _warm_eager(self) -> None:
+        """Prepare the eager context's launch list for every padded eager shape (host work
+        only, nothing runs), so that no step of a server pays it; a no-op for contexts that
+        prepare nothing on the host (TensorRT's, the reference backend's)."""
+        prepare = getattr(self.eager, "prepare_launches", None)
+        if prepare is None:
+            return
+        limit = getattr(self.eager, "max_prepared", None)
+        if limit is not None and limit < len(self.eager_shapes) + MAX_EAGER_LAYOUTS:
+            self.eager.max_prepared = len(self.eager_shapes) + MAX_EAGER_LAYOUTS
+        t0 = time.perf_counter()
+        for T, B in self.eager_shapes:
+            layout, _ = self._eager_layout(T, B)
+            self._set_eager_shapes(layout)
+            self._bind_inputs(self.eager, layout)
+            prepare()
+        _log.info("prepared %d eager step shapes in %.2f s", len(self.eager_shapes), time.perf_counter() - t0)
+
     # steps ---------------------------------------------------------------------------------
+    def _eager_layout(self, T: int, B: int) -> tuple[StepLayout, list[dict[str, np.ndarray]]]:
+        """The layout of an eager step of ``T`` tokens and ``B`` sequences and its views of
+        each host staging buffer (host-side only, no device memory; LRU of
+        :data:`MAX_EAGER_LAYOUTS`)."""
+        key = (T, B)
+        cached = self._eager_layouts.get(key)
+        if cached is None:
+            layout = StepLayout.make(T, B, self.max_blocks, self.rope_seq_lens)
+            cached = self._eager_layouts[key] = (layout, [layout.views(h) for h in self.host_staging])
+            if len(self._eager_layouts) > MAX_EAGER_LAYOUTS:
+                self._eager_layouts.popitem(last=False)
+        else:
+            self._eager_layouts.move_to_end(key)
+        return cached
+
+    def _set_eager_shapes(self, layout: StepLayout) -> None:
+        """Set the eager context's input shapes that differ from ``layout``'s."""
+        ctx = self.eager
+        for name, (_, shape) in layout.fields.items():
+            if self._eager_shapes.get(name) != shape:
+                if not ctx.set_input_shape(name, shape):
+                    raise DeviceRunnerError(f"the engine refuses input {name!r} of shape {shape} (outside its optimization profile)")
+                self._eager_shapes[name] = shape
+
     def _copy_inputs(self, layout: StepLayout) -> None:
         self.device.copy_async(self.staging_ptr, int(self.host_staging[self._side].ctypes.data), layout.nbytes)
 
@@ -564,7 +777,7 @@ class DeviceRunner:
         bucket's graph (a decode) or an eager execution (prefill / mixed), then the sampling
         of the sequences that produce a token (:class:`RequestSampler`), so that
         :meth:`sample` only waits. Returns the rows of the logits buffer the step fills (the
-        bucket size, or the batch's sequences).
+        decode bucket, or the padded sequences of an eager step).
 
         Two steps may be in flight (asynchronous scheduling, :meth:`can_run_ahead`): a token
         of the step before that the host does not know yet (a placeholder) is written into
@@ -626,7 +839,7 @@ class DeviceRunner:
             else:
                 fill_step(g.views[side], batch, self.scratch_block, fed)
                 self._filled[side] = g
-                self._rows[side] = [(s.request_id, len(s.block_table)) for s in batch.seqs] + [PAD_ROW] * (g.size - n)  # type: ignore[attr-defined]
+                self._rows[side] = [(s.request_id, len(s.block_table)) for s in batch.seqs] + [PAD_ROW] * (g.size - n)  # type: ignore[attr-defined, list-item]
             if g.graphs:  # the whole step: staging copy, feed, engine, sampling, copies back
                 sampling = self.sampler.enqueue(ids, self.logits_ptr, self.vocab_size, side=side, rows=g.size) if ids else None
                 self.device.launch_graph(g.graphs[side])
@@ -639,26 +852,34 @@ class DeviceRunner:
         tokens = sum(s.num_new_tokens for s in batch.seqs)
         if tokens > self.max_num_tokens:
             raise InvalidArgumentError(f"a step of {tokens} tokens; the engine takes at most max_num_tokens={self.max_num_tokens}")
-        key = (tokens, n)
-        cached = self._eager_layouts.get(key)
-        if cached is None:  # host-side only: a layout and its views, no device memory
-            layout = StepLayout.make(tokens, n, self.max_blocks, self.rope_seq_lens)
-            cached = self._eager_layouts[key] = (layout, [layout.views(h) for h in self.host_staging])
-        layout, views = cached
-        fill_step(views[self._side], batch, self.scratch_block, fed)
+        if self.pad_eager_steps:
+            T, B = padded_step_shape(tokens, n, self.token_buckets, self.buckets, self.max_row_tokens)
+        else:
+            T, B = tokens, n
+        self.last_eager_shape = (T, B)
+        layout, views = self._eager_layout(T, B)
+        fill_step(views[self._side], batch, self.scratch_block, fed, self.max_row_tokens)
         # this side's staging now holds another layout, and a request may have been (re-)admitted
         # with new blocks: the next decode on either side writes its whole layout (fill_step)
         self._filled = [None, None]
+        # a graph always samples its rows: not for a step that samples none
+        graphs = self._eager_graphs.get((T, B)) if ids and self.eager_graphs else None
+        if graphs:
+            sampling = self._sample(ids, rows=B)
+            self.device.launch_graph(graphs[self._side])
+            self.num_graph_replays += 1
+            self.num_eager_graph_replays += 1
+            return B, sampling
         self._copy_inputs(layout)
-        ctx = self.eager
-        for name, (_, shape) in layout.fields.items():
-            if self._eager_shapes.get(name) != shape:
-                if not ctx.set_input_shape(name, shape):
-                    raise DeviceRunnerError(f"the engine refuses input {name!r} of shape {shape} (outside its optimization profile)")
-                self._eager_shapes[name] = shape
-        self._bind_inputs(ctx, layout)
-        self._run(ctx, layout, feed=bool(fed))
-        return n, self._sample(ids)
+        self._set_eager_shapes(layout)
+        self._bind_inputs(self.eager, layout)
+        self._run(self.eager, layout, feed=bool(fed))
+        sampling = self._sample(ids)
+        if self.eager_graphs and (T, B) in self._eager_shape_set and (T, B) not in self._eager_graphs:
+            if (T, B) in self._eager_seen:  # it recurs: capture it, the run above was its warm-up
+                self._eager_graphs[(T, B)] = self._capture_step(self.eager, layout, B)
+            self._eager_seen.add((T, B))
+        return B, sampling
 
     def logits_rows(self, rows: int) -> np.ndarray:
         """Copy the first ``rows`` logits rows to the pinned host buffer and wait; float32
@@ -716,12 +937,15 @@ class DeviceRunner:
             f"shape {self.pool_shape} {self.pool_dtype}"
         )
         graphs = "off (enforce_eager)" if self.enforce_eager else f"decode buckets {list(self.buckets)}"
+        if self.eager_graphs:
+            graphs += f", eager steps of {len(self.eager_shapes)} padded shapes (captured when they recur)"
         lines.append(f"CUDA graphs: {graphs}; staging {format_bytes(self.staging_bytes)} per step at most")
         return lines
 
     def close(self) -> None:
         """Release the contexts and the device's memory. Safe to call twice."""
         self.graphs = {}
+        self._eager_graphs = {}
         self.eager = None
         if self.sampler is not None:
             self.sampler.close()

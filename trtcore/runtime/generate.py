@@ -297,11 +297,13 @@ def make_device_engine(runner: Any, mode: PagedKV, async_scheduling: bool = True
     """The step loop over the device executor ``runner``
     (:class:`~trtcore.runtime.device_runner.DeviceRunner`, paged KV cache): continuous batching
     over the blocks its pool holds (``runner.num_blocks``, the scratch block excluded), with
-    asynchronous scheduling unless ``async_scheduling=False`` (module docstring)."""
+    asynchronous scheduling unless ``async_scheduling=False`` (module docstring). The token
+    budget is the plan's ``max_num_tokens`` less the runner's ``token_headroom`` (the padding
+    rows of a step that fills the budget)."""
     plan = mode.plan
     sched = Scheduler(
         BlockManager(runner.num_blocks, plan.block_size),
-        max_num_batched_tokens=plan.max_num_tokens,
+        max_num_batched_tokens=plan.max_num_tokens - int(getattr(runner, "token_headroom", 0)),
         max_num_seqs=plan.max_batch_size,
         async_scheduling=async_scheduling,
     )
