@@ -34,12 +34,6 @@ from trtcore.testing import check_plugin, default_tolerance, gpu_status
 
 pytestmark = pytest.mark.gpu
 
-#: the H200 run of 2026-12-02 (bench/results/h200-2026-12-02-final/gpu-tests.log): cuBLASLt
-#: answered every FP8 matmul of the plugin with CUBLAS_STATUS_NOT_SUPPORTED, and the cuda engine's
-#: Q/DQ form was off the reference by up to 0.066 at 0.62; the cuda backend refuses FP8 since
-#: (ops.FP8_ON_CUDA). Strict: a fix makes these pass, and then the marks must go.
-KNOWN_BROKEN = pytest.mark.xfail(strict=True, reason="FP8 GEMM on the cuda backend failed on the H200 (see KNOWN_BROKEN)")
-
 OK, WHY = gpu_status()
 if not OK:
     pytest.skip(WHY, allow_module_level=True)
@@ -125,7 +119,6 @@ CASES = [  # (N, K, per_channel, static)
 ]
 
 
-@KNOWN_BROKEN
 @pytest.mark.parametrize("m", [1, 7, 64, 300])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -153,7 +146,6 @@ def test_plugin_matches_reference(case: tuple, dtype: np.dtype, m: int) -> None:
 LOGPROB_TOL = 0.3
 
 
-@KNOWN_BROKEN
 @pytest.mark.parametrize("activations", ["static", "dynamic"])
 def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations: str) -> None:
     """The quantizer's FP8 checkpoint on ``backend="cuda"`` (CUDA graphs on) against the
@@ -192,7 +184,6 @@ def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations
                 assert abs(b[t].logprob - lp.logprob) <= LOGPROB_TOL, (t, lp, b[t])
 
 
-@KNOWN_BROKEN
 @pytest.mark.parametrize(("strategy", "input_scale"), [("channel", None), ("tensor", 2.0 / 448)])
 def test_qdq_linear_on_the_cuda_engine_equals_the_reference(strategy: str, input_scale: float | None) -> None:
     """The Q/DQ form (``impl="qdq"``: no plugin) compiled by the cuda backend, against the
