@@ -1,7 +1,9 @@
 """Where the host's share of a graphed decode step at batch 1 goes: for each model shape,
 :func:`trtcore.bench.host_time_per_step` (wall time per ``LLM.step()``, host work, device time,
-exposed host time; with asynchronous scheduling and one step at a time), then ``cProfile`` of
-``--steps`` more ``LLM.step()`` calls, the functions by own time.
+exposed host time; with asynchronous scheduling and one step at a time), ``--repeats`` times
+with the garbage collector's own time in the timed steps counted (``gc.callbacks``; the host's
+spread between runs of one process is large), then ``cProfile`` of ``--steps`` more
+``LLM.step()`` calls, the functions by own time.
 
 Random bfloat16 weights in the shape of a Hugging Face config (``bench_e2e``'s checkpoint
 stand-in), ``LLM(backend="cuda", max_batch_size=1)``.
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -50,11 +54,32 @@ def profile_steps(llm: Any, steps: int, top: int = 25) -> list[dict[str, Any]]:
     return rows[:top]
 
 
+def gc_timed(measure: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """``measure(*args, **kwargs)`` (a dict) with the garbage collector's own time during the
+    call (``gc.callbacks``): ``gc_ms`` and ``gc_collections`` per generation added."""
+    spent, started, counts = [0.0], [0.0], [0, 0, 0]
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - started[0]
+            counts[info["generation"]] += 1
+
+    gc.callbacks.append(callback)
+    try:
+        result = dict(measure(*args, **kwargs))
+    finally:
+        gc.callbacks.remove(callback)
+    return {**result, "gc_ms": spent[0] * 1e3, "gc_collections": counts}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--models", default="SmolLM2-135M,Llama-3.2-1B")
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=1, help="host_time_per_step runs per scheduling mode")
     args = ap.parse_args()
     from bench_e2e import _free_gpu, _model_dir, random_checkpoint
 
@@ -72,12 +97,14 @@ def main() -> int:
             entry: dict[str, Any] = {"start_s": time.perf_counter() - t0}
             for key, ahead in (("async", True), ("one_step_at_a_time", False)):
                 llm.engine.async_scheduling = ahead
-                entry[key] = ht = host_time_per_step(llm, steps=args.steps)
-                print(
-                    f"{name} ({key}): {ht['step_us']:.1f} us wall, host work {ht['host_us']:.1f} us, GPU {ht['gpu_us']:.1f} us, "
-                    f"exposed host time {ht['exposed_host_us']:.1f} us",
-                    flush=True,
-                )
+                runs = [gc_timed(host_time_per_step, llm, steps=args.steps) for _ in range(max(1, args.repeats))]
+                entry[key] = runs[0] if len(runs) == 1 else {"runs": runs, "median_host_us": statistics.median(r["host_us"] for r in runs)}
+                for ht in runs:
+                    print(
+                        f"{name} ({key}): {ht['step_us']:.1f} us wall, host work {ht['host_us']:.1f} us, GPU {ht['gpu_us']:.1f} us, "
+                        f"exposed host time {ht['exposed_host_us']:.1f} us; GC {ht['gc_ms']:.2f} ms in the timed steps",
+                        flush=True,
+                    )
             llm.engine.async_scheduling = True
             entry["profile_async"] = prof = profile_steps(llm, args.steps)
             print(f"{name}: cProfile of {args.steps} steps (async), us per step (profiled, so inflated):")

@@ -15,9 +15,12 @@
 //   trtcore_fp8_zero        amax = 0 (before trtcore_fp8_amax)
 //   trtcore_fp8_amax        amax = max |x| (atomicMax on the float's bits: non-negative floats
 //                           order as their unsigned bit patterns)
-//   trtcore_fp8_quantize    q = e4m3(x / s), the scale s written to scale_out[0] (cuBLASLt's
-//                           B scale pointer) and 1.0f to scale_out[1] (the A scale pointer of a
-//                           per-channel weight, whose scales are applied after the GEMM)
+//   trtcore_fp8_quantize    q = e4m3(x / s); the scale s written to scale_out[0], and cuBLASLt's
+//                           device alpha and beta (CUBLASLT_POINTER_MODE_DEVICE, no A/B scale
+//                           pointers: cuBLASLt 13.1 refused every FP8 matmul with them on the
+//                           H200) to alpha_out[0] = s * s_w (float32 product; s_w the weight's
+//                           per-tensor scale, or 1 for a per-channel weight -- w_scale null --
+//                           whose scales are applied after the GEMM) and alpha_out[1] = 0
 //   trtcore_fp8_scale_rows  out[m, n] = round(d[m, n] * w_scale[n]) to the output type
 #include "dtype.cuh"
 #include "pdl.cuh"
@@ -61,9 +64,11 @@ extern "C" __global__ void trtcore_fp8_amax(const elem_t* __restrict__ x, long l
     if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(m));
 }
 
-// static_scale: the input scale (float32 [1]) or null; then amax (from trtcore_fp8_amax) gives it
+// static_scale: the input scale (float32 [1]) or null; then amax (from trtcore_fp8_amax) gives it.
+// w_scale: the weight's per-tensor scale (float32 [1]) or null (per-channel: alpha = s).
 extern "C" __global__ void trtcore_fp8_quantize(const elem_t* __restrict__ x, long long n, const float* static_scale,
-                                                const unsigned int* amax, float* scale_out, unsigned char* __restrict__ q) {
+                                                const unsigned int* amax, const float* w_scale, float* scale_out,
+                                                float* alpha_out, unsigned char* __restrict__ q) {
     PDL_WAIT();
     float s;
     if (static_scale != nullptr) {
@@ -74,7 +79,8 @@ extern "C" __global__ void trtcore_fp8_quantize(const elem_t* __restrict__ x, lo
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         scale_out[0] = s;
-        scale_out[1] = 1.0f;
+        alpha_out[0] = w_scale != nullptr ? __fmul_rn(s, *w_scale) : s;  // cuBLASLt's alpha
+        alpha_out[1] = 0.0f;                                             // cuBLASLt's beta
     }
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         q[i] = e4m3_of(__fdiv_rn(to_f32(x[i]), s));

@@ -8,25 +8,28 @@ static per-tensor scale or a dynamic one, ``max|x| / 448`` of the call's x).
 
 1. dynamic scale only: ``trtcore_fp8_zero`` and ``trtcore_fp8_amax`` (``max|x|`` into the
    workspace);
-2. ``trtcore_fp8_quantize``: x to E4M3 in the workspace, the scale used beside it (and a
-   float32 1 after it);
+2. ``trtcore_fp8_quantize``: x to E4M3 in the workspace, the scale used beside it, and
+   cuBLASLt's device ``alpha = s_x * s_w`` (per-channel weights: ``alpha = s_x``) and
+   ``beta = 0`` in the workspace's scalars (computed on the device on every call: a dynamic
+   ``s_x`` exists only there);
 3. cuBLASLt's FP8 GEMM (:class:`trtcore.cuda.cublaslt.Fp8Matmul`, TN, float32 accumulation,
-   ``A_SCALE_POINTER`` = the weight's per-tensor scale (per-channel: the 1), ``B_SCALE_POINTER``
-   = x's scale; both set before cuBLASLt picks the algorithm):
+   no A/B scale pointers -- cuBLASLt 13.1 refused them on the H200 -- but
+   ``CUBLASLT_POINTER_MODE_DEVICE`` with that alpha and beta):
    per-tensor weights straight into the output (bfloat16 / float16 / float32); per-channel
    weights into a float32 buffer that ``trtcore_fp8_scale_rows`` scales by ``s_w[n]`` and
    rounds into the output.
 
-Workspace (:meth:`Fp8GemmPlugin.workspace_size`): 256 bytes of scalars (amax bits, x's scale,
-1.0), ``M * K`` E4M3 bytes,
+Workspace (:meth:`Fp8GemmPlugin.workspace_size`): 256 bytes of scalars (amax bits at 0, x's
+scale at 4, alpha and beta at :data:`_ALPHA` and 4 past it), ``M * K`` E4M3 bytes,
 ``M * N`` float32 (per-channel), and :data:`LT_WORKSPACE` bytes for cuBLASLt, each 256-byte
 aligned. ``K`` and ``N`` must be multiples of 16 (cuBLASLt's FP8 operands: 16-byte aligned
 leading dimensions; PyTorch's ``_scaled_mm`` asks the same).
 
 Numerical contract: :meth:`Fp8GemmPlugin.reference` is :meth:`trtcore.fp8.Fp8Weight.reference_linear`
 (float64) rounded once to x's dtype; the GPU agrees with it exactly on the E4M3 codes of x and
-to float32 accumulation error on the product (plus, per-channel, one float32 rounding of the
-unscaled sum).
+to the tensor cores' FP8 accumulation error on the product (on the H200 about ``2**-12`` of
+``max|y|``, see :data:`trtcore.cuda.cublaslt.FP8_ACCUMULATION_RTOL`), plus one float32 rounding
+of ``alpha = s_x * s_w`` (per-channel: of the unscaled sum).
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ _FLOAT32 = np.dtype(np.float32)
 LT_WORKSPACE = 8 << 20
 _ALIGN = 256
 _THREADS = 256
+#: byte offset of cuBLASLt's device alpha (beta 4 bytes after it) in the workspace's scalars
+_ALPHA = 16
 
 
 def _up(n: int) -> int:
@@ -180,18 +185,18 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
             raise PluginError("Fp8GemmPlugin.enqueue: no workspace given (see workspace_size)")
         n, k = self.out_features, self.in_features
         xq_off, d_off, lt_off, _ = self._layout(m)
-        amax, scale, one = workspace, workspace + 4, workspace + 8
+        amax, scale, alpha = workspace, workspace + 4, workspace + _ALPHA
         defines = (("DTYPE", KERNEL_DTYPE_CODES[dtype]),)
         blocks = max(1, min(1024, -(-m * k // _THREADS)))
         if not self.static_input:
             _launch(defines, "trtcore_fp8_zero", (1,), (32,), [(amax, "ptr")], stream)
             _launch(defines, "trtcore_fp8_amax", (blocks,), (_THREADS,), [(x.ptr, "ptr"), (m * k, "i64"), (amax, "ptr")], stream)
         static = inputs[3].ptr if self.static_input else 0
-        args = [(x.ptr, "ptr"), (m * k, "i64"), (static, "ptr"), (amax, "ptr"), (scale, "ptr"), (workspace + xq_off, "ptr")]
-        _launch(defines, "trtcore_fp8_quantize", (blocks,), (_THREADS,), args, stream)
-        w_scale = one if self.per_channel else inputs[2].ptr
+        w_scale = 0 if self.per_channel else inputs[2].ptr  # per-channel: alpha = s_x, the epilogue scales
+        args = [(x.ptr, "ptr"), (m * k, "i64"), (static, "ptr"), (amax, "ptr"), (w_scale, "ptr"), (scale, "ptr"), (alpha, "ptr")]
+        _launch(defines, "trtcore_fp8_quantize", (blocks,), (_THREADS,), args + [(workspace + xq_off, "ptr")], stream)
         target, out_type = (workspace + d_off, 0) if self.per_channel else (out.ptr, lookup(dtype).cuda_data_type)
-        _matmul().run(m, n, k, inputs[1].ptr, workspace + xq_off, w_scale, scale, target, out_type, workspace + lt_off, LT_WORKSPACE, stream)
+        _matmul().run(m, n, k, inputs[1].ptr, workspace + xq_off, alpha, alpha + 4, target, out_type, workspace + lt_off, LT_WORKSPACE, stream)
         if self.per_channel:
             args = [(workspace + d_off, "ptr"), (inputs[2].ptr, "ptr"), (m * n, "i64"), (n, "i32"), (out.ptr, "ptr")]
             _launch(defines, "trtcore_fp8_scale_rows", (max(1, min(1024, -(-m * n // _THREADS))),), (_THREADS,), args, stream)

@@ -219,21 +219,21 @@ def test_cuda_backend_compiles_the_qdq_linear_with_e4m3_rounding() -> None:
             assert ks.function in codegen.compile_source(ks, arch).symbols
 
 
-def test_the_cuda_backend_refuses_fp8_by_default() -> None:
-    """FP8 failed on the H200 (cuBLASLt NOT_SUPPORTED, the Q/DQ form off the reference): the
-    cuda backend must refuse an FP8 linear rather than serve its tokens, naming why."""
+def test_the_cuda_backend_runs_the_fp8_plugin_by_default() -> None:
+    """On the cuda backend an FP8 linear is the cuBLASLt plugin when K and N suit it (the
+    H200 check of the fixes: tests/cuda/test_fp8_gemm_gpu.py, bench/fp8_probe.py)."""
     import ml_dtypes
 
     import trtcore.cuda as tc
     from trtcore import ops
-    from trtcore.errors import InvalidArgumentError
 
     fw = fp8.quantize_weight(np.random.default_rng(7).normal(0, 0.1, (32, 64)), "tensor", None)
     network = tc.Builder(tc.Logger()).create_network(1 << int(tc.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     g = ops.Graph(tc, network, "bfloat16")
     x = g.input("x", ml_dtypes.bfloat16, (-1, 64))
-    with pytest.raises(InvalidArgumentError, match="do not run on the cuda backend yet.*CUBLAS_STATUS_NOT_SUPPORTED"):
-        ops.fp8_linear(g, x, fw, None, "proj")
+    ops.fp8_linear(g, x, fw, None, "proj")
+    kinds = [type(network.get_layer(i)).__name__ for i in range(network.num_layers)]
+    assert any("Plugin" in kind for kind in kinds), kinds
 
 
 def test_plugin_needs_multiples_of_16_and_ops_fall_back_to_qdq() -> None:
@@ -254,3 +254,55 @@ def test_plugin_needs_multiples_of_16_and_ops_fall_back_to_qdq() -> None:
         ops.linear(g, g.input("x", np.float32, (-1, 32)), fw, None, "proj")
         plugins = [type(network.get_layer(i).plugin).__name__ for i in range(network.num_layers) if hasattr(network.get_layer(i), "plugin")]
         assert plugins == ([kind] if kind else [])
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90"])
+def test_fp8_gemm_kernels_compile(arch: str) -> None:
+    """kernels/fp8_gemm.cu (the quantize kernel writes cuBLASLt's device alpha and beta) compiles
+    with NVRTC in every variant."""
+    from trtcore import kernels
+
+    for v in kernels.variants("fp8_gemm"):
+        c = kernels.compile_kernel("fp8_gemm", defines=v, arch=arch)
+        assert kernels.cubin_arch(c.cubin) == arch
+        assert set(c.symbols) == {"trtcore_fp8_zero", "trtcore_fp8_amax", "trtcore_fp8_quantize", "trtcore_fp8_scale_rows"}
+
+
+@pytest.mark.parametrize(("per_channel", "static"), [(False, True), (True, False)])
+def test_fp8_plugin_hands_cublaslt_the_kernels_device_alpha(monkeypatch: pytest.MonkeyPatch, per_channel: bool, static: bool) -> None:
+    """The enqueue sequence without a GPU: the quantize kernel gets every parameter its source
+    declares, with the weight's per-tensor scale (per-channel: null, alpha = s_x) and the
+    alpha / beta scratch of the plugin's workspace; cuBLASLt's FP8 matmul gets those same two
+    device addresses (no scale pointers), into the output or (per-channel) the float32 buffer."""
+    import re
+    from pathlib import Path
+
+    from trtcore.plugins import fp8_gemm
+    from trtcore.plugins.base import DeviceTensor
+
+    launches, matmuls = [], []
+    monkeypatch.setattr(fp8_gemm, "_launch", lambda defines, name, grid, block, args, stream: launches.append((name, args)))
+    monkeypatch.setattr(fp8_gemm, "_matmul", lambda: type("Mm", (), {"run": lambda self, *a: matmuls.append(a)})())
+    m, n, k = 5, 32, 64
+    plugin = fp8_gemm.Fp8GemmPlugin(k, n, per_channel, static)
+    f32 = np.dtype(np.float32)
+    inputs = [DeviceTensor(0x10000, (m, k), f32), DeviceTensor(0x20000, (n, k), np.dtype(np.uint8)), DeviceTensor(0x30000, (n if per_channel else 1,), f32)]
+    inputs += [DeviceTensor(0x40000, (1,), f32)] if static else []
+    ws = 0x100000
+    plugin.enqueue(inputs, [DeviceTensor(0x50000, (m, n), f32)], ws, 7)
+
+    source = (Path(fp8_gemm.__file__).resolve().parents[1] / "kernels" / "fp8_gemm.cu").read_text()
+    [params] = re.findall(r"void trtcore_fp8_quantize\(([^)]*)\)", source)
+    names = [p.split()[-1].lstrip("*") for p in params.split(",")]
+    [(_, args)] = [a for a in launches if a[0] == "trtcore_fp8_quantize"]
+    assert len(args) == len(names), (names, args)
+    got = dict(zip(names, (value for value, _ in args)))
+    assert got["w_scale"] == (0 if per_channel else 0x30000)
+    assert got["static_scale"] == (0x40000 if static else 0)
+    [call] = matmuls
+    mm_m, mm_n, mm_k, w, xq, alpha, beta, d, out_type = call[:9]
+    assert (mm_m, mm_n, mm_k, w, xq) == (m, n, k, 0x20000, got["q"])
+    assert alpha == got["alpha_out"] and beta == alpha + 4 and ws <= alpha < ws + 256, "the kernel's alpha and beta, in the plugin's scalars"
+    assert alpha % 4 == 0 and got["scale_out"] != alpha
+    assert (d == 0x50000) != per_channel and out_type == 0
+    assert [a[0] for a in launches][-1] == ("trtcore_fp8_scale_rows" if per_channel else "trtcore_fp8_quantize")

@@ -366,22 +366,27 @@ def test_bench_shape_is_a_mixtral_config() -> None:
     assert bench.active_bytes(shape) == 2 * (2 * per_layer + 32000 * 4096)
 
 
-def test_bisect_names_a_perturbed_expert_layer(store: _Store, tmp_path: Path) -> None:
-    """trtcore runs a copy whose layer-1 experts' ``w2`` are scaled by 1.01, transformers the
-    original (``--reference``): the first divergence is layer 1's MoE block."""
+def perturbed_experts(store: _Store, name: str, dst: Path) -> Path:
+    """``store.dir(name)`` (a Mixtral) copied to ``dst`` with layer 1's experts' ``w2`` scaled by 1.01."""
     import shutil
 
     from safetensors.numpy import load_file, save_file
 
-    from trtcore.check import compare
-
-    name = "mixtral_top2"
-    d = tmp_path / "perturbed"
-    shutil.copytree(store.dir(name), d)
-    t = load_file(d / "model.safetensors")
+    shutil.copytree(store.dir(name), dst)
+    t = load_file(dst / "model.safetensors")
     for e in range(MOE[name].experts):
         key = f"model.layers.1.block_sparse_moe.experts.{e}.w2.weight"
         t[key] = t[key] * np.float32(1.01)
-    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    save_file(t, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_bisect_names_a_perturbed_expert_layer(store: _Store, tmp_path: Path) -> None:
+    """trtcore runs a copy whose layer-1 experts' ``w2`` are scaled by 1.01, transformers the
+    original (``--reference``): the first divergence is layer 1's MoE block."""
+    from trtcore.check import compare
+
+    name = "mixtral_top2"
+    d = perturbed_experts(store, name, tmp_path / "perturbed")
     report = compare(d, _prompt(name)[:12], reference=store.dir(name))
     assert report.first_divergence is not None and report.first_divergence.module == "model.layers.1.mlp", report.table()

@@ -508,15 +508,6 @@ FP8_IMPLEMENTATIONS = ("plugin", "qdq")
 _MIN_SCALE = float(np.finfo(np.float32).tiny)
 
 
-#: why the cuda backend refuses FP8 linears (:func:`fp8_linear`)
-FP8_ON_CUDA = (
-    "FP8 linears do not run on the cuda backend yet: on the H200 cuBLASLt refused the FP8 GEMM "
-    "(CUBLAS_STATUS_NOT_SUPPORTED) and the Q/DQ form did not match the reference; run FP8 "
-    "checkpoints with backend='tensorrt' (TensorRT's own FP8 GEMMs) or backend='reference', or "
-    "a weight-only quantized (GPTQ / AWQ / compressed-tensors int4/int8) or bfloat16 checkpoint on cuda"
-)
-
-
 def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = None, name: str = "linear", impl: str | None = None) -> Tensor:
     """``x @ W^T + bias`` for an FP8 (E4M3) weight with x quantized to FP8 too (:mod:`trtcore.fp8`:
     ``(e4m3(x / s_x) * s_x) @ (q_w * s_w)^T``, ``s_x`` static or dynamic).
@@ -536,19 +527,12 @@ def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = Non
             :mod:`trtcore.fp8` defines it: ``x / s_x`` in float32, clipped to ``[-448, 448]``,
             cast to FP8 (round to nearest even), back to float32, multiplied by the E4M3
             weight values (float32 constants, exact), then by ``s_w`` and ``s_x``. Default:
-            ``g.implementations["fp8_gemm"]`` if set, else on ``trtcore.reference`` the plugin
-            (its NumPy reference) when K and N are multiples of 16, else ``"qdq"`` (TensorRT
-            fuses the Q/DQ pattern into its own FP8 GEMM).
-
-    The cuda backend refuses FP8 linears unless an implementation is named (``impl`` or
-    ``g.implementations``; :data:`FP8_ON_CUDA`): on the H200 (2026-12-02,
-    ``bench/results/h200-2026-12-02-final/``) cuBLASLt answered the plugin's FP8 matmul with
-    ``CUBLAS_STATUS_NOT_SUPPORTED`` and the engine's Q/DQ form differed from the reference by
-    up to 10% of an output, so neither may serve tokens until both pass on a GPU. The fixes
-    since (:class:`trtcore.cuda.cublaslt.Fp8Matmul` sets the scale pointers before cuBLASLt
-    picks the algorithm; the generated cast to FP8 rounds the value, not its integer part:
-    :mod:`trtcore.cuda.codegen`) await that run: ``bench/fp8_probe.py`` and
-    ``tests/cuda/test_fp8_gemm_gpu.py``.
+            ``g.implementations["fp8_gemm"]`` if set, else on ``trtcore.reference`` and
+            ``trtcore.cuda`` the plugin (its NumPy reference; cuBLASLt's FP8 GEMM) when K and N
+            are multiples of 16, else ``"qdq"`` (TensorRT fuses the Q/DQ pattern into its own
+            FP8 GEMM). On cuda the plugin is cuBLASLt's FP8 GEMM with the scales as a device
+            alpha (:class:`trtcore.cuda.cublaslt.Fp8Matmul`), which passed on the H200
+            (``bench/fp8_probe.py``, ``tests/cuda/test_fp8_gemm_gpu.py``).
 
     Returns:
         ``[..., N]`` of x's dtype, named ``name``.
@@ -566,11 +550,8 @@ def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = Non
 
     backend = backend_name(g.trt)
     if impl is None:
-        impl = g.implementations.get("fp8_gemm")
-        if impl is None and backend == "cuda":  # only an explicit implementation (development, tests) runs there
-            raise InvalidArgumentError(f"{name}: {FP8_ON_CUDA}")
         fits = k % 16 == 0 and n % 16 == 0
-        impl = impl or ("plugin" if backend == "reference" and fits else "qdq")
+        impl = g.implementations.get("fp8_gemm") or ("plugin" if backend in ("reference", "cuda") and fits else "qdq")
     if impl not in FP8_IMPLEMENTATIONS:
         raise InvalidArgumentError(f"{name}: FP8 GEMM implementation {impl!r} is not one of {FP8_IMPLEMENTATIONS}")
     np_x = _np_of(g, x)

@@ -15,19 +15,17 @@ outputs), and compares them with transformers' module outputs (CPU, float32, eag
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from hf_models import ModelStore, hf_models, random_prompt  # noqa: F401
-from safetensors.numpy import load_file, save_file
 from test_check_bisect import PERTURBED, _perturbed_copy
 from test_gemma import _prompt as gemma_prompt
 from test_gemma import store as gemma_store  # noqa: F401  (module fixture)
 from test_gpu_backend import cp  # noqa: F401
-from test_moe import MOE, _Store
+from test_moe import MOE, _Store, perturbed_experts
 from test_moe import _prompt as moe_prompt
 from test_moe import write as write_moe
 
@@ -88,13 +86,7 @@ def test_moe_is_within_tolerance(cp: Any, moe_store: _Store, name: str) -> None:
 
 def test_moe_perturbed_experts_are_the_first_divergence(cp: Any, moe_store: _Store, tmp_path: Path) -> None:  # noqa: F811
     name = "mixtral_top2"
-    d = tmp_path / "perturbed"
-    shutil.copytree(moe_store.dir(name), d)
-    t = load_file(d / "model.safetensors")
-    for e in range(MOE[name].experts):
-        key = f"model.layers.1.block_sparse_moe.experts.{e}.w2.weight"
-        t[key] = t[key] * np.float32(1.01)
-    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    d = perturbed_experts(moe_store, name, tmp_path / "perturbed")
     report = compare(d, moe_prompt(name)[:12], reference=moe_store.dir(name), backend="cuda")
     assert report.first_divergence is not None and report.first_divergence.module == "model.layers.1.mlp", report.table()
 

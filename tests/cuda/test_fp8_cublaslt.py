@@ -1,22 +1,25 @@
 """The FP8 GEMM's cuBLASLt calls (:class:`trtcore.cuda.cublaslt.Fp8Matmul`), on the CPU, against
 cuBLAS's documented rules (NVIDIA, cuBLAS documentation, "cublasLtMatmul()", FP8: TN format,
 ``CUBLAS_COMPUTE_32F`` with ``CUDA_R_32F`` scales, E4M3 x E4M3 -> C and D of one type among
-bfloat16 / float16 / float32, 16-byte aligned pointers and leading dimensions, the
-A/B scale pointers device float32).
+bfloat16 / float16 / float32, 16-byte aligned pointers and leading dimensions), with the
+scales as a device alpha: the recipe the H200 ran (bench/fp8_probe.py, mode ``alpha-device``;
+cuBLASLt 13.1 refused every FP8 matmul with A/B scale pointers, CUBLAS_STATUS_NOT_SUPPORTED).
 
 A stand-in for nvmath-python's ``cublasLt`` bindings records every call and, for
 ``cublasLtMatmul``, computes what cuBLASLt's column-major definition says
-(``D = alpha * s_A * s_B * op(A) op(B)``, ``op`` from ``TRANSA``/``TRANSB``, each matrix
-``rows x cols`` with its leading dimension) on host memory. Checked:
+(``D = alpha * s_A * s_B * op(A) op(B) + beta * C``, ``op`` from ``TRANSA``/``TRANSB``, each
+matrix ``rows x cols`` with its leading dimension; alpha and beta read from the pointers given,
+as float32, and ``POINTER_MODE`` says whose memory that is) on host memory. Checked:
 
-* the descriptor is complete -- TRANSA/TRANSB and both scale pointers set -- before
-  ``cublasLtMatmulAlgoGetHeuristic``, and never changed after it (the plugin set the scale
-  pointers after the heuristic when every FP8 matmul failed on the H200 with
-  CUBLAS_STATUS_NOT_SUPPORTED; NVIDIA's LtFp8Matmul sample, PyTorch's scaled_gemm and
-  nvmath-python all set them first);
-* the layouts mean the row-major linear ``D[M, N] = s_w s_x X[M, K] W[N, K]^T`` (the emulation
-  against float64 NumPy), for each output type;
-* one plan per shape / output type / scale pointers, reused;
+* the descriptor is complete -- TRANSA/TRANSB and ``POINTER_MODE = DEVICE`` set, no A/B scale
+  pointer (nor scale mode) ever set -- before ``cublasLtMatmulAlgoGetHeuristic``, and never
+  changed after it;
+* the matmul gets the caller's alpha / beta pointers themselves (device memory), not host
+  copies, so a scale the quantize kernel computes on the device is the one used;
+* the layouts mean the row-major linear ``D[M, N] = alpha X[M, K] W[N, K]^T``,
+  ``alpha = s_w s_x`` (the emulation against float64 NumPy), for each output type;
+* one plan per shape / output type, reused whatever the alpha / beta pointers (they are
+  arguments of the call, not of the descriptor);
 * shapes and pointers cuBLASLt documents as unsupported are refused with the value named.
 """
 
@@ -52,12 +55,12 @@ class FakeLt(types.ModuleType):
     """nvmath.bindings.cublasLt as far as Fp8Matmul uses it, recording calls."""
 
     class MatmulDescAttribute:
-        TRANSA, TRANSB, A_SCALE_POINTER, B_SCALE_POINTER, FAST_ACCUM, A_SCALE_MODE, B_SCALE_MODE = 3, 4, 17, 18, 25, 31, 32
+        POINTER_MODE, TRANSA, TRANSB, A_SCALE_POINTER, B_SCALE_POINTER, FAST_ACCUM, A_SCALE_MODE, B_SCALE_MODE = 2, 3, 4, 17, 18, 25, 31, 32
 
     class MatmulPreferenceAttribute:
         MAX_WORKSPACE_BYTES, MIN_ALIGNMENT_A_BYTES, MIN_ALIGNMENT_B_BYTES, MIN_ALIGNMENT_C_BYTES, MIN_ALIGNMENT_D_BYTES = 1, 5, 6, 7, 8
 
-    _ATTR = {3: np.int32, 4: np.int32, 17: np.intp, 18: np.intp, 25: np.int8, 31: np.int32, 32: np.int32}
+    _ATTR = {2: np.int32, 3: np.int32, 4: np.int32, 17: np.intp, 18: np.intp, 25: np.int8, 31: np.int32, 32: np.int32}
     _PREF = {1: np.uint64, 5: np.uint32, 6: np.uint32, 7: np.uint32, 8: np.uint32}
 
     #: cublasLtMatmulHeuristicResult_t
@@ -143,7 +146,7 @@ class FakeLt(types.ModuleType):
 
     def matmul(self, handle, desc, alpha, a, adesc, b, bdesc, beta, c, cdesc, d, ddesc, algo, ws, wss, stream) -> None:  # noqa: ANN001
         """cuBLASLt's definition, column-major: D = alpha * sA * sB * op(A) @ op(B) + beta * C."""
-        self.calls.append(("matmul", desc, (adesc, bdesc, cdesc, ddesc), (c, d), _read(algo, np.dtype(np.uint8), 1)[0]))
+        self.calls.append(("matmul", desc, (adesc, bdesc, cdesc, ddesc), (c, d), _read(algo, np.dtype(np.uint8), 1)[0], (alpha, beta)))
         spec = self.descs[desc]
         at = spec["attrs"]
         la, lb, lc, ld_ = (self.layouts[x] for x in (adesc, bdesc, cdesc, ddesc))
@@ -154,12 +157,14 @@ class FakeLt(types.ModuleType):
         sa = float(_read(at[17], np.dtype(np.float32), 1)[0]) if at.get(17) else 1.0
         sb = float(_read(at[18], np.dtype(np.float32), 1)[0]) if at.get(18) else 1.0
         al = float(_read(alpha, np.dtype(np.float32), 1)[0])
-        assert float(_read(beta, np.dtype(np.float32), 1)[0]) == 0.0
+        be = float(_read(beta, np.dtype(np.float32), 1)[0])
         out = al * sa * sb * (opA @ opB)
         assert out.shape == (ld_["rows"], ld_["cols"]), (out.shape, ld_)
         dt = TYPES[ld_["type"]]
         buf = (ctypes.c_uint8 * ((ld_["ld"] * (ld_["cols"] - 1) + ld_["rows"]) * dt.itemsize)).from_address(d)
         mem = np.frombuffer(buf, dtype=dt)
+        if be:  # C is D here (the caller's output, its previous contents)
+            out = out + be * _matrix(c, lc, dt).astype(np.float64)
         for j in range(ld_["cols"]):
             mem[j * ld_["ld"] : j * ld_["ld"] + ld_["rows"]] = out[:, j].astype(dt)
 
@@ -184,63 +189,83 @@ def _aligned(nbytes: int, align: int = 256) -> tuple[np.ndarray, int]:
     return raw, raw.ctypes.data + off
 
 
+def _store(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """``values`` in a fresh 256-byte aligned host buffer (standing in for device memory)."""
+    raw, p = _aligned(values.nbytes)
+    np.frombuffer((ctypes.c_uint8 * values.nbytes).from_address(p), values.dtype)[:] = values.ravel()
+    return raw, p
+
+
 @pytest.mark.parametrize("out_type", [14, 2, 0], ids=["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize(("m", "n", "k"), [(1, 16, 32), (7, 48, 64), (33, 32, 16)])
-def test_fp8_matmul_is_the_row_major_linear_with_a_complete_descriptor(lt: FakeLt, out_type: int, m: int, n: int, k: int) -> None:
+def test_fp8_matmul_is_the_row_major_linear_with_a_device_alpha(lt: FakeLt, out_type: int, m: int, n: int, k: int) -> None:
     rng = np.random.default_rng(m * 1000 + n + k)
     finite = np.flatnonzero(~np.isnan(np.arange(256, dtype=np.uint8).view(E4M3).astype(np.float32))).astype(np.uint8)
     w, x = rng.choice(finite, (n, k)), rng.choice(finite, (m, k))
-    keep = []
-    ptrs = {}
-    for name, arr in (("w", w), ("x", x)):
-        raw, p = _aligned(arr.nbytes)
-        np.frombuffer((ctypes.c_uint8 * arr.nbytes).from_address(p), np.uint8)[:] = arr.ravel()
-        keep.append(raw)
-        ptrs[name] = p
-    scales_raw, sp = _aligned(8)
-    np.frombuffer((ctypes.c_uint8 * 8).from_address(sp), np.float32)[:] = [0.375, 2.0**-7]
+    (w_raw, wp), (x_raw, xp) = _store(w), _store(x)
+    s_w, s_x = 0.375, 2.0**-7
+    scalars_raw, ap = _store(np.array([s_w * s_x, 0.0], np.float32))  # alpha, beta (the quantize kernel's)
     dt = TYPES[out_type]
-    d_raw, dp = _aligned(m * n * dt.itemsize)
+    d_raw, dp = _aligned(m * n * 4)  # room for a float32 output
+    old = rng.normal(0, 1, (m, n)).astype(dt)  # old contents: beta = 0 must drop them
+    np.frombuffer((ctypes.c_uint8 * old.nbytes).from_address(dp), dt)[:] = old.ravel()
+
+    def result() -> np.ndarray:
+        return np.frombuffer((ctypes.c_uint8 * (m * n * dt.itemsize)).from_address(dp), dt).reshape(m, n).astype(np.float64)
+
+    def want(alpha: float) -> np.ndarray:
+        exact = x.view(E4M3).astype(np.float64) @ w.view(E4M3).astype(np.float64).T
+        return (float(np.float32(alpha)) * exact).astype(dt).astype(np.float64)
 
     mm = cublaslt.Fp8Matmul()
-    mm.run(m, n, k, ptrs["w"], ptrs["x"], sp, sp + 4, dp, out_type, 0, 1 << 20, 0)
-    got = np.frombuffer((ctypes.c_uint8 * (m * n * dt.itemsize)).from_address(dp), dt).reshape(m, n).astype(np.float64)
-    want = (0.375 * 2.0**-7 * (x.view(E4M3).astype(np.float64) @ w.view(E4M3).astype(np.float64).T)).astype(dt).astype(np.float64)
-    np.testing.assert_array_equal(got, want)
+    mm.run(m, n, k, wp, xp, ap, ap + 4, dp, out_type, 0, 1 << 20, 0)
+    np.testing.assert_array_equal(result(), want(s_w * s_x))
 
-    # the descriptor: complete before the heuristic, untouched after it
+    # the descriptor: TN, device pointer mode, no scale pointer; complete before the heuristic, untouched after it
     heur = [c for c in lt.calls if c[0] == "heuristic"]
     assert len(heur) == 1
     desc, attrs = heur[0][1], heur[0][2]
     assert attrs[3] == 1 and attrs[4] == 0, "FP8 needs the TN form: TRANSA = T, TRANSB = N"
-    assert attrs[17] == sp and attrs[18] == sp + 4, "the scale pointers must be set before the heuristic"
-    assert attrs.get(31) == attrs.get(32) == 0, "tensor-wide float32 scales (SCALAR_32F)"
+    assert attrs[2] == 1, "alpha and beta are device pointers: CUBLASLT_POINTER_MODE_DEVICE"
+    ever = {c[2] for c in lt.calls if c[0] == "desc_set"}
+    assert not ever & {17, 18, 31, 32}, "no A/B scale pointer or scale mode (cuBLASLt 13.1 refused them on the H200)"
+    assert attrs.get(25, 0) == 0, "FAST_ACCUM off"
     assert heur[0][4] == {1: 1 << 20, 5: 256, 6: 256, 7: 256, 8: 256}, "workspace and the pointers' alignment"
     spec = lt.descs[desc]
-    assert (spec["compute"], spec["scale"]) == (68, 0), "CUBLAS_COMPUTE_32F with CUDA_R_32F scales"
+    assert (spec["compute"], spec["scale"]) == (68, 0), "CUBLAS_COMPUTE_32F with CUDA_R_32F scales (alpha, beta float32)"
     i = lt.calls.index(heur[0])
     assert not [c for c in lt.calls[i:] if c[0] == "desc_set" and c[1] == desc], "descriptor changed after the heuristic"
     a, b, c, d = heur[0][3]
     assert c == d and lt.layouts[d]["type"] == out_type, "C and D of the output type"
     assert lt.layouts[a]["type"] == lt.layouts[b]["type"] == 28
     assert lt.layouts[a]["ld"] % 16 == 0 and lt.layouts[b]["ld"] % 16 == 0
+    [call] = [c for c in lt.calls if c[0] == "matmul"]
+    assert call[5] == (ap, ap + 4), "the caller's (device) alpha and beta themselves, not host copies"
 
-    # the same call again reuses the plan; other scale pointers get their own
-    mm.run(m, n, k, ptrs["w"], ptrs["x"], sp, sp + 4, dp, out_type, 0, 1 << 20, 0)
+    # alpha is read when the matmul runs (a dynamic scale is written on the device before each
+    # call): a new value at the same address changes the result, with the same plan
+    np.frombuffer((ctypes.c_uint8 * 4).from_address(ap), np.float32)[0] = 0.8125 * 2.0**-9
+    mm.run(m, n, k, wp, xp, ap, ap + 4, dp, out_type, 0, 1 << 20, 0)
+    np.testing.assert_array_equal(result(), want(0.8125 * 2.0**-9))
+    # other alpha / beta pointers: the same plan (they are call arguments, not descriptor attributes)
+    other_raw, op = _store(np.array([0.0, 1.5 * 2.0**-10, 0.0], np.float32))
+    mm.run(m, n, k, wp, xp, op + 4, op + 8, dp, out_type, 0, 1 << 20, 0)
+    np.testing.assert_array_equal(result(), want(1.5 * 2.0**-10))
     assert len([c for c in lt.calls if c[0] == "heuristic"]) == 1
-    mm.run(m, n, k, ptrs["w"], ptrs["x"], sp + 4, sp, dp, out_type, 0, 1 << 20, 0)
-    heur = [c for c in lt.calls if c[0] == "heuristic"]
-    assert len(heur) == 2 and heur[1][2][17] == sp + 4 and heur[1][2][18] == sp
+    assert [c[5] for c in lt.calls if c[0] == "matmul"][-1] == (op + 4, op + 8)
+    # another output type is another plan
+    mm.run(m, n, k, wp, xp, ap, ap + 4, dp, 0 if out_type else 14, 0, 1 << 20, 0)
+    assert len([c for c in lt.calls if c[0] == "heuristic"]) == 2
     mm.close()
     assert sum(c[0] == "desc_destroy" for c in lt.calls) == 2
-    del keep, scales_raw, d_raw
+    del w_raw, x_raw, scalars_raw, d_raw, other_raw
 
 
 def _operands(m: int, n: int, k: int, d_offset: int = 0) -> tuple[list, tuple[int, ...]]:
-    """Zero E4M3 operands, scales 1 and a float32 output (``d_offset`` bytes past 256-byte
-    alignment): the buffers to keep and the pointers (w, x, sa, sb, d)."""
+    """Zero E4M3 operands, alpha 1, beta 0 and a float32 output (``d_offset`` bytes past 256-byte
+    alignment): the buffers to keep and the pointers (w, x, alpha, beta, d)."""
     (w, wp), (x, xp), (s, sp), (d, dp) = _aligned(n * k), _aligned(m * k), _aligned(8), _aligned(m * n * 4 + d_offset)
-    np.frombuffer((ctypes.c_uint8 * 8).from_address(sp), np.float32)[:] = 1.0
+    np.frombuffer((ctypes.c_uint8 * 8).from_address(sp), np.float32)[:] = [1.0, 0.0]
     return [w, x, s, d], (wp, xp, sp, sp + 4, dp + d_offset)
 
 
@@ -270,12 +295,13 @@ def test_the_first_successful_heuristic_result_runs_for_the_real_alignment(lt: F
         ((0, 16, 32, 14, {}), "m, n, k must be >= 1"),
         ((1, 16, 32, 28, {}), "output cudaDataType_t 28"),
         ((1, 16, 32, 14, {"X": 0x1008}), "X pointer 0x1008 must be non-null and 16-byte aligned"),
-        ((1, 16, 32, 14, {"A scale": 0}), "A scale pointer 0x0 must be non-null"),
-        ((1, 16, 32, 14, {"B scale": 0x1002}), "B scale pointer 0x1002 must be non-null and 4-byte aligned"),
+        ((1, 16, 32, 14, {"alpha": 0}), "alpha pointer 0x0 must be non-null"),
+        ((1, 16, 32, 14, {"beta": 0x1002}), "beta pointer 0x1002 must be non-null and 4-byte aligned"),
+        ((1, 16, 32, 14, {"W": 0x1004}), "W pointer 0x1004 must be non-null and 16-byte aligned"),
     ],
 )
 def test_unsupported_fp8_gemms_are_refused_naming_the_value(args: tuple, match: str) -> None:
     m, n, k, out_type, bad = args
-    ptrs = {"W": 0x1000, "X": 0x2000, "D": 0x3000, "A scale": 0x4000, "B scale": 0x4004, **bad}
+    ptrs = {"W": 0x1000, "X": 0x2000, "D": 0x3000, "alpha": 0x4000, "beta": 0x4004, **bad}
     with pytest.raises(ValueError, match=match):
         cublaslt.fp8_check(m, n, k, out_type, ptrs)

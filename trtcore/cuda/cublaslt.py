@@ -191,12 +191,35 @@ FP8_OUTPUT_TYPES = {0: "float32", 2: "float16", 14: "bfloat16"}
 FP8_ALIGN = 16
 
 
+#: How far cuBLASLt's FP8 GEMM may be from float64 on the same E4M3 operands, relative to
+#: ``max|D|``, before the output's own rounding: ``2**-10``. Derivation: the accumulation is not
+#: float32 throughout. Measured on the H200 (``bench/results/h200-2026-12-02-fp8-probe/``, the
+#: float32 rows without scale pointers): ``1.9e-4 .. 4.3e-4`` (``2**-12.3 .. 2**-11.2``) for
+#: K = 64 .. 4096, M = 1 .. 128, already at K = 64, where a float32 sum of the (exact, 8-bit)
+#: E4M3 products would be off by ``~2**-24``, and not growing with K. That is the tensor cores'
+#: own FP8 accumulator, which keeps about 14 bits of the aligned sum (DeepSeek-V3 technical
+#: report, arXiv 2412.19437, section 3.3.2, on H800), so each partial sum is off by up to
+#: ``~2**-13`` of its size; with ``FAST_ACCUM = 0`` cuBLASLt adds the partial of each
+#: promotion interval of ``K_c`` steps into float32, so ``K / K_c`` such errors add up. For
+#: zero-mean operands (the tests' random data) a partial is ``~sqrt(K_c / K)`` of the output
+#: and the errors have random signs, so they add in quadrature to ``~2**-13 .. 2**-12`` of the
+#: output whatever K is -- as measured. The bound is 4x that (2.3x the worst measured); a
+#: wrong scale, layout or E4M3 code is off by 2**-4 or more. It assumes ``max|D|`` is of the
+#: order of ``sqrt(sum_k (x_k w_k)**2)`` (no systematic cancellation in every output).
+FP8_ACCUMULATION_RTOL = 2.0**-10
+#: ``cublasLtPointerMode_t`` CUBLASLT_POINTER_MODE_DEVICE: alpha and beta are device pointers
+POINTER_MODE_DEVICE = 1
+#: the pointers of :func:`fp8_check` that point to one float32 (4-byte aligned); the rest are matrices
+FP8_SCALAR_POINTERS = ("alpha", "beta")
+
+
 def fp8_check(m: int, n: int, k: int, out_type: int, pointers: dict[str, int]) -> None:
     """Refuse an FP8 GEMM cuBLASLt documents as unsupported, naming the value (the rules of
     :class:`Fp8Matmul`): ``m, n, k >= 1``; ``k`` and ``n`` multiples of 16 (the leading
     dimensions of the E4M3 operands, ``k`` bytes, and of the output, ``n`` elements); an
     output type of :data:`FP8_OUTPUT_TYPES`; every pointer in ``pointers`` (name -> address)
-    non-null, the matrices' 16-byte aligned and the scales' 4-byte aligned.
+    non-null, the matrices' 16-byte aligned and the float32 scalars'
+    (:data:`FP8_SCALAR_POINTERS`) 4-byte aligned.
 
     Raises:
         ValueError: the first rule broken.
@@ -210,14 +233,14 @@ def fp8_check(m: int, n: int, k: int, out_type: int, pointers: dict[str, int]) -
             f"cuBLASLt FP8 GEMM: output cudaDataType_t {out_type} is not one of {FP8_OUTPUT_TYPES} (E4M3 x E4M3 -> float32/float16/bfloat16)"
         )
     for name, ptr in pointers.items():
-        align = 4 if name.endswith("scale") else FP8_ALIGN
+        align = 4 if name in FP8_SCALAR_POINTERS else FP8_ALIGN
         if not ptr or ptr % align:
             raise ValueError(f"cuBLASLt FP8 GEMM: {name} pointer 0x{ptr:x} must be non-null and {align}-byte aligned")
 
 
 class Fp8Matmul(HandleOwner):
-    """cuBLASLt's FP8 GEMM for a row-major linear ``D[M, N] = s_a * s_b * X[M, K] @ W[N, K]^T``
-    with E4M3 ``X`` and ``W``.
+    """cuBLASLt's FP8 GEMM for a row-major linear ``D[M, N] = alpha * X[M, K] @ W[N, K]^T``
+    with E4M3 ``X`` and ``W`` and ``alpha = s_x * s_w`` a float32 on the device.
 
     The rules it follows (NVIDIA, cuBLAS documentation, "cublasLtMatmul()", the FP8 paragraph
     "To use FP8 kernels, the following set of requirements must be satisfied": all matrix
@@ -230,19 +253,24 @@ class Fp8Matmul(HandleOwner):
     * column-major ``A = W`` stored ``K x N`` (``ld = K``) with ``TRANSA = T``, ``B = X``
       stored ``K x M`` (``ld = K``) with ``TRANSB = N``, so ``D`` is ``N x M`` column-major
       (``ld = N``) = ``[M, N]`` row-major; ``C`` has ``D``'s layout and type (unused, beta 0);
-    * ``CUBLASLT_MATMUL_DESC_A_SCALE_POINTER`` / ``B_SCALE_POINTER``: device pointers to
-      float32 scalars (the type of the compute type), **set on the descriptor before**
-      ``cublasLtMatmulAlgoGetHeuristic`` and never changed after: the algorithm is chosen for
-      the descriptor as it runs, as NVIDIA's ``LtFp8Matmul`` sample, PyTorch's
-      ``scaled_gemm`` and nvmath-python's ``Matmul`` (which asks for every operand's scale)
-      do -- "cuBLASLt might use kernels that don't work with scales if not set up" (XLA
-      pull request 40747, 2026: XLA queried the heuristic without the scale pointers and set
-      them at run time, as trtcore did, and cuBLASLt 12.8 refused some FP8 GEMMs). One plan (descriptor, layouts, algorithm) per shape, output type and pair of scale
-      pointers; an engine's pointers are fixed, so a step reuses its plans (and a CUDA graph
-      captures them);
-    * ``A_SCALE_MODE`` / ``B_SCALE_MODE`` = ``SCALAR_32F`` where cuBLASLt has them (12.8+),
-      ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` = 0 (stated: the float32 accumulation is promoted
-      at cuBLASLt's intervals, not only at the end);
+    * **no** ``A_SCALE_POINTER`` / ``B_SCALE_POINTER``: the two scales' product is the
+      matmul's ``alpha``, with ``CUBLASLT_MATMUL_DESC_POINTER_MODE`` =
+      ``CUBLASLT_POINTER_MODE_DEVICE`` (alpha and beta device float32 scalars, read when the
+      matmul runs, so an activation scale computed on the device -- the quantize kernel of
+      ``kernels/fp8_gemm.cu`` writes ``alpha = s_x * s_w`` and ``beta = 0`` -- needs no host
+      sync and a CUDA graph captures the call). Evidence: on the H200 (cuBLASLt 13.1,
+      ``bench/results/h200-2026-12-02-fp8-probe/``) every FP8 matmul with the A/B scale
+      pointers set returned ``CUBLAS_STATUS_NOT_SUPPORTED`` from ``cublasLtMatmul``, whether
+      they were set before or after the heuristic (which still offered an algorithm), while
+      the same matmul with a device alpha ran and matched float64 (``bench/fp8_probe.py``, mode
+      ``alpha-device``); a device alpha vector per row
+      (``POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO``) was refused too, so per-channel weight
+      scales stay an epilogue of the caller's;
+    * ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` = 0 (cuBLASLt's default, stated: the tensor cores'
+      FP8 accumulation is promoted to float32 at cuBLASLt's intervals, not only at the end);
+    * one plan (descriptor, layouts, algorithm) per shape, output type, workspace and operand
+      alignment: the alpha / beta pointers are arguments of each ``cublasLtMatmul``, not
+      attributes of the descriptor, so they are not part of the plan's key;
     * ``K`` and ``N`` multiples of 16 (:func:`fp8_check`); ``M`` any; the algorithm is
       cuBLASLt's first heuristic candidate whose state is success, within the workspace and
       for the pointers' actual alignment (``CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES``, as
@@ -259,8 +287,6 @@ class Fp8Matmul(HandleOwner):
         self._lt = cublasLt
         self.handle = cublasLt.create()
         self._plans: dict[tuple[int, ...], tuple[int, int, int, int, np.ndarray]] = {}
-        self._one = np.ones(1, dtype=np.float32)
-        self._zero = np.zeros(1, dtype=np.float32)
 
     def _set(self, obj: int, attr: Any, value: int) -> None:
         lt = self._lt
@@ -268,22 +294,14 @@ class Fp8Matmul(HandleOwner):
         lt.matmul_desc_set_attribute(obj, attr, buf.ctypes.data, buf.nbytes)
 
     def plan(
-        self,
-        m: int,
-        n: int,
-        k: int,
-        out_type: int,
-        a_scale_ptr: int,
-        b_scale_ptr: int,
-        workspace_size: int,
-        align: tuple[int, int, int] = (256, 256, 256),
+        self, m: int, n: int, k: int, out_type: int, workspace_size: int, align: tuple[int, int, int] = (256, 256, 256)
     ) -> tuple[int, int, int, int, np.ndarray]:
         """``(matmul_desc, a_layout, b_layout, d_layout, algo)`` for the call (made once; the
-        descriptor holds the scale pointers, set before the heuristic). ``align``: the byte
-        alignment (at most 256) the W, X and D pointers are known to have, given to the
-        heuristic (``CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES``, default 256: an
+        descriptor is complete -- TN, device pointer mode -- before the heuristic). ``align``:
+        the byte alignment (at most 256) the W, X and D pointers are known to have, given to
+        the heuristic (``CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES``, default 256: an
         algorithm picked for 256-byte aligned operands may refuse less aligned ones)."""
-        key = (m, n, k, out_type, int(a_scale_ptr), int(b_scale_ptr), workspace_size, align)
+        key = (m, n, k, out_type, workspace_size, align)
         got = self._plans.get(key)
         if got is not None:
             return got
@@ -294,9 +312,7 @@ class Fp8Matmul(HandleOwner):
             D = lt.MatmulDescAttribute
             self._set(desc, D.TRANSA, 1)  # CUBLAS_OP_T
             self._set(desc, D.TRANSB, 0)  # CUBLAS_OP_N
-            self._set(desc, D.A_SCALE_POINTER, int(a_scale_ptr))
-            self._set(desc, D.B_SCALE_POINTER, int(b_scale_ptr))
-            self._scalar_scale_modes(desc)
+            self._set(desc, D.POINTER_MODE, POINTER_MODE_DEVICE)
             self._set(desc, D.FAST_ACCUM, 0)
             a = lt.matrix_layout_create(R_8F_E4M3, k, n, k)
             b = lt.matrix_layout_create(R_8F_E4M3, k, m, k)
@@ -312,20 +328,6 @@ class Fp8Matmul(HandleOwner):
             raise
         self._plans[key] = (desc, a, b, d, algo)
         return self._plans[key]
-
-    def _scalar_scale_modes(self, desc: int) -> None:
-        """``CUBLASLT_MATMUL_DESC_{A,B}_SCALE_MODE`` = ``SCALAR_32F`` (one float32 per operand),
-        stated as nvmath-python's FP8 matmul states it; cuBLASLt before 12.8 has no such
-        attribute (its only mode is this one) and refuses it, which is ignored."""
-        lt = self._lt
-        D = lt.MatmulDescAttribute
-        if not hasattr(D, "A_SCALE_MODE"):
-            return
-        for attr in (D.A_SCALE_MODE, D.B_SCALE_MODE):
-            try:
-                self._set(desc, attr, 0)  # CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
-            except Exception:  # noqa: BLE001 - an older cuBLASLt: scalar scaling is all it has
-                return
 
     def _heuristic(self, desc: int, a: int, b: int, d: int, workspace_size: int, align: tuple[int, int, int]) -> np.ndarray | None:
         """The first of cuBLASLt's (up to 8) heuristic results whose ``state`` is success, as
@@ -351,17 +353,18 @@ class Fp8Matmul(HandleOwner):
         return None
 
     def run(
-        self, m: int, n: int, k: int, w_ptr: int, x_ptr: int, a_scale_ptr: int, b_scale_ptr: int, d_ptr: int, out_type: int,
+        self, m: int, n: int, k: int, w_ptr: int, x_ptr: int, alpha_ptr: int, beta_ptr: int, d_ptr: int, out_type: int,
         workspace: int, workspace_size: int, stream: int,
     ) -> None:  # fmt: skip
-        """Enqueue ``D = s_a * s_b * X @ W^T`` on ``stream`` (``out_type`` a ``cudaDataType_t``:
-        14 bfloat16, 2 float16, 0 float32; ``a_scale_ptr`` / ``b_scale_ptr`` device pointers to
-        float32, the weight's and x's scale)."""
-        fp8_check(m, n, k, out_type, {"W": w_ptr, "X": x_ptr, "D": d_ptr, "A scale": a_scale_ptr, "B scale": b_scale_ptr})
+        """Enqueue ``D = alpha * X @ W^T + beta * D`` on ``stream`` (``out_type`` a
+        ``cudaDataType_t``: 14 bfloat16, 2 float16, 0 float32; ``alpha_ptr`` / ``beta_ptr``
+        device pointers to float32, ``alpha = s_x * s_w`` and ``beta = 0``, read by the GPU when
+        the matmul runs; W ``[N, K]``, X ``[M, K]`` E4M3 and D ``[M, N]`` row-major)."""
+        fp8_check(m, n, k, out_type, {"W": w_ptr, "X": x_ptr, "D": d_ptr, "alpha": alpha_ptr, "beta": beta_ptr})
         align = tuple(min(256, p & -p) for p in (w_ptr, x_ptr, d_ptr))
-        desc, a, b, d, algo = self.plan(m, n, k, out_type, a_scale_ptr, b_scale_ptr, workspace_size, align)
+        desc, a, b, d, algo = self.plan(m, n, k, out_type, workspace_size, align)
         self._lt.matmul(
-            self.handle, desc, self._one.ctypes.data, w_ptr, a, x_ptr, b, self._zero.ctypes.data, d_ptr, d, d_ptr, d,
+            self.handle, desc, int(alpha_ptr), w_ptr, a, x_ptr, b, int(beta_ptr), d_ptr, d, d_ptr, d,
             algo.ctypes.data, workspace, workspace_size, int(stream),
         )  # fmt: skip
 
@@ -378,4 +381,16 @@ class Fp8Matmul(HandleOwner):
             self.handle = 0
 
 
-__all__ = ["FP8_ALIGN", "FP8_OUTPUT_TYPES", "Candidate", "Fp8Matmul", "Lt", "R_8F_E4M3", "fp8_check", "signature"]
+__all__ = [
+    "FP8_ACCUMULATION_RTOL",
+    "FP8_ALIGN",
+    "FP8_OUTPUT_TYPES",
+    "FP8_SCALAR_POINTERS",
+    "POINTER_MODE_DEVICE",
+    "Candidate",
+    "Fp8Matmul",
+    "Lt",
+    "R_8F_E4M3",
+    "fp8_check",
+    "signature",
+]

@@ -629,7 +629,9 @@ class DeviceRunner:
             self._bind_inputs(ctx, layout)
             self.graphs[size] = _Graph(size, ctx, layout, [layout.views(h) for h in self.host_staging])
         #: the bucket's graph of a decode of ``n`` sequences, by ``n`` (1..max_batch_size)
-        self._decode_graphs = [None, *(self.graphs[bucket_for(k, self.buckets)] for k in range(1, self.max_batch_size + 1))]
+        self._decode_graphs: list[_Graph] = [
+            self.graphs[b] for b in (self.buckets[0], *(bucket_for(k, self.buckets) for k in range(1, self.max_batch_size + 1)))
+        ]
         self._capture_all()
         if warm_eager and self.pad_eager_steps:
             self._warm_eager()
@@ -848,7 +850,7 @@ class DeviceRunner:
             else:
                 fill_step(g.views[side], batch, self.scratch_block, fed)
                 self._filled[side] = g
-                self._rows[side] = [(s.request_id, len(s.block_table)) for s in batch.seqs] + [PAD_ROW] * (g.size - n)  # type: ignore[attr-defined]
+                self._rows[side] = [(s.request_id, len(s.block_table)) for s in batch.seqs] + [PAD_ROW] * (g.size - n)  # type: ignore[attr-defined, list-item]
             if g.graphs:  # the whole step: staging copy, feed, engine, sampling, copies back
                 sampling = self.sampler.enqueue(ids, self.logits_ptr, self.vocab_size, side=side, rows=g.size) if ids else None
                 self.device.launch_graph(g.graphs[side])

@@ -321,7 +321,9 @@ class GpuSampler:
         self._turn = 0  # the side of the last set_packed (sample and result use it)
         self._table: Any = None  # the records table of the last stage() and its byte view
         self._table_u8: Any = None
-        self._step_col = int(self.params_dtype.fields["step"][1]) // 8
+        fields = self.params_dtype.fields
+        assert fields is not None  # a structured dtype
+        self._step_col = int(fields["step"][1]) // 8
         self._ev_ids = event()
         self._closed = False
         _call("cudaMemsetAsync(counts)", rt.cudaMemsetAsync, self._counts_d, 0, self.num_slots * V * 4, self.stream)
