@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import cProfile
 import ctypes
 import json
-import pstats
 import statistics
 import sys
 import tempfile
@@ -44,6 +42,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from profile_host import profile_steps  # noqa: E402  (the cProfile table of the GPU tool, the same rows)
 
 
 class _Enum:
@@ -294,35 +294,6 @@ def time_steps(llm: Any, steps: int, repeats: int) -> dict[str, Any]:
     return {"us_per_step_median": statistics.median(runs), "us_per_step_min": min(runs), "runs_us": runs, "steps": steps, "graph_replays": replays}
 
 
-def profile_steps(llm: Any, steps: int, top: int = 40) -> list[dict[str, Any]]:
-    """cProfile of ``steps`` decode steps: the ``top`` functions by own time per step."""
-    from trtcore import SamplingParams
-
-    llm.add_request([5] * 16, SamplingParams(temperature=0, max_tokens=steps + 25, ignore_eos=True))
-    for _ in range(20):
-        llm.step()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(steps):
-        llm.step()
-    prof.disable()
-    while llm.has_unfinished_requests():
-        llm.step()
-    stats = pstats.Stats(prof)
-    rows = []
-    for (path, line, fn), (_, ncalls, own, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
-        rows.append(
-            {
-                "function": f"{Path(path).name}:{line}({fn})",
-                "calls_per_step": ncalls / steps,
-                "own_us_per_step": own / steps * 1e6,
-                "cum_us_per_step": cum / steps * 1e6,
-            }
-        )
-    rows.sort(key=lambda r: -r["own_us_per_step"])
-    return rows[:top]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
@@ -354,7 +325,7 @@ def main() -> int:
             f"min {timing['us_per_step_min']:.1f}), {timing['graph_replays']} graph replays, stubbed CUDA",
             flush=True,
         )
-        prof = profile_steps(llm, args.profile_steps)
+        prof = profile_steps(llm, args.profile_steps, top=40)
         print("cProfile, us per step (inflated by the profiler):")
         for r in prof:
             print(f"  {r['own_us_per_step']:7.2f} own {r['cum_us_per_step']:7.2f} cum {r['calls_per_step']:5.1f}x  {r['function']}")
