@@ -19,7 +19,10 @@ report), ``serve_gpu.png`` (TTFT / TPOT p50 and p99 and tok/s against the concur
     python bench/bench_serve_gpu.py --out $OUT/serve [--model DIR] [--concurrency 1,8,32,128]
 
 The default model is ``$TRTCORE_DEFAULT_MODEL_DIR`` (``scripts/gpu-check`` converts the carried
-GGUF there), else :func:`trtcore.default_model.default_model_dir`.
+GGUF there), else :func:`trtcore.default_model.default_model_dir`. A machine without network needs
+the ``serve`` extra as wheels: fastapi, starlette, pydantic, pydantic-core, annotated-types,
+typing-inspection, uvicorn, httptools, and for the load generator aiohttp with multidict, yarl,
+propcache, frozenlist, aiosignal, aiohappyeyeballs and attrs.
 """
 
 from __future__ import annotations

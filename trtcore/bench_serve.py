@@ -309,15 +309,15 @@ async def _request(client: Any, url: str, body: dict[str, Any], prompt: Prompt, 
     out.start = st - t0
     last = st
     try:
-        async with client.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
-                out.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:500]}"
+        async with client.post(url, json=body) as resp:
+            if resp.status != 200:
+                out.error = f"HTTP {resp.status}: {(await resp.read()).decode(errors='replace')[:500]}"
                 return out
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
+            async for line in resp.content:  # one SSE line at a time, as bytes
+                if not line.startswith(b"data:"):
                     continue  # blank separators, SSE comments and other fields
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
                 if chunk.get("error"):
@@ -354,19 +354,23 @@ async def _request(client: Any, url: str, body: dict[str, Any], prompt: Prompt, 
     return out
 
 
-def _httpx() -> Any:
+def _aiohttp() -> Any:
+    """aiohttp, the load generator's HTTP client (as vLLM's ``bench serve``: its response
+    parser and stream reader are compiled, so one client process keeps up with tens of
+    thousands of SSE events a second, where httpx's pure-Python stack used a whole core at
+    18k; ``bench/results/cpu-2026-12-02-serve-client/``)."""
     try:
-        import httpx
+        import aiohttp
     except ImportError as exc:
-        raise TrtcoreError(f"trtcore bench serve needs httpx ({exc}); install it with: pip install 'trtcore[serve]'") from exc
-    return httpx
+        raise TrtcoreError(f"trtcore bench serve needs aiohttp ({exc}); install it with: pip install 'trtcore[serve]'") from exc
+    return aiohttp
 
 
 async def _first_model(client: Any, base_url: str) -> str:
     try:
-        resp = await client.get(f"{base_url}/v1/models")
-        resp.raise_for_status()
-        return str(resp.json()["data"][0]["id"])
+        async with client.get(f"{base_url}/v1/models") as resp:
+            resp.raise_for_status()
+            return str((await resp.json())["data"][0]["id"])
     except Exception as exc:
         raise TrtcoreError(f"{base_url}/v1/models gave no model ({type(exc).__name__}: {exc}); pass --model") from exc
 
@@ -395,19 +399,19 @@ async def benchmark(
 
     Raises:
         InvalidArgumentError: an unknown ``endpoint`` or a ``max_concurrency`` below 1.
-        TrtcoreError: httpx is missing, or no ``model`` and the server lists none.
+        TrtcoreError: aiohttp is missing, or no ``model`` and the server lists none.
     """
     if endpoint not in ENDPOINTS:
         raise InvalidArgumentError(f"--endpoint {endpoint!r}: expected one of {', '.join(ENDPOINTS)}")
     if max_concurrency is not None and max_concurrency < 1:
         raise InvalidArgumentError(f"--max-concurrency must be >= 1, got {max_concurrency}")
-    httpx = _httpx()
+    aiohttp = _aiohttp()
     base_url = base_url.rstrip("/")
     sends = arrival_times(len(prompts), request_rate, burstiness, np.random.default_rng(seed))
     semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     in_flight, peak = 0, 0
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=max_concurrency or len(prompts) or 1)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=0)  # no pool limit: the concurrency is the semaphore's
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as client:
         model = model or await _first_model(client, base_url)
 
         async def one(prompt: Prompt, at: float) -> RequestOutput:
