@@ -390,6 +390,18 @@ def test_padding_rows_touch_only_the_scratch_block(hf_models: Any) -> None:  # n
         assert np.abs(sc[:, :, :, 0]).sum() > 0 and not sc[:, :, :, 1:].any()
 
 
+def _serve_arrivals(core: Any, reqs: list[Request], arrivals: tuple[list[int], ...]) -> list[list[int]]:
+    """Add ``reqs[i]`` for the indices of ``arrivals[j]`` before step ``j``, step until every
+    request finished; each request's output tokens."""
+    for batch in arrivals:
+        for i in batch:
+            core.add_request(reqs[i])
+        core.step()
+    while core.has_unfinished_requests():
+        core.step()
+    return [list(r.output_token_ids) for r in reqs]
+
+
 @pytest.mark.parametrize("enforce_eager", [False, True])
 def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool) -> None:  # noqa: F811
     """Prefill and mixed steps padded to token / sequence buckets (padding rows of several
@@ -433,13 +445,7 @@ def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool) 
         for again in range(3):
             params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
             reqs = [Request((again, i), p, params, frozenset()) for i, p in enumerate(prompts)]
-            for arrivals in ([0, 1], [], [2], [3, 4]):  # arrivals between steps: mixed prefill + decode steps
-                for i in arrivals:
-                    core.add_request(reqs[i])
-                core.step()
-            while core.has_unfinished_requests():
-                core.step()
-            tokens += [list(r.output_token_ids) for r in reqs]
+            tokens += _serve_arrivals(core, reqs, ([0, 1], [], [2], [3, 4]))  # arrivals between steps: mixed prefill + decode steps
             if again == 1:  # the shapes met twice now: captured, not yet replayed
                 replays = runner.num_eager_graph_replays
         runs.append((runner, logits, eager, tokens, pool[:, : runner.scratch_block].copy()))
@@ -482,13 +488,7 @@ def test_eager_graph_replays_under_asynchronous_scheduling_on_a_lagging_device(h
         tokens = []
         for again in range(3):
             reqs = [Request((again, i), p, SamplingParams(temperature=0, max_tokens=7, ignore_eos=True), frozenset()) for i, p in enumerate(prompts)]
-            for arrivals in ([0], [1, 2], [], [3], [4, 5]):
-                for i in arrivals:
-                    core.add_request(reqs[i])
-                core.step()
-            while core.has_unfinished_requests():
-                core.step()
-            tokens += [list(r.output_token_ids) for r in reqs]
+            tokens += _serve_arrivals(core, reqs, ([0], [1, 2], [], [3], [4, 5]))
         assert (runner.num_eager_graph_replays > 0) == pad
         got.append(tokens)
     assert got[0] == got[1]

@@ -197,21 +197,27 @@ def _qdq_net(trt: object, strategy: str, input_scale: float | None) -> tuple[obj
     return network, fw
 
 
+def _qdq_plan(strategy: str, input_scale: float | None, opt: int, most: int) -> object:
+    """:func:`_qdq_net` compiled by the cuda backend's builder (no GPU) for 1 .. ``most`` rows of x."""
+    import trtcore.cuda as tc
+    from trtcore.cuda.builder import compile_network
+
+    net, _ = _qdq_net(tc, strategy, input_scale)
+    b = tc.Builder(tc.Logger(tc.Logger.ERROR))
+    cfg = b.create_builder_config()
+    prof = b.create_optimization_profile()
+    prof.set_shape("x", (1, 64), (opt, 64), (most, 64))
+    cfg.add_optimization_profile(prof)
+    return compile_network(net, cfg, None, arch=None)
+
+
 def test_cuda_backend_compiles_the_qdq_linear_with_e4m3_rounding() -> None:
     """On the cuda backend the Q/DQ emulation's cast to FP8 rounds to E4M3 inside the fused
     kernel (``rnd_e4m3``: nearest even, NaN past 464 as the reference's cast), and every generated
     kernel compiles with NVRTC for sm_80, sm_89 and sm_90 (no GPU needed)."""
-    import trtcore.cuda as tc
     from trtcore.cuda import codegen
-    from trtcore.cuda.builder import compile_network
 
-    net, _ = _qdq_net(tc, "channel", None)
-    b = tc.Builder(tc.Logger(tc.Logger.ERROR))
-    cfg = b.create_builder_config()
-    prof = b.create_optimization_profile()
-    prof.set_shape("x", (1, 64), (4, 64), (16, 64))
-    cfg.add_optimization_profile(prof)
-    plan = compile_network(net, cfg, None, arch=None)
+    plan = _qdq_plan("channel", None, opt=4, most=16)
     body = [ks.source.split("float rnd_e4m3(float v)", 1)[1] for ks in plan.sources.values()]
     assert any("rnd_e4m3(" in s for s in body)
     for ks in plan.sources.values():

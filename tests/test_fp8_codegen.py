@@ -30,7 +30,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from test_fp8 import SPEC_VALUES, _qdq_net, spec_encode
+from test_fp8 import SPEC_VALUES, _qdq_plan, spec_encode
 
 from trtcore.cuda import codegen
 from trtcore.cuda.ir import Node
@@ -79,17 +79,8 @@ def test_cast_to_fp8_rounds_the_value_not_an_integer() -> None:
 def test_qdq_linear_kernels_round_the_scaled_value_to_e4m3() -> None:
     """The fused Q/DQ kernels of the cuda engine: x / s_x, clip to +-448, E4M3 rounding of
     that float, back to float32 -- no integer conversion anywhere on the way."""
-    import trtcore.cuda as tc
-    from trtcore.cuda.builder import compile_network
-
     for strategy, scale in (("channel", None), ("tensor", 2.0 / 448)):
-        net, _ = _qdq_net(tc, strategy, scale)
-        b = tc.Builder(tc.Logger(tc.Logger.ERROR))
-        cfg = b.create_builder_config()
-        prof = b.create_optimization_profile()
-        prof.set_shape("x", (1, 64), (16, 64), (64, 64))
-        cfg.add_optimization_profile(prof)
-        plan = compile_network(net, cfg, None, arch=None)
+        plan = _qdq_plan(strategy, scale, opt=16, most=64)
         bodies = [ks.source.split(codegen.PREAMBLE, 1)[-1] for ks in plan.sources.values()]
         rounding = [line for body in bodies for line in body.splitlines() if "rnd_e4m3(" in line]
         assert rounding, "no E4M3 rounding in the Q/DQ linear's kernels"

@@ -42,10 +42,10 @@ class _CaptureFirstRun:
         return getattr(self.inner, name)
 
     def run(self, feeds: Any, capture: Any = ()) -> Any:
-        if self.captured is not None or not self.at_run_time:
-            out = self.inner.run(feeds, capture=capture) if self.at_run_time else self.inner.run(feeds)
+        if not self.at_run_time:  # an engine built with them as outputs: they come with every run
+            out = self.inner.run(feeds)
         else:
-            out = self.inner.run(feeds, capture=self.names)
+            out = self.inner.run(feeds, capture=self.names if self.captured is None else capture)
         if self.captured is None:
             self.captured = {n: np.asarray(self.inner.to_host(out[n], n)) for n in self.names}
         return out
