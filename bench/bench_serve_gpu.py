@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -38,6 +39,9 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve_overhead import cpu_seconds, mean_ms, server_metrics  # noqa: E402
 
 
 def _trtcore(*args: str) -> list[str]:
@@ -101,15 +105,25 @@ def start_server(model: str, backend: str, max_batch_size: int, max_seq_len: int
     raise RuntimeError(f"trtcore serve did not get healthy in 600 s: {log.read_text()[-2000:]}")
 
 
-def load(url: str, model: str, concurrency: int, num_prompts: int, input_len: int, output_len: int, out: Path) -> dict[str, Any]:
-    """``trtcore bench serve`` at ``--max-concurrency concurrency``; its report."""
+def load(url: str, model: str, concurrency: int, num_prompts: int, input_len: int, output_len: int, out: Path, server_pid: int) -> dict[str, Any]:
+    """``trtcore bench serve`` at ``--max-concurrency concurrency``; its report, with where the
+    time went: ``client_cpu_s`` (the load generator process), ``server_cpu_s`` (the server
+    process, all its threads) and the server's own mean queue time and TTFT over the run
+    (``server_queue_time_mean_ms``, ``server_ttft_mean_ms``: its ``/metrics`` histograms)."""
     path = out / f"serve-c{concurrency}.json"
     cmd = _trtcore(
         "bench", "serve", "--base-url", url, "--max-concurrency", str(concurrency), "--num-prompts", str(num_prompts),
         "--input-len", str(input_len), "--output-len", str(output_len), "--tokenizer", model, "--ignore-eos", "--json", str(path),
     )  # fmt: skip
+    m0, server0, client0 = server_metrics(url), cpu_seconds(server_pid), resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(cmd, check=True)
-    return json.loads(path.read_text())
+    m1, server1, client1 = server_metrics(url), cpu_seconds(server_pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+    report = json.loads(path.read_text())
+    report["client_cpu_s"] = (client1.ru_utime + client1.ru_stime) - (client0.ru_utime + client0.ru_stime)
+    report["server_cpu_s"] = server1 - server0
+    report["server_queue_time_mean_ms"] = mean_ms(m0, m1, "request_queue_time")
+    report["server_ttft_mean_ms"] = mean_ms(m0, m1, "time_to_first_token")
+    return report
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -163,7 +177,7 @@ def main() -> int:
     try:
         for row in rows:
             c = row["concurrency"]
-            rep = load(url, model, c, n[c], args.input_len, args.output_len, out)
+            rep = load(url, model, c, n[c], args.input_len, args.output_len, out, proc.pid)
             row.update({k: v for k, v in rep.items() if not isinstance(v, list)})
             row["offline_output_throughput"] = row["offline"]["output_throughput"]
             row["served_over_offline"] = row["output_throughput"] / row["offline_output_throughput"]
@@ -178,12 +192,17 @@ def main() -> int:
     (out / "serve_gpu.json").write_text(json.dumps(report, indent=1) + "\n")
     plot(rows, out / "serve_gpu.png")
     print(f"\ntrtcore serve, {Path(model).name} on {args.backend}, {args.input_len} in / {args.output_len} out, greedy, EOS ignored")
-    print(f"{'clients':>7} {'reqs':>5} {'tok/s':>9} {'offline':>9} {'ratio':>6} {'TTFT p50/p99 ms':>17} {'TPOT p50/p99 ms':>17} {'ITL p99':>8} {'E2E p99':>8}")
+    print(
+        f"{'clients':>7} {'reqs':>5} {'tok/s':>9} {'offline':>9} {'ratio':>6} {'TTFT p50/p99 ms':>17} {'TPOT p50/p99 ms':>17} {'ITL p99':>8} {'E2E p99':>8}"
+        f" {'client/server cores':>19} {'server TTFT/queue ms':>20}"
+    )
     for r in rows:
         print(
             f"{r['concurrency']:>7} {r['completed']:>5} {r['output_throughput']:>9.1f} {r['offline_output_throughput']:>9.1f} "
             f"{r['served_over_offline']:>6.2f} {r['median_ttft_ms']:>8.2f}/{r['p99_ttft_ms']:<8.2f} "
             f"{r['median_tpot_ms']:>8.3f}/{r['p99_tpot_ms']:<8.3f} {r['p99_itl_ms']:>8.3f} {r['p99_e2el_ms']:>8.1f}"
+            f" {r['client_cpu_s'] / r['duration']:>9.2f}/{r['server_cpu_s'] / r['duration']:<9.2f}"
+            f" {r['server_ttft_mean_ms']:>9.2f}/{r['server_queue_time_mean_ms']:<9.2f}"
         )
     print(f"server exit status after SIGTERM: {rc}")
     return 0 if rc == 0 and all(r["failed"] == 0 for r in rows) else 1

@@ -141,18 +141,31 @@ def serve_stand_in(step_s: float, host_s: float, max_batch_size: int, switch_int
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of process ``pid`` (all its threads) and of its live
+    descendants (an engine-core child process), from ``/proc``."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):  # gone meanwhile
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def server_metrics(url: str) -> dict[str, float]:
     """The ``_sum`` and ``_count`` samples of the server's ``/metrics``."""
-    import httpx
+    import urllib.request
+
     from prometheus_client.parser import text_string_to_metric_families
 
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
     out = {}
-    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+    for fam in text_string_to_metric_families(text):
         for smp in fam.samples:
             if smp.name.endswith(("_sum", "_count")):
                 out[smp.name.removeprefix("trtcore:")] = smp.value

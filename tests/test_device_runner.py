@@ -56,6 +56,7 @@ def _runner(
     deferred: bool = False,
     pad_eager_steps: bool = True,
     eager_graphs: bool | None = None,
+    capture_eager_shapes: bool = True,
     **plan: Any,
 ) -> DeviceRunner:
     d = hf_models.dir(name)
@@ -74,6 +75,7 @@ def _runner(
         enforce_eager=enforce_eager,
         pad_eager_steps=pad_eager_steps,
         eager_graphs=eager_graphs,
+        capture_eager_shapes=capture_eager_shapes,
     )
 
 
@@ -402,22 +404,22 @@ def _serve_arrivals(core: Any, reqs: list[Request], arrivals: tuple[list[int], .
     return [list(r.output_token_ids) for r in reqs]
 
 
-@pytest.mark.parametrize("enforce_eager", [False, True])
-def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool) -> None:  # noqa: F811
+@pytest.mark.parametrize(("enforce_eager", "capture"), [(False, False), (False, True), (True, True)])
+def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool, capture: bool) -> None:  # noqa: F811
     """Prefill and mixed steps padded to token / sequence buckets (padding rows of several
     tokens on the scratch block, poisoned with NaN first) give the real sequences the logits
     and tokens of the same steps unpadded (within float32 rounding: the GEMMs see more rows),
     write the pool outside the scratch block as those do, and meet only the runner's
-    ``eager_shapes``; the same arrivals twice more: the padded steps are captured at their
-    second run and replayed from those graphs at the third (none with ``enforce_eager``), with
-    the same results."""
+    ``eager_shapes``, three times over the same arrivals. Graphs (none with ``enforce_eager``):
+    captured at start-up (``capture``), every padded step replays one from the first time
+    on; else a padded step is captured at its second run and replayed from the third on."""
     v = VARIANTS[NAME]
     rng = np.random.default_rng()
     prompts = [random_prompt(rng, int(n), v.vocab_size) for n in rng.integers(2, 30, size=5)]
     runs = []
     for pad in (True, False):
         runner = _runner(
-            hf_models, pad_eager_steps=pad, enforce_eager=enforce_eager, eager_graphs=True
+            hf_models, pad_eager_steps=pad, enforce_eager=enforce_eager, eager_graphs=True, capture_eager_shapes=capture
         )  # asked: HostEngine's contexts are TensorRT-like
         dev = runner.device
         assert isinstance(dev, HostDevice)
@@ -441,15 +443,19 @@ def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool) 
 
         runner.execute, runner.sample = run, read  # type: ignore[method-assign]
         core = make_device_engine(runner, runner.mode, async_scheduling=False)
-        tokens = []
+        tokens, replays = [], []  # eager graph replays after each pass
         for again in range(3):
             params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
             reqs = [Request((again, i), p, params, frozenset()) for i, p in enumerate(prompts)]
             tokens += _serve_arrivals(core, reqs, ([0, 1], [], [2], [3, 4]))  # arrivals between steps: mixed prefill + decode steps
-            if again == 1:  # the shapes met twice now: captured, not yet replayed
-                replays = runner.num_eager_graph_replays
+            replays.append(runner.num_eager_graph_replays)
         runs.append((runner, logits, eager, tokens, pool[:, : runner.scratch_block].copy()))
-        assert (runner.num_eager_graph_replays > replays) == (pad and not enforce_eager)
+        graphs = pad and not enforce_eager
+        if capture:  # every padded eager step that samples replays its graph, from the first pass on
+            assert replays[0] == replays[1] - replays[0] == replays[2] - replays[1] and (replays[0] > 0) == graphs
+            assert len(runner._eager_graphs) == (len(runner.eager_shapes) if graphs else 0)
+        else:  # captured at the second run (its warm-up the first), replayed from the third on
+            assert replays[1] == 0 and (replays[2] > 0) == graphs
     (padded, lp, ep, tp, pp), (plain, lu, eu, tu, pu) = runs
     assert tp == tu and tp[:5] == tp[5:10] == tp[10:]
     assert len(lp) == len(lu) and all(np.isfinite(a).all() for a in lp)
@@ -474,7 +480,8 @@ def test_a_step_that_fills_the_token_budget_still_pads(hf_models: Any) -> None: 
     assert _runner(hf_models, max_batch_size=8, pad_eager_steps=False).token_headroom == 0
 
 
-def test_eager_graph_replays_under_asynchronous_scheduling_on_a_lagging_device(hf_models: Any) -> None:  # noqa: F811
+@pytest.mark.parametrize("capture", [False, True])
+def test_eager_graph_replays_under_asynchronous_scheduling_on_a_lagging_device(hf_models: Any, capture: bool) -> None:  # noqa: F811
     """Requests arriving between steps with two steps in flight on a device that runs work
     only when waited for (a host buffer rewritten too early shows up as wrong tokens): padded
     eager steps replayed from their graphs give the tokens of the unpadded eager steps."""
@@ -483,7 +490,7 @@ def test_eager_graph_replays_under_asynchronous_scheduling_on_a_lagging_device(h
     prompts = [random_prompt(rng, int(n), v.vocab_size) for n in rng.integers(2, 30, size=6)]
     got = []
     for pad in (True, False):
-        runner = _runner(hf_models, pad_eager_steps=pad, deferred=True, eager_graphs=True)
+        runner = _runner(hf_models, pad_eager_steps=pad, deferred=True, eager_graphs=True, capture_eager_shapes=capture)
         core = make_device_engine(runner, runner.mode, async_scheduling=True)
         tokens = []
         for again in range(3):

@@ -40,10 +40,12 @@ their own (shapes set per step), padded too (:func:`padded_step_shape`): their t
 power of two (:func:`token_buckets`), their sequences to a batch bucket, the padding tokens
 in padding rows that read and write only the scratch block (:func:`fill_step`), so that the
 eager context meets a few shape combinations only (the cuda engine prepares the launch list
-of each new one on the host, milliseconds; ``warm_eager`` prepares them all at start-up). A
-padded shape that recurs is captured into a graph per host side right after its second eager
-run (its warm-up), like a decode bucket's; later steps of that shape that sample a token replay
-it (``eager_graphs``): the host launches one graph instead of every kernel, GEMM and plugin call.
+of each new one on the host, milliseconds; ``warm_eager`` prepares them all at start-up).
+Where the context allows it (``eager_graphs``), every padded shape is captured at start-up
+into a graph per host side, like a decode bucket's (``capture_eager_shapes``; else a shape is
+captured right after its second eager run); the steps of that shape that sample a token replay
+it: the host launches one graph instead of every kernel, GEMM and plugin call (an eager run of
+SmolLM2-135M's prefill is 8-15 ms of host Python, ``bench/results/cpu-2026-12-02-eager-steps``).
 ``enforce_eager=True`` runs every step eagerly, decode steps still padded to their bucket.
 
 **Sampling** on the device (:class:`~trtcore.runtime.request_sampler.RequestSampler` over the
@@ -480,13 +482,18 @@ class DeviceRunner:
             exact sizes.
         warm_eager: prepare the eager context's launches for every padded shape at start-up
             (where the engine's context can, the cuda backend's: ``prepare_launches``).
-        eager_graphs: capture a padded eager shape's step into CUDA graphs (one per host
-            side) right after its second eager run (its warm-up; a shape met once is never
-            captured), and replay them for the later steps of that shape that sample a token
-            (None: on for the cuda engine's contexts, whose prepared launches stay as they are
-            when the context meets other shapes, unless ``enforce_eager`` or the environment's
-            ``TRTCORE_EAGER_GRAPHS=0``; off for TensorRT's, whose rule is one execution context
-            per graph).
+        eager_graphs: capture padded eager shapes' steps into CUDA graphs (one per host
+            side) and replay them for the steps of that shape that sample a token (None: on
+            for the cuda engine's contexts, whose prepared launches stay as they are when the
+            context meets other shapes, unless ``enforce_eager`` or the environment's
+            ``TRTCORE_EAGER_GRAPHS=0``; off for TensorRT's, whose rule is one execution
+            context per graph).
+        capture_eager_shapes: with ``eager_graphs``, capture every shape of
+            :attr:`eager_shapes` at start-up (a warm-up run on padding rows, then the
+            capture, as a decode bucket's), so that no step of a server pays an eager run's
+            host work (milliseconds: every kernel, GEMM and plugin call launched from Python)
+            or a capture; False captures a shape right after its second eager run (its
+            warm-up; a shape met once is never captured).
         weights_bytes: device bytes the engine's weights took (for the report; measured by
             the caller around deserialization).
 
@@ -519,6 +526,7 @@ class DeviceRunner:
         pad_eager_steps: bool = True,
         warm_eager: bool = True,
         eager_graphs: bool | None = None,
+        capture_eager_shapes: bool = True,
         weights_bytes: int = 0,
     ) -> None:
         self.engine = engine
@@ -635,6 +643,8 @@ class DeviceRunner:
         self._capture_all()
         if warm_eager and self.pad_eager_steps:
             self._warm_eager()
+        if capture_eager_shapes and self.eager_graphs:
+            self._capture_eager_shapes()
         self.device.synchronize()
         for line in self.memory_report():
             _log.info("%s", line)
@@ -687,11 +697,7 @@ class DeviceRunner:
             self.device.synchronize()
             if self.enforce_eager:
                 continue
-            g.graphs = self._capture_step(g.context, g.layout, g.size)
-            for side, graph in enumerate(g.graphs):
-                padding = self.sampler.enqueue([], self.logits_ptr, self.vocab_size, side=side, rows=g.size)
-                self.device.launch_graph(graph)
-                self.sampler.kernel.result(padding.ticket)  # waits; nothing to read
+            g.graphs = self._capture_uploaded(g.context, g.layout, g.size)
 
     def _capture_step(self, ctx: Any, layout: StepLayout, rows: int) -> list[Any]:
         """Per host side, a graph of one whole step on ``ctx`` (TensorRT: captured after a
@@ -708,6 +714,16 @@ class DeviceRunner:
             finally:
                 graph = self.device.end_capture()
             graphs.append(graph)
+        return graphs
+
+    def _capture_uploaded(self, ctx: Any, layout: StepLayout, rows: int) -> list[Any]:
+        """:meth:`_capture_step`, then each graph replayed once on the padding rows staged
+        (its first upload to the device happens here, not in a step)."""
+        graphs = self._capture_step(ctx, layout, rows)
+        for side, graph in enumerate(graphs):
+            padding = self.sampler.enqueue([], self.logits_ptr, self.vocab_size, side=side, rows=rows)
+            self.device.launch_graph(graph)
+            self.sampler.kernel.result(padding.ticket)  # waits; nothing to read
         return graphs
 
     def _warm_eager(self) -> None:
@@ -727,6 +743,27 @@ class DeviceRunner:
             self._bind_inputs(self.eager, layout)
             prepare()
         _log.info("prepared %d eager step shapes in %.2f s", len(self.eager_shapes), time.perf_counter() - t0)
+
+    def _capture_eager_shapes(self) -> None:
+        """Capture the step of every padded eager shape (``capture_eager_shapes``): staged with
+        padding rows only (they touch only the scratch block), run once eagerly (the warm-up
+        TensorRT's capture rules ask for, which also prepares the cuda engine's launches), then
+        captured per host side and each graph replayed once (its upload), as
+        :meth:`_capture_all` does for the decode buckets."""
+        empty = cast(StepBatch, _Empty())
+        t0 = time.perf_counter()
+        for T, B in self.eager_shapes:
+            layout, views = self._eager_layout(T, B)
+            for v in views:
+                fill_step(v, empty, self.scratch_block, None, self.max_row_tokens)
+            self._copy_inputs(layout)
+            self._set_eager_shapes(layout)
+            self._bind_inputs(self.eager, layout)
+            self._run(self.eager, layout)
+            self.device.synchronize()
+            self._eager_graphs[(T, B)] = self._capture_uploaded(self.eager, layout, B)
+        self._filled = [None, None]  # the staging holds eager layouts now
+        _log.info("captured %d eager step shapes in %.2f s", len(self.eager_shapes), time.perf_counter() - t0)
 
     # steps ---------------------------------------------------------------------------------
     def _eager_layout(self, T: int, B: int) -> tuple[StepLayout, list[dict[str, np.ndarray]]]:
