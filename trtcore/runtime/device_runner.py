@@ -545,12 +545,18 @@ class DeviceRunner:
         self.token_buckets = token_buckets(self.max_num_tokens)
         #: most tokens one padding row of an eager step holds (every column the scratch block)
         self.max_row_tokens = self.max_blocks * int(plan.block_size)
+        # a shape of more tokens than its rows hold (T > B x max_row_tokens, e.g. one sequence
+        # of max_num_tokens new tokens beyond max_seq_len) is never a step: left out
         self.eager_shapes = sorted(
             {
-                padded_step_shape(t, b, self.token_buckets, self.buckets, self.max_row_tokens)
-                for t in self.token_buckets
-                for b in self.buckets
-                if b <= t
+                (T, B)
+                for T, B in (
+                    padded_step_shape(t, b, self.token_buckets, self.buckets, self.max_row_tokens)
+                    for t in self.token_buckets
+                    for b in self.buckets
+                    if b <= t
+                )
+                if T <= B * self.max_row_tokens
             }
         )
         self.last_eager_shape: tuple[int, int] | None = None
