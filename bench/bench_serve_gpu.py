@@ -8,7 +8,10 @@ One process tree, one GPU, one model (the default model, or ``--model DIR``):
 2. ``trtcore serve`` started as a real process (``--port 0``, its announced port read from its
    stderr), waited on until ``GET /health`` answers 200;
 3. ``trtcore bench serve`` against it at each ``--concurrency`` (``--max-concurrency``; random
-   prompts of exactly ``--input-len`` tokens, ``ignore_eos``, greedy), vLLM's metrics;
+   prompts of exactly ``--input-len`` tokens, ``ignore_eos``, greedy; ``--prompts-per-client``
+   requests per client; ``--client-workers`` load-generating processes, so that the client's
+   own CPU is not what is measured), vLLM's metrics, with the client's and the server's CPU
+   time and the server's own TTFT and queue time;
 4. SIGTERM to the server (it drains and must exit 0).
 
 The served output tok/s over the offline tok/s at the same concurrency is the server's overhead
@@ -105,7 +108,7 @@ def start_server(model: str, backend: str, max_batch_size: int, max_seq_len: int
     raise RuntimeError(f"trtcore serve did not get healthy in 600 s: {log.read_text()[-2000:]}")
 
 
-def load(url: str, model: str, concurrency: int, num_prompts: int, input_len: int, output_len: int, out: Path, server_pid: int) -> dict[str, Any]:
+def load(url: str, model: str, concurrency: int, num_prompts: int, input_len: int, output_len: int, out: Path, server_pid: int, workers: int = 1) -> dict[str, Any]:
     """``trtcore bench serve`` at ``--max-concurrency concurrency``; its report, with where the
     time went: ``client_cpu_s`` (the load generator process), ``server_cpu_s`` (the server
     process, all its threads) and the server's own mean queue time and TTFT over the run
@@ -114,6 +117,7 @@ def load(url: str, model: str, concurrency: int, num_prompts: int, input_len: in
     cmd = _trtcore(
         "bench", "serve", "--base-url", url, "--max-concurrency", str(concurrency), "--num-prompts", str(num_prompts),
         "--input-len", str(input_len), "--output-len", str(output_len), "--tokenizer", model, "--ignore-eos", "--json", str(path),
+        "--num-workers", str(workers),
     )  # fmt: skip
     m0, server0, client0 = server_metrics(url), cpu_seconds(server_pid), resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(cmd, check=True)
@@ -163,7 +167,10 @@ def main() -> int:
     ap.add_argument("--concurrency", default="1,8,32,128")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--prompts-per-client", type=int, default=4, help="requests per concurrent client (at least 32 in all)")
+    ap.add_argument("--prompts-per-client", type=int, default=8, help="requests per concurrent client (at least 32 in all)")
+    ap.add_argument(
+        "--client-workers", type=int, default=4, help="load-generating processes (bench serve --num-workers), at most the clients (default 4)"
+    )
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -177,7 +184,7 @@ def main() -> int:
     try:
         for row in rows:
             c = row["concurrency"]
-            rep = load(url, model, c, n[c], args.input_len, args.output_len, out, proc.pid)
+            rep = load(url, model, c, n[c], args.input_len, args.output_len, out, proc.pid, min(c, args.client_workers))
             row.update({k: v for k, v in rep.items() if not isinstance(v, list)})
             row["offline_output_throughput"] = row["offline"]["output_throughput"]
             row["served_over_offline"] = row["output_throughput"] / row["offline_output_throughput"]

@@ -156,6 +156,15 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def client_cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its children that ended (the load
+    generator's worker processes; the server, still running, is not among them)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def server_metrics(url: str) -> dict[str, float]:
     """The ``_sum`` and ``_count`` samples of the server's ``/metrics``."""
     import urllib.request
@@ -212,6 +221,7 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--switch-interval-ms", type=float, help="(experiment) the server's sys.setswitchinterval")
+    ap.add_argument("--num-workers", type=int, default=1, help="load-generating processes (trtcore bench serve --num-workers; at most the clients)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--label", default="", help="a note stored in the JSON (e.g. the commit)")
     args = ap.parse_args()
@@ -228,16 +238,18 @@ def main() -> None:
         for c in (int(x) for x in args.concurrency.split(",")):
             n = max(32, args.prompts_per_client * c)
             prompts = random_prompts(n, args.input_len, args.output_len, np.random.default_rng(0))
+            workers = min(c, args.num_workers)
             asyncio.run(benchmark(url, prompts[: min(n, c)], max_concurrency=c, ignore_eos=True))  # warm-up
-            cpu0, client0, m0 = cpu_seconds(proc.pid), time.process_time(), server_metrics(url)
-            rep = asyncio.run(benchmark(url, prompts, max_concurrency=c, ignore_eos=True))
-            cpu, client, m1 = cpu_seconds(proc.pid) - cpu0, time.process_time() - client0, server_metrics(url)
+            cpu0, client0, m0 = cpu_seconds(proc.pid), client_cpu_seconds(), server_metrics(url)
+            rep = asyncio.run(benchmark(url, prompts, max_concurrency=c, ignore_eos=True, num_workers=workers))
+            cpu, client, m1 = cpu_seconds(proc.pid) - cpu0, client_cpu_seconds() - client0, server_metrics(url)
             if rep["completed"] != n:
                 raise RuntimeError(f"{n - rep['completed']} requests failed: {next(e for e in rep['errors'] if e)}")
             off = offline_tok_s(c, n, args.output_len, args.step_ms / 1e3, args.host_ms / 1e3)
             row = {
                 "concurrency": c,
                 "num_prompts": n,
+                "client_workers": workers,
                 "served_output_tok_s": rep["output_throughput"],
                 "stand_in_tok_s": off,
                 "ratio": rep["output_throughput"] / off,

@@ -136,12 +136,14 @@ def _reference_summary(values_s, name, percentiles=(90, 99)) -> dict:
     return out
 
 
-@pytest.mark.parametrize("endpoint", bs.ENDPOINTS)
-def test_times_match_the_servers_chunks(fake, endpoint):
+@pytest.mark.parametrize(("endpoint", "workers"), [(bs.ENDPOINTS[0], 1), (bs.ENDPOINTS[1], 1), (bs.ENDPOINTS[0], 3)])
+def test_times_match_the_servers_chunks(fake, endpoint, workers):
     """TTFT, ITL and E2EL equal the server's send times (within the socket's latency); the
-    chat role chunk (no content) is not the first token; usage gives the token counts."""
+    chat role chunk (no content) is not the first token; usage gives the token counts. With
+    3 load-generating processes the same (their clock is this process's: CLOCK_MONOTONIC)."""
     fake.tokens_per_chunk = 2  # usage says twice the chunks: TPOT divides by usage tokens - 1
-    r = _run(fake, 6, endpoint=endpoint)
+    r = _run(fake, 6, endpoint=endpoint, num_workers=workers)
+    assert r["num_workers"] == workers
     assert r["completed"] == 6 and r["failed"] == 0 and len(fake.records) == 6
     assert r["model_id"] == "fake-model"  # from GET /v1/models
     assert r["output_lens"] == [10] * 6 and r["input_lens"] == [7] * 6  # usage, not chunk or word counts
@@ -167,10 +169,11 @@ def test_times_match_the_servers_chunks(fake, endpoint):
         assert math.isclose(r[q], v, rel_tol=1e-9), q
 
 
-def test_aggregates_follow_their_definitions(fake):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_aggregates_follow_their_definitions(fake, workers):
     """Means, medians and percentiles of the per-request arrays (NumPy, here); throughputs over
     the duration; percentiles ordered."""
-    r = _run(fake, 8, max_concurrency=4)
+    r = _run(fake, 8, max_concurrency=4, num_workers=workers)
     itl = [x for xs in r["itls"] for x in xs]
     per = {"ttft": r["ttfts"], "itl": itl, "e2el": r["e2els"]}
     for name, values in per.items():
@@ -227,9 +230,11 @@ def test_goodput_counts_requests_within_the_slos(fake):
     assert sorted(r["ttfts"])[-slow] >= fake.slow_delay
 
 
-def test_max_concurrency_is_respected(fake):
-    """The server never sees more than --max-concurrency requests at once, and sees that many."""
-    r = _run(fake, 12, max_concurrency=3)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_max_concurrency_is_respected(fake, workers):
+    """The server never sees more than --max-concurrency requests at once, and sees that many
+    (2 workers: shares of 2 and 1)."""
+    r = _run(fake, 12, max_concurrency=3, num_workers=workers)
     assert r["completed"] == 12 and len(fake.records) == 12
     assert fake.max_in_flight == 3 and r["max_concurrent_requests"] == 3
 
@@ -240,10 +245,12 @@ def test_unbounded_rate_sends_all_at_once(fake):
     assert max(r["start_times"]) < SLACK_S + 0.2  # nothing waited for an arrival or a slot
 
 
-def test_requests_follow_the_arrival_schedule(fake):
-    """Each request is sent at its Poisson arrival time (seeded), not before."""
+@pytest.mark.parametrize("workers", [1, 3])
+def test_requests_follow_the_arrival_schedule(fake, workers):
+    """Each request is sent at its Poisson arrival time (seeded), not before; spread over 3
+    processes, each keeps its own time and comes back in its place."""
     rate, n, seed = 20.0, 12, 5
-    r = _run(fake, n, request_rate=rate, seed=seed)
+    r = _run(fake, n, request_rate=rate, seed=seed, num_workers=workers)
     expected = bs.arrival_times(n, rate, 1.0, np.random.default_rng(seed))
     starts = np.array(r["start_times"])
     assert np.all(starts >= expected - 1e-3)
@@ -333,6 +340,8 @@ def test_cli_errors(fake, capsys):
         assert "--metric-percentiles" in capsys.readouterr().err
     assert main(["bench", "serve", "--base-url", _url(fake), "--max-concurrency", "0"]) == 2
     assert "--max-concurrency" in capsys.readouterr().err
+    assert main(["bench", "serve", "--base-url", _url(fake), "--num-workers", "0"]) == 2
+    assert "--num-workers" in capsys.readouterr().err
     # nothing listens on port 1: every request fails, the run is an error naming the first
     assert main(["bench", "serve", "--base-url", "http://127.0.0.1:1", "--model", "m", "--num-prompts", "2"]) == 2
     assert "no request completed" in capsys.readouterr().err

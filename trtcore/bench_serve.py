@@ -375,6 +375,137 @@ async def _first_model(client: Any, base_url: str) -> str:
         raise TrtcoreError(f"{base_url}/v1/models gave no model ({type(exc).__name__}: {exc}); pass --model") from exc
 
 
+@dataclass
+class _Job:
+    """What one load-generating process sends (picklable: it travels to worker processes)."""
+
+    url: str
+    model: str
+    endpoint: str
+    prompts: list[Prompt]
+    sends: list[float]  # arrival offsets, seconds after the start
+    max_concurrency: int | None
+    ignore_eos: bool
+    temperature: float
+    tokenizer: Any
+    timeout_s: float
+
+    def share(self, i: int, n: int) -> _Job:
+        """Worker ``i`` of ``n``'s part: every ``n``-th request from the ``i``-th, at its own
+        arrival time, and its share of ``max_concurrency`` (the shares add up to it)."""
+        c = self.max_concurrency
+        share = None if c is None else c // n + (i < c % n)
+        return _Job(
+            self.url,
+            self.model,
+            self.endpoint,
+            self.prompts[i::n],
+            self.sends[i::n],
+            share,
+            self.ignore_eos,
+            self.temperature,
+            self.tokenizer,
+            self.timeout_s,
+        )
+
+
+def _session(aiohttp: Any, timeout_s: float) -> Any:
+    connector = aiohttp.TCPConnector(limit=0)  # no pool limit: the concurrency is the semaphore's
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s))
+
+
+async def _send(client: Any, job: _Job, t0: float) -> tuple[list[RequestOutput], int]:
+    """Send ``job``'s requests at ``t0`` plus their arrival times (``time.perf_counter()``
+    seconds), at most ``max_concurrency`` in flight; their outputs in order and the most in
+    flight at once."""
+    semaphore = asyncio.Semaphore(job.max_concurrency) if job.max_concurrency else None
+    in_flight, peak = 0, 0
+
+    async def one(prompt: Prompt, at: float) -> RequestOutput:
+        nonlocal in_flight, peak
+        await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+        body = _payload(job.endpoint, job.model, prompt, job.ignore_eos, job.temperature)
+        if semaphore is not None:
+            await semaphore.acquire()
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await _request(client, job.url, body, prompt, t0, job.tokenizer)
+        finally:
+            in_flight -= 1
+            if semaphore is not None:
+                semaphore.release()
+
+    outputs = await asyncio.gather(*(one(p, at) for p, at in zip(job.prompts, job.sends)))
+    return list(outputs), peak
+
+
+def _worker(job: _Job, index: int, barrier: Any, results: Any) -> None:
+    """A load-generating process: its own event loop and HTTP client; starts sending when
+    every worker is ready (``barrier``), puts ``(index, t0, end, outputs, peak)`` or
+    ``(index, error)`` on ``results`` (times: ``time.perf_counter()``, one clock for every
+    process of the machine: ``CLOCK_MONOTONIC``)."""
+
+    async def main() -> tuple[float, float, list[RequestOutput], int]:
+        async with _session(_aiohttp(), job.timeout_s) as client:
+            barrier.wait(timeout=120)
+            t0 = time.perf_counter()
+            outputs, peak = await _send(client, job, t0)
+            return t0, time.perf_counter(), outputs, peak
+
+    try:
+        results.put((index, *asyncio.run(main())))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        results.put((index, f"{type(exc).__name__}: {exc}"))
+
+
+def _run_workers(job: _Job, n: int) -> tuple[list[RequestOutput], int, float]:
+    """``job`` over ``n`` worker processes (:meth:`_Job.share`); the outputs in the order of
+    ``job.prompts`` with ``start`` relative to the common start, the sum of the workers'
+    peaks in flight, and the duration (common start to the last response).
+
+    Raises:
+        TrtcoreError: a worker failed or did not report within its timeout.
+    """
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")  # no fork of a process that may hold threads or an event loop
+    barrier, results = ctx.Barrier(n + 1), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(job.share(i, n), i, barrier, results), daemon=True) for i in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        try:
+            barrier.wait(timeout=120)
+        except Exception as exc:  # BrokenBarrierError: a worker died before it was ready
+            raise TrtcoreError(f"a load-generating worker did not start: {type(exc).__name__}") from exc
+        t0 = time.perf_counter()
+        got: dict[int, tuple[Any, ...]] = {}
+        while len(got) < n:
+            try:
+                item = results.get(timeout=job.timeout_s + 60)
+            except queue.Empty:
+                raise TrtcoreError(f"{n - len(got)} load-generating workers did not report in {job.timeout_s + 60:.0f} s") from None
+            if len(item) == 2:
+                raise TrtcoreError(f"load-generating worker {item[0]} failed: {item[1]}")
+            got[item[0]] = item[1:]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    outputs: list[RequestOutput | None] = [None] * len(job.prompts)
+    peak, end = 0, t0
+    for i, (w0, w_end, outs, w_peak) in got.items():
+        for k, o in enumerate(outs):
+            o.start += w0 - t0
+            outputs[i + k * n] = o
+        peak += w_peak
+        end = max(end, w_end)
+    return [o for o in outputs if o is not None], peak, end - t0
+
+
 async def benchmark(
     base_url: str,
     prompts: Sequence[Prompt],
@@ -391,47 +522,49 @@ async def benchmark(
     seed: int = 0,
     tokenizer: Any = None,
     timeout_s: float = 6 * 3600,
+    num_workers: int = 1,
 ) -> dict[str, Any]:
     """Send ``prompts`` to ``base_url + endpoint`` as the module docstring describes and return
     the report: the run's settings, :func:`calculate_metrics`'s metrics, ``max_concurrent_requests``
     (the most in flight at once) and per request ``input_lens``, ``output_lens``, ``start_times``,
     ``ttfts``, ``itls``, ``e2els`` (seconds) and ``errors``.
 
+    ``num_workers`` > 1 spreads the requests over that many load-generating processes (each its
+    own event loop and HTTP client; request ``i`` goes to worker ``i % num_workers`` at its
+    own arrival time, and ``max_concurrency`` is split between them): one Python client
+    process keeps up with about 30k streamed tokens a second per core (33 us of CPU a token,
+    ``bench/results/cpu-2026-12-02-serve-client/``), so a faster server needs more than one to
+    be measured rather than the client. ``max_concurrent_requests`` is then the sum of the
+    workers' peaks.
+
     Raises:
-        InvalidArgumentError: an unknown ``endpoint`` or a ``max_concurrency`` below 1.
-        TrtcoreError: aiohttp is missing, or no ``model`` and the server lists none.
+        InvalidArgumentError: an unknown ``endpoint``, a ``max_concurrency`` or ``num_workers``
+            below 1.
+        TrtcoreError: aiohttp is missing, no ``model`` and the server lists none, or a worker
+            process failed.
     """
     if endpoint not in ENDPOINTS:
         raise InvalidArgumentError(f"--endpoint {endpoint!r}: expected one of {', '.join(ENDPOINTS)}")
     if max_concurrency is not None and max_concurrency < 1:
         raise InvalidArgumentError(f"--max-concurrency must be >= 1, got {max_concurrency}")
+    if num_workers < 1:
+        raise InvalidArgumentError(f"--num-workers must be >= 1, got {num_workers}")
     aiohttp = _aiohttp()
     base_url = base_url.rstrip("/")
-    sends = arrival_times(len(prompts), request_rate, burstiness, np.random.default_rng(seed))
-    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    in_flight, peak = 0, 0
-    connector = aiohttp.TCPConnector(limit=0)  # no pool limit: the concurrency is the semaphore's
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as client:
-        model = model or await _first_model(client, base_url)
-
-        async def one(prompt: Prompt, at: float) -> RequestOutput:
-            nonlocal in_flight, peak
-            await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-            body = _payload(endpoint, model, prompt, ignore_eos, temperature)
-            if semaphore is not None:
-                await semaphore.acquire()
-            in_flight += 1
-            peak = max(peak, in_flight)
-            try:
-                return await _request(client, base_url + endpoint, body, prompt, t0, tokenizer)
-            finally:
-                in_flight -= 1
-                if semaphore is not None:
-                    semaphore.release()
-
-        t0 = time.perf_counter()
-        outputs = await asyncio.gather(*(one(p, float(at)) for p, at in zip(prompts, sends)))
-        duration = time.perf_counter() - t0
+    sends = [float(at) for at in arrival_times(len(prompts), request_rate, burstiness, np.random.default_rng(seed))]
+    job = _Job(base_url + endpoint, "", endpoint, list(prompts), sends, max_concurrency, ignore_eos, temperature, tokenizer, timeout_s)
+    workers = min(num_workers, len(prompts), max_concurrency or len(prompts))
+    if workers <= 1:
+        async with _session(aiohttp, timeout_s) as client:
+            job.model = model or await _first_model(client, base_url)
+            t0 = time.perf_counter()
+            outputs, peak = await _send(client, job, t0)
+            duration = time.perf_counter() - t0
+    else:
+        async with _session(aiohttp, timeout_s) as client:
+            job.model = model or await _first_model(client, base_url)
+        outputs, peak, duration = await asyncio.get_running_loop().run_in_executor(None, _run_workers, job, workers)
+    model = job.model
     return {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "base_url": base_url,
@@ -444,6 +577,7 @@ async def benchmark(
         "goodput_slos_ms": goodput or None,
         **calculate_metrics(outputs, duration, goodput, percentiles),
         "max_concurrent_requests": peak,
+        "num_workers": max(workers, 1),
         "input_lens": [o.prompt_len for o in outputs],
         "output_lens": [o.output_tokens for o in outputs],
         "start_times": [o.start for o in outputs],
@@ -582,6 +716,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
             temperature=args.temperature,
             seed=args.seed,
             tokenizer=tokenizer,
+            num_workers=args.num_workers,
         )
     )
     print_report(report)
@@ -607,6 +742,7 @@ def add_bench_serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--request-rate", type=_rate, default=math.inf, help="mean requests/s of the arrivals, or inf: all at once (default inf)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrival intervals: 1 = Poisson (default 1)")
     p.add_argument("--max-concurrency", type=int, help="at most this many requests in flight")
+    p.add_argument("--num-workers", type=int, default=1, help="load-generating processes sharing the requests and --max-concurrency (default 1)")
     p.add_argument("--input-len", type=int, default=128, help="random prompts: tokens each (default 128)")
     p.add_argument("--output-len", type=int, default=128, help="max_tokens of each request (default 128)")
     src = p.add_mutually_exclusive_group()
