@@ -265,6 +265,9 @@ def _post(server: Any, path: str, content: bytes | None = None, **body: Any) -> 
         (None, {"model": NAME, "prompt": "x", "max_tokens": "2"}, 400, "max_tokens"),
         (None, {"model": NAME, "prompt": {"a": 1}}, 400, "prompt"),
         (None, {"model": NAME, "prompt": "x", "stop": 5}, 400, "stop"),
+        (None, {"model": NAME, "prompt": "x", "logit_bias": {"5": 100}}, 400, "logit_bias"),
+        (None, {"model": NAME, "prompt": "x", "best_of": 2}, 400, "best_of"),
+        (None, {"model": NAME, "prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
     ],
     ids=[
         "malformed-json",
@@ -280,6 +283,9 @@ def _post(server: Any, path: str, content: bytes | None = None, **body: Any) -> 
         "string-for-int",
         "object-for-prompt",
         "int-for-stop",
+        "logit-bias",
+        "best-of-2",
+        "json-mode",
     ],
 )
 def test_bad_requests_get_their_status_and_the_server_goes_on(server: Any, client: openai.OpenAI, content: Any, body: Any, status: int, param: Any) -> None:
@@ -292,6 +298,27 @@ def test_bad_requests_get_their_status_and_the_server_goes_on(server: Any, clien
         assert param in err["message"] or status == 404
     nxt = client.completions.create(model=NAME, prompt="the theory of", max_tokens=2, temperature=0)
     assert nxt.usage is not None and nxt.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ],
+    ids=["tools", "tool-choice", "top-logprobs-without-logprobs", "json-schema"],
+)
+def test_chat_options_this_server_lacks_are_refused_not_ignored(server: Any, body: dict[str, Any], param: str) -> None:
+    """A chat option that would change the answer and is not implemented is a 400 naming it;
+    the neutral values pass (``tool_choice: none``, ``response_format: text``, empty ``tools``)."""
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = _post(server, "/v1/chat/completions", **chat, **body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and param in r.json()["error"]["message"]
+    ok = _post(server, "/v1/chat/completions", **chat, tools=[], tool_choice="none", response_format={"type": "text"}, logprobs=True, top_logprobs=1)
+    assert ok.status_code == 200, ok.text
 
 
 def test_unknown_model_through_the_client(client: openai.OpenAI) -> None:

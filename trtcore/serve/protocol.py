@@ -7,7 +7,11 @@ the error object) and, for sampling options OpenAI lacks, vLLM's (``top_k``, ``m
 ``vllm/entrypoints/openai/protocol.py`` (read, not copied).
 
 Unknown request fields are accepted and ignored (as vLLM does); a known field of the wrong
-type is a 400 naming it (:mod:`trtcore.serve.app`). Types are strict, as OpenAI's API: ``"yes"``
+type is a 400 naming it (:mod:`trtcore.serve.app`). OpenAI fields that would change the
+answer and that this server does not implement are refused (400 naming the field), never
+ignored: ``logit_bias``, ``response_format`` other than ``text``, ``best_of`` above 1,
+``tools`` / ``tool_choice`` (function calling); so is ``top_logprobs`` without
+``logprobs: true``, as OpenAI does. Types are strict, as OpenAI's API: ``"yes"``
 is no boolean and ``"2"`` or ``2.0`` no integer (an integer is a number, though).
 """
 
@@ -17,7 +21,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..runtime.sampling import SamplingParams
 
@@ -85,6 +89,22 @@ class _SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    logit_bias: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v:
+            raise ValueError("logit_bias is not supported by this server")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type", "text") != "text":
+            raise ValueError(f"response_format type {v.get('type')!r} is not supported by this server (guided decoding); only 'text'")
+        return v
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """The engine's :class:`~trtcore.runtime.sampling.SamplingParams` of this body;
@@ -120,6 +140,14 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0)
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_candidate(cls, v: int | None) -> int | None:
+        if v is not None and v > 1:
+            raise ValueError(f"best_of={v} is not supported by this server; only 1")
+        return v
 
 
 class ChatMessage(_Body):
@@ -143,6 +171,29 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v: list[Any] | None) -> list[Any] | None:
+        if v:
+            raise ValueError("tools (function calling) are not supported by this server")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if v is not None and v != "none":
+            raise ValueError(f"tool_choice {v!r} is not supported by this server (no function calling); only 'none'")
+        return v
 
 
 class UsageInfo(BaseModel):
