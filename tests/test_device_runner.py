@@ -485,6 +485,40 @@ def test_a_step_that_fills_the_token_budget_still_pads(hf_models: Any) -> None: 
     assert _runner(hf_models, max_batch_size=8, pad_eager_steps=False).token_headroom == 0
 
 
+def test_a_mixed_step_of_max_batch_size_sequences_pads_into_the_spare_row(hf_models: Any) -> None:  # noqa: F811
+    """max_batch_size 4: the engine's profile admits a fifth row (``SPARE_ROWS``), so a mixed
+    step of 4 sequences pads its tokens with one padding row, shape ``(T, 5)``, replays the
+    graph captured for it at start-up, and gives every request the tokens of the same
+    arrivals with unpadded eager steps."""
+    v = VARIANTS[NAME]
+    rng = np.random.default_rng()
+    # the third step: prompt 3's 11 tokens and 3 decodes, 14 tokens of 4 sequences (no bucket)
+    prompts = [random_prompt(rng, n, v.vocab_size) for n in (5, 7, 9, 11, 6)]
+    got, shapes = [], []
+    for pad in (True, False):
+        runner = _runner(hf_models, max_batch_size=4, pad_eager_steps=pad, eager_graphs=True)
+        assert runner.max_rows == 5 and runner.eager_buckets == (1, 2, 4, 5)
+        execute, seen = runner.execute, []
+
+        def run(batch: Any, execute: Any = execute, runner: DeviceRunner = runner, seen: list[Any] = seen) -> int:
+            replays = runner.num_eager_graph_replays
+            rows = execute(batch)
+            if not runner.is_decode(batch):
+                seen.append((len(batch.seqs), runner.last_eager_shape, runner.num_eager_graph_replays > replays))
+            return rows
+
+        runner.execute = run  # type: ignore[method-assign]
+        core = make_device_engine(runner, runner.mode, async_scheduling=True)
+        reqs = [Request(i, p, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), frozenset()) for i, p in enumerate(prompts)]
+        got.append(_serve_arrivals(core, reqs, ([0, 1], [2], [3], [], [], [4])))
+        shapes.append(seen)
+    padded, plain = shapes
+    full = [(shape, replayed) for n, shape, replayed in padded if n == 4]
+    assert full and full[0] == ((16, 5), True), padded
+    assert all(shape is not None and shape[1] == n for n, shape, _ in plain)  # unpadded: its own rows
+    assert got[0] == got[1]
+
+
 def test_start_up_captures_every_eager_shape_a_step_can_have(hf_models: Any) -> None:  # noqa: F811
     """max_num_tokens (64) beyond what one sequence holds (max_seq_len 32, max_row_tokens 32):
     the shapes no step can have (more tokens than their rows hold, e.g. one sequence of 64

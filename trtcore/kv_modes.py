@@ -54,6 +54,8 @@ LOGITS = "logits"
 MASK_NAMES: dict[str, str] = {"full_attention": "attention_mask", "sliding_attention": "sliding_attention_mask"}
 #: paged mode's inputs (vLLM / FlashInfer terms)
 KV_CACHE_POOL, BLOCK_TABLES, SEQ_LENS, QUERY_START_LOC = "kv_cache_pool", "block_tables", "seq_lens", "query_start_loc"
+#: paged mode: rows of a step beyond ``max_batch_size`` the profile admits (a padding row, :class:`PagedKV`)
+SPARE_ROWS = 1
 #: native mode: int32 ``[B]``, the slot of each sequence's first new token
 CACHE_WRITE_POSITIONS = "cache_write_positions"
 #: the two halves of each layer's cache
@@ -221,8 +223,12 @@ class PagedKV(KVMode):
 
     Output: ``logits`` float32 ``[B, vocab_size]``.
 
-    Profile: ``T`` in [1, max_num_tokens], ``B`` in [1, max_batch_size], block tables up to
-    ``ceil(max_seq_len / block_size)`` wide, a pool of up to ``max_num_blocks`` blocks.
+    Profile: ``T`` in [1, max_num_tokens], ``B`` in [1, max_batch_size + 1], block tables up
+    to ``ceil(max_seq_len / block_size)`` wide, a pool of up to ``max_num_blocks`` blocks. The
+    one row beyond ``max_batch_size`` is never a sequence: it is the padding row that lets a
+    prefill or mixed step of ``max_batch_size`` sequences still pad its tokens to a token
+    bucket (:func:`trtcore.runtime.device_runner.padded_step_shape`), so that it replays a
+    graph captured at start-up instead of running eagerly.
     """
 
     name = "paged"
@@ -261,7 +267,7 @@ class PagedKV(KVMode):
 
     def profile_shapes(self) -> dict[str, Profile]:
         p = self.plan
-        B, T, BS = p.max_batch_size, p.max_num_tokens, p.block_size
+        B, T, BS = p.max_batch_size + SPARE_ROWS, p.max_num_tokens, p.block_size
         b, t = p.opt_batch_size, min(p.opt_batch_size * p.opt_seq_len, T)
         mb = -(-p.max_seq_len // BS)
         ob = min(-(-p.opt_seq_len // BS), mb)

@@ -19,7 +19,7 @@ them, and start-up logs them):
   input of a step (token ids, positions, block tables, ``seq_lens``, ``query_start_loc``,
   ``last_token_ids``, ``rope_seq_lens``) at the offsets of :class:`StepLayout`; each step writes
   the host side and copies the used bytes with one ``cudaMemcpyAsync``;
-* **logits**: ``float32 [max_batch_size, vocab_size]`` on the device (the engine's output,
+* **logits**: ``float32 [max_rows, vocab_size]`` on the device (the engine's output,
   bound once) and pinned on the host (the rows sampled this step are copied back).
 
 Nothing is allocated after start-up: a step writes into these buffers only.
@@ -38,8 +38,9 @@ NumPy reference refuses them among the blocks a sequence uses, hence the scratch
 they touch nothing of the real sequences. Prefill and mixed steps run eagerly on a context of
 their own (shapes set per step), padded too (:func:`padded_step_shape`): their tokens to a
 power of two (:func:`token_buckets`), their sequences to a batch bucket, the padding tokens
-in padding rows that read and write only the scratch block (:func:`fill_step`), so that the
-eager context meets a few shape combinations only (the cuda engine prepares the launch list
+in padding rows that read and write only the scratch block (:func:`fill_step`; a step of
+``max_batch_size`` sequences takes the engine profile's spare row for its padding,
+:data:`~trtcore.kv_modes.SPARE_ROWS`), so that the eager context meets a few shape combinations only (the cuda engine prepares the launch list
 of each new one on the host, milliseconds; ``warm_eager`` prepares them all at start-up).
 Where the context allows it (``eager_graphs``), every padded shape is captured at start-up
 into a graph per host side, like a decode bucket's (``capture_eager_shapes``; else a shape is
@@ -93,6 +94,7 @@ from ..kv_modes import (
     QUERY_START_LOC,
     ROPE_SEQ_LENS,
     SEQ_LENS,
+    SPARE_ROWS,
     PagedKV,
     StepBatch,
 )
@@ -545,20 +547,17 @@ class DeviceRunner:
         self.token_buckets = token_buckets(self.max_num_tokens)
         #: most tokens one padding row of an eager step holds (every column the scratch block)
         self.max_row_tokens = self.max_blocks * int(plan.block_size)
-        # a shape of more tokens than its rows hold (T > B x max_row_tokens, e.g. one sequence
-        # of max_num_tokens new tokens beyond max_seq_len) is never a step: left out
-        self.eager_shapes = sorted(
-            {
-                (T, B)
-                for T, B in (
-                    padded_step_shape(t, b, self.token_buckets, self.buckets, self.max_row_tokens)
-                    for t in self.token_buckets
-                    for b in self.buckets
-                    if b <= t
-                )
-                if T <= B * self.max_row_tokens
-            }
-        )
+        #: most rows of a step: ``max_batch_size``, and the profile's spare padding row
+        #: (:data:`~trtcore.kv_modes.SPARE_ROWS`) where the engine has one (engines built
+        #: before it have not), so that a prefill or mixed step of ``max_batch_size`` sequences
+        #: still pads its tokens
+        self.max_rows = self.max_batch_size + _spare_rows(engine, self.max_batch_size)
+        #: the sequence buckets eager steps are padded to: the decode buckets, then the spare row
+        self.eager_buckets = self.buckets + ((self.max_rows,) if self.max_rows > self.max_batch_size else ())
+        # every (token bucket, sequence bucket) pair, each row a token at least; a shape of more
+        # tokens than its rows hold (e.g. one sequence of max_num_tokens new tokens beyond
+        # max_seq_len) is never a step: left out
+        self.eager_shapes = [(T, B) for T in self.token_buckets for B in self.eager_buckets if B <= T <= B * self.max_row_tokens]
         self.last_eager_shape: tuple[int, int] | None = None
         eager_graphs_default = eager_graphs is None
         if eager_graphs is None:
@@ -571,8 +570,9 @@ class DeviceRunner:
         #: the scheduler's token budget leaves them free, so that a step that fills the budget
         #: still pads to a bucket pair
         self.token_headroom = 0
-        if self.pad_eager_steps and self.max_batch_size > 1:
-            gaps = [bucket_for(n + 1 if bucket_for(n, self.buckets) == n else n, self.buckets) - n for n in range(1, self.max_batch_size)]
+        if self.pad_eager_steps and self.max_rows > 1:
+            eb = self.eager_buckets
+            gaps = [bucket_for(n + 1 if bucket_for(n, eb) == n else n, eb) - n for n in range(1, self.max_rows)]
             self.token_headroom = min(max(gaps), self.max_num_tokens // 2)
         self.num_steps = 0
         self.num_graph_replays = 0
@@ -591,12 +591,12 @@ class DeviceRunner:
         self.activation_bytes = int(getattr(engine, "device_memory_size_v2", 0))
         self.activations = device.malloc(self.activation_bytes, "activations")
         # logits, device and pinned host
-        logits_bytes = self.max_batch_size * self.vocab_size * 4
+        logits_bytes = self.max_rows * self.vocab_size * 4
         self.logits_ptr = device.malloc(logits_bytes, "logits")
-        self.host_logits = device.host_alloc(logits_bytes, "logits")[:logits_bytes].view(np.float32).reshape(self.max_batch_size, self.vocab_size)
+        self.host_logits = device.host_alloc(logits_bytes, "logits")[:logits_bytes].view(np.float32).reshape(self.max_rows, self.vocab_size)
         # staging: the largest step layout, on the device and twice in pinned host memory (a
         # step is staged while the copy of the one before may still be pending)
-        big = StepLayout.make(self.max_num_tokens, self.max_batch_size, self.max_blocks, self.rope_seq_lens)
+        big = StepLayout.make(self.max_num_tokens, self.max_rows, self.max_blocks, self.rope_seq_lens)
         self.staging_bytes = big.nbytes
         self.host_staging = [device.host_alloc(big.nbytes, "staging") for _ in range(2)]
         self._side = 0  # the host staging buffer of the last step
@@ -605,7 +605,7 @@ class DeviceRunner:
         self.staging_ptr = device.malloc(big.nbytes, "staging")
         # the sampler's buffers (penalty counts: 5 bytes per token and slot), before the pool takes what is left
         #: the live requests' sampling state over the batched sampling kernel
-        self.sampler = RequestSampler(make_sampler_kernel(device, self.max_batch_size, self.vocab_size, int(plan.max_seq_len)), self.logits_rows)
+        self.sampler = RequestSampler(make_sampler_kernel(device, self.max_rows, self.vocab_size, int(plan.max_seq_len)), self.logits_rows)
         # the KV pool: what is left
         layers, _, *rest = mode.pool_shape
         pool_dtype = storage_dtype(mode.dtype)
@@ -907,7 +907,7 @@ class DeviceRunner:
         if tokens > self.max_num_tokens:
             raise InvalidArgumentError(f"a step of {tokens} tokens; the engine takes at most max_num_tokens={self.max_num_tokens}")
         if self.pad_eager_steps:
-            T, B = padded_step_shape(tokens, n, self.token_buckets, self.buckets, self.max_row_tokens)
+            T, B = padded_step_shape(tokens, n, self.token_buckets, self.eager_buckets, self.max_row_tokens)
         else:
             T, B = tokens, n
         self.last_eager_shape = (T, B)
@@ -1005,6 +1005,16 @@ class DeviceRunner:
             self.sampler.close()
             self.sampler = None  # type: ignore[assignment]
         self.device.close()
+
+
+def _spare_rows(engine: Any, max_batch_size: int) -> int:
+    """Rows beyond ``max_batch_size`` the engine's profile admits for ``seq_lens`` (0 or
+    :data:`~trtcore.kv_modes.SPARE_ROWS`; 0 for an engine that does not say)."""
+    try:
+        high = engine.get_tensor_profile_shape(SEQ_LENS, 0)[2]
+        return max(0, min(int(high[0]) - max_batch_size, SPARE_ROWS))
+    except Exception:  # noqa: BLE001 - an engine without profile queries: no spare row
+        return 0
 
 
 class _Empty:
