@@ -386,7 +386,7 @@ def test_padding_rows_touch_only_the_scratch_block(hf_models: Any) -> None:  # n
         pools.append(pool[:, : runner.scratch_block].copy())
         scratch.append(pool[:, runner.scratch_block].copy())  # [layers, 2, heads, block_size, head_dim]
         logits.append(runner.logits_rows(3).copy())
-    np.testing.assert_allclose(pools[0], pools[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pools[0], pools[1], rtol=1e-5, atol=1e-5)  # as the logits: float32 sums of O(1) terms, another order
     np.testing.assert_allclose(logits[0], logits[1], rtol=1e-5, atol=1e-5)
     used = np.flatnonzero(np.abs(pools[1]).sum(axis=(0, 2, 3, 4, 5)))
     assert len(used) == sum(-(-(len(p) + 2) // 16) for p in prompts)  # only the sequences' blocks were written
