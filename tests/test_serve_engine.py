@@ -6,6 +6,9 @@
   dispatch of the step before), a stream that fell behind gets what accumulated in one
   :meth:`~trtcore.serve.engine.RequestStream.drain`, and every token arrives once, in order,
   counted in the metrics.
+* Errors: a request the engine refuses fails alone; an exception out of a step fails the live
+  requests and the engine goes on; an engine whose loop dies fails the live streams and turns
+  not ready.
 * A ``make_llm`` that cannot reach an engine process is refused, naming it.
 * :class:`~trtcore.serve.app._ChunkTemplate`'s events are the bytes the pydantic models give.
 """
@@ -17,6 +20,7 @@ import functools
 import json
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -24,11 +28,11 @@ from typing import Any
 
 import pytest
 
-from trtcore.errors import InvalidArgumentError
+from trtcore.errors import InvalidArgumentError, InvalidRequestError
 from trtcore.llm import StreamOutput
 from trtcore.runtime.sampling import SamplingParams
 from trtcore.serve.app import _chunk_dict, _ChunkTemplate, _sse
-from trtcore.serve.engine import AsyncEngine, RequestStream
+from trtcore.serve.engine import AsyncEngine, EngineDeadError, RequestStream
 from trtcore.serve.metrics import ServerMetrics
 from trtcore.serve.protocol import ChatCompletionChunk, ChatResponseMessage, ChatStreamChoice, CompletionChoice, CompletionResponse
 
@@ -110,6 +114,70 @@ def test_the_engine_process_steps_on_while_the_loop_is_busy() -> None:
     assert _sample(metrics, "trtcore:generation_tokens_total") == n
     assert _sample(metrics, "trtcore:inter_token_latency_seconds_count") == n - 1
     assert not engine._worker.is_alive() and engine._worker.exitcode == 0
+
+
+def _failing_stand_in(fail: list[str]) -> Any:
+    """A stand-in that refuses a prompt starting with 666 and whose steps raise what ``fail`` holds."""
+
+    class Failing(_stand_in_class()):  # type: ignore[misc]
+        def add_request(self, prompt: list[int], params: Any) -> int:
+            if prompt[0] == 666:
+                raise InvalidRequestError(f"prompt {prompt[:1]} refused")
+            return int(super().add_request(prompt, params))
+
+        def step(self) -> list[StreamOutput]:
+            if fail:
+                raise RuntimeError(fail.pop())
+            return list(super().step())
+
+    return Failing(step_s=1e-3, host_s=0.0, max_batch_size=4)
+
+
+def test_a_refused_request_or_a_failing_step_ends_only_the_streams_it_concerns() -> None:
+    fail: list[str] = []
+    metrics = ServerMetrics("m")
+
+    async def scenario() -> None:
+        engine = AsyncEngine(lambda: _failing_stand_in(fail), metrics, in_process=True)
+        await engine.start()
+        ok = engine.submit([1], SamplingParams(max_tokens=50, ignore_eos=True))
+        bad = engine.submit([666], SamplingParams(max_tokens=5))
+        with pytest.raises(InvalidRequestError, match="666"):
+            await bad.drain()
+        first = await ok.drain()
+        assert first and first[-1].finish_reason is None
+        fail.append("the device fell over")  # the next step raises: the live request fails
+        with pytest.raises(RuntimeError, match="fell over"):
+            while await ok.drain():
+                pass
+        again = engine.submit([2], SamplingParams(max_tokens=3, ignore_eos=True))  # the engine goes on
+        assert [o.finish_reason for o in [o async for o in again]] == [None, None, "length"]
+        await engine.shutdown()
+
+    asyncio.run(scenario())
+    assert _sample(metrics, "trtcore:request_failure_total") == 2
+    assert _sample(metrics, "trtcore:request_success_total", finished_reason="length") == 1
+
+
+def test_an_engine_process_that_dies_fails_the_live_streams_and_turns_not_ready() -> None:
+    """An engine process killed under a live stream: the stream fails at once, the engine is
+    not ready, submit refuses, and the shutdown does not wait for it."""
+
+    async def scenario() -> None:
+        engine = AsyncEngine(functools.partial(_stand_in_class(), step_s=1e-3, host_s=0.0), ServerMetrics("m"))
+        await engine.start()
+        live = engine.submit([1], SamplingParams(max_tokens=10_000, ignore_eos=True))
+        assert await live.drain()
+        os.kill(engine.engine_pid, signal.SIGKILL)  # type: ignore[arg-type]
+        with pytest.raises(EngineDeadError, match="engine process .* exited unexpectedly"):
+            while await asyncio.wait_for(live.drain(), 10):
+                pass
+        assert not engine.ready
+        with pytest.raises(EngineDeadError):
+            engine.submit([1], SamplingParams())
+        await asyncio.wait_for(engine.shutdown(), 10)  # does not hang
+
+    asyncio.run(scenario())
 
 
 def test_a_factory_that_cannot_be_pickled_is_refused_naming_it() -> None:

@@ -437,17 +437,18 @@ class AsyncEngine:
         if self._stopping:
             return
         w = self._worker
-        status = ""
+        where = "engine thread"
         if isinstance(w, multiprocessing.process.BaseProcess):
-            w.join(0.5)  # its exit status, if it is there yet
-            status = f" (pid {w.pid}, exit status {w.exitcode})"
-        err = self._dead = EngineDeadError(f"the engine process exited unexpectedly{status}; the server needs a restart")
+            w.join(0.5)  # its exit status, if it is there yet (a crash only: the loop may wait this once)
+            where = f"engine process (pid {w.pid}, exit status {w.exitcode})"
+        err = self._dead = EngineDeadError(f"the {where} exited unexpectedly; the server needs a restart")
         if self._started is not None and not self._started.done():
             self._started.set_exception(err)
         for s in list(self._streams.values()):
             self._finish(s, None)
             s._put(err)
         self.metrics.num_requests_running.set(0)
+        self.metrics.kv_cache_usage.set(0.0)
 
     # the engine's outputs --------------------------------------------------------------------
     def _scheduled(self, s: RequestStream, at: float) -> None:
