@@ -321,7 +321,7 @@ class AsyncEngine:
         if self.draining:
             raise EngineDrainingError("the server is shutting down")
         if self._dead is not None:
-            raise self._dead
+            raise EngineDeadError(str(self._dead))
         if not self.ready:
             raise EngineNotReadyError("the model is still loading")
         if len(self._waiting) >= self.max_waiting:
