@@ -8,19 +8,23 @@ live request. Its own throughput at a concurrency C (C requests in flight, each 
 it finishes, as ``trtcore bench throughput`` at ``max_batch_size`` C) is the bound the server
 can reach; the served output tok/s of ``trtcore bench serve``'s :func:`~trtcore.bench_serve.benchmark`
 against the real server (FastAPI + uvicorn + :class:`~trtcore.serve.engine.AsyncEngine`,
-in a separate process started by this script with ``--serve``) over it is what the server
-delivers. Their ratio is issue 11's "served / offline" measured without a GPU::
+in a separate process started by this script with ``--serve``; the stand-in runs in the
+server's engine process, built there from a :func:`functools.partial` of :class:`StandInLLM`)
+over it is what the server delivers. Their ratio is issue 11's "served / offline" measured
+without a GPU::
 
     python bench/bench_serve_overhead.py --json out.json [--concurrency 1,8,32,128]
 
-The load generator runs in this process, the server in a child process; on a machine with few
-cores they share them (the ratio is then a lower bound of the server's).
+The load generator runs in this process, the server in a child process (and the engine in
+the server's child); on a machine with few cores they share them (the ratio is then a lower
+bound of the server's). The server's CPU counts the server process and its children.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -34,8 +38,20 @@ from typing import Any
 import numpy as np
 
 from trtcore.llm import StreamOutput
+from trtcore.serve.core import ServedModel
 
 _LISTENING = "trtcore serve: listening on "
+
+
+class StandInModel(ServedModel):
+    """The stand-in's description for the server's routes (no tokenizer, no chat template):
+    one token id per whitespace-separated word, a chat is its contents joined."""
+
+    def encode(self, text: str) -> list[int]:
+        return [hash(w) % self.vocab_size for w in text.split()]
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return " ".join(m["content"] for m in messages)
 
 
 class StandInLLM:
@@ -67,12 +83,10 @@ class StandInLLM:
             )
         )
 
-    def encode(self, text: str) -> list[int]:
-        """One id per whitespace-separated word."""
-        return [hash(w) % 50000 for w in text.split()]
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        return " ".join(m["content"] for m in messages)
+    def served_model(self) -> StandInModel:
+        """What the server's routes need of it (:func:`trtcore.serve.core.describe`)."""
+        bc = self.build_config
+        return StandInModel(self.model_dir, self.config.vocab_size, bc.max_seq_len, bc.max_batch_size)
 
     def add_request(self, prompt: list[int], params: Any) -> int:
         rid = self._next
@@ -136,24 +150,28 @@ def serve_stand_in(step_s: float, host_s: float, max_batch_size: int, switch_int
     from trtcore.serve.metrics import ServerMetrics
     from trtcore.serve.server import run_server
 
-    engine = AsyncEngine(lambda: StandInLLM(step_s, host_s, max_batch_size), ServerMetrics("stand-in"))
+    # the class by its module's name (this file's folder is on sys.path, which the engine
+    # process inherits), not as __main__'s: the engine process unpickles the factory and the
+    # server unpickles the stand-in's StandInModel
+    from bench_serve_overhead import StandInLLM as stand_in
+
+    engine = AsyncEngine(functools.partial(stand_in, step_s, host_s, max_batch_size), ServerMetrics("stand-in"))
     return run_server(engine, "stand-in", "127.0.0.1", 0)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads) and of its live
-    descendants (an engine-core child process), from ``/proc``."""
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):  # gone meanwhile
-            continue
-    return total / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) and, with ``children``,
+    of its live descendants (the engine process), from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    if children:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                try:
+                    total += cpu_seconds(int(child))
+                except FileNotFoundError:
+                    pass  # exited meanwhile
+    return total
 
 
 def client_cpu_seconds() -> float:
@@ -240,9 +258,10 @@ def main() -> None:
             prompts = random_prompts(n, args.input_len, args.output_len, np.random.default_rng(0))
             workers = min(c, args.num_workers)
             asyncio.run(benchmark(url, prompts[: min(n, c)], max_concurrency=c, ignore_eos=True))  # warm-up
-            cpu0, client0, m0 = cpu_seconds(proc.pid), client_cpu_seconds(), server_metrics(url)
+            cpu0, api0, client0, m0 = cpu_seconds(proc.pid), cpu_seconds(proc.pid, False), client_cpu_seconds(), server_metrics(url)
             rep = asyncio.run(benchmark(url, prompts, max_concurrency=c, ignore_eos=True, num_workers=workers))
-            cpu, client, m1 = cpu_seconds(proc.pid) - cpu0, client_cpu_seconds() - client0, server_metrics(url)
+            cpu, api, client = cpu_seconds(proc.pid) - cpu0, cpu_seconds(proc.pid, False) - api0, client_cpu_seconds() - client0
+            m1 = server_metrics(url)
             if rep["completed"] != n:
                 raise RuntimeError(f"{n - rep['completed']} requests failed: {next(e for e in rep['errors'] if e)}")
             off = offline_tok_s(c, n, args.output_len, args.step_ms / 1e3, args.host_ms / 1e3)
@@ -258,6 +277,7 @@ def main() -> None:
                 "itl_p99_ms": rep["p99_itl_ms"],
                 "server_cpu_us_per_token": cpu / rep["total_output_tokens"] * 1e6,
                 "server_cpu_busy": cpu / rep["duration"],
+                "server_api_process_cpu_busy": api / rep["duration"],
                 "client_cpu_busy": client / rep["duration"],
                 "server_ttft_mean_ms": mean_ms(m0, m1, "time_to_first_token"),
                 "server_itl_mean_ms": mean_ms(m0, m1, "inter_token_latency"),
@@ -266,7 +286,8 @@ def main() -> None:
             print(
                 f"c={c:4d}  served {row['served_output_tok_s']:8.1f} tok/s  stand-in {off:8.1f} tok/s  ratio {row['ratio']:.2f}  "
                 f"TTFT p50 {row['ttft_p50_ms']:.2f} ms  TPOT p50 {row['tpot_p50_ms']:.2f} ms  "
-                f"server CPU {row['server_cpu_us_per_token']:.1f} us/token ({row['server_cpu_busy']:.2f} cores), "
+                f"server CPU {row['server_cpu_us_per_token']:.1f} us/token ({row['server_cpu_busy']:.2f} cores, "
+                f"{row['server_api_process_cpu_busy']:.2f} in the HTTP process), "
                 f"client {row['client_cpu_busy']:.2f} cores; the server's TTFT {row['server_ttft_mean_ms']:.2f} ms, ITL {row['server_itl_mean_ms']:.2f} ms",
                 flush=True,
             )

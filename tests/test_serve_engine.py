@@ -1,38 +1,51 @@
 """The server's engine loop and its streaming fast path, without HTTP or a model.
 
 * :class:`~trtcore.serve.engine.AsyncEngine` over bench/bench_serve_overhead.py's time-based
-  stand-in LLM: the engine thread goes on stepping while the event loop's thread is busy
-  (it does not wait for the dispatch of the step before), a stream that fell behind gets what
-  accumulated in one :meth:`~trtcore.serve.engine.RequestStream.drain`, and every token
-  arrives once, in order, counted in the metrics.
+  stand-in LLM, in an engine process and in-process (the same engine-core loop in a thread):
+  the engine goes on stepping while the event loop's thread is busy (it does not wait for the
+  dispatch of the step before), a stream that fell behind gets what accumulated in one
+  :meth:`~trtcore.serve.engine.RequestStream.drain`, and every token arrives once, in order,
+  counted in the metrics.
+* Errors: a request the engine refuses fails alone; an exception out of a step fails the live
+  requests and the engine goes on; an engine whose loop dies fails the live streams and turns
+  not ready.
+* A ``make_llm`` that cannot reach an engine process is refused, naming it.
 * :class:`~trtcore.serve.app._ChunkTemplate`'s events are the bytes the pydantic models give.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import functools
 import json
+import os
 import random
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from trtcore.errors import InvalidArgumentError, InvalidRequestError
 from trtcore.llm import StreamOutput
 from trtcore.runtime.sampling import SamplingParams
 from trtcore.serve.app import _chunk_dict, _ChunkTemplate, _sse
-from trtcore.serve.engine import AsyncEngine, RequestStream
+from trtcore.serve.engine import AsyncEngine, EngineDeadError, RequestStream
 from trtcore.serve.metrics import ServerMetrics
 from trtcore.serve.protocol import ChatCompletionChunk, ChatResponseMessage, ChatStreamChoice, CompletionChoice, CompletionResponse
 
 
 def _stand_in_class() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_serve_overhead", Path(__file__).parents[1] / "bench" / "bench_serve_overhead.py")
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod.StandInLLM
+    """bench_serve_overhead.StandInLLM, imported by its module's name (bench/ on sys.path, which
+    an engine process inherits) so that a partial of it pickles."""
+    bench = str(Path(__file__).parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.append(bench)
+    from bench_serve_overhead import StandInLLM
+
+    return StandInLLM
 
 
 def _sample(metrics: ServerMetrics, name: str, **labels: str) -> float:
@@ -40,6 +53,7 @@ def _sample(metrics: ServerMetrics, name: str, **labels: str) -> float:
 
 
 def test_the_engine_steps_on_while_the_loop_is_busy() -> None:
+    """In-process (the engine-core loop in a thread, over the same socket): the steps are counted."""
     steps = []
     stand_in = _stand_in_class()(step_s=1e-3, host_s=0.0, max_batch_size=4)
     step = stand_in.step
@@ -48,8 +62,9 @@ def test_the_engine_steps_on_while_the_loop_is_busy() -> None:
     n = 300
 
     async def scenario() -> list[list[Any]]:
-        engine = AsyncEngine(lambda: stand_in, metrics)
+        engine = AsyncEngine(lambda: stand_in, metrics, in_process=True)
         await engine.start()
+        assert engine.engine_pid == os.getpid()
         stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=n, ignore_eos=True))
         batches = [await stream.drain()]
         before = len(steps)
@@ -71,6 +86,106 @@ def test_the_engine_steps_on_while_the_loop_is_busy() -> None:
     assert _sample(metrics, "trtcore:request_success_total", finished_reason="length") == 1
     assert _sample(metrics, "trtcore:inter_token_latency_seconds_count") == n - 1
     assert _sample(metrics, "trtcore:time_to_first_token_seconds_count") == 1
+
+
+def test_the_engine_process_steps_on_while_the_loop_is_busy() -> None:
+    """In an engine process of its own: another pid; the tokens made while the loop's thread
+    was blocked arrive together; a shutdown ends the process."""
+    metrics = ServerMetrics("m")
+    n = 300
+
+    async def scenario() -> tuple[list[list[Any]], AsyncEngine]:
+        engine = AsyncEngine(functools.partial(_stand_in_class(), step_s=1e-3, host_s=0.0, max_batch_size=4), metrics)
+        await engine.start()
+        assert engine.engine_pid not in (None, os.getpid())
+        assert engine.model is not None and engine.model.max_batch_size == 4
+        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=n, ignore_eos=True))
+        batches = [await stream.drain()]
+        time.sleep(0.5)  # the loop's thread is busy: the engine process steps on (1 ms steps: ~500 tokens)
+        while batch := await stream.drain():
+            batches.append(batch)
+        await engine.shutdown()
+        return batches, engine
+
+    batches, engine = asyncio.run(scenario())
+    assert len(batches[1]) >= 30, [len(b) for b in batches]  # what accumulated comes in one drain
+    outs = [o for b in batches for o in b]
+    assert len(outs) == n and [o.finish_reason for o in outs] == [None] * (n - 1) + ["length"]
+    assert _sample(metrics, "trtcore:generation_tokens_total") == n
+    assert _sample(metrics, "trtcore:inter_token_latency_seconds_count") == n - 1
+    assert not engine._worker.is_alive() and engine._worker.exitcode == 0
+
+
+def _failing_stand_in(fail: list[str]) -> Any:
+    """A stand-in that refuses a prompt starting with 666 and whose steps raise what ``fail`` holds."""
+
+    class Failing(_stand_in_class()):  # type: ignore[misc]
+        def add_request(self, prompt: list[int], params: Any) -> int:
+            if prompt[0] == 666:
+                raise InvalidRequestError(f"prompt {prompt[:1]} refused")
+            return int(super().add_request(prompt, params))
+
+        def step(self) -> list[StreamOutput]:
+            if fail:
+                raise RuntimeError(fail.pop())
+            return list(super().step())
+
+    return Failing(step_s=1e-3, host_s=0.0, max_batch_size=4)
+
+
+def test_a_refused_request_or_a_failing_step_ends_only_the_streams_it_concerns() -> None:
+    fail: list[str] = []
+    metrics = ServerMetrics("m")
+
+    async def scenario() -> None:
+        engine = AsyncEngine(lambda: _failing_stand_in(fail), metrics, in_process=True)
+        await engine.start()
+        ok = engine.submit([1], SamplingParams(max_tokens=50, ignore_eos=True))
+        bad = engine.submit([666], SamplingParams(max_tokens=5))
+        with pytest.raises(InvalidRequestError, match="666"):
+            await bad.drain()
+        first = await ok.drain()
+        assert first and first[-1].finish_reason is None
+        fail.append("the device fell over")  # the next step raises: the live request fails
+        with pytest.raises(RuntimeError, match="fell over"):
+            while await ok.drain():
+                pass
+        again = engine.submit([2], SamplingParams(max_tokens=3, ignore_eos=True))  # the engine goes on
+        assert [o.finish_reason for o in [o async for o in again]] == [None, None, "length"]
+        await engine.shutdown()
+
+    asyncio.run(scenario())
+    assert _sample(metrics, "trtcore:request_failure_total") == 2
+    assert _sample(metrics, "trtcore:request_success_total", finished_reason="length") == 1
+
+
+def test_an_engine_process_that_dies_fails_the_live_streams_and_turns_not_ready() -> None:
+    """An engine process killed under a live stream: the stream fails at once, the engine is
+    not ready, submit refuses, and the shutdown does not wait for it."""
+
+    async def scenario() -> None:
+        engine = AsyncEngine(functools.partial(_stand_in_class(), step_s=1e-3, host_s=0.0), ServerMetrics("m"))
+        await engine.start()
+        live = engine.submit([1], SamplingParams(max_tokens=10_000, ignore_eos=True))
+        assert await live.drain()
+        os.kill(engine.engine_pid, signal.SIGKILL)  # type: ignore[arg-type]
+        with pytest.raises(EngineDeadError, match="engine process .* exited unexpectedly"):
+            while await asyncio.wait_for(live.drain(), 10):
+                pass
+        assert not engine.ready
+        with pytest.raises(EngineDeadError):
+            engine.submit([1], SamplingParams())
+        await asyncio.wait_for(engine.shutdown(), 10)  # does not hang
+
+    asyncio.run(scenario())
+
+
+def test_a_factory_that_cannot_be_pickled_is_refused_naming_it() -> None:
+    def make() -> Any:
+        return None
+
+    with pytest.raises(InvalidArgumentError, match="make_llm=.*make.*cannot be pickled.*in_process=True"):
+        AsyncEngine(make, ServerMetrics("m"))
 
 
 def test_drain_hands_out_the_outputs_before_an_error_then_raises_it() -> None:

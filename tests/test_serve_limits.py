@@ -1,6 +1,6 @@
 """``trtcore serve``'s limits as a client sees them (a real server process, its own options):
 the batching window ``--max-queue-delay-ms``, a full waiting queue (429 with ``Retry-After``),
-and the SIGTERM drain (a running stream completes, the process exits 0).
+and the SIGTERM drain (a running stream completes, the process exits 0, its engine process is gone).
 
 Server: at most 2 running (``--max-batch-size 2``), 2 waiting (``--max-waiting 2``), a 1 s
 window. The tests run in file order; the drain is the last.
@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 from test_serve import NAME, model  # noqa: F401  (fixture)
+from test_serve_process import process_state
 
 from trtcore.serve.process import ServerProcess
 
@@ -77,6 +78,8 @@ def test_sigterm_drains(server: Any, client: openai.OpenAI) -> None:
     stream = client.completions.create(model=NAME, prompt="drain", stream=True, stream_options={"include_usage": True}, **LONG)  # type: ignore[call-overload]
     chunks = iter(stream)
     got = [next(chunks)]
+    engine = server.engine_pid
+    assert engine is not None and process_state(engine) not in (None, "Z")
     server.process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert server.health() in (503, None)  # draining, or no longer listening
@@ -84,6 +87,7 @@ def test_sigterm_drains(server: Any, client: openai.OpenAI) -> None:
     assert [c.choices[0].finish_reason for c in got if c.choices][-1] == "length"
     assert got[-1].usage is not None and got[-1].usage.completion_tokens == 200
     assert server.process.wait(60) == 0, "".join(server.stderr_lines)
+    assert process_state(engine) is None  # it exited and the server reaped it
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--max-waiting", "0"), ("--max-queue-delay-ms", "-1")])

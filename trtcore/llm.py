@@ -491,9 +491,7 @@ class LLM:
         Raises:
             InvalidRequestError: the model folder has no ``tokenizer.json``.
         """
-        if self.tokenizer is None:
-            raise InvalidRequestError(f"{self.model_dir} has no tokenizer.json; pass prompts as lists of token ids")
-        return list(self.tokenizer.encode(text).ids)
+        return encode_text(self.tokenizer, self.model_dir, text)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens skipped ("" without a tokenizer)."""
@@ -746,6 +744,19 @@ def _deserialized_executor(trt: Any, backend: str, serialized: bytes) -> Executo
     from .runtime.trt_executor import TensorRTExecutor
 
     return TensorRTExecutor(trt, serialized)
+
+
+def encode_text(tokenizer: Any, model_dir: str | os.PathLike[str], text: str) -> list[int]:
+    """Token ids of ``text`` with ``tokenizer`` (a :class:`tokenizers.Tokenizer`, or None for a
+    model folder ``model_dir`` without ``tokenizer.json``); :meth:`LLM.encode`, and the server's
+    (:class:`trtcore.serve.core.ServedModel`).
+
+    Raises:
+        InvalidRequestError: ``tokenizer`` is None.
+    """
+    if tokenizer is None:
+        raise InvalidRequestError(f"{model_dir} has no tokenizer.json; pass prompts as lists of token ids")
+    return list(tokenizer.encode(text).ids)
 
 
 def _load_tokenizer(model_dir: Path) -> Any:

@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream=true``: server-sent
 events, ``data: {chunk}`` lines ending in ``data: [DONE]``), ``GET /v1/models``,
-``GET /health`` (200 once the model is loaded, 503 while loading or draining),
+``GET /health`` (200 once the model is loaded, 503 while loading or draining, or once the
+engine process died),
 ``GET /metrics`` (Prometheus text format, :mod:`trtcore.serve.metrics`).
 
 Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}}``:
@@ -12,7 +13,8 @@ Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}
   ``messages``), ``max_tokens`` beyond the context, ``n`` > 1, ``echo`` / ``suffix``;
 * 404 ``invalid_request_error`` / ``model_not_found``: another ``model`` than the served one;
 * 429 ``rate_limit_error`` with ``Retry-After``: ``--max-waiting`` requests wait already;
-* 503 ``service_unavailable`` with ``Retry-After``: loading or shutting down.
+* 503 ``service_unavailable`` with ``Retry-After``: loading or shutting down, or the engine
+  process died (a request it ends mid-stream gets a ``service_unavailable`` error event).
 
 A request that fails after its stream started gets one ``data: {"error": ...}`` event, then
 ``data: [DONE]``. A client that disconnects mid-stream aborts its request.
@@ -41,6 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import TrtcoreError
 from ..token_bytes import token_bytes, token_text
+from .core import ServedModel
 from .engine import AsyncEngine, EngineDrainingError, EngineNotReadyError, QueueFullError, RequestStream
 from .metrics import CONTENT_TYPE_LATEST
 from .protocol import (
@@ -115,17 +118,20 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
 
 
 class _Served:
-    """What the routes need: the engine, the served name, and token helpers of its LLM."""
+    """What the routes need: the engine, the served name, and token helpers of its model
+    (:class:`~trtcore.serve.core.ServedModel`: the LLM itself is in the engine process)."""
 
     def __init__(self, engine: AsyncEngine, served_model_name: str):
         self.engine = engine
         self.name = served_model_name
 
     @property
-    def llm(self) -> Any:
-        if not self.engine.ready:
-            raise ApiError(503, "the server is loading the model", "service_unavailable", retry_after=1)
-        return self.engine.llm
+    def model(self) -> ServedModel:
+        """The model's description; 503 while the engine is not ready."""
+        if not self.engine.ready or self.engine.model is None:
+            why = "the server is loading the model" if self.engine.model is None else "the engine is not running"
+            raise ApiError(503, why, "service_unavailable", retry_after=1)
+        return self.engine.model
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.name:
@@ -133,25 +139,25 @@ class _Served:
 
     def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
         """Token ids of a prompt, checked against the vocabulary and the context."""
-        llm = self.llm
+        model = self.model
         try:
-            ids = llm.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            ids = model.encode(prompt) if isinstance(prompt, str) else list(prompt)
         except TrtcoreError as exc:
             raise ApiError(400, str(exc), param=param) from None
         if not ids:
             raise ApiError(400, f"{param} is empty; give at least one token", param=param)
-        vocab = llm.config.vocab_size
+        vocab = model.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ApiError(400, f"{param} has token ids outside [0, {vocab}): {bad[:5]}", param=param)
-        context = llm.build_config.max_seq_len
+        context = model.max_seq_len
         if len(ids) >= context:
             raise ApiError(400, f"This model's maximum context length is {context} tokens; the {param} has {len(ids)} tokens", param=param)
         return ids
 
     def max_tokens(self, requested: int | None, default: int | None, num_prompt: int, param: str) -> int:
         """``max_tokens`` of a request: what it asked, else ``default``, else what fits."""
-        room = self.llm.build_config.max_seq_len - num_prompt
+        room = self.model.max_seq_len - num_prompt
         n = requested if requested is not None else (default if default is not None else room)
         if n > room:
             raise ApiError(
@@ -164,12 +170,12 @@ class _Served:
     def token_text(self, token_id: int) -> str:
         """The token's text in logprobs: never lossy (``"bytes:\\xNN"`` for part of a UTF-8
         character, :func:`trtcore.token_bytes.token_text`); the id without a tokenizer."""
-        tok = self.llm.tokenizer
+        tok = self.model.tokenizer
         return token_text(tok, token_id) if tok is not None else str(token_id)
 
     def token_bytes(self, token_id: int) -> list[int] | None:
         """The token's raw bytes (chat logprobs' ``bytes``); None without a tokenizer."""
-        tok = self.llm.tokenizer
+        tok = self.model.tokenizer
         return list(token_bytes(tok, token_id)) if tok is not None else None
 
     def submit(self, ids: list[int], body: Any, max_tokens: int, logprobs: int | None) -> RequestStream:
@@ -237,9 +243,11 @@ def _lp(x: float) -> float:
 
 
 def _error_body(exc: Exception) -> dict[str, Any]:
-    return ErrorResponse(
-        error=ErrorInfo(message=str(exc), type="invalid_request_error" if isinstance(exc, TrtcoreError) else "internal_error")
-    ).model_dump()
+    if isinstance(exc, EngineNotReadyError):  # the engine process died under the request
+        kind = "service_unavailable"
+    else:
+        kind = "invalid_request_error" if isinstance(exc, TrtcoreError) else "internal_error"
+    return ErrorResponse(error=ErrorInfo(message=str(exc), type=kind)).model_dump()
 
 
 class _ClientGone(Exception):
@@ -266,6 +274,8 @@ async def _collect(stream: RequestStream, on_output: Callable[[Any], None], requ
                 task.cancel()
                 raise _ClientGone
         task.result()
+    except EngineNotReadyError as exc:  # the engine process died under the request
+        raise ApiError(503, str(exc), "service_unavailable", retry_after=1) from None
     except TrtcoreError as exc:
         raise ApiError(400, str(exc)) from None
     finally:
@@ -295,11 +305,17 @@ async def _events(stream: RequestStream, chunks: Callable[[Any], str], tail: Cal
     yield "data: [DONE]\n\n"
 
 
-def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callable[[BaseException], None] | None = None) -> FastAPI:
+def build_app(
+    engine: AsyncEngine,
+    served_model_name: str,
+    on_load_error: Callable[[BaseException], None] | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> FastAPI:
     """The FastAPI application serving ``engine`` as ``served_model_name``.
 
-    The lifespan starts loading the model in the background (``/health`` answers 503 until it
-    is ready); ``on_load_error`` is called if that fails. On shutdown the engine drains.
+    The lifespan starts the engine and its model loading in the background (``/health``
+    answers 503 until it is ready); ``on_ready`` is called once it is, ``on_load_error`` if
+    that fails. On shutdown the engine drains.
     """
     served = _Served(engine, served_model_name)
 
@@ -311,6 +327,9 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
             except BaseException as exc:
                 if on_load_error is not None:
                     on_load_error(exc)
+                return
+            if on_ready is not None:
+                on_ready()
 
         task = asyncio.create_task(load())
         yield
@@ -350,11 +369,8 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        llm = served.llm
-        version = None
-        if llm.engine_file is not None:
-            version = {"engine_sha256": llm.engine_file.sidecar.get("engine_sha256"), "plan": llm.plan.to_dict()}
-        return ModelList(data=[ModelCard(id=served.name, root=str(llm.model_dir), max_model_len=llm.build_config.max_seq_len, version=version)])
+        model = served.model
+        return ModelList(data=[ModelCard(id=served.name, root=model.model_dir, max_model_len=model.max_seq_len, version=model.version)])
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Any:
@@ -413,7 +429,7 @@ def build_app(engine: AsyncEngine, served_model_name: str, on_load_error: Callab
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         served.check_model(body.model)
         try:
-            prompt = served.llm.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
+            prompt = served.model.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
         except TrtcoreError as exc:
             raise ApiError(400, str(exc), param="messages") from None
         ids = served.prompt_ids(prompt, "messages")

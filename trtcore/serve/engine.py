@@ -1,43 +1,65 @@
-"""The engine loop of the server: one per process, fed by the HTTP handlers through an
-asyncio queue, driving :class:`trtcore.llm.LLM`'s online API (``add_request`` / ``step`` /
-``abort_request``).
+"""The server's engine, seen from the event loop: :class:`AsyncEngine` feeds the engine core
+(:mod:`trtcore.serve.core`) with the HTTP handlers' requests and routes its outputs back to
+their :class:`RequestStream` s.
 
-Threads: every call into the LLM (its construction, admissions, aborts, steps, ``close``)
-runs in one dedicated engine thread (a one-thread pool), so HTTP handling never waits for a
-step and the LLM (with its GPU context, where it has one) only ever sees one thread. The
-engine thread steps continuously while requests are live, as vLLM's engine core does: between
-two steps it admits the queued requests and applies the aborts of disconnected clients (their
-KV blocks are freed before the next step), and it hands each step's outputs to the event loop
-and goes on without waiting for them: the results queue up, and one ``loop.call_soon_threadsafe``
-wakes the loop for all the results that arrive before it runs; on the loop's thread
-:meth:`AsyncEngine._dispatch` routes them to their :class:`RequestStream` s and updates the
-metrics. A stream whose reader falls behind collects its outputs, and the reader takes them
-all at its next wake-up (:meth:`RequestStream.drain`; vLLM's ``RequestOutputCollector``).
+Processes (vLLM V1's "engine core" design): the server process runs the asyncio event loop
+(uvicorn, FastAPI, one SSE write per batch of tokens) and this class; the **engine process**
+(:func:`trtcore.serve.core.run_engine_core`, started with ``multiprocessing``'s ``spawn``
+method: CUDA does not survive ``fork``) builds the :class:`~trtcore.llm.LLM` and runs the step
+loop. The two share no GIL, so a step's host work never waits for HTTP work and the reverse.
+``in_process=True`` runs the same engine-core loop in a thread of the server process instead,
+over the same socket and messages (debugging, tests with objects that cannot be pickled).
 
-Batching window (``max_queue_delay_s``, Triton's ``max_queue_delay``): queued requests are
-held until the oldest has waited that long, or until they fill the free batch slots
-(``max_batch_size`` minus the running requests); 0 (the default) admits them at the next
-step (continuous batching needs no window).
+Who owns what: the engine process owns the LLM (its scheduler, KV blocks, detokenizers, the
+batching window); the server process owns the streams, the waiting limit (``max_waiting``),
+the metrics and the model's description (:class:`~trtcore.serve.core.ServedModel`: vocabulary
+size, context, tokenizer, chat template, engine version), which the routes use to tokenize
+and check requests before they are sent.
 
-A failing request (refused by the scheduler, non-finite logits) ends only its own stream;
-an exception out of a step fails the requests then live and the loop goes on.
+Messages (:mod:`trtcore.serve.core` has the wire format): the server sends ``ADD`` (request
+id, prompt token ids, :class:`~trtcore.runtime.sampling.SamplingParams`), ``ABORT`` (a client
+that went away: the engine frees its KV blocks before its next step) and ``SHUTDOWN``; what a
+loop iteration of the server queued goes out in one write. The engine sends ``READY`` (the
+model's description) or ``LOAD_ERROR`` once, then one ``STEP`` message per step with all its
+outputs and the scheduler's state the metrics need (running requests, KV cache usage,
+preemptions). The event loop reads the socket with ``loop.add_reader``, no thread of its own.
+The engine never waits for the server: steps whose messages the socket cannot take yet go out
+together later, and a stream whose reader falls behind collects its outputs, which the reader
+takes all at its next wake-up (:meth:`RequestStream.drain`; vLLM's ``RequestOutputCollector``).
+
+Errors: a request the engine refuses (e.g. a prompt over the context) or that fails (non-finite
+logits) ends only its own stream; an exception out of a step fails the requests then live and
+the engine goes on. An engine process that dies fails every live stream with
+:class:`EngineDeadError`; :attr:`AsyncEngine.ready` turns False (``/health``: 503) and new
+requests are refused with it. A shutdown (SIGTERM) drains: no new requests, the running ones
+finish, then the engine process closes the LLM and exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import multiprocessing
+import pickle
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidArgumentError, TrtcoreError
+from ..llm import StreamOutput
 from ..runtime.sampling import SamplingParams
+from .core import ABORT, ADD, HEADER, LOAD_ERROR, READY, SHUTDOWN, STEP, ServedModel, enlarge_buffers, frame, run_engine_core
 from .metrics import ServerMetrics
 
-__all__ = ["AsyncEngine", "EngineDrainingError", "EngineNotReadyError", "QueueFullError", "RequestStream"]
+__all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "EngineNotReadyError", "QueueFullError", "RequestStream"]
+
+#: bytes read from the engine's socket at once
+READ_SIZE = 1 << 20
+#: seconds to wait for the engine process to exit after ``SHUTDOWN`` (it closes the LLM) before killing it
+EXIT_TIMEOUT_S = 60.0
 
 
 class EngineNotReadyError(TrtcoreError, RuntimeError):
@@ -50,6 +72,11 @@ class EngineDrainingError(TrtcoreError, RuntimeError):
 
 class QueueFullError(TrtcoreError, RuntimeError):
     """``max_waiting`` requests already wait (HTTP 429 with ``Retry-After``)."""
+
+
+class EngineDeadError(EngineNotReadyError):
+    """The engine process exited without being asked to (a crash, a kill): the live requests
+    fail with it, new ones are refused with it (HTTP 503); the server needs a restart."""
 
 
 @dataclass(eq=False)
@@ -67,6 +94,7 @@ class RequestStream:
         params: its sampling parameters.
         arrival_time: ``time.perf_counter()`` when it was submitted.
         num_output_tokens: tokens delivered so far.
+        request_id: its id in the messages to and from the engine (set by :meth:`AsyncEngine.submit`).
     """
 
     engine: AsyncEngine
@@ -127,132 +155,198 @@ class RequestStream:
         self.engine._abort(self)
 
 
-@dataclass
-class _StepResult:
-    outputs: list[Any]
-    errors: list[tuple[RequestStream, Exception]]
-    start: float
-    scheduled: list[int]
-    running: int
-    kv_usage: float
-    preemptions: int
-
-
 class AsyncEngine:
-    """The server's engine loop (see the module docstring).
+    """The server's side of the engine (see the module docstring).
 
     Args:
-        make_llm: builds the :class:`~trtcore.llm.LLM` (run in the engine thread by :meth:`start`;
-            it must use the paged KV cache).
+        make_llm: builds the :class:`~trtcore.llm.LLM` (paged KV cache), called in the engine
+            process: it must be picklable (a module-level function or class, or a
+            :func:`functools.partial` of one; :func:`trtcore.serve.server.make_llm_factory`).
         metrics: where the request metrics go.
         max_waiting: most requests waiting (submitted, not yet scheduled) before
             :meth:`submit` refuses with :class:`QueueFullError`; at least 1 (every new
             request waits until the scheduler takes it).
-        max_queue_delay_s: the batching window, seconds (0: none).
+        max_queue_delay_s: the batching window, seconds (0: none; applied by the engine core).
+        in_process: run the engine-core loop in a thread of this process instead of an engine
+            process (same loop, same messages; ``make_llm`` need not be picklable). For
+            debugging and tests: the engine then shares this process's GIL.
 
     Attributes:
-        llm: the model, once :attr:`ready`.
+        model: the :class:`~trtcore.serve.core.ServedModel`, once the engine is ready.
+        engine_pid: the process the engine core runs in, once ready.
+        load_error: why the model failed to load, if it did.
         draining: set on shutdown: :meth:`submit` refuses, running requests finish.
 
     Raises:
-        InvalidArgumentError: ``max_waiting`` below 1.
+        InvalidArgumentError: ``max_waiting`` below 1, ``max_queue_delay_s`` below 0, or a
+            ``make_llm`` that cannot be pickled for the engine process.
     """
 
-    def __init__(self, make_llm: Callable[[], Any], metrics: ServerMetrics, max_waiting: int = 1024, max_queue_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        make_llm: Callable[[], Any],
+        metrics: ServerMetrics,
+        max_waiting: int = 1024,
+        max_queue_delay_s: float = 0.0,
+        in_process: bool = False,
+    ) -> None:
         if int(max_waiting) < 1:
             raise InvalidArgumentError(f"max_waiting must be >= 1 (a new request waits until the scheduler takes it), got {max_waiting}")
+        if float(max_queue_delay_s) < 0:
+            raise InvalidArgumentError(f"max_queue_delay_s must be >= 0, got {max_queue_delay_s}")
+        if not in_process:
+            try:
+                pickle.dumps(make_llm)
+            except Exception as exc:
+                raise InvalidArgumentError(
+                    f"make_llm={make_llm!r} cannot be pickled for the engine process ({exc}); pass a module-level "
+                    "function or a functools.partial of one, or in_process=True"
+                ) from None
         self._make_llm = make_llm
         self.metrics = metrics
         self.max_waiting = int(max_waiting)
         self.max_queue_delay_s = float(max_queue_delay_s)
-        self.llm: Any = None
+        self.in_process = bool(in_process)
+        self.model: ServedModel | None = None
+        self.engine_pid: int | None = None
         self.load_error: BaseException | None = None
         self.draining = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtcore-engine")
-        # shared by the loop's thread and the engine thread, under _lock
-        self._lock = threading.Lock()
-        self._pending: list[RequestStream] = []
-        self._aborts: list[RequestStream] = []
-        self._stopping = False
-        self._wakeup = threading.Event()
-        self._results: list[tuple[list[RequestStream], _StepResult]] = []  # for the loop, in step order
-        # the loop's thread only
-        self._live: dict[int, RequestStream] = {}
-        self._waiting: set[RequestStream] = set()
-        self._task: asyncio.Future[None] | None = None
+        self._worker: Any = None  # the engine process, or the engine thread (in_process)
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._rbuf = bytearray()
+        self._chunk = memoryview(bytearray(READ_SIZE))  # recv_into this (a fresh 1 MiB bytes per recv costs an mmap)
+        self._wbuf = bytearray()
+        self._writing = False  # waiting for the socket to take _wbuf
+        self._commands: list[tuple[Any, ...]] = []  # queued this loop iteration, sent in one frame
+        self._started: asyncio.Future[None] | None = None
+        self._stopping = False  # SHUTDOWN sent: the engine's end of the socket closing is expected
+        self._stopped: asyncio.Future[None] | None = None  # done when the engine's end closed
+        self._dead: EngineDeadError | None = None
+        self._ids = itertools.count()
+        self._streams: dict[int, RequestStream] = {}  # submitted and not finished, by request id
+        self._waiting: set[RequestStream] = set()  # submitted, not yet scheduled
         self._preemptions = 0
 
     @property
     def ready(self) -> bool:
-        """True once the model is loaded and the loop runs."""
-        return self.llm is not None and self._task is not None and not self._task.done()
+        """True once the model is loaded and the engine runs (False again if it died)."""
+        return self.model is not None and self._dead is None and not self._stopping
 
     async def start(self) -> None:
-        """Load the model in the engine thread and start the loop; a load failure is kept
-        in :attr:`load_error` (the server stays not ready) and raised."""
-        loop = asyncio.get_running_loop()
+        """Start the engine (process or thread) and wait until its model is loaded.
+
+        Raises:
+            Exception: the model failed to load (the engine's exception, kept in
+                :attr:`load_error`; the server stays not ready).
+            EngineDeadError: the engine process died while loading.
+        """
+        loop = self._loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        enlarge_buffers(ours)
+        if self.in_process:
+            self._worker = threading.Thread(
+                target=run_engine_core, args=(self._make_llm, theirs, self.max_queue_delay_s, False), name="trtcore-engine", daemon=True
+            )
+            self._worker.start()
+        else:
+            # daemon: the engine process ends with this one if it exits without a shutdown
+            ctx = multiprocessing.get_context("spawn")
+            self._worker = ctx.Process(
+                target=run_engine_core, args=(self._make_llm, theirs, self.max_queue_delay_s), name="trtcore-engine", daemon=True
+            )
+            try:
+                self._worker.start()
+            finally:
+                theirs.close()  # the child has its copy: its exit closes the socket's far end
+        ours.setblocking(False)
+        self._sock = ours
+        self._started, self._stopped = loop.create_future(), loop.create_future()
+        loop.add_reader(ours.fileno(), self._on_readable)
         try:
-            self.llm = await loop.run_in_executor(self._executor, self._make_llm)
+            await self._started
         except BaseException as exc:
             self.load_error = exc
+            await self._join()
             raise
-        self._task = loop.run_in_executor(self._executor, self._run, loop)
 
     async def shutdown(self) -> None:
-        """Stop the loop (after the requests still live, which drain first) and close the LLM."""
+        """Drain and stop: refuse new requests, let the live ones finish, then the engine
+        closes the LLM and exits."""
         self.draining = True
-        while self._task is not None and (self._live or self._pending) and not self._task.done():
+        while self._streams and self._dead is None:
             await asyncio.sleep(0.05)
-        with self._lock:
+        if self._sock is not None and self._dead is None and not self._stopping:
             self._stopping = True
-        self._wakeup.set()
-        if self._task is not None:
-            await self._task
-        if self.llm is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self.llm.close)
-        self._executor.shutdown(wait=True)
+            self._send((SHUTDOWN,))
+            assert self._stopped is not None
+            try:
+                await asyncio.wait_for(asyncio.shield(self._stopped), EXIT_TIMEOUT_S)
+            except TimeoutError:
+                pass
+        await self._join()
+
+    async def _join(self) -> None:
+        """Wait for the engine's process (or thread) to end (a process that does not within
+        :data:`EXIT_TIMEOUT_S` is killed), and close the socket."""
+        self._close_socket()
+        w = self._worker
+        if w is None:
+            return
+        await asyncio.get_running_loop().run_in_executor(None, w.join, EXIT_TIMEOUT_S)
+        if isinstance(w, multiprocessing.process.BaseProcess) and w.is_alive():
+            w.kill()
+            w.join()
+
+    def _close_socket(self) -> None:
+        if self._sock is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._sock.fileno())
+                if self._writing:
+                    self._loop.remove_writer(self._sock.fileno())
+                    self._writing = False
+            self._sock.close()
+            self._sock = None
 
     # requests ------------------------------------------------------------------------------
     def submit(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestStream:
         """Queue a request (on the event loop's thread); iterate the returned stream.
 
         Raises:
-            EngineNotReadyError: the model is still loading.
             EngineDrainingError: the server is shutting down.
+            EngineDeadError: the engine process died.
+            EngineNotReadyError: the model is still loading.
             QueueFullError: ``max_waiting`` requests already wait.
         """
         if self.draining:
             raise EngineDrainingError("the server is shutting down")
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
         if not self.ready:
             raise EngineNotReadyError("the model is still loading")
         if len(self._waiting) >= self.max_waiting:
             raise QueueFullError(f"{len(self._waiting)} requests wait already (--max-waiting {self.max_waiting}); retry later")
-        stream = RequestStream(self, list(prompt_token_ids), params)
-        with self._lock:
-            self._pending.append(stream)
+        ids = list(prompt_token_ids)
+        stream = RequestStream(self, ids, params, request_id=next(self._ids))
+        self._streams[stream.request_id] = stream  # type: ignore[index]
         self._waiting.add(stream)
         self.metrics.num_requests_waiting.set(len(self._waiting))
-        self._wakeup.set()
+        self._send((ADD, stream.request_id, ids, params))
         return stream
 
     def _abort(self, stream: RequestStream) -> None:
         if stream.finished:
             return
         stream.aborted = True
-        with self._lock:
-            if stream in self._pending:
-                self._pending.remove(stream)
-            else:
-                self._aborts.append(stream)  # the engine thread frees its blocks before the next step
+        if self._dead is None:
+            self._send((ABORT, stream.request_id))  # the engine frees its blocks before its next step
         self._finish(stream, "abort")
-        self._wakeup.set()
 
     def _finish(self, stream: RequestStream, reason: str | None, now: float | None = None) -> None:
         """Book-keeping of a finished request: metrics (``reason`` None: a failure)."""
         stream.finished = True
         self._waiting.discard(stream)
-        if stream.request_id is not None:
-            self._live.pop(stream.request_id, None)
+        self._streams.pop(stream.request_id, None)  # type: ignore[arg-type]
         m = self.metrics
         if reason is None:
             m.request_failure.inc()
@@ -261,127 +355,147 @@ class AsyncEngine:
             m.e2e_request_latency.observe((now or time.perf_counter()) - stream.arrival_time)
         m.num_requests_waiting.set(len(self._waiting))
 
-    # the engine thread -------------------------------------------------------------------
-    def _admissions(self, now: float) -> tuple[list[RequestStream], float | None]:
-        """Under the lock: the queued requests to admit now, and how long to wait for the
-        window otherwise."""
-        if not self._pending:
-            return [], None
-        if self.max_queue_delay_s > 0:
-            free = max(self.llm.build_config.max_batch_size - self.llm.engine.scheduler.num_running, 0)
-            waited = now - self._pending[0].arrival_time
-            if waited < self.max_queue_delay_s and (free == 0 or len(self._pending) < free):
-                return [], self.max_queue_delay_s - waited
-        admit, self._pending = self._pending, []
-        return admit, None
+    # the socket ----------------------------------------------------------------------------
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        """Queue ``msg`` for the engine: the messages of one loop iteration go in one frame."""
+        if self._sock is None:
+            return
+        self._commands.append(msg)
+        if len(self._commands) == 1:
+            assert self._loop is not None
+            self._loop.call_soon(self._flush_commands)
 
-    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The engine thread's loop: admit, abort, step, hand the result to ``loop``; sleep
-        while idle; return once stopping and idle."""
-        live: dict[int, RequestStream] = {}  # admitted and not finished, as this thread knows
-        while True:
-            with self._lock:
-                admit, hold = self._admissions(time.perf_counter())
-                aborts, self._aborts = self._aborts, []
-                idle = not admit and not aborts and not self.llm.has_unfinished_requests()
-                if idle:
-                    if self._stopping:
-                        return
-                    self._wakeup.clear()  # under the lock: a submit after it sets it again
-            if idle:  # (or holding the window): sleep until a request or the window's end
-                self._wakeup.wait(hold)
-                continue
-            result = self._step(admit, aborts, live)
-            with self._lock:
-                self._results.append((admit, result))
-                wake = len(self._results) == 1  # else a wake-up is on its way and takes this one too
-            if wake:
-                loop.call_soon_threadsafe(self._dispatch_results)
+    def _flush_commands(self) -> None:
+        commands, self._commands = self._commands, []
+        if self._sock is None or not commands:
+            return
+        self._wbuf += frame(commands)
+        self._write()
 
-    def _step(self, admit: list[RequestStream], aborts: list[RequestStream], live: dict[int, RequestStream]) -> _StepResult:
-        """In the engine thread: admissions, aborts, one step, the scheduler's state
-        (``live``: the requests admitted and not finished, failed too if the step raises)."""
-        llm = self.llm
-        errors: list[tuple[RequestStream, Exception]] = []
-        for s in admit:
-            try:
-                s.request_id = llm.add_request(s.prompt_token_ids, s.params)
-                live[s.request_id] = s
-            except Exception as exc:  # refused (e.g. never fits the KV pool): only this one
-                errors.append((s, exc))
-        for s in aborts:
-            if s.request_id is not None:
-                llm.abort_request(s.request_id)
-                live.pop(s.request_id, None)
-        start = time.perf_counter()
-        outputs: list[Any] = []
-        if llm.has_unfinished_requests():
-            try:
-                outputs = llm.step()
-            except Exception as exc:  # a bug or a device error: fail what is live, keep serving
-                for s in live.values():
-                    errors.append((s, exc))
-                    llm.abort_request(s.request_id)
-                live.clear()
-        for out in outputs:
-            if out.finish_reason is not None:
-                live.pop(out.index, None)
-        sched = llm.engine.scheduler
-        blocks = sched.block_manager
-        used = blocks.num_used_blocks
-        return _StepResult(
-            outputs,
-            errors,
-            start,
-            [r.request_id for r in sched.running],
-            sched.num_running,
-            used / max(used + blocks.num_free_blocks, 1),
-            sched.num_preemptions,
-        )
+    def _write(self) -> None:
+        """Write what the socket takes now; the rest when it becomes writable (never blocks)."""
+        sock, loop = self._sock, self._loop
+        if sock is None or loop is None:
+            return
+        try:
+            n = sock.send(self._wbuf)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            return  # the engine is gone: the reader sees the end of the stream
+        del self._wbuf[:n]
+        if self._wbuf and not self._writing:
+            loop.add_writer(sock.fileno(), self._write)
+            self._writing = True
+        elif not self._wbuf and self._writing:
+            loop.remove_writer(sock.fileno())
+            self._writing = False
 
-    # the loop's thread ---------------------------------------------------------------------
+    def _on_readable(self) -> None:
+        """On the loop's thread, when the engine wrote: handle every complete frame."""
+        if self._sock is None:
+            return
+        try:
+            n = self._sock.recv_into(self._chunk)
+        except BlockingIOError:
+            return
+        except OSError:
+            n = 0
+        if not n:
+            self._engine_gone()
+            return
+        buf = self._rbuf
+        buf += self._chunk[:n]
+        header = HEADER.size
+        while len(buf) >= header:
+            (n,) = HEADER.unpack_from(buf)
+            if len(buf) < header + n:
+                break
+            messages = pickle.loads(buf[header : header + n])
+            del buf[: header + n]
+            for msg in messages:
+                self._handle(msg)
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == STEP:
+            self._on_step(*msg[1:])
+        elif kind == READY:
+            self.model, self.engine_pid = msg[1], msg[2]
+            if self._started is not None and not self._started.done():
+                self._started.set_result(None)
+        elif kind == LOAD_ERROR:
+            if self._started is not None and not self._started.done():
+                self._started.set_exception(msg[1])
+
+    def _engine_gone(self) -> None:
+        """The engine's end of the socket closed: expected after ``SHUTDOWN`` or a load error,
+        else the engine died (every live stream fails)."""
+        self._close_socket()
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(None)
+        if self._stopping:
+            return
+        w = self._worker
+        where = "engine thread"
+        if isinstance(w, multiprocessing.process.BaseProcess):
+            w.join(0.5)  # its exit status, if it is there yet (a crash only: the loop may wait this once)
+            where = f"engine process (pid {w.pid}, exit status {w.exitcode})"
+        err = self._dead = EngineDeadError(f"the {where} exited unexpectedly; the server needs a restart")
+        if self._started is not None and not self._started.done():
+            self._started.set_exception(err)
+        for s in list(self._streams.values()):
+            self._finish(s, None)
+            s._put(err)
+        self.metrics.num_requests_running.set(0)
+        self.metrics.kv_cache_usage.set(0.0)
+
+    # the engine's outputs --------------------------------------------------------------------
     def _scheduled(self, s: RequestStream, at: float) -> None:
         if s.scheduled_time is None:
             s.scheduled_time = at
             self.metrics.request_queue_time.observe(at - s.arrival_time)
             self._waiting.discard(s)
 
-    def _dispatch_results(self) -> None:
-        with self._lock:
-            results, self._results = self._results, []
-        for admit, r in results:
-            self._dispatch(admit, r)
-
-    def _dispatch(self, admit: list[RequestStream], r: _StepResult) -> None:
-        """On the loop's thread: route the step's outputs to their streams, update metrics
+    def _on_step(
+        self,
+        start: float,
+        prompt_tokens: int,
+        errors: list[tuple[int, Exception]],
+        outputs: list[tuple[Any, ...]],
+        scheduled: list[int],
+        running: int,
+        kv_usage: float,
+        preemptions: int,
+    ) -> None:
+        """On the loop's thread: route one step's outputs to their streams, update the metrics
         (a token's time is now, when its stream gets it, as vLLM's frontend stamps it)."""
         m = self.metrics
         now = time.perf_counter()
-        failed = {id(s) for s, _ in r.errors}
-        for s in admit:
-            if s.request_id is not None and id(s) not in failed:
-                m.prompt_tokens.inc(len(s.prompt_token_ids))
-                if not s.aborted:  # (one that went away while being admitted is aborted already)
-                    self._live[s.request_id] = s
-        for s, exc in r.errors:
-            if not s.finished:
+        streams = self._streams
+        if prompt_tokens:
+            m.prompt_tokens.inc(prompt_tokens)
+        for rid, exc in errors:
+            s = streams.get(rid)
+            if s is not None:
                 self._finish(s, None)
                 s._put(exc)
-        for rid in r.scheduled:
-            if rid in self._live:
-                self._scheduled(self._live[rid], r.start)
+        for rid in scheduled:
+            s = streams.get(rid)
+            if s is not None:
+                self._scheduled(s, start)
         tokens = 0
         ttft, itl = m.time_to_first_token.observe, m.inter_token_latency.observe
-        for out in r.outputs:
-            s = self._live.get(out.index)
+        for rid, token_id, text, logprobs, finish_reason, stop_reason, error in outputs:
+            s = streams.get(rid)
             if s is None:
                 continue  # aborted meanwhile
-            if out.error is not None:
+            if error is not None:
                 self._finish(s, None)
-                s._put(out.error)
+                s._put(error)
                 continue
             if s.scheduled_time is None:
-                self._scheduled(s, r.start)
+                self._scheduled(s, start)
             s.num_output_tokens += 1
             tokens += 1
             if s.last_token_time is None:
@@ -389,14 +503,14 @@ class AsyncEngine:
             else:
                 itl(now - s.last_token_time)
             s.last_token_time = now
-            if out.finish_reason is not None:
-                self._finish(s, out.finish_reason, now)
-            s._put(out)
+            if finish_reason is not None:
+                self._finish(s, finish_reason, now)
+            s._put(StreamOutput(rid, token_id, text, logprobs, finish_reason, stop_reason))
         if tokens:
             m.generation_tokens.inc(tokens)
-        if r.preemptions > self._preemptions:
-            m.num_preemptions.inc(r.preemptions - self._preemptions)
-        self._preemptions = r.preemptions
-        m.num_requests_running.set(r.running)
+        if preemptions > self._preemptions:
+            m.num_preemptions.inc(preemptions - self._preemptions)
+        self._preemptions = preemptions
+        m.num_requests_running.set(running)
         m.num_requests_waiting.set(len(self._waiting))
-        m.kv_cache_usage.set(r.kv_usage)
+        m.kv_cache_usage.set(kv_usage)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import TrtcoreError
-from .server import LISTENING
+from .server import ENGINE_PROCESS, LISTENING
 
 __all__ = ["ServerProcess"]
 
@@ -34,6 +34,7 @@ class ServerProcess:
 
     Attributes:
         url: ``http://127.0.0.1:PORT`` once started.
+        engine_pid: the server's engine process, once its model is loaded.
         process: the :class:`subprocess.Popen`.
         stderr_lines: what the server wrote to stderr so far.
 
@@ -46,6 +47,7 @@ class ServerProcess:
         self.args = list(args)
         self.timeout = timeout
         self.url = ""
+        self.engine_pid: int | None = None
         self.process: subprocess.Popen[str] | None = None
         self.stderr_lines: list[str] = []
         self._port_found = threading.Event()
@@ -57,6 +59,8 @@ class ServerProcess:
             if line.startswith(LISTENING):
                 self.url = line[len(LISTENING) :].strip()
                 self._port_found.set()
+            elif line.startswith(ENGINE_PROCESS):
+                self.engine_pid = int(line[len(ENGINE_PROCESS) :])
 
     def _fail(self, why: str) -> TrtcoreError:
         self.stop()

@@ -2,16 +2,21 @@
 
 The listening socket is bound before the model loads, and one line
 ``trtcore serve: listening on http://HOST:PORT`` goes to stderr (with ``--port 0``, the port
-the system chose); ``GET /health`` answers 503 until the model is ready.
+the system chose); ``GET /health`` answers 503 until the model is ready. The model is loaded
+and stepped in an engine process of its own (:mod:`trtcore.serve.engine`); once it is ready,
+``trtcore serve: engine process PID`` goes to stderr.
 
 SIGTERM (and SIGINT) drain: ``/health`` and new requests answer 503, the listening socket
-closes, running requests finish, then the process exits with status 0. A model that fails
-to load ends the process with status 2 and ``trtcore: error: ...``.
+closes, running requests finish, the engine process exits, then the server exits with status
+0. A model that fails to load ends the process with status 2 and ``trtcore: error: ...``. An
+engine process that dies fails the live requests and leaves the server answering 503 (a
+supervisor restarts it on ``/health``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import socket
 import sys
@@ -20,10 +25,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["LISTENING", "add_serve_parser", "make_llm_factory", "run_server", "serve"]
+__all__ = ["ENGINE_PROCESS", "LISTENING", "add_serve_parser", "build_llm", "make_llm_factory", "run_server", "serve"]
 
 #: the start of the stderr line that announces the bound address
 LISTENING = "trtcore serve: listening on "
+#: the start of the stderr line that announces the engine process's pid (once the model is loaded)
+ENGINE_PROCESS = "trtcore serve: engine process "
 
 
 def add_serve_parser(p: argparse.ArgumentParser, add_engine: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -49,42 +56,38 @@ def add_serve_parser(p: argparse.ArgumentParser, add_engine: Callable[[argparse.
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
 
 
+def build_llm(model: str | None, engine: str | None, options: dict[str, Any]) -> Any:
+    """The served :class:`~trtcore.llm.LLM` (in the engine process): ``model`` (None: the default
+    model, or the folder the engine file's sidecar names), ``engine`` (an engine file or None),
+    ``options`` (the LLM's keyword arguments)."""
+    from ..llm import LLM
+
+    if model is None and engine is None:
+        from ..default_model import default_model_dir
+
+        model = default_model_dir(progress=False)
+    return LLM(model, engine=engine, progress=False, **options)
+
+
 def make_llm_factory(args: argparse.Namespace) -> Callable[[], Any]:
-    """A function that builds the served :class:`~trtcore.llm.LLM` from ``args`` (paged KV
-    cache; build options not given are the LLM's defaults, or the engine file's)."""
-
-    def make() -> Any:
-        from ..llm import LLM
-
-        model = args.model
-        if model is None and args.engine is None:
-            from ..default_model import default_model_dir
-
-            model = default_model_dir(progress=False)
-        options = {
-            k: v
-            for k, v in {
-                "dtype": args.dtype,
-                "max_batch_size": args.max_batch_size,
-                "max_seq_len": args.max_seq_len,
-                "max_num_tokens": args.max_num_tokens,
-                "kv_cache_memory": args.kv_cache_memory,
-            }.items()
-            if v is not None
-        }
-        if args.engine is None:
-            options["kv_cache"] = "paged"  # continuous batching (an engine file brings its own)
-        return LLM(
-            model,
-            engine=args.engine,
-            backend=args.backend,
-            progress=False,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            quantization=getattr(args, "quantization", None),
-            **options,
-        )
-
-    return make
+    """A picklable function (a :func:`functools.partial` of :func:`build_llm`) that builds the
+    served :class:`~trtcore.llm.LLM` from ``args`` in the engine process (paged KV cache; build
+    options not given are the LLM's defaults, or the engine file's)."""
+    options = {
+        k: v
+        for k, v in {
+            "dtype": args.dtype,
+            "max_batch_size": args.max_batch_size,
+            "max_seq_len": args.max_seq_len,
+            "max_num_tokens": args.max_num_tokens,
+            "kv_cache_memory": args.kv_cache_memory,
+        }.items()
+        if v is not None
+    }
+    if args.engine is None:
+        options["kv_cache"] = "paged"  # continuous batching (an engine file brings its own)
+    options |= {"backend": args.backend, "gpu_memory_utilization": args.gpu_memory_utilization, "quantization": getattr(args, "quantization", None)}
+    return functools.partial(build_llm, args.model, args.engine, options)
 
 
 def _served_name(args: argparse.Namespace) -> str:
@@ -132,7 +135,10 @@ def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "w
         failed.append(exc)
         server.should_exit = True
 
-    app = build_app(engine, name, on_load_error=load_error)
+    def ready() -> None:
+        print(f"{ENGINE_PROCESS}{engine.engine_pid}", file=sys.stderr, flush=True)
+
+    app = build_app(engine, name, on_load_error=load_error, on_ready=ready)
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=None, lifespan="on")
     server = _Server(config)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
