@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -110,8 +109,8 @@ def start_server(model: str, backend: str, max_batch_size: int, max_seq_len: int
 
 def load(url: str, model: str, concurrency: int, num_prompts: int, input_len: int, output_len: int, out: Path, server_pid: int, workers: int = 1) -> dict[str, Any]:
     """``trtcore bench serve`` at ``--max-concurrency concurrency``; its report, with where the
-    time went: ``client_cpu_s`` (the load generator process), ``server_cpu_s`` (the server
-    process, all its threads) and the server's own mean queue time and TTFT over the run
+    time went: ``client_cpu_s`` (the load generator's processes while sending), ``server_cpu_s``
+    (the server process and its engine process) and the server's own mean queue time and TTFT over the run
     (``server_queue_time_mean_ms``, ``server_ttft_mean_ms``: its ``/metrics`` histograms)."""
     path = out / f"serve-c{concurrency}.json"
     cmd = _trtcore(
@@ -119,11 +118,10 @@ def load(url: str, model: str, concurrency: int, num_prompts: int, input_len: in
         "--input-len", str(input_len), "--output-len", str(output_len), "--tokenizer", model, "--ignore-eos", "--json", str(path),
         "--num-workers", str(workers),
     )  # fmt: skip
-    m0, server0, client0 = server_metrics(url), cpu_seconds(server_pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+    m0, server0 = server_metrics(url), cpu_seconds(server_pid)
     subprocess.run(cmd, check=True)
-    m1, server1, client1 = server_metrics(url), cpu_seconds(server_pid), resource.getrusage(resource.RUSAGE_CHILDREN)
-    report = json.loads(path.read_text())
-    report["client_cpu_s"] = (client1.ru_utime + client1.ru_stime) - (client0.ru_utime + client0.ru_stime)
+    m1, server1 = server_metrics(url), cpu_seconds(server_pid)
+    report = json.loads(path.read_text())  # with client_cpu_s, the load generator's own
     report["server_cpu_s"] = server1 - server0
     report["server_queue_time_mean_ms"] = mean_ms(m0, m1, "request_queue_time")
     report["server_ttft_mean_ms"] = mean_ms(m0, m1, "time_to_first_token")

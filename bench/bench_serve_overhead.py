@@ -174,15 +174,6 @@ def cpu_seconds(pid: int, children: bool = True) -> float:
     return total
 
 
-def client_cpu_seconds() -> float:
-    """User + system CPU seconds of this process and of its children that ended (the load
-    generator's worker processes; the server, still running, is not among them)."""
-    import resource
-
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def server_metrics(url: str) -> dict[str, float]:
     """The ``_sum`` and ``_count`` samples of the server's ``/metrics``."""
     import urllib.request
@@ -258,9 +249,9 @@ def main() -> None:
             prompts = random_prompts(n, args.input_len, args.output_len, np.random.default_rng(0))
             workers = min(c, args.num_workers)
             asyncio.run(benchmark(url, prompts[: min(n, c)], max_concurrency=c, ignore_eos=True))  # warm-up
-            cpu0, api0, client0, m0 = cpu_seconds(proc.pid), cpu_seconds(proc.pid, False), client_cpu_seconds(), server_metrics(url)
+            cpu0, api0, m0 = cpu_seconds(proc.pid), cpu_seconds(proc.pid, False), server_metrics(url)
             rep = asyncio.run(benchmark(url, prompts, max_concurrency=c, ignore_eos=True, num_workers=workers))
-            cpu, api, client = cpu_seconds(proc.pid) - cpu0, cpu_seconds(proc.pid, False) - api0, client_cpu_seconds() - client0
+            cpu, api, client = cpu_seconds(proc.pid) - cpu0, cpu_seconds(proc.pid, False) - api0, rep["client_cpu_s"]
             m1 = server_metrics(url)
             if rep["completed"] != n:
                 raise RuntimeError(f"{n - rep['completed']} requests failed: {next(e for e in rep['errors'] if e)}")

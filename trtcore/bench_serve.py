@@ -442,16 +442,16 @@ async def _send(client: Any, job: _Job, t0: float) -> tuple[list[RequestOutput],
 
 def _worker(job: _Job, index: int, barrier: Any, results: Any) -> None:
     """A load-generating process: its own event loop and HTTP client; starts sending when
-    every worker is ready (``barrier``), puts ``(index, t0, end, outputs, peak)`` or
+    every worker is ready (``barrier``), puts ``(index, t0, end, outputs, peak, cpu)`` or
     ``(index, error)`` on ``results`` (times: ``time.perf_counter()``, one clock for every
     process of the machine: ``CLOCK_MONOTONIC``)."""
 
-    async def main() -> tuple[float, float, list[RequestOutput], int]:
+    async def main() -> tuple[float, float, list[RequestOutput], int, float]:
         async with _session(_aiohttp(), job.timeout_s) as client:
             barrier.wait(timeout=120)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             outputs, peak = await _send(client, job, t0)
-            return t0, time.perf_counter(), outputs, peak
+            return t0, time.perf_counter(), outputs, peak, time.process_time() - cpu0
 
     try:
         results.put((index, *asyncio.run(main())))
@@ -459,10 +459,11 @@ def _worker(job: _Job, index: int, barrier: Any, results: Any) -> None:
         results.put((index, f"{type(exc).__name__}: {exc}"))
 
 
-def _run_workers(job: _Job, n: int) -> tuple[list[RequestOutput], int, float]:
+def _run_workers(job: _Job, n: int) -> tuple[list[RequestOutput], int, float, float]:
     """``job`` over ``n`` worker processes (:meth:`_Job.share`); the outputs in the order of
     ``job.prompts`` with ``start`` relative to the common start, the sum of the workers'
-    peaks in flight, and the duration (common start to the last response).
+    peaks in flight, the duration (common start to the last response) and the workers' CPU
+    seconds while sending (their start-up left out).
 
     Raises:
         TrtcoreError: a worker failed or did not report within its timeout.
@@ -496,14 +497,15 @@ def _run_workers(job: _Job, n: int) -> tuple[list[RequestOutput], int, float]:
             if p.is_alive():
                 p.kill()
     outputs: list[RequestOutput | None] = [None] * len(job.prompts)
-    peak, end = 0, t0
-    for i, (w0, w_end, outs, w_peak) in got.items():
+    peak, end, cpu = 0, t0, 0.0
+    for i, (w0, w_end, outs, w_peak, w_cpu) in got.items():
         for k, o in enumerate(outs):
             o.start += w0 - t0
             outputs[i + k * n] = o
         peak += w_peak
         end = max(end, w_end)
-    return [o for o in outputs if o is not None], peak, end - t0
+        cpu += w_cpu
+    return [o for o in outputs if o is not None], peak, end - t0, cpu
 
 
 async def benchmark(
@@ -527,7 +529,8 @@ async def benchmark(
     """Send ``prompts`` to ``base_url + endpoint`` as the module docstring describes and return
     the report: the run's settings, :func:`calculate_metrics`'s metrics, ``max_concurrent_requests``
     (the most in flight at once) and per request ``input_lens``, ``output_lens``, ``start_times``,
-    ``ttfts``, ``itls``, ``e2els`` (seconds) and ``errors``.
+    ``ttfts``, ``itls``, ``e2els`` (seconds) and ``errors``; ``client_cpu_s``: the CPU seconds
+    the client's process(es) spent while sending (the load generator's own cost).
 
     ``num_workers`` > 1 spreads the requests over that many load-generating processes (each its
     own event loop and HTTP client; request ``i`` goes to worker ``i % num_workers`` at its
@@ -557,13 +560,13 @@ async def benchmark(
     if workers <= 1:
         async with _session(aiohttp, timeout_s) as client:
             job.model = model or await _first_model(client, base_url)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             outputs, peak = await _send(client, job, t0)
-            duration = time.perf_counter() - t0
+            duration, client_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     else:
         async with _session(aiohttp, timeout_s) as client:
             job.model = model or await _first_model(client, base_url)
-        outputs, peak, duration = await asyncio.get_running_loop().run_in_executor(None, _run_workers, job, workers)
+        outputs, peak, duration, client_cpu = await asyncio.get_running_loop().run_in_executor(None, _run_workers, job, workers)
     model = job.model
     return {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
@@ -578,6 +581,7 @@ async def benchmark(
         **calculate_metrics(outputs, duration, goodput, percentiles),
         "max_concurrent_requests": peak,
         "num_workers": max(workers, 1),
+        "client_cpu_s": client_cpu,
         "input_lens": [o.prompt_len for o in outputs],
         "output_lens": [o.output_tokens for o in outputs],
         "start_times": [o.start for o in outputs],
