@@ -40,8 +40,9 @@ their own (shapes set per step), padded too (:func:`padded_step_shape`): their t
 power of two (:func:`token_buckets`), their sequences to a batch bucket, the padding tokens
 in padding rows that read and write only the scratch block (:func:`fill_step`; a step of
 ``max_batch_size`` sequences takes the engine profile's spare row for its padding,
-:data:`~trtcore.kv_modes.SPARE_ROWS`), so that the eager context meets a few shape combinations only (the cuda engine prepares the launch list
-of each new one on the host, milliseconds; ``warm_eager`` prepares them all at start-up).
+:data:`~trtcore.kv_modes.SPARE_ROWS`), so that the eager context meets a few shape
+combinations only (the cuda engine prepares the launch list of each new one on the host,
+milliseconds; ``warm_eager`` prepares them all at start-up).
 Where the context allows it (``eager_graphs``), every padded shape is captured at start-up
 into a graph per host side, like a decode bucket's (``capture_eager_shapes``; else a shape is
 captured right after its second eager run); the steps of that shape that sample a token replay
