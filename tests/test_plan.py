@@ -64,7 +64,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     monkeypatch.setattr(trtcore.llm, "define_network", record)
     import trtcore.runtime.trt_executor as te
 
-    monkeypatch.setattr(te, "require_gpu", lambda: None)
+    monkeypatch.setattr(te, "require_gpu", lambda **_: None)
     monkeypatch.delenv("TRTCORE_BACKEND", raising=False)
     return seen
 

@@ -116,6 +116,27 @@ def test_the_engine_process_steps_on_while_the_loop_is_busy() -> None:
     assert not engine._worker.is_alive() and engine._worker.exitcode == 0
 
 
+def test_max_waiting_counts_only_what_waits_beyond_the_free_batch_slots() -> None:
+    """max_batch_size 4, max_waiting 2: 4 requests submitted at once (none scheduled yet)
+    take the free slots and wait for nobody; 2 more wait; the 7th is refused (429)."""
+    from trtcore.serve.engine import QueueFullError
+
+    stand_in = _stand_in_class()(step_s=1e-3, host_s=0.0, max_batch_size=4)
+
+    async def scenario() -> None:
+        engine = AsyncEngine(lambda: stand_in, ServerMetrics("m"), max_waiting=2, in_process=True)
+        await engine.start()
+        streams = [engine.submit([1], SamplingParams(max_tokens=50, ignore_eos=True)) for _ in range(6)]
+        with pytest.raises(QueueFullError, match="--max-waiting 2"):
+            engine.submit([1], SamplingParams(max_tokens=2))
+        for s in streams:  # every admitted request runs to its end
+            outs = [o async for o in s]
+            assert len(outs) == 50 and outs[-1].finish_reason == "length"
+        await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
 def _failing_stand_in(fail: list[str]) -> Any:
     """A stand-in that refuses a prompt starting with 666 and whose steps raise what ``fail`` holds."""
 

@@ -98,3 +98,25 @@ def test_bad_serve_flags_are_refused_before_anything_starts(tmp_path: Path, caps
 
     assert main(["serve", "--model", str(tmp_path / "absent"), flag, value]) != 0
     assert flag in capsys.readouterr().err
+
+
+def test_max_tokens_beyond_the_kv_cache_is_refused_before_a_stream_starts() -> None:
+    """A request needs up to ``prompt + max_tokens - 1`` KV tokens: one that can never fit
+    the pool (here 100 tokens, a context of 256) is a 400 naming ``max_tokens`` (it used to be
+    accepted, then fail inside the stream); unset, ``max_tokens`` fills what fits."""
+    from types import SimpleNamespace
+
+    from trtcore.serve.app import ApiError, _Served
+    from trtcore.serve.core import ServedModel
+
+    model = ServedModel("m", vocab_size=10, max_seq_len=256, max_batch_size=2, kv_cache_tokens=100)
+    served = _Served(SimpleNamespace(ready=True, model=model), NAME)  # type: ignore[arg-type]
+    assert served.max_tokens(91, None, 10, "max_tokens") == 91  # 10 + 91 - 1 = 100 KV tokens: fits
+    with pytest.raises(ApiError) as e:
+        served.max_tokens(92, None, 10, "max_tokens")
+    assert e.value.status == 400 and e.value.info.param == "max_tokens" and "KV cache holds 100" in str(e.value)
+    assert served.max_tokens(None, None, 10, "max_tokens") == 91
+    with pytest.raises(ApiError, match="maximum context length is 256"):
+        served.max_tokens(247, None, 10, "max_tokens")
+    unknown = _Served(SimpleNamespace(ready=True, model=ServedModel("m", 10, 256, 2)), NAME)  # type: ignore[arg-type]
+    assert unknown.max_tokens(None, None, 10, "max_tokens") == 246

@@ -367,10 +367,17 @@ def _aiohttp() -> Any:
 
 
 async def _first_model(client: Any, base_url: str) -> str:
+    """The first model of ``GET /v1/models``.
+
+    Raises:
+        TrtcoreError: nothing answers at ``base_url`` (no server there), or it lists no model.
+    """
     try:
         async with client.get(f"{base_url}/v1/models") as resp:
             resp.raise_for_status()
             return str((await resp.json())["data"][0]["id"])
+    except OSError as exc:  # aiohttp's ClientConnectorError: nothing listens there
+        raise TrtcoreError(f"cannot connect to {base_url} ({type(exc).__name__}: {exc}); is the server running?") from exc
     except Exception as exc:
         raise TrtcoreError(f"{base_url}/v1/models gave no model ({type(exc).__name__}: {exc}); pass --model") from exc
 

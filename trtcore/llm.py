@@ -445,7 +445,7 @@ class LLM:
         if self.backend != "reference":
             from .runtime.trt_executor import require_gpu
 
-            require_gpu()  # before a long engine build
+            require_gpu(backend=self.backend)  # before a long engine build
         if self.engine_file is not None:
             return self._engine_executor(trt, self.engine_file.serialized)
         with Checkpoint(self.model_dir) as weights, tqdm(total=2, desc="build", disable=not progress, leave=False) as bar:
@@ -605,8 +605,8 @@ class LLM:
         req, _ = self._request(rid, prompt, params)
         self.engine.add_request(req)
         self._next_request_id += 1
-        if req.error is not None:
-            raise InvalidRequestError(f"request {rid}: {req.error}")
+        if req.error is not None:  # the scheduler's reason names the request
+            raise InvalidRequestError(req.error)
         self._texts[rid] = _IncrementalText(self, params)
         return rid
 

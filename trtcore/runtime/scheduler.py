@@ -673,7 +673,8 @@ class Scheduler(_BaseScheduler):
             return (
                 f"request {req.request_id!r} needs up to {need_tokens} KV tokens (prompt {req.num_prompt_tokens} + "
                 f"max_tokens {req.max_tokens} - 1) = {need_blocks} blocks of {bm.block_size}, but the whole KV pool "
-                f"has {bm.num_blocks} blocks ({bm.num_slots} tokens); lower max_tokens or enlarge the pool"
+                f"has {bm.num_blocks} blocks ({bm.num_slots} tokens); lower max_tokens or give the pool more "
+                f"memory (kv_cache_memory / gpu_memory_utilization)"
             )
         if not self.chunked_prefill and need_tokens > self.max_num_batched_tokens:
             return (

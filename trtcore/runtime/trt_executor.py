@@ -52,13 +52,14 @@ __all__ = [
 _ALIGNMENT = 256  # bytes; cudaMalloc aligns to at least this, and no buffer is empty
 
 
-def require_gpu(device: int = 0) -> None:
+def require_gpu(device: int = 0, backend: str = "tensorrt") -> None:
     """Check that CUDA device ``device`` is usable, before spending time on an engine build.
 
     Raises:
-        trtcore.gpu.NoGPUError: no driver, no GPU, or no device ``device`` (a :class:`CudaError`).
+        trtcore.gpu.NoGPUError: no driver, no GPU, or no device ``device`` (a :class:`CudaError`);
+            the message names ``backend`` and the one that runs on the CPU.
     """
-    gpu.require_gpu(device, "TensorRT execution needs a CUDA GPU")
+    gpu.require_gpu(device, f"backend {backend!r} runs its engine on a CUDA GPU (on the CPU use backend 'reference')")
 
 
 def check_input(name: str, array: Any, expected_shape: Sequence[int], dtype: np.dtype[Any]) -> np.ndarray:

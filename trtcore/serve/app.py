@@ -156,13 +156,25 @@ class _Served:
         return ids
 
     def max_tokens(self, requested: int | None, default: int | None, num_prompt: int, param: str) -> int:
-        """``max_tokens`` of a request: what it asked, else ``default``, else what fits."""
-        room = self.model.max_seq_len - num_prompt
-        n = requested if requested is not None else (default if default is not None else room)
+        """``max_tokens`` of a request: what it asked, else ``default``, else what fits the
+        context and the KV cache (a request needs up to ``prompt + max_tokens - 1`` KV tokens:
+        one that can never fit is refused here, before a stream starts)."""
+        model = self.model
+        room = model.max_seq_len - num_prompt
+        kv = model.kv_cache_tokens
+        kv_room = room if kv is None else kv + 1 - num_prompt
+        n = requested if requested is not None else (default if default is not None else min(room, kv_room))
         if n > room:
             raise ApiError(
                 400,
                 f"This model's maximum context length is {room + num_prompt} tokens; {param}={n} and the prompt's {num_prompt} tokens exceed it",
+                param=param,
+            )
+        if n > kv_room:
+            raise ApiError(
+                400,
+                f"{param}={n} and the prompt's {num_prompt} tokens need up to {num_prompt + n - 1} KV cache tokens; this server's "
+                f"KV cache holds {kv} (lower {param}, or start the server with more --kv-cache-memory / --gpu-memory-utilization)",
                 param=param,
             )
         return n

@@ -101,6 +101,8 @@ class ServedModel:
         version: ``{"engine_sha256", "plan"}`` of an engine file, None for an engine built at
             start-up (``GET /v1/models``' ``version``).
         tokenizer: the LLM's :class:`tokenizers.Tokenizer` (pickled as its JSON), or None.
+        kv_cache_tokens: tokens the KV pool holds (its blocks times the block size): a request
+            needs up to ``prompt + max_tokens - 1`` of them; None where not known.
     """
 
     model_dir: str
@@ -109,6 +111,7 @@ class ServedModel:
     max_batch_size: int
     version: dict[str, Any] | None = None
     tokenizer: Any = None
+    kv_cache_tokens: int | None = None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, as :meth:`trtcore.llm.LLM.encode`.
@@ -141,7 +144,11 @@ def describe(llm: Any) -> ServedModel:
     if llm.engine_file is not None:
         version = {"engine_sha256": llm.engine_file.sidecar.get("engine_sha256"), "plan": llm.plan.to_dict()}
     bc = llm.build_config
-    return ServedModel(str(Path(llm.model_dir)), int(llm.config.vocab_size), int(bc.max_seq_len), int(bc.max_batch_size), version, llm.tokenizer)
+    blocks = getattr(getattr(getattr(llm, "engine", None), "scheduler", None), "block_manager", None)
+    kv_tokens = None if blocks is None else int(blocks.num_slots)
+    return ServedModel(
+        str(Path(llm.model_dir)), int(llm.config.vocab_size), int(bc.max_seq_len), int(bc.max_batch_size), version, llm.tokenizer, kv_tokens
+    )
 
 
 class _Channel:

@@ -163,9 +163,8 @@ class AsyncEngine:
             process: it must be picklable (a module-level function or class, or a
             :func:`functools.partial` of one; :func:`trtcore.serve.server.make_llm_factory`).
         metrics: where the request metrics go.
-        max_waiting: most requests waiting (submitted, not yet scheduled) before
-            :meth:`submit` refuses with :class:`QueueFullError`; at least 1 (every new
-            request waits until the scheduler takes it).
+        max_waiting: most requests waiting (submitted, not yet scheduled, beyond the batch's
+            free slots) before :meth:`submit` refuses with :class:`QueueFullError`; at least 1.
         max_queue_delay_s: the batching window, seconds (0: none; applied by the engine core).
         in_process: run the engine-core loop in a thread of this process instead of an engine
             process (same loop, same messages; ``make_llm`` need not be picklable). For
@@ -324,8 +323,11 @@ class AsyncEngine:
             raise EngineDeadError(str(self._dead))
         if not self.ready:
             raise EngineNotReadyError("the model is still loading")
-        if len(self._waiting) >= self.max_waiting:
-            raise QueueFullError(f"{len(self._waiting)} requests wait already (--max-waiting {self.max_waiting}); retry later")
+        # a request the engine has not scheduled yet waits only beyond the batch's free slots
+        # (an idle engine takes max_batch_size requests at its next step)
+        free = self.model.max_batch_size - (len(self._streams) - len(self._waiting)) if self.model is not None else 0
+        if len(self._waiting) - max(free, 0) >= self.max_waiting:
+            raise QueueFullError(f"{self.max_waiting} requests wait already (--max-waiting {self.max_waiting}); retry later")
         ids = list(prompt_token_ids)
         stream = RequestStream(self, ids, params, request_id=next(self._ids))
         self._streams[stream.request_id] = stream  # type: ignore[index]

@@ -51,6 +51,7 @@ class ServerProcess:
         self.process: subprocess.Popen[str] | None = None
         self.stderr_lines: list[str] = []
         self._port_found = threading.Event()
+        self._engine_found = threading.Event()
 
     def _read_stderr(self) -> None:
         assert self.process is not None and self.process.stderr is not None
@@ -61,13 +62,14 @@ class ServerProcess:
                 self._port_found.set()
             elif line.startswith(ENGINE_PROCESS):
                 self.engine_pid = int(line[len(ENGINE_PROCESS) :])
+                self._engine_found.set()
 
     def _fail(self, why: str) -> TrtcoreError:
         self.stop()
         return TrtcoreError(f"trtcore serve {why}:\n{''.join(self.stderr_lines)[-4000:]}")
 
     def start(self) -> ServerProcess:
-        """Launch it and wait until ``/health`` answers 200."""
+        """Launch it and wait until ``/health`` answers 200 (and the engine process is announced)."""
         cmd = [sys.executable, "-m", "trtcore.cli", "serve", *self.args, "--host", "127.0.0.1", "--port", "0"]
         self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         threading.Thread(target=self._read_stderr, daemon=True).start()
@@ -79,6 +81,8 @@ class ServerProcess:
             if self.process.poll() is not None:
                 raise self._fail(f"exited with status {self.process.returncode}")
             if self.health() == 200:
+                # the engine's pid line comes with readiness, maybe just after /health turned 200
+                self._engine_found.wait(max(0.0, min(10.0, deadline - time.monotonic())))
                 return self
             time.sleep(0.1)
         raise self._fail(f"was not ready within {self.timeout} s")
