@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import sys
@@ -402,18 +403,7 @@ class _Job:
         arrival time, and its share of ``max_concurrency`` (the shares add up to it)."""
         c = self.max_concurrency
         share = None if c is None else c // n + (i < c % n)
-        return _Job(
-            self.url,
-            self.model,
-            self.endpoint,
-            self.prompts[i::n],
-            self.sends[i::n],
-            share,
-            self.ignore_eos,
-            self.temperature,
-            self.tokenizer,
-            self.timeout_s,
-        )
+        return dataclasses.replace(self, prompts=self.prompts[i::n], sends=self.sends[i::n], max_concurrency=share)
 
 
 def _session(aiohttp: Any, timeout_s: float) -> Any:
