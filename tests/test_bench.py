@@ -25,11 +25,12 @@ from hf_models import ModelStore, hf_models  # noqa: F401
 
 from trtcore import SamplingParams, bench, cli
 from trtcore.config import load_config
+from trtcore.errors import InvalidArgumentError
 
 QUANTITIES = ("ttft", "tpot", "itl", "e2el")
 ROW_KEYS = {"batch_size", "completed", "total_input", "total_output", "duration_s", "request_throughput", "output_throughput",
             "total_token_throughput", "weight_GBps", "weight_streaming_fraction"} | {f"{s}_{q}_ms" for q in QUANTITIES for s in ("mean", "median", "p99")}  # fmt: skip
-REPORT_KEYS = {"benchmark", "model", "random_weights", "backend", "device", "dtype", "kv_cache", "max_batch_size", "input_len",
+REPORT_KEYS = {"benchmark", "model", "random_weights", "backend", "device", "dtype", "quantization", "kv_cache", "max_batch_size", "input_len",
                "output_len", "num_iters", "streamed_weight_bytes", "copy_GBps", "results"}  # fmt: skip
 
 
@@ -42,6 +43,36 @@ def test_streamed_weight_bytes_count_transformers_parameters(hf_models: ModelSto
     config = load_config(hf_models.dir(name))
     assert bench.streamed_weight_bytes(config, "bfloat16") == 2 * params
     assert bench.streamed_weight_bytes(config, "float32") == 4 * params
+
+
+@pytest.mark.parametrize(
+    "quantization, qconfig, bits",
+    [
+        ("fp8", None, 8.0),
+        ("gptq", {"bits": 4, "group_size": 128}, 4 + 20 / 128),  # int4 codes, a float16 scale + a 4-bit zero per 128
+        ("gptq", {"bits": 8, "group_size": -1}, 8.0),  # per output channel
+        ("awq", {"w_bit": 4, "q_group_size": 64}, 4 + 20 / 64),
+        ("compressed-tensors", {"config_groups": {"g": {"weights": {"num_bits": 4, "group_size": 32}}}}, 4 + 20 / 32),
+    ],
+)
+def test_streamed_weight_bytes_of_quantized_projections(hf_models: ModelStore, quantization: str, qconfig: Any, bits: float) -> None:  # noqa: F811
+    """The decoder projections (transformers' nn.Linear modules inside the layers) at the
+    format's bits per weight, everything else in bfloat16."""
+    import torch
+
+    hf = hf_models.hf("llama3_rope")
+    linear = sum(m.weight.numel() for m in hf.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    params = sum(p.numel() for p in hf.parameters()) - (0 if hf.config.tie_word_embeddings else hf.model.embed_tokens.weight.numel())
+    config = load_config(hf_models.dir("llama3_rope"))
+    assert bench.linear_weight_bits(quantization, qconfig) == pytest.approx(bits)
+    got = bench.streamed_weight_bytes(config, "bfloat16", bench.linear_weight_bits(quantization, qconfig))
+    assert got == round(linear * bits / 8) + 2 * (params - linear)
+
+
+def test_linear_weight_bits_refuses_gguf() -> None:
+    assert bench.linear_weight_bits(None, None) is None
+    with pytest.raises(InvalidArgumentError, match="gguf"):
+        bench.linear_weight_bits("gguf", None)
 
 
 def test_request_metrics_follow_the_definitions() -> None:

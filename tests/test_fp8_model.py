@@ -18,6 +18,8 @@ from safetensors.numpy import save_file
 from safetensors.torch import load_file as load_torch
 
 from trtcore import LLM, SamplingParams
+from trtcore import bench as bench_mod
+from trtcore.config import load_config
 from trtcore.errors import UnsupportedQuantizationError
 from trtcore.quantizer import quantize_checkpoint
 
@@ -233,7 +235,11 @@ def test_cli_quantize_fp8_and_bench_random_fp8_weights(src: Path, tmp_path: Path
     argv = ["bench", "throughput", "--random-weights", str(src / "config.json"), "--backend", "reference", "--quantization", "fp8",
             "--num-prompts", "2", "--input-len", "4", "--output-len", "3", "--num-iters-warmup", "0", "--json", str(report)]  # fmt: skip
     assert cli.main(argv) == 0
-    assert json.loads(report.read_text())["results"][0]["output_throughput"] > 0
+    got = json.loads(report.read_text())
+    assert got["results"][0]["output_throughput"] > 0
+    assert got["quantization"] == "fp8"  # the decoder projections stream one byte per weight
+    assert got["streamed_weight_bytes"] < bench_mod.streamed_weight_bytes(load_config(src), "bfloat16")
+    assert got["streamed_weight_bytes"] == bench_mod.streamed_weight_bytes(load_config(src), "bfloat16", 8)
 
 
 def test_random_fp8_weights_build_fp8_gemms(src: Path) -> None:

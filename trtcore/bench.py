@@ -54,6 +54,7 @@ __all__ = [
     "add_bench_parsers",
     "copy_bandwidth",
     "latency",
+    "linear_weight_bits",
     "request_metrics",
     "streamed_weight_bytes",
     "throughput",
@@ -63,7 +64,35 @@ __all__ = [
 QUANTITIES = ("ttft", "tpot", "itl", "e2el")
 
 
-def streamed_weight_bytes(config: Any, dtype: str) -> int:
+def linear_weight_bits(quantization: str | None, quantization_config: dict[str, Any] | None) -> float | None:
+    """Bits one decoder-linear weight takes in the engine, scales and zero points included;
+    None where the weights are not quantized (they are in the engine's dtype).
+
+    * ``"fp8"``: 8 (E4M3; per-tensor or per-channel scales, negligible).
+    * ``"gptq"`` / ``"awq"`` / ``"compressed-tensors"``: ``bits + (16 + bits) / group_size``
+      (a float16 scale and a packed zero point per group; ``group_size`` -1 / absent: per output
+      channel, counted as ``bits``).
+
+    Raises:
+        InvalidArgumentError: ``"gguf"`` (its block types differ from tensor to tensor, so no one
+            figure holds) or another method.
+    """
+    if quantization is None:
+        return None
+    if quantization == "fp8":
+        return 8.0
+    c = quantization_config or {}
+    if quantization in ("gptq", "awq", "compressed-tensors"):
+        if quantization == "compressed-tensors":
+            group = next(iter((c.get("config_groups") or {}).values()), {}).get("weights", {})
+            bits, size = int(group.get("num_bits", 4)), group.get("group_size")
+        else:
+            bits, size = int(c.get("bits", c.get("w_bit", 4))), c.get("group_size", c.get("q_group_size"))
+        return float(bits) + ((16 + bits) / int(size) if size and int(size) > 0 else 0.0)
+    raise InvalidArgumentError(f"no bits-per-weight figure for quantization {quantization!r}; expected fp8, gptq, awq or compressed-tensors")
+
+
+def streamed_weight_bytes(config: Any, dtype: str, linear_bits: float | None = None) -> int:
     """Bytes of weights one decode step reads: every decoder layer's projections, norms and
     biases (the family's rules, :mod:`trtcore.families`), the final norm and the LM head (the embedding table itself is only
     gathered from, so an untied one is not counted).
@@ -71,6 +100,8 @@ def streamed_weight_bytes(config: Any, dtype: str) -> int:
     Args:
         config: a :class:`trtcore.config.ModelConfig`.
         dtype: the engine's dtype (``"float32"``, ``"float16"``, ``"bfloat16"``).
+        linear_bits: bits per decoder-projection weight when they are quantized
+            (:func:`linear_weight_bits`); norms, biases and the LM head stay in ``dtype``.
     """
     from .dtypes import numpy_dtype
     from .families import family_of
@@ -82,13 +113,15 @@ def streamed_weight_bytes(config: Any, dtype: str) -> int:
 
     h, i = config.hidden_size, config.intermediate_size
     q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
-    layer += (q + 2 * kv) * has(family.qkv_bias, config.attention_bias) + h * has(family.o_bias, config.attention_bias)
+    projections = h * q + 2 * h * kv + q * h + 3 * h * i
+    layer = 2 * h + (q + 2 * kv) * has(family.qkv_bias, config.attention_bias) + h * has(family.o_bias, config.attention_bias)
     layer += (2 * i + h) * has(family.mlp_bias, config.mlp_bias)
     if config.model_type == "qwen3":  # per-head q/k RMSNorm (as models/llama.py builds it)
         layer += 2 * config.head_dim
-    params = config.num_hidden_layers * layer + h + config.vocab_size * h
-    return params * np.dtype(numpy_dtype(dtype)).itemsize
+    itemsize = np.dtype(numpy_dtype(dtype)).itemsize
+    projection_bytes = projections * (itemsize if linear_bits is None else linear_bits / 8)
+    other = config.num_hidden_layers * layer + h + config.vocab_size * h
+    return int(round(config.num_hidden_layers * projection_bytes)) + other * itemsize
 
 
 def copy_bandwidth(device: str, nbytes: int = 1 << 30, reps: int = 20) -> float | None:
@@ -397,10 +430,11 @@ def _peer(args: argparse.Namespace, llm: Any, weights: Any, rows: list[dict[str,
     gc.collect()
 
 
-def _bandwidth(row: dict[str, Any], weight_bytes: int, copy_Bps: float | None) -> None:
+def _bandwidth(row: dict[str, Any], weight_bytes: int | None, copy_Bps: float | None) -> None:
     """``weight_GBps`` (streamed weight bytes / median TPOT) and, on a GPU, its fraction of
-    the copy bandwidth (``weight_streaming_fraction``; None on the CPU)."""
-    row["weight_GBps"] = weight_bytes / (row["median_tpot_ms"] * 1e-3) / 1e9 if row["median_tpot_ms"] else None
+    the copy bandwidth (``weight_streaming_fraction``; None on the CPU or where the weight bytes
+    are unknown)."""
+    row["weight_GBps"] = weight_bytes / (row["median_tpot_ms"] * 1e-3) / 1e9 if weight_bytes and row["median_tpot_ms"] else None
     row["weight_streaming_fraction"] = row["weight_GBps"] * 1e9 / copy_Bps if copy_Bps and row["weight_GBps"] else None
 
 
@@ -424,7 +458,10 @@ def _run(args: argparse.Namespace, kind: str, sizes: list[int], max_batch_size: 
         raise InvalidArgumentError(f"--input-len and --output-len must be >= 1, got {args.input_len}, {args.output_len}")
     llm, weights = _make_llm(args, max_batch_size, args.input_len + args.output_len)
     bw = copy_bandwidth(llm.device)
-    wbytes = streamed_weight_bytes(llm.config, llm.plan.dtype)
+    quantization = llm.quantization or getattr(args, "quantization", None)
+    wbytes: int | None = None
+    if quantization != "gguf":  # GGUF's block types differ from tensor to tensor: no one figure
+        wbytes = streamed_weight_bytes(llm.config, llm.plan.dtype, linear_weight_bits(quantization, llm.config.quantization_config))
     rng = np.random.default_rng(args.seed)
     rows = []
     for size in sizes:
@@ -444,6 +481,7 @@ def _run(args: argparse.Namespace, kind: str, sizes: list[int], max_batch_size: 
         "backend": llm.backend,
         "device": llm.device,
         "dtype": llm.plan.dtype,
+        "quantization": quantization,
         "kv_cache": llm.kv_cache,
         "max_batch_size": llm.plan.max_batch_size,
         "input_len": args.input_len,
@@ -471,7 +509,8 @@ def print_report(report: dict[str, Any], file: Any = None) -> None:
     file = file or sys.stdout
     bw = report["copy_GBps"]
     print(
-        f"{report['benchmark']}: {report['model']} on {report['backend']} ({report['dtype']}, {report['kv_cache']} KV cache), "
+        f"{report['benchmark']}: {report['model']} on {report['backend']} ({report['dtype']}{', ' + report['quantization'] if report.get('quantization') else ''}, "
+        f"{report['kv_cache']} KV cache), "
         f"input {report['input_len']}, output {report['output_len']} tokens",
         file=file,
     )
@@ -489,7 +528,9 @@ def print_report(report: dict[str, Any], file: Any = None) -> None:
             line += f"  transformers {r['transformers']['output_throughput']:.1f} tok/s, decode x{r['decode_speedup']:.2f}"
         print(line, file=file)
     limit = f"{bw:.0f} GB/s" if bw else "n/a (CPU)"
-    print(f"weight streaming: {report['streamed_weight_bytes'] / 1e9:.4g} GB per decode step; device copy bandwidth {limit}", file=file)
+    streamed = report["streamed_weight_bytes"]
+    per_step = f"{streamed / 1e9:.4g} GB per decode step" if streamed else "bytes per decode step unknown (GGUF blocks)"
+    print(f"weight streaming: {per_step}; device copy bandwidth {limit}", file=file)
 
 
 def pyplot() -> Any:
