@@ -30,7 +30,7 @@ from trtcore.errors import InvalidArgumentError
 QUANTITIES = ("ttft", "tpot", "itl", "e2el")
 ROW_KEYS = {"batch_size", "completed", "total_input", "total_output", "duration_s", "request_throughput", "output_throughput",
             "total_token_throughput", "weight_GBps", "weight_streaming_fraction"} | {f"{s}_{q}_ms" for q in QUANTITIES for s in ("mean", "median", "p99")}  # fmt: skip
-REPORT_KEYS = {"benchmark", "model", "random_weights", "backend", "device", "dtype", "quantization", "kv_cache", "max_batch_size", "input_len",
+REPORT_KEYS = {"benchmark", "model", "random_weights", "backend", "device", "dtype", "quantization", "kv_cache", "max_batch_size", "max_num_tokens", "input_len",
                "output_len", "num_iters", "streamed_weight_bytes", "copy_GBps", "results"}  # fmt: skip
 
 
@@ -137,12 +137,13 @@ def test_bench_latency_cli(hf_models: ModelStore, tmp_path: Path, capsys: pytest
 def test_bench_throughput_cli(hf_models: ModelStore, tmp_path: Path) -> None:  # noqa: F811
     out = tmp_path / "thr.json"
     argv = ["bench", "throughput", "--model", str(hf_models.dir("qwen2_bias")), "--backend", "reference", "--num-prompts", "5",
-            "--max-batch-size", "2", "--input-len", "7", "--output-len", "4", "--json", str(out)]  # fmt: skip
+            "--max-batch-size", "2", "--input-len", "7", "--output-len", "4", "--max-num-tokens", "9", "--json", str(out)]  # fmt: skip
     assert cli.main(argv) == 0
     report = json.loads(out.read_text())
     _check_report(report, "throughput", [5], 4, 1)
     [r] = report["results"]
-    assert report["kv_cache"] == "paged" and report["max_batch_size"] == 2
+    # two 7-token prompts do not fit 9 tokens a step: prefill is chunked, the counts hold
+    assert report["kv_cache"] == "paged" and report["max_batch_size"] == 2 and report["max_num_tokens"] == 9
     assert r["total_input"] == 5 * 7
     assert r["output_throughput"] == pytest.approx(r["total_output"] / r["duration_s"])
     # 5 requests, 2 at a time: the last ones wait for a free slot
@@ -152,6 +153,12 @@ def test_bench_throughput_cli(hf_models: ModelStore, tmp_path: Path) -> None:  #
 def test_bench_needs_a_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bench", "latency", "--backend", "reference"]) == 2
     assert "--model, --engine or --random-weights" in capsys.readouterr().err
+
+
+def test_bench_refuses_a_bad_max_num_tokens(hf_models: ModelStore, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    argv = ["bench", "throughput", "--model", str(hf_models.dir("qwen2_bias")), "--backend", "reference", "--max-num-tokens", "0"]
+    assert cli.main(argv) == 2
+    assert "--max-num-tokens must be >= 1, got 0" in capsys.readouterr().err
 
 
 def _args(**kw: Any) -> argparse.Namespace:

@@ -342,6 +342,12 @@ def _make_llm(args: argparse.Namespace, max_batch_size: int, max_seq_len: int) -
     options: dict[str, Any] = {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len}
     if args.kv_cache:
         options["kv_cache"] = args.kv_cache
+    if getattr(args, "max_num_tokens", None) is not None:
+        if args.max_num_tokens < 1:
+            raise InvalidArgumentError(f"--max-num-tokens must be >= 1, got {args.max_num_tokens}")
+        if args.engine:
+            raise InvalidArgumentError("--max-num-tokens is fixed by the engine file (trtcore build --max-num-tokens); leave it out with --engine")
+        options["max_num_tokens"] = args.max_num_tokens
     if args.random_weights:
         if getattr(args, "quantization", None) and args.peer:
             raise InvalidArgumentError("--peer transformers runs float weights; leave out --quantization")
@@ -484,6 +490,7 @@ def _run(args: argparse.Namespace, kind: str, sizes: list[int], max_batch_size: 
         "quantization": quantization,
         "kv_cache": llm.kv_cache,
         "max_batch_size": llm.plan.max_batch_size,
+        "max_num_tokens": llm.plan.max_num_tokens,
         "input_len": args.input_len,
         "output_len": args.output_len,
         "num_iters": args.num_iters if kind == "latency" else 1,
@@ -609,6 +616,9 @@ def add_bench_parsers(bench: argparse.ArgumentParser, add_engine: Callable[[argp
         p.add_argument("--backend", help="reference | tensorrt | tensorrt_rtx | cuda")
         p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="default: bfloat16 for random weights, else the backend's")
         p.add_argument("--kv-cache", choices=("paged", "contiguous"), help="default: the backend's")
+        p.add_argument(
+            "--max-num-tokens", type=int, help="most tokens per step, prefill chunks included (paged; TensorRT-LLM's name; default 2048)"
+        )
         p.add_argument("--input-len", type=int, default=128, help="prompt tokens (default 128)")
         p.add_argument("--output-len", type=int, default=128, help="generated tokens per request (default 128)")
         p.add_argument("--num-iters-warmup", type=int, default=1, help="untimed runs first (default 1)")
