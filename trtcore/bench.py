@@ -616,9 +616,7 @@ def add_bench_parsers(bench: argparse.ArgumentParser, add_engine: Callable[[argp
         p.add_argument("--backend", help="reference | tensorrt | tensorrt_rtx | cuda")
         p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="default: bfloat16 for random weights, else the backend's")
         p.add_argument("--kv-cache", choices=("paged", "contiguous"), help="default: the backend's")
-        p.add_argument(
-            "--max-num-tokens", type=int, help="most tokens per step, prefill chunks included (paged; TensorRT-LLM's name; default 2048)"
-        )
+        p.add_argument("--max-num-tokens", type=int, help="most tokens per step, prefill chunks included (paged; TensorRT-LLM's name; default 2048)")
         p.add_argument("--input-len", type=int, default=128, help="prompt tokens (default 128)")
         p.add_argument("--output-len", type=int, default=128, help="generated tokens per request (default 128)")
         p.add_argument("--num-iters-warmup", type=int, default=1, help="untimed runs first (default 1)")
