@@ -11,7 +11,8 @@
 // The conversion is written out here (no cuda_fp8.h, which NVRTC cannot find without the full
 // toolkit headers, and the same code on every architecture).
 //
-// Kernels (each starts with PDL_WAIT(); none triggers its dependents early):
+// Kernels (each starts with PDL_WAIT(); none triggers its dependents early; amax and quantize
+// read 8 elements per thread and step where alignment allows, the same numbers either way):
 //   trtcore_fp8_zero        amax = 0 (before trtcore_fp8_amax)
 //   trtcore_fp8_amax        amax = max |x| (atomicMax on the float's bits: non-negative floats
 //                           order as their unsigned bit patterns)
@@ -53,12 +54,34 @@ extern "C" __global__ void trtcore_fp8_zero(unsigned int* amax) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *amax = 0u;
 }
 
+// Elements per thread and step of the vectorized loops: one 16-byte load of x (two for float32)
+// and one 8-byte store of q; taken when x and q are aligned to that and n is a multiple of 8
+// (the engines' activations and workspaces are), else the scalar loop does all.
+#define VEC 8
+struct __align__(16) Vec8 {
+    elem_t v[VEC];
+};
+
+__device__ __forceinline__ bool vectorizable(const void* x, const void* q, long long n) {
+    return n % VEC == 0 && ((unsigned long long)x % sizeof(Vec8)) == 0 && ((unsigned long long)q % 8) == 0;
+}
+
 extern "C" __global__ void trtcore_fp8_amax(const elem_t* __restrict__ x, long long n, unsigned int* amax) {
     PDL_WAIT();
     float m = 0.0f;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    const long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    const long long n8 = vectorizable(x, x, n) ? n / VEC : 0;
+    for (long long i = start; i < n8; i += stride) {
+        const Vec8 in = reinterpret_cast<const Vec8*>(x)[i];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            float v = fabsf(to_f32(in.v[j]));
+            m = v > m ? v : m;  // a NaN never wins (max|x| of finite activations)
+        }
+    }
+    for (long long i = n8 * VEC + start; i < n; i += stride) {
         float v = fabsf(to_f32(x[i]));
-        m = v > m ? v : m;  // a NaN never wins (max|x| of finite activations)
+        m = v > m ? v : m;
     }
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     if ((threadIdx.x & 31) == 0) atomicMax(amax, __float_as_uint(m));
@@ -82,8 +105,16 @@ extern "C" __global__ void trtcore_fp8_quantize(const elem_t* __restrict__ x, lo
         alpha_out[0] = w_scale != nullptr ? __fmul_rn(s, *w_scale) : s;  // cuBLASLt's alpha
         alpha_out[1] = 0.0f;                                             // cuBLASLt's beta
     }
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        q[i] = e4m3_of(__fdiv_rn(to_f32(x[i]), s));
+    const long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x, stride = (long long)gridDim.x * blockDim.x;
+    const long long n8 = vectorizable(x, q, n) ? n / VEC : 0;
+    for (long long i = start; i < n8; i += stride) {
+        const Vec8 in = reinterpret_cast<const Vec8*>(x)[i];
+        unsigned long long out = 0ull;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out |= (unsigned long long)e4m3_of(__fdiv_rn(to_f32(in.v[j]), s)) << (8 * j);
+        reinterpret_cast<unsigned long long*>(q)[i] = out;  // little-endian: element j at byte j
+    }
+    for (long long i = n8 * VEC + start; i < n; i += stride) q[i] = e4m3_of(__fdiv_rn(to_f32(x[i]), s));
 }
 
 extern "C" __global__ void trtcore_fp8_scale_rows(const float* __restrict__ d, const float* __restrict__ w_scale, long long total, int n,

@@ -49,12 +49,13 @@ from trtcore.cuda.cublaslt import FP8_ACCUMULATION_RTOL  # noqa: E402
 from trtcore.plugins.fp8_gemm import _KERNELS, Fp8GemmPlugin  # noqa: E402
 
 
-def _quantize_on_gpu(x: np.ndarray, scale: float | None, w_scale: float | None = None) -> tuple[np.ndarray, float, np.ndarray]:
+def _quantize_on_gpu(x: np.ndarray, scale: float | None, w_scale: float | None = None, offset: int = 0) -> tuple[np.ndarray, float, np.ndarray]:
     """E4M3 codes, the scale and cuBLASLt's ``(alpha, beta)`` from the quantize kernel (dynamic:
-    amax kernel first; ``w_scale`` None: a per-channel weight, null pointer)."""
+    amax kernel first; ``w_scale`` None: a per-channel weight, null pointer); ``offset``
+    elements before x in its device buffer (1: x not 16-byte aligned, the kernels' scalar loop)."""
     defines = (("DTYPE", 0),)
-    xd = cp.asarray(x.astype(np.float32))
     n = x.size
+    xd = cp.asarray(np.concatenate([np.zeros(offset, np.float32), x.astype(np.float32).ravel()]))[offset:]
     q = cp.zeros(n, cp.uint8)
     scalars = cp.full(6, 0x7FC00000, cp.uint32)  # amax bits, the scale, NaN, NaN, then alpha and beta (NaN until written)
     static = cp.asarray(np.array([scale or 1.0, w_scale or 1.0], np.float32))
@@ -72,23 +73,31 @@ def _quantize_on_gpu(x: np.ndarray, scale: float | None, w_scale: float | None =
     return cp.asnumpy(q).reshape(x.shape), float(got[1]), got[4:6]
 
 
-def test_quantize_kernel_codes_are_exact() -> None:
+# (elements, offset): a multiple of 8 and aligned (the vectorized loop), 8k + 1 (its scalar
+# tail), misaligned (the scalar loop only)
+LOOPS = [(7384, 0), (7385, 0), (7384, 1)]
+
+
+@pytest.mark.parametrize(("n", "offset"), LOOPS, ids=["vector", "tail", "misaligned"])
+def test_quantize_kernel_codes_are_exact(n: int, offset: int) -> None:
     rng = np.random.default_rng(0)
     values = fp8.from_e4m3(np.arange(0x7F, dtype=np.uint8))  # +0 .. 448
     mids = (values[:-1] + values[1:]) / 2  # every tie
     x = np.concatenate([mids, -mids, values, rng.normal(0, 100, 5000), rng.normal(0, 1e-3, 2000), [449.0, 464.0, 465.0, 1e9, -1e9, 0.0]])
-    codes, s, _ = _quantize_on_gpu(x, 1.0)
+    x = rng.permutation(x)[:n]
+    codes, s, _ = _quantize_on_gpu(x, 1.0, offset=offset)
     assert s == 1.0
     np.testing.assert_array_equal(codes, fp8.to_e4m3(x))
-    codes, s, _ = _quantize_on_gpu(x * 0.37, 0.37)
+    codes, s, _ = _quantize_on_gpu(x * 0.37, 0.37, offset=offset)
     np.testing.assert_array_equal(codes, fp8.quantize(x * 0.37, np.float32(0.37)))
 
 
-def test_dynamic_scale_is_amax_over_448() -> None:
+@pytest.mark.parametrize(("n", "offset"), LOOPS, ids=["vector", "tail", "misaligned"])
+def test_dynamic_scale_is_amax_over_448(n: int, offset: int) -> None:
     rng = np.random.default_rng(1)
-    x = rng.normal(0, 3, 100_000).astype(np.float32)
-    x[12345] = -77.5
-    codes, s, _ = _quantize_on_gpu(x, None)
+    x = rng.normal(0, 3, n).astype(np.float32)
+    x[n - 1] = -77.5  # the last element: in the scalar tail of 8k + 1 elements
+    codes, s, _ = _quantize_on_gpu(x, None, offset=offset)
     assert s == float(fp8.amax_scale(77.5))
     np.testing.assert_array_equal(codes, fp8.quantize(x, np.float32(s)))
     _, s0, _ = _quantize_on_gpu(np.zeros(1000), None)
