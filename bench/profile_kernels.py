@@ -31,7 +31,7 @@ from typing import Any
 #: (kind, pattern of the kernel name), first match wins
 KINDS = [
     ("fp8 quantize / scales", r"trtcore_fp8|quantiz"),
-    ("gemm fp8 (cuBLASLt)", r"e4m3|f8|fp8"),
+    ("gemm fp8 (cuBLASLt)", r"e4m3|f8|fp8|qqtst"),  # nvjet_sm90_qqtst_...: cuBLASLt 13 FP8 kernels
     ("gemm (cuBLAS/cuBLASLt)", r"gemm|xmma|cutlass|nvjet|sm90_|sm80_|ampere|hopper|splitK|splitk"),
     ("gemv (generated)", r"gemv"),
     ("attention", r"paged_attn|paged_kv|attention|flash"),
