@@ -118,6 +118,24 @@ def test_completions_equal_generate(client: openai.OpenAI, llm: LLM, kwargs: dic
     )
 
 
+def test_more_than_20_logprobs_are_refused_on_every_backend(client: openai.OpenAI) -> None:
+    """vLLM's ``max_logprobs`` (20, the GPU sampler kernel's): a 400 from the server before
+    the engine sees the request, so every backend answers the same (the reference backend
+    would return any number); 20 is served."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=NAME, prompt="x", max_tokens=2, logprobs=21)
+    err = e.value.body
+    assert err["param"] == "logprobs" and "logprobs=21" in err["message"] and "20" in err["message"], err  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}], max_tokens=2, logprobs=True, top_logprobs=21)
+    err = e.value.body
+    assert err["param"] == "top_logprobs" and "top_logprobs=21" in err["message"] and "20" in err["message"], err  # type: ignore[index]
+    r = client.completions.create(model=NAME, prompt="x", max_tokens=2, logprobs=20, temperature=0)
+    assert r.choices[0].logprobs is not None and all(len(t) >= 20 for t in r.choices[0].logprobs.top_logprobs or [])
+    c = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}], max_tokens=2, logprobs=True, top_logprobs=20)
+    assert c.choices[0].logprobs is not None and all(len(t.top_logprobs) == 20 for t in c.choices[0].logprobs.content or [])
+
+
 @pytest.mark.parametrize("kwargs", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_chat_completions_equal_generate(client: openai.OpenAI, llm: LLM, kwargs: dict[str, Any], stream: bool) -> None:

@@ -10,7 +10,9 @@ Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}
 
 * 400 ``invalid_request_error``: malformed JSON, a field of the wrong type or out of range
   (``param`` names it), a prompt that does not fit the context (``param`` ``prompt`` /
-  ``messages``), ``max_tokens`` beyond the context, ``n`` > 1, ``echo`` / ``suffix``;
+  ``messages``), ``max_tokens`` beyond the context, ``n`` > 1, ``echo`` / ``suffix``,
+  ``logprobs`` / ``top_logprobs`` above 20 (:data:`~trtcore.serve.protocol.MAX_LOGPROBS`, on
+  every backend);
 * 404 ``invalid_request_error`` / ``model_not_found``: another ``model`` than the served one;
 * 429 ``rate_limit_error`` with ``Retry-After``: ``--max-waiting`` requests wait already;
 * 503 ``service_unavailable`` with ``Retry-After``: loading or shutting down, or the engine
