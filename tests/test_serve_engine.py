@@ -137,6 +137,32 @@ def test_max_waiting_counts_only_what_waits_beyond_the_free_batch_slots() -> Non
     asyncio.run(scenario())
 
 
+def test_a_batch_is_queued_whole_or_not_at_all() -> None:
+    """submit_batch: K requests count K against max_waiting (max_batch_size 4, max_waiting 2):
+    7 at once are refused with none queued; 6 fit; then with 6 waiting or running, a batch of
+    1 is refused as submit's single request is."""
+    from trtcore.serve.engine import QueueFullError
+
+    stand_in = _stand_in_class()(step_s=1e-3, host_s=0.0, max_batch_size=4)
+
+    async def scenario() -> None:
+        engine = AsyncEngine(lambda: stand_in, ServerMetrics("m"), max_waiting=2, in_process=True)
+        await engine.start()
+        params = SamplingParams(max_tokens=20, ignore_eos=True)
+        with pytest.raises(QueueFullError, match="7 prompts do not fit.*none was queued"):
+            engine.submit_batch([([1], params)] * 7)
+        assert not engine._streams and not engine._waiting
+        streams = engine.submit_batch([([1], params)] * 6)
+        with pytest.raises(QueueFullError):
+            engine.submit_batch([([1], params)])
+        for s in streams:
+            outs = [o async for o in s]
+            assert len(outs) == 20 and outs[-1].finish_reason == "length"
+        await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
 def _failing_stand_in(fail: list[str]) -> Any:
     """A stand-in that refuses a prompt starting with 666 and whose steps raise what ``fail`` holds."""
 
