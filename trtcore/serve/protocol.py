@@ -146,15 +146,33 @@ class _SamplingFields(_Body):
 
 
 class CompletionRequest(_SamplingFields):
-    """``POST /v1/completions``: ``prompt`` is a string or a list of token ids;
+    """``POST /v1/completions``: ``prompt`` is a string, a list of token ids, a list of
+    strings or a list of token-id lists (OpenAI's four shapes; a list of K prompts is K
+    requests, its choices carry the prompt's position as ``index``); an empty list, an empty
+    token-id list or a list mixing the shapes is refused (400 naming ``prompt``).
     ``logprobs`` is the number of top log-probabilities per token (0 to
     :data:`MAX_LOGPROBS`); ``echo`` and ``suffix`` are not supported (400)."""
 
-    prompt: str | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_shape(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            return v
+        if not v:
+            raise ValueError("prompt is an empty list; give a string, token ids, or a list of those")
+        kinds = {"list" if isinstance(x, list) else type(x).__name__ for x in v}
+        if len(kinds) > 1:
+            raise ValueError(f"prompt mixes {' and '.join(sorted(kinds))} items; give a list of strings, of token ids, or of token-id lists")
+        for i, x in enumerate(v):
+            if isinstance(x, list) and not x:
+                raise ValueError(f"prompt[{i}] is empty; give at least one token id")
+        return v
 
     @field_validator("logprobs")
     @classmethod
@@ -167,6 +185,13 @@ class CompletionRequest(_SamplingFields):
         if v is not None and v > 1:
             raise ValueError(f"best_of={v} is not supported by this server; only 1")
         return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as a list (one item for a string or a single list of token ids)."""
+        p = self.prompt
+        if isinstance(p, str) or not isinstance(p[0], str | list):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
 
 
 class ChatMessage(_Body):
