@@ -132,8 +132,8 @@ def test_max_tokens_beyond_the_kv_cache_is_refused_before_a_stream_starts() -> N
     from trtcore.serve.app import ApiError, _Served
     from trtcore.serve.core import ServedModel
 
-    model = ServedModel("m", vocab_size=10, max_seq_len=256, max_batch_size=2, kv_cache_tokens=100)
-    served = _Served(SimpleNamespace(ready=True, model=model), NAME)  # type: ignore[arg-type]
+    described = ServedModel("m", vocab_size=10, max_seq_len=256, max_batch_size=2, kv_cache_tokens=100)
+    served = _Served(SimpleNamespace(ready=True, model=described), NAME)  # type: ignore[arg-type]
     assert served.max_tokens(91, None, 10, "max_tokens") == 91  # 10 + 91 - 1 = 100 KV tokens: fits
     with pytest.raises(ApiError) as e:
         served.max_tokens(92, None, 10, "max_tokens")
