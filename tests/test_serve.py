@@ -118,6 +118,122 @@ def test_completions_equal_generate(client: openai.OpenAI, llm: LLM, kwargs: dic
     )
 
 
+def _requests_counted(before: dict[Any, float], after: dict[Any, float]) -> float:
+    """Requests that ended between two ``/metrics`` readings (finished, aborted or failed)."""
+    names = [("trtcore:request_success_total", {"finished_reason": r}) for r in ("stop", "length", "abort")]
+    names.append(("trtcore:request_failure_total", {}))
+    return sum(value(after, n, **lb) - value(before, n, **lb) for n, lb in names)
+
+
+BATCH = ["the theory of everything", "once upon a time", "x"]
+
+
+@pytest.mark.parametrize("kind", ["strings", "token-ids"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_list_of_prompts_gets_each_prompts_own_completion(server: Any, client: openai.OpenAI, llm: LLM, kind: str, stream: bool) -> None:
+    """OpenAI's list of prompts: one choice per prompt (``index`` its position) whose text is
+    what the prompt gives alone, usage summed; streamed, the prompts' chunks interleave (they
+    run together) and the usage chunk comes once, last; each prompt is one request in the metrics."""
+    prompts: list[Any] = BATCH if kind == "strings" else [llm.encode(t) for t in BATCH]
+    kwargs = {"temperature": 0.0, "max_tokens": 12}
+    refs = [llm.generate(p, SamplingParams(**kwargs, ignore_eos=True))[0] for p in prompts]
+    want = [(r.outputs[0].text, [r.outputs[0].finish_reason]) for r in refs]
+    assert len({t for t, _ in want}) == len(want)  # distinct texts: a choice under the wrong index shows
+    before = metrics(server)
+    call: dict[str, Any] = {"model": NAME, "prompt": prompts, "extra_body": {"ignore_eos": True}, **kwargs}
+    if stream:
+        *chunks, last = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **call))
+        assert not last.choices and all(c.usage is None and len(c.choices) == 1 for c in chunks)
+        order = [c.choices[0].index for c in chunks]
+        assert sorted(set(order)) == [0, 1, 2]
+        assert order.index(2) < max(i for i, x in enumerate(order) if x == 0)  # interleaved, not one after another
+        got = [
+            (
+                "".join(c.choices[0].text for c in chunks if c.choices[0].index == i),
+                [c.choices[0].finish_reason for c in chunks if c.choices[0].index == i and c.choices[0].finish_reason],
+            )
+            for i in range(3)
+        ]
+        usage = last.usage
+    else:
+        r = client.completions.create(**call)
+        assert [c.index for c in r.choices] == [0, 1, 2]
+        got = [(c.text, [c.finish_reason]) for c in r.choices]
+        usage = r.usage
+    assert got == want
+    p = sum(len(r.prompt_token_ids) for r in refs)
+    n = sum(len(r.outputs[0].token_ids) for r in refs)
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (p, n, p + n)
+    after = metrics(server)
+    assert (
+        value(after, "trtcore:request_success_total", finished_reason="length")
+        - value(before, "trtcore:request_success_total", finished_reason="length")
+        == 3
+    )
+    assert _requests_counted(before, after) == 3
+    assert value(after, "trtcore:prompt_tokens_total") - value(before, "trtcore:prompt_tokens_total") == p
+
+
+def test_a_streamed_list_of_prompts_ends_with_one_done(server: Any) -> None:
+    """The SSE body of a list: ``[DONE]`` once, after every prompt finished and the usage chunk."""
+    body = {"model": NAME, "prompt": BATCH, "max_tokens": 4, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.Client(timeout=60) as h, h.stream("POST", server.url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        events = [line[len("data: ") :] for line in r.iter_lines() if line]
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == sum(1 for c in chunks[:-1])
+    assert sorted(c["choices"][0]["index"] for c in chunks[:-1] if c["choices"][0]["finish_reason"]) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "param", "says"),
+    [
+        ([], 2, "prompt", "empty"),
+        ([[5], []], 2, "prompt", "prompt[1] is empty"),
+        (["x", 5], 2, "prompt", "mixes"),
+        ([[5], "x"], 2, "prompt", "mixes"),
+        ([[5], 7], 2, "prompt", "mixes"),
+        (["x", "y", "the " * MAX_SEQ_LEN], 2, "prompt", "prompt[2]"),
+        ([[5], [10**6]], 2, "prompt", "prompt[1]"),
+        ([[5], [5] * 200], 100, "max_tokens", "max_tokens=100"),
+    ],
+    ids=["empty-list", "empty-item", "str-and-int", "list-and-str", "list-and-int", "one-over-context", "one-bad-token", "one-over-max-tokens"],
+)
+def test_a_bad_prompt_in_a_list_refuses_the_list_and_submits_nothing(
+    server: Any, client: openai.OpenAI, prompt: list[Any], max_tokens: int, param: str, says: str
+) -> None:
+    before = metrics(server)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=NAME, prompt=prompt, max_tokens=max_tokens, temperature=0)
+    err = e.value.body
+    assert e.value.status_code == 400 and err["param"] == param and says in err["message"], err  # type: ignore[index]
+    nxt = client.completions.create(model=NAME, prompt=["the theory of", "a b c"], max_tokens=2, temperature=0)
+    assert nxt.usage is not None and nxt.usage.completion_tokens == 4
+    after = metrics(server)
+    assert _requests_counted(before, after) == 2  # the next request's two prompts only
+    assert value(after, "trtcore:prompt_tokens_total") - value(before, "trtcore:prompt_tokens_total") == nxt.usage.prompt_tokens
+    assert value(after, "trtcore:num_requests_running") == 0
+
+
+def test_more_than_20_logprobs_are_refused_on_every_backend(client: openai.OpenAI) -> None:
+    """vLLM's ``max_logprobs`` (20, the GPU sampler kernel's): a 400 from the server before
+    the engine sees the request, so every backend answers the same (the reference backend
+    would return any number); 20 is served."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=NAME, prompt="x", max_tokens=2, logprobs=21)
+    err = e.value.body
+    assert err["param"] == "logprobs" and "logprobs=21" in err["message"] and "20" in err["message"], err  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}], max_tokens=2, logprobs=True, top_logprobs=21)
+    err = e.value.body
+    assert err["param"] == "top_logprobs" and "top_logprobs=21" in err["message"] and "20" in err["message"], err  # type: ignore[index]
+    r = client.completions.create(model=NAME, prompt="x", max_tokens=2, logprobs=20, temperature=0)
+    assert r.choices[0].logprobs is not None and all(len(t) >= 20 for t in r.choices[0].logprobs.top_logprobs or [])
+    c = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}], max_tokens=2, logprobs=True, top_logprobs=20)
+    assert c.choices[0].logprobs is not None and all(len(t.top_logprobs) == 20 for t in c.choices[0].logprobs.content or [])
+
+
 @pytest.mark.parametrize("kwargs", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_chat_completions_equal_generate(client: openai.OpenAI, llm: LLM, kwargs: dict[str, Any], stream: bool) -> None:
@@ -190,10 +306,10 @@ def test_64_concurrent_streams_get_what_they_get_alone(server: Any, llm: LLM) ->
     assert asyncio.run(run()) == alone
 
 
-def _wait_aborted(server: Any, before: dict[Any, float]) -> dict[Any, float]:
-    """The metrics once one more request than in ``before`` was aborted and nothing runs or
-    holds KV blocks (at most 30 s)."""
-    aborts = value(before, "trtcore:request_success_total", finished_reason="abort") + 1
+def _wait_aborted(server: Any, before: dict[Any, float], n: int = 1) -> dict[Any, float]:
+    """The metrics once ``n`` more requests than in ``before`` were aborted and nothing runs
+    or holds KV blocks (at most 30 s)."""
+    aborts = value(before, "trtcore:request_success_total", finished_reason="abort") + n
     deadline = time.monotonic() + 30
     while True:
         m = metrics(server)
@@ -204,43 +320,51 @@ def _wait_aborted(server: Any, before: dict[Any, float]) -> dict[Any, float]:
         time.sleep(0.02)
 
 
-def test_a_client_gone_mid_stream_frees_its_blocks(server: Any) -> None:
+@pytest.mark.parametrize("prompts", [1, 3], ids=["one-prompt", "three-prompts"])
+def test_a_client_gone_mid_stream_frees_its_blocks(server: Any, prompts: int) -> None:
     before = metrics(server)
-    body = {"model": NAME, "prompt": "the theory of", "max_tokens": 240, "ignore_eos": True, "temperature": 0, "stream": True}
+    prompt = "the theory of" if prompts == 1 else BATCH
+    body = {"model": NAME, "prompt": prompt, "max_tokens": 240, "ignore_eos": True, "temperature": 0, "stream": True}
     with httpx.Client(timeout=60) as h, h.stream("POST", server.url + "/v1/completions", json=body) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         for _ in range(3):
             assert next(line for line in lines if line).startswith("data: {")
-    # closed: the server aborts it before its next step, which frees its blocks
-    m = _wait_aborted(server, before)
+    # closed: the server aborts them before its next step, which frees their blocks
+    m = _wait_aborted(server, before, prompts)
     generated = value(m, "trtcore:generation_tokens_total") - value(before, "trtcore:generation_tokens_total")
-    assert 3 <= generated < 240
+    assert 3 <= generated < 240 * prompts
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/completions batch"])
 def test_a_client_gone_before_a_whole_response_frees_its_blocks(server: Any, path: str) -> None:
     """A non-streamed request whose client closes its connection while the request runs is
     aborted as soon as the server sees the disconnect, not generated to its end. (The request
-    is sent on a raw socket, which is closed once the metrics show the request running.)"""
+    is sent on a raw socket, which is closed once the metrics show the request running.) A
+    list of 3 prompts runs its 3 requests at once, and all 3 are aborted."""
     import socket
     from urllib.parse import urlsplit
 
     before = metrics(server)
     body: dict[str, Any] = {"model": NAME, "max_tokens": 200, "ignore_eos": True, "temperature": 0}  # the chat template's tokens fit too
-    body |= {"prompt": "the theory of"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "the theory of"}]}
+    path, batch = path.split()[0], len(path.split()) > 1
+    n = 3 if batch else 1
+    if path == "/v1/completions":
+        body["prompt"] = BATCH if batch else "the theory of"
+    else:
+        body["messages"] = [{"role": "user", "content": "the theory of"}]
     data = json.dumps(body).encode()
     url = urlsplit(server.url)
     head = f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
     with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
         sock.sendall(head.encode() + data)
         deadline = time.monotonic() + 30
-        while value(metrics(server), "trtcore:num_requests_running") < 1:
-            assert time.monotonic() < deadline, "the request never ran"
+        while value(metrics(server), "trtcore:num_requests_running") < n:  # a list's prompts run together
+            assert time.monotonic() < deadline, "the requests never ran together"
             time.sleep(0.01)
-    m = _wait_aborted(server, before)
+    m = _wait_aborted(server, before, n)
     generated = value(m, "trtcore:generation_tokens_total") - value(before, "trtcore:generation_tokens_total")
-    assert generated < 200
+    assert generated < 200 * n
     assert value(m, "trtcore:request_success_total", finished_reason="length") == value(before, "trtcore:request_success_total", finished_reason="length")
 
 

@@ -137,6 +137,32 @@ def test_max_waiting_counts_only_what_waits_beyond_the_free_batch_slots() -> Non
     asyncio.run(scenario())
 
 
+def test_a_batch_is_queued_whole_or_not_at_all() -> None:
+    """submit_batch: K requests count K against max_waiting (max_batch_size 4, max_waiting 2):
+    7 at once are refused with none queued; 6 fit; then with 6 waiting or running, a batch of
+    1 is refused as submit's single request is."""
+    from trtcore.serve.engine import QueueFullError
+
+    stand_in = _stand_in_class()(step_s=1e-3, host_s=0.0, max_batch_size=4)
+
+    async def scenario() -> None:
+        engine = AsyncEngine(lambda: stand_in, ServerMetrics("m"), max_waiting=2, in_process=True)
+        await engine.start()
+        params = SamplingParams(max_tokens=20, ignore_eos=True)
+        with pytest.raises(QueueFullError, match="7 prompts do not fit.*none was queued"):
+            engine.submit_batch([([1], params)] * 7)
+        assert not engine._streams and not engine._waiting
+        streams = engine.submit_batch([([1], params)] * 6)
+        with pytest.raises(QueueFullError):
+            engine.submit_batch([([1], params)])
+        for s in streams:
+            outs = [o async for o in s]
+            assert len(outs) == 20 and outs[-1].finish_reason == "length"
+        await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
 def _failing_stand_in(fail: list[str]) -> Any:
     """A stand-in that refuses a prompt starting with 666 and whose steps raise what ``fail`` holds."""
 
@@ -178,6 +204,39 @@ def test_a_refused_request_or_a_failing_step_ends_only_the_streams_it_concerns()
     asyncio.run(scenario())
     assert _sample(metrics, "trtcore:request_failure_total") == 2
     assert _sample(metrics, "trtcore:request_success_total", finished_reason="length") == 1
+
+
+def test_a_failing_prompt_of_a_list_aborts_the_others() -> None:
+    """A list of prompts (app's ``_collect`` for a whole response, ``_events_batch`` for a
+    stream): when the engine refuses one, the others are aborted (not left running), the whole
+    response is a 400 with its error, the stream gets one error event, then ``[DONE]``."""
+    from trtcore.serve.app import ApiError, _collect, _events_batch
+
+    class Connected:
+        async def is_disconnected(self) -> bool:
+            return False
+
+    metrics = ServerMetrics("m")
+
+    async def scenario() -> None:
+        engine = AsyncEngine(lambda: _failing_stand_in([]), metrics, in_process=True)
+        await engine.start()
+        params = SamplingParams(max_tokens=10_000, ignore_eos=True)
+        streams = engine.submit_batch([([1], params), ([666], params), ([2], params)])
+        with pytest.raises(ApiError, match="666") as e:
+            await _collect(streams, lambda i, out: None, Connected())  # type: ignore[arg-type]
+        assert e.value.status == 400
+        assert [s.aborted for s in streams] == [True, False, True] and all(s.finished for s in streams)
+        streams = engine.submit_batch([([1], params), ([2], params), ([666], params)])
+        events = [e async for e in _events_batch(streams, [lambda out, i=i: f"{i}," for i in range(3)], lambda: [])]
+        assert "666" in events[-2] and '"error"' in events[-2] and events[-1] == "data: [DONE]\n\n"
+        assert [s.aborted for s in streams] == [True, True, False] and all(s.finished for s in streams)
+        assert not engine._streams
+        await engine.shutdown()
+
+    asyncio.run(scenario())
+    assert _sample(metrics, "trtcore:request_failure_total") == 2
+    assert _sample(metrics, "trtcore:request_success_total", finished_reason="abort") == 4
 
 
 def test_an_engine_process_that_dies_fails_the_live_streams_and_turns_not_ready() -> None:

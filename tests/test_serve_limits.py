@@ -74,6 +74,29 @@ def test_a_full_queue_gets_429_and_the_server_goes_on(client: openai.OpenAI) -> 
     assert r.usage is not None and r.usage.completion_tokens == 2
 
 
+def test_a_list_of_prompts_beyond_the_free_queue_gets_429_and_submits_none(server: Any, client: openai.OpenAI) -> None:
+    """A list of K prompts is K requests for ``--max-waiting``: on an idle server (2 free
+    batch slots, 2 waiting places) 5 prompts do not fit and none is submitted (429); 4 fit
+    and run, each counted as a request."""
+    from test_serve import metrics, value
+
+    def ended(m: dict[Any, float]) -> float:
+        return sum(value(m, "trtcore:request_success_total", finished_reason=r) for r in ("stop", "length", "abort")) + value(
+            m, "trtcore:request_failure_total"
+        )
+
+    before = metrics(server)
+    with pytest.raises(openai.RateLimitError) as e:
+        client.completions.create(model=NAME, prompt=["a", "b", "c", "d", "e"], max_tokens=1, temperature=0)
+    assert e.value.response.status_code == 429 and e.value.response.headers["retry-after"] == "1"
+    assert e.value.body["code"] == "rate_limit_exceeded" and "none was queued" in e.value.body["message"]  # type: ignore[index]
+    r = client.completions.create(model=NAME, prompt=["a", "b", "c", "d"], max_tokens=1, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3] and r.usage is not None and r.usage.completion_tokens == 4
+    after = metrics(server)
+    assert ended(after) - ended(before) == 4  # the refused list submitted nothing
+    assert value(after, "trtcore:generation_tokens_total") - value(before, "trtcore:generation_tokens_total") == 4
+
+
 def test_sigterm_drains(server: Any, client: openai.OpenAI) -> None:
     stream = client.completions.create(model=NAME, prompt="drain", stream=True, stream_options={"include_usage": True}, **LONG)  # type: ignore[call-overload]
     chunks = iter(stream)
@@ -109,8 +132,8 @@ def test_max_tokens_beyond_the_kv_cache_is_refused_before_a_stream_starts() -> N
     from trtcore.serve.app import ApiError, _Served
     from trtcore.serve.core import ServedModel
 
-    model = ServedModel("m", vocab_size=10, max_seq_len=256, max_batch_size=2, kv_cache_tokens=100)
-    served = _Served(SimpleNamespace(ready=True, model=model), NAME)  # type: ignore[arg-type]
+    described = ServedModel("m", vocab_size=10, max_seq_len=256, max_batch_size=2, kv_cache_tokens=100)
+    served = _Served(SimpleNamespace(ready=True, model=described), NAME)  # type: ignore[arg-type]
     assert served.max_tokens(91, None, 10, "max_tokens") == 91  # 10 + 91 - 1 = 100 KV tokens: fits
     with pytest.raises(ApiError) as e:
         served.max_tokens(92, None, 10, "max_tokens")

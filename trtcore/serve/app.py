@@ -10,19 +10,31 @@ Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}
 
 * 400 ``invalid_request_error``: malformed JSON, a field of the wrong type or out of range
   (``param`` names it), a prompt that does not fit the context (``param`` ``prompt`` /
-  ``messages``), ``max_tokens`` beyond the context, ``n`` > 1, ``echo`` / ``suffix``;
+  ``messages``), ``max_tokens`` beyond the context, ``n`` > 1, ``echo`` / ``suffix``,
+  ``logprobs`` / ``top_logprobs`` above 20 (:data:`~trtcore.serve.protocol.MAX_LOGPROBS`, on
+  every backend); an empty, mixed or empty-item ``prompt`` list;
 * 404 ``invalid_request_error`` / ``model_not_found``: another ``model`` than the served one;
-* 429 ``rate_limit_error`` with ``Retry-After``: ``--max-waiting`` requests wait already;
+* 429 ``rate_limit_error`` with ``Retry-After``: ``--max-waiting`` requests wait already (a
+  list of K prompts counts K: one that does not fit whole is refused whole);
 * 503 ``service_unavailable`` with ``Retry-After``: loading or shutting down, or the engine
   process died (a request it ends mid-stream gets a ``service_unavailable`` error event).
 
 A request that fails after its stream started gets one ``data: {"error": ...}`` event, then
 ``data: [DONE]``. A client that disconnects mid-stream aborts its request.
 
+A list of prompts (``/v1/completions``, OpenAI's and vLLM's semantics): every prompt is
+checked first (a bad one is a 400 and submits nothing), then each is one request of the
+engine, all submitted at once and run concurrently (each counts as a request in the metrics).
+The answer has one choice per prompt, ``index`` its position, and ``usage`` summed over the
+prompts; streamed, the chunks of all prompts interleave as they come (each choice with its
+``index``), then one usage chunk (``include_usage``) and one ``[DONE]`` after all finished.
+A request that fails aborts the others (the error as for one prompt); a client that
+disconnects aborts them all.
+
 Streaming: the chunks of a response share one ``created`` (as OpenAI's and vLLM's); one event
 per token, written from a per-request JSON template (:class:`_ChunkTemplate`; pydantic models
-only for chunks with logprobs); the events of the tokens that arrived together go out in one
-write.
+only for chunks with logprobs; one template per prompt of a list, its ``index`` in it); the
+events of the tokens that arrived together go out in one write.
 """
 
 from __future__ import annotations
@@ -137,22 +149,33 @@ class _Served:
         if model is not None and model != self.name:
             raise ApiError(404, f"The model `{model}` does not exist; this server serves `{self.name}`", param="model", code="model_not_found")
 
-    def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
-        """Token ids of a prompt, checked against the vocabulary and the context."""
+    def prompt_ids(self, prompt: str | list[int], param: str, what: str | None = None) -> list[int]:
+        """Token ids of a prompt, checked against the vocabulary and the context.
+
+        Args:
+            prompt: text, or token ids.
+            param: the field the errors name (``param``).
+            what: the prompt's name in the messages (``prompt[2]`` in a list), default ``param``.
+
+        Raises:
+            ApiError: 400 naming ``param``: no tokenizer, no token, a token id outside the
+                vocabulary, a prompt that leaves no room in the context.
+        """
         model = self.model
+        what = what or param
         try:
             ids = model.encode(prompt) if isinstance(prompt, str) else list(prompt)
         except TrtcoreError as exc:
-            raise ApiError(400, str(exc), param=param) from None
+            raise ApiError(400, f"{what}: {exc}" if what != param else str(exc), param=param) from None
         if not ids:
-            raise ApiError(400, f"{param} is empty; give at least one token", param=param)
+            raise ApiError(400, f"{what} is empty; give at least one token", param=param)
         vocab = model.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise ApiError(400, f"{param} has token ids outside [0, {vocab}): {bad[:5]}", param=param)
+            raise ApiError(400, f"{what} has token ids outside [0, {vocab}): {bad[:5]}", param=param)
         context = model.max_seq_len
         if len(ids) >= context:
-            raise ApiError(400, f"This model's maximum context length is {context} tokens; the {param} has {len(ids)} tokens", param=param)
+            raise ApiError(400, f"This model's maximum context length is {context} tokens; the {what} has {len(ids)} tokens", param=param)
         return ids
 
     def max_tokens(self, requested: int | None, default: int | None, num_prompt: int, param: str) -> int:
@@ -190,15 +213,28 @@ class _Served:
         tok = self.model.tokenizer
         return list(token_bytes(tok, token_id)) if tok is not None else None
 
-    def submit(self, ids: list[int], body: Any, max_tokens: int, logprobs: int | None) -> RequestStream:
+    def params(self, body: Any, max_tokens: int, logprobs: int | None) -> Any:
+        """The request's :class:`~trtcore.runtime.sampling.SamplingParams`; 400 for ``n`` > 1
+        or a value SamplingParams refuses."""
         if body.n != 1:
             raise ApiError(400, f"n={body.n} is not supported; only n=1", param="n")
         try:
-            params = body.sampling_params(max_tokens, logprobs)
+            return body.sampling_params(max_tokens, logprobs)
         except TrtcoreError as exc:
             raise ApiError(400, str(exc)) from None
+
+    def submit(self, ids: list[int], body: Any, max_tokens: int, logprobs: int | None) -> RequestStream:
+        """One request to the engine: 400 (:meth:`params`), 429 (the waiting queue is full),
+        503 (loading, draining, the engine died)."""
+        return self.submit_batch([(ids, self.params(body, max_tokens, logprobs))])[0]
+
+    def submit_batch(self, requests: list[tuple[list[int], Any]]) -> list[RequestStream]:
+        """``[(prompt ids, SamplingParams)]`` to the engine, all or none: 429 when they do not
+        all fit the waiting queue, 503 while loading, draining or once the engine died."""
         try:
-            return self.engine.submit(ids, params)
+            if len(requests) == 1:
+                return [self.engine.submit(*requests[0])]
+            return self.engine.submit_batch(requests)
         except QueueFullError as exc:
             raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded", retry_after=1) from None
         except (EngineDrainingError, EngineNotReadyError) as exc:
@@ -266,37 +302,42 @@ class _ClientGone(Exception):
     """The client of a non-streamed request disconnected (its request was aborted)."""
 
 
-async def _collect(stream: RequestStream, on_output: Callable[[Any], None], request: Request) -> Any:
-    """Run a non-streamed request to its end; the last output (its finish reason). The client
-    is watched meanwhile (every :data:`DISCONNECT_POLL_S`): when it disconnects, the request is
-    aborted at once, so its KV blocks are freed, and :class:`_ClientGone` ends the handler."""
-    last = None
+async def _collect(streams: list[RequestStream], on_output: Callable[[int, Any], None], request: Request) -> list[Any]:
+    """Run non-streamed requests (a completion's prompts) to their end, concurrently;
+    ``on_output(i, output)`` per output of ``streams[i]``; the last output of each (its finish
+    reason). The client is watched meanwhile (every :data:`DISCONNECT_POLL_S`): when it
+    disconnects, every request is aborted at once, so their KV blocks are freed, and
+    :class:`_ClientGone` ends the handler. A request that fails aborts the others and raises
+    its error (503 for an engine that died, else 400)."""
+    last: list[Any] = [None] * len(streams)
 
-    async def consume() -> None:
-        nonlocal last
+    async def consume(i: int, stream: RequestStream) -> None:
         async for out in stream:
-            on_output(out)
-            last = out
+            on_output(i, out)
+            last[i] = out
 
-    task = asyncio.ensure_future(consume())
+    tasks = [asyncio.ensure_future(consume(i, s)) for i, s in enumerate(streams)]
     try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=DISCONNECT_POLL_S, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                t.result()  # a failure: raised here, the others are aborted below
+            if pending and await request.is_disconnected():
                 raise _ClientGone
-        task.result()
     except EngineNotReadyError as exc:  # the engine process died under the request
         raise ApiError(503, str(exc), "service_unavailable", retry_after=1) from None
     except TrtcoreError as exc:
         raise ApiError(400, str(exc)) from None
     finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task  # finished here, not collected later as a pending task
-        if not stream.finished:
-            stream.abort()  # the client is gone, or the handler was cancelled
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t  # finished here, not collected later as a pending task
+        for s in streams:
+            if not s.finished:
+                s.abort()  # the client is gone, another request failed, or the handler was cancelled
     return last
 
 
@@ -314,6 +355,44 @@ async def _events(stream: RequestStream, chunks: Callable[[Any], str], tail: Cal
     finally:
         if not stream.finished:
             stream.abort()
+    yield "data: [DONE]\n\n"
+
+
+async def _events_batch(streams: list[RequestStream], chunks: list[Callable[[Any], str]], tail: Callable[[], list[Any]]) -> AsyncIterator[str]:
+    """:func:`_events` of several requests (a completion's prompts) in one SSE body: their
+    events interleaved as their outputs arrive (``chunks[i](output)`` for ``streams[i]``;
+    the outputs that arrived together go out in one write, by index), ``tail()``'s chunks
+    once all finished, then one ``[DONE]``. A request that fails aborts the others (one error
+    event); a disconnect aborts them all."""
+    waits = {asyncio.ensure_future(s.drain()): i for i, s in enumerate(streams)}
+    try:
+        while waits:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            parts, error = [], None
+            for t in sorted(done, key=waits.__getitem__):
+                i = waits.pop(t)
+                try:
+                    outs = t.result()
+                except Exception as exc:
+                    error = error or exc
+                    continue
+                if outs:
+                    parts.extend([chunks[i](out) for out in outs])
+                    waits[asyncio.ensure_future(streams[i].drain())] = i
+            if parts:
+                yield "".join(parts)
+            if error is not None:
+                raise error
+        for c in tail():
+            yield _sse(c)
+    except Exception as exc:  # a request failed after the stream began
+        yield _sse(_error_body(exc))
+    finally:
+        for t in waits:
+            t.cancel()
+        for s in streams:
+            if not s.finished:
+                s.abort()
     yield "data: [DONE]\n\n"
 
 
@@ -389,14 +468,17 @@ def build_app(
         served.check_model(body.model)
         if body.echo or body.suffix:
             raise ApiError(400, "echo and suffix are not supported", param="echo" if body.echo else "suffix")
-        ids = served.prompt_ids(body.prompt, "prompt")
-        stream = served.submit(ids, body, served.max_tokens(body.max_tokens, 16, len(ids), "max_tokens"), body.logprobs)
+        # every prompt is checked before any is submitted: a bad one in a list submits nothing
+        listed = isinstance(body.prompt, list) and isinstance(body.prompt[0], str | list)  # a list of prompts
+        requests: list[tuple[list[int], Any]] = []
+        for i, prompt in enumerate(body.prompts()):
+            ids = served.prompt_ids(prompt, "prompt", f"prompt[{i}]" if listed else None)
+            requests.append((ids, served.params(body, served.max_tokens(body.max_tokens, 16, len(ids), "max_tokens"), body.logprobs)))
+        streams = served.submit_batch(requests)
         rid, usage_opt = random_id("cmpl"), body.stream_options is not None and body.stream_options.include_usage
-        pieces: list[str] = []
-        lps = CompletionLogprobs() if body.logprobs is not None else None
-        offset = [0]
+        k, with_logprobs = len(streams), body.logprobs is not None
 
-        def logprobs_of(out: Any, into: CompletionLogprobs | None) -> CompletionLogprobs | None:
+        def logprobs_of(out: Any, into: CompletionLogprobs | None, offset: list[int]) -> CompletionLogprobs | None:
             if into is None or out.logprobs is None:
                 return into
             into.tokens.append(served.token_text(out.token_id))
@@ -408,34 +490,43 @@ def build_app(
 
         if body.stream:
             created, m = int(time.time()), _ChunkTemplate.mark
-            plain = _ChunkTemplate(
-                _chunk_dict(
-                    CompletionResponse(
-                        id=rid, created=created, model=served.name, choices=[CompletionChoice(text=m(0), finish_reason=m(1), stop_reason=m(2))]
-                    ),
-                    usage_opt,
-                )
-            )
 
-            def chunks(out: Any) -> str:
-                if lps is None:
-                    return plain.fill(out.text, out.finish_reason, out.stop_reason)
-                lp = logprobs_of(out, CompletionLogprobs())
-                choice = CompletionChoice(text=out.text, logprobs=lp, finish_reason=out.finish_reason, stop_reason=out.stop_reason)
-                return _sse(_chunk_dict(CompletionResponse(id=rid, created=created, model=served.name, choices=[choice]), usage_opt))
+            def chunks_of(index: int) -> Callable[[Any], str]:
+                """The events of prompt ``index``'s outputs (one template per index)."""
+                choice = CompletionChoice(index=index, text=m(0), finish_reason=m(1), stop_reason=m(2))
+                plain = _ChunkTemplate(_chunk_dict(CompletionResponse(id=rid, created=created, model=served.name, choices=[choice]), usage_opt))
+                offset = [0]
+
+                def chunks(out: Any) -> str:
+                    if not with_logprobs:
+                        return plain.fill(out.text, out.finish_reason, out.stop_reason)
+                    lp = logprobs_of(out, CompletionLogprobs(), offset)
+                    choice = CompletionChoice(index=index, text=out.text, logprobs=lp, finish_reason=out.finish_reason, stop_reason=out.stop_reason)
+                    return _sse(_chunk_dict(CompletionResponse(id=rid, created=created, model=served.name, choices=[choice]), usage_opt))
+
+                return chunks
 
             def tail() -> list[Any]:
-                return [CompletionResponse(id=rid, created=created, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []
+                return [CompletionResponse(id=rid, created=created, model=served.name, choices=[], usage=_usage(streams))] if usage_opt else []
 
-            return StreamingResponse(_events(stream, chunks, tail), media_type="text/event-stream")
+            if k == 1:
+                return StreamingResponse(_events(streams[0], chunks_of(0), tail), media_type="text/event-stream")
+            return StreamingResponse(_events_batch(streams, [chunks_of(i) for i in range(k)], tail), media_type="text/event-stream")
 
-        def add(out: Any) -> None:
-            pieces.append(out.text)
-            logprobs_of(out, lps)
+        pieces: list[list[str]] = [[] for _ in range(k)]
+        lps = [CompletionLogprobs() if with_logprobs else None for _ in range(k)]
+        offsets = [[0] for _ in range(k)]
 
-        last = await _collect(stream, add, request)
-        choice = CompletionChoice(text="".join(pieces), logprobs=lps, finish_reason=last.finish_reason, stop_reason=last.stop_reason)
-        return CompletionResponse(id=rid, model=served.name, choices=[choice], usage=_usage(stream))
+        def add(i: int, out: Any) -> None:
+            pieces[i].append(out.text)
+            logprobs_of(out, lps[i], offsets[i])
+
+        lasts = await _collect(streams, add, request)
+        choices = [
+            CompletionChoice(index=i, text="".join(pieces[i]), logprobs=lps[i], finish_reason=last.finish_reason, stop_reason=last.stop_reason)
+            for i, last in enumerate(lasts)
+        ]
+        return CompletionResponse(id=rid, model=served.name, choices=choices, usage=_usage(streams))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
@@ -488,7 +579,7 @@ def build_app(
                 return head + _sse(_chunk_dict(ChatCompletionChunk(id=rid, created=created, model=served.name, choices=[choice]), usage_opt))
 
             def tail() -> list[Any]:
-                return [ChatCompletionChunk(id=rid, created=created, model=served.name, choices=[], usage=_usage(stream))] if usage_opt else []
+                return [ChatCompletionChunk(id=rid, created=created, model=served.name, choices=[], usage=_usage([stream]))] if usage_opt else []
 
             return StreamingResponse(_events(stream, chunks, tail), media_type="text/event-stream")
 
@@ -499,21 +590,22 @@ def build_app(
             pieces.append(out.text)
             content.extend(logprobs_of(out))
 
-        last = await _collect(stream, add, request)
+        [last] = await _collect([stream], lambda _, out: add(out), request)
         choice = ChatChoice(
             message=ChatResponseMessage(role="assistant", content="".join(pieces)),
             logprobs=ChatLogprobs(content=content) if k is not None else None,
             finish_reason=last.finish_reason,
             stop_reason=last.stop_reason,
         )
-        return ChatCompletionResponse(id=rid, model=served.name, choices=[choice], usage=_usage(stream))
+        return ChatCompletionResponse(id=rid, model=served.name, choices=[choice], usage=_usage([stream]))
 
     return app
 
 
-def _usage(stream: RequestStream) -> UsageInfo:
-    """A request's token counts so far."""
-    p, n = len(stream.prompt_token_ids), stream.num_output_tokens
+def _usage(streams: list[RequestStream]) -> UsageInfo:
+    """The token counts so far of a response's requests (summed over a completion's prompts)."""
+    p = sum(len(s.prompt_token_ids) for s in streams)
+    n = sum(s.num_output_tokens for s in streams)
     return UsageInfo(prompt_tokens=p, completion_tokens=n, total_tokens=p + n)
 
 

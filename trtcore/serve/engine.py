@@ -317,6 +317,24 @@ class AsyncEngine:
             EngineNotReadyError: the model is still loading.
             QueueFullError: ``max_waiting`` requests already wait.
         """
+        self._check_room(1)
+        return self._add(prompt_token_ids, params)
+
+    def submit_batch(self, requests: list[tuple[list[int], SamplingParams]]) -> list[RequestStream]:
+        """Queue several requests at once (a list of prompts), all or none: ``len(requests)``
+        count against ``max_waiting`` together; one stream per request, in order.
+
+        Raises:
+            EngineDrainingError: the server is shutting down.
+            EngineDeadError: the engine process died.
+            EngineNotReadyError: the model is still loading.
+            QueueFullError: they do not all fit under ``max_waiting`` (none was queued).
+        """
+        self._check_room(len(requests))
+        return [self._add(ids, params) for ids, params in requests]
+
+    def _check_room(self, k: int) -> None:
+        """Refuse ``k`` new requests unless the engine takes them and they fit under ``max_waiting``."""
         if self.draining:
             raise EngineDrainingError("the server is shutting down")
         if self._dead is not None:
@@ -326,8 +344,15 @@ class AsyncEngine:
         # a request the engine has not scheduled yet waits only beyond the batch's free slots
         # (an idle engine takes max_batch_size requests at its next step)
         free = self.model.max_batch_size - (len(self._streams) - len(self._waiting)) if self.model is not None else 0
-        if len(self._waiting) - max(free, 0) >= self.max_waiting:
-            raise QueueFullError(f"{self.max_waiting} requests wait already (--max-waiting {self.max_waiting}); retry later")
+        if len(self._waiting) + k - max(free, 0) > self.max_waiting:
+            if k == 1:
+                raise QueueFullError(f"{self.max_waiting} requests wait already (--max-waiting {self.max_waiting}); retry later")
+            raise QueueFullError(
+                f"{k} prompts do not fit the waiting queue ({len(self._waiting)} requests wait, --max-waiting {self.max_waiting}, "
+                f"{max(free, 0)} free batch slots); none was queued; retry later"
+            )
+
+    def _add(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestStream:
         ids = list(prompt_token_ids)
         stream = RequestStream(self, ids, params, request_id=next(self._ids))
         self._streams[stream.request_id] = stream  # type: ignore[index]

@@ -11,7 +11,9 @@ type is a 400 naming it (:mod:`trtcore.serve.app`). OpenAI fields that would cha
 answer and that this server does not implement are refused (400 naming the field), never
 ignored: ``logit_bias``, ``response_format`` other than ``text``, ``best_of`` above 1,
 ``tools`` / ``tool_choice`` (function calling); so is ``top_logprobs`` without
-``logprobs: true``, as OpenAI does. Types are strict, as OpenAI's API: ``"yes"``
+``logprobs: true``, as OpenAI does. ``logprobs`` (completions) and ``top_logprobs`` (chat)
+above :data:`MAX_LOGPROBS` (20, vLLM's ``max_logprobs``) are a 400 naming the field and the
+limit, whatever the backend. Types are strict, as OpenAI's API: ``"yes"``
 is no boolean and ``"2"`` or ``2.0`` no integer (an integer is a number, though).
 """
 
@@ -42,12 +44,24 @@ __all__ = [
     "ErrorInfo",
     "ErrorResponse",
     "ModelCard",
+    "MAX_LOGPROBS",
     "ModelList",
     "StreamOptions",
     "TopLogprob",
     "UsageInfo",
     "random_id",
 ]
+
+
+#: the most top log-probabilities per token a request may ask for (vLLM's ``max_logprobs``,
+#: the GPU sampler kernel's ``max_logprobs``): the same limit on every backend
+MAX_LOGPROBS = 20
+
+
+def _logprobs_limit(name: str, v: int | None) -> int | None:
+    if v is not None and v > MAX_LOGPROBS:
+        raise ValueError(f"{name}={v} is above this server's limit of {MAX_LOGPROBS} (max_logprobs)")
+    return v
 
 
 def random_id(prefix: str) -> str:
@@ -132,15 +146,38 @@ class _SamplingFields(_Body):
 
 
 class CompletionRequest(_SamplingFields):
-    """``POST /v1/completions``: ``prompt`` is a string or a list of token ids;
-    ``logprobs`` is the number of top log-probabilities per token; ``echo`` and
-    ``suffix`` are not supported (400)."""
+    """``POST /v1/completions``: ``prompt`` is a string, a list of token ids, a list of
+    strings or a list of token-id lists (OpenAI's four shapes; a list of K prompts is K
+    requests, its choices carry the prompt's position as ``index``); an empty list, an empty
+    token-id list or a list mixing the shapes is refused (400 naming ``prompt``).
+    ``logprobs`` is the number of top log-probabilities per token (0 to
+    :data:`MAX_LOGPROBS`); ``echo`` and ``suffix`` are not supported (400)."""
 
-    prompt: str | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_shape(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            return v
+        if not v:
+            raise ValueError("prompt is an empty list; give a string, token ids, or a list of those")
+        kinds = {"list" if isinstance(x, list) else type(x).__name__ for x in v}
+        if len(kinds) > 1:
+            raise ValueError(f"prompt mixes {' and '.join(sorted(kinds))} items; give a list of strings, of token ids, or of token-id lists")
+        for i, x in enumerate(v):
+            if isinstance(x, list) and not x:
+                raise ValueError(f"prompt[{i}] is empty; give at least one token id")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs_limit(cls, v: int | None) -> int | None:
+        return _logprobs_limit("logprobs", v)
 
     @field_validator("best_of")
     @classmethod
@@ -148,6 +185,13 @@ class CompletionRequest(_SamplingFields):
         if v is not None and v > 1:
             raise ValueError(f"best_of={v} is not supported by this server; only 1")
         return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as a list (one item for a string or a single list of token ids)."""
+        p = self.prompt
+        if isinstance(p, str) or not isinstance(p[0], str | list):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
 
 
 class ChatMessage(_Body):
@@ -165,7 +209,8 @@ class ChatMessage(_Body):
 
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``: ``max_completion_tokens`` is OpenAI's newer name for
-    ``max_tokens`` (it wins when both are set); ``logprobs`` (bool) with ``top_logprobs``."""
+    ``max_tokens`` (it wins when both are set); ``logprobs`` (bool) with ``top_logprobs``
+    (0 to :data:`MAX_LOGPROBS`)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -179,7 +224,7 @@ class ChatCompletionRequest(_SamplingFields):
     def _needs_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
         if v is not None and not info.data.get("logprobs"):
             raise ValueError("top_logprobs needs logprobs: true")
-        return v
+        return _logprobs_limit("top_logprobs", v)
 
     @field_validator("tools")
     @classmethod
