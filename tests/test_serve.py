@@ -431,18 +431,27 @@ def test_bad_requests_get_their_status_and_the_server_goes_on(server: Any, clien
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]},
+            "messages.0.content",
+        ),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content"),
     ],
-    ids=["tools", "tool-choice", "top-logprobs-without-logprobs", "json-schema"],
+    ids=["tools", "tool-choice", "top-logprobs-without-logprobs", "json-schema", "image-part", "text-part-without-text"],
 )
 def test_chat_options_this_server_lacks_are_refused_not_ignored(server: Any, body: dict[str, Any], param: str) -> None:
     """A chat option that would change the answer and is not implemented is a 400 naming it;
     the neutral values pass (``tool_choice: none``, ``response_format: text``, empty ``tools``)."""
     chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    r = _post(server, "/v1/chat/completions", **chat, **body)
+    r = _post(server, "/v1/chat/completions", **{**chat, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param and param in r.json()["error"]["message"]
     ok = _post(server, "/v1/chat/completions", **chat, tools=[], tool_choice="none", response_format={"type": "text"}, logprobs=True, top_logprobs=1)
     assert ok.status_code == 200, ok.text
+    parts = [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]  # text parts: joined, the same prompt as "hi"
+    as_parts = _post(server, "/v1/chat/completions", **{**chat, "messages": [{"role": "user", "content": parts}]}, temperature=0)
+    plain = _post(server, "/v1/chat/completions", **chat, temperature=0)
+    assert as_parts.status_code == 200 and as_parts.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
 
 
 def test_unknown_model_through_the_client(client: openai.OpenAI) -> None:

@@ -195,15 +195,30 @@ class CompletionRequest(_SamplingFields):
 
 
 class ChatMessage(_Body):
-    """One message: ``role`` and ``content`` (a string, or OpenAI's list of text parts)."""
+    """One message: ``role`` and ``content`` (a string, or OpenAI's list of text parts).
+    A part of another type (``image_url``, ``input_audio``, ``file``, ...) is refused (400
+    naming it): the served model reads text only, and a part dropped silently would change
+    the question."""
 
     role: str
     content: str | list[dict[str, Any]] | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, v: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                kind = part.get("type")
+                if kind != "text":
+                    raise ValueError(f"content part {i} has type {kind!r}; this server's model reads text parts only ('text')")
+                if not isinstance(part.get("text"), str):
+                    raise ValueError(f"content part {i} (type 'text') needs a string 'text', got {part.get('text')!r}")
+        return v
+
     def text(self) -> str:
         """The content as one string (the ``text`` of each ``{"type": "text"}`` part)."""
         if isinstance(self.content, list):
-            return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+            return "".join(p["text"] for p in self.content)  # text parts only (the validator)
         return self.content or ""
 
 
