@@ -23,9 +23,9 @@ from trtcore.errors import InvalidRequestError
 from trtcore.runtime.stop import StopStringMatcher
 
 
-def _stream(pieces: list[str], stop: list[str], min_tokens: int = 0) -> tuple[list[str], str | None, int]:
+def _stream(pieces: list[str], stop: list[str], min_tokens: int = 0, include: bool = False) -> tuple[list[str], str | None, int]:
     """Feed the token texts one by one; return the deltas, the match and the tokens consumed."""
-    m = StopStringMatcher(stop, min_tokens)
+    m = StopStringMatcher(stop, min_tokens, include)
     text, deltas = "", []
     for n, piece in enumerate(pieces, start=1):
         text += piece
@@ -55,6 +55,16 @@ def _reference(pieces: list[str], stop: list[str], min_tokens: int) -> tuple[str
 def test_stop_string_cut_and_reason() -> None:
     deltas, hit, n = _stream(["Hel", "lo wo", "rld!", " more"], ["wor"])
     assert "".join(deltas) == "Hello " and hit == "wor" and n == 3
+
+
+def test_include_stop_str_in_output_ends_the_text_with_it() -> None:
+    """vLLM's ``include_stop_str_in_output``: the text up to and with the matched string; the
+    text after it in the same token is still cut; the match and the token count are the same."""
+    deltas, hit, n = _stream(["Hel", "lo wo", "rld!", " more"], ["wor"], include=True)
+    assert "".join(deltas) == "Hello wor" and hit == "wor" and n == 3
+    assert SamplingParams(stop="x", include_stop_str_in_output=True).include_stop_str_in_output is True
+    with pytest.raises(InvalidRequestError, match="include_stop_str_in_output"):
+        SamplingParams(include_stop_str_in_output="yes")  # type: ignore[arg-type]
 
 
 def test_earliest_match_wins_then_list_order() -> None:

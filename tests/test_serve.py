@@ -503,3 +503,144 @@ def test_bench_serve_against_this_server_prints_its_table(server: Any, model: Pa
     assert report["median_ttft_ms"] <= report["p99_ttft_ms"]
     table = capsys.readouterr().out
     assert "Output token throughput (tok/s):" in table and "Successful requests:" in table, table
+
+
+# ---- clients of public bug reports: nulls, vLLM's extras, offsets, deltas ------------------------------------------
+
+
+def test_null_means_the_default(server: Any, llm: LLM) -> None:
+    """Clients that send every field send ``null`` for the unset ones (OpenAI's schema marks
+    them nullable): the answer is the one of the field left out."""
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+    plain = _post(server, "/v1/chat/completions", **chat)
+    nulls = _post(server, "/v1/chat/completions", **chat, n=None, stream=None, logprobs=None, stop=None, seed=None, ignore_eos=None, min_tokens=None)
+    assert plain.status_code == 200 and nulls.status_code == 200, nulls.text
+    assert nulls.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+    r = _post(server, "/v1/completions", model=NAME, prompt="the", max_tokens=2, temperature=0, echo=None, n=None, stream=None, suffix=None)
+    assert r.status_code == 200, r.text
+    assert _post(server, "/v1/completions", model=NAME, prompt=None, max_tokens=2).json()["error"]["param"] == "prompt"  # required stays required
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "val"),
+    [
+        ("/v1/chat/completions", "guided_choice", ["yes", "no"]),
+        ("/v1/chat/completions", "guided_json", {"type": "object"}),
+        ("/v1/completions", "guided_regex", "a+"),
+        ("/v1/chat/completions", "structured_outputs", {"choice": ["a"]}),
+        ("/v1/completions", "prompt_logprobs", 1),
+        ("/v1/chat/completions", "functions", [{"name": "f", "parameters": {}}]),
+        ("/v1/chat/completions", "function_call", "auto"),
+        ("/v1/chat/completions", "echo", True),
+        ("/v1/chat/completions", "chat_template", "{{ messages }}"),
+        ("/v1/completions", "skip_special_tokens", False),
+        ("/v1/completions", "use_beam_search", True),
+        ("/v1/completions", "allowed_token_ids", [1, 2]),
+    ],
+)
+def test_vllm_extras_that_would_change_the_answer_are_refused(server: Any, path: str, field: str, val: Any) -> None:
+    body = {"model": NAME, "max_tokens": 2, field: val}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "the"})
+    r = _post(server, path, **body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field and field in r.json()["error"]["message"]
+    neutral = {**body, field: None}  # and the neutral values pass
+    assert _post(server, path, **neutral).status_code == 200
+
+
+def test_include_stop_str_in_output(server: Any, client: openai.OpenAI) -> None:
+    """vLLM's ``include_stop_str_in_output``: the text ends with the matched stop string
+    instead of before it; the rest is the same."""
+    free = client.completions.create(model=NAME, prompt="the theory of", max_tokens=12, temperature=0).choices[0].text
+    stop = free[len(free) // 2 : len(free) // 2 + 3]
+    assert stop.strip(), free
+    cut = client.completions.create(model=NAME, prompt="the theory of", max_tokens=12, temperature=0, stop=[stop])
+    kept = client.completions.create(model=NAME, prompt="the theory of", max_tokens=12, temperature=0, stop=[stop], extra_body={"include_stop_str_in_output": True})
+    head = free[: free.index(stop)]
+    assert cut.choices[0].text == head and kept.choices[0].text == head + stop
+    assert kept.choices[0].finish_reason == "stop"
+
+
+def test_completion_text_offsets_count_every_token(server: Any, client: openai.OpenAI) -> None:
+    """``logprobs.text_offset[i]`` is where token i starts in the completion's text (vLLM: the
+    token texts' lengths summed), also while the stream holds text back (a stop string that
+    may complete, a character split over tokens): every whole-text token is found at its
+    offset in the final text; streamed and not, with and without a stop string."""
+    free = client.completions.create(model=NAME, prompt="the theory of", max_tokens=12, temperature=0).choices[0].text
+    for stop in (None, [free[len(free) // 2 :]]):
+        for stream in (False, True):
+            kw = {"model": NAME, "prompt": "the theory of", "max_tokens": 12, "temperature": 0, "stop": stop, "logprobs": 0}
+            text, tokens, offsets = "", [], []
+            chunks = client.completions.create(stream=True, **kw) if stream else [client.completions.create(**kw)]  # type: ignore[call-overload]
+            for chunk in chunks:
+                text += chunk.choices[0].text
+                lp = chunk.choices[0].logprobs
+                if lp is not None:
+                    tokens += lp.tokens
+                    offsets += lp.text_offset
+            assert len(tokens) == len(offsets) > 1 and offsets[0] == 0 and offsets == sorted(offsets)
+            whole = [(i, t) for i, t in enumerate(tokens) if not t.startswith("bytes:")]
+            found = [(i, t) for i, t in whole if offsets[i] + len(t) <= len(text)]
+            assert len(found) >= 3 and (stop is not None or found == whole), (tokens, offsets, text)  # all shown without a stop string
+            for i, t in found:
+                assert text[offsets[i] : offsets[i] + len(t)] == t, (stop, stream, i, tokens, offsets, text)
+
+
+def test_streamed_chat_deltas_leave_an_unset_role_out(server: Any) -> None:
+    body = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0, "stream": True}
+    lines = [ln for ln in _post(server, "/v1/chat/completions", **body).text.splitlines() if ln.startswith("data: {")]
+    deltas = [json.loads(ln[6:])["choices"][0]["delta"] for ln in lines]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert all("role" not in d for d in deltas[1:]), deltas
+
+
+def test_stream_options_need_stream(server: Any) -> None:
+    r = _post(server, "/v1/chat/completions", model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream_options={"include_usage": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+
+
+def test_a_negative_seed_is_its_value_mod_2_64(client: openai.OpenAI) -> None:
+    """vLLM takes any int64 seed; -1 draws what 2**64 - 1 draws."""
+    kw = {"model": NAME, "prompt": "the theory of", "max_tokens": 6, "temperature": 1.0}
+    neg = client.completions.create(seed=-1, **kw).choices[0].text  # type: ignore[call-overload]
+    assert neg == client.completions.create(seed=(1 << 64) - 1, **kw).choices[0].text  # type: ignore[call-overload]
+
+
+def test_a_sampling_params_error_names_its_field(server: Any) -> None:
+    r = _post(server, "/v1/completions", model=NAME, prompt="the", max_tokens=2, min_tokens=5)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
+    r = _post(server, "/v1/completions", model=NAME, prompt="the", max_tokens=2, stop=[""])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+
+
+def test_a_body_that_is_no_json_object_says_so_briefly(server: Any) -> None:
+    big = b'{"prompt": "' + b"x" * 100_000 + b'"}'
+    r = httpx.post(server.url + "/v1/completions", content=big, headers={"Content-Type": "text/plain"}, timeout=30)
+    assert r.status_code == 400 and "application/json" in r.json()["error"]["message"]
+    assert len(r.content) < 2000  # the body is not echoed back
+
+
+def test_a_prompt_far_beyond_the_context_is_refused_before_tokenizing(server: Any) -> None:
+    """A text of more characters than the context's tokens could ever hold is a 400 at once,
+    and the server answers its probes meanwhile (the tokenizer never runs on it)."""
+    t = time.perf_counter()
+    r = _post(server, "/v1/completions", model=NAME, prompt="hello world " * 400_000, max_tokens=1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt" and "characters" in r.json()["error"]["message"]
+    assert time.perf_counter() - t < 5.0
+
+
+def test_continue_final_message(server: Any, client: openai.OpenAI, model: Path) -> None:
+    """vLLM's ``continue_final_message``: the prompt is the chat rendered without a generation
+    prompt and cut after the last message's content (transformers'
+    ``apply_chat_template(continue_final_message=True)``, the judge), so the answer continues it."""
+    from transformers import AutoTokenizer
+
+    messages = [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "The color is"}]
+    want = AutoTokenizer.from_pretrained(model).apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    ids = AutoTokenizer.from_pretrained(model)(want, add_special_tokens=False)["input_ids"]
+    ref = client.completions.create(model=NAME, prompt=ids, max_tokens=4, temperature=0).choices[0].text
+    body = {"add_generation_prompt": False, "continue_final_message": True}
+    got = client.chat.completions.create(model=NAME, messages=messages, max_tokens=4, temperature=0, extra_body=body)  # type: ignore[arg-type]
+    assert got.choices[0].message.content == ref
+    bad = _post(server, "/v1/chat/completions", model=NAME, messages=messages, max_tokens=2, continue_final_message=True)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "continue_final_message"

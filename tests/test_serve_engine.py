@@ -139,8 +139,10 @@ def test_max_waiting_counts_only_what_waits_beyond_the_free_batch_slots() -> Non
 
 def test_a_batch_is_queued_whole_or_not_at_all() -> None:
     """submit_batch: K requests count K against max_waiting (max_batch_size 4, max_waiting 2):
-    7 at once are refused with none queued; 6 fit; then with 6 waiting or running, a batch of
-    1 is refused as submit's single request is."""
+    7 at once can never be queued (InvalidRequestError, not a retry), none queued; 6 fit; then
+    with 6 waiting or running, a batch of 2 is refused for now (QueueFullError, none queued),
+    as submit's single request is."""
+    from trtcore.errors import InvalidRequestError
     from trtcore.serve.engine import QueueFullError
 
     stand_in = _stand_in_class()(step_s=1e-3, host_s=0.0, max_batch_size=4)
@@ -149,10 +151,13 @@ def test_a_batch_is_queued_whole_or_not_at_all() -> None:
         engine = AsyncEngine(lambda: stand_in, ServerMetrics("m"), max_waiting=2, in_process=True)
         await engine.start()
         params = SamplingParams(max_tokens=20, ignore_eos=True)
-        with pytest.raises(QueueFullError, match="7 prompts do not fit.*none was queued"):
+        with pytest.raises(InvalidRequestError, match="7 prompts can never be queued together.*at most 6"):
             engine.submit_batch([([1], params)] * 7)
         assert not engine._streams and not engine._waiting
         streams = engine.submit_batch([([1], params)] * 6)
+        with pytest.raises(QueueFullError, match="2 prompts do not fit.*none was queued"):
+            engine.submit_batch([([1], params)] * 2)
+        assert len(engine._streams) == 6
         with pytest.raises(QueueFullError):
             engine.submit_batch([([1], params)])
         for s in streams:

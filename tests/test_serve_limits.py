@@ -75,9 +75,10 @@ def test_a_full_queue_gets_429_and_the_server_goes_on(client: openai.OpenAI) -> 
 
 
 def test_a_list_of_prompts_beyond_the_free_queue_gets_429_and_submits_none(server: Any, client: openai.OpenAI) -> None:
-    """A list of K prompts is K requests for ``--max-waiting``: on an idle server (2 free
-    batch slots, 2 waiting places) 5 prompts do not fit and none is submitted (429); 4 fit
-    and run, each counted as a request."""
+    """A list of K prompts is K requests for ``--max-waiting``. More than ``--max-waiting`` +
+    ``--max-batch-size`` (5 > 2 + 2) can never be queued: 400 naming ``prompt`` (not a
+    retry). With one request running (1 free batch slot, 2 waiting places) 4 prompts do
+    not fit now: 429, none submitted; 4 fit and run on an idle server, each one request."""
     from test_serve import metrics, value
 
     def ended(m: dict[Any, float]) -> float:
@@ -86,15 +87,28 @@ def test_a_list_of_prompts_beyond_the_free_queue_gets_429_and_submits_none(serve
         )
 
     before = metrics(server)
-    with pytest.raises(openai.RateLimitError) as e:
+    with pytest.raises(openai.BadRequestError) as never:
         client.completions.create(model=NAME, prompt=["a", "b", "c", "d", "e"], max_tokens=1, temperature=0)
+    assert never.value.body["param"] == "prompt" and "can never be queued" in never.value.body["message"]  # type: ignore[index]
+    running = client.completions.create(model=NAME, prompt="busy", stream=True, **LONG)  # type: ignore[call-overload]
+    next(iter(running))
+    with pytest.raises(openai.RateLimitError) as e:
+        client.completions.create(model=NAME, prompt=["a", "b", "c", "d"], max_tokens=1, temperature=0)
     assert e.value.response.status_code == 429 and e.value.response.headers["retry-after"] == "1"
     assert e.value.body["code"] == "rate_limit_exceeded" and "none was queued" in e.value.body["message"]  # type: ignore[index]
-    r = client.completions.create(model=NAME, prompt=["a", "b", "c", "d"], max_tokens=1, temperature=0)
+    running.close()  # aborted: one request ended
+    deadline = time.monotonic() + 30
+    while True:  # the abort reaches the engine
+        try:
+            r = client.completions.create(model=NAME, prompt=["a", "b", "c", "d"], max_tokens=1, temperature=0)
+            break
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
     assert [c.index for c in r.choices] == [0, 1, 2, 3] and r.usage is not None and r.usage.completion_tokens == 4
     after = metrics(server)
-    assert ended(after) - ended(before) == 4  # the refused list submitted nothing
-    assert value(after, "trtcore:generation_tokens_total") - value(before, "trtcore:generation_tokens_total") == 4
+    assert ended(after) - ended(before) == 5  # the refused lists submitted nothing: the busy request + 4
+    assert value(after, "trtcore:generation_tokens_total") - value(before, "trtcore:generation_tokens_total") >= 4
 
 
 def test_sigterm_drains(server: Any, client: openai.OpenAI) -> None:

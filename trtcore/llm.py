@@ -143,7 +143,9 @@ class _IncrementalText:
     def __init__(self, llm: LLM, params: SamplingParams | None = None):
         self.llm = llm
         self.detokenizer = IncrementalDetokenizer(llm.tokenizer)
-        self.stop = StopStringMatcher(params.stop if params else [], params.min_tokens if params else 0)
+        self.stop = StopStringMatcher(
+            params.stop if params else [], params.min_tokens if params else 0, params.include_stop_str_in_output if params else False
+        )
 
     def output(self, index: int, event: RequestEvent) -> StreamOutput | None:
         """The stream's output for ``event``; None for the engine's finish event after a stop string."""

@@ -112,7 +112,9 @@ def _is_real(value: Any) -> bool:
 
 
 def _bad(field_name: str, value: Any, allowed: str) -> InvalidRequestError:
-    return InvalidRequestError(f"SamplingParams.{field_name} must be {allowed}, got {value!r}")
+    exc = InvalidRequestError(f"SamplingParams.{field_name} must be {allowed}, got {value!r}")
+    exc.field = field_name  # type: ignore[attr-defined]  # the field it names (the server's ``param``)
+    return exc
 
 
 def _real_in(obj: Any, name: str, lo: float, hi: float, allowed: str, *, lo_open: bool = False) -> None:
@@ -157,6 +159,8 @@ class SamplingParams:
             text contains one, which is not included in the output (vLLM's
             ``include_stop_str_in_output=False``). Normalized to a ``list[str]`` (None -> []).
         stop_token_ids: ``None`` or a list of ints >= 0 that end generation.
+        include_stop_str_in_output: bool; the matched stop string ends the output text
+            instead of being cut off (vLLM's flag). Default False.
 
     Values are normalized on construction: NumPy scalars become Python ``int`` /
     ``float``, ``stop`` and ``stop_token_ids`` new lists. The instance is frozen; use
@@ -181,6 +185,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     stop: str | list[str] | None = None
     min_tokens: int = 0
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         """Validate and normalize every field (see the class docstring for the ranges)."""
@@ -228,10 +233,11 @@ class SamplingParams:
                 raise _bad("logprobs", lp, "None or an integer >= 0")
             set_(self, "logprobs", int(lp))
 
-        ie = self.ignore_eos
-        if not isinstance(ie, (bool, np.bool_)):
-            raise _bad("ignore_eos", ie, "a bool")
-        set_(self, "ignore_eos", bool(ie))
+        for flag in ("ignore_eos", "include_stop_str_in_output"):
+            v = getattr(self, flag)
+            if not isinstance(v, (bool, np.bool_)):
+                raise _bad(flag, v, "a bool")
+            set_(self, flag, bool(v))
 
         st = self.stop_token_ids
         if st is not None:

@@ -1,9 +1,9 @@
 """Stop strings: where a completion's text ends, and how much of it a stream may show yet.
 
-vLLM's semantics (``SamplingParams.stop`` with ``include_stop_str_in_output=False``,
-``vllm/v1/engine/detokenizer.py``: ``check_stop_strings``): once the text generated so far
-contains one of the stop strings, the request finishes with ``finish_reason="stop"`` and
-``stop_reason`` = that string, and the output text ends right before it. The earliest
+vLLM's semantics (``SamplingParams.stop``, ``vllm/v1/engine/detokenizer.py``:
+``check_stop_strings``): once the text generated so far contains one of the stop strings,
+the request finishes with ``finish_reason="stop"`` and ``stop_reason`` = that string, and the
+output text ends right before it (``include_stop_str_in_output``: right after it). The earliest
 occurrence wins (on a tie, the string listed first). Stop strings are not looked for until
 more than ``min_tokens`` tokens were generated (vLLM skips the check while
 ``len(output_token_ids) <= min_tokens``).
@@ -31,6 +31,8 @@ class StopStringMatcher:
         stop: the stop strings (non-empty), one string, or None for none (as
             :attr:`SamplingParams.stop <trtcore.runtime.sampling.SamplingParams>`).
         min_tokens: no match while at most this many tokens were generated.
+        include: the matched stop string is the end of the text (vLLM's
+            ``include_stop_str_in_output``); else the text ends before it.
 
     Attributes:
         shown: the text released so far (a prefix of every later text, without any piece of
@@ -41,13 +43,14 @@ class StopStringMatcher:
         InvalidRequestError: an empty stop string or a negative ``min_tokens``.
     """
 
-    def __init__(self, stop: str | Sequence[str] | None, min_tokens: int = 0) -> None:
+    def __init__(self, stop: str | Sequence[str] | None, min_tokens: int = 0, include: bool = False) -> None:
         self.stop = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if min_tokens < 0:
             raise InvalidRequestError(f"min_tokens must be >= 0, got {min_tokens}")
         self.min_tokens = int(min_tokens)
+        self.include = bool(include)
         self._shown: list[str] = []
         self._num_seen = 0  # characters of the text taken so far (shown + pending)
         self._pending = ""  # taken, not shown: what may still begin a stop string
@@ -108,7 +111,7 @@ class StopStringMatcher:
             hits = [(i, k) for k, s in enumerate(self.stop) if (i := pending.find(s)) >= 0]
             if hits:
                 idx, k = min(hits)
-                out = pending[:idx]
+                out = pending[: idx + len(self.stop[k])] if self.include else pending[:idx]
                 self._shown.append(out)
                 self._pending = ""
                 self.stop_reason = self.stop[k]

@@ -40,6 +40,7 @@ events of the tokens that arrived together go out in one write.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import json
 import math
@@ -53,7 +54,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import TrtcoreError
+from ..errors import InvalidRequestError, TrtcoreError
 from ..token_bytes import token_bytes, token_text
 from .core import ServedModel
 from .engine import AsyncEngine, EngineDrainingError, EngineNotReadyError, QueueFullError, RequestStream
@@ -126,7 +127,21 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
             break
         loc.append(str(x))
     param = ".".join(loc) or None
-    return ApiError(400, f"{param or 'body'}: {err.get('msg')} (got {err.get('input')!r})", param=param)
+    cause = err.get("ctx", {}).get("error")
+    if param is None and getattr(cause, "field", None):  # a refused extra field (protocol._Refused)
+        return ApiError(400, str(cause), param=cause.field)
+    got = repr(err.get("input"))
+    if len(got) > 200:  # never echo a huge body back
+        got = got[:200] + f"... ({len(got)} characters)"
+    if param is None and isinstance(err.get("input"), (bytes, str)):
+        return ApiError(400, f"the body must be a JSON object sent with Content-Type: application/json; got {got}")
+    return ApiError(400, f"{param or 'body'}: {err.get('msg')} (got {got})", param=param)
+
+
+#: a text prompt longer than this many times (context x the longest token's characters) is
+#: refused without tokenizing it (a normalizer may drop characters: the margin keeps the
+#: bound safe for every prompt that could fit)
+PROMPT_CHARS_MARGIN = 4
 
 
 class _Served:
@@ -163,6 +178,16 @@ class _Served:
         """
         model = self.model
         what = what or param
+        context = model.max_seq_len
+        if isinstance(prompt, str) and len(prompt) > PROMPT_CHARS_MARGIN * context * model.max_token_chars():
+            # so many characters need more tokens than the context holds: refused before the
+            # tokenizer, which would hold the event loop (every stream) for seconds
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {context} tokens; the {what} has {len(prompt)} characters, "
+                f"more than {context} tokens of at most {model.max_token_chars()} characters each",
+                param=param,
+            )
         try:
             ids = model.encode(prompt) if isinstance(prompt, str) else list(prompt)
         except TrtcoreError as exc:
@@ -173,7 +198,6 @@ class _Served:
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ApiError(400, f"{what} has token ids outside [0, {vocab}): {bad[:5]}", param=param)
-        context = model.max_seq_len
         if len(ids) >= context:
             raise ApiError(400, f"This model's maximum context length is {context} tokens; the {what} has {len(ids)} tokens", param=param)
         return ids
@@ -220,8 +244,8 @@ class _Served:
             raise ApiError(400, f"n={body.n} is not supported; only n=1", param="n")
         try:
             return body.sampling_params(max_tokens, logprobs)
-        except TrtcoreError as exc:
-            raise ApiError(400, str(exc)) from None
+        except TrtcoreError as exc:  # SamplingParams names its field (the API's name)
+            raise ApiError(400, str(exc), param=getattr(exc, "field", None)) from None
 
     def submit(self, ids: list[int], body: Any, max_tokens: int, logprobs: int | None) -> RequestStream:
         """One request to the engine: 400 (:meth:`params`), 429 (the waiting queue is full),
@@ -239,6 +263,8 @@ class _Served:
             raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded", retry_after=1) from None
         except (EngineDrainingError, EngineNotReadyError) as exc:
             raise ApiError(503, str(exc), "service_unavailable", retry_after=1) from None
+        except InvalidRequestError as exc:  # a list of prompts that can never be queued (not a retry)
+            raise ApiError(400, str(exc), param="prompt") from None
 
 
 def _sse(obj: Any) -> str:
@@ -478,14 +504,25 @@ def build_app(
         rid, usage_opt = random_id("cmpl"), body.stream_options is not None and body.stream_options.include_usage
         k, with_logprobs = len(streams), body.logprobs is not None
 
-        def logprobs_of(out: Any, into: CompletionLogprobs | None, offset: list[int]) -> CompletionLogprobs | None:
+        def logprobs_of(out: Any, into: CompletionLogprobs | None, offset: list[Any]) -> CompletionLogprobs | None:
             if into is None or out.logprobs is None:
                 return into
-            into.tokens.append(served.token_text(out.token_id))
+            text = served.token_text(out.token_id)
+            into.tokens.append(text)
             into.token_logprobs.append(_lp(out.logprobs[out.token_id].logprob))
             into.top_logprobs.append({served.token_text(t): _lp(lp.logprob) for t, lp in out.logprobs.items()})
-            into.text_offset.append(offset[0])
-            offset[0] += len(out.text)
+            # each token starts where the characters begun by the tokens before it end (vLLM
+            # sums the token texts' lengths), not where the text shown so far ends: a stream
+            # holds text back (stop strings, characters split over tokens). offset = [characters
+            # decoded, an incremental UTF-8 decoder]; bytes it holds begin one more character
+            # (completed or replaced by U+FFFD later, it begins before this token)
+            raw = served.token_bytes(out.token_id)
+            if raw is None:
+                into.text_offset.append(offset[0])
+                offset[0] += len(text)
+                return into
+            into.text_offset.append(offset[0] + (1 if offset[1].getstate()[0] else 0))
+            offset[0] += len(offset[1].decode(bytes(raw)))
             return into
 
         if body.stream:
@@ -495,7 +532,7 @@ def build_app(
                 """The events of prompt ``index``'s outputs (one template per index)."""
                 choice = CompletionChoice(index=index, text=m(0), finish_reason=m(1), stop_reason=m(2))
                 plain = _ChunkTemplate(_chunk_dict(CompletionResponse(id=rid, created=created, model=served.name, choices=[choice]), usage_opt))
-                offset = [0]
+                offset: list[Any] = [0, _utf8_decoder()]
 
                 def chunks(out: Any) -> str:
                     if not with_logprobs:
@@ -515,7 +552,7 @@ def build_app(
 
         pieces: list[list[str]] = [[] for _ in range(k)]
         lps = [CompletionLogprobs() if with_logprobs else None for _ in range(k)]
-        offsets = [[0] for _ in range(k)]
+        offsets: list[list[Any]] = [[0, _utf8_decoder()] for _ in range(k)]
 
         def add(i: int, out: Any) -> None:
             pieces[i].append(out.text)
@@ -531,10 +568,13 @@ def build_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         served.check_model(body.model)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
-            prompt = served.model.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
+            prompt = served.model.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
         except TrtcoreError as exc:
             raise ApiError(400, str(exc), param="messages") from None
+        if body.continue_final_message:
+            prompt = _continued(prompt, messages[-1]["content"])
         ids = served.prompt_ids(prompt, "messages")
         asked, param = (
             (body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens is not None else (body.max_tokens, "max_tokens")
@@ -602,6 +642,30 @@ def build_app(
     return app
 
 
+def _utf8_decoder() -> Any:
+    """An incremental UTF-8 decoder (a character split over tokens counts once it completes)."""
+    return codecs.getincrementaldecoder("utf-8")("replace")
+
+
+def _continued(rendered: str, final: str) -> str:
+    """The rendered chat cut right after the last message's content, so the model continues
+    that message (transformers' ``continue_final_message``: the template's end-of-turn text
+    after it is dropped; the content is found stripped, and kept with its trailing whitespace
+    where the template kept it).
+
+    Raises:
+        ApiError: 400 naming ``messages``: the content is empty or the template does not
+            show it.
+    """
+    core = final.strip()
+    at = rendered.rfind(core) if core else -1
+    if at < 0:
+        raise ApiError(400, "continue_final_message: the last message's content does not appear in the rendered chat template", param="messages")
+    whole = final.lstrip()
+    end = at + (len(whole) if rendered[at : at + len(whole)] == whole else len(core))
+    return rendered[:end]
+
+
 def _usage(streams: list[RequestStream]) -> UsageInfo:
     """The token counts so far of a response's requests (summed over a completion's prompts)."""
     p = sum(len(s.prompt_token_ids) for s in streams)
@@ -614,4 +678,8 @@ def _chunk_dict(chunk: Any, include_usage: bool) -> dict[str, Any]:
     d: dict[str, Any] = chunk.model_dump()
     if not include_usage:
         d.pop("usage", None)
+    for choice in d.get("choices", ()):  # a delta leaves its unset role out (OpenAI's chunks)
+        delta = choice.get("delta")
+        if delta is not None and delta.get("role") is None:
+            delta.pop("role", None)
     return d

@@ -123,6 +123,17 @@ class ServedModel:
 
         return encode_text(self.tokenizer, self.model_dir, text)
 
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for (the longest string of the tokenizer's
+        vocabulary, byte-level or SentencePiece: at least the characters it decodes to); 64
+        without a tokenizer. Computed once."""
+        cached = getattr(self, "_max_token_chars", None)
+        if cached is None:
+            vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+            cached = max((len(t) for t in vocab), default=64)
+            self._max_token_chars = cached
+        return int(cached)
+
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """``messages`` rendered with the model's chat template, as :meth:`trtcore.llm.LLM.apply_chat_template`.
 

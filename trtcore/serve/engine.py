@@ -48,7 +48,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidArgumentError, TrtcoreError
+from ..errors import InvalidArgumentError, InvalidRequestError, TrtcoreError
 from ..llm import StreamOutput
 from ..runtime.sampling import SamplingParams
 from .core import ABORT, ADD, HEADER, LOAD_ERROR, READY, SHUTDOWN, STEP, ServedModel, enlarge_buffers, frame, run_engine_core
@@ -329,7 +329,15 @@ class AsyncEngine:
             EngineDeadError: the engine process died.
             EngineNotReadyError: the model is still loading.
             QueueFullError: they do not all fit under ``max_waiting`` (none was queued).
+            InvalidRequestError: more than ``max_waiting`` plus the batch's ``max_batch_size``:
+                they could never be queued together, not even on an idle engine.
         """
+        if self.model is not None and len(requests) > self.max_waiting + self.model.max_batch_size:
+            raise InvalidRequestError(
+                f"{len(requests)} prompts can never be queued together: this server takes at most "
+                f"{self.max_waiting + self.model.max_batch_size} at once (--max-waiting {self.max_waiting} + "
+                f"--max-batch-size {self.model.max_batch_size}); send fewer per request"
+            )
         self._check_room(len(requests))
         return [self._add(ids, params) for ids, params in requests]
 

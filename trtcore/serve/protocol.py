@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ..runtime.sampling import SamplingParams
 
@@ -70,9 +70,66 @@ def random_id(prefix: str) -> str:
 
 
 class _Body(BaseModel):
-    """Request bodies: unknown fields are ignored, known ones are strictly typed."""
+    """Request bodies: unknown fields are ignored, known ones are strictly typed; ``null`` for
+    a field that has a default means that default (OpenAI's schema marks them nullable, and
+    clients that send every field send ``"n": null``, ``"stream": null``)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required() or fields[k].default is None}
+        return data
+
+
+#: vLLM's request fields that would change the answer, which this server does not implement,
+#: and their neutral values (accepted): any other value is a 400 naming the field, never
+#: ignored. Both endpoints.
+UNSUPPORTED_EXTRAS: dict[str, tuple[Any, ...]] = {
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None, []),
+    "guided_grammar": (None,),
+    "structured_outputs": (None, {}),
+    "prompt_logprobs": (None,),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0),
+    "truncate_prompt_tokens": (None,),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "logits_processors": (None, []),
+    "return_tokens_as_token_ids": (None, False),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+}
+#: the same for chat only (OpenAI's legacy function calling; vLLM's template options)
+UNSUPPORTED_CHAT_EXTRAS: dict[str, tuple[Any, ...]] = {
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "echo": (None, False),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "documents": (None, []),
+}
+
+
+def _refuse_extras(data: Any, table: dict[str, tuple[Any, ...]]) -> None:
+    """Raise ValueError naming the first field of ``table`` whose value in ``data`` is not neutral."""
+    if isinstance(data, dict):
+        for name, neutral in table.items():
+            if name in data and not any(data[name] == v and type(data[name]) is type(v) for v in neutral):
+                raise _Refused(name, f"{name}={data[name]!r} is not supported by this server (it would change the answer); leave it out")
+
+
+class _Refused(ValueError):
+    """A refused extra field, with its name (the error's ``param``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class StreamOptions(_Body):
@@ -94,17 +151,31 @@ class _SamplingFields(_Body):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # vLLM's int64; a negative seed is taken mod 2**64
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
     n: int = Field(default=1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     logit_bias: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_streamed(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if v is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed with stream: true")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unsupported_extras(cls, data: Any) -> Any:
+        _refuse_extras(data, UNSUPPORTED_EXTRAS)
+        return data
 
     @field_validator("logit_bias")
     @classmethod
@@ -135,12 +206,13 @@ class _SamplingFields(_Body):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            seed=self.seed,
+            seed=None if self.seed is None else self.seed % (1 << 64),
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.include_stop_str_in_output,
             logprobs=logprobs,
         )
 
@@ -225,7 +297,10 @@ class ChatMessage(_Body):
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``: ``max_completion_tokens`` is OpenAI's newer name for
     ``max_tokens`` (it wins when both are set); ``logprobs`` (bool) with ``top_logprobs``
-    (0 to :data:`MAX_LOGPROBS`)."""
+    (0 to :data:`MAX_LOGPROBS`); vLLM's ``add_generation_prompt`` (default true) and
+    ``continue_final_message`` (the last message is continued: the prompt ends with its
+    content, as transformers' ``continue_final_message``; needs ``add_generation_prompt``
+    false). :data:`UNSUPPORTED_CHAT_EXTRAS` are refused unless neutral."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -233,6 +308,21 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0)
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unsupported_chat_extras(cls, data: Any) -> Any:
+        _refuse_extras(data, UNSUPPORTED_CHAT_EXTRAS)
+        return data
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _continue_without_generation_prompt(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("add_generation_prompt", True):
+            raise ValueError("continue_final_message needs add_generation_prompt: false (vLLM's rule)")
+        return v
 
     @field_validator("top_logprobs")
     @classmethod
