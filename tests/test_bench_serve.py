@@ -345,3 +345,28 @@ def test_cli_errors(fake, capsys):
     # nothing listens on port 1: every request fails, the run is an error naming the first
     assert main(["bench", "serve", "--base-url", "http://127.0.0.1:1", "--model", "m", "--num-prompts", "2"]) == 2
     assert "no request completed" in capsys.readouterr().err
+
+
+def test_a_dataset_line_that_is_not_json_is_one_error_line(fake, tmp_path, capsys):
+    """A JSON Lines file with a broken line: ``trtcore: error:`` naming the file and the line
+    (1-based, blank lines counted), no traceback; a broken JSON document names its line too."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "a b"}\n\n{"prompt": "c d"\n{"prompt": "e"}\n')
+    with pytest.raises(InvalidArgumentError, match=r"d\.jsonl.*line 3"):
+        bs.load_dataset(str(data), 2, 4)
+    assert main(["bench", "serve", "--base-url", _url(fake), "--model", "m", "--dataset", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trtcore: error: --dataset ") and "line 3" in err and str(data) in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    doc = tmp_path / "s.json"
+    doc.write_text('[\n  {"conversations": [{"value": "hi"}]},\n  {"conversations": ]\n]\n')
+    with pytest.raises(InvalidArgumentError, match=r"s\.json.*line 3"):
+        bs.load_dataset(str(doc), 1, 4)
+
+
+@pytest.mark.parametrize("suffix", ["/v1", "/v1/", "/"])
+def test_a_base_url_ending_in_v1_works_as_the_bare_one(fake, suffix):
+    """``--base-url http://host:port/v1`` (as OpenAI clients take it) sends to the same routes."""
+    r = asyncio.run(bs.benchmark(_url(fake) + suffix, bs.random_prompts(2, 8, fake.chunks, np.random.default_rng(1))))
+    assert r["completed"] == 2 and r["failed"] == 0 and r["model_id"] == fake.model
+    assert r["base_url"] == _url(fake)
