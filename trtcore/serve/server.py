@@ -9,8 +9,10 @@ and stepped in an engine process of its own (:mod:`trtcore.serve.engine`); once 
 SIGTERM (and SIGINT) drain: ``/health`` and new requests answer 503, the listening socket
 closes, running requests finish, the engine process exits, then the server exits with status
 0. A model that fails to load ends the process with status 2 and ``trtcore: error: ...``. An
-engine process that dies fails the live requests and leaves the server answering 503 (a
-supervisor restarts it on ``/health``).
+engine process that dies fails the live requests (a streamed one gets an error event, a whole
+one a 503), then the server shuts down and exits with status 1 and one stderr line
+``trtcore: error: the engine process (pid N, exit status S) exited unexpectedly; ...`` (as
+vLLM's API server does: ``docker run --restart`` or Kubernetes restarts it).
 """
 
 from __future__ import annotations
@@ -119,7 +121,8 @@ def serve(args: argparse.Namespace) -> int:
 def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "warning") -> int:
     """Serve ``engine`` (an :class:`~trtcore.serve.engine.AsyncEngine`, not started) as ``name``
     on ``host:port`` with uvicorn until SIGTERM / SIGINT (module docstring: the announced
-    address, the drain); the exit status (0 after a drain, 2 if the model failed to load)."""
+    address, the drain, the exit when the engine dies); the exit status: 0 after a drain, 1 if
+    the engine process died, 2 if the model failed to load."""
     import uvicorn
 
     from .app import build_app
@@ -138,6 +141,14 @@ def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "w
     def ready() -> None:
         print(f"{ENGINE_PROCESS}{engine.engine_pid}", file=sys.stderr, flush=True)
 
+    died: list[BaseException] = []
+
+    def dead(exc: BaseException) -> None:
+        # the live streams already got the error: the shutdown lets their responses finish
+        died.append(exc)
+        server.should_exit = True
+
+    engine.on_dead = dead
     app = build_app(engine, name, on_load_error=load_error, on_ready=ready)
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=None, lifespan="on")
     server = _Server(config)
@@ -154,4 +165,7 @@ def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "w
     if failed:
         print(f"trtcore: error: the model failed to load: {failed[0]}", file=sys.stderr)
         return 2
+    if died:
+        print(f"trtcore: error: {died[0]}", file=sys.stderr)
+        return 1
     return 0
