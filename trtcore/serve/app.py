@@ -2,9 +2,11 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream=true``: server-sent
 events, ``data: {chunk}`` lines ending in ``data: [DONE]``), ``GET /v1/models``,
-``GET /health`` (200 once the model is loaded, 503 while loading or draining, or once the
-engine process died),
-``GET /metrics`` (Prometheus text format, :mod:`trtcore.serve.metrics`).
+``GET /v1/models/{model}`` (OpenAI's retrieve: the served model's card; 404 ``model_not_found``
+for another id), ``GET`` / ``HEAD /health`` (200 once the model is loaded, 503 while loading or
+draining, or once the engine process died; no body),
+``GET /metrics`` (Prometheus text format, :mod:`trtcore.serve.metrics`),
+``GET /version`` (``{"version": trtcore.__version__}``).
 
 Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}}``:
 
@@ -53,6 +55,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import __version__
 from ..errors import TrtcoreError
 from ..token_bytes import token_bytes, token_text
 from .core import ServedModel
@@ -449,10 +452,14 @@ def build_app(
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         return ApiError(500, f"{type(exc).__name__}: {exc}", "internal_error").response()
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         ok = engine.ready and not engine.draining
         return Response(status_code=200 if ok else 503)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -460,8 +467,12 @@ def build_app(
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        model = served.model
-        return ModelList(data=[ModelCard(id=served.name, root=model.model_dir, max_model_len=model.max_seq_len, version=model.version)])
+        return ModelList(data=[_model_card(served)])
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> ModelCard:
+        served.check_model(model)
+        return _model_card(served)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Any:
@@ -600,6 +611,12 @@ def build_app(
         return ChatCompletionResponse(id=rid, model=served.name, choices=[choice], usage=_usage([stream]))
 
     return app
+
+
+def _model_card(served: _Served) -> ModelCard:
+    """The served model's card (``GET /v1/models``, ``GET /v1/models/{model}``); 503 while loading."""
+    model = served.model
+    return ModelCard(id=served.name, root=model.model_dir, max_model_len=model.max_seq_len, version=model.version)
 
 
 def _usage(streams: list[RequestStream]) -> UsageInfo:
