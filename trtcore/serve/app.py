@@ -8,6 +8,10 @@ draining, or once the engine process died; no body),
 ``GET /metrics`` (Prometheus text format, :mod:`trtcore.serve.metrics`),
 ``GET /version`` (``{"version": trtcore.__version__}``).
 
+With an API key (``build_app(api_key=...)``, ``trtcore serve --api-key``), the ``/v1`` routes
+need ``Authorization: Bearer KEY``, else 401 ``invalid_api_key``
+(:mod:`trtcore.serve.auth`); ``/health``, ``/metrics`` and ``/version`` stay open.
+
 Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}}``:
 
 * 400 ``invalid_request_error``: malformed JSON, a field of the wrong type or out of range
@@ -58,6 +62,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..errors import TrtcoreError
 from ..token_bytes import token_bytes, token_text
+from .auth import ApiKeyMiddleware
 from .core import ServedModel
 from .engine import AsyncEngine, EngineDrainingError, EngineNotReadyError, QueueFullError, RequestStream
 from .metrics import CONTENT_TYPE_LATEST
@@ -404,12 +409,14 @@ def build_app(
     served_model_name: str,
     on_load_error: Callable[[BaseException], None] | None = None,
     on_ready: Callable[[], None] | None = None,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The FastAPI application serving ``engine`` as ``served_model_name``.
 
     The lifespan starts the engine and its model loading in the background (``/health``
     answers 503 until it is ready); ``on_ready`` is called once it is, ``on_load_error`` if
-    that fails. On shutdown the engine drains.
+    that fails. On shutdown the engine drains. ``api_key`` (None or empty: none): the ``/v1``
+    routes need it as a bearer token (:class:`~trtcore.serve.auth.ApiKeyMiddleware`).
     """
     served = _Served(engine, served_model_name)
 
@@ -431,6 +438,8 @@ def build_app(
         await engine.shutdown()
 
     app = FastAPI(title="trtcore", lifespan=lifespan)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
