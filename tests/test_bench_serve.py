@@ -64,7 +64,7 @@ async def _handle(fake: Fake, reader: asyncio.StreamReader, writer: asyncio.Stre
         await send("400 Bad Request", "application/json", b'{"error": {"message": "bad prompt", "type": "invalid_request_error"}}')
     else:
         index = len(fake.records)
-        record = {"recv": recv, "sent": [], "body": body}
+        record = {"recv": recv, "sent": [], "body": body, "head": head}
         fake.records.append(record)
         fake.in_flight += 1
         fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
@@ -370,3 +370,14 @@ def test_a_base_url_ending_in_v1_works_as_the_bare_one(fake, suffix):
     r = asyncio.run(bs.benchmark(_url(fake) + suffix, bs.random_prompts(2, 8, fake.chunks, np.random.default_rng(1))))
     assert r["completed"] == 2 and r["failed"] == 0 and r["model_id"] == fake.model
     assert r["base_url"] == _url(fake)
+
+
+def test_openai_api_key_goes_as_the_bearer_token(fake, monkeypatch):
+    """``OPENAI_API_KEY`` (a server with ``--api-key``) goes with every request, as vllm bench serve sends it."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-bench")
+    r = _run(fake, n=2)
+    assert r["completed"] == 2 and all("\r\nauthorization: bearer sk-bench\r\n" in rec["head"].lower() for rec in fake.records)
+    monkeypatch.delenv("OPENAI_API_KEY")
+    fake.records.clear()
+    _run(fake, n=1)
+    assert "authorization:" not in fake.records[0]["head"].lower()

@@ -32,6 +32,10 @@ until the text encodes back to ``--input-len`` tokens, else
 server's ``usage.prompt_tokens``); or ``--dataset FILE``: JSON Lines of ``{"prompt": ...,
 "output_len": N}`` (``output_len`` optional), or a ShareGPT JSON list (each conversation's
 first turn is the prompt).
+
+The server: ``--base-url`` its root (``http://host:port``; a trailing ``/v1`` is dropped); the
+``OPENAI_API_KEY`` environment variable, where set, goes as ``Authorization: Bearer KEY`` with
+every request (a server started with ``--api-key``), as ``vllm bench serve`` sends it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -427,7 +432,9 @@ class _Job:
 
 def _session(aiohttp: Any, timeout_s: float) -> Any:
     connector = aiohttp.TCPConnector(limit=0)  # no pool limit: the concurrency is the semaphore's
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s))
+    key = os.environ.get("OPENAI_API_KEY")  # a server with an API key (trtcore serve --api-key), as vllm bench serve
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers)
 
 
 async def _send(client: Any, job: _Job, t0: float) -> tuple[list[RequestOutput], int]:
