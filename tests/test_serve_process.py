@@ -93,8 +93,9 @@ def test_a_killed_engine_fails_the_live_streams_then_the_server_exits_1(server: 
     except subprocess.TimeoutExpired:
         pytest.fail("the server did not exit after its engine process died:\n" + "".join(server.stderr_lines))
     assert status == 1 and time.monotonic() - killed < 15, "".join(server.stderr_lines)
-    time.sleep(0.2)  # the stderr reader thread takes the last lines
-    errors = [line for line in server.stderr_lines if line.startswith("trtcore: error: ")]
+    deadline = time.monotonic() + 5
+    while not (errors := [line for line in server.stderr_lines if line.startswith("trtcore: error: ")]) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the stderr reader thread takes the last lines
     assert len(errors) == 1 and f"engine process (pid {server.engine_pid}" in errors[0] and "exited unexpectedly" in errors[0], errors
     assert "Traceback" not in "".join(server.stderr_lines), "".join(server.stderr_lines)
     assert process_state(server.engine_pid) is None  # reaped
