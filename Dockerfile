@@ -41,5 +41,7 @@ EXPOSE 8000
 # /health answers 200 once the engine is ready; building it may take minutes (start period)
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15m --retries=3 \
     CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"]
-# listen on every interface of the container; later arguments (--model, --engine, --port ...) add to these
+# listen on every interface of the container; later arguments (--model, --engine, --port ...) add to these.
+# An API key for the /v1 routes: docker run -e TRTCORE_API_KEY=... (not --api-key: a command line shows in ps);
+# the HEALTHCHECK's /health needs none. The server exits 1 when its engine process dies: docker run --restart on-failure
 ENTRYPOINT ["trtcore", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -64,7 +64,7 @@ async def _handle(fake: Fake, reader: asyncio.StreamReader, writer: asyncio.Stre
         await send("400 Bad Request", "application/json", b'{"error": {"message": "bad prompt", "type": "invalid_request_error"}}')
     else:
         index = len(fake.records)
-        record = {"recv": recv, "sent": [], "body": body}
+        record = {"recv": recv, "sent": [], "body": body, "head": head}
         fake.records.append(record)
         fake.in_flight += 1
         fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
@@ -345,3 +345,39 @@ def test_cli_errors(fake, capsys):
     # nothing listens on port 1: every request fails, the run is an error naming the first
     assert main(["bench", "serve", "--base-url", "http://127.0.0.1:1", "--model", "m", "--num-prompts", "2"]) == 2
     assert "no request completed" in capsys.readouterr().err
+
+
+def test_a_dataset_line_that_is_not_json_is_one_error_line(fake, tmp_path, capsys):
+    """A JSON Lines file with a broken line: ``trtcore: error:`` naming the file and the line
+    (1-based, blank lines counted), no traceback; a broken JSON document names its line too."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "a b"}\n\n{"prompt": "c d"\n{"prompt": "e"}\n')
+    with pytest.raises(InvalidArgumentError, match=r"d\.jsonl.*line 3"):
+        bs.load_dataset(str(data), 2, 4)
+    assert main(["bench", "serve", "--base-url", _url(fake), "--model", "m", "--dataset", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trtcore: error: --dataset ") and "line 3" in err and str(data) in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    doc = tmp_path / "s.json"
+    doc.write_text('[\n  {"conversations": [{"value": "hi"}]},\n  {"conversations": ]\n]\n')
+    with pytest.raises(InvalidArgumentError, match=r"s\.json.*line 3"):
+        bs.load_dataset(str(doc), 1, 4)
+
+
+@pytest.mark.parametrize("suffix", ["/v1", "/v1/", "/"])
+def test_a_base_url_ending_in_v1_works_as_the_bare_one(fake, suffix):
+    """``--base-url http://host:port/v1`` (as OpenAI clients take it) sends to the same routes."""
+    r = asyncio.run(bs.benchmark(_url(fake) + suffix, bs.random_prompts(2, 8, fake.chunks, np.random.default_rng(1))))
+    assert r["completed"] == 2 and r["failed"] == 0 and r["model_id"] == fake.model
+    assert r["base_url"] == _url(fake)
+
+
+def test_openai_api_key_goes_as_the_bearer_token(fake, monkeypatch):
+    """``OPENAI_API_KEY`` (a server with ``--api-key``) goes with every request, as vllm bench serve sends it."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-bench")
+    r = _run(fake, n=2)
+    assert r["completed"] == 2 and all("\r\nauthorization: bearer sk-bench\r\n" in rec["head"].lower() for rec in fake.records)
+    monkeypatch.delenv("OPENAI_API_KEY")
+    fake.records.clear()
+    _run(fake, n=1)
+    assert "authorization:" not in fake.records[0]["head"].lower()

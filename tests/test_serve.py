@@ -487,6 +487,24 @@ def test_models_and_health(server: Any, client: openai.OpenAI, model: Path) -> N
     assert server.health() == 200
 
 
+def test_retrieve_model_head_health_and_version(server: Any, client: openai.OpenAI, model: Path) -> None:
+    """OpenAI's ``GET /v1/models/{model}`` (the card ``/v1/models`` lists; another id: 404
+    ``model_not_found``), ``HEAD /health`` (the status, no body), ``GET /version`` (vLLM's)."""
+    import trtcore
+
+    card = client.models.retrieve(NAME)
+    assert card.id == NAME and card.model_extra is not None and card.model_extra["max_model_len"] == MAX_SEQ_LEN
+    assert card.model_extra["root"] == str(model) and card.model_dump() == client.models.list().data[0].model_dump()
+    for other in ("gpt-4", "org/some-model"):
+        with pytest.raises(openai.NotFoundError) as e:
+            client.models.retrieve(other)
+        assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"  # type: ignore[index]
+    head = httpx.head(server.url + "/health")
+    assert head.status_code == 200 and head.content == b""
+    version = httpx.get(server.url + "/version")
+    assert version.status_code == 200 and version.json() == {"version": trtcore.__version__}
+
+
 def test_bench_serve_against_this_server_prints_its_table(server: Any, model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``trtcore bench serve`` (the load generator) against the real server: every request
     completes, output tokens come from the server's usage (12 requests x 8 tokens), and the

@@ -32,6 +32,10 @@ until the text encodes back to ``--input-len`` tokens, else
 server's ``usage.prompt_tokens``); or ``--dataset FILE``: JSON Lines of ``{"prompt": ...,
 "output_len": N}`` (``output_len`` optional), or a ShareGPT JSON list (each conversation's
 first turn is the prompt).
+
+The server: ``--base-url`` its root (``http://host:port``; a trailing ``/v1`` is dropped); the
+``OPENAI_API_KEY`` environment variable, where set, goes as ``Authorization: Bearer KEY`` with
+every request (a server started with ``--api-key``), as ``vllm bench serve`` sends it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -60,6 +65,7 @@ __all__ = [
     "Prompt",
     "RequestOutput",
     "add_bench_serve_parser",
+    "base_url_root",
     "arrival_times",
     "benchmark",
     "calculate_metrics",
@@ -190,19 +196,37 @@ def random_prompts(num_prompts: int, input_len: int, output_len: int, rng: np.ra
     return out
 
 
+def base_url_root(base_url: str) -> str:
+    """The server's root: ``base_url`` without a trailing ``/`` or ``/v1`` (``http://host:port/v1``,
+    as OpenAI clients take it, names the same server as ``http://host:port``)."""
+    root = base_url.rstrip("/")
+    return root.removesuffix("/v1")
+
+
 def load_dataset(path: str, num_prompts: int, output_len: int, tokenizer: Any = None) -> list[Prompt]:
     """The first ``num_prompts`` prompts of ``path``: JSON Lines of ``{"prompt", "output_len"?}``
     or a ShareGPT JSON list (module docstring); cycled when the file holds fewer.
 
     Raises:
-        InvalidArgumentError: the file holds no prompt or an entry of another shape.
+        InvalidArgumentError: the file holds no prompt, an entry of another shape, or text
+            that is not JSON (the message names the file and the line).
     """
     text = Path(path).read_text(encoding="utf-8")
     try:
         data = json.loads(text)
         entries = data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        entries = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        if text.lstrip().startswith("["):  # one JSON document (ShareGPT) with an error in it
+            raise InvalidArgumentError(f"--dataset {path}: line {exc.lineno} is not valid JSON ({exc.msg})") from None
+        entries = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    entries.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise InvalidArgumentError(
+                        f"--dataset {path}: line {number} is not JSON ({err.msg}); expected JSON Lines or a JSON list"
+                    ) from None
     prompts = []
     for i, e in enumerate(entries):
         if isinstance(e, dict) and isinstance(e.get("prompt"), str):
@@ -408,7 +432,9 @@ class _Job:
 
 def _session(aiohttp: Any, timeout_s: float) -> Any:
     connector = aiohttp.TCPConnector(limit=0)  # no pool limit: the concurrency is the semaphore's
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s))
+    key = os.environ.get("OPENAI_API_KEY")  # a server with an API key (trtcore serve --api-key), as vllm bench serve
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers)
 
 
 async def _send(client: Any, job: _Job, t0: float) -> tuple[list[RequestOutput], int]:
@@ -550,7 +576,7 @@ async def benchmark(
     if num_workers < 1:
         raise InvalidArgumentError(f"--num-workers must be >= 1, got {num_workers}")
     aiohttp = _aiohttp()
-    base_url = base_url.rstrip("/")
+    base_url = base_url_root(base_url)
     sends = [float(at) for at in arrival_times(len(prompts), request_rate, burstiness, np.random.default_rng(seed))]
     job = _Job(base_url + endpoint, "", endpoint, list(prompts), sends, max_concurrency, ignore_eos, temperature, tokenizer, timeout_s)
     workers = min(num_workers, len(prompts), max_concurrency or len(prompts))
@@ -736,7 +762,7 @@ def add_bench_serve_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to ``trtcore bench``'s subparsers action ``sub`` (its handler is the
     ``handler`` default, returning 0); returns its parser."""
     p = sub.add_parser("serve", help="load-test an OpenAI-compatible server: TTFT / TPOT / ITL / goodput (vllm bench serve)")
-    p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000 (a trailing /v1 is dropped)")
     p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
     p.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS)
     p.add_argument("--num-prompts", type=int, default=100, help="requests (default 100)")

@@ -2,9 +2,15 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream=true``: server-sent
 events, ``data: {chunk}`` lines ending in ``data: [DONE]``), ``GET /v1/models``,
-``GET /health`` (200 once the model is loaded, 503 while loading or draining, or once the
-engine process died),
-``GET /metrics`` (Prometheus text format, :mod:`trtcore.serve.metrics`).
+``GET /v1/models/{model}`` (OpenAI's retrieve: the served model's card; 404 ``model_not_found``
+for another id), ``GET`` / ``HEAD /health`` (200 once the model is loaded, 503 while loading or
+draining, or once the engine process died; no body),
+``GET /metrics`` (Prometheus text format, :mod:`trtcore.serve.metrics`),
+``GET /version`` (``{"version": trtcore.__version__}``).
+
+With an API key (``build_app(api_key=...)``, ``trtcore serve --api-key``), the ``/v1`` routes
+need ``Authorization: Bearer KEY``, else 401 ``invalid_api_key``
+(:mod:`trtcore.serve.auth`); ``/health``, ``/metrics`` and ``/version`` stay open.
 
 Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}}``:
 
@@ -54,8 +60,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .. import __version__
 from ..errors import InvalidRequestError, TrtcoreError
 from ..token_bytes import token_bytes, token_text
+from .auth import ApiKeyMiddleware
 from .core import ServedModel
 from .engine import AsyncEngine, EngineDrainingError, EngineNotReadyError, QueueFullError, RequestStream
 from .metrics import CONTENT_TYPE_LATEST
@@ -427,12 +435,14 @@ def build_app(
     served_model_name: str,
     on_load_error: Callable[[BaseException], None] | None = None,
     on_ready: Callable[[], None] | None = None,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The FastAPI application serving ``engine`` as ``served_model_name``.
 
     The lifespan starts the engine and its model loading in the background (``/health``
     answers 503 until it is ready); ``on_ready`` is called once it is, ``on_load_error`` if
-    that fails. On shutdown the engine drains.
+    that fails. On shutdown the engine drains. ``api_key`` (None or empty: none): the ``/v1``
+    routes need it as a bearer token (:class:`~trtcore.serve.auth.ApiKeyMiddleware`).
     """
     served = _Served(engine, served_model_name)
 
@@ -454,6 +464,8 @@ def build_app(
         await engine.shutdown()
 
     app = FastAPI(title="trtcore", lifespan=lifespan)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -475,10 +487,14 @@ def build_app(
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         return ApiError(500, f"{type(exc).__name__}: {exc}", "internal_error").response()
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         ok = engine.ready and not engine.draining
         return Response(status_code=200 if ok else 503)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -486,8 +502,12 @@ def build_app(
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        model = served.model
-        return ModelList(data=[ModelCard(id=served.name, root=model.model_dir, max_model_len=model.max_seq_len, version=model.version)])
+        return ModelList(data=[_model_card(served)])
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> ModelCard:
+        served.check_model(model)
+        return _model_card(served)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Any:
@@ -664,6 +684,12 @@ def _continued(rendered: str, final: str) -> str:
     whole = final.lstrip()
     end = at + (len(whole) if rendered[at : at + len(whole)] == whole else len(core))
     return rendered[:end]
+
+
+def _model_card(served: _Served) -> ModelCard:
+    """The served model's card (``GET /v1/models``, ``GET /v1/models/{model}``); 503 while loading."""
+    model = served.model
+    return ModelCard(id=served.name, root=model.model_dir, max_model_len=model.max_seq_len, version=model.version)
 
 
 def _usage(streams: list[RequestStream]) -> UsageInfo:

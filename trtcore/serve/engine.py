@@ -30,8 +30,9 @@ takes all at its next wake-up (:meth:`RequestStream.drain`; vLLM's ``RequestOutp
 Errors: a request the engine refuses (e.g. a prompt over the context) or that fails (non-finite
 logits) ends only its own stream; an exception out of a step fails the requests then live and
 the engine goes on. An engine process that dies fails every live stream with
-:class:`EngineDeadError`; :attr:`AsyncEngine.ready` turns False (``/health``: 503) and new
-requests are refused with it. A shutdown (SIGTERM) drains: no new requests, the running ones
+:class:`EngineDeadError`; :attr:`AsyncEngine.ready` turns False (``/health``: 503), new
+requests are refused with it, and :attr:`AsyncEngine.on_dead` is called (``trtcore serve``
+then shuts down and exits with status 1). A shutdown (SIGTERM) drains: no new requests, the running ones
 finish, then the engine process closes the LLM and exits.
 """
 
@@ -175,6 +176,9 @@ class AsyncEngine:
         engine_pid: the process the engine core runs in, once ready.
         load_error: why the model failed to load, if it did.
         draining: set on shutdown: :meth:`submit` refuses, running requests finish.
+        on_dead: called with the :class:`EngineDeadError` once the engine process (or thread)
+            died after its model was ready, after the live streams got the error (None: nothing
+            is called). ``trtcore serve`` sets it to shut the server down.
 
     Raises:
         InvalidArgumentError: ``max_waiting`` below 1, ``max_queue_delay_s`` below 0, or a
@@ -210,6 +214,7 @@ class AsyncEngine:
         self.engine_pid: int | None = None
         self.load_error: BaseException | None = None
         self.draining = False
+        self.on_dead: Callable[[EngineDeadError], None] | None = None
         self._worker: Any = None  # the engine process, or the engine thread (in_process)
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -476,7 +481,8 @@ class AsyncEngine:
         if isinstance(w, multiprocessing.process.BaseProcess):
             w.join(0.5)  # its exit status, if it is there yet (a crash only: the loop may wait this once)
             where = f"engine process (pid {w.pid}, exit status {w.exitcode})"
-        err = self._dead = EngineDeadError(f"the {where} exited unexpectedly; the server needs a restart")
+        then = "the server shuts down" if self.on_dead is not None and self.model is not None else "the server needs a restart"
+        err = self._dead = EngineDeadError(f"the {where} exited unexpectedly; {then}")
         if self._started is not None and not self._started.done():
             self._started.set_exception(err)
         for s in list(self._streams.values()):
@@ -484,6 +490,8 @@ class AsyncEngine:
             s._put(err)
         self.metrics.num_requests_running.set(0)
         self.metrics.kv_cache_usage.set(0.0)
+        if self.model is not None and self.on_dead is not None:  # dying while loading: a load error
+            self.on_dead(err)
 
     # the engine's outputs --------------------------------------------------------------------
     def _scheduled(self, s: RequestStream, at: float) -> None:

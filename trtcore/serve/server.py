@@ -9,14 +9,22 @@ and stepped in an engine process of its own (:mod:`trtcore.serve.engine`); once 
 SIGTERM (and SIGINT) drain: ``/health`` and new requests answer 503, the listening socket
 closes, running requests finish, the engine process exits, then the server exits with status
 0. A model that fails to load ends the process with status 2 and ``trtcore: error: ...``. An
-engine process that dies fails the live requests and leaves the server answering 503 (a
-supervisor restarts it on ``/health``).
+engine process that dies fails the live requests (a streamed one gets an error event, a whole
+one a 503), then the server shuts down and exits with status 1 and one stderr line
+``trtcore: error: the engine process (pid N, exit status S) exited unexpectedly; ...`` (as
+vLLM's API server does: ``docker run --restart`` or Kubernetes restarts it).
+
+``--api-key KEY`` (or the ``TRTCORE_API_KEY`` environment variable; the option wins): the
+``/v1`` routes need ``Authorization: Bearer KEY`` (:mod:`trtcore.serve.auth`). The key is
+never printed; prefer the environment variable (a command line is visible to every local user
+in ``ps``).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import signal
 import socket
 import sys
@@ -25,7 +33,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["ENGINE_PROCESS", "LISTENING", "add_serve_parser", "build_llm", "make_llm_factory", "run_server", "serve"]
+__all__ = ["ENGINE_PROCESS", "LISTENING", "add_serve_parser", "api_key_of", "build_llm", "make_llm_factory", "run_server", "serve"]
 
 #: the start of the stderr line that announces the bound address
 LISTENING = "trtcore serve: listening on "
@@ -54,6 +62,29 @@ def add_serve_parser(p: argparse.ArgumentParser, add_engine: Callable[[argparse.
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of the GPU's memory to use (default 0.9)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
+    p.add_argument(
+        "--api-key",
+        help="the /v1 routes need 'Authorization: Bearer KEY' (default: the TRTCORE_API_KEY environment variable; none if unset or empty)",
+    )
+
+
+def api_key_of(args: argparse.Namespace) -> str | None:
+    """The server's API key: ``--api-key``, else the ``TRTCORE_API_KEY`` environment variable
+    (unset or empty: no key, every route is open).
+
+    Raises:
+        InvalidArgumentError: ``--api-key ''`` (an empty key, e.g. an unset shell variable,
+            would leave the server open without a word).
+    """
+    from ..errors import InvalidArgumentError
+    from .auth import API_KEY_ENV
+
+    key = getattr(args, "api_key", None)
+    if key is not None:
+        if not key.strip():
+            raise InvalidArgumentError(f"--api-key is empty; give a key, or leave the option out (and {API_KEY_ENV} unset) for no key")
+        return str(key)
+    return os.environ.get(API_KEY_ENV) or None
 
 
 def build_llm(model: str | None, engine: str | None, options: dict[str, Any]) -> Any:
@@ -112,14 +143,16 @@ def serve(args: argparse.Namespace) -> int:
     if args.max_queue_delay_ms < 0:
         raise InvalidArgumentError(f"--max-queue-delay-ms must be >= 0, got {args.max_queue_delay_ms}")
     name = _served_name(args)
+    api_key = api_key_of(args)
     engine = AsyncEngine(make_llm_factory(args), ServerMetrics(name), args.max_waiting, args.max_queue_delay_ms / 1000.0)
-    return run_server(engine, name, args.host, args.port, args.log_level)
+    return run_server(engine, name, args.host, args.port, args.log_level, api_key=api_key)
 
 
-def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "warning") -> int:
+def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "warning", api_key: str | None = None) -> int:
     """Serve ``engine`` (an :class:`~trtcore.serve.engine.AsyncEngine`, not started) as ``name``
-    on ``host:port`` with uvicorn until SIGTERM / SIGINT (module docstring: the announced
-    address, the drain); the exit status (0 after a drain, 2 if the model failed to load)."""
+    on ``host:port`` with uvicorn until SIGTERM / SIGINT or the engine's death (module
+    docstring: the announced address, the drain); ``api_key``: the ``/v1`` routes need it. The
+    exit status: 0 after a drain, 1 if the engine process died, 2 if the model failed to load."""
     import uvicorn
 
     from .app import build_app
@@ -138,7 +171,15 @@ def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "w
     def ready() -> None:
         print(f"{ENGINE_PROCESS}{engine.engine_pid}", file=sys.stderr, flush=True)
 
-    app = build_app(engine, name, on_load_error=load_error, on_ready=ready)
+    died: list[BaseException] = []
+
+    def dead(exc: BaseException) -> None:
+        # the live streams already got the error: the shutdown lets their responses finish
+        died.append(exc)
+        server.should_exit = True
+
+    engine.on_dead = dead
+    app = build_app(engine, name, on_load_error=load_error, on_ready=ready, api_key=api_key)
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=None, lifespan="on")
     server = _Server(config)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -154,4 +195,7 @@ def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "w
     if failed:
         print(f"trtcore: error: the model failed to load: {failed[0]}", file=sys.stderr)
         return 2
+    if died:
+        print(f"trtcore: error: {died[0]}", file=sys.stderr)
+        return 1
     return 0
