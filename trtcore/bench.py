@@ -84,7 +84,9 @@ def linear_weight_bits(quantization: str | None, quantization_config: dict[str, 
     c = quantization_config or {}
     if quantization in ("gptq", "awq", "compressed-tensors"):
         if quantization == "compressed-tensors":
-            group = next(iter((c.get("config_groups") or {}).values()), {}).get("weights", {})
+            groups: dict[str, Any] = c.get("config_groups") or {}
+            first: dict[str, Any] = next(iter(groups.values()), {})
+            group: dict[str, Any] = first.get("weights") or {}
             bits, size = int(group.get("num_bits", 4)), group.get("group_size")
         else:
             bits, size = int(c.get("bits", c.get("w_bit", 4))), c.get("group_size", c.get("q_group_size"))
