@@ -145,6 +145,13 @@ def test_generate_checks_the_prompt_before_echoing_it(model: Path) -> None:
     assert proc.stdout == ""
 
 
+def test_generate_refuses_an_empty_prompt_before_building(tmp_path: Path) -> None:
+    """An empty PROMPT is refused before the model is even looked at (an engine build takes
+    minutes on a GPU): the model folder here does not exist."""
+    proc = _cli("generate", "", "--model", str(tmp_path / "no-such-model"), "--max-tokens", "4")
+    assert proc.returncode == 2 and proc.stderr.startswith("trtcore: error: PROMPT is empty"), proc.stderr
+
+
 def test_plan_options_offer_every_implementation_the_plan_knows() -> None:
     """``--rope`` / ``--kv-cache`` / ``--attention`` of generate and build accept exactly the
     plan's implementations (``rope attention``: RoPE inside the paged-attention plugin)."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidArgumentError, TrtcoreError
+from .errors import InvalidArgumentError, InvalidRequestError, TrtcoreError
 from .plan import IMPLEMENTATIONS
 
 DEFAULT_PROMPT = "Once upon a time"
@@ -205,6 +205,8 @@ def _generate(args: argparse.Namespace) -> int:
     from .runtime.sampling import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_tokens=args.max_tokens)
+    if not args.prompt and not args.chat:  # before the engine build, which can take minutes
+        raise InvalidRequestError("PROMPT is empty; give some text to continue (or --chat for a chat turn)")
     t0 = time.perf_counter()
     llm = _llm(args)
     load_s = time.perf_counter() - t0
