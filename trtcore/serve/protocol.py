@@ -13,8 +13,11 @@ ignored: ``logit_bias``, ``response_format`` other than ``text``, ``best_of`` ab
 ``tools`` / ``tool_choice`` (function calling); so is ``top_logprobs`` without
 ``logprobs: true``, as OpenAI does. ``logprobs`` (completions) and ``top_logprobs`` (chat)
 above :data:`MAX_LOGPROBS` (20, vLLM's ``max_logprobs``) are a 400 naming the field and the
-limit, whatever the backend. Types are strict, as OpenAI's API: ``"yes"``
-is no boolean and ``"2"`` or ``2.0`` no integer (an integer is a number, though).
+limit, whatever the backend. vLLM's extra fields this server does not implement
+(:data:`UNSUPPORTED_EXTRAS`, :data:`UNSUPPORTED_CHAT_EXTRAS`: guided decoding, beam search,
+prompt logprobs, ...) are refused the same way unless they hold their neutral value. Types are
+strict, as OpenAI's API: ``"yes"`` is no boolean and ``"2"`` or ``2.0`` no integer (an integer
+is a number, though); ``null`` for a field with a default is that default.
 """
 
 from __future__ import annotations
