@@ -264,8 +264,6 @@ class _Served:
         """``[(prompt ids, SamplingParams)]`` to the engine, all or none: 429 when they do not
         all fit the waiting queue, 503 while loading, draining or once the engine died."""
         try:
-            if len(requests) == 1:
-                return [self.engine.submit(*requests[0])]
             return self.engine.submit_batch(requests)
         except QueueFullError as exc:
             raise ApiError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded", retry_after=1) from None

@@ -31,7 +31,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,7 @@ class ServedModel:
     version: dict[str, Any] | None = None
     tokenizer: Any = None
     kv_cache_tokens: int | None = None
+    _max_token_chars: int | None = field(default=None, init=False, repr=False, compare=False)  # max_token_chars, once computed
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, as :meth:`trtcore.llm.LLM.encode`.
@@ -127,12 +128,10 @@ class ServedModel:
         """The most characters one token stands for (the longest string of the tokenizer's
         vocabulary, byte-level or SentencePiece: at least the characters it decodes to); 64
         without a tokenizer. Computed once."""
-        cached = getattr(self, "_max_token_chars", None)
-        if cached is None:
+        if self._max_token_chars is None:
             vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
-            cached = max((len(t) for t in vocab), default=64)
-            self._max_token_chars = cached
-        return int(cached)
+            self._max_token_chars = max((len(t) for t in vocab), default=64)
+        return self._max_token_chars
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """``messages`` rendered with the model's chat template, as :meth:`trtcore.llm.LLM.apply_chat_template`.

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -174,10 +174,13 @@ class _SamplingFields(_Body):
             raise ValueError("stream_options is only allowed with stream: true")
         return v
 
+    #: the extras this endpoint refuses unless neutral (the chat endpoint adds its own)
+    refused_extras: ClassVar[dict[str, tuple[Any, ...]]] = UNSUPPORTED_EXTRAS
+
     @model_validator(mode="before")
     @classmethod
     def _no_unsupported_extras(cls, data: Any) -> Any:
-        _refuse_extras(data, UNSUPPORTED_EXTRAS)
+        _refuse_extras(data, cls.refused_extras)
         return data
 
     @field_validator("logit_bias")
@@ -314,11 +317,7 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_unsupported_chat_extras(cls, data: Any) -> Any:
-        _refuse_extras(data, UNSUPPORTED_CHAT_EXTRAS)
-        return data
+    refused_extras: ClassVar[dict[str, tuple[Any, ...]]] = {**UNSUPPORTED_EXTRAS, **UNSUPPORTED_CHAT_EXTRAS}
 
     @field_validator("continue_final_message")
     @classmethod
