@@ -484,7 +484,7 @@ def _worker(job: _Job, index: int, barrier: Any, results: Any) -> None:
 
 def _run_workers(job: _Job, n: int) -> tuple[list[RequestOutput], int, float, float]:
     """``job`` over ``n`` worker processes (:meth:`_Job.share`); the outputs in the order of
-    ``job.prompts`` with ``start`` relative to the common start, the sum of the workers'
+    ``job.prompts`` with ``start`` relative to the common start (the first worker's), the sum of the workers'
     peaks in flight, the duration (common start to the last response) and the workers' CPU
     seconds while sending (their start-up left out).
 
@@ -504,7 +504,6 @@ def _run_workers(job: _Job, n: int) -> tuple[list[RequestOutput], int, float, fl
             barrier.wait(timeout=120)
         except Exception as exc:  # BrokenBarrierError: a worker died before it was ready
             raise TrtcoreError(f"a load-generating worker did not start: {type(exc).__name__}") from exc
-        t0 = time.perf_counter()
         got: dict[int, tuple[Any, ...]] = {}
         while len(got) < n:
             try:
@@ -519,6 +518,9 @@ def _run_workers(job: _Job, n: int) -> tuple[list[RequestOutput], int, float, fl
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+    # the common start is the first worker's (the parent may run later than every worker after
+    # the barrier on a busy machine: its own clock would date requests before their schedule)
+    t0 = min(w[0] for w in got.values())
     outputs: list[RequestOutput | None] = [None] * len(job.prompts)
     peak, end, cpu = 0, t0, 0.0
     for i, (w0, w_end, outs, w_peak, w_cpu) in got.items():
