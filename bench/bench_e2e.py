@@ -19,8 +19,9 @@ The random weights reach ``LLM`` through its checkpoint reader: a folder holds t
 
 Also where a graphed decode step's time goes at batch 1 (:func:`trtcore.bench.host_time_per_step`:
 wall time per ``LLM.step()``, the host's own work, the device time of the step replayed back to
-back, and the exposed host time, their difference). ``--sync`` turns asynchronous scheduling off
-(for comparison). Writes ``e2e.json`` and ``e2e.png`` under ``--out`` and prints a table.
+back, and the exposed host time, their difference; ``--cpu-affinity auto`` also with the stepping
+thread pinned to one CPU). ``--sync`` turns asynchronous scheduling off (for comparison).
+Writes ``e2e.json`` and ``e2e.png`` under ``--out`` and prints a table.
 """
 
 from __future__ import annotations
@@ -146,6 +147,9 @@ def main() -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (for comparison)")
     ap.add_argument("--sync", action="store_true", help="no asynchronous scheduling (for comparison)")
+    ap.add_argument(
+        "--cpu-affinity", help="also time the host's work per step with the stepping thread pinned ('auto' or a CPU list; trtcore.runtime.affinity)"
+    )
     args = ap.parse_args()
     import cupy as cp
     from bench_engine import copy_bandwidth, hf_tpot
@@ -173,14 +177,18 @@ def main() -> int:
             weight_bytes = int(runner.device.pools.get("weights", 0))
             print(f"{name}: started in {start_s:.1f} s", *report, sep="\n  ", flush=True)
             if not args.enforce_eager:
-                for key, ahead in (("host_time_batch1", True), ("host_time_batch1_sync", False)):
+                modes = [("host_time_batch1", True, None), ("host_time_batch1_sync", False, None)]
+                if args.cpu_affinity:
+                    modes.insert(1, ("host_time_batch1_pinned", True, args.cpu_affinity))
+                for key, ahead, cpus in modes:
                     if ahead and args.sync:
                         continue
                     llm.engine.async_scheduling = ahead  # the same engine, with / without running ahead
-                    results.setdefault(key, {})[name] = ht = host_time_per_step(llm)
+                    results.setdefault(key, {})[name] = ht = host_time_per_step(llm, cpu_affinity=cpus)
                     print(
-                        f"  graphed decode step (batch 1, {'async' if ahead else 'one step at a time'}): {ht['step_us']:.1f} us wall, "
-                        f"host work {ht['host_us']:.1f} us, GPU {ht['gpu_us']:.1f} us, exposed host time {ht['exposed_host_us']:.1f} us",
+                        f"  graphed decode step (batch 1, {'async' if ahead else 'one step at a time'}, CPUs {ht['cpus'] or 'free'}): "
+                        f"{ht['step_us']:.1f} us wall, host work {ht['host_us']:.1f} us (per step p50 {ht['host_p50_us']:.1f}, "
+                        f"p90 {ht['host_p90_us']:.1f}), GPU {ht['gpu_us']:.1f} us, exposed host time {ht['exposed_host_us']:.1f} us",
                         flush=True,
                     )
                 llm.engine.async_scheduling = not args.sync
@@ -206,7 +214,10 @@ def main() -> int:
                 if not args.sync:  # the same engine one step at a time, for the ratio
                     llm.engine.async_scheduling = False
                     results["continuous_batching_sync"] = {"model": name, "async_scheduling": False, **continuous_batching(llm)}
-                    print(f"  continuous batching, one step at a time: {results['continuous_batching_sync']['output_tok_per_s']:.0f} output tok/s", flush=True)
+                    print(
+                        f"  continuous batching, one step at a time: {results['continuous_batching_sync']['output_tok_per_s']:.0f} output tok/s",
+                        flush=True,
+                    )
                 (out / "e2e.json").write_text(json.dumps(results, indent=1, default=str))
                 llm.close()
                 del llm

@@ -49,7 +49,14 @@ def profile_steps(llm: Any, steps: int, top: int = 25) -> list[dict[str, Any]]:
     stats = pstats.Stats(prof)
     rows = []
     for (path, line, fn), (_, ncalls, own, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
-        rows.append({"function": f"{Path(path).name}:{line}({fn})", "calls_per_step": ncalls / steps, "own_us_per_step": own / steps * 1e6, "cum_us_per_step": cum / steps * 1e6})
+        rows.append(
+            {
+                "function": f"{Path(path).name}:{line}({fn})",
+                "calls_per_step": ncalls / steps,
+                "own_us_per_step": own / steps * 1e6,
+                "cum_us_per_step": cum / steps * 1e6,
+            }
+        )
     rows.sort(key=lambda r: -r["own_us_per_step"])
     return rows[:top]
 
@@ -80,6 +87,8 @@ def main() -> int:
     ap.add_argument("--models", default="SmolLM2-135M,Llama-3.2-1B")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=1, help="host_time_per_step runs per scheduling mode")
+    ap.add_argument("--cpu-affinity", help="pin the stepping thread for the timed runs: 'auto' or a CPU list (trtcore.runtime.affinity)")
+    ap.add_argument("--async-only", action="store_true", help="only the asynchronous mode's timings, no cProfile")
     args = ap.parse_args()
     from bench_e2e import _free_gpu, _model_dir, random_checkpoint
 
@@ -95,21 +104,24 @@ def main() -> int:
             with random_checkpoint():
                 llm = LLM(_model_dir(Path(tmp), name), backend="cuda", dtype="bfloat16", max_batch_size=1, max_seq_len=512, progress=False)
             entry: dict[str, Any] = {"start_s": time.perf_counter() - t0}
-            for key, ahead in (("async", True), ("one_step_at_a_time", False)):
+            modes = (("async", True),) if args.async_only else (("async", True), ("one_step_at_a_time", False))
+            for key, ahead in modes:
                 llm.engine.async_scheduling = ahead
-                runs = [gc_timed(host_time_per_step, llm, steps=args.steps) for _ in range(max(1, args.repeats))]
+                runs = [gc_timed(host_time_per_step, llm, steps=args.steps, cpu_affinity=args.cpu_affinity) for _ in range(max(1, args.repeats))]
                 entry[key] = runs[0] if len(runs) == 1 else {"runs": runs, "median_host_us": statistics.median(r["host_us"] for r in runs)}
                 for ht in runs:
                     print(
-                        f"{name} ({key}): {ht['step_us']:.1f} us wall, host work {ht['host_us']:.1f} us, GPU {ht['gpu_us']:.1f} us, "
+                        f"{name} ({key}, CPUs {ht['cpus'] or 'free'}): {ht['step_us']:.1f} us wall, host work {ht['host_us']:.1f} us (per step p50 {ht['host_p50_us']:.1f}, "
+                        f"p90 {ht['host_p90_us']:.1f}, p99 {ht['host_p99_us']:.1f}, max {ht['host_max_us']:.0f}), GPU {ht['gpu_us']:.1f} us, "
                         f"exposed host time {ht['exposed_host_us']:.1f} us; GC {ht['gc_ms']:.2f} ms in the timed steps",
                         flush=True,
                     )
             llm.engine.async_scheduling = True
-            entry["profile_async"] = prof = profile_steps(llm, args.steps)
-            print(f"{name}: cProfile of {args.steps} steps (async), us per step (profiled, so inflated):")
-            for r in prof:
-                print(f"  {r['own_us_per_step']:8.1f} own {r['cum_us_per_step']:8.1f} cum {r['calls_per_step']:5.1f}x  {r['function']}")
+            if not args.async_only:
+                entry["profile_async"] = prof = profile_steps(llm, args.steps)
+                print(f"{name}: cProfile of {args.steps} steps (async), us per step (profiled, so inflated):")
+                for r in prof:
+                    print(f"  {r['own_us_per_step']:8.1f} own {r['cum_us_per_step']:8.1f} cum {r['calls_per_step']:5.1f}x  {r['function']}")
             results[name] = entry
             (out / "profile_host.json").write_text(json.dumps(results, indent=1))
             llm.close()

@@ -10,13 +10,15 @@ sampler (the staging copy, the feed, the engine, the sampling with its copies ba
 
     python bench/profile_launch.py --out $OUT [--models SmolLM2-135M,Llama-3.2-1B] [--k 1,2,4,8]
 
-Writes ``profile_launch.json`` under ``--out`` and prints a table.
+Writes ``profile_launch[_LABEL].json`` under ``--out`` and prints a table. ``TRTCORE_CUDA_PDL=0`` in
+the environment measures the same without programmatic dependent launches.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -42,13 +44,23 @@ def _launch_cpu_us(device: Any, graph: Any, n: int) -> tuple[float, float]:
     return statistics.median(times), times[int(0.9 * len(times))]
 
 
-def _graph_nodes(device: Any, exe: Any) -> int | None:
+def _graph_nodes(device: Any, exe: Any) -> tuple[int | None, dict[str, int]]:
+    """The node count of ``exe``'s graph and its nodes by type (``cudaGraphNodeType`` names
+    without the prefix: ``Kernel``, ``Memcpy``, ...): which kinds make up the launch cost."""
     rt = device._rt
     for graph, e in device._graphs:
         if e is exe:
             err, _, n = rt.cudaGraphGetNodes(graph, 0)
-            return int(n) if int(err) == 0 else None
-    return None
+            if int(err):
+                return None, {}
+            err, nodes, n = rt.cudaGraphGetNodes(graph, n)
+            kinds: dict[str, int] = {}
+            for node in nodes[: int(n)]:
+                err_t, kind = rt.cudaGraphNodeGetType(node)
+                name = kind.name.removeprefix("cudaGraphNodeType") if int(err_t) == 0 else "?"
+                kinds[name] = kinds.get(name, 0) + 1
+            return int(n), kinds
+    return None, {}
 
 
 def k_step_graph(runner: Any, k: int) -> Any:
@@ -93,6 +105,7 @@ def main() -> int:
     ap.add_argument("--models", default="SmolLM2-135M,Llama-3.2-1B")
     ap.add_argument("--k", default="1,2,4,8")
     ap.add_argument("--launches", type=int, default=400)
+    ap.add_argument("--label", default="", help="suffix of the JSON file's name")
     args = ap.parse_args()
     from bench_e2e import _free_gpu, _model_dir, random_checkpoint
 
@@ -107,22 +120,37 @@ def main() -> int:
             with random_checkpoint():
                 llm = LLM(_model_dir(Path(tmp), name), backend="cuda", dtype="bfloat16", max_batch_size=1, max_seq_len=512, progress=False)
             runner = llm.executor
-            entry: dict[str, Any] = {"host_time": host_time_per_step(llm, steps=300)}
+            # TRTCORE_CUDA_PDL=0 turns programmatic dependent launches off (kernels.launch)
+            entry: dict[str, Any] = {"pdl": os.environ.get("TRTCORE_CUDA_PDL", "1") != "0", "host_time": host_time_per_step(llm, steps=300)}
             entry["events"] = event_costs(runner.device)
             rows = []
             for k in (int(x) for x in args.k.split(",")):
                 exe = runner.graphs[1].graphs[0] if k == 1 else k_step_graph(runner, k)
                 med, p90 = _launch_cpu_us(runner.device, exe, args.launches)
                 gpu_s = _gpu_seconds(runner.device, exe, 50)
-                rows.append({"k": k, "nodes": _graph_nodes(runner.device, exe), "launch_cpu_us": med, "launch_cpu_p90_us": p90, "launch_cpu_us_per_step": med / k, "gpu_us_per_step": gpu_s * 1e6 / k})
-                print(f"{name} K={k}: nodes {rows[-1]['nodes']}, launch {med:.1f} us (p90 {p90:.1f}), {med / k:.1f} us per step; GPU {gpu_s * 1e6 / k:.1f} us per step", flush=True)
+                nodes, kinds = _graph_nodes(runner.device, exe)
+                rows.append(
+                    {
+                        "k": k,
+                        "nodes": nodes,
+                        "node_types": kinds,
+                        "launch_cpu_us": med,
+                        "launch_cpu_p90_us": p90,
+                        "launch_cpu_us_per_step": med / k,
+                        "gpu_us_per_step": gpu_s * 1e6 / k,
+                    }
+                )
+                print(
+                    f"{name} K={k}: nodes {nodes} {kinds}, launch {med:.1f} us (p90 {p90:.1f}), {med / k:.1f} us per step; GPU {gpu_s * 1e6 / k:.1f} us per step",
+                    flush=True,
+                )
             entry["k_step_graphs"] = rows
             ht = entry["host_time"]
             print(f"{name}: host_time_per_step {ht['host_us']:.1f} us host work, {ht['step_us']:.1f} us wall; events {entry['events']}", flush=True)
             results[name] = entry
             llm.close()
             _free_gpu()
-    (out / "profile_launch.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"profile_launch{'_' + args.label if args.label else ''}.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgumentError, TrtcoreError
+from .runtime.affinity import pinned
 
 __all__ = [
     "add_bench_parsers",
@@ -154,7 +155,7 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30, reps: int = 20) -> float 
     return 2 * nbytes / statistics.median(times)
 
 
-def host_time_per_step(llm: Any, steps: int = 200, prompt_len: int = 16) -> dict[str, float]:
+def host_time_per_step(llm: Any, steps: int = 200, prompt_len: int = 16, cpu_affinity: str | Sequence[int] | None = None) -> dict[str, Any]:
     """Where the time of a graphed decode step at batch 1 goes on the device executor, in
     microseconds (one request of ``prompt_len`` tokens, greedy, ``steps`` timed steps after 20
     warm-up steps):
@@ -162,21 +163,26 @@ def host_time_per_step(llm: Any, steps: int = 200, prompt_len: int = 16) -> dict
     * ``step_us``: wall time per :meth:`LLM.step() <trtcore.llm.LLM.step>` (the TPOT a caller sees);
     * ``host_us``: of it, the host's own work: wall time minus the time blocked waiting for
       the GPU's sampled ids (:attr:`RequestSampler.wait_seconds
-      <trtcore.runtime.request_sampler.RequestSampler.wait_seconds>`);
+      <trtcore.runtime.request_sampler.RequestSampler.wait_seconds>`), the mean over the steps;
+    * ``host_p50_us``, ``host_p90_us``, ``host_p99_us``, ``host_max_us``: the same per step,
+      its distribution (a rare stall of the process, such as the OS preempting it, moves the
+      mean but not the median);
     * ``gpu_us``: the device time of one step, the step's graph and sampling replayed back to
       back (:meth:`DeviceRunner.replay_seconds <trtcore.runtime.device_runner.DeviceRunner.replay_seconds>`);
     * ``exposed_host_us``: ``step_us - gpu_us``, the host time the device waits for (near 0
       when asynchronous scheduling overlaps the host's work with the device's step; the
       whole ``host_us`` when it does not).
 
-    Also ``steps`` and ``graph_replays`` (of the timed steps).
+    Also ``steps``, ``graph_replays`` (of the timed steps) and ``cpus``: with ``cpu_affinity``
+    (``"auto"``, a CPU list or numbers; :func:`trtcore.runtime.affinity.pinned`) the calling
+    thread is pinned for the measurement and set free after it, and ``cpus`` names the CPUs
+    (None: not pinned).
 
     Raises:
         InvalidArgumentError: ``llm`` does not run on the device executor (a paged cache on
             a GPU backend), or already has requests.
     """
     from .runtime.device_runner import DeviceRunner
-    from .runtime.sampling import SamplingParams
 
     runner = getattr(llm, "executor", None)
     if not isinstance(runner, DeviceRunner):
@@ -185,24 +191,44 @@ def host_time_per_step(llm: Any, steps: int = 200, prompt_len: int = 16) -> dict
         )
     if llm.has_unfinished_requests():
         raise InvalidArgumentError("host_time_per_step needs an LLM without requests")
+    with pinned(cpu_affinity) as pin:
+        result = _host_time(llm, runner, steps, prompt_len)
+    return {**result, "cpus": list(pin.cpus) if pin.cpus else None}
+
+
+def _host_time(llm: Any, runner: Any, steps: int, prompt_len: int) -> dict[str, Any]:
+    from .runtime.sampling import SamplingParams
+
     steps = max(1, min(int(steps), llm.build_config.max_seq_len - prompt_len - 30))
     llm.add_request([5] * prompt_len, SamplingParams(temperature=0, max_tokens=steps + 25, ignore_eos=True))
     for _ in range(20):  # prefill, warm decode steps
         llm.step()
-    replays, waited = runner.num_graph_replays, runner.sampler.wait_seconds
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        llm.step()
-    total = time.perf_counter() - t0
-    waited = runner.sampler.wait_seconds - waited
+    sampler = runner.sampler
+    replays, waited = runner.num_graph_replays, sampler.wait_seconds
+    per_step = np.empty(steps)  # each step's host work (wall minus blocked), seconds
+    clock, step = time.perf_counter, llm.step
+    t0 = last = clock()
+    for i in range(steps):
+        w = sampler.wait_seconds
+        step()
+        now = clock()
+        per_step[i] = (now - last) - (sampler.wait_seconds - w)
+        last = now
+    total = last - t0
+    waited = sampler.wait_seconds - waited
     replays = runner.num_graph_replays - replays
     while llm.has_unfinished_requests():
         llm.step()
     step_us = total / steps * 1e6
     gpu_us = runner.replay_seconds(1, steps) * 1e6
+    host = per_step * 1e6
     return {
         "step_us": step_us,
         "host_us": (total - waited) / steps * 1e6,
+        "host_p50_us": float(np.percentile(host, 50)),
+        "host_p90_us": float(np.percentile(host, 90)),
+        "host_p99_us": float(np.percentile(host, 99)),
+        "host_max_us": float(host.max()),
         "gpu_us": gpu_us,
         "exposed_host_us": step_us - gpu_us,
         "steps": steps,

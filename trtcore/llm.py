@@ -33,6 +33,7 @@ from .kv_modes import kv_mode
 from .parallel import Mapping, local_kv_heads
 from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
 from .quant_formats import detect_quantization
+from .runtime.affinity import pin_thread, resolve_cpus
 from .runtime.detokenizer import IncrementalDetokenizer
 from .runtime.device import resolve_device
 from .runtime.executor import Executor
@@ -257,6 +258,12 @@ class LLM:
             Such an LLM runs on host arrays (no device runner, no CUDA graphs) and needs
             ``kv_cache="contiguous"`` there. The reference backend reads any tensor at run time
             and needs no ``capture``.
+        cpu_affinity: pin the thread that constructs this LLM, the one expected to step it
+            (:meth:`generate`, :meth:`step`; in ``trtcore serve`` the engine process), to CPUs
+            once the engine is built: ``"auto"`` (one CPU of those allowed, on the GPU's NUMA
+            node where Linux says which), a CPU list such as ``"2,5-7"`` or CPU numbers, or None
+            (default) to leave it (:mod:`trtcore.runtime.affinity`: why, and what was measured).
+            Threads that thread starts afterwards inherit the set. The result is :attr:`cpu_affinity`.
 
     The defaults of ``backend`` ... ``attention`` are resolved once into :attr:`plan` by
     :func:`trtcore.plan.resolve_plan`, the same rules as ``trtcore build``'s.
@@ -268,6 +275,7 @@ class LLM:
             the tensors read by slice (:attr:`trtcore.checkpoint.LoadReport.bytes_read`; empty
             lists for an engine file).
         captured: the ``capture`` names the engine keeps as outputs (those the network defines).
+        cpu_affinity: the CPUs the constructing thread was pinned to (sorted), or None.
 
     Raises:
         ConfigError / UnsupportedArchitectureError / CheckpointError: bad model folder.
@@ -286,7 +294,9 @@ class LLM:
             another trtcore / TensorRT version, GPU target, plugin version or model files
             (the message names the field, the engine's value and the value found).
         InvalidArgumentError: ``capture`` with an engine file, or on a GPU backend with the
-            paged KV cache (it runs on the device runner, which returns no captured tensors).
+            paged KV cache (it runs on the device runner, which returns no captured tensors);
+            a ``cpu_affinity`` that is not ``"auto"``, a CPU list or CPU numbers this thread may
+            use (checked before the build).
     """
 
     def __init__(
@@ -311,7 +321,10 @@ class LLM:
         quantization: str | None = None,
         tensor_parallel_size: int = 1,
         capture: Sequence[str] = (),
+        cpu_affinity: str | Sequence[int] | None = None,
     ):
+        if cpu_affinity is not None:  # a bad value fails before the build
+            resolve_cpus(cpu_affinity)
         #: the engine file this LLM runs (``engine=``), checked on load; None: built at start-up
         self.engine_file: EngineFile | None = None
         if engine is not None:
@@ -370,6 +383,7 @@ class LLM:
         }
         self.bytes_read: list[dict[str, int]] = []
         self.executor = self._make_executor(progress)
+        self.cpu_affinity: tuple[int, ...] | None = pin_thread(cpu_affinity) if cpu_affinity is not None else None
         self._next_request_id = 0
         self._texts: dict[int, _IncrementalText] = {}
         if self.device_executor:

@@ -61,6 +61,10 @@ def add_serve_parser(p: argparse.ArgumentParser, add_engine: Callable[[argparse.
         "--kv-cache-memory", type=int, help="bytes of the KV block pool (default 256 MiB on the CPU; on a GPU what --gpu-memory-utilization leaves)"
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of the GPU's memory to use (default 0.9)")
+    p.add_argument(
+        "--cpu-affinity",
+        help="pin the engine process's step loop to CPUs: 'auto' (one CPU on the GPU's NUMA node) or a CPU list such as '2,5-7' (default: not pinned)",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
     p.add_argument(
         "--api-key",
@@ -112,6 +116,7 @@ def make_llm_factory(args: argparse.Namespace) -> Callable[[], Any]:
             "max_seq_len": args.max_seq_len,
             "max_num_tokens": args.max_num_tokens,
             "kv_cache_memory": args.kv_cache_memory,
+            "cpu_affinity": getattr(args, "cpu_affinity", None),
         }.items()
         if v is not None
     }
