@@ -144,3 +144,27 @@ def test_serve_passes_the_flag_to_the_engine_process() -> None:
     assert make_llm_factory(args).args[2]["cpu_affinity"] == "auto"
     args = _parser().parse_args(["serve", "--backend", "reference"])
     assert "cpu_affinity" not in make_llm_factory(args).args[2]
+
+
+def test_host_gpu_index_counts_nvidia_display_controllers_in_pci_order(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    devices = {  # bus id: (vendor, class, local_cpulist)
+        "0000:03:00.0": ("0x10de", "0x030200", "0-7"),
+        "0000:00:1f.0": ("0x8086", "0x060100", ""),  # not a GPU
+        "0000:41:00.0": ("0x10de", "0x030200", "8-15"),
+        "0000:40:00.0": ("0x10de", "0x040300", ""),  # NVIDIA audio, not a GPU
+    }
+    for bus, (vendor, klass, cpus) in devices.items():
+        d = tmp_path / bus
+        d.mkdir()
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "class").write_text(klass + "\n")
+        (d / "local_cpulist").write_text(cpus + "\n")
+    monkeypatch.setattr(affinity, "_PCI", tmp_path)
+    # CUDA_VISIBLE_DEVICES=1 in a second process: its device 0 is the host's second GPU
+    monkeypatch.setattr(affinity, "_pci_bus_id", lambda device: "0000:41:00.0")
+    assert affinity.host_gpu_index(0) == 1
+    assert affinity.gpu_local_cpus(0) == set(range(8, 16))
+    monkeypatch.setattr(affinity, "_pci_bus_id", lambda device: "0000:03:00.0")
+    assert affinity.host_gpu_index(0) == 0 and affinity.gpu_local_cpus(0) == set(range(8))
+    monkeypatch.setattr(affinity, "_pci_bus_id", lambda device: None)  # no GPU: the ordinal given
+    assert affinity.host_gpu_index(3) == 3 and affinity.gpu_local_cpus(3) is None

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["AUTO", "gpu_local_cpus", "parse_cpu_list", "pin_thread", "pinned", "resolve_cpus"]
+__all__ = ["AUTO", "gpu_local_cpus", "host_gpu_index", "parse_cpu_list", "pin_thread", "pinned", "resolve_cpus"]
 
 #: the ``cpu_affinity`` value that lets trtcore choose one CPU
 AUTO = "auto"
@@ -59,19 +59,43 @@ def parse_cpu_list(text: str) -> set[int]:
     return cpus
 
 
-def gpu_local_cpus(device: int = 0) -> set[int] | None:
-    """The CPUs on CUDA device ``device``'s NUMA node (Linux sysfs ``local_cpulist`` of its PCI
-    bus id), or None where that is unknown (no GPU, no CUDA runtime, no sysfs). Never raises."""
+_PCI = Path("/sys/bus/pci/devices")
+
+
+def _pci_bus_id(device: int) -> str | None:
+    """CUDA device ``device``'s PCI bus id as sysfs names it (``"0000:19:00.0"``), or None."""
     try:
         from .. import gpu
 
         rt = gpu.cuda_bindings("runtime")
         bus_id = gpu.call("cudaDeviceGetPCIBusId", rt.cudaDeviceGetPCIBusId, 32, int(device))
-        name = (bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)).rstrip("\x00").strip().lower()
-        text = (Path("/sys/bus/pci/devices") / name / "local_cpulist").read_text()
-        return parse_cpu_list(text) or None
-    except Exception:  # no GPU or no sysfs entry: no preference
+    except Exception:  # no GPU, no CUDA runtime
         return None
+    return (bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)).rstrip("\x00").strip().lower() or None
+
+
+def gpu_local_cpus(device: int = 0) -> set[int] | None:
+    """The CPUs on CUDA device ``device``'s NUMA node (Linux sysfs ``local_cpulist`` of its PCI
+    bus id), or None where that is unknown (no GPU, no CUDA runtime, no sysfs). Never raises."""
+    bus_id = _pci_bus_id(device)
+    try:
+        return parse_cpu_list((_PCI / bus_id / "local_cpulist").read_text()) or None if bus_id else None
+    except Exception:  # no sysfs entry: no preference
+        return None
+
+
+def host_gpu_index(device: int = 0) -> int:
+    """CUDA device ``device``'s place among the host's NVIDIA display / 3D controllers in PCI
+    order (sysfs: vendor ``0x10de``, class ``0x03xxxx``), the same in every process whatever
+    ``CUDA_VISIBLE_DEVICES`` says; ``device`` itself where sysfs does not tell. Never raises."""
+    bus_id = _pci_bus_id(device)
+    try:
+        gpus = sorted(
+            d.name for d in _PCI.iterdir() if (d / "vendor").read_text().strip() == "0x10de" and (d / "class").read_text().startswith("0x03")
+        )
+        return gpus.index(bus_id) if bus_id in gpus else int(device)
+    except Exception:
+        return int(device)
 
 
 def _allowed() -> set[int] | None:
@@ -82,8 +106,8 @@ def _allowed() -> set[int] | None:
 def resolve_cpus(cpus: str | Iterable[int], device: int = 0) -> set[int] | None:
     """The CPU set ``cpus`` stands for: ``"auto"`` -> one CPU of the calling thread's allowed
     set, preferring the GPU's NUMA node (:func:`gpu_local_cpus`), the highest-numbered one less
-    ``device`` (so that one engine per GPU on a host takes different CPUs, and CPU 0, where
-    interrupts tend to land, is the last choice); a CPU list string (``"2,5-7"``) or integers
+    the GPU's index on the host (:func:`host_gpu_index`: one engine per GPU, each in its own
+    process, takes a CPU of its own; CPU 0, where interrupts tend to land, is the last choice); a CPU list string (``"2,5-7"``) or integers
     -> that set. None: ``"auto"`` where affinity cannot be set (not Linux).
 
     Raises:
@@ -97,7 +121,7 @@ def resolve_cpus(cpus: str | Iterable[int], device: int = 0) -> set[int] | None:
                 return None
             local = gpu_local_cpus(device)
             pool = sorted((allowed & local) or allowed) if local else sorted(allowed)
-            return {pool[(len(pool) - 1 - int(device)) % len(pool)]}
+            return {pool[(len(pool) - 1 - host_gpu_index(device)) % len(pool)]}
         try:
             wanted = parse_cpu_list(cpus)
         except InvalidArgumentError as exc:
