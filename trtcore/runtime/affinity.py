@@ -2,11 +2,14 @@
 
 A graphed decode step leaves the host some tens of microseconds of Python per step (the
 scheduler, the staging, the sampler's records, the outputs: :func:`trtcore.bench.host_time_per_step`).
-When the operating system moves that thread between cores, its caches start cold each time, and
-on a virtual machine some cores are slower than others: on the lent H200's 16-core VM the host
-work per step measured 46-80 us with the thread free and 30-48 us with it pinned to one core
-(``bench/results/h200-2026-12-02-session4``). Serving stacks bind their engine process for the
-same reason (TensorRT-LLM binds its workers to the GPU's NUMA node, ``TLLM_NUMA_AWARE_WORKER_AFFINITY``).
+When the operating system moves that thread between cores its caches start cold, and on a
+virtual machine some cores are slower than others. Serving stacks bind their engine processes
+for that reason (TensorRT-LLM binds its workers to the GPU's NUMA node,
+``TLLM_NUMA_AWARE_WORKER_AFFINITY``). On the lent H200's 16-core VM, the host work per step of
+SmolLM2-135M had a median of 40.3 us over 13 runs with the stepping thread pinned, against
+50.8 us over 23 runs unpinned. Both ranged up to about 80 us: pinning lowers the median but
+does not remove the machine's slow phases (``bench/results/h200-2026-12-02-session4``). It is
+therefore off by default.
 
 :func:`pin_thread` pins the calling thread; ``"auto"`` picks one CPU of those the thread may
 use, on the GPU's NUMA node where Linux says which (``/sys/bus/pci/devices/<bus id>/local_cpulist``).
