@@ -81,10 +81,13 @@ def gpu_local_cpus(device: int = 0) -> set[int] | None:
     """The CPUs on CUDA device ``device``'s NUMA node (Linux sysfs ``local_cpulist`` of its PCI
     bus id), or None where that is unknown (no GPU, no CUDA runtime, no sysfs). Never raises."""
     bus_id = _pci_bus_id(device)
+    if bus_id is None:
+        return None
     try:
-        return parse_cpu_list((_PCI / bus_id / "local_cpulist").read_text()) or None if bus_id else None
+        cpus = parse_cpu_list((_PCI / bus_id / "local_cpulist").read_text())
     except Exception:  # no sysfs entry: no preference
         return None
+    return cpus or None
 
 
 def host_gpu_index(device: int = 0) -> int:
@@ -107,11 +110,14 @@ def _allowed() -> set[int] | None:
 
 
 def resolve_cpus(cpus: str | Iterable[int], device: int = 0) -> set[int] | None:
-    """The CPU set ``cpus`` stands for: ``"auto"`` -> one CPU of the calling thread's allowed
-    set, preferring the GPU's NUMA node (:func:`gpu_local_cpus`), the highest-numbered one less
-    the GPU's index on the host (:func:`host_gpu_index`: one engine per GPU, each in its own
-    process, takes a CPU of its own; CPU 0, where interrupts tend to land, is the last choice); a CPU list string (``"2,5-7"``) or integers
-    -> that set. None: ``"auto"`` where affinity cannot be set (not Linux).
+    """The CPU set ``cpus`` stands for.
+
+    * ``"auto"``: one CPU of the calling thread's allowed set, preferring the GPU's NUMA node
+      (:func:`gpu_local_cpus`): the highest-numbered one less the GPU's index on the host
+      (:func:`host_gpu_index`), so that one engine per GPU, each in its own process, takes a
+      CPU of its own, and CPU 0, where interrupts tend to land, is the last choice. None where
+      affinity cannot be set (not Linux).
+    * a CPU list string (``"2,5-7"``) or integers: that set.
 
     Raises:
         InvalidArgumentError: an empty set, a CPU the thread may not use (the message lists
