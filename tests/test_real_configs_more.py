@@ -1,0 +1,111 @@
+"""More real-world ``config.json`` blocks, beyond :mod:`test_real_configs`: the ones that
+showed a defect, each against the behaviour of the reference implementation.
+
+GPTQ ``quantization_config.dynamic`` (GPTQModel; AutoRound's GPTQ export writes it too):
+per-module overrides keyed by a regular expression, ``"+:<re>"`` (or a bare ``"<re>"``) to
+change a module's ``bits`` / ``group_size`` / ..., ``"-:<re>"`` to leave it unquantized;
+the first pattern that ``re.match``-es the module's name wins (vLLM's
+``get_dynamic_override``). The config text below is the one a public AutoRound export script
+writes (``"+:.*lm_head$": {"bits": 8}`` next to ``"-:"`` rules), with the override moved to a
+decoder layer so that the tiny Llama has a module it applies to; the layout of the entry is
+the one vLLM's ``GPTQConfig`` docstring (vllm-project/vllm,
+``vllm/model_executor/layers/quantization/gptq.py``) documents:
+``r"+:.*\\.(?:1[0-5])\\..*": {"bits": 8}``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hf_models import VARIANTS, hf_greedy, load_hf, random_prompt, write_checkpoint
+from quant_packers import pack_gptq, quantize
+from safetensors.numpy import load_file, save_file
+
+from trtcore import LLM, SamplingParams
+from trtcore.errors import UnsupportedQuantizationError
+from trtcore.quant_formats import detect_quantization
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+#: an AutoRound / GPTQModel GPTQ export: 4-bit by default, layer 1 in 8 bits, attention of
+#: layer 0 left in bfloat16 (``"-:"``)
+GPTQ_DYNAMIC: dict[str, Any] = {
+    "quant_method": "gptq",
+    "bits": 4,
+    "group_size": 32,
+    "desc_act": False,
+    "sym": True,
+    "lm_head": False,
+    "checkpoint_format": "gptq",
+    "dynamic": {
+        "-:.*\\.layers\\.0\\.self_attn.*": {},
+        "+:.*\\.layers\\.1\\..*": {"bits": 8},
+        "-:.*embed.*": {},
+    },
+}
+
+
+def _bits_of(module: str) -> int | None:
+    """What the GPTQ_DYNAMIC rules make of ``module`` (None: not quantized)."""
+    if ".layers.0.self_attn." in module:
+        return None
+    return 8 if ".layers.1." in module else 4
+
+
+def _checkpoints(tmp_path: Path, with_g_idx: bool) -> tuple[Path, Path]:
+    v = VARIANTS["llama3_rope"]
+    src = write_checkpoint(v, tmp_path / "src")
+    rng = np.random.default_rng(11)
+    packed: dict[str, np.ndarray] = {}
+    dense: dict[str, np.ndarray] = {}
+    for name, value in load_file(str(src / "model.safetensors")).items():
+        prefix = name.removesuffix(".weight")
+        bits = _bits_of(prefix) if prefix.rsplit(".", 1)[-1] in LINEARS else None
+        if bits is None:
+            packed[name] = dense[name] = value
+            continue
+        qz = quantize(value.astype(np.float64), bits, 32, sym=True, rng=rng, act_order=False, min_zero=1)
+        packed |= {f"{prefix}.{k}": np.ascontiguousarray(t) for k, t in pack_gptq(qz, bits, "gptq", with_g_idx=with_g_idx).items()}
+        dense[name] = qz.dequantize().astype(np.float32)
+    config = json.loads((src / "config.json").read_text())
+    qdir, ddir = tmp_path / "quantized", tmp_path / "dense"
+    for d, tensors, cfg in ((qdir, packed, config | {"quantization_config": GPTQ_DYNAMIC}), (ddir, dense, config)):
+        d.mkdir()
+        save_file(tensors, str(d / "model.safetensors"))
+        (d / "config.json").write_text(json.dumps(cfg))
+    return qdir, ddir
+
+
+@pytest.mark.filterwarnings("error::UserWarning")  # every packed tensor is read (none unexpected)
+@pytest.mark.parametrize("with_g_idx", [True, False])
+def test_gptq_dynamic_per_module_bits_are_honoured(tmp_path: Path, with_g_idx: bool) -> None:
+    """Layer 1's linears are 8-bit by the ``dynamic`` override: read as 4-bit they failed with a
+    g_idx / shape error that did not name ``dynamic``."""
+    qdir, ddir = _checkpoints(tmp_path, with_g_idx)
+    llm = LLM(qdir, backend="reference", dtype="float32", progress=False)
+    prompt = random_prompt(np.random.default_rng(3), 12, VARIANTS["llama3_rope"].vocab_size)
+    [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    expected, _ = hf_greedy(load_hf(ddir), prompt, 16)
+    assert out.outputs[0].token_ids == expected
+
+
+@pytest.mark.parametrize(
+    ("dynamic", "match"),
+    [
+        ({"+:.*\\.layers\\.1\\..*": {"bits": 3}}, r"GPTQ dynamic override '\+:\.\*\\\\\.layers.*' bits=3"),
+        ({"+:.*lm_head(": {"bits": 8}}, r"GPTQ dynamic pattern '\+:\.\*lm_head\(' "),
+        (["+:.*"], r"GPTQ dynamic \['\+:\.\*'\]"),
+    ],
+)
+def test_gptq_dynamic_overrides_trtcore_cannot_read_are_refused(dynamic: Any, match: str) -> None:
+    with pytest.raises(UnsupportedQuantizationError, match=match):
+        detect_quantization(GPTQ_DYNAMIC | {"dynamic": dynamic})
+
+
+def test_gptq_dynamic_null_or_empty_is_plain_gptq() -> None:
+    for dynamic in (None, {}):
+        assert detect_quantization(GPTQ_DYNAMIC | {"dynamic": dynamic}).method == "gptq"
