@@ -6,11 +6,10 @@ per-module overrides keyed by a regular expression, ``"+:<re>"`` (or a bare ``"<
 change a module's ``bits`` / ``group_size`` / ..., ``"-:<re>"`` to leave it unquantized;
 the first pattern that ``re.match``-es the module's name wins (vLLM's
 ``get_dynamic_override``). The config text below is the one a public AutoRound export script
-writes (``"+:.*lm_head$": {"bits": 8}`` next to ``"-:"`` rules), with the override moved to a
-decoder layer so that the tiny Llama has a module it applies to; the layout of the entry is
-the one vLLM's ``GPTQConfig`` docstring (vllm-project/vllm,
-``vllm/model_executor/layers/quantization/gptq.py``) documents:
-``r"+:.*\\.(?:1[0-5])\\..*": {"bits": 8}``.
+writes (``"lm_head": true`` with ``"+:.*lm_head$": {"bits": 8}`` next to ``"-:"`` rules), and
+the per-layer form vLLM's ``GPTQConfig`` docstring (vllm-project/vllm,
+``vllm/model_executor/layers/quantization/gptq.py``) documents,
+``r"+:.*\\.(?:1[0-5])\\..*": {"bits": 8}``, moved to layer 1 of the tiny Llama.
 """
 
 from __future__ import annotations
@@ -49,14 +48,25 @@ GPTQ_DYNAMIC: dict[str, Any] = {
 }
 
 
-def _bits_of(module: str) -> int | None:
-    """What the GPTQ_DYNAMIC rules make of ``module`` (None: not quantized)."""
-    if ".layers.0.self_attn." in module:
+#: AutoRound's GPTQ export as written: a quantized lm_head in 8 bits
+GPTQ_DYNAMIC_LM_HEAD: dict[str, Any] = GPTQ_DYNAMIC | {
+    "lm_head": True,
+    "dynamic": {"+:.*lm_head$": {"bits": 8}, "-:.*self_attn.*": {}, "-:.*embed.*": {}},
+}
+
+
+def _bits_of(config: dict[str, Any], module: str) -> int | None:
+    """What the two configs' rules make of ``module`` (None: not quantized)."""
+    if config is GPTQ_DYNAMIC:
+        if module == "lm_head" or ".layers.0.self_attn." in module:
+            return None
+        return 8 if ".layers.1." in module else 4
+    if ".self_attn." in module:
         return None
-    return 8 if ".layers.1." in module else 4
+    return 8 if module == "lm_head" else 4
 
 
-def _checkpoints(tmp_path: Path, with_g_idx: bool) -> tuple[Path, Path]:
+def _checkpoints(tmp_path: Path, config: dict[str, Any], with_g_idx: bool) -> tuple[Path, Path]:
     v = VARIANTS["llama3_rope"]
     src = write_checkpoint(v, tmp_path / "src")
     rng = np.random.default_rng(11)
@@ -64,16 +74,17 @@ def _checkpoints(tmp_path: Path, with_g_idx: bool) -> tuple[Path, Path]:
     dense: dict[str, np.ndarray] = {}
     for name, value in load_file(str(src / "model.safetensors")).items():
         prefix = name.removesuffix(".weight")
-        bits = _bits_of(prefix) if prefix.rsplit(".", 1)[-1] in LINEARS else None
+        bits = _bits_of(config, prefix) if prefix.rsplit(".", 1)[-1] in (*LINEARS, "lm_head") else None
         if bits is None:
             packed[name] = dense[name] = value
             continue
         qz = quantize(value.astype(np.float64), bits, 32, sym=True, rng=rng, act_order=False, min_zero=1)
         packed |= {f"{prefix}.{k}": np.ascontiguousarray(t) for k, t in pack_gptq(qz, bits, "gptq", with_g_idx=with_g_idx).items()}
         dense[name] = qz.dequantize().astype(np.float32)
-    config = json.loads((src / "config.json").read_text())
+    model_config = json.loads((src / "config.json").read_text())
+    assert not model_config["tie_word_embeddings"]  # lm_head is a tensor of its own
     qdir, ddir = tmp_path / "quantized", tmp_path / "dense"
-    for d, tensors, cfg in ((qdir, packed, config | {"quantization_config": GPTQ_DYNAMIC}), (ddir, dense, config)):
+    for d, tensors, cfg in ((qdir, packed, model_config | {"quantization_config": config}), (ddir, dense, model_config)):
         d.mkdir()
         save_file(tensors, str(d / "model.safetensors"))
         (d / "config.json").write_text(json.dumps(cfg))
@@ -82,10 +93,11 @@ def _checkpoints(tmp_path: Path, with_g_idx: bool) -> tuple[Path, Path]:
 
 @pytest.mark.filterwarnings("error::UserWarning")  # every packed tensor is read (none unexpected)
 @pytest.mark.parametrize("with_g_idx", [True, False])
-def test_gptq_dynamic_per_module_bits_are_honoured(tmp_path: Path, with_g_idx: bool) -> None:
-    """Layer 1's linears are 8-bit by the ``dynamic`` override: read as 4-bit they failed with a
-    g_idx / shape error that did not name ``dynamic``."""
-    qdir, ddir = _checkpoints(tmp_path, with_g_idx)
+@pytest.mark.parametrize("config", [GPTQ_DYNAMIC, GPTQ_DYNAMIC_LM_HEAD], ids=["layer1_8bit", "lm_head_8bit"])
+def test_gptq_dynamic_per_module_bits_are_honoured(tmp_path: Path, config: dict[str, Any], with_g_idx: bool) -> None:
+    """Layer 1's linears (or the lm_head) are 8-bit by the ``dynamic`` override: read as 4-bit
+    they failed with a g_idx / shape error that did not name ``dynamic``."""
+    qdir, ddir = _checkpoints(tmp_path, config, with_g_idx)
     llm = LLM(qdir, backend="reference", dtype="float32", progress=False)
     prompt = random_prompt(np.random.default_rng(3), 12, VARIANTS["llama3_rope"].vocab_size)
     [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
