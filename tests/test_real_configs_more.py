@@ -121,3 +121,64 @@ def test_gptq_dynamic_overrides_trtcore_cannot_read_are_refused(dynamic: Any, ma
 def test_gptq_dynamic_null_or_empty_is_plain_gptq() -> None:
     for dynamic in (None, {}):
         assert detect_quantization(GPTQ_DYNAMIC | {"dynamic": dynamic}).method == "gptq"
+
+
+# ---------------------------------------------------------------------------------------
+# YaRN ``attn_factor`` (deepseek-ai/DeepSeek-R1-0528-Qwen3-8B's config.json, the text as public
+# copies of it on GitHub show it): transformers does not know the key (it logs "Unrecognized
+# keys" and keeps the YaRN attention factor 0.1 ln(4) + 1 = 1.139), vLLM multiplies that factor
+# by it (1.139 * 0.878 = 1.0). trtcore dropped it without a word; it must ask which is meant.
+
+DEEPSEEK_R1_0528_QWEN3_8B: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 131072,
+    "max_window_layers": 36,
+    "model_type": "qwen3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "attn_factor": 0.8782488562869419},
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+
+def test_yarn_attn_factor_is_refused_naming_it(tmp_path: Path) -> None:
+    from trtcore.config import load_config
+    from trtcore.errors import ConfigError
+
+    (tmp_path / "config.json").write_text(json.dumps(DEEPSEEK_R1_0528_QWEN3_8B))
+    with pytest.raises(ConfigError, match=r"'attn_factor' \(0\.8782488562869419\).*'attention_factor'"):
+        load_config(tmp_path)
+
+
+def test_yarn_with_attention_factor_instead_loads(tmp_path: Path) -> None:
+    """The spelling transformers and trtcore read: the attention factor itself."""
+    from trtcore.config import load_config
+
+    d = json.loads(json.dumps(DEEPSEEK_R1_0528_QWEN3_8B))
+    d["rope_scaling"]["attention_factor"] = 1.0
+    del d["rope_scaling"]["attn_factor"]
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    assert load_config(tmp_path).rope_scaling == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 32768,
+        "attention_factor": 1.0,
+    }
