@@ -195,6 +195,14 @@ def _parse_rope(d: Mapping[str, Any], defaults: Mapping[str, Any], max_position_
     missing = [k for k in ROPE_TYPES[rope_type] if p.get(k) is None]
     if missing:
         raise ConfigError(f"field '{key}' with rope_type {rope_type!r} lacks {missing}; got {dict(params)!r}")
+    if rope_type == "yarn" and p.get("attn_factor") is not None and p.get("attention_factor") is None:
+        # DeepSeek-R1-0528-Qwen3-8B's spelling: transformers ignores it (keeping 0.1 ln(factor) + 1),
+        # vLLM multiplies that factor by it; the two disagree, so the config must say which it means
+        raise ConfigError(
+            f"field '{key}' has 'attn_factor' ({p['attn_factor']!r}), which transformers ignores and vLLM "
+            f"multiplies the YaRN attention factor by; expected 'attention_factor' (the factor itself: "
+            f"{(0.1 * math.log(float(p['factor'])) + 1) * float(p['attn_factor'])!r} as vLLM reads it) or no 'attn_factor'"
+        )
     return theta, {"rope_type": rope_type, **p}, prf
 
 

@@ -20,6 +20,7 @@ One module per format: :mod:`.gptq`, :mod:`.awq`, :mod:`.compressed_tensors`, :m
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,7 @@ from .gptq import ZERO_OFFSETS, read_gptq
 QUANTIZATION_METHODS = ("gptq", "awq", "compressed-tensors", "gguf", "fp8")
 
 SUPPORTED_FORMATS = (
-    f"gptq (checkpoint_format {' / '.join(ZERO_OFFSETS)}, bits 4/8, any group_size, sym, desc_act with g_idx); "
+    f"gptq (checkpoint_format {' / '.join(ZERO_OFFSETS)}, bits 4/8, any group_size, sym, desc_act with g_idx, dynamic per-module bits); "
     f"awq (version {' / '.join(AWQ_VERSIONS)}, bits 4); "
     f"compressed-tensors (format {' / '.join(FORMATS)}, int weights, num_bits 4/8, strategy {' / '.join(STRATEGIES)}); "
     f"gguf ({' / '.join(GGUF_TYPES)}, from trtcore convert --gguf --keep-quantized); "
@@ -91,6 +92,16 @@ def _check(method: str, c: dict[str, Any]) -> None:
             raise _refuse(f"GPTQ checkpoint_format {fmt!r}")
         if int(c.get("bits", 4)) not in (4, 8):
             raise _refuse(f"GPTQ bits={c.get('bits')!r}")
+        dynamic = c.get("dynamic") or {}
+        if not isinstance(dynamic, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in dynamic.items()):
+            raise _refuse(f"GPTQ dynamic {dynamic!r} (expected an object of pattern -> override object)")
+        for pattern, values in dynamic.items():
+            try:
+                re.compile(pattern[2:] if pattern.startswith(("+:", "-:")) else pattern)
+            except re.error as e:
+                raise _refuse(f"GPTQ dynamic pattern {pattern!r} ({e})") from None
+            if not pattern.startswith("-:") and "bits" in values and values["bits"] not in (4, 8):
+                raise _refuse(f"GPTQ dynamic override {pattern!r} bits={values.get('bits')!r}")
     elif method == "awq":
         version = str(c.get("version", "gemm")).lower()
         if version not in AWQ_VERSIONS:

@@ -14,10 +14,17 @@ Per quantized linear ``X`` (``N`` outputs, ``K`` inputs, ``G`` groups, ``p = 32 
 kernels add it back); ``"gptq_v2"`` (GPTQModel) stores the zero point itself.
 ``group_size: -1`` means one group over all of K. ``sym: true`` checkpoints store the zero
 ``2**(bits-1)`` like any other, so ``sym`` needs no special case.
+
+GPTQModel's ``dynamic`` (AutoRound's GPTQ export writes it too) overrides the config per
+module: ``{"+:<re>": {"bits": 8, ...}, "-:<re>": {}}``, the first pattern that ``re.match``-es
+the module's name wins (vLLM's ``get_dynamic_override``); ``"-:"`` modules are stored
+unquantized (they have no ``qweight``, so nothing reads them as GPTQ). Of an override only
+``bits`` matters here: ``group_size`` and act-order follow from ``scales`` / ``g_idx``.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -57,6 +64,17 @@ def gptq_weight(
     return grouped_weight(codes, scales.T, zeros, bits, g_idx, name)
 
 
+def dynamic_override(config: dict[str, Any], module: str) -> dict[str, Any] | None:
+    """The ``dynamic`` override of ``module`` (e.g. ``model.layers.1.mlp.up_proj``): the
+    values of the first pattern that matches it, ``{}`` when none does, None for a ``"-:"``
+    (unquantized) match. The patterns are checked by the detection (valid expressions)."""
+    for pattern, values in (config.get("dynamic") or {}).items():
+        negative = pattern.startswith("-:")
+        if re.match(pattern[2:] if negative or pattern.startswith("+:") else pattern, module):
+            return None if negative else dict(values)
+    return {}
+
+
 def read_gptq(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWeight:
     """The GPTQ linear ``prefix`` (e.g. ``model.layers.0.mlp.up_proj``) of a checkpoint
     (``get(name)`` and ``in``), with ``config`` the ``quantization_config``."""
@@ -66,10 +84,10 @@ def read_gptq(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWei
         weights.get(f"{prefix}.qzeros"),
         weights.get(f"{prefix}.scales"),
         g_idx,
-        bits=int(config.get("bits", 4)),
+        bits=int((dynamic_override(config, prefix) or {}).get("bits", config.get("bits", 4))),
         checkpoint_format=str(config.get("checkpoint_format", "gptq")),
         name=prefix,
     )
 
 
-__all__ = ["ZERO_OFFSETS", "gptq_weight", "read_gptq"]
+__all__ = ["ZERO_OFFSETS", "dynamic_override", "gptq_weight", "read_gptq"]
