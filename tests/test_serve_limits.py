@@ -9,6 +9,7 @@ window. The tests run in file order; the drain is the last.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import signal
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ LONG = {"max_tokens": 200, "temperature": 0, "extra_body": {"ignore_eos": True}}
 def server(model: Path) -> Any:  # noqa: F811
     args = ["--model", str(model), "--backend", "reference", "--max-seq-len", "256", "--served-model-name", NAME]
     args += ["--max-batch-size", "2", "--max-waiting", "2", "--max-queue-delay-ms", str(WINDOW_S * 1000)]
-    s = ServerProcess(args).start()
+    s = ServerProcess(args, new_session=True).start()  # its own process group: the drain signals all of it
     yield s
     s.stop()
 
@@ -112,12 +113,17 @@ def test_a_list_of_prompts_beyond_the_free_queue_gets_429_and_submits_none(serve
 
 
 def test_sigterm_drains(server: Any, client: openai.OpenAI) -> None:
+    """SIGTERM to the server's whole process group (``timeout``, systemd's default
+    ``KillMode=control-group``, ``kill -- -PGID``), so the engine process gets it too: the
+    running stream still completes and the server exits 0 (the engine process used to die
+    of it, failing the stream with a 503 and the server with status 1)."""
     stream = client.completions.create(model=NAME, prompt="drain", stream=True, stream_options={"include_usage": True}, **LONG)  # type: ignore[call-overload]
     chunks = iter(stream)
     got = [next(chunks)]
     engine = server.engine_pid
     assert engine is not None and process_state(engine) not in (None, "Z")
-    server.process.send_signal(signal.SIGTERM)
+    assert os.getpgid(engine) == server.process.pid  # the engine is in the server's group
+    os.killpg(server.process.pid, signal.SIGTERM)
     time.sleep(0.3)
     assert server.health() in (503, None)  # draining, or no longer listening
     got += list(chunks)

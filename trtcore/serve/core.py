@@ -374,11 +374,14 @@ def run_engine_core(make_llm: Callable[[], Any], sock: socket.socket, max_queue_
         make_llm: builds the LLM (paged KV cache); in an engine process it arrived pickled.
         sock: this side of the socket to the server (closed on return).
         max_queue_delay_s: the batching window, seconds.
-        own_process: this is the engine process: SIGINT is ignored (a terminal's Ctrl-C reaches
-            the whole process group; the server drains and then stops this process).
+        own_process: this is the engine process: SIGINT and SIGTERM are ignored (a terminal's
+            Ctrl-C, ``timeout``, systemd's ``KillMode=control-group`` and ``kill -- -PGID`` signal
+            the whole process group; the server drains, then stops this process with ``SHUTDOWN``,
+            and this process also ends when the server's end of the socket closes).
     """
     if own_process:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
     channel = _Channel(sock)
     llm = None
     try:

@@ -31,6 +31,9 @@ class ServerProcess:
     Args:
         args: options of ``trtcore serve`` (``--host`` / ``--port`` are added).
         timeout: seconds to wait for the model to load.
+        new_session: start the server in a session (and process group) of its own, as a
+            service manager does, so that a signal can be sent to the whole group
+            (``os.killpg(process.pid, ...)``) without reaching the caller.
 
     Attributes:
         url: ``http://127.0.0.1:PORT`` once started.
@@ -43,9 +46,10 @@ class ServerProcess:
             is in the message).
     """
 
-    def __init__(self, args: Sequence[str], timeout: float = 300.0):
+    def __init__(self, args: Sequence[str], timeout: float = 300.0, new_session: bool = False):
         self.args = list(args)
         self.timeout = timeout
+        self.new_session = bool(new_session)
         self.url = ""
         self.engine_pid: int | None = None
         self.process: subprocess.Popen[str] | None = None
@@ -71,7 +75,7 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         """Launch it and wait until ``/health`` answers 200 (and the engine process is announced)."""
         cmd = [sys.executable, "-m", "trtcore.cli", "serve", *self.args, "--host", "127.0.0.1", "--port", "0"]
-        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=self.new_session)
         threading.Thread(target=self._read_stderr, daemon=True).start()
         deadline = time.monotonic() + self.timeout
         while not self._port_found.wait(0.1):
