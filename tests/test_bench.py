@@ -161,6 +161,26 @@ def test_bench_refuses_a_bad_max_num_tokens(hf_models: ModelStore, capsys: pytes
     assert "--max-num-tokens must be >= 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--batch-sizes", "a"], "--batch-sizes must be comma-separated positive integers such as 1,2,4,8; got 'a'"),
+        (["--batch-sizes", "0,2"], "--batch-sizes must be"),
+        (["--num-iters", "0"], "--num-iters must be >= 1 (timed runs per batch size), got 0"),
+        (["--num-iters-warmup", "-1"], "--num-iters-warmup must be >= 0, got -1"),
+        (["--random-weights", "SmolLM2-135M"], "--random-weights SmolLM2-135M and --model name two models"),
+    ],
+)
+def test_bench_latency_refuses_bad_options_before_building(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    """Each is a one-line error (exit 2), not a traceback, and nothing is built: the model
+    folder does not even exist."""
+    argv = ["bench", "latency", "--model", str(tmp_path / "absent"), "--backend", "reference", *extra]
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
 def _args(**kw: Any) -> argparse.Namespace:
     base = {"model": None, "engine": None, "random_weights": None, "backend": "reference", "dtype": None, "kv_cache": None,
             "input_len": 6, "output_len": 4, "num_iters": 1, "num_iters_warmup": 0, "seed": 0, "peer": None, "batch_sizes": "1,2"}  # fmt: skip

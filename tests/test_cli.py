@@ -152,6 +152,12 @@ def test_generate_refuses_an_empty_prompt_before_building(tmp_path: Path) -> Non
     assert proc.returncode == 2 and proc.stderr.startswith("trtcore: error: PROMPT is empty"), proc.stderr
 
 
+def test_check_refuses_an_empty_prompt_before_building(tmp_path: Path) -> None:
+    """It was a torch traceback (an empty float tensor of ids) after the build."""
+    proc = _cli("check", "--model", str(tmp_path / "no-such-model"), "--prompt", "")
+    assert proc.returncode == 2 and proc.stderr.startswith("trtcore: error: compare_with_transformers needs a prompt"), proc.stderr
+
+
 def test_plan_options_offer_every_implementation_the_plan_knows() -> None:
     """``--rope`` / ``--kv-cache`` / ``--attention`` of generate and build accept exactly the
     plan's implementations (``rope attention``: RoPE inside the paged-attention plugin)."""

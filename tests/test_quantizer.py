@@ -71,6 +71,18 @@ def _tiny(tmp_path: Path) -> Path:
     return write_checkpoint(VARIANTS["llama3_rope"], tmp_path / "src")
 
 
+def test_check_compares_a_quantized_checkpoint_with_transformers(tmp_path: Path) -> None:
+    """``trtcore check`` on what ``trtcore quantize`` wrote: transformers reads it decompressed
+    (a plain ``from_pretrained`` fails on the packed weights), and both run the same grid."""
+    pytest.importorskip("compressed_tensors")
+    from trtcore.check import compare_with_transformers
+
+    out = quantize_checkpoint(_tiny(tmp_path), tmp_path / "q", bits=4, group_size=32, symmetric=False)
+    prompt = random_prompt(np.random.default_rng(), 9, VARIANTS["llama3_rope"].vocab_size)
+    report = compare_with_transformers(out, prompt, steps=4)
+    assert report["num_tokens"] == 9 and report["greedy_equal"] and report["max_rel_error"] <= 1e-4, report
+
+
 @pytest.mark.parametrize(("bits", "group_size", "symmetric"), [(4, 32, False), (8, 0, True)])
 def test_quantized_checkpoint_runs_and_equals_transformers_on_its_grid(tmp_path: Path, bits: int, group_size: int, symmetric: bool) -> None:
     src = _tiny(tmp_path)

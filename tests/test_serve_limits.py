@@ -163,3 +163,21 @@ def test_max_tokens_beyond_the_kv_cache_is_refused_before_a_stream_starts() -> N
         served.max_tokens(247, None, 10, "max_tokens")
     unknown = _Served(SimpleNamespace(ready=True, model=ServedModel("m", 10, 256, 2)), NAME)  # type: ignore[arg-type]
     assert unknown.max_tokens(None, None, 10, "max_tokens") == 246
+
+
+def test_a_port_in_use_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--port`` that another process listens on: exit 2 with ``trtcore: error: cannot listen
+    on ...`` before the engine starts (it was an OSError traceback and exit status 1, the
+    status that means "the engine died")."""
+    import socket
+
+    from trtcore.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["serve", "--model", str(tmp_path / "absent"), "--backend", "reference", "--host", "127.0.0.1", "--port", str(port)]
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err and "Traceback" not in err

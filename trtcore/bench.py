@@ -474,9 +474,14 @@ def _bandwidth(row: dict[str, Any], weight_bytes: int | None, copy_Bps: float | 
 
 def latency(args: argparse.Namespace) -> dict[str, Any]:
     """``trtcore bench latency`` (module docstring); returns the JSON report."""
-    sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
+    try:
+        sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
+    except ValueError:
+        sizes = []
     if not sizes or sizes[0] < 1:
-        raise InvalidArgumentError(f"--batch-sizes must be positive integers, got {args.batch_sizes!r}")
+        raise InvalidArgumentError(f"--batch-sizes must be comma-separated positive integers such as 1,2,4,8; got {args.batch_sizes!r}")
+    if args.num_iters < 1:
+        raise InvalidArgumentError(f"--num-iters must be >= 1 (timed runs per batch size), got {args.num_iters}")
     return _run(args, "latency", sizes, max(sizes))
 
 
@@ -490,6 +495,11 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
 def _run(args: argparse.Namespace, kind: str, sizes: list[int], max_batch_size: int) -> dict[str, Any]:
     if args.input_len < 1 or args.output_len < 1:
         raise InvalidArgumentError(f"--input-len and --output-len must be >= 1, got {args.input_len}, {args.output_len}")
+    if args.num_iters_warmup < 0:
+        raise InvalidArgumentError(f"--num-iters-warmup must be >= 0, got {args.num_iters_warmup}")
+    if args.random_weights and (args.model or args.engine):
+        given = "--model" if args.model else "--engine"
+        raise InvalidArgumentError(f"--random-weights {args.random_weights} and {given} name two models; give one of them")
     llm, weights = _make_llm(args, max_batch_size, args.input_len + args.output_len)
     bw = copy_bandwidth(llm.device)
     quantization = llm.quantization or getattr(args, "quantization", None)

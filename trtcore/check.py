@@ -20,6 +20,7 @@ that goes wrong shows at the module where it starts.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,30 @@ def _transformers() -> tuple[Any, Any]:
     return torch, AutoModelForCausalLM
 
 
+def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
+    """transformers' float32 model of ``folder`` with eager attention, in eval mode. A
+    compressed-tensors checkpoint (what ``trtcore quantize`` writes) is read decompressed
+    (``CompressedTensorsConfig(run_compressed=False)``: its packed int weights as float
+    weights), the form transformers runs on the CPU.
+
+    Raises:
+        TrtcoreError: the checkpoint needs a package that is not installed (named)."""
+    kwargs: dict[str, Any] = {}
+    try:
+        quant = json.loads((Path(folder) / "config.json").read_text()).get("quantization_config") or {}
+    except (OSError, ValueError):
+        quant = {}  # transformers says what is wrong with the folder
+    if quant.get("quant_method") == "compressed-tensors":
+        from transformers.utils.quantization_config import CompressedTensorsConfig
+
+        kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
+    try:
+        model = auto_model.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager", experts_implementation="eager", **kwargs)
+    except ImportError as exc:  # e.g. compressed-tensors, gptqmodel
+        raise TrtcoreError(f"transformers cannot read {folder} here: {exc}") from exc
+    return model.eval()
+
+
 def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], steps: int = 8) -> dict[str, Any]:
     """Compare trtcore's and transformers' logits for ``prompt``.
 
@@ -49,17 +74,21 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
 
     Raises:
         TrtcoreError: torch / transformers are not installed.
+        InvalidArgumentError: an empty prompt.
     """
+    if not prompt:  # before the build
+        raise InvalidArgumentError(f"compare_with_transformers needs a prompt of at least one token, got {prompt!r}")
     torch, AutoModelForCausalLM = _transformers()
     from .llm import LLM
     from .runtime.sampling import SamplingParams
 
     llm = LLM(model_dir, backend="reference", dtype="float32", max_batch_size=1, kv_cache="contiguous", device="cpu")
     ids = llm.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise InvalidArgumentError(f"compare_with_transformers: the prompt {prompt!r} encodes to no token")
     [out] = llm.generate([ids], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, logprobs=0))
     ours_tokens = out.outputs[0].token_ids
-    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager", experts_implementation="eager")
-    hf.eval()
+    hf = _load_hf(AutoModelForCausalLM, torch, model_dir)
     seq = ids + ours_tokens[:-1]
     with torch.no_grad():
         ref = hf(torch.tensor([seq])).logits[0, len(ids) - 1 :].double().numpy()
@@ -302,7 +331,7 @@ def compare(
     ours = capture_prefill(llm, ids, wanted)
     llm.close()
 
-    hf = auto_model.from_pretrained(str(reference or model), dtype=torch.float32, attn_implementation="eager", experts_implementation="eager").eval()
+    hf = _load_hf(auto_model, torch, reference or model)
     theirs: dict[str, np.ndarray] = {}
 
     def hook(path: str) -> Any:

@@ -157,9 +157,14 @@ def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "w
     """Serve ``engine`` (an :class:`~trtcore.serve.engine.AsyncEngine`, not started) as ``name``
     on ``host:port`` with uvicorn until SIGTERM / SIGINT or the engine's death (module
     docstring: the announced address, the drain); ``api_key``: the ``/v1`` routes need it. The
-    exit status: 0 after a drain, 1 if the engine process died, 2 if the model failed to load."""
+    exit status: 0 after a drain, 1 if the engine process died, 2 if the model failed to load.
+
+    Raises:
+        InvalidArgumentError: ``host:port`` cannot be listened on (a port in use, an address
+            not on this machine), before the engine starts."""
     import uvicorn
 
+    from ..errors import InvalidArgumentError
     from .app import build_app
 
     failed: list[BaseException] = []
@@ -189,7 +194,13 @@ def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "w
     server = _Server(config)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # a port in use, an address not on this machine: the user's to change
+        sock.close()
+        raise InvalidArgumentError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port (0: any free port) or --host"
+        ) from None
     sock.set_inheritable(True)
     bound_host, bound_port = sock.getsockname()[:2]
     print(f"{LISTENING}http://{bound_host}:{bound_port}", file=sys.stderr, flush=True)
