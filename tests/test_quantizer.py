@@ -71,6 +71,22 @@ def _tiny(tmp_path: Path) -> Path:
     return write_checkpoint(VARIANTS["llama3_rope"], tmp_path / "src")
 
 
+def test_the_written_checkpoint_has_the_default_permissions(tmp_path: Path) -> None:
+    """Every file 0666 minus the umask, as ``open`` makes them: safetensors' writer made
+    ``model.safetensors`` 0600, unreadable to another user or a container's non-root user."""
+    import os
+    import stat
+
+    old = os.umask(0o027)
+    try:
+        out = quantize_checkpoint(_tiny(tmp_path), tmp_path / "q", bits=8, group_size=0, symmetric=True)
+    finally:
+        os.umask(old)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o640}, {k: oct(v) for k, v in modes.items()}
+    assert stat.S_IMODE(out.stat().st_mode) == 0o750
+
+
 def test_check_compares_a_quantized_checkpoint_with_transformers(tmp_path: Path) -> None:
     """``trtcore check`` on what ``trtcore quantize`` wrote: transformers reads it decompressed
     (a plain ``from_pretrained`` fails on the packed weights), and both run the same grid."""

@@ -268,6 +268,10 @@ def test_logprobs_and_stop_strings_equal_generate(client: openai.OpenAI, llm: LL
     # no two tokens share a key: the reference's entries, one for one
     for top, d in zip(lp.top_logprobs, want.logprobs):
         assert top == pytest.approx({token_text(llm.tokenizer, t): x.logprob for t, x in d.items()}, abs=1e-9)
+        # generate's decoded_token is the same text: the tokenizer's own decoding of the one
+        # id (" in"), not the vocabulary's byte-level spelling ("Ġin")
+        for t, x in d.items():
+            assert x.decoded_token == llm.tokenizer.decode([t], skip_special_tokens=False) or x.decoded_token.startswith("bytes:")
     c = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=4, logprobs=True, top_logprobs=2)
     [cref] = llm.generate(llm.apply_chat_template([{"role": "user", "content": prompt}]), SamplingParams(temperature=0, max_tokens=4, logprobs=2))
     content = c.choices[0].logprobs.content

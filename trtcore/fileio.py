@@ -62,11 +62,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int | None 
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        if mode is None:
-            umask = os.umask(0)  # the only way to read the umask
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
+        os.chmod(tmp, 0o666 & ~_umask() if mode is None else mode)
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -74,6 +70,24 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int | None 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    umask = os.umask(0)  # the only way to read the umask
+    os.umask(umask)
+    return umask
+
+
+def _default_modes(folder: Path) -> None:
+    """Give every file under ``folder`` 0666 and every folder 0777, minus the umask, as
+    ``open`` / ``mkdir`` would: some writers (safetensors' ``save_file``) create their files
+    0600, which another user or a container's non-root user could not read."""
+    umask = _umask()
+    for root, dirs, files in os.walk(folder):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o777 & ~umask)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o666 & ~umask)
 
 
 def check_folder_free(output_dir: str | os.PathLike[str], overwrite: bool, error: type[Exception] = InvalidArgumentError) -> None:
@@ -90,7 +104,8 @@ def check_folder_free(output_dir: str | os.PathLike[str], overwrite: bool, error
 @contextlib.contextmanager
 def atomic_folder(output_dir: str | os.PathLike[str], *, overwrite: bool = False, error: type[Exception] = InvalidArgumentError) -> Iterator[Path]:
     """A temporary folder beside ``output_dir`` to write a whole folder into: when the
-    ``with`` block ends without an exception it is renamed to ``output_dir`` (an existing
+    ``with`` block ends without an exception its files get the default permissions (0666 minus
+    the umask, :func:`_default_modes`) and it is renamed to ``output_dir`` (an existing
     one replaced only with ``overwrite``, and put back if the rename fails); on any exception
     it is removed, so nothing half-written is left at or next to ``output_dir``.
 
@@ -104,6 +119,7 @@ def atomic_folder(output_dir: str | os.PathLike[str], *, overwrite: bool = False
     tmp.mkdir()
     try:
         yield tmp
+        _default_modes(tmp)
         _move_into_place(tmp, output_dir, overwrite, error)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

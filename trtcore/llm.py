@@ -41,6 +41,7 @@ from .runtime.generate import make_engine
 from .runtime.request import Request, RequestEvent, metrics
 from .runtime.sampling import Logprob, SamplingParams
 from .runtime.stop import StopStringMatcher
+from .token_bytes import token_text
 from .trt import load_trt, normalize_backend
 
 
@@ -747,7 +748,7 @@ class LLM:
                 if comp.logprobs and self.tokenizer is not None:
                     for d in comp.logprobs:
                         for tok, lp in d.items():
-                            lp.decoded_token = self.tokenizer.id_to_token(tok)
+                            lp.decoded_token = token_text(self.tokenizer, tok)  # " in", not the vocabulary's "Ġin"
         return outputs
 
 

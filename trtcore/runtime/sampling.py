@@ -363,7 +363,9 @@ class Logprob:
         logprob: natural-log probability under the raw model distribution (float;
             ``-inf`` for impossible tokens).
         rank: 1-based rank in that distribution (1 = most likely), or None.
-        decoded_token: the token's text, filled in by the detokenizer (None here).
+        decoded_token: the token's text (:func:`trtcore.token_bytes.token_text`: ``" in"`` for
+            the byte-level piece ``"Ġin"``; ``"bytes:\\xNN"`` for part of a UTF-8 character),
+            filled in by :meth:`LLM.generate <trtcore.llm.LLM.generate>` (None here).
     """
 
     logprob: float
