@@ -211,10 +211,12 @@ def _generate(args: argparse.Namespace) -> int:
     llm = _llm(args)
     load_s = time.perf_counter() - t0
     prompt = args.prompt
-    if args.chat:
+    request: Any = prompt
+    if args.chat:  # the rendered template holds its BOS: encoded without the tokenizer's (LLM.chat)
         prompt = llm.apply_chat_template([{"role": "user", "content": prompt}])
+        request = {"prompt_token_ids": llm.encode(prompt, add_special_tokens=False)}
     if args.json:
-        [out] = llm.generate(prompt, params)
+        [out] = llm.generate(request, params)
         comp = out.outputs[0]
         print(
             json.dumps(
@@ -237,7 +239,7 @@ def _generate(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    pieces = llm.stream(prompt, params)
+    pieces = llm.stream(request, params)
     first = next(pieces, None)  # the prompt is checked (and prefilled) before it is echoed
     if not args.chat:
         sys.stdout.write(prompt)

@@ -502,13 +502,15 @@ class LLM:
         self.executor.close()
 
     # text ---------------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (with the tokenizer's own special-token rules).
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (with the tokenizer's own special-token rules; without the
+        special tokens its post-processor adds, such as a BOS, for ``add_special_tokens=False``:
+        the encoding of a rendered chat template, :func:`encode_text`).
 
         Raises:
             InvalidRequestError: the model folder has no ``tokenizer.json``.
         """
-        return encode_text(self.tokenizer, self.model_dir, text)
+        return encode_text(self.tokenizer, self.model_dir, text, add_special_tokens)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens skipped ("" without a tokenizer)."""
@@ -528,6 +530,36 @@ class LLM:
         from .chat import render_chat_template
 
         return render_chat_template(self.model_dir, messages, add_generation_prompt)
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Complete one conversation (``[{"role": ..., "content": ...}]``) or a list of them
+        (vLLM's ``LLM.chat``): each rendered with the model's chat template
+        (:meth:`apply_chat_template`) and encoded without the tokenizer's added special tokens
+        (the template writes its own BOS, as transformers' ``apply_chat_template(tokenize=True)``),
+        then :meth:`generate`.
+
+        Returns:
+            One :class:`RequestOutput` per conversation (``prompt`` is the rendered text).
+
+        Raises:
+            InvalidRequestError: no chat template or tokenizer, the template raised, or
+                ``messages`` is not a conversation or a list of them; as :meth:`generate`.
+        """
+        single = bool(messages) and isinstance(messages[0], dict)
+        conversations = [messages] if single else list(messages)
+        if not conversations or not all(isinstance(c, list) and c and all(isinstance(m, dict) for m in c) for c in conversations):
+            raise InvalidRequestError(f"messages must be a conversation ([{{'role': ..., 'content': ...}}, ...]) or a list of them, got {messages!r}")
+        texts = [self.apply_chat_template(c, add_generation_prompt) for c in conversations]  # type: ignore[arg-type]
+        prompts = [{"prompt_token_ids": self.encode(t, add_special_tokens=False)} for t in texts]
+        outputs = self.generate(prompts[0] if single else prompts, sampling_params)
+        for out, text in zip(outputs, texts):
+            out.prompt = text
+        return outputs
 
     # generation ---------------------------------------------------------------------------
     def _request(self, index: int, prompt: Any, params: SamplingParams) -> tuple[Request, str | None]:
@@ -763,17 +795,19 @@ def _deserialized_executor(trt: Any, backend: str, serialized: bytes) -> Executo
     return TensorRTExecutor(trt, serialized)
 
 
-def encode_text(tokenizer: Any, model_dir: str | os.PathLike[str], text: str) -> list[int]:
+def encode_text(tokenizer: Any, model_dir: str | os.PathLike[str], text: str, add_special_tokens: bool = True) -> list[int]:
     """Token ids of ``text`` with ``tokenizer`` (a :class:`tokenizers.Tokenizer`, or None for a
     model folder ``model_dir`` without ``tokenizer.json``); :meth:`LLM.encode`, and the server's
-    (:class:`trtcore.serve.core.ServedModel`).
+    (:class:`trtcore.serve.core.ServedModel`). ``add_special_tokens=False`` leaves out what the
+    tokenizer's post-processor adds (a BOS): a rendered chat template holds its own, as
+    transformers' ``apply_chat_template(tokenize=True)`` and vLLM's chat completions encode it.
 
     Raises:
         InvalidRequestError: ``tokenizer`` is None.
     """
     if tokenizer is None:
         raise InvalidRequestError(f"{model_dir} has no tokenizer.json; pass prompts as lists of token ids")
-    return list(tokenizer.encode(text).ids)
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
 
 def _load_tokenizer(model_dir: Path) -> Any:

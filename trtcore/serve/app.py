@@ -172,13 +172,15 @@ class _Served:
         if model is not None and model != self.name:
             raise ApiError(404, f"The model `{model}` does not exist; this server serves `{self.name}`", param="model", code="model_not_found")
 
-    def prompt_ids(self, prompt: str | list[int], param: str, what: str | None = None) -> list[int]:
+    def prompt_ids(self, prompt: str | list[int], param: str, what: str | None = None, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a prompt, checked against the vocabulary and the context.
 
         Args:
             prompt: text, or token ids.
             param: the field the errors name (``param``).
             what: the prompt's name in the messages (``prompt[2]`` in a list), default ``param``.
+            add_special_tokens: what the tokenizer's post-processor adds (a BOS): False for a
+                rendered chat template, which holds its own (vLLM's chat default).
 
         Raises:
             ApiError: 400 naming ``param``: no tokenizer, no token, a token id outside the
@@ -197,7 +199,7 @@ class _Served:
                 param=param,
             )
         try:
-            ids = model.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            ids = model.encode(prompt, add_special_tokens) if isinstance(prompt, str) else list(prompt)
         except TrtcoreError as exc:
             raise ApiError(400, f"{what}: {exc}" if what != param else str(exc), param=param) from None
         if not ids:
@@ -593,7 +595,7 @@ def build_app(
             raise ApiError(400, str(exc), param="messages") from None
         if body.continue_final_message:
             prompt = _continued(prompt, messages[-1]["content"])
-        ids = served.prompt_ids(prompt, "messages")
+        ids = served.prompt_ids(prompt, "messages", add_special_tokens=False)  # the template wrote its BOS
         asked, param = (
             (body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens is not None else (body.max_tokens, "max_tokens")
         )

@@ -114,7 +114,7 @@ class ServedModel:
     kv_cache_tokens: int | None = None
     _max_token_chars: int | None = field(default=None, init=False, repr=False, compare=False)  # max_token_chars, once computed
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``, as :meth:`trtcore.llm.LLM.encode`.
 
         Raises:
@@ -122,7 +122,7 @@ class ServedModel:
         """
         from ..llm import encode_text
 
-        return encode_text(self.tokenizer, self.model_dir, text)
+        return encode_text(self.tokenizer, self.model_dir, text, add_special_tokens)
 
     def max_token_chars(self) -> int:
         """The most characters one token stands for (the longest string of the tokenizer's

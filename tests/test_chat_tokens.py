@@ -1,0 +1,109 @@
+"""A chat prompt's token ids: the rendered template holds its own BOS, so it is encoded without
+the one the tokenizer's post-processor adds (Llama 3's tokenizer adds ``<|begin_of_text|>`` and
+its template starts with ``{{ bos_token }}``: encoding the text with the special tokens gave two).
+The reference is transformers' ``apply_chat_template(tokenize=True)`` on the same folder, for
+``LLM.chat``, ``trtcore generate --chat`` and the server's ``/v1/chat/completions``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from test_gguf import write_synthetic_gguf
+
+from trtcore import LLM, SamplingParams
+from trtcore.errors import InvalidRequestError
+from trtcore.serve.process import ServerProcess
+
+#: a template that writes the BOS first, as Llama 3's and Mistral's do (plain text after it:
+#: this vocabulary's BOS is also its ``<|im_start|>``)
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the theory of"}]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trtcore.gguf_convert import convert_gguf
+
+    root = tmp_path_factory.mktemp("chat-bos")
+    write_synthetic_gguf(root / "tiny.gguf", "llama", tokenizer="gpt2", pre="llama-bpe", tied=False, add_bos=True, seed=5)
+    folder = Path(convert_gguf(root / "tiny.gguf", root / "hf", progress=False))
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps({**cfg, "chat_template": TEMPLATE}))
+    return folder
+
+
+def hf_chat_ids(model: Path, messages: list[dict[str, str]]) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    out = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
+    return [int(t) for t in ids]
+
+
+def test_the_tokenizer_adds_a_bos_and_the_template_writes_one(model: Path) -> None:
+    """The premise: plain text gets the post-processor's BOS, and so does the rendered chat."""
+    llm = LLM(model, backend="reference", progress=False)
+    bos = llm.encode("x")[0]
+    assert llm.encode("x", add_special_tokens=False)[0] != bos
+    assert llm.encode(llm.apply_chat_template(CONVERSATION))[:2] == [bos, bos]  # what the chat prompt used to be
+    want = hf_chat_ids(model, CONVERSATION)
+    assert want[0] == bos and want[1] != bos
+
+
+def test_llm_chat_encodes_as_transformers(model: Path) -> None:
+    llm = LLM(model, backend="reference", progress=False)
+    want = hf_chat_ids(model, CONVERSATION)
+    [out] = llm.chat(CONVERSATION, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert out.prompt_token_ids == want and out.prompt == llm.apply_chat_template(CONVERSATION)
+    [alone] = llm.generate({"prompt_token_ids": want}, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+    other = [{"role": "user", "content": "x"}]
+    outs = llm.chat([CONVERSATION, other], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    assert [o.prompt_token_ids for o in outs] == [want, hf_chat_ids(model, other)]
+    with pytest.raises(InvalidRequestError, match="messages must be a conversation"):
+        llm.chat([])  # type: ignore[arg-type]
+
+
+def test_generate_chat_on_the_command_line_encodes_as_transformers(model: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trtcore.cli",
+            "generate",
+            "the theory of",
+            "--model",
+            str(model),
+            "--backend",
+            "reference",
+            "--chat",
+            "--max-tokens",
+            "2",
+            "--json",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["prompt_token_ids"] == hf_chat_ids(model, [{"role": "user", "content": "the theory of"}])
+
+
+def test_the_server_encodes_a_chat_as_transformers(model: Path) -> None:
+    args = ["--model", str(model), "--backend", "reference", "--max-seq-len", "128", "--served-model-name", "m"]
+    with ServerProcess(args) as server:
+        client: Any = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        r = client.chat.completions.create(model="m", messages=CONVERSATION, max_tokens=1, temperature=0)
+        assert r.usage.prompt_tokens == len(hf_chat_ids(model, CONVERSATION))
+        c = client.completions.create(model="m", prompt="the theory of", max_tokens=1, temperature=0)
+        assert c.usage.prompt_tokens == len(LLM(model, backend="reference", progress=False).encode("the theory of"))  # with its BOS
