@@ -461,7 +461,8 @@ class LLM:
         if self.backend != "reference":
             from .runtime.trt_executor import require_gpu
 
-            require_gpu(backend=self.backend)  # before a long engine build
+            advice = self.engine_file.cpu_advice() if self.engine_file is not None else None  # no backend to switch to
+            require_gpu(backend=self.backend, purpose=advice)  # before a long engine build
         if self.engine_file is not None:
             return self._engine_executor(trt, self.engine_file.serialized)
         with Checkpoint(self.model_dir) as weights, tqdm(total=2, desc="build", disable=not progress, leave=False) as bar:
