@@ -175,10 +175,17 @@ def _request_error(index: int, finish_reason: str | None, error: str | None) -> 
     """The exception of a failed request (None for a token or a normal finish): rejected
     (it can never fit the KV cache) or ended in error (non-finite logits)."""
     if finish_reason == "rejected":
-        return InvalidRequestError(f"prompt {index}: {error}")
+        return InvalidRequestError(_for_prompt(index, error))
     if finish_reason == "error":
-        return GenerationError(f"prompt {index}: {error}")
+        return GenerationError(_for_prompt(index, error))
     return None
+
+
+def _for_prompt(index: int, error: str | None) -> str:
+    """``error`` as prompt ``index``'s: the scheduler's ``"request <id>"`` (the id is the
+    index) becomes ``"prompt <index>"`` rather than following it (said once)."""
+    rest = (error or "").removeprefix(f"request {index!r}")
+    return f"prompt {index}{rest}" if error and rest != error else f"prompt {index}: {error}"
 
 
 class LLM:
