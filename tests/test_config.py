@@ -494,3 +494,19 @@ def test_generation_config_errors_name_file(tmp_path):
     (tmp_path / "generation_config.json").write_text("{nope")
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_generation_config(tmp_path, None)
+
+
+def test_a_file_of_another_kind_says_what_was_expected(tmp_path):
+    """A GGUF file, or a file of another kind, given as the model folder: the message says
+    what it is / what was expected (it was "'utf-8' codec can't decode byte ...")."""
+    from trtcore import LLM
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(range(256)))
+    for load in (load_config, LLM):
+        with pytest.raises(ConfigError, match=r"model\.gguf is a GGUF file, not a model folder; .*`trtcore convert --gguf .*model\.gguf --output DIR`"):
+            load(gguf)
+    other = tmp_path / "weights.bin"
+    other.write_bytes(b"\xc3\x28" + bytes(64))
+    with pytest.raises(ConfigError, match=r"weights\.bin.*\(expected a Hugging Face model folder with config\.json, or its config\.json\)"):
+        load_config(other)

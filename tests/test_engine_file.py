@@ -266,6 +266,38 @@ def test_options_must_match_the_engine(engine_path: Path) -> None:
     assert LLM(engine=engine_path, max_seq_len=64, backend="reference", progress=False).plan.max_seq_len == 64
 
 
+def test_gpu_engine_on_the_cpu_points_to_the_model_folder(engine_path: Path, tmp_path: Path) -> None:
+    """A cuda engine (its sidecar says so) on a machine without a GPU: with or without
+    backend='reference', the message says an engine file of a GPU backend never runs on the
+    CPU and names the model folder to run on the reference backend instead (it used to send
+    the user from one message to the other)."""
+    from trtcore.gpu import NoGPUError
+
+    from trtcore.engine_file import current_target
+
+    if not is_available("cuda") or current_target("cuda") != "no GPU":
+        pytest.skip("needs the cuda backend installed and no usable GPU")
+    engine = _copy(engine_path, tmp_path)
+    meta = json.loads(sidecar_path(engine).read_text())
+    meta["plan"]["backend"] = "cuda"
+    _edit_sidecar(
+        engine,
+        backend="cuda",
+        plan=meta["plan"],
+        target={"compute_capability": "any"},
+        tensorrt_version=getattr(load_trt("cuda"), "__version__", "unknown"),
+    )
+    model = meta["model"]["path"]
+    advice = rf"runs on a CUDA GPU only, never on the CPU; on the CPU run the model folder instead: --model {model} --backend reference"
+    with pytest.raises(InvalidArgumentError, match=rf"backend='reference', but .*tiny\.engine was built for backend 'cuda'.*{advice}"):
+        LLM(engine=engine, backend="reference", progress=False)
+    with pytest.raises(NoGPUError, match=advice):
+        LLM(engine=engine, progress=False)
+    _edit_sidecar(engine, target={"compute_capability": "sm90"})  # built for a GPU: no rebuild advice on the CPU
+    with pytest.raises(EngineFileError, match=advice):
+        LLM(engine=engine, progress=False)
+
+
 def test_interrupted_write_is_never_trusted(hf_models: ModelStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """The engine is written first: when the sidecar's write fails, the new engine sits beside
     the old sidecar, and the SHA-256 check refuses the pair."""

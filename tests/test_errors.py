@@ -237,3 +237,16 @@ def test_size_arguments_must_be_integers(good: Path, field: str, value: object) 
 def test_model_must_be_a_path(good: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="model must be a model folder.*got 123"):
         LLM(123, backend="reference", progress=False)  # type: ignore[arg-type]
+
+
+def test_max_tokens_beyond_the_kv_pool_names_the_asked_value_once(good: Path) -> None:
+    """max_tokens far beyond max_seq_len, on a pool too small: the message gives the caller's
+    max_tokens and the max_seq_len that capped it, and names the prompt once (it said "prompt 0:
+    request 0 needs ... max_tokens 125 - 1", the capped value only)."""
+    llm = LLM(good, kv_cache="paged", max_seq_len=128, kv_cache_memory=20000, progress=False)
+    want = (
+        r"^prompt 0 needs up to 127 KV tokens \(3-token prompt \+ max_tokens 125 - 1, max_tokens=9999999 being capped by "
+        r"max_seq_len=128\) = 8 blocks of 16, but the whole KV pool has 2 blocks"
+    )
+    with pytest.raises(InvalidRequestError, match=want):
+        llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=9999999))

@@ -148,9 +148,23 @@ def test_transformers_reads_the_written_checkpoint(tmp_path: Path, bits: int, gr
         np.testing.assert_allclose(state[name].double().numpy(), want, rtol=0, atol=np.abs(want).max() * 2**-23, err_msg=name)
 
 
+def test_group_size_default_and_hint_fit_every_linear(tmp_path: Path, capsys: Any) -> None:
+    """The tiny Llama's linears have K=64 (q/k/v/o, gate/up) and K=96 (down): 128 divides
+    neither, 64 not 96, so the default is 32, and a bad size's hint is 32, not a size that
+    divides one K only (SmolLM2-135M: 128 failed on K=576 and the hint for 100 was 128)."""
+    src = _tiny(tmp_path)
+    with pytest.raises(InvalidArgumentError, match=r"gate_proj\.weight: K=64 is not a multiple of group_size=48; choose a divisor such as 32, which divides the K of every linear"):
+        quantize_checkpoint(src, tmp_path / "q", group_size=48)
+    out = quantize_checkpoint(src, tmp_path / "q")  # no group size given
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] == 32
+    assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q2")]) == 0
+    assert "group size 32 (the largest of 128/64/32 dividing the K of every linear)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "q2" / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] == 32
+
+
 def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any) -> None:
     src = _tiny(tmp_path)
-    with pytest.raises(InvalidArgumentError, match=r"proj\.weight: K=\d+ is not a multiple of group_size=7; choose a divisor of it such as 32"):
+    with pytest.raises(InvalidArgumentError, match=r"proj\.weight: K=\d+ is not a multiple of group_size=7; choose a divisor such as 32"):
         quantize_checkpoint(src, tmp_path / "q", group_size=7)
     with pytest.raises(InvalidArgumentError, match="'gptq' is not implemented; available: rtn, awq"):
         quantize_checkpoint(src, tmp_path / "q", method="gptq")

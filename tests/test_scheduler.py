@@ -277,6 +277,15 @@ def test_corruption_is_detected_by_the_fake_model():
     assert any(states[r[0]].output_token_ids != reference(r[1], r[2])[0] for r in reqs)
 
 
+def test_rejection_names_the_asked_max_tokens_and_the_max_seq_len_that_capped_it():
+    sched = Scheduler(BlockManager(2, 4), 16, 8)  # 8 slots
+    capped = sched.add_request(Request("c", [1, 2, 3], SamplingParams(max_tokens=9999999), max_seq_len=64))
+    assert capped.status is RequestStatus.REJECTED
+    assert "(3-token prompt + max_tokens 61 - 1, max_tokens=9999999 being capped by max_seq_len=64) = 16 blocks of 4" in capped.error
+    plain = add(sched, "p", [1, 2, 3], max_tokens=20)
+    assert "(3-token prompt + max_tokens 20 - 1) = 6 blocks of 4" in plain.error and "capped" not in plain.error
+
+
 def test_impossible_request_is_rejected_without_affecting_others():
     rng = random.Random(5)
     reqs = make_requests(rng, 10, 20, 10)

@@ -570,6 +570,20 @@ def test_vllm_extras_that_would_change_the_answer_are_refused(server: Any, path:
     assert _post(server, path, **neutral).status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("sent", "message", "param"),
+    [
+        ({"echo": True}, "echo=True: not supported by this server; leave it out", "echo"),
+        ({"suffix": "end"}, "suffix='end': not supported by this server; leave it out", "suffix"),
+        ({"echo": True, "suffix": "end"}, "echo=True and suffix='end': not supported by this server; leave them out", "echo"),
+    ],
+)
+def test_echo_or_suffix_is_refused_naming_what_was_sent(server: Any, sent: dict[str, Any], message: str, param: str) -> None:
+    r = _post(server, "/v1/completions", model=NAME, prompt="the", max_tokens=2, **sent)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == message and r.json()["error"]["param"] == param
+
+
 def test_include_stop_str_in_output(server: Any, client: openai.OpenAI) -> None:
     """vLLM's ``include_stop_str_in_output``: the text ends with the matched stop string
     instead of before it; the rest is the same."""

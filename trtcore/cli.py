@@ -168,7 +168,13 @@ def _parser() -> argparse.ArgumentParser:
         help="fp8: input scales calibrated (amax / 448 over the calibration text) or computed per call",
     )
     q.add_argument("--bits", type=int, default=4, choices=[4, 8])
-    q.add_argument("--group-size", type=int, default=128, help="input features per scale; 0 for one scale per output channel (default 128)")
+    q.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="input features per scale; 0 for one scale per output channel "
+        "(default: the largest of 128/64/32 dividing the K of every linear)",
+    )
     q.add_argument("--symmetric", action="store_true", help="no zero points")
     q.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
 
@@ -315,6 +321,9 @@ def _quantize(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         activations=args.activations,
     )
+    if args.group_size is None and args.method != "fp8":  # say which default group size was chosen
+        weights = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]
+        print(f"group size {weights['group_size']} (the largest of 128/64/32 dividing the K of every linear)")
     print(f"wrote {out}")
     return 0
 

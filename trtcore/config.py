@@ -628,10 +628,27 @@ def load_config(model_dir_or_config_json: str | os.PathLike[str]) -> ModelConfig
 
     Raises:
         ConfigError: the file is missing, unreadable, not valid JSON, not an object, or a
-            field is missing/invalid; every message names the file.
+            field is missing/invalid; every message names the file. A GGUF file is named as
+            one, with the ``trtcore convert --gguf`` that makes a model folder of it.
         UnsupportedArchitectureError: unknown ``model_type``.
     """
     path = _config_path(model_dir_or_config_json)
+    if path.name != CONFIG_NAME and path.is_file():  # a file other than a config.json: say what it is and what was expected
+        try:
+            with path.open("rb") as f:
+                magic = f.read(4)
+        except OSError:
+            magic = b""
+        if magic == b"GGUF":
+            raise ConfigError(
+                f"{path} is a GGUF file, not a model folder; make a Hugging Face model folder from it with "
+                f"`trtcore convert --gguf {path} --output DIR` and pass DIR"
+            )
+        try:
+            data = _read_json(path, "model config")
+        except ConfigError as e:
+            raise ConfigError(f"{e} (expected a Hugging Face model folder with {CONFIG_NAME}, or its {CONFIG_NAME})") from None
+        return ModelConfig.from_dict(data, source=str(path))
     return ModelConfig.from_dict(_read_json(path, "model config"), source=str(path))
 
 

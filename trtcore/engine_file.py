@@ -283,6 +283,8 @@ class EngineFile:
 
         plan = self.plan
         where = self.path or "the engine"
+        if backend is not None and normalize_backend(backend) == "reference" != plan.backend:
+            raise InvalidArgumentError(f"backend={backend!r}, but {self.cpu_advice()}")
         if backend is not None and normalize_backend(backend) != plan.backend:
             raise InvalidArgumentError(f"backend={backend!r}, but {where} was built for backend {plan.backend!r}; leave backend out")
         default = BuildConfig()
@@ -293,6 +295,15 @@ class EngineFile:
                     f"{f.name}={asked!r}, but {where} was built with {f.name}={getattr(plan, f.name)!r}; leave {f.name} out or rebuild"
                 )
         return plan
+
+    def cpu_advice(self) -> str:
+        """Why this GPU backend's engine does not run on the CPU, and what does: the model
+        folder on the reference backend (an engine file holds no reference network)."""
+        return (
+            f"{self.path or 'the engine'} was built for backend {self.plan.backend!r}, and an engine file of a GPU backend "
+            f"runs on a CUDA GPU only, never on the CPU; on the CPU run the model folder instead: "
+            f"--model {self.model_dir} --backend reference (LLM({str(self.model_dir)!r}, backend='reference'))"
+        )
 
     def check(self) -> None:
         """Check the sidecar against the engine bytes and this process (module docstring).
@@ -329,6 +340,8 @@ class EngineFile:
             )
         target = s.get("target", {}).get("compute_capability")
         here = current_target(str(backend))
+        if target != ANY_TARGET and target != here and here == "no GPU":
+            raise _mismatch(where, "target.compute_capability", target, here, f"no usable CUDA GPU here: {self.cpu_advice()}")
         if target != ANY_TARGET and target != here:
             raise _mismatch(where, "target.compute_capability", target, here, f"the engine runs only on its target ({s.get('device')}); " + REBUILD)
         installed = installed_plugins()

@@ -176,10 +176,17 @@ def _request_error(index: int, finish_reason: str | None, error: str | None) -> 
     """The exception of a failed request (None for a token or a normal finish): rejected
     (it can never fit the KV cache) or ended in error (non-finite logits)."""
     if finish_reason == "rejected":
-        return InvalidRequestError(f"prompt {index}: {error}")
+        return InvalidRequestError(_for_prompt(index, error))
     if finish_reason == "error":
-        return GenerationError(f"prompt {index}: {error}")
+        return GenerationError(_for_prompt(index, error))
     return None
+
+
+def _for_prompt(index: int, error: str | None) -> str:
+    """``error`` as prompt ``index``'s: the scheduler's ``"request <id>"`` (the id is the
+    index) becomes ``"prompt <index>"`` rather than following it (said once)."""
+    rest = (error or "").removeprefix(f"request {index!r}")
+    return f"prompt {index}{rest}" if error and rest != error else f"prompt {index}: {error}"
 
 
 class LLM:
@@ -462,7 +469,8 @@ class LLM:
         if self.backend != "reference":
             from .runtime.trt_executor import require_gpu
 
-            require_gpu(backend=self.backend)  # before a long engine build
+            advice = self.engine_file.cpu_advice() if self.engine_file is not None else None  # no backend to switch to
+            require_gpu(backend=self.backend, purpose=advice)  # before a long engine build
         if self.engine_file is not None:
             return self._engine_executor(trt, self.engine_file.serialized)
         with Checkpoint(self.model_dir) as weights, tqdm(total=2, desc="build", disable=not progress, leave=False) as bar:

@@ -51,7 +51,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ from .fp8 import E4M3, WEIGHT_STRATEGIES, Fp8Weight, amax_scale, quantize_weight
 from .quant_formats.packing import pack_int32
 from .quantization import QuantizedWeight
 
-__all__ = ["METHODS", "fp8_input_amax", "fp8_tensors", "quantize_checkpoint", "quantize_rtn"]
+__all__ = ["GROUP_SIZES", "METHODS", "common_group_size", "fp8_input_amax", "fp8_tensors", "quantize_checkpoint", "quantize_rtn"]
 
 #: ``trtcore quantize --method`` values implemented
 METHODS = ("rtn", "awq", "fp8")
@@ -71,6 +71,8 @@ ACTIVATIONS = ("static", "dynamic")
 #: the decoder linears a Llama-family checkpoint quantizes (family roles)
 LINEAR_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json"}
+#: the group sizes tried, largest first, for the default and for the hint of a bad one
+GROUP_SIZES = (128, 64, 32)
 
 
 def quantize_rtn(weight: np.ndarray, bits: int, group_size: int = 128, symmetric: bool = False) -> QuantizedWeight:
@@ -213,7 +215,7 @@ def quantize_checkpoint(
     *,
     method: str = "rtn",
     bits: int = 4,
-    group_size: int = 128,
+    group_size: int | None = None,
     symmetric: bool = False,
     overwrite: bool = False,
     calibration: str | os.PathLike[str] | None = None,
@@ -229,7 +231,9 @@ def quantize_checkpoint(
         model_dir: a Hugging Face model folder (safetensors, one file or sharded).
         output_dir: the folder to write (created; replaced only with ``overwrite``).
         method: ``"rtn"``, ``"awq"`` or ``"fp8"`` (:data:`METHODS`).
-        bits, group_size, symmetric: see :func:`quantize_rtn` (not for ``"fp8"``).
+        bits, group_size, symmetric: see :func:`quantize_rtn` (not for ``"fp8"``);
+            ``group_size=None``: the largest of :data:`GROUP_SIZES` that divides the K of
+            every linear (:func:`common_group_size`), recorded in the output's config.
         calibration: ``"awq"`` and static ``"fp8"``: a text file (default
             :data:`trtcore.calibration.DEFAULT_CALIBRATION`).
         calibration_tokens: calibration tokens in all.
@@ -264,7 +268,7 @@ def quantize_checkpoint(
         bits, group_size = 8, 0  # no group-size check below
     if bits not in (4, 8):
         raise InvalidArgumentError(f"bits must be 4 or 8, got {bits!r}")
-    if group_size < 0:
+    if group_size is not None and group_size < 0:
         raise InvalidArgumentError(f"group_size must be 0 (per channel) or positive, got {group_size}")
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     check_folder_free(output_dir, overwrite)
@@ -280,13 +284,24 @@ def quantize_checkpoint(
         missing = sorted(linears - set(weights.names))
         if missing:
             raise InvalidArgumentError(f"{model_dir}: the checkpoint lacks the linears {missing[:4]}{' ...' if len(missing) > 4 else ''}")
-        for name in sorted(linears):
-            k = weights.shape(name)[1]  # the header: no data read twice
-            if group_size and k % group_size:
-                fits = [d for d in (128, 64, 32, 16) if k % d == 0]
-                hint = f" such as {fits[0]}" if fits else ""
+        ks = {name: weights.shape(name)[1] for name in sorted(linears)}  # the headers: no data read twice
+        if group_size is None:
+            group_size = common_group_size(ks.values())
+            if group_size is None:
                 raise InvalidArgumentError(
-                    f"{name}: K={k} is not a multiple of group_size={group_size}; choose a divisor of it{hint}, or 0 (per channel)"
+                    f"no group size of {'/'.join(map(str, GROUP_SIZES))} divides the K of every linear "
+                    f"(K in {sorted(set(ks.values()))}); give one that does, or 0 (per channel)"
+                )
+        for name, k in ks.items():
+            if group_size and k % group_size:
+                fits = common_group_size(ks.values())
+                hint = (
+                    f"such as {fits}, which divides the K of every linear"
+                    if fits
+                    else f"of every linear's K ({sorted(set(ks.values()))}; none of {'/'.join(map(str, GROUP_SIZES))} is)"
+                )
+                raise InvalidArgumentError(
+                    f"{name}: K={k} is not a multiple of group_size={group_size}; choose a divisor {hint}, or 0 (per channel)"
                 )
         plan = None
         amax: dict[str, float] = {}
@@ -342,6 +357,13 @@ def quantize_checkpoint(
         (tmp / "config.json").write_text(json.dumps(raw_config, indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     return output_dir
+
+
+def common_group_size(ks: Iterable[int]) -> int | None:
+    """The largest of :data:`GROUP_SIZES` dividing every K in ``ks`` (None: none does), so
+    one group size fits every linear of a checkpoint (SmolLM2-135M: K=576 and 1536 take 64)."""
+    ks = list(ks)
+    return next((g for g in GROUP_SIZES if all(k % g == 0 for k in ks)), None)
 
 
 def _fp8_config(strategy: str, activations: str) -> dict[str, Any]:

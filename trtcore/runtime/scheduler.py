@@ -512,6 +512,14 @@ class _BaseScheduler:
         del self._live[req.request_id]
 
 
+def _capped(req: Request) -> str:
+    """``", max_tokens=N being capped by max_seq_len=M"`` where ``max_seq_len`` capped the
+    caller's ``max_tokens`` (:attr:`Request.max_tokens`), else ``""``: a message shows the
+    value the caller gave and the limit that applies, not only the capped value."""
+    asked = req.params.max_tokens
+    return "" if asked == req.max_tokens else f", max_tokens={asked} being capped by max_seq_len={req.max_seq_len}"
+
+
 class StaticBatchScheduler(_BaseScheduler):
     """Padded static batches (the contiguous KV cache): see the module doc.
 
@@ -671,20 +679,20 @@ class Scheduler(_BaseScheduler):
         need_blocks = bm.blocks_needed(need_tokens)
         if need_blocks > bm.num_blocks:
             return (
-                f"request {req.request_id!r} needs up to {need_tokens} KV tokens (prompt {req.num_prompt_tokens} + "
-                f"max_tokens {req.max_tokens} - 1) = {need_blocks} blocks of {bm.block_size}, but the whole KV pool "
+                f"request {req.request_id!r} needs up to {need_tokens} KV tokens ({req.num_prompt_tokens}-token prompt + "
+                f"max_tokens {req.max_tokens} - 1{_capped(req)}) = {need_blocks} blocks of {bm.block_size}, but the whole KV pool "
                 f"has {bm.num_blocks} blocks ({bm.num_slots} tokens); lower max_tokens or give the pool more "
                 f"memory (kv_cache_memory / gpu_memory_utilization)"
             )
         if not self.chunked_prefill and need_tokens > self.max_num_batched_tokens:
             return (
-                f"request {req.request_id!r} may need a prefill of {need_tokens} tokens (prompt {req.num_prompt_tokens} + "
-                f"max_tokens {req.max_tokens} - 1, after a preemption), more than max_num_batched_tokens="
+                f"request {req.request_id!r} may need a prefill of {need_tokens} tokens ({req.num_prompt_tokens}-token prompt + "
+                f"max_tokens {req.max_tokens} - 1{_capped(req)}, after a preemption), more than max_num_batched_tokens="
                 f"{self.max_num_batched_tokens} without chunked prefill"
             )
         if self.max_model_len is not None and req.num_prompt_tokens + req.max_tokens > self.max_model_len:
             return (
-                f"request {req.request_id!r}: prompt {req.num_prompt_tokens} + max_tokens {req.max_tokens} exceeds max_model_len {self.max_model_len}"
+                f"request {req.request_id!r}: prompt {req.num_prompt_tokens} + max_tokens {req.max_tokens} exceeds max_model_len {self.max_model_len}{_capped(req)}"
             )
         return super()._rejection_reason(req)
 

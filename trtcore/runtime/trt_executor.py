@@ -52,14 +52,18 @@ __all__ = [
 _ALIGNMENT = 256  # bytes; cudaMalloc aligns to at least this, and no buffer is empty
 
 
-def require_gpu(device: int = 0, backend: str = "tensorrt") -> None:
+def require_gpu(device: int = 0, backend: str = "tensorrt", purpose: str | None = None) -> None:
     """Check that CUDA device ``device`` is usable, before spending time on an engine build.
+
+    Args:
+        purpose: the message's start (an engine file's: :meth:`~trtcore.engine_file.EngineFile.cpu_advice`);
+            default: ``backend`` runs on a GPU, and the reference backend on the CPU.
 
     Raises:
         trtcore.gpu.NoGPUError: no driver, no GPU, or no device ``device`` (a :class:`CudaError`);
             the message names ``backend`` and the one that runs on the CPU.
     """
-    gpu.require_gpu(device, f"backend {backend!r} runs its engine on a CUDA GPU (on the CPU use backend 'reference')")
+    gpu.require_gpu(device, purpose or f"backend {backend!r} runs its engine on a CUDA GPU (on the CPU use backend 'reference')")
 
 
 def check_input(name: str, array: Any, expected_shape: Sequence[int], dtype: np.dtype[Any]) -> np.ndarray:

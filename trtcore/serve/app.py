@@ -512,8 +512,13 @@ def build_app(
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Any:
         served.check_model(body.model)
-        if body.echo or body.suffix:
-            raise ApiError(400, "echo and suffix are not supported", param="echo" if body.echo else "suffix")
+        sent = [f"{name}={value!r}" for name, value in (("echo", body.echo), ("suffix", body.suffix)) if value]
+        if sent:  # named as sent: the message said "echo and suffix" whichever it was
+            raise ApiError(
+                400,
+                f"{' and '.join(sent)}: not supported by this server; leave {'them' if len(sent) > 1 else 'it'} out",
+                param="echo" if body.echo else "suffix",
+            )
         # every prompt is checked before any is submitted: a bad one in a list submits nothing
         listed = isinstance(body.prompt, list) and isinstance(body.prompt[0], str | list)  # a list of prompts
         requests: list[tuple[list[int], Any]] = []
