@@ -172,8 +172,7 @@ def _parser() -> argparse.ArgumentParser:
         "--group-size",
         type=int,
         default=None,
-        help="input features per scale; 0 for one scale per output channel "
-        "(default: the largest of 128/64/32 dividing the K of every linear)",
+        help="input features per scale; 0 for one scale per output channel (default: the largest of 128/64/32 dividing the K of every linear)",
     )
     q.add_argument("--symmetric", action="store_true", help="no zero points")
     q.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")

@@ -300,9 +300,7 @@ def quantize_checkpoint(
                     if fits
                     else f"of every linear's K ({sorted(set(ks.values()))}; none of {'/'.join(map(str, GROUP_SIZES))} is)"
                 )
-                raise InvalidArgumentError(
-                    f"{name}: K={k} is not a multiple of group_size={group_size}; choose a divisor {hint}, or 0 (per channel)"
-                )
+                raise InvalidArgumentError(f"{name}: K={k} is not a multiple of group_size={group_size}; choose a divisor {hint}, or 0 (per channel)")
         plan = None
         amax: dict[str, float] = {}
         if method == "fp8" and activations == "static":

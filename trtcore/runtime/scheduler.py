@@ -691,9 +691,7 @@ class Scheduler(_BaseScheduler):
                 f"{self.max_num_batched_tokens} without chunked prefill"
             )
         if self.max_model_len is not None and req.num_prompt_tokens + req.max_tokens > self.max_model_len:
-            return (
-                f"request {req.request_id!r}: prompt {req.num_prompt_tokens} + max_tokens {req.max_tokens} exceeds max_model_len {self.max_model_len}{_capped(req)}"
-            )
+            return f"request {req.request_id!r}: prompt {req.num_prompt_tokens} + max_tokens {req.max_tokens} exceeds max_model_len {self.max_model_len}{_capped(req)}"
         return super()._rejection_reason(req)
 
     def _preempt(self, req: Request) -> None:
