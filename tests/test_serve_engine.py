@@ -116,6 +116,35 @@ def test_the_engine_process_steps_on_while_the_loop_is_busy() -> None:
     assert not engine._worker.is_alive() and engine._worker.exitcode == 0
 
 
+def test_the_engine_process_outlives_sigterm_but_not_its_server() -> None:
+    """The engine process ignores SIGTERM (a signal to the server's whole process group must
+    not kill it before the drain), so the server's exit handler ends it instead: it closes the
+    socket (the engine loop ends) and kills what is left, before multiprocessing's handler
+    (SIGTERM, then an endless join) runs."""
+    import atexit
+    import signal
+
+    async def scenario() -> AsyncEngine:
+        engine = AsyncEngine(functools.partial(_stand_in_class(), step_s=1e-3, host_s=0.0, max_batch_size=4), ServerMetrics("m"))
+        await engine.start()
+        return engine
+
+    engine = asyncio.run(scenario())  # no shutdown: as when the server dies of an exception
+    worker = engine._worker
+    try:
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.join(1.0)
+        assert worker.is_alive()  # ignored
+        t0 = time.monotonic()
+        engine._reap_at_exit()
+        assert not worker.is_alive() and time.monotonic() - t0 < 10
+        assert worker.exitcode == 0  # it left its loop when the socket closed: not killed
+    finally:
+        atexit.unregister(engine._reap_at_exit)
+        if worker.is_alive():
+            worker.kill()
+
+
 def test_max_waiting_counts_only_what_waits_beyond_the_free_batch_slots() -> None:
     """max_batch_size 4, max_waiting 2: 4 requests submitted at once (none scheduled yet)
     take the free slots and wait for nobody; 2 more wait; the 7th is refused (429)."""

@@ -39,6 +39,7 @@ finish, then the engine process closes the LLM and exits.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import multiprocessing
 import pickle
@@ -263,6 +264,7 @@ class AsyncEngine:
                 self._worker.start()
             finally:
                 theirs.close()  # the child has its copy: its exit closes the socket's far end
+            atexit.register(self._reap_at_exit)  # runs before multiprocessing's own exit handler
         ours.setblocking(False)
         self._sock = ours
         self._started, self._stopped = loop.create_future(), loop.create_future()
@@ -290,6 +292,27 @@ class AsyncEngine:
                 pass
         await self._join()
 
+    def _reap_at_exit(self, timeout: float = 10.0) -> None:
+        """At interpreter exit, if the engine process still runs (the server ended without
+        :meth:`shutdown`, e.g. on an exception): close this end of the socket, so that its loop
+        ends, and kill it if it has not within ``timeout`` seconds. Registered with ``atexit``
+        after ``multiprocessing``'s handler, so it runs first: that one sends SIGTERM, which the
+        engine process ignores (a signal to the whole process group must not kill it before the
+        drain), and then joins it, which would wait for ever."""
+        w = self._worker
+        if not isinstance(w, multiprocessing.process.BaseProcess) or not w.is_alive():
+            return
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+        w.join(timeout)
+        if w.is_alive():
+            w.kill()
+            w.join()
+
     async def _join(self) -> None:
         """Wait for the engine's process (or thread) to end (a process that does not within
         :data:`EXIT_TIMEOUT_S` is killed), and close the socket."""
@@ -298,9 +321,11 @@ class AsyncEngine:
         if w is None:
             return
         await asyncio.get_running_loop().run_in_executor(None, w.join, EXIT_TIMEOUT_S)
-        if isinstance(w, multiprocessing.process.BaseProcess) and w.is_alive():
-            w.kill()
-            w.join()
+        if isinstance(w, multiprocessing.process.BaseProcess):
+            if w.is_alive():
+                w.kill()
+                w.join()
+            atexit.unregister(self._reap_at_exit)
 
     def _close_socket(self) -> None:
         if self._sock is not None:
