@@ -633,7 +633,8 @@ def load_config(model_dir_or_config_json: str | os.PathLike[str]) -> ModelConfig
         UnsupportedArchitectureError: unknown ``model_type``.
     """
     path = _config_path(model_dir_or_config_json)
-    if path.name != CONFIG_NAME and path.is_file():  # a file other than a config.json: say what it is and what was expected
+    other_file = path.name != CONFIG_NAME and path.is_file()  # not a config.json: say what it is and what was expected
+    if other_file:
         try:
             with path.open("rb") as f:
                 magic = f.read(4)
@@ -644,12 +645,13 @@ def load_config(model_dir_or_config_json: str | os.PathLike[str]) -> ModelConfig
                 f"{path} is a GGUF file, not a model folder; make a Hugging Face model folder from it with "
                 f"`trtcore convert --gguf {path} --output DIR` and pass DIR"
             )
-        try:
-            data = _read_json(path, "model config")
-        except ConfigError as e:
-            raise ConfigError(f"{e} (expected a Hugging Face model folder with {CONFIG_NAME}, or its {CONFIG_NAME})") from None
-        return ModelConfig.from_dict(data, source=str(path))
-    return ModelConfig.from_dict(_read_json(path, "model config"), source=str(path))
+    try:
+        data = _read_json(path, "model config")
+    except ConfigError as e:
+        if not other_file:
+            raise
+        raise ConfigError(f"{e} (expected a Hugging Face model folder with {CONFIG_NAME}, or its {CONFIG_NAME})") from None
+    return ModelConfig.from_dict(data, source=str(path))
 
 
 # ---------------------------------------------------------------------------------------

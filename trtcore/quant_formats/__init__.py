@@ -35,7 +35,7 @@ from .awq import AWQ_VERSIONS, read_awq
 from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight_args
 from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, fp8_weight_args, read_fp8
 from .gguf_blocks import BLOCKS, GGUF_TYPES, gguf_weight
-from .gptq import ZERO_OFFSETS, read_gptq
+from .gptq import ZERO_OFFSETS, dynamic_pattern, read_gptq
 
 #: ``quantization`` values (vLLM's names) and ``quantization_config.quant_method`` values read here
 QUANTIZATION_METHODS = ("gptq", "awq", "compressed-tensors", "gguf", "fp8")
@@ -96,11 +96,12 @@ def _check(method: str, c: dict[str, Any]) -> None:
         if not isinstance(dynamic, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in dynamic.items()):
             raise _refuse(f"GPTQ dynamic {dynamic!r} (expected an object of pattern -> override object)")
         for pattern, values in dynamic.items():
+            negative, expression = dynamic_pattern(pattern)
             try:
-                re.compile(pattern[2:] if pattern.startswith(("+:", "-:")) else pattern)
+                re.compile(expression)
             except re.error as e:
                 raise _refuse(f"GPTQ dynamic pattern {pattern!r} ({e})") from None
-            if not pattern.startswith("-:") and "bits" in values and values["bits"] not in (4, 8):
+            if not negative and "bits" in values and values["bits"] not in (4, 8):
                 raise _refuse(f"GPTQ dynamic override {pattern!r} bits={values.get('bits')!r}")
     elif method == "awq":
         version = str(c.get("version", "gemm")).lower()

@@ -64,13 +64,20 @@ def gptq_weight(
     return grouped_weight(codes, scales.T, zeros, bits, g_idx, name)
 
 
+def dynamic_pattern(pattern: str) -> tuple[bool, str]:
+    """``(negative, regular expression)`` of a ``dynamic`` key: ``"-:<re>"`` (unquantized
+    modules), ``"+:<re>"`` or a bare ``<re>`` (overrides)."""
+    negative = pattern.startswith("-:")
+    return negative, pattern[2:] if negative or pattern.startswith("+:") else pattern
+
+
 def dynamic_override(config: dict[str, Any], module: str) -> dict[str, Any] | None:
     """The ``dynamic`` override of ``module`` (e.g. ``model.layers.1.mlp.up_proj``): the
     values of the first pattern that matches it, ``{}`` when none does, None for a ``"-:"``
     (unquantized) match. The patterns are checked by the detection (valid expressions)."""
     for pattern, values in (config.get("dynamic") or {}).items():
-        negative = pattern.startswith("-:")
-        if re.match(pattern[2:] if negative or pattern.startswith("+:") else pattern, module):
+        negative, expression = dynamic_pattern(pattern)
+        if re.match(expression, module):
             return None if negative else dict(values)
     return {}
 
@@ -90,4 +97,4 @@ def read_gptq(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWei
     )
 
 
-__all__ = ["ZERO_OFFSETS", "dynamic_override", "gptq_weight", "read_gptq"]
+__all__ = ["ZERO_OFFSETS", "dynamic_override", "dynamic_pattern", "gptq_weight", "read_gptq"]
