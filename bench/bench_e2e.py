@@ -188,7 +188,8 @@ def main() -> int:
                     print(
                         f"  graphed decode step (batch 1, {'async' if ahead else 'one step at a time'}, CPUs {ht['cpus'] or 'free'}): "
                         f"{ht['step_us']:.1f} us wall, host work {ht['host_us']:.1f} us (per step p50 {ht['host_p50_us']:.1f}, "
-                        f"p90 {ht['host_p90_us']:.1f}), GPU {ht['gpu_us']:.1f} us, exposed host time {ht['exposed_host_us']:.1f} us",
+                        f"p90 {ht['host_p90_us']:.1f}; CPU time {ht['host_cpu_us']:.1f}; steal {ht['steal_ms']} ms), GPU {ht['gpu_us']:.1f} us, "
+                        f"exposed host time {ht['exposed_host_us']:.1f} us",
                         flush=True,
                     )
                 llm.engine.async_scheduling = not args.sync

@@ -137,3 +137,46 @@ def test_steady_staging_writes_what_a_full_restage_writes() -> None:
         for k in kernels:
             k.close()
         dev.close()
+
+
+def test_host_time_per_step_takes_the_waits_out_on_both_clocks(tmp_path: Path) -> None:
+    """trtcore.bench.host_time_per_step on the stubbed executor, with known times injected: each
+    wait for a step's tokens busy-spins WAIT seconds (CPU time that is not host work), each graph
+    launch sleeps LAUNCH seconds (host wall time, no CPU time). So the wall-clock host work is at
+    least LAUNCH and at most LAUNCH + the harness's own few tens of microseconds, the CPU-time
+    host work is below LAUNCH (the sleep is not computed), the wall per step is at least WAIT +
+    LAUNCH, and the steal time is a number on Linux."""
+    import sys
+    import time
+
+    from trtcore.bench import host_time_per_step
+
+    WAIT, LAUNCH = 400e-6, 300e-6
+    psh = _harness()
+    from bench_e2e import _model_dir
+
+    with psh.stubbed_cuda() as fake:
+        llm = psh.make_llm(_model_dir(tmp_path, "SmolLM2-135M"), fake, list(range(1000, 1064)))
+        write = fake.on_graph_launch
+
+        def launch(exe: Any) -> None:
+            write(exe)
+            time.sleep(LAUNCH)
+
+        def spin(event: Any) -> tuple[int]:
+            end = time.perf_counter() + WAIT
+            while time.perf_counter() < end:
+                pass
+            return (0,)
+
+        fake.on_graph_launch = launch
+        fake.cudaEventSynchronize = spin
+        ht = host_time_per_step(llm, steps=60)
+        llm.close()
+    assert ht["graph_replays"] == ht["steps"] == 60
+    assert LAUNCH * 1e6 <= ht["host_p50_us"] < LAUNCH * 1e6 + 250, ht
+    assert ht["host_cpu_p50_us"] < LAUNCH * 1e6 * 0.5, ht
+    assert ht["step_us"] >= (WAIT + LAUNCH) * 1e6, ht
+    assert ht["host_us"] <= ht["step_us"] - WAIT * 1e6 + 1, ht
+    if sys.platform == "linux":
+        assert isinstance(ht["steal_ms"], float) and ht["steal_ms"] >= 0

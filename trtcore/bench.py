@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -167,6 +168,13 @@ def host_time_per_step(llm: Any, steps: int = 200, prompt_len: int = 16, cpu_aff
     * ``host_p50_us``, ``host_p90_us``, ``host_p99_us``, ``host_max_us``: the same per step,
       its distribution (a rare stall of the process, such as the OS preempting it, moves the
       mean but not the median);
+    * ``host_cpu_us``, ``host_cpu_p50_us``: the host work in the stepping thread's CPU time
+      (:func:`time.thread_time`, less the CPU time of its waits), the mean and the per-step
+      median: what the thread itself computed, without the time the system or the hypervisor
+      ran something else in its place;
+    * ``steal_ms``: the machine's steal time during the timed steps, summed over its CPUs
+      (``/proc/stat``, 10 ms resolution; None where unavailable): a virtual machine's CPUs
+      given to other guests;
     * ``gpu_us``: the device time of one step, the step's graph and sampling replayed back to
       back (:meth:`DeviceRunner.replay_seconds <trtcore.runtime.device_runner.DeviceRunner.replay_seconds>`);
     * ``exposed_host_us``: ``step_us - gpu_us``, the host time the device waits for (near 0
@@ -196,6 +204,17 @@ def host_time_per_step(llm: Any, steps: int = 200, prompt_len: int = 16, cpu_aff
     return {**result, "cpus": list(pin.cpus) if pin.cpus else None}
 
 
+def _steal_seconds() -> float | None:
+    """The machine's steal time so far, summed over its CPUs (``/proc/stat``: time a virtual
+    CPU was ready but the hypervisor ran something else), seconds; None where unavailable."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" and len(fields) > 8 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _host_time(llm: Any, runner: Any, steps: int, prompt_len: int) -> dict[str, Any]:
     from .runtime.sampling import SamplingParams
 
@@ -206,14 +225,23 @@ def _host_time(llm: Any, runner: Any, steps: int, prompt_len: int) -> dict[str, 
     sampler = runner.sampler
     replays, waited = runner.num_graph_replays, sampler.wait_seconds
     per_step = np.empty(steps)  # each step's host work (wall minus blocked), seconds
-    clock, step = time.perf_counter, llm.step
-    t0 = last = clock()
-    for i in range(steps):
-        w = sampler.wait_seconds
-        step()
-        now = clock()
-        per_step[i] = (now - last) - (sampler.wait_seconds - w)
-        last = now
+    per_step_cpu = np.empty(steps)  # the same in the thread's CPU time (minus the waits' CPU time)
+    clock, cpu_clock, step = time.perf_counter, time.thread_time, llm.step
+    sampler.cpu_clock = cpu_clock
+    steal0 = _steal_seconds()
+    try:
+        t0 = last = clock()
+        cpu_last = cpu_clock()
+        for i in range(steps):
+            w, wc = sampler.wait_seconds, sampler.wait_cpu_seconds
+            step()
+            now, cpu_now = clock(), cpu_clock()
+            per_step[i] = (now - last) - (sampler.wait_seconds - w)
+            per_step_cpu[i] = (cpu_now - cpu_last) - (sampler.wait_cpu_seconds - wc)
+            last, cpu_last = now, cpu_now
+    finally:
+        sampler.cpu_clock = None
+    steal1 = _steal_seconds()
     total = last - t0
     waited = sampler.wait_seconds - waited
     replays = runner.num_graph_replays - replays
@@ -229,6 +257,9 @@ def _host_time(llm: Any, runner: Any, steps: int, prompt_len: int) -> dict[str, 
         "host_p90_us": float(np.percentile(host, 90)),
         "host_p99_us": float(np.percentile(host, 99)),
         "host_max_us": float(host.max()),
+        "host_cpu_us": float(per_step_cpu.mean() * 1e6),
+        "host_cpu_p50_us": float(np.percentile(per_step_cpu, 50) * 1e6),
+        "steal_ms": None if steal0 is None or steal1 is None else (steal1 - steal0) * 1e3,
         "gpu_us": gpu_us,
         "exposed_host_us": step_us - gpu_us,
         "steps": steps,

@@ -262,6 +262,9 @@ class RequestSampler:
             slot was taken by another).
         wait_seconds: time :meth:`collect` spent blocked on the device so far (the wait for
             the sampled ids: the GPU's share of a step, for host-time measurements).
+        cpu_clock: None, or a clock of the calling thread's CPU time in seconds (such as
+            :func:`time.thread_time`): then :meth:`collect` also adds its waits' CPU time (a
+            spinning wait is busy) to ``wait_cpu_seconds``, for host-time measurements.
     """
 
     def __init__(self, kernel: Any, read_logits: Callable[[int], np.ndarray] | None = None) -> None:
@@ -282,6 +285,8 @@ class RequestSampler:
         self._free_rows = list(range(63, 0, -1))
         self.num_slot_fills = 0
         self.wait_seconds = 0.0
+        self.cpu_clock: Callable[[], float] | None = None
+        self.wait_cpu_seconds = 0.0
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._states
@@ -445,10 +450,14 @@ class RequestSampler:
         sampled: dict[Hashable, int] = {}
         logprobs: dict[Hashable, Any] = {}
         errors: dict[Hashable, str] = {}
+        clock = self.cpu_clock
+        c0 = clock() if clock is not None else 0.0
         if not step.logprobs and not step.host_rows:  # tokens and statuses only: no arrays
             t0 = time.perf_counter()
             status = self.kernel.result_status(step.ticket)
             self.wait_seconds += time.perf_counter() - t0
+            if clock is not None:
+                self.wait_cpu_seconds += clock() - c0
             for i, rid in enumerate(ids):
                 if rid is None:
                     continue
@@ -468,6 +477,8 @@ class RequestSampler:
         t0 = time.perf_counter()
         res = self.kernel.result(step.ticket)
         self.wait_seconds += time.perf_counter() - t0
+        if clock is not None:
+            self.wait_cpu_seconds += clock() - c0
         nonfinite = res.nonfinite if res.nonfinite is not None else np.zeros(len(ids), bool)
         if step.host_rows:  # the requests beyond the kernel's limits: the reference on their rows
             assert self.read_logits is not None
