@@ -107,3 +107,46 @@ def test_the_server_encodes_a_chat_as_transformers(model: Path) -> None:
         assert r.usage.prompt_tokens == len(hf_chat_ids(model, CONVERSATION))
         c = client.completions.create(model="m", prompt="the theory of", max_tokens=1, temperature=0)
         assert c.usage.prompt_tokens == len(LLM(model, backend="reference", progress=False).encode("the theory of"))  # with its BOS
+
+
+class _Terminal:
+    """A standard error that says it is a terminal (tqdm shows its bar only there) and keeps
+    what is written."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("use_tqdm", [True, False])
+def test_generate_and_chat_show_vllms_progress_bar_on_a_terminal(model: Path, monkeypatch: pytest.MonkeyPatch, use_tqdm: bool) -> None:
+    """``use_tqdm`` (vLLM's ``LLM.generate`` / ``LLM.chat`` parameter): on a terminal a bar of the
+    prompts processed ends at K/K for K prompts, a refused prompt counted too (one bad prompt of
+    three, one stopped by a stop string); with ``use_tqdm=False`` nothing is written; off a
+    terminal nothing either (tqdm's ``disable=None``)."""
+    llm = LLM(model, backend="reference", progress=False)
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    sp = [SamplingParams(max_tokens=4, temperature=0), SamplingParams(max_tokens=4, temperature=0, stop=["e"]), SamplingParams(max_tokens=2)]
+    outs = llm.generate([[5, 6, 7], [5, 9], []], sp, use_tqdm=use_tqdm)
+    assert outs[2].error is not None and outs[0].error is None
+    if use_tqdm:
+        assert "Processed prompts" in term.text and "3/3" in term.text
+    else:
+        assert term.text == ""
+    term.text = ""
+    llm.chat([CONVERSATION, CONVERSATION], SamplingParams(max_tokens=2), use_tqdm=use_tqdm)
+    assert ("2/2" in term.text) is use_tqdm
+    monkeypatch.setattr(term, "isatty", lambda: False)
+    term.text = ""
+    llm.generate([5, 6], SamplingParams(max_tokens=2))
+    assert term.text == ""

@@ -158,6 +158,19 @@ def test_unsupported_formats_are_refused_with_the_list(config: dict[str, Any]) -
         assert name in str(e.value)
 
 
+def test_a_4_bit_float_format_is_not_called_fp8() -> None:
+    """NVFP4 (compressed-tensors ``nvfp4-pack-quantized``, 4-bit float weights in groups of 16)
+    is refused by its own name and bit width, not as an FP8 format."""
+    config = {
+        "quant_method": "compressed-tensors",
+        "format": "nvfp4-pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}},
+    }
+    with pytest.raises(UnsupportedQuantizationError, match=r"format 'nvfp4-pack-quantized' with 4-bit float weights is not supported") as e:
+        detect_quantization(config)
+    assert "FP8 format" not in str(e.value)
+
+
 def test_requested_quantization_must_match_the_config() -> None:
     gptq = {"quant_method": "gptq", "bits": 4}
     assert detect_quantization(gptq).method == "gptq"

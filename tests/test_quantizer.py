@@ -153,7 +153,10 @@ def test_group_size_default_and_hint_fit_every_linear(tmp_path: Path, capsys: An
     neither, 64 not 96, so the default is 32, and a bad size's hint is 32, not a size that
     divides one K only (SmolLM2-135M: 128 failed on K=576 and the hint for 100 was 128)."""
     src = _tiny(tmp_path)
-    with pytest.raises(InvalidArgumentError, match=r"gate_proj\.weight: K=64 is not a multiple of group_size=48; choose a divisor such as 32, which divides the K of every linear"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"gate_proj\.weight: K=64 is not a multiple of group_size=48; choose a divisor such as 32, which divides the K of every linear",
+    ):
         quantize_checkpoint(src, tmp_path / "q", group_size=48)
     out = quantize_checkpoint(src, tmp_path / "q")  # no group size given
     assert json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] == 32
@@ -170,6 +173,22 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
         quantize_checkpoint(src, tmp_path / "q", method="gptq")
     with pytest.raises(InvalidArgumentError, match="bits must be 4 or 8"):
         quantize_checkpoint(src, tmp_path / "q", bits=3)
+    # an option the method does not use is refused, not ignored
+    for method, option, used_by in [
+        ("rtn", {"calibration": "calib.txt"}, "awq, fp8 with static activations"),
+        ("rtn", {"calibration_tokens": 64}, "awq, fp8 with static activations"),
+        ("rtn", {"strategy": "tensor"}, "fp8 with static activations, fp8"),
+        ("awq", {"activations": "dynamic"}, "fp8 with static activations, fp8"),
+        ("fp8", {"bits": 4}, "rtn, awq"),
+        ("fp8", {"group_size": 128}, "rtn, awq"),
+    ]:
+        ((name, value),) = option.items()
+        with pytest.raises(InvalidArgumentError, match=rf"{name}={value!r} does not apply to method {method!r}; it is used by {used_by}$"):
+            quantize_checkpoint(src, tmp_path / "q", method=method, **option)
+    with pytest.raises(InvalidArgumentError, match=r"calibration_tokens=64 does not apply to FP8 with dynamic activations"):
+        quantize_checkpoint(src, tmp_path / "q", method="fp8", activations="dynamic", calibration_tokens=64)
+    assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--method", "fp8", "--bits", "4"]) == 2
+    assert "bits=4 does not apply to method 'fp8'" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing half written beside it
     quantize_checkpoint(src, tmp_path / "q", group_size=32)
     with pytest.raises(InvalidArgumentError, match="already exists"):
@@ -178,7 +197,10 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
         quantize_checkpoint(tmp_path / "q", tmp_path / "qq")
     assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--bits", "8", "--group-size", "0", "--overwrite"]) == 0
     assert "wrote" in capsys.readouterr().out
-    assert json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] == "channel"
+    assert (
+        json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"]
+        == "channel"
+    )
     neox = tmp_path / "neox"  # a family whose network builder reads float weights only
     neox.mkdir()
     cfg = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": 100, "hidden_size": 64,

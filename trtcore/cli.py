@@ -159,15 +159,15 @@ def _parser() -> argparse.ArgumentParser:
         "fp8: E4M3 weights and activations (compressed-tensors float-quantized)",
     )
     q.add_argument("--calibration", help="awq, fp8: calibration text file (default: trtcore's own, a few paragraphs of English)")
-    q.add_argument("--calibration-tokens", type=int, default=512, help="awq, fp8: calibration tokens in all (default 512)")
-    q.add_argument("--strategy", choices=["channel", "tensor"], default="channel", help="fp8: weight scales per output channel or per tensor")
+    q.add_argument("--calibration-tokens", type=int, default=None, help="awq, fp8: calibration tokens in all (default 512)")
+    q.add_argument("--strategy", choices=["channel", "tensor"], default=None, help="fp8: weight scales per output channel (default) or per tensor")
     q.add_argument(
         "--activations",
         choices=["static", "dynamic"],
-        default="static",
-        help="fp8: input scales calibrated (amax / 448 over the calibration text) or computed per call",
+        default=None,
+        help="fp8: input scales calibrated (amax / 448 over the calibration text; the default) or computed per call",
     )
-    q.add_argument("--bits", type=int, default=4, choices=[4, 8])
+    q.add_argument("--bits", type=int, default=None, choices=[4, 8], help="rtn, awq: bits per weight (default 4)")
     q.add_argument(
         "--group-size",
         type=int,

@@ -544,6 +544,7 @@ class LLM:
         messages: list[dict[str, str]] | list[list[dict[str, str]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         add_generation_prompt: bool = True,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Complete one conversation (``[{"role": ..., "content": ...}]``) or a list of them
         (vLLM's ``LLM.chat``): each rendered with the model's chat template
@@ -564,7 +565,7 @@ class LLM:
             raise InvalidRequestError(f"messages must be a conversation ([{{'role': ..., 'content': ...}}, ...]) or a list of them, got {messages!r}")
         texts = [self.apply_chat_template(c, add_generation_prompt) for c in conversations]  # type: ignore[arg-type]
         prompts = [{"prompt_token_ids": self.encode(t, add_special_tokens=False)} for t in texts]
-        outputs = self.generate(prompts[0] if single else prompts, sampling_params)
+        outputs = self.generate(prompts[0] if single else prompts, sampling_params, use_tqdm=use_tqdm)
         for out, text in zip(outputs, texts):
             out.prompt = text
         return outputs
@@ -724,6 +725,7 @@ class LLM:
         self,
         prompts: Any,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Complete every prompt.
 
@@ -732,6 +734,8 @@ class LLM:
                 list of those.
             sampling_params: one for all prompts or one per prompt (default
                 ``SamplingParams()``, vLLM's defaults: temperature 1, 16 tokens).
+            use_tqdm: a progress bar of the finished prompts on standard error (vLLM's
+                ``use_tqdm``), shown only on a terminal (tqdm's ``disable=None``); False: none.
 
         Returns:
             One :class:`RequestOutput` per prompt, in order.
@@ -757,13 +761,21 @@ class LLM:
             requests.append(req)
             outputs.append(RequestOutput(str(i), text, req.prompt_token_ids, [CompletionOutput(logprobs=[] if sp.logprobs is not None else None)]))
         stops = {i: _IncrementalText(self, sp) for i, sp in enumerate(params) if sp.stop}
-        for event in self.engine.generate(requests):
-            error = _request_error(_index(event.request_id), event.finish_reason, event.error)
-            if error is not None and single:
-                raise error
-            i = _index(event.request_id)
-            if i in stops:
-                stops[i].output(i, event)  # a stop string finishes the request
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(items), desc="Processed prompts", unit="prompt", disable=None if use_tqdm else True) as bar:
+            bar.update(len(items) - len(requests))  # refused before they ran
+            done: set[Any] = set()
+            for event in self.engine.generate(requests):
+                error = _request_error(_index(event.request_id), event.finish_reason, event.error)
+                if error is not None and single:
+                    raise error
+                i = _index(event.request_id)
+                if i in stops:
+                    stops[i].output(i, event)  # a stop string finishes the request
+                if event.finish_reason is not None and event.request_id not in done:
+                    done.add(event.request_id)
+                    bar.update(1)
         for req in requests:  # the records hold each request's result
             out = outputs[_index(req.request_id)]
             comp = out.outputs[0]

@@ -209,20 +209,45 @@ def _linear_names(config: Any) -> Iterator[str]:
             yield fam.tensor(role, layer, ".weight")
 
 
+#: per option of :func:`quantize_checkpoint`, the methods that use it (``"fp8-static"``: fp8
+#: with calibrated input scales); an option given to another method is refused
+_USED_BY = {
+    "bits": ("rtn", "awq"),
+    "group_size": ("rtn", "awq"),
+    "calibration": ("awq", "fp8-static"),
+    "calibration_tokens": ("awq", "fp8-static"),
+    "calibration_ids": ("awq", "fp8-static"),
+    "strategy": ("fp8-static", "fp8-dynamic"),
+    "activations": ("fp8-static", "fp8-dynamic"),
+}
+
+
+def _refuse_unused(method: str, fp8_activations: str, **given: Any) -> None:
+    """InvalidArgumentError for the first option in ``given`` (not None) that ``method`` does
+    not use (:data:`_USED_BY`); fp8's 8 bits and per-channel group size 0 are accepted."""
+    key = f"fp8-{fp8_activations}" if method == "fp8" else method
+    for name, value in given.items():
+        if value is None or key in _USED_BY[name] or (method == "fp8" and (name, value) in (("bits", 8), ("group_size", 0))):
+            continue
+        users = ", ".join(u.replace("fp8-static", "fp8 with static activations").replace("fp8-dynamic", "fp8") for u in _USED_BY[name])
+        what = "FP8 with dynamic activations" if key == "fp8-dynamic" else f"method {method!r}"
+        raise InvalidArgumentError(f"quantize: {name}={value!r} does not apply to {what}; it is used by {users}")
+
+
 def quantize_checkpoint(
     model_dir: str | os.PathLike[str],
     output_dir: str | os.PathLike[str],
     *,
     method: str = "rtn",
-    bits: int = 4,
+    bits: int | None = None,
     group_size: int | None = None,
     symmetric: bool = False,
     overwrite: bool = False,
     calibration: str | os.PathLike[str] | None = None,
-    calibration_tokens: int = 512,
+    calibration_tokens: int | None = None,
     calibration_ids: Sequence[Sequence[int]] | None = None,
-    strategy: str = "channel",
-    activations: str = "static",
+    strategy: str | None = None,
+    activations: str | None = None,
 ) -> Path:
     """Quantize the decoder linears of the checkpoint in ``model_dir`` into ``output_dir``
     (a compressed-tensors ``pack-quantized`` checkpoint; module docstring).
@@ -231,22 +256,27 @@ def quantize_checkpoint(
         model_dir: a Hugging Face model folder (safetensors, one file or sharded).
         output_dir: the folder to write (created; replaced only with ``overwrite``).
         method: ``"rtn"``, ``"awq"`` or ``"fp8"`` (:data:`METHODS`).
-        bits, group_size, symmetric: see :func:`quantize_rtn` (not for ``"fp8"``);
-            ``group_size=None``: the largest of :data:`GROUP_SIZES` that divides the K of
-            every linear (:func:`common_group_size`), recorded in the output's config.
+        bits, group_size, symmetric: see :func:`quantize_rtn` (not for ``"fp8"``, whose
+            weights are 8-bit E4M3); ``bits=None``: 4; ``group_size=None``: the largest of
+            :data:`GROUP_SIZES` that divides the K of every linear (:func:`common_group_size`),
+            recorded in the output's config.
         calibration: ``"awq"`` and static ``"fp8"``: a text file (default
             :data:`trtcore.calibration.DEFAULT_CALIBRATION`).
-        calibration_tokens: calibration tokens in all.
+        calibration_tokens: calibration tokens in all (None: 512).
         calibration_ids: calibration sequences as token ids instead of a text
             (:func:`trtcore.awq.awq_plan`'s ``token_ids``).
-        strategy: ``"fp8"``: weight scales per ``"channel"`` or per ``"tensor"``.
-        activations: ``"fp8"``: ``"static"`` (calibrated input scales) or ``"dynamic"``.
+        strategy: ``"fp8"``: weight scales per ``"channel"`` (None) or per ``"tensor"``.
+        activations: ``"fp8"``: ``"static"`` (None: calibrated input scales) or ``"dynamic"``.
+
+    An option the method does not use (``calibration`` for ``"rtn"``, ``bits=4`` or a group
+    size for ``"fp8"``, ``strategy`` for ``"awq"``, ...) is refused rather than ignored.
 
     Returns:
         ``output_dir``.
 
     Raises:
-        InvalidArgumentError: an unknown method, bad bits / group size, a linear whose K the
+        InvalidArgumentError: an unknown method, an option the method does not use (named),
+            bad bits / group size, a linear whose K the
             group size does not divide (named), an already quantized checkpoint, a missing
             calibration file, or ``output_dir`` exists and is not empty without ``overwrite``.
         UnsupportedArchitectureError: not a Llama-family architecture.
@@ -260,6 +290,20 @@ def quantize_checkpoint(
 
     if method not in METHODS:
         raise InvalidArgumentError(f"quantization method {method!r} is not implemented; available: {', '.join(METHODS)}")
+    _refuse_unused(
+        method,
+        activations or "static",
+        bits=bits,
+        group_size=group_size,
+        calibration=calibration,
+        calibration_tokens=calibration_tokens,
+        calibration_ids=calibration_ids,
+        strategy=strategy,
+        activations=activations,
+    )
+    bits = 4 if bits is None else bits
+    calibration_tokens = 512 if calibration_tokens is None else calibration_tokens
+    strategy, activations = strategy or "channel", activations or "static"
     if method == "fp8":
         if strategy not in WEIGHT_STRATEGIES:
             raise InvalidArgumentError(f"FP8 weight strategy {strategy!r} is not one of {WEIGHT_STRATEGIES}")

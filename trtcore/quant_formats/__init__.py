@@ -113,9 +113,10 @@ def _check(method: str, c: dict[str, Any]) -> None:
         # the checkpoint's format, or (newer files) each config group's
         groups = [g for g in (c.get("config_groups") or {}).values() if isinstance(g, dict)]
         formats = {c["format"]} if c.get("format") else {g.get("format") for g in groups}
-        if fp8_weight_args(weight_args(c)):
+        if fp8_weight_args(weight_args(c)):  # float weights: FP8 E4M3 when 8 bits (check_compressed_fp8)
             if not formats or not formats <= set(FLOAT_FORMATS):
-                raise _refuse(f"compressed-tensors FP8 format {c.get('format') or sorted(map(str, formats))!r}")
+                bits = sorted({str(a.get("num_bits")) for a in weight_args(c)})
+                raise _refuse(f"compressed-tensors format {c.get('format') or sorted(map(str, formats))!r} with {'/'.join(bits)}-bit float weights")
             problem = check_compressed_fp8(c)
             if problem:
                 raise _refuse(problem)
