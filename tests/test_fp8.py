@@ -184,12 +184,12 @@ def test_tensorrt_rtx_builds_the_qdq_linear(strategy: str, input_scale: float | 
     assert plan is not None and plan.nbytes > 1000
 
 
-def _qdq_net(trt: object, strategy: str, input_scale: float | None) -> tuple[object, fp8.Fp8Weight]:
+def _qdq_net(trt: object, strategy: str, input_scale: float | None, per_token: bool = False) -> tuple[object, fp8.Fp8Weight]:
     import ml_dtypes
 
     from trtcore import ops
 
-    fw = fp8.quantize_weight(np.random.default_rng(6).normal(0, 0.1, (40, 64)), strategy, input_scale)
+    fw = fp8.quantize_weight(np.random.default_rng(6).normal(0, 0.1, (40, 64)), strategy, input_scale, per_token)
     network = trt.Builder(trt.Logger()).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))  # type: ignore[attr-defined]
     g = ops.Graph(trt, network, "bfloat16")
     x = g.input("x", ml_dtypes.bfloat16, (-1, 64))
@@ -473,11 +473,7 @@ def test_cuda_backend_compiles_the_per_token_qdq_linear() -> None:
     from trtcore.cuda import codegen
     from trtcore.cuda.builder import compile_network
 
-    fw = fp8.quantize_weight(np.random.default_rng(15).normal(0, 0.1, (40, 64)), "channel", per_token=True)
-    net = tc.Builder(tc.Logger()).create_network(1 << int(tc.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
-    g = ops.Graph(tc, net, "bfloat16")
-    x = g.input("x", ml_dtypes.bfloat16, (-1, 64))
-    g.output(ops.fp8_linear(g, x, fw, None, "proj", impl="qdq"), "y")
+    net, _ = _qdq_net(tc, "channel", None, per_token=True)
     b = tc.Builder(tc.Logger(tc.Logger.ERROR))
     cfg = b.create_builder_config()
     prof = b.create_optimization_profile()

@@ -13,7 +13,7 @@ and below compute capability 8.9, which has no FP8 tensor cores):
   tensor cores accumulate in about 14 bits between cuBLASLt's float32 promotions, measured
   ``2**-12.3 .. 2**-11.2`` of ``max|y|`` for K = 64 .. 4096 on the H200, not growing with K;
   so float32 outputs cannot be held to 1e-5; a wrong scale, layout or code is off by far more);
-* a tiny FP8 Llama (``trtcore quantize --method fp8``, static and dynamic activations) on
+* a tiny FP8 Llama (``trtcore quantize --method fp8``, static, dynamic and per-token activations) on
   ``backend="cuda"`` (CUDA graphs on, so the plugin is captured): the first token's top-20
   log-probabilities differ from the reference backend's by no more than FP8 moves the model
   from its float weights (see :func:`test_tiny_fp8_llama_on_cuda_equals_the_reference`);
@@ -152,7 +152,7 @@ def _top(outputs: object, step: int) -> dict[int, float]:
     return {t: lp.logprob for t, lp in outputs.logprobs[step].items()}  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("activations", ["static", "dynamic"])
+@pytest.mark.parametrize("activations", ["static", "dynamic", "token"])
 def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations: str) -> None:
     """The quantizer's FP8 checkpoint on ``backend="cuda"`` (CUDA graphs on, so the plugin is
     captured) against the reference backend (the float64 FP8 contract, itself held to
@@ -183,7 +183,12 @@ def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations
     src = write_checkpoint(v, tmp_path / "src")
     rng = np.random.default_rng(0)
     calibration = [random_prompt(rng, 24, v.vocab_size) for _ in range(3)]
-    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", activations=activations, calibration_ids=calibration)
+    if activations == "token":  # an FP8-dynamic checkpoint: per-channel weights, per-token dynamic activations
+        from test_fp8_model import _per_token_checkpoint
+
+        out = _per_token_checkpoint(src, tmp_path / "fp8", "channel")
+    else:
+        out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", activations=activations, calibration_ids=calibration)
     prompt = random_prompt(np.random.default_rng(7), 12, v.vocab_size)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=TOP_K)
     results = []
@@ -207,18 +212,22 @@ def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations
         assert ranked[0] - ranked[1] <= 2 * q, (results[1].token_ids[0], results[2].token_ids[0], ranked[:2], q)
 
 
-@pytest.mark.parametrize(("strategy", "input_scale"), [("channel", None), ("tensor", 2.0 / 448)])
-def test_qdq_linear_on_the_cuda_engine_equals_the_reference(strategy: str, input_scale: float | None) -> None:
+@pytest.mark.parametrize(("strategy", "input_scale", "per_token"), [("channel", None, False), ("tensor", 2.0 / 448, False), ("channel", None, True)])
+def test_qdq_linear_on_the_cuda_engine_equals_the_reference(strategy: str, input_scale: float | None, per_token: bool) -> None:
     """The Q/DQ form (``impl="qdq"``: no plugin) compiled by the cuda backend, against the
-    reference backend's evaluation of the same network (bfloat16 x, 37 tokens)."""
+    reference backend's evaluation of the same network (bfloat16 x, 37 tokens; per-token:
+    the max over each row)."""
     from test_engine_gpu import Run, compare, engine_of
     from test_fp8 import _qdq_net
 
     import trtcore.cuda as tc
     from trtcore.reference.evaluator import evaluate
 
-    net, _ = _qdq_net(tc, strategy, input_scale)
-    x = np.random.default_rng(11).normal(0, 1, (37, 64)).astype(ml_dtypes.bfloat16)
+    net, _ = _qdq_net(tc, strategy, input_scale, per_token)
+    x = np.random.default_rng(11).normal(0, 1, (37, 64))
+    if per_token:  # rows of different sizes: each row's own scale
+        x *= 10.0 ** np.linspace(-2, 2, 37)[:, None]
+    x = x.astype(ml_dtypes.bfloat16)
     ref = evaluate(net, {"x": x.copy()})["y"]
     run = Run(cp, engine_of(net, {"x": ((1, 64), (16, 64), (64, 64))}))
     run.feed({"x": x})
