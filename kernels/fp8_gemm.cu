@@ -1,6 +1,7 @@
 // FP8 (E4M3) linear, the parts around cuBLASLt's FP8 GEMM (trtcore_fp8_gemm plugin):
-// quantize the activations x [M, K] to E4M3 with one per-tensor scale, and (per-channel weight
-// scales) scale the GEMM's float32 result per output channel into the output type.
+// quantize the activations x [M, K] to E4M3 with one per-tensor scale (or one scale per row:
+// per-token dynamic activations), and (per-channel weight scales, per-token activations) scale
+// the GEMM's float32 result per output channel / row into the output type.
 //
 // Numerics (trtcore.fp8, the contract of Fp8GemmPlugin.reference):
 //   scale s: the static input scale, or (dynamic) amax / 448 in float32 (amax = max |x|; 1 when
@@ -23,6 +24,14 @@
 //                           per-tensor scale, or 1 for a per-channel weight -- w_scale null --
 //                           whose scales are applied after the GEMM) and alpha_out[1] = 0
 //   trtcore_fp8_scale_rows  out[m, n] = round(d[m, n] * w_scale[n]) to the output type
+// Per-token dynamic activations (compressed-tensors strategy "token", dynamic: true; the scale of
+// row m is s[m] = max_k |x[m, k]| / 448 in float32, 1 for an all-zero row):
+//   trtcore_fp8_quantize_tokens  one block per row m: s[m] (block max reduction) to
+//                                row_scale[m], q[m, :] = e4m3(x[m, :] / s[m]); block 0 also
+//                                writes cuBLASLt's alpha = 1 and beta = 0 (the scales are
+//                                applied after the GEMM, which writes float32 d)
+//   trtcore_fp8_scale_tokens     out[m, n] = round(d[m, n] * (s[m] * s_w)) to the output type,
+//                                s_w = w_scale[n] (per_channel) or w_scale[0]
 #include "dtype.cuh"
 #include "pdl.cuh"
 
@@ -122,4 +131,68 @@ extern "C" __global__ void trtcore_fp8_scale_rows(const float* __restrict__ d, c
     PDL_WAIT();
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
         out[i] = from_f32(d[i] * w_scale[i % n]);
+}
+
+// Per-token dynamic quantization: grid (M), any block size that is a multiple of 32 up to 1024;
+// x [M, K] row-major, q [M, K] E4M3 bits, row_scale [M] float32, alpha_out [2] (alpha, beta).
+extern "C" __global__ void trtcore_fp8_quantize_tokens(const elem_t* __restrict__ x, int k, float* __restrict__ row_scale,
+                                                       float* alpha_out, unsigned char* __restrict__ q) {
+    PDL_WAIT();
+    __shared__ float warp_max[32];
+    __shared__ float row_s;
+    const long long row = blockIdx.x;
+    const elem_t* xr = x + row * k;
+    unsigned char* qr = q + row * k;
+    const int n8 = vectorizable(xr, qr, k) ? k / VEC : 0;
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < n8; i += blockDim.x) {
+        const Vec8 in = reinterpret_cast<const Vec8*>(xr)[i];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            float v = fabsf(to_f32(in.v[j]));
+            m = v > m ? v : m;
+        }
+    }
+    for (int i = n8 * VEC + threadIdx.x; i < k; i += blockDim.x) {
+        float v = fabsf(to_f32(xr[i]));
+        m = v > m ? v : m;
+    }
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int warps = (blockDim.x + 31) >> 5;
+        float a = threadIdx.x < warps ? warp_max[threadIdx.x] : 0.0f;
+        for (int off = 16; off > 0; off >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+        if (threadIdx.x == 0) {
+            const float s = a > 0.0f ? __fdiv_rn(a, E4M3_MAX) : 1.0f;
+            row_s = s;
+            row_scale[row] = s;
+            if (row == 0) {
+                alpha_out[0] = 1.0f;  // cuBLASLt's alpha: the scales come after the GEMM
+                alpha_out[1] = 0.0f;  // cuBLASLt's beta
+            }
+        }
+    }
+    __syncthreads();
+    const float s = row_s;
+    for (int i = threadIdx.x; i < n8; i += blockDim.x) {
+        const Vec8 in = reinterpret_cast<const Vec8*>(xr)[i];
+        unsigned long long out = 0ull;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out |= (unsigned long long)e4m3_of(__fdiv_rn(to_f32(in.v[j]), s)) << (8 * j);
+        reinterpret_cast<unsigned long long*>(qr)[i] = out;
+    }
+    for (int i = n8 * VEC + threadIdx.x; i < k; i += blockDim.x) qr[i] = e4m3_of(__fdiv_rn(to_f32(xr[i]), s));
+}
+
+// d [M, N] float32 (the GEMM of the E4M3 codes), row_scale [M], w_scale [N] (per_channel != 0) or [1].
+extern "C" __global__ void trtcore_fp8_scale_tokens(const float* __restrict__ d, const float* __restrict__ row_scale,
+                                                    const float* __restrict__ w_scale, int per_channel, long long total, int n,
+                                                    elem_t* __restrict__ out) {
+    PDL_WAIT();
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        const float sw = w_scale[per_channel ? i % n : 0];
+        out[i] = from_f32(d[i] * __fmul_rn(row_scale[i / n], sw));
+    }
 }

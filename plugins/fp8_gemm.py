@@ -2,7 +2,8 @@
 
 ``y[..., N] = (e4m3(x / s_x) * s_x) @ (W * s_w)^T`` for an :class:`trtcore.fp8.Fp8Weight`
 (E4M3 weight, per-tensor or per-output-channel scales; the activations quantized with a
-static per-tensor scale or a dynamic one, ``max|x| / 448`` of the call's x).
+static per-tensor scale, a dynamic one, ``max|x| / 448`` of the call's x, or -- ``per_token``
+-- one dynamic scale per row, ``s[m] = max|x[m, :]| / 448``).
 
 :meth:`Fp8GemmPlugin.enqueue` (compute capability 8.9+; ``kernels/fp8_gemm.cu``):
 
@@ -19,17 +20,25 @@ static per-tensor scale or a dynamic one, ``max|x| / 448`` of the call's x).
    weights into a float32 buffer that ``trtcore_fp8_scale_rows`` scales by ``s_w[n]`` and
    rounds into the output.
 
+Per-token activations (``per_token``) replace steps 1-2 by ``trtcore_fp8_quantize_tokens`` (one
+block per row: the row's ``max|x[m, :]|``, its scale ``s[m]`` into the workspace, the row's E4M3
+codes, and ``alpha = 1``, ``beta = 0``); the GEMM writes the float32 buffer, and
+``trtcore_fp8_scale_tokens`` rounds ``d[m, n] * (s[m] * s_w)`` (``s_w[n]`` or the one ``s_w``)
+into the output.
+
 Workspace (:meth:`Fp8GemmPlugin.workspace_size`): 256 bytes of scalars (amax bits at 0, x's
-scale at 4, alpha and beta at :data:`_ALPHA` and 4 past it), ``M * K`` E4M3 bytes,
-``M * N`` float32 (per-channel), and :data:`LT_WORKSPACE` bytes for cuBLASLt, each 256-byte
-aligned. ``K`` and ``N`` must be multiples of 16 (cuBLASLt's FP8 operands: 16-byte aligned
-leading dimensions; PyTorch's ``_scaled_mm`` asks the same).
+scale at 4, alpha and beta at :data:`_ALPHA` and 4 past it), ``M * K`` E4M3 bytes, ``M * N``
+float32 (per-channel or per-token), ``M`` float32 row scales (per-token), and
+:data:`LT_WORKSPACE` bytes for cuBLASLt, each 256-byte aligned. ``K`` and ``N`` must be
+multiples of 16 (cuBLASLt's FP8 operands: 16-byte aligned leading dimensions; PyTorch's
+``_scaled_mm`` asks the same).
 
 Numerical contract: :meth:`Fp8GemmPlugin.reference` is :meth:`trtcore.fp8.Fp8Weight.reference_linear`
 (float64) rounded once to x's dtype; the GPU agrees with it exactly on the E4M3 codes of x and
 to the tensor cores' FP8 accumulation error on the product (on the H200 about ``2**-12`` of
 ``max|y|``, see :data:`trtcore.cuda.cublaslt.FP8_ACCUMULATION_RTOL`), plus one float32 rounding
-of ``alpha = s_x * s_w`` (per-channel: of the unscaled sum).
+of ``alpha = s_x * s_w`` (per-channel: of the unscaled sum; per-token: of the unscaled sum and
+of ``s[m] * s_w``).
 """
 
 from __future__ import annotations
@@ -84,6 +93,8 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         in_features: K (a multiple of 16). out_features: N (a multiple of 16).
         per_channel: one weight scale per output channel (else one for all).
         static_input: the activation scale is input 3 (else dynamic, ``max|x| / 448``).
+        per_token: dynamic per-token activation scales (``max|x[m, :]| / 448`` per row; needs
+            ``static_input`` False).
     """
 
     plugin_name: ClassVar[str] = "trtcore_fp8_gemm"
@@ -94,8 +105,13 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
     out_features: int
     per_channel: bool = False
     static_input: bool = True
+    per_token: bool = False
+
+    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"per_token": False}
 
     def validate(self) -> None:
+        if self.per_token and self.static_input:
+            raise PluginError("Fp8GemmPlugin: per_token activation scales are dynamic; static_input must be False")
         if self.in_features <= 0 or self.in_features % 16:
             raise PluginError(f"Fp8GemmPlugin.in_features must be a positive multiple of 16 (cuBLASLt FP8), got {self.in_features!r}")
         if self.out_features <= 0 or self.out_features % 16:
@@ -105,7 +121,7 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
     def from_fp8(cls, fw: Fp8Weight) -> tuple[Fp8GemmPlugin, list[np.ndarray]]:
         """The plugin for ``fw`` and its constant inputs (weight, weight_scale[, input_scale])."""
         n, k = fw.shape
-        plugin = cls(k, n, fw.per_channel, fw.input_scale is not None)
+        plugin = cls(k, n, fw.per_channel, fw.input_scale is not None, fw.per_token)
         consts = [fw.weight, fw.weight_scale] + ([fw.input_scale] if fw.input_scale is not None else [])
         return plugin, consts
 
@@ -133,7 +149,7 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         if cached is not None and cached[0] == key:
             return cached[1]
         w, s = arrays[0], arrays[1].astype(np.float32).reshape(-1)
-        fw = Fp8Weight(w, s, arrays[2].astype(np.float32).reshape(1) if self.static_input else None)
+        fw = Fp8Weight(w, s, arrays[2].astype(np.float32).reshape(1) if self.static_input else None, self.per_token)
         self.__dict__["_weight"] = (key, fw, arrays)  # the arrays held: their ids stay theirs
         return fw
 
@@ -155,16 +171,18 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
 
     # --- GPU ---------------------------------------------------------------------------------------
 
-    def _layout(self, m: int) -> tuple[int, int, int, int]:
-        """Workspace offsets ``(xq, d32, lt, total)`` for ``m`` rows (scalars at 0: amax, scale)."""
+    def _layout(self, m: int) -> tuple[int, int, int, int, int]:
+        """Workspace offsets ``(xq, d32, rows, lt, total)`` for ``m`` rows (scalars at 0: amax,
+        scale; ``rows``: the per-token scales)."""
         xq = _ALIGN
         d32 = xq + _up(m * self.in_features)
-        lt = d32 + (_up(m * self.out_features * 4) if self.per_channel else 0)
-        return xq, d32, lt, lt + LT_WORKSPACE
+        rows = d32 + (_up(m * self.out_features * 4) if self.per_channel or self.per_token else 0)
+        lt = rows + (_up(m * 4) if self.per_token else 0)
+        return xq, d32, rows, lt, lt + LT_WORKSPACE
 
     def workspace_size(self, inputs: Sequence[tuple[tuple[int, ...], np.dtype]], outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
         m = int(np.prod(inputs[0][0][:-1], dtype=np.int64))
-        return self._layout(m)[3]
+        return self._layout(m)[4]
 
     def enqueue(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], workspace: int, stream: int) -> None:
         """Quantize x, then cuBLASLt's FP8 GEMM (module docstring); on ``stream``, no allocation,
@@ -184,9 +202,27 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         if not workspace:
             raise PluginError("Fp8GemmPlugin.enqueue: no workspace given (see workspace_size)")
         n, k = self.out_features, self.in_features
-        xq_off, d_off, lt_off, _ = self._layout(m)
+        xq_off, d_off, rows_off, lt_off, _ = self._layout(m)
         amax, scale, alpha = workspace, workspace + 4, workspace + _ALPHA
         defines = (("DTYPE", KERNEL_DTYPE_CODES[dtype]),)
+        if self.per_token:
+            rows = workspace + rows_off
+            args = [(x.ptr, "ptr"), (k, "i32"), (rows, "ptr"), (alpha, "ptr"), (workspace + xq_off, "ptr")]
+            _launch(defines, "trtcore_fp8_quantize_tokens", (m,), (_THREADS,), args, stream)
+            _matmul().run(
+                m, n, k, inputs[1].ptr, workspace + xq_off, alpha, alpha + 4, workspace + d_off, 0, workspace + lt_off, LT_WORKSPACE, stream
+            )
+            args = [
+                (workspace + d_off, "ptr"),
+                (rows, "ptr"),
+                (inputs[2].ptr, "ptr"),
+                (int(self.per_channel), "i32"),
+                (m * n, "i64"),
+                (n, "i32"),
+                (out.ptr, "ptr"),
+            ]
+            _launch(defines, "trtcore_fp8_scale_tokens", (max(1, min(1024, -(-m * n // _THREADS))),), (_THREADS,), args, stream)
+            return
         blocks = max(1, min(1024, -(-m * k // (8 * _THREADS))))  # 8 elements per thread (the kernels' vectorized loop)
         if not self.static_input:
             _launch(defines, "trtcore_fp8_zero", (1,), (32,), [(amax, "ptr")], stream)

@@ -184,12 +184,12 @@ def test_tensorrt_rtx_builds_the_qdq_linear(strategy: str, input_scale: float | 
     assert plan is not None and plan.nbytes > 1000
 
 
-def _qdq_net(trt: object, strategy: str, input_scale: float | None) -> tuple[object, fp8.Fp8Weight]:
+def _qdq_net(trt: object, strategy: str, input_scale: float | None, per_token: bool = False) -> tuple[object, fp8.Fp8Weight]:
     import ml_dtypes
 
     from trtcore import ops
 
-    fw = fp8.quantize_weight(np.random.default_rng(6).normal(0, 0.1, (40, 64)), strategy, input_scale)
+    fw = fp8.quantize_weight(np.random.default_rng(6).normal(0, 0.1, (40, 64)), strategy, input_scale, per_token)
     network = trt.Builder(trt.Logger()).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))  # type: ignore[attr-defined]
     g = ops.Graph(trt, network, "bfloat16")
     x = g.input("x", ml_dtypes.bfloat16, (-1, 64))
@@ -271,7 +271,14 @@ def test_fp8_gemm_kernels_compile(arch: str) -> None:
     for v in kernels.variants("fp8_gemm"):
         c = kernels.compile_kernel("fp8_gemm", defines=v, arch=arch)
         assert kernels.cubin_arch(c.cubin) == arch
-        assert set(c.symbols) == {"trtcore_fp8_zero", "trtcore_fp8_amax", "trtcore_fp8_quantize", "trtcore_fp8_scale_rows"}
+        assert set(c.symbols) == {
+            "trtcore_fp8_zero",
+            "trtcore_fp8_amax",
+            "trtcore_fp8_quantize",
+            "trtcore_fp8_scale_rows",
+            "trtcore_fp8_quantize_tokens",
+            "trtcore_fp8_scale_tokens",
+        }
 
 
 @pytest.mark.parametrize(("per_channel", "static"), [(False, True), (True, False)])
@@ -292,7 +299,11 @@ def test_fp8_plugin_hands_cublaslt_the_kernels_device_alpha(monkeypatch: pytest.
     m, n, k = 5, 32, 64
     plugin = fp8_gemm.Fp8GemmPlugin(k, n, per_channel, static)
     f32 = np.dtype(np.float32)
-    inputs = [DeviceTensor(0x10000, (m, k), f32), DeviceTensor(0x20000, (n, k), np.dtype(np.uint8)), DeviceTensor(0x30000, (n if per_channel else 1,), f32)]
+    inputs = [
+        DeviceTensor(0x10000, (m, k), f32),
+        DeviceTensor(0x20000, (n, k), np.dtype(np.uint8)),
+        DeviceTensor(0x30000, (n if per_channel else 1,), f32),
+    ]
     inputs += [DeviceTensor(0x40000, (1,), f32)] if static else []
     ws = 0x100000
     plugin.enqueue(inputs, [DeviceTensor(0x50000, (m, n), f32)], ws, 7)
@@ -312,3 +323,164 @@ def test_fp8_plugin_hands_cublaslt_the_kernels_device_alpha(monkeypatch: pytest.
     assert alpha % 4 == 0 and got["scale_out"] != alpha
     assert (d == 0x50000) != per_channel and out_type == 0
     assert [a[0] for a in launches][-1] == ("trtcore_fp8_scale_rows" if per_channel else "trtcore_fp8_quantize")
+
+
+# --- per-token dynamic activations (compressed-tensors strategy "token", dynamic: true) ---------
+
+
+def per_token_oracle(x: np.ndarray, codes: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
+    """float64 ``[..., N]`` written from the per-token formula (vLLM / compressed-tensors): for
+    each row ``m`` of x, ``s[m] = float32(max|x[m, :]| / 448)`` (1 for an all-zero row),
+    ``q = e4m3(float32(x[m]) / s[m])`` (:func:`spec_encode`), ``y[m, n] = s[m] * s_w[n] *
+    sum_k q[m, k] * w[n, k]``."""
+    k = x.shape[-1]
+    rows = np.asarray(x, np.float32).reshape(-1, k)
+    w = SPEC_VALUES[codes] * np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1, 1), (codes.shape[0], 1))
+    out = np.empty((rows.shape[0], codes.shape[0]))
+    for m, row in enumerate(rows):
+        amax = max(abs(float(v)) for v in row)
+        s = np.float32(amax / 448.0) if amax > 0 else np.float32(1.0)
+        q = np.array([SPEC_VALUES[spec_encode(float(np.float32(v) / s))] for v in row])
+        out[m] = float(s) * (w @ q)
+    return out.reshape(*x.shape[:-1], codes.shape[0])
+
+
+def _rows_of_different_magnitudes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    rows = int(np.prod(shape[:-1]))
+    magnitudes = 10.0 ** rng.permutation(np.linspace(-4, 2, rows))  # row sizes 1e-4 .. 1e2
+    x = rng.normal(0, 1, shape) * magnitudes.reshape(shape[:-1] + (1,))
+    x.reshape(-1, shape[-1])[1] = 0.0  # an all-zero row (scale 1)
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("strategy", ["tensor", "channel"])
+def test_per_token_reference_equals_the_formula(strategy: str) -> None:
+    rng = np.random.default_rng([12, len(strategy)])
+    fw = fp8.quantize_weight(rng.normal(0, 0.1, (24, 40)) * rng.uniform(0.2, 3, (24, 1)), strategy, per_token=True)
+    x = _rows_of_different_magnitudes(rng, (2, 3, 40))
+    want = per_token_oracle(x, fw.weight, fw.weight_scale)
+    got = fw.reference_linear(x)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+    np.testing.assert_array_equal(fw.activation_scale(x)[..., 0] == 1.0, np.abs(x).max(axis=-1) == 0)
+    # one scale for the whole x loses the small rows: per tensor differs measurably
+    per_tensor = fp8.Fp8Weight(fw.weight, fw.weight_scale).reference_linear(x)
+    rows = np.abs(want).max(axis=-1, keepdims=True)
+    err = np.abs(per_tensor - want) / np.where(rows > 0, rows, 1)
+    assert err.max() > 0.5, err.max()
+    # a row's result does not depend on the other rows
+    np.testing.assert_allclose(fw.reference_linear(x[:1, :1]), got[:1, :1], rtol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["plugin", "qdq"])
+@pytest.mark.parametrize("strategy", ["tensor", "channel"])
+def test_per_token_fp8_linear_on_the_reference_backend(impl: str, strategy: str) -> None:
+    rng = np.random.default_rng([13, len(impl), len(strategy)])
+    fw = fp8.quantize_weight(rng.normal(0, 0.1, (32, 48)), strategy, per_token=True)
+    x = _rows_of_different_magnitudes(rng, (2, 3, 48))
+    want = per_token_oracle(x, fw.weight, fw.weight_scale)
+    got = _run_linear("reference", fw, x, impl)
+    rows = np.abs(want).max(axis=-1, keepdims=True)
+    err = np.abs(got - want) / np.where(rows > 0, rows, 1)  # float32 network: relative to each row's size
+    assert err.max() < 2e-6, err.max()
+
+
+def test_per_token_needs_dynamic_scales() -> None:
+    from trtcore.plugins.base import PluginError
+    from trtcore.plugins.fp8_gemm import Fp8GemmPlugin
+
+    with pytest.raises(InvalidArgumentError, match="per_token activation scales are dynamic"):
+        fp8.quantize_weight(np.ones((2, 2)), "tensor", 0.1, per_token=True)
+    with pytest.raises(PluginError, match="per_token activation scales are dynamic"):
+        Fp8GemmPlugin(32, 32, False, True, True)
+    plugin, consts = Fp8GemmPlugin.from_fp8(fp8.quantize_weight(np.ones((32, 32)), "channel", per_token=True))
+    assert plugin.per_token and not plugin.static_input and len(consts) == 2
+    assert "per_token" in dict((n, d) for n, _, d in plugin.field_values())
+    assert "per_token" not in dict((n, d) for n, _, d in Fp8GemmPlugin(32, 32).field_values())  # older engines' fields unchanged
+
+
+def test_tensorrt_qdq_refuses_per_token() -> None:
+    """TensorRT's quantize layer takes no per-row scale computed in the network: ``impl="qdq"``
+    (TensorRT's default) refuses a per-token weight with a clear error."""
+    trt = pytest.importorskip("tensorrt_rtx")
+    from trtcore import ops
+
+    fw = fp8.quantize_weight(np.random.default_rng(14).normal(0, 0.1, (32, 64)), "channel", per_token=True)
+    for impl in ("qdq", None):
+        network = trt.Builder(trt.Logger(trt.Logger.ERROR)).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        g = ops.Graph(trt, network, "float32")
+        x = g.input("x", np.float32, (-1, 64))
+        with pytest.raises(InvalidArgumentError, match="per-token dynamic activations are not built with TensorRT's quantize"):
+            ops.fp8_linear(g, x, fw, None, "proj", impl=impl)
+        assert network.num_layers == 0
+
+
+def test_per_token_plugin_enqueue_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-token enqueue sequence: ``trtcore_fp8_quantize_tokens`` on one block per row gets
+    every parameter its source declares; cuBLASLt's FP8 matmul writes float32 (type 0) into
+    the workspace with the kernel's alpha / beta; ``trtcore_fp8_scale_tokens`` reads that
+    buffer and the row scales; the workspace regions do not overlap and fit its size."""
+    import re
+    from pathlib import Path
+
+    from trtcore.plugins import fp8_gemm
+    from trtcore.plugins.base import DeviceTensor
+
+    source = (Path(fp8_gemm.__file__).resolve().parents[1] / "kernels" / "fp8_gemm.cu").read_text()
+
+    def params(kernel: str) -> list[str]:
+        [p] = re.findall(rf"void {kernel}\(([^)]*)\)", source)
+        return [a.split()[-1].lstrip("*") for a in p.split(",")]
+
+    for per_channel in (False, True):
+        launches, matmuls = [], []
+        monkeypatch.setattr(fp8_gemm, "_launch", lambda defines, name, grid, block, args, stream: launches.append((name, grid, args)))
+        monkeypatch.setattr(fp8_gemm, "_matmul", lambda: type("Mm", (), {"run": lambda self, *a: matmuls.append(a)})())
+        m, n, k = 5, 48, 64
+        plugin = fp8_gemm.Fp8GemmPlugin(k, n, per_channel, False, True)
+        f32 = np.dtype(np.float32)
+        inputs = [
+            DeviceTensor(0x10000, (m, k), f32),
+            DeviceTensor(0x20000, (n, k), np.dtype(np.uint8)),
+            DeviceTensor(0x30000, (n if per_channel else 1,), f32),
+        ]
+        ws = 0x100000
+        size = plugin.workspace_size([((m, k), f32)], [((m, n), f32)])
+        plugin.enqueue(inputs, [DeviceTensor(0x50000, (m, n), f32)], ws, 7)
+        assert [a[0] for a in launches] == ["trtcore_fp8_quantize_tokens", "trtcore_fp8_scale_tokens"]
+        (_, grid, qargs), (_, _, sargs) = launches
+        assert grid == (m,)
+        q = dict(zip(params("trtcore_fp8_quantize_tokens"), (v for v, _ in qargs), strict=True))
+        s = dict(zip(params("trtcore_fp8_scale_tokens"), (v for v, _ in sargs), strict=True))
+        assert (q["x"], q["k"]) == (0x10000, k)
+        [call] = matmuls
+        mm_m, mm_n, mm_k, w, xq, alpha, beta, d, out_type, lt, lt_size = call[:11]
+        assert (mm_m, mm_n, mm_k, w, xq, out_type) == (m, n, k, 0x20000, q["q"], 0)
+        assert alpha == q["alpha_out"] and beta == alpha + 4 and ws <= alpha < ws + 256
+        assert s["d"] == d and s["row_scale"] == q["row_scale"] and s["w_scale"] == 0x30000 and s["per_channel"] == int(per_channel)
+        assert (s["total"], s["n"], s["out"]) == (m * n, n, 0x50000)
+        regions = sorted([(q["q"], m * k), (d, m * n * 4), (q["row_scale"], m * 4), (lt, lt_size)])
+        assert regions[0][0] >= ws + 256 and all(a + sz <= b for (a, sz), (b, _) in zip(regions, regions[1:]))
+        assert regions[-1][0] + regions[-1][1] <= ws + size
+
+
+def test_cuda_backend_compiles_the_per_token_qdq_linear() -> None:
+    """The cuda engine's Q/DQ emulation of a per-token linear (max over the last axis): every
+    generated kernel compiles with NVRTC for sm_89 and sm_90 (no GPU needed)."""
+    import ml_dtypes
+
+    import trtcore.cuda as tc
+    from trtcore import ops
+    from trtcore.cuda import codegen
+    from trtcore.cuda.builder import compile_network
+
+    net, _ = _qdq_net(tc, "channel", None, per_token=True)
+    b = tc.Builder(tc.Logger(tc.Logger.ERROR))
+    cfg = b.create_builder_config()
+    prof = b.create_optimization_profile()
+    prof.set_shape("x", (1, 64), (4, 64), (16, 64))
+    cfg.add_optimization_profile(prof)
+    plan = compile_network(net, cfg, None, arch=None)
+    assert any("rnd_e4m3(" in ks.source for ks in plan.sources.values())
+    for ks in plan.sources.values():
+        for arch in ("sm_89", "sm_90"):
+            assert ks.function in codegen.compile_source(ks, arch).symbols

@@ -208,11 +208,11 @@ def test_tensorrt_rtx_builds_the_fp8_model(src: Path, tmp_path: Path) -> None:
                     "g": {
                         "targets": ["Linear"],
                         "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
-                        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+                        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": False},
                     }
                 },
             },
-            "token",
+            "static per-token scales cannot exist",
         ),
     ],
 )
@@ -247,3 +247,45 @@ def test_random_fp8_weights_build_fp8_gemms(src: Path) -> None:
 
     llm, _ = bench._random_weights_llm(str(src / "config.json"), "reference", "bfloat16", {"max_batch_size": 2, "max_seq_len": 16}, 0, "fp8")
     assert _layer_kinds(llm.executor.network).count("Fp8GemmPlugin") == LINEARS
+
+
+def _per_token_checkpoint(src: Path, dst: Path, strategy: str) -> Path:
+    """An FP8-dynamic checkpoint (llm-compressor's FP8_DYNAMIC: E4M3 weights with ``strategy``
+    scales, per-token dynamic activations): ``quantize --activations dynamic`` (no input
+    scales), its config's activation strategy set to ``token`` as RedHatAI's ``*-FP8-dynamic``
+    models have it."""
+    out = quantize_checkpoint(src, dst, method="fp8", strategy=strategy, activations="dynamic")
+    config = json.loads((out / "config.json").read_text())
+    acts = config["quantization_config"]["config_groups"]["group_0"]["input_activations"]
+    assert acts["dynamic"] is True
+    acts["strategy"] = "token"
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.filterwarnings("error::UserWarning")  # every checkpoint tensor is read
+@pytest.mark.parametrize("strategy", ["channel", "tensor"])
+def test_per_token_fp8_dynamic_checkpoint_greedy_equals_transformers(src: Path, tmp_path: Path, strategy: str) -> None:
+    """Per-token activation scales depend on the token only, so prefill and every decode step
+    agree with transformers (compressed-tensors fake-quantizes each token of each linear's
+    input with ``max|x[token]| / 448``) over the whole greedy generation."""
+    out = _per_token_checkpoint(src, tmp_path / "fp8dyn", strategy)
+    llm = LLM(out, backend="reference", dtype="float32", progress=False)
+    assert llm.quantization == "compressed-tensors"
+    plugins = [
+        layer.plugin for layer in (llm.executor.network.get_layer(i) for i in range(llm.executor.network.num_layers)) if hasattr(layer, "plugin")
+    ]
+    assert sum(type(p).__name__ == "Fp8GemmPlugin" and p.per_token for p in plugins) == LINEARS
+    prompt = random_prompt(np.random.default_rng(11), 10, V.vocab_size)
+    [res] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    hf = _hf_fp8(out)
+    expected, _ = hf_greedy(hf, prompt, 12)
+    assert res.outputs[0].token_ids == expected
+    got = _prefill_logprobs(llm, prompt, 5)
+    want = log_softmax(hf_logits(hf, prompt)[-1])
+    for t, lp in got.items():
+        assert abs(lp - want[t]) < 2e-4, (t, lp, want[t])
+    # the same tensors with per-tensor dynamic activations: transformers' log-probabilities differ
+    per_tensor = quantize_checkpoint(src, tmp_path / "fp8tensor", method="fp8", strategy=strategy, activations="dynamic")
+    other = log_softmax(hf_logits(_hf_fp8(per_tensor), prompt)[-1])
+    assert max(abs(lp - other[t]) for t, lp in got.items()) > 1e-2

@@ -164,7 +164,9 @@ def test_a_4_bit_float_format_is_not_called_fp8() -> None:
     config = {
         "quant_method": "compressed-tensors",
         "format": "nvfp4-pack-quantized",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}},
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}
+        },
     }
     with pytest.raises(UnsupportedQuantizationError, match=r"format 'nvfp4-pack-quantized' with 4-bit float weights is not supported") as e:
         detect_quantization(config)
@@ -215,3 +217,74 @@ def test_model_config_keeps_quantization_config() -> None:
     assert ModelConfig.from_dict(c.to_dict()).quantization_config == qc
     with pytest.raises(ConfigError, match="quantization_config"):
         ModelConfig.from_dict(d | {"quantization_config": "gptq"})
+
+
+# FP8 with per-token dynamic activations (llm-compressor's FP8_DYNAMIC scheme)
+
+
+def _fp8_dynamic_config(strategy: str = "token", dynamic: bool = True, weights: str = "channel") -> dict[str, Any]:
+    """The ``quantization_config`` of RedHatAI's ``*-FP8-dynamic`` checkpoints (llm-compressor
+    FP8_DYNAMIC), its activation strategy and ``dynamic`` flag as given."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "ignore": ["lm_head"],
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": weights, "symmetric": True, "dynamic": False, "group_size": None},
+                "input_activations": {
+                    "num_bits": 8,
+                    "type": "float",
+                    "strategy": strategy,
+                    "symmetric": True,
+                    "dynamic": dynamic,
+                    "group_size": None,
+                },
+                "output_activations": None,
+            }
+        },
+    }
+
+
+def test_fp8_dynamic_per_token_checkpoint_is_detected_and_read(tmp_path: Path) -> None:
+    scheme = detect_quantization(_fp8_dynamic_config())
+    assert scheme is not None and scheme.method == "compressed-tensors" and scheme.fp8
+    assert "per token dynamic" in SUPPORTED_FORMATS
+    rng = np.random.default_rng(11)
+    codes = rng.integers(0, 0x7E, (N, K), dtype=np.uint8) | (rng.integers(0, 2, (N, K), dtype=np.uint8) << 7)
+    import ml_dtypes
+
+    tensors = {"weight": codes.view(ml_dtypes.float8_e4m3fn), "weight_scale": rng.uniform(0.01, 0.1, (N, 1)).astype(np.float32)}
+    fw = _read(tmp_path, _fp8_dynamic_config(), tensors)
+    assert fw.per_token and fw.input_scale is None and fw.per_channel
+    np.testing.assert_array_equal(fw.weight, codes)
+    # the per-tensor dynamic config of the same tensors reads a weight that is not per token
+    (tmp_path / "t").mkdir()
+    assert not _read(tmp_path / "t", _fp8_dynamic_config("tensor"), tensors).per_token
+    # a static input scale contradicts per-token activations
+    (tmp_path / "s").mkdir()
+    with pytest.raises(CheckpointError, match="dynamic per token"):
+        _read(tmp_path / "s", _fp8_dynamic_config(), tensors | {"input_scale": np.ones(1, np.float32)})
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        (_fp8_dynamic_config(dynamic=False), "static per-token scales cannot exist"),
+        (_fp8_dynamic_config("group"), "FP8 activations are read per tensor, static or dynamic, and per token, dynamic"),
+        (_fp8_dynamic_config(weights="block"), "strategy tensor or channel"),
+    ],
+)
+def test_unsupported_fp8_activation_variants_are_refused(config: dict[str, Any], match: str) -> None:
+    with pytest.raises(UnsupportedQuantizationError, match=match) as e:
+        detect_quantization(config)
+    assert SUPPORTED_FORMATS in str(e.value)
+
+
+def test_fp8_groups_with_different_activation_strategies_are_refused() -> None:
+    config = _fp8_dynamic_config()
+    config["config_groups"]["group_1"] = _fp8_dynamic_config("tensor")["config_groups"]["group_0"] | {"targets": ["re:.*down_proj"]}
+    with pytest.raises(UnsupportedQuantizationError, match="different FP8 activation strategies"):
+        detect_quantization(config)

@@ -18,7 +18,11 @@ tensor or row gets ``s = 1``. Activations use one static per-tensor scale from c
 (``max|x| / 448`` over the calibration tokens) or, when none is given, a dynamic one computed
 per call the same way from the call's own ``x`` (vLLM's ``activation_scheme: "dynamic"``): over
 every row of the call, so in a batched step the sequences share it (and a padded row counts),
-as in vLLM.
+as in vLLM. Per-token dynamic activations (compressed-tensors' ``strategy: "token"``,
+``dynamic: true``, llm-compressor's ``FP8_DYNAMIC`` scheme; vLLM's per-token FP8 path) give
+each row ``m`` of ``x [M, K]`` (each token) its own scale ``s[m] = max_k |x[m, k]| / 448``
+(float32, 1 for an all-zero row) and quantize the row with it, so a row's result does not
+depend on the other rows of the call.
 
 The product of an FP8 linear is ``y = (q_x * s_x) @ (q_w * s_w)^T``: :meth:`Fp8Weight.reference_linear`
 computes it in float64, the contract every implementation (TensorRT's Q/DQ, the
@@ -93,15 +97,19 @@ class Fp8Weight:
         weight_scale: ``float32 [1]`` (per tensor) or ``float32 [N]`` (per output channel), > 0.
         input_scale: ``float32 [1]``: the activations' static per-tensor scale, or None
             (dynamic: ``max|x| / 448`` of each call's x).
+        per_token: dynamic per-token activation scales (``max|x[m, :]| / 448`` for each row
+            ``m``; needs ``input_scale`` None), else one scale per call (module docstring).
 
     Raises:
         InvalidArgumentError: a field's dtype or shape is wrong, a scale is not positive and
-            finite, or the weight holds a NaN pattern (the message names the field).
+            finite, the weight holds a NaN pattern (the message names the field), or
+            ``per_token`` comes with a static ``input_scale``.
     """
 
     weight: np.ndarray
     weight_scale: np.ndarray
     input_scale: np.ndarray | None = None
+    per_token: bool = False
 
     def __post_init__(self) -> None:
         w = self.weight
@@ -125,6 +133,8 @@ class Fp8Weight:
                     f"Fp8Weight.input_scale must be None or float32 [1], got {getattr(i, 'dtype', type(i))} {getattr(i, 'shape', '')}"
                 )
             _check_positive("Fp8Weight.input_scale", i)
+            if self.per_token:
+                raise InvalidArgumentError("Fp8Weight: per_token activation scales are dynamic; input_scale must be None")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -147,13 +157,19 @@ class Fp8Weight:
         return cached
 
     def activation_scale(self, x: np.ndarray) -> np.ndarray:
-        """The scale x is quantized with: ``input_scale``, or (dynamic) ``max|x| / 448`` in float32."""
+        """The scale x ``[..., K]`` is quantized with, float32: ``input_scale`` ``[1]``, or
+        (dynamic) ``max|x| / 448`` ``[1]``, or (``per_token``) ``max_k |x[..., k]| / 448``
+        ``[..., 1]``, one per row (1 for an all-zero row or tensor)."""
         if self.input_scale is not None:
             return self.input_scale
-        return amax_scale(np.abs(np.asarray(x, np.float32)).max(initial=0.0)).reshape(1)
+        a = np.abs(np.asarray(x, np.float32))
+        if self.per_token:
+            return amax_scale(a.max(axis=-1, keepdims=True, initial=0.0))
+        return amax_scale(a.max(initial=0.0)).reshape(1)
 
     def reference_linear(self, x: np.ndarray) -> np.ndarray:
-        """``float64 [..., N]``: ``(e4m3(x / s_x) * s_x) @ dequantize()^T`` (module docstring).
+        """``float64 [..., N]``: ``(e4m3(x / s_x) * s_x) @ dequantize()^T`` (module docstring;
+        ``s_x`` per row when ``per_token``).
 
         Raises:
             InvalidArgumentError: x's last dimension is not K.
@@ -163,7 +179,7 @@ class Fp8Weight:
         if x.shape[-1:] != (k,):
             raise InvalidArgumentError(f"FP8 linear: x {x.shape} must end in K={k}")
         s_x = self.activation_scale(x)
-        xq = from_e4m3(quantize(x, s_x)) * float(s_x[0])
+        xq = from_e4m3(quantize(x, s_x)) * s_x.astype(np.float64)
         return (xq.reshape(-1, k) @ self.dequantize().T).reshape(*x.shape[:-1], n)
 
 
@@ -172,7 +188,9 @@ def _check_positive(name: str, s: np.ndarray) -> None:
         raise InvalidArgumentError(f"{name} must be positive and finite, got {s.min()}..{s.max()}")
 
 
-def quantize_weight(weight: np.ndarray, strategy: str = "channel", input_scale: float | np.ndarray | None = None) -> Fp8Weight:
+def quantize_weight(
+    weight: np.ndarray, strategy: str = "channel", input_scale: float | np.ndarray | None = None, per_token: bool = False
+) -> Fp8Weight:
     """FP8 quantization of one ``[N, K]`` weight with amax scales (module docstring).
 
     Args:
@@ -180,9 +198,10 @@ def quantize_weight(weight: np.ndarray, strategy: str = "channel", input_scale: 
         strategy: ``"tensor"`` (one scale) or ``"channel"`` (one per output row).
         input_scale: the activations' static scale (e.g. :func:`amax_scale` of calibration
             amax), or None for dynamic activation scales.
+        per_token: dynamic per-token activation scales (input_scale None).
 
     Raises:
-        InvalidArgumentError: unknown strategy, not a 2-D weight, a non-finite weight or scale.
+        InvalidArgumentError: unknown strategy, per_token with an input_scale, not a 2-D weight, a non-finite weight or scale.
     """
     if strategy not in WEIGHT_STRATEGIES:
         raise InvalidArgumentError(f"FP8 weight strategy {strategy!r} is not one of {WEIGHT_STRATEGIES}")
@@ -195,7 +214,7 @@ def quantize_weight(weight: np.ndarray, strategy: str = "channel", input_scale: 
     scale = amax_scale(a.max(axis=1) if strategy == "channel" else np.array([a.max(initial=0.0)]))
     codes = quantize(w.astype(np.float32), scale[:, None])
     inp = None if input_scale is None else np.asarray(input_scale, np.float32).reshape(1)
-    return Fp8Weight(codes, scale, inp)
+    return Fp8Weight(codes, scale, inp, per_token)
 
 
 __all__ = ["E4M3", "E4M3_MAX", "WEIGHT_STRATEGIES", "Fp8Weight", "amax_scale", "from_e4m3", "quantize", "quantize_weight", "to_e4m3"]

@@ -510,7 +510,8 @@ _MIN_SCALE = float(np.finfo(np.float32).tiny)
 
 def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = None, name: str = "linear", impl: str | None = None) -> Tensor:
     """``x @ W^T + bias`` for an FP8 (E4M3) weight with x quantized to FP8 too (:mod:`trtcore.fp8`:
-    ``(e4m3(x / s_x) * s_x) @ (q_w * s_w)^T``, ``s_x`` static or dynamic).
+    ``(e4m3(x / s_x) * s_x) @ (q_w * s_w)^T``, ``s_x`` static, dynamic, or dynamic per token:
+    ``fw.per_token``, one ``s_x`` per row of x).
 
     Args:
         x: ``[..., K]`` float16/bfloat16/float32.
@@ -532,14 +533,19 @@ def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = Non
             are multiples of 16, else ``"qdq"`` (TensorRT fuses the Q/DQ pattern into its own
             FP8 GEMM). On cuda the plugin is cuBLASLt's FP8 GEMM with the scales as a device
             alpha (:class:`trtcore.cuda.cublaslt.Fp8Matmul`), which passed on the H200
-            (``bench/fp8_probe.py``, ``tests/cuda/test_fp8_gemm_gpu.py``).
+            (``bench/fp8_probe.py``, ``tests/cuda/test_fp8_gemm_gpu.py``). Per-token
+            activations with ``"qdq"``: the emulation (reference and cuda backends) reduces
+            ``max|x|`` over the last axis instead (one scale per row, broadcast); TensorRT's
+            quantize layer takes no per-row scale computed in the network, so ``"qdq"`` (the
+            default there) on TensorRT refuses a per-token weight (``"plugin"`` where the
+            network takes plugins; TensorRT-RTX has no ``add_plugin_v3``).
 
     Returns:
         ``[..., N]`` of x's dtype, named ``name``.
 
     Raises:
         NetworkError: x's last dimension is not K, or the bias is not ``[N]``.
-        InvalidArgumentError: unknown ``impl``.
+        InvalidArgumentError: unknown ``impl``, or ``"qdq"`` for a per-token weight on TensorRT.
     """
     n, k = fw.shape
     if x.shape[-1] != -1 and x.shape[-1] != k:
@@ -554,6 +560,12 @@ def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = Non
         impl = g.implementations.get("fp8_gemm") or ("plugin" if backend in ("reference", "cuda") and fits else "qdq")
     if impl not in FP8_IMPLEMENTATIONS:
         raise InvalidArgumentError(f"{name}: FP8 GEMM implementation {impl!r} is not one of {FP8_IMPLEMENTATIONS}")
+    if impl == "qdq" and fw.per_token and hasattr(g.network, "add_quantize"):
+        raise InvalidArgumentError(
+            f"{name}: FP8 per-token dynamic activations are not built with TensorRT's quantize / dequantize layers (impl='qdq': "
+            "its quantize layer takes a per-tensor scale computed in the network, not one per row); build on the reference or "
+            "cuda backend, or use impl='plugin' (g.implementations['fp8_gemm'] = 'plugin') where the network takes plugins"
+        )
     np_x = _np_of(g, x)
     with g.scope(name):
         if impl == "plugin":
@@ -581,10 +593,12 @@ def _fp8_scalar(g: Graph, value: np.ndarray | float, rank: int, name: str) -> Te
 
 def _fp8_input_scale(g: Graph, xf: Tensor, fw: Fp8Weight, rank: int) -> Tensor:
     """x's scale: the static ``input_scale`` or ``max(max|x| / 448, 2**-126)``, 0-D (``rank=0``,
-    TensorRT's quantize layer) or ``[1] * rank`` (broadcasting, the reference's emulation)."""
+    TensorRT's quantize layer) or ``[1] * rank`` (broadcasting, the reference's emulation);
+    per token (``fw.per_token``, emulation only): the max over the last axis, ``[..., 1]``."""
     if fw.input_scale is not None:
         return _fp8_scalar(g, fw.input_scale[0], rank, "input_scale")
-    amax = reduce(g, unary(g, xf, "ABS", "x_abs"), "MAX", list(range(len(xf.shape))), keep_dims=rank != 0, name="x_amax")
+    axes = [len(xf.shape) - 1] if fw.per_token else list(range(len(xf.shape)))
+    amax = reduce(g, unary(g, xf, "ABS", "x_abs"), "MAX", axes, keep_dims=rank != 0, name="x_amax")
     s = div(g, amax, _fp8_scalar(g, E4M3_MAX, rank, "e4m3_max"), "x_scale_raw")
     return maximum(g, s, _fp8_scalar(g, _MIN_SCALE, rank, "min_scale"), "x_scale")
 

@@ -13,11 +13,14 @@ and below compute capability 8.9, which has no FP8 tensor cores):
   tensor cores accumulate in about 14 bits between cuBLASLt's float32 promotions, measured
   ``2**-12.3 .. 2**-11.2`` of ``max|y|`` for K = 64 .. 4096 on the H200, not growing with K;
   so float32 outputs cannot be held to 1e-5; a wrong scale, layout or code is off by far more);
-* a tiny FP8 Llama (``trtcore quantize --method fp8``, static and dynamic activations) on
+* a tiny FP8 Llama (``trtcore quantize --method fp8``, static, dynamic and per-token activations) on
   ``backend="cuda"`` (CUDA graphs on, so the plugin is captured): the first token's top-20
   log-probabilities differ from the reference backend's by no more than FP8 moves the model
   from its float weights (see :func:`test_tiny_fp8_llama_on_cuda_equals_the_reference`);
-* the Q/DQ form (no plugin) compiled by the cuda backend equals the reference's evaluation.
+* the Q/DQ form (no plugin) compiled by the cuda backend equals the reference's evaluation;
+* per-token dynamic activations: ``trtcore_fp8_quantize_tokens``'s row scales and codes are
+  exact, and the per-token plugin matches its reference (M 1, 5, 64; bfloat16, float16;
+  per-channel and per-tensor weights).
 """
 
 from __future__ import annotations
@@ -149,7 +152,7 @@ def _top(outputs: object, step: int) -> dict[int, float]:
     return {t: lp.logprob for t, lp in outputs.logprobs[step].items()}  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("activations", ["static", "dynamic"])
+@pytest.mark.parametrize("activations", ["static", "dynamic", "token"])
 def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations: str) -> None:
     """The quantizer's FP8 checkpoint on ``backend="cuda"`` (CUDA graphs on, so the plugin is
     captured) against the reference backend (the float64 FP8 contract, itself held to
@@ -180,7 +183,12 @@ def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations
     src = write_checkpoint(v, tmp_path / "src")
     rng = np.random.default_rng(0)
     calibration = [random_prompt(rng, 24, v.vocab_size) for _ in range(3)]
-    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", activations=activations, calibration_ids=calibration)
+    if activations == "token":  # an FP8-dynamic checkpoint: per-channel weights, per-token dynamic activations
+        from test_fp8_model import _per_token_checkpoint
+
+        out = _per_token_checkpoint(src, tmp_path / "fp8", "channel")
+    else:
+        out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", activations=activations, calibration_ids=calibration)
     prompt = random_prompt(np.random.default_rng(7), 12, v.vocab_size)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=TOP_K)
     results = []
@@ -204,20 +212,88 @@ def test_tiny_fp8_llama_on_cuda_equals_the_reference(tmp_path: Path, activations
         assert ranked[0] - ranked[1] <= 2 * q, (results[1].token_ids[0], results[2].token_ids[0], ranked[:2], q)
 
 
-@pytest.mark.parametrize(("strategy", "input_scale"), [("channel", None), ("tensor", 2.0 / 448)])
-def test_qdq_linear_on_the_cuda_engine_equals_the_reference(strategy: str, input_scale: float | None) -> None:
+@pytest.mark.parametrize(("strategy", "input_scale", "per_token"), [("channel", None, False), ("tensor", 2.0 / 448, False), ("channel", None, True)])
+def test_qdq_linear_on_the_cuda_engine_equals_the_reference(strategy: str, input_scale: float | None, per_token: bool) -> None:
     """The Q/DQ form (``impl="qdq"``: no plugin) compiled by the cuda backend, against the
-    reference backend's evaluation of the same network (bfloat16 x, 37 tokens)."""
+    reference backend's evaluation of the same network (bfloat16 x, 37 tokens; per-token:
+    the max over each row)."""
     from test_engine_gpu import Run, compare, engine_of
     from test_fp8 import _qdq_net
 
     import trtcore.cuda as tc
     from trtcore.reference.evaluator import evaluate
 
-    net, _ = _qdq_net(tc, strategy, input_scale)
-    x = np.random.default_rng(11).normal(0, 1, (37, 64)).astype(ml_dtypes.bfloat16)
+    net, _ = _qdq_net(tc, strategy, input_scale, per_token)
+    x = np.random.default_rng(11).normal(0, 1, (37, 64))
+    if per_token:  # rows of different sizes: each row's own scale
+        x *= 10.0 ** np.linspace(-2, 2, 37)[:, None]
+    x = x.astype(ml_dtypes.bfloat16)
     ref = evaluate(net, {"x": x.copy()})["y"]
     run = Run(cp, engine_of(net, {"x": ((1, 64), (16, 64), (64, 64))}))
     run.feed({"x": x})
     run.execute()
     compare("y", run.output("y"), ref)
+
+
+# --- per-token dynamic activations (compressed-tensors strategy "token", FP8-dynamic checkpoints)
+
+
+def _per_token_rows(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
+    """float64 ``[m, k]`` whose rows differ in size by up to 10^4 (one all-zero row when m > 2)."""
+    x = rng.normal(0, 1, (m, k)) * 10.0 ** rng.uniform(-2, 2, (m, 1))
+    if m > 2:
+        x[m // 2] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("k", "offset"), [(4096, 0), (1000, 0), (1001, 0), (1024, 1)], ids=["vector", "vector-k1000", "scalar", "misaligned"])
+def test_quantize_tokens_kernel_codes_and_row_scales_are_exact(dtype: np.dtype, k: int, offset: int) -> None:
+    """``trtcore_fp8_quantize_tokens`` (one block per row): row m's scale is exactly
+    :func:`trtcore.fp8.amax_scale` of ``max|x[m, :]|`` (1 for the zero row), its codes exactly
+    ``fp8.quantize(x[m], s[m])``; alpha 1 and beta 0 for cuBLASLt."""
+    m = 37
+    rng = np.random.default_rng(k + offset)
+    x = _per_token_rows(rng, m, k).astype(dtype)
+    x[3, k - 1] = -1234.5  # the row's amax in its last element (the scalar tail when there is one)
+    from trtcore.dtypes import KERNEL_DTYPE_CODES
+
+    defines = (("DTYPE", KERNEL_DTYPE_CODES[np.dtype(dtype)]),)
+    flat = np.concatenate([np.zeros(offset, dtype), x.ravel()])
+    xd = cp.asarray(flat.view(np.uint16) if dtype != np.float32 else flat)[offset:]
+    q = cp.zeros(m * k, cp.uint8)
+    rows = cp.full(m, np.nan, cp.float32)
+    ab = cp.full(2, np.nan, cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    args = [(xd.data.ptr, "ptr"), (k, "i32"), (rows.data.ptr, "ptr"), (ab.data.ptr, "ptr"), (q.data.ptr, "ptr")]
+    _KERNELS.launch(defines, "trtcore_fp8_quantize_tokens", (m,), (256,), args, stream.ptr)
+    stream.synchronize()
+    x32 = x.astype(np.float32)
+    want_s = fp8.amax_scale(np.abs(x32).max(axis=1))
+    np.testing.assert_array_equal(cp.asnumpy(rows), want_s)
+    assert want_s[m // 2] == 1.0
+    np.testing.assert_array_equal(cp.asnumpy(q).reshape(m, k), fp8.quantize(x32, want_s[:, None]))
+    np.testing.assert_array_equal(cp.asnumpy(ab), np.array([1.0, 0.0], np.float32))
+
+
+@pytest.mark.parametrize("m", [1, 5, 64])
+@pytest.mark.parametrize("dtype", [np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)], ids=str)
+@pytest.mark.parametrize("per_channel", [True, False], ids=["channel", "tensor"])
+def test_per_token_plugin_matches_reference(per_channel: bool, dtype: np.dtype, m: int) -> None:
+    """The per-token plugin (quantize_tokens, cuBLASLt FP8 GEMM into float32, scale_tokens)
+    against its float64 reference, x rows of very different sizes (a row given another row's
+    scale is off by orders of magnitude), tolerance as :func:`test_plugin_matches_reference`."""
+    n, k = 1008, 512
+    rng = np.random.default_rng(zlib.crc32(repr(("token", per_channel, str(dtype), m)).encode()))
+    w = rng.normal(0, 0.05, (n, k)) * rng.uniform(0.2, 5, (n, 1))
+    fw = fp8.quantize_weight(w, "channel" if per_channel else "tensor", per_token=True)
+    plugin, consts = Fp8GemmPlugin.from_fp8(fw)
+    assert plugin.per_token and not plugin.static_input
+    x = _per_token_rows(rng, m, k).astype(dtype)
+    specs = [((m, k), dtype, x)] + [(a.shape, a.dtype, a) for a in consts]
+    check_plugin(plugin, specs, rtol=default_tolerance(dtype)[0] + FP8_ACCUMULATION_RTOL)
+    # row by row: the largest row's scale dominates max|y|; scale each row to the same size
+    # (a power of two per row: the same codes, the outputs scaled exactly) and check again
+    amax = np.abs(x.astype(np.float32)).max(axis=1, keepdims=True)
+    even = (x.astype(np.float64) * 2.0 ** -np.floor(np.log2(np.where(amax > 0, amax, 1)))).astype(dtype)
+    check_plugin(plugin, [((m, k), dtype, even)] + specs[1:], rtol=default_tolerance(dtype)[0] + FP8_ACCUMULATION_RTOL)

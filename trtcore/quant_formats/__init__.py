@@ -33,7 +33,7 @@ from trtcore.quantization import QuantizedWeight
 
 from .awq import AWQ_VERSIONS, read_awq
 from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight_args
-from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, fp8_weight_args, read_fp8
+from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, compressed_per_token, fp8_weight_args, read_fp8
 from .gguf_blocks import BLOCKS, GGUF_TYPES, gguf_weight
 from .gptq import ZERO_OFFSETS, dynamic_pattern, read_gptq
 
@@ -45,7 +45,8 @@ SUPPORTED_FORMATS = (
     f"awq (version {' / '.join(AWQ_VERSIONS)}, bits 4); "
     f"compressed-tensors (format {' / '.join(FORMATS)}, int weights, num_bits 4/8, strategy {' / '.join(STRATEGIES)}); "
     f"gguf ({' / '.join(GGUF_TYPES)}, from trtcore convert --gguf --keep-quantized); "
-    f"FP8 E4M3: compressed-tensors (format {' / '.join(FLOAT_FORMATS)}, float weights per tensor / channel, activations per tensor) "
+    f"FP8 E4M3: compressed-tensors (format {' / '.join(FLOAT_FORMATS)}, float weights per tensor / channel, "
+    "activations per tensor static / dynamic or per token dynamic) "
     "and fp8 (weight_scale or weight_scale_inv per tensor / channel, activation_scheme static / dynamic)"
 )
 
@@ -240,7 +241,7 @@ class QuantizedCheckpoint:
         if self.scheme.on_the_fly:
             return quantize_weight(self.checkpoint.get(name, copy=False), "tensor")
         if self.scheme.fp8:
-            return read_fp8(self.checkpoint, prefix)
+            return read_fp8(self.checkpoint, prefix, self.scheme.method == "compressed-tensors" and compressed_per_token(c))
         if self.scheme.method == "gguf":
             raw = self.checkpoint.get(name, copy=False)
             per_block, nbytes = BLOCKS[c["ggml_types"][name]]

@@ -8,7 +8,9 @@ Two published layouts, both with the E4M3 weight in the linear's own ``X.weight`
   whose ``weights`` are ``{"type": "float", "num_bits": 8, "strategy": "tensor" | "channel"}``):
   ``X.weight_scale`` ``[1]`` / ``[]`` (tensor) or ``[N, 1]`` (channel), and ``X.input_scale``
   ``[1]`` when the group's ``input_activations`` are static (``"dynamic": false``, strategy
-  ``tensor``); dynamic per-tensor activations have none;
+  ``tensor``); dynamic activations have none: per tensor (strategy ``tensor``) or per token
+  (strategy ``token``, ``"dynamic": true``: llm-compressor's ``FP8_DYNAMIC`` scheme, e.g.
+  RedHatAI's ``*-FP8-dynamic`` models; one scale per row of x, :mod:`trtcore.fp8`);
 * Hugging Face / vLLM ``quant_method: "fp8"`` (``activation_scheme: "static" | "dynamic"``):
   ``X.weight_scale`` (one per tensor, or ``[N]`` / ``[N, 1]`` per channel) or, from HF's
   ``FP8Linear``, ``X.weight_scale_inv`` (the same number: ``w = q * weight_scale_inv``), and
@@ -28,8 +30,9 @@ from trtcore.fp8 import E4M3, Fp8Weight
 
 #: compressed-tensors formats holding FP8 weights as they are
 FLOAT_FORMATS = ("float-quantized", "naive-quantized")
-#: compressed-tensors activation strategies read (static or dynamic, one scale per tensor)
-ACTIVATION_STRATEGIES = ("tensor",)
+#: compressed-tensors activation strategies read: ``tensor`` (static or dynamic, one scale per
+#: tensor) and ``token`` (dynamic only, one scale per row)
+ACTIVATION_STRATEGIES = ("tensor", "token")
 #: the tensor suffixes an FP8 linear ``X`` owns (besides ``X.weight``)
 FP8_SUFFIXES = (".weight_scale", ".weight_scale_inv", ".input_scale")
 
@@ -51,8 +54,29 @@ def check_compressed_fp8(config: dict[str, Any]) -> str | None:
         if a is not None and (
             a.get("type", "float") != "float" or a.get("num_bits", 8) != 8 or a.get("strategy", "tensor") not in ACTIVATION_STRATEGIES
         ):
-            return f"compressed-tensors input_activations {a!r} (group {name!r}; FP8 activations are read per tensor, static or dynamic)"
+            return (
+                f"compressed-tensors input_activations {a!r} (group {name!r}; FP8 activations are read per tensor, "
+                "static or dynamic, and per token, dynamic)"
+            )
+        if a is not None and a.get("strategy") == "token" and not a.get("dynamic"):
+            return (
+                f"compressed-tensors input_activations {a!r} (group {name!r}; static per-token scales cannot exist: "
+                "a token's scale is computed from the token, so per-token activations must be dynamic: true)"
+            )
+    if len({_activation_kind(g) for g in (config.get("config_groups") or {}).values() if isinstance(g, dict)}) > 1:
+        return "compressed-tensors config groups with different FP8 activation strategies (one strategy for every group is read)"
     return None
+
+
+def _activation_kind(group: dict[str, Any]) -> str:
+    a = group.get("input_activations")
+    return "token" if a is not None and a.get("strategy") == "token" else "tensor"
+
+
+def compressed_per_token(config: dict[str, Any]) -> bool:
+    """Whether a compressed-tensors FP8 ``quantization_config`` (accepted by
+    :func:`check_compressed_fp8`) has dynamic per-token activations."""
+    return any(_activation_kind(g) == "token" for g in (config.get("config_groups") or {}).values() if isinstance(g, dict))
 
 
 def check_hf_fp8(config: dict[str, Any]) -> str | None:
@@ -66,11 +90,13 @@ def check_hf_fp8(config: dict[str, Any]) -> str | None:
     return None
 
 
-def read_fp8(weights: Any, prefix: str) -> Fp8Weight:
-    """The FP8 linear ``prefix`` of a checkpoint (either layout of the module docstring).
+def read_fp8(weights: Any, prefix: str, per_token: bool = False) -> Fp8Weight:
+    """The FP8 linear ``prefix`` of a checkpoint (either layout of the module docstring);
+    ``per_token``: its activations are quantized per token (:func:`compressed_per_token`).
 
     Raises:
-        CheckpointError: the weight is not E4M3 or a scale's shape fits neither strategy.
+        CheckpointError: the weight is not E4M3, a scale's shape fits neither strategy, or a
+            per-token linear has an ``input_scale``.
     """
 
     def opt(suffix: str) -> np.ndarray | None:
@@ -92,7 +118,18 @@ def read_fp8(weights: Any, prefix: str) -> Fp8Weight:
     inp = opt("input_scale")
     if inp is not None and inp.size != 1:
         raise CheckpointError(f"'{prefix}.input_scale' has {inp.size} values; expected 1 (per tensor)")
-    return Fp8Weight(np.ascontiguousarray(w.view(np.uint8)), np.ascontiguousarray(scale), None if inp is None else inp.reshape(1))
+    if inp is not None and per_token:
+        raise CheckpointError(f"'{prefix}.input_scale' in a checkpoint whose activations are dynamic per token (no static scale)")
+    return Fp8Weight(np.ascontiguousarray(w.view(np.uint8)), np.ascontiguousarray(scale), None if inp is None else inp.reshape(1), per_token)
 
 
-__all__ = ["ACTIVATION_STRATEGIES", "FLOAT_FORMATS", "FP8_SUFFIXES", "check_compressed_fp8", "check_hf_fp8", "fp8_weight_args", "read_fp8"]
+__all__ = [
+    "ACTIVATION_STRATEGIES",
+    "FLOAT_FORMATS",
+    "FP8_SUFFIXES",
+    "check_compressed_fp8",
+    "compressed_per_token",
+    "check_hf_fp8",
+    "fp8_weight_args",
+    "read_fp8",
+]
