@@ -9,7 +9,13 @@ L2 cache; launches are captured in a CUDA graph and timed with events (median of
 W4A16 >= 3.2x and W8A16 >= 1.8x faster than cuBLAS bfloat16.
 
     python bench/bench_wq_gemm.py --out $OUT       # writes wq_gemm.json, prints a table
-    python bench/bench_wq_gemm.py --out $OUT --tune    # also every (warps, UNROLL) of the decode kernel
+    python bench/bench_wq_gemm.py --out $OUT --tune    # also every decode-kernel variant (below)
+
+``--tune`` times, per shape and quantization, the default decode kernel (v1) at every
+(warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
+every (ROW_TILES, WQ_FOLD, SEG, warps, UNROLL) of :data:`TUNE_V2`, each output checked against
+float64 NumPy; a table per case (best first) and the JSON. ``--tune-only v2`` skips v1. The
+define sets are compiled first, in parallel processes (the disk cache serves the timing runs).
 
 The JSON is printed too (one line after ``JSON:``), for runs whose files do not come back.
 """
@@ -46,11 +52,54 @@ def _quantized(rng: np.random.Generator, n: int, k: int, bits: int, gs: int, zer
 
 #: decode-kernel settings ``--tune`` times: (warps per tile, UNROLL)
 TUNE = [(w, u) for w in (4, 8, 16) for u in (1, 2, 3)]
+#: v2 settings: (ROW_TILES, WQ_FOLD, SEG, warps per block, UNROLL); bfloat16 int8 ignores
+#: WQ_FOLD (kernels/wq_gemm.cu), so its FOLD 1 entries are skipped. Registers grow with
+#: ROW_TILES x SEG x UNROLL (16-byte vectors in flight per lane): UNROLL 3 only with one tile.
+TUNE_V2 = [
+    (rt, f, seg, w, u) for rt in (1, 2) for f in (0, 1) for seg in (1, 2) for w in (4, 8, 16) for u in ((1, 2, 3) if rt == 1 else (1, 2))
+]
 
 
-def time_shape(cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tune: bool = False) -> dict[str, Any]:
+def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
+    """``--tune``'s entries for a quantization: (name, extra defines (UNROLL included), warps)."""
+    out = []
+    if only in ("", "v1"):
+        out += [(f"v1_w{w}_u{u}", {"UNROLL": u}, w) for w, u in TUNE]
+    if only in ("", "v2"):
+        for rt, f, seg, w, u in TUNE_V2:
+            if f and bits == 8:  # the bench's activations are bfloat16: int8 cannot fold
+                continue
+            out.append((f"v2_rt{rt}_f{f}_s{seg}_w{w}_u{u}", {"UNROLL": u, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg}, w))
+    return out
+
+
+def _compile_one(defines: dict[str, int]) -> str:
+    from trtcore import kernels
+
+    kernels.compile_kernel("wq_gemm", defines=defines)
+    return ""
+
+
+def precompile(only: str, jobs: int) -> None:
+    """Compile every define set ``--tune`` uses into the disk cache, ``jobs`` processes at once."""
+    import concurrent.futures
+    import multiprocessing
+
+    from trtcore.dtypes import KERNEL_DTYPE_CODES
+
+    sets = set()
+    for _, bits, gs, zeros in VARIANTS:
+        base = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)], "BITS": bits, "HAS_ZEROS": int(zeros), "HAS_PERM": 0}
+        for _, extra, _ in _sweep(bits, only):
+            sets.add(tuple(sorted({**base, **extra}.items())))
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile_one, [dict(d) for d in sorted(sets)]))
+
+
+def time_shape(cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tune: bool = False, only: str = "") -> dict[str, Any]:
     from trtcore.cuda.gemm import GemmCall
     from trtcore.plugins.base import DeviceTensor
+    from trtcore.plugins import weight_only_gemm as wog
     from trtcore.plugins.weight_only_gemm import WeightOnlyGemmPlugin
     from trtcore.reference.types import DataType
 
@@ -116,19 +165,28 @@ def time_shape(cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tun
         assert err < 1e-2, (n, k, label, err)
         if tune:
             cls = type(plugin)
-            base_defines, base_warps = cls.defines, cls.decode_warps
+            base_defines, base_warps, base_variant = cls.defines, cls.decode_warps, dict(wog.DECODE_VARIANT)
             sweep = {}
             try:
-                for warps, unroll in TUNE:
-                    cls.defines = lambda self, dtype, u=unroll: {**base_defines(self, dtype), "UNROLL": u}  # type: ignore[method-assign]
-                    cls.decode_warps = lambda self, w=warps: w  # type: ignore[method-assign]
+                for name, extra, warps in _sweep(bits, only):
+                    unroll = {"UNROLL": extra["UNROLL"]}
+                    variant = {key: val for key, val in extra.items() if key != "UNROLL"}
+                    cls.defines = lambda self, dtype, u=unroll: {**base_defines(self, dtype), **u}  # type: ignore[method-assign]
+                    cls.decode_warps = lambda self, row_tiles=1, w=warps: w  # type: ignore[method-assign]
+                    wog.DECODE_VARIANT.clear()
+                    wog.DECODE_VARIANT.update(variant)
+                    if variant and not plugin.decode_variant(np.dtype(bf16), 1):
+                        continue  # v2 does not apply (it never does here: no perm, whole-chunk groups)
                     t_us, t_err = timed()
-                    sweep[f"w{warps}_u{unroll}"] = {"us": round(t_us, 3), "speedup_vs_cublas": round(cublas_us / t_us, 3), "rel_err": t_err}
-                    print(
-                        f"    tune {label:20s} warps {warps:2d} UNROLL {unroll}: {t_us:8.2f} us  x{cublas_us / t_us:.2f}  err {t_err:.1e}", flush=True
-                    )
+                    sweep[name] = {"us": round(t_us, 3), "speedup_vs_cublas": round(cublas_us / t_us, 3), "rel_err": t_err, "ok": t_err < 1e-2}
             finally:
                 cls.defines, cls.decode_warps = base_defines, base_warps  # type: ignore[method-assign]
+                wog.DECODE_VARIANT.clear()
+                wog.DECODE_VARIANT.update(base_variant)
+            print(f"  tune {n}x{k} {label}: best first (cuBLAS bf16 {cublas_us:.2f} us)", flush=True)
+            for name, t in sorted(sweep.items(), key=lambda kv: kv[1]["us"]):
+                flag = "" if t["ok"] else "  WRONG (rel_err >= 1e-2)"
+                print(f"    {name:22s} {t['us']:8.2f} us  x{t['speedup_vs_cublas']:.2f}  err {t['rel_err']:.1e}{flag}", flush=True)
             row["variants"][label]["tune"] = sweep
         del dev, ys
         cp.get_default_memory_pool().free_all_blocks()
@@ -139,8 +197,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--tune", action="store_true", help="also time every (warps, UNROLL) of the decode kernel")
+    ap.add_argument("--tune", action="store_true", help="also time every decode-kernel variant (TUNE, TUNE_V2)")
+    ap.add_argument("--tune-only", default="", choices=["", "v1", "v2"], help="with --tune: only v1 or only v2")
+    ap.add_argument("--jobs", type=int, default=8, help="processes compiling the --tune variants first")
     args = ap.parse_args()
+    if args.tune:
+        precompile(args.tune_only, args.jobs)
     import cupy as cp
 
     from trtcore.cuda.gemm import WORKSPACE_BYTES, Cublas
@@ -152,7 +214,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"shapes": {}}
     for name in args.shapes.split(","):
-        row = time_shape(cp, blas, *SHAPES[name], rng, args.tune)
+        row = time_shape(cp, blas, *SHAPES[name], rng, args.tune, args.tune_only)
         results["shapes"][name] = row
         for label, v in row["variants"].items():
             print(

@@ -54,6 +54,7 @@ from .launcher import KernelLauncher
 
 __all__ = [
     "DECODE_MAX_M",
+    "DECODE_VARIANT",
     "PackedWeight",
     "WeightOnlyGemmPlugin",
     "chunk_codes",
@@ -78,6 +79,11 @@ TILE_ROWS = 16
 _MAX_WARPS = 16
 #: prefill tile (``BM`` x ``BN``)
 _BM = _BN = 64
+#: the M <= 8 decode kernel's variant, extra defines of kernels/wq_gemm.cu: {} is the default
+#: (v1); {"WQ_DECODE": 2, "ROW_TILES": 1 | 2, "WQ_FOLD": 0 | 1, "SEG": 1 .. 4} selects v2 where
+#: :meth:`WeightOnlyGemmPlugin.fast_decode` allows it (SEG falls back to 1 where it does not
+#: divide the chunks per group; bench/bench_wq_gemm.py --tune times them)
+DECODE_VARIANT: dict[str, int] = {}
 #: warps the decode kernel should launch in all (about two H200 waves of 132 SMs x 32 warps):
 #: a weight with few tiles gives each tile more warps (measured on the 8B MLP shapes,
 #: bench/bench_wq_gemm.py --tune)
@@ -365,10 +371,27 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         g, c = self.group_size, chunk_codes(self.bits)
         return g // c if g % c == 0 else 0
 
-    def decode_warps(self) -> int:
-        """Warps per block (per 16-row tile) of the decode kernel: about :data:`_TARGET_WARPS`
-        in all, a power of two from 1 to 16, at most one per chunk of K."""
-        tiles = -(-self.out_features // TILE_ROWS)
+    def fast_decode(self, dtype: Any, m: int) -> bool:
+        """Whether the v2 decode kernel (``WQ_DECODE 2``) can run ``m`` rows: the tensor-core
+        kernel of up to 8 rows, no act order, and every group whole chunks (so K is whole
+        chunks too: v2 has no bounds checks)."""
+        return self.uses_tensor_cores(dtype, m) and m <= 8 and not self.has_perm and self.chunks_per_group() > 0
+
+    def decode_variant(self, dtype: Any, m: int) -> dict[str, int]:
+        """The extra defines of the decode kernel for ``m`` rows: :data:`DECODE_VARIANT` where
+        :meth:`fast_decode` allows v2, else none (v1); ``SEG`` left out (1) where it does not
+        divide :meth:`chunks_per_group` (a unit of SEG chunks must lie inside one group)."""
+        if DECODE_VARIANT.get("WQ_DECODE", 1) != 2 or not self.fast_decode(dtype, m):
+            return {}
+        variant = dict(DECODE_VARIANT)
+        if self.chunks_per_group() % variant.get("SEG", 1):
+            del variant["SEG"]
+        return variant
+
+    def decode_warps(self, row_tiles: int = 1) -> int:
+        """Warps per block (per ``row_tiles`` 16-row tiles) of the decode kernel: about
+        :data:`_TARGET_WARPS` in all, a power of two from 1 to 16, at most one per chunk of K."""
+        tiles = -(-self.out_features // (TILE_ROWS * row_tiles))
         chunks = -(-self.in_features // chunk_codes(self.bits))
         want = max(1, min(_MAX_WARPS, _TARGET_WARPS // tiles, chunks))
         return 1 << (want.bit_length() - 1)  # a power of two
@@ -399,7 +422,11 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             cdiv = self.chunks_per_group()
             cmagic = -(-(1 << 32) // cdiv) if cdiv > 1 else 0  # kernels/wq_gemm.cu chunk_group
             args += [(cdiv, "i32"), (cmagic, "u32")]
-            _launch(defines, name, (-(-n // TILE_ROWS),), (32 * self.decode_warps(),), args, stream)
+            variant = self.decode_variant(dtype, m)
+            rt = variant.get("ROW_TILES", 1)
+            if variant:
+                defines = tuple(sorted({**dict(defines), **variant}.items()))
+            _launch(defines, name, (-(-n // (TILE_ROWS * rt)),), (32 * self.decode_warps(rt),), args, stream)
             return
         if -(-m // _BM) > 65535:
             raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the tiled kernel's grid (at most {65535 * _BM})")
