@@ -13,9 +13,10 @@ W4A16 >= 3.2x and W8A16 >= 1.8x faster than cuBLAS bfloat16.
 
 ``--tune`` times, per shape and quantization, the default decode kernel (v1) at every
 (warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
-every (ROW_TILES, WQ_FOLD, SEG, warps, UNROLL) of :data:`TUNE_V2`, each output checked against
+every (ROW_TILES, WQ_FOLD, SEG, L2_PF, warps, UNROLL) of :data:`TUNE_V2`, each output checked against
 float64 NumPy; a table per case (best first) and the JSON. ``--tune-only v2`` skips v1. The
-define sets are compiled first, in parallel processes (the disk cache serves the timing runs).
+define sets are compiled in parallel processes in the background while the weights are made
+(the disk cache serves the timing runs).
 
 The JSON is printed too (one line after ``JSON:``), for runs whose files do not come back.
 """
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +55,17 @@ def _quantized(rng: np.random.Generator, n: int, k: int, bits: int, gs: int, zer
 
 #: decode-kernel settings ``--tune`` times: (warps per tile, UNROLL)
 TUNE = [(w, u) for w in (4, 8, 16) for u in (1, 2, 3)]
-#: v2 settings: (ROW_TILES, WQ_FOLD, SEG, warps per block, UNROLL); bfloat16 int8 ignores
-#: WQ_FOLD (kernels/wq_gemm.cu), so its FOLD 1 entries are skipped. Registers grow with
+#: v2 settings: (ROW_TILES, WQ_FOLD, SEG, L2_PF, warps per block, UNROLL); bfloat16 int8
+#: ignores WQ_FOLD (kernels/wq_gemm.cu), so its FOLD 1 entries are skipped. Registers grow with
 #: ROW_TILES x SEG x UNROLL (16-byte vectors in flight per lane): UNROLL 3 only with one tile.
 TUNE_V2 = [
-    (rt, f, seg, w, u) for rt in (1, 2) for f in (0, 1) for seg in (1, 2) for w in (4, 8, 16) for u in ((1, 2, 3) if rt == 1 else (1, 2))
+    (rt, f, seg, pf, w, u)
+    for rt in (1, 2)
+    for f in (0, 1)
+    for seg in (1, 2)
+    for pf in (0, 2)
+    for w in (4, 8, 16)
+    for u in ((1, 2, 3) if rt == 1 else (1, 2))
 ]
 
 
@@ -66,37 +75,99 @@ def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
     if only in ("", "v1"):
         out += [(f"v1_w{w}_u{u}", {"UNROLL": u}, w) for w, u in TUNE]
     if only in ("", "v2"):
-        for rt, f, seg, w, u in TUNE_V2:
+        for rt, f, seg, pf, w, u in TUNE_V2:
             if f and bits == 8:  # the bench's activations are bfloat16: int8 cannot fold
                 continue
-            out.append((f"v2_rt{rt}_f{f}_s{seg}_w{w}_u{u}", {"UNROLL": u, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg}, w))
+            defines = {"UNROLL": u, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "L2_PF": pf}
+            out.append((f"v2_rt{rt}_f{f}_s{seg}_pf{pf}_w{w}_u{u}", defines, w))
     return out
 
 
-def _compile_one(defines: dict[str, int]) -> str:
+def _compile_one(defines: dict[str, int], arch: str) -> None:
     from trtcore import kernels
 
-    kernels.compile_kernel("wq_gemm", defines=defines)
-    return ""
+    kernels.compile_kernel("wq_gemm", defines=defines, arch=arch)
 
 
-def precompile(only: str, jobs: int) -> None:
-    """Compile every define set ``--tune`` uses into the disk cache, ``jobs`` processes at once."""
-    import concurrent.futures
-    import multiprocessing
+class Precompile:
+    """Every define set ``--tune`` uses, compiled into the disk cache by ``jobs`` processes in
+    the background (while the weights are made); :meth:`wait` before the first timing."""
 
-    from trtcore.dtypes import KERNEL_DTYPE_CODES
+    def __init__(self, only: str, jobs: int) -> None:
+        import concurrent.futures
+        import multiprocessing
 
-    sets = set()
-    for _, bits, gs, zeros in VARIANTS:
-        base = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)], "BITS": bits, "HAS_ZEROS": int(zeros), "HAS_PERM": 0}
-        for _, extra, _ in _sweep(bits, only):
-            sets.add(tuple(sorted({**base, **extra}.items())))
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_compile_one, [dict(d) for d in sorted(sets)]))
+        from trtcore import kernels
+        from trtcore.dtypes import KERNEL_DTYPE_CODES
+
+        sets = set()
+        for _, bits, _gs, zeros in VARIANTS:
+            base = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)], "BITS": bits, "HAS_ZEROS": int(zeros), "HAS_PERM": 0}
+            for _, extra, _ in _sweep(bits, only):
+                sets.add(tuple(sorted({**base, **extra}.items())))
+        self.count, self.t0 = len(sets), time.perf_counter()
+        arch = kernels.current_arch()  # the launcher's key: workers need no CUDA context
+        self.pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+        self.futures = [self.pool.submit(_compile_one, dict(d), arch) for d in sorted(sets)]
+
+    def wait(self) -> None:
+        """Block until every set is compiled (once); a failure only leaves it to first use."""
+        if self.pool is None:
+            return
+        try:
+            for f in self.futures:
+                f.result()
+        except Exception as exc:  # the timing runs compile what is missing, one after another
+            print(f"precompile failed ({exc!r}); compiling on first use", flush=True)
+        self.pool.shutdown()
+        self.pool = None
+        print(f"precompiled {self.count} define sets in {time.perf_counter() - self.t0:.1f} s (in the background)", flush=True)
 
 
-def time_shape(cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tune: bool = False, only: str = "") -> dict[str, Any]:
+#: the tune table lines of every case (written to wq_tune.txt) and how many per case are printed
+TUNE_LINES: list[str] = []
+TOP = 12
+
+
+def _tune_table(case: str, cublas_us: float, sweep: dict[str, dict[str, Any]]) -> list[str]:
+    """A case's tune entries, fastest first (wrong outputs flagged)."""
+    lines = [f"  tune {case}: best first (cuBLAS bf16 {cublas_us:.2f} us)"]
+    for name, t in sorted(sweep.items(), key=lambda kv: kv[1]["us"]):
+        flag = "" if t["ok"] else "  WRONG (rel_err >= 1e-2)"
+        lines.append(f"    {name:28s} {t['us']:8.2f} us  x{t['speedup_vs_cublas']:.2f}  err {t['rel_err']:.1e}{flag}")
+    return lines
+
+
+def _best(sweep: dict[str, dict[str, Any]], prefix: str) -> tuple[str, dict[str, Any]] | None:
+    ok = [(name, t) for name, t in sweep.items() if name.startswith(prefix) and t["ok"]]
+    return min(ok, key=lambda kv: kv[1]["us"]) if ok else None
+
+
+def _summary(results: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The tune run's summary: per case the default, the best v1 and the best v2 setting (only
+    correct outputs count), as printed lines and as a dict (the JSON line)."""
+
+    def cell(b: tuple[str, dict[str, Any]] | None) -> str:
+        return f"{b[0]} {b[1]['us']:.2f} x{b[1]['speedup_vs_cublas']:.2f}" if b else "none correct"
+
+    summary: dict[str, Any] = {}
+    lines = [f"{'case':32s} {'cuBLAS':>8s} {'default':>16s} {'best v1':>30s} {'best v2':>46s}"]
+    for name, row in results["shapes"].items():
+        cublas_us = row["variants"]["cublas bf16"]["us"]
+        for label, v in row["variants"].items():
+            if "tune" not in v:
+                continue
+            b1, b2 = _best(v["tune"], "v1_"), _best(v["tune"], "v2_")
+            summary[f"{name} {label}"] = {"cublas_us": cublas_us, "default_us": v["us"], "best_v1": b1, "best_v2": b2}
+            lines.append(f"{name + ' ' + label:32s} {cublas_us:8.2f} {v['us']:9.2f} x{v['speedup_vs_cublas']:.2f} {cell(b1):>30s} {cell(b2):>46s}")
+    wrong = sum(not t["ok"] for row in results["shapes"].values() for v in row["variants"].values() for t in v.get("tune", {}).values())
+    lines.append(f"tune entries with a wrong output: {wrong}")
+    return lines, summary
+
+
+def time_shape(
+    cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tune: bool = False, only: str = "", pre: Precompile | None = None
+) -> dict[str, Any]:
     from trtcore.cuda.gemm import GemmCall
     from trtcore.plugins.base import DeviceTensor
     from trtcore.plugins import weight_only_gemm as wog
@@ -164,6 +235,8 @@ def time_shape(cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tun
         }
         assert err < 1e-2, (n, k, label, err)
         if tune:
+            if pre is not None:
+                pre.wait()
             cls = type(plugin)
             base_defines, base_warps, base_variant = cls.defines, cls.decode_warps, dict(wog.DECODE_VARIANT)
             sweep = {}
@@ -183,11 +256,10 @@ def time_shape(cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tun
                 cls.defines, cls.decode_warps = base_defines, base_warps  # type: ignore[method-assign]
                 wog.DECODE_VARIANT.clear()
                 wog.DECODE_VARIANT.update(base_variant)
-            print(f"  tune {n}x{k} {label}: best first (cuBLAS bf16 {cublas_us:.2f} us)", flush=True)
-            for name, t in sorted(sweep.items(), key=lambda kv: kv[1]["us"]):
-                flag = "" if t["ok"] else "  WRONG (rel_err >= 1e-2)"
-                print(f"    {name:22s} {t['us']:8.2f} us  x{t['speedup_vs_cublas']:.2f}  err {t['rel_err']:.1e}{flag}", flush=True)
             row["variants"][label]["tune"] = sweep
+            lines = _tune_table(f"{n}x{k} {label}", cublas_us, sweep)
+            print("\n".join(lines[: TOP + 1]), flush=True)  # the whole table goes to wq_tune.txt
+            TUNE_LINES.extend(lines)
         del dev, ys
         cp.get_default_memory_pool().free_all_blocks()
     return row
@@ -199,10 +271,9 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tune", action="store_true", help="also time every decode-kernel variant (TUNE, TUNE_V2)")
     ap.add_argument("--tune-only", default="", choices=["", "v1", "v2"], help="with --tune: only v1 or only v2")
-    ap.add_argument("--jobs", type=int, default=8, help="processes compiling the --tune variants first")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="processes compiling the --tune variants first")
     args = ap.parse_args()
-    if args.tune:
-        precompile(args.tune_only, args.jobs)
+    pre = Precompile(args.tune_only, args.jobs) if args.tune else None
     import cupy as cp
 
     from trtcore.cuda.gemm import WORKSPACE_BYTES, Cublas
@@ -214,7 +285,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"shapes": {}}
     for name in args.shapes.split(","):
-        row = time_shape(cp, blas, *SHAPES[name], rng, args.tune, args.tune_only)
+        row = time_shape(cp, blas, *SHAPES[name], rng, args.tune, args.tune_only, pre)
         results["shapes"][name] = row
         for label, v in row["variants"].items():
             print(
@@ -222,7 +293,13 @@ def main() -> int:
                 flush=True,
             )
     (out / "wq_gemm.json").write_text(json.dumps(results, indent=1))
-    print("JSON:", json.dumps(results))
+    if not args.tune:
+        print("JSON:", json.dumps(results))
+        return 0
+    (out / "wq_tune.txt").write_text("\n".join(TUNE_LINES) + "\n")
+    lines, summary = _summary(results)
+    print("\n".join(lines), flush=True)
+    print("JSON:", json.dumps(summary))
     return 0
 
 

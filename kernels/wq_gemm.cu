@@ -432,16 +432,20 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 // WeightOnlyGemmPlugin.fast_decode decides). What it changes, each measured by bench --tune:
 //   ROW_TILES 1 | 2  tiles per block; with 2 every warp reads both tiles' vectors of a chunk, so
 //                    each B fragment (x loads) and each X mma serves 32 rows.
-//   WQ_FOLD 0 | 1    the magic number stays in the codes: A = off + q straight from one LOP3 /
-//                    PRMT (no fma2 per register), and the segment's flush subtracts
+//   WQ_FOLD 0 | 1 | 2  the magic number stays in the codes: A = off + q straight from one
+//                    LOP3 / PRMT (no fma2 per register), and the segment's flush subtracts
 //                    (off + z) * X, X = sum of x over the segment from one mma against ones per
-//                    k-step (shared by the row tiles). off: float16 int4 1024 (rows gid) / 64
-//                    (rows gid + 8, the nibble 4 bits higher, so no shift), bfloat16 int4 128,
+//                    k-step (shared by the row tiles). off: float16 int4 64, bfloat16 int4 128,
 //                    float16 int8 1024 (two codes per PRMT). bfloat16 int8 cannot fold (128 + q
-//                    needs 9 bits) and ignores it.
+//                    needs 9 bits) and ignores it. WQ_FOLD 2 differs only for float16 int4:
+//                    1024 for rows gid (low nibbles, no shift) and 64 for rows gid + 8, so one
+//                    shift per 8 codes instead of three, at 16x the rounding of the offset sums.
 //   SEG 1 .. 4       chunks per work unit (a divisor of the chunks per group): a warp's unit is
 //                    SEG consecutive chunks of one group, so its scales are loaded and its sums
 //                    flushed once per SEG chunks (g128 int4: SEG 2 is one flush per group).
+//   L2_PF 0 ..       at each refill, also prefetch into L2 the unit L2_PF rounds further on
+//                    (prefetch.global.L2, one per 128 bytes: lanes 0, 8, 16, 24): more bytes in
+//                    flight from DRAM without registers; the later loads then hit L2.
 //   int8             bytes reach float32 through one PRMT each (0x4B0000qq) instead of shift + mask.
 //   per channel      (one group) the mma accumulators run over all of K and are scaled once at the
 //                    end: no per-chunk scale loads or flushes.
@@ -459,17 +463,25 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #ifndef SEG
 #define SEG 1
 #endif
+#ifndef L2_PF
+#define L2_PF 0
+#endif
 #if WQ_DECODE != 1 && WQ_DECODE != 2
 #error "WQ_DECODE must be 1 or 2"
 #endif
 #if ROW_TILES != 1 && ROW_TILES != 2
 #error "ROW_TILES must be 1 or 2"
 #endif
+#if WQ_FOLD < 0 || WQ_FOLD > 2
+#error "WQ_FOLD must be 0, 1 or 2"
+#endif
 #if SEG < 1 || SEG > 4
 #error "SEG must be 1 .. 4"
 #endif
 #define FOLD_ON (WQ_FOLD && (BITS == 4 || DTYPE == 1))
 #define NEED_X (HAS_ZEROS || FOLD_ON)  // the X mma (sum of x per segment) is needed
+
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ unsigned int prmt(unsigned int a, unsigned int b, unsigned int sel) {
     unsigned int d;
@@ -492,8 +504,10 @@ __device__ __forceinline__ void mma16816_zc(float* d, const unsigned int* a, uns
 __device__ __forceinline__ float fold_off(int half) {
 #if !FOLD_ON
     return 0.0f;
-#elif BITS == 4 && DTYPE == 1
+#elif BITS == 4 && DTYPE == 1 && WQ_FOLD == 2
     return half ? 64.0f : 1024.0f;
+#elif BITS == 4 && DTYPE == 1
+    return 64.0f;
 #elif BITS == 4
     return 128.0f;
 #else
@@ -507,14 +521,23 @@ __device__ __forceinline__ float fold_off(int half) {
 __device__ __forceinline__ void a_fragment2(const uint4& v, int j, unsigned int* a, unsigned int m0f, unsigned int mf0, unsigned int m1,
                                             unsigned int m2) {
     const unsigned int wv[4] = {v.x, v.y, v.z, v.w};
-#if BITS == 4 && FOLD_ON && DTYPE == 1
+#if BITS == 4 && FOLD_ON && DTYPE == 1 && WQ_FOLD == 2
     // nibbles r, r + 4 are register r: 0 and 2 (rows gid) in the low nibble of a byte, 1024 + q;
-    // 1 and 3 (rows gid + 8) in the high one, 64 + q (float16 ulp 1/16 at 64): one shift in all
+    // 1 and 3 (rows gid + 8) in the high one, 64 + q (float16 ulp 1/16 at 64): one shift in all.
+    // The 1024 offset costs accuracy: the mma sums (1024 + q) x, 16x larger than WQ_FOLD 1's.
     const unsigned int word = wv[j], t = word >> 8;
     a[0] = and_or(word, m0f, m1);
     a[1] = and_or(word, mf0, m2);
     a[2] = and_or(t, m0f, m1);
     a[3] = and_or(t, mf0, m2);
+#elif BITS == 4 && FOLD_ON && DTYPE == 1
+    // every nibble moves to bits 4-7 of its half: 64 + q (float16 ulp 1/16 at 64); register 1's
+    // is there already
+    const unsigned int word = wv[j];
+    a[0] = and_or(word << 4, mf0, m2);
+    a[1] = and_or(word, mf0, m2);
+    a[2] = and_or(word >> 4, mf0, m2);
+    a[3] = and_or(word >> 8, mf0, m2);
 #elif BITS == 4 && FOLD_ON
     // bfloat16 has 7 mantissa bits: every nibble moves to bits 0-3, 128 + q
     const unsigned int word = wv[j];
@@ -608,6 +631,9 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
     const uint4* wn[RT];
 #pragma unroll
     for (int r = 0; r < RT; ++r) wn[r] = wt[r] + (size_t)(warp + UNROLL * warps) * (SEG * 32);
+#if L2_PF > 0
+    const size_t pfstep = (size_t)L2_PF * wstep;  // the prefetched unit, from the refilled one
+#endif
 
     float acc[RT][4], d[RT][4], dx[4];
 #pragma unroll
@@ -659,6 +685,14 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
                     for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream(wn[r] + s * 32);
                     if (GROUPED) gbuf[u][r] = group_pair(st[r], zt[r], g, gid);
                 }
+#if L2_PF > 0
+                if ((lane & 7) == 0 && next + L2_PF * warps < units) {  // lanes 8i: 128 bytes each
+#pragma unroll
+                    for (int r = 0; r < RT; ++r)
+#pragma unroll
+                        for (int s = 0; s < SEG; ++s) prefetch_l2(wn[r] + pfstep + s * 32);
+                }
+#endif
             }
             next += warps;
             xc += xstep;

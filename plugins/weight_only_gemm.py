@@ -39,6 +39,9 @@ for K up to a few thousand, :func:`trtcore.testing.default_tolerance`).
 
 from __future__ import annotations
 
+import json
+import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -79,11 +82,32 @@ TILE_ROWS = 16
 _MAX_WARPS = 16
 #: prefill tile (``BM`` x ``BN``)
 _BM = _BN = 64
+
+
+def _variant_from_env() -> dict[str, int]:
+    """``TRTCORE_WQ_DECODE``: a JSON object of :data:`DECODE_VARIANT` (e.g.
+    ``{"WQ_DECODE": 2, "ROW_TILES": 2, "SEG": 2, "WARPS": 8}``), read once at import; unset or
+    invalid (a warning): ``{}``."""
+    text = os.environ.get("TRTCORE_WQ_DECODE", "")
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict) or not all(isinstance(k, str) and type(v) is int for k, v in value.items()):
+            raise ValueError("not an object of integers")
+    except ValueError as exc:
+        warnings.warn(f"TRTCORE_WQ_DECODE={text!r} ignored: {exc}", stacklevel=2)
+        return {}
+    return value
+
+
 #: the M <= 8 decode kernel's variant, extra defines of kernels/wq_gemm.cu: {} is the default
-#: (v1); {"WQ_DECODE": 2, "ROW_TILES": 1 | 2, "WQ_FOLD": 0 | 1, "SEG": 1 .. 4} selects v2 where
-#: :meth:`WeightOnlyGemmPlugin.fast_decode` allows it (SEG falls back to 1 where it does not
-#: divide the chunks per group; bench/bench_wq_gemm.py --tune times them)
-DECODE_VARIANT: dict[str, int] = {}
+#: (v1); {"WQ_DECODE": 2, "ROW_TILES": 1 | 2, "WQ_FOLD": 0 | 1, "SEG": 1 .. 4, "L2_PF": 0 ..}
+#: (any subset; UNROLL too) selects v2 where :meth:`WeightOnlyGemmPlugin.fast_decode` allows it
+#: (SEG falls back to 1 where it does not divide the chunks per group); "WARPS" (not a define)
+#: sets its warps per block instead of :meth:`WeightOnlyGemmPlugin.decode_warps`.
+#: bench/bench_wq_gemm.py --tune times them; ``TRTCORE_WQ_DECODE`` sets it (:func:`_variant_from_env`).
+DECODE_VARIANT: dict[str, int] = _variant_from_env()
 #: warps the decode kernel should launch in all (about two H200 waves of 132 SMs x 32 warps):
 #: a weight with few tiles gives each tile more warps (measured on the 8B MLP shapes,
 #: bench/bench_wq_gemm.py --tune)
@@ -386,6 +410,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         variant = dict(DECODE_VARIANT)
         if self.chunks_per_group() % variant.get("SEG", 1):
             del variant["SEG"]
+        if not 1 <= variant.get("WARPS", 1) <= _MAX_WARPS:
+            raise PluginError(f"DECODE_VARIANT: WARPS must be 1 .. {_MAX_WARPS}, got {variant['WARPS']}")
         return variant
 
     def decode_warps(self, row_tiles: int = 1) -> int:
@@ -423,10 +449,11 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             cmagic = -(-(1 << 32) // cdiv) if cdiv > 1 else 0  # kernels/wq_gemm.cu chunk_group
             args += [(cdiv, "i32"), (cmagic, "u32")]
             variant = self.decode_variant(dtype, m)
+            warps = variant.pop("WARPS", 0)
             rt = variant.get("ROW_TILES", 1)
             if variant:
                 defines = tuple(sorted({**dict(defines), **variant}.items()))
-            _launch(defines, name, (-(-n // (TILE_ROWS * rt)),), (32 * self.decode_warps(rt),), args, stream)
+            _launch(defines, name, (-(-n // (TILE_ROWS * rt)),), (32 * (warps or self.decode_warps(rt)),), args, stream)
             return
         if -(-m // _BM) > 65535:
             raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the tiled kernel's grid (at most {65535 * _BM})")

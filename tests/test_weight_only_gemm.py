@@ -187,12 +187,17 @@ def _half_value(bits16: int, dtype: str) -> float:
     return float(np.array([bits16 << 16], np.uint32).view(np.float32)[0])  # bfloat16: float32's top half
 
 
-def _v2_fragment(vec: np.ndarray, j: int, bits: int, dtype: str) -> tuple[list[list[float]], list[float]]:
-    """kernels/wq_gemm.cu ``a_fragment2`` with WQ_FOLD 1 (int8 bfloat16: its float32 PRMT path,
-    which does not fold) for one lane's 4 words: the 4 registers' two values each, and the
-    offset ``fold_off`` of each register's row half (registers 0, 2: rows gid; 1, 3: gid + 8)."""
+def _v2_fragment(vec: np.ndarray, j: int, bits: int, dtype: str, fold: int) -> tuple[list[list[float]], list[float]]:
+    """kernels/wq_gemm.cu ``a_fragment2`` with WQ_FOLD ``fold`` 1 or 2 (int8 bfloat16: its
+    float32 PRMT path, which does not fold) for one lane's 4 words: the 4 registers' two values
+    each, and the offset ``fold_off`` of each register's row half (registers 0, 2: rows gid;
+    1, 3: gid + 8)."""
     w = [int(v) for v in vec]
-    if bits == 4 and dtype == "float16":
+    if bits == 4 and dtype == "float16" and fold == 1:
+        regs = [((w[j] << 4) & 0x00F000F0) | 0x54005400, (w[j] & 0x00F000F0) | 0x54005400]
+        regs += [((w[j] >> 4) & 0x00F000F0) | 0x54005400, ((w[j] >> 8) & 0x00F000F0) | 0x54005400]
+        off = [64.0] * 4
+    elif bits == 4 and dtype == "float16":
         t = w[j] >> 8
         regs = [(w[j] & 0x000F000F) | 0x64006400, (w[j] & 0x00F000F0) | 0x54005400, (t & 0x000F000F) | 0x64006400, (t & 0x00F000F0) | 0x54005400]
         off = [1024.0, 64.0, 1024.0, 64.0]
@@ -203,13 +208,16 @@ def _v2_fragment(vec: np.ndarray, j: int, bits: int, dtype: str) -> tuple[list[l
         regs = [_prmt(w[2 * j + h], 0x64646464, sel) for h in range(2) for sel in (0x4140, 0x4342)]
         off = [1024.0] * 4
     else:
-        f = [[float(np.array([_prmt(w[2 * j + h], 0x4B000000, 0x7440 + e)], np.uint32).view(np.float32)[0]) - 2.0**23 for e in range(4)] for h in range(2)]
+        f = [
+            [float(np.array([_prmt(w[2 * j + h], 0x4B000000, 0x7440 + e)], np.uint32).view(np.float32)[0]) - 2.0**23 for e in range(4)]
+            for h in range(2)
+        ]
         return [[f[h][2 * p], f[h][2 * p + 1]] for h in range(2) for p in range(2)], [0.0] * 4
     return [[_half_value(r & 0xFFFF, dtype), _half_value(r >> 16, dtype)] for r in regs], off
 
 
-@pytest.mark.parametrize(("bits", "dtype"), [(4, "float16"), (4, "bfloat16"), (8, "float16"), (8, "bfloat16")])
-def test_v2_fragments_hold_offset_plus_code(bits: int, dtype: str, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize(("bits", "dtype", "fold"), [(4, "float16", 1), (4, "float16", 2), (4, "bfloat16", 1), (8, "float16", 1), (8, "bfloat16", 1)])
+def test_v2_fragments_hold_offset_plus_code(bits: int, dtype: str, fold: int, rng: np.random.Generator) -> None:
     """v2's LOP3 / PRMT decoding of every lane's words, each 16-bit half read as float16 /
     bfloat16 and placed by the PTX fragment table, is the block of codes plus the register's
     row-half offset, exactly (every code value occurs)."""
@@ -224,7 +232,7 @@ def test_v2_fragments_hold_offset_plus_code(bits: int, dtype: str, rng: np.rando
             for j in range(c // 16):
                 block = np.full((16, 16), -1.0)
                 for lane in range(32):
-                    vals, off = _v2_fragment(vec[lane], j, bits, dtype)
+                    vals, off = _v2_fragment(vec[lane], j, bits, dtype, fold)
                     for reg in range(4):
                         for e in range(2):
                             block[_a_fragment_table(lane, reg, e)] = vals[reg][e] - off[reg]
@@ -247,9 +255,11 @@ V2_DEFINES = [
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_v2_variant_compiles(arch: str) -> None:
     """The v2 decode kernel (not in the file's trtcore-variants: v1 stays the default) compiles
-    for every dtype / bits / zero points / ROW_TILES / WQ_FOLD / SEG 1, 2, with UNROLL 1 and 3
-    and SEG 4 too."""
+    for every dtype / bits / zero points / ROW_TILES / WQ_FOLD / SEG 1, 2, with UNROLL 1 and 3,
+    SEG 4 and L2_PF too."""
     extra = [{**V2_DEFINES[0], "UNROLL": 1}, {**V2_DEFINES[-1], "UNROLL": 3}, {**V2_DEFINES[-1], "SEG": 4, "UNROLL": 1}]
+    extra += [{**V2_DEFINES[5], "L2_PF": 2}, {**V2_DEFINES[-1], "L2_PF": 3}]
+    extra += [{**v, "WQ_FOLD": 2} for v in V2_DEFINES if v["WQ_FOLD"] == 1 and v["SEG"] == 1 and v["ROW_TILES"] == 1 and v["HAS_ZEROS"] == 0]
     for v in V2_DEFINES + extra:
         c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
         assert kernels.cubin_arch(c.cubin) == arch
@@ -275,6 +285,22 @@ def test_v2_is_chosen_only_where_it_applies(rng: np.random.Generator, monkeypatc
     odd, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1056, 8, 1056, "none", False))  # 33 chunks
     assert g64.decode_variant(BF16, 1) == odd.decode_variant(BF16, 1) == {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 1}
     assert g128.decode_warps(2) == 16 and g128.decode_warps() == 16
+    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v2, "WARPS": 32})
+    with pytest.raises(PluginError, match="WARPS"):
+        g128.decode_variant(BF16, 1)
+
+
+def test_decode_variant_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtcore.plugins import weight_only_gemm as wog
+
+    monkeypatch.setenv("TRTCORE_WQ_DECODE", '{"WQ_DECODE": 2, "SEG": 2, "WARPS": 8}')
+    assert wog._variant_from_env() == {"WQ_DECODE": 2, "SEG": 2, "WARPS": 8}
+    for bad in ("{", "[2]", '{"SEG": 1.5}'):
+        monkeypatch.setenv("TRTCORE_WQ_DECODE", bad)
+        with pytest.warns(UserWarning, match="ignored"):
+            assert wog._variant_from_env() == {}
+    monkeypatch.delenv("TRTCORE_WQ_DECODE")
+    assert wog._variant_from_env() == {}
 
 
 def test_bad_fields_and_inputs_are_refused(rng: np.random.Generator) -> None:

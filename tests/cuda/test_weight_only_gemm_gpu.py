@@ -10,7 +10,7 @@ two runs and requires bit-identical results. Tolerance: the reference is float64
 the kernels accumulate in float32 over K terms, so one output ulp at ``max|y|`` (the default)
 plus float32 accumulation noise ``sqrt(K) * 2^-24`` relative.
 
-The v2 decode kernel (``WQ_DECODE 2``: ROW_TILES 1 | 2, WQ_FOLD 0 | 1, selected through
+The v2 decode kernel (``WQ_DECODE 2``: ROW_TILES 1 | 2, WQ_FOLD 0 | 1, SEG 1 | 2, L2_PF, selected through
 ``weight_only_gemm.DECODE_VARIANT``) is checked the same way at M = 1..8 on shapes with odd tile
 counts, N not a multiple of 16, per channel and group 64 / 128 / 256; group 32 int4 (half a
 chunk) must fall back to v1, and does.
@@ -92,11 +92,18 @@ def test_decode_warps_share_a_tile(warps: int, monkeypatch: pytest.MonkeyPatch) 
     check_plugin(plugin, specs, rtol=2.0**-7 + 1e-5)
 
 
-V2_VARIANTS = [{"WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg} for rt in (1, 2) for f in (0, 1) for seg in (1, 2)]
+V2_VARIANTS = [{"WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "L2_PF": 0} for rt in (1, 2) for f in (0, 1) for seg in (1, 2)]
+# the L2 prefetch changes no sums, only which loads are issued: two variants with it; WQ_FOLD 2
+# (float16 int4's 1024 offset: the least accurate) once
+V2_VARIANTS += [
+    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 2, "SEG": 2, "L2_PF": 0},
+    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 1, "L2_PF": 2},
+    {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 0, "SEG": 2, "L2_PF": 2},
+]
 
 
 def _v2_id(v: dict) -> str:
-    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}"
+    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}"
 
 
 def _compile(defines: dict) -> None:
@@ -122,6 +129,8 @@ def _v2_compiled() -> None:
     unique = [dict(t) for t in sorted({tuple(sorted(d.items())) for d in sets})]
     with concurrent.futures.ProcessPoolExecutor(8, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile, unique))
+
+
 V2_CASES = [
     # (N, K, bits, group_size (0: per channel), zeros): N = 40 and 300 leave half tiles, 3 and
     # 19 tiles an odd count for ROW_TILES 2; K = 1536, 2560 and 4160 are whole chunks only;
