@@ -13,7 +13,7 @@ W4A16 >= 3.2x and W8A16 >= 1.8x faster than cuBLAS bfloat16.
 
 ``--tune`` times, per shape and quantization, the default decode kernel (v1) at every
 (warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
-every (ROW_TILES, WQ_FOLD, SEG, L2_PF, warps, UNROLL) of :data:`TUNE_V2`, each output checked against
+the (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps, UNROLL) of :data:`TUNE_V2`, each output checked against
 float64 NumPy; a table per case (best first) and the JSON. ``--tune-only v2`` skips v1. The
 define sets are compiled in parallel processes in the background while the weights are made
 (the disk cache serves the timing runs).
@@ -55,18 +55,15 @@ def _quantized(rng: np.random.Generator, n: int, k: int, bits: int, gs: int, zer
 
 #: decode-kernel settings ``--tune`` times: (warps per tile, UNROLL)
 TUNE = [(w, u) for w in (4, 8, 16) for u in (1, 2, 3)]
-#: v2 settings: (ROW_TILES, WQ_FOLD, SEG, L2_PF, warps per block, UNROLL); bfloat16 int8
-#: ignores WQ_FOLD (kernels/wq_gemm.cu), so its FOLD 1 entries are skipped. Registers grow with
-#: ROW_TILES x SEG x UNROLL (16-byte vectors in flight per lane): UNROLL 3 only with one tile.
+#: v2 settings: (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps per block, UNROLL): every
+#: (ROW_TILES, WQ_FOLD, SEG, warps, UNROLL) without the memory knobs, then the memory knobs
+#: (L2 prefetch 2 units ahead, 256-byte L2 fetches, both) on WQ_FOLD 1 at 8 and 16 warps.
+#: bfloat16 int8 ignores WQ_FOLD (kernels/wq_gemm.cu): its FOLD 1 entries are skipped, and its
+#: memory-knob entries use FOLD 0. Registers grow with ROW_TILES x SEG x UNROLL (16-byte vectors
+#: in flight per lane): UNROLL 3 only with one tile.
 TUNE_V2 = [
-    (rt, f, seg, pf, w, u)
-    for rt in (1, 2)
-    for f in (0, 1)
-    for seg in (1, 2)
-    for pf in (0, 2)
-    for w in (4, 8, 16)
-    for u in ((1, 2, 3) if rt == 1 else (1, 2))
-]
+    (rt, f, seg, 0, 0, w, u) for rt in (1, 2) for f in (0, 1) for seg in (1, 2) for w in (4, 8, 16) for u in ((1, 2, 3) if rt == 1 else (1, 2))
+] + [(rt, 1, seg, pf, hint, w, u) for rt in (1, 2) for seg in (1, 2) for pf, hint in ((2, 0), (0, 2), (2, 2)) for w in (8, 16) for u in (1, 2)]
 
 
 def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
@@ -75,11 +72,13 @@ def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
     if only in ("", "v1"):
         out += [(f"v1_w{w}_u{u}", {"UNROLL": u}, w) for w, u in TUNE]
     if only in ("", "v2"):
-        for rt, f, seg, pf, w, u in TUNE_V2:
+        for rt, f, seg, pf, hint, w, u in TUNE_V2:
             if f and bits == 8:  # the bench's activations are bfloat16: int8 cannot fold
-                continue
-            defines = {"UNROLL": u, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "L2_PF": pf}
-            out.append((f"v2_rt{rt}_f{f}_s{seg}_pf{pf}_w{w}_u{u}", defines, w))
+                if not (pf or hint):
+                    continue
+                f = 0
+            defines = {"UNROLL": u, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "L2_PF": pf, "L2_HINT": hint}
+            out.append((f"v2_rt{rt}_f{f}_s{seg}_pf{pf}_h{hint}_w{w}_u{u}", defines, w))
     return out
 
 

@@ -446,6 +446,8 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 //   L2_PF 0 ..       at each refill, also prefetch into L2 the unit L2_PF rounds further on
 //                    (prefetch.global.L2, one per 128 bytes: lanes 0, 8, 16, 24): more bytes in
 //                    flight from DRAM without registers; the later loads then hit L2.
+//   L2_HINT 0 | 1 | 2  the weight loads ask L2 to fetch 128 (1) or 256 (2) bytes around each
+//                    (ld's .L2::128B / .L2::256B prefetch size), so DRAM sees fewer, larger requests.
 //   int8             bytes reach float32 through one PRMT each (0x4B0000qq) instead of shift + mask.
 //   per channel      (one group) the mma accumulators run over all of K and are scaled once at the
 //                    end: no per-chunk scale loads or flushes.
@@ -466,6 +468,9 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #ifndef L2_PF
 #define L2_PF 0
 #endif
+#ifndef L2_HINT
+#define L2_HINT 0
+#endif
 #if WQ_DECODE != 1 && WQ_DECODE != 2
 #error "WQ_DECODE must be 1 or 2"
 #endif
@@ -475,11 +480,29 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #if WQ_FOLD < 0 || WQ_FOLD > 2
 #error "WQ_FOLD must be 0, 1 or 2"
 #endif
+#if L2_HINT < 0 || L2_HINT > 2
+#error "L2_HINT must be 0, 1 or 2"
+#endif
 #if SEG < 1 || SEG > 4
 #error "SEG must be 1 .. 4"
 #endif
 #define FOLD_ON (WQ_FOLD && (BITS == 4 || DTYPE == 1))
 #define NEED_X (HAS_ZEROS || FOLD_ON)  // the X mma (sum of x per segment) is needed
+
+// the weights' 16-byte streaming load, v2: load_stream with the L2_HINT prefetch size
+__device__ __forceinline__ uint4 load_stream2(const uint4* p) {
+#if L2_HINT == 0
+    return load_stream(p);
+#else
+    uint4 v;
+#if L2_HINT == 1
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#endif
+    return v;
+#endif
+}
 
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
@@ -682,7 +705,7 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
 #pragma unroll
-                    for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream(wn[r] + s * 32);
+                    for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream2(wn[r] + s * 32);
                     if (GROUPED) gbuf[u][r] = group_pair(st[r], zt[r], g, gid);
                 }
 #if L2_PF > 0
@@ -761,7 +784,7 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
 #pragma unroll
-                for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream(wt[r] + ((size_t)c * SEG + s) * 32);
+                for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream2(wt[r] + ((size_t)c * SEG + s) * 32);
                 gbuf[u][r] = group_pair(st[r], zt[r], g, gid);
             }
         } else if (u == 0) {

@@ -29,6 +29,12 @@ warps sharing its K, the codes dequantized to exact 16-bit integers, the scales 
 float32 per group); everything else runs a tiled float32 kernel (64 x 64 outputs per block,
 dequantized weights in shared memory).
 
+The M <= 8 decode kernel has a second version (v2, ``WQ_DECODE 2`` in kernels/wq_gemm.cu),
+selected by :data:`DECODE_VARIANT` (or ``TRTCORE_WQ_DECODE``) where :meth:`WeightOnlyGemmPlugin.fast_decode`
+allows it (no act order, groups of whole chunks): fewer instructions per byte (two row tiles per
+warp, the magic offset folded into the flush, units of several chunks per group, optional L2
+prefetch). The default stays v1 until GPU timings (bench/bench_wq_gemm.py --tune) pick a setting.
+
 Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
 (``x64 @ QuantizedWeight.dequantize().T`` rounded once to x's dtype); the kernels accumulate
 in float32 (the decode kernel: exact products of the integer codes and x summed per group,

@@ -256,9 +256,9 @@ V2_DEFINES = [
 def test_every_v2_variant_compiles(arch: str) -> None:
     """The v2 decode kernel (not in the file's trtcore-variants: v1 stays the default) compiles
     for every dtype / bits / zero points / ROW_TILES / WQ_FOLD / SEG 1, 2, with UNROLL 1 and 3,
-    SEG 4 and L2_PF too."""
+    SEG 4, L2_PF and L2_HINT too."""
     extra = [{**V2_DEFINES[0], "UNROLL": 1}, {**V2_DEFINES[-1], "UNROLL": 3}, {**V2_DEFINES[-1], "SEG": 4, "UNROLL": 1}]
-    extra += [{**V2_DEFINES[5], "L2_PF": 2}, {**V2_DEFINES[-1], "L2_PF": 3}]
+    extra += [{**V2_DEFINES[5], "L2_PF": 2}, {**V2_DEFINES[-1], "L2_PF": 3, "L2_HINT": 2}, {**V2_DEFINES[9], "L2_HINT": 1}]
     extra += [{**v, "WQ_FOLD": 2} for v in V2_DEFINES if v["WQ_FOLD"] == 1 and v["SEG"] == 1 and v["ROW_TILES"] == 1 and v["HAS_ZEROS"] == 0]
     for v in V2_DEFINES + extra:
         c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)

@@ -93,17 +93,18 @@ def test_decode_warps_share_a_tile(warps: int, monkeypatch: pytest.MonkeyPatch) 
 
 
 V2_VARIANTS = [{"WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "L2_PF": 0} for rt in (1, 2) for f in (0, 1) for seg in (1, 2)]
-# the L2 prefetch changes no sums, only which loads are issued: two variants with it; WQ_FOLD 2
+# the L2 prefetch and fetch size change no sums, only how loads are issued: two variants with
+# them; WQ_FOLD 2
 # (float16 int4's 1024 offset: the least accurate) once
 V2_VARIANTS += [
     {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 2, "SEG": 2, "L2_PF": 0},
     {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 1, "L2_PF": 2},
-    {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 0, "SEG": 2, "L2_PF": 2},
+    {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 0, "SEG": 2, "L2_PF": 2, "L2_HINT": 2},
 ]
 
 
 def _v2_id(v: dict) -> str:
-    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}"
+    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}"
 
 
 def _compile(defines: dict) -> None:
