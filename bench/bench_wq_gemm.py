@@ -15,7 +15,7 @@ W4A16 >= 3.2x and W8A16 >= 1.8x faster than cuBLAS bfloat16.
 (warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
 the (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps, UNROLL) of :data:`TUNE_V2`, each output checked against
 float64 NumPy; a table per case (best first) and the JSON. ``--tune-only v2`` skips v1. The
-define sets are compiled in parallel processes in the background while the weights are made
+define sets are compiled by parallel threads in the background while the weights are made
 (the disk cache serves the timing runs).
 
 The JSON is printed too (one line after ``JSON:``), for runs whose files do not come back.
@@ -82,19 +82,13 @@ def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
     return out
 
 
-def _compile_one(defines: dict[str, int], arch: str) -> None:
-    from trtcore import kernels
-
-    kernels.compile_kernel("wq_gemm", defines=defines, arch=arch)
-
-
 class Precompile:
-    """Every define set ``--tune`` uses, compiled into the disk cache by ``jobs`` processes in
-    the background (while the weights are made); :meth:`wait` before the first timing."""
+    """Every define set ``--tune`` uses, compiled into the disk cache by ``jobs`` threads in the
+    background (NVRTC releases the GIL) while the weights are made; :meth:`wait` before the
+    first timing."""
 
     def __init__(self, only: str, jobs: int) -> None:
         import concurrent.futures
-        import multiprocessing
 
         from trtcore import kernels
         from trtcore.dtypes import KERNEL_DTYPE_CODES
@@ -105,9 +99,9 @@ class Precompile:
             for _, extra, _ in _sweep(bits, only):
                 sets.add(tuple(sorted({**base, **extra}.items())))
         self.count, self.t0 = len(sets), time.perf_counter()
-        arch = kernels.current_arch()  # the launcher's key: workers need no CUDA context
-        self.pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
-        self.futures = [self.pool.submit(_compile_one, dict(d), arch) for d in sorted(sets)]
+        arch = kernels.current_arch()  # the key the launcher's compile_kernel(arch=None) uses
+        self.pool: Any = concurrent.futures.ThreadPoolExecutor(jobs)
+        self.futures = [self.pool.submit(kernels.compile_kernel, "wq_gemm", defines=dict(d), arch=arch) for d in sorted(sets)]
 
     def wait(self) -> None:
         """Block until every set is compiled (once); a failure only leaves it to first use."""
@@ -270,7 +264,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tune", action="store_true", help="also time every decode-kernel variant (TUNE, TUNE_V2)")
     ap.add_argument("--tune-only", default="", choices=["", "v1", "v2"], help="with --tune: only v1 or only v2")
-    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="processes compiling the --tune variants first")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="threads compiling the --tune variants in the background")
     args = ap.parse_args()
     pre = Precompile(args.tune_only, args.jobs) if args.tune else None
     import cupy as cp

@@ -107,18 +107,13 @@ def _v2_id(v: dict) -> str:
     return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}"
 
 
-def _compile(defines: dict) -> None:
-    from trtcore import kernels
-
-    kernels.compile_kernel("wq_gemm", defines=defines)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _v2_compiled() -> None:
-    """Every v2 define set compiled first, in parallel processes (the disk cache serves the
-    tests; one after another they would take minutes)."""
+    """Every v2 define set compiled first, by parallel threads (NVRTC releases the GIL; the
+    launcher then finds them in the disk cache; one after another they would take minutes)."""
     import concurrent.futures
-    import multiprocessing
+
+    from trtcore import kernels
 
     sets = [
         {"DTYPE": d, "BITS": b, "HAS_ZEROS": z, "HAS_PERM": 0, **v}
@@ -128,8 +123,9 @@ def _v2_compiled() -> None:
         for v in V2_VARIANTS + [{key: val for key, val in v.items() if key != "SEG"} for v in V2_VARIANTS]  # SEG left out: the fallback
     ]
     unique = [dict(t) for t in sorted({tuple(sorted(d.items())) for d in sets})]
-    with concurrent.futures.ProcessPoolExecutor(8, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_compile, unique))
+    arch = kernels.current_arch()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda d: kernels.compile_kernel("wq_gemm", defines=d, arch=arch), unique))
 
 
 V2_CASES = [
