@@ -9,7 +9,14 @@ L2 cache; launches are captured in a CUDA graph and timed with events (median of
 W4A16 >= 3.2x and W8A16 >= 1.8x faster than cuBLAS bfloat16.
 
     python bench/bench_wq_gemm.py --out $OUT       # writes wq_gemm.json, prints a table
-    python bench/bench_wq_gemm.py --out $OUT --tune    # also every (warps, UNROLL) of the decode kernel
+    python bench/bench_wq_gemm.py --out $OUT --tune    # also every decode-kernel variant (below)
+
+``--tune`` times, per shape and quantization, the default decode kernel (v1) at every
+(warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
+the (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps, UNROLL) of :data:`TUNE_V2`, each output checked against
+float64 NumPy; a table per case (best first) and the JSON. ``--tune-only v2`` skips v1. The
+define sets are compiled by parallel threads in the background while the weights are made
+(the disk cache serves the timing runs).
 
 The JSON is printed too (one line after ``JSON:``), for runs whose files do not come back.
 """
@@ -18,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +55,115 @@ def _quantized(rng: np.random.Generator, n: int, k: int, bits: int, gs: int, zer
 
 #: decode-kernel settings ``--tune`` times: (warps per tile, UNROLL)
 TUNE = [(w, u) for w in (4, 8, 16) for u in (1, 2, 3)]
+#: v2 settings: (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps per block, UNROLL): every
+#: (ROW_TILES, WQ_FOLD, SEG, warps, UNROLL) without the memory knobs, then the memory knobs
+#: (L2 prefetch 2 units ahead, 256-byte L2 fetches, both) on WQ_FOLD 1 at 8 and 16 warps.
+#: bfloat16 int8 ignores WQ_FOLD (kernels/wq_gemm.cu): its FOLD 1 entries are skipped, and its
+#: memory-knob entries use FOLD 0. Registers grow with ROW_TILES x SEG x UNROLL (16-byte vectors
+#: in flight per lane): UNROLL 3 only with one tile.
+TUNE_V2 = [
+    (rt, f, seg, 0, 0, w, u) for rt in (1, 2) for f in (0, 1) for seg in (1, 2) for w in (4, 8, 16) for u in ((1, 2, 3) if rt == 1 else (1, 2))
+] + [(rt, 1, seg, pf, hint, w, u) for rt in (1, 2) for seg in (1, 2) for pf, hint in ((2, 0), (0, 2), (2, 2)) for w in (8, 16) for u in (1, 2)]
 
 
-def time_shape(cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tune: bool = False) -> dict[str, Any]:
+def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
+    """``--tune``'s entries for a quantization: (name, extra defines (UNROLL included), warps)."""
+    out = []
+    if only in ("", "v1"):
+        out += [(f"v1_w{w}_u{u}", {"UNROLL": u}, w) for w, u in TUNE]
+    if only in ("", "v2"):
+        for rt, f, seg, pf, hint, w, u in TUNE_V2:
+            if f and bits == 8:  # the bench's activations are bfloat16: int8 cannot fold
+                if not (pf or hint):
+                    continue
+                f = 0
+            defines = {"UNROLL": u, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "L2_PF": pf, "L2_HINT": hint}
+            out.append((f"v2_rt{rt}_f{f}_s{seg}_pf{pf}_h{hint}_w{w}_u{u}", defines, w))
+    return out
+
+
+class Precompile:
+    """Every define set ``--tune`` uses, compiled into the disk cache by ``jobs`` threads in the
+    background (NVRTC releases the GIL) while the weights are made; :meth:`wait` before the
+    first timing."""
+
+    def __init__(self, only: str, jobs: int) -> None:
+        import concurrent.futures
+
+        from trtcore import kernels
+        from trtcore.dtypes import KERNEL_DTYPE_CODES
+
+        sets = set()
+        for _, bits, _gs, zeros in VARIANTS:
+            base = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)], "BITS": bits, "HAS_ZEROS": int(zeros), "HAS_PERM": 0}
+            for _, extra, _ in _sweep(bits, only):
+                sets.add(tuple(sorted({**base, **extra}.items())))
+        self.count, self.t0 = len(sets), time.perf_counter()
+        arch = kernels.current_arch()  # the key the launcher's compile_kernel(arch=None) uses
+        self.pool: Any = concurrent.futures.ThreadPoolExecutor(jobs)
+        self.futures = [self.pool.submit(kernels.compile_kernel, "wq_gemm", defines=dict(d), arch=arch) for d in sorted(sets)]
+
+    def wait(self) -> None:
+        """Block until every set is compiled (once); a failure only leaves it to first use."""
+        if self.pool is None:
+            return
+        try:
+            for f in self.futures:
+                f.result()
+        except Exception as exc:  # the timing runs compile what is missing, one after another
+            print(f"precompile failed ({exc!r}); compiling on first use", flush=True)
+        self.pool.shutdown()
+        self.pool = None
+        print(f"precompiled {self.count} define sets in {time.perf_counter() - self.t0:.1f} s (in the background)", flush=True)
+
+
+#: the tune table lines of every case (written to wq_tune.txt) and how many per case are printed
+TUNE_LINES: list[str] = []
+TOP = 12
+
+
+def _tune_table(case: str, cublas_us: float, sweep: dict[str, dict[str, Any]]) -> list[str]:
+    """A case's tune entries, fastest first (wrong outputs flagged)."""
+    lines = [f"  tune {case}: best first (cuBLAS bf16 {cublas_us:.2f} us)"]
+    for name, t in sorted(sweep.items(), key=lambda kv: kv[1]["us"]):
+        flag = "" if t["ok"] else "  WRONG (rel_err >= 1e-2)"
+        lines.append(f"    {name:28s} {t['us']:8.2f} us  x{t['speedup_vs_cublas']:.2f}  err {t['rel_err']:.1e}{flag}")
+    return lines
+
+
+def _best(sweep: dict[str, dict[str, Any]], prefix: str) -> tuple[str, dict[str, Any]] | None:
+    ok = [(name, t) for name, t in sweep.items() if name.startswith(prefix) and t["ok"]]
+    return min(ok, key=lambda kv: kv[1]["us"]) if ok else None
+
+
+def _summary(results: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The tune run's summary: per case the default, the best v1 and the best v2 setting (only
+    correct outputs count), as printed lines and as a dict (the JSON line)."""
+
+    def cell(b: tuple[str, dict[str, Any]] | None) -> str:
+        return f"{b[0]} {b[1]['us']:.2f} x{b[1]['speedup_vs_cublas']:.2f}" if b else "none correct"
+
+    summary: dict[str, Any] = {}
+    lines = [f"{'case':32s} {'cuBLAS':>8s} {'default':>16s} {'best v1':>30s} {'best v2':>46s}"]
+    for name, row in results["shapes"].items():
+        cublas_us = row["variants"]["cublas bf16"]["us"]
+        for label, v in row["variants"].items():
+            if "tune" not in v:
+                continue
+            b1, b2 = _best(v["tune"], "v1_"), _best(v["tune"], "v2_")
+            summary[f"{name} {label}"] = {"cublas_us": cublas_us, "default_us": v["us"], "best_v1": b1, "best_v2": b2}
+            lines.append(f"{name + ' ' + label:32s} {cublas_us:8.2f} {v['us']:9.2f} x{v['speedup_vs_cublas']:.2f} {cell(b1):>30s} {cell(b2):>46s}")
+    wrong = sum(not t["ok"] for row in results["shapes"].values() for v in row["variants"].values() for t in v.get("tune", {}).values())
+    lines.append(f"tune entries with a wrong output: {wrong}")
+    return lines, summary
+
+
+def time_shape(
+    cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tune: bool = False, only: str = "", pre: Precompile | None = None
+) -> dict[str, Any]:
     from trtcore.cuda.gemm import GemmCall
     from trtcore.plugins.base import DeviceTensor
+    from trtcore.plugins import weight_only_gemm as wog
     from trtcore.plugins.weight_only_gemm import WeightOnlyGemmPlugin
     from trtcore.reference.types import DataType
 
@@ -115,21 +228,31 @@ def time_shape(cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tun
         }
         assert err < 1e-2, (n, k, label, err)
         if tune:
+            if pre is not None:
+                pre.wait()
             cls = type(plugin)
-            base_defines, base_warps = cls.defines, cls.decode_warps
+            base_defines, base_warps, base_variant = cls.defines, cls.decode_warps, dict(wog.DECODE_VARIANT)
             sweep = {}
             try:
-                for warps, unroll in TUNE:
-                    cls.defines = lambda self, dtype, u=unroll: {**base_defines(self, dtype), "UNROLL": u}  # type: ignore[method-assign]
-                    cls.decode_warps = lambda self, w=warps: w  # type: ignore[method-assign]
+                for name, extra, warps in _sweep(bits, only):
+                    unroll = {"UNROLL": extra["UNROLL"]}
+                    variant = {key: val for key, val in extra.items() if key != "UNROLL"}
+                    cls.defines = lambda self, dtype, u=unroll: {**base_defines(self, dtype), **u}  # type: ignore[method-assign]
+                    cls.decode_warps = lambda self, row_tiles=1, w=warps: w  # type: ignore[method-assign]
+                    wog.DECODE_VARIANT.clear()
+                    wog.DECODE_VARIANT.update(variant)
+                    if variant and not plugin.decode_variant(np.dtype(bf16), 1):
+                        continue  # v2 does not apply (it never does here: no perm, whole-chunk groups)
                     t_us, t_err = timed()
-                    sweep[f"w{warps}_u{unroll}"] = {"us": round(t_us, 3), "speedup_vs_cublas": round(cublas_us / t_us, 3), "rel_err": t_err}
-                    print(
-                        f"    tune {label:20s} warps {warps:2d} UNROLL {unroll}: {t_us:8.2f} us  x{cublas_us / t_us:.2f}  err {t_err:.1e}", flush=True
-                    )
+                    sweep[name] = {"us": round(t_us, 3), "speedup_vs_cublas": round(cublas_us / t_us, 3), "rel_err": t_err, "ok": t_err < 1e-2}
             finally:
                 cls.defines, cls.decode_warps = base_defines, base_warps  # type: ignore[method-assign]
+                wog.DECODE_VARIANT.clear()
+                wog.DECODE_VARIANT.update(base_variant)
             row["variants"][label]["tune"] = sweep
+            lines = _tune_table(f"{n}x{k} {label}", cublas_us, sweep)
+            print("\n".join(lines[: TOP + 1]), flush=True)  # the whole table goes to wq_tune.txt
+            TUNE_LINES.extend(lines)
         del dev, ys
         cp.get_default_memory_pool().free_all_blocks()
     return row
@@ -139,8 +262,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--tune", action="store_true", help="also time every (warps, UNROLL) of the decode kernel")
+    ap.add_argument("--tune", action="store_true", help="also time every decode-kernel variant (TUNE, TUNE_V2)")
+    ap.add_argument("--tune-only", default="", choices=["", "v1", "v2"], help="with --tune: only v1 or only v2")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="threads compiling the --tune variants in the background")
     args = ap.parse_args()
+    pre = Precompile(args.tune_only, args.jobs) if args.tune else None
     import cupy as cp
 
     from trtcore.cuda.gemm import WORKSPACE_BYTES, Cublas
@@ -152,7 +278,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"shapes": {}}
     for name in args.shapes.split(","):
-        row = time_shape(cp, blas, *SHAPES[name], rng, args.tune)
+        row = time_shape(cp, blas, *SHAPES[name], rng, args.tune, args.tune_only, pre)
         results["shapes"][name] = row
         for label, v in row["variants"].items():
             print(
@@ -160,7 +286,13 @@ def main() -> int:
                 flush=True,
             )
     (out / "wq_gemm.json").write_text(json.dumps(results, indent=1))
-    print("JSON:", json.dumps(results))
+    if not args.tune:
+        print("JSON:", json.dumps(results))
+        return 0
+    (out / "wq_tune.txt").write_text("\n".join(TUNE_LINES) + "\n")
+    lines, summary = _summary(results)
+    print("\n".join(lines), flush=True)
+    print("JSON:", json.dumps(summary))
     return 0
 
 

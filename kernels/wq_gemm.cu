@@ -42,7 +42,9 @@
 //                                chunk and the activation chunk in shared memory (float32),
 //                                4 x 4 outputs per thread.
 //
-// Defines: DTYPE (dtype.cuh), BITS 4 | 8, HAS_ZEROS 0 | 1, HAS_PERM 0 | 1, UNROLL (default 2).
+// Defines: DTYPE (dtype.cuh), BITS 4 | 8, HAS_ZEROS 0 | 1, HAS_PERM 0 | 1, UNROLL (default 2);
+// the M <= 8 kernel's variant: WQ_DECODE 1 (default) | 2, and for 2 ROW_TILES, WQ_FOLD, SEG
+// (section "decode v2" below).
 // Run-time: K a multiple of 8, group_size a multiple of 8 dividing K.
 //
 // trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 1}]
@@ -423,11 +425,392 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
     }
 }
 
+// ---- decode v2 (WQ_DECODE 2): the M <= 8 kernel with fewer instructions per byte -------------
+//
+// The same layout and numerics contract; it only runs where every chunk is one group segment
+// (no act order, group_size a multiple of CHUNK: then K is one too, so no bounds checks at all;
+// WeightOnlyGemmPlugin.fast_decode decides). What it changes, each measured by bench --tune:
+//   ROW_TILES 1 | 2  tiles per block; with 2 every warp reads both tiles' vectors of a chunk, so
+//                    each B fragment (x loads) and each X mma serves 32 rows.
+//   WQ_FOLD 0 | 1 | 2  the magic number stays in the codes: A = off + q straight from one
+//                    LOP3 / PRMT (no fma2 per register), and the segment's flush subtracts
+//                    (off + z) * X, X = sum of x over the segment from one mma against ones per
+//                    k-step (shared by the row tiles). off: float16 int4 64, bfloat16 int4 128,
+//                    float16 int8 1024 (two codes per PRMT). bfloat16 int8 cannot fold (128 + q
+//                    needs 9 bits) and ignores it. WQ_FOLD 2 differs only for float16 int4:
+//                    1024 for rows gid (low nibbles, no shift) and 64 for rows gid + 8, so one
+//                    shift per 8 codes instead of three, at 16x the rounding of the offset sums.
+//   SEG 1 .. 4       chunks per work unit (a divisor of the chunks per group): a warp's unit is
+//                    SEG consecutive chunks of one group, so its scales are loaded and its sums
+//                    flushed once per SEG chunks (g128 int4: SEG 2 is one flush per group).
+//   L2_PF 0 ..       at each refill, also prefetch into L2 the unit L2_PF rounds further on
+//                    (prefetch.global.L2, one per 128 bytes: lanes 0, 8, 16, 24): more bytes in
+//                    flight from DRAM without registers; the later loads then hit L2.
+//   L2_HINT 0 | 1 | 2  the weight loads ask L2 to fetch 128 (1) or 256 (2) bytes around each
+//                    (ld's .L2::128B / .L2::256B prefetch size), so DRAM sees fewer, larger requests.
+//   int8             bytes reach float32 through one PRMT each (0x4B0000qq) instead of shift + mask.
+//   per channel      (one group) the mma accumulators run over all of K and are scaled once at the
+//                    end: no per-chunk scale loads or flushes.
+//   M < 8            B rows beyond M read x row M - 1 (their D columns are never stored), so the
+//                    x loads need no predicate.
+#ifndef WQ_DECODE
+#define WQ_DECODE 1
+#endif
+#ifndef ROW_TILES
+#define ROW_TILES 1
+#endif
+#ifndef WQ_FOLD
+#define WQ_FOLD 0
+#endif
+#ifndef SEG
+#define SEG 1
+#endif
+#ifndef L2_PF
+#define L2_PF 0
+#endif
+#ifndef L2_HINT
+#define L2_HINT 0
+#endif
+#if WQ_DECODE != 1 && WQ_DECODE != 2
+#error "WQ_DECODE must be 1 or 2"
+#endif
+#if ROW_TILES != 1 && ROW_TILES != 2
+#error "ROW_TILES must be 1 or 2"
+#endif
+#if WQ_FOLD < 0 || WQ_FOLD > 2
+#error "WQ_FOLD must be 0, 1 or 2"
+#endif
+#if L2_HINT < 0 || L2_HINT > 2
+#error "L2_HINT must be 0, 1 or 2"
+#endif
+#if SEG < 1 || SEG > 4
+#error "SEG must be 1 .. 4"
+#endif
+#define FOLD_ON (WQ_FOLD && (BITS == 4 || DTYPE == 1))
+#define NEED_X (HAS_ZEROS || FOLD_ON)  // the X mma (sum of x per segment) is needed
+
+// the weights' 16-byte streaming load, v2: load_stream with the L2_HINT prefetch size
+__device__ __forceinline__ uint4 load_stream2(const uint4* p) {
+#if L2_HINT == 0
+    return load_stream(p);
+#else
+    uint4 v;
+#if L2_HINT == 1
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#endif
+    return v;
+#endif
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+__device__ __forceinline__ unsigned int prmt(unsigned int a, unsigned int b, unsigned int sel) {
+    unsigned int d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// mma with C = 0: the first k-step of a segment starts its sums without zeroing registers
+__device__ __forceinline__ void mma16816_zc(float* d, const unsigned int* a, unsigned int b0, unsigned int b1) {
+#if DTYPE == 1
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+#endif
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// the folded offset of the D rows gid (half 0) and gid + 8 (half 1): A = off + q
+__device__ __forceinline__ float fold_off(int half) {
+#if !FOLD_ON
+    return 0.0f;
+#elif BITS == 4 && DTYPE == 1 && WQ_FOLD == 2
+    return half ? 64.0f : 1024.0f;
+#elif BITS == 4 && DTYPE == 1
+    return 64.0f;
+#elif BITS == 4
+    return 128.0f;
+#else
+    return 1024.0f;
+#endif
+}
+
+// k-step j's A fragment, v2. m0f, mf0: 0x000F000F, 0x00F000F0; m1, m2: the magic pairs (int4
+// FOLD_ON: float16 1024 / 64, bfloat16 128 / 128), or for int8 the PRMT byte sources
+// (0x64646464 float16 fold, 0x4B000000 float32); all in registers (see and_or).
+__device__ __forceinline__ void a_fragment2(const uint4& v, int j, unsigned int* a, unsigned int m0f, unsigned int mf0, unsigned int m1,
+                                            unsigned int m2) {
+    const unsigned int wv[4] = {v.x, v.y, v.z, v.w};
+#if BITS == 4 && FOLD_ON && DTYPE == 1 && WQ_FOLD == 2
+    // nibbles r, r + 4 are register r: 0 and 2 (rows gid) in the low nibble of a byte, 1024 + q;
+    // 1 and 3 (rows gid + 8) in the high one, 64 + q (float16 ulp 1/16 at 64): one shift in all.
+    // The 1024 offset costs accuracy: the mma sums (1024 + q) x, 16x larger than WQ_FOLD 1's.
+    const unsigned int word = wv[j], t = word >> 8;
+    a[0] = and_or(word, m0f, m1);
+    a[1] = and_or(word, mf0, m2);
+    a[2] = and_or(t, m0f, m1);
+    a[3] = and_or(t, mf0, m2);
+#elif BITS == 4 && FOLD_ON && DTYPE == 1
+    // every nibble moves to bits 4-7 of its half: 64 + q (float16 ulp 1/16 at 64); register 1's
+    // is there already
+    const unsigned int word = wv[j];
+    a[0] = and_or(word << 4, mf0, m2);
+    a[1] = and_or(word, mf0, m2);
+    a[2] = and_or(word >> 4, mf0, m2);
+    a[3] = and_or(word >> 8, mf0, m2);
+#elif BITS == 4 && FOLD_ON
+    // bfloat16 has 7 mantissa bits: every nibble moves to bits 0-3, 128 + q
+    const unsigned int word = wv[j];
+    a[0] = and_or(word, m0f, m1);
+#pragma unroll
+    for (int r = 1; r < 4; ++r) a[r] = and_or(word >> (4 * r), m0f, m1);
+#elif BITS == 4
+    a_fragment(v, j, a, m0f);  // the fma2 path of v1
+#elif FOLD_ON
+    // float16 int8: bytes (b0, b1) of a word -> 0x64b1_64b0 = (1024 + q1, 1024 + q0); register
+    // 2h (rows gid) takes bytes 0, 1 of word 2j + h, register 2h + 1 (rows gid + 8) bytes 2, 3
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        a[2 * h] = prmt(wv[2 * j + h], m1, 0x4140u);
+        a[2 * h + 1] = prmt(wv[2 * j + h], m1, 0x4342u);
+    }
+#else
+    // int8 through float32: PRMT builds 0x4B0000qq (2^23 + q) from byte e and m1 = 0x4B000000,
+    // minus 2^23 + z0 is q - z0 exactly (z0 = 128 symmetric, 0 with zero points)
+    const float off = 8388608.0f + (HAS_ZEROS ? 0.0f : SYM_ZERO);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned int word = wv[2 * j + h];
+        float f[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f[e] = __uint_as_float(prmt(word, m1, 0x7440u + e)) - off;
+        a[2 * h] = pack2(f[0], f[1]);
+        a[2 * h + 1] = pack2(f[2], f[3]);
+    }
+#endif
+}
+
+// a segment's sums into acc: acc += s * (d - c * dx), c = off + z (z: the zero point, or 2^(BITS-1)
+// when the offset folds symmetric codes); without NEED_X acc += s * d
+__device__ __forceinline__ void flush2(float (&acc)[4], const float (&d)[4], const float (&dx)[4], const GroupPair& q) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int half = i >> 1;
+#if NEED_X
+#if HAS_ZEROS
+        const float c = fold_off(half) + q.z[half];
+#else
+        const float c = fold_off(half) + SYM_ZERO;
+#endif
+        acc[i] = fmaf(q.s[half], fmaf(-c, dx[i], d[i]), acc[i]);
+#else
+        acc[i] = fmaf(q.s[half], d[i], acc[i]);
+#endif
+    }
+}
+
+// the group of chunk c when every group is cdiv >= 1 whole chunks (chunk_group without its
+// division fallback, which v2 never needs)
+__device__ __forceinline__ int chunk_group2(int c, int cdiv, unsigned int cmagic) {
+    return cdiv == 1 ? c : (int)__umulhi((unsigned int)c, cmagic);
+}
+
+// A unit is SEG consecutive chunks (SEG divides the chunks per group, so a unit lies inside one
+// group): warps take units round robin, keep UNROLL units' vectors (SEG x ROW_TILES 16-byte
+// loads per lane each) in flight in registers, and refill a unit's buffers once it is computed.
+// GROUPED: more than one group, so a flush per unit; else one scale per row, applied at the end.
+template <bool GROUPED>
+__device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const uint4* const (&wt)[ROW_TILES], const float* const (&st)[ROW_TILES],
+                                           const float* const (&zt)[ROW_TILES], uint4 (&buf)[UNROLL][SEG][ROW_TILES],
+                                           GroupPair (&gbuf)[UNROLL][ROW_TILES], float* red, elem_t* __restrict__ out, int M, int N, int K,
+                                           int cdiv, unsigned int cmagic, unsigned int opaque) {
+    constexpr int RT = ROW_TILES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int gid = lane >> 2, tid = lane & 3;
+    const int units = K / (CHUNK * SEG);
+    // constants kept in registers (opaque: see and_or)
+    const unsigned int m0f = 0x000F000Fu | opaque, mf0 = 0x00F000F0u | opaque;
+#if BITS == 4 && DTYPE == 1
+    const unsigned int m1 = 0x64006400u | opaque, m2 = 0x54005400u | opaque;
+#elif BITS == 4
+    const unsigned int m1 = 0x43004300u | opaque, m2 = m1;
+#elif FOLD_ON
+    const unsigned int m1 = 0x64646464u | opaque, m2 = m1;
+#else
+    const unsigned int m1 = 0x4B000000u | opaque, m2 = m1;
+#endif
+#if NEED_X
+    const unsigned int one2 = PAIR(ONE16) | opaque;
+    const unsigned int ones[4] = {one2, one2, one2, one2};
+#endif
+    // this lane's B-fragment row x[gid, 2 tid ..] at unit `warp`; rows beyond M read row M - 1
+    // (their D columns are never stored), so no predicate. Pointers advance by `warps` units
+    // per unit: an add, not a multiply and a widening per load.
+    const elem_t* xc = x + (size_t)min(gid, M - 1) * K + 2 * tid + warp * (SEG * CHUNK);
+    const size_t xstep = (size_t)warps * (SEG * CHUNK), wstep = (size_t)warps * (SEG * 32);
+    const uint4* wn[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) wn[r] = wt[r] + (size_t)(warp + UNROLL * warps) * (SEG * 32);
+#if L2_PF > 0
+    const size_t pfstep = (size_t)L2_PF * wstep;  // the prefetched unit, from the refilled one
+#endif
+
+    float acc[RT][4], d[RT][4], dx[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        dx[i] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) acc[r][i] = d[r][i] = 0.0f;
+    }
+
+    int next = warp + UNROLL * warps;
+    for (int base = warp; base < units; base += UNROLL * warps) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (base + u * warps >= units) break;
+#pragma unroll
+            for (int s = 0; s < SEG; ++s) {
+#pragma unroll
+                for (int j = 0; j < CHUNK_STEPS; ++j) {
+                    const unsigned int b0 = *reinterpret_cast<const unsigned int*>(xc + s * CHUNK + 16 * j);
+                    const unsigned int b1 = *reinterpret_cast<const unsigned int*>(xc + s * CHUNK + 16 * j + 8);
+                    const bool first = GROUPED && s == 0 && j == 0;  // a segment starts: C = 0
+#pragma unroll
+                    for (int r = 0; r < RT; ++r) {
+                        unsigned int a[4];
+                        a_fragment2(buf[u][s][r], j, a, m0f, mf0, m1, m2);
+                        if (first)
+                            mma16816_zc(d[r], a, b0, b1);
+                        else
+                            mma16816(d[r], a, b0, b1);
+                    }
+#if NEED_X
+                    if (first)
+                        mma16816_zc(dx, ones, b0, b1);
+                    else
+                        mma16816(dx, ones, b0, b1);
+#endif
+                }
+            }
+            if (GROUPED) {
+#pragma unroll
+                for (int r = 0; r < RT; ++r) flush2(acc[r], d[r], dx, gbuf[u][r]);
+            }
+            // refill after the unit's last use of buf[u]
+            if (next < units) {
+                const int g = GROUPED ? chunk_group2(next * SEG, cdiv, cmagic) : 0;
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+#pragma unroll
+                    for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream2(wn[r] + s * 32);
+                    if (GROUPED) gbuf[u][r] = group_pair(st[r], zt[r], g, gid);
+                }
+#if L2_PF > 0
+                if ((lane & 7) == 0 && next + L2_PF * warps < units) {  // lanes 8i: 128 bytes each
+#pragma unroll
+                    for (int r = 0; r < RT; ++r)
+#pragma unroll
+                        for (int s = 0; s < SEG; ++s) prefetch_l2(wn[r] + pfstep + s * 32);
+                }
+#endif
+            }
+            next += warps;
+            xc += xstep;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) wn[r] += wstep;
+        }
+    }
+    if (!GROUPED) {
+#pragma unroll
+        for (int r = 0; r < RT; ++r) flush2(acc[r], d[r], dx, gbuf[0][r]);
+    }
+
+    // the warps' partial sums, added in warp order
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[(warp * RT * 4 + r * 4 + i) * 32 + lane] = acc[r][i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float sum = red[(r * 4 + i) * 32 + lane];
+            for (int q = 1; q < warps; ++q) sum += red[(q * RT * 4 + r * 4 + i) * 32 + lane];
+            // D fragment: rows gid (i < 2) or gid + 8, column 2 tid + (i & 1)
+            const int n = ((int)blockIdx.x * RT + r) * 16 + gid + (i < 2 ? 0 : 8);
+            const int m = 2 * tid + (i & 1);
+            if (n < N && m < M) out[(size_t)m * N + n] = from_f32(sum);
+        }
+    }
+}
+
+// v2's body: the first units' vectors and scales before PDL_WAIT (constants), then gemv2_main.
+__device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
+                                           const float* __restrict__ zeros, elem_t* __restrict__ out, int M, int N, int K, int group_size,
+                                           int cdiv, unsigned int cmagic) {
+    constexpr int RT = ROW_TILES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int gid = lane >> 2;
+    const int tiles = (N + 15) / 16;
+    const int chunks = K / CHUNK;  // K is a multiple of CHUNK here
+    const int units = chunks / SEG;
+    const int groups = K / group_size;
+    const bool grouped = groups > 1;
+    const uint4* wt[RT];
+    const float* st[RT];
+    const float* zt[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+        // a block's second tile past the last one reads the last one again (never stored)
+        const int t = min((int)blockIdx.x * RT + r, tiles - 1);
+        wt[r] = w + (size_t)t * chunks * 32 + lane;
+        st[r] = scales + (size_t)t * groups * 16;
+        zt[r] = HAS_ZEROS ? zeros + (size_t)t * groups * 16 : nullptr;
+    }
+    __shared__ float red[MAX_WARPS * RT * 4 * 32];  // the warps' partial sums [warp][RT * 4][32]
+
+    uint4 buf[UNROLL][SEG][RT];
+    GroupPair gbuf[UNROLL][RT];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int c = warp + u * warps;
+        if (c < units) {
+            const int g = grouped ? chunk_group2(c * SEG, cdiv, cmagic) : 0;
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+#pragma unroll
+                for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream2(wt[r] + ((size_t)c * SEG + s) * 32);
+                gbuf[u][r] = group_pair(st[r], zt[r], g, gid);
+            }
+        } else if (u == 0) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r) gbuf[0][r] = group_pair(st[r], zt[r], 0, gid);  // per channel: the scales
+        }
+    }
+    PDL_WAIT();
+    PDL_LAUNCH();
+    const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
+    if (grouped)
+        gemv2_main<true>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque);
+    else
+        gemv2_main<false>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque);
+}
+
 extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
 trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                 const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
                 int group_size, int cdiv, unsigned int cmagic) {
+#if WQ_DECODE == 2
+    // v2: the plugin launches it only without perm and with whole-chunk groups (fast_decode)
+    gemv2_body(x, w, scales, zeros, out, M, N, K, group_size, cdiv, cmagic);
+#else
     gemv_body<1>(x, w, scales, zeros, perm, out, M, N, K, group_size, cdiv, cmagic);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)

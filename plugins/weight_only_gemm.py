@@ -29,6 +29,12 @@ warps sharing its K, the codes dequantized to exact 16-bit integers, the scales 
 float32 per group); everything else runs a tiled float32 kernel (64 x 64 outputs per block,
 dequantized weights in shared memory).
 
+The M <= 8 decode kernel has a second version (v2, ``WQ_DECODE 2`` in kernels/wq_gemm.cu),
+selected by :data:`DECODE_VARIANT` (or ``TRTCORE_WQ_DECODE``) where :meth:`WeightOnlyGemmPlugin.fast_decode`
+allows it (no act order, groups of whole chunks): fewer instructions per byte (two row tiles per
+warp, the magic offset folded into the flush, units of several chunks per group, optional L2
+prefetch). The default stays v1 until GPU timings (bench/bench_wq_gemm.py --tune) pick a setting.
+
 Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
 (``x64 @ QuantizedWeight.dequantize().T`` rounded once to x's dtype); the kernels accumulate
 in float32 (the decode kernel: exact products of the integer codes and x summed per group,
@@ -39,6 +45,9 @@ for K up to a few thousand, :func:`trtcore.testing.default_tolerance`).
 
 from __future__ import annotations
 
+import json
+import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -54,6 +63,7 @@ from .launcher import KernelLauncher
 
 __all__ = [
     "DECODE_MAX_M",
+    "DECODE_VARIANT",
     "PackedWeight",
     "WeightOnlyGemmPlugin",
     "chunk_codes",
@@ -78,6 +88,32 @@ TILE_ROWS = 16
 _MAX_WARPS = 16
 #: prefill tile (``BM`` x ``BN``)
 _BM = _BN = 64
+
+
+def _variant_from_env() -> dict[str, int]:
+    """``TRTCORE_WQ_DECODE``: a JSON object of :data:`DECODE_VARIANT` (e.g.
+    ``{"WQ_DECODE": 2, "ROW_TILES": 2, "SEG": 2, "WARPS": 8}``), read once at import; unset or
+    invalid (a warning): ``{}``."""
+    text = os.environ.get("TRTCORE_WQ_DECODE", "")
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict) or not all(isinstance(k, str) and type(v) is int for k, v in value.items()):
+            raise ValueError("not an object of integers")
+    except ValueError as exc:
+        warnings.warn(f"TRTCORE_WQ_DECODE={text!r} ignored: {exc}", stacklevel=2)
+        return {}
+    return value
+
+
+#: the M <= 8 decode kernel's variant, extra defines of kernels/wq_gemm.cu: {} is the default
+#: (v1); {"WQ_DECODE": 2, "ROW_TILES": 1 | 2, "WQ_FOLD": 0 | 1, "SEG": 1 .. 4, "L2_PF": 0 ..}
+#: (any subset; UNROLL too) selects v2 where :meth:`WeightOnlyGemmPlugin.fast_decode` allows it
+#: (SEG falls back to 1 where it does not divide the chunks per group); "WARPS" (not a define)
+#: sets its warps per block instead of :meth:`WeightOnlyGemmPlugin.decode_warps`.
+#: bench/bench_wq_gemm.py --tune times them; ``TRTCORE_WQ_DECODE`` sets it (:func:`_variant_from_env`).
+DECODE_VARIANT: dict[str, int] = _variant_from_env()
 #: warps the decode kernel should launch in all (about two H200 waves of 132 SMs x 32 warps):
 #: a weight with few tiles gives each tile more warps (measured on the 8B MLP shapes,
 #: bench/bench_wq_gemm.py --tune)
@@ -365,10 +401,29 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         g, c = self.group_size, chunk_codes(self.bits)
         return g // c if g % c == 0 else 0
 
-    def decode_warps(self) -> int:
-        """Warps per block (per 16-row tile) of the decode kernel: about :data:`_TARGET_WARPS`
-        in all, a power of two from 1 to 16, at most one per chunk of K."""
-        tiles = -(-self.out_features // TILE_ROWS)
+    def fast_decode(self, dtype: Any, m: int) -> bool:
+        """Whether the v2 decode kernel (``WQ_DECODE 2``) can run ``m`` rows: the tensor-core
+        kernel of up to 8 rows, no act order, and every group whole chunks (so K is whole
+        chunks too: v2 has no bounds checks)."""
+        return self.uses_tensor_cores(dtype, m) and m <= 8 and not self.has_perm and self.chunks_per_group() > 0
+
+    def decode_variant(self, dtype: Any, m: int) -> dict[str, int]:
+        """The extra defines of the decode kernel for ``m`` rows: :data:`DECODE_VARIANT` where
+        :meth:`fast_decode` allows v2, else none (v1); ``SEG`` left out (1) where it does not
+        divide :meth:`chunks_per_group` (a unit of SEG chunks must lie inside one group)."""
+        if DECODE_VARIANT.get("WQ_DECODE", 1) != 2 or not self.fast_decode(dtype, m):
+            return {}
+        variant = dict(DECODE_VARIANT)
+        if self.chunks_per_group() % variant.get("SEG", 1):
+            del variant["SEG"]
+        if not 1 <= variant.get("WARPS", 1) <= _MAX_WARPS:
+            raise PluginError(f"DECODE_VARIANT: WARPS must be 1 .. {_MAX_WARPS}, got {variant['WARPS']}")
+        return variant
+
+    def decode_warps(self, row_tiles: int = 1) -> int:
+        """Warps per block (per ``row_tiles`` 16-row tiles) of the decode kernel: about
+        :data:`_TARGET_WARPS` in all, a power of two from 1 to 16, at most one per chunk of K."""
+        tiles = -(-self.out_features // (TILE_ROWS * row_tiles))
         chunks = -(-self.in_features // chunk_codes(self.bits))
         want = max(1, min(_MAX_WARPS, _TARGET_WARPS // tiles, chunks))
         return 1 << (want.bit_length() - 1)  # a power of two
@@ -399,7 +454,12 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             cdiv = self.chunks_per_group()
             cmagic = -(-(1 << 32) // cdiv) if cdiv > 1 else 0  # kernels/wq_gemm.cu chunk_group
             args += [(cdiv, "i32"), (cmagic, "u32")]
-            _launch(defines, name, (-(-n // TILE_ROWS),), (32 * self.decode_warps(),), args, stream)
+            variant = self.decode_variant(dtype, m)
+            warps = variant.pop("WARPS", 0)
+            rt = variant.get("ROW_TILES", 1)
+            if variant:
+                defines = tuple(sorted({**dict(defines), **variant}.items()))
+            _launch(defines, name, (-(-n // (TILE_ROWS * rt)),), (32 * (warps or self.decode_warps(rt)),), args, stream)
             return
         if -(-m // _BM) > 65535:
             raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the tiled kernel's grid (at most {65535 * _BM})")

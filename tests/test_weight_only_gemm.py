@@ -6,7 +6,10 @@
   points and an act-order permutation, M in {1, 3, 17}, float16 and bfloat16;
 * the kernels' layout round-trips (``unpack(pack(qw)) == qw``) and puts code ``(n, k)`` where
   the layout's documentation says (an independent per-element formula);
-* every variant of ``kernels/wq_gemm.cu`` compiles with NVRTC for sm_80, sm_89 and sm_90;
+* every variant of ``kernels/wq_gemm.cu`` compiles with NVRTC for sm_80, sm_89 and sm_90, and
+  so does every v2 decode variant (``WQ_DECODE 2``, ROW_TILES, WQ_FOLD) for sm_80 and sm_90;
+  v2's bit tricks (LOP3 / PRMT with magic numbers) turn each lane's words into ``offset + code``
+  as the kernel's flush assumes (emulated here bit by bit);
 * a small network with the plugin runs on the reference backend, and so does the native
   alternative (dequantize + matmul, emulated with layers there), both within float16/bfloat16
   rounding of float64; ``tensorrt_rtx`` builds the native alternative (dequantize layer);
@@ -170,6 +173,134 @@ def test_layout_feeds_the_mma_fragments(bits: int, rng: np.random.Generator) -> 
         row, col = code_position(bits, t, ch, lane, w, slot)
         assert (int(words[t, ch * 128 + lane * 4 + w]) >> (bits * slot)) & mask == full[row, col]
     np.testing.assert_array_equal(unpack_codes(pack_codes(codes, bits), bits, n, k), codes)
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    """PTX ``prmt.b32`` (default mode): result byte i is byte ``(sel >> 4 i) & 7`` of b:a."""
+    src = a | (b << 32)
+    return sum(((src >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+
+
+def _half_value(bits16: int, dtype: str) -> float:
+    if dtype == "float16":
+        return float(np.array([bits16], np.uint16).view(np.float16)[0])
+    return float(np.array([bits16 << 16], np.uint32).view(np.float32)[0])  # bfloat16: float32's top half
+
+
+def _v2_fragment(vec: np.ndarray, j: int, bits: int, dtype: str, fold: int) -> tuple[list[list[float]], list[float]]:
+    """kernels/wq_gemm.cu ``a_fragment2`` with WQ_FOLD ``fold`` 1 or 2 (int8 bfloat16: its
+    float32 PRMT path, which does not fold) for one lane's 4 words: the 4 registers' two values
+    each, and the offset ``fold_off`` of each register's row half (registers 0, 2: rows gid;
+    1, 3: gid + 8)."""
+    w = [int(v) for v in vec]
+    if bits == 4 and dtype == "float16" and fold == 1:
+        regs = [((w[j] << 4) & 0x00F000F0) | 0x54005400, (w[j] & 0x00F000F0) | 0x54005400]
+        regs += [((w[j] >> 4) & 0x00F000F0) | 0x54005400, ((w[j] >> 8) & 0x00F000F0) | 0x54005400]
+        off = [64.0] * 4
+    elif bits == 4 and dtype == "float16":
+        t = w[j] >> 8
+        regs = [(w[j] & 0x000F000F) | 0x64006400, (w[j] & 0x00F000F0) | 0x54005400, (t & 0x000F000F) | 0x64006400, (t & 0x00F000F0) | 0x54005400]
+        off = [1024.0, 64.0, 1024.0, 64.0]
+    elif bits == 4:
+        regs = [((w[j] >> (4 * r)) & 0x000F000F) | 0x43004300 for r in range(4)]
+        off = [128.0] * 4
+    elif dtype == "float16":
+        regs = [_prmt(w[2 * j + h], 0x64646464, sel) for h in range(2) for sel in (0x4140, 0x4342)]
+        off = [1024.0] * 4
+    else:
+        f = [
+            [float(np.array([_prmt(w[2 * j + h], 0x4B000000, 0x7440 + e)], np.uint32).view(np.float32)[0]) - 2.0**23 for e in range(4)]
+            for h in range(2)
+        ]
+        return [[f[h][2 * p], f[h][2 * p + 1]] for h in range(2) for p in range(2)], [0.0] * 4
+    return [[_half_value(r & 0xFFFF, dtype), _half_value(r >> 16, dtype)] for r in regs], off
+
+
+@pytest.mark.parametrize(("bits", "dtype", "fold"), [(4, "float16", 1), (4, "float16", 2), (4, "bfloat16", 1), (8, "float16", 1), (8, "bfloat16", 1)])
+def test_v2_fragments_hold_offset_plus_code(bits: int, dtype: str, fold: int, rng: np.random.Generator) -> None:
+    """v2's LOP3 / PRMT decoding of every lane's words, each 16-bit half read as float16 /
+    bfloat16 and placed by the PTX fragment table, is the block of codes plus the register's
+    row-half offset, exactly (every code value occurs)."""
+    n, k = 32, 512
+    codes = (np.arange(n * k) % (1 << bits)).astype(np.uint8).reshape(n, k)
+    codes = rng.permuted(codes, axis=1)
+    words = pack_codes(codes, bits).view(np.uint32)
+    c = chunk_codes(bits)
+    for tile in range(words.shape[0]):
+        for chunk in range(words.shape[1] // 128):
+            vec = words[tile, chunk * 128 : (chunk + 1) * 128].reshape(32, 4)
+            for j in range(c // 16):
+                block = np.full((16, 16), -1.0)
+                for lane in range(32):
+                    vals, off = _v2_fragment(vec[lane], j, bits, dtype, fold)
+                    for reg in range(4):
+                        for e in range(2):
+                            block[_a_fragment_table(lane, reg, e)] = vals[reg][e] - off[reg]
+                k0 = chunk * c + 16 * j
+                np.testing.assert_array_equal(block, codes[tile * 16 : tile * 16 + 16, k0 : k0 + 16])
+
+
+V2_DEFINES = [
+    {"DTYPE": d, "BITS": b, "HAS_ZEROS": z, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg}
+    for d in (1, 2)
+    for b in (4, 8)
+    for z in (0, 1)
+    for rt in (1, 2)
+    for f in (0, 1)
+    for seg in (1, 2)
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_v2_variant_compiles(arch: str) -> None:
+    """The v2 decode kernel (not in the file's trtcore-variants: v1 stays the default) compiles
+    for every dtype / bits / zero points / ROW_TILES / WQ_FOLD / SEG 1, 2, with UNROLL 1 and 3,
+    SEG 4, L2_PF and L2_HINT too."""
+    extra = [{**V2_DEFINES[0], "UNROLL": 1}, {**V2_DEFINES[-1], "UNROLL": 3}, {**V2_DEFINES[-1], "SEG": 4, "UNROLL": 1}]
+    extra += [{**V2_DEFINES[5], "L2_PF": 2}, {**V2_DEFINES[-1], "L2_PF": 3, "L2_HINT": 2}, {**V2_DEFINES[9], "L2_HINT": 1}]
+    extra += [{**v, "WQ_FOLD": 2} for v in V2_DEFINES if v["WQ_FOLD"] == 1 and v["SEG"] == 1 and v["ROW_TILES"] == 1 and v["HAS_ZEROS"] == 0]
+    for v in V2_DEFINES + extra:
+        c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
+        assert kernels.cubin_arch(c.cubin) == arch
+        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm"}
+
+
+def test_v2_is_chosen_only_where_it_applies(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DECODE_VARIANT selects v2 for M <= 8 float16/bfloat16 without act order and with
+    whole-chunk groups; the default (empty) selects v1 everywhere."""
+    from trtcore.plugins import weight_only_gemm as wog
+
+    v2 = {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 1, "SEG": 2}
+    g128, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 4, 128, "none", False))
+    g32, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 4, 32, "none", False))
+    perm, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 8, 64, "int", True))
+    chan, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 8, 1024, "none", False))
+    assert g128.decode_variant(BF16, 1) == {}
+    monkeypatch.setattr(wog, "DECODE_VARIANT", v2)
+    assert g128.decode_variant(BF16, 1) == v2 and g128.decode_variant(np.float16, 8) == v2 and chan.decode_variant(BF16, 3) == v2
+    assert g128.decode_variant(BF16, 9) == {} and g128.decode_variant(np.float32, 1) == {}
+    assert g32.decode_variant(BF16, 1) == {} and perm.decode_variant(BF16, 1) == {}
+    g64, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 4, 64, "none", False))
+    odd, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1056, 8, 1056, "none", False))  # 33 chunks
+    assert g64.decode_variant(BF16, 1) == odd.decode_variant(BF16, 1) == {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 1}
+    assert g128.decode_warps(2) == 16 and g128.decode_warps() == 16
+    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v2, "WARPS": 32})
+    with pytest.raises(PluginError, match="WARPS"):
+        g128.decode_variant(BF16, 1)
+
+
+def test_decode_variant_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtcore.plugins import weight_only_gemm as wog
+
+    monkeypatch.setenv("TRTCORE_WQ_DECODE", '{"WQ_DECODE": 2, "SEG": 2, "WARPS": 8}')
+    assert wog._variant_from_env() == {"WQ_DECODE": 2, "SEG": 2, "WARPS": 8}
+    for bad in ("{", "[2]", '{"SEG": 1.5}'):
+        monkeypatch.setenv("TRTCORE_WQ_DECODE", bad)
+        with pytest.warns(UserWarning, match="ignored"):
+            assert wog._variant_from_env() == {}
+    monkeypatch.delenv("TRTCORE_WQ_DECODE")
+    assert wog._variant_from_env() == {}
 
 
 def test_bad_fields_and_inputs_are_refused(rng: np.random.Generator) -> None:

@@ -9,6 +9,11 @@ through :func:`trtcore.testing.check_plugin`, which poisons the output with NaN 
 two runs and requires bit-identical results. Tolerance: the reference is float64 rounded once;
 the kernels accumulate in float32 over K terms, so one output ulp at ``max|y|`` (the default)
 plus float32 accumulation noise ``sqrt(K) * 2^-24`` relative.
+
+The v2 decode kernel (``WQ_DECODE 2``: ROW_TILES 1 | 2, WQ_FOLD 0 | 1, SEG 1 | 2, L2_PF, selected through
+``weight_only_gemm.DECODE_VARIANT``) is checked the same way at M = 1..8 on shapes with odd tile
+counts, N not a multiple of 16, per channel and group 64 / 128 / 256; group 32 int4 (half a
+chunk) must fall back to v1, and does.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from trtcore.plugins import weight_only_gemm as wog
 from trtcore.plugins.weight_only_gemm import WeightOnlyGemmPlugin
 from trtcore.quantization import QuantizedWeight
 from trtcore.testing import check_plugin, default_tolerance, gpu_status
@@ -79,8 +85,97 @@ def test_decode_warps_share_a_tile(warps: int, monkeypatch: pytest.MonkeyPatch) 
     rng = np.random.default_rng(5 + warps)
     qw = _qw(rng, 48, 4128, 4, 96, "frac", False)  # group 96: segments end inside chunks
     plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
-    monkeypatch.setattr(WeightOnlyGemmPlugin, "decode_warps", lambda self: warps)
+    monkeypatch.setattr(WeightOnlyGemmPlugin, "decode_warps", lambda self, row_tiles=1: warps)
     dtype = np.dtype(ml_dtypes.bfloat16)
     assert plugin.uses_tensor_cores(dtype, 2)
     specs = [((2, 4128), dtype)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
     check_plugin(plugin, specs, rtol=2.0**-7 + 1e-5)
+
+
+V2_VARIANTS = [{"WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "L2_PF": 0} for rt in (1, 2) for f in (0, 1) for seg in (1, 2)]
+# the L2 prefetch and fetch size change no sums, only how loads are issued: two variants with
+# them; WQ_FOLD 2
+# (float16 int4's 1024 offset: the least accurate) once
+V2_VARIANTS += [
+    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 2, "SEG": 2, "L2_PF": 0},
+    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 1, "L2_PF": 2},
+    {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 0, "SEG": 2, "L2_PF": 2, "L2_HINT": 2},
+]
+
+
+def _v2_id(v: dict) -> str:
+    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _v2_compiled() -> None:
+    """Every v2 define set compiled first, by parallel threads (NVRTC releases the GIL; the
+    launcher then finds them in the disk cache; one after another they would take minutes)."""
+    import concurrent.futures
+
+    from trtcore import kernels
+
+    sets = [
+        {"DTYPE": d, "BITS": b, "HAS_ZEROS": z, "HAS_PERM": 0, **v}
+        for d in (1, 2)
+        for b in (4, 8)
+        for z in (0, 1)
+        for v in V2_VARIANTS + [{key: val for key, val in v.items() if key != "SEG"} for v in V2_VARIANTS]  # SEG left out: the fallback
+    ]
+    unique = [dict(t) for t in sorted({tuple(sorted(d.items())) for d in sets})]
+    arch = kernels.current_arch()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda d: kernels.compile_kernel("wq_gemm", defines=d, arch=arch), unique))
+
+
+V2_CASES = [
+    # (N, K, bits, group_size (0: per channel), zeros): N = 40 and 300 leave half tiles, 3 and
+    # 19 tiles an odd count for ROW_TILES 2; K = 1536, 2560 and 4160 are whole chunks only;
+    # SEG 2 needs an even chunk count per group (else it runs as SEG 1): group 64 int4 and
+    # K = 2080 int8 per channel (65 chunks) fall back
+    (40, 4096, 4, 128, "none"),
+    (300, 1536, 4, 64, "int"),
+    (48, 2560, 4, 256, "frac"),
+    (200, 4160, 4, 64, "none"),
+    (96, 2048, 4, 32, "int"),  # half-chunk groups: v1
+    (512, 1024, 8, 0, "none"),
+    (40, 2080, 8, 0, "int"),
+    (300, 2048, 8, 64, "frac"),
+    (72, 1536, 8, 128, "none"),
+]
+
+
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", V2_CASES, ids=str)
+@pytest.mark.parametrize("variant", V2_VARIANTS, ids=_v2_id)
+def test_v2_decode_matches_reference(variant: dict, case: tuple, dtype: np.dtype, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(zlib.crc32(repr((variant, case, str(dtype), m)).encode()))
+    qw = _qw(rng, *case, False)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    monkeypatch.setattr(wog, "DECODE_VARIANT", dict(variant))
+    # v2 exactly where it applies: whole-chunk groups (all here but int4 group 32)
+    chosen = plugin.decode_variant(dtype, m)
+    assert bool(chosen) == (case[2:4] != (4, 32))
+    assert not chosen or chosen.get("SEG", 1) == (variant["SEG"] if plugin.chunks_per_group() % variant["SEG"] == 0 else 1)
+    k = qw.shape[1]
+    specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
+    rtol = default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24
+    check_plugin(plugin, specs, rtol=rtol)
+
+
+@pytest.mark.parametrize("warps", [1, 3, 16])
+@pytest.mark.parametrize("variant", V2_VARIANTS, ids=_v2_id)
+def test_v2_warps_share_the_tiles(variant: dict, warps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """v2 gives the same sums with any number of warps per block, also with fewer units
+    (K = 1024: 16 chunks) than UNROLL x warps, and with act order falls back to v1."""
+    rng = np.random.default_rng(11 + warps)
+    monkeypatch.setattr(wog, "DECODE_VARIANT", dict(variant))
+    monkeypatch.setattr(WeightOnlyGemmPlugin, "decode_warps", lambda self, row_tiles=1: warps)
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    for gs, perm in ((64, False), (128, False), (128, True)):
+        qw = _qw(rng, 56, 1024, 4, gs, "frac", perm)
+        plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+        assert bool(plugin.decode_variant(dtype, 4)) != perm
+        specs = [((4, 1024), dtype)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
+        check_plugin(plugin, specs, rtol=2.0**-7 + 1e-5)
