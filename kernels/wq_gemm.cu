@@ -51,6 +51,11 @@
 // trtcore-variants: [{"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 1}]
 // trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 1}]
 // trtcore-variants: [{"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 1}]
+// the default v2 decode kernel (plugins/weight_only_gemm.py DEFAULT_DECODE), precompiled too
+// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}]
+// trtcore-variants: [{"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}]
+// trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}]
+// trtcore-variants: [{"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}]
 
 #include "pdl.cuh"    // PDL_WAIT / PDL_LAUNCH: every kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE, elem_t, to_f32 / from_f32

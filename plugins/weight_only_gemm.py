@@ -30,10 +30,11 @@ float32 per group); everything else runs a tiled float32 kernel (64 x 64 outputs
 dequantized weights in shared memory).
 
 The M <= 8 decode kernel has a second version (v2, ``WQ_DECODE 2`` in kernels/wq_gemm.cu),
-selected by :data:`DECODE_VARIANT` (or ``TRTCORE_WQ_DECODE``) where :meth:`WeightOnlyGemmPlugin.fast_decode`
-allows it (no act order, groups of whole chunks): fewer instructions per byte (two row tiles per
-warp, the magic offset folded into the flush, units of several chunks per group, optional L2
-prefetch). The default stays v1 until GPU timings (bench/bench_wq_gemm.py --tune) pick a setting.
+the default (:data:`DEFAULT_DECODE`, measured) where :meth:`WeightOnlyGemmPlugin.fast_decode`
+allows it (no act order, groups of whole chunks), or the setting :data:`DECODE_VARIANT` (or
+``TRTCORE_WQ_DECODE``) gives: fewer instructions per byte (two row tiles per warp, the magic
+offset folded into the flush, units of several chunks per group, optional L2 prefetch);
+``{"WQ_DECODE": 1}`` selects v1.
 
 Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
 (``x64 @ QuantizedWeight.dequantize().T`` rounded once to x's dtype); the kernels accumulate
@@ -64,6 +65,7 @@ from .launcher import KernelLauncher
 __all__ = [
     "DECODE_MAX_M",
     "DECODE_VARIANT",
+    "DEFAULT_DECODE",
     "PackedWeight",
     "WeightOnlyGemmPlugin",
     "chunk_codes",
@@ -114,6 +116,18 @@ def _variant_from_env() -> dict[str, int]:
 #: sets its warps per block instead of :meth:`WeightOnlyGemmPlugin.decode_warps`.
 #: bench/bench_wq_gemm.py --tune times them; ``TRTCORE_WQ_DECODE`` sets it (:func:`_variant_from_env`).
 DECODE_VARIANT: dict[str, int] = _variant_from_env()
+#: the M <= 8 decode kernel the plugin runs when :data:`DECODE_VARIANT` is empty: v2 with these
+#: defines per bit width, where :meth:`WeightOnlyGemmPlugin.fast_decode` allows it (else v1).
+#: Chosen from the H200 tune of bench/bench_wq_gemm.py --tune on the Llama-3-8B MLP shapes at
+#: M = 1 (bench/results/h200-2026-12-02-session5/call4-e2e-8b-wq/wq_tune.txt): int4 g128 2.70x /
+#: 2.96x cuBLAS bfloat16 (v1: 2.05x / 2.32x), int8 per channel 1.86x / 1.94x (v1: 1.13x / 1.21x)
+DEFAULT_DECODE: dict[int, dict[str, int]] = {
+    4: {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1},
+    8: {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2},
+}
+#: warps :data:`DEFAULT_DECODE`'s kernel launches in all (the tune's best: 4 per tile on
+#: 14336 rows, 16 on 4096)
+_V2_TARGET_WARPS = 4096
 #: warps the decode kernel should launch in all (about two H200 waves of 132 SMs x 32 warps):
 #: a weight with few tiles gives each tile more warps (measured on the 8B MLP shapes,
 #: bench/bench_wq_gemm.py --tune)
@@ -408,24 +422,33 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         return self.uses_tensor_cores(dtype, m) and m <= 8 and not self.has_perm and self.chunks_per_group() > 0
 
     def decode_variant(self, dtype: Any, m: int) -> dict[str, int]:
-        """The extra defines of the decode kernel for ``m`` rows: :data:`DECODE_VARIANT` where
-        :meth:`fast_decode` allows v2, else none (v1); ``SEG`` left out (1) where it does not
-        divide :meth:`chunks_per_group` (a unit of SEG chunks must lie inside one group)."""
-        if DECODE_VARIANT.get("WQ_DECODE", 1) != 2 or not self.fast_decode(dtype, m):
+        """The extra defines of the decode kernel for ``m`` rows: :data:`DECODE_VARIANT`, or
+        when it is empty :data:`DEFAULT_DECODE` of the bit width (with ``WARPS`` for about
+        :data:`_V2_TARGET_WARPS` in all), where :meth:`fast_decode` allows v2, else none (v1);
+        ``SEG`` left out (1) where it does not divide :meth:`chunks_per_group` (a unit of SEG
+        chunks must lie inside one group).
+
+        Raises:
+            PluginError: a ``WARPS`` outside 1 .. 16.
+        """
+        chosen = DECODE_VARIANT or DEFAULT_DECODE[self.bits]
+        if chosen.get("WQ_DECODE", 1) != 2 or not self.fast_decode(dtype, m):
             return {}
-        variant = dict(DECODE_VARIANT)
+        variant = dict(chosen)
         if self.chunks_per_group() % variant.get("SEG", 1):
             del variant["SEG"]
+        if not DECODE_VARIANT:
+            variant["WARPS"] = self.decode_warps(variant.get("ROW_TILES", 1), _V2_TARGET_WARPS)
         if not 1 <= variant.get("WARPS", 1) <= _MAX_WARPS:
             raise PluginError(f"DECODE_VARIANT: WARPS must be 1 .. {_MAX_WARPS}, got {variant['WARPS']}")
         return variant
 
-    def decode_warps(self, row_tiles: int = 1) -> int:
+    def decode_warps(self, row_tiles: int = 1, target: int = _TARGET_WARPS) -> int:
         """Warps per block (per ``row_tiles`` 16-row tiles) of the decode kernel: about
-        :data:`_TARGET_WARPS` in all, a power of two from 1 to 16, at most one per chunk of K."""
+        ``target`` in all, a power of two from 1 to 16, at most one per chunk of K."""
         tiles = -(-self.out_features // (TILE_ROWS * row_tiles))
         chunks = -(-self.in_features // chunk_codes(self.bits))
-        want = max(1, min(_MAX_WARPS, _TARGET_WARPS // tiles, chunks))
+        want = max(1, min(_MAX_WARPS, target // tiles, chunks))
         return 1 << (want.bit_length() - 1)  # a power of two
 
     def enqueue(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], workspace: int, stream: int) -> None:

@@ -254,7 +254,7 @@ V2_DEFINES = [
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_v2_variant_compiles(arch: str) -> None:
-    """The v2 decode kernel (not in the file's trtcore-variants: v1 stays the default) compiles
+    """The v2 decode kernel (its default define sets are in the file's trtcore-variants) compiles
     for every dtype / bits / zero points / ROW_TILES / WQ_FOLD / SEG 1, 2, with UNROLL 1 and 3,
     SEG 4, L2_PF and L2_HINT too."""
     extra = [{**V2_DEFINES[0], "UNROLL": 1}, {**V2_DEFINES[-1], "UNROLL": 3}, {**V2_DEFINES[-1], "SEG": 4, "UNROLL": 1}]
@@ -266,9 +266,31 @@ def test_every_v2_variant_compiles(arch: str) -> None:
         assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm"}
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_default_decode_defines_compile(arch: str) -> None:
+    """DEFAULT_DECODE's define sets (what the plugin runs by default), for both dtypes and
+    with and without zero points, compile with NVRTC (no GPU needed)."""
+    kernels = pytest.importorskip("trtcore.kernels")
+    from trtcore.plugins import weight_only_gemm as wog
+
+    for bits, extra in wog.DEFAULT_DECODE.items():
+        for d in (1, 2):
+            for z in (0, 1):
+                c = kernels.compile_kernel("wq_gemm", defines={"DTYPE": d, "BITS": bits, "HAS_ZEROS": z, "HAS_PERM": 0, **extra}, arch=arch)
+                assert "trtcore_wq_gemv" in c.symbols
+    # and setup_cuda.py precompiles them (the file's trtcore-variants)
+    listed = kernels.nvrtc.variants("wq_gemm")
+    for bits, extra in wog.DEFAULT_DECODE.items():
+        for d in (1, 2):
+            for z in (0, 1):
+                assert {"DTYPE": d, "BITS": bits, "HAS_ZEROS": z, "HAS_PERM": 0, **extra} in listed
+
+
 def test_v2_is_chosen_only_where_it_applies(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
     """DECODE_VARIANT selects v2 for M <= 8 float16/bfloat16 without act order and with
-    whole-chunk groups; the default (empty) selects v1 everywhere."""
+    whole-chunk groups; empty, DEFAULT_DECODE does the same with the tuned defines and about
+    4096 warps in all (4 per tile on 14336 rows, 16 on 4096: the H200 tune's best);
+    {"WQ_DECODE": 1} selects v1 everywhere."""
     from trtcore.plugins import weight_only_gemm as wog
 
     v2 = {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 1, "SEG": 2}
@@ -276,7 +298,14 @@ def test_v2_is_chosen_only_where_it_applies(rng: np.random.Generator, monkeypatc
     g32, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 4, 32, "none", False))
     perm, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 8, 64, "int", True))
     chan, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 8, 1024, "none", False))
-    assert g128.decode_variant(BF16, 1) == {}
+    assert g128.decode_variant(BF16, 1) == {**wog.DEFAULT_DECODE[4], "WARPS": 16}  # 3 tiles: capped at 16
+    assert chan.decode_variant(BF16, 1) == {**wog.DEFAULT_DECODE[8], "WARPS": 16}
+    assert g128.decode_variant(BF16, 9) == {} and perm.decode_variant(BF16, 1) == {}
+    gate_up, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 14336, 256, 4, 128, "none", False))
+    down, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 4096, 1024, 4, 128, "none", False))
+    assert gate_up.decode_variant(BF16, 1)["WARPS"] == 4 and down.decode_variant(BF16, 1)["WARPS"] == 16
+    monkeypatch.setattr(wog, "DECODE_VARIANT", {"WQ_DECODE": 1})
+    assert g128.decode_variant(BF16, 1) == {} and chan.decode_variant(BF16, 1) == {}
     monkeypatch.setattr(wog, "DECODE_VARIANT", v2)
     assert g128.decode_variant(BF16, 1) == v2 and g128.decode_variant(np.float16, 8) == v2 and chan.decode_variant(BF16, 3) == v2
     assert g128.decode_variant(BF16, 9) == {} and g128.decode_variant(np.float32, 1) == {}

@@ -85,7 +85,7 @@ def test_decode_warps_share_a_tile(warps: int, monkeypatch: pytest.MonkeyPatch) 
     rng = np.random.default_rng(5 + warps)
     qw = _qw(rng, 48, 4128, 4, 96, "frac", False)  # group 96: segments end inside chunks
     plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
-    monkeypatch.setattr(WeightOnlyGemmPlugin, "decode_warps", lambda self, row_tiles=1: warps)
+    monkeypatch.setattr(WeightOnlyGemmPlugin, "decode_warps", lambda self, row_tiles=1, target=0: warps)
     dtype = np.dtype(ml_dtypes.bfloat16)
     assert plugin.uses_tensor_cores(dtype, 2)
     specs = [((2, 4128), dtype)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
@@ -171,7 +171,7 @@ def test_v2_warps_share_the_tiles(variant: dict, warps: int, monkeypatch: pytest
     (K = 1024: 16 chunks) than UNROLL x warps, and with act order falls back to v1."""
     rng = np.random.default_rng(11 + warps)
     monkeypatch.setattr(wog, "DECODE_VARIANT", dict(variant))
-    monkeypatch.setattr(WeightOnlyGemmPlugin, "decode_warps", lambda self, row_tiles=1: warps)
+    monkeypatch.setattr(WeightOnlyGemmPlugin, "decode_warps", lambda self, row_tiles=1, target=0: warps)
     dtype = np.dtype(ml_dtypes.bfloat16)
     for gs, perm in ((64, False), (128, False), (128, True)):
         qw = _qw(rng, 56, 1024, 4, gs, "frac", perm)
