@@ -288,3 +288,29 @@ def test_fp8_groups_with_different_activation_strategies_are_refused() -> None:
     config["config_groups"]["group_1"] = _fp8_dynamic_config("tensor")["config_groups"]["group_0"] | {"targets": ["re:.*down_proj"]}
     with pytest.raises(UnsupportedQuantizationError, match="different FP8 activation strategies"):
         detect_quantization(config)
+
+
+# --- published checkpoints' quantization_config objects (tests/data/quant_configs/*.json) ---
+
+_PUBLISHED = sorted((Path(__file__).parent / "data" / "quant_configs").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", _PUBLISHED, ids=[p.stem for p in _PUBLISHED])
+def test_published_quantization_configs(path):
+    data = json.loads(path.read_text())
+    assert data["source"] and data["expect"] in ("accept", "refuse")
+    if data["expect"] == "accept":
+        assert detect_quantization(data["quantization_config"], None) is not None
+    else:
+        with pytest.raises(UnsupportedQuantizationError) as e:
+            detect_quantization(data["quantization_config"], None)
+        assert data["refusal_names"] in str(e.value) and "supported formats:" in str(e.value)
+
+
+def test_int_weights_with_quantized_activations_are_refused():
+    """A W4A8 pack-quantized group (int8 per-token activations) is not read as weight-only."""
+    data = json.loads((Path(__file__).parent / "data" / "quant_configs" / "redhatai-llama-3.1-8b-instruct-quantized-w4a16.json").read_text())
+    config = data["quantization_config"]
+    config["config_groups"]["group_0"]["input_activations"] = {"dynamic": True, "num_bits": 8, "strategy": "token", "symmetric": True, "type": "int"}
+    with pytest.raises(UnsupportedQuantizationError, match="input_activations"):
+        detect_quantization(config, None)
