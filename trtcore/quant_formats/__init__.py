@@ -132,6 +132,12 @@ def _check(method: str, c: dict[str, Any]) -> None:
                 raise _refuse(f"compressed-tensors weights {a!r}")
         if len({a.get("num_bits") for a in args}) > 1:
             raise _refuse("compressed-tensors config groups of different num_bits")
+        for name, g in (c.get("config_groups") or {}).items():
+            if isinstance(g, dict) and g.get("input_activations") is not None:
+                raise _refuse(
+                    f"compressed-tensors int weights with quantized input_activations {g['input_activations']!r} "
+                    f"(group {name!r}; W4A8 / W8A8 activation quantization is not read: int weights are weight-only, input_activations null)"
+                )
     elif method == "fp8":
         problem = check_hf_fp8(c)
         if problem:
