@@ -339,3 +339,19 @@ def test_calibration_text_longer_than_the_model_positions(src: Path, tmp_path: P
     llm = LLM(src, backend="reference", dtype="float32", kv_cache="contiguous", progress=False)
     with pytest.raises(InvalidArgumentError, match="256 tokens; at most 255 fit"):
         capture_prefill(llm, [5] * 256, ["model.layers.0.input_layernorm"])
+
+
+@pytest.mark.parametrize("activations", ["static", "dynamic"])
+def test_check_compares_an_fp8_checkpoint_with_transformers(src: Path, tmp_path: Path, activations: str) -> None:
+    """``trtcore check`` on what ``quantize --method fp8`` wrote: transformers reads the FP8
+    checkpoint as it is (its linears quantize their inputs; decompressed they ran float inputs,
+    a 4-5% logit error), and runs the decode steps through its KV cache one call per step,
+    so that dynamic per-tensor scales cover the same tokens as trtcore's steps."""
+    pytest.importorskip("compressed_tensors")
+    from trtcore.check import compare_with_transformers
+
+    kwargs: dict[str, Any] = {"calibration_ids": _calibration()} if activations == "static" else {}
+    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", activations=activations, **kwargs)
+    prompt = random_prompt(np.random.default_rng(3), 9, V.vocab_size)
+    report = compare_with_transformers(out, prompt, steps=4)
+    assert report["greedy_equal"] and report["max_rel_error"] <= 1e-4, report
