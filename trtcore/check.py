@@ -20,6 +20,7 @@ that goes wrong shows at the module where it starts.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,12 +95,15 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
     hf = _load_hf(AutoModelForCausalLM, torch, model_dir)
     # step by step through transformers' KV cache, as trtcore runs: one call per step, so that
     # dynamic per-tensor activation scales (FP8) cover the same tokens in both
+    # (the cache argument is ``cache`` in transformers >= 5.x's latest, ``past_key_values`` before)
+    cache_arg = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
     rows = []
     with torch.no_grad():
-        res = hf(torch.tensor([ids]), use_cache=True)
+        res = hf(torch.tensor([ids]), position_ids=torch.arange(len(ids))[None], use_cache=True)
         rows.append(res.logits[0, -1].double().numpy())
-        for t in ours_tokens[:-1]:
-            res = hf(torch.tensor([[t]]), past_key_values=res.past_key_values, use_cache=True)
+        for k, t in enumerate(ours_tokens[:-1]):
+            step = {cache_arg: getattr(res, cache_arg), "position_ids": torch.tensor([[len(ids) + k]])}
+            res = hf(torch.tensor([[t]]), use_cache=True, **step)
             rows.append(res.logits[0, -1].double().numpy())
     ref = np.stack(rows)
     ours = _trtcore_logits(llm, ids, ours_tokens[:-1])
