@@ -194,6 +194,12 @@ def test_cli_empty_and_too_long_prompt(good: Path) -> None:
     _assert_one_line_error(_cli("generate", "a" * (BASE.max_position_embeddings + 5), "--model", str(good)), "max_position_embeddings")
 
 
+
+@pytest.mark.parametrize("tolerance", ["-1", "nan"])
+def test_cli_check_refuses_a_tolerance_no_error_can_meet(good: Path, tolerance: str) -> None:
+    """Refused before the model runs, not a FAIL (exit 1) of every comparison."""
+    _assert_one_line_error(_cli("check", "--model", str(good), "--tolerance", tolerance), "--tolerance", tolerance)
+
 def test_cli_unknown_backend_and_dtype(good: Path) -> None:
     _assert_one_line_error(_cli("generate", "hi", "--model", str(good), "--backend", "onnx"), "onnx", "reference")
 
