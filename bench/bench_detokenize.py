@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokenizer", help="tokenizer.json or a model folder (default: the default model's)")
     ap.add_argument("--lengths", default="128,512,1024,4096")
     ap.add_argument("--out", default=".")

@@ -141,10 +141,10 @@ def continuous_batching(llm: Any, requests: int = 256, prompt: int = 128, new: i
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--models", default="SmolLM2-135M,Llama-3.2-1B,Llama-3-8B")
-    ap.add_argument("--batches", default="1,16,32")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=".", help="folder of e2e.json and e2e.png (default: .)")
+    ap.add_argument("--models", default="SmolLM2-135M,Llama-3.2-1B,Llama-3-8B", help="comma-separated model shapes (default: %(default)s)")
+    ap.add_argument("--batches", default="1,16,32", help="comma-separated batch sizes (default: %(default)s)")
     ap.add_argument("--cb", action="store_true", help="also 256 requests through continuous batching on the 8B shape")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (for comparison)")

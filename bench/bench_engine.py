@@ -266,7 +266,7 @@ def hf_tpot(name: str, batch: int, prompt: int = 128, new: int = 128) -> dict[st
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--models", default="SmolLM2-135M,Llama-3.2-1B,Llama-3-8B")
     ap.add_argument("--reps", type=int, default=50)

@@ -126,7 +126,7 @@ def time_shape(cp: Any, blas: Any, fns: dict[tuple[int, int, int, bool, bool], A
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     args = ap.parse_args()

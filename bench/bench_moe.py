@@ -101,7 +101,7 @@ def hf_mixtral_tpot(shape: dict[str, Any], batch: int, cache: str, prompt: int =
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batches", default="1,8,32")

@@ -43,7 +43,7 @@ VARIANTS: list[tuple[str, Any, int]] = [
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--models", default="Llama-3-8B")
     ap.add_argument("--batches", default="1,16")

@@ -211,7 +211,7 @@ def bench_hf(cp: Any, T: int, nq: int, nk: int, head_dim: int, rounds: int, laun
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="JSON result file")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=32)

@@ -158,7 +158,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--model", help="model folder (default: the default model)")
     ap.add_argument("--backend", default="cuda")

@@ -324,7 +324,7 @@ def probe_plugin(quick: bool) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="folder for fp8_probe.json")
     ap.add_argument("--log", type=int, default=0, help="CUBLASLT_LOG_LEVEL (1: errors with their reason, 5: every call)")
     ap.add_argument("--quick", action="store_true", help="two shapes, M = 1 and 16")

@@ -185,7 +185,7 @@ def serve(engine: Any, mode: Any, concurrency: int, run_mode: str, args: Any, rn
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--concurrency", default="1,8,32,128")
     ap.add_argument("--input-len", type=int, default=128)

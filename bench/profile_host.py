@@ -147,10 +147,10 @@ def cpu_migrations(llm: Any, steps: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--models", default="SmolLM2-135M,Llama-3.2-1B")
-    ap.add_argument("--steps", type=int, default=300)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=".", help="folder of profile_host.json (default: .)")
+    ap.add_argument("--models", default="SmolLM2-135M,Llama-3.2-1B", help="comma-separated model shapes (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=300, help="LLM.step() calls under cProfile (default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=1, help="host_time_per_step runs per scheduling mode")
     ap.add_argument("--cpu-affinity", help="pin the stepping thread for the timed runs: 'auto' or a CPU list (trtcore.runtime.affinity)")
     ap.add_argument("--async-only", action="store_true", help="only the asynchronous mode's timings, no cProfile")

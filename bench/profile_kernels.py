@@ -100,7 +100,7 @@ def profile_run(args: argparse.Namespace, quantization: str | None) -> dict[str,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--random-weights", default="Llama-3-8B")
     ap.add_argument("--quantizations", default="none,fp8")

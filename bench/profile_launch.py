@@ -100,7 +100,7 @@ def event_costs(device: Any, n: int = 200) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--models", default="SmolLM2-135M,Llama-3.2-1B")
     ap.add_argument("--k", default="1,2,4,8")

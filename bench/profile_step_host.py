@@ -295,7 +295,7 @@ def time_steps(llm: Any, steps: int, repeats: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--model", default="SmolLM2-135M")
     ap.add_argument("--steps", type=int, default=5000)

@@ -65,7 +65,7 @@ def mean_logprob(llm: Any, token_ids: list[int]) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gguf", required=True, help="SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--out", default=".")
     ap.add_argument("--new-tokens", type=int, default=24)

@@ -216,3 +216,29 @@ def test_bench_peer_transformers_cli(hf_models: ModelStore, tmp_path: Path, caps
         assert r["decode_speedup"] == pytest.approx(hf["tpot_ms"] / r["median_tpot_ms"])
         assert r["output_throughput_ratio"] == pytest.approx(r["output_throughput"] / hf["output_throughput"])
     assert "transformers" in capsys.readouterr().out
+
+
+BENCH_SCRIPTS = sorted(p for p in (Path(__file__).resolve().parent.parent / "bench").glob("*.py") if "argparse" in p.read_text())
+
+
+@pytest.mark.parametrize("script", BENCH_SCRIPTS, ids=lambda p: p.name)
+def test_bench_script_help_shows_its_whole_summary(script: Path) -> None:
+    """``--help`` runs on the CPU and its description is the docstring's whole first paragraph
+    (its first line alone stopped mid-sentence: "... against transformers' static-cache");
+    bench_e2e.py's and profile_host.py's options each say what they are."""
+    import ast
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = ast.get_docstring(ast.parse(script.read_text()), clean=False) or ""
+    summary = " ".join(doc.split("\n\n")[0].split())
+    assert summary in " ".join(proc.stdout.split()), (summary, proc.stdout)
+    if script.name in ("bench_e2e.py", "profile_host.py"):
+        lines = proc.stdout.split("options:", 1)[1].splitlines()
+        for k, ln in enumerate(lines):
+            if ln.startswith("  -"):  # "  --flag VALUE   help" or its help on the next line
+                inline = "  " in ln.strip()
+                below = k + 1 < len(lines) and lines[k + 1].startswith(" " * 8) and not lines[k + 1].lstrip().startswith("-")
+                assert inline or below, f"{script.name}: {ln.strip()} has no help"

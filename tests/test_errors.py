@@ -194,6 +194,12 @@ def test_cli_empty_and_too_long_prompt(good: Path) -> None:
     _assert_one_line_error(_cli("generate", "a" * (BASE.max_position_embeddings + 5), "--model", str(good)), "max_position_embeddings")
 
 
+
+@pytest.mark.parametrize("tolerance", ["-1", "nan"])
+def test_cli_check_refuses_a_tolerance_no_error_can_meet(good: Path, tolerance: str) -> None:
+    """Refused before the model runs, not a FAIL (exit 1) of every comparison."""
+    _assert_one_line_error(_cli("check", "--model", str(good), "--tolerance", tolerance), "--tolerance", tolerance)
+
 def test_cli_unknown_backend_and_dtype(good: Path) -> None:
     _assert_one_line_error(_cli("generate", "hi", "--model", str(good), "--backend", "onnx"), "onnx", "reference")
 
@@ -210,6 +216,21 @@ def test_bad_request_in_a_batch_spares_the_others(llm: LLM) -> None:
         else:
             assert o.outputs[0].token_ids == alone
 
+
+
+@pytest.mark.parametrize(("bad", "name"), [({"temperature": 0}, "dict"), (5, "int"), ("greedy", "str")])
+def test_sampling_params_of_another_type_names_it(llm: LLM, bad: object, name: str) -> None:
+    """Not iterated as if it were a list of SamplingParams: a dict's keys made it "got str",
+    an int a TypeError, a string "got 6 SamplingParams for 1 prompts"."""
+    with pytest.raises(InvalidRequestError, match=rf"sampling_params must be SamplingParams or a list of them .*, got {name}$"):
+        llm.generate(["ab"], bad)  # type: ignore[arg-type]
+
+
+def test_a_prompt_dict_without_a_prompt_key_names_its_keys(llm: LLM) -> None:
+    with pytest.raises(InvalidRequestError, match=r"prompt 0 is a dict without 'prompt_token_ids' or 'prompt', got keys \['token_ids'\]"):
+        llm.generate({"token_ids": [3, 4]}, SamplingParams(max_tokens=1))
+    [out, ok] = llm.generate([{"token_ids": [3, 4]}, {"prompt_token_ids": [3, 4]}], SamplingParams(max_tokens=1))
+    assert isinstance(out.error, InvalidRequestError) and "without 'prompt_token_ids'" in str(out.error) and ok.error is None
 
 def test_every_error_is_a_trtcore_error() -> None:
     for cls in (CheckpointError, InvalidArgumentError, InvalidRequestError, MissingTensorError, TensorShapeError, UnsupportedArchitectureError):

@@ -289,3 +289,69 @@ def test_per_token_fp8_dynamic_checkpoint_greedy_equals_transformers(src: Path, 
     per_tensor = quantize_checkpoint(src, tmp_path / "fp8tensor", method="fp8", strategy=strategy, activations="dynamic")
     other = log_softmax(hf_logits(_hf_fp8(per_tensor), prompt)[-1])
     assert max(abs(lp - other[t]) for t, lp in got.items()) > 1e-2
+
+
+def test_calibration_text_longer_than_the_model_positions(src: Path, tmp_path: Path) -> None:
+    """A calibration text cut into sequences the model can hold: this model's
+    max_position_embeddings (256) is below the default seq_len + 1 (257), so each sequence is
+    at most 255 tokens (its prefill and one new token). Before, the 256-token sequences were
+    refused inside ``generate``'s list, nothing was captured, and ``quantize`` died in
+    ``np.concatenate``. The input scales are transformers' ``max|x| / 448`` over the same
+    sequences; a prompt that does not fit is an error of ``capture_prefill``, not ``{}``."""
+    import shutil
+
+    import torch
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    from trtcore.calibration import capture_prefill
+    from trtcore.errors import InvalidArgumentError
+
+    model_dir = tmp_path / "m"
+    shutil.copytree(src, model_dir)
+    chars = "abcdefghijklmnopqrstuvwxyz ."
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, **{c: i + 3 for i, c in enumerate(chars)}}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.save(str(model_dir / "tokenizer.json"))
+    rng = np.random.default_rng(5)
+    text = "".join(rng.choice(list(chars), 300))
+    (tmp_path / "calib.txt").write_text(text)
+    out = quantize_checkpoint(model_dir, tmp_path / "fp8", method="fp8", calibration=tmp_path / "calib.txt")
+    ids = tok.encode(text).ids
+    assert len(ids) == 300
+    model = load_hf(src, "float32")
+    amax: dict[str, float] = {}
+
+    def hook(name: str) -> Any:
+        def fn(mod: Any, args: Any) -> None:
+            amax[name] = max(amax.get(name, 0.0), float(args[0].abs().max()))
+
+        return fn
+
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and ".layers." in name:
+            mod.register_forward_pre_hook(hook(name))
+    for i in range(0, len(ids), 255):
+        hf_logits(model, ids[i : i + 255])
+    got = load_torch(str(out / "model.safetensors"))
+    assert len(amax) == LINEARS
+    for name, a in amax.items():
+        np.testing.assert_allclose(float(got[f"{name}.input_scale"]), a / 448, rtol=1e-5)
+    llm = LLM(src, backend="reference", dtype="float32", kv_cache="contiguous", progress=False)
+    with pytest.raises(InvalidArgumentError, match="256 tokens; at most 255 fit"):
+        capture_prefill(llm, [5] * 256, ["model.layers.0.input_layernorm"])
+
+
+@pytest.mark.parametrize("activations", ["static", "dynamic"])
+def test_check_compares_an_fp8_checkpoint_with_transformers(src: Path, tmp_path: Path, activations: str) -> None:
+    """``trtcore check`` on what ``quantize --method fp8`` wrote: transformers reads the FP8
+    checkpoint as it is (its linears quantize their inputs; decompressed they ran float inputs,
+    a 4-5% logit error), and runs the decode steps through its KV cache one call per step,
+    so that dynamic per-tensor scales cover the same tokens as trtcore's steps."""
+    pytest.importorskip("compressed_tensors")
+    from trtcore.check import compare_with_transformers
+
+    kwargs: dict[str, Any] = {"calibration_ids": _calibration()} if activations == "static" else {}
+    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", activations=activations, **kwargs)
+    prompt = random_prompt(np.random.default_rng(3), 9, V.vocab_size)
+    report = compare_with_transformers(out, prompt, steps=4)
+    assert report["greedy_equal"] and report["max_rel_error"] <= 1e-4, report

@@ -109,9 +109,11 @@ def capture_prefill(llm: Any, token_ids: Sequence[int], names: Sequence[str]) ->
     capturing = _CaptureFirstRun(runner.executor, names, at_run_time=_on_reference(llm))
     runner.executor = capturing  # type: ignore[assignment]  # the same run/to_host, plus the capture
     try:
-        llm.generate([[int(t) for t in token_ids]], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+        [out] = llm.generate([[int(t) for t in token_ids]], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False)
     finally:
         runner.executor = capturing.inner
+    if out.error is not None:  # refused in a list, not raised: an empty capture would hide it
+        raise InvalidArgumentError(f"capture_prefill: {out.error}")
     return capturing.captured or {}
 
 
@@ -168,6 +170,9 @@ def capture_calibration(
               max_seq_len=max(seq_len + 1, 2), progress=False)  # fmt: skip
     try:
         config = llm.config
+        # a sequence and its one new token within the model's positions (a small model's
+        # max_position_embeddings can be below seq_len + 1)
+        seq_len = max(1, min(seq_len, llm.build_config.max_seq_len - 1))
         names = select(config, network_tensor_names(llm))
         if not names:
             raise InvalidArgumentError(f"no calibration tensor to capture in the {config.architecture} network")

@@ -20,6 +20,7 @@ that goes wrong shows at the module where it starts.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,8 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
     """transformers' float32 model of ``folder`` with eager attention, in eval mode. A
     compressed-tensors checkpoint (what ``trtcore quantize`` writes) is read decompressed
     (``CompressedTensorsConfig(run_compressed=False)``: its packed int weights as float
-    weights), the form transformers runs on the CPU.
+    weights), the form transformers runs on the CPU; an FP8 one (``float-quantized``) as it
+    is, so that its linears quantize their inputs (static ``input_scale`` or dynamic) too.
 
     Raises:
         TrtcoreError: the checkpoint needs a package that is not installed (named)."""
@@ -53,7 +55,9 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
         quant = json.loads((Path(folder) / "config.json").read_text()).get("quantization_config") or {}
     except (OSError, ValueError):
         quant = {}  # transformers says what is wrong with the folder
-    if quant.get("quant_method") == "compressed-tensors":
+    # FP8 (float-quantized) is read as it is: transformers then fake-quantizes each linear's
+    # input as trtcore does; decompressed it would run float inputs and ignore input_scale
+    if quant.get("quant_method") == "compressed-tensors" and quant.get("format") != "float-quantized":
         from transformers.utils.quantization_config import CompressedTensorsConfig
 
         kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
@@ -89,9 +93,19 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
     [out] = llm.generate([ids], SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, logprobs=0))
     ours_tokens = out.outputs[0].token_ids
     hf = _load_hf(AutoModelForCausalLM, torch, model_dir)
-    seq = ids + ours_tokens[:-1]
+    # step by step through transformers' KV cache, as trtcore runs: one call per step, so that
+    # dynamic per-tensor activation scales (FP8) cover the same tokens in both
+    # (the cache argument is ``cache`` in transformers >= 5.x's latest, ``past_key_values`` before)
+    cache_arg = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+    rows = []
     with torch.no_grad():
-        ref = hf(torch.tensor([seq])).logits[0, len(ids) - 1 :].double().numpy()
+        res = hf(torch.tensor([ids]), position_ids=torch.arange(len(ids))[None], use_cache=True)
+        rows.append(res.logits[0, -1].double().numpy())
+        for k, t in enumerate(ours_tokens[:-1]):
+            step = {cache_arg: getattr(res, cache_arg), "position_ids": torch.tensor([[len(ids) + k]])}
+            res = hf(torch.tensor([[t]]), use_cache=True, **step)
+            rows.append(res.logits[0, -1].double().numpy())
+    ref = np.stack(rows)
     ours = _trtcore_logits(llm, ids, ours_tokens[:-1])
     err = float(np.abs(ours - ref).max() / np.abs(ref).max())
     return {

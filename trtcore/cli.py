@@ -330,6 +330,8 @@ def _quantize(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from .check import compare, compare_with_transformers
 
+    if not args.tolerance >= 0:  # NaN or negative: every run would FAIL
+        raise InvalidArgumentError(f"--tolerance must be a number >= 0, got {args.tolerance:g}")
     if args.bisect:
         bisect = compare(
             _model_dir(args.model),

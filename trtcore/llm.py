@@ -574,6 +574,8 @@ class LLM:
     def _request(self, index: int, prompt: Any, params: SamplingParams) -> tuple[Request, str | None]:
         text: str | None = None
         if isinstance(prompt, dict):
+            if "prompt_token_ids" not in prompt and "prompt" not in prompt:
+                raise InvalidRequestError(f"prompt {index} is a dict without 'prompt_token_ids' or 'prompt', got keys {sorted(map(str, prompt))}")
             prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
         if prompt is None:
             raise InvalidRequestError(f"prompt {index} is None; expected a string or a list of token ids")
@@ -712,6 +714,10 @@ class LLM:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(items)
+        elif not isinstance(sampling_params, (list, tuple)):  # a dict's keys, a string's characters, an int
+            raise InvalidRequestError(
+                f"sampling_params must be SamplingParams or a list of them (one per prompt), got {type(sampling_params).__name__}"
+            )
         else:
             params = list(sampling_params)
             if len(params) != len(items):
