@@ -177,8 +177,8 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
     for method, option, used_by in [
         ("rtn", {"calibration": "calib.txt"}, "awq, fp8 with static activations"),
         ("rtn", {"calibration_tokens": 64}, "awq, fp8 with static activations"),
-        ("rtn", {"strategy": "tensor"}, "fp8 with static activations, fp8"),
-        ("awq", {"activations": "dynamic"}, "fp8 with static activations, fp8"),
+        ("rtn", {"strategy": "tensor"}, "fp8"),
+        ("awq", {"activations": "dynamic"}, "fp8"),
         ("fp8", {"bits": 4}, "rtn, awq"),
         ("fp8", {"group_size": 128}, "rtn, awq"),
     ]:

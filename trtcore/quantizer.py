@@ -229,7 +229,9 @@ def _refuse_unused(method: str, fp8_activations: str, **given: Any) -> None:
     for name, value in given.items():
         if value is None or key in _USED_BY[name] or (method == "fp8" and (name, value) in (("bits", 8), ("group_size", 0))):
             continue
-        users = ", ".join(u.replace("fp8-static", "fp8 with static activations").replace("fp8-dynamic", "fp8") for u in _USED_BY[name])
+        used = _USED_BY[name]
+        fp8 = "fp8" if "fp8-dynamic" in used else "fp8 with static activations" if "fp8-static" in used else None
+        users = ", ".join([u for u in used if not u.startswith("fp8")] + ([fp8] if fp8 else []))
         what = "FP8 with dynamic activations" if key == "fp8-dynamic" else f"method {method!r}"
         raise InvalidArgumentError(f"quantize: {name}={value!r} does not apply to {what}; it is used by {users}")
 
