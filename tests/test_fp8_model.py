@@ -70,13 +70,11 @@ def test_fp8_checkpoint_greedy_equals_transformers(src: Path, tmp_path: Path, st
     assert res.outputs[0].token_ids == expected
 
 
-def test_calibrated_input_scales_are_amax_over_448(src: Path, tmp_path: Path) -> None:
-    """Each linear's input_scale is max|x| / 448 of its input over the calibration tokens,
-    captured here with forward pre-hooks on transformers' float model."""
+def _assert_input_scales_are_amax(src: Path, sequences: list[list[int]], out: Path) -> None:
+    """Every decoder linear's ``input_scale`` in ``out`` is ``max|x| / 448`` of its input over
+    ``sequences`` run through transformers' float model of ``src`` (forward pre-hooks)."""
     import torch
 
-    ids = _calibration(1)
-    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", calibration_ids=ids)
     model = load_hf(src, "float32")
     amax: dict[str, float] = {}
 
@@ -89,12 +87,21 @@ def test_calibrated_input_scales_are_amax_over_448(src: Path, tmp_path: Path) ->
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and ".layers." in name:
             mod.register_forward_pre_hook(hook(name))
-    for seq in ids:
+    for seq in sequences:
         hf_logits(model, seq)
     got = load_torch(str(out / "model.safetensors"))
     assert len(amax) == LINEARS
     for name, a in amax.items():
         np.testing.assert_allclose(float(got[f"{name}.input_scale"]), a / 448, rtol=1e-5)
+
+
+def test_calibrated_input_scales_are_amax_over_448(src: Path, tmp_path: Path) -> None:
+    """Each linear's input_scale is max|x| / 448 of its input over the calibration tokens,
+    captured here with forward pre-hooks on transformers' float model."""
+
+    ids = _calibration(1)
+    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", calibration_ids=ids)
+    _assert_input_scales_are_amax(src, ids, out)
 
 
 def _to_hf_fp8(ct: Path, dst: Path, suffix: str) -> Path:
@@ -300,7 +307,6 @@ def test_calibration_text_longer_than_the_model_positions(src: Path, tmp_path: P
     sequences; a prompt that does not fit is an error of ``capture_prefill``, not ``{}``."""
     import shutil
 
-    import torch
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
     from trtcore.calibration import capture_prefill
@@ -318,24 +324,7 @@ def test_calibration_text_longer_than_the_model_positions(src: Path, tmp_path: P
     out = quantize_checkpoint(model_dir, tmp_path / "fp8", method="fp8", calibration=tmp_path / "calib.txt")
     ids = tok.encode(text).ids
     assert len(ids) == 300
-    model = load_hf(src, "float32")
-    amax: dict[str, float] = {}
-
-    def hook(name: str) -> Any:
-        def fn(mod: Any, args: Any) -> None:
-            amax[name] = max(amax.get(name, 0.0), float(args[0].abs().max()))
-
-        return fn
-
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and ".layers." in name:
-            mod.register_forward_pre_hook(hook(name))
-    for i in range(0, len(ids), 255):
-        hf_logits(model, ids[i : i + 255])
-    got = load_torch(str(out / "model.safetensors"))
-    assert len(amax) == LINEARS
-    for name, a in amax.items():
-        np.testing.assert_allclose(float(got[f"{name}.input_scale"]), a / 448, rtol=1e-5)
+    _assert_input_scales_are_amax(src, [ids[i : i + 255] for i in range(0, len(ids), 255)], out)
     llm = LLM(src, backend="reference", dtype="float32", kv_cache="contiguous", progress=False)
     with pytest.raises(InvalidArgumentError, match="256 tokens; at most 255 fit"):
         capture_prefill(llm, [5] * 256, ["model.layers.0.input_layernorm"])
