@@ -49,6 +49,12 @@ def main() -> int:
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
     ap.add_argument("--throughput", type=int, default=0, help="also stream this many requests (128 in / 128 out) per variant")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="also profile one sequence's decode steps (this many new tokens less one) per variant: GPU us per step per kernel kind",
+    )
     args = ap.parse_args()
     from trtcore import LLM
     from trtcore.cuda import synthetic
@@ -98,6 +104,13 @@ def main() -> int:
                         flush=True,
                     )
                     (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
+                if args.profile:
+                    prof = profile_steps(llm, args.profile)
+                    results.setdefault("profile", []).append({"model": name, "variant": label, **prof})
+                    print(f"  decode step, GPU us by kernel kind ({prof['steps']} steps):", flush=True)
+                    for kname, k in prof["kinds"].items():
+                        print(f"    {kname:<30} {k['us_per_step']:8.1f} us {k['launches_per_step']:6.1f} launches", flush=True)
+                    (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
                 if args.throughput:
                     tput = throughput(llm, args.throughput)
                     entry = {"model": name, "variant": label, "requests": args.throughput, **tput}
@@ -105,13 +118,48 @@ def main() -> int:
                         base_tput = tput["output_throughput"]
                     entry["throughput_vs_bfloat16"] = tput["output_throughput"] / base_tput if base_tput else None
                     results.setdefault("throughput", []).append(entry)
-                    print(f"  {args.throughput} requests 128/128: {tput['output_throughput']:.0f} output tok/s, x{entry['throughput_vs_bfloat16'] or float('nan'):.2f} vs bfloat16", flush=True)
+                    print(
+                        f"  {args.throughput} requests 128/128: {tput['output_throughput']:.0f} output tok/s, x{entry['throughput_vs_bfloat16'] or float('nan'):.2f} vs bfloat16",
+                        flush=True,
+                    )
                     (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
                 llm.close()
                 del llm
                 _free_gpu()
     print("JSON:", json.dumps(results))
     return 0
+
+
+def profile_steps(llm: Any, new: int, prompt: int = 128) -> dict[str, Any]:
+    """Where a batch-1 decode step's GPU time goes: the kernels (``torch.profiler``, CUPTI: those
+    replayed from CUDA graphs too) of one greedy sequence with ``new`` tokens minus those of one
+    with 1 token (the prefill and the first token), per kernel kind
+    (``profile_kernels.kind``), divided by the ``new - 1`` decode steps."""
+    import numpy as np
+    import torch
+    from profile_kernels import kernel_kinds
+    from torch.profiler import ProfilerActivity, profile
+
+    from trtcore import SamplingParams
+
+    rng = np.random.default_rng(7)
+    ids = [int(t) for t in rng.integers(3, llm.config.vocab_size, size=prompt)]
+
+    def kinds(n: int) -> dict[str, dict[str, float]]:
+        llm.generate([ids], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))  # warm
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            llm.generate([ids], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+            torch.cuda.synchronize()
+        return kernel_kinds(prof)[1]
+
+    one, many = kinds(1), kinds(new)
+    steps = new - 1
+    out = {}
+    for name, k in many.items():
+        base = one.get(name, {"ms": 0.0, "launches": 0})
+        out[name] = {"us_per_step": (k["ms"] - base["ms"]) * 1e3 / steps, "launches_per_step": (k["launches"] - base["launches"]) / steps}
+    total = sum(k["us_per_step"] for k in out.values())
+    return {"steps": steps, "gpu_us_per_step": total, "kinds": dict(sorted(out.items(), key=lambda kv: -kv[1]["us_per_step"]))}
 
 
 def throughput(llm: Any, requests: int, input_len: int = 128, output_len: int = 128) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from typing import Any
 
 #: (kind, pattern of the kernel name), first match wins
 KINDS = [
+    ("weight-only gemv / gemm", r"trtcore_wq_"),
     ("fp8 quantize / scales", r"trtcore_fp8|quantiz"),
     ("gemm fp8 (cuBLASLt)", r"e4m3|f8|fp8|qqtst"),  # nvjet_sm90_qqtst_...: cuBLASLt 13 FP8 kernels
     ("gemm (cuBLAS/cuBLASLt)", r"gemm|xmma|cutlass|nvjet|sm90_|sm80_|ampere|hopper|splitK|splitk"),
@@ -49,6 +50,27 @@ def kind(name: str) -> str:
         if re.search(pattern, low):
             return k
     return "other"
+
+
+def kernel_kinds(prof: Any) -> tuple[float, dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """The CUDA kernels of a finished ``torch.profiler.profile``: their GPU milliseconds in all,
+    per :func:`kind` (ms, launches, share), and the 40 longest kernels by name."""
+    import torch
+
+    kernels: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
+            kernels.setdefault(ev.name, []).append(ev.device_time_total / 1e3)  # ms
+    kinds: dict[str, dict[str, float]] = {}
+    for name, times in kernels.items():
+        k = kinds.setdefault(kind(name), {"ms": 0.0, "launches": 0})
+        k["ms"] += sum(times)
+        k["launches"] += len(times)
+    total = sum(k["ms"] for k in kinds.values())
+    for k in kinds.values():
+        k["share"] = k["ms"] / total if total else 0.0
+    top = sorted(({"name": n[:160], "ms": sum(t), "launches": len(t), "kind": kind(n)} for n, t in kernels.items()), key=lambda r: -r["ms"])[:40]
+    return total, dict(sorted(kinds.items(), key=lambda kv: -kv[1]["ms"])), top
 
 
 def profile_run(args: argparse.Namespace, quantization: str | None) -> dict[str, Any]:
@@ -72,19 +94,7 @@ def profile_run(args: argparse.Namespace, quantization: str | None) -> dict[str,
         if gpu:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    kernels: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
-            kernels.setdefault(ev.name, []).append(ev.device_time_total / 1e3)  # ms
-    kinds: dict[str, dict[str, float]] = {}
-    for name, times in kernels.items():
-        k = kinds.setdefault(kind(name), {"ms": 0.0, "launches": 0})
-        k["ms"] += sum(times)
-        k["launches"] += len(times)
-    total = sum(k["ms"] for k in kinds.values())
-    for k in kinds.values():
-        k["share"] = k["ms"] / total if total else 0.0
-    top = sorted(({"name": n[:160], "ms": sum(t), "launches": len(t), "kind": kind(n)} for n, t in kernels.items()), key=lambda r: -r["ms"])[:40]
+    total, kinds, top = kernel_kinds(prof)
     llm.close()
     del llm
     gc.collect()
@@ -94,7 +104,7 @@ def profile_run(args: argparse.Namespace, quantization: str | None) -> dict[str,
         "profiled_output_throughput": profiled["output_throughput"],
         "profiled_wall_s": wall,
         "kernel_ms": total,
-        "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1]["ms"])),
+        "kinds": kinds,
         "top_kernels": top,
     }
 
@@ -116,8 +126,11 @@ def main() -> int:
     for q in args.quantizations.split(","):
         r = profile_run(args, None if q == "none" else q)
         runs.append(r)
-        print(f"\n{args.random_weights} {r['quantization']}: {r['output_throughput']:.1f} output tok/s ({r['profiled_output_throughput']:.1f} profiled), "
-              f"kernels {r['kernel_ms']:.1f} ms of {r['profiled_wall_s'] * 1e3:.1f} ms wall", flush=True)
+        print(
+            f"\n{args.random_weights} {r['quantization']}: {r['output_throughput']:.1f} output tok/s ({r['profiled_output_throughput']:.1f} profiled), "
+            f"kernels {r['kernel_ms']:.1f} ms of {r['profiled_wall_s'] * 1e3:.1f} ms wall",
+            flush=True,
+        )
         for name, k in r["kinds"].items():
             print(f"  {name:<30} {k['ms']:9.1f} ms {100 * k['share']:5.1f}%  {k['launches']:7d} launches")
         for t in r["top_kernels"][:12]:
@@ -128,8 +141,20 @@ def main() -> int:
         for name in a["kinds"]:
             if name in b["kinds"]:
                 print(f"  {name:<30} {a['kinds'][name]['ms']:9.1f} -> {b['kinds'][name]['ms']:9.1f} ms")
-    (out / "profile_kernels.json").write_text(json.dumps({"model": args.random_weights, "input_len": args.input_len, "output_len": args.output_len,
-                                                          "num_prompts": args.num_prompts, "max_num_tokens": args.max_num_tokens, "runs": runs}, indent=1) + "\n")
+    (out / "profile_kernels.json").write_text(
+        json.dumps(
+            {
+                "model": args.random_weights,
+                "input_len": args.input_len,
+                "output_len": args.output_len,
+                "num_prompts": args.num_prompts,
+                "max_num_tokens": args.max_num_tokens,
+                "runs": runs,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return 0
 
 

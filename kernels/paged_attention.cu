@@ -93,6 +93,7 @@
 
 #include "pdl.cuh"  // PDL_WAIT / PDL_LAUNCH: each kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE (default 2, bfloat16), elem_t, to_f32 / from_f32
+#include "cp_async.cuh"  // cp_async16 / cp_async_commit / cp_async_wait: the K/V tiles' loads
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
@@ -400,15 +401,6 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
 // element offset of (row, 16-byte chunk) in a swizzled tile: chunk ^ (row % 8) spreads the 8
 // rows an ldmatrix reads over all 32 banks
 __device__ __forceinline__ int swz(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ (row & 7)) << 3); }
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -43,8 +43,8 @@
 //                                4 x 4 outputs per thread.
 //
 // Defines: DTYPE (dtype.cuh), BITS 4 | 8, HAS_ZEROS 0 | 1, HAS_PERM 0 | 1, UNROLL (default 2);
-// the M <= 8 kernel's variant: WQ_DECODE 1 (default) | 2, and for 2 ROW_TILES, WQ_FOLD, SEG
-// (section "decode v2" below).
+// the M <= 8 kernel's variant: WQ_DECODE 1 (default) | 2, and for 2 ROW_TILES, WQ_FOLD, SEG,
+// L2_PF, L2_HINT, WQ_ASYNC (section "decode v2" below; WQ_ASYNC > 0 takes dynamic shared memory).
 // Run-time: K a multiple of 8, group_size a multiple of 8 dividing K.
 //
 // trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 1}]
@@ -59,6 +59,7 @@
 
 #include "pdl.cuh"    // PDL_WAIT / PDL_LAUNCH: every kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE, elem_t, to_f32 / from_f32
+#include "cp_async.cuh"  // the weight stages of WQ_ASYNC
 
 #ifndef BITS
 #define BITS 4
@@ -623,6 +624,103 @@ __device__ __forceinline__ int chunk_group2(int c, int cdiv, unsigned int cmagic
     return cdiv == 1 ? c : (int)__umulhi((unsigned int)c, cmagic);
 }
 
+// the masks and magic pairs of a_fragment2 (and the ones of the X mma), held in registers:
+// opaque is 0 but unknown to the compiler (see and_or)
+struct Frag2 {
+    unsigned int m0f, mf0, m1, m2;
+#if NEED_X
+    unsigned int one2;
+#endif
+};
+
+__device__ __forceinline__ Frag2 frag2_consts(unsigned int opaque) {
+    Frag2 f;
+    f.m0f = 0x000F000Fu | opaque;
+    f.mf0 = 0x00F000F0u | opaque;
+#if BITS == 4 && DTYPE == 1
+    f.m1 = 0x64006400u | opaque;
+    f.m2 = 0x54005400u | opaque;
+#elif BITS == 4
+    f.m1 = f.m2 = 0x43004300u | opaque;
+#elif FOLD_ON
+    f.m1 = f.m2 = 0x64646464u | opaque;
+#else
+    f.m1 = f.m2 = 0x4B000000u | opaque;
+#endif
+#if NEED_X
+    f.one2 = PAIR(ONE16) | opaque;
+#endif
+    return f;
+}
+
+// one unit's products: its SEG chunks' vectors v (ROW_TILES tiles) against x from xc (the lane's
+// B-fragment row at the unit's first column) into d (and dx, the sums of x). A grouped unit
+// starts its sums (C = 0); per channel they run on.
+template <bool GROUPED>
+__device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const elem_t* xc, float (&d)[ROW_TILES][4], float (&dx)[4],
+                                      const Frag2& f) {
+#if NEED_X
+    const unsigned int ones[4] = {f.one2, f.one2, f.one2, f.one2};
+#endif
+#pragma unroll
+    for (int s = 0; s < SEG; ++s) {
+#pragma unroll
+        for (int j = 0; j < CHUNK_STEPS; ++j) {
+            const unsigned int b0 = *reinterpret_cast<const unsigned int*>(xc + s * CHUNK + 16 * j);
+            const unsigned int b1 = *reinterpret_cast<const unsigned int*>(xc + s * CHUNK + 16 * j + 8);
+            const bool first = GROUPED && s == 0 && j == 0;  // a segment starts: C = 0
+#pragma unroll
+            for (int r = 0; r < ROW_TILES; ++r) {
+                unsigned int a[4];
+                a_fragment2(v[s][r], j, a, f.m0f, f.mf0, f.m1, f.m2);
+                if (first)
+                    mma16816_zc(d[r], a, b0, b1);
+                else
+                    mma16816(d[r], a, b0, b1);
+            }
+#if NEED_X
+            if (first)
+                mma16816_zc(dx, ones, b0, b1);
+            else
+                mma16816(dx, ones, b0, b1);
+#endif
+        }
+    }
+}
+
+// the block's outputs: every warp's sums into shared memory, then warp 0 adds them in warp order
+// (deterministic) and rounds each output once
+__device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], float* red, elem_t* __restrict__ out, int M, int N) {
+    constexpr int RT = ROW_TILES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int gid = lane >> 2, tid = lane & 3;
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[(warp * RT * 4 + r * 4 + i) * 32 + lane] = acc[r][i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float sum = red[(r * 4 + i) * 32 + lane];
+            for (int q = 1; q < warps; ++q) sum += red[(q * RT * 4 + r * 4 + i) * 32 + lane];
+            // D fragment: rows gid (i < 2) or gid + 8, column 2 tid + (i & 1)
+            const int n = ((int)blockIdx.x * RT + r) * 16 + gid + (i < 2 ? 0 : 8);
+            const int m = 2 * tid + (i & 1);
+            if (n < N && m < M) out[(size_t)m * N + n] = from_f32(sum);
+        }
+    }
+}
+
+// this lane's B-fragment row x[gid, 2 tid ..] at unit `warp`; rows beyond M read row M - 1 (their
+// D columns are never stored), so no predicate
+__device__ __forceinline__ const elem_t* x_row2(const elem_t* __restrict__ x, int M, int K) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    return x + (size_t)min(lane >> 2, M - 1) * K + 2 * (lane & 3) + warp * (SEG * CHUNK);
+}
+
 // A unit is SEG consecutive chunks (SEG divides the chunks per group, so a unit lies inside one
 // group): warps take units round robin, keep UNROLL units' vectors (SEG x ROW_TILES 16-byte
 // loads per lane each) in flight in registers, and refill a unit's buffers once it is computed.
@@ -634,27 +732,11 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
                                            int cdiv, unsigned int cmagic, unsigned int opaque) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int gid = lane >> 2, tid = lane & 3;
+    const int gid = lane >> 2;
     const int units = K / (CHUNK * SEG);
-    // constants kept in registers (opaque: see and_or)
-    const unsigned int m0f = 0x000F000Fu | opaque, mf0 = 0x00F000F0u | opaque;
-#if BITS == 4 && DTYPE == 1
-    const unsigned int m1 = 0x64006400u | opaque, m2 = 0x54005400u | opaque;
-#elif BITS == 4
-    const unsigned int m1 = 0x43004300u | opaque, m2 = m1;
-#elif FOLD_ON
-    const unsigned int m1 = 0x64646464u | opaque, m2 = m1;
-#else
-    const unsigned int m1 = 0x4B000000u | opaque, m2 = m1;
-#endif
-#if NEED_X
-    const unsigned int one2 = PAIR(ONE16) | opaque;
-    const unsigned int ones[4] = {one2, one2, one2, one2};
-#endif
-    // this lane's B-fragment row x[gid, 2 tid ..] at unit `warp`; rows beyond M read row M - 1
-    // (their D columns are never stored), so no predicate. Pointers advance by `warps` units
-    // per unit: an add, not a multiply and a widening per load.
-    const elem_t* xc = x + (size_t)min(gid, M - 1) * K + 2 * tid + warp * (SEG * CHUNK);
+    const Frag2 f = frag2_consts(opaque);
+    // pointers advance by `warps` units per unit: an add, not a multiply and a widening per load
+    const elem_t* xc = x_row2(x, M, K);
     const size_t xstep = (size_t)warps * (SEG * CHUNK), wstep = (size_t)warps * (SEG * 32);
     const uint4* wn[RT];
 #pragma unroll
@@ -676,30 +758,7 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (base + u * warps >= units) break;
-#pragma unroll
-            for (int s = 0; s < SEG; ++s) {
-#pragma unroll
-                for (int j = 0; j < CHUNK_STEPS; ++j) {
-                    const unsigned int b0 = *reinterpret_cast<const unsigned int*>(xc + s * CHUNK + 16 * j);
-                    const unsigned int b1 = *reinterpret_cast<const unsigned int*>(xc + s * CHUNK + 16 * j + 8);
-                    const bool first = GROUPED && s == 0 && j == 0;  // a segment starts: C = 0
-#pragma unroll
-                    for (int r = 0; r < RT; ++r) {
-                        unsigned int a[4];
-                        a_fragment2(buf[u][s][r], j, a, m0f, mf0, m1, m2);
-                        if (first)
-                            mma16816_zc(d[r], a, b0, b1);
-                        else
-                            mma16816(d[r], a, b0, b1);
-                    }
-#if NEED_X
-                    if (first)
-                        mma16816_zc(dx, ones, b0, b1);
-                    else
-                        mma16816(dx, ones, b0, b1);
-#endif
-                }
-            }
+            unit2<GROUPED>(buf[u], xc, d, dx, f);
             if (GROUPED) {
 #pragma unroll
                 for (int r = 0; r < RT; ++r) flush2(acc[r], d[r], dx, gbuf[u][r]);
@@ -732,29 +791,119 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
 #pragma unroll
         for (int r = 0; r < RT; ++r) flush2(acc[r], d[r], dx, gbuf[0][r]);
     }
+    gemv2_store(acc, red, out, M, N);
+}
 
-    // the warps' partial sums, added in warp order
+// ---- WQ_ASYNC S >= 2: the units through S stages of shared memory ---------------------------
+//
+// Instead of UNROLL register buffers, each warp streams its units through a ring of S stages in
+// dynamic shared memory with cp.async, S - 1 units ahead: the bytes in flight hold no registers,
+// so more of them fit per SM. A stage holds, per lane, the unit's SEG x ROW_TILES 16-byte vectors
+// and (grouped) its rows' scales (and zero points) of the unit's group, 4 bytes each, so every
+// lane reads back only what it copied itself: no barrier, only cp.async.wait_group. Shared memory
+// per block: warps * S * sizeof(AsyncStage) bytes (WeightOnlyGemmPlugin.async_smem_bytes).
+#ifndef WQ_ASYNC
+#define WQ_ASYNC 0
+#endif
+#if WQ_ASYNC == 1 || WQ_ASYNC > 8
+#error "WQ_ASYNC must be 0 (register buffers) or 2 .. 8 stages"
+#endif
+
+struct AsyncStage {
+    uint4 v[SEG][ROW_TILES][32];
+    float q[ROW_TILES][HAS_ZEROS ? 4 : 2][32];  // per lane: s[gid], s[gid + 8] (, z[gid], z[gid + 8])
+};
+
+// the weights' 16-byte asynchronous copy, with v2's L2_HINT prefetch size
+__device__ __forceinline__ void cp_async_w(unsigned dst, const uint4* src) {
+#if L2_HINT == 1
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+#elif L2_HINT == 2
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+#else
+    cp_async16(dst, src, 16);
+#endif
+}
+
+// copy unit `unit` into stage sg: the lane's vectors and, grouped, its rows' scales (and zero
+// points) of the unit's group
+__device__ __forceinline__ void async_issue(AsyncStage& sg, const uint4* const (&wt)[ROW_TILES], const float* const (&st)[ROW_TILES],
+                                            const float* const (&zt)[ROW_TILES], int unit, bool grouped, int cdiv, unsigned int cmagic) {
+    const int lane = threadIdx.x & 31, gid = lane >> 2;
 #pragma unroll
-    for (int r = 0; r < RT; ++r)
+    for (int r = 0; r < ROW_TILES; ++r) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[(warp * RT * 4 + r * 4 + i) * 32 + lane] = acc[r][i];
-    __syncthreads();
-    if (warp != 0) return;
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float sum = red[(r * 4 + i) * 32 + lane];
-            for (int q = 1; q < warps; ++q) sum += red[(q * RT * 4 + r * 4 + i) * 32 + lane];
-            // D fragment: rows gid (i < 2) or gid + 8, column 2 tid + (i & 1)
-            const int n = ((int)blockIdx.x * RT + r) * 16 + gid + (i < 2 ? 0 : 8);
-            const int m = 2 * tid + (i & 1);
-            if (n < N && m < M) out[(size_t)m * N + n] = from_f32(sum);
+        for (int s = 0; s < SEG; ++s) cp_async_w(smem_u32(&sg.v[s][r][lane]), wt[r] + ((size_t)unit * SEG + s) * 32);
+        if (grouped) {
+            const int g = chunk_group2(unit * SEG, cdiv, cmagic);
+            cp_async4(smem_u32(&sg.q[r][0][lane]), st[r] + g * 16 + gid);
+            cp_async4(smem_u32(&sg.q[r][1][lane]), st[r] + g * 16 + gid + 8);
+#if HAS_ZEROS
+            cp_async4(smem_u32(&sg.q[r][2][lane]), zt[r] + g * 16 + gid);
+            cp_async4(smem_u32(&sg.q[r][3][lane]), zt[r] + g * 16 + gid + 8);
+#endif
         }
     }
 }
 
-// v2's body: the first units' vectors and scales before PDL_WAIT (constants), then gemv2_main.
+// the warp's units from its ring (its first S - 1 units already issued, one group each)
+template <bool GROUPED>
+__device__ __forceinline__ void gemv2_async_main(const elem_t* __restrict__ x, const uint4* const (&wt)[ROW_TILES], const float* const (&st)[ROW_TILES],
+                                                 const float* const (&zt)[ROW_TILES], AsyncStage* ring, const GroupPair (&g0)[ROW_TILES],
+                                                 float* red, elem_t* __restrict__ out, int M, int N, int K, int cdiv, unsigned int cmagic,
+                                                 unsigned int opaque) {
+    constexpr int RT = ROW_TILES, S = WQ_ASYNC > 1 ? WQ_ASYNC : 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int units = K / (CHUNK * SEG);
+    const Frag2 f = frag2_consts(opaque);
+    const elem_t* xc = x_row2(x, M, K);
+    const size_t xstep = (size_t)warps * (SEG * CHUNK);
+
+    float acc[RT][4], d[RT][4], dx[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        dx[i] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) acc[r][i] = d[r][i] = 0.0f;
+    }
+    int t = 0;  // this warp's round: its unit warp + t * warps sits in stage t % S
+    for (int unit = warp; unit < units; unit += warps, ++t) {
+        // the unit S - 1 rounds on goes into the stage this lane read last round
+        const int ahead = unit + (S - 1) * warps;
+        if (ahead < units) async_issue(ring[(t + S - 1) % S], wt, st, zt, ahead, GROUPED, cdiv, cmagic);
+        cp_async_commit();  // one group per round, empty or not, so the count below holds
+        cp_async_wait<S - 1>();
+        const AsyncStage& sg = ring[t % S];
+        uint4 v[SEG][RT];
+#pragma unroll
+        for (int s = 0; s < SEG; ++s)
+#pragma unroll
+            for (int r = 0; r < RT; ++r) v[s][r] = sg.v[s][r][lane];
+        unit2<GROUPED>(v, xc, d, dx, f);
+        if (GROUPED) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                GroupPair q;
+                q.s[0] = sg.q[r][0][lane];
+                q.s[1] = sg.q[r][1][lane];
+#if HAS_ZEROS
+                q.z[0] = sg.q[r][2][lane];
+                q.z[1] = sg.q[r][3][lane];
+#endif
+                flush2(acc[r], d[r], dx, q);
+            }
+        }
+        xc += xstep;
+    }
+    if (!GROUPED) {
+#pragma unroll
+        for (int r = 0; r < RT; ++r) flush2(acc[r], d[r], dx, g0[r]);
+    }
+    gemv2_store(acc, red, out, M, N);
+}
+
+// v2's body: the first units' vectors and scales (registers, or WQ_ASYNC's first S - 1 stages)
+// before PDL_WAIT (constants), then gemv2_main / gemv2_async_main.
 __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                                            const float* __restrict__ zeros, elem_t* __restrict__ out, int M, int N, int K, int group_size,
                                            int cdiv, unsigned int cmagic) {
@@ -778,7 +927,26 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
         zt[r] = HAS_ZEROS ? zeros + (size_t)t * groups * 16 : nullptr;
     }
     __shared__ float red[MAX_WARPS * RT * 4 * 32];  // the warps' partial sums [warp][RT * 4][32]
-
+    const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
+#if WQ_ASYNC
+    extern __shared__ __align__(16) unsigned char wq_stages[];
+    AsyncStage* ring = reinterpret_cast<AsyncStage*>(wq_stages) + warp * WQ_ASYNC;
+    GroupPair g0[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) g0[r] = group_pair(st[r], zt[r], 0, gid);  // per channel: the scales
+#pragma unroll
+    for (int i = 0; i < WQ_ASYNC - 1; ++i) {
+        const int c = warp + i * warps;
+        if (c < units) async_issue(ring[i], wt, st, zt, c, grouped, cdiv, cmagic);
+        cp_async_commit();
+    }
+    PDL_WAIT();
+    PDL_LAUNCH();
+    if (grouped)
+        gemv2_async_main<true>(x, wt, st, zt, ring, g0, red, out, M, N, K, cdiv, cmagic, opaque);
+    else
+        gemv2_async_main<false>(x, wt, st, zt, ring, g0, red, out, M, N, K, cdiv, cmagic, opaque);
+#else
     uint4 buf[UNROLL][SEG][RT];
     GroupPair gbuf[UNROLL][RT];
 #pragma unroll
@@ -799,11 +967,11 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
     }
     PDL_WAIT();
     PDL_LAUNCH();
-    const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
     if (grouped)
         gemv2_main<true>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque);
     else
         gemv2_main<false>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
