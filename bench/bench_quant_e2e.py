@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -110,6 +111,8 @@ def main() -> int:
                     print(f"  decode step, GPU us by kernel kind ({prof['steps']} steps):", flush=True)
                     for kname, k in prof["kinds"].items():
                         print(f"    {kname:<30} {k['us_per_step']:8.1f} us {k['launches_per_step']:6.1f} launches", flush=True)
+                    for t in prof["top_kernels"][:12]:
+                        print(f"      {t['us_per_step']:8.1f} us {t['launches_per_step']:5.1f}x  {t['name'][:100]}", flush=True)
                     (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
                 if args.throughput:
                     tput = throughput(llm, args.throughput)
@@ -133,11 +136,13 @@ def main() -> int:
 def profile_steps(llm: Any, new: int, prompt: int = 128) -> dict[str, Any]:
     """Where a batch-1 decode step's GPU time goes: the kernels (``torch.profiler``, CUPTI: those
     replayed from CUDA graphs too) of one greedy sequence with ``new`` tokens minus those of one
-    with 1 token (the prefill and the first token), per kernel kind
-    (``profile_kernels.kind``), divided by the ``new - 1`` decode steps."""
+    with 1 token (the prefill and the first token), divided by the ``new - 1`` decode steps, per
+    kernel kind (``profile_kernels.kind``) and per kernel name. With programmatic dependent
+    launch a kernel's span includes its wait for the previous kernel, so the spans add up only
+    with ``TRTCORE_CUDA_PDL=0``."""
     import numpy as np
     import torch
-    from profile_kernels import kernel_kinds
+    from profile_kernels import kernel_times, kind
     from torch.profiler import ProfilerActivity, profile
 
     from trtcore import SamplingParams
@@ -145,21 +150,32 @@ def profile_steps(llm: Any, new: int, prompt: int = 128) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     ids = [int(t) for t in rng.integers(3, llm.config.vocab_size, size=prompt)]
 
-    def kinds(n: int) -> dict[str, dict[str, float]]:
+    def times(n: int) -> dict[str, list[float]]:
         llm.generate([ids], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))  # warm
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             llm.generate([ids], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
             torch.cuda.synchronize()
-        return kernel_kinds(prof)[1]
+        return kernel_times(prof)
 
-    one, many = kinds(1), kinds(new)
+    one, many = times(1), times(new)
     steps = new - 1
-    out = {}
-    for name, k in many.items():
-        base = one.get(name, {"ms": 0.0, "launches": 0})
-        out[name] = {"us_per_step": (k["ms"] - base["ms"]) * 1e3 / steps, "launches_per_step": (k["launches"] - base["launches"]) / steps}
-    total = sum(k["us_per_step"] for k in out.values())
-    return {"steps": steps, "gpu_us_per_step": total, "kinds": dict(sorted(out.items(), key=lambda kv: -kv[1]["us_per_step"]))}
+    names = {}
+    for name, t in many.items():
+        base = one.get(name, [])
+        names[name] = {"kind": kind(name), "us_per_step": (sum(t) - sum(base)) * 1e3 / steps, "launches_per_step": (len(t) - len(base)) / steps}
+    kinds: dict[str, dict[str, float]] = {}
+    for v in names.values():
+        k = kinds.setdefault(v["kind"], {"us_per_step": 0.0, "launches_per_step": 0.0})
+        k["us_per_step"] += v["us_per_step"]
+        k["launches_per_step"] += v["launches_per_step"]
+    top = sorted(({"name": n[:160], **v} for n, v in names.items()), key=lambda r: -r["us_per_step"])[:25]
+    return {
+        "steps": steps,
+        "pdl": os.environ.get("TRTCORE_CUDA_PDL", "1") != "0",
+        "gpu_us_per_step": sum(k["us_per_step"] for k in kinds.values()),
+        "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1]["us_per_step"])),
+        "top_kernels": top,
+    }
 
 
 def throughput(llm: Any, requests: int, input_len: int = 128, output_len: int = 128) -> dict[str, Any]:

@@ -52,15 +52,22 @@ def kind(name: str) -> str:
     return "other"
 
 
-def kernel_kinds(prof: Any) -> tuple[float, dict[str, dict[str, float]], list[dict[str, Any]]]:
-    """The CUDA kernels of a finished ``torch.profiler.profile``: their GPU milliseconds in all,
-    per :func:`kind` (ms, launches, share), and the 40 longest kernels by name."""
+def kernel_times(prof: Any) -> dict[str, list[float]]:
+    """The CUDA kernels of a finished ``torch.profiler.profile``: per name, each launch's GPU
+    milliseconds."""
     import torch
 
     kernels: dict[str, list[float]] = {}
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
             kernels.setdefault(ev.name, []).append(ev.device_time_total / 1e3)  # ms
+    return kernels
+
+
+def kernel_kinds(prof: Any) -> tuple[float, dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """The CUDA kernels of a finished ``torch.profiler.profile``: their GPU milliseconds in all,
+    per :func:`kind` (ms, launches, share), and the 40 longest kernels by name."""
+    kernels = kernel_times(prof)
     kinds: dict[str, dict[str, float]] = {}
     for name, times in kernels.items():
         k = kinds.setdefault(kind(name), {"ms": 0.0, "launches": 0})

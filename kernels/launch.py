@@ -273,9 +273,6 @@ def _stream_handle(stream: Any) -> int:
 # KernelFunction
 # ---------------------------------------------------------------------------------------
 
-_SMEM_DEFAULT_LIMIT = 48 * 1024
-
-
 def programmatic_config(grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, stream: Any) -> Any:
     """The ``CUlaunchConfig`` of a programmatic dependent launch (one attribute,
     ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` = 1) with these dimensions,
@@ -312,7 +309,9 @@ class KernelFunction:
         self.handle = handle
         self._context = context
         self._ctx_int = int(context)
-        self._dyn_smem_set = _SMEM_DEFAULT_LIMIT
+        # the dynamic shared memory the function's attribute admits: without it 48 KiB less the
+        # kernel's static shared memory, which is not known here, so any amount sets it once
+        self._dyn_smem_set = 0
         self._param_sizes: list[int] | None | bool = False  # False: not queried yet
         self._programmatic: bool | None = None
 
@@ -403,8 +402,10 @@ class KernelFunction:
                 one of :data:`ARG_TYPES` (e.g. ``[(y, "ptr"), (x, "ptr"), (a, "f32"),
                 (n, "i32")]``) or a ``ctypes`` instance; see the module docstring. The values
                 are copied at launch, so nothing needs to outlive the call.
-            shared_mem: dynamic shared memory per block, bytes. Above 48 KiB the function's
-                ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` attribute is raised to it first.
+            shared_mem: dynamic shared memory per block, bytes. The function's
+                ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` attribute is raised to it first (once per new
+                largest amount: without it the limit is 48 KiB less the kernel's static shared
+                memory).
             stream: ``cudaStream_t``/``CUstream`` as int (0: legacy default stream), a
                 ``cuda.bindings`` stream, or an object with ``.ptr`` (CuPy stream).
             programmatic: programmatic dependent launch (``cuLaunchKernelEx`` with
