@@ -39,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gemv import _bf16, _time_graph, _to_f64  # noqa: E402
 
 SHAPES = {"8B gate_up": (14336, 4096), "8B down": (4096, 14336)}
+#: the shapes the cuda engine runs after fusing the weight-only plugins horizontally (--shapes)
+FUSED_SHAPES = {"8B gate+up fused": (28672, 4096), "8B qkv fused": (6144, 4096), "8B o_proj": (4096, 4096)}
 #: (label, bits, group_size (0: per channel), zero points)
 VARIANTS = [("W4A16 g128", 4, 128, False), ("W4A16 g128 zeros", 4, 128, True), ("W8A16 per-channel", 8, 0, False)]
 #: bytes all copies of a weight must exceed (L2 60 MB, 4x)
@@ -278,7 +280,7 @@ def time_shape(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join({**SHAPES, **FUSED_SHAPES})}")
     ap.add_argument("--tune", action="store_true", help="also time every decode-kernel variant (TUNE, TUNE_V2)")
     ap.add_argument("--tune-only", default="", choices=["", "v1", "v2", "async"], help="with --tune: only v1, only v2 (register buffers) or only v2 with WQ_ASYNC stages")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="threads compiling the --tune variants in the background")
@@ -295,7 +297,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"shapes": {}}
     for name in args.shapes.split(","):
-        row = time_shape(cp, blas, *SHAPES[name], rng, args.tune, args.tune_only, pre)
+        row = time_shape(cp, blas, *{**SHAPES, **FUSED_SHAPES}[name], rng, args.tune, args.tune_only, pre)
         results["shapes"][name] = row
         for label, v in row["variants"].items():
             print(

@@ -122,6 +122,21 @@ class Plugin:
     def validate(self) -> None:
         """Check field values; raise :class:`PluginError` naming the field (default: nothing)."""
 
+    # --- optional: horizontal fusion (the cuda engine builder, q/k/v and gate/up) -----------
+    def row_fusion_key(self, constants: Sequence[np.ndarray]) -> Any:
+        """For a plugin computing ``y = x @ W^T`` with ``W`` in its constant inputs 1..
+        (``constants``): a hashable key, equal for plugins that :meth:`fuse_rows` can run as
+        one plugin over their weights stacked along the output features (the same ``x``
+        given); None, the default, is never fused."""
+        return None
+
+    @classmethod
+    def fuse_rows(cls, parts: Sequence[tuple[Plugin, Sequence[np.ndarray]]]) -> tuple[Plugin, list[np.ndarray]]:
+        """One plugin and its constant inputs whose output is the ``parts``' outputs
+        (plugin, constants; equal :meth:`row_fusion_key`) side by side along the last axis, in
+        order. Only called where :meth:`row_fusion_key` is not None."""
+        raise NotImplementedError
+
     def __post_init__(self) -> None:
         self.validate()
 

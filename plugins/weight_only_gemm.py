@@ -46,6 +46,7 @@ for K up to a few thousand, :func:`trtcore.testing.default_tolerance`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
@@ -345,6 +346,36 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         pw = pack_weight(qw)
         plugin = cls(pw.in_features, pw.out_features, pw.bits, pw.group_size, pw.zeros is not None, pw.perm is not None)
         return plugin, pw
+
+    def row_fusion_key(self, constants: Sequence[np.ndarray]) -> Any:
+        """Weights of the same K, bits, group size, zero-point presence and act-order
+        permutation (compared by value) stack along N (q/k/v, gate/up): see :meth:`fuse_rows`."""
+        perm = np.asarray(constants[-1]).tobytes() if self.has_perm else b""
+        return (self.in_features, self.bits, self.group_size, self.has_zeros, self.has_perm, perm)
+
+    @classmethod
+    def fuse_rows(cls, parts: Sequence[tuple[Plugin, Sequence[np.ndarray]]]) -> tuple[WeightOnlyGemmPlugin, list[np.ndarray]]:
+        """The weights of ``parts`` (equal :meth:`row_fusion_key`) stacked along N: one plugin
+        with the same per-row numbers. Packed arrays are per 16-row tile, so where every N is
+        a multiple of 16 they are concatenated as they are; otherwise the weights are
+        unpacked, stacked and packed again (exact either way)."""
+        plugins = [p for p, _ in parts]
+        if not all(isinstance(p, WeightOnlyGemmPlugin) for p in plugins) or len({p.row_fusion_key(c) for p, c in parts}) != 1:
+            raise PluginError("WeightOnlyGemmPlugin.fuse_rows: the parts differ in K, bits, group size, zero points or act order")
+        first = plugins[0]
+        n = sum(p.out_features for p in plugins)
+        if all(p.out_features % TILE_ROWS == 0 for p in plugins):
+            arrays = [np.concatenate([np.asarray(c[i]) for _, c in parts]) for i in range(2 + int(first.has_zeros))]
+            if first.has_perm:
+                arrays.append(np.asarray(parts[0][1][-1]))
+            return dataclasses.replace(first, out_features=n), arrays
+        qws = [p.quantized_weight(*c) for p, c in parts]  # type: ignore[attr-defined]
+        zeros = None if qws[0].zeros is None else np.concatenate([q.zeros for q in qws])
+        qw = QuantizedWeight(
+            np.concatenate([q.codes for q in qws]), np.concatenate([q.scales for q in qws]), zeros, first.bits, first.group_size, qws[0].perm
+        )
+        plugin, packed = cls.from_quantized(qw)
+        return plugin, packed.arrays()
 
     @property
     def num_inputs(self) -> int:

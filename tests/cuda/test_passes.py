@@ -391,3 +391,57 @@ def test_a_gemv_too_wide_for_its_prologue_keeps_the_producers_kernel(monkeypatch
     names = [s.name for s in host_steps(plan)]
     assert any(n.endswith("gate_proj+model.layers.0.mlp.up_proj#gemv1") for n in names), names
     assert "model.layers.0.post_attention_layernorm" in "".join(names)  # the norm's own row kernel runs
+
+
+def _random_qw(rng: np.random.Generator, n: int, k: int, group: int, zeros: bool = False, perm: np.ndarray | None = None) -> Any:
+    from trtcore.quantization import QuantizedWeight
+
+    z = rng.integers(0, 16, (n, k // group)).astype(np.float32) if zeros else None
+    return QuantizedWeight(rng.integers(0, 16, (n, k)).astype(np.uint8), rng.uniform(0.01, 0.02, (n, k // group)).astype(np.float32), z, 4, group, perm)
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["n16", "n_odd"])
+def test_weight_only_plugins_sharing_an_input_fuse_and_their_concat_is_a_view(aligned: bool) -> None:
+    """q/k/v-like weight-only plugins on one x become one plugin whose output is sliced (the
+    concat of the three is an empty view), gate/up-like ones too; a plugin of another group
+    size stays alone. The fused plugin's reference equals the parts' side by side exactly
+    (also with zero points and an act-order permutation, and N not a multiple of 16: repacked)."""
+    from trtcore import ops
+
+    k = 256
+    rng = np.random.default_rng(5)
+    perm = rng.permutation(k).astype(np.int32)
+    widths = (64, 32, 16) if aligned else (40, 24, 8)
+    net = network()
+    g = ops.Graph(tc, net, "bfloat16")
+    x = net.add_input("x", tc.DataType.BF16, (-1, k))
+    qkv_w = [_random_qw(rng, n, k, 64) for n in widths]
+    parts = [ops.linear(g, x, w, None, f"{r}_proj") for r, w in zip("qkv", qkv_w)]
+    g.output(ops.concat(g, parts, 1, "qkv_proj"), "qkv")
+    gu_w = [_random_qw(rng, n, k, 128, zeros=True, perm=perm) for n in (widths[0], widths[0])]
+    gate, up = (ops.linear(g, x, w, None, f"{r}_proj") for r, w in zip(("gate", "up"), gu_w))
+    g.output(ops.mul(g, ops.silu(g, gate, "act"), up, "gated"), "h")
+    g.output(ops.linear(g, x, _random_qw(rng, 16, k, 32), None, "other_proj"), "o")
+    plan = compile_net(net, {"x": ((1, k), (2, k), (8, k))})
+    plugins = [n for n in plan.graph.nodes if n.op == "plugin"]
+    assert len(plugins) == 3 and plan.stats["horizontal_fused_plugins"] == 5
+    assert not [n for n in plan.graph.nodes if n.op == "concat"]
+    by_n = {n.attrs["plugin"].out_features: n for n in plugins}
+    assert set(by_n) == {sum(widths), 2 * widths[0], 16}
+    qkv_node = by_n[sum(widths)]
+    # the concat is the fused output itself (the parts' slices are read by nothing else)
+    assert [n.attrs["stages"] for n in plan.graph.nodes if n.op == "view" and n.inputs == qkv_node.outputs] == [[]]
+    gu_node = by_n[2 * widths[0]]
+    gu_views = [n.attrs["stages"] for n in plan.graph.nodes if n.op == "view" and n.inputs == gu_node.outputs]
+    assert gu_views == [[("slice", (1, 0, widths[0]))], [("slice", (1, widths[0], widths[0]))]]
+
+    xv = rng.standard_normal((3, k)).astype(np.float32)
+    from trtcore.plugins.weight_only_gemm import WeightOnlyGemmPlugin
+
+    for node, weights in ((qkv_node, qkv_w), (gu_node, gu_w)):
+        fused = node.attrs["plugin"].reference(xv, *[plan.graph.constants[c] for c in node.inputs[1:]])[0]
+        want = []
+        for w in weights:
+            p, packed = WeightOnlyGemmPlugin.from_quantized(w)
+            want.append(p.reference(xv, *packed.arrays())[0])
+        np.testing.assert_array_equal(fused, np.concatenate(want, axis=1))

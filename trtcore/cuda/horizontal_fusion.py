@@ -10,6 +10,13 @@ Fused: products with the same input ``A`` (not transposed), constant ``B`` of eq
 equal dtype, equal inner dimension and the same ``transpose_b`` (``ops.linear``'s weights
 are ``[..., out, in]`` with ``transpose_b``). Products whose ``B`` is not a constant, or
 alone, are left as they are.
+
+Plugin linears (the weight-only GEMM of quantized checkpoints) fuse the same way where the
+plugin offers it: plugins of one class reading the same ``x`` (input 0) with constant inputs
+1.. and equal ``row_fusion_key(constants)`` become the plugin ``fuse_rows`` returns, and each
+output a slice view. A ``concat`` of exactly those views, in order, along the last axis (the
+network's packed ``qkv_proj`` of three quantized projections) becomes an empty view of the
+fused output: no copy.
 """
 
 from __future__ import annotations
@@ -35,21 +42,64 @@ def _key(g: Graph, node: Node) -> tuple[Any, ...] | None:
     return (a, tb, w.ndim, inner, g.values[b].dtype)
 
 
+def _plugin_key(g: Graph, node: Node) -> tuple[Any, ...] | None:
+    if node.op != "plugin" or len(node.outputs) != 1 or len(node.inputs) < 2:
+        return None
+    plugin = node.attrs["plugin"]
+    x, *consts = node.inputs
+    if x in g.constants or any(c not in g.constants for c in consts):
+        return None
+    row_key = getattr(plugin, "row_fusion_key", None)
+    key = row_key([g.constants[c] for c in consts]) if row_key is not None else None
+    return None if key is None else ("plugin", x, type(plugin), key)
+
+
+def _fuse_plugins(g: Graph, nodes: list[Node]) -> tuple[list[Node], str, list[int]]:
+    """The fused plugin node and its slice views, its output's name and each part's width."""
+    parts = [(n.attrs["plugin"], [g.constants[c] for c in n.inputs[1:]]) for n in nodes]
+    plugin, arrays = type(parts[0][0]).fuse_rows(parts)
+    out = "+".join(n.outputs[0] for n in nodes)
+    names = []
+    for i, arr in enumerate(arrays):
+        name = "+".join(n.inputs[1 + i] for n in nodes)
+        g.constants[name] = np.ascontiguousarray(arr)
+        g.values[name] = Value(name, g.values[nodes[0].inputs[1 + i]].dtype, tuple(arr.shape))
+        names.append(name)
+    widths = [int(g.values[n.outputs[0]].shape[-1]) for n in nodes]
+    shape = list(g.values[nodes[0].outputs[0]].shape)
+    shape[-1] = sum(widths)
+    g.values[out] = Value(out, g.values[nodes[0].outputs[0]].dtype, tuple(shape))
+    layers = [layer for n in nodes for layer in n.layers]
+    new = [Node(f"plugin:{out}", "plugin", [nodes[0].inputs[0], *names], [out], {**nodes[0].attrs, "plugin": plugin}, layers)]
+    start = 0
+    for n, width in zip(nodes, widths):
+        new.append(Node(n.name, "view", [out], [n.outputs[0]], {"stages": [("slice", (len(shape) - 1, start, width))]}, n.layers))
+        start += width
+    return new, out, widths
+
+
 def run(graph: Graph, stats: dict[str, Any]) -> Graph:
     """Fuse products sharing an input (see the module docstring)."""
     g = graph.copy()
     buckets: dict[tuple[Any, ...], list[int]] = {}
     for i, node in enumerate(g.nodes):
-        k = _key(g, node)
+        k = _key(g, node) or _plugin_key(g, node)
         if k is not None:
             buckets.setdefault(k, []).append(i)
     replace: dict[int, list[Node]] = {}
     drop: set[int] = set()
-    fused = 0
+    fused = fused_plugins = 0
+    whole: dict[tuple[str, ...], str] = {}  # the slice views of a fused plugin, in order -> its output
     for key, idx in buckets.items():
         if len(idx) < 2:
             continue
         nodes = [g.nodes[i] for i in idx]
+        if key[0] == "plugin":
+            replace[idx[0]], out, _ = _fuse_plugins(g, nodes)
+            drop |= set(idx[1:])
+            whole[tuple(n.outputs[0] for n in nodes)] = out
+            fused_plugins += len(nodes)
+            continue
         tb = key[1]
         axis = -2 if tb else -1
         weights = [g.constants[n.inputs[1]] for n in nodes]
@@ -78,8 +128,20 @@ def run(graph: Graph, stats: dict[str, Any]) -> Graph:
         if i in replace:
             nodes_out.extend(replace[i])
         elif i not in drop:
-            nodes_out.append(node)
+            nodes_out.append(_elide_concat(g, node, whole))
     g.nodes = nodes_out
     g.remove_unused()
     stats["horizontal_fused_matmuls"] = fused
+    stats["horizontal_fused_plugins"] = fused_plugins
     return g
+
+
+def _elide_concat(g: Graph, node: Node, whole: dict[tuple[str, ...], str]) -> Node:
+    """A concat of a fused plugin's slice views, all of them in order along the last axis, as an
+    empty view of the fused output; any other node as it is."""
+    if node.op != "concat" or tuple(node.inputs) not in whole:
+        return node
+    rank = len(g.values[node.outputs[0]].shape)
+    if node.attrs["axis"] % rank != rank - 1:
+        return node
+    return Node(node.name, "view", [whole[tuple(node.inputs)]], list(node.outputs), {"stages": []}, node.layers)
