@@ -14,8 +14,7 @@ W4A16 >= 3.2x and W8A16 >= 1.8x faster than cuBLAS bfloat16.
 ``--tune`` times, per shape and quantization, the default decode kernel (v1) at every
 (warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
 the (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps, UNROLL) of :data:`TUNE_V2`, each output checked against
-float64 NumPy; a table per case (best first) and the JSON. ``--tune-only v2`` skips v1;
-``--tune-only async`` times only v2 with ``WQ_ASYNC`` shared-memory stages (:data:`TUNE_ASYNC`). The
+float64 NumPy; a table per case (best first) and the JSON. ``--tune-only v2`` skips v1. The
 define sets are compiled by parallel threads in the background while the weights are made
 (the disk cache serves the timing runs).
 
@@ -69,19 +68,9 @@ TUNE_V2 = [
 ] + [(rt, 1, seg, pf, hint, w, u) for rt in (1, 2) for seg in (1, 2) for pf, hint in ((2, 0), (0, 2), (2, 2)) for w in (8, 16) for u in (1, 2)]
 
 
-#: v2 with ``WQ_ASYNC`` (stages of shared memory fed by cp.async instead of UNROLL register
-#: buffers): (ROW_TILES, SEG, WQ_ASYNC stages, L2_HINT, warps per block); entries whose stages
-#: exceed the plugin's shared-memory bound are skipped when timed
-TUNE_ASYNC = [(rt, seg, st, hint, w) for rt in (1, 2) for seg in (1, 2) for st in (3, 4, 6, 8) for hint in (0, 1) for w in (4, 8, 16)]
-
-
 def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
     """``--tune``'s entries for a quantization: (name, extra defines (UNROLL included), warps)."""
     out = []
-    if only in ("", "async"):
-        for rt, seg, st, hint, w in TUNE_ASYNC:
-            defines = {"UNROLL": 1, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": 0, "SEG": seg, "L2_PF": 0, "L2_HINT": hint, "WQ_ASYNC": st}
-            out.append((f"v2a_rt{rt}_s{seg}_a{st}_h{hint}_w{w}", defines, w))
     if only in ("", "v1"):
         out += [(f"v1_w{w}_u{u}", {"UNROLL": u}, w) for w, u in TUNE]
     if only in ("", "v2"):
@@ -150,24 +139,22 @@ def _best(sweep: dict[str, dict[str, Any]], prefix: str) -> tuple[str, dict[str,
 
 
 def _summary(results: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """The tune run's summary: per case the default, the best v1, v2 and v2 WQ_ASYNC setting (only
+    """The tune run's summary: per case the default, the best v1 and the best v2 setting (only
     correct outputs count), as printed lines and as a dict (the JSON line)."""
 
     def cell(b: tuple[str, dict[str, Any]] | None) -> str:
         return f"{b[0]} {b[1]['us']:.2f} x{b[1]['speedup_vs_cublas']:.2f}" if b else "none correct"
 
     summary: dict[str, Any] = {}
-    lines = [f"{'case':32s} {'cuBLAS':>8s} {'default':>16s} {'best v1':>30s} {'best v2':>46s} {'best v2 async':>40s}"]
+    lines = [f"{'case':32s} {'cuBLAS':>8s} {'default':>16s} {'best v1':>30s} {'best v2':>46s}"]
     for name, row in results["shapes"].items():
         cublas_us = row["variants"]["cublas bf16"]["us"]
         for label, v in row["variants"].items():
             if "tune" not in v:
                 continue
-            b1, b2, ba = _best(v["tune"], "v1_"), _best(v["tune"], "v2_"), _best(v["tune"], "v2a_")
-            summary[f"{name} {label}"] = {"cublas_us": cublas_us, "default_us": v["us"], "best_v1": b1, "best_v2": b2, "best_v2_async": ba}
-            lines.append(
-                f"{name + ' ' + label:32s} {cublas_us:8.2f} {v['us']:9.2f} x{v['speedup_vs_cublas']:.2f} {cell(b1):>30s} {cell(b2):>46s} {cell(ba):>40s}"
-            )
+            b1, b2 = _best(v["tune"], "v1_"), _best(v["tune"], "v2_")
+            summary[f"{name} {label}"] = {"cublas_us": cublas_us, "default_us": v["us"], "best_v1": b1, "best_v2": b2}
+            lines.append(f"{name + ' ' + label:32s} {cublas_us:8.2f} {v['us']:9.2f} x{v['speedup_vs_cublas']:.2f} {cell(b1):>30s} {cell(b2):>46s}")
     wrong = sum(not t["ok"] for row in results["shapes"].values() for v in row["variants"].values() for t in v.get("tune", {}).values())
     lines.append(f"tune entries with a wrong output: {wrong}")
     return lines, summary
@@ -258,10 +245,6 @@ def time_shape(
                     wog.DECODE_VARIANT.update(variant)
                     if variant and not plugin.decode_variant(np.dtype(bf16), 1):
                         continue  # v2 does not apply (it never does here: no perm, whole-chunk groups)
-                    try:
-                        plugin.async_smem_bytes(variant, warps)
-                    except wog.PluginError:
-                        continue  # WQ_ASYNC stages over the shared-memory bound
                     t_us, t_err = timed()
                     sweep[name] = {"us": round(t_us, 3), "speedup_vs_cublas": round(cublas_us / t_us, 3), "rel_err": t_err, "ok": t_err < 1e-2}
             finally:
@@ -282,7 +265,7 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join({**SHAPES, **FUSED_SHAPES})}")
     ap.add_argument("--tune", action="store_true", help="also time every decode-kernel variant (TUNE, TUNE_V2)")
-    ap.add_argument("--tune-only", default="", choices=["", "v1", "v2", "async"], help="with --tune: only v1, only v2 (register buffers) or only v2 with WQ_ASYNC stages")
+    ap.add_argument("--tune-only", default="", choices=["", "v1", "v2"], help="with --tune: only v1 or only v2")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="threads compiling the --tune variants in the background")
     args = ap.parse_args()
     pre = Precompile(args.tune_only, args.jobs) if args.tune else None

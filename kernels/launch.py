@@ -273,6 +273,7 @@ def _stream_handle(stream: Any) -> int:
 # KernelFunction
 # ---------------------------------------------------------------------------------------
 
+
 def programmatic_config(grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int, stream: Any) -> Any:
     """The ``CUlaunchConfig`` of a programmatic dependent launch (one attribute,
     ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` = 1) with these dimensions,

@@ -44,7 +44,7 @@
 //
 // Defines: DTYPE (dtype.cuh), BITS 4 | 8, HAS_ZEROS 0 | 1, HAS_PERM 0 | 1, UNROLL (default 2);
 // the M <= 8 kernel's variant: WQ_DECODE 1 (default) | 2, and for 2 ROW_TILES, WQ_FOLD, SEG,
-// L2_PF, L2_HINT, WQ_ASYNC (section "decode v2" below; WQ_ASYNC > 0 takes dynamic shared memory).
+// L2_PF, L2_HINT (section "decode v2" below).
 // Run-time: K a multiple of 8, group_size a multiple of 8 dividing K.
 //
 // trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 1}]
@@ -59,7 +59,6 @@
 
 #include "pdl.cuh"    // PDL_WAIT / PDL_LAUNCH: every kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE, elem_t, to_f32 / from_f32
-#include "cp_async.cuh"  // the weight stages of WQ_ASYNC
 
 #ifndef BITS
 #define BITS 4
@@ -794,116 +793,7 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
     gemv2_store(acc, red, out, M, N);
 }
 
-// ---- WQ_ASYNC S >= 2: the units through S stages of shared memory ---------------------------
-//
-// Instead of UNROLL register buffers, each warp streams its units through a ring of S stages in
-// dynamic shared memory with cp.async, S - 1 units ahead: the bytes in flight hold no registers,
-// so more of them fit per SM. A stage holds, per lane, the unit's SEG x ROW_TILES 16-byte vectors
-// and (grouped) its rows' scales (and zero points) of the unit's group, 4 bytes each, so every
-// lane reads back only what it copied itself: no barrier, only cp.async.wait_group. Shared memory
-// per block: warps * S * sizeof(AsyncStage) bytes (WeightOnlyGemmPlugin.async_smem_bytes).
-#ifndef WQ_ASYNC
-#define WQ_ASYNC 0
-#endif
-#if WQ_ASYNC == 1 || WQ_ASYNC > 8
-#error "WQ_ASYNC must be 0 (register buffers) or 2 .. 8 stages"
-#endif
-
-struct AsyncStage {
-    uint4 v[SEG][ROW_TILES][32];
-    float q[ROW_TILES][HAS_ZEROS ? 4 : 2][32];  // per lane: s[gid], s[gid + 8] (, z[gid], z[gid + 8])
-};
-
-// the weights' 16-byte asynchronous copy, with v2's L2_HINT prefetch size
-__device__ __forceinline__ void cp_async_w(unsigned dst, const uint4* src) {
-#if L2_HINT == 1
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-#elif L2_HINT == 2
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-#else
-    cp_async16(dst, src, 16);
-#endif
-}
-
-// copy unit `unit` into stage sg: the lane's vectors and, grouped, its rows' scales (and zero
-// points) of the unit's group
-__device__ __forceinline__ void async_issue(AsyncStage& sg, const uint4* const (&wt)[ROW_TILES], const float* const (&st)[ROW_TILES],
-                                            const float* const (&zt)[ROW_TILES], int unit, bool grouped, int cdiv, unsigned int cmagic) {
-    const int lane = threadIdx.x & 31, gid = lane >> 2;
-#pragma unroll
-    for (int r = 0; r < ROW_TILES; ++r) {
-#pragma unroll
-        for (int s = 0; s < SEG; ++s) cp_async_w(smem_u32(&sg.v[s][r][lane]), wt[r] + ((size_t)unit * SEG + s) * 32);
-        if (grouped) {
-            const int g = chunk_group2(unit * SEG, cdiv, cmagic);
-            cp_async4(smem_u32(&sg.q[r][0][lane]), st[r] + g * 16 + gid);
-            cp_async4(smem_u32(&sg.q[r][1][lane]), st[r] + g * 16 + gid + 8);
-#if HAS_ZEROS
-            cp_async4(smem_u32(&sg.q[r][2][lane]), zt[r] + g * 16 + gid);
-            cp_async4(smem_u32(&sg.q[r][3][lane]), zt[r] + g * 16 + gid + 8);
-#endif
-        }
-    }
-}
-
-// the warp's units from its ring (its first S - 1 units already issued, one group each)
-template <bool GROUPED>
-__device__ __forceinline__ void gemv2_async_main(const elem_t* __restrict__ x, const uint4* const (&wt)[ROW_TILES], const float* const (&st)[ROW_TILES],
-                                                 const float* const (&zt)[ROW_TILES], AsyncStage* ring, const GroupPair (&g0)[ROW_TILES],
-                                                 float* red, elem_t* __restrict__ out, int M, int N, int K, int cdiv, unsigned int cmagic,
-                                                 unsigned int opaque) {
-    constexpr int RT = ROW_TILES, S = WQ_ASYNC > 1 ? WQ_ASYNC : 2;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int units = K / (CHUNK * SEG);
-    const Frag2 f = frag2_consts(opaque);
-    const elem_t* xc = x_row2(x, M, K);
-    const size_t xstep = (size_t)warps * (SEG * CHUNK);
-
-    float acc[RT][4], d[RT][4], dx[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        dx[i] = 0.0f;
-#pragma unroll
-        for (int r = 0; r < RT; ++r) acc[r][i] = d[r][i] = 0.0f;
-    }
-    int t = 0;  // this warp's round: its unit warp + t * warps sits in stage t % S
-    for (int unit = warp; unit < units; unit += warps, ++t) {
-        // the unit S - 1 rounds on goes into the stage this lane read last round
-        const int ahead = unit + (S - 1) * warps;
-        if (ahead < units) async_issue(ring[(t + S - 1) % S], wt, st, zt, ahead, GROUPED, cdiv, cmagic);
-        cp_async_commit();  // one group per round, empty or not, so the count below holds
-        cp_async_wait<S - 1>();
-        const AsyncStage& sg = ring[t % S];
-        uint4 v[SEG][RT];
-#pragma unroll
-        for (int s = 0; s < SEG; ++s)
-#pragma unroll
-            for (int r = 0; r < RT; ++r) v[s][r] = sg.v[s][r][lane];
-        unit2<GROUPED>(v, xc, d, dx, f);
-        if (GROUPED) {
-#pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                GroupPair q;
-                q.s[0] = sg.q[r][0][lane];
-                q.s[1] = sg.q[r][1][lane];
-#if HAS_ZEROS
-                q.z[0] = sg.q[r][2][lane];
-                q.z[1] = sg.q[r][3][lane];
-#endif
-                flush2(acc[r], d[r], dx, q);
-            }
-        }
-        xc += xstep;
-    }
-    if (!GROUPED) {
-#pragma unroll
-        for (int r = 0; r < RT; ++r) flush2(acc[r], d[r], dx, g0[r]);
-    }
-    gemv2_store(acc, red, out, M, N);
-}
-
-// v2's body: the first units' vectors and scales (registers, or WQ_ASYNC's first S - 1 stages)
-// before PDL_WAIT (constants), then gemv2_main / gemv2_async_main.
+// v2's body: the first units' vectors and scales before PDL_WAIT (constants), then gemv2_main.
 __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                                            const float* __restrict__ zeros, elem_t* __restrict__ out, int M, int N, int K, int group_size,
                                            int cdiv, unsigned int cmagic) {
@@ -928,25 +818,6 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
     }
     __shared__ float red[MAX_WARPS * RT * 4 * 32];  // the warps' partial sums [warp][RT * 4][32]
     const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
-#if WQ_ASYNC
-    extern __shared__ __align__(16) unsigned char wq_stages[];
-    AsyncStage* ring = reinterpret_cast<AsyncStage*>(wq_stages) + warp * WQ_ASYNC;
-    GroupPair g0[RT];
-#pragma unroll
-    for (int r = 0; r < RT; ++r) g0[r] = group_pair(st[r], zt[r], 0, gid);  // per channel: the scales
-#pragma unroll
-    for (int i = 0; i < WQ_ASYNC - 1; ++i) {
-        const int c = warp + i * warps;
-        if (c < units) async_issue(ring[i], wt, st, zt, c, grouped, cdiv, cmagic);
-        cp_async_commit();
-    }
-    PDL_WAIT();
-    PDL_LAUNCH();
-    if (grouped)
-        gemv2_async_main<true>(x, wt, st, zt, ring, g0, red, out, M, N, K, cdiv, cmagic, opaque);
-    else
-        gemv2_async_main<false>(x, wt, st, zt, ring, g0, red, out, M, N, K, cdiv, cmagic, opaque);
-#else
     uint4 buf[UNROLL][SEG][RT];
     GroupPair gbuf[UNROLL][RT];
 #pragma unroll
@@ -971,7 +842,6 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
         gemv2_main<true>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque);
     else
         gemv2_main<false>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque);
-#endif
 }
 
 extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)

@@ -89,9 +89,6 @@ DECODE_MAX_M = 16
 TILE_ROWS = 16
 #: most warps of a decode block (``MAX_WARPS`` in wq_gemm.cu)
 _MAX_WARPS = 16
-#: most dynamic shared memory of the decode kernel's ``WQ_ASYNC`` stages (the H200's 227 KB per
-#: block, less the kernel's static 16 KB of partial sums and a margin)
-_MAX_ASYNC_SMEM = 200 << 10
 #: prefill tile (``BM`` x ``BN``)
 _BM = _BN = 64
 
@@ -115,8 +112,7 @@ def _variant_from_env() -> dict[str, int]:
 
 #: the M <= 8 decode kernel's variant, extra defines of kernels/wq_gemm.cu: {} is the default
 #: (v1); {"WQ_DECODE": 2, "ROW_TILES": 1 | 2, "WQ_FOLD": 0 | 1, "SEG": 1 .. 4, "L2_PF": 0 ..,
-#: "L2_HINT": 0 | 1 | 2, "WQ_ASYNC": 0 | 2 .. 8 (shared-memory stages fed by cp.async instead of
-#: UNROLL register buffers, :meth:`WeightOnlyGemmPlugin.async_smem_bytes`)}
+#: "L2_HINT": 0 | 1 | 2}
 #: (any subset; UNROLL too) selects v2 where :meth:`WeightOnlyGemmPlugin.fast_decode` allows it
 #: (SEG falls back to 1 where it does not divide the chunks per group); "WARPS" (not a define)
 #: sets its warps per block instead of :meth:`WeightOnlyGemmPlugin.decode_warps`.
@@ -479,30 +475,6 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             raise PluginError(f"DECODE_VARIANT: WARPS must be 1 .. {_MAX_WARPS}, got {variant['WARPS']}")
         return variant
 
-    def async_smem_bytes(self, variant: dict[str, int], warps: int) -> int:
-        """Dynamic shared memory of the v2 decode kernel with ``WQ_ASYNC`` = S stages (0
-        without): ``warps * S`` stages of kernels/wq_gemm.cu ``AsyncStage``, each ``SEG x
-        ROW_TILES x 32`` 16-byte vectors and ``ROW_TILES x (2, or 4 with zero points) x 32``
-        float32 scales.
-
-        Raises:
-            PluginError: ``WQ_ASYNC`` not 0 or 2 .. 8, or the stages exceed :data:`_MAX_ASYNC_SMEM`
-            bytes.
-        """
-        stages = variant.get("WQ_ASYNC", 0)
-        if not stages:
-            return 0
-        if not 2 <= stages <= 8:
-            raise PluginError(f"DECODE_VARIANT: WQ_ASYNC must be 0 or 2 .. 8 stages, got {stages}")
-        rt, seg = variant.get("ROW_TILES", 1), variant.get("SEG", 1)
-        stage = seg * rt * 32 * 16 + rt * (4 if self.has_zeros else 2) * 32 * 4
-        total = warps * stages * stage
-        if total > _MAX_ASYNC_SMEM:
-            raise PluginError(
-                f"DECODE_VARIANT: {warps} warps x WQ_ASYNC {stages} stages x {stage} bytes = {total} bytes of shared memory, over {_MAX_ASYNC_SMEM}"
-            )
-        return total
-
     def decode_warps(self, row_tiles: int = 1, target: int = _TARGET_WARPS) -> int:
         """Warps per block (per ``row_tiles`` 16-row tiles) of the decode kernel: about
         ``target`` in all, a power of two from 1 to 16, at most one per chunk of K."""
@@ -542,9 +514,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             rt = variant.get("ROW_TILES", 1)
             if variant:
                 defines = tuple(sorted({**dict(defines), **variant}.items()))
-            warps = warps or self.decode_warps(rt)
-            smem = self.async_smem_bytes(variant, warps)
-            _launch(defines, name, (-(-n // (TILE_ROWS * rt)),), (32 * warps,), args, stream, smem)
+            _launch(defines, name, (-(-n // (TILE_ROWS * rt)),), (32 * (warps or self.decode_warps(rt)),), args, stream)
             return
         if -(-m // _BM) > 65535:
             raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the tiled kernel's grid (at most {65535 * _BM})")

@@ -256,9 +256,8 @@ V2_DEFINES = [
 def test_every_v2_variant_compiles(arch: str) -> None:
     """The v2 decode kernel (its default define sets are in the file's trtcore-variants) compiles
     for every dtype / bits / zero points / ROW_TILES / WQ_FOLD / SEG 1, 2, with UNROLL 1 and 3,
-    SEG 4, L2_PF, L2_HINT and WQ_ASYNC stages too."""
+    SEG 4, L2_PF and L2_HINT too."""
     extra = [{**V2_DEFINES[0], "UNROLL": 1}, {**V2_DEFINES[-1], "UNROLL": 3}, {**V2_DEFINES[-1], "SEG": 4, "UNROLL": 1}]
-    extra += [{**V2_DEFINES[i], "WQ_ASYNC": st, "L2_HINT": h} for i, st, h in ((0, 2, 0), (5, 4, 1), (-1, 8, 2))]
     extra += [{**V2_DEFINES[5], "L2_PF": 2}, {**V2_DEFINES[-1], "L2_PF": 3, "L2_HINT": 2}, {**V2_DEFINES[9], "L2_HINT": 1}]
     extra += [{**v, "WQ_FOLD": 2} for v in V2_DEFINES if v["WQ_FOLD"] == 1 and v["SEG"] == 1 and v["ROW_TILES"] == 1 and v["HAS_ZEROS"] == 0]
     for v in V2_DEFINES + extra:
@@ -444,24 +443,3 @@ def test_network_with_the_plugin_compiles_on_the_cuda_backend(rng: np.random.Gen
     plugin = WeightOnlyGemmPlugin.from_quantized(qw)[0]
     assert plugin.decode_warps() == 16 and plugin.uses_tensor_cores(BF16, 16) and not plugin.uses_tensor_cores(BF16, 17)
     assert plugin.workspace_size([((64, 2048), BF16)], [((64, 256), BF16)]) == 0
-
-
-def test_async_stages_shared_memory(rng: np.random.Generator) -> None:
-    """WQ_ASYNC's dynamic shared memory is warps x stages x one AsyncStage (kernels/wq_gemm.cu:
-    SEG x ROW_TILES x 32 lanes of 16-byte vectors, then ROW_TILES x 2 scales -- 4 with zero
-    points -- x 32 lanes of float32); none without WQ_ASYNC; a stage count outside 2 .. 8 or
-    stages over the bound are refused naming the value."""
-    from trtcore.plugins.weight_only_gemm import WeightOnlyGemmPlugin
-
-    sym, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 64, 256, 4, 128, "none", False))
-    asym, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 64, 256, 4, 128, "int", False))
-    assert sym.async_smem_bytes({"WQ_DECODE": 2}, 8) == 0
-    # 8 warps x 4 stages x (2 x 2 x 512 + 2 x 2 x 128) bytes
-    assert sym.async_smem_bytes({"WQ_ASYNC": 4, "ROW_TILES": 2, "SEG": 2}, 8) == 8 * 4 * (2048 + 512)
-    assert asym.async_smem_bytes({"WQ_ASYNC": 4, "ROW_TILES": 2, "SEG": 2}, 8) == 8 * 4 * (2048 + 1024)
-    assert sym.async_smem_bytes({"WQ_ASYNC": 3}, 16) == 16 * 3 * (512 + 256)
-    for bad in (1, 9):
-        with pytest.raises(PluginError, match=f"WQ_ASYNC must be 0 or 2 .. 8 stages, got {bad}"):
-            sym.async_smem_bytes({"WQ_ASYNC": bad}, 4)
-    with pytest.raises(PluginError, match="16 warps x WQ_ASYNC 8 stages x 3072 bytes"):
-        asym.async_smem_bytes({"WQ_ASYNC": 8, "ROW_TILES": 2, "SEG": 2}, 16)

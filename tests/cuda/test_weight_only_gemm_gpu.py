@@ -10,7 +10,7 @@ two runs and requires bit-identical results. Tolerance: the reference is float64
 the kernels accumulate in float32 over K terms, so one output ulp at ``max|y|`` (the default)
 plus float32 accumulation noise ``sqrt(K) * 2^-24`` relative.
 
-The v2 decode kernel (``WQ_DECODE 2``: ROW_TILES 1 | 2, WQ_FOLD 0 | 1, SEG 1 | 2, L2_PF, WQ_ASYNC, selected through
+The v2 decode kernel (``WQ_DECODE 2``: ROW_TILES 1 | 2, WQ_FOLD 0 | 1, SEG 1 | 2, L2_PF, selected through
 ``weight_only_gemm.DECODE_VARIANT``) is checked the same way at M = 1..8 on shapes with odd tile
 counts, N not a multiple of 16, per channel and group 64 / 128 / 256; group 32 int4 (half a
 chunk) must fall back to v1, and does.
@@ -101,17 +101,10 @@ V2_VARIANTS += [
     {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 1, "L2_PF": 2},
     {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 0, "SEG": 2, "L2_PF": 2, "L2_HINT": 2},
 ]
-# WQ_ASYNC: the units through shared-memory stages fed by cp.async (a ring of 2 .. 8 stages per
-# warp; the scales beside the vectors): fewest and most stages, both tile counts, folding
-V2_VARIANTS += [
-    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "L2_PF": 0, "WQ_ASYNC": 2},
-    {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 1, "SEG": 1, "L2_PF": 0, "L2_HINT": 1, "WQ_ASYNC": 3},
-    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 2, "L2_PF": 0, "WQ_ASYNC": 8},
-]
 
 
 def _v2_id(v: dict) -> str:
-    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}_a{v.get('WQ_ASYNC', 0)}"
+    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}"
 
 
 @pytest.fixture(scope="module", autouse=True)
