@@ -385,6 +385,10 @@ def _named(text: str, kind: str, params: list[tuple[str, str]], block: int) -> K
     return KernelSource(text.replace("FUNCTION_NAME", fn), fn, params, block)
 
 
+#: iterations of a row kernel's loops unrolled (:func:`_row_body`)
+ROW_UNROLL = 8
+
+
 def _row_body(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: set[str], store: Any) -> list[str]:
     """The statements that compute row ``row`` (an ``i64`` in scope) of a row group with the
     block's threads: loop 1 reduces the reduction's input (float32, ``block_reduce`` over
@@ -423,6 +427,10 @@ def _row_body(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
         ReduceOperation.MIN: "acc = op_min(acc, {x});",
     }[kind]
     lines.append(f"  float acc = {init};")
+    # unrolled so that each thread has several rows' loads in flight: a row of a few thousand
+    # elements is 8-16 loads per thread, and one block per row (decode: the only block) would
+    # otherwise wait for each in turn
+    lines.append(f"  #pragma unroll {ROW_UNROLL}")
     lines.append(f"  for (i64 j = threadIdx.x; j < {n}; j += blockDim.x) {{")
     lines += body1.lines
     lines.append("    " + comb.format(x=x))
@@ -437,6 +445,7 @@ def _row_body(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
     body2 = _Body(pre, dtypes, loads, {**scalars, red.outputs[0]: "red"})
     full = [o for o in node.outputs if o not in row_outputs]
     rowo = [o for o in node.outputs if o in row_outputs]
+    lines.append(f"  #pragma unroll {ROW_UNROLL}")
     lines.append(f"  for (i64 j = threadIdx.x; j < {n}; j += blockDim.x) {{")
     names = [body2.value(o) for o in full]
     lines += body2.lines
