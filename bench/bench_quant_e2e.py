@@ -5,7 +5,8 @@ greedy (``bench_e2e.trtcore_tpot``), batch 1 and 16.
 Variants: bfloat16 (:class:`trtcore.cuda.synthetic.RandomWeights`), W4A16 group 128 and W8A16
 per channel (:class:`~trtcore.cuda.synthetic.RandomQuantizedWeights`: the decoder's seven
 linear layers quantized, embeddings, norms and ``lm_head`` bfloat16, as published GPTQ / AWQ
-checkpoints), FP8 W8A8 with per-tensor weight scales and static or dynamic activation scales
+checkpoints; ``+ lm_head``: the ``lm_head`` 4-bit too, as GPTQModel's ``lm_head=True`` and
+gpt-fast's int4), FP8 W8A8 with per-tensor weight scales and static or dynamic activation scales
 (:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's
 FP8 GEMM). Reported: TPOT, tok/s, the weight pool's bytes and the ratio of tok/s to the
 bfloat16 engine's. The issue's targets: W4A16 at batch 1 on the Llama-3-8B shape at least 2.5x
@@ -33,10 +34,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import _free_gpu, _model_dir, random_checkpoint, trtcore_tpot  # noqa: E402
 
-#: (label, bits, group_size (0: per channel)); bits 16: bfloat16; bits "fp8": W8A8 FP8, group_size 1 static / 0 dynamic activations
+#: (label, bits, group_size (0: per channel; negative: lm_head quantized too)); bits 16: bfloat16;
+#: bits "fp8": W8A8 FP8, group_size 1 static / 0 dynamic activations
 VARIANTS: list[tuple[str, Any, int]] = [
     ("bfloat16", 16, 0),
     ("W4A16 g128", 4, 128),
+    ("W4A16 g128 + lm_head", 4, -128),  # lm_head 4-bit too (GPTQModel's lm_head=True; gpt-fast's int4)
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
     ("FP8 W8A8 dynamic", "fp8", 0),
@@ -82,7 +85,7 @@ def main() -> int:
                 else:
 
                     def make(bits: int = bits, gs: int = gs) -> Any:
-                        return synthetic.RandomQuantizedWeights(config, bits, gs, seed=1)
+                        return synthetic.RandomQuantizedWeights(config, bits, abs(gs), seed=1, lm_head=gs < 0)
 
                 t0 = time.perf_counter()
                 seqs = max([*batches, args.throughput])

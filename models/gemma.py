@@ -114,7 +114,7 @@ def build(g: Graph, config: ModelConfig, weights: Any) -> None:
                     mlp = norm("post_feedforward_layernorm", i, mlp)
                 h = ops.add(g, h, mlp, "mlp_residual")
         last = norm("norm", None, ops.last_token_hidden(g, h))
-    lm_head = embed if c.tie_word_embeddings else linear_weight(weights, fam.tensor("lm_head"), (c.vocab_size, E), quantized=False)
+    lm_head = embed if c.tie_word_embeddings else linear_weight(weights, fam.tensor("lm_head"), (c.vocab_size, E))  # a quantized one stays so
     logits = ops.linear(g, last, lm_head, None, "lm_head")
     if final_cap:
         logits = ops.soft_cap(g, logits, final_cap, "final_logit_softcapping")

@@ -43,6 +43,7 @@ of ``s[m] * s_w``).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,6 +125,29 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         plugin = cls(k, n, fw.per_channel, fw.input_scale is not None, fw.per_token)
         consts = [fw.weight, fw.weight_scale] + ([fw.input_scale] if fw.input_scale is not None else [])
         return plugin, consts
+
+    def row_fusion_key(self, constants: Sequence[np.ndarray]) -> Any:
+        """FP8 linears stack along N (q/k/v, gate/up) where the product of each output row is
+        unchanged: the same K and activation scheme and, for static activations, the same
+        input scale (q/k/v calibrated on one input have it), with per-channel weight scales
+        or one per-tensor weight scale equal in all (compared by value); see :meth:`fuse_rows`."""
+        arrays = [np.asarray(c, np.float32) for c in constants[1:]]
+        per_tensor = b"" if self.per_channel else arrays[0].tobytes()
+        static = arrays[1].tobytes() if self.static_input else b""
+        return (self.in_features, self.per_channel, self.static_input, self.per_token, per_tensor, static)
+
+    @classmethod
+    def fuse_rows(cls, parts: Sequence[tuple[Plugin, Sequence[np.ndarray]]]) -> tuple[Fp8GemmPlugin, list[np.ndarray]]:
+        """The E4M3 weights of ``parts`` (equal :meth:`row_fusion_key`) stacked along N, their
+        per-channel scales too (one per-tensor scale is shared), the input scale shared."""
+        plugins = [p for p, _ in parts]
+        if not all(isinstance(p, Fp8GemmPlugin) for p in plugins) or len({p.row_fusion_key(c) for p, c in parts}) != 1:
+            raise PluginError("Fp8GemmPlugin.fuse_rows: the parts differ in K, scales or activation scheme")
+        first, consts = plugins[0], parts[0][1]
+        weight = np.concatenate([np.asarray(c[0]) for _, c in parts])
+        scale = np.concatenate([np.asarray(c[1], np.float32).reshape(-1) for _, c in parts]) if first.per_channel else np.asarray(consts[1])
+        fused = dataclasses.replace(first, out_features=int(weight.shape[0]))
+        return fused, [weight, scale] + ([np.asarray(consts[2])] if first.static_input else [])
 
     @property
     def num_inputs(self) -> int:

@@ -21,6 +21,8 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 CONFIGS: dict[str, dict[str, Any]] = {
     "gptq_v1_act_order": {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": False, "desc_act": True},
     "gptq_v2_8bit": {"quant_method": "gptq", "bits": 8, "group_size": -1, "sym": True, "desc_act": False, "checkpoint_format": "gptq_v2"},
+    # GPTQModel's QuantizeConfig(lm_head=True): lm_head quantized too, config "lm_head": true
+    "gptq_lm_head": {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True, "desc_act": False, "lm_head": True},
     "awq": {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"},
     "compressed_tensors": {
         "quant_method": "compressed-tensors",
@@ -56,7 +58,7 @@ def _checkpoints(tmp_path: Path, case: str) -> tuple[Path, Path]:
     dense: dict[str, np.ndarray] = {}
     for name, value in weights.items():
         prefix = name.removesuffix(".weight")
-        if prefix.rsplit(".", 1)[-1] in LINEARS:
+        if prefix.rsplit(".", 1)[-1] in LINEARS or (prefix == "lm_head" and CONFIGS[case].get("lm_head")):
             tensors, deq = _pack(case, value.astype(np.float64), rng)
             packed |= {f"{prefix}.{k}": np.ascontiguousarray(t) for k, t in tensors.items()}
             dense[name] = deq.astype(np.float32)  # exact: the engine rounds the same float64 values
@@ -93,11 +95,12 @@ def _layer_kinds(network: Any) -> list[str]:
     return kinds
 
 
-@pytest.mark.parametrize("case", ["gptq_v1_act_order", "awq"])
+@pytest.mark.parametrize("case", ["gptq_v1_act_order", "awq", "gptq_lm_head"])
 def test_quantized_linears_stay_quantized_in_the_network(tmp_path: Path, case: str) -> None:
     """Every linear of a quantized checkpoint is a weight-only GEMM in the network (none is
-    dequantized at load): the plugin where the backend hosts plugins (the reference), TensorRT's
-    dequantize layer on ``tensorrt_rtx`` (no plugins), which builds the network."""
+    dequantized at load), ``lm_head`` too where the checkpoint quantized it: the plugin where the
+    backend hosts plugins (the reference), TensorRT's dequantize layer on ``tensorrt_rtx`` (no
+    plugins), which builds the network."""
     from trtcore.builder import BuildConfig, build_engine, define_network
     from trtcore.checkpoint import Checkpoint
     from trtcore.config import load_config
@@ -105,7 +108,7 @@ def test_quantized_linears_stay_quantized_in_the_network(tmp_path: Path, case: s
 
     qdir, _ = _checkpoints(tmp_path, case)
     config = load_config(qdir)
-    expected = len(LINEARS) * config.num_hidden_layers
+    expected = len(LINEARS) * config.num_hidden_layers + int(bool(CONFIGS[case].get("lm_head")))
     with Checkpoint(qdir) as weights:
         d = define_network(load_trt("reference"), config, weights, BuildConfig(dtype="float32", max_batch_size=2, max_seq_len=64))
     assert _layer_kinds(d.network).count("WeightOnlyGemmPlugin") == expected

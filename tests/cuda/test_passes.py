@@ -445,3 +445,43 @@ def test_weight_only_plugins_sharing_an_input_fuse_and_their_concat_is_a_view(al
             p, packed = WeightOnlyGemmPlugin.from_quantized(w)
             want.append(p.reference(xv, *packed.arrays())[0])
         np.testing.assert_array_equal(fused, np.concatenate(want, axis=1))
+
+
+@pytest.mark.parametrize("case", ["channel", "tensor_equal", "tensor_differ", "input_differ"])
+def test_fp8_plugins_fuse_where_each_row_is_unchanged(case: str) -> None:
+    """FP8 linears on one x fuse where every output row's product stays the same: per-channel
+    weight scales (any values) or one equal per-tensor scale, with the same static input scale;
+    per-tensor weight scales that differ, or input scales that differ, are left as they are.
+    The fused plugin's reference equals the parts' side by side exactly."""
+    from trtcore import ops
+    from trtcore.fp8 import quantize_weight
+    from trtcore.plugins.fp8_gemm import Fp8GemmPlugin
+
+    k = 64
+    rng = np.random.default_rng(9)
+    raw = [rng.standard_normal((n, k)) * (1 + i) for i, n in enumerate((32, 16, 16))]
+    strategy = "channel" if case == "channel" else "tensor"
+    fws = [quantize_weight(w, strategy, input_scale=0.02 if case != "input_differ" else 0.02 * (1 + i)) for i, w in enumerate(raw)]
+    if case == "tensor_equal":  # one weight scale for all three
+        fws = [quantize_weight(w / np.abs(w).max() * np.abs(raw[0]).max(), "tensor", input_scale=0.02) for w in raw]
+    net = network()
+    g = ops.Graph(tc, net, "bfloat16")
+    g.implementations["fp8_gemm"] = "plugin"
+    x = net.add_input("x", tc.DataType.BF16, (-1, k))
+    parts = [ops.linear(g, x, w, None, f"{r}_proj") for r, w in zip("qkv", fws)]
+    g.output(ops.concat(g, parts, 1, "qkv_proj"), "qkv")
+    plan = compile_net(net, {"x": ((1, k), (2, k), (8, k))})
+    plugins = [n for n in plan.graph.nodes if n.op == "plugin"]
+    fuses = case in ("channel", "tensor_equal")
+    assert len(plugins) == (1 if fuses else 3)
+    assert bool([n for n in plan.graph.nodes if n.op == "concat"]) == (not fuses)
+    if not fuses:
+        return
+    [node] = plugins
+    xv = (rng.standard_normal((3, k)) * 0.5).astype(np.float32)
+    fused = node.attrs["plugin"].reference(xv, *[plan.graph.constants[c] for c in node.inputs[1:]])[0]
+    want = []
+    for fw in fws:
+        p, consts = Fp8GemmPlugin.from_fp8(fw)
+        want.append(p.reference(xv, *consts)[0])
+    np.testing.assert_array_equal(fused, np.concatenate(want, axis=1))

@@ -127,22 +127,27 @@ class RandomQuantizedWeights(RandomWeights):
     checkpoint interface of :class:`trtcore.quant_formats.QuantizedCheckpoint`
     (``is_quantized(name)``, ``quantized(name)``) with random codes (uniform, symmetric) and
     scales ``0.004 .. 0.006`` (so ``(q - 2^(bits-1)) * s`` has about the pool's std 0.02 at 4
-    bits). Embeddings, norms and ``lm_head`` stay bfloat16, as in published GPTQ / AWQ models.
+    bits). Embeddings and norms stay bfloat16; ``lm_head`` too, as in published GPTQ / AWQ
+    models, unless ``lm_head`` (GPTQModel's ``lm_head=True``).
 
     Args:
         config: the model's :class:`ModelConfig` (the layers' shapes).
         bits: 4 or 8. group_size: K-elements per scale (0: one per output channel).
         seed: seed of the pool and the codes.
+        lm_head: quantize the (untied) ``lm_head`` as well.
     """
 
-    def __init__(self, config: ModelConfig, bits: int = 4, group_size: int = 128, seed: int = 0):
+    def __init__(self, config: ModelConfig, bits: int = 4, group_size: int = 128, seed: int = 0, lm_head: bool = False):
         super().__init__(seed=seed)
         q = config.num_attention_heads * config.head_dim
         self._dims = {"q": q, "kv": config.num_key_value_heads * config.head_dim, "hidden": config.hidden_size, "inter": config.intermediate_size}
         self.bits, self.group_size = int(bits), int(group_size)
         self._code_rng = np.random.default_rng(seed + 1)
+        self._lm_head = (config.vocab_size, config.hidden_size) if lm_head and not config.tie_word_embeddings else None
 
     def _linear(self, name: str) -> tuple[int, int] | None:
+        if name == "lm_head.weight":
+            return self._lm_head
         if not name.startswith("model.layers."):
             return None
         suffix = name.split(".", 3)[3]
