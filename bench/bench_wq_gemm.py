@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gemv import _bf16, _time_graph, _to_f64  # noqa: E402
 
 SHAPES = {"8B gate_up": (14336, 4096), "8B down": (4096, 14336)}
-#: the shapes the cuda engine runs after fusing the weight-only plugins horizontally (--shapes)
-FUSED_SHAPES = {"8B gate+up fused": (28672, 4096), "8B qkv fused": (6144, 4096), "8B o_proj": (4096, 4096)}
+#: the shapes the cuda engine runs after fusing the weight-only plugins horizontally, and a 4-bit
+#: lm_head (--shapes)
+FUSED_SHAPES = {"8B gate+up fused": (28672, 4096), "8B qkv fused": (6144, 4096), "8B o_proj": (4096, 4096), "8B lm_head": (128256, 4096)}
 #: (label, bits, group_size (0: per channel), zero points)
 VARIANTS = [("W4A16 g128", 4, 128, False), ("W4A16 g128 zeros", 4, 128, True), ("W8A16 per-channel", 8, 0, False)]
 #: bytes all copies of a weight must exceed (L2 60 MB, 4x)
