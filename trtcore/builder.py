@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import ops
-from .checkpoint import LoadReport
+from .checkpoint import LoadReport, kv_cache_scales
 from .config import ModelConfig
 from .engine_file import save_engine, sidecar
 from .errors import EngineBuildError, InvalidArgumentError
@@ -139,6 +139,8 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
     mode = kv_mode(plan, config, local_kv_heads(config.num_key_value_heads, mapping.tp_size))
     graph = ops.Graph(trt, network, plan.dtype, plan.implementations, plan.block_size, plan.max_seq_len, kv_mode=mode, mapping=mapping)
     report = LoadReport(quantized_weights(weights, config.quantization_config), family_of(config.model_type).is_ignored)
+    if plan.kv_fp8:  # the FP8 KV cache's per-layer scales (1.0 where the checkpoint has none, with a warning)
+        graph.kv_scales = kv_cache_scales(report, config.num_hidden_layers)
     family.build(graph, config, report)
     report.check(f"the {config.architecture} network")
     return DefinedNetwork(trt, builder, network, graph, config, plan, report)
