@@ -43,8 +43,9 @@ Output: ``out [T, Hq * head_dim]`` in q's dtype.
 
 **FP8 KV cache** (field ``kv_fp8``; vLLM's ``kv_cache_dtype="fp8_e4m3"``, the "Quantized KV
 Cache" page of vLLM's documentation): q/k/v and the output stay float16/bfloat16, the pool holds
-E4M3 codes (``ml_dtypes.float8_e4m3fn``, TensorRT ``DataType.FP8``; on a device also accepted as
-``uint8`` bytes), one byte per element, with one float32 scale per layer for the keys
+E4M3 codes (``ml_dtypes.float8_e4m3fn``, TensorRT ``DataType.FP8``: TensorRT's plugin I/O takes
+FP8 but not UINT8; ``enqueue`` also accepts a device tensor described as ``uint8`` bytes), one byte
+per element, with one float32 scale per layer for the keys
 (``k_scale``) and one for the values (``v_scale``) -- plugin fields, constants of the engine:
 
 * written: ``code = e4m3(clip(float32(x) / scale, -448, 448))`` -- float32 division, round to
