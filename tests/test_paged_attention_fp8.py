@@ -265,3 +265,83 @@ def test_gpu_fp8_cuda_core_head_dim(dtype: np.dtype) -> None:
     """head_dim 96: paged_kv_write + paged_attn_simple with KV_FP8."""
     case = Fp8Case(mixed_specs(16), bs=16, hkv=2, g=3, d=96, dtype=dtype, seed=seed_of("fp8_d96", str(dtype)), k_scale=0.02, v_scale=0.5)
     check_fp8_gpu(case)
+
+
+# ---------------------------------------------------------------------------------------
+# CPU: the KV_FP8 kernels compile, and enqueue passes every kernel its full parameter list
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_fp8_kernels_compile(arch: str) -> None:
+    from trtcore import kernels
+
+    for p, dt in [
+        (PagedAttentionPlugin(layer_idx=0, num_kv_heads=2, head_dim=128, block_size=16, kv_fp8=True, k_scale=0.1), BF16),
+        (PagedAttentionPlugin(layer_idx=0, num_kv_heads=2, head_dim=64, block_size=32, kv_fp8=True, packed_qkv=True, rotary_dim=64), F16),
+        (PagedAttentionPlugin(layer_idx=0, num_kv_heads=2, head_dim=96, block_size=16, kv_fp8=True), BF16),
+    ]:
+        defines = p.defines(dt)
+        assert defines["KV_FP8"] == 1
+        built = kernels.compile_kernel("paged_attention", defines=defines, arch=arch)
+        want = {"paged_kv_write", "paged_attn_simple"} | ({"paged_attn_decode", "paged_attn_prefill", "paged_attn_reduce"} if p.uses_tensor_cores(dt) else set())
+        assert set(built.symbols) == want, (defines, built.symbols)
+
+
+def _kernel_params() -> dict[str, list[str]]:
+    """Parameter names of each extern "C" kernel of kernels/paged_attention.cu."""
+    import re
+    from pathlib import Path
+
+    import trtcore.plugins.paged_attention as pa
+
+    source = (Path(pa.__file__).resolve().parents[1] / "kernels" / "paged_attention.cu").read_text()
+    out = {}
+    for name, params in re.findall(r"extern \"C\" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(([^)]*)\)", source):
+        out[name] = [p.split()[-1].lstrip("*") for p in params.split(",")]
+    return out
+
+
+@pytest.mark.parametrize("head_dim", [128, 96])
+def test_enqueue_passes_every_parameter_and_the_scales(head_dim: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each launch's argument list is as long as its kernel's parameter list, and the scales land
+    in the kernels' k_scale / v_scale (a missing or shifted argument would read garbage on a GPU)."""
+    import trtcore.plugins.paged_attention as pa
+    from trtcore.plugins.base import DeviceTensor
+
+    launches: list[tuple[str, list]] = []
+
+    class Recorder:
+        def launch(self, symbol, grid, block, args, smem, stream):
+            launches.append((symbol, args))
+
+    monkeypatch.setattr(pa, "_functions", lambda defines: Recorder())
+    p = PagedAttentionPlugin(layer_idx=1, num_kv_heads=2, head_dim=head_dim, block_size=16, kv_fp8=True, k_scale=0.25, v_scale=0.75)
+    T, B, hq, mb = 40, 3, 8, 300  # a prefill beside decodes, long enough to split
+    i32 = np.dtype(np.int32)
+    ins = [
+        DeviceTensor(0x1000, (T, hq, head_dim), BF16),
+        DeviceTensor(0x2000, (T, 2, head_dim), BF16),
+        DeviceTensor(0x3000, (T, 2, head_dim), BF16),
+        DeviceTensor(0x4000, (2, 500, 2, 2, 16, head_dim), E4M3),
+        DeviceTensor(0x5000, (B, mb), i32),
+        DeviceTensor(0x6000, (B,), i32),
+        DeviceTensor(0x7000, (B + 1,), i32),
+    ]
+    out = DeviceTensor(0x8000, (T, hq * head_dim), BF16)
+    ws = p.workspace_size([(t.shape, t.dtype) for t in ins], [(out.shape, out.dtype)])
+    p.enqueue(ins, [out], 0x9000 if ws else 0, 7)
+    params = _kernel_params()
+    names = {s for s, _ in launches}
+    assert {"paged_kv_write"} <= names and (("paged_attn_simple" in names) != (head_dim == 128))
+    if head_dim == 128:
+        assert {"paged_attn_decode", "paged_attn_reduce", "paged_attn_prefill"} <= names
+    for symbol, args in launches:
+        assert len(args) == len(params[symbol]), (symbol, len(args), params[symbol])
+        got = dict(zip(params[symbol], (value for value, _ in args)))
+        assert got["pool" if "pool" in got else "ws_o"] is not None
+        if "k_scale" in got:
+            assert (got["k_scale"], got["v_scale"]) == (0.25, 0.75), symbol
+    # a 16-bit pool is refused for an FP8 plugin
+    with pytest.raises(PluginError, match="not supported"):
+        p.enqueue([*ins[:3], DeviceTensor(0x4000, ins[3].shape, BF16), *ins[4:]], [out], 0x9000, 7)
