@@ -208,6 +208,17 @@ def test_fp8_fields_dtypes_and_validation() -> None:
     assert not {"kv_fp8", "k_scale", "v_scale"} & {f.name for f in fresh.field_collection(ref)}
 
 
+def test_fp8_fields_round_trip_tensorrt_rtx_collection() -> None:
+    """The FP8 fields serialize through TensorRT's own PluginFieldCollection (tensorrt_rtx on the
+    CPU), and the FP8 pool's dtype maps to TensorRT's DataType.FP8 (plugin I/O takes FP8, not UINT8)."""
+    trt = pytest.importorskip("tensorrt_rtx", reason="tensorrt_rtx is not installed")
+    from trtcore.dtypes import numpy_dtype, trt_dtype
+
+    p = PagedAttentionPlugin(layer_idx=3, num_kv_heads=2, head_dim=128, block_size=32, kv_fp8=True, k_scale=0.0125, v_scale=3.5)
+    assert PagedAttentionPlugin.from_field_collection(p.field_collection(trt)) == p
+    assert trt_dtype(trt, E4M3) == trt.DataType.FP8 and numpy_dtype(trt.DataType.FP8) == E4M3
+
+
 # ---------------------------------------------------------------------------------------
 # GPU: the KV_FP8 kernels against the reference
 # ---------------------------------------------------------------------------------------
