@@ -33,6 +33,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from test_paged_attention import BF16, CASES, F16, F32, REL_NORM_TOL, UNIT_ROUNDOFF, Case, bits, mixed_specs, run_enqueue, seed_of
+from test_paged_attention_rope import FusedCase
 
 from trtcore.plugins.base import PluginError
 from trtcore.plugins.paged_attention import PagedAttentionPlugin
@@ -279,6 +280,39 @@ def test_gpu_fp8_cuda_core_head_dim(dtype: np.dtype) -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# fused RoPE with the FP8 pool (the decode kernel's rotated own key goes through shared memory)
+# ---------------------------------------------------------------------------------------
+
+
+class FusedFp8Case(Fp8Case, FusedCase):
+    """FusedCase (unrotated q/k fed, rotated by the plugin; ``q``/``k`` hold the rotated values)
+    with the FP8 pool: the rotated keys are what is quantized."""
+
+
+def fused_fp8_case(name: str, dtype: np.dtype, rope: str, packed: bool) -> FusedFp8Case:
+    spec_fn, hkv, g, d, window = CASES[name]
+    return FusedFp8Case(
+        spec_fn(16), bs=16, hkv=hkv, g=g, d=d, dtype=dtype, window=window, seed=seed_of("fp8_rope", name, str(dtype), rope, packed),
+        packed=packed, rope=rope, k_scale=0.0123, v_scale=0.009,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("rope", ["neox", "gptj_partial_scaled", "neox_longrope"])
+@pytest.mark.parametrize("name", ["mixed_gqa8", "decode_only"])
+def test_reference_fp8_fused_rope_equals_rope_then_unfused(name: str, rope: str) -> None:
+    case = fused_fp8_case(name, BF16, rope, packed=True)
+    assert case.plugin.kv_fp8 and case.plugin.rotary_dim > 0
+    pool = case.pool.copy()
+    (got,) = case.plugin.reference(*case.inputs(pool))
+    unfused = dataclasses.replace(case.plugin, packed_qkv=False, rotary_dim=0, is_neox=True, attention_scaling=1.0, original_max_position_embeddings=0)
+    two_pool = case.pool.copy()
+    (want,) = unfused.reference(case.q, case.k, case.v, two_pool, case.block_tables, case.seq_lens, case.qsl)  # q/k: rotated
+    np.testing.assert_array_equal(bits(pool), bits(two_pool))
+    np.testing.assert_array_equal(bits(got), bits(want))
+    np.testing.assert_array_equal(bits(pool), bits(case.expected_pool()))  # codes of the rotated keys
+
+
+# ---------------------------------------------------------------------------------------
 # CPU: the KV_FP8 kernels compile, and enqueue passes every kernel its full parameter list
 # ---------------------------------------------------------------------------------------
 
@@ -356,3 +390,24 @@ def test_enqueue_passes_every_parameter_and_the_scales(head_dim: int, monkeypatc
     # a 16-bit pool is refused for an FP8 plugin
     with pytest.raises(PluginError, match="not supported"):
         p.enqueue([*ins[:3], DeviceTensor(0x4000, ins[3].shape, BF16), *ins[4:]], [out], 0x9000, 7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "separate"])
+@pytest.mark.parametrize("rope", ["neox", "gptj_partial_scaled", "neox_longrope"])
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=str)
+@pytest.mark.parametrize("name", ["mixed_gqa8", "mixed_mha", "decode_only"])
+def test_gpu_fp8_fused_rope(name: str, dtype: np.dtype, rope: str, packed: bool) -> None:
+    """KV_FP8 with fused RoPE: paged_kv_write quantizes the rotated keys, the decode kernel
+    quantizes its own rotated key from shared memory (and rounds it through the code to attend)."""
+    check_fp8_gpu(fused_fp8_case(name, dtype, rope, packed))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=str)
+def test_gpu_fp8_fused_rope_long_decodes(dtype: np.dtype) -> None:
+    case = FusedFp8Case(
+        [(4000, 1), (2500, 1), (1000, 70)], bs=16, hkv=2, g=4, d=128, dtype=dtype, num_layers=2, layer=0,
+        seed=seed_of("fp8_rope_long", str(dtype)), packed=True, rope="neox", k_scale=0.0123, v_scale=0.009,
+    )  # fmt: skip
+    check_fp8_gpu(case)
