@@ -9,8 +9,7 @@
 //   q = e4m3(clip(float32(x) / s, -448, 448)): IEEE float32 division (__fdiv_rn), then round to
 //       nearest, ties to even (OCP OFP8 rev. 1.0: 1 sign, 4 exponent bits of bias 7, 3 mantissa
 //       bits; 448 = S.1111.110 the largest finite value, 2^-9 the smallest subnormal).
-// The conversion is written out here (no cuda_fp8.h, which NVRTC cannot find without the full
-// toolkit headers, and the same code on every architecture).
+// The conversion (e4m3_of) is kernels/fp8.cuh's, shared with paged_attention.cu's FP8 KV cache.
 //
 // Kernels (each starts with PDL_WAIT(); none triggers its dependents early; amax and quantize
 // read 8 elements per thread and step where alignment allows, the same numbers either way):
@@ -34,29 +33,9 @@
 //                                s_w = w_scale[n] (per_channel) or w_scale[0]
 #include "dtype.cuh"
 #include "pdl.cuh"
+#include "fp8.cuh"  // e4m3_of: float32 -> E4M3 bits, saturating, round to nearest even
 
 // trtcore-variants: [{"DTYPE": 0}, {"DTYPE": 1}, {"DTYPE": 2}]
-
-#define E4M3_MAX 448.0f
-
-// E4M3 bits of float32 v, saturating (|v| > 448 -> 448), round to nearest even; NaN -> 0x7f.
-__device__ __forceinline__ unsigned char e4m3_of(float v) {
-    unsigned int sign = (__float_as_uint(v) >> 24) & 0x80u;
-    float a = fabsf(v);
-    if (a != a) return (unsigned char)(sign | 0x7fu);
-    if (a >= E4M3_MAX) return (unsigned char)(sign | 0x7eu);
-    unsigned int code;
-    if (a < 0.015625f) {  // below 2^-6: subnormal, steps of 2^-9 (code 8 is 2^-6, the first normal)
-        code = (unsigned int)__float2int_rn(a * 512.0f);
-    } else {
-        int e = ((__float_as_uint(a) >> 23) & 0xff) - 127;  // floor(log2 a), -6 .. 8
-        float m = a * __uint_as_float((unsigned int)(127 - e + 3) << 23);  // a / 2^(e-3): 8 <= m < 16, exact
-        unsigned int r = (unsigned int)__float2int_rn(m);                 // 8 .. 16 (16 carries)
-        code = (unsigned int)(e + 7) * 8u + (r - 8u);
-        if (code > 0x7eu) code = 0x7eu;
-    }
-    return (unsigned char)(sign | code);
-}
 
 extern "C" __global__ void trtcore_fp8_zero(unsigned int* amax) {
     PDL_WAIT();

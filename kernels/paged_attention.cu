@@ -80,6 +80,21 @@
 //   SOFTCAP     0 (default): score = q.k * scale; 1: score = cap * tanh(q.k * scale), where the
 //               plugin passes scale = softmax scale / softcap and cap = softcap (log2-domain
 //               kernels: cap = softcap * log2(e))
+//   KV_FP8      0 (default): the pool holds DTYPE elements; 1 (DTYPE 1 or 2 only): the pool holds
+//               E4M3 codes (one byte each, vLLM's fp8_e4m3 KV cache) with the float32 scales
+//               k_scale / v_scale (the last two parameters of paged_kv_write, paged_attn_simple,
+//               paged_attn_decode and paged_attn_prefill; ignored without KV_FP8):
+//                 stored code  = e4m3(x / scale)       float32 division (__fdiv_rn), round to
+//                                nearest even, saturating to +-448 (kernels/fp8.cuh's e4m3_of)
+//                 value read   = DTYPE(float(code) * scale)   float32 product (__fmul_rn),
+//                                rounded once to DTYPE
+//               Every key/value attention uses is a value read, the step's own new token's
+//               included: the decode kernel, which takes that token from k/v instead of the
+//               pool, rounds it through the same code (kv_roundtrip8), so prefill, decode and
+//               a later step see the same numbers. The tensor-core kernels gather a tile's codes
+//               8 bytes per load, convert them and store the DTYPE values into the same swizzled
+//               shared-memory layout as without KV_FP8 (plain loads instead of cp.async; the
+//               mma code is unchanged).
 //
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
@@ -90,6 +105,8 @@
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "ROTARY_DIM": 128, "NEOX": 1, "LONGROPE": 1}, {"DTYPE": 2, "HEAD_DIM": 96, "BLOCK_SIZE": 16, "ROTARY_DIM": 96, "NEOX": 1, "LONGROPE": 1}, {"DTYPE": 0, "HEAD_DIM": 96, "BLOCK_SIZE": 16, "ROTARY_DIM": 48, "NEOX": 1, "LONGROPE": 1}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 256, "BLOCK_SIZE": 16, "SOFTCAP": 1}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "SOFTCAP": 1}, {"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "SOFTCAP": 1, "ROTARY_DIM": 64, "NEOX": 1}]
 // trtcore-variants: [{"DTYPE": 0, "HEAD_DIM": 256, "BLOCK_SIZE": 16, "SOFTCAP": 1}, {"DTYPE": 1, "HEAD_DIM": 256, "BLOCK_SIZE": 16, "ROTARY_DIM": 256, "NEOX": 1}]
+// trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "KV_FP8": 1}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "KV_FP8": 1}, {"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "KV_FP8": 1}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "KV_FP8": 1}]
+// trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16, "KV_FP8": 1, "ROTARY_DIM": 64, "NEOX": 1}, {"DTYPE": 2, "HEAD_DIM": 96, "BLOCK_SIZE": 16, "KV_FP8": 1}]
 
 #include "pdl.cuh"  // PDL_WAIT / PDL_LAUNCH: each kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE (default 2, bfloat16), elem_t, to_f32 / from_f32
@@ -115,6 +132,9 @@
 #ifndef SOFTCAP
 #define SOFTCAP 0
 #endif
+#ifndef KV_FP8
+#define KV_FP8 0
+#endif
 #if ROTARY_DIM > 0
 #include "rope.cuh"  // the rotation of the RoPE plugin (one implementation of its contract)
 static_assert(ROTARY_DIM % 2 == 0 && ROTARY_DIM <= HEAD_DIM, "ROTARY_DIM must be even, <= HEAD_DIM");
@@ -127,6 +147,50 @@ static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM >= 32, "HEAD_DIM must be a multiple
 static_assert(BLOCK_SIZE >= 1, "BLOCK_SIZE must be >= 1");
 
 #define PA_NEG_INF __int_as_float(0xff800000)
+
+// ---- the pool element (KV_FP8: E4M3 codes) -------------------------------------------------
+
+#if KV_FP8
+#include "fp8.cuh"  // e4m3_of / e4m3_to_f32
+static_assert(DTYPE == 1 || DTYPE == 2, "KV_FP8 needs DTYPE 1 (float16) or 2 (bfloat16)");
+typedef unsigned char kv_t;
+#else
+typedef elem_t kv_t;
+#endif
+
+// A pool element as the DTYPE value attention reads (KV_FP8: DTYPE(float(code) * scale))
+__device__ __forceinline__ elem_t kv_load(kv_t c, float scale) {
+#if KV_FP8
+    return from_f32(__fmul_rn(e4m3_to_f32(c), scale));
+#else
+    (void)scale;
+    return c;
+#endif
+}
+#if KV_FP8
+union PaVec8 {  // 8 DTYPE elements, one 16-byte vector
+    uint4 u;
+    elem_t e[8];
+};
+// 8 DTYPE values -> 8 E4M3 codes (x / scale, RN, saturating), byte j = element j
+__device__ __forceinline__ unsigned long long kv_quant8(uint4 x, float scale) {
+    PaVec8 a;
+    a.u = x;
+    unsigned long long r = 0ull;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r |= (unsigned long long)e4m3_of(__fdiv_rn(to_f32(a.e[j]), scale)) << (8 * j);
+    return r;
+}
+// 8 E4M3 codes -> 8 DTYPE values read (float(code) * scale, rounded to DTYPE)
+__device__ __forceinline__ uint4 kv_dequant8(unsigned long long c, float scale) {
+    PaVec8 a;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a.e[j] = from_f32(__fmul_rn(e4m3_to_f32((unsigned int)(c >> (8 * j)) & 0xffu), scale));
+    return a.u;
+}
+// what attention reads for 8 values x once they are stored: dequant(quant(x))
+__device__ __forceinline__ uint4 kv_roundtrip8(uint4 x, float scale) { return kv_dequant8(kv_quant8(x, scale), scale); }
+#endif
 
 // ---- element types and conversions ------------------------------------------------------
 
@@ -171,19 +235,19 @@ __device__ __forceinline__ int find_seq(const int* __restrict__ qsl, int B, int 
 
 // The K rows of one KV head of one sequence in one layer; V rows are v_offset further.
 struct PoolView {
-    const elem_t* base;    // pool + layer slab + head offset
+    const kv_t* base;      // pool + layer slab + head offset
     const int* bt;         // the sequence's block-table row
     long long block_stride;
     long long v_offset;
     // K row of `key`, or nullptr where the block-table entry is padding (< 0)
-    __device__ __forceinline__ const elem_t* k_row(int key) const {
+    __device__ __forceinline__ const kv_t* k_row(int key) const {
         const int blk = __ldg(bt + key / BLOCK_SIZE);
         if (blk < 0) return nullptr;
         return base + (long long)blk * block_stride + (long long)(key % BLOCK_SIZE) * HEAD_DIM;
     }
 };
 
-__device__ __forceinline__ PoolView make_pool_view(const elem_t* pool, const int* bt_row, int layer, int num_blocks, int Hkv, int h) {
+__device__ __forceinline__ PoolView make_pool_view(const kv_t* pool, const int* bt_row, int layer, int num_blocks, int Hkv, int h) {
     PoolView p;
     const long long hs = (long long)BLOCK_SIZE * HEAD_DIM;
     p.block_stride = 2LL * Hkv * hs;
@@ -249,11 +313,11 @@ __device__ __forceinline__ void rope_table(float* tab, float pos, const RopeArgs
 // ---- 1. write the step's k/v into the pool -----------------------------------------------
 
 extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
-    const elem_t* __restrict__ k, const elem_t* __restrict__ v, elem_t* __restrict__ pool,
+    const elem_t* __restrict__ k, const elem_t* __restrict__ v, kv_t* __restrict__ pool,
     const int* __restrict__ block_tables, const int* __restrict__ seq_lens, const int* __restrict__ qsl,
     int B, int max_blocks, int num_blocks, int layer, int Hkv, int skip_decode, int kv_stride,
     const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
-    int original_max_position_embeddings) {
+    int original_max_position_embeddings, float k_scale, float v_scale) {
     PDL_WAIT();
     PDL_LAUNCH();
     const int t = blockIdx.x;
@@ -268,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
     if (blk < 0 || blk >= num_blocks) return;  // padding slot
     const int row = pos % BLOCK_SIZE;
     const long long hs = (long long)BLOCK_SIZE * HEAD_DIM;
-    elem_t* dst0 = pool + ((long long)layer * num_blocks + blk) * 2 * Hkv * hs + (long long)row * HEAD_DIM;
+    kv_t* dst0 = pool + ((long long)layer * num_blocks + blk) * 2 * Hkv * hs + (long long)row * HEAD_DIM;
 #if ROTARY_DIM > 0
     __shared__ float s_tab[ROTARY_DIM];
     rope_table(s_tab, (float)__ldg(ra.position_ids + t), ra);
@@ -283,29 +347,35 @@ extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
         const int cc = c - kv * n;
         const int h = cc / CH, d = (cc % CH) * PA_VEC;
         const elem_t* src = (kv ? v : k) + (long long)t * kv_stride + (long long)h * HEAD_DIM + d;
-        elem_t* dst = dst0 + (long long)kv * Hkv * hs + (long long)h * hs + d;
+        kv_t* dst = dst0 + (long long)kv * Hkv * hs + (long long)h * hs + d;
+        union { uint4 u; elem_t e[PA_VEC]; } o;
 #if ROTARY_DIM > 0
         if (!kv && d < ROTARY_DIM) {  // a key chunk with rotated features
-            union { uint4 u; elem_t e[PA_VEC]; } o;
 #pragma unroll
             for (int j = 0; j < PA_VEC; ++j)
                 o.e[j] = d + j < ROTARY_DIM ? from_f32(rope_load(src - d, d + j, 0.f, ra, s_tab)) : src[j];
-            *reinterpret_cast<uint4*>(dst) = o.u;
-            continue;
-        }
+        } else
 #endif
-        *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
+        {
+            o.u = __ldg(reinterpret_cast<const uint4*>(src));
+        }
+#if KV_FP8
+        *reinterpret_cast<unsigned long long*>(dst) = kv_quant8(o.u, kv ? v_scale : k_scale);  // 8 codes, 8-byte aligned
+#else
+        (void)k_scale; (void)v_scale;
+        *reinterpret_cast<uint4*>(dst) = o.u;
+#endif
     }
 }
 
 // ---- 2. simple kernel (float32; also any HEAD_DIM multiple of 32) -------------------------
 
 extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
-    const elem_t* __restrict__ q, const elem_t* __restrict__ pool, const int* __restrict__ block_tables,
+    const elem_t* __restrict__ q, const kv_t* __restrict__ pool, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out,
     int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int window, float scale, float cap, int q_stride,
     const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
-    int original_max_position_embeddings) {
+    int original_max_position_embeddings, float k_scale, float v_scale) {
     PDL_WAIT();
     PDL_LAUNCH();
     constexpr int NWARP = PA_THREADS / 32;
@@ -342,12 +412,12 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
     }
     float m = PA_NEG_INF, l = 0.f;
     for (int key = klo + warp; key < khi; key += NWARP) {
-        const elem_t* kr = pv.k_row(key);
+        const kv_t* kr = pv.k_row(key);
         float kf[PER], vf[PER];
 #pragma unroll
         for (int i = 0; i < PER; ++i) {
-            kf[i] = kr ? to_f32(kr[lane + 32 * i]) : 0.f;
-            vf[i] = kr ? to_f32(kr[pv.v_offset + lane + 32 * i]) : 0.f;
+            kf[i] = kr ? to_f32(kv_load(kr[lane + 32 * i], k_scale)) : 0.f;
+            vf[i] = kr ? to_f32(kv_load(kr[pv.v_offset + lane + 32 * i], v_scale)) : 0.f;
         }
         float s = 0.f;
 #pragma unroll
@@ -435,7 +505,8 @@ __device__ __forceinline__ void attention_rows(
     const elem_t* __restrict__ q, const PoolView& pv, int q_tok0, int cached, int nrows, int R0, int G, int Hq, int h,
     int key_lo, int key_hi, int window, float scale_log2, float cap, elem_t* __restrict__ out, float* __restrict__ part_o,
     float* __restrict__ part_ml, char* smem, int new_key, const elem_t* __restrict__ k_new,
-    const elem_t* __restrict__ v_new, int q_stride, const RopeArgs& ra, const float* rope_tab, const elem_t* k_new_smem) {
+    const elem_t* __restrict__ v_new, int q_stride, const RopeArgs& ra, const float* rope_tab, const elem_t* k_new_smem,
+    float k_scale, float v_scale) {
     constexpr int M = 16 * WARPS_M;
     constexpr int NTHREADS = 32 * WARPS_M * WARPS_N;
     constexpr int NW = PA_NT / WARPS_N;  // keys per warp per tile
@@ -495,8 +566,13 @@ __device__ __forceinline__ void attention_rows(
     float m[2] = {PA_NEG_INF, PA_NEG_INF}, l[2] = {0.f, 0.f};
 
     const int ntiles = (key_hi - key_lo + PA_NT - 1) / PA_NT;
+#if KV_FP8
+    (void)k_new_smem;
+#else
     const elem_t* zero_src = pv.base;  // any valid address: cp.async with 0 source bytes reads nothing
     const long long new_v_delta = v_new - k_new;
+    (void)k_scale; (void)v_scale;
+#endif
 
     auto load_tile = [&](int it, int stage) {
         const int kt = key_lo + it * PA_NT;
@@ -509,6 +585,26 @@ __device__ __forceinline__ void attention_rows(
             const int key = kt + r;
             // this step's key comes straight from the k/v inputs, the others from the pool
             const bool is_new = key == new_key;
+#if KV_FP8
+            // plain loads: 8 codes -> 8 DTYPE values -> one 16-byte store (the step's own token:
+            // its k/v rounded through the code, what the pool slot holds once written)
+            elem_t* dK = sbuf + stage * 2 * PA_TILE_ELEMS + swz(r, ch);
+            uint4 kx = make_uint4(0u, 0u, 0u, 0u), vx = kx;
+            if (is_new) {
+                kx = kv_roundtrip8(k_new_smem != nullptr ? *reinterpret_cast<const uint4*>(k_new_smem + ch * 8)
+                                                         : __ldg(reinterpret_cast<const uint4*>(k_new + ch * 8)), k_scale);
+                vx = kv_roundtrip8(__ldg(reinterpret_cast<const uint4*>(v_new + ch * 8)), v_scale);
+            } else if (key < key_hi) {
+                const kv_t* src = pv.k_row(key);
+                if (src != nullptr) {
+                    kx = kv_dequant8(__ldg(reinterpret_cast<const unsigned long long*>(src + ch * 8)), k_scale);
+                    vx = kv_dequant8(__ldg(reinterpret_cast<const unsigned long long*>(src + pv.v_offset + ch * 8)), v_scale);
+                }
+            }
+            *reinterpret_cast<uint4*>(dK) = kx;
+            *reinterpret_cast<uint4*>(dK + PA_TILE_ELEMS) = vx;
+            (void)sK; (void)sV;
+#else
             const elem_t* src = is_new ? k_new : (key < key_hi ? pv.k_row(key) : nullptr);
             const long long vdelta = is_new ? new_v_delta : pv.v_offset;
             const int bytes = src ? 16 : 0;
@@ -522,6 +618,7 @@ __device__ __forceinline__ void attention_rows(
                 cp_async16(sK + off, ks, bytes);
             }
             cp_async16(sV + off, vs, bytes);
+#endif
         }
     };
 
@@ -675,12 +772,12 @@ __device__ __forceinline__ void attention_rows(
 // Decode (qlen == 1): grid (num_splits, Hkv * ceil(G / 16), B), PA_THREADS threads,
 // PA_SMEM_BYTES dynamic shared memory. Sequences with qlen != 1 return at once.
 extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) paged_attn_decode(
-    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v, elem_t* __restrict__ pool, const int* __restrict__ block_tables,
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v, kv_t* __restrict__ pool, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out, float* __restrict__ ws_o,
     float* __restrict__ ws_ml, int B, int max_blocks, int num_blocks, int layer, int Hkv, int G, int num_splits,
     int window, float scale_log2, float cap, int q_stride, int kv_stride,
     const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
-    int original_max_position_embeddings) {
+    int original_max_position_embeddings, float k_scale, float v_scale) {
     PDL_WAIT();
     PDL_LAUNCH();
     extern __shared__ __align__(128) char smem[];
@@ -735,25 +832,30 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
             const int kv = threadIdx.x >= HEAD_DIM / PA_VEC;
             const int d = (threadIdx.x - kv * (HEAD_DIM / PA_VEC)) * PA_VEC;
             const long long hs = (long long)BLOCK_SIZE * HEAD_DIM;
-            elem_t* dst = pool + (((long long)layer * num_blocks + blk) * 2 + kv) * Hkv * hs + h * hs + (long long)(pos % BLOCK_SIZE) * HEAD_DIM + d;
-            *reinterpret_cast<uint4*>(dst) = kv ? __ldg(reinterpret_cast<const uint4*>(v_new + d))
-                                                : k_src != nullptr ? *reinterpret_cast<const uint4*>(k_src + d)
-                                                                   : __ldg(reinterpret_cast<const uint4*>(k_new + d));
+            kv_t* dst = pool + (((long long)layer * num_blocks + blk) * 2 + kv) * Hkv * hs + h * hs + (long long)(pos % BLOCK_SIZE) * HEAD_DIM + d;
+            const uint4 x = kv ? __ldg(reinterpret_cast<const uint4*>(v_new + d))
+                               : k_src != nullptr ? *reinterpret_cast<const uint4*>(k_src + d)
+                                                  : __ldg(reinterpret_cast<const uint4*>(k_new + d));
+#if KV_FP8
+            *reinterpret_cast<unsigned long long*>(dst) = kv_quant8(x, kv ? v_scale : k_scale);
+#else
+            *reinterpret_cast<uint4*>(dst) = x;
+#endif
         }
     }
     const PoolView pv = make_pool_view(pool, bt_row, layer, num_blocks, Hkv, h);
     attention_rows<1, 4>(q, pv, q0, pos, G, 16 * rt, G, Hq, h, lo, hi, window, scale_log2, cap, out, po, pml, smem, pos, k_new,
-                         v_new, q_stride, ra, rope_tab, k_src);
+                         v_new, q_stride, ra, rope_tab, k_src, k_scale, v_scale);
 }
 
 // Prefill (qlen > 1): grid (tiles, Hkv), where tiles >= sum over sequences with qlen > 1 of
 // ceil(qlen * G / 64); extra CTAs return at once. PA_SMEM_BYTES dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
-    const elem_t* __restrict__ q, const elem_t* __restrict__ pool, const int* __restrict__ block_tables,
+    const elem_t* __restrict__ q, const kv_t* __restrict__ pool, const int* __restrict__ block_tables,
     const int* __restrict__ seq_lens, const int* __restrict__ qsl, elem_t* __restrict__ out, int B, int max_blocks,
     int num_blocks, int layer, int Hkv, int G, int window, float scale_log2, float cap, int q_stride,
     const int* __restrict__ position_ids, const float* __restrict__ inv_freq, float attention_scaling,
-    int original_max_position_embeddings) {
+    int original_max_position_embeddings, float k_scale, float v_scale) {
     PDL_WAIT();
     PDL_LAUNCH();
     extern __shared__ __align__(128) char smem[];
@@ -800,7 +902,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
     const int klo = window > 0 ? imax(0, pos_min - window + 1) : 0, khi = pos_max + 1;
     const PoolView pv = make_pool_view(pool, block_tables + (long long)b * max_blocks, layer, num_blocks, Hkv, h);
     attention_rows<4, 1>(q, pv, q0, cached, nrows, R0, G, Hkv * G, h, klo, khi, window, scale_log2, cap, out, nullptr,
-                         nullptr, smem, -1, nullptr, nullptr, q_stride, ra, nullptr, nullptr);
+                         nullptr, smem, -1, nullptr, nullptr, q_stride, ra, nullptr, nullptr, k_scale, v_scale);
 }
 
 // Combine the decode splits: grid (B, Hq), HEAD_DIM threads. Sequences with qlen != 1 return.

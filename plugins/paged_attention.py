@@ -41,6 +41,24 @@ Inputs (in this order):
 
 Output: ``out [T, Hq * head_dim]`` in q's dtype.
 
+**FP8 KV cache** (field ``kv_fp8``; vLLM's ``kv_cache_dtype="fp8_e4m3"``, the "Quantized KV
+Cache" page of vLLM's documentation): q/k/v and the output stay float16/bfloat16, the pool holds
+E4M3 codes (``ml_dtypes.float8_e4m3fn``, TensorRT ``DataType.FP8``: TensorRT's plugin I/O takes
+FP8 but not UINT8; ``enqueue`` also accepts a device tensor described as ``uint8`` bytes), one byte
+per element, with one float32 scale per layer for the keys
+(``k_scale``) and one for the values (``v_scale``) -- plugin fields, constants of the engine:
+
+* written: ``code = e4m3(clip(float32(x) / scale, -448, 448))`` -- float32 division, round to
+  nearest even, **saturating** to +-448 (a plain ml_dtypes ``float8_e4m3fn`` cast turns a
+  magnitude above 464 into NaN; trtcore saturates, as TensorRT's FP8 quantization and
+  :func:`trtcore.fp8.quantize`); ``x`` is the key after fused RoPE when there is one;
+* read: ``dtype(float32(code) * scale)`` -- the float32 product rounded once to q's dtype, the
+  value attention then computes with exactly as it does with a 16-bit pool.
+
+Every key and value attention uses is a value *read*, the step's own new tokens included (the
+decode kernel, which takes its token from k/v rather than from the pool, rounds it through the
+same code), so a token attends to the same numbers in its prefill, its decode and any later step.
+
 **Packed QKV** (field ``packed_qkv``): inputs 0-2 are replaced by one input ``qkv [T, (Hq + 2 *
 num_kv_heads) * head_dim]``, each token's q heads, then its k heads, then its v heads -- the
 output of the horizontally fused ``q_proj | k_proj | v_proj`` product (TensorRT-LLM's GPT
@@ -135,6 +153,10 @@ INPUT_NAMES = ("q", "k", "v", "kv_pool", "block_tables", "seq_lens", "query_star
 _CACHE_NAMES = INPUT_NAMES[3:]
 _ROPE_NAMES = ("position_ids", "inv_freq")
 _FLOAT32 = np.dtype(np.float32)
+_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+_UINT8 = np.dtype(np.uint8)
+#: model dtypes the FP8 KV cache takes (the tensor-core kernels' types)
+_FP8_KV_MODEL_DTYPES = (np.dtype(np.float16), _BF16)
 
 #: head dims the tensor-core kernels are built for (others use the simple kernel)
 _TC_HEAD_DIMS = (64, 128)
@@ -211,6 +233,10 @@ class PagedAttentionPlugin(Plugin):
             ``c * tanh(scale * q.k / c)`` before the mask and the softmax (Gemma 2/3's
             ``attn_logit_softcapping``; transformers' ``eager_attention_forward``); 0: none.
             Stored as float32.
+        kv_fp8: the pool holds E4M3 codes (module docstring, "FP8 KV cache"); q must be
+            float16 or bfloat16.
+        k_scale / v_scale: the layer's float32 scales of the FP8 keys / values (positive,
+            finite; vLLM's ``k_scale`` / ``v_scale``, default 1.0); unused without ``kv_fp8``.
     """
 
     plugin_name: ClassVar[str] = "trtcore_paged_attention"
@@ -229,6 +255,9 @@ class PagedAttentionPlugin(Plugin):
     attention_scaling: float = 1.0
     original_max_position_embeddings: int = 0
     softcap: float = 0.0
+    kv_fp8: bool = False
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def __post_init__(self) -> None:
         self.layer_idx = int(self.layer_idx)
@@ -246,6 +275,9 @@ class PagedAttentionPlugin(Plugin):
         self.attention_scaling = _f32(self.attention_scaling)
         self.original_max_position_embeddings = int(self.original_max_position_embeddings)
         self.softcap = _f32(self.softcap)
+        self.kv_fp8 = bool(self.kv_fp8)
+        self.k_scale = _f32(self.k_scale)
+        self.v_scale = _f32(self.v_scale)
         super().__post_init__()
 
     def validate(self) -> None:
@@ -272,6 +304,10 @@ class PagedAttentionPlugin(Plugin):
             )
         if self.rotary_dim:
             self.rope()  # RopePlugin's checks of rotary_dim, pairing and attention_scaling
+        for name in ("k_scale", "v_scale"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise PluginError(f"PagedAttentionPlugin.{name} is {value}, expected a positive finite float32 (the FP8 KV cache scale)")
 
     # the fields packed qkv, fused RoPE and soft-capping added, with the values that mean "not used": a
     # plugin that uses neither serializes exactly the fields it had before them, and a field
@@ -283,6 +319,9 @@ class PagedAttentionPlugin(Plugin):
         "attention_scaling": 1.0,
         "original_max_position_embeddings": 0,
         "softcap": 0.0,
+        "kv_fp8": False,
+        "k_scale": 1.0,
+        "v_scale": 1.0,
     }
 
     def rope(self) -> RopePlugin:
@@ -334,6 +373,11 @@ class PagedAttentionPlugin(Plugin):
             )
         return hq
 
+    def pool_dtype(self, dtype: Any) -> np.dtype:
+        """The pool's element type for q/k/v of ``dtype``: E4M3 (``ml_dtypes.float8_e4m3fn``)
+        with ``kv_fp8``, else ``dtype`` itself."""
+        return _E4M3 if self.kv_fp8 else np.dtype(dtype)
+
     def pool_shape(self, num_layers: int, num_blocks: int) -> tuple[int, ...]:
         """``(num_layers, num_blocks, 2, num_kv_heads, block_size, head_dim)``."""
         return (int(num_layers), int(num_blocks), 2, self.num_kv_heads, self.block_size, self.head_dim)
@@ -348,9 +392,15 @@ class PagedAttentionPlugin(Plugin):
         dq = np.dtype(input_dtypes[0])
         if dq not in DTYPE_CODES:
             raise PluginError(f"PagedAttentionPlugin: q must be float32, float16 or bfloat16, got {dq}")
-        for i in (1, 2, 3):
+        for i in (1, 2):
             if np.dtype(input_dtypes[i]) != dq:
                 raise PluginError(f"PagedAttentionPlugin: {INPUT_NAMES[i]} must have q's dtype {dq}, got {np.dtype(input_dtypes[i])}")
+        if self.kv_fp8 and dq not in _FP8_KV_MODEL_DTYPES:
+            raise PluginError(f"PagedAttentionPlugin: the FP8 KV cache (kv_fp8) needs q in float16 or bfloat16, got {dq}")
+        want = self.pool_dtype(dq)
+        if np.dtype(input_dtypes[3]) != want:
+            what = "kv_fp8: E4M3 codes" if self.kv_fp8 else "q's dtype"
+            raise PluginError(f"PagedAttentionPlugin: kv_pool must be {want} ({what}), got {np.dtype(input_dtypes[3])}")
         for i, name in ((4, "block_tables"), (5, "seq_lens"), (6, "query_start_loc"), (7, "position_ids")):
             if i < len(input_dtypes) and np.dtype(input_dtypes[i]) != _INT32:
                 raise PluginError(f"PagedAttentionPlugin: {name} must be int32, got {np.dtype(input_dtypes[i])}")
@@ -419,7 +469,9 @@ class PagedAttentionPlugin(Plugin):
         d = np.dtype(dtypes[pos])
         if pos == 0:
             return d in DTYPE_CODES
-        if pos >= num_inputs or names[pos] in ("k", "v", "kv_pool"):
+        if names[pos : pos + 1] == ["kv_pool"] and pos < num_inputs:
+            return d == self.pool_dtype(dtypes[0])
+        if pos >= num_inputs or names[pos] in ("k", "v"):
             return d == np.dtype(dtypes[0])
         if names[pos] == "inv_freq":
             return d == _FLOAT32
@@ -482,6 +534,9 @@ class PagedAttentionPlugin(Plugin):
         once to q's dtype. A packed ``qkv`` is split into q, k, v; fused RoPE rotates q and k
         with :meth:`RopePlugin.reference <trtcore.plugins.rope.RopePlugin.reference>` (rounded
         to their dtype) before the attention, exactly as the two plugins in a row compute it.
+        With ``kv_fp8`` the pool is E4M3 (``ml_dtypes.float8_e4m3fn``): the step's k/v are
+        written as :meth:`quantize_kv` codes and every key/value, the step's own included, is
+        read back as :meth:`dequantize_kv` (module docstring, "FP8 KV cache").
 
         Raises:
             PluginError: inconsistent shapes, dtypes, ``query_start_loc``/``seq_lens`` or a
@@ -536,11 +591,18 @@ class PagedAttentionPlugin(Plugin):
             if ((blocks < 0) | (blocks >= num_blocks)).any():
                 raise PluginError(f"PagedAttentionPlugin: sequence {b} has block ids outside [0, {num_blocks}): {blocks.tolist()}")
             pos = np.arange(cached, seq)
-            layer[blocks[pos // bs], 0, :, pos % bs] = k[q0:q1]
-            layer[blocks[pos // bs], 1, :, pos % bs] = v[q0:q1]
+            if self.kv_fp8:
+                layer[blocks[pos // bs], 0, :, pos % bs] = self.quantize_kv(k[q0:q1], self.k_scale)
+                layer[blocks[pos // bs], 1, :, pos % bs] = self.quantize_kv(v[q0:q1], self.v_scale)
+            else:
+                layer[blocks[pos // bs], 0, :, pos % bs] = k[q0:q1]
+                layer[blocks[pos // bs], 1, :, pos % bs] = v[q0:q1]
             kpos = np.arange(seq)
-            keys = layer[blocks[kpos // bs], 0, :, kpos % bs].astype(np.float32)  # [seq, Hkv, D]
-            vals = layer[blocks[kpos // bs], 1, :, kpos % bs].astype(np.float32)
+            keys = layer[blocks[kpos // bs], 0, :, kpos % bs]  # [seq, Hkv, D]
+            vals = layer[blocks[kpos // bs], 1, :, kpos % bs]
+            if self.kv_fp8:
+                keys, vals = self.dequantize_kv(keys, self.k_scale, q.dtype), self.dequantize_kv(vals, self.v_scale, q.dtype)
+            keys, vals = keys.astype(np.float32), vals.astype(np.float32)
             qb = q[q0:q1].astype(np.float32).reshape(qlen, hkv, g, D).transpose(1, 2, 0, 3)  # [Hkv, G, qlen, D]
             scores = np.matmul(qb, keys.transpose(1, 2, 0)[:, None]) * scale  # [Hkv, G, qlen, seq]
             if self.softcap:
@@ -557,6 +619,31 @@ class PagedAttentionPlugin(Plugin):
             out[q0:q1] = o.transpose(2, 0, 1, 3).reshape(qlen, hq, D)
         return [out.reshape(T, hq * D).astype(q.dtype)]
 
+    @staticmethod
+    def quantize_kv(x: np.ndarray, scale: float) -> np.ndarray:
+        """The FP8 KV cache's stored codes of keys or values ``x`` (any shape, float16/bfloat16/
+        float32): ``e4m3(clip(float32(x) / float32(scale), -448, 448))``, round to nearest even,
+        saturating (:func:`trtcore.fp8.quantize`); vLLM's ``fp8_e4m3`` KV cache stores ``x / scale``.
+
+        Returns:
+            ``ml_dtypes.float8_e4m3fn`` array of ``x``'s shape.
+        """
+        from trtcore.fp8 import quantize
+
+        return quantize(x, np.float32(scale)).view(_E4M3)
+
+    @staticmethod
+    def dequantize_kv(codes: np.ndarray, scale: float, dtype: Any) -> np.ndarray:
+        """What attention reads from E4M3 ``codes``: ``dtype(float32(code) * float32(scale))``
+        (the float32 product rounded once to ``dtype``, the model's float16/bfloat16).
+
+        Returns:
+            array of ``codes``' shape and ``dtype``.
+        """
+        c = np.asarray(codes)
+        c = c.view(_E4M3) if c.dtype == _UINT8 else c
+        return (c.astype(np.float32) * np.float32(scale)).astype(dtype)
+
     # --- kernels ---------------------------------------------------------------------------------
 
     def defines(self, dtype: Any) -> dict[str, int]:
@@ -568,6 +655,8 @@ class PagedAttentionPlugin(Plugin):
             d["LONGROPE"] = 1
         if self.softcap:
             d["SOFTCAP"] = 1
+        if self.kv_fp8:
+            d["KV_FP8"] = 1
         if TUNING["stages"] != 2:
             d["PA_STAGES"] = int(TUNING["stages"])
         return d
@@ -596,12 +685,19 @@ class PagedAttentionPlugin(Plugin):
             q_stride, kv_stride = int(np.prod(q.shape[1:])), int(np.prod(k.shape[1:]))
         rope_args = [(rope_inputs[0].ptr, "ptr"), (rope_inputs[1].ptr, "ptr")] if self.rotary_dim else [(0, "ptr"), (0, "ptr")]
         rope_args += [(self.attention_scaling, "f32"), (self.original_max_position_embeddings, "i32")]
+        rope_args += [(self.k_scale, "f32"), (self.v_scale, "f32")]  # the kernels' last parameters (read with KV_FP8)
         # soft-capping (SOFTCAP): score = cap * tanh(q.k * scale_arg), scale_arg = scale / softcap
         # (the log2-domain kernels take cap * log2(e)); without it, score = q.k * scale_arg
         cap = self.softcap
         simple_scale, simple_cap = (self.scale / cap, cap) if cap else (self.scale, 0.0)
         tc_scale, tc_cap = (self.scale / cap, cap * math.log2(math.e)) if cap else (self.scale * math.log2(math.e), 0.0)
-        if dtype not in DTYPE_CODES or any(np.dtype(x.dtype) != dtype for x in (k, v, pool, out)):
+        pool_ok = np.dtype(pool.dtype) in ((_E4M3, _UINT8) if self.kv_fp8 else (dtype,))
+        if (
+            dtype not in DTYPE_CODES
+            or any(np.dtype(x.dtype) != dtype for x in (k, v, out))
+            or not pool_ok
+            or (self.kv_fp8 and dtype not in _FP8_KV_MODEL_DTYPES)
+        ):
             raise PluginError(f"PagedAttentionPlugin.enqueue: q/k/v/kv_pool/out dtypes {[str(x.dtype) for x in (q, k, v, pool, out)]} not supported")
         if any(np.dtype(x.dtype) != _INT32 for x in (bt, sl, qsl)):
             raise PluginError("PagedAttentionPlugin.enqueue: block_tables, seq_lens and query_start_loc must be int32")

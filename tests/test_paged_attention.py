@@ -34,6 +34,7 @@ from trtcore.plugins.paged_attention import INPUT_NAMES, PagedAttentionPlugin
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 UNIT_ROUNDOFF = {F32: 2.0**-24, F16: 2.0**-11, BF16: 2.0**-8}
 REL_NORM_TOL = {F32: 1e-5, F16: 2e-3, BF16: 1e-2}
 
@@ -382,8 +383,9 @@ def _cupy():
 
 
 def _dev(cp, a: np.ndarray):
+    """``a`` on the device; ml_dtypes types (bfloat16, float8_e4m3fn) travel as their bits."""
     a = np.ascontiguousarray(a)
-    return cp.asarray(a.view(np.uint16) if a.dtype == BF16 else a)
+    return cp.asarray(bits(a) if a.dtype in (BF16, E4M3) else a)
 
 
 def run_enqueue(case: Case, pool: np.ndarray | None = None, repeats: int = 2) -> tuple[np.ndarray, np.ndarray]:
@@ -413,7 +415,7 @@ def run_enqueue(case: Case, pool: np.ndarray | None = None, repeats: int = 2) ->
         np.testing.assert_array_equal(bits(r), bits(results[0]), err_msg="enqueue is not deterministic (a race?)")
     (at,) = [i for i, a in enumerate(host) if a.ndim == case.pool.ndim and a.shape == case.pool.shape]  # its place depends on the plugin's inputs
     pool_after = cp.asnumpy(dev[at])
-    return results[0], (pool_after.view(BF16) if dt == BF16 else pool_after)
+    return results[0], pool_after.view(host[at].dtype)  # the host pool's type (bfloat16, E4M3 codes)
 
 
 def check_gpu(case: Case) -> dict:

@@ -401,6 +401,8 @@ def _make_llm(args: argparse.Namespace, max_batch_size: int, max_seq_len: int) -
     options: dict[str, Any] = {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len}
     if args.kv_cache:
         options["kv_cache"] = args.kv_cache
+    if getattr(args, "kv_cache_dtype", None) is not None:
+        options["kv_cache_dtype"] = args.kv_cache_dtype
     if getattr(args, "max_num_tokens", None) is not None:
         if args.max_num_tokens < 1:
             raise InvalidArgumentError(f"--max-num-tokens must be >= 1, got {args.max_num_tokens}")

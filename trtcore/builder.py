@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import ops
-from .checkpoint import LoadReport
+from .checkpoint import LoadReport, kv_cache_scales
 from .config import ModelConfig
 from .engine_file import save_engine, sidecar
 from .errors import EngineBuildError, InvalidArgumentError
@@ -122,6 +122,10 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
             quantized checkpoint.
         ConfigError: ``mapping.tp_size`` does not divide the model's heads or
             ``intermediate_size`` (:func:`trtcore.parallel.check_tensor_parallel`).
+        CheckpointError: with the FP8 KV cache (``plan.kv_cache_dtype == "fp8_e4m3"``), a KV
+            cache scale tensor that is not one positive finite number
+            (:func:`trtcore.checkpoint.kv_cache_scales`, which also logs a warning when the
+            checkpoint has none: every layer then uses 1.0).
 
     Warns:
         UserWarning: checkpoint tensors no layer reads (listed by name; rotary ``inv_freq``
@@ -139,6 +143,8 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
     mode = kv_mode(plan, config, local_kv_heads(config.num_key_value_heads, mapping.tp_size))
     graph = ops.Graph(trt, network, plan.dtype, plan.implementations, plan.block_size, plan.max_seq_len, kv_mode=mode, mapping=mapping)
     report = LoadReport(quantized_weights(weights, config.quantization_config), family_of(config.model_type).is_ignored)
+    if plan.kv_fp8:  # the FP8 KV cache's per-layer scales (1.0 where the checkpoint has none, with a warning)
+        graph.kv_scales = kv_cache_scales(report, config.num_hidden_layers)
     family.build(graph, config, report)
     report.check(f"the {config.architecture} network")
     return DefinedNetwork(trt, builder, network, graph, config, plan, report)

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import math
 import os
+import re
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +41,7 @@ from trtcore.dtypes import NAMES as _DTYPE_ALIASES
 from trtcore.dtypes import SAFETENSORS_DTYPES
 from trtcore.errors import CheckpointError, InvalidArgumentError, MissingTensorError, TensorShapeError
 
-__all__ = ["Checkpoint", "LazyTensor", "LoadReport", "SAFETENSORS_DTYPES", "read_safetensors_header"]
+__all__ = ["Checkpoint", "LazyTensor", "LoadReport", "SAFETENSORS_DTYPES", "kv_cache_scales", "read_safetensors_header"]
 
 SINGLE_FILE_NAME = "model.safetensors"
 INDEX_FILE_NAME = "model.safetensors.index.json"
@@ -564,3 +566,54 @@ class LoadReport:
                 UserWarning,
                 stacklevel=3,
             )
+
+
+#: checkpoint names of a layer's FP8 KV cache scales, as vLLM reads them: ``...layers.N.self_attn.k_scale``
+#: / ``v_scale`` (llm-compressor, ModelOpt exports), ``...k_proj.output_scale`` / ``v_proj.output_scale``
+#: (compressed-tensors' output activations), and the older single ``kv_scale`` for both
+_KV_SCALE_NAME = re.compile(
+    r"^(?:.*\.)?layers\.(\d+)\.(?:self_attn|attention|attn)\.(k_scale|v_scale|kv_scale|k_proj\.output_scale|v_proj\.output_scale)$"
+)
+_KV_SCALE_ROLE = {"k_scale": "k", "k_proj.output_scale": "k", "v_scale": "v", "v_proj.output_scale": "v", "kv_scale": "kv"}
+_log = logging.getLogger("trtcore.checkpoint")
+
+
+def kv_cache_scales(weights: Any, num_layers: int, warn: bool = True) -> dict[int, tuple[float, float]]:
+    """The FP8 KV cache's per-layer scales ``{layer: (k_scale, v_scale)}`` (float32 values as
+    Python floats) from the checkpoint tensors vLLM reads for its ``fp8_e4m3`` KV cache
+    (``model.layers.N.self_attn.k_scale`` / ``v_scale``; also ``...k_proj.output_scale`` /
+    ``v_proj.output_scale``, and ``...self_attn.kv_scale`` for both; vLLM docs, "Quantized KV
+    Cache"). A layer without a scale uses 1.0, vLLM's default; when no layer has one, one warning
+    is logged (as vLLM's: accuracy may suffer), unless ``warn`` is False.
+
+    Args:
+        weights: a :class:`Checkpoint` or :class:`LoadReport` (iterable names, ``get(name)``); the
+            report marks the scales it reads as used.
+        num_layers: the model's ``num_hidden_layers`` (scales of other layers are refused).
+
+    Raises:
+        CheckpointError: a scale tensor with more than one element, or one that is not a
+            positive finite number, or of a layer outside ``[0, num_layers)``.
+    """
+    names = getattr(weights, "checkpoint", weights)
+    found: dict[int, dict[str, float]] = {}
+    for name in sorted(names):
+        m = _KV_SCALE_NAME.match(name)
+        if m is None:
+            continue
+        layer, role = int(m.group(1)), _KV_SCALE_ROLE[m.group(2)]
+        value = np.asarray(weights.get(name), dtype=np.float32)
+        if value.size != 1 or not (np.isfinite(value).all() and float(value.reshape(-1)[0]) > 0):
+            raise CheckpointError(
+                f"KV cache scale {name} must be one positive finite number, got shape {value.shape} values {value.reshape(-1)[:4].tolist()}"
+            )
+        if not 0 <= layer < num_layers:
+            raise CheckpointError(f"KV cache scale {name} names layer {layer}, but the model has {num_layers} layers")
+        for r in ("k", "v") if role == "kv" else (role,):
+            found.setdefault(layer, {})[r] = float(value.reshape(-1)[0])
+    if not found and warn:
+        _log.warning(
+            "Using KV cache scaling factor 1.0 for fp8_e4m3: the checkpoint has no k_scale / v_scale tensors. "
+            "This may cause accuracy issues; give a checkpoint with calibrated KV cache scales (e.g. from llm-compressor)."
+        )
+    return {layer: (s.get("k", 1.0), s.get("v", 1.0)) for layer, s in found.items()}

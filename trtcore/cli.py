@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidArgumentError, InvalidRequestError, TrtcoreError
-from .plan import IMPLEMENTATIONS
+from .plan import IMPLEMENTATIONS, KV_CACHE_DTYPES
 
 DEFAULT_PROMPT = "Once upon a time"
 
@@ -37,8 +37,18 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="per-request random seed (same seed, same text)")
 
 
+def _add_kv_cache_dtype(p: argparse.ArgumentParser) -> None:
+    """``--kv-cache-dtype`` (vLLM's name and values): the KV cache's element type."""
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        help="KV cache element type: auto (the model dtype, default) or fp8 / fp8_e4m3 (E4M3 with per-layer scales from the "
+        "checkpoint, else 1.0; paged KV cache, float16/bfloat16 model; twice the tokens in the same memory)",
+    )
+
+
 def _add_engine(p: argparse.ArgumentParser) -> None:
-    """``--engine`` and ``--quantization`` (vLLM's name): what the LLM runs."""
+    """``--engine``, ``--quantization`` and ``--kv-cache-dtype`` (vLLM's names): what the LLM runs."""
     from .quant_formats import QUANTIZATION_METHODS
 
     p.add_argument("--engine", help="run this engine file from `trtcore build` (checked against its sidecar) instead of building")
@@ -47,6 +57,7 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         choices=QUANTIZATION_METHODS,
         help="the checkpoint's quantization (default: config.json's quantization_config); fp8 on a float checkpoint quantizes its linears to FP8 at load",
     )
+    _add_kv_cache_dtype(p)
 
 
 def _llm(args: argparse.Namespace) -> Any:
@@ -126,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--max-batch-size", type=int, default=8)
     b.add_argument("--max-seq-len", type=int, help="default: the model's max_position_embeddings")
     _add_implementations(b, attention_default="layers")
+    _add_kv_cache_dtype(b)
 
     from .bench import add_bench_parsers
     from .bench_serve import add_bench_serve_parser
@@ -201,9 +213,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _plan_choices(args: argparse.Namespace) -> dict[str, Any]:
     """The plan options ``generate`` and ``build`` both take (``--dtype``, ``--rope``,
-    ``--kv-cache``, ``--attention``), as keywords of ``LLM`` and ``BuildConfig``; those not
-    given are left out (their defaults; with ``--engine``, the engine's)."""
-    return {name: getattr(args, name) for name in ("dtype", "rope", "kv_cache", "attention") if getattr(args, name) is not None}
+    ``--kv-cache``, ``--attention``, ``--kv-cache-dtype``), as keywords of ``LLM`` and
+    ``BuildConfig``; those not given are left out (their defaults; with ``--engine``, the engine's)."""
+    names = ("dtype", "rope", "kv_cache", "attention", "kv_cache_dtype")
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
 def _generate(args: argparse.Namespace) -> int:

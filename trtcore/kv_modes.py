@@ -28,6 +28,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+import ml_dtypes
 import numpy as np
 
 from .config import ModelConfig
@@ -109,6 +110,8 @@ class KVMode:
         #: rank's share (:func:`trtcore.parallel.local_kv_heads`), or all ranks' side by side
         self.num_kv_heads = int(config.num_key_value_heads if num_kv_heads is None else num_kv_heads)
         self.dtype = ENGINE_DTYPES[plan.dtype]
+        #: the KV cache's element type: the engine dtype (the paged mode's FP8 KV cache: E4M3)
+        self.pool_dtype: np.dtype = self.dtype
         self.takes_rope_seq_lens = False
         self.cache_len: int | None = None
 
@@ -213,7 +216,9 @@ class PagedKV(KVMode):
 
     * ``input_ids``, ``position_ids`` int32 ``[T]``;
     * ``kv_cache_pool`` ``[num_layers, num_blocks, 2, num_key_value_heads, block_size,
-      head_dim]`` of the engine dtype (written in place by the attention plugins);
+      head_dim]`` of :attr:`pool_dtype`: the engine dtype, or E4M3 codes
+      (``ml_dtypes.float8_e4m3fn``, TensorRT ``FP8``) with ``kv_cache_dtype="fp8_e4m3"`` (written in
+      place by the attention plugins);
     * ``block_tables`` int32 ``[B, max_blocks_per_seq]``, ``seq_lens`` int32 ``[B]`` (cached +
       new tokens), ``query_start_loc`` int32 ``[B + 1]`` (offsets of each sequence's tokens);
     * ``last_token_ids`` int32 ``[B]``: packed index of each sequence's last token;
@@ -242,6 +247,8 @@ class PagedKV(KVMode):
         # plugin reads the plugin's own seq_lens instead (ops.fuses_rope)
         rope_type = (config.rope_scaling or {}).get("rope_type")
         self.takes_rope_seq_lens = rope_type == "dynamic" or (rope_type in PER_SEQUENCE_ROPE_TYPES and plan.rope != ROPE_IN_ATTENTION)
+        #: the pool's element type: the engine dtype, or E4M3 codes (the plan's FP8 KV cache)
+        self.pool_dtype = np.dtype(ml_dtypes.float8_e4m3fn) if plan.kv_fp8 else self.dtype
 
     @property
     def pool_shape(self) -> Shape:
@@ -255,7 +262,7 @@ class PagedKV(KVMode):
         specs = [
             TensorSpec(INPUT_IDS, i32, (-1,)),
             TensorSpec(POSITION_IDS, i32, (-1,)),
-            TensorSpec(KV_CACHE_POOL, self.dtype, self.pool_shape),
+            TensorSpec(KV_CACHE_POOL, self.pool_dtype, self.pool_shape),
             TensorSpec(BLOCK_TABLES, i32, (-1, -1)),
             TensorSpec(SEQ_LENS, i32, (-1,)),
             TensorSpec(QUERY_START_LOC, i32, (-1,)),
@@ -510,7 +517,7 @@ class PagedKVCache:
         self.config = mode.config
         self.block_size = int(mode.plan.block_size)
         self.num_blocks = int(num_blocks)
-        self.dtype = mode.dtype
+        self.dtype = mode.pool_dtype
         layers, _, *rest = mode.pool_shape
         self.pool = xp.zeros((layers, self.num_blocks, *rest), dtype=storage_dtype(self.dtype, xp))
         if xp is np:

@@ -235,6 +235,17 @@ class LLM:
             checkpoint quantizes the decoder linears to FP8 at load, as vLLM does (E4M3
             weights with one scale each, activations with dynamic per-tensor scales;
             :mod:`trtcore.fp8`). The result is :attr:`quantization`.
+        kv_cache_dtype: the KV cache's element type (vLLM's argument and values): ``"auto"``
+            (the engine dtype, the default) or ``"fp8"`` / ``"fp8_e4m3"``: the paged pool holds
+            E4M3 codes ``e4m3(x / scale)`` (saturating) read back as ``code * scale``, with one
+            float32 scale per layer for keys and one for values taken from the checkpoint's
+            ``model.layers.N.self_attn.k_scale`` / ``v_scale`` (or ``k_proj.output_scale`` /
+            ``v_proj.output_scale``), else 1.0 with a logged warning (vLLM's default and
+            warning); the pool then holds twice the tokens in the same memory. Needs the paged
+            KV cache and a float16/bfloat16 engine (on the reference backend pass
+            ``dtype="bfloat16"``); other values are refused naming the accepted ones
+            (:func:`trtcore.plan.normalize_kv_cache_dtype`). Resolved into
+            ``plan.kv_cache_dtype`` (``"auto"`` or ``"fp8_e4m3"``).
         attention: contiguous mode's attention: ``"layers"`` (composed standard layers) or
             ``"native"`` (TensorRT's ``IAttention`` + ``IKVCacheUpdateLayer`` over a fixed
             ``[batch, num_kv_heads, max_seq_len, head_dim]`` cache; implies
@@ -330,6 +341,7 @@ class LLM:
         tensor_parallel_size: int = 1,
         capture: Sequence[str] = (),
         cpu_affinity: str | Sequence[int] | None = None,
+        kv_cache_dtype: str = "auto",
     ):
         if cpu_affinity is not None:  # a bad value fails before the build
             resolve_cpus(cpu_affinity)
@@ -361,6 +373,7 @@ class LLM:
             block_size=block_size,
             max_num_tokens=max_num_tokens,
             attention=attention,
+            kv_cache_dtype=kv_cache_dtype,
         )
         if self.engine_file is not None:  # the engine's plan; options that contradict it are refused
             self.plan: BuildPlan = self.engine_file.plan_for(options, backend)
@@ -405,7 +418,7 @@ class LLM:
             from .runtime.kv_cache import KVCacheSpec
 
             c = self.config
-            spec = KVCacheSpec(c.num_hidden_layers, self.kv_mode.num_kv_heads, c.head_dim, self.plan.block_size, self.kv_mode.dtype)
+            spec = KVCacheSpec(c.num_hidden_layers, self.kv_mode.num_kv_heads, c.head_dim, self.plan.block_size, self.kv_mode.pool_dtype)
             num_blocks = self._num_kv_blocks(spec, kv_cache_memory)
         #: the step loop (:class:`~trtcore.runtime.generate.EngineCore`): its scheduler and KV cache
         self.engine = make_engine(self.executor, self.kv_mode, num_blocks)

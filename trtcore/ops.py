@@ -103,6 +103,9 @@ class Graph:
         self.inputs: dict[str, Tensor] = {}
         #: tensors shared by all layers (e.g. RoPE's cos/sin), keyed by op
         self.shared: dict[Any, Any] = {}
+        #: FP8 KV cache (``plan.kv_cache_dtype == "fp8_e4m3"``): ``{layer: (k_scale, v_scale)}``
+        #: from the checkpoint (:func:`trtcore.checkpoint.kv_cache_scales`); layers absent use 1.0
+        self.kv_scales: dict[int, tuple[float, float]] = {}
         self._scope: list[str] = []
         self._used: dict[str, int] = {}
 
@@ -1276,6 +1279,9 @@ def paged_attention(
     position_ids: Tensor | None = None,
     name: str = "attention",
     softcap: float | None = None,
+    kv_fp8: bool = False,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Tensor:
     """Paged attention of one layer on packed tokens (:class:`trtcore.plugins.paged_attention.PagedAttentionPlugin`).
 
@@ -1292,6 +1298,8 @@ def paged_attention(
             int32 ``[B + 1]``.
         scale: the score scale; softcap: attention logit soft-capping, or None (the plugin's
             ``scale`` / ``softcap`` fields); sliding_window: 0 or the layer's window.
+        kv_fp8: ``kv_pool`` holds E4M3 codes (the FP8 KV cache), with the layer's float32
+            ``k_scale`` / ``v_scale`` (the plugin's fields of those names).
 
     Returns:
         ``[T, Hq * D]``, named ``name``.
@@ -1326,6 +1334,7 @@ def paged_attention(
         softcap=softcap or 0.0,
         packed_qkv=packed,
         **rotary,
+        **({"kv_fp8": True, "k_scale": k_scale, "v_scale": v_scale} if kv_fp8 else {}),
     )
     qkv = [q] if packed else [q, k, v]
     layer = g.network.add_plugin_v3([*qkv, kv_pool, block_tables, seq_lens, query_start_loc, *extra], [], create(plugin, g.trt))
@@ -1634,6 +1643,9 @@ def cached_attention(
             position_ids=x[kv_modes.POSITION_IDS],
             name=name,
             softcap=softcap,
+            kv_fp8=mode.plan.kv_fp8,
+            k_scale=g.kv_scales.get(layer_idx, (1.0, 1.0))[0],
+            v_scale=g.kv_scales.get(layer_idx, (1.0, 1.0))[1],
         )
     assert k is not None and v is not None  # checked above
     mask = x[kv_modes.MASK_NAMES[layer_type]]

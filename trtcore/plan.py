@@ -24,6 +24,9 @@ One rule per default:
   and whenever ``rope="attention"``; else ``contiguous`` (``tensorrt_rtx``, whose Python network
   has no ``add_plugin_v3``), and whenever ``attention="native"``;
 * ``attention``: ``layers``; the paged mode always attends with its plugin (``"plugin"``);
+* ``kv_cache_dtype``: ``"auto"`` (vLLM's name: the engine dtype); ``"fp8"`` / ``"fp8_e4m3"``
+  (resolved to ``"fp8_e4m3"``) stores the paged pool as E4M3 codes with per-layer scales (vLLM's
+  quantized KV cache) and needs ``kv_cache="paged"`` and a float16 / bfloat16 engine;
 * ``max_seq_len``: the model's ``max_position_embeddings``, and capped at it;
 * the profile bounds (``max_batch_size`` ...): the :class:`BuildConfig` defaults; the opt
   point is clamped to the maxima.
@@ -54,6 +57,27 @@ IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
     "kv_cache": ("paged", "contiguous"),
     "attention": ("layers", "native"),
 }
+
+#: ``kv_cache_dtype`` values (vLLM's ``--kv-cache-dtype`` names): ``"auto"`` = the engine dtype;
+#: ``"fp8"`` is an alias of ``"fp8_e4m3"`` (E4M3 codes with per-layer float32 scales)
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8", "fp8_e4m3")
+#: the resolved FP8 KV cache dtype (BuildPlan.kv_cache_dtype)
+FP8_KV_CACHE = "fp8_e4m3"
+
+
+def normalize_kv_cache_dtype(value: Any) -> str:
+    """``value`` as a :attr:`BuildPlan.kv_cache_dtype`: ``"auto"`` or ``"fp8_e4m3"``
+    (``"fp8"`` is its alias; case-insensitive).
+
+    Raises:
+        InvalidArgumentError: not one of :data:`KV_CACHE_DTYPES` (the message names the value
+            and the accepted ones).
+    """
+    name = value.lower() if isinstance(value, str) else None
+    if name not in KV_CACHE_DTYPES:
+        raise InvalidArgumentError(f"kv_cache_dtype {value!r} is not supported; expected one of {', '.join(KV_CACHE_DTYPES)}")
+    return FP8_KV_CACHE if name == "fp8" else name
+
 
 #: ``BuildPlan.attention`` of the paged KV cache mode: the paged attention plugin
 PAGED_ATTENTION = "plugin"
@@ -107,6 +131,9 @@ class BuildConfig:
             ``IKVCacheUpdateLayer`` + ``IAttention`` over a fixed-size cache of
             ``max_seq_len`` slots). ``"native"`` needs ``kv_cache="contiguous"`` (None
             resolves to it); paged mode attends with its plugin.
+        kv_cache_dtype: the KV cache's element type, vLLM's names: ``"auto"`` (the engine
+            dtype) or ``"fp8"`` / ``"fp8_e4m3"`` (normalised to ``"fp8_e4m3"``: E4M3 codes with a
+            float32 scale per layer for keys and one for values; paged mode, float16/bfloat16).
 
     Raises:
         InvalidArgumentError: an unknown choice or a bound below its minimum (the message
@@ -124,6 +151,7 @@ class BuildConfig:
     max_num_tokens: int = 2048
     max_num_blocks: int = 65536
     attention: str = "layers"
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_seq_len", "opt_batch_size", "opt_seq_len", "block_size", "max_num_tokens", "max_num_blocks"):
@@ -148,6 +176,16 @@ class BuildConfig:
             )
         _choice("rope", self.rope, IMPLEMENTATIONS["rope"])
         _choice("dtype", self.dtype, DTYPES)
+        object.__setattr__(self, "kv_cache_dtype", normalize_kv_cache_dtype(self.kv_cache_dtype))
+        if self.kv_cache_dtype == FP8_KV_CACHE and (self.kv_cache == "contiguous" or self.attention == "native"):
+            raise InvalidArgumentError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} needs kv_cache='paged' (the FP8 pool is the paged attention plugin's); "
+                f"got kv_cache={self.kv_cache!r}, attention={self.attention!r}"
+            )
+        if self.kv_cache_dtype == FP8_KV_CACHE and self.dtype == "float32":
+            raise InvalidArgumentError(
+                "kv_cache_dtype='fp8_e4m3' needs a float16 or bfloat16 engine (dtype='float16' or 'bfloat16'), got dtype='float32'"
+            )
         if self.max_batch_size < 1 or (self.max_seq_len is not None and self.max_seq_len < 2):
             raise InvalidArgumentError(f"max_batch_size must be >= 1 and max_seq_len >= 2, got {self.max_batch_size} and {self.max_seq_len}")
         if self.opt_batch_size < 1 or self.opt_seq_len < 1:
@@ -181,6 +219,8 @@ class BuildPlan:
         opt_batch_size / opt_seq_len: the optimization profile's ``opt`` point (<= maxima).
         max_num_tokens: most packed tokens per step (paged).
         max_num_blocks: most blocks in the KV pool (paged; the profile's bound).
+        kv_cache_dtype: ``"auto"`` (the KV cache in :attr:`dtype`) or ``"fp8_e4m3"`` (the paged
+            pool holds E4M3 codes, per-layer scales; :attr:`kv_pool_dtype`).
     """
 
     backend: str
@@ -195,6 +235,18 @@ class BuildPlan:
     opt_seq_len: int
     max_num_tokens: int
     max_num_blocks: int
+    kv_cache_dtype: str = "auto"
+
+    @property
+    def kv_fp8(self) -> bool:
+        """Whether the paged pool holds E4M3 codes (``kv_cache_dtype == "fp8_e4m3"``)."""
+        return self.kv_cache_dtype == FP8_KV_CACHE
+
+    @property
+    def kv_pool_dtype(self) -> str:
+        """The KV cache's element type name (:mod:`trtcore.dtypes`): ``"float8_e4m3fn"`` with
+        the FP8 KV cache, else :attr:`dtype`."""
+        return "float8_e4m3fn" if self.kv_fp8 else self.dtype
 
     @property
     def implementations(self) -> dict[str, str]:
@@ -210,9 +262,12 @@ class BuildPlan:
     def from_dict(cls, d: dict[str, Any]) -> BuildPlan:
         """Inverse of :meth:`to_dict`.
 
+        A plan written before ``kv_cache_dtype`` existed (no such key) reads as ``"auto"``.
+
         Raises:
             InvalidArgumentError: a field is missing or unknown.
         """
+        d = {"kv_cache_dtype": "auto", **d}
         names = {f.name for f in fields(cls)}
         if set(d) != names:
             raise InvalidArgumentError(
@@ -303,7 +358,8 @@ def resolve_plan(
 
     Raises:
         InvalidArgumentError: a plugin was asked for on a module that cannot host plugins,
-            or ``engine`` with the reference backend, or an unknown backend.
+            or ``engine`` with the reference backend, or an unknown backend, or
+            ``kv_cache_dtype="fp8_e4m3"`` with a contiguous KV cache or a float32 engine.
         BackendNotAvailableError: the backend's module is not installed.
     """
     from .trt import normalize_backend
@@ -314,6 +370,12 @@ def resolve_plan(
         raise InvalidArgumentError("backend 'reference' cannot write an engine file; use backend 'tensorrt' or 'tensorrt_rtx'")
     rope, kv_cache, attention = _implementations(o, name, trt, config.head_dim)
     dtype = o.dtype or default_dtype(name, config.dtype)
+    if o.kv_cache_dtype == FP8_KV_CACHE and (kv_cache != "paged" or dtype not in ("float16", "bfloat16")):
+        raise InvalidArgumentError(
+            f"kv_cache_dtype={o.kv_cache_dtype!r} needs the paged KV cache and a float16 or bfloat16 engine; this plan has "
+            f"kv_cache={kv_cache!r}, dtype={dtype!r}"
+            + (" (the reference backend defaults to float32: pass dtype='bfloat16')" if o.dtype is None else "")
+        )
     if dtype == "float16" and config.dtype == "bfloat16":
         warnings.warn(
             f"building a float16 engine from a bfloat16 checkpoint: float16 overflows above {FLOAT16_MAX:g} "
@@ -336,6 +398,7 @@ def resolve_plan(
         opt_seq_len=bounded.opt_seq_len,
         max_num_tokens=o.max_num_tokens,
         max_num_blocks=o.max_num_blocks,
+        kv_cache_dtype=o.kv_cache_dtype,
     )
 
 

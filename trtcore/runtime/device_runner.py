@@ -609,7 +609,7 @@ class DeviceRunner:
         self.sampler = RequestSampler(make_sampler_kernel(device, self.max_rows, self.vocab_size, int(plan.max_seq_len)), self.logits_rows)
         # the KV pool: what is left
         layers, _, *rest = mode.pool_shape
-        pool_dtype = storage_dtype(mode.dtype)
+        pool_dtype = storage_dtype(mode.pool_dtype)  # the engine dtype, or E4M3 bytes (FP8 KV cache)
         block_bytes = int(layers * np.prod(rest)) * pool_dtype.itemsize
         if num_blocks is None:
             free, total = device.mem_get_info()

@@ -117,6 +117,7 @@ def make_llm_factory(args: argparse.Namespace) -> Callable[[], Any]:
             "max_num_tokens": args.max_num_tokens,
             "kv_cache_memory": args.kv_cache_memory,
             "cpu_affinity": getattr(args, "cpu_affinity", None),
+            "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
         }.items()
         if v is not None
     }
