@@ -99,9 +99,7 @@ def lm_head_logits(g: Graph, c: ModelConfig, fam: Any, weights: Any, last: Any, 
     tensor-parallel ranks) and the logits output. A quantized ``lm_head`` (GPTQModel's
     ``"lm_head": true``, a GGUF's ``output.weight``) stays quantized, as the decoder's linears."""
     lm_head = (
-        embed
-        if c.tie_word_embeddings
-        else linear_weight(weights, fam.tensor("lm_head", None, ".weight"), (c.vocab_size, c.hidden_size), lazy=True)
+        embed if c.tie_word_embeddings else linear_weight(weights, fam.tensor("lm_head", None, ".weight"), (c.vocab_size, c.hidden_size), lazy=True)
     )
     ops.logits_output(g, ops.linear(g, last, lm_head, None, "lm_head", parallel="vocab"))
 
