@@ -42,6 +42,7 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("W4A16 g128 + lm_head", 4, -128),  # lm_head 4-bit too (GPTQModel's lm_head=True; gpt-fast's int4)
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
+    ("FP8 W8A8 static + FP8 KV", "fp8", 1),  # and kv_cache_dtype="fp8" (E4M3 KV pool, scales 1.0)
     ("FP8 W8A8 dynamic", "fp8", 0),
 ]
 
@@ -91,6 +92,7 @@ def main() -> int:
                 seqs = max([*batches, args.throughput])
                 with random_checkpoint(make):
                     llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
+                              kv_cache_dtype="fp8" if label.endswith("+ FP8 KV") else "auto",
                               max_num_tokens=max(max(batches) * 128, 8192 if args.throughput else 0), progress=False)  # fmt: skip
                 start_s = time.perf_counter() - t0
                 weight_bytes = int(llm.executor.device.pools.get("weights", 0))
