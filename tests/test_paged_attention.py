@@ -28,6 +28,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 import pytest
+
 from trtcore.plugins.base import DeviceTensor, Dim, PluginError, create, register
 from trtcore.plugins.paged_attention import INPUT_NAMES, PagedAttentionPlugin
 
@@ -424,9 +425,15 @@ def check_gpu(case: Case) -> dict:
     (ref,) = case.plugin.reference(*case.inputs(ref_pool))
     # pool: exactly the reference's (new slots = k/v, everything else untouched)
     np.testing.assert_array_equal(bits(pool_after), bits(ref_pool))
+    return assert_output_close(case, got, ref, float(np.abs(case.v.astype(np.float32)).max()))
+
+
+def assert_output_close(case: Case, got: np.ndarray, ref: np.ndarray, vmax: float) -> dict:
+    """The GPU output against the plugin's reference: every element within ``2u (|ref| + vmax)``
+    (float32: ``1e-5``), none left unwritten, and the relative norm error against float64
+    attention (``case.attention_f64()``) within :data:`REL_NORM_TOL`."""
     assert not np.isnan(got.astype(np.float32)).any(), "output elements left unwritten (NaN)"
     u = UNIT_ROUNDOFF[case.dtype]
-    vmax = float(np.abs(case.v.astype(np.float32)).max())
     g64, r64 = got.astype(np.float64), ref.astype(np.float64)
     if case.dtype == F32:
         bound = 1e-5 * (np.abs(r64) + vmax)

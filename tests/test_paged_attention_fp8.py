@@ -32,7 +32,19 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 import pytest
-from test_paged_attention import BF16, CASES, F16, F32, REL_NORM_TOL, UNIT_ROUNDOFF, Case, bits, mixed_specs, run_enqueue, seed_of
+from test_paged_attention import (
+    BF16,
+    CASES,
+    F16,
+    F32,
+    UNIT_ROUNDOFF,
+    Case,
+    assert_output_close,
+    bits,
+    mixed_specs,
+    run_enqueue,
+    seed_of,
+)
 from test_paged_attention_rope import FusedCase
 
 from trtcore.plugins.base import PluginError
@@ -231,17 +243,7 @@ def check_fp8_gpu(case: Fp8Case) -> dict:
     (ref,) = case.plugin.reference(*case.inputs(ref_pool))
     assert pool_after.dtype == E4M3
     np.testing.assert_array_equal(bits(pool_after), bits(ref_pool), err_msg="pool codes differ from the reference's E4M3 codes")
-    assert not np.isnan(got.astype(np.float32)).any(), "output elements left unwritten (NaN)"
-    u = UNIT_ROUNDOFF[case.dtype]
-    g64, r64 = got.astype(np.float64), ref.astype(np.float64)
-    bound = 2 * u * (np.abs(r64) + case.vmax())
-    err = np.abs(g64 - r64)
-    worst = np.unravel_index(int(np.argmax(err / bound)), err.shape)
-    assert (err <= bound).all(), f"{(err > bound).sum()} elements off; worst at {worst}: got {g64[worst]}, ref {r64[worst]}, bound {bound[worst]}"
-    f64 = case.attention_f64()
-    rel = float(np.linalg.norm(g64 - f64) / np.linalg.norm(f64))
-    assert rel <= REL_NORM_TOL[case.dtype], rel
-    return {"max_abs_err": float(err.max()), "rel_norm_err_vs_f64": rel}
+    return assert_output_close(case, got, ref, case.vmax())
 
 
 @pytest.mark.gpu
