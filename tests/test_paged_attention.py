@@ -115,15 +115,19 @@ class Case:
     def inputs(self, pool=None):
         return [self.q, self.k, self.v, self.pool.copy() if pool is None else pool, self.block_tables, self.seq_lens, self.qsl]
 
+    def stored(self, kind: int, values: np.ndarray) -> np.ndarray:
+        """What the pool holds for new ``values`` of ``kind`` (0 keys, 1 values): the values."""
+        return values
+
     def expected_pool(self) -> np.ndarray:
-        """The pool after the step, built slot by slot here."""
+        """The pool after the step, built slot by slot here (each new token as :meth:`stored`)."""
         pool = self.pool.copy()
         for b, (cached, n) in enumerate(self.specs):
             for j in range(n):
                 pos, t = cached + j, int(self.qsl[b]) + j
                 blk, row = self.block_tables[b, pos // self.bs], pos % self.bs
-                pool[self.layer, blk, 0, :, row, :] = self.k[t]
-                pool[self.layer, blk, 1, :, row, :] = self.v[t]
+                pool[self.layer, blk, 0, :, row, :] = self.stored(0, self.k[t])
+                pool[self.layer, blk, 1, :, row, :] = self.stored(1, self.v[t])
         return pool
 
     def attention_f64(self, softcap: bool = True) -> np.ndarray:

@@ -80,15 +80,9 @@ class Fp8Case(Case):
         self.pool = codes
         self.plugin = dataclasses.replace(self.plugin, kv_fp8=True, k_scale=k_scale, v_scale=v_scale)
 
-    def expected_pool(self) -> np.ndarray:
-        pool = self.pool.copy()
-        for b, (cached, n) in enumerate(self.specs):
-            for j in range(n):
-                pos, t = cached + j, int(self.qsl[b]) + j
-                blk, row = self.block_tables[b, pos // self.bs], pos % self.bs
-                pool[self.layer, blk, 0, :, row, :] = e4m3_codes(self.k[t], self.k_scale)
-                pool[self.layer, blk, 1, :, row, :] = e4m3_codes(self.v[t], self.v_scale)
-        return pool
+    def stored(self, kind: int, values: np.ndarray) -> np.ndarray:
+        """New keys / values are stored as their E4M3 codes."""
+        return e4m3_codes(values, self.v_scale if kind else self.k_scale)
 
     def dequantized(self) -> Case:
         """A plain (16-bit) case holding the values attention reads: cached and new K/V."""
