@@ -39,7 +39,7 @@ def _key(g: Graph, node: Node) -> tuple[Any, ...] | None:
     if any(d != 1 for d in w.shape[:-2]):
         return None
     inner = w.shape[-1] if tb else w.shape[-2]
-    return (a, tb, w.ndim, inner, g.values[b].dtype)
+    return ("matmul", a, tb, w.ndim, inner, g.values[b].dtype)
 
 
 def _plugin_key(g: Graph, node: Node) -> tuple[Any, ...] | None:
@@ -54,8 +54,8 @@ def _plugin_key(g: Graph, node: Node) -> tuple[Any, ...] | None:
     return None if key is None else ("plugin", x, type(plugin), key)
 
 
-def _fuse_plugins(g: Graph, nodes: list[Node]) -> tuple[list[Node], str, list[int]]:
-    """The fused plugin node and its slice views, its output's name and each part's width."""
+def _fuse_plugins(g: Graph, nodes: list[Node]) -> tuple[list[Node], str]:
+    """The fused plugin node and its slice views, and its output's name."""
     parts = [(n.attrs["plugin"], [g.constants[c] for c in n.inputs[1:]]) for n in nodes]
     plugin, arrays = type(parts[0][0]).fuse_rows(parts)
     out = "+".join(n.outputs[0] for n in nodes)
@@ -75,7 +75,7 @@ def _fuse_plugins(g: Graph, nodes: list[Node]) -> tuple[list[Node], str, list[in
     for n, width in zip(nodes, widths):
         new.append(Node(n.name, "view", [out], [n.outputs[0]], {"stages": [("slice", (len(shape) - 1, start, width))]}, n.layers))
         start += width
-    return new, out, widths
+    return new, out
 
 
 def run(graph: Graph, stats: dict[str, Any]) -> Graph:
@@ -95,12 +95,12 @@ def run(graph: Graph, stats: dict[str, Any]) -> Graph:
             continue
         nodes = [g.nodes[i] for i in idx]
         if key[0] == "plugin":
-            replace[idx[0]], out, _ = _fuse_plugins(g, nodes)
+            replace[idx[0]], out = _fuse_plugins(g, nodes)
             drop |= set(idx[1:])
             whole[tuple(n.outputs[0] for n in nodes)] = out
             fused_plugins += len(nodes)
             continue
-        tb = key[1]
+        tb = key[2]
         axis = -2 if tb else -1
         weights = [g.constants[n.inputs[1]] for n in nodes]
         w = np.concatenate(weights, axis=axis)
@@ -112,7 +112,7 @@ def run(graph: Graph, stats: dict[str, Any]) -> Graph:
         out_shape[-1] = int(w.shape[axis])
         g.values[out] = Value(out, g.values[nodes[0].outputs[0]].dtype, tuple(out_shape))
         layers = [layer for n in nodes for layer in n.layers]
-        new = [Node(f"gemm:{out}", "matmul", [key[0], wname], [out], dict(nodes[0].attrs), layers)]
+        new = [Node(f"gemm:{out}", "matmul", [key[1], wname], [out], dict(nodes[0].attrs), layers)]
         start = 0
         rank = len(out_shape)
         for n, wt in zip(nodes, weights):
