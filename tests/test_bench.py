@@ -187,6 +187,36 @@ def _args(**kw: Any) -> argparse.Namespace:
     return argparse.Namespace(**{**base, **kw})
 
 
+@pytest.mark.parametrize(("option", "value", "built"), [("kv_cache_dtype", "fp8", "'auto'"), ("kv_cache", "contiguous", "'paged'")])
+def test_bench_with_an_engine_refuses_a_kv_cache_option_the_engine_was_not_built_with(
+    hf_models: ModelStore,  # noqa: F811
+    tmp_path: Path,
+    option: str,
+    value: str,
+    built: str,
+) -> None:
+    """``--engine`` with ``--kv-cache-dtype fp8`` (or ``--kv-cache contiguous``) on an engine built
+    with the bfloat16 paged KV cache is refused naming both values, as ``generate`` and ``serve``
+    do (they were dropped: the benchmark silently measured the engine's own KV cache)."""
+    from trtcore.builder import build_engine, define_network, save_engine
+    from trtcore.checkpoint import Checkpoint
+    from trtcore.plan import BuildConfig, resolve_plan
+    from trtcore.trt import load_trt
+
+    model = hf_models.dir("llama3_rope")
+    config = load_config(model)
+    plan = resolve_plan(config, BuildConfig(dtype="bfloat16", kv_cache="paged", max_batch_size=2, max_seq_len=64), "reference")
+    with Checkpoint(model) as weights:
+        d = define_network(load_trt("reference"), config, weights, plan)
+        engine = build_engine(d)
+    path = tmp_path / "e.engine"
+    save_engine(d, engine, path, backend="reference", compute_capability=None, model_dir=model)
+    with pytest.raises(InvalidArgumentError, match=f"{option}='?{value}.*built with {option}={built}"):
+        bench._make_llm(_args(engine=str(path), **{option: value}), 2, 16)
+    llm, _ = bench._make_llm(_args(engine=str(path), **{option: None}), 2, 16)  # left out: the engine's
+    assert (llm.plan.kv_cache, llm.plan.kv_cache_dtype) == ("paged", "auto")
+
+
 def test_random_weights_peer_runs_on_the_same_weights(hf_models: ModelStore) -> None:  # noqa: F811
     """The peer's model holds the engine's random weights: float32 greedy tokens agree."""
     import torch

@@ -416,7 +416,9 @@ def _make_llm(args: argparse.Namespace, max_batch_size: int, max_seq_len: int) -
             args.random_weights, args.backend, args.dtype or "bfloat16", options, args.seed, getattr(args, "quantization", None)
         )
     if args.engine:
-        llm = LLM(args.model, engine=args.engine, backend=args.backend, dtype=args.dtype, progress=False)
+        # the KV cache options given go to the engine file's check (refused where the engine differs)
+        kv = {k: options[k] for k in ("kv_cache", "kv_cache_dtype") if k in options}
+        llm = LLM(args.model, engine=args.engine, backend=args.backend, dtype=args.dtype, progress=False, **kv)
         if llm.plan.max_batch_size < max_batch_size or llm.plan.max_seq_len < max_seq_len:
             raise InvalidArgumentError(
                 f"the engine takes batches up to {llm.plan.max_batch_size} and {llm.plan.max_seq_len} tokens per sequence; "
