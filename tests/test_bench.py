@@ -30,7 +30,7 @@ from trtcore.errors import InvalidArgumentError
 QUANTITIES = ("ttft", "tpot", "itl", "e2el")
 ROW_KEYS = {"batch_size", "completed", "total_input", "total_output", "duration_s", "request_throughput", "output_throughput",
             "total_token_throughput", "weight_GBps", "weight_streaming_fraction"} | {f"{s}_{q}_ms" for q in QUANTITIES for s in ("mean", "median", "p99")}  # fmt: skip
-REPORT_KEYS = {"benchmark", "model", "random_weights", "backend", "device", "dtype", "quantization", "kv_cache", "max_batch_size", "max_num_tokens", "input_len",
+REPORT_KEYS = {"benchmark", "model", "random_weights", "backend", "device", "dtype", "quantization", "kv_cache", "kv_cache_dtype", "max_batch_size", "max_num_tokens", "input_len",
                "output_len", "num_iters", "streamed_weight_bytes", "copy_GBps", "results"}  # fmt: skip
 
 
@@ -185,6 +185,20 @@ def _args(**kw: Any) -> argparse.Namespace:
     base = {"model": None, "engine": None, "random_weights": None, "backend": "reference", "dtype": None, "kv_cache": None,
             "input_len": 6, "output_len": 4, "num_iters": 1, "num_iters_warmup": 0, "seed": 0, "peer": None, "batch_sizes": "1,2"}  # fmt: skip
     return argparse.Namespace(**{**base, **kw})
+
+
+def test_bench_report_names_the_fp8_kv_cache(hf_models: ModelStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    """``--kv-cache-dtype fp8``: the JSON report and the table's title say the KV cache is FP8
+    (a bfloat16-KV and an FP8-KV report of one model read the same otherwise)."""
+    out = tmp_path / "lat.json"
+    argv = ["bench", "latency", "--model", str(hf_models.dir("llama3_rope")), "--backend", "reference", "--dtype", "bfloat16",
+            "--batch-sizes", "1", "--input-len", "4", "--output-len", "2", "--num-iters", "1", "--num-iters-warmup", "0", "--json", str(out)]  # fmt: skip
+    assert cli.main([*argv, "--kv-cache-dtype", "fp8"]) == 0
+    assert json.loads(out.read_text())["kv_cache_dtype"] == "fp8_e4m3"
+    assert "(bfloat16, paged fp8_e4m3 KV cache)" in capsys.readouterr().out
+    assert cli.main(argv) == 0
+    assert json.loads(out.read_text())["kv_cache_dtype"] == "auto"
+    assert "(bfloat16, paged KV cache)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("option", "value", "built"), [("kv_cache_dtype", "fp8", "'auto'"), ("kv_cache", "contiguous", "'paged'")])

@@ -562,6 +562,7 @@ def _run(args: argparse.Namespace, kind: str, sizes: list[int], max_batch_size: 
         "dtype": llm.plan.dtype,
         "quantization": quantization,
         "kv_cache": llm.kv_cache,
+        "kv_cache_dtype": llm.plan.kv_cache_dtype,
         "max_batch_size": llm.plan.max_batch_size,
         "max_num_tokens": llm.plan.max_num_tokens,
         "input_len": args.input_len,
@@ -588,9 +589,10 @@ def print_report(report: dict[str, Any], file: Any = None) -> None:
     """The report as a table: one line per batch size, then the bandwidth and the peer."""
     file = file or sys.stdout
     bw = report["copy_GBps"]
+    kv_dtype = f" {report['kv_cache_dtype']}" if report.get("kv_cache_dtype", "auto") != "auto" else ""
     print(
         f"{report['benchmark']}: {report['model']} on {report['backend']} ({report['dtype']}{', ' + report['quantization'] if report.get('quantization') else ''}, "
-        f"{report['kv_cache']} KV cache), "
+        f"{report['kv_cache']}{kv_dtype} KV cache), "
         f"input {report['input_len']}, output {report['output_len']} tokens",
         file=file,
     )
