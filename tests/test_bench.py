@@ -30,7 +30,7 @@ from trtcore.errors import InvalidArgumentError
 QUANTITIES = ("ttft", "tpot", "itl", "e2el")
 ROW_KEYS = {"batch_size", "completed", "total_input", "total_output", "duration_s", "request_throughput", "output_throughput",
             "total_token_throughput", "weight_GBps", "weight_streaming_fraction"} | {f"{s}_{q}_ms" for q in QUANTITIES for s in ("mean", "median", "p99")}  # fmt: skip
-REPORT_KEYS = {"benchmark", "model", "random_weights", "backend", "device", "dtype", "quantization", "kv_cache", "max_batch_size", "max_num_tokens", "input_len",
+REPORT_KEYS = {"benchmark", "model", "random_weights", "backend", "device", "dtype", "quantization", "kv_cache", "kv_cache_dtype", "max_batch_size", "max_num_tokens", "input_len",
                "output_len", "num_iters", "streamed_weight_bytes", "copy_GBps", "results"}  # fmt: skip
 
 
@@ -185,6 +185,50 @@ def _args(**kw: Any) -> argparse.Namespace:
     base = {"model": None, "engine": None, "random_weights": None, "backend": "reference", "dtype": None, "kv_cache": None,
             "input_len": 6, "output_len": 4, "num_iters": 1, "num_iters_warmup": 0, "seed": 0, "peer": None, "batch_sizes": "1,2"}  # fmt: skip
     return argparse.Namespace(**{**base, **kw})
+
+
+def test_bench_report_names_the_fp8_kv_cache(hf_models: ModelStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+    """``--kv-cache-dtype fp8``: the JSON report and the table's title say the KV cache is FP8
+    (a bfloat16-KV and an FP8-KV report of one model read the same otherwise)."""
+    out = tmp_path / "lat.json"
+    argv = ["bench", "latency", "--model", str(hf_models.dir("llama3_rope")), "--backend", "reference", "--dtype", "bfloat16",
+            "--batch-sizes", "1", "--input-len", "4", "--output-len", "2", "--num-iters", "1", "--num-iters-warmup", "0", "--json", str(out)]  # fmt: skip
+    assert cli.main([*argv, "--kv-cache-dtype", "fp8"]) == 0
+    assert json.loads(out.read_text())["kv_cache_dtype"] == "fp8_e4m3"
+    assert "(bfloat16, paged fp8_e4m3 KV cache)" in capsys.readouterr().out
+    assert cli.main(argv) == 0
+    assert json.loads(out.read_text())["kv_cache_dtype"] == "auto"
+    assert "(bfloat16, paged KV cache)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("option", "value", "built"), [("kv_cache_dtype", "fp8", "'auto'"), ("kv_cache", "contiguous", "'paged'")])
+def test_bench_with_an_engine_refuses_a_kv_cache_option_the_engine_was_not_built_with(
+    hf_models: ModelStore,  # noqa: F811
+    tmp_path: Path,
+    option: str,
+    value: str,
+    built: str,
+) -> None:
+    """``--engine`` with ``--kv-cache-dtype fp8`` (or ``--kv-cache contiguous``) on an engine built
+    with the bfloat16 paged KV cache is refused naming both values, as ``generate`` and ``serve``
+    do (they were dropped: the benchmark silently measured the engine's own KV cache)."""
+    from trtcore.builder import build_engine, define_network, save_engine
+    from trtcore.checkpoint import Checkpoint
+    from trtcore.plan import BuildConfig, resolve_plan
+    from trtcore.trt import load_trt
+
+    model = hf_models.dir("llama3_rope")
+    config = load_config(model)
+    plan = resolve_plan(config, BuildConfig(dtype="bfloat16", kv_cache="paged", max_batch_size=2, max_seq_len=64), "reference")
+    with Checkpoint(model) as weights:
+        d = define_network(load_trt("reference"), config, weights, plan)
+        engine = build_engine(d)
+    path = tmp_path / "e.engine"
+    save_engine(d, engine, path, backend="reference", compute_capability=None, model_dir=model)
+    with pytest.raises(InvalidArgumentError, match=f"{option}='?{value}.*built with {option}={built}"):
+        bench._make_llm(_args(engine=str(path), **{option: value}), 2, 16)
+    llm, _ = bench._make_llm(_args(engine=str(path), **{option: None}), 2, 16)  # left out: the engine's
+    assert (llm.plan.kv_cache, llm.plan.kv_cache_dtype) == ("paged", "auto")
 
 
 def test_random_weights_peer_runs_on_the_same_weights(hf_models: ModelStore) -> None:  # noqa: F811

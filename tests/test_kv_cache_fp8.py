@@ -139,6 +139,16 @@ def test_kv_cache_scales_refuses_bad_tensors(store: ModelStore, tmp_path: Path) 
         kv_cache_scales(Checkpoint(beyond), 2)
     both = _with_scales(d, tmp_path / "both", {"model.layers.0.self_attn.kv_scale": 0.5})
     assert kv_cache_scales(Checkpoint(both), 2, warn=False) == {0: (0.5, 0.5)}
+    # two names for one layer's scale that disagree: which one is meant is unknown, so refused
+    # naming both; the same value under two names is one scale
+    clash = _with_scales(d, tmp_path / "clash", {"model.layers.0.self_attn.k_scale": 0.125, "model.layers.0.self_attn.kv_scale": 0.5})
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.k_scale.*model\.layers\.0\.self_attn\.kv_scale"):
+        kv_cache_scales(Checkpoint(clash), 2)
+    clash_v = _with_scales(d, tmp_path / "clash_v", {"model.layers.1.self_attn.v_scale": 0.25, "model.layers.1.self_attn.v_proj.output_scale": 0.75})
+    with pytest.raises(CheckpointError, match="v_proj.output_scale"):
+        kv_cache_scales(Checkpoint(clash_v), 2)
+    same = _with_scales(d, tmp_path / "same", {"model.layers.0.self_attn.k_scale": 0.5, "model.layers.0.self_attn.k_proj.output_scale": 0.5})
+    assert kv_cache_scales(Checkpoint(same), 2, warn=False) == {0: (0.5, 1.0)}
 
 
 def test_bad_kv_cache_dtype_is_refused(store: ModelStore) -> None:

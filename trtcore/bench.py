@@ -416,7 +416,9 @@ def _make_llm(args: argparse.Namespace, max_batch_size: int, max_seq_len: int) -
             args.random_weights, args.backend, args.dtype or "bfloat16", options, args.seed, getattr(args, "quantization", None)
         )
     if args.engine:
-        llm = LLM(args.model, engine=args.engine, backend=args.backend, dtype=args.dtype, progress=False)
+        # the KV cache options given go to the engine file's check (refused where the engine differs)
+        kv = {k: options[k] for k in ("kv_cache", "kv_cache_dtype") if k in options}
+        llm = LLM(args.model, engine=args.engine, backend=args.backend, dtype=args.dtype, progress=False, **kv)
         if llm.plan.max_batch_size < max_batch_size or llm.plan.max_seq_len < max_seq_len:
             raise InvalidArgumentError(
                 f"the engine takes batches up to {llm.plan.max_batch_size} and {llm.plan.max_seq_len} tokens per sequence; "
@@ -560,6 +562,7 @@ def _run(args: argparse.Namespace, kind: str, sizes: list[int], max_batch_size: 
         "dtype": llm.plan.dtype,
         "quantization": quantization,
         "kv_cache": llm.kv_cache,
+        "kv_cache_dtype": llm.plan.kv_cache_dtype,
         "max_batch_size": llm.plan.max_batch_size,
         "max_num_tokens": llm.plan.max_num_tokens,
         "input_len": args.input_len,
@@ -586,9 +589,10 @@ def print_report(report: dict[str, Any], file: Any = None) -> None:
     """The report as a table: one line per batch size, then the bandwidth and the peer."""
     file = file or sys.stdout
     bw = report["copy_GBps"]
+    kv_dtype = f" {report['kv_cache_dtype']}" if report.get("kv_cache_dtype", "auto") != "auto" else ""
     print(
         f"{report['benchmark']}: {report['model']} on {report['backend']} ({report['dtype']}{', ' + report['quantization'] if report.get('quantization') else ''}, "
-        f"{report['kv_cache']} KV cache), "
+        f"{report['kv_cache']}{kv_dtype} KV cache), "
         f"input {report['input_len']}, output {report['output_len']} tokens",
         file=file,
     )

@@ -593,10 +593,11 @@ def kv_cache_scales(weights: Any, num_layers: int, warn: bool = True) -> dict[in
 
     Raises:
         CheckpointError: a scale tensor with more than one element, or one that is not a
-            positive finite number, or of a layer outside ``[0, num_layers)``.
+            positive finite number, or of a layer outside ``[0, num_layers)``; two tensors
+            giving one layer's k (or v) scale different values (e.g. ``k_scale`` and ``kv_scale``).
     """
     names = getattr(weights, "checkpoint", weights)
-    found: dict[int, dict[str, float]] = {}
+    found: dict[int, dict[str, tuple[float, str]]] = {}  # layer -> role -> (scale, the tensor's name)
     for name in sorted(names):
         m = _KV_SCALE_NAME.match(name)
         if m is None:
@@ -610,10 +611,16 @@ def kv_cache_scales(weights: Any, num_layers: int, warn: bool = True) -> dict[in
         if not 0 <= layer < num_layers:
             raise CheckpointError(f"KV cache scale {name} names layer {layer}, but the model has {num_layers} layers")
         for r in ("k", "v") if role == "kv" else (role,):
-            found.setdefault(layer, {})[r] = float(value.reshape(-1)[0])
+            scale, layer_found = float(value.reshape(-1)[0]), found.setdefault(layer, {})
+            if r in layer_found and layer_found[r][0] != scale:
+                raise CheckpointError(
+                    f"KV cache scales {layer_found[r][1]} ({layer_found[r][0]}) and {name} ({scale}) both give layer {layer}'s "
+                    f"{r}_scale with different values; keep one of them"
+                )
+            layer_found[r] = (scale, name)
     if not found and warn:
         _log.warning(
             "Using KV cache scaling factor 1.0 for fp8_e4m3: the checkpoint has no k_scale / v_scale tensors. "
             "This may cause accuracy issues; give a checkpoint with calibrated KV cache scales (e.g. from llm-compressor)."
         )
-    return {layer: (s.get("k", 1.0), s.get("v", 1.0)) for layer, s in found.items()}
+    return {layer: (s.get("k", (1.0, ""))[0], s.get("v", (1.0, ""))[0]) for layer, s in found.items()}

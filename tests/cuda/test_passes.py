@@ -140,6 +140,26 @@ def test_horizontal_fusion_of_products_sharing_an_input() -> None:
     assert plan.stats["horizontal_fused_matmuls"] == 3
 
 
+def test_horizontal_fusion_of_products_whose_input_is_named_plugin() -> None:
+    """A network input named "plugin" (any name) is an input like any other: the products reading
+    it fuse into one GEMM over the stacked weights (the pass once took such a bucket for one of
+    plugins and failed with KeyError 'plugin')."""
+    net = network()
+    x = net.add_input("plugin", F32, (-1, 16))
+    rng = np.random.default_rng(1)
+    weights = [rng.standard_normal((n, 16)).astype(np.float32) for n in (8, 4)]
+    for i, wv in enumerate(weights):
+        w = net.add_constant(wv.shape, tc.Weights(wv)).get_output(0)
+        y = net.add_matrix_multiply(x, tc.MatrixOperation.NONE, w, tc.MatrixOperation.TRANSPOSE).get_output(0)
+        r = net.add_unary(y, U.NEG).get_output(0)
+        r.name = f"r{i}"
+        net.mark_output(r)
+    plan = compile_net(net, {"plugin": ((1, 16), (2, 16), (8, 16))})
+    [gemm] = [n for n in plan.graph.nodes if n.op == "matmul"]
+    assert gemm.inputs[0] == "plugin" and plan.stats["horizontal_fused_matmuls"] == 2
+    np.testing.assert_array_equal(plan.graph.constants[gemm.inputs[1]], np.concatenate(weights))
+
+
 def test_constant_folding_equals_the_reference() -> None:
     net = network()
     rng = np.random.default_rng(1)
@@ -397,7 +417,9 @@ def _random_qw(rng: np.random.Generator, n: int, k: int, group: int, zeros: bool
     from trtcore.quantization import QuantizedWeight
 
     z = rng.integers(0, 16, (n, k // group)).astype(np.float32) if zeros else None
-    return QuantizedWeight(rng.integers(0, 16, (n, k)).astype(np.uint8), rng.uniform(0.01, 0.02, (n, k // group)).astype(np.float32), z, 4, group, perm)
+    return QuantizedWeight(
+        rng.integers(0, 16, (n, k)).astype(np.uint8), rng.uniform(0.01, 0.02, (n, k // group)).astype(np.float32), z, 4, group, perm
+    )
 
 
 @pytest.mark.parametrize("aligned", [True, False], ids=["n16", "n_odd"])

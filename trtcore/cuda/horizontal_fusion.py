@@ -100,7 +100,7 @@ def run(graph: Graph, stats: dict[str, Any]) -> Graph:
             whole[tuple(n.outputs[0] for n in nodes)] = out
             fused_plugins += len(nodes)
             continue
-        tb = key[2]
+        a, tb = key[1], key[2]
         axis = -2 if tb else -1
         weights = [g.constants[n.inputs[1]] for n in nodes]
         w = np.concatenate(weights, axis=axis)
@@ -112,7 +112,7 @@ def run(graph: Graph, stats: dict[str, Any]) -> Graph:
         out_shape[-1] = int(w.shape[axis])
         g.values[out] = Value(out, g.values[nodes[0].outputs[0]].dtype, tuple(out_shape))
         layers = [layer for n in nodes for layer in n.layers]
-        new = [Node(f"gemm:{out}", "matmul", [key[1], wname], [out], dict(nodes[0].attrs), layers)]
+        new = [Node(f"gemm:{out}", "matmul", [a, wname], [out], dict(nodes[0].attrs), layers)]
         start = 0
         rank = len(out_shape)
         for n, wt in zip(nodes, weights):
