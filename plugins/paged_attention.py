@@ -137,6 +137,7 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
+from trtcore.checkpoint import KV_SCALE_MIN
 from trtcore.dtypes import KERNEL_DTYPE_CODES
 
 from .base import DeviceTensor, Dim, Plugin, PluginError
@@ -235,8 +236,9 @@ class PagedAttentionPlugin(Plugin):
             Stored as float32.
         kv_fp8: the pool holds E4M3 codes (module docstring, "FP8 KV cache"); q must be
             float16 or bfloat16.
-        k_scale / v_scale: the layer's float32 scales of the FP8 keys / values (positive,
-            finite; vLLM's ``k_scale`` / ``v_scale``, default 1.0); unused without ``kv_fp8``.
+        k_scale / v_scale: the layer's float32 scales of the FP8 keys / values (finite, at least
+            :data:`trtcore.checkpoint.KV_SCALE_MIN`; vLLM's ``k_scale`` / ``v_scale``, default 1.0); unused without
+            ``kv_fp8``.
     """
 
     plugin_name: ClassVar[str] = "trtcore_paged_attention"
@@ -306,8 +308,11 @@ class PagedAttentionPlugin(Plugin):
             self.rope()  # RopePlugin's checks of rotary_dim, pairing and attention_scaling
         for name in ("k_scale", "v_scale"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise PluginError(f"PagedAttentionPlugin.{name} is {value}, expected a positive finite float32 (the FP8 KV cache scale)")
+            if not (math.isfinite(value) and value >= KV_SCALE_MIN):
+                raise PluginError(
+                    f"PagedAttentionPlugin.{name} is {value}, expected a finite float32 >= {KV_SCALE_MIN} "
+                    "(a normal number: x / scale of a subnormal scale overflows)"
+                )
 
     # the fields packed qkv, fused RoPE and soft-capping added, with the values that mean "not used": a
     # plugin that uses neither serializes exactly the fields it had before them, and a field

@@ -134,6 +134,12 @@ def test_kv_cache_scales_refuses_bad_tensors(store: ModelStore, tmp_path: Path) 
     bad = _with_scales(d, tmp_path / "neg", {"model.layers.1.self_attn.v_scale": -1.0})
     with pytest.raises(CheckpointError, match="v_scale"):
         kv_cache_scales(Checkpoint(bad), 2)
+    # a float32 subnormal: 1 / scale overflows float32 (the kernels' x / scale saturates every code)
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(np.float32(1) / np.float32(1e-40))
+    sub = _with_scales(d, tmp_path / "subnormal", {"model.layers.1.self_attn.k_scale": 1e-40})
+    with pytest.raises(CheckpointError, match=r"k_scale must be one finite number >= 1\.17"):
+        kv_cache_scales(Checkpoint(sub), 2)
     beyond = _with_scales(d, tmp_path / "beyond", {"model.layers.5.self_attn.k_scale": 1.0})
     with pytest.raises(CheckpointError, match="layer 5"):
         kv_cache_scales(Checkpoint(beyond), 2)
@@ -208,6 +214,8 @@ def test_cli_kv_cache_dtype_flag() -> None:
         args = _parser().parse_args([*argv, "--kv-cache-dtype", "fp8"])
         assert args.kv_cache_dtype == "fp8"
     assert _plan_choices(_parser().parse_args(["generate", "hi", "--kv-cache-dtype", "fp8_e4m3"]))["kv_cache_dtype"] == "fp8_e4m3"
+    # any case, as LLM(kv_cache_dtype="FP8") takes it
+    assert _plan_choices(_parser().parse_args(["generate", "hi", "--kv-cache-dtype", "FP8"]))["kv_cache_dtype"] == "fp8"
     assert "kv_cache_dtype" not in _plan_choices(_parser().parse_args(["generate", "hi"]))
     with pytest.raises(SystemExit):
         _parser().parse_args(["generate", "hi", "--kv-cache-dtype", "int8"])

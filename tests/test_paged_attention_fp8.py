@@ -203,9 +203,13 @@ def test_fp8_fields_dtypes_and_validation() -> None:
     plain = dataclasses.replace(p, kv_fp8=False)
     with pytest.raises(PluginError, match="q's dtype"):
         plain.output_dtypes([BF16, BF16, BF16, E4M3, i32, i32, i32])
-    for bad in (0.0, -1.0, float("inf"), float("nan")):
+    # 1e-40 is a float32 subnormal: 1 / 1e-40 overflows float32, so x / scale would saturate every code
+    for bad in (0.0, -1.0, float("inf"), float("nan"), 1e-40):
         with pytest.raises(PluginError, match="k_scale"):
             PagedAttentionPlugin(layer_idx=0, num_kv_heads=2, head_dim=64, block_size=16, kv_fp8=True, k_scale=bad)
+    tiny = float(np.finfo(np.float32).tiny)  # the smallest normal float32: 1 / tiny is finite
+    assert np.isfinite(np.float32(1) / np.float32(tiny))
+    assert PagedAttentionPlugin(layer_idx=0, num_kv_heads=2, head_dim=64, block_size=16, kv_fp8=True, v_scale=tiny).v_scale == tiny
     # serialized fields round-trip; a plugin without FP8 serializes the fields it had before
     import trtcore.reference as ref
 

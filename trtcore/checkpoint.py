@@ -41,7 +41,7 @@ from trtcore.dtypes import NAMES as _DTYPE_ALIASES
 from trtcore.dtypes import SAFETENSORS_DTYPES
 from trtcore.errors import CheckpointError, InvalidArgumentError, MissingTensorError, TensorShapeError
 
-__all__ = ["Checkpoint", "LazyTensor", "LoadReport", "SAFETENSORS_DTYPES", "kv_cache_scales", "read_safetensors_header"]
+__all__ = ["KV_SCALE_MIN", "Checkpoint", "LazyTensor", "LoadReport", "SAFETENSORS_DTYPES", "kv_cache_scales", "read_safetensors_header"]
 
 SINGLE_FILE_NAME = "model.safetensors"
 INDEX_FILE_NAME = "model.safetensors.index.json"
@@ -574,6 +574,9 @@ class LoadReport:
 _KV_SCALE_NAME = re.compile(
     r"^(?:.*\.)?layers\.(\d+)\.(?:self_attn|attention|attn)\.(k_scale|v_scale|kv_scale|k_proj\.output_scale|v_proj\.output_scale)$"
 )
+#: the smallest FP8 KV cache scale: float32's smallest normal number (below it ``x / scale``, as the
+#: kernels compute it, overflows for ordinary keys and every code saturates)
+KV_SCALE_MIN = float(np.finfo(np.float32).tiny)
 _KV_SCALE_ROLE = {"k_scale": "k", "k_proj.output_scale": "k", "v_scale": "v", "v_proj.output_scale": "v", "kv_scale": "kv"}
 _log = logging.getLogger("trtcore.checkpoint")
 
@@ -593,7 +596,8 @@ def kv_cache_scales(weights: Any, num_layers: int, warn: bool = True) -> dict[in
 
     Raises:
         CheckpointError: a scale tensor with more than one element, or one that is not a
-            positive finite number, or of a layer outside ``[0, num_layers)``; two tensors
+            finite float32 normal number > 0 (a subnormal scale overflows ``x / scale``), or of a
+            layer outside ``[0, num_layers)``; two tensors
             giving one layer's k (or v) scale different values (e.g. ``k_scale`` and ``kv_scale``).
     """
     names = getattr(weights, "checkpoint", weights)
@@ -604,9 +608,10 @@ def kv_cache_scales(weights: Any, num_layers: int, warn: bool = True) -> dict[in
             continue
         layer, role = int(m.group(1)), _KV_SCALE_ROLE[m.group(2)]
         value = np.asarray(weights.get(name), dtype=np.float32)
-        if value.size != 1 or not (np.isfinite(value).all() and float(value.reshape(-1)[0]) > 0):
+        if value.size != 1 or not (np.isfinite(value).all() and float(value.reshape(-1)[0]) >= KV_SCALE_MIN):
             raise CheckpointError(
-                f"KV cache scale {name} must be one positive finite number, got shape {value.shape} values {value.reshape(-1)[:4].tolist()}"
+                f"KV cache scale {name} must be one finite number >= {KV_SCALE_MIN} (float32's smallest normal: x / scale "
+                f"must not overflow), got shape {value.shape} values {value.reshape(-1)[:4].tolist()}"
             )
         if not 0 <= layer < num_layers:
             raise CheckpointError(f"KV cache scale {name} names layer {layer}, but the model has {num_layers} layers")

@@ -41,6 +41,7 @@ def _add_kv_cache_dtype(p: argparse.ArgumentParser) -> None:
     """``--kv-cache-dtype`` (vLLM's name and values): the KV cache's element type."""
     p.add_argument(
         "--kv-cache-dtype",
+        type=str.lower,  # as LLM(kv_cache_dtype=...): FP8 is fp8
         choices=KV_CACHE_DTYPES,
         help="KV cache element type: auto (the model dtype, default) or fp8 / fp8_e4m3 (E4M3 with per-layer scales from the "
         "checkpoint, else 1.0; paged KV cache, float16/bfloat16 model; twice the tokens in the same memory)",
