@@ -165,7 +165,7 @@ def test_bad_kv_cache_dtype_is_refused(store: ModelStore) -> None:
         _llm(d, "fp8", kv_cache="contiguous")
     with pytest.raises(InvalidArgumentError, match="float16 or bfloat16"):
         LLM(d, backend="reference", dtype="float32", kv_cache_dtype="fp8", progress=False)
-    with pytest.raises(InvalidArgumentError, match="dtype='bfloat16'"):  # the reference backend's default float32, with advice
+    with pytest.raises(InvalidArgumentError, match="dtype='bfloat16', on the command line --dtype bfloat16"):  # the reference backend's default float32, with advice
         LLM(d, backend="reference", kv_cache_dtype="fp8", progress=False)
     assert BuildConfig(kv_cache_dtype="FP8").kv_cache_dtype == "fp8_e4m3" == BuildConfig(kv_cache_dtype="fp8_e4m3").kv_cache_dtype
 

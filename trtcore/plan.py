@@ -374,7 +374,7 @@ def resolve_plan(
         raise InvalidArgumentError(
             f"kv_cache_dtype={o.kv_cache_dtype!r} needs the paged KV cache and a float16 or bfloat16 engine; this plan has "
             f"kv_cache={kv_cache!r}, dtype={dtype!r}"
-            + (" (the reference backend defaults to float32: pass dtype='bfloat16')" if o.dtype is None else "")
+            + (" (the reference backend defaults to float32: pass dtype='bfloat16', on the command line --dtype bfloat16)" if o.dtype is None else "")
         )
     if dtype == "float16" and config.dtype == "bfloat16":
         warnings.warn(
