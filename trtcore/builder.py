@@ -123,7 +123,7 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
         ConfigError: ``mapping.tp_size`` does not divide the model's heads or
             ``intermediate_size`` (:func:`trtcore.parallel.check_tensor_parallel`).
         CheckpointError: with the FP8 KV cache (``plan.kv_cache_dtype == "fp8_e4m3"``), a KV
-            cache scale tensor that is not one positive finite number, or two that give one
+            cache scale tensor that is not one finite float32 normal number > 0, or two that give one
             layer's scale different values (:func:`trtcore.checkpoint.kv_cache_scales`, which
             also logs a warning when the checkpoint has none: every layer then uses 1.0).
 

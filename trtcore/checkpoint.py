@@ -597,8 +597,8 @@ def kv_cache_scales(weights: Any, num_layers: int, warn: bool = True) -> dict[in
     Raises:
         CheckpointError: a scale tensor with more than one element, or one that is not a
             finite float32 normal number > 0 (a subnormal scale overflows ``x / scale``), or of a
-            layer outside ``[0, num_layers)``; two tensors
-            giving one layer's k (or v) scale different values (e.g. ``k_scale`` and ``kv_scale``).
+            layer outside ``[0, num_layers)``; two tensors giving one layer's k (or v) scale
+            different values (e.g. ``k_scale`` and ``kv_scale``).
     """
     names = getattr(weights, "checkpoint", weights)
     found: dict[int, dict[str, tuple[float, str]]] = {}  # layer -> role -> (scale, the tensor's name)
