@@ -139,6 +139,8 @@ import numpy as np
 
 from trtcore.checkpoint import KV_SCALE_MIN
 from trtcore.dtypes import KERNEL_DTYPE_CODES
+from trtcore.fp8 import E4M3 as _E4M3
+from trtcore.fp8 import quantize as _fp8_quantize
 
 from .base import DeviceTensor, Dim, Plugin, PluginError
 from .rope import RopePlugin
@@ -154,7 +156,6 @@ INPUT_NAMES = ("q", "k", "v", "kv_pool", "block_tables", "seq_lens", "query_star
 _CACHE_NAMES = INPUT_NAMES[3:]
 _ROPE_NAMES = ("position_ids", "inv_freq")
 _FLOAT32 = np.dtype(np.float32)
-_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 _UINT8 = np.dtype(np.uint8)
 #: model dtypes the FP8 KV cache takes (the tensor-core kernels' types)
 _FP8_KV_MODEL_DTYPES = (np.dtype(np.float16), _BF16)
@@ -633,9 +634,7 @@ class PagedAttentionPlugin(Plugin):
         Returns:
             ``ml_dtypes.float8_e4m3fn`` array of ``x``'s shape.
         """
-        from trtcore.fp8 import quantize
-
-        return quantize(x, np.float32(scale)).view(_E4M3)
+        return _fp8_quantize(x, np.float32(scale)).view(_E4M3)
 
     @staticmethod
     def dequantize_kv(codes: np.ndarray, scale: float, dtype: Any) -> np.ndarray:
