@@ -418,7 +418,11 @@ def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool, 
     v = VARIANTS[NAME]
     rng = np.random.default_rng()
     prompts = [random_prompt(rng, int(n), v.vocab_size) for n in rng.integers(2, 30, size=5)]
+    # 3 and 4 arrive together beside the decodes of 0-2: 61 tokens, over the padded run's budget
+    # (64 less its token_headroom 4): a chunked prefill, in both runs
+    prompts[3:5] = [random_prompt(rng, 29, v.vocab_size) for _ in range(2)]
     runs = []
+    budget = 0
     for pad in (True, False):
         runner = _runner(
             hf_models, pad_eager_steps=pad, enforce_eager=enforce_eager, eager_graphs=True, capture_eager_shapes=capture
@@ -445,6 +449,12 @@ def test_padded_eager_steps_equal_unpadded(hf_models: Any, enforce_eager: bool, 
 
         runner.execute, runner.sample = run, read  # type: ignore[method-assign]
         core = make_device_engine(runner, runner.mode, async_scheduling=False)
+        if pad:
+            budget = core.scheduler.max_num_batched_tokens
+        else:  # the padded run's budget (less its token_headroom): the same steps, else a step of
+            # more tokens than that budget is one step here and two chunks there
+            assert core.scheduler.max_num_batched_tokens > budget
+            core.scheduler.max_num_batched_tokens = budget
         tokens, replays = [], []  # eager graph replays after each pass
         for again in range(3):
             params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
