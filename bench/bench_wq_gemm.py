@@ -11,6 +11,9 @@ W4A16 >= 3.2x and W8A16 >= 1.8x faster than cuBLAS bfloat16.
     python bench/bench_wq_gemm.py --out $OUT       # writes wq_gemm.json, prints a table
     python bench/bench_wq_gemm.py --out $OUT --tune    # also every decode-kernel variant (below)
 
+``--natural-k`` also times W4A16 g128 and W8A16 packed in the natural K order (the layout before
+the contiguous-x order), side by side with the default packing.
+
 ``--tune`` times, per shape and quantization, the default decode kernel (v1) at every
 (warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
 the (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps, UNROLL) of :data:`TUNE_V2`, each output checked against
@@ -41,8 +44,12 @@ SHAPES = {"8B gate_up": (14336, 4096), "8B down": (4096, 14336)}
 #: the shapes the cuda engine runs after fusing the weight-only plugins horizontally, and a 4-bit
 #: lm_head (--shapes)
 FUSED_SHAPES = {"8B gate+up fused": (28672, 4096), "8B qkv fused": (6144, 4096), "8B o_proj": (4096, 4096), "8B lm_head": (128256, 4096)}
-#: (label, bits, group_size (0: per channel), zero points)
+#: (label, bits, group_size (0: per channel), zero points); packed in the plugin's default K order
+#: (contiguous x where groups are whole chunks)
 VARIANTS = [("W4A16 g128", 4, 128, False), ("W4A16 g128 zeros", 4, 128, True), ("W8A16 per-channel", 8, 0, False)]
+#: ``--natural-k``: the same packed in the natural K order (contiguous_x False: engines built
+#: before the contiguous-x order), side by side
+NATURAL_K = [("W4A16 g128 natural K", 4, 128, False), ("W8A16 per-channel natural K", 8, 0, False)]
 #: bytes all copies of a weight must exceed (L2 60 MB, 4x)
 ROTATE_BYTES = 4 * 60 << 20
 
@@ -98,7 +105,8 @@ class Precompile:
 
         sets = set()
         for _, bits, _gs, zeros in VARIANTS:
-            base = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)], "BITS": bits, "HAS_ZEROS": int(zeros), "HAS_PERM": 0}
+            # the packing default of these whole-chunk groups: the contiguous-x K order
+            base = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)], "BITS": bits, "HAS_ZEROS": int(zeros), "HAS_PERM": 0, "CONTIG_X": 1}
             for _, extra, _ in _sweep(bits, only):
                 sets.add(tuple(sorted({**base, **extra}.items())))
         self.count, self.t0 = len(sets), time.perf_counter()
@@ -162,12 +170,20 @@ def _summary(results: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
 
 
 def time_shape(
-    cp: Any, blas: Any, n: int, k: int, rng: np.random.Generator, tune: bool = False, only: str = "", pre: Precompile | None = None
+    cp: Any,
+    blas: Any,
+    n: int,
+    k: int,
+    rng: np.random.Generator,
+    tune: bool = False,
+    only: str = "",
+    pre: Precompile | None = None,
+    natural_k: bool = False,
 ) -> dict[str, Any]:
     from trtcore.cuda.gemm import GemmCall
     from trtcore.plugins.base import DeviceTensor
     from trtcore.plugins import weight_only_gemm as wog
-    from trtcore.plugins.weight_only_gemm import WeightOnlyGemmPlugin
+    from trtcore.plugins.weight_only_gemm import WeightOnlyGemmPlugin, pack_weight
     from trtcore.reference.types import DataType
 
     bf16 = ml_dtypes.bfloat16
@@ -201,9 +217,12 @@ def time_shape(
     del ws, ys
     cp.get_default_memory_pool().free_all_blocks()
 
-    for label, bits, gs, zeros in VARIANTS:
+    for label, bits, gs, zeros in VARIANTS + (NATURAL_K if natural_k else []):
         qw = _quantized(rng, n, k, bits, gs, zeros)
         plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+        if label.endswith("natural K"):
+            packed = pack_weight(qw, contiguous_x=False)
+            plugin = WeightOnlyGemmPlugin(k, n, bits, qw.group_size, zeros, False, False)
         arrays = packed.arrays()
         nbytes = sum(a.nbytes for a in arrays)
         copies = max(1, -(-ROTATE_BYTES // nbytes))
@@ -227,6 +246,7 @@ def time_shape(
             "GBps": round((nbytes + (k + n) * 2) / us * 1e-3, 1),
             "speedup_vs_cublas": round(cublas_us / us, 3),
             "warps": plugin.decode_warps(),
+            "contiguous_x": plugin.contiguous_x,
             "rel_err": err,
         }
         assert err < 1e-2, (n, k, label, err)
@@ -267,6 +287,7 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join({**SHAPES, **FUSED_SHAPES})}")
     ap.add_argument("--tune", action="store_true", help="also time every decode-kernel variant (TUNE, TUNE_V2)")
     ap.add_argument("--tune-only", default="", choices=["", "v1", "v2"], help="with --tune: only v1 or only v2")
+    ap.add_argument("--natural-k", action="store_true", help="also the natural K order's packing (NATURAL_K)")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="threads compiling the --tune variants in the background")
     args = ap.parse_args()
     pre = Precompile(args.tune_only, args.jobs) if args.tune else None
@@ -281,7 +302,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"shapes": {}}
     for name in args.shapes.split(","):
-        row = time_shape(cp, blas, *{**SHAPES, **FUSED_SHAPES}[name], rng, args.tune, args.tune_only, pre)
+        row = time_shape(cp, blas, *{**SHAPES, **FUSED_SHAPES}[name], rng, args.tune, args.tune_only, pre, args.natural_k)
         results["shapes"][name] = row
         for label, v in row["variants"].items():
             print(

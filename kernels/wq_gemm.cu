@@ -22,6 +22,13 @@
 //   The nibble order makes (word >> 4 reg) & 0x000F000F the two codes of A-fragment register
 //   reg in the two 16-bit halves, ready for the magic-number conversion below.
 //   scales, zeros: float32 [N_pad / 16, groups * 16]: tile, then group, then row in the tile.
+//   With CONTIG_X the columns above are *stored* columns: stored column L of a chunk holds the
+//   code of weight column  chunk * CHUNK + tid * (CHUNK / 4) + 4 j + 2 hi + e  for
+//   L % CHUNK = 16 j + 2 tid + e + 8 hi (a permutation inside each chunk, made at pack time by
+//   trtcore.plugins.weight_only_gemm.contiguous_x_order), so the x columns a lane multiplies in
+//   a chunk are one contiguous run of CHUNK / 4 (32 bytes int4, 16 int8): two (one) 16-byte
+//   loads instead of 2 CHUNK_STEPS 4-byte loads. Groups stay whole (the plugin sets it only where
+//   every group is whole chunks, K whole chunks too, and there is no act order).
 //
 // Numerics (the contract of WeightOnlyGemmPlugin.reference, within float32 rounding):
 //   decode (trtcore_wq_gemv, tensor cores): per 16-code k-step the codes become exact 16-bit
@@ -42,7 +49,8 @@
 //                                chunk and the activation chunk in shared memory (float32),
 //                                4 x 4 outputs per thread.
 //
-// Defines: DTYPE (dtype.cuh), BITS 4 | 8, HAS_ZEROS 0 | 1, HAS_PERM 0 | 1, UNROLL (default 2);
+// Defines: DTYPE (dtype.cuh), BITS 4 | 8, HAS_ZEROS 0 | 1, HAS_PERM 0 | 1, CONTIG_X 0 | 1 (the
+// layout's K order above; not with HAS_PERM), UNROLL (default 2);
 // the M <= 8 kernel's variant: WQ_DECODE 1 (default) | 2, and for 2 ROW_TILES, WQ_FOLD, SEG,
 // L2_PF, L2_HINT (section "decode v2" below).
 // Run-time: K a multiple of 8, group_size a multiple of 8 dividing K.
@@ -56,6 +64,15 @@
 // trtcore-variants: [{"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}]
 // trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}]
 // trtcore-variants: [{"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}]
+// the same with the contiguous-x K order (CONTIG_X, the packing's default where groups are whole chunks)
+// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1}]
+// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}]
+// trtcore-variants: [{"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1}]
+// trtcore-variants: [{"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}]
+// trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1}]
+// trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}]
+// trtcore-variants: [{"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1}]
+// trtcore-variants: [{"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}]
 
 #include "pdl.cuh"    // PDL_WAIT / PDL_LAUNCH: every kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE, elem_t, to_f32 / from_f32
@@ -69,11 +86,17 @@
 #ifndef HAS_PERM
 #define HAS_PERM 0
 #endif
+#ifndef CONTIG_X
+#define CONTIG_X 0
+#endif
 #ifndef UNROLL
 #define UNROLL 2
 #endif
 #if BITS != 4 && BITS != 8
 #error "BITS must be 4 or 8"
+#endif
+#if CONTIG_X && HAS_PERM
+#error "CONTIG_X and HAS_PERM exclude each other"
 #endif
 
 #define CHUNK_STEPS (BITS == 4 ? 4 : 2)  // 16-code k-steps per 16-byte vector
@@ -84,8 +107,31 @@
 
 // ---- the layout ---------------------------------------------------------------------------
 
-// code (row r in its tile, column k) of tile tt: the word and the bit offset of the layout above
-__device__ __forceinline__ unsigned int code_at(const unsigned int* __restrict__ w, int chunks, int tt, int r, int k) {
+// where in a chunk lane tid's B-fragment columns of k-step j lie (x element offsets): the run
+// start of the lane, then b0's pair and b1's pair of k-step j (CONTIG_X: contiguous per lane)
+#if CONTIG_X
+#define XOFF_LANE(tid) ((tid) * (CHUNK / 4))
+#define XOFF_B0(j) (4 * (j))
+#define XOFF_B1(j) (4 * (j) + 2)
+#else
+#define XOFF_LANE(tid) (2 * (tid))
+#define XOFF_B0(j) (16 * (j))
+#define XOFF_B1(j) (16 * (j) + 8)
+#endif
+
+// the stored column (the layout's column order) of weight column k
+__device__ __forceinline__ int stored_col(int k) {
+#if CONTIG_X
+    const int c = k % CHUNK, t = c / (CHUNK / 4), rem = c % (CHUNK / 4), q = rem % 4;
+    return k - c + 16 * (rem / 4) + 2 * t + (q & 1) + 8 * (q >> 1);
+#else
+    return k;
+#endif
+}
+
+// code (row r in its tile, weight column kw) of tile tt: the word and the bit offset of the layout above
+__device__ __forceinline__ unsigned int code_at(const unsigned int* __restrict__ w, int chunks, int tt, int r, int kw) {
+    const int k = stored_col(kw);
     const int chunk = k / CHUNK, j = (k % CHUNK) / 16, kk = k % 16;
     const int lane = (r % 8) * 4 + (kk % 8) / 2, e = kk % 2, h = r / 8, c8 = kk / 8;
     const unsigned int* v = w + (((size_t)tt * chunks + chunk) * 32 + lane) * 4;
@@ -207,14 +253,15 @@ __device__ __forceinline__ void a_fragment(const uint4& v, int j, unsigned int* 
 #endif
 }
 
-// the B fragment of x rows mt*8 + gid at columns k0 + 2 tid (+1) and k0 + 2 tid + 8 (+9), 0
-// beyond M or K
+// the B fragment of x rows mt*8 + gid at stored columns k0 + 2 tid (+1) and k0 + 2 tid + 8 (+9)
+// (the weight columns of the layout's K order), 0 beyond M or K
 __device__ __forceinline__ void b_fragment(const elem_t* x, const int* __restrict__ perm, int m, int M, int K, int k0, int tid,
                                            unsigned int& b0, unsigned int& b1) {
     b0 = 0u;
     b1 = 0u;
     if (m >= M) return;
-    const int ka = k0 + 2 * tid, kb = ka + 8;
+    const int cb = k0 - k0 % CHUNK, j = (k0 % CHUNK) / 16;  // k0: a stored column, a multiple of 16
+    const int ka = cb + XOFF_LANE(tid) + XOFF_B0(j), kb = cb + XOFF_LANE(tid) + XOFF_B1(j);
     const elem_t* row = x + (size_t)m * K;
 #if HAS_PERM
     if (ka < K) b0 = (unsigned int)row[__ldg(perm + ka)] | ((unsigned int)row[__ldg(perm + ka + 1)] << 16);
@@ -318,7 +365,7 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
     // this lane's B-fragment rows: x[t * 8 + gid, 2 tid ..] (null beyond M)
     const elem_t* xrow[MT];
 #pragma unroll
-    for (int t = 0; t < MT; ++t) xrow[t] = t * 8 + gid < M ? x + (size_t)(t * 8 + gid) * K + 2 * tid : nullptr;
+    for (int t = 0; t < MT; ++t) xrow[t] = t * 8 + gid < M ? x + (size_t)(t * 8 + gid) * K + XOFF_LANE(tid) : nullptr;
 
     float acc[MT][4];
     float d[MT][4];
@@ -355,8 +402,8 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
                 for (int t = 0; t < MT; ++t) {
                     unsigned int b0 = 0u, b1 = 0u;
                     if (xrow[t] != nullptr) {
-                        b0 = *reinterpret_cast<const unsigned int*>(xrow[t] + kc + 16 * j);
-                        b1 = *reinterpret_cast<const unsigned int*>(xrow[t] + kc + 16 * j + 8);
+                        b0 = *reinterpret_cast<const unsigned int*>(xrow[t] + kc + XOFF_B0(j));
+                        b1 = *reinterpret_cast<const unsigned int*>(xrow[t] + kc + XOFF_B1(j));
                     }
                     mma16816(d[t], a, b0, b1);
 #if HAS_ZEROS
@@ -663,10 +710,27 @@ __device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const el
 #endif
 #pragma unroll
     for (int s = 0; s < SEG; ++s) {
+#if CONTIG_X
+        // the lane's CHUNK / 4 x columns of the chunk in 16-byte loads: k-step j's b0, b1 are
+        // words 2 j, 2 j + 1
+        unsigned int xw[2 * CHUNK_STEPS];
+#pragma unroll
+        for (int q = 0; q < CHUNK_STEPS / 2; ++q) {
+            const uint4 v4 = *reinterpret_cast<const uint4*>(xc + s * CHUNK + 8 * q);
+            xw[4 * q] = v4.x;
+            xw[4 * q + 1] = v4.y;
+            xw[4 * q + 2] = v4.z;
+            xw[4 * q + 3] = v4.w;
+        }
+#endif
 #pragma unroll
         for (int j = 0; j < CHUNK_STEPS; ++j) {
+#if CONTIG_X
+            const unsigned int b0 = xw[2 * j], b1 = xw[2 * j + 1];
+#else
             const unsigned int b0 = *reinterpret_cast<const unsigned int*>(xc + s * CHUNK + 16 * j);
             const unsigned int b1 = *reinterpret_cast<const unsigned int*>(xc + s * CHUNK + 16 * j + 8);
+#endif
             const bool first = GROUPED && s == 0 && j == 0;  // a segment starts: C = 0
 #pragma unroll
             for (int r = 0; r < ROW_TILES; ++r) {
@@ -713,11 +777,12 @@ __device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], fl
     }
 }
 
-// this lane's B-fragment row x[gid, 2 tid ..] at unit `warp`; rows beyond M read row M - 1 (their
+// this lane's B-fragment row x[gid, XOFF_LANE(tid) ..] at unit `warp` (CONTIG_X: 16-byte
+// aligned, x's rows being whole chunks; the plugin runs v2 only on a 16-byte aligned x); rows beyond M read row M - 1 (their
 // D columns are never stored), so no predicate
 __device__ __forceinline__ const elem_t* x_row2(const elem_t* __restrict__ x, int M, int K) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    return x + (size_t)min(lane >> 2, M - 1) * K + 2 * (lane & 3) + warp * (SEG * CHUNK);
+    return x + (size_t)min(lane >> 2, M - 1) * K + XOFF_LANE(lane & 3) + warp * (SEG * CHUNK);
 }
 
 // A unit is SEG consecutive chunks (SEG divides the chunks per group, so a unit lies inside one

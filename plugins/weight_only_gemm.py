@@ -21,6 +21,11 @@ fragments:
 * scales, zeros: ``float32 [N_pad / 16, groups * 16]`` (tile, group, row in tile; padded rows
   0); zeros only when the weight has them (symmetric uses ``2**(bits - 1)``).
 * perm: ``int32 [K]`` (act-order only): stored column ``j`` multiplies ``x[..., perm[j]]``.
+* contiguous x order (:attr:`PackedWeight.contiguous_x`, set where every group is whole chunks
+  and there is no act order): the columns above are stored columns, stored column ``L`` holding
+  weight column :func:`contiguous_x_order` ``[L]``, a permutation inside each chunk under which
+  the x columns a lane multiplies in a chunk are one contiguous run (16-byte loads of x in the
+  decode kernels, instead of 4-byte ones).
 
 Kernels: float16/bfloat16 x with M (the product of x's leading dimensions) up to
 :data:`DECODE_MAX_M` and a group size that is a multiple of 16 (or K) runs the decode kernel
@@ -69,8 +74,10 @@ __all__ = [
     "DEFAULT_DECODE",
     "PackedWeight",
     "WeightOnlyGemmPlugin",
+    "can_contiguous_x",
     "chunk_codes",
     "code_position",
+    "contiguous_x_order",
     "pack_codes",
     "pack_groups",
     "pack_weight",
@@ -163,6 +170,28 @@ def code_position(bits: int, tile: int, chunk: int, lane: int, word: int, slot: 
     return row, col
 
 
+def contiguous_x_order(k: int, bits: int) -> np.ndarray:
+    """The contiguous-x K order: ``int64 [K]``, element ``L`` the weight column stored at column
+    ``L`` (K a multiple of :func:`chunk_codes` C). Inside each chunk, stored column
+    ``16 j + 2 tid + e + 8 hi`` (k-step ``j``, the mma B fragment's ``b0`` pair (hi 0) or ``b1``
+    pair (hi 1) of lane ``4 gid + tid``) holds column ``tid * C / 4 + 4 j + 2 hi + e``: lane
+    ``tid``'s columns of a chunk are ``tid * C / 4 ..`` ``+ C / 4 - 1``, k-step ``j``'s b0 and b1 the
+    32-bit words ``2 j`` and ``2 j + 1`` of that run (kernels/wq_gemm.cu ``CONTIG_X``).
+
+    Raises:
+        PluginError: K not a multiple of the chunk.
+    """
+    c = chunk_codes(bits)
+    if k <= 0 or k % c:
+        raise PluginError(f"contiguous_x_order: K must be a positive multiple of {c} for {bits}-bit codes, got {k}")
+    stored = np.arange(c)
+    j, kk = divmod(stored, 16)
+    hi, low = divmod(kk, 8)
+    tid, e = divmod(low, 2)
+    within = tid * (c // 4) + 4 * j + 2 * hi + e
+    return (np.arange(0, k, c)[:, None] + within[None, :]).reshape(-1)
+
+
 def _axes(bits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The padded codes' split shape (after [tiles, ..]) and the transpose into the layout."""
     if bits == 4:
@@ -249,6 +278,7 @@ class PackedWeight:
         zeros: the same shape, or None (symmetric).
         perm: ``int32 [K]`` or None.
         bits, group_size, in_features (K), out_features (N).
+        contiguous_x: codes stored in :func:`contiguous_x_order` (module docstring).
     """
 
     codes: np.ndarray
@@ -259,24 +289,43 @@ class PackedWeight:
     group_size: int
     in_features: int
     out_features: int
+    contiguous_x: bool = False
 
     def arrays(self) -> list[np.ndarray]:
         """The plugin's inputs after x, in order: codes, scales, [zeros], [perm]."""
         return [a for a in (self.codes, self.scales, self.zeros, self.perm) if a is not None]
 
 
-def pack_weight(qw: QuantizedWeight) -> PackedWeight:
-    """Repack ``qw`` for the kernels (once, at build).
+def can_contiguous_x(k: int, bits: int, group_size: int, has_perm: bool) -> bool:
+    """Whether a weight can be stored in :func:`contiguous_x_order`: no act order, and every
+    group whole chunks (so K is whole chunks too and the order keeps each group's columns)."""
+    return not has_perm and group_size % chunk_codes(bits) == 0 and k % group_size == 0
+
+
+def pack_weight(qw: QuantizedWeight, contiguous_x: bool | None = None) -> PackedWeight:
+    """Repack ``qw`` for the kernels (once, at build). ``contiguous_x``: store the codes in
+    :func:`contiguous_x_order`; None (the default) where :func:`can_contiguous_x` allows it.
 
     Raises:
-        PluginError: K or group_size not a multiple of 8 (the kernels' unit).
+        PluginError: K or group_size not a multiple of 8 (the kernels' unit); ``contiguous_x``
+            asked for a weight :func:`can_contiguous_x` refuses.
     """
     n, k = qw.shape
     if qw.group_size % 8:
         raise PluginError(f"weight-only GEMM: group_size must be a multiple of 8, got {qw.group_size}")
+    allowed = can_contiguous_x(k, qw.bits, qw.group_size, qw.perm is not None)
+    if contiguous_x and not allowed:
+        raise PluginError(
+            f"weight-only GEMM: the contiguous-x order needs whole-chunk groups ({chunk_codes(qw.bits)} codes) and no act order; "
+            f"got K={k}, group_size={qw.group_size}, act order {qw.perm is not None}"
+        )
+    contiguous = allowed if contiguous_x is None else bool(contiguous_x)
+    codes = qw.codes[:, contiguous_x_order(k, qw.bits)] if contiguous else qw.codes
     zeros = None if qw.zeros is None else pack_groups(np.asarray(qw.zeros, np.float32))
     perm = None if qw.perm is None else np.ascontiguousarray(qw.perm, np.int32)
-    return PackedWeight(pack_codes(qw.codes, qw.bits), pack_groups(np.asarray(qw.scales, np.float32)), zeros, perm, qw.bits, qw.group_size, k, n)
+    return PackedWeight(
+        pack_codes(codes, qw.bits), pack_groups(np.asarray(qw.scales, np.float32)), zeros, perm, qw.bits, qw.group_size, k, n, contiguous
+    )
 
 
 def unpack_weight(pw: PackedWeight) -> QuantizedWeight:
@@ -284,6 +333,8 @@ def unpack_weight(pw: PackedWeight) -> QuantizedWeight:
     n, k = pw.out_features, pw.in_features
     g = k // pw.group_size
     codes = unpack_codes(pw.codes, pw.bits, n, k)
+    if pw.contiguous_x:
+        codes = codes[:, np.argsort(contiguous_x_order(k, pw.bits))]
     zeros = None if pw.zeros is None else unpack_groups(pw.zeros, n, g)
     return QuantizedWeight(codes, unpack_groups(pw.scales, n, g), zeros, pw.bits, pw.group_size, pw.perm)
 
@@ -312,6 +363,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             scale per output channel).
         has_zeros: zero points given (else symmetric, ``2**(bits - 1)``).
         has_perm: act-order permutation given.
+        contiguous_x: the codes are stored in :func:`contiguous_x_order` (added after version 1:
+            engines serialized before it load with False, their codes' order).
     """
 
     plugin_name: ClassVar[str] = "trtcore_weight_only_gemm"
@@ -324,6 +377,9 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     group_size: int
     has_zeros: bool = False
     has_perm: bool = False
+    contiguous_x: bool = False
+
+    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"contiguous_x": False}
 
     def validate(self) -> None:
         if self.bits not in SUPPORTED_BITS:
@@ -335,19 +391,24 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             raise PluginError(f"WeightOnlyGemmPlugin.out_features must be positive, got {self.out_features!r}")
         if g <= 0 or g % 8 or k % g:
             raise PluginError(f"WeightOnlyGemmPlugin.group_size must be a multiple of 8 dividing in_features={k}, got {g!r}")
+        if self.contiguous_x and not can_contiguous_x(k, self.bits, g, self.has_perm):
+            raise PluginError(
+                f"WeightOnlyGemmPlugin.contiguous_x needs groups of whole {chunk_codes(self.bits)}-code chunks and no act order; "
+                f"got in_features={k}, group_size={g}, has_perm={self.has_perm}"
+            )
 
     @classmethod
     def from_quantized(cls, qw: QuantizedWeight) -> tuple[WeightOnlyGemmPlugin, PackedWeight]:
         """The plugin for ``qw`` and its constant inputs (packed once, here)."""
         pw = pack_weight(qw)
-        plugin = cls(pw.in_features, pw.out_features, pw.bits, pw.group_size, pw.zeros is not None, pw.perm is not None)
+        plugin = cls(pw.in_features, pw.out_features, pw.bits, pw.group_size, pw.zeros is not None, pw.perm is not None, pw.contiguous_x)
         return plugin, pw
 
     def row_fusion_key(self, constants: Sequence[np.ndarray]) -> Any:
-        """Weights of the same K, bits, group size, zero-point presence and act-order
+        """Weights of the same K, bits, group size, zero-point presence, K order and act-order
         permutation (compared by value) stack along N (q/k/v, gate/up): see :meth:`fuse_rows`."""
         perm = np.asarray(constants[-1]).tobytes() if self.has_perm else b""
-        return (self.in_features, self.bits, self.group_size, self.has_zeros, self.has_perm, perm)
+        return (self.in_features, self.bits, self.group_size, self.has_zeros, self.has_perm, perm, self.contiguous_x)
 
     @classmethod
     def fuse_rows(cls, parts: Sequence[tuple[Plugin, Sequence[np.ndarray]]]) -> tuple[WeightOnlyGemmPlugin, list[np.ndarray]]:
@@ -357,7 +418,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         unpacked, stacked and packed again (exact either way)."""
         plugins = [p for p, _ in parts]
         if not all(isinstance(p, WeightOnlyGemmPlugin) for p in plugins) or len({p.row_fusion_key(c) for p, c in parts}) != 1:
-            raise PluginError("WeightOnlyGemmPlugin.fuse_rows: the parts differ in K, bits, group size, zero points or act order")
+            raise PluginError("WeightOnlyGemmPlugin.fuse_rows: the parts differ in K, bits, group size, zero points, K order or act order")
         first = plugins[0]
         n = sum(p.out_features for p in plugins)
         if all(p.out_features % TILE_ROWS == 0 for p in plugins):
@@ -412,7 +473,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         codes, scales = next(it), next(it)
         zeros = next(it) if self.has_zeros else None
         perm = next(it) if self.has_perm else None
-        pw = PackedWeight(codes, scales, zeros, perm, self.bits, self.group_size, self.in_features, self.out_features)
+        pw = PackedWeight(codes, scales, zeros, perm, self.bits, self.group_size, self.in_features, self.out_features, self.contiguous_x)
         return unpack_weight(pw)
 
     def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -433,7 +494,10 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
 
     def defines(self, dtype: Any) -> dict[str, int]:
         """The kernels' compile-time defines for activation ``dtype``."""
-        return {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(dtype)], "BITS": self.bits, "HAS_ZEROS": int(self.has_zeros), "HAS_PERM": int(self.has_perm)}
+        d = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(dtype)], "BITS": self.bits, "HAS_ZEROS": int(self.has_zeros), "HAS_PERM": int(self.has_perm)}
+        if self.contiguous_x:  # left out at 0: the define sets of engines before it stay the same
+            d["CONTIG_X"] = 1
+        return d
 
     def uses_tensor_cores(self, dtype: Any, m: int) -> bool:
         """Whether ``m`` rows of ``dtype`` run the tensor-core decode kernel (float16/bfloat16,
@@ -509,7 +573,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             cdiv = self.chunks_per_group()
             cmagic = -(-(1 << 32) // cdiv) if cdiv > 1 else 0  # kernels/wq_gemm.cu chunk_group
             args += [(cdiv, "i32"), (cmagic, "u32")]
-            variant = self.decode_variant(dtype, m)
+            # v2 reads a contiguous-x run in 16-byte loads: an x (a view) off that alignment takes v1
+            variant = {} if self.contiguous_x and x.ptr % 16 else self.decode_variant(dtype, m)
             warps = variant.pop("WARPS", 0)
             rt = variant.get("ROW_TILES", 1)
             if variant:

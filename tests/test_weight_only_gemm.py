@@ -5,7 +5,10 @@
   shapes, 4/8 bits, group sizes 32/64/128 and per-channel, with and without (fractional) zero
   points and an act-order permutation, M in {1, 3, 17}, float16 and bfloat16;
 * the kernels' layout round-trips (``unpack(pack(qw)) == qw``) and puts code ``(n, k)`` where
-  the layout's documentation says (an independent per-element formula);
+  the layout's documentation says (an independent per-element formula); the contiguous-x K
+  order gives every lane of the mma one contiguous run of x per chunk, b0 / b1 of each k-step
+  its 32-bit words in order (the PTX B-fragment table), and is chosen exactly where groups are
+  whole chunks without act order;
 * every variant of ``kernels/wq_gemm.cu`` compiles with NVRTC for sm_80, sm_89 and sm_90, and
   so does every v2 decode variant (``WQ_DECODE 2``, ROW_TILES, WQ_FOLD) for sm_80 and sm_90;
   v2's bit tricks (LOP3 / PRMT with magic numbers) turn each lane's words into ``offset + code``
@@ -33,6 +36,7 @@ from trtcore.plugins.weight_only_gemm import (
     WeightOnlyGemmPlugin,
     chunk_codes,
     code_position,
+    contiguous_x_order,
     pack_codes,
     pack_weight,
     unpack_codes,
@@ -173,6 +177,96 @@ def test_layout_feeds_the_mma_fragments(bits: int, rng: np.random.Generator) -> 
         row, col = code_position(bits, t, ch, lane, w, slot)
         assert (int(words[t, ch * 128 + lane * 4 + w]) >> (bits * slot)) & mask == full[row, col]
     np.testing.assert_array_equal(unpack_codes(pack_codes(codes, bits), bits, n, k), codes)
+
+
+def _b_fragment_rows(lane: int) -> tuple[list[int], list[int]]:
+    """The rows (k within the k-step) of lane ``lane``'s B-fragment registers b0 and b1 of
+    ``mma.m16n8k16`` (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type":
+    ``row = threadID_in_group * 2 + (i & 1)`` for b0, b1 and ``+ 8`` for b2, b3; two elements
+    per 32-bit register)."""
+    thread = lane % 4
+    return [thread * 2 + i for i in (0, 1)], [thread * 2 + 8 + i for i in (0, 1)]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_contiguous_x_order_gives_each_lane_one_run_of_x(bits: int) -> None:
+    """In the contiguous-x order, the x columns of lane ``4 gid + tid``'s b0 and b1 in k-step
+    ``j`` of a chunk are 32-bit words ``2 j`` and ``2 j + 1`` of one run of C / 4 columns from
+    ``chunk * C + tid * C / 4`` (what the CONTIG_X kernels load, 16 bytes at a time); the
+    order is a permutation inside each chunk."""
+    c = chunk_codes(bits)
+    chunks = 3
+    order = contiguous_x_order(chunks * c, bits)
+    for chunk in range(chunks):
+        np.testing.assert_array_equal(np.sort(order[chunk * c : (chunk + 1) * c]), chunk * c + np.arange(c))
+        for lane in range(32):
+            run = chunk * c + (lane % 4) * (c // 4) + np.arange(c // 4)
+            words = run.reshape(-1, 2)  # two 16-bit x elements per 32-bit word
+            rows0, rows1 = _b_fragment_rows(lane)
+            for j in range(c // 16):
+                k0 = chunk * c + 16 * j
+                np.testing.assert_array_equal(order[[k0 + r for r in rows0]], words[2 * j])
+                np.testing.assert_array_equal(order[[k0 + r for r in rows1]], words[2 * j + 1])
+    with pytest.raises(PluginError, match=f"multiple of {c}"):
+        contiguous_x_order(c + 8, bits)
+
+
+@pytest.mark.parametrize(
+    ("case", "chosen"),
+    [
+        ((40, 512, 4, 64, "int", False), True),
+        ((33, 256, 8, 0, "none", False), True),  # per channel
+        ((5, 96, 8, 32, "int", False), True),  # int8 chunks are 32 codes
+        ((24, 256, 4, 32, "none", False), False),  # half-chunk groups
+        ((17, 384, 4, 128, "frac", True), False),  # act order
+        ((8, 1032, 4, 8, "int", False), False),
+    ],
+    ids=str,
+)
+def test_contiguous_x_packing_where_groups_are_whole_chunks(case: tuple, chosen: bool, rng: np.random.Generator) -> None:
+    """pack_weight stores the codes in the contiguous-x order exactly where every group is whole
+    chunks and there is no act order: the natural layout of the permuted columns; it unpacks to
+    the weight, and the plugin's reference is float64 NumPy of it. Asking for it elsewhere is
+    refused, by pack_weight and by the plugin's fields."""
+    qw = _qw(rng, case)
+    n, k = qw.shape
+    pw = pack_weight(qw)
+    assert pw.contiguous_x is chosen
+    natural = pack_weight(qw, contiguous_x=False)
+    assert natural.contiguous_x is False
+    np.testing.assert_array_equal(unpack_codes(natural.codes, qw.bits, n, k), qw.codes)
+    if chosen:
+        np.testing.assert_array_equal(unpack_codes(pw.codes, qw.bits, n, k), qw.codes[:, contiguous_x_order(k, qw.bits)])
+    else:
+        np.testing.assert_array_equal(pw.codes, natural.codes)
+        with pytest.raises(PluginError, match="contiguous-x order needs"):
+            pack_weight(qw, contiguous_x=True)
+        with pytest.raises(PluginError, match="contiguous_x needs"):
+            WeightOnlyGemmPlugin(k, n, qw.bits, qw.group_size, qw.zeros is not None, qw.perm is not None, True)
+    for packed in (pw, natural):
+        np.testing.assert_array_equal(unpack_weight(packed).codes, qw.codes)
+        plugin = WeightOnlyGemmPlugin(k, n, qw.bits, qw.group_size, qw.zeros is not None, qw.perm is not None, packed.contiguous_x)
+        assert plugin.defines(BF16).get("CONTIG_X", 0) == int(packed.contiguous_x)
+        x = rng.standard_normal((3, k)).astype(BF16)
+        (got,) = plugin.reference(x, *packed.arrays())
+        np.testing.assert_allclose(got.astype(np.float64), x.astype(np.float64) @ qw.dequantize().T, rtol=UNIT["bfloat16"], atol=1e-30)
+    assert WeightOnlyGemmPlugin.from_quantized(qw)[0].contiguous_x is chosen
+
+
+def test_contiguous_x_field_is_optional_and_keys_fusion(rng: np.random.Generator) -> None:
+    """contiguous_x (added after version 1) is left out of the field collection at False, a
+    collection without it (an engine serialized before it) loads with False, True round-trips;
+    weights of the two K orders do not fuse (different row_fusion_key)."""
+    plugin = WeightOnlyGemmPlugin(128, 24, 4, 64, contiguous_x=True)
+    assert base.create(plugin, ref) == plugin
+    old = WeightOnlyGemmPlugin(128, 24, 4, 64)
+    assert "contiguous_x" not in {name for name, _, _ in old.field_values()}
+    assert WeightOnlyGemmPlugin.from_field_data({name: data for name, _, data in old.field_values()}) == old
+    qw = random_qw(rng, 16, 128, 4, 64, "none", False)
+    a = WeightOnlyGemmPlugin.from_quantized(qw)
+    b_packed = pack_weight(qw, contiguous_x=False)
+    b = WeightOnlyGemmPlugin(128, 16, 4, 64)
+    assert a[0].row_fusion_key(a[1].arrays()) != b.row_fusion_key(b_packed.arrays())
 
 
 def _prmt(a: int, b: int, sel: int) -> int:

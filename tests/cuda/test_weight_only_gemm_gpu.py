@@ -14,6 +14,11 @@ The v2 decode kernel (``WQ_DECODE 2``: ROW_TILES 1 | 2, WQ_FOLD 0 | 1, SEG 1 | 2
 ``weight_only_gemm.DECODE_VARIANT``) is checked the same way at M = 1..8 on shapes with odd tile
 counts, N not a multiple of 16, per channel and group 64 / 128 / 256; group 32 int4 (half a
 chunk) must fall back to v1, and does.
+
+Weights whose groups are whole chunks are packed in the contiguous-x K order (``CONTIG_X``, the
+packing's default there), so every kernel above runs it on those cases; the natural order
+(engines serialized before it) is checked with the default v2 kernel, and an x view off
+16-byte alignment (v2's x loads) must take v1 and still match.
 """
 
 from __future__ import annotations
@@ -116,10 +121,11 @@ def _v2_compiled() -> None:
     from trtcore import kernels
 
     sets = [
-        {"DTYPE": d, "BITS": b, "HAS_ZEROS": z, "HAS_PERM": 0, **v}
+        {"DTYPE": d, "BITS": b, "HAS_ZEROS": z, "HAS_PERM": 0, **c, **v}
         for d in (1, 2)
         for b in (4, 8)
         for z in (0, 1)
+        for c in ({}, {"CONTIG_X": 1})  # the natural K order (v1's cases) and the contiguous-x one
         for v in V2_VARIANTS + [{key: val for key, val in v.items() if key != "SEG"} for v in V2_VARIANTS]  # SEG left out: the fallback
     ]
     unique = [dict(t) for t in sorted({tuple(sorted(d.items())) for d in sets})]
@@ -179,3 +185,53 @@ def test_v2_warps_share_the_tiles(variant: dict, warps: int, monkeypatch: pytest
         assert bool(plugin.decode_variant(dtype, 4)) != perm
         specs = [((4, 1024), dtype)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
         check_plugin(plugin, specs, rtol=2.0**-7 + 1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", [c for c in V2_CASES if c[2:4] != (4, 32)], ids=str)
+def test_natural_k_order_matches_reference(case: tuple, dtype: np.dtype) -> None:
+    """Weights packed in the natural K order (contiguous_x False: engines serialized before the
+    contiguous-x order) run the default decode kernel (v2) at M = 1 and 5, and the M = 12 and 40
+    kernels, within the same tolerance."""
+    rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), "natural")).encode()))
+    qw = _qw(rng, *case, False)
+    packed = wog.pack_weight(qw, contiguous_x=False)
+    plugin = WeightOnlyGemmPlugin(qw.shape[1], qw.shape[0], qw.bits, qw.group_size, qw.zeros is not None, False, False)
+    k = qw.shape[1]
+    for m in (1, 5, 12, 40):
+        assert m > 8 or plugin.decode_variant(dtype, m).get("WQ_DECODE") == 2
+        specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
+        check_plugin(plugin, specs, rtol=default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24)
+
+
+@pytest.mark.parametrize("offset", [4, 8])
+@pytest.mark.parametrize("case", [(40, 4096, 4, 128, "none"), (300, 2048, 8, 64, "frac"), (512, 1024, 8, 0, "none")], ids=str)
+def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int) -> None:
+    """A contiguous-x weight and an x view ``offset`` bytes past 16-byte alignment (a slice of a
+    bigger tensor): the plugin runs v1 for M <= 8 (its 4-byte x loads need 4-byte alignment only,
+    v2's 16-byte ones would fault), and every kernel's output equals the reference of that x."""
+    import cupy as cp
+
+    from trtcore.plugins.base import DeviceTensor
+
+    rng = np.random.default_rng(zlib.crc32(repr((case, offset)).encode()))
+    qw = _qw(rng, *case, False)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    assert plugin.contiguous_x
+    n, k = qw.shape
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    consts = [cp.asarray(a) for a in packed.arrays()]
+    for m in (1, 3, 12, 17):
+        x = rng.standard_normal((m, k)).astype(dtype)
+        buf = cp.zeros(m * k * 2 + 64, cp.uint8)
+        base_ptr = int(buf.data.ptr)
+        start = (-base_ptr) % 16 + offset  # 16-byte aligned, then offset bytes on
+        buf[start : start + x.nbytes] = cp.asarray(x.view(np.uint8).reshape(-1))
+        out = cp.full((m, n), 0xFFFF, cp.uint16)  # NaN
+        ins = [DeviceTensor(base_ptr + start, (m, k), dtype)] + [DeviceTensor(int(a.data.ptr), a.shape, a.dtype) for a in consts]
+        plugin.enqueue(ins, [DeviceTensor(int(out.data.ptr), (m, n), dtype)], 0, int(cp.cuda.get_current_stream().ptr))
+        got = cp.asnumpy(out).view(dtype).astype(np.float64)
+        (want,) = plugin.reference(x, *packed.arrays())
+        want = want.astype(np.float64)
+        tol = (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24) * np.abs(want).max()
+        assert np.isfinite(got).all() and np.abs(got - want).max() <= tol, (m, offset)
