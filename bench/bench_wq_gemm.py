@@ -11,8 +11,9 @@ W4A16 >= 3.2x and W8A16 >= 1.8x faster than cuBLAS bfloat16.
     python bench/bench_wq_gemm.py --out $OUT       # writes wq_gemm.json, prints a table
     python bench/bench_wq_gemm.py --out $OUT --tune    # also every decode-kernel variant (below)
 
-``--natural-k`` also times W4A16 g128 and W8A16 packed in the natural K order (the layout before
-the contiguous-x order), side by side with the default packing.
+``--contiguous-x`` also times W4A16 g128 and W8A16 packed in the contiguous-x K order
+(``pack_weight(contiguous_x=True)``: 16-byte x loads in the decode kernel), side by side with the
+default packing.
 
 ``--tune`` times, per shape and quantization, the default decode kernel (v1) at every
 (warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
@@ -44,12 +45,11 @@ SHAPES = {"8B gate_up": (14336, 4096), "8B down": (4096, 14336)}
 #: the shapes the cuda engine runs after fusing the weight-only plugins horizontally, and a 4-bit
 #: lm_head (--shapes)
 FUSED_SHAPES = {"8B gate+up fused": (28672, 4096), "8B qkv fused": (6144, 4096), "8B o_proj": (4096, 4096), "8B lm_head": (128256, 4096)}
-#: (label, bits, group_size (0: per channel), zero points); packed in the plugin's default K order
-#: (contiguous x where groups are whole chunks)
+#: (label, bits, group_size (0: per channel), zero points), packed as the plugin packs by default
 VARIANTS = [("W4A16 g128", 4, 128, False), ("W4A16 g128 zeros", 4, 128, True), ("W8A16 per-channel", 8, 0, False)]
-#: ``--natural-k``: the same packed in the natural K order (contiguous_x False: engines built
-#: before the contiguous-x order), side by side
-NATURAL_K = [("W4A16 g128 natural K", 4, 128, False), ("W8A16 per-channel natural K", 8, 0, False)]
+#: ``--contiguous-x``: the same packed in the contiguous-x K order (``pack_weight(contiguous_x=True)``,
+#: kernels/wq_gemm.cu CONTIG_X), side by side
+CONTIGUOUS_X = [("W4A16 g128 contiguous x", 4, 128, False), ("W8A16 per-channel contiguous x", 8, 0, False)]
 #: bytes all copies of a weight must exceed (L2 60 MB, 4x)
 ROTATE_BYTES = 4 * 60 << 20
 
@@ -97,16 +97,17 @@ class Precompile:
     background (NVRTC releases the GIL) while the weights are made; :meth:`wait` before the
     first timing."""
 
-    def __init__(self, only: str, jobs: int) -> None:
+    def __init__(self, only: str, jobs: int, contiguous_x: bool = False) -> None:
         import concurrent.futures
 
         from trtcore import kernels
         from trtcore.dtypes import KERNEL_DTYPE_CODES
 
         sets = set()
-        for _, bits, _gs, zeros in VARIANTS:
-            # the packing default of these whole-chunk groups: the contiguous-x K order
-            base = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)], "BITS": bits, "HAS_ZEROS": int(zeros), "HAS_PERM": 0, "CONTIG_X": 1}
+        for label, bits, _gs, zeros in VARIANTS + (CONTIGUOUS_X if contiguous_x else []):
+            base = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)], "BITS": bits, "HAS_ZEROS": int(zeros), "HAS_PERM": 0}
+            if label.endswith("contiguous x"):
+                base["CONTIG_X"] = 1
             for _, extra, _ in _sweep(bits, only):
                 sets.add(tuple(sorted({**base, **extra}.items())))
         self.count, self.t0 = len(sets), time.perf_counter()
@@ -178,7 +179,7 @@ def time_shape(
     tune: bool = False,
     only: str = "",
     pre: Precompile | None = None,
-    natural_k: bool = False,
+    contiguous_x: bool = False,
 ) -> dict[str, Any]:
     from trtcore.cuda.gemm import GemmCall
     from trtcore.plugins.base import DeviceTensor
@@ -217,12 +218,12 @@ def time_shape(
     del ws, ys
     cp.get_default_memory_pool().free_all_blocks()
 
-    for label, bits, gs, zeros in VARIANTS + (NATURAL_K if natural_k else []):
+    for label, bits, gs, zeros in VARIANTS + (CONTIGUOUS_X if contiguous_x else []):
         qw = _quantized(rng, n, k, bits, gs, zeros)
         plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
-        if label.endswith("natural K"):
-            packed = pack_weight(qw, contiguous_x=False)
-            plugin = WeightOnlyGemmPlugin(k, n, bits, qw.group_size, zeros, False, False)
+        if label.endswith("contiguous x"):
+            packed = pack_weight(qw, contiguous_x=True)
+            plugin = WeightOnlyGemmPlugin(k, n, bits, qw.group_size, zeros, False, True)
         arrays = packed.arrays()
         nbytes = sum(a.nbytes for a in arrays)
         copies = max(1, -(-ROTATE_BYTES // nbytes))
@@ -287,10 +288,10 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join({**SHAPES, **FUSED_SHAPES})}")
     ap.add_argument("--tune", action="store_true", help="also time every decode-kernel variant (TUNE, TUNE_V2)")
     ap.add_argument("--tune-only", default="", choices=["", "v1", "v2"], help="with --tune: only v1 or only v2")
-    ap.add_argument("--natural-k", action="store_true", help="also the natural K order's packing (NATURAL_K)")
+    ap.add_argument("--contiguous-x", action="store_true", help="also the contiguous-x K order's packing (CONTIGUOUS_X)")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="threads compiling the --tune variants in the background")
     args = ap.parse_args()
-    pre = Precompile(args.tune_only, args.jobs) if args.tune else None
+    pre = Precompile(args.tune_only, args.jobs, args.contiguous_x) if args.tune else None
     import cupy as cp
 
     from trtcore.cuda.gemm import WORKSPACE_BYTES, Cublas
@@ -302,7 +303,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"shapes": {}}
     for name in args.shapes.split(","):
-        row = time_shape(cp, blas, *{**SHAPES, **FUSED_SHAPES}[name], rng, args.tune, args.tune_only, pre, args.natural_k)
+        row = time_shape(cp, blas, *{**SHAPES, **FUSED_SHAPES}[name], rng, args.tune, args.tune_only, pre, args.contiguous_x)
         results["shapes"][name] = row
         for label, v in row["variants"].items():
             print(

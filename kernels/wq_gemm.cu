@@ -107,27 +107,7 @@
 
 // ---- the layout ---------------------------------------------------------------------------
 
-// where in a chunk lane tid's B-fragment columns of k-step j lie (x element offsets): the run
-// start of the lane, then b0's pair and b1's pair of k-step j (CONTIG_X: contiguous per lane)
-#if CONTIG_X
-#define XOFF_LANE(tid) ((tid) * (CHUNK / 4))
-#define XOFF_B0(j) (4 * (j))
-#define XOFF_B1(j) (4 * (j) + 2)
-#else
-#define XOFF_LANE(tid) (2 * (tid))
-#define XOFF_B0(j) (16 * (j))
-#define XOFF_B1(j) (16 * (j) + 8)
-#endif
-
-// the stored column (the layout's column order) of weight column k
-__device__ __forceinline__ int stored_col(int k) {
-#if CONTIG_X
-    const int c = k % CHUNK, t = c / (CHUNK / 4), rem = c % (CHUNK / 4), q = rem % 4;
-    return k - c + 16 * (rem / 4) + 2 * t + (q & 1) + 8 * (q >> 1);
-#else
-    return k;
-#endif
-}
+#include "wq_layout.cuh"  // XOFF_*, b_columns, stored_col: the K order (CONTIG_X)
 
 // code (row r in its tile, weight column kw) of tile tt: the word and the bit offset of the layout above
 __device__ __forceinline__ unsigned int code_at(const unsigned int* __restrict__ w, int chunks, int tt, int r, int kw) {
@@ -260,8 +240,8 @@ __device__ __forceinline__ void b_fragment(const elem_t* x, const int* __restric
     b0 = 0u;
     b1 = 0u;
     if (m >= M) return;
-    const int cb = k0 - k0 % CHUNK, j = (k0 % CHUNK) / 16;  // k0: a stored column, a multiple of 16
-    const int ka = cb + XOFF_LANE(tid) + XOFF_B0(j), kb = cb + XOFF_LANE(tid) + XOFF_B1(j);
+    int ka, kb;
+    b_columns(k0, tid, ka, kb);
     const elem_t* row = x + (size_t)m * K;
 #if HAS_PERM
     if (ka < K) b0 = (unsigned int)row[__ldg(perm + ka)] | ((unsigned int)row[__ldg(perm + ka + 1)] << 16);

@@ -21,11 +21,12 @@ fragments:
 * scales, zeros: ``float32 [N_pad / 16, groups * 16]`` (tile, group, row in tile; padded rows
   0); zeros only when the weight has them (symmetric uses ``2**(bits - 1)``).
 * perm: ``int32 [K]`` (act-order only): stored column ``j`` multiplies ``x[..., perm[j]]``.
-* contiguous x order (:attr:`PackedWeight.contiguous_x`, set where every group is whole chunks
-  and there is no act order): the columns above are stored columns, stored column ``L`` holding
-  weight column :func:`contiguous_x_order` ``[L]``, a permutation inside each chunk under which
-  the x columns a lane multiplies in a chunk are one contiguous run (16-byte loads of x in the
-  decode kernels, instead of 4-byte ones).
+* contiguous x order (:attr:`PackedWeight.contiguous_x`, possible where every group is whole
+  chunks and there is no act order; used where :data:`CONTIGUOUS_X` or ``pack_weight``'s
+  argument asks): the columns above are stored columns, stored column ``L`` holding weight
+  column :func:`contiguous_x_order` ``[L]``, a permutation inside each chunk under which the x
+  columns a lane multiplies in a chunk are one contiguous run (16-byte loads of x in the decode
+  kernels, instead of 4-byte ones).
 
 Kernels: float16/bfloat16 x with M (the product of x's leading dimensions) up to
 :data:`DECODE_MAX_M` and a group size that is a multiple of 16 (or K) runs the decode kernel
@@ -71,6 +72,7 @@ from .launcher import KernelLauncher
 __all__ = [
     "DECODE_MAX_M",
     "DECODE_VARIANT",
+    "CONTIGUOUS_X",
     "DEFAULT_DECODE",
     "PackedWeight",
     "WeightOnlyGemmPlugin",
@@ -134,6 +136,12 @@ DEFAULT_DECODE: dict[int, dict[str, int]] = {
     4: {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1},
     8: {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2},
 }
+#: whether :func:`pack_weight` stores weights in :func:`contiguous_x_order` where
+#: :func:`can_contiguous_x` allows it. Off until measured: the order and its kernels (CONTIG_X)
+#: are written and checked on the CPU (layout, NVRTC builds, the host build of the index
+#: helpers), not yet run on a GPU; ``TRTCORE_WQ_CONTIGUOUS_X=1`` (read at import) turns it on,
+#: and bench/bench_wq_gemm.py --contiguous-x times it beside the natural order.
+CONTIGUOUS_X: bool = os.environ.get("TRTCORE_WQ_CONTIGUOUS_X", "0") == "1"
 #: warps :data:`DEFAULT_DECODE`'s kernel launches in all (the tune's best: 4 per tile on
 #: 14336 rows, 16 on 4096)
 _V2_TARGET_WARPS = 4096
@@ -304,7 +312,8 @@ def can_contiguous_x(k: int, bits: int, group_size: int, has_perm: bool) -> bool
 
 def pack_weight(qw: QuantizedWeight, contiguous_x: bool | None = None) -> PackedWeight:
     """Repack ``qw`` for the kernels (once, at build). ``contiguous_x``: store the codes in
-    :func:`contiguous_x_order`; None (the default) where :func:`can_contiguous_x` allows it.
+    :func:`contiguous_x_order`; None (the default): :data:`CONTIGUOUS_X`, where
+    :func:`can_contiguous_x` allows it.
 
     Raises:
         PluginError: K or group_size not a multiple of 8 (the kernels' unit); ``contiguous_x``
@@ -319,7 +328,7 @@ def pack_weight(qw: QuantizedWeight, contiguous_x: bool | None = None) -> Packed
             f"weight-only GEMM: the contiguous-x order needs whole-chunk groups ({chunk_codes(qw.bits)} codes) and no act order; "
             f"got K={k}, group_size={qw.group_size}, act order {qw.perm is not None}"
         )
-    contiguous = allowed if contiguous_x is None else bool(contiguous_x)
+    contiguous = (allowed and CONTIGUOUS_X) if contiguous_x is None else bool(contiguous_x)
     codes = qw.codes[:, contiguous_x_order(k, qw.bits)] if contiguous else qw.codes
     zeros = None if qw.zeros is None else pack_groups(np.asarray(qw.zeros, np.float32))
     perm = None if qw.perm is None else np.ascontiguousarray(qw.perm, np.int32)

@@ -7,8 +7,9 @@
 * the kernels' layout round-trips (``unpack(pack(qw)) == qw``) and puts code ``(n, k)`` where
   the layout's documentation says (an independent per-element formula); the contiguous-x K
   order gives every lane of the mma one contiguous run of x per chunk, b0 / b1 of each k-step
-  its 32-bit words in order (the PTX B-fragment table), and is chosen exactly where groups are
-  whole chunks without act order;
+  its 32-bit words in order (the PTX B-fragment table), and is chosen (when turned on) exactly
+  where groups are whole chunks without act order; the kernel's index helpers, built for the
+  host, invert it;
 * every variant of ``kernels/wq_gemm.cu`` compiles with NVRTC for sm_80, sm_89 and sm_90, and
   so does every v2 decode variant (``WQ_DECODE 2``, ROW_TILES, WQ_FOLD) for sm_80 and sm_90;
   v2's bit tricks (LOP3 / PRMT with magic numbers) turn each lane's words into ``offset + code``
@@ -22,6 +23,8 @@
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -31,6 +34,7 @@ from ops.conftest import HAS_RTX, OneOp, assert_close
 import trtcore.reference as ref
 from trtcore import kernels, ops
 from trtcore.plugins import base, builtin_plugins
+from trtcore.plugins import weight_only_gemm as wog
 from trtcore.plugins.base import PluginError
 from trtcore.plugins.weight_only_gemm import (
     WeightOnlyGemmPlugin,
@@ -211,6 +215,57 @@ def test_contiguous_x_order_gives_each_lane_one_run_of_x(bits: int) -> None:
         contiguous_x_order(c + 8, bits)
 
 
+_LAYOUT_MAIN = r"""
+#include <cstdio>
+int main() {
+    const int K = 3 * CHUNK;
+    for (int k = 0; k < K; ++k) std::printf("%d ", stored_col(k));
+    std::printf("\n");
+    for (int k0 = 0; k0 < K; k0 += 16)
+        for (int tid = 0; tid < 4; ++tid) {
+            int ka, kb;
+            b_columns(k0, tid, ka, kb);
+            std::printf("%d %d ", ka, kb);
+        }
+    std::printf("\n");
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("contig", [0, 1])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_kernel_index_helpers_invert_the_order(bits: int, contig: int, tmp_path: Any) -> None:
+    """kernels/wq_layout.cuh -- the very header the kernels include -- built for the host with
+    a C++ compiler (skipped, saying why, without one): ``stored_col`` inverts the K order
+    (contiguous_x_order, or the identity without CONTIG_X) and ``b_columns`` gives each lane's b0 /
+    b1 pair of every k-step: the order's columns at stored ``k0 + 2 tid`` and ``k0 + 2 tid + 8``."""
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler (g++ / clang++) to build kernels/wq_layout.cuh")
+    c = chunk_codes(bits)
+    src = tmp_path / "layout.cpp"
+    src.write_text(_LAYOUT_MAIN)
+    exe = tmp_path / "layout"
+    flags = ["-D__host__=", "-D__device__=", "-D__forceinline__=inline", f"-DCHUNK={c}", f"-DCONTIG_X={contig}", "-include", "kernels/wq_layout.cuh"]
+    root = Path(kernels.__file__).resolve().parent.parent
+    built = subprocess.run([cxx, "-std=c++17", *flags, str(src), "-o", str(exe)], capture_output=True, text=True, check=False, cwd=root)
+    assert built.returncode == 0, built.stderr
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    stored = np.array(lines[0].split(), np.int64)
+    pairs = np.array(lines[1].split(), np.int64).reshape(-1, 4, 2)  # [k-step, tid, (ka, kb)]
+    order = contiguous_x_order(3 * c, bits) if contig else np.arange(3 * c)
+    np.testing.assert_array_equal(stored[order], np.arange(3 * c))
+    for step in range(3 * c // 16):
+        for tid in range(4):
+            np.testing.assert_array_equal(pairs[step, tid], [order[16 * step + 2 * tid], order[16 * step + 2 * tid + 8]])
+            assert order[16 * step + 2 * tid + 1] == order[16 * step + 2 * tid] + 1  # pairs: one 32-bit load
+            assert order[16 * step + 2 * tid + 9] == order[16 * step + 2 * tid + 8] + 1
+
+
 @pytest.mark.parametrize(
     ("case", "chosen"),
     [
@@ -223,13 +278,18 @@ def test_contiguous_x_order_gives_each_lane_one_run_of_x(bits: int) -> None:
     ],
     ids=str,
 )
-def test_contiguous_x_packing_where_groups_are_whole_chunks(case: tuple, chosen: bool, rng: np.random.Generator) -> None:
-    """pack_weight stores the codes in the contiguous-x order exactly where every group is whole
-    chunks and there is no act order: the natural layout of the permuted columns; it unpacks to
-    the weight, and the plugin's reference is float64 NumPy of it. Asking for it elsewhere is
-    refused, by pack_weight and by the plugin's fields."""
+def test_contiguous_x_packing_where_groups_are_whole_chunks(
+    case: tuple, chosen: bool, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With CONTIGUOUS_X on, pack_weight stores the codes in the contiguous-x order exactly where
+    every group is whole chunks and there is no act order (off, the default: nowhere): the
+    natural layout of the permuted columns; it unpacks to the weight, and the plugin's reference
+    is float64 NumPy of it. Asking for it elsewhere is refused, by pack_weight and by the
+    plugin's fields."""
     qw = _qw(rng, case)
     n, k = qw.shape
+    assert pack_weight(qw).contiguous_x is False and WeightOnlyGemmPlugin.from_quantized(qw)[0].contiguous_x is False
+    monkeypatch.setattr(wog, "CONTIGUOUS_X", True)
     pw = pack_weight(qw)
     assert pw.contiguous_x is chosen
     natural = pack_weight(qw, contiguous_x=False)
@@ -263,10 +323,9 @@ def test_contiguous_x_field_is_optional_and_keys_fusion(rng: np.random.Generator
     assert "contiguous_x" not in {name for name, _, _ in old.field_values()}
     assert WeightOnlyGemmPlugin.from_field_data({name: data for name, _, data in old.field_values()}) == old
     qw = random_qw(rng, 16, 128, 4, 64, "none", False)
-    a = WeightOnlyGemmPlugin.from_quantized(qw)
-    b_packed = pack_weight(qw, contiguous_x=False)
-    b = WeightOnlyGemmPlugin(128, 16, 4, 64)
-    assert a[0].row_fusion_key(a[1].arrays()) != b.row_fusion_key(b_packed.arrays())
+    a_packed, b_packed = pack_weight(qw, contiguous_x=True), pack_weight(qw, contiguous_x=False)
+    a, b = WeightOnlyGemmPlugin(128, 16, 4, 64, contiguous_x=True), WeightOnlyGemmPlugin(128, 16, 4, 64)
+    assert a.row_fusion_key(a_packed.arrays()) != b.row_fusion_key(b_packed.arrays())
 
 
 def _prmt(a: int, b: int, sel: int) -> int:
@@ -365,7 +424,6 @@ def test_the_default_decode_defines_compile(arch: str) -> None:
     """DEFAULT_DECODE's define sets (what the plugin runs by default), for both dtypes and
     with and without zero points, compile with NVRTC (no GPU needed)."""
     kernels = pytest.importorskip("trtcore.kernels")
-    from trtcore.plugins import weight_only_gemm as wog
 
     for bits, extra in wog.DEFAULT_DECODE.items():
         for d in (1, 2):
@@ -385,7 +443,6 @@ def test_v2_is_chosen_only_where_it_applies(rng: np.random.Generator, monkeypatc
     whole-chunk groups; empty, DEFAULT_DECODE does the same with the tuned defines and about
     4096 warps in all (4 per tile on 14336 rows, 16 on 4096: the H200 tune's best);
     {"WQ_DECODE": 1} selects v1 everywhere."""
-    from trtcore.plugins import weight_only_gemm as wog
 
     v2 = {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 1, "SEG": 2}
     g128, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 4, 128, "none", False))
@@ -414,7 +471,6 @@ def test_v2_is_chosen_only_where_it_applies(rng: np.random.Generator, monkeypatc
 
 
 def test_decode_variant_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trtcore.plugins import weight_only_gemm as wog
 
     monkeypatch.setenv("TRTCORE_WQ_DECODE", '{"WQ_DECODE": 2, "SEG": 2, "WARPS": 8}')
     assert wog._variant_from_env() == {"WQ_DECODE": 2, "SEG": 2, "WARPS": 8}

@@ -15,10 +15,10 @@ The v2 decode kernel (``WQ_DECODE 2``: ROW_TILES 1 | 2, WQ_FOLD 0 | 1, SEG 1 | 2
 counts, N not a multiple of 16, per channel and group 64 / 128 / 256; group 32 int4 (half a
 chunk) must fall back to v1, and does.
 
-Weights whose groups are whole chunks are packed in the contiguous-x K order (``CONTIG_X``, the
-packing's default there), so every kernel above runs it on those cases; the natural order
-(engines serialized before it) is checked with the default v2 kernel, and an x view off
-16-byte alignment (v2's x loads) must take v1 and still match.
+The contiguous-x K order (``CONTIG_X``, ``pack_weight(contiguous_x=True)``; off by default until
+measured) is checked on the v2 cases with the default decode kernel and four other v2
+variants, the M = 12 and 40 kernels too; an x view off 16-byte alignment (v2's x loads) must take
+v1 and still match.
 """
 
 from __future__ import annotations
@@ -108,6 +108,10 @@ V2_VARIANTS += [
 ]
 
 
+#: v2 variants the contiguous-x order is checked with beside the default decode kernel
+CONTIG_X_VARIANTS = [V2_VARIANTS[i] for i in (0, 3, 5, 8)]
+
+
 def _v2_id(v: dict) -> str:
     return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}"
 
@@ -125,8 +129,15 @@ def _v2_compiled() -> None:
         for d in (1, 2)
         for b in (4, 8)
         for z in (0, 1)
-        for c in ({}, {"CONTIG_X": 1})  # the natural K order (v1's cases) and the contiguous-x one
         for v in V2_VARIANTS + [{key: val for key, val in v.items() if key != "SEG"} for v in V2_VARIANTS]  # SEG left out: the fallback
+    ]
+    # the contiguous-x order's: the default decode kernel, CONTIG_X_VARIANTS, v1 (prefill, M > 8)
+    sets += [
+        {"DTYPE": d, "BITS": b, "HAS_ZEROS": z, "HAS_PERM": 0, "CONTIG_X": 1, **v}
+        for d in (1, 2)
+        for b in (4, 8)
+        for z in (0, 1)
+        for v in [{}, wog.DEFAULT_DECODE[b], {k: val for k, val in wog.DEFAULT_DECODE[b].items() if k != "SEG"}, *CONTIG_X_VARIANTS]
     ]
     unique = [dict(t) for t in sorted({tuple(sorted(d.items())) for d in sets})]
     arch = kernels.current_arch()
@@ -188,20 +199,27 @@ def test_v2_warps_share_the_tiles(variant: dict, warps: int, monkeypatch: pytest
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", [c for c in V2_CASES if c[2:4] != (4, 32)], ids=str)
-def test_natural_k_order_matches_reference(case: tuple, dtype: np.dtype) -> None:
-    """Weights packed in the natural K order (contiguous_x False: engines serialized before the
-    contiguous-x order) run the default decode kernel (v2) at M = 1 and 5, and the M = 12 and 40
-    kernels, within the same tolerance."""
-    rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), "natural")).encode()))
+@pytest.mark.parametrize("case", V2_CASES, ids=str)
+def test_contiguous_x_order_matches_reference(case: tuple, dtype: np.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights packed in the contiguous-x K order (where groups are whole chunks; int4 group 32
+    cannot be) run the default decode kernel at M = 1, 5 and 8, the M = 12 and 40 kernels, and
+    CONTIG_X_VARIANTS at M = 3, within the same tolerance as the natural order."""
+    rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), "contiguous x")).encode()))
     qw = _qw(rng, *case, False)
-    packed = wog.pack_weight(qw, contiguous_x=False)
-    plugin = WeightOnlyGemmPlugin(qw.shape[1], qw.shape[0], qw.bits, qw.group_size, qw.zeros is not None, False, False)
+    if case[2:4] == (4, 32):
+        with pytest.raises(wog.PluginError, match="contiguous-x order needs"):
+            wog.pack_weight(qw, contiguous_x=True)
+        return
+    packed = wog.pack_weight(qw, contiguous_x=True)
+    plugin = WeightOnlyGemmPlugin(qw.shape[1], qw.shape[0], qw.bits, qw.group_size, qw.zeros is not None, False, True)
     k = qw.shape[1]
-    for m in (1, 5, 12, 40):
-        assert m > 8 or plugin.decode_variant(dtype, m).get("WQ_DECODE") == 2
+    rtol = default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24
+    runs = [(m, {}) for m in (1, 5, 8, 12, 40)] + [(3, v) for v in CONTIG_X_VARIANTS]
+    for m, variant in runs:
+        monkeypatch.setattr(wog, "DECODE_VARIANT", dict(variant))
+        assert plugin.defines(dtype)["CONTIG_X"] == 1 and (m > 8 or plugin.decode_variant(dtype, m).get("WQ_DECODE") == 2)
         specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
-        check_plugin(plugin, specs, rtol=default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24)
+        check_plugin(plugin, specs, rtol=rtol)
 
 
 @pytest.mark.parametrize("offset", [4, 8])
@@ -216,9 +234,9 @@ def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int) -> None:
 
     rng = np.random.default_rng(zlib.crc32(repr((case, offset)).encode()))
     qw = _qw(rng, *case, False)
-    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
-    assert plugin.contiguous_x
+    packed = wog.pack_weight(qw, contiguous_x=True)
     n, k = qw.shape
+    plugin = WeightOnlyGemmPlugin(k, n, qw.bits, qw.group_size, qw.zeros is not None, False, True)
     dtype = np.dtype(ml_dtypes.bfloat16)
     consts = [cp.asarray(a) for a in packed.arrays()]
     for m in (1, 3, 12, 17):
