@@ -6,7 +6,8 @@ Variants: bfloat16 (:class:`trtcore.cuda.synthetic.RandomWeights`), W4A16 group 
 per channel (:class:`~trtcore.cuda.synthetic.RandomQuantizedWeights`: the decoder's seven
 linear layers quantized, embeddings, norms and ``lm_head`` bfloat16, as published GPTQ / AWQ
 checkpoints; ``+ lm_head``: the ``lm_head`` 4-bit too, as GPTQModel's ``lm_head=True`` and
-gpt-fast's int4), FP8 W8A8 with per-tensor weight scales and static or dynamic activation scales
+gpt-fast's int4; ``, contiguous x``: packed in the contiguous-x K order,
+``weight_only_gemm.CONTIGUOUS_X``), FP8 W8A8 with per-tensor weight scales and static or dynamic activation scales
 (:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's
 FP8 GEMM). Reported: TPOT, tok/s, the weight pool's bytes and the ratio of tok/s to the
 bfloat16 engine's. The issue's targets: W4A16 at batch 1 on the Llama-3-8B shape at least 2.5x
@@ -40,6 +41,7 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("bfloat16", 16, 0),
     ("W4A16 g128", 4, 128),
     ("W4A16 g128 + lm_head", 4, -128),  # lm_head 4-bit too (GPTQModel's lm_head=True; gpt-fast's int4)
+    ("W4A16 g128 + lm_head, contiguous x", 4, -128),  # packed in the contiguous-x K order (CONTIG_X)
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
     ("FP8 W8A8 static + FP8 KV", "fp8", 1),  # and kv_cache_dtype="fp8" (E4M3 KV pool, scales 1.0)
@@ -63,6 +65,7 @@ def main() -> int:
     args = ap.parse_args()
     from trtcore import LLM
     from trtcore.cuda import synthetic
+    from trtcore.plugins import weight_only_gemm as wog
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,10 +93,15 @@ def main() -> int:
 
                 t0 = time.perf_counter()
                 seqs = max([*batches, args.throughput])
-                with random_checkpoint(make):
-                    llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
-                              kv_cache_dtype="fp8" if label.endswith("+ FP8 KV") else "auto",
-                              max_num_tokens=max(max(batches) * 128, 8192 if args.throughput else 0), progress=False)  # fmt: skip
+                packing = wog.CONTIGUOUS_X
+                wog.CONTIGUOUS_X = packing or label.endswith("contiguous x")  # read when the weights are packed, at build
+                try:
+                    with random_checkpoint(make):
+                        llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
+                                  kv_cache_dtype="fp8" if label.endswith("+ FP8 KV") else "auto",
+                                  max_num_tokens=max(max(batches) * 128, 8192 if args.throughput else 0), progress=False)  # fmt: skip
+                finally:
+                    wog.CONTIGUOUS_X = packing
                 start_s = time.perf_counter() - t0
                 weight_bytes = int(llm.executor.device.pools.get("weights", 0))
                 print(f"{name} {label}: started in {start_s:.1f} s, weights {weight_bytes / 2**30:.2f} GiB", flush=True)

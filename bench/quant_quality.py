@@ -16,6 +16,8 @@ Variants:
 * ``fp8-tensor-dynamic``: ``--method fp8 --strategy tensor --activations dynamic`` (vLLM's
   on-the-fly ``quantization="fp8"``: one weight scale per tensor, activation scales per call);
 * ``fp8-channel-dynamic``: ``--method fp8 --activations dynamic``;
+* ``fp8-channel-token``: ``--method fp8 --activations token`` (llm-compressor's ``FP8_DYNAMIC``:
+  per-channel weights, one activation scale per token per call);
 * ``bfloat16-paged``: the bfloat16 weights scored through the paged KV cache (one teacher-forced
   token per step through the paged attention plugin): the baseline of the KV cache variants'
   path, which should equal ``bfloat16`` up to float32 summation order;
@@ -56,6 +58,7 @@ VARIANTS: list[tuple[str, int, dict[str, Any] | None]] = [
     ("fp8-channel-static", 8, {"method": "fp8", "strategy": "channel"}),
     ("fp8-tensor-dynamic", 8, {"method": "fp8", "strategy": "tensor", "activations": "dynamic"}),
     ("fp8-channel-dynamic", 8, {"method": "fp8", "strategy": "channel", "activations": "dynamic"}),
+    ("fp8-channel-token", 8, {"method": "fp8", "strategy": "channel", "activations": "token"}),
     ("bfloat16-paged", 16, None),
     ("kv-fp8", 8, None),
 ]

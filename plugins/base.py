@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -74,6 +74,9 @@ _FIELD_KINDS: dict[Any, tuple[str, Any]] = {
     tuple[float, ...]: ("FLOAT32", np.float32),
     np.ndarray: ("FLOAT32", np.float32),
 }
+
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -136,6 +139,25 @@ class Plugin:
         (plugin, constants; equal :meth:`row_fusion_key`) side by side along the last axis, in
         order. Only called where :meth:`row_fusion_key` is not None."""
         raise NotImplementedError
+
+    # --- for references: a value made from the constant inputs, kept while they come back ---
+    def from_constants(self, constants: Sequence[np.ndarray], make: Callable[[list[np.ndarray]], _T]) -> _T:
+        """``make(arrays)`` of the constant inputs ``constants``, made once while the same
+        arrays come back (the reference backend passes its constants' own arrays on every
+        call): e.g. a :meth:`reference`'s dequantized weight, not made again per token. The
+        arrays are held with it (their ids stay theirs); it stays out of pickles."""
+        arrays = [np.asarray(c) for c in constants]
+        key = tuple((id(a), a.__array_interface__["data"][0], a.shape) for a in arrays)
+        cached = self.__dict__.get("_from_constants")
+        if cached is not None and cached[0] == key:
+            return typing.cast(_T, cached[1])
+        value = make(arrays)
+        self.__dict__["_from_constants"] = (key, value, arrays)
+        return value
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields only (:meth:`from_constants`' value stays out of pickled plans)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_from_constants"}
 
     def __post_init__(self) -> None:
         self.validate()

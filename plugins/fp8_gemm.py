@@ -167,15 +167,12 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         come back, as the reference backend's constants do: its dequantized weight is reused)."""
         if len(constants) != self.num_inputs - 1:
             raise PluginError(f"Fp8GemmPlugin: expected {self.num_inputs - 1} constant inputs, got {len(constants)}")
-        arrays = [np.asarray(c) for c in constants]
-        key = tuple((id(a), a.__array_interface__["data"][0], a.shape) for a in arrays)
-        cached = self.__dict__.get("_weight")
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        w, s = arrays[0], arrays[1].astype(np.float32).reshape(-1)
-        fw = Fp8Weight(w, s, arrays[2].astype(np.float32).reshape(1) if self.static_input else None, self.per_token)
-        self.__dict__["_weight"] = (key, fw, arrays)  # the arrays held: their ids stay theirs
-        return fw
+
+        def make(arrays: list[np.ndarray]) -> Fp8Weight:
+            w, s = arrays[0], arrays[1].astype(np.float32).reshape(-1)
+            return Fp8Weight(w, s, arrays[2].astype(np.float32).reshape(1) if self.static_input else None, self.per_token)
+
+        return self.from_constants(constants, make)
 
     def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """float64 NumPy (:meth:`trtcore.fp8.Fp8Weight.reference_linear`) rounded once to x's dtype.
@@ -188,10 +185,6 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         if x.shape[-1:] != (self.in_features,):
             raise PluginError(f"Fp8GemmPlugin: x {x.shape} must end in in_features={self.in_features}")
         return [self.fp8_weight(*inputs[1:]).reference_linear(x).astype(x.dtype)]
-
-    def __getstate__(self) -> dict[str, Any]:
-        """The fields only (the reference's cached weight stays out of pickled plans)."""
-        return {k: v for k, v in self.__dict__.items() if k != "_weight"}
 
     # --- GPU ---------------------------------------------------------------------------------------
 

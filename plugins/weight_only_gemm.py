@@ -495,7 +495,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         x = np.asarray(inputs[0])
         if x.shape[-1:] != (self.in_features,):
             raise PluginError(f"WeightOnlyGemmPlugin: x {x.shape} must end in in_features={self.in_features}")
-        w = self.quantized_weight(*inputs[1:]).dequantize()
+        # dequantized once while the same constants come back (the reference backend's, per token)
+        w = self.from_constants(inputs[1:], lambda arrays: self.quantized_weight(*arrays).dequantize())
         y = x.astype(np.float64).reshape(-1, self.in_features) @ w.T
         return [y.reshape(*x.shape[:-1], self.out_features).astype(x.dtype)]
 

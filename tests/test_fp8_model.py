@@ -258,16 +258,17 @@ def test_random_fp8_weights_build_fp8_gemms(src: Path) -> None:
 
 def _per_token_checkpoint(src: Path, dst: Path, strategy: str) -> Path:
     """An FP8-dynamic checkpoint (llm-compressor's FP8_DYNAMIC: E4M3 weights with ``strategy``
-    scales, per-token dynamic activations): ``quantize --activations dynamic`` (no input
-    scales), its config's activation strategy set to ``token`` as RedHatAI's ``*-FP8-dynamic``
-    models have it."""
-    out = quantize_checkpoint(src, dst, method="fp8", strategy=strategy, activations="dynamic")
-    config = json.loads((out / "config.json").read_text())
+    scales, per-token dynamic activations) as ``trtcore quantize --method fp8 --activations
+    token`` writes it: no input scales, the activations' strategy ``token`` as RedHatAI's
+    ``*-FP8-dynamic`` models have it."""
+    from trtcore.cli import main
+
+    assert main(["quantize", "--model", str(src), "--output", str(dst), "--method", "fp8", "--strategy", strategy, "--activations", "token"]) == 0
+    config = json.loads((dst / "config.json").read_text())
     acts = config["quantization_config"]["config_groups"]["group_0"]["input_activations"]
-    assert acts["dynamic"] is True
-    acts["strategy"] = "token"
-    (out / "config.json").write_text(json.dumps(config))
-    return out
+    assert acts["dynamic"] is True and acts["strategy"] == "token" and acts["observer"] is None
+    assert not any(k.endswith(".input_scale") for k in load_torch(str(dst / "model.safetensors")))
+    return dst
 
 
 @pytest.mark.filterwarnings("error::UserWarning")  # every checkpoint tensor is read

@@ -185,8 +185,11 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
         ((name, value),) = option.items()
         with pytest.raises(InvalidArgumentError, match=rf"{name}={value!r} does not apply to method {method!r}; it is used by {used_by}$"):
             quantize_checkpoint(src, tmp_path / "q", method=method, **option)
-    with pytest.raises(InvalidArgumentError, match=r"calibration_tokens=64 does not apply to FP8 with dynamic activations"):
-        quantize_checkpoint(src, tmp_path / "q", method="fp8", activations="dynamic", calibration_tokens=64)
+    for acts in ("dynamic", "token"):
+        with pytest.raises(InvalidArgumentError, match=rf"calibration_tokens=64 does not apply to FP8 with {acts} activations"):
+            quantize_checkpoint(src, tmp_path / "q", method="fp8", activations=acts, calibration_tokens=64)
+    with pytest.raises(InvalidArgumentError, match=r"FP8 activations 'row': expected one of \('static', 'dynamic', 'token'\)"):
+        quantize_checkpoint(src, tmp_path / "q", method="fp8", activations="row")
     assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--method", "fp8", "--bits", "4"]) == 2
     assert "bits=4 does not apply to method 'fp8'" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing half written beside it

@@ -593,3 +593,26 @@ def test_network_with_the_plugin_compiles_on_the_cuda_backend(rng: np.random.Gen
     plugin = WeightOnlyGemmPlugin.from_quantized(qw)[0]
     assert plugin.decode_warps() == 16 and plugin.uses_tensor_cores(BF16, 16) and not plugin.uses_tensor_cores(BF16, 17)
     assert plugin.workspace_size([((64, 2048), BF16)], [((64, 256), BF16)]) == 0
+
+
+def test_reference_dequantizes_once_per_constants(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference backend passes the same constant arrays on every call: the dequantized
+    weight is made once for them (Plugin.from_constants), again for other arrays (even equal
+    ones), and stays out of a pickled plugin; the results are the float64 product each time."""
+    import pickle
+
+    qw = random_qw(rng, 24, 128, 4, 64, "int", False)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    made = []
+    real = WeightOnlyGemmPlugin.quantized_weight
+    monkeypatch.setattr(WeightOnlyGemmPlugin, "quantized_weight", lambda self, *c: made.append(1) or real(self, *c))
+    arrays = packed.arrays()
+    for _ in range(3):
+        x = rng.standard_normal((2, 128)).astype(np.float16)
+        (got,) = plugin.reference(x, *arrays)
+        np.testing.assert_allclose(got.astype(np.float64), x.astype(np.float64) @ qw.dequantize().T, rtol=UNIT["float16"], atol=1e-30)
+    assert len(made) == 1
+    plugin.reference(x, *[a.copy() for a in arrays])
+    assert len(made) == 2
+    clone = pickle.loads(pickle.dumps(plugin))
+    assert clone == plugin and "_from_constants" not in clone.__dict__

@@ -176,9 +176,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--strategy", choices=["channel", "tensor"], default=None, help="fp8: weight scales per output channel (default) or per tensor")
     q.add_argument(
         "--activations",
-        choices=["static", "dynamic"],
+        choices=["static", "dynamic", "token"],
         default=None,
-        help="fp8: input scales calibrated (amax / 448 over the calibration text; the default) or computed per call",
+        help="fp8: input scales calibrated (amax / 448 over the calibration text; the default), computed per call, or per token per call",
     )
     q.add_argument("--bits", type=int, default=None, choices=[4, 8], help="rtn, awq: bits per weight (default 4)")
     q.add_argument(

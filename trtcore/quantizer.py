@@ -35,13 +35,15 @@ FP8 (``method="fp8"``, :mod:`trtcore.fp8`): every decoder linear's weight become
 ``amax / 448`` scales per output channel (``strategy="channel"``) or per tensor, and, with
 static activations (the default), each linear's input gets one scale, ``amax / 448`` of that
 input over the calibration tokens run through the float model on the reference backend
-(:func:`trtcore.calibration.capture_calibration`; the linears reading one tensor share it).
+(:func:`trtcore.calibration.capture_calibration`; the linears reading one tensor share it);
+``activations="dynamic"`` computes one scale per call instead, ``"token"`` one per token (row of
+x) per call, ``max|x[m, :]| / 448`` (llm-compressor's ``FP8_DYNAMIC`` scheme with channel weights).
 The checkpoint is compressed-tensors ``float-quantized`` (llm-compressor's ``FP8`` scheme with
 ``channel`` or ``tensor`` weights): per linear ``X``, ``X.weight`` (``F8_E4M3``),
 ``X.weight_scale`` (float32 ``[N, 1]`` or ``[1]``) and ``X.input_scale`` (float32 ``[1]``,
 static only); ``quantization_config.config_groups.group_0`` holds ``weights`` ``{"num_bits": 8,
 "type": "float", "strategy", "symmetric": true, "dynamic": false}`` and ``input_activations``
-``{"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": true, "dynamic"}``.
+``{"num_bits": 8, "type": "float", "strategy": "tensor"`` (``"token"`` per token) ``, "symmetric": true, "dynamic"}``.
 transformers (with the compressed-tensors package) and vLLM load it, and so does
 :mod:`trtcore.quant_formats.fp8`.
 """
@@ -66,8 +68,9 @@ __all__ = ["GROUP_SIZES", "METHODS", "common_group_size", "fp8_input_amax", "fp8
 
 #: ``trtcore quantize --method`` values implemented
 METHODS = ("rtn", "awq", "fp8")
-#: FP8 activation scales: calibrated per tensor, or computed per call
-ACTIVATIONS = ("static", "dynamic")
+#: FP8 activation scales: calibrated per tensor, computed per call (one per tensor), or computed
+#: per call for each token (row of x: llm-compressor's FP8_DYNAMIC scheme)
+ACTIVATIONS = ("static", "dynamic", "token")
 #: the decoder linears a Llama-family checkpoint quantizes (family roles)
 LINEAR_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json"}
@@ -217,8 +220,8 @@ _USED_BY = {
     "calibration": ("awq", "fp8-static"),
     "calibration_tokens": ("awq", "fp8-static"),
     "calibration_ids": ("awq", "fp8-static"),
-    "strategy": ("fp8-static", "fp8-dynamic"),
-    "activations": ("fp8-static", "fp8-dynamic"),
+    "strategy": ("fp8-static", "fp8-dynamic", "fp8-token"),
+    "activations": ("fp8-static", "fp8-dynamic", "fp8-token"),
 }
 
 
@@ -232,7 +235,7 @@ def _refuse_unused(method: str, fp8_activations: str, **given: Any) -> None:
         used = _USED_BY[name]
         fp8 = "fp8" if "fp8-dynamic" in used else "fp8 with static activations" if "fp8-static" in used else None
         users = ", ".join([u for u in used if not u.startswith("fp8")] + ([fp8] if fp8 else []))
-        what = "FP8 with dynamic activations" if key == "fp8-dynamic" else f"method {method!r}"
+        what = f"FP8 with {fp8_activations} activations" if key in ("fp8-dynamic", "fp8-token") else f"method {method!r}"
         raise InvalidArgumentError(f"quantize: {name}={value!r} does not apply to {what}; it is used by {users}")
 
 
@@ -268,7 +271,8 @@ def quantize_checkpoint(
         calibration_ids: calibration sequences as token ids instead of a text
             (:func:`trtcore.awq.awq_plan`'s ``token_ids``).
         strategy: ``"fp8"``: weight scales per ``"channel"`` (None) or per ``"tensor"``.
-        activations: ``"fp8"``: ``"static"`` (None: calibrated input scales) or ``"dynamic"``.
+        activations: ``"fp8"``: ``"static"`` (None: calibrated input scales), ``"dynamic"`` (one
+            scale per call) or ``"token"`` (one scale per token per call).
 
     An option the method does not use (``calibration`` for ``"rtn"``, ``bits=4`` or a group
     size for ``"fp8"``, ``strategy`` for ``"awq"``, ...) is refused rather than ignored.
@@ -292,6 +296,8 @@ def quantize_checkpoint(
 
     if method not in METHODS:
         raise InvalidArgumentError(f"quantization method {method!r} is not implemented; available: {', '.join(METHODS)}")
+    if method == "fp8" and activations is not None and activations not in ACTIVATIONS:  # before the option check, which keys on it
+        raise InvalidArgumentError(f"FP8 activations {activations!r}: expected one of {ACTIVATIONS}")
     _refuse_unused(
         method,
         activations or "static",
@@ -422,8 +428,8 @@ def _fp8_config(strategy: str, activations: str) -> dict[str, Any]:
                 "targets": ["Linear"],
                 "weights": args | {"strategy": strategy, "dynamic": False},
                 "input_activations": args
-                | {"strategy": "tensor", "dynamic": activations == "dynamic"}
-                | ({"observer": None} if activations == "dynamic" else {}),
+                | {"strategy": "token" if activations == "token" else "tensor", "dynamic": activations != "static"}
+                | ({"observer": None} if activations != "static" else {}),
             }
         },
         "ignore": ["lm_head"],
