@@ -70,9 +70,9 @@ from .base import DeviceTensor, LinearShapes, Plugin, PluginError
 from .launcher import KernelLauncher
 
 __all__ = [
+    "CONTIGUOUS_X",
     "DECODE_MAX_M",
     "DECODE_VARIANT",
-    "CONTIGUOUS_X",
     "DEFAULT_DECODE",
     "PackedWeight",
     "WeightOnlyGemmPlugin",
