@@ -562,7 +562,10 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         tiled kernel; on ``stream``, no allocation, no sync, no workspace.
 
         Raises:
-            PluginError: unsupported dtype or M beyond the tiled kernel's grid.
+            PluginError: unsupported dtype, M beyond the tiled kernel's grid, or an x address the
+                kernel's loads cannot take (decode: 4-byte aligned; tiled: 16-byte, its 16-byte
+                x loads, unless act order gathers x by element): refused before a launch, which
+                would fault and take the CUDA context with it.
         """
         self._check_count(len(inputs))
         x, out = inputs[0], outputs[0]
@@ -572,6 +575,9 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         m = int(np.prod(x.shape[:-1], dtype=np.int64))
         if m == 0:
             return
+        align = 4 if self.uses_tensor_cores(dtype, m) else 1 if self.has_perm else 16
+        if x.ptr % align:
+            raise PluginError(f"WeightOnlyGemmPlugin.enqueue: x at address {x.ptr:#x} is not {align}-byte aligned, as the kernel for M={m} needs")
         n, k = self.out_features, self.in_features
         zeros = inputs[3].ptr if self.has_zeros else 0
         perm = inputs[3 + int(self.has_zeros)].ptr if self.has_perm else 0

@@ -616,3 +616,17 @@ def test_reference_dequantizes_once_per_constants(rng: np.random.Generator, monk
     assert len(made) == 2
     clone = pickle.loads(pickle.dumps(plugin))
     assert clone == plugin and "_from_constants" not in clone.__dict__
+
+
+@pytest.mark.parametrize(("m", "offset", "align"), [(1, 2, 4), (12, 6, 4), (17, 8, 16), (64, 4, 16)])
+def test_misaligned_x_is_refused_before_a_launch(m: int, offset: int, align: int, rng: np.random.Generator) -> None:
+    """An x address the kernel's loads cannot take (decode kernels: 4-byte loads; the tiled
+    kernel: 16-byte ones) is a PluginError naming it, raised before any launch (no GPU needed):
+    a launch would fault and take the CUDA context with it."""
+    from trtcore.plugins.base import DeviceTensor
+
+    qw = random_qw(rng, 32, 128, 4, 64, "none", False)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    ins = [DeviceTensor(0x10000 + offset, (m, 128), BF16)] + [DeviceTensor(0x20000, a.shape, a.dtype) for a in packed.arrays()]
+    with pytest.raises(PluginError, match=rf"x at address 0x{0x10000 + offset:x} is not {align}-byte aligned, as the kernel for M={m} needs"):
+        plugin.enqueue(ins, [DeviceTensor(0x30000, (m, 32), BF16)], 0, 0)

@@ -125,7 +125,7 @@ def _v2_compiled() -> None:
     from trtcore import kernels
 
     sets = [
-        {"DTYPE": d, "BITS": b, "HAS_ZEROS": z, "HAS_PERM": 0, **c, **v}
+        {"DTYPE": d, "BITS": b, "HAS_ZEROS": z, "HAS_PERM": 0, **v}
         for d in (1, 2)
         for b in (4, 8)
         for z in (0, 1)
@@ -137,8 +137,9 @@ def _v2_compiled() -> None:
         for d in (1, 2)
         for b in (4, 8)
         for z in (0, 1)
-        for v in [{}, wog.DEFAULT_DECODE[b], {k: val for k, val in wog.DEFAULT_DECODE[b].items() if k != "SEG"}, *CONTIG_X_VARIANTS]
+        for v in [{}, wog.DEFAULT_DECODE[b], *CONTIG_X_VARIANTS]
     ]
+    sets += [{k: val for k, val in d.items() if k != "SEG"} for d in sets if d.get("CONTIG_X")]  # the SEG fallback
     unique = [dict(t) for t in sorted({tuple(sorted(d.items())) for d in sets})]
     arch = kernels.current_arch()
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
@@ -227,7 +228,8 @@ def test_contiguous_x_order_matches_reference(case: tuple, dtype: np.dtype, monk
 def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int) -> None:
     """A contiguous-x weight and an x view ``offset`` bytes past 16-byte alignment (a slice of a
     bigger tensor): the plugin runs v1 for M <= 8 (its 4-byte x loads need 4-byte alignment only,
-    v2's 16-byte ones would fault), and every kernel's output equals the reference of that x."""
+    v2's 16-byte ones would fault) and the M <= 16 kernel, and their outputs equal the reference
+    of that x; M = 17 (the tiled kernel's 16-byte x loads) is refused before any launch."""
     import cupy as cp
 
     from trtcore.plugins.base import DeviceTensor
@@ -247,7 +249,12 @@ def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int) -> None:
         buf[start : start + x.nbytes] = cp.asarray(x.view(np.uint8).reshape(-1))
         out = cp.full((m, n), 0xFFFF, cp.uint16)  # NaN
         ins = [DeviceTensor(base_ptr + start, (m, k), dtype)] + [DeviceTensor(int(a.data.ptr), a.shape, a.dtype) for a in consts]
-        plugin.enqueue(ins, [DeviceTensor(int(out.data.ptr), (m, n), dtype)], 0, int(cp.cuda.get_current_stream().ptr))
+        outs = [DeviceTensor(int(out.data.ptr), (m, n), dtype)]
+        if m > 16:
+            with pytest.raises(wog.PluginError, match="not 16-byte aligned"):
+                plugin.enqueue(ins, outs, 0, int(cp.cuda.get_current_stream().ptr))
+            continue
+        plugin.enqueue(ins, outs, 0, int(cp.cuda.get_current_stream().ptr))
         got = cp.asnumpy(out).view(dtype).astype(np.float64)
         (want,) = plugin.reference(x, *packed.arrays())
         want = want.astype(np.float64)
