@@ -132,6 +132,43 @@ def test_g_idx_with_unequal_groups_is_refused(tmp_path: Path) -> None:
         _read(tmp_path, {"quant_method": "gptq", "bits": 4, "checkpoint_format": "gptq_v2"}, tensors)
 
 
+def _ragged(seed: int, k: int, group_size: int) -> Any:
+    """Random codes, zeros and scales of an ``[N, k]`` weight whose last group is short
+    (``k`` not a multiple of ``group_size``): ``ceil(k / group_size)`` groups, as AutoGPTQ's
+    ``g_idx = k // group_size`` and compressed-tensors' group strategy store them."""
+    from quant_packers import Quantized
+
+    rng = np.random.default_rng(seed)
+    groups = -(-k // group_size)
+    s = rng.uniform(0.01, 0.1, (N, groups)).astype(np.float16)
+    return Quantized(rng.integers(0, 16, (N, k)), rng.integers(0, 16, (N, groups)), s, np.arange(k) // group_size)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "gptq_no_g_idx", "awq", "compressed-tensors"])
+def test_k_not_a_multiple_of_the_group_size_is_refused(tmp_path: Path, fmt: str) -> None:
+    """K = 200 in groups of 64 is 4 groups, the last of 8 features. Read as 4 equal groups of
+    50 the weight would be silently wrong; it is refused, naming K and the group size."""
+    qz = _ragged(21, 200, 64)
+    if fmt.startswith("gptq"):
+        config: dict[str, Any] = {"quant_method": "gptq", "bits": 4, "group_size": 64, "checkpoint_format": "gptq_v2"}
+        tensors = pack_gptq(qz, 4, "gptq_v2", with_g_idx=fmt == "gptq")
+    elif fmt == "awq":
+        config, tensors = {"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm"}, pack_awq(qz)
+    else:
+        config, tensors = _ct_config(4, "group", 64, False), pack_compressed(qz, 4, sym=False)
+    with pytest.raises(CheckpointError, match=r"K=200 .*not a multiple of group_size 64"):
+        _read(tmp_path, config, tensors)
+
+
+def test_tensors_group_size_wins_over_a_config_that_divides_k(tmp_path: Path) -> None:
+    """A config group_size that K is a multiple of but the tensors do not follow (a per-module
+    override) is not refused: the tensors' own group size is read."""
+    qz = quantize(_weight(22), 4, 32, sym=False, rng=np.random.default_rng(5))
+    qw = _read(tmp_path, {"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm"}, pack_awq(qz))
+    assert qw.group_size == 32
+    np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+
+
 # ---------------------------------------------------------------------------------------
 # detection
 

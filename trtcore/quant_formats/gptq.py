@@ -48,11 +48,15 @@ def gptq_weight(
     bits: int,
     checkpoint_format: str = "gptq",
     name: str = "weight",
+    group_size: int | None = None,
 ) -> QuantizedWeight:
-    """Convert one GPTQ linear's tensors (layout: module docstring) to a QuantizedWeight.
+    """Convert one GPTQ linear's tensors (layout: module docstring) to a QuantizedWeight
+    (``group_size``: the config's, to refuse a short last group, see
+    :func:`~.groups.grouped_weight`).
 
     Raises:
-        CheckpointError: dtypes/shapes inconsistent, unknown ``checkpoint_format``, a bad ``g_idx``.
+        CheckpointError: dtypes/shapes inconsistent, unknown ``checkpoint_format``, a bad
+            ``g_idx``, K not a multiple of ``group_size``.
     """
     if checkpoint_format not in ZERO_OFFSETS:
         raise CheckpointError(f"'{name}': GPTQ checkpoint_format {checkpoint_format!r} is not supported, expected one of {sorted(ZERO_OFFSETS)}")
@@ -61,7 +65,7 @@ def gptq_weight(
     zeros = unpack_int32(qzeros, bits, 1, f"{name}.qzeros")[:, :n].T.astype(np.float32) + ZERO_OFFSETS[checkpoint_format]
     if scales.shape != (zeros.shape[1], n):
         raise CheckpointError(f"'{name}.scales' has shape {scales.shape}, expected {(zeros.shape[1], n)} from qzeros and qweight")
-    return grouped_weight(codes, scales.T, zeros, bits, g_idx, name)
+    return grouped_weight(codes, scales.T, zeros, bits, g_idx, name, () if group_size is None else (int(group_size),))
 
 
 def dynamic_pattern(pattern: str) -> tuple[bool, str]:
@@ -86,14 +90,17 @@ def read_gptq(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWei
     """The GPTQ linear ``prefix`` (e.g. ``model.layers.0.mlp.up_proj``) of a checkpoint
     (``get(name)`` and ``in``), with ``config`` the ``quantization_config``."""
     g_idx = weights.get(f"{prefix}.g_idx") if f"{prefix}.g_idx" in weights else None
+    override = dynamic_override(config, prefix) or {}
+    group_size = override.get("group_size", config.get("group_size"))
     return gptq_weight(
         weights.get(f"{prefix}.qweight"),
         weights.get(f"{prefix}.qzeros"),
         weights.get(f"{prefix}.scales"),
         g_idx,
-        bits=int((dynamic_override(config, prefix) or {}).get("bits", config.get("bits", 4))),
+        bits=int(override.get("bits", config.get("bits", 4))),
         checkpoint_format=str(config.get("checkpoint_format", "gptq")),
         name=prefix,
+        group_size=None if group_size is None else int(group_size),
     )
 
 
