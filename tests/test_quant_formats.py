@@ -195,6 +195,33 @@ def test_unsupported_formats_are_refused_with_the_list(config: dict[str, Any]) -
         assert name in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"quant_method": "gptq", "bits": None}, r"GPTQ bits=None \(expected an integer"),
+        ({"quant_method": "gptq", "bits": "four"}, r"GPTQ bits='four' \(expected an integer"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": "128g"}, r"GPTQ group_size='128g' \(expected an integer"),
+        ({"quant_method": "gptq", "bits": 4, "dynamic": {"+:.*down_proj": {"group_size": [32]}}}, r"group_size=\[32\] \(expected an integer"),
+        ({"quant_method": "awq", "bits": "x", "version": "gemm"}, r"AWQ bits='x' \(expected an integer"),
+        ({"quant_method": "awq", "w_bit": 4, "q_group_size": 12.5, "version": "gemm"}, r"AWQ q_group_size=12.5 \(expected an integer"),
+    ],
+)
+def test_non_integer_bits_and_group_size_are_refused_by_name(config: dict[str, Any], match: str) -> None:
+    """A ``bits`` / ``group_size`` that is no integer is refused naming the key and the value
+    (not a bare TypeError / ValueError from int(), nor at the first weight read)."""
+    with pytest.raises(UnsupportedQuantizationError, match=match):
+        detect_quantization(config)
+
+
+def test_integer_strings_are_read_as_integers() -> None:
+    """``"bits": "4"`` (hand-edited configs) reads as 4, at the top level and in a dynamic
+    override; ``"group_size": null`` leaves the group size to the tensors."""
+    assert detect_quantization({"quant_method": "gptq", "bits": "4", "group_size": "128", "dynamic": {"+:.*down_proj": {"bits": "8"}}})
+    assert detect_quantization({"quant_method": "gptq", "bits": 4, "group_size": None})
+    with pytest.raises(UnsupportedQuantizationError, match=r"bits='3'"):
+        detect_quantization({"quant_method": "gptq", "bits": 4, "dynamic": {"+:.*down_proj": {"bits": "3"}}})
+
+
 def test_a_4_bit_float_format_is_not_called_fp8() -> None:
     """NVFP4 (compressed-tensors ``nvfp4-pack-quantized``, 4-bit float weights in groups of 16)
     is refused by its own name and bit width, not as an FP8 format."""

@@ -86,13 +86,34 @@ def _refuse(what: str) -> UnsupportedQuantizationError:
     return UnsupportedQuantizationError(f"quantization_config: {what} is not supported; supported formats: {SUPPORTED_FORMATS}")
 
 
+def _integer(c: dict[str, Any], key: str, default: int | None, what: str) -> int | None:
+    """``c[key]`` as an int (an int, or a string of one), ``default`` when absent or null
+    (``bits`` has no null: its default is for an absent key only).
+
+    Raises:
+        UnsupportedQuantizationError: the value is no integer (named with the key).
+    """
+    if key not in c or (c[key] is None and default is None):
+        return default
+    value = c[key]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise _refuse(f"{what} {key}={value!r} (expected an integer)")
+
+
 def _check(method: str, c: dict[str, Any]) -> None:
     if method == "gptq":
         fmt = c.get("checkpoint_format", "gptq")
         if fmt not in ZERO_OFFSETS:
             raise _refuse(f"GPTQ checkpoint_format {fmt!r}")
-        if int(c.get("bits", 4)) not in (4, 8):
+        if _integer(c, "bits", 4, "GPTQ") not in (4, 8):
             raise _refuse(f"GPTQ bits={c.get('bits')!r}")
+        _integer(c, "group_size", None, "GPTQ")
         dynamic = c.get("dynamic") or {}
         if not isinstance(dynamic, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in dynamic.items()):
             raise _refuse(f"GPTQ dynamic {dynamic!r} (expected an object of pattern -> override object)")
@@ -102,14 +123,19 @@ def _check(method: str, c: dict[str, Any]) -> None:
                 re.compile(expression)
             except re.error as e:
                 raise _refuse(f"GPTQ dynamic pattern {pattern!r} ({e})") from None
-            if not negative and "bits" in values and values["bits"] not in (4, 8):
+            if negative:
+                continue
+            if _integer(values, "bits", 4, f"GPTQ dynamic override {pattern!r}") not in (4, 8):
                 raise _refuse(f"GPTQ dynamic override {pattern!r} bits={values.get('bits')!r}")
+            _integer(values, "group_size", None, f"GPTQ dynamic override {pattern!r}")
     elif method == "awq":
         version = str(c.get("version", "gemm")).lower()
         if version not in AWQ_VERSIONS:
             raise _refuse(f"AWQ version {version!r}")
-        if int(c.get("bits", c.get("w_bit", 4))) != 4:
-            raise _refuse(f"AWQ bits={c.get('bits')!r}")
+        bits_key = "bits" if "bits" in c else "w_bit"
+        if _integer(c, bits_key, 4, "AWQ") != 4:
+            raise _refuse(f"AWQ {bits_key}={c.get(bits_key)!r}")
+        _integer(c, "group_size" if "group_size" in c else "q_group_size", None, "AWQ")
     elif method == "compressed-tensors":
         # the checkpoint's format, or (newer files) each config group's
         groups = [g for g in (c.get("config_groups") or {}).values() if isinstance(g, dict)]
