@@ -378,3 +378,36 @@ def test_int_weights_with_quantized_activations_are_refused():
     config["config_groups"]["group_0"]["input_activations"] = {"dynamic": True, "num_bits": 8, "strategy": "token", "symmetric": True, "type": "int"}
     with pytest.raises(UnsupportedQuantizationError, match="input_activations"):
         detect_quantization(config, None)
+
+
+_SPARSE_24 = {
+    "format": "sparse-24-bitmask",
+    "global_sparsity": 0.45,
+    "ignore": ["lm_head"],
+    "registry_requires_subclass": False,
+    "sparsity_structure": "2:4",
+    "targets": ["Linear"],
+}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        _fp8_dynamic_config() | {"sparsity_config": _SPARSE_24},  # llm-compressor W8A8-FP8 + 2:4 (float-quantized + sparse-24-bitmask)
+        _ct_config(4, "group", 128, True) | {"sparsity_config": _SPARSE_24 | {"format": "sparse-bitmask", "sparsity_structure": "unstructured"}},
+        {"quant_method": "compressed-tensors", "sparsity_config": _SPARSE_24},  # 2:4 sparse, not quantized
+    ],
+)
+def test_sparse_compressed_tensors_are_refused_by_their_sparsity_format(config: dict[str, Any]) -> None:
+    """A compressed-tensors sparsity compressor stores a linear as ``X.compressed`` /
+    ``X.bitmask`` / ``X.shape`` instead of ``X.weight`` (or ``X.weight_packed``): refused at
+    detection naming the sparsity format, not accepted and then missing ``X.weight`` at load."""
+    with pytest.raises(UnsupportedQuantizationError, match=r"sparsity_config format 'sparse-(24-)?bitmask'") as e:
+        detect_quantization(config)
+    assert SUPPORTED_FORMATS in str(e.value)
+
+
+def test_dense_sparsity_config_is_read() -> None:
+    """``sparsity_config`` with ``format: "dense"`` (or null) stores the weights as they are."""
+    for sparsity in (None, _SPARSE_24 | {"format": "dense"}):
+        assert detect_quantization(_ct_config(4, "group", 128, True) | {"sparsity_config": sparsity}).method == "compressed-tensors"

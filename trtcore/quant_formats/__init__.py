@@ -137,6 +137,14 @@ def _check(method: str, c: dict[str, Any]) -> None:
             raise _refuse(f"AWQ {bits_key}={c.get(bits_key)!r}")
         _integer(c, "group_size" if "group_size" in c else "q_group_size", None, "AWQ")
     elif method == "compressed-tensors":
+        sparsity = c.get("sparsity_config")
+        if sparsity is not None:
+            sparse_format = sparsity.get("format") if isinstance(sparsity, dict) else sparsity
+            if sparse_format != "dense":
+                raise _refuse(
+                    f"compressed-tensors sparsity_config format {sparse_format!r} (sparse compressors store a linear as "
+                    "X.compressed / X.bitmask instead of X.weight; only sparsity_config null or format 'dense' is read)"
+                )
         # the checkpoint's format, or (newer files) each config group's
         groups = [g for g in (c.get("config_groups") or {}).values() if isinstance(g, dict)]
         formats = {c["format"]} if c.get("format") else {g.get("format") for g in groups}
