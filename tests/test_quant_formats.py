@@ -411,3 +411,14 @@ def test_dense_sparsity_config_is_read() -> None:
     """``sparsity_config`` with ``format: "dense"`` (or null) stores the weights as they are."""
     for sparsity in (None, _SPARSE_24 | {"format": "dense"}):
         assert detect_quantization(_ct_config(4, "group", 128, True) | {"sparsity_config": sparsity}).method == "compressed-tensors"
+
+
+def test_autogptq_marlin_checkpoints_are_refused() -> None:
+    """AutoGPTQ <= 0.7.1 marks a Marlin-serialized checkpoint (tensors ``B`` / ``s``, not
+    ``qweight``) with ``is_marlin_format: true`` instead of ``checkpoint_format: "marlin"``
+    (vLLM's ``check_marlin_format`` reads both): refused by name, not read as GPTQ v1."""
+    config = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True, "is_marlin_format": True}
+    with pytest.raises(UnsupportedQuantizationError, match=r"is_marlin_format=True") as e:
+        detect_quantization(config)
+    assert SUPPORTED_FORMATS in str(e.value)
+    assert detect_quantization(config | {"is_marlin_format": False, "checkpoint_format": "gptq"}).method == "gptq"

@@ -111,6 +111,8 @@ def _check(method: str, c: dict[str, Any]) -> None:
         fmt = c.get("checkpoint_format", "gptq")
         if fmt not in ZERO_OFFSETS:
             raise _refuse(f"GPTQ checkpoint_format {fmt!r}")
+        if c.get("is_marlin_format"):  # AutoGPTQ <= 0.7.1's checkpoint_format "marlin"
+            raise _refuse(f"GPTQ is_marlin_format={c['is_marlin_format']!r} (AutoGPTQ's Marlin-serialized layout, checkpoint_format 'marlin')")
         if _integer(c, "bits", 4, "GPTQ") not in (4, 8):
             raise _refuse(f"GPTQ bits={c.get('bits')!r}")
         _integer(c, "group_size", None, "GPTQ")
