@@ -422,3 +422,35 @@ def test_autogptq_marlin_checkpoints_are_refused() -> None:
         detect_quantization(config)
     assert SUPPORTED_FORMATS in str(e.value)
     assert detect_quantization(config | {"is_marlin_format": False, "checkpoint_format": "gptq"}).method == "gptq"
+
+
+@pytest.mark.parametrize("key", ["format", "FORMAT_UPPER"])
+def test_gptq_format_key_names_the_checkpoint_format(tmp_path: Path, key: str) -> None:
+    """transformers (v5) names GPTQ's checkpoint format ``format`` (``checkpoint_format`` is its
+    legacy alias, lower-cased): ``{"format": "gptq_v2"}`` is v2, whose zero points are stored
+    as they are; read as v1 every weight would be one scale step off."""
+    qz = quantize(_weight(31), 4, 32, sym=False, rng=np.random.default_rng(6))
+    config: dict[str, Any] = {"quant_method": "gptq", "bits": 4, "group_size": 32}
+    config |= {"format": "gptq_v2"} if key == "format" else {"checkpoint_format": "GPTQ_V2"}
+    qw = _read(tmp_path, config, pack_gptq(qz, 4, "gptq_v2"))
+    np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+    with pytest.raises(UnsupportedQuantizationError, match=r"checkpoint_format 'marlin'"):
+        detect_quantization({"quant_method": "gptq", "bits": 4, "format": "marlin"})
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "format": "gemv"}, r"AWQ version 'gemv'"),
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "format": "gemv_fast", "version": "gemv_fast"}, r"AWQ version 'gemv_fast'"),
+        # transformers 4.x AwqConfig(backend="llm-awq") wrote version "gemm" beside it: MIT llm-awq's own packing
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "backend": "llm-awq"}, r"AWQ version 'llm-awq'"),
+    ],
+)
+def test_awq_format_and_llm_awq_backend_are_read(config: dict[str, Any], match: str) -> None:
+    """An AWQ config's layout is ``version``, else ``format`` (transformers v5's name), and
+    ``backend: "llm-awq"`` (transformers 4.x) means llm-awq's layout whatever the version says."""
+    with pytest.raises(UnsupportedQuantizationError, match=match) as e:
+        detect_quantization(config)
+    assert SUPPORTED_FORMATS in str(e.value)
+    assert detect_quantization({"quant_method": "awq", "bits": 4, "format": "gemm", "backend": "auto"}).method == "awq"

@@ -31,11 +31,11 @@ from trtcore.errors import CheckpointError, InvalidArgumentError, TensorShapeErr
 from trtcore.fp8 import Fp8Weight, quantize_weight
 from trtcore.quantization import QuantizedWeight
 
-from .awq import AWQ_VERSIONS, read_awq
+from .awq import AWQ_VERSIONS, awq_version, read_awq
 from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight_args
 from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, compressed_per_token, fp8_weight_args, read_fp8
 from .gguf_blocks import BLOCKS, GGUF_TYPES, gguf_weight
-from .gptq import ZERO_OFFSETS, dynamic_pattern, read_gptq
+from .gptq import ZERO_OFFSETS, checkpoint_format, dynamic_pattern, read_gptq
 
 #: ``quantization`` values (vLLM's names) and ``quantization_config.quant_method`` values read here
 QUANTIZATION_METHODS = ("gptq", "awq", "compressed-tensors", "gguf", "fp8")
@@ -108,7 +108,7 @@ def _integer(c: dict[str, Any], key: str, default: int | None, what: str) -> int
 
 def _check(method: str, c: dict[str, Any]) -> None:
     if method == "gptq":
-        fmt = c.get("checkpoint_format", "gptq")
+        fmt = checkpoint_format(c)
         if fmt not in ZERO_OFFSETS:
             raise _refuse(f"GPTQ checkpoint_format {fmt!r}")
         if c.get("is_marlin_format"):  # AutoGPTQ <= 0.7.1's checkpoint_format "marlin"
@@ -131,7 +131,7 @@ def _check(method: str, c: dict[str, Any]) -> None:
                 raise _refuse(f"GPTQ dynamic override {pattern!r} bits={values.get('bits')!r}")
             _integer(values, "group_size", None, f"GPTQ dynamic override {pattern!r}")
     elif method == "awq":
-        version = str(c.get("version", "gemm")).lower()
+        version = awq_version(c)
         if version not in AWQ_VERSIONS:
             raise _refuse(f"AWQ version {version!r}")
         bits_key = "bits" if "bits" in c else "w_bit"

@@ -28,6 +28,16 @@ from .packing import awq_unorder, unpack_int32
 AWQ_VERSIONS = ("gemm",)
 
 
+def awq_version(config: dict[str, Any]) -> str:
+    """An AWQ ``quantization_config``'s layout, lower-cased: ``version`` (AutoAWQ), else
+    ``format`` (transformers v5's name for it), else ``"gemm"``; ``"llm-awq"`` whatever these
+    say when ``backend`` is ``"llm-awq"`` (transformers 4.x wrote ``version: "gemm"`` beside
+    it, for MIT llm-awq's own packing)."""
+    if str(config.get("backend") or "").lower() == "llm-awq":
+        return "llm-awq"
+    return str(config.get("version") or config.get("format") or "gemm").lower()
+
+
 def awq_weight(
     qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, *, bits: int = 4, name: str = "weight", group_size: int | None = None
 ) -> QuantizedWeight:
@@ -61,4 +71,4 @@ def read_awq(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWeig
     )
 
 
-__all__ = ["AWQ_VERSIONS", "awq_weight", "read_awq"]
+__all__ = ["AWQ_VERSIONS", "awq_version", "awq_weight", "read_awq"]

@@ -11,7 +11,8 @@ Per quantized linear ``X`` (``N`` outputs, ``K`` inputs, ``G`` groups, ``p = 32 
 
 ``w[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n]``. ``checkpoint_format: "gptq"``
 (v1, the default) stores each zero point minus one (AutoGPTQ's packer subtracts 1 and its
-kernels add it back); ``"gptq_v2"`` (GPTQModel) stores the zero point itself.
+kernels add it back); ``"gptq_v2"`` (GPTQModel) stores the zero point itself. transformers
+v5 writes the same value as ``format`` too, and reads ``format`` alone (:func:`checkpoint_format`).
 ``group_size: -1`` means one group over all of K. ``sym: true`` checkpoints store the zero
 ``2**(bits-1)`` like any other, so ``sym`` needs no special case.
 
@@ -68,6 +69,13 @@ def gptq_weight(
     return grouped_weight(codes, scales.T, zeros, bits, g_idx, name, () if group_size is None else (int(group_size),))
 
 
+def checkpoint_format(config: dict[str, Any]) -> str:
+    """A GPTQ ``quantization_config``'s checkpoint format, lower-cased: ``checkpoint_format``
+    (AutoGPTQ / GPTQModel), else ``format`` (transformers v5's name for it, which reads
+    ``checkpoint_format`` as its legacy alias and lets it win), else ``"gptq"`` (v1)."""
+    return str(config.get("checkpoint_format") or config.get("format") or "gptq").lower()
+
+
 def dynamic_pattern(pattern: str) -> tuple[bool, str]:
     """``(negative, regular expression)`` of a ``dynamic`` key: ``"-:<re>"`` (unquantized
     modules), ``"+:<re>"`` or a bare ``<re>`` (overrides)."""
@@ -98,10 +106,10 @@ def read_gptq(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWei
         weights.get(f"{prefix}.scales"),
         g_idx,
         bits=int(override.get("bits", config.get("bits", 4))),
-        checkpoint_format=str(config.get("checkpoint_format", "gptq")),
+        checkpoint_format=checkpoint_format(config),
         name=prefix,
         group_size=None if group_size is None else int(group_size),
     )
 
 
-__all__ = ["ZERO_OFFSETS", "dynamic_override", "dynamic_pattern", "gptq_weight", "read_gptq"]
+__all__ = ["ZERO_OFFSETS", "checkpoint_format", "dynamic_override", "dynamic_pattern", "gptq_weight", "read_gptq"]
