@@ -20,14 +20,17 @@ One module per format: :mod:`.gptq`, :mod:`.awq`, :mod:`.compressed_tensors`, :m
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from trtcore.errors import CheckpointError, InvalidArgumentError, TensorShapeError, UnsupportedQuantizationError
+from trtcore.errors import CheckpointError, ConfigError, InvalidArgumentError, TensorShapeError, UnsupportedQuantizationError
 from trtcore.fp8 import Fp8Weight, quantize_weight
 from trtcore.quantization import QuantizedWeight
 
@@ -182,6 +185,47 @@ def _check(method: str, c: dict[str, Any]) -> None:
         types = c.get("ggml_types")
         if not isinstance(types, dict) or any(t not in GGUF_TYPES for t in types.values()):
             raise _refuse(f"GGUF ggml_types {types!r}")
+
+
+#: per method, the files AutoGPTQ / AutoAWQ keep a checkpoint's quantization in, read (as vLLM's
+#: ``get_config_filenames``) where config.json has no ``quantization_config``
+CONFIG_FILES = {"gptq": ("quantize_config.json",), "awq": ("quant_config.json", "quantize_config.json")}
+
+
+def quantization_config_file(model_dir: str | os.PathLike[str], quantization: str | None) -> dict[str, Any] | None:
+    """The quantization config of a checkpoint whose config.json has none, from AutoGPTQ's
+    ``quantize_config.json`` or AutoAWQ's ``quant_config.json`` (:data:`CONFIG_FILES`), with
+    ``quant_method`` set to ``quantization`` where the file has none; None when
+    ``quantization`` has no such file (or is not ``"gptq"`` / ``"awq"``).
+
+    As vLLM, the file is read only when ``quantization`` names the method.
+
+    Raises:
+        ConfigError: the file is not a JSON object.
+        InvalidArgumentError: ``quantization`` is None and such a file exists (the message
+            names it and the ``quantization`` that reads it).
+    """
+    for method, names in CONFIG_FILES.items():
+        if quantization is not None and quantization != method:
+            continue
+        for name in names:
+            path = Path(model_dir) / name
+            if not path.is_file():
+                continue
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ConfigError(f"cannot read the quantization config {path}: {e}") from None
+            if not isinstance(data, dict):
+                raise ConfigError(f"{path} is {type(data).__name__}, expected a JSON object (the {method} quantization config)")
+            found = str(data.get("quant_method") or method).lower()
+            if quantization is None:
+                raise InvalidArgumentError(
+                    f"config.json has no quantization_config, but {path} holds a {found} one; pass quantization={found!r} "
+                    f"(--quantization {found}) to read it, as vLLM"
+                )
+            return {"quant_method": method} | data
+    return None
 
 
 def detect_quantization(quantization_config: dict[str, Any] | None, quantization: str | None = None) -> QuantScheme | None:
@@ -352,6 +396,7 @@ def linear_weight(weights: Any, name: str, shape: tuple[int, int], *, quantized:
 
 
 __all__ = [
+    "CONFIG_FILES",
     "FP8_ON_THE_FLY",
     "QUANTIZATION_METHODS",
     "SUPPORTED_FORMATS",
@@ -360,5 +405,6 @@ __all__ = [
     "dequantize_for_network",
     "detect_quantization",
     "linear_weight",
+    "quantization_config_file",
     "quantized_weights",
 ]
