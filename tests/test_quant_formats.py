@@ -454,3 +454,15 @@ def test_awq_format_and_llm_awq_backend_are_read(config: dict[str, Any], match: 
         detect_quantization(config)
     assert SUPPORTED_FORMATS in str(e.value)
     assert detect_quantization({"quant_method": "awq", "bits": 4, "format": "gemm", "backend": "auto"}).method == "awq"
+
+
+def test_weight_only_fp8_is_refused() -> None:
+    """A compressed-tensors FP8 group without ``input_activations`` is weight-only FP8 (W8A16:
+    vLLM's CompressedTensorsW8A16Fp8, activations stay in the model dtype). Read as an FP8
+    linear, its activations would be quantized to E4M3 too, a different function from the
+    checkpoint's; it is refused by name."""
+    config = _fp8_dynamic_config()
+    config["config_groups"]["group_0"]["input_activations"] = None
+    with pytest.raises(UnsupportedQuantizationError, match=r"FP8 weights without input_activations \(group 'group_0': weight-only FP8, W8A16") as e:
+        detect_quantization(config)
+    assert SUPPORTED_FORMATS in str(e.value)

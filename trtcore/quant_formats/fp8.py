@@ -51,9 +51,12 @@ def check_compressed_fp8(config: dict[str, Any]) -> str | None:
         if w.get("num_bits") != 8 or w.get("strategy") not in ("tensor", "channel") or w.get("dynamic"):
             return f"compressed-tensors float weights {w!r} (group {name!r}; FP8 needs num_bits 8, strategy tensor or channel, static)"
         a = g.get("input_activations")
-        if a is not None and (
-            a.get("type", "float") != "float" or a.get("num_bits", 8) != 8 or a.get("strategy", "tensor") not in ACTIVATION_STRATEGIES
-        ):
+        if a is None:
+            return (
+                f"compressed-tensors FP8 weights without input_activations (group {name!r}: weight-only FP8, W8A16; "
+                "FP8 linears are read with FP8 activations, input_activations per tensor static / dynamic or per token dynamic)"
+            )
+        if a.get("type", "float") != "float" or a.get("num_bits", 8) != 8 or a.get("strategy", "tensor") not in ACTIVATION_STRATEGIES:
             return (
                 f"compressed-tensors input_activations {a!r} (group {name!r}; FP8 activations are read per tensor, "
                 "static or dynamic, and per token, dynamic)"
