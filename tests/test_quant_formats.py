@@ -466,3 +466,24 @@ def test_weight_only_fp8_is_refused() -> None:
     with pytest.raises(UnsupportedQuantizationError, match=r"FP8 weights without input_activations \(group 'group_0': weight-only FP8, W8A16") as e:
         detect_quantization(config)
     assert SUPPORTED_FORMATS in str(e.value)
+
+
+@pytest.mark.parametrize("layout", ["fp8", "compressed-tensors"])
+def test_static_fp8_linear_without_input_scale_is_refused(tmp_path: Path, layout: str) -> None:
+    """A config with static activation scales (``activation_scheme: "static"``, or
+    compressed-tensors ``input_activations`` ``dynamic: false``) whose linear has no
+    ``input_scale`` is refused naming the tensor, not run with dynamic scales instead."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(12)
+    codes = rng.integers(0, 0x7E, (N, K), dtype=np.uint8)
+    tensors = {"weight": codes.view(ml_dtypes.float8_e4m3fn), "weight_scale": np.full(1, 0.02, np.float32)}
+    if layout == "fp8":
+        config: dict[str, Any] = {"quant_method": "fp8", "activation_scheme": "static"}
+    else:
+        config = _fp8_dynamic_config("tensor", dynamic=False, weights="tensor")
+    with pytest.raises(CheckpointError, match=r"'model.layers.0.mlp.up_proj' has no input_scale.*static"):
+        _read(tmp_path, config, tensors)
+    (tmp_path / "ok").mkdir()
+    fw = _read(tmp_path / "ok", config, tensors | {"input_scale": np.full(1, 0.5, np.float32)})
+    assert fw.input_scale is not None and fw.input_scale.tolist() == [0.5]

@@ -36,7 +36,7 @@ from trtcore.quantization import QuantizedWeight
 
 from .awq import AWQ_VERSIONS, awq_version, read_awq
 from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight_args
-from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, compressed_per_token, fp8_weight_args, read_fp8
+from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, compressed_per_token, fp8_weight_args, read_fp8, static_activations
 from .gguf_blocks import BLOCKS, GGUF_TYPES, gguf_weight
 from .gptq import ZERO_OFFSETS, checkpoint_format, dynamic_pattern, read_gptq
 
@@ -327,7 +327,7 @@ class QuantizedCheckpoint:
         if self.scheme.on_the_fly:
             return quantize_weight(self.checkpoint.get(name, copy=False), "tensor")
         if self.scheme.fp8:
-            return read_fp8(self.checkpoint, prefix, self.scheme.method == "compressed-tensors" and compressed_per_token(c))
+            return read_fp8(self.checkpoint, prefix, self.scheme.method == "compressed-tensors" and compressed_per_token(c), static_activations(c))
         if self.scheme.method == "gguf":
             raw = self.checkpoint.get(name, copy=False)
             per_block, nbytes = BLOCKS[c["ggml_types"][name]]
