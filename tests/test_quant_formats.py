@@ -132,6 +132,43 @@ def test_g_idx_with_unequal_groups_is_refused(tmp_path: Path) -> None:
         _read(tmp_path, {"quant_method": "gptq", "bits": 4, "checkpoint_format": "gptq_v2"}, tensors)
 
 
+def _ragged(seed: int, k: int, group_size: int) -> Any:
+    """Random codes, zeros and scales of an ``[N, k]`` weight whose last group is short
+    (``k`` not a multiple of ``group_size``): ``ceil(k / group_size)`` groups, as AutoGPTQ's
+    ``g_idx = k // group_size`` and compressed-tensors' group strategy store them."""
+    from quant_packers import Quantized
+
+    rng = np.random.default_rng(seed)
+    groups = -(-k // group_size)
+    s = rng.uniform(0.01, 0.1, (N, groups)).astype(np.float16)
+    return Quantized(rng.integers(0, 16, (N, k)), rng.integers(0, 16, (N, groups)), s, np.arange(k) // group_size)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "gptq_no_g_idx", "awq", "compressed-tensors"])
+def test_k_not_a_multiple_of_the_group_size_is_refused(tmp_path: Path, fmt: str) -> None:
+    """K = 200 in groups of 64 is 4 groups, the last of 8 features. Read as 4 equal groups of
+    50 the weight would be silently wrong; it is refused, naming K and the group size."""
+    qz = _ragged(21, 200, 64)
+    if fmt.startswith("gptq"):
+        config: dict[str, Any] = {"quant_method": "gptq", "bits": 4, "group_size": 64, "checkpoint_format": "gptq_v2"}
+        tensors = pack_gptq(qz, 4, "gptq_v2", with_g_idx=fmt == "gptq")
+    elif fmt == "awq":
+        config, tensors = {"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm"}, pack_awq(qz)
+    else:
+        config, tensors = _ct_config(4, "group", 64, False), pack_compressed(qz, 4, sym=False)
+    with pytest.raises(CheckpointError, match=r"K=200 .*not a multiple of group_size 64"):
+        _read(tmp_path, config, tensors)
+
+
+def test_tensors_group_size_wins_over_a_config_that_divides_k(tmp_path: Path) -> None:
+    """A config group_size that K is a multiple of but the tensors do not follow (a per-module
+    override) is not refused: the tensors' own group size is read."""
+    qz = quantize(_weight(22), 4, 32, sym=False, rng=np.random.default_rng(5))
+    qw = _read(tmp_path, {"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm"}, pack_awq(qz))
+    assert qw.group_size == 32
+    np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+
+
 # ---------------------------------------------------------------------------------------
 # detection
 
@@ -156,6 +193,33 @@ def test_unsupported_formats_are_refused_with_the_list(config: dict[str, Any]) -
     assert SUPPORTED_FORMATS in str(e.value)
     for name in ("gptq", "awq", "compressed-tensors", "gguf", "Q4_K", "pack-quantized"):
         assert name in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"quant_method": "gptq", "bits": None}, r"GPTQ bits=None \(expected an integer"),
+        ({"quant_method": "gptq", "bits": "four"}, r"GPTQ bits='four' \(expected an integer"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": "128g"}, r"GPTQ group_size='128g' \(expected an integer"),
+        ({"quant_method": "gptq", "bits": 4, "dynamic": {"+:.*down_proj": {"group_size": [32]}}}, r"group_size=\[32\] \(expected an integer"),
+        ({"quant_method": "awq", "bits": "x", "version": "gemm"}, r"AWQ bits='x' \(expected an integer"),
+        ({"quant_method": "awq", "w_bit": 4, "q_group_size": 12.5, "version": "gemm"}, r"AWQ q_group_size=12.5 \(expected an integer"),
+    ],
+)
+def test_non_integer_bits_and_group_size_are_refused_by_name(config: dict[str, Any], match: str) -> None:
+    """A ``bits`` / ``group_size`` that is no integer is refused naming the key and the value
+    (not a bare TypeError / ValueError from int(), nor at the first weight read)."""
+    with pytest.raises(UnsupportedQuantizationError, match=match):
+        detect_quantization(config)
+
+
+def test_integer_strings_are_read_as_integers() -> None:
+    """``"bits": "4"`` (hand-edited configs) reads as 4, at the top level and in a dynamic
+    override; ``"group_size": null`` leaves the group size to the tensors."""
+    assert detect_quantization({"quant_method": "gptq", "bits": "4", "group_size": "128", "dynamic": {"+:.*down_proj": {"bits": "8"}}})
+    assert detect_quantization({"quant_method": "gptq", "bits": 4, "group_size": None})
+    with pytest.raises(UnsupportedQuantizationError, match=r"bits='3'"):
+        detect_quantization({"quant_method": "gptq", "bits": 4, "dynamic": {"+:.*down_proj": {"bits": "3"}}})
 
 
 def test_a_4_bit_float_format_is_not_called_fp8() -> None:
@@ -314,3 +378,112 @@ def test_int_weights_with_quantized_activations_are_refused():
     config["config_groups"]["group_0"]["input_activations"] = {"dynamic": True, "num_bits": 8, "strategy": "token", "symmetric": True, "type": "int"}
     with pytest.raises(UnsupportedQuantizationError, match="input_activations"):
         detect_quantization(config, None)
+
+
+_SPARSE_24 = {
+    "format": "sparse-24-bitmask",
+    "global_sparsity": 0.45,
+    "ignore": ["lm_head"],
+    "registry_requires_subclass": False,
+    "sparsity_structure": "2:4",
+    "targets": ["Linear"],
+}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        _fp8_dynamic_config() | {"sparsity_config": _SPARSE_24},  # llm-compressor W8A8-FP8 + 2:4 (float-quantized + sparse-24-bitmask)
+        _ct_config(4, "group", 128, True) | {"sparsity_config": _SPARSE_24 | {"format": "sparse-bitmask", "sparsity_structure": "unstructured"}},
+        {"quant_method": "compressed-tensors", "sparsity_config": _SPARSE_24},  # 2:4 sparse, not quantized
+    ],
+)
+def test_sparse_compressed_tensors_are_refused_by_their_sparsity_format(config: dict[str, Any]) -> None:
+    """A compressed-tensors sparsity compressor stores a linear as ``X.compressed`` /
+    ``X.bitmask`` / ``X.shape`` instead of ``X.weight`` (or ``X.weight_packed``): refused at
+    detection naming the sparsity format, not accepted and then missing ``X.weight`` at load."""
+    with pytest.raises(UnsupportedQuantizationError, match=r"sparsity_config format 'sparse-(24-)?bitmask'") as e:
+        detect_quantization(config)
+    assert SUPPORTED_FORMATS in str(e.value)
+
+
+def test_dense_sparsity_config_is_read() -> None:
+    """``sparsity_config`` with ``format: "dense"`` (or null) stores the weights as they are."""
+    for sparsity in (None, _SPARSE_24 | {"format": "dense"}):
+        assert detect_quantization(_ct_config(4, "group", 128, True) | {"sparsity_config": sparsity}).method == "compressed-tensors"
+
+
+def test_autogptq_marlin_checkpoints_are_refused() -> None:
+    """AutoGPTQ <= 0.7.1 marks a Marlin-serialized checkpoint (tensors ``B`` / ``s``, not
+    ``qweight``) with ``is_marlin_format: true`` instead of ``checkpoint_format: "marlin"``
+    (vLLM's ``check_marlin_format`` reads both): refused by name, not read as GPTQ v1."""
+    config = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True, "is_marlin_format": True}
+    with pytest.raises(UnsupportedQuantizationError, match=r"is_marlin_format=True") as e:
+        detect_quantization(config)
+    assert SUPPORTED_FORMATS in str(e.value)
+    assert detect_quantization(config | {"is_marlin_format": False, "checkpoint_format": "gptq"}).method == "gptq"
+
+
+@pytest.mark.parametrize("key", ["format", "FORMAT_UPPER"])
+def test_gptq_format_key_names_the_checkpoint_format(tmp_path: Path, key: str) -> None:
+    """transformers (v5) names GPTQ's checkpoint format ``format`` (``checkpoint_format`` is its
+    legacy alias, lower-cased): ``{"format": "gptq_v2"}`` is v2, whose zero points are stored
+    as they are; read as v1 every weight would be one scale step off."""
+    qz = quantize(_weight(31), 4, 32, sym=False, rng=np.random.default_rng(6))
+    config: dict[str, Any] = {"quant_method": "gptq", "bits": 4, "group_size": 32}
+    config |= {"format": "gptq_v2"} if key == "format" else {"checkpoint_format": "GPTQ_V2"}
+    qw = _read(tmp_path, config, pack_gptq(qz, 4, "gptq_v2"))
+    np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+    with pytest.raises(UnsupportedQuantizationError, match=r"checkpoint_format 'marlin'"):
+        detect_quantization({"quant_method": "gptq", "bits": 4, "format": "marlin"})
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "format": "gemv"}, r"AWQ version 'gemv'"),
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "format": "gemv_fast", "version": "gemv_fast"}, r"AWQ version 'gemv_fast'"),
+        # transformers 4.x AwqConfig(backend="llm-awq") wrote version "gemm" beside it: MIT llm-awq's own packing
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "backend": "llm-awq"}, r"AWQ version 'llm-awq'"),
+    ],
+)
+def test_awq_format_and_llm_awq_backend_are_read(config: dict[str, Any], match: str) -> None:
+    """An AWQ config's layout is ``version``, else ``format`` (transformers v5's name), and
+    ``backend: "llm-awq"`` (transformers 4.x) means llm-awq's layout whatever the version says."""
+    with pytest.raises(UnsupportedQuantizationError, match=match) as e:
+        detect_quantization(config)
+    assert SUPPORTED_FORMATS in str(e.value)
+    assert detect_quantization({"quant_method": "awq", "bits": 4, "format": "gemm", "backend": "auto"}).method == "awq"
+
+
+def test_weight_only_fp8_is_refused() -> None:
+    """A compressed-tensors FP8 group without ``input_activations`` is weight-only FP8 (W8A16:
+    vLLM's CompressedTensorsW8A16Fp8, activations stay in the model dtype). Read as an FP8
+    linear, its activations would be quantized to E4M3 too, a different function from the
+    checkpoint's; it is refused by name."""
+    config = _fp8_dynamic_config()
+    config["config_groups"]["group_0"]["input_activations"] = None
+    with pytest.raises(UnsupportedQuantizationError, match=r"FP8 weights without input_activations \(group 'group_0': weight-only FP8, W8A16") as e:
+        detect_quantization(config)
+    assert SUPPORTED_FORMATS in str(e.value)
+
+
+@pytest.mark.parametrize("layout", ["fp8", "compressed-tensors"])
+def test_static_fp8_linear_without_input_scale_is_refused(tmp_path: Path, layout: str) -> None:
+    """A config with static activation scales (``activation_scheme: "static"``, or
+    compressed-tensors ``input_activations`` ``dynamic: false``) whose linear has no
+    ``input_scale`` is refused naming the tensor, not run with dynamic scales instead."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(12)
+    codes = rng.integers(0, 0x7E, (N, K), dtype=np.uint8)
+    tensors = {"weight": codes.view(ml_dtypes.float8_e4m3fn), "weight_scale": np.full(1, 0.02, np.float32)}
+    if layout == "fp8":
+        config: dict[str, Any] = {"quant_method": "fp8", "activation_scheme": "static"}
+    else:
+        config = _fp8_dynamic_config("tensor", dynamic=False, weights="tensor")
+    with pytest.raises(CheckpointError, match=r"'model.layers.0.mlp.up_proj' has no input_scale.*static"):
+        _read(tmp_path, config, tensors)
+    (tmp_path / "ok").mkdir()
+    fw = _read(tmp_path / "ok", config, tensors | {"input_scale": np.full(1, 0.5, np.float32)})
+    assert fw.input_scale is not None and fw.input_scale.tolist() == [0.5]

@@ -117,3 +117,43 @@ def test_quantized_linears_stay_quantized_in_the_network(tmp_path: Path, case: s
         d = define_network(rtx, config, weights, BuildConfig(dtype="float16", max_batch_size=2, max_seq_len=64))
     assert _layer_kinds(d.network).count("DEQUANTIZE") == expected
     assert len(build_engine(d, "sm89")) > 1000
+
+
+def test_compression_config_key_is_read_as_the_quantization_config(tmp_path: Path) -> None:
+    """compressed-tensors checkpoints saved by llm-compressor in 2024 keep their config under
+    ``compression_config`` (vLLM reads it where ``quantization_config`` is absent): the packed
+    checkpoint runs as under ``quantization_config``, not as a float one missing its weights."""
+    qdir, ddir = _checkpoints(tmp_path, "compressed_tensors")
+    config = json.loads((qdir / "config.json").read_text())
+    config["compression_config"] = config.pop("quantization_config")
+    (qdir / "config.json").write_text(json.dumps(config))
+    llm = LLM(qdir, backend="reference", dtype="float32", progress=False)
+    assert llm.quantization == "compressed-tensors"
+    prompt = random_prompt(np.random.default_rng(4), 12, VARIANTS["llama3_rope"].vocab_size)
+    [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert out.outputs[0].token_ids == hf_greedy(load_hf(ddir), prompt, 8)[0]
+
+
+@pytest.mark.parametrize(("case", "filename"), [("gptq_v1_act_order", "quantize_config.json"), ("awq", "quant_config.json")])
+def test_quantization_flag_reads_the_autogptq_autoawq_config_file(tmp_path: Path, case: str, filename: str) -> None:
+    """AutoGPTQ / AutoAWQ checkpoints whose config.json has no quantization_config keep it in
+    ``quantize_config.json`` (AutoGPTQ) or ``quant_config.json`` (AutoAWQ: ``w_bit``,
+    ``q_group_size``, ``version: "GEMM"``). As vLLM, ``quantization="gptq"`` / ``"awq"``
+    reads that file; without the flag the error names the file and the flag."""
+    from trtcore.errors import InvalidArgumentError
+
+    qdir, ddir = _checkpoints(tmp_path, case)
+    config = json.loads((qdir / "config.json").read_text())
+    qc = config.pop("quantization_config")
+    if case == "awq":  # AutoAWQ's own names
+        qc = {"zero_point": True, "q_group_size": qc["group_size"], "w_bit": qc["bits"], "version": "GEMM"}
+    (qdir / "config.json").write_text(json.dumps(config))
+    (qdir / filename).write_text(json.dumps(qc))
+    method = CONFIGS[case]["quant_method"]
+    llm = LLM(qdir, backend="reference", dtype="float32", progress=False, quantization=method)
+    assert llm.quantization == method
+    prompt = random_prompt(np.random.default_rng(5), 12, VARIANTS["llama3_rope"].vocab_size)
+    [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert out.outputs[0].token_ids == hf_greedy(load_hf(ddir), prompt, 8)[0]
+    with pytest.raises(InvalidArgumentError, match=rf"{filename}.*quantization='{method}'"):
+        LLM(qdir, backend="reference", dtype="float32", progress=False)

@@ -250,7 +250,9 @@ class ModelConfig:
         eos_token_id: tuple of ints (config.json may hold an int or a list), maybe empty.
         quantization_config: config.json's ``quantization_config`` object as stored
             (GPTQ / AWQ / compressed-tensors / GGUF), or None; interpreted by
-            :func:`trtcore.quant_formats.detect_quantization`.
+            :func:`trtcore.quant_formats.detect_quantization`. Where config.json has no
+            ``quantization_config``, its ``compression_config`` (compressed-tensors checkpoints
+            saved in 2024).
         family_fields: the fields only this family reads
             (:attr:`trtcore.families.ModelFamily.family_fields`, e.g. GPT-NeoX's
             ``use_parallel_residual``), their transformers defaults filled in.
@@ -534,7 +536,13 @@ class ModelConfig:
             bos_token_id=_optional_int("bos_token_id", d.get("bos_token_id", defaults["bos_token_id"])),
             eos_token_id=_token_ids("eos_token_id", d.get("eos_token_id", defaults["eos_token_id"])),
             pad_token_id=_optional_int("pad_token_id", d.get("pad_token_id", defaults["pad_token_id"])),
-            quantization_config=_optional_object("quantization_config", d.get("quantization_config")),
+            # compressed-tensors checkpoints of 2024 (llm-compressor) keep it as compression_config, read
+            # where quantization_config is absent, as vLLM does
+            quantization_config=(
+                _optional_object("quantization_config", d["quantization_config"])
+                if d.get("quantization_config") is not None
+                else _optional_object("compression_config", d.get("compression_config"))
+            ),
             # an explicit null is kept (Gemma 2's attn_logit_softcapping: null turns it off)
             family_fields={k: d[k] if k in d else v for k, v in family.family_fields.items()},
         )

@@ -32,7 +32,7 @@ from .errors import GenerationError, InvalidArgumentError, InvalidRequestError, 
 from .kv_modes import kv_mode
 from .parallel import Mapping, local_kv_heads
 from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
-from .quant_formats import detect_quantization
+from .quant_formats import CONFIG_FILES, detect_quantization, quantization_config_file
 from .runtime.affinity import pin_thread, resolve_cpus
 from .runtime.detokenizer import IncrementalDetokenizer
 from .runtime.device import resolve_device
@@ -231,7 +231,10 @@ class LLM:
         quantization: the checkpoint's weight quantization (vLLM's argument): None to take
             it from ``config.json``'s ``quantization_config``, else ``"gptq"``, ``"awq"``,
             ``"compressed-tensors"``, ``"gguf"`` or ``"fp8"``, which must be what the config says
-            (:func:`trtcore.quant_formats.detect_quantization`); ``"fp8"`` on a float
+            (:func:`trtcore.quant_formats.detect_quantization`); ``"gptq"`` / ``"awq"`` on a
+            checkpoint whose config.json has no ``quantization_config`` read AutoGPTQ's
+            ``quantize_config.json`` / AutoAWQ's ``quant_config.json``, as vLLM does
+            (:func:`trtcore.quant_formats.quantization_config_file`); ``"fp8"`` on a float
             checkpoint quantizes the decoder linears to FP8 at load, as vLLM does (E4M3
             weights with one scale each, activations with dynamic per-tensor scales;
             :mod:`trtcore.fp8`). The result is :attr:`quantization`.
@@ -358,6 +361,10 @@ class LLM:
             raise InvalidArgumentError(f"model must be a model folder (a str or os.PathLike), got {model!r} ({type(model).__name__})")
         self.model_dir = Path(model)
         self.config: ModelConfig = load_config(self.model_dir)
+        if self.config.quantization_config is None and quantization in (None, *CONFIG_FILES):  # AutoGPTQ / AutoAWQ's own file
+            from_file = quantization_config_file(self.model_dir, quantization)
+            if from_file is not None:
+                self.config = dataclasses.replace(self.config, quantization_config=from_file)
         scheme = detect_quantization(self.config.quantization_config, quantization)
         if scheme is not None and scheme.on_the_fly:  # the build reads the scheme from the config
             self.config = dataclasses.replace(self.config, quantization_config=scheme.config)

@@ -20,22 +20,25 @@ One module per format: :mod:`.gptq`, :mod:`.awq`, :mod:`.compressed_tensors`, :m
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from trtcore.errors import CheckpointError, InvalidArgumentError, TensorShapeError, UnsupportedQuantizationError
+from trtcore.errors import CheckpointError, ConfigError, InvalidArgumentError, TensorShapeError, UnsupportedQuantizationError
 from trtcore.fp8 import Fp8Weight, quantize_weight
 from trtcore.quantization import QuantizedWeight
 
-from .awq import AWQ_VERSIONS, read_awq
+from .awq import AWQ_VERSIONS, awq_version, read_awq
 from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight_args
-from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, compressed_per_token, fp8_weight_args, read_fp8
+from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, compressed_per_token, fp8_weight_args, read_fp8, static_activations
 from .gguf_blocks import BLOCKS, GGUF_TYPES, gguf_weight
-from .gptq import ZERO_OFFSETS, dynamic_pattern, read_gptq
+from .gptq import ZERO_OFFSETS, checkpoint_format, dynamic_pattern, read_gptq
 
 #: ``quantization`` values (vLLM's names) and ``quantization_config.quant_method`` values read here
 QUANTIZATION_METHODS = ("gptq", "awq", "compressed-tensors", "gguf", "fp8")
@@ -86,13 +89,36 @@ def _refuse(what: str) -> UnsupportedQuantizationError:
     return UnsupportedQuantizationError(f"quantization_config: {what} is not supported; supported formats: {SUPPORTED_FORMATS}")
 
 
+def _integer(c: dict[str, Any], key: str, default: int | None, what: str) -> int | None:
+    """``c[key]`` as an int (an int, or a string of one), ``default`` when absent or null
+    (``bits`` has no null: its default is for an absent key only).
+
+    Raises:
+        UnsupportedQuantizationError: the value is no integer (named with the key).
+    """
+    if key not in c or (c[key] is None and default is None):
+        return default
+    value = c[key]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise _refuse(f"{what} {key}={value!r} (expected an integer)")
+
+
 def _check(method: str, c: dict[str, Any]) -> None:
     if method == "gptq":
-        fmt = c.get("checkpoint_format", "gptq")
+        fmt = checkpoint_format(c)
         if fmt not in ZERO_OFFSETS:
             raise _refuse(f"GPTQ checkpoint_format {fmt!r}")
-        if int(c.get("bits", 4)) not in (4, 8):
+        if c.get("is_marlin_format"):  # AutoGPTQ <= 0.7.1's checkpoint_format "marlin"
+            raise _refuse(f"GPTQ is_marlin_format={c['is_marlin_format']!r} (AutoGPTQ's Marlin-serialized layout, checkpoint_format 'marlin')")
+        if _integer(c, "bits", 4, "GPTQ") not in (4, 8):
             raise _refuse(f"GPTQ bits={c.get('bits')!r}")
+        _integer(c, "group_size", None, "GPTQ")
         dynamic = c.get("dynamic") or {}
         if not isinstance(dynamic, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in dynamic.items()):
             raise _refuse(f"GPTQ dynamic {dynamic!r} (expected an object of pattern -> override object)")
@@ -102,15 +128,28 @@ def _check(method: str, c: dict[str, Any]) -> None:
                 re.compile(expression)
             except re.error as e:
                 raise _refuse(f"GPTQ dynamic pattern {pattern!r} ({e})") from None
-            if not negative and "bits" in values and values["bits"] not in (4, 8):
+            if negative:
+                continue
+            if _integer(values, "bits", 4, f"GPTQ dynamic override {pattern!r}") not in (4, 8):
                 raise _refuse(f"GPTQ dynamic override {pattern!r} bits={values.get('bits')!r}")
+            _integer(values, "group_size", None, f"GPTQ dynamic override {pattern!r}")
     elif method == "awq":
-        version = str(c.get("version", "gemm")).lower()
+        version = awq_version(c)
         if version not in AWQ_VERSIONS:
             raise _refuse(f"AWQ version {version!r}")
-        if int(c.get("bits", c.get("w_bit", 4))) != 4:
-            raise _refuse(f"AWQ bits={c.get('bits')!r}")
+        bits_key = "bits" if "bits" in c else "w_bit"
+        if _integer(c, bits_key, 4, "AWQ") != 4:
+            raise _refuse(f"AWQ {bits_key}={c.get(bits_key)!r}")
+        _integer(c, "group_size" if "group_size" in c else "q_group_size", None, "AWQ")
     elif method == "compressed-tensors":
+        sparsity = c.get("sparsity_config")
+        if sparsity is not None:
+            sparse_format = sparsity.get("format") if isinstance(sparsity, dict) else sparsity
+            if sparse_format != "dense":
+                raise _refuse(
+                    f"compressed-tensors sparsity_config format {sparse_format!r} (sparse compressors store a linear as "
+                    "X.compressed / X.bitmask instead of X.weight; only sparsity_config null or format 'dense' is read)"
+                )
         # the checkpoint's format, or (newer files) each config group's
         groups = [g for g in (c.get("config_groups") or {}).values() if isinstance(g, dict)]
         formats = {c["format"]} if c.get("format") else {g.get("format") for g in groups}
@@ -146,6 +185,47 @@ def _check(method: str, c: dict[str, Any]) -> None:
         types = c.get("ggml_types")
         if not isinstance(types, dict) or any(t not in GGUF_TYPES for t in types.values()):
             raise _refuse(f"GGUF ggml_types {types!r}")
+
+
+#: per method, the files AutoGPTQ / AutoAWQ keep a checkpoint's quantization in, read (as vLLM's
+#: ``get_config_filenames``) where config.json has no ``quantization_config``
+CONFIG_FILES = {"gptq": ("quantize_config.json",), "awq": ("quant_config.json", "quantize_config.json")}
+
+
+def quantization_config_file(model_dir: str | os.PathLike[str], quantization: str | None) -> dict[str, Any] | None:
+    """The quantization config of a checkpoint whose config.json has none, from AutoGPTQ's
+    ``quantize_config.json`` or AutoAWQ's ``quant_config.json`` (:data:`CONFIG_FILES`), with
+    ``quant_method`` set to ``quantization`` where the file has none; None when
+    ``quantization`` has no such file (or is not ``"gptq"`` / ``"awq"``).
+
+    As vLLM, the file is read only when ``quantization`` names the method.
+
+    Raises:
+        ConfigError: the file is not a JSON object.
+        InvalidArgumentError: ``quantization`` is None and such a file exists (the message
+            names it and the ``quantization`` that reads it).
+    """
+    for method, names in CONFIG_FILES.items():
+        if quantization is not None and quantization != method:
+            continue
+        for name in names:
+            path = Path(model_dir) / name
+            if not path.is_file():
+                continue
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ConfigError(f"cannot read the quantization config {path}: {e}") from None
+            if not isinstance(data, dict):
+                raise ConfigError(f"{path} is {type(data).__name__}, expected a JSON object (the {method} quantization config)")
+            found = str(data.get("quant_method") or method).lower()
+            if quantization is None:
+                raise InvalidArgumentError(
+                    f"config.json has no quantization_config, but {path} holds a {found} one; pass quantization={found!r} "
+                    f"(--quantization {found}) to read it, as vLLM"
+                )
+            return {"quant_method": method} | data
+    return None
 
 
 def detect_quantization(quantization_config: dict[str, Any] | None, quantization: str | None = None) -> QuantScheme | None:
@@ -247,7 +327,7 @@ class QuantizedCheckpoint:
         if self.scheme.on_the_fly:
             return quantize_weight(self.checkpoint.get(name, copy=False), "tensor")
         if self.scheme.fp8:
-            return read_fp8(self.checkpoint, prefix, self.scheme.method == "compressed-tensors" and compressed_per_token(c))
+            return read_fp8(self.checkpoint, prefix, self.scheme.method == "compressed-tensors" and compressed_per_token(c), static_activations(c))
         if self.scheme.method == "gguf":
             raw = self.checkpoint.get(name, copy=False)
             per_block, nbytes = BLOCKS[c["ggml_types"][name]]
@@ -316,6 +396,7 @@ def linear_weight(weights: Any, name: str, shape: tuple[int, int], *, quantized:
 
 
 __all__ = [
+    "CONFIG_FILES",
     "FP8_ON_THE_FLY",
     "QUANTIZATION_METHODS",
     "SUPPORTED_FORMATS",
@@ -324,5 +405,6 @@ __all__ = [
     "dequantize_for_network",
     "detect_quantization",
     "linear_weight",
+    "quantization_config_file",
     "quantized_weights",
 ]

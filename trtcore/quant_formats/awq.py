@@ -28,11 +28,25 @@ from .packing import awq_unorder, unpack_int32
 AWQ_VERSIONS = ("gemm",)
 
 
-def awq_weight(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, *, bits: int = 4, name: str = "weight") -> QuantizedWeight:
-    """Convert one AWQ GEMM linear's tensors (layout: module docstring) to a QuantizedWeight.
+def awq_version(config: dict[str, Any]) -> str:
+    """An AWQ ``quantization_config``'s layout, lower-cased: ``version`` (AutoAWQ), else
+    ``format`` (transformers v5's name for it), else ``"gemm"``; ``"llm-awq"`` whatever these
+    say when ``backend`` is ``"llm-awq"`` (transformers 4.x wrote ``version: "gemm"`` beside
+    it, for MIT llm-awq's own packing)."""
+    if str(config.get("backend") or "").lower() == "llm-awq":
+        return "llm-awq"
+    return str(config.get("version") or config.get("format") or "gemm").lower()
+
+
+def awq_weight(
+    qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, *, bits: int = 4, name: str = "weight", group_size: int | None = None
+) -> QuantizedWeight:
+    """Convert one AWQ GEMM linear's tensors (layout: module docstring) to a QuantizedWeight
+    (``group_size``: the config's, to refuse a short last group, see :func:`~.groups.grouped_weight`).
 
     Raises:
-        CheckpointError: dtypes or shapes inconsistent, ``bits`` not 4.
+        CheckpointError: dtypes or shapes inconsistent, ``bits`` not 4, K not a multiple of
+            ``group_size``.
     """
     if bits != 4:
         raise CheckpointError(f"'{name}': AWQ GEMM checkpoints have 4-bit weights, got bits={bits}")
@@ -40,13 +54,21 @@ def awq_weight(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, *, b
     zeros = awq_unorder(unpack_int32(qzeros, bits, 1, f"{name}.qzeros"), 1).T.astype(np.float32)
     if scales.shape != zeros.shape[::-1] or zeros.shape[0] != codes.shape[0]:
         raise CheckpointError(f"'{name}': scales {scales.shape}, qzeros {qzeros.shape} and qweight {qweight.shape} do not fit together")
-    return grouped_weight(codes, scales.T, zeros, bits, None, name)
+    return grouped_weight(codes, scales.T, zeros, bits, None, name, () if group_size is None else (int(group_size),))
 
 
 def read_awq(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWeight:
     """The AWQ linear ``prefix`` of a checkpoint, ``config`` the ``quantization_config``."""
     bits = int(config.get("bits", config.get("w_bit", 4)))
-    return awq_weight(weights.get(f"{prefix}.qweight"), weights.get(f"{prefix}.qzeros"), weights.get(f"{prefix}.scales"), bits=bits, name=prefix)
+    group_size = config.get("group_size", config.get("q_group_size"))
+    return awq_weight(
+        weights.get(f"{prefix}.qweight"),
+        weights.get(f"{prefix}.qzeros"),
+        weights.get(f"{prefix}.scales"),
+        bits=bits,
+        name=prefix,
+        group_size=None if group_size is None else int(group_size),
+    )
 
 
-__all__ = ["AWQ_VERSIONS", "awq_weight", "read_awq"]
+__all__ = ["AWQ_VERSIONS", "awq_version", "awq_weight", "read_awq"]

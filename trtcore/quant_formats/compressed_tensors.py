@@ -42,11 +42,14 @@ def pack_quantized_weight(
     num_bits: int,
     shape: tuple[int, int],
     name: str = "weight",
+    group_sizes: tuple[int, ...] = (),
 ) -> QuantizedWeight:
-    """Convert one ``pack-quantized`` linear's tensors (layout: module docstring).
+    """Convert one ``pack-quantized`` linear's tensors (layout: module docstring);
+    ``group_sizes``: the config groups' ``group_size`` values, to refuse a short last group
+    (:func:`~.groups.grouped_weight`).
 
     Raises:
-        CheckpointError: dtypes or shapes inconsistent.
+        CheckpointError: dtypes or shapes inconsistent, K not a multiple of the group size.
     """
     n, k = shape
     codes = unpack_int32(weight_packed, num_bits, 1, f"{name}.weight_packed")[:, :k]
@@ -60,7 +63,7 @@ def pack_quantized_weight(
             zeros = zp.astype(np.float32) + offset
         else:
             zeros = unpack_int32(zp, num_bits, 0, f"{name}.weight_zero_point")[:n].astype(np.float32)
-    return grouped_weight(codes, weight_scale, zeros, num_bits, weight_g_idx, name)
+    return grouped_weight(codes, weight_scale, zeros, num_bits, weight_g_idx, name, group_sizes)
 
 
 def read_pack_quantized(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWeight:
@@ -79,6 +82,7 @@ def read_pack_quantized(weights: Any, prefix: str, config: dict[str, Any]) -> Qu
         num_bits=weight_bits(config),
         shape=(shape[0], shape[1]),
         name=prefix,
+        group_sizes=tuple(int(a["group_size"]) for a in weight_args(config) if a.get("strategy") == "group" and a.get("group_size")),
     )
 
 

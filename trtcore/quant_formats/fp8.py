@@ -51,9 +51,12 @@ def check_compressed_fp8(config: dict[str, Any]) -> str | None:
         if w.get("num_bits") != 8 or w.get("strategy") not in ("tensor", "channel") or w.get("dynamic"):
             return f"compressed-tensors float weights {w!r} (group {name!r}; FP8 needs num_bits 8, strategy tensor or channel, static)"
         a = g.get("input_activations")
-        if a is not None and (
-            a.get("type", "float") != "float" or a.get("num_bits", 8) != 8 or a.get("strategy", "tensor") not in ACTIVATION_STRATEGIES
-        ):
+        if a is None:
+            return (
+                f"compressed-tensors FP8 weights without input_activations (group {name!r}: weight-only FP8, W8A16; "
+                "FP8 linears are read with FP8 activations, input_activations per tensor static / dynamic or per token dynamic)"
+            )
+        if a.get("type", "float") != "float" or a.get("num_bits", 8) != 8 or a.get("strategy", "tensor") not in ACTIVATION_STRATEGIES:
             return (
                 f"compressed-tensors input_activations {a!r} (group {name!r}; FP8 activations are read per tensor, "
                 "static or dynamic, and per token, dynamic)"
@@ -90,13 +93,24 @@ def check_hf_fp8(config: dict[str, Any]) -> str | None:
     return None
 
 
-def read_fp8(weights: Any, prefix: str, per_token: bool = False) -> Fp8Weight:
+def static_activations(config: dict[str, Any]) -> bool:
+    """Whether an FP8 ``quantization_config`` (either layout, accepted by the checks above)
+    says every FP8 linear has a static ``input_scale``: ``activation_scheme: "static"``, or
+    compressed-tensors config groups whose ``input_activations`` are all ``dynamic: false``."""
+    if config.get("quant_method") == "fp8":
+        return str(config.get("activation_scheme", "dynamic")) == "static" and not config.get("on_the_fly")
+    acts = [g.get("input_activations") for g in (config.get("config_groups") or {}).values() if isinstance(g, dict)]
+    return bool(acts) and all(isinstance(a, dict) and a.get("dynamic") is False for a in acts)
+
+
+def read_fp8(weights: Any, prefix: str, per_token: bool = False, static: bool = False) -> Fp8Weight:
     """The FP8 linear ``prefix`` of a checkpoint (either layout of the module docstring);
-    ``per_token``: its activations are quantized per token (:func:`compressed_per_token`).
+    ``per_token``: its activations are quantized per token (:func:`compressed_per_token`);
+    ``static``: the config says its activations have a static scale (:func:`static_activations`).
 
     Raises:
-        CheckpointError: the weight is not E4M3, a scale's shape fits neither strategy, or a
-            per-token linear has an ``input_scale``.
+        CheckpointError: the weight is not E4M3, a scale's shape fits neither strategy, a
+            per-token linear has an ``input_scale``, or a static one has none.
     """
 
     def opt(suffix: str) -> np.ndarray | None:
@@ -118,6 +132,11 @@ def read_fp8(weights: Any, prefix: str, per_token: bool = False) -> Fp8Weight:
     inp = opt("input_scale")
     if inp is not None and inp.size != 1:
         raise CheckpointError(f"'{prefix}.input_scale' has {inp.size} values; expected 1 (per tensor)")
+    if inp is None and static:
+        raise CheckpointError(
+            f"FP8 linear '{prefix}' has no input_scale, but the quantization_config says its activations are static "
+            f"(activation_scheme 'static' / input_activations dynamic: false); expected a float32 [1] '{prefix}.input_scale'"
+        )
     if inp is not None and per_token:
         raise CheckpointError(f"'{prefix}.input_scale' in a checkpoint whose activations are dynamic per token (no static scale)")
     return Fp8Weight(np.ascontiguousarray(w.view(np.uint8)), np.ascontiguousarray(scale), None if inp is None else inp.reshape(1), per_token)
@@ -132,4 +151,5 @@ __all__ = [
     "check_hf_fp8",
     "fp8_weight_args",
     "read_fp8",
+    "static_activations",
 ]

@@ -11,7 +11,8 @@ Per quantized linear ``X`` (``N`` outputs, ``K`` inputs, ``G`` groups, ``p = 32 
 
 ``w[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n]``. ``checkpoint_format: "gptq"``
 (v1, the default) stores each zero point minus one (AutoGPTQ's packer subtracts 1 and its
-kernels add it back); ``"gptq_v2"`` (GPTQModel) stores the zero point itself.
+kernels add it back); ``"gptq_v2"`` (GPTQModel) stores the zero point itself. transformers
+v5 writes the same value as ``format`` too, and reads ``format`` alone (:func:`checkpoint_format`).
 ``group_size: -1`` means one group over all of K. ``sym: true`` checkpoints store the zero
 ``2**(bits-1)`` like any other, so ``sym`` needs no special case.
 
@@ -48,11 +49,15 @@ def gptq_weight(
     bits: int,
     checkpoint_format: str = "gptq",
     name: str = "weight",
+    group_size: int | None = None,
 ) -> QuantizedWeight:
-    """Convert one GPTQ linear's tensors (layout: module docstring) to a QuantizedWeight.
+    """Convert one GPTQ linear's tensors (layout: module docstring) to a QuantizedWeight
+    (``group_size``: the config's, to refuse a short last group, see
+    :func:`~.groups.grouped_weight`).
 
     Raises:
-        CheckpointError: dtypes/shapes inconsistent, unknown ``checkpoint_format``, a bad ``g_idx``.
+        CheckpointError: dtypes/shapes inconsistent, unknown ``checkpoint_format``, a bad
+            ``g_idx``, K not a multiple of ``group_size``.
     """
     if checkpoint_format not in ZERO_OFFSETS:
         raise CheckpointError(f"'{name}': GPTQ checkpoint_format {checkpoint_format!r} is not supported, expected one of {sorted(ZERO_OFFSETS)}")
@@ -61,7 +66,14 @@ def gptq_weight(
     zeros = unpack_int32(qzeros, bits, 1, f"{name}.qzeros")[:, :n].T.astype(np.float32) + ZERO_OFFSETS[checkpoint_format]
     if scales.shape != (zeros.shape[1], n):
         raise CheckpointError(f"'{name}.scales' has shape {scales.shape}, expected {(zeros.shape[1], n)} from qzeros and qweight")
-    return grouped_weight(codes, scales.T, zeros, bits, g_idx, name)
+    return grouped_weight(codes, scales.T, zeros, bits, g_idx, name, () if group_size is None else (int(group_size),))
+
+
+def checkpoint_format(config: dict[str, Any]) -> str:
+    """A GPTQ ``quantization_config``'s checkpoint format, lower-cased: ``checkpoint_format``
+    (AutoGPTQ / GPTQModel), else ``format`` (transformers v5's name for it, which reads
+    ``checkpoint_format`` as its legacy alias and lets it win), else ``"gptq"`` (v1)."""
+    return str(config.get("checkpoint_format") or config.get("format") or "gptq").lower()
 
 
 def dynamic_pattern(pattern: str) -> tuple[bool, str]:
@@ -86,15 +98,18 @@ def read_gptq(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWei
     """The GPTQ linear ``prefix`` (e.g. ``model.layers.0.mlp.up_proj``) of a checkpoint
     (``get(name)`` and ``in``), with ``config`` the ``quantization_config``."""
     g_idx = weights.get(f"{prefix}.g_idx") if f"{prefix}.g_idx" in weights else None
+    override = dynamic_override(config, prefix) or {}
+    group_size = override.get("group_size", config.get("group_size"))
     return gptq_weight(
         weights.get(f"{prefix}.qweight"),
         weights.get(f"{prefix}.qzeros"),
         weights.get(f"{prefix}.scales"),
         g_idx,
-        bits=int((dynamic_override(config, prefix) or {}).get("bits", config.get("bits", 4))),
-        checkpoint_format=str(config.get("checkpoint_format", "gptq")),
+        bits=int(override.get("bits", config.get("bits", 4))),
+        checkpoint_format=checkpoint_format(config),
         name=prefix,
+        group_size=None if group_size is None else int(group_size),
     )
 
 
-__all__ = ["ZERO_OFFSETS", "dynamic_override", "dynamic_pattern", "gptq_weight", "read_gptq"]
+__all__ = ["ZERO_OFFSETS", "checkpoint_format", "dynamic_override", "dynamic_pattern", "gptq_weight", "read_gptq"]

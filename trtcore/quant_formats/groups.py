@@ -16,6 +16,7 @@ def grouped_weight(
     bits: int,
     g_idx: np.ndarray | None,
     name: str,
+    group_sizes: tuple[int, ...] = (),
 ) -> QuantizedWeight:
     """A :class:`QuantizedWeight` from per-element codes and per-group scales/zeros.
 
@@ -29,12 +30,24 @@ def grouped_weight(
             each input feature (GPTQ ``desc_act``). When it is not the trivial one, the
             columns are sorted by group (stable) and the permutation kept as ``perm``.
         name: the weight's name, for errors.
+        group_sizes: the group sizes the ``quantization_config`` names for this weight
+            (positive; ``-1`` / None left out). The tensors' own group size ``K // G`` is read;
+            these only catch a short last group: ``G == ceil(K / group_size)`` with ``K`` not a
+            multiple of ``group_size`` (AutoGPTQ's ``g_idx = k // group_size``,
+            compressed-tensors' group strategy), which ``K // G`` equal groups would misread.
 
     Raises:
-        CheckpointError: shapes inconsistent, or ``g_idx`` does not give every group the
-            same number of features.
+        CheckpointError: shapes inconsistent, ``K`` not a multiple of the group size (a short
+            last group), or ``g_idx`` does not give every group the same number of features.
     """
     n, k = codes.shape
+    if scales.ndim == 2 and scales.shape[0] == n:
+        for gs in group_sizes:
+            if gs > 0 and k % gs and scales.shape[1] == -(-k // gs):
+                raise CheckpointError(
+                    f"'{name}': K={k} input features are not a multiple of group_size {gs} (the last of its {scales.shape[1]} groups "
+                    f"holds {k % gs}); trtcore reads groups of equal size only, K a multiple of the group size"
+                )
     if scales.ndim != 2 or scales.shape[0] != n or scales.shape[1] == 0 or k % scales.shape[1]:
         raise CheckpointError(f"'{name}': scales of shape {scales.shape} do not fit a [{n}, {k}] weight (expected [{n}, G], G dividing {k})")
     groups = scales.shape[1]
