@@ -327,10 +327,12 @@ def test_fp8_dynamic_per_token_checkpoint_is_detected_and_read(tmp_path: Path) -
     # the per-tensor dynamic config of the same tensors reads a weight that is not per token
     (tmp_path / "t").mkdir()
     assert not _read(tmp_path / "t", _fp8_dynamic_config("tensor"), tensors).per_token
-    # a static input scale contradicts per-token activations
-    (tmp_path / "s").mkdir()
-    with pytest.raises(CheckpointError, match="dynamic per token"):
-        _read(tmp_path / "s", _fp8_dynamic_config(), tensors | {"input_scale": np.ones(1, np.float32)})
+    # an input_scale tensor beside a dynamic config is ignored (with a warning), as vLLM does
+    for i, strategy in enumerate(("token", "tensor")):
+        (tmp_path / f"s{i}").mkdir()
+        with pytest.warns(UserWarning, match="input_scale tensors are ignored"):
+            fw = _read(tmp_path / f"s{i}", _fp8_dynamic_config(strategy), tensors | {"input_scale": np.full(1, 0.5, np.float32)})
+        assert fw.input_scale is None and fw.per_token == (strategy == "token")
 
 
 @pytest.mark.parametrize(
@@ -487,3 +489,8 @@ def test_static_fp8_linear_without_input_scale_is_refused(tmp_path: Path, layout
     (tmp_path / "ok").mkdir()
     fw = _read(tmp_path / "ok", config, tensors | {"input_scale": np.full(1, 0.5, np.float32)})
     assert fw.input_scale is not None and fw.input_scale.tolist() == [0.5]
+    if layout == "fp8":  # the same tensors under activation_scheme "dynamic": the scale is ignored, as vLLM does
+        (tmp_path / "dyn").mkdir()
+        with pytest.warns(UserWarning, match="input_scale tensors are ignored"):
+            fw = _read(tmp_path / "dyn", {**config, "activation_scheme": "dynamic"}, tensors | {"input_scale": np.full(1, 0.5, np.float32)})
+        assert fw.input_scale is None

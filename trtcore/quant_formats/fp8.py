@@ -21,6 +21,7 @@ In both, ``w = e4m3(weight) * weight_scale`` (per row for channel scales).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -107,10 +108,13 @@ def read_fp8(weights: Any, prefix: str, per_token: bool = False, static: bool = 
     """The FP8 linear ``prefix`` of a checkpoint (either layout of the module docstring);
     ``per_token``: its activations are quantized per token (:func:`compressed_per_token`);
     ``static``: the config says its activations have a static scale (:func:`static_activations`).
+    An ``input_scale`` tensor of a linear whose config says dynamic is ignored, with a warning,
+    as vLLM ignores it (its FP8 methods make no input scale for dynamic activations): the
+    config, not the tensors present, decides the function.
 
     Raises:
-        CheckpointError: the weight is not E4M3, a scale's shape fits neither strategy, a
-            per-token linear has an ``input_scale``, or a static one has none.
+        CheckpointError: the weight is not E4M3, a scale's shape fits neither strategy, or a
+            static linear has no ``input_scale``.
     """
 
     def opt(suffix: str) -> np.ndarray | None:
@@ -137,8 +141,13 @@ def read_fp8(weights: Any, prefix: str, per_token: bool = False, static: bool = 
             f"FP8 linear '{prefix}' has no input_scale, but the quantization_config says its activations are static "
             f"(activation_scheme 'static' / input_activations dynamic: false); expected a float32 [1] '{prefix}.input_scale'"
         )
-    if inp is not None and per_token:
-        raise CheckpointError(f"'{prefix}.input_scale' in a checkpoint whose activations are dynamic per token (no static scale)")
+    if inp is not None and not static:
+        warnings.warn(
+            "FP8 checkpoint: its input_scale tensors are ignored, since the quantization_config says the activations "
+            "are dynamic (activation_scheme 'dynamic' / input_activations dynamic: true), as vLLM does",
+            stacklevel=2,
+        )
+        inp = None
     return Fp8Weight(np.ascontiguousarray(w.view(np.uint8)), np.ascontiguousarray(scale), None if inp is None else inp.reshape(1), per_token)
 
 
