@@ -250,9 +250,9 @@ def test_kernel_index_helpers_invert_the_order(bits: int, contig: int, tmp_path:
     src = tmp_path / "layout.cpp"
     src.write_text(_LAYOUT_MAIN)
     exe = tmp_path / "layout"
-    flags = ["-D__host__=", "-D__device__=", "-D__forceinline__=inline", f"-DCHUNK={c}", f"-DCONTIG_X={contig}", "-include", "kernels/wq_layout.cuh"]
-    root = Path(kernels.__file__).resolve().parent.parent
-    built = subprocess.run([cxx, "-std=c++17", *flags, str(src), "-o", str(exe)], capture_output=True, text=True, check=False, cwd=root)
+    header = Path(kernels.__file__).resolve().parent / "wq_layout.cuh"
+    flags = ["-D__host__=", "-D__device__=", "-D__forceinline__=inline", f"-DCHUNK={c}", f"-DCONTIG_X={contig}", "-include", str(header)]
+    built = subprocess.run([cxx, "-std=c++17", *flags, str(src), "-o", str(exe)], capture_output=True, text=True, check=False)
     assert built.returncode == 0, built.stderr
     lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
     stored = np.array(lines[0].split(), np.int64)
