@@ -575,7 +575,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         m = int(np.prod(x.shape[:-1], dtype=np.int64))
         if m == 0:
             return
-        align = 4 if self.uses_tensor_cores(dtype, m) else 1 if self.has_perm else 16
+        tensor_cores = self.uses_tensor_cores(dtype, m)
+        align = 4 if tensor_cores else 1 if self.has_perm else 16
         if x.ptr % align:
             raise PluginError(f"WeightOnlyGemmPlugin.enqueue: x at address {x.ptr:#x} is not {align}-byte aligned, as the kernel for M={m} needs")
         n, k = self.out_features, self.in_features
@@ -584,7 +585,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         args = [(x.ptr, "ptr"), (inputs[1].ptr, "ptr"), (inputs[2].ptr, "ptr"), (zeros, "ptr"), (perm, "ptr"), (out.ptr, "ptr")]
         args += [(m, "i32"), (n, "i32"), (k, "i32"), (self.group_size, "i32")]
         defines = tuple(sorted(self.defines(dtype).items()))
-        if self.uses_tensor_cores(dtype, m):
+        if tensor_cores:
             name = "trtcore_wq_gemv" if m <= 8 else "trtcore_wq_gemv16"
             cdiv = self.chunks_per_group()
             cmagic = -(-(1 << 32) // cdiv) if cdiv > 1 else 0  # kernels/wq_gemm.cu chunk_group
