@@ -6,8 +6,8 @@ Variants: bfloat16 (:class:`trtcore.cuda.synthetic.RandomWeights`), W4A16 group 
 per channel (:class:`~trtcore.cuda.synthetic.RandomQuantizedWeights`: the decoder's seven
 linear layers quantized, embeddings, norms and ``lm_head`` bfloat16, as published GPTQ / AWQ
 checkpoints; ``+ lm_head``: the ``lm_head`` 4-bit too, as GPTQModel's ``lm_head=True`` and
-gpt-fast's int4; ``, contiguous x``: packed in the contiguous-x K order,
-``weight_only_gemm.CONTIGUOUS_X``), FP8 W8A8 with per-tensor weight scales and static or
+gpt-fast's int4; the weights packed in the contiguous-x K order, ``weight_only_gemm.CONTIGUOUS_X``,
+the default; ``, natural order``: in the natural one), FP8 W8A8 with per-tensor weight scales and static or
 dynamic activation scales, or (``channel``) per-channel weight scales, whose q/k/v and gate/up
 the cuda engine fuses (:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the
 ``trtcore_fp8_gemm`` plugin, cuBLASLt's FP8 GEMM). Reported: TPOT, tok/s, the weight pool's bytes and the ratio of tok/s to the
@@ -42,7 +42,7 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("bfloat16", 16, 0),
     ("W4A16 g128", 4, 128),
     ("W4A16 g128 + lm_head", 4, -128),  # lm_head 4-bit too (GPTQModel's lm_head=True; gpt-fast's int4)
-    ("W4A16 g128 + lm_head, contiguous x", 4, -128),  # packed in the contiguous-x K order (CONTIG_X)
+    ("W4A16 g128 + lm_head, natural order", 4, -128),  # packed in the natural K order (no CONTIG_X)
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
     ("FP8 W8A8 static + FP8 KV", "fp8", 1),  # and kv_cache_dtype="fp8" (E4M3 KV pool, scales 1.0)
@@ -98,7 +98,7 @@ def main() -> int:
                 t0 = time.perf_counter()
                 seqs = max([*batches, args.throughput])
                 packing = wog.CONTIGUOUS_X
-                wog.CONTIGUOUS_X = packing or label.endswith("contiguous x")  # read when the weights are packed, at build
+                wog.CONTIGUOUS_X = packing and not label.endswith("natural order")  # read when the weights are packed, at build
                 try:
                     with random_checkpoint(make):
                         llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,

@@ -11,9 +11,10 @@ W4A16 >= 3.2x and W8A16 >= 1.8x faster than cuBLAS bfloat16.
     python bench/bench_wq_gemm.py --out $OUT       # writes wq_gemm.json, prints a table
     python bench/bench_wq_gemm.py --out $OUT --tune    # also every decode-kernel variant (below)
 
-``--contiguous-x`` also times W4A16 g128 and W8A16 packed in the contiguous-x K order
-(``pack_weight(contiguous_x=True)``: 16-byte x loads in the decode kernel), side by side with the
-default packing.
+The default packing is the contiguous-x K order (``weight_only_gemm.CONTIGUOUS_X``: 16-byte x
+loads in the decode kernel). ``--natural-order`` also times W4A16 g128 and W8A16 packed in the
+natural K order (``pack_weight(contiguous_x=False)``, what act order and partial groups use),
+side by side; ``--diag`` times where the 4-bit kernel's time goes (:data:`DIAG`).
 
 ``--tune`` times, per shape and quantization, the default decode kernel (v1) at every
 (warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
@@ -46,10 +47,14 @@ SHAPES = {"8B gate_up": (14336, 4096), "8B down": (4096, 14336)}
 #: lm_head (--shapes)
 FUSED_SHAPES = {"8B gate+up fused": (28672, 4096), "8B qkv fused": (6144, 4096), "8B o_proj": (4096, 4096), "8B lm_head": (128256, 4096)}
 #: (label, bits, group_size (0: per channel), zero points), packed as the plugin packs by default
+#: (the contiguous-x K order)
 VARIANTS = [("W4A16 g128", 4, 128, False), ("W4A16 g128 zeros", 4, 128, True), ("W8A16 per-channel", 8, 0, False)]
-#: ``--contiguous-x``: the same packed in the contiguous-x K order (``pack_weight(contiguous_x=True)``,
-#: kernels/wq_gemm.cu CONTIG_X), side by side
-CONTIGUOUS_X = [("W4A16 g128 contiguous x", 4, 128, False), ("W8A16 per-channel contiguous x", 8, 0, False)]
+#: ``--natural-order``: the same packed in the natural K order (``pack_weight(contiguous_x=False)``,
+#: no CONTIG_X), side by side
+NATURAL = [("W4A16 g128 natural order", 4, 128, False), ("W8A16 per-channel natural order", 8, 0, False)]
+#: ``--diag``: where the 4-bit kernel's time goes. Per channel (no per-group scale loads), and g128
+#: with one scales array shared by the rotated copies (the scales then come from L2, not DRAM)
+DIAG = [("W4A16 per-channel", 4, 0, False), ("W4A16 g128, scales in L2", 4, 128, False)]
 #: bytes all copies of a weight must exceed (L2 60 MB, 4x)
 ROTATE_BYTES = 4 * 60 << 20
 
@@ -97,16 +102,17 @@ class Precompile:
     background (NVRTC releases the GIL) while the weights are made; :meth:`wait` before the
     first timing."""
 
-    def __init__(self, only: str, jobs: int, contiguous_x: bool = False) -> None:
+    def __init__(self, only: str, jobs: int, natural: bool = False) -> None:
         import concurrent.futures
 
         from trtcore import kernels
         from trtcore.dtypes import KERNEL_DTYPE_CODES
+        from trtcore.plugins import weight_only_gemm as wog
 
         sets = set()
-        for label, bits, _gs, zeros in VARIANTS + (CONTIGUOUS_X if contiguous_x else []):
+        for label, bits, _gs, zeros in VARIANTS + (NATURAL if natural else []):
             base = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)], "BITS": bits, "HAS_ZEROS": int(zeros), "HAS_PERM": 0}
-            if label.endswith("contiguous x"):
+            if not label.endswith("natural order") and wog.CONTIGUOUS_X:  # the bench's shapes can all take it
                 base["CONTIG_X"] = 1
             for _, extra, _ in _sweep(bits, only):
                 sets.add(tuple(sorted({**base, **extra}.items())))
@@ -179,7 +185,8 @@ def time_shape(
     tune: bool = False,
     only: str = "",
     pre: Precompile | None = None,
-    contiguous_x: bool = False,
+    natural: bool = False,
+    diag: bool = False,
 ) -> dict[str, Any]:
     from trtcore.cuda.gemm import GemmCall
     from trtcore.plugins.base import DeviceTensor
@@ -218,16 +225,18 @@ def time_shape(
     del ws, ys
     cp.get_default_memory_pool().free_all_blocks()
 
-    for label, bits, gs, zeros in VARIANTS + (CONTIGUOUS_X if contiguous_x else []):
+    for label, bits, gs, zeros in VARIANTS + (NATURAL if natural else []) + (DIAG if diag else []):
         qw = _quantized(rng, n, k, bits, gs, zeros)
         plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
-        if label.endswith("contiguous x"):
-            packed = pack_weight(qw, contiguous_x=True)
-            plugin = WeightOnlyGemmPlugin(k, n, bits, qw.group_size, zeros, False, True)
+        if label.endswith("natural order"):
+            packed = pack_weight(qw, contiguous_x=False)
+            plugin = WeightOnlyGemmPlugin(k, n, bits, qw.group_size, zeros, False, False)
         arrays = packed.arrays()
         nbytes = sum(a.nbytes for a in arrays)
         copies = max(1, -(-ROTATE_BYTES // nbytes))
         dev = [[cp.asarray(a) for a in arrays] for _ in range(copies)]
+        if label.endswith("scales in L2"):  # every copy's codes, one copy's scales
+            dev = [[d[0]] + dev[0][1:] for d in dev]
         ys = [cp.empty((1, n), cp.uint16) for _ in range(copies)]
         xt = DeviceTensor(int(x.data.ptr), (1, k), np.dtype(bf16))
         want = qw.dequantize() @ x64[0]
@@ -288,10 +297,11 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join({**SHAPES, **FUSED_SHAPES})}")
     ap.add_argument("--tune", action="store_true", help="also time every decode-kernel variant (TUNE, TUNE_V2)")
     ap.add_argument("--tune-only", default="", choices=["", "v1", "v2"], help="with --tune: only v1 or only v2")
-    ap.add_argument("--contiguous-x", action="store_true", help="also the contiguous-x K order's packing (CONTIGUOUS_X)")
+    ap.add_argument("--natural-order", action="store_true", help="also the natural K order's packing (NATURAL)")
+    ap.add_argument("--diag", action="store_true", help="also the DIAG variants (per-channel int4; g128 with its scales L2-resident)")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="threads compiling the --tune variants in the background")
     args = ap.parse_args()
-    pre = Precompile(args.tune_only, args.jobs, args.contiguous_x) if args.tune else None
+    pre = Precompile(args.tune_only, args.jobs, args.natural_order) if args.tune else None
     import cupy as cp
 
     from trtcore.cuda.gemm import WORKSPACE_BYTES, Cublas
@@ -303,7 +313,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"shapes": {}}
     for name in args.shapes.split(","):
-        row = time_shape(cp, blas, *{**SHAPES, **FUSED_SHAPES}[name], rng, args.tune, args.tune_only, pre, args.contiguous_x)
+        row = time_shape(cp, blas, *{**SHAPES, **FUSED_SHAPES}[name], rng, args.tune, args.tune_only, pre, args.natural_order, args.diag)
         results["shapes"][name] = row
         for label, v in row["variants"].items():
             print(

@@ -22,6 +22,8 @@
 
 from __future__ import annotations
 
+import os
+
 import zlib
 from pathlib import Path
 from typing import Any
@@ -281,13 +283,15 @@ def test_kernel_index_helpers_invert_the_order(bits: int, contig: int, tmp_path:
 def test_contiguous_x_packing_where_groups_are_whole_chunks(
     case: tuple, chosen: bool, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With CONTIGUOUS_X on, pack_weight stores the codes in the contiguous-x order exactly where
-    every group is whole chunks and there is no act order (off, the default: nowhere): the
+    """With CONTIGUOUS_X on (the default), pack_weight stores the codes in the contiguous-x order
+    exactly where every group is whole chunks and there is no act order (off: nowhere): the
     natural layout of the permuted columns; it unpacks to the weight, and the plugin's reference
     is float64 NumPy of it. Asking for it elsewhere is refused, by pack_weight and by the
     plugin's fields."""
     qw = _qw(rng, case)
     n, k = qw.shape
+    assert wog.CONTIGUOUS_X is (os.environ.get("TRTCORE_WQ_CONTIGUOUS_X", "1") != "0")
+    monkeypatch.setattr(wog, "CONTIGUOUS_X", False)
     assert pack_weight(qw).contiguous_x is False and WeightOnlyGemmPlugin.from_quantized(qw)[0].contiguous_x is False
     monkeypatch.setattr(wog, "CONTIGUOUS_X", True)
     pw = pack_weight(qw)

@@ -15,10 +15,11 @@ The v2 decode kernel (``WQ_DECODE 2``: ROW_TILES 1 | 2, WQ_FOLD 0 | 1, SEG 1 | 2
 counts, N not a multiple of 16, per channel and group 64 / 128 / 256; group 32 int4 (half a
 chunk) must fall back to v1, and does.
 
-The contiguous-x K order (``CONTIG_X``, ``pack_weight(contiguous_x=True)``; off by default until
-measured) is checked on the v2 cases with the default decode kernel and four other v2
-variants, the M = 12 and 40 kernels too; an x view off 16-byte alignment (v2's x loads) must take
-v1 and still match.
+Both K orders are checked explicitly on the v2 cases with the default decode kernel and four
+other v2 variants, the M = 12 and 40 kernels too: the contiguous-x order (``CONTIG_X``,
+``pack_weight(contiguous_x=True)``, the default where groups are whole chunks, so the tests
+above run it there) and the natural one (``contiguous_x=False``, which act order and partial
+groups always use); an x view off 16-byte alignment (v2's x loads) must take v1 and still match.
 """
 
 from __future__ import annotations
@@ -199,26 +200,28 @@ def test_v2_warps_share_the_tiles(variant: dict, warps: int, monkeypatch: pytest
         check_plugin(plugin, specs, rtol=2.0**-7 + 1e-5)
 
 
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous_x", "natural"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", V2_CASES, ids=str)
-def test_contiguous_x_order_matches_reference(case: tuple, dtype: np.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_k_order_matches_reference(case: tuple, dtype: np.dtype, contiguous: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Weights packed in the contiguous-x K order (where groups are whole chunks; int4 group 32
-    cannot be) run the default decode kernel at M = 1, 5 and 8, the M = 12 and 40 kernels, and
-    CONTIG_X_VARIANTS at M = 3, within the same tolerance as the natural order."""
-    rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), "contiguous x")).encode()))
+    cannot be) or the natural one run the default decode kernel at M = 1, 5 and 8, the M = 12
+    and 40 kernels, and CONTIG_X_VARIANTS at M = 3, within the same tolerance."""
+    rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), "contiguous x" if contiguous else "natural")).encode()))
     qw = _qw(rng, *case, False)
-    if case[2:4] == (4, 32):
+    if contiguous and case[2:4] == (4, 32):
         with pytest.raises(wog.PluginError, match="contiguous-x order needs"):
             wog.pack_weight(qw, contiguous_x=True)
         return
-    packed = wog.pack_weight(qw, contiguous_x=True)
-    plugin = WeightOnlyGemmPlugin(qw.shape[1], qw.shape[0], qw.bits, qw.group_size, qw.zeros is not None, False, True)
+    packed = wog.pack_weight(qw, contiguous_x=contiguous)
+    plugin = WeightOnlyGemmPlugin(qw.shape[1], qw.shape[0], qw.bits, qw.group_size, qw.zeros is not None, False, contiguous)
     k = qw.shape[1]
     rtol = default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24
     runs = [(m, {}) for m in (1, 5, 8, 12, 40)] + [(3, v) for v in CONTIG_X_VARIANTS]
     for m, variant in runs:
         monkeypatch.setattr(wog, "DECODE_VARIANT", dict(variant))
-        assert plugin.defines(dtype)["CONTIG_X"] == 1 and (m > 8 or plugin.decode_variant(dtype, m).get("WQ_DECODE") == 2)
+        assert plugin.defines(dtype).get("CONTIG_X", 0) == int(contiguous)
+        assert m > 8 or plugin.decode_variant(dtype, m).get("WQ_DECODE") == 2 or case[2:4] == (4, 32)
         specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
         check_plugin(plugin, specs, rtol=rtol)
 
