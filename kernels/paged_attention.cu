@@ -71,6 +71,8 @@
 //   HEAD_DIM    features per head (multiple of 32; tensor-core kernels: 64 or 128)
 //   BLOCK_SIZE  tokens per KV block
 //   PA_STAGES   shared-memory stages of the K/V ring (default 2)
+//   PA_FP8_BATCH  KV_FP8 tile loads: 8-code chunks per thread loaded before any is converted
+//               (default 4)
 //   PA_DECODE_MIN_CTAS  resident decode CTAs per SM the register budget is cut for (default
 //               3: 168 registers, no spills; 3 x 64 KiB of shared memory fit an SM of sm_80/90)
 //   ROTARY_DIM  0 (default): q and k arrive rotated; > 0: fused RoPE on this many features
@@ -92,9 +94,10 @@
 //               included: the decode kernel, which takes that token from k/v instead of the
 //               pool, rounds it through the same code (kv_roundtrip8), so prefill, decode and
 //               a later step see the same numbers. The tensor-core kernels gather a tile's codes
-//               8 bytes per load, convert them and store the DTYPE values into the same swizzled
-//               shared-memory layout as without KV_FP8 (plain loads instead of cp.async; the
-//               mma code is unchanged).
+//               8 bytes per load (PA_FP8_BATCH loads per thread in flight together), convert them
+//               (sm_89+: cvt.rn.f16x2.e4m3x2, two codes per instruction) and store the DTYPE
+//               values into the same swizzled shared-memory layout as without KV_FP8 (plain
+//               loads instead of cp.async; the mma code is unchanged).
 //
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
@@ -116,6 +119,9 @@
 #endif
 #ifndef BLOCK_SIZE
 #define BLOCK_SIZE 16
+#endif
+#ifndef PA_FP8_BATCH
+#define PA_FP8_BATCH 4  // KV_FP8 tile loads: chunks per thread whose loads are in flight together
 #endif
 #ifndef PA_STAGES
 #define PA_STAGES 2
@@ -184,8 +190,26 @@ __device__ __forceinline__ unsigned long long kv_quant8(uint4 x, float scale) {
 // 8 E4M3 codes -> 8 DTYPE values read (float(code) * scale, rounded to DTYPE)
 __device__ __forceinline__ uint4 kv_dequant8(unsigned long long c, float scale) {
     PaVec8 a;
+#if __CUDA_ARCH__ >= 890
+    // sm_89+: cvt.rn.f16x2.e4m3x2 turns two codes into two float16 values exactly (every E4M3
+    // value, NaN included, is a float16; the upper byte goes to the upper half), one instruction
+    // per pair instead of e4m3_to_f32's bit arithmetic per code; the product and its rounding are
+    // the same as below
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        const unsigned short pair = (unsigned short)(c >> (16 * p));
+        unsigned int h2;
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(pair));
+        float lo, hi;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((unsigned short)(h2 & 0xffffu)));
+        asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((unsigned short)(h2 >> 16)));
+        a.e[2 * p] = from_f32(__fmul_rn(lo, scale));
+        a.e[2 * p + 1] = from_f32(__fmul_rn(hi, scale));
+    }
+#else
 #pragma unroll
     for (int j = 0; j < 8; ++j) a.e[j] = from_f32(__fmul_rn(e4m3_to_f32((unsigned int)(c >> (8 * j)) & 0xffu), scale));
+#endif
     return a.u;
 }
 // what attention reads for 8 values x once they are stored: dequant(quant(x))
@@ -578,6 +602,50 @@ __device__ __forceinline__ void attention_rows(
         const int kt = key_lo + it * PA_NT;
         const unsigned sK = smem_u32(sbuf + stage * 2 * PA_TILE_ELEMS);
         const unsigned sV = sK + PA_TILE_ELEMS * 2;
+#if KV_FP8
+        // plain loads, in passes of PA_FP8_BATCH chunks per thread: first the batch's codes (its
+        // loads all in flight: one memory round trip per batch, where a load, convert and store
+        // per chunk would wait for each load in turn), then 8 codes -> 8 DTYPE values -> one
+        // 16-byte store per chunk (the step's own token: its k/v rounded through the code, what
+        // the pool slot holds once written; keys past key_hi or in no block: code 0, value 0).
+        // Batch 4: two round trips per head_dim 128 tile instead of 16, for about 170 bytes of
+        // spills in that decode kernel under its register budget (PA_DECODE_MIN_CTAS; 8, one
+        // round trip: 224 bytes; 1: none), ptxas -v with NVRTC for sm_90
+        constexpr int TJ = PA_NT * PA_CHUNKS / NTHREADS;
+        constexpr int TB = TJ < PA_FP8_BATCH ? TJ : PA_FP8_BATCH;
+        static_assert(TJ % TB == 0, "FP8 tile load batches");
+#pragma unroll
+        for (int j0 = 0; j0 < TJ; j0 += TB) {
+            unsigned long long kc[TB], vc[TB];
+#pragma unroll
+            for (int j = 0; j < TB; ++j) {
+                const int i = tid + (j0 + j) * NTHREADS;
+                const int r = i / PA_CHUNKS, ch = i % PA_CHUNKS;
+                const int key = kt + r;
+                const kv_t* src = key != new_key && key < key_hi ? pv.k_row(key) : nullptr;
+                kc[j] = src != nullptr ? __ldg(reinterpret_cast<const unsigned long long*>(src + ch * 8)) : 0ull;
+                vc[j] = src != nullptr ? __ldg(reinterpret_cast<const unsigned long long*>(src + pv.v_offset + ch * 8)) : 0ull;
+            }
+#pragma unroll
+            for (int j = 0; j < TB; ++j) {
+                const int i = tid + (j0 + j) * NTHREADS;
+                const int r = i / PA_CHUNKS, ch = i % PA_CHUNKS;
+                elem_t* dK = sbuf + stage * 2 * PA_TILE_ELEMS + swz(r, ch);
+                uint4 kx, vx;
+                if (kt + r == new_key) {
+                    kx = kv_roundtrip8(k_new_smem != nullptr ? *reinterpret_cast<const uint4*>(k_new_smem + ch * 8)
+                                                             : __ldg(reinterpret_cast<const uint4*>(k_new + ch * 8)), k_scale);
+                    vx = kv_roundtrip8(__ldg(reinterpret_cast<const uint4*>(v_new + ch * 8)), v_scale);
+                } else {
+                    kx = kv_dequant8(kc[j], k_scale);
+                    vx = kv_dequant8(vc[j], v_scale);
+                }
+                *reinterpret_cast<uint4*>(dK) = kx;
+                *reinterpret_cast<uint4*>(dK + PA_TILE_ELEMS) = vx;
+            }
+        }
+        (void)sK; (void)sV;
+#else
 #pragma unroll
         for (int j = 0; j < PA_NT * PA_CHUNKS / NTHREADS; ++j) {
             const int i = tid + j * NTHREADS;
@@ -585,26 +653,6 @@ __device__ __forceinline__ void attention_rows(
             const int key = kt + r;
             // this step's key comes straight from the k/v inputs, the others from the pool
             const bool is_new = key == new_key;
-#if KV_FP8
-            // plain loads: 8 codes -> 8 DTYPE values -> one 16-byte store (the step's own token:
-            // its k/v rounded through the code, what the pool slot holds once written)
-            elem_t* dK = sbuf + stage * 2 * PA_TILE_ELEMS + swz(r, ch);
-            uint4 kx = make_uint4(0u, 0u, 0u, 0u), vx = kx;
-            if (is_new) {
-                kx = kv_roundtrip8(k_new_smem != nullptr ? *reinterpret_cast<const uint4*>(k_new_smem + ch * 8)
-                                                         : __ldg(reinterpret_cast<const uint4*>(k_new + ch * 8)), k_scale);
-                vx = kv_roundtrip8(__ldg(reinterpret_cast<const uint4*>(v_new + ch * 8)), v_scale);
-            } else if (key < key_hi) {
-                const kv_t* src = pv.k_row(key);
-                if (src != nullptr) {
-                    kx = kv_dequant8(__ldg(reinterpret_cast<const unsigned long long*>(src + ch * 8)), k_scale);
-                    vx = kv_dequant8(__ldg(reinterpret_cast<const unsigned long long*>(src + pv.v_offset + ch * 8)), v_scale);
-                }
-            }
-            *reinterpret_cast<uint4*>(dK) = kx;
-            *reinterpret_cast<uint4*>(dK + PA_TILE_ELEMS) = vx;
-            (void)sK; (void)sV;
-#else
             const elem_t* src = is_new ? k_new : (key < key_hi ? pv.k_row(key) : nullptr);
             const long long vdelta = is_new ? new_v_delta : pv.v_offset;
             const int bytes = src ? 16 : 0;
@@ -618,8 +666,8 @@ __device__ __forceinline__ void attention_rows(
                 cp_async16(sK + off, ks, bytes);
             }
             cp_async16(sV + off, vs, bytes);
-#endif
         }
+#endif
     };
 
 #pragma unroll
