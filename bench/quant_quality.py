@@ -15,6 +15,8 @@ Variants:
   scales, activations with static per-tensor scales calibrated on the same 512 tokens);
 * ``fp8-tensor-dynamic``: ``--method fp8 --strategy tensor --activations dynamic`` (vLLM's
   on-the-fly ``quantization="fp8"``: one weight scale per tensor, activation scales per call);
+* ``fp8-tensor-static``: ``--method fp8 --strategy tensor`` (per-tensor weight scales, static
+  activation scales: the FP8 variant bench_quant_e2e.py's throughput runs);
 * ``fp8-channel-dynamic``: ``--method fp8 --activations dynamic``;
 * ``fp8-channel-token``: ``--method fp8 --activations token`` (llm-compressor's ``FP8_DYNAMIC``:
   per-channel weights, one activation scale per token per call);
@@ -28,6 +30,7 @@ The issue's bounds: within 5% (4-bit) and 1% (8-bit, FP8, the FP8 KV cache) of t
 engine's mean log-probability (bfloat16-paged: 0.5%, the same engine through another attention).
 
     python bench/quant_quality.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
+    python bench/quant_quality.py ... --passage bench/data/passage-river.txt   # another text: the noise of the measure
     python bench/quant_quality.py --model ~/.cache/trtcore/models/SmolLM2-135M-Instruct \
         --variants bfloat16,bfloat16-paged,kv-fp8 --out $OUT      # the GGUF already converted
 """
@@ -57,6 +60,7 @@ VARIANTS: list[tuple[str, int, dict[str, Any] | None]] = [
     ("awq-w4-g32", 4, {"method": "awq", "bits": 4, "group_size": 32}),
     ("fp8-channel-static", 8, {"method": "fp8", "strategy": "channel"}),
     ("fp8-tensor-dynamic", 8, {"method": "fp8", "strategy": "tensor", "activations": "dynamic"}),
+    ("fp8-tensor-static", 8, {"method": "fp8", "strategy": "tensor"}),
     ("fp8-channel-dynamic", 8, {"method": "fp8", "strategy": "channel", "activations": "dynamic"}),
     ("fp8-channel-token", 8, {"method": "fp8", "strategy": "channel", "activations": "token"}),
     ("bfloat16-paged", 16, None),
@@ -133,6 +137,12 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--variants", default=",".join(v for v, _, _ in VARIANTS), help="comma-separated; the first is the baseline")
     ap.add_argument("--name", default="quant_quality", help="the JSON file's name (without .json)")
+    ap.add_argument(
+        "--passage",
+        type=Path,
+        default=PASSAGE,
+        help="the text to score (default: the issue's passage, tests/data/passage.txt; others measure its noise)",
+    )
     args = ap.parse_args()
     chosen = args.variants.split(",")
     unknown = sorted(set(chosen) - {v for v, _, _ in VARIANTS})
@@ -147,8 +157,8 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    passage = PASSAGE.read_text().strip()
-    results: dict[str, Any] = {"passage_file": "tests/data/passage.txt", "prompt": PROMPT, "variants": {}}
+    passage = args.passage.read_text().strip()
+    results: dict[str, Any] = {"passage_file": str(args.passage), "prompt": PROMPT, "variants": {}}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         dense = Path(args.model) if args.model else convert_gguf(args.gguf, root / "float16", progress=False)
