@@ -139,10 +139,10 @@ DEFAULT_DECODE: dict[int, dict[str, int]] = {
 #: whether :func:`pack_weight` stores weights in :func:`contiguous_x_order` where
 #: :func:`can_contiguous_x` allows it (the default; ``TRTCORE_WQ_CONTIGUOUS_X=0``, read at
 #: import, keeps the natural order). Measured on the H200 at M = 1 with the default decode
-#: kernel (bench/bench_wq_gemm.py --contiguous-x, bench/results/h200-2026-12-03-session7):
-#: int4 g128 3-7% faster on the Llama-3-8B shapes (gate_up 11.22 -> 10.94 us, down 10.58 ->
-#: 10.10, gate+up fused 20.64 -> 19.60, qkv fused 6.67 -> 6.46, o_proj 4.64 -> 4.32), int8 per
-#: channel 3-5% (16.52 -> 16.00, 16.24 -> 15.87, ...)
+#: kernel, natural -> contiguous-x (bench/bench_wq_gemm.py --natural-order,
+#: bench/results/h200-2026-12-03-session7): int4 g128 3-7% faster on the Llama-3-8B shapes
+#: (gate_up 11.23 -> 10.88 us, down 10.58 -> 10.10, gate+up fused 20.64 -> 19.60, qkv fused
+#: 6.67 -> 6.46, o_proj 4.64 -> 4.32), int8 per channel 1-5% (16.49 -> 16.05, 16.24 -> 15.87, ...)
 CONTIGUOUS_X: bool = os.environ.get("TRTCORE_WQ_CONTIGUOUS_X", "1") != "0"
 #: warps :data:`DEFAULT_DECODE`'s kernel launches in all (the tune's best: 4 per tile on
 #: 14336 rows, 16 on 4096)

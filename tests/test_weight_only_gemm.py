@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import os
-
 import zlib
 from pathlib import Path
 from typing import Any
@@ -290,7 +289,8 @@ def test_contiguous_x_packing_where_groups_are_whole_chunks(
     plugin's fields."""
     qw = _qw(rng, case)
     n, k = qw.shape
-    assert wog.CONTIGUOUS_X is (os.environ.get("TRTCORE_WQ_CONTIGUOUS_X", "1") != "0")
+    if "TRTCORE_WQ_CONTIGUOUS_X" not in os.environ:
+        assert wog.CONTIGUOUS_X, "the contiguous-x order is the default"
     monkeypatch.setattr(wog, "CONTIGUOUS_X", False)
     assert pack_weight(qw).contiguous_x is False and WeightOnlyGemmPlugin.from_quantized(qw)[0].contiguous_x is False
     monkeypatch.setattr(wog, "CONTIGUOUS_X", True)
