@@ -74,7 +74,8 @@
 //   PA_FP8_BATCH  KV_FP8 tile loads: 8-code chunks per thread loaded before any is converted
 //               (default 4)
 //   PA_DECODE_MIN_CTAS  resident decode CTAs per SM the register budget is cut for (default
-//               3: 168 registers, no spills; 3 x 64 KiB of shared memory fit an SM of sm_80/90)
+//               3: 168 registers; 3 x 64 KiB of shared memory fit an SM of sm_80/90). No spills
+//               without KV_FP8; with it, head_dim 128 spills (see load_tile's KV_FP8 branch)
 //   ROTARY_DIM  0 (default): q and k arrive rotated; > 0: fused RoPE on this many features
 //               of each head (even, <= HEAD_DIM)
 //   NEOX        fused RoPE pairing: 1 (default) half-split (i, i + ROTARY_DIM/2), 0 GPT-J (2i, 2i+1)
@@ -608,9 +609,11 @@ __device__ __forceinline__ void attention_rows(
         // per chunk would wait for each load in turn), then 8 codes -> 8 DTYPE values -> one
         // 16-byte store per chunk (the step's own token: its k/v rounded through the code, what
         // the pool slot holds once written; keys past key_hi or in no block: code 0, value 0).
-        // Batch 4: two round trips per head_dim 128 tile instead of 16, for about 170 bytes of
-        // spills in that decode kernel under its register budget (PA_DECODE_MIN_CTAS; 8, one
-        // round trip: 224 bytes; 1: none), ptxas -v with NVRTC for sm_90
+        // Batch 4: two round trips per head_dim 128 tile instead of 16, for spills in the
+        // head_dim 128 decode kernels under their register budget (PA_DECODE_MIN_CTAS; ptxas -v,
+        // NVRTC, spill stores / loads in bytes: sm_90 168 / 164, sm_80 72 / 104, sm_90 with
+        // fused RoPE 124 / 132 (36 / 36 before); sm_90 batch 8: 224, batch 1: none). Head_dim 64
+        // and the prefill kernels do not spill. Not yet timed against batch 1.
         constexpr int TJ = PA_NT * PA_CHUNKS / NTHREADS;
         constexpr int TB = TJ < PA_FP8_BATCH ? TJ : PA_FP8_BATCH;
         static_assert(TJ % TB == 0, "FP8 tile load batches");
@@ -636,7 +639,7 @@ __device__ __forceinline__ void attention_rows(
                     kx = kv_roundtrip8(k_new_smem != nullptr ? *reinterpret_cast<const uint4*>(k_new_smem + ch * 8)
                                                              : __ldg(reinterpret_cast<const uint4*>(k_new + ch * 8)), k_scale);
                     vx = kv_roundtrip8(__ldg(reinterpret_cast<const uint4*>(v_new + ch * 8)), v_scale);
-                } else {
+                } else {  // code 0 reads +0: the plugin refuses scales that are not finite and > 0
                     kx = kv_dequant8(kc[j], k_scale);
                     vx = kv_dequant8(vc[j], v_scale);
                 }
