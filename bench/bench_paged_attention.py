@@ -171,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--max-kv-gib", type=float, default=16.0, help="skip configurations whose K/V exceed this")
     ap.add_argument("--sweep", action="store_true", help="also sweep the decode split knobs (TUNING) on a few configurations")
+    ap.add_argument(
+        "--short-decode",
+        default="",
+        help="also time batch-1 decode at these short contexts (block size 16) with each forced split count, e.g. "
+        "'192:1,2,3,4,6' (min_keys_per_split lowered so that every count is allowed): the e2e bench's regime",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -223,6 +229,20 @@ def main(argv: list[str] | None = None) -> int:
         pa.TUNING.clear()
         pa.TUNING.update(base)
         result["sweep"] = sweep
+    if args.short_decode:
+        short = []
+        base = dict(pa.TUNING)
+        for spec in args.short_decode.split(";"):
+            ctx, counts = spec.split(":")
+            for splits in (int(x) for x in counts.split(",")):
+                pa.TUNING.update(splits=splits, min_keys_per_split=16)
+                row = bench_config(torch, int(ctx), 1, 16, reps=args.reps, sdpa=splits == 1)
+                row.update(forced_splits=splits)
+                short.append(row)
+                print("short", json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        pa.TUNING.clear()
+        pa.TUNING.update(base)
+        result["short_decode"] = short
     result["elapsed_s"] = time.time() - t0
     if args.out:
         with open(args.out, "w") as f:

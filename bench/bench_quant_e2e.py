@@ -66,6 +66,11 @@ def main() -> int:
         default=0,
         help="also profile one sequence's decode steps (this many new tokens less one) per variant: GPU us per step per kernel kind",
     )
+    ap.add_argument(
+        "--profile-throughput",
+        action="store_true",
+        help="also profile one more throughput run per variant (torch.profiler): GPU ms by kernel kind against the wall time",
+    )
     args = ap.parse_args()
     from trtcore import LLM
     from trtcore.cuda import synthetic
@@ -75,6 +80,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.batches.split(",")]
     wanted = args.variants.split(",")
+    unknown = [w for w in wanted if w not in {v[0] for v in VARIANTS}]
+    if unknown:
+        ap.error(f"unknown --variants {unknown}; known: {[v[0] for v in VARIANTS]}")
     results: dict[str, Any] = {"runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
@@ -82,7 +90,7 @@ def main() -> int:
             config = synthetic.config(name)
             base: dict[int, float] = {}
             base_tput = 0.0
-            for label, bits, gs in [v for v in VARIANTS if v[0] in wanted]:
+            for label, bits, gs in sorted((v for v in VARIANTS if v[0] in wanted), key=lambda v: wanted.index(v[0])):  # in the order asked
                 if bits == 16:
                     make = None
                 elif bits == "fp8":
@@ -143,6 +151,19 @@ def main() -> int:
                         flush=True,
                     )
                     (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
+                    if args.profile_throughput:
+                        prof = profile_throughput(llm, args.throughput)
+                        results.setdefault("throughput_profile", []).append({"model": name, "variant": label, **prof})
+                        print(
+                            f"  throughput run profiled: wall {prof['wall_ms']:.0f} ms, kernels {prof['gpu_ms']:.0f} ms "
+                            f"({prof['gpu_ms'] / prof['wall_ms']:.0%} of the wall; PDL spans overlap)",
+                            flush=True,
+                        )
+                        for kname, k in prof["kinds"].items():
+                            print(f"    {kname:<30} {k['ms']:8.1f} ms {k['launches']:7d} launches", flush=True)
+                        for t in prof["top_kernels"][:15]:
+                            print(f"      {t['ms']:8.1f} ms {t['launches']:6d}x  {t['name'][:100]}", flush=True)
+                        (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
                 llm.close()
                 del llm
                 _free_gpu()
@@ -193,6 +214,28 @@ def profile_steps(llm: Any, new: int, prompt: int = 128) -> dict[str, Any]:
         "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1]["us_per_step"])),
         "top_kernels": top,
     }
+
+
+def profile_throughput(llm: Any, requests: int, input_len: int = 128, output_len: int = 128) -> dict[str, Any]:
+    """One more :func:`throughput` run (after the measured ones, so warm) under
+    ``torch.profiler`` (CUPTI: CUDA-graph replays included): its wall milliseconds (profiler
+    overhead in) and the kernels' GPU milliseconds by kind (``profile_kernels.kernel_kinds``),
+    to tell GPU-bound from host-bound and which kernels a variant speeds up."""
+    import numpy as np
+    import torch
+    from profile_kernels import kernel_kinds
+    from torch.profiler import ProfilerActivity, profile
+
+    from trtcore.bench import _prompts, _timed_run
+
+    prompts = _prompts(np.random.default_rng(0), requests, input_len, llm.config.vocab_size)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        _timed_run(llm, prompts, output_len)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3
+    total, kinds, top = kernel_kinds(prof)
+    return {"wall_ms": wall, "gpu_ms": total, "kinds": kinds, "top_kernels": top}
 
 
 def throughput(llm: Any, requests: int, input_len: int = 128, output_len: int = 128) -> dict[str, Any]:

@@ -38,7 +38,7 @@ KINDS = [
     ("attention", r"paged_attn|paged_kv|attention|flash"),
     ("rope", r"rope|rotary"),
     ("sampling", r"sampling_"),
-    ("norm / row groups", r"row_group|rms|norm"),
+    ("norm / row groups", r"k_row_|row_group|rms|norm"),
     ("pointwise / other generated", r"pointwise|fused|gather|embed|copy|cast"),
 ]
 
