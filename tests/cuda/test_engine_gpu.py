@@ -157,25 +157,73 @@ def test_every_layer_type_equals_the_reference(cp: Any, float_name: str) -> None
         compare(name, run.output(name), ref[name])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_residual_add_and_rms_norm_kernel(cp: Any, dtype: str) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "hidden", "rows"),
+    [("float32", 576, 7), ("bfloat16", 576, 7), ("float32", 4100, 1), ("float32", 4100, 140), ("float32", 10000, 1), ("float32", 576, 200), ("float32", 31, 3)],
+)
+def test_residual_add_and_rms_norm_kernel(cp: Any, dtype: str, hidden: int, rows: int) -> None:
+    """One row kernel; besides SmolLM2's width, rows wider than a thread's register cache
+    (codegen.ROW_CACHED elements a thread): at decode (< 132 rows, up to 1024 threads)
+    10000 > 8 x 1024; with many rows (256 threads) 4100 > 8 x 256; and rows narrower than
+    one element a thread."""
     from netutil import rms_norm_net
 
     import trtcore.cuda as tc
     from trtcore.reference.evaluator import evaluate
 
     dt = tc.DataType.FLOAT if dtype == "float32" else tc.DataType.BF16
-    net, g = rms_norm_net(dt, hidden=576)
-    rng = np.random.default_rng(5)
-    feeds = {n: rng.standard_normal((7, 576)).astype(g.np_dtype) for n in ("a", "b")}
+    net, g = rms_norm_net(dt, hidden=hidden, seed=hidden)
+    rng = np.random.default_rng(hidden + rows)
+    feeds = {n: rng.standard_normal((rows, hidden)).astype(g.np_dtype) for n in ("a", "b")}
     ref = evaluate(net, feeds)
-    eng = engine_of(net, {"a": ((1, 576), (4, 576), (16, 576)), "b": ((1, 576), (4, 576), (16, 576))})
+    shape = ((1, hidden), (rows, hidden), (max(rows, 16), hidden))
+    eng = engine_of(net, {"a": shape, "b": shape})
     assert [k.kind for k in eng.kernels] == ["row_group"]
     run = Run(cp, eng)
     run.feed(feeds)
     run.execute()
     for name in ("y", "residual"):
         compare(name, run.output(name), ref[name])
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 129), (2, 4, 128), (1, 7, 1), (4, 300), (2, 3, 2, 257), (5000,)])
+def test_pointwise_group_over_units_of_the_last_axis(cp: Any, shape: tuple[int, ...]) -> None:
+    """A pointwise group (exp(a) * b + c) whose domain's last axis is shorter than, equal to
+    and longer than a warp unit (codegen.POINTWISE_SPAN), with a broadcast input (b: size 1
+    on every axis but the second) and a strided one (c: a transposed view of an input), in
+    float32 against NumPy; the output buffer is poisoned first."""
+    from netutil import network
+
+    import trtcore.cuda as tc
+    from trtcore.reference.evaluator import evaluate
+
+    net = network()
+    rank = len(shape)
+    bshape = tuple(d if i == min(1, rank - 1) else 1 for i, d in enumerate(shape))
+    cshape = (*shape[:-2], shape[-1], shape[-2]) if rank >= 2 else shape
+    a = net.add_input("a", tc.DataType.FLOAT, shape)
+    b = net.add_input("b", tc.DataType.FLOAT, bshape)
+    c_in = net.add_input("c", tc.DataType.FLOAT, cshape)
+    c = c_in
+    if rank >= 2:
+        t = net.add_shuffle(c_in)
+        t.first_transpose = (*range(rank - 2), rank - 1, rank - 2)  # a view: strided, not copied
+        c = t.get_output(0)
+    e = net.add_unary(a, tc.UnaryOperation.EXP).get_output(0)
+    m = net.add_elementwise(e, b, tc.ElementWiseOperation.PROD).get_output(0)
+    y = net.add_elementwise(m, c, tc.ElementWiseOperation.SUM).get_output(0)
+    y.name = "y"
+    net.mark_output(y)
+    rng = np.random.default_rng(sum(shape))
+    feeds = {"a": rng.standard_normal(shape).astype(np.float32), "b": rng.standard_normal(bshape).astype(np.float32)}
+    feeds["c"] = rng.standard_normal(cshape).astype(np.float32)
+    ref = evaluate(net, feeds)
+    eng = engine_of(net)
+    assert "pointwise_group" in [k.kind for k in eng.kernels]
+    run = Run(cp, eng)
+    run.feed(feeds)
+    run.execute()
+    compare("y", run.output("y"), ref["y"])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -252,7 +300,7 @@ def test_llama_paged_decode_equals_the_reference(cp: Any, dtype: str, gemm: str,
     gemm_tactics(plan, gemm, monkeypatch, tmp_path)
     feeds = paged_decode_feeds(plan, 3, seed=1)
     ref = evaluate(d.network, {k: v.copy() for k, v in feeds.items()})
-    run = Run(cp, tc.runtime.ICudaEngine(plan))
+    run = Run(cp, tc.ICudaEngine(plan))
     run.feed(feeds)
     run.execute()
     got, want = run.output("logits").astype(np.float64), ref["logits"].astype(np.float64)
@@ -268,7 +316,7 @@ def test_decode_step_replays_from_a_cuda_graph_and_allocates_nothing(cp: Any, ge
 
     plan, _ = llama_plan(layers=2, dtype="bfloat16", arch=None)
     gemm_tactics(plan, gemm, monkeypatch, tmp_path)
-    run = Run(cp, tc.runtime.ICudaEngine(plan))
+    run = Run(cp, tc.ICudaEngine(plan))
     feeds = paged_decode_feeds(plan, 2, seed=4)
     pool0 = feeds["kv_cache_pool"].copy()
     run.feed(feeds)
@@ -308,7 +356,7 @@ def test_launches_per_decoder_layer_at_decode(cp: Any) -> None:
     counts = []
     for layers in (2, 3):
         plan, _ = llama_plan(layers=layers, dtype="bfloat16", arch=None)
-        run = Run(cp, tc.runtime.ICudaEngine(plan))
+        run = Run(cp, tc.ICudaEngine(plan))
         run.feed(paged_decode_feeds(plan, 1, seed=2))
         run.execute()
         n = {"k": 0}

@@ -25,6 +25,7 @@ input broadcasts).
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -365,18 +366,76 @@ def _pointwise_body(node: Node, dtypes: dict[str, DataType], rank: int, store: A
     return lines
 
 
+#: elements of the last axis one warp of a pointwise kernel computes per unit (32 lanes x 4):
+#: the unit's offsets over the leading axes are found once (64-bit divisions, each some 70
+#: instructions), and each lane has its 4 loads of every input in flight together. With one
+#: thread per element and a division per axis each, SwiGLU at 256 sequences x 14336 ran
+#: some 250 integer instructions an element (counted from the source, not profiled), more
+#: than its memory traffic takes; Llama-3-8B's 256 x (128 + 128)
+#: throughput on the H200 went from 13,363 to 13,901 output tok/s with units
+#: (bench/results/h200-2026-12-03-session8)
+POINTWISE_LANE_ELEMENTS = 4
+POINTWISE_SPAN = 32 * POINTWISE_LANE_ELEMENTS
+
+
+def pointwise_units(domain: Sequence[int]) -> int:
+    """Warp units of :func:`pointwise_group`'s kernel over ``domain`` (its shape): one per
+    :data:`POINTWISE_SPAN` elements of each row of the last axis (the launch needs 32 threads
+    per unit); a rank-0 domain is one element, one unit."""
+    if not domain:
+        return 1
+    rows = math.prod(domain[:-1])
+    return int(rows) * -(-int(domain[-1]) // POINTWISE_SPAN)
+
+
 def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> KernelSource:
-    """One thread per element of the domain (rank ``rank``); inputs strided (broadcast = 0),
-    outputs dense."""
+    """The domain (rank ``rank``) in units of :data:`POINTWISE_SPAN` elements of one row
+    of the last axis, one warp per unit (:func:`pointwise_units`; a grid-stride loop over
+    them); inputs strided (broadcast = 0), outputs dense. Rank 0: one thread."""
     sig, params = _group_signature(node, dtypes, rank, "n", "numel")
     lines = [
         PREAMBLE,
         f'extern "C" __global__ void FUNCTION_NAME({", ".join(sig)}) {{',  # named by a hash: equal groups share one kernel
         PDL_ENTRY,
-        "  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {",
     ]
-    lines += _pointwise_body(node, dtypes, rank, lambda o, v: f"st(out{node.outputs.index(o)} + idx, {v});")
-    lines += ["  }", "}"]
+    if rank == 0:
+        lines.append("  for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {")
+        lines += _pointwise_body(node, dtypes, rank, lambda o, v: f"st(out{node.outputs.index(o)} + idx, {v});")
+        lines += ["  }", "}"]
+        return _named("\n".join(lines), "pointwise", params, 256)
+    last = rank - 1
+    k_in = range(len(node.inputs))
+    lines += [
+        f"  const i64 dl = d{last};",
+        "  if (n <= 0 || dl <= 0) return;",
+        f"  const i64 per_row = (dl + {POINTWISE_SPAN - 1}) / {POINTWISE_SPAN};",
+        "  const i64 units = n / dl * per_row;",
+        "  const int lane = threadIdx.x & 31;",
+        "  for (i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < units; w += ((i64)gridDim.x * blockDim.x) >> 5) {",
+        "    const i64 row = w / per_row;",
+        f"    const i64 j0 = (w - row * per_row) * {POINTWISE_SPAN} + lane;",
+        "    i64 rem = row;",
+    ]
+    lines += [f"    i64 b{k} = 0;" for k in k_in]
+    for dim in reversed(range(last)):
+        lines.append(f"    {{ i64 c = rem % d{dim}; rem /= d{dim};")
+        lines += [f"      b{k} += c * s{k}_{dim};" for k in k_in]
+        lines.append("    }")
+    lines += [
+        "    #pragma unroll",
+        f"    for (int u = 0; u < {POINTWISE_LANE_ELEMENTS}; ++u) {{",
+        "      const i64 j = j0 + u * 32;",
+        "      if (j < dl) {",
+        "        const i64 idx = row * dl + j;",
+    ]
+    lines += [f"        const i64 o{k} = b{k} + j * s{k}_{last};" for k in k_in]
+    loads = {v: f"ld(in{k} + o{k})" for k, v in enumerate(node.inputs)}
+    scalars = {v: scalar_literal(c, dtypes[v]) for v, c in node.attrs["scalars"].items()}
+    body = _Body(node.attrs["members"], dtypes, loads, scalars)
+    outs = [body.value(o) for o in node.outputs]
+    lines += ["    " + x for x in body.lines]
+    lines += [f"        st(out{node.outputs.index(o)} + idx, {name});" for o, name in zip(node.outputs, outs)]
+    lines += ["      }", "    }", "  }", "}"]
     return _named("\n".join(lines), "pointwise", params, 256)
 
 
@@ -385,22 +444,65 @@ def _named(text: str, kind: str, params: list[tuple[str, str]], block: int) -> K
     return KernelSource(text.replace("FUNCTION_NAME", fn), fn, params, block)
 
 
-#: iterations of a row kernel's loops unrolled (:func:`_row_body`)
+#: elements of each input that a row kernel's thread loads into registers before anything
+#: else (:func:`_row_body`), and elements per round of the loop over the rest: a row group
+#: at decode is one block (the runtime gives it one thread per 4 elements, up to 1024), so its
+#: time is the latency of its rounds of dependent loads. A loop over memory with a run-time
+#: trip count below its unroll factor runs one iteration at a time, each load waited on in
+#: turn, and again for the outputs: 4 + 4 rounds for Llama-3-8B's residual + RMSNorm (5.4 us
+#: a launch in a profile without PDL, bench/results/h200-2026-12-03-session6/call2/prof).
+#: Cached, all of a thread's loads (the weights' too, an RMSNorm's gamma) are in flight at
+#: once and the output loop reads registers. Batch-1 decode did not get measurably faster on
+#: the H200 (4.766 ms against 4.761, bench/results/h200-2026-12-03-session8): with PDL the
+#: next GEMV's weight prefetch runs under the norm anyway. 8 keeps a row kernel within the
+#: 64 registers a 1024-thread block allows.
+ROW_CACHED = 8
 ROW_UNROLL = 8
 
 
-def _row_body(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: set[str], store: Any) -> list[str]:
+def _row_loop(lines: list[str], n: str, cached: int, cached_loads: dict[str, str], loads: dict[str, str], emit: Any) -> None:
+    """Append a loop over the row's elements ``j``: first the ``cached`` register-cached
+    ones of this thread (loads ``cached_loads``: ``c<k>[t]``), then the rest from memory
+    (``loads``) in rounds of :data:`ROW_UNROLL` predicated iterations, in increasing ``j`` (so
+    a thread's float32 sums add in the same order as one plain loop). ``emit(loads)``
+    returns the loop body's statements."""
+    if cached:
+        lines.append("  #pragma unroll")
+        lines.append(f"  for (int t = 0; t < {cached}; ++t) {{")
+        lines.append("    const i64 j = threadIdx.x + (i64)t * blockDim.x;")
+        lines.append(f"    if (j < {n}) {{")
+        lines += ["  " + x for x in emit(cached_loads)]
+        lines.append("    }")
+        lines.append("  }")
+    lines.append(f"  for (i64 j0 = threadIdx.x + (i64){cached} * blockDim.x; j0 < {n}; j0 += (i64){ROW_UNROLL} * blockDim.x) {{")
+    lines.append("    #pragma unroll")
+    lines.append(f"    for (int u = 0; u < {ROW_UNROLL}; ++u) {{")
+    lines.append("      const i64 j = j0 + (i64)u * blockDim.x;")
+    lines.append(f"      if (j < {n}) {{")
+    lines += ["    " + x for x in emit(loads)]
+    lines.append("      }")
+    lines.append("    }")
+    lines.append("  }")
+
+
+def _row_body(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: set[str], store: Any, cached: int | None = None) -> list[str]:
     """The statements that compute row ``row`` (an ``i64`` in scope) of a row group with the
-    block's threads: loop 1 reduces the reduction's input (float32, ``block_reduce`` over
+    block's threads: each thread first loads its ``cached`` elements of every input
+    into registers, loop 1 reduces the reduction's input (float32, ``block_reduce`` over
     ``smem``), loop 2 computes the outputs; ``store(output, index, value)`` is the statement
     that writes one element (index ``row * N + j``, or ``row`` for outputs of row shape
-    ``[..., 1]`` in ``row_outputs``, written by thread 0)."""
+    ``[..., 1]`` in ``row_outputs``, written by thread 0). ``cached`` None: :data:`ROW_CACHED`,
+    fewer (down to 4, what decode needs up to 4096 elements) for groups of more than 3 inputs,
+    to stay within 64 registers without spilling."""
+    if cached is None:
+        cached = min(ROW_CACHED, max(4, 24 // max(1, len(node.inputs))))
     a = node.attrs
     members: list[Node] = a["members"]
     red = members[a["reduce"]]
     kind = ReduceOperation(red.attrs["op"])
     scalars = {v: scalar_literal(c, dtypes[v]) for v, c in a["scalars"].items()}
     loads = {v: f"ld(in{k} + b{k} + j * s{k}_{rank - 1})" for k, v in enumerate(node.inputs)}
+    cache = {v: f"c{k}[t]" for k, v in enumerate(node.inputs)}
     n = f"d{rank - 1}"
     lines = ["  i64 rem = row;"]  # row base offsets of each input over the leading dimensions
     for k in range(len(node.inputs)):
@@ -410,10 +512,18 @@ def _row_body(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
         for k in range(len(node.inputs)):
             lines.append(f"    b{k} += c * s{k}_{dim};")
         lines.append("  }")
+    # the register cache: every input's elements j = threadIdx.x + t * blockDim.x
+    if cached:
+        for k in range(len(node.inputs)):
+            lines.append(f"  decltype(ld(in{k})) c{k}[{cached}];")
+        lines.append("  #pragma unroll")
+        lines.append(f"  for (int t = 0; t < {cached}; ++t) {{")
+        lines.append("    const i64 j = threadIdx.x + (i64)t * blockDim.x;")
+        for k in range(len(node.inputs)):
+            lines.append(f"    c{k}[t] = j < {n} ? {loads[node.inputs[k]]} : 0;")
+        lines.append("  }")
     # loop 1: the reduction
     pre = [m for m in members if m is not red]
-    body1 = _Body(pre, dtypes, loads, scalars)
-    x = body1.value(red.inputs[0])
     init = {
         ReduceOperation.SUM: "0.0f",
         ReduceOperation.AVG: "0.0f",
@@ -427,14 +537,13 @@ def _row_body(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
         ReduceOperation.MIN: "acc = op_min(acc, {x});",
     }[kind]
     lines.append(f"  float acc = {init};")
-    # unrolled so that each thread has several rows' loads in flight: a row of a few thousand
-    # elements is 8-16 loads per thread, and one block per row (decode: the only block) would
-    # otherwise wait for each in turn
-    lines.append(f"  #pragma unroll {ROW_UNROLL}")
-    lines.append(f"  for (i64 j = threadIdx.x; j < {n}; j += blockDim.x) {{")
-    lines += body1.lines
-    lines.append("    " + comb.format(x=x))
-    lines.append("  }")
+
+    def reduce_step(ld_of: dict[str, str]) -> list[str]:
+        body = _Body(pre, dtypes, ld_of, scalars)
+        x = body.value(red.inputs[0])
+        return [*body.lines, "    " + comb.format(x=x)]
+
+    _row_loop(lines, n, cached, cache, loads, reduce_step)
     kid = {ReduceOperation.SUM: 0, ReduceOperation.AVG: 0, ReduceOperation.MAX: 1, ReduceOperation.MIN: 2}[kind]
     lines.append(f"  acc = block_reduce<{kid}>(acc, smem);")
     if kind == ReduceOperation.AVG:
@@ -442,16 +551,15 @@ def _row_body(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
     red_val = _rounded("acc", dtypes[red.outputs[0]])
     lines.append(f"  const float red = {red_val};")
     # loop 2: the outputs
-    body2 = _Body(pre, dtypes, loads, {**scalars, red.outputs[0]: "red"})
     full = [o for o in node.outputs if o not in row_outputs]
     rowo = [o for o in node.outputs if o in row_outputs]
-    lines.append(f"  #pragma unroll {ROW_UNROLL}")
-    lines.append(f"  for (i64 j = threadIdx.x; j < {n}; j += blockDim.x) {{")
-    names = [body2.value(o) for o in full]
-    lines += body2.lines
-    for o, name in zip(full, names):
-        lines.append("    " + store(o, f"row * {n} + j", name))
-    lines.append("  }")
+
+    def output_step(ld_of: dict[str, str]) -> list[str]:
+        body = _Body(pre, dtypes, ld_of, {**scalars, red.outputs[0]: "red"})
+        names = [body.value(o) for o in full]
+        return [*body.lines, *("    " + store(o, f"row * {n} + j", name) for o, name in zip(full, names))]
+
+    _row_loop(lines, n, cached, cache, loads, output_step)
     if rowo:
         lines.append("  if (threadIdx.x == 0) {")
         lines.append("    const i64 j = 0;")
@@ -469,7 +577,8 @@ def row_group(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
     sig, params = _group_signature(node, dtypes, rank, "rows", "rows")
     lines = [
         PREAMBLE,
-        f'extern "C" __global__ void FUNCTION_NAME({", ".join(sig)}) {{',  # named by a hash: equal groups share one kernel
+        # named by a hash: equal groups share one kernel; up to 1024 threads at decode (the runtime's rule)
+        f'extern "C" __global__ __launch_bounds__(1024) void FUNCTION_NAME({", ".join(sig)}) {{',
         PDL_ENTRY,
         "  __shared__ float smem[32];",
         "  const i64 row = blockIdx.x;",
@@ -996,7 +1105,10 @@ def gemv_prologue(producer: Node, dtypes: dict[str, DataType], rank: int, a: str
         "  __shared__ float smem[32];",
     ]
     if producer.op == "row_group":
-        prologue = ["  for (i64 row = 0; row < rows; ++row) {", *_row_body(producer, dtypes, rank, row_outputs, keep), "  __syncthreads();", "  }"]
+        # no register cache: it would raise the GEMV's registers (56 -> 72 for 4 elements) and
+        # cost it occupancy; the loops' predicated rounds still keep ROW_UNROLL loads in flight
+        rows_body = _row_body(producer, dtypes, rank, row_outputs, keep, cached=0)
+        prologue = ["  for (i64 row = 0; row < rows; ++row) {", *rows_body, "  __syncthreads();", "  }"]
     else:
         assert rank == 2, rank
         prologue = ["  for (i64 r = 0; r < d0; ++r) for (i64 j = threadIdx.x; j < d1; j += blockDim.x) {", "    const i64 idx = r * d1 + j;"]

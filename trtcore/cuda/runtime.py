@@ -529,9 +529,8 @@ class IExecutionContext:
             for v in node.inputs:
                 roles.update(_per_axis(f"stride:{v}", bstrides(v, domain)))
         if op in ("pointwise_group", "copy"):
-            n = int(math.prod(domain))
-            roles["numel"] = n
-            grid = (_grid(n, block), 1, 1)
+            roles["numel"] = int(math.prod(domain))
+            grid = (_grid(codegen.pointwise_units(domain) * 32, block), 1, 1)  # a warp per unit
         elif op == "row_group":
             rows = int(math.prod(domain[:-1]))
             roles["rows"] = rows
