@@ -156,13 +156,13 @@ def main() -> int:
                         results.setdefault("throughput_profile", []).append({"model": name, "variant": label, **prof})
                         print(
                             f"  throughput run profiled: wall {prof['wall_ms']:.0f} ms, kernels {prof['gpu_ms']:.0f} ms "
-                            f"({prof['gpu_ms'] / prof['wall_ms']:.0%} of the wall; PDL spans overlap)",
+                            f"({prof['gpu_ms'] / prof['wall_ms']:.0%} of the wall; PDL spans overlap, exclusive times do not)",
                             flush=True,
                         )
                         for kname, k in prof["kinds"].items():
-                            print(f"    {kname:<30} {k['ms']:8.1f} ms {k['launches']:7d} launches", flush=True)
+                            print(f"    {kname:<30} {k['ms']:8.1f} ms spans {k['exclusive_ms']:8.1f} ms exclusive {k['launches']:7d} launches", flush=True)
                         for t in prof["top_kernels"][:15]:
-                            print(f"      {t['ms']:8.1f} ms {t['launches']:6d}x  {t['name'][:100]}", flush=True)
+                            print(f"      {t['ms']:8.1f} ms {t['exclusive_ms']:8.1f} ms {t['launches']:6d}x  {t['name'][:100]}", flush=True)
                         (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
                 llm.close()
                 del llm
@@ -219,8 +219,9 @@ def profile_steps(llm: Any, new: int, prompt: int = 128) -> dict[str, Any]:
 def profile_throughput(llm: Any, requests: int, input_len: int = 128, output_len: int = 128) -> dict[str, Any]:
     """One more :func:`throughput` run (after the measured ones, so warm) under
     ``torch.profiler`` (CUPTI: CUDA-graph replays included): its wall milliseconds (profiler
-    overhead in) and the kernels' GPU milliseconds by kind (``profile_kernels.kernel_kinds``),
-    to tell GPU-bound from host-bound and which kernels a variant speeds up."""
+    overhead in) and the kernels' GPU milliseconds by kind (``profile_kernels.kernel_kinds``:
+    spans, and exclusive times that do not overlap under PDL), to tell GPU-bound from
+    host-bound and which kernels a variant speeds up."""
     import numpy as np
     import torch
     from profile_kernels import kernel_kinds

@@ -52,6 +52,33 @@ def kind(name: str) -> str:
     return "other"
 
 
+def kernel_spans(prof: Any) -> list[tuple[str, float, float]]:
+    """The CUDA kernels of a finished ``torch.profiler.profile``: ``(name, start, end)`` of each
+    launch on the GPU, microseconds."""
+    import torch
+
+    return [
+        (ev.name, float(ev.time_range.start), float(ev.time_range.end))
+        for ev in prof.events()
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0
+    ]
+
+
+def exclusive_times(spans: list[tuple[str, float, float]]) -> dict[str, list[float]]:
+    """Per name, each launch's *exclusive* milliseconds: the part of its span after every span
+    that started before it ended (its own work once its predecessors are done). With
+    programmatic dependent launch a kernel starts early and its span includes the wait for the
+    previous kernel, so plain spans overlap and their sum exceeds the GPU's busy time; the
+    exclusive times partition the busy time (one stream: spans in start order). A kernel wholly
+    inside an earlier span gets 0."""
+    out: dict[str, list[float]] = {}
+    frontier = float("-inf")
+    for name, start, end in sorted(spans, key=lambda s: (s[1], s[2])):
+        out.setdefault(name, []).append(max(0.0, end - max(start, frontier)) / 1e3)
+        frontier = max(frontier, end)
+    return out
+
+
 def kernel_times(prof: Any) -> dict[str, list[float]]:
     """The CUDA kernels of a finished ``torch.profiler.profile``: per name, each launch's GPU
     milliseconds."""
@@ -66,17 +93,26 @@ def kernel_times(prof: Any) -> dict[str, list[float]]:
 
 def kernel_kinds(prof: Any) -> tuple[float, dict[str, dict[str, float]], list[dict[str, Any]]]:
     """The CUDA kernels of a finished ``torch.profiler.profile``: their GPU milliseconds in all,
-    per :func:`kind` (ms, launches, share), and the 40 longest kernels by name."""
-    kernels = kernel_times(prof)
+    per :func:`kind` (``ms`` their spans, ``exclusive_ms`` (:func:`exclusive_times`), launches,
+    share of the spans), and the 40 longest kernels by name."""
+    return summarize(kernel_times(prof), exclusive_times(kernel_spans(prof)))
+
+
+def summarize(kernels: dict[str, list[float]], exclusive: dict[str, list[float]]) -> tuple[float, dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """:func:`kernel_kinds` of per-name span and exclusive milliseconds."""
     kinds: dict[str, dict[str, float]] = {}
     for name, times in kernels.items():
-        k = kinds.setdefault(kind(name), {"ms": 0.0, "launches": 0})
+        k = kinds.setdefault(kind(name), {"ms": 0.0, "exclusive_ms": 0.0, "launches": 0})
         k["ms"] += sum(times)
+        k["exclusive_ms"] += sum(exclusive.get(name, []))
         k["launches"] += len(times)
     total = sum(k["ms"] for k in kinds.values())
     for k in kinds.values():
         k["share"] = k["ms"] / total if total else 0.0
-    top = sorted(({"name": n[:160], "ms": sum(t), "launches": len(t), "kind": kind(n)} for n, t in kernels.items()), key=lambda r: -r["ms"])[:40]
+    top = sorted(
+        ({"name": n[:160], "ms": sum(t), "exclusive_ms": sum(exclusive.get(n, [])), "launches": len(t), "kind": kind(n)} for n, t in kernels.items()),
+        key=lambda r: -r["ms"],
+    )[:40]
     return total, dict(sorted(kinds.items(), key=lambda kv: -kv[1]["ms"])), top
 
 
@@ -139,7 +175,7 @@ def main() -> int:
             flush=True,
         )
         for name, k in r["kinds"].items():
-            print(f"  {name:<30} {k['ms']:9.1f} ms {100 * k['share']:5.1f}%  {k['launches']:7d} launches")
+            print(f"  {name:<30} {k['ms']:9.1f} ms {100 * k['share']:5.1f}%  {k['exclusive_ms']:9.1f} ms exclusive {k['launches']:7d} launches")
         for t in r["top_kernels"][:12]:
             print(f"    {t['ms']:8.1f} ms {t['launches']:6d}x  {t['name'][:110]}")
     if len(runs) == 2:
