@@ -28,7 +28,7 @@ def _same(a: Plan, b: Plan) -> None:
     assert ga.constants.keys() == gb.constants.keys()
     for k in ga.constants:
         assert ga.constants[k].dtype == gb.constants[k].dtype
-        np.testing.assert_array_equal(ga.constants[k].view(np.uint8), gb.constants[k].view(np.uint8))
+        np.testing.assert_array_equal(np.ascontiguousarray(ga.constants[k]).view(np.uint8), np.ascontiguousarray(gb.constants[k]).view(np.uint8))
     assert {k: (v.source, v.function, v.params) for k, v in a.sources.items()} == {k: (v.source, v.function, v.params) for k, v in b.sources.items()}
     assert a.compile_keys == b.compile_keys and a.tactics == b.tactics and a.offsets == b.offsets
     assert a.device_memory_size == b.device_memory_size and a.profile == b.profile and a.kernels == b.kernels
@@ -50,6 +50,39 @@ def test_serialized_plan_deserializes_identically() -> None:
     assert engine.get_tensor_dtype("kv_cache_pool") == tc.DataType.BF16
     assert engine.get_tensor_profile_shape("input_ids", 0) == [(1,), (128,), (128,)]
     assert engine.device_memory_size_v2 == engine.plan.device_memory_size > 0
+
+
+def test_plan_bytes_keep_every_array_and_old_plain_pickles_load() -> None:
+    """The serialized plan (header, pickle, arrays out of band) gives back every constant bit
+    for bit with its dtype (bfloat16 and FP8 travel as unsigned views); a plan
+    pickled whole (the format before the header) loads too; a cut one is refused."""
+    import pickle
+
+    import ml_dtypes
+
+    from trtcore.cuda import plan as plan_module
+
+    plan, _ = llama_plan(layers=1, arch=None)
+    rng = np.random.default_rng()
+    extra = {
+        "bf16": rng.standard_normal((3, 5)).astype(ml_dtypes.bfloat16),
+        "e4m3": rng.standard_normal(7).astype(ml_dtypes.float8_e4m3fn),
+        "i8": rng.integers(-128, 127, size=9).astype(np.int8),
+        "strided": rng.standard_normal((4, 6)).astype(np.float32)[:, ::2],
+        "empty": np.zeros((0, 3), np.float32),
+    }
+    plan.graph.constants.update(extra)
+    blob = plan_module.dumps(plan)
+    assert bytes(blob[:8]) == plan_module.MAGIC
+    for data in (bytes(blob), blob, pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)):
+        back = tc.Runtime(tc.Logger()).deserialize_cuda_engine(data).plan
+        _same(back, plan)
+        for name, want in extra.items():
+            got = back.graph.constants[name]
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
+    with pytest.raises(NetworkError, match="not a trtcore cuda plan"):
+        tc.Runtime().deserialize_cuda_engine(bytes(blob[: len(blob) // 2]))
 
 
 def test_not_a_plan_is_refused() -> None:

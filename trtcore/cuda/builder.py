@@ -33,7 +33,6 @@ as one more output, a view is copied out).
 from __future__ import annotations
 
 import dataclasses
-import pickle
 from collections.abc import Iterable
 from typing import Any
 
@@ -52,7 +51,7 @@ from . import (
 )
 from .gemm import WORKSPACE_BYTES
 from .ir import Graph, Node, from_network, infer_shapes, profile_points
-from .plan import FORMAT, KernelInfo, Plan
+from .plan import FORMAT, KernelInfo, Plan, dumps
 
 #: ops that run as a generated kernel
 GENERATED = ("pointwise_group", "row_group", "copy", "softmax", "reduce", "gather", "concat", "kv_cache_update", "attention")
@@ -339,7 +338,7 @@ class Builder(refbuilder.Builder):
         """The compiled plan as bytes (:meth:`trtcore.cuda.Runtime.deserialize_cuda_engine` reads it);
         ``capture`` (a trtcore extension): tensors kept as extra outputs (:func:`keep_captured`)."""
         plan = self._compile(network, config, capture)
-        return refbuilder.IHostMemory(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
+        return refbuilder.IHostMemory(dumps(plan))
 
     def _compile(self, network: Any, config: Any, capture: Iterable[str] | str = ()) -> Plan:
         """:func:`compile_network`, then the GEMM tactics timed on this GPU when there is one

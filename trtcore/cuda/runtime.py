@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import pickle
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -37,7 +36,7 @@ from . import codegen
 from .cublaslt import Lt, signature
 from .gemm import Cublas, GemmCall, gemv_applies, gemv_launch, plan_gemm
 from .ir import infer_shapes
-from .plan import FORMAT, KernelInfo, Plan
+from .plan import FORMAT, KernelInfo, Plan, dumps, loads
 from .views import Layout, apply_stages, dense_strides, is_dense
 
 _log = logging.getLogger(__name__)
@@ -202,8 +201,8 @@ class ICudaEngine:
         return list(self.plan.build_log)
 
     def serialize(self) -> bytes:
-        """The plan as bytes (what ``build_serialized_network`` returns)."""
-        return pickle.dumps(self.plan, protocol=pickle.HIGHEST_PROTOCOL)
+        """The plan as bytes (what ``build_serialized_network`` returns; :func:`~trtcore.cuda.plan.dumps`)."""
+        return bytes(dumps(self.plan))
 
     def _value(self, name: str) -> Any:
         try:
@@ -653,11 +652,7 @@ class Runtime:
         Raises:
             NetworkError: the bytes are no trtcore cuda plan.
         """
-        try:
-            plan = pickle.loads(bytes(serialized))
-        except Exception as exc:
-            raise NetworkError(f"not a trtcore cuda plan: {exc}") from exc
-        return ICudaEngine(plan)
+        return ICudaEngine(loads(serialized))
 
 
 __all__ = ["EngineExecutionError", "ICudaEngine", "IExecutionContext", "Runtime", "Step", "math"]
