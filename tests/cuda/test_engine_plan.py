@@ -74,7 +74,7 @@ def test_plan_bytes_keep_every_array_and_old_plain_pickles_load() -> None:
     plan.graph.constants.update(extra)
     blob = plan_module.dumps(plan)
     assert bytes(blob[:8]) == plan_module.MAGIC
-    for data in (bytes(blob), blob, pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)):
+    for data in (blob, bytearray(blob), memoryview(blob), pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)):
         back = tc.Runtime(tc.Logger()).deserialize_cuda_engine(data).plan
         _same(back, plan)
         for name, want in extra.items():

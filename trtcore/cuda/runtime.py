@@ -202,7 +202,7 @@ class ICudaEngine:
 
     def serialize(self) -> bytes:
         """The plan as bytes (what ``build_serialized_network`` returns; :func:`~trtcore.cuda.plan.dumps`)."""
-        return bytes(dumps(self.plan))
+        return dumps(self.plan)
 
     def _value(self, name: str) -> Any:
         try:
