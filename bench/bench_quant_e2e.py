@@ -218,25 +218,18 @@ def profile_steps(llm: Any, new: int, prompt: int = 128) -> dict[str, Any]:
 
 def profile_throughput(llm: Any, requests: int, input_len: int = 128, output_len: int = 128) -> dict[str, Any]:
     """One more :func:`throughput` run (after the measured ones, so warm) under
-    ``torch.profiler`` (CUPTI: CUDA-graph replays included): its wall milliseconds (profiler
-    overhead in) and the kernels' GPU milliseconds by kind (``profile_kernels.kernel_kinds``:
-    spans, and exclusive times that do not overlap under PDL), to tell GPU-bound from
-    host-bound and which kernels a variant speeds up."""
+    ``torch.profiler`` (``profile_kernels.profiled_run``): its wall milliseconds (profiler
+    overhead in) and the kernels' GPU milliseconds by kind (spans, and exclusive times that do
+    not overlap under PDL), to tell GPU-bound from host-bound and which kernels a variant
+    speeds up."""
     import numpy as np
-    import torch
-    from profile_kernels import kernel_kinds
-    from torch.profiler import ProfilerActivity, profile
+    from profile_kernels import profiled_run
 
-    from trtcore.bench import _prompts, _timed_run
+    from trtcore.bench import _prompts
 
     prompts = _prompts(np.random.default_rng(0), requests, input_len, llm.config.vocab_size)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        _timed_run(llm, prompts, output_len)
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) * 1e3
-    total, kinds, top = kernel_kinds(prof)
-    return {"wall_ms": wall, "gpu_ms": total, "kinds": kinds, "top_kernels": top}
+    wall, _, (total, kinds, top) = profiled_run(llm, prompts, output_len)
+    return {"wall_ms": wall * 1e3, "gpu_ms": total, "kinds": kinds, "top_kernels": top}
 
 
 def throughput(llm: Any, requests: int, input_len: int = 128, output_len: int = 128) -> dict[str, Any]:

@@ -116,11 +116,27 @@ def summarize(kernels: dict[str, list[float]], exclusive: dict[str, list[float]]
     return total, dict(sorted(kinds.items(), key=lambda kv: -kv[1]["ms"])), top
 
 
-def profile_run(args: argparse.Namespace, quantization: str | None) -> dict[str, Any]:
-    """One shape and quantization: tokens/s of an unprofiled run, then the profiled run's kernels."""
+def profiled_run(llm: Any, prompts: list[list[int]], output_len: int) -> tuple[float, dict[str, Any], Any]:
+    """One ``trtcore bench throughput`` run of ``prompts`` under ``torch.profiler`` (CUPTI:
+    CUDA-graph replays and cuBLAS kernels included; on a machine without CUDA, CPU events):
+    its wall seconds (profiler overhead in), its request metrics, and :func:`kernel_kinds`."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from trtcore import bench
+
+    gpu = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA] if gpu else [ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        metrics = bench._timed_run(llm, prompts, output_len)
+        if gpu:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    return wall, metrics, kernel_kinds(prof)
+
+
+def profile_run(args: argparse.Namespace, quantization: str | None) -> dict[str, Any]:
+    """One shape and quantization: tokens/s of an unprofiled run, then the profiled run's kernels."""
     from trtcore import bench
 
     options = {"max_batch_size": args.num_prompts, "max_seq_len": args.input_len + args.output_len, "max_num_tokens": args.max_num_tokens}
@@ -130,14 +146,7 @@ def profile_run(args: argparse.Namespace, quantization: str | None) -> dict[str,
     prompts = bench._prompts(np.random.default_rng(0), args.num_prompts, args.input_len, llm.config.vocab_size)
     plain = bench._timed_run(llm, prompts, args.output_len)  # also the warm-up
     plain = bench._timed_run(llm, prompts, args.output_len)
-    gpu = torch.cuda.is_available()
-    with profile(activities=[ProfilerActivity.CUDA] if gpu else [ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        profiled = bench._timed_run(llm, prompts, args.output_len)
-        if gpu:
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-    total, kinds, top = kernel_kinds(prof)
+    wall, profiled, (total, kinds, top) = profiled_run(llm, prompts, args.output_len)
     llm.close()
     del llm
     gc.collect()
