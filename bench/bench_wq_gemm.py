@@ -17,11 +17,10 @@ natural K order (``pack_weight(contiguous_x=False)``, what act order and partial
 side by side; ``--diag`` times where the 4-bit kernel's time goes (:data:`DIAG`).
 
 ``--tune`` times, per shape and quantization, the default decode kernel (v1) at every
-(warps, UNROLL) of :data:`TUNE`, the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
-the (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps, UNROLL) of :data:`TUNE_V2` and the v3
-kernel (``WQ_DECODE 3``, the cp.async ring) at the (SEG, STAGES, V3_XPF, warps) of :data:`TUNE_V3`, each
-output checked against float64 NumPy; a table per case (best first) and the JSON.
-``--tune-only v2`` (or v1, v3) times only that version. The
+(warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
+the (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps, UNROLL) of :data:`TUNE_V2`, each output checked against
+float64 NumPy; a table per case (best first) and the JSON. ``--tune-only v2`` skips v1;
+``--tune-filter REGEX`` keeps the entries whose names match (e.g. ``'v2_rt1_.*_w4_u[12]'``). The
 define sets are compiled by parallel threads in the background while the weights are made
 (the disk cache serves the timing runs).
 
@@ -58,10 +57,6 @@ NATURAL = [("W4A16 g128 natural order", 4, 128, False), ("W8A16 per-channel natu
 #: ``--diag``: where the 4-bit kernel's time goes. Per channel (no per-group scale loads), and g128
 #: with one scales array shared by the rotated copies (the scales then come from L2, not DRAM)
 DIAG = [("W4A16 per-channel", 4, 0, False), ("W4A16 g128, scales in L2", 4, 128, False)]
-#: ``--chunk-major``: the codes stored chunk-major (``[chunks][tiles][32 lanes]``, the
-#: ``CHUNK_MAJOR`` experiment of kernels/wq_gemm.cu; v2 and v3 only), so that the vectors all
-#: blocks read at one moment are adjacent in memory
-CHUNK_MAJOR = [("W4A16 g128 chunk-major", 4, 128, False), ("W8A16 per-channel chunk-major", 8, 0, False)]
 #: bytes all copies of a weight must exceed (L2 60 MB, 4x)
 ROTATE_BYTES = 4 * 60 << 20
 
@@ -88,17 +83,12 @@ TUNE_V2 = [
 ] + [(rt, 1, seg, pf, hint, w, u) for rt in (1, 2) for seg in (1, 2) for pf, hint in ((2, 0), (0, 2), (2, 2)) for w in (8, 16) for u in (1, 2)]
 
 
-#: v3 settings (``WQ_DECODE 3``, the cp.async ring): (SEG, STAGES, V3_XPF, warps per block)
-TUNE_V3 = [(seg, st, xpf, w) for seg in (1, 2) for st in (2, 3, 4, 8) for xpf in (0, 1) for w in (4, 8, 16)]
-
-
 def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
     """``--tune``'s entries for a quantization: (name, extra defines (UNROLL included), warps)."""
     out = []
-    only_set = set(only.split(",")) if only else {"v1", "v2", "v3"}
-    if "v1" in only_set:
+    if only in ("", "v1"):
         out += [(f"v1_w{w}_u{u}", {"UNROLL": u}, w) for w, u in TUNE]
-    if "v2" in only_set:
+    if only in ("", "v2"):
         for rt, f, seg, pf, hint, w, u in TUNE_V2:
             if f and bits == 8:  # the bench's activations are bfloat16: int8 cannot fold
                 if not (pf or hint):
@@ -106,11 +96,6 @@ def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
                 f = 0
             defines = {"UNROLL": u, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "L2_PF": pf, "L2_HINT": hint}
             out.append((f"v2_rt{rt}_f{f}_s{seg}_pf{pf}_h{hint}_w{w}_u{u}", defines, w))
-    if "v3" in only_set:
-        out += [
-            (f"v3_s{seg}_st{st}_x{xpf}_w{w}", {"UNROLL": 1, "WQ_DECODE": 3, "SEG": seg, "STAGES": st, "V3_XPF": xpf}, w)
-            for seg, st, xpf, w in TUNE_V3
-        ]
     return [e for e in out if re.fullmatch(TUNE_FILTER[0], e[0])] if TUNE_FILTER else out
 
 
@@ -123,7 +108,7 @@ class Precompile:
     background (NVRTC releases the GIL) while the weights are made; :meth:`wait` before the
     first timing."""
 
-    def __init__(self, only: str, jobs: int, natural: bool = False, chunk_major: bool = False) -> None:
+    def __init__(self, only: str, jobs: int, natural: bool = False) -> None:
         import concurrent.futures
 
         from trtcore import kernels
@@ -131,15 +116,12 @@ class Precompile:
         from trtcore.plugins import weight_only_gemm as wog
 
         sets = set()
-        for label, bits, _gs, zeros in VARIANTS + (NATURAL if natural else []) + (CHUNK_MAJOR if chunk_major else []):
+        for label, bits, _gs, zeros in VARIANTS + (NATURAL if natural else []):
             base = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(ml_dtypes.bfloat16)], "BITS": bits, "HAS_ZEROS": int(zeros), "HAS_PERM": 0}
             if not label.endswith("natural order") and wog.CONTIGUOUS_X:  # the bench's shapes can all take it
                 base["CONTIG_X"] = 1
-            if label.endswith("chunk-major"):
-                base["CHUNK_MAJOR"] = 1
             for _, extra, _ in _sweep(bits, only):
-                if not (base.get("CHUNK_MAJOR") and extra.get("WQ_DECODE", 1) == 1):
-                    sets.add(tuple(sorted({**base, **extra}.items())))
+                sets.add(tuple(sorted({**base, **extra}.items())))
         self.count, self.t0 = len(sets), time.perf_counter()
         arch = kernels.current_arch()  # the key the launcher's compile_kernel(arch=None) uses
         self.pool: Any = concurrent.futures.ThreadPoolExecutor(jobs)
@@ -186,17 +168,15 @@ def _summary(results: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
         return f"{b[0]} {b[1]['us']:.2f} x{b[1]['speedup_vs_cublas']:.2f}" if b else "none correct"
 
     summary: dict[str, Any] = {}
-    lines = [f"{'case':32s} {'cuBLAS':>8s} {'default':>16s} {'best v1':>30s} {'best v2':>46s} {'best v3':>30s}"]
+    lines = [f"{'case':32s} {'cuBLAS':>8s} {'default':>16s} {'best v1':>30s} {'best v2':>46s}"]
     for name, row in results["shapes"].items():
         cublas_us = row["variants"]["cublas bf16"]["us"]
         for label, v in row["variants"].items():
             if "tune" not in v:
                 continue
-            b1, b2, b3 = _best(v["tune"], "v1_"), _best(v["tune"], "v2_"), _best(v["tune"], "v3_")
-            summary[f"{name} {label}"] = {"cublas_us": cublas_us, "default_us": v["us"], "best_v1": b1, "best_v2": b2, "best_v3": b3}
-            lines.append(
-                f"{name + ' ' + label:32s} {cublas_us:8.2f} {v['us']:9.2f} x{v['speedup_vs_cublas']:.2f} {cell(b1):>30s} {cell(b2):>46s} {cell(b3):>30s}"
-            )
+            b1, b2 = _best(v["tune"], "v1_"), _best(v["tune"], "v2_")
+            summary[f"{name} {label}"] = {"cublas_us": cublas_us, "default_us": v["us"], "best_v1": b1, "best_v2": b2}
+            lines.append(f"{name + ' ' + label:32s} {cublas_us:8.2f} {v['us']:9.2f} x{v['speedup_vs_cublas']:.2f} {cell(b1):>30s} {cell(b2):>46s}")
     wrong = sum(not t["ok"] for row in results["shapes"].values() for v in row["variants"].values() for t in v.get("tune", {}).values())
     lines.append(f"tune entries with a wrong output: {wrong}")
     return lines, summary
@@ -213,7 +193,6 @@ def time_shape(
     pre: Precompile | None = None,
     natural: bool = False,
     diag: bool = False,
-    chunk_major: bool = False,
 ) -> dict[str, Any]:
     from trtcore.cuda.gemm import GemmCall
     from trtcore.plugins.base import DeviceTensor
@@ -252,17 +231,13 @@ def time_shape(
     del ws, ys
     cp.get_default_memory_pool().free_all_blocks()
 
-    for label, bits, gs, zeros in VARIANTS + (NATURAL if natural else []) + (DIAG if diag else []) + (CHUNK_MAJOR if chunk_major else []):
+    for label, bits, gs, zeros in VARIANTS + (NATURAL if natural else []) + (DIAG if diag else []):
         qw = _quantized(rng, n, k, bits, gs, zeros)
         plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
         if label.endswith("natural order"):
             packed = pack_weight(qw, contiguous_x=False)
             plugin = WeightOnlyGemmPlugin(k, n, bits, qw.group_size, zeros, False, False)
         arrays = packed.arrays()
-        if label.endswith("chunk-major"):  # [tiles, chunks * 128] int32 -> [chunks, tiles, 128]
-            tiles = arrays[0].shape[0]
-            arrays = [np.ascontiguousarray(arrays[0].reshape(tiles, -1, 128).transpose(1, 0, 2)), *arrays[1:]]
-            plugin.defines = lambda dtype, p=plugin: {**type(p).defines(p, dtype), "CHUNK_MAJOR": 1}  # type: ignore[method-assign]
         nbytes = sum(a.nbytes for a in arrays)
         copies = max(1, -(-ROTATE_BYTES // nbytes))
         dev = [[cp.asarray(a) for a in arrays] for _ in range(copies)]
@@ -307,8 +282,6 @@ def time_shape(
                     wog.DECODE_VARIANT.update(variant)
                     if variant and not plugin.decode_variant(np.dtype(bf16), 1):
                         continue  # v2 does not apply (it never does here: no perm, whole-chunk groups)
-                    if label.endswith("chunk-major") and not variant:
-                        continue  # v1 has no chunk-major layout
                     t_us, t_err = timed()
                     sweep[name] = {"us": round(t_us, 3), "speedup_vs_cublas": round(cublas_us / t_us, 3), "rel_err": t_err, "ok": t_err < 1e-2}
             finally:
@@ -329,16 +302,15 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join({**SHAPES, **FUSED_SHAPES})}")
     ap.add_argument("--tune", action="store_true", help="also time every decode-kernel variant (TUNE, TUNE_V2)")
-    ap.add_argument("--tune-only", default="", help="with --tune: only these versions, comma-separated (v1, v2, v3)")
+    ap.add_argument("--tune-only", default="", choices=["", "v1", "v2"], help="with --tune: only v1 or only v2")
     ap.add_argument("--tune-filter", default="", help="with --tune: only the entries whose names match this regular expression")
-    ap.add_argument("--chunk-major", action="store_true", help="also the CHUNK_MAJOR layout experiment (v2 / v3 kernels)")
     ap.add_argument("--natural-order", action="store_true", help="also the natural K order's packing (NATURAL)")
     ap.add_argument("--diag", action="store_true", help="also the DIAG variants (per-channel int4; g128 with its scales L2-resident)")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="threads compiling the --tune variants in the background")
     args = ap.parse_args()
     if args.tune_filter:
         TUNE_FILTER.append(args.tune_filter)
-    pre = Precompile(args.tune_only, args.jobs, args.natural_order, args.chunk_major) if args.tune else None
+    pre = Precompile(args.tune_only, args.jobs, args.natural_order) if args.tune else None
     import cupy as cp
 
     from trtcore.cuda.gemm import WORKSPACE_BYTES, Cublas
@@ -350,9 +322,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {"shapes": {}}
     for name in args.shapes.split(","):
-        row = time_shape(
-            cp, blas, *{**SHAPES, **FUSED_SHAPES}[name], rng, args.tune, args.tune_only, pre, args.natural_order, args.diag, args.chunk_major
-        )
+        row = time_shape(cp, blas, *{**SHAPES, **FUSED_SHAPES}[name], rng, args.tune, args.tune_only, pre, args.natural_order, args.diag)
         results["shapes"][name] = row
         for label, v in row["variants"].items():
             print(

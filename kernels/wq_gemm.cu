@@ -98,9 +98,6 @@
 #if CONTIG_X && HAS_PERM
 #error "CONTIG_X and HAS_PERM exclude each other"
 #endif
-#if defined(CHUNK_MAJOR) && CHUNK_MAJOR && (!defined(WQ_DECODE) || WQ_DECODE == 1)
-#error "CHUNK_MAJOR is a layout of the v2 and v3 decode kernels only"
-#endif
 
 #define CHUNK_STEPS (BITS == 4 ? 4 : 2)  // 16-code k-steps per 16-byte vector
 #define CHUNK (16 * CHUNK_STEPS)         // codes per tile row per chunk
@@ -506,8 +503,8 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #ifndef L2_HINT
 #define L2_HINT 0
 #endif
-#if WQ_DECODE < 1 || WQ_DECODE > 3
-#error "WQ_DECODE must be 1, 2 or 3"
+#if WQ_DECODE != 1 && WQ_DECODE != 2
+#error "WQ_DECODE must be 1 or 2"
 #endif
 #if ROW_TILES != 1 && ROW_TILES != 2
 #error "ROW_TILES must be 1 or 2"
@@ -653,18 +650,6 @@ __device__ __forceinline__ int chunk_group2(int c, int cdiv, unsigned int cmagic
     return cdiv == 1 ? c : (int)__umulhi((unsigned int)c, cmagic);
 }
 
-#ifndef CHUNK_MAJOR
-#define CHUNK_MAJOR 0
-#endif
-// CHUNK_MAJOR 1 (v2 and v3 only; an experiment of bench/bench_wq_gemm.py --chunk-major): the
-// codes array stored [chunks][tiles][32 lanes] instead of [tiles][chunks][32 lanes], so the
-// vectors all blocks read at one moment (the same chunk of every tile) are adjacent in memory.
-// This lane's first vector of tile t, and the distance (in vectors) from a chunk to the next.
-__device__ __forceinline__ const uint4* tile_vectors(const uint4* w, int t, int tiles, int chunks, int lane) {
-    return CHUNK_MAJOR ? w + (size_t)t * 32 + lane : w + (size_t)t * chunks * 32 + lane;
-}
-__device__ __forceinline__ size_t chunk_stride(int N) { return CHUNK_MAJOR ? (size_t)((N + 15) / 16) * 32 : 32; }
-
 // the masks and magic pairs of a_fragment2 (and the ones of the X mma), held in registers:
 // opaque is 0 but unknown to the compiler (see and_or)
 struct Frag2 {
@@ -694,38 +679,28 @@ __device__ __forceinline__ Frag2 frag2_consts(unsigned int opaque) {
     return f;
 }
 
-// the lane's CHUNK / 4 x columns of chunk s of a unit (CONTIG_X) in 16-byte loads: k-step j's
-// b0, b1 are words 2 j, 2 j + 1
-__device__ __forceinline__ void x_words(const elem_t* xc, int s, unsigned int (&xw)[2 * CHUNK_STEPS]) {
-#pragma unroll
-    for (int q = 0; q < CHUNK_STEPS / 2; ++q) {
-        const uint4 v4 = *reinterpret_cast<const uint4*>(xc + s * CHUNK + 8 * q);
-        xw[4 * q] = v4.x;
-        xw[4 * q + 1] = v4.y;
-        xw[4 * q + 2] = v4.z;
-        xw[4 * q + 3] = v4.w;
-    }
-}
-
 // one unit's products: its SEG chunks' vectors v (ROW_TILES tiles) against x from xc (the lane's
 // B-fragment row at the unit's first column) into d (and dx, the sums of x). A grouped unit
-// starts its sums (C = 0); per channel they run on. XPRE (CONTIG_X only): the x words were
-// loaded ahead into xpre, xc is not read.
-template <bool GROUPED, bool XPRE = false>
+// starts its sums (C = 0); per channel they run on.
+template <bool GROUPED>
 __device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const elem_t* xc, float (&d)[ROW_TILES][4], float (&dx)[4],
-                                      const Frag2& f, const unsigned int (*xpre)[2 * CHUNK_STEPS] = nullptr) {
+                                      const Frag2& f) {
 #if NEED_X
     const unsigned int ones[4] = {f.one2, f.one2, f.one2, f.one2};
 #endif
 #pragma unroll
     for (int s = 0; s < SEG; ++s) {
 #if CONTIG_X
+        // the lane's CHUNK / 4 x columns of the chunk in 16-byte loads: k-step j's b0, b1 are
+        // words 2 j, 2 j + 1
         unsigned int xw[2 * CHUNK_STEPS];
-        if (XPRE) {
 #pragma unroll
-            for (int q = 0; q < 2 * CHUNK_STEPS; ++q) xw[q] = xpre[s][q];
-        } else {
-            x_words(xc, s, xw);
+        for (int q = 0; q < CHUNK_STEPS / 2; ++q) {
+            const uint4 v4 = *reinterpret_cast<const uint4*>(xc + s * CHUNK + 8 * q);
+            xw[4 * q] = v4.x;
+            xw[4 * q + 1] = v4.y;
+            xw[4 * q + 2] = v4.z;
+            xw[4 * q + 3] = v4.w;
         }
 #endif
 #pragma unroll
@@ -758,16 +733,14 @@ __device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const el
 
 // the block's outputs: every warp's sums into shared memory, then warp 0 adds them in warp order
 // (deterministic) and rounds each output once
-// (wstride: floats between two warps' sums, at least ROW_TILES * 128)
-__device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], float* red, elem_t* __restrict__ out, int M, int N,
-                                            int wstride = ROW_TILES * 4 * 32) {
+__device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], float* red, elem_t* __restrict__ out, int M, int N) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int gid = lane >> 2, tid = lane & 3;
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp * wstride + (r * 4 + i) * 32 + lane] = acc[r][i];
+        for (int i = 0; i < 4; ++i) red[(warp * RT * 4 + r * 4 + i) * 32 + lane] = acc[r][i];
     __syncthreads();
     if (warp != 0) return;
 #pragma unroll
@@ -775,7 +748,7 @@ __device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], fl
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             float sum = red[(r * 4 + i) * 32 + lane];
-            for (int q = 1; q < warps; ++q) sum += red[q * wstride + (r * 4 + i) * 32 + lane];
+            for (int q = 1; q < warps; ++q) sum += red[(q * RT * 4 + r * 4 + i) * 32 + lane];
             // D fragment: rows gid (i < 2) or gid + 8, column 2 tid + (i & 1)
             const int n = ((int)blockIdx.x * RT + r) * 16 + gid + (i < 2 ? 0 : 8);
             const int m = 2 * tid + (i & 1);
@@ -808,11 +781,10 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
     const Frag2 f = frag2_consts(opaque);
     // pointers advance by `warps` units per unit: an add, not a multiply and a widening per load
     const elem_t* xc = x_row2(x, M, K);
-    const size_t cs = chunk_stride(N);
-    const size_t xstep = (size_t)warps * (SEG * CHUNK), wstep = (size_t)warps * SEG * cs;
+    const size_t xstep = (size_t)warps * (SEG * CHUNK), wstep = (size_t)warps * (SEG * 32);
     const uint4* wn[RT];
 #pragma unroll
-    for (int r = 0; r < RT; ++r) wn[r] = wt[r] + (size_t)(warp + UNROLL * warps) * SEG * cs;
+    for (int r = 0; r < RT; ++r) wn[r] = wt[r] + (size_t)(warp + UNROLL * warps) * (SEG * 32);
 #if L2_PF > 0
     const size_t pfstep = (size_t)L2_PF * wstep;  // the prefetched unit, from the refilled one
 #endif
@@ -841,7 +813,7 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
 #pragma unroll
-                    for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream2(wn[r] + s * cs);
+                    for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream2(wn[r] + s * 32);
                     if (GROUPED) gbuf[u][r] = group_pair(st[r], zt[r], g, gid);
                 }
 #if L2_PF > 0
@@ -849,7 +821,7 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
 #pragma unroll
                     for (int r = 0; r < RT; ++r)
 #pragma unroll
-                        for (int s = 0; s < SEG; ++s) prefetch_l2(wn[r] + pfstep + s * cs);
+                        for (int s = 0; s < SEG; ++s) prefetch_l2(wn[r] + pfstep + s * 32);
                 }
 #endif
             }
@@ -885,7 +857,7 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
     for (int r = 0; r < RT; ++r) {
         // a block's second tile past the last one reads the last one again (never stored)
         const int t = min((int)blockIdx.x * RT + r, tiles - 1);
-        wt[r] = tile_vectors(w, t, tiles, chunks, lane);
+        wt[r] = w + (size_t)t * chunks * 32 + lane;
         st[r] = scales + (size_t)t * groups * 16;
         zt[r] = HAS_ZEROS ? zeros + (size_t)t * groups * 16 : nullptr;
     }
@@ -901,7 +873,7 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
 #pragma unroll
             for (int r = 0; r < RT; ++r) {
 #pragma unroll
-                for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream2(wt[r] + ((size_t)c * SEG + s) * chunk_stride(N));
+                for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream2(wt[r] + ((size_t)c * SEG + s) * 32);
                 gbuf[u][r] = group_pair(st[r], zt[r], g, gid);
             }
         } else if (u == 0) {
@@ -917,150 +889,6 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
         gemv2_main<false>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque);
 }
 
-// ---- decode v3 (WQ_DECODE 3): v2's unit arithmetic, the weights through a cp.async ring ------
-//
-// v2 keeps a warp's weight vectors in flight in registers: UNROLL units, and more than one spills.
-// v3 gives each warp a ring of STAGES unit slots in dynamic shared memory, filled by cp.async
-// (PTX ISA "cp.async"): STAGES - 1 units (SEG x 512 bytes each) stay in flight while one is
-// computed, holding no registers, and the first STAGES are issued before PDL_WAIT. A slot is
-// the unit's SEG x 32 lanes' 16-byte vectors, then (grouped weights) its group's 16 scales and,
-// with zero points, 16 zeros: lanes 0-3 (4-7) copy those 64 bytes. Each lane reads back only
-// what it copied itself, except the scales, which lanes 0-7 copied; cp.async.wait_group makes a
-// thread's own copies visible to it, so a __syncwarp after the wait covers the rest. A slot is
-// refilled only after its unit's products are computed (their operands already read). V3_XPF 1
-// (CONTIG_X only) loads each unit's x words one unit ahead, in registers. After the
-// last unit a warp's ring holds its partial sums for gemv2_store. ROW_TILES 1; the plugin
-// launches it with WeightOnlyGemmPlugin.v3_shared_bytes and 16-byte aligned scales (and zeros).
-#if WQ_DECODE == 3
-#ifndef STAGES
-#define STAGES 4
-#endif
-#if STAGES < 2 || STAGES > 16
-#error "STAGES must be 2 .. 16"
-#endif
-#if ROW_TILES != 1
-#error "WQ_DECODE 3 takes ROW_TILES 1"
-#endif
-#ifndef V3_XPF
-#define V3_XPF 0
-#endif
-#if V3_XPF && !CONTIG_X
-#error "V3_XPF needs CONTIG_X"
-#endif
-#include "cp_async.cuh"
-#define V3_SLOT_BYTES (SEG * 512 + 64 * (1 + HAS_ZEROS))  // keep in step with v3_shared_bytes
-
-// unit c's copies into `slot` (wt: this lane's vectors of the tile; st, zt: the tile's scales, zeros)
-__device__ __forceinline__ void v3_issue(unsigned char* slot, const uint4* wt, size_t cs, const float* st, const float* zt, int c,
-                                         bool grouped, int cdiv, unsigned int cmagic) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int s = 0; s < SEG; ++s) cp_async16(smem_u32(slot + (s * 32 + lane) * 16), wt + ((size_t)c * SEG + s) * cs, 16);
-    if (grouped && lane < 4 * (1 + HAS_ZEROS)) {
-        const float* src = (lane < 4 ? st : zt) + chunk_group2(c * SEG, cdiv, cmagic) * 16 + (lane & 3) * 4;
-        cp_async16(smem_u32(slot + SEG * 512 + lane * 16), src, 16);
-    }
-}
-
-template <bool GROUPED>
-__device__ __forceinline__ void gemv3_main(const elem_t* __restrict__ x, const uint4* wt, const float* st, const float* zt,
-                                           unsigned char* ring, int mine, const GroupPair& channel, elem_t* __restrict__ out, int M,
-                                           int N, int K, int cdiv, unsigned int cmagic, unsigned int opaque) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int gid = lane >> 2;
-    const Frag2 f = frag2_consts(opaque);
-    const elem_t* xc = x_row2(x, M, K);
-    const size_t xstep = (size_t)warps * (SEG * CHUNK);
-    float acc[1][4], d[1][4], dx[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[0][i] = d[0][i] = dx[i] = 0.0f;
-#if V3_XPF
-    unsigned int xn[SEG][2 * CHUNK_STEPS];  // the next unit's x words, loaded one unit ahead
-    if (mine > 0) {
-#pragma unroll
-        for (int s = 0; s < SEG; ++s) x_words(xc, s, xn[s]);
-    }
-#endif
-    int stage = 0;
-    for (int i = 0; i < mine; ++i) {
-#if V3_XPF
-        unsigned int xw[SEG][2 * CHUNK_STEPS];
-#pragma unroll
-        for (int s = 0; s < SEG; ++s)
-#pragma unroll
-            for (int q = 0; q < 2 * CHUNK_STEPS; ++q) xw[s][q] = xn[s][q];
-        if (i + 1 < mine) {
-#pragma unroll
-            for (int s = 0; s < SEG; ++s) x_words(xc + xstep, s, xn[s]);
-        }
-#endif
-        cp_async_wait<STAGES - 1>();  // unit i's group (one group is committed per unit, empty or not)
-        __syncwarp();
-        unsigned char* slot = ring + stage * V3_SLOT_BYTES;
-        uint4 v[SEG][1];
-#pragma unroll
-        for (int s = 0; s < SEG; ++s) v[s][0] = *reinterpret_cast<const uint4*>(slot + (s * 32 + lane) * 16);
-#if V3_XPF
-        unit2<GROUPED, true>(v, xc, d, dx, f, xw);
-#else
-        unit2<GROUPED>(v, xc, d, dx, f);
-#endif
-        if (GROUPED) {
-            const float* sc = reinterpret_cast<const float*>(slot + SEG * 512);
-            GroupPair q;
-            q.s[0] = sc[gid];
-            q.s[1] = sc[gid + 8];
-#if HAS_ZEROS
-            q.z[0] = sc[16 + gid];
-            q.z[1] = sc[16 + gid + 8];
-#endif
-            flush2(acc[0], d[0], dx, q);
-        }
-        __syncwarp();  // every lane has read the slot's scales before lanes 0-7 refill it
-        if (i + STAGES < mine) v3_issue(slot, wt, chunk_stride(N), st, zt, warp + (i + STAGES) * warps, GROUPED, cdiv, cmagic);
-        cp_async_commit();
-        xc += xstep;
-        stage = stage == STAGES - 1 ? 0 : stage + 1;
-    }
-    if (!GROUPED) flush2(acc[0], d[0], dx, channel);
-    // every issued unit was waited for above: the ring is free for this warp's partial sums
-    // (gemv2_store adds warp * wstride to the base of all rings)
-    gemv2_store(acc, reinterpret_cast<float*>(ring - (size_t)warp * (STAGES * V3_SLOT_BYTES)), out, M, N, STAGES * V3_SLOT_BYTES / 4);
-}
-
-__device__ __forceinline__ void gemv3_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
-                                           const float* __restrict__ zeros, elem_t* __restrict__ out, int M, int N, int K, int group_size,
-                                           int cdiv, unsigned int cmagic) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int chunks = K / CHUNK;  // K is a multiple of CHUNK here
-    const int units = chunks / SEG;
-    const int groups = K / group_size;
-    const bool grouped = groups > 1;
-    const int tt = blockIdx.x;
-    const uint4* wt = tile_vectors(w, tt, (N + 15) / 16, chunks, lane);
-    const float* st = scales + (size_t)tt * groups * 16;
-    const float* zt = HAS_ZEROS ? zeros + (size_t)tt * groups * 16 : nullptr;
-    extern __shared__ __align__(16) unsigned char v3_smem[];
-    unsigned char* ring = v3_smem + (size_t)warp * (STAGES * V3_SLOT_BYTES);
-    const int mine = warp < units ? (units - 1 - warp) / warps + 1 : 0;  // units warp, warp + warps, ...
-    // the first STAGES units before PDL_WAIT: weights are constants
-#pragma unroll
-    for (int i = 0; i < STAGES; ++i) {
-        if (i < mine) v3_issue(ring + i * V3_SLOT_BYTES, wt, chunk_stride(N), st, zt, warp + i * warps, grouped, cdiv, cmagic);
-        cp_async_commit();
-    }
-    GroupPair channel;  // per channel: the rows' one scale (and zero point)
-    if (!grouped) channel = group_pair(st, zt, 0, lane >> 2);
-    PDL_WAIT();
-    PDL_LAUNCH();
-    const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
-    if (grouped)
-        gemv3_main<true>(x, wt, st, zt, ring, mine, channel, out, M, N, K, cdiv, cmagic, opaque);
-    else
-        gemv3_main<false>(x, wt, st, zt, ring, mine, channel, out, M, N, K, cdiv, cmagic, opaque);
-}
-#endif  // WQ_DECODE 3
-
 extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
 trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                 const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
@@ -1068,8 +896,6 @@ trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const
 #if WQ_DECODE == 2
     // v2: the plugin launches it only without perm and with whole-chunk groups (fast_decode)
     gemv2_body(x, w, scales, zeros, out, M, N, K, group_size, cdiv, cmagic);
-#elif WQ_DECODE == 3
-    gemv3_body(x, w, scales, zeros, out, M, N, K, group_size, cdiv, cmagic);  // as v2, with dynamic shared memory
 #else
     gemv_body<1>(x, w, scales, zeros, perm, out, M, N, K, group_size, cdiv, cmagic);
 #endif

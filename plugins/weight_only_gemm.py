@@ -40,9 +40,7 @@ the default (:data:`DEFAULT_DECODE`, measured) where :meth:`WeightOnlyGemmPlugin
 allows it (no act order, groups of whole chunks), or the setting :data:`DECODE_VARIANT` (or
 ``TRTCORE_WQ_DECODE``) gives: fewer instructions per byte (two row tiles per warp, the magic
 offset folded into the flush, units of several chunks per group, optional L2 prefetch);
-``{"WQ_DECODE": 1}`` selects v1. A third version (v3, ``WQ_DECODE 3``) computes as v2 but
-streams the weights through a per-warp ring of ``STAGES`` units in shared memory filled by
-cp.async instead of registers, so more bytes are in flight without spills.
+``{"WQ_DECODE": 1}`` selects v1.
 
 Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
 (``x64 @ QuantizedWeight.dequantize().T`` rounded once to x's dtype); the kernels accumulate
@@ -124,9 +122,7 @@ def _variant_from_env() -> dict[str, int]:
 #: the M <= 8 decode kernel's variant, extra defines of kernels/wq_gemm.cu: {} is the default
 #: (v1); {"WQ_DECODE": 2, "ROW_TILES": 1 | 2, "WQ_FOLD": 0 | 1, "SEG": 1 .. 4, "L2_PF": 0 ..,
 #: "L2_HINT": 0 | 1 | 2}
-#: (any subset; UNROLL too) selects v2, {"WQ_DECODE": 3, "SEG": .., "STAGES": 2 .. 16,
-#: "V3_XPF": 0 | 1} the cp.async-ring kernel v3 (ROW_TILES 1; V3_XPF dropped for the natural K
-#: order), where :meth:`WeightOnlyGemmPlugin.fast_decode` allows it
+#: (any subset; UNROLL too) selects v2 where :meth:`WeightOnlyGemmPlugin.fast_decode` allows it
 #: (SEG falls back to 1 where it does not divide the chunks per group); "WARPS" (not a define)
 #: sets its warps per block instead of :meth:`WeightOnlyGemmPlugin.decode_warps`.
 #: bench/bench_wq_gemm.py --tune times them; ``TRTCORE_WQ_DECODE`` sets it (:func:`_variant_from_env`).
@@ -536,22 +532,17 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     def decode_variant(self, dtype: Any, m: int) -> dict[str, int]:
         """The extra defines of the decode kernel for ``m`` rows: :data:`DECODE_VARIANT`, or
         when it is empty :data:`DEFAULT_DECODE` of the bit width (with ``WARPS`` for about
-        :data:`_V2_TARGET_WARPS` in all), where :meth:`fast_decode` allows v2 or v3, else none
-        (v1); ``SEG`` left out (1) where it does not divide :meth:`chunks_per_group` (a unit of
-        SEG chunks must lie inside one group).
+        :data:`_V2_TARGET_WARPS` in all), where :meth:`fast_decode` allows v2, else none (v1);
+        ``SEG`` left out (1) where it does not divide :meth:`chunks_per_group` (a unit of SEG
+        chunks must lie inside one group).
 
         Raises:
-            PluginError: a ``WARPS`` outside 1 .. 16, or v3 (``WQ_DECODE 3``) with ``ROW_TILES``
-                other than 1.
+            PluginError: a ``WARPS`` outside 1 .. 16.
         """
         chosen = DECODE_VARIANT or DEFAULT_DECODE[self.bits]
-        if chosen.get("WQ_DECODE", 1) not in (2, 3) or not self.fast_decode(dtype, m):
+        if chosen.get("WQ_DECODE", 1) != 2 or not self.fast_decode(dtype, m):
             return {}
         variant = dict(chosen)
-        if variant["WQ_DECODE"] == 3 and variant.get("ROW_TILES", 1) != 1:
-            raise PluginError(f"DECODE_VARIANT: WQ_DECODE 3 takes ROW_TILES 1, got {variant['ROW_TILES']}")
-        if not self.contiguous_x:
-            variant.pop("V3_XPF", None)  # x words loaded ahead: the contiguous-x order only
         if self.chunks_per_group() % variant.get("SEG", 1):
             del variant["SEG"]
         if not DECODE_VARIANT:
@@ -559,13 +550,6 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if not 1 <= variant.get("WARPS", 1) <= _MAX_WARPS:
             raise PluginError(f"DECODE_VARIANT: WARPS must be 1 .. {_MAX_WARPS}, got {variant['WARPS']}")
         return variant
-
-    def v3_shared_bytes(self, variant: dict[str, int], warps: int) -> int:
-        """Dynamic shared memory of the v3 decode kernel (``WQ_DECODE 3``) per block, bytes:
-        ``warps`` rings of ``STAGES`` slots, each ``SEG`` x 512 bytes of codes and 64 bytes of
-        scales (and 64 of zero points): ``V3_SLOT_BYTES`` of kernels/wq_gemm.cu."""
-        slot = variant.get("SEG", 1) * 512 + 64 * (1 + int(self.has_zeros))
-        return warps * variant.get("STAGES", 4) * slot
 
     def decode_warps(self, row_tiles: int = 1, target: int = _TARGET_WARPS) -> int:
         """Warps per block (per ``row_tiles`` 16-row tiles) of the decode kernel: about
@@ -610,15 +594,11 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             args += [(cdiv, "i32"), (cmagic, "u32")]
             # v2 reads a contiguous-x run in 16-byte loads: an x (a view) off that alignment takes v1
             variant = {} if self.contiguous_x and x.ptr % 16 else self.decode_variant(dtype, m)
-            if variant.get("WQ_DECODE") == 3 and (inputs[2].ptr % 16 or zeros % 16):
-                variant = {}  # v3 copies scales and zeros in 16-byte pieces: these take v1
             warps = variant.pop("WARPS", 0)
             rt = variant.get("ROW_TILES", 1)
             if variant:
                 defines = tuple(sorted({**dict(defines), **variant}.items()))
-            threads = 32 * (warps or self.decode_warps(rt))
-            smem = self.v3_shared_bytes(variant, threads // 32) if variant.get("WQ_DECODE") == 3 else 0
-            _launch(defines, name, (-(-n // (TILE_ROWS * rt)),), (threads,), args, stream, smem)
+            _launch(defines, name, (-(-n // (TILE_ROWS * rt)),), (32 * (warps or self.decode_warps(rt)),), args, stream)
             return
         if -(-m // _BM) > 65535:
             raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the tiled kernel's grid (at most {65535 * _BM})")

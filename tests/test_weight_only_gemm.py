@@ -474,34 +474,6 @@ def test_v2_is_chosen_only_where_it_applies(rng: np.random.Generator, monkeypatc
         g128.decode_variant(BF16, 1)
 
 
-def test_v3_is_chosen_where_v2_applies_and_sizes_its_ring(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """{"WQ_DECODE": 3, ...} selects v3 exactly where v2 would run (M <= 8, no act order,
-    whole-chunk groups), drops V3_XPF for the natural K order, refuses ROW_TILES 2, and its dynamic shared memory is warps x STAGES x
-    (SEG x 32 lanes x 16 bytes + 16 float32 scales (+ 16 zero points)); the v3 define sets
-    compile with NVRTC."""
-    v3 = {"WQ_DECODE": 3, "SEG": 2, "STAGES": 3}
-    g128, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 4, 128, "int", False))
-    g32, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 4, 32, "none", False))
-    perm, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 8, 64, "int", True))
-    chan, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 40, 1024, 8, 1024, "none", False))
-    monkeypatch.setattr(wog, "DECODE_VARIANT", v3)
-    assert g128.decode_variant(BF16, 1) == v3 and chan.decode_variant(np.float16, 8) == v3
-    assert g128.decode_variant(BF16, 9) == {} and g32.decode_variant(BF16, 1) == {} and perm.decode_variant(BF16, 1) == {}
-    assert g128.v3_shared_bytes(v3, 4) == 4 * 3 * (2 * 32 * 16 + 2 * 16 * 4)
-    assert chan.v3_shared_bytes({"WQ_DECODE": 3}, 16) == 16 * 4 * (32 * 16 + 16 * 4)  # SEG 1, STAGES 4 by default
-    natural = WeightOnlyGemmPlugin(1024, 40, 4, 128, False, False, False)  # x words ahead need the contiguous-x order
-    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v3, "V3_XPF": 1})
-    assert g128.decode_variant(BF16, 1) == {**v3, "V3_XPF": 1} and natural.decode_variant(BF16, 1) == v3
-    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v3, "ROW_TILES": 2})
-    with pytest.raises(PluginError, match="ROW_TILES 1"):
-        g128.decode_variant(BF16, 1)
-    kernels = pytest.importorskip("trtcore.kernels")
-    for bits in (4, 8):
-        for z in (0, 1):
-            c = kernels.compile_kernel("wq_gemm", defines={"DTYPE": 2, "BITS": bits, "HAS_ZEROS": z, "HAS_PERM": 0, "CONTIG_X": 1, **v3}, arch="sm_90")
-            assert "trtcore_wq_gemv" in c.symbols
-
-
 def test_decode_variant_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("TRTCORE_WQ_DECODE", '{"WQ_DECODE": 2, "SEG": 2, "WARPS": 8}')

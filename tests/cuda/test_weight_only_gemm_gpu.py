@@ -109,17 +109,11 @@ V2_VARIANTS += [
 ]
 
 
-#: v3 (``WQ_DECODE 3``, the cp.async ring): the same unit sums as v2, so the same cases; STAGES 2
-#: (the shortest ring), 3 (not a power of two: the stage index wraps by comparison) and 4, with
-#: SEG 1 and 2, x loaded one unit ahead (V3_XPF 1) or not
-V3_VARIANTS = [{"WQ_DECODE": 3, "SEG": seg, "STAGES": st, "V3_XPF": xpf} for seg, st, xpf in ((1, 2, 0), (2, 3, 0), (2, 4, 0), (1, 4, 1), (2, 3, 1))]
 #: v2 variants the contiguous-x order is checked with beside the default decode kernel
 CONTIG_X_VARIANTS = [V2_VARIANTS[i] for i in (0, 3, 5, 8)]
 
 
 def _v2_id(v: dict) -> str:
-    if v["WQ_DECODE"] == 3:
-        return f"v3_s{v['SEG']}_st{v['STAGES']}_x{v['V3_XPF']}"
     return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}"
 
 
@@ -144,7 +138,7 @@ def _v2_compiled() -> None:
         for d in (1, 2)
         for b in (4, 8)
         for z in (0, 1)
-        for v in [{}, wog.DEFAULT_DECODE[b], *CONTIG_X_VARIANTS, *V3_VARIANTS]
+        for v in [{}, wog.DEFAULT_DECODE[b], *CONTIG_X_VARIANTS]
     ]
     sets += [{k: val for k, val in d.items() if k != "SEG"} for d in sets if d.get("CONTIG_X")]  # the SEG fallback
     unique = [dict(t) for t in sorted({tuple(sorted(d.items())) for d in sets})]
@@ -173,7 +167,7 @@ V2_CASES = [
 @pytest.mark.parametrize("m", [1, 3, 8])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", V2_CASES, ids=str)
-@pytest.mark.parametrize("variant", V2_VARIANTS + V3_VARIANTS, ids=_v2_id)
+@pytest.mark.parametrize("variant", V2_VARIANTS, ids=_v2_id)
 def test_v2_decode_matches_reference(variant: dict, case: tuple, dtype: np.dtype, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(zlib.crc32(repr((variant, case, str(dtype), m)).encode()))
     qw = _qw(rng, *case, False)
@@ -190,10 +184,10 @@ def test_v2_decode_matches_reference(variant: dict, case: tuple, dtype: np.dtype
 
 
 @pytest.mark.parametrize("warps", [1, 3, 16])
-@pytest.mark.parametrize("variant", V2_VARIANTS + V3_VARIANTS, ids=_v2_id)
+@pytest.mark.parametrize("variant", V2_VARIANTS, ids=_v2_id)
 def test_v2_warps_share_the_tiles(variant: dict, warps: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """v2 and v3 give the same sums with any number of warps per block, also with fewer units
-    (K = 1024: 16 chunks) than UNROLL (STAGES) x warps, and with act order fall back to v1."""
+    """v2 gives the same sums with any number of warps per block, also with fewer units
+    (K = 1024: 16 chunks) than UNROLL x warps, and with act order falls back to v1."""
     rng = np.random.default_rng(11 + warps)
     monkeypatch.setattr(wog, "DECODE_VARIANT", dict(variant))
     monkeypatch.setattr(WeightOnlyGemmPlugin, "decode_warps", lambda self, row_tiles=1, target=0: warps)
@@ -269,38 +263,3 @@ def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int) -> None:
         want = want.astype(np.float64)
         tol = (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24) * np.abs(want).max()
         assert np.isfinite(got).all() and np.abs(got - want).max() <= tol, (m, offset)
-
-
-@pytest.mark.parametrize("case", [(40, 4096, 4, 128, "int"), (300, 2048, 8, 64, "frac"), (56, 2048, 4, 0, "none")], ids=str)
-def test_v3_scales_off_16_byte_alignment_take_v1(case: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
-    """v3 copies a group's scales and zero points in 16-byte pieces: scales (and zeros) 4 bytes
-    past 16-byte alignment make the plugin run v1 (4-byte scale loads), whose output equals the
-    reference; aligned, v3 runs and matches too (a misaligned cp.async would fault instead)."""
-    import cupy as cp
-
-    from trtcore.plugins.base import DeviceTensor
-
-    monkeypatch.setattr(wog, "DECODE_VARIANT", {"WQ_DECODE": 3, "SEG": 2, "STAGES": 3})
-    rng = np.random.default_rng(zlib.crc32(repr(case).encode()))
-    qw = _qw(rng, *case, False)
-    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
-    n, k = qw.shape
-    dtype = np.dtype(ml_dtypes.bfloat16)
-    assert plugin.decode_variant(dtype, 2)["WQ_DECODE"] == 3
-    x = rng.standard_normal((2, k)).astype(dtype)
-    (want,) = plugin.reference(x, *packed.arrays())
-    want = want.astype(np.float64)
-    tol = (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24) * np.abs(want).max()
-    for offset in (0, 4):
-        arrays = []
-        for i, a in enumerate(packed.arrays()):
-            buf = cp.zeros(a.nbytes + 64, cp.uint8)
-            start = (-int(buf.data.ptr)) % 16 + (offset if i > 0 else 0)  # codes stay aligned
-            buf[start : start + a.nbytes] = cp.asarray(np.ascontiguousarray(a).view(np.uint8).reshape(-1))
-            arrays.append((buf, DeviceTensor(int(buf.data.ptr) + start, a.shape, a.dtype)))
-        out = cp.full((2, n), 0xFFFF, cp.uint16)  # NaN
-        xd = cp.asarray(x.view(np.uint16))
-        ins = [DeviceTensor(int(xd.data.ptr), (2, k), dtype)] + [t for _, t in arrays]
-        plugin.enqueue(ins, [DeviceTensor(int(out.data.ptr), (2, n), dtype)], 0, int(cp.cuda.get_current_stream().ptr))
-        got = cp.asnumpy(out).view(dtype).astype(np.float64)
-        assert np.isfinite(got).all() and np.abs(got - want).max() <= tol, offset
