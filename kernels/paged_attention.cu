@@ -71,11 +71,8 @@
 //   HEAD_DIM    features per head (multiple of 32; tensor-core kernels: 64 or 128)
 //   BLOCK_SIZE  tokens per KV block
 //   PA_STAGES   shared-memory stages of the K/V ring (default 2)
-//   PA_FP8_BATCH  KV_FP8 tile loads: 8-code chunks per thread loaded before any is converted
-//               (default 4)
 //   PA_DECODE_MIN_CTAS  resident decode CTAs per SM the register budget is cut for (default
-//               3: 168 registers; 3 x 64 KiB of shared memory fit an SM of sm_80/90). No spills
-//               without KV_FP8; with it, head_dim 128 spills (see load_tile's KV_FP8 branch)
+//               3: 168 registers; 3 x 64 KiB of shared memory fit an SM of sm_80/90)
 //   ROTARY_DIM  0 (default): q and k arrive rotated; > 0: fused RoPE on this many features
 //               of each head (even, <= HEAD_DIM)
 //   NEOX        fused RoPE pairing: 1 (default) half-split (i, i + ROTARY_DIM/2), 0 GPT-J (2i, 2i+1)
@@ -94,11 +91,12 @@
 //               Every key/value attention uses is a value read, the step's own new token's
 //               included: the decode kernel, which takes that token from k/v instead of the
 //               pool, rounds it through the same code (kv_roundtrip8), so prefill, decode and
-//               a later step see the same numbers. The tensor-core kernels gather a tile's codes
-//               8 bytes per load (PA_FP8_BATCH loads per thread in flight together), convert them
-//               (sm_89+: cvt.rn.f16x2.e4m3x2, two codes per instruction) and store the DTYPE
-//               values into the same swizzled shared-memory layout as without KV_FP8 (plain
-//               loads instead of cp.async; the mma code is unchanged).
+//               a later step see the same numbers. The tensor-core kernels copy a tile's codes
+//               with cp.async into a PA_STAGES-deep ring of raw tiles (half the bytes of DTYPE
+//               tiles, so the ring and one DTYPE tile fit PA_SMEM_BYTES), and each iteration
+//               converts its raw tile (sm_89+: cvt.rn.f16x2.e4m3x2, two codes per instruction)
+//               into one DTYPE tile of the same swizzled layout as without KV_FP8: the mma code
+//               is unchanged, and the loads of later tiles stay in flight while one is computed.
 //
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
@@ -120,9 +118,6 @@
 #endif
 #ifndef BLOCK_SIZE
 #define BLOCK_SIZE 16
-#endif
-#ifndef PA_FP8_BATCH
-#define PA_FP8_BATCH 4  // KV_FP8 tile loads: chunks per thread whose loads are in flight together
 #endif
 #ifndef PA_STAGES
 #define PA_STAGES 2
@@ -592,7 +587,14 @@ __device__ __forceinline__ void attention_rows(
 
     const int ntiles = (key_hi - key_lo + PA_NT - 1) / PA_NT;
 #if KV_FP8
-    (void)k_new_smem;
+    // the codes go through their own PA_STAGES-deep ring of raw tiles ([PA_STAGES][K, V][PA_NT]
+    // [HEAD_DIM] bytes, after one DTYPE K/V tile), filled by cp.async like the DTYPE tiles; each
+    // iteration converts its raw tile into the one DTYPE tile the mma code reads
+    static_assert(2 * PA_TILE_ELEMS * (int)sizeof(elem_t) + PA_STAGES * 2 * PA_TILE_ELEMS <= PA_SMEM_BYTES, "FP8 raw ring");
+    constexpr int RCH = HEAD_DIM / 16;  // 16-byte chunks per raw (one byte a code) K/V row
+    static_assert(PA_NT * RCH % NTHREADS == 0, "raw tile loads");
+    unsigned char* raw = reinterpret_cast<unsigned char*>(smem) + 2 * PA_TILE_ELEMS * sizeof(elem_t);
+    const kv_t* zero_src = pv.base;  // any valid address: cp.async with 0 source bytes reads nothing
 #else
     const elem_t* zero_src = pv.base;  // any valid address: cp.async with 0 source bytes reads nothing
     const long long new_v_delta = v_new - k_new;
@@ -601,54 +603,27 @@ __device__ __forceinline__ void attention_rows(
 
     auto load_tile = [&](int it, int stage) {
         const int kt = key_lo + it * PA_NT;
+#if KV_FP8
+        // the tile's codes, 16 per cp.async: keys past key_hi, in no block, or the step's own
+        // token (converted from k/v below) read nothing and stay code 0
+        const unsigned rK = smem_u32(raw + stage * 2 * PA_TILE_ELEMS);
+        const unsigned rV = rK + PA_TILE_ELEMS;
+#pragma unroll
+        for (int j = 0; j < PA_NT * RCH / NTHREADS; ++j) {
+            const int i = tid + j * NTHREADS;
+            const int r = i / RCH, ch = i % RCH;
+            const int key = kt + r;
+            const kv_t* src = key != new_key && key < key_hi ? pv.k_row(key) : nullptr;
+            const int bytes = src ? 16 : 0;
+            const kv_t* ks = src ? src + ch * 16 : zero_src;
+            const kv_t* vs = src ? ks + pv.v_offset : zero_src;
+            const unsigned off = (unsigned)(r * HEAD_DIM + ch * 16);
+            cp_async16(rK + off, ks, bytes);
+            cp_async16(rV + off, vs, bytes);
+        }
+#else
         const unsigned sK = smem_u32(sbuf + stage * 2 * PA_TILE_ELEMS);
         const unsigned sV = sK + PA_TILE_ELEMS * 2;
-#if KV_FP8
-        // plain loads, in passes of PA_FP8_BATCH chunks per thread: first the batch's codes (its
-        // loads all in flight: one memory round trip per batch, where a load, convert and store
-        // per chunk would wait for each load in turn), then 8 codes -> 8 DTYPE values -> one
-        // 16-byte store per chunk (the step's own token: its k/v rounded through the code, what
-        // the pool slot holds once written; keys past key_hi or in no block: code 0, value 0).
-        // Batch 4: two round trips per head_dim 128 tile instead of 16, for spills in the
-        // head_dim 128 decode kernels under their register budget (PA_DECODE_MIN_CTAS; ptxas -v,
-        // NVRTC, spill stores / loads in bytes: sm_90 168 / 164, sm_80 72 / 104, sm_90 with
-        // fused RoPE 124 / 132 (36 / 36 before); sm_90 batch 8: 224, batch 1: none). Head_dim 64
-        // and the prefill kernels do not spill. Not yet timed against batch 1.
-        constexpr int TJ = PA_NT * PA_CHUNKS / NTHREADS;
-        constexpr int TB = TJ < PA_FP8_BATCH ? TJ : PA_FP8_BATCH;
-        static_assert(TJ % TB == 0, "FP8 tile load batches");
-#pragma unroll
-        for (int j0 = 0; j0 < TJ; j0 += TB) {
-            unsigned long long kc[TB], vc[TB];
-#pragma unroll
-            for (int j = 0; j < TB; ++j) {
-                const int i = tid + (j0 + j) * NTHREADS;
-                const int r = i / PA_CHUNKS, ch = i % PA_CHUNKS;
-                const int key = kt + r;
-                const kv_t* src = key != new_key && key < key_hi ? pv.k_row(key) : nullptr;
-                kc[j] = src != nullptr ? __ldg(reinterpret_cast<const unsigned long long*>(src + ch * 8)) : 0ull;
-                vc[j] = src != nullptr ? __ldg(reinterpret_cast<const unsigned long long*>(src + pv.v_offset + ch * 8)) : 0ull;
-            }
-#pragma unroll
-            for (int j = 0; j < TB; ++j) {
-                const int i = tid + (j0 + j) * NTHREADS;
-                const int r = i / PA_CHUNKS, ch = i % PA_CHUNKS;
-                elem_t* dK = sbuf + stage * 2 * PA_TILE_ELEMS + swz(r, ch);
-                uint4 kx, vx;
-                if (kt + r == new_key) {
-                    kx = kv_roundtrip8(k_new_smem != nullptr ? *reinterpret_cast<const uint4*>(k_new_smem + ch * 8)
-                                                             : __ldg(reinterpret_cast<const uint4*>(k_new + ch * 8)), k_scale);
-                    vx = kv_roundtrip8(__ldg(reinterpret_cast<const uint4*>(v_new + ch * 8)), v_scale);
-                } else {  // code 0 reads +0: the plugin refuses scales that are not finite and > 0
-                    kx = kv_dequant8(kc[j], k_scale);
-                    vx = kv_dequant8(vc[j], v_scale);
-                }
-                *reinterpret_cast<uint4*>(dK) = kx;
-                *reinterpret_cast<uint4*>(dK + PA_TILE_ELEMS) = vx;
-            }
-        }
-        (void)sK; (void)sV;
-#else
 #pragma unroll
         for (int j = 0; j < PA_NT * PA_CHUNKS / NTHREADS; ++j) {
             const int i = tid + j * NTHREADS;
@@ -672,6 +647,33 @@ __device__ __forceinline__ void attention_rows(
         }
 #endif
     };
+#if KV_FP8
+    // raw tile `stage` (tile it, landed and visible to the CTA) -> the DTYPE tile: 8 codes ->
+    // 8 values (sm_89+: cvt.rn.f16x2.e4m3x2) -> one 16-byte store into the swizzled layout; the
+    // step's own token is its k/v rounded through the code (what the pool slot holds once written)
+    auto convert_tile = [&](int it, int stage) {
+        const int kt = key_lo + it * PA_NT;
+        const unsigned char* rK = raw + stage * 2 * PA_TILE_ELEMS;
+#pragma unroll
+        for (int j = 0; j < PA_NT * PA_CHUNKS / NTHREADS; ++j) {
+            const int i = tid + j * NTHREADS;
+            const int r = i / PA_CHUNKS, ch = i % PA_CHUNKS;
+            elem_t* dK = sbuf + swz(r, ch);
+            uint4 kx, vx;
+            if (kt + r == new_key) {
+                kx = kv_roundtrip8(k_new_smem != nullptr ? *reinterpret_cast<const uint4*>(k_new_smem + ch * 8)
+                                                         : __ldg(reinterpret_cast<const uint4*>(k_new + ch * 8)), k_scale);
+                vx = kv_roundtrip8(__ldg(reinterpret_cast<const uint4*>(v_new + ch * 8)), v_scale);
+            } else {  // code 0 reads +0: the plugin refuses scales that are not finite and > 0
+                const int off = r * HEAD_DIM + ch * 8;
+                kx = kv_dequant8(*reinterpret_cast<const unsigned long long*>(rK + off), k_scale);
+                vx = kv_dequant8(*reinterpret_cast<const unsigned long long*>(rK + PA_TILE_ELEMS + off), v_scale);
+            }
+            *reinterpret_cast<uint4*>(dK) = kx;
+            *reinterpret_cast<uint4*>(dK + PA_TILE_ELEMS) = vx;
+        }
+    };
+#endif
 
 #pragma unroll
     for (int s = 0; s < PA_STAGES - 1; ++s) {
@@ -687,7 +689,13 @@ __device__ __forceinline__ void attention_rows(
         }
         cp_async_wait<PA_STAGES - 1>();
         __syncthreads();
+#if KV_FP8
+        convert_tile(it, it % PA_STAGES);
+        __syncthreads();
+        const elem_t* sK = sbuf;  // the one DTYPE tile
+#else
         const elem_t* sK = sbuf + (it % PA_STAGES) * 2 * PA_TILE_ELEMS;
+#endif
         const elem_t* sV = sK + PA_TILE_ELEMS;
         const int kt = key_lo + it * PA_NT;
 
@@ -762,7 +770,7 @@ __device__ __forceinline__ void attention_rows(
                 mma16816(o[dt + 1], pa, bv[2], bv[3]);
             }
         }
-        __syncthreads();  // the stage is overwritten by the next iteration's load
+        __syncthreads();  // the stage (KV_FP8: the DTYPE tile) is overwritten by the next iteration
     }
     cp_async_wait<0>();
     __syncthreads();
