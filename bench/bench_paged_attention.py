@@ -17,6 +17,10 @@ Bandwidth = K/V bytes the step must read (batch * context * kv_heads * head_dim 
 (bytes read + written). Every configuration also checks the plugin's output against SDPA's
 (relative L2 error), on random (never zero) data.
 
+``--kv-fp8`` times every configuration a second time with the FP8 KV cache (the pool holds
+the E4M3 codes of the same keys and values over :data:`FP8_SCALE`; bandwidth counts one byte a
+code; the output is checked against SDPA on the values the codes read), side by side.
+
     python bench/bench_paged_attention.py --out bench/results/paged-attention-h200.json
 """
 
@@ -80,14 +84,36 @@ def read_bandwidth(torch: Any, nbytes: int = 4 << 30, reps: int = 20) -> float:
     return nbytes / (ms * 1e-3) / 1e9
 
 
-def bench_config(torch: Any, ctx: int, batch: int, bs: int, *, hq: int = 32, hkv: int = 8, d: int = 128, reps: int = 20, min_bytes: int = 512 << 20, sdpa: bool = True) -> dict:
+#: ``--kv-fp8``: the FP8 pool's k_scale and v_scale (about the calibrated amax / 448 of the
+#: N(0, 1) keys and values, so the codes use their range)
+FP8_SCALE = 0.0125
+
+
+def bench_config(
+    torch: Any,
+    ctx: int,
+    batch: int,
+    bs: int,
+    *,
+    hq: int = 32,
+    hkv: int = 8,
+    d: int = 128,
+    reps: int = 20,
+    min_bytes: int = 512 << 20,
+    sdpa: bool = True,
+    kv_fp8: bool = False,
+) -> dict:
+    """One configuration's decode step (module docstring). ``kv_fp8``: the pool holds the E4M3
+    codes of the same keys and values over :data:`FP8_SCALE` (the plugin's ``kv_fp8``), the
+    bandwidth counts one byte a code, and the output is checked against SDPA on the values
+    those codes read (``float(code) * scale``)."""
     import ml_dtypes
     from trtcore.plugins.base import DeviceTensor
     from trtcore.plugins.paged_attention import PagedAttentionPlugin
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
     g = hq // hkv
-    kv_bytes = batch * ctx * hkv * d * 2 * 2
+    kv_bytes = batch * ctx * hkv * d * 2 * (1 if kv_fp8 else 2)
     layers = max(1, min(16, math.ceil(min_bytes / kv_bytes)))
     nblk = ctx // bs
     num_blocks = batch * nblk + 3
@@ -103,6 +129,10 @@ def bench_config(torch: Any, ctx: int, batch: int, bs: int, *, hq: int = 32, hkv
         tiles = src.reshape(layers, batch, hkv, nblk, bs, d).permute(0, 1, 3, 2, 4, 5).reshape(layers, batch * nblk, hkv, bs, d)
         pool[:, perm.long(), kv] = tiles
         del tiles
+    pool_dt = bf16
+    if kv_fp8:  # the codes of x / scale (NaN codes in the unused blocks), one byte each
+        pool = (pool.float() / FP8_SCALE).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)  # saturating, as e4m3_of
+        pool_dt = np.dtype(np.uint8)
     q = torch.randn((batch, hq, d), dtype=torch.bfloat16, device="cuda", generator=gen)
     # this step's k/v: the cache's last position (the plugin rewrites it, the same values)
     k_new = [K[l, :, :, ctx - 1, :].contiguous() for l in range(layers)]
@@ -110,16 +140,25 @@ def bench_config(torch: Any, ctx: int, batch: int, bs: int, *, hq: int = 32, hkv
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
     out = torch.empty((batch, hq * d), dtype=torch.bfloat16, device="cuda")
-    plugins = [PagedAttentionPlugin(layer_idx=l, num_kv_heads=hkv, head_dim=d, block_size=bs) for l in range(layers)]
+    fp8 = {"kv_fp8": True, "k_scale": FP8_SCALE, "v_scale": FP8_SCALE} if kv_fp8 else {}
+    plugins = [PagedAttentionPlugin(layer_idx=l, num_kv_heads=hkv, head_dim=d, block_size=bs, **fp8) for l in range(layers)]
     p0 = plugins[0]
-    shapes = [((batch, hq, d), bf16), ((batch, hkv, d), bf16), ((batch, hkv, d), bf16), (tuple(pool.shape), bf16), (tuple(bt.shape), np.int32), ((batch,), np.int32), ((batch + 1,), np.int32)]
+    shapes = [
+        ((batch, hq, d), bf16),
+        ((batch, hkv, d), bf16),
+        ((batch, hkv, d), bf16),
+        (tuple(pool.shape), pool_dt),
+        (tuple(bt.shape), np.int32),
+        ((batch,), np.int32),
+        ((batch + 1,), np.int32),
+    ]
     ws_bytes = p0.workspace_size(shapes, [((batch, hq * d), bf16)])
     ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
 
     def desc(t: Any, dt: Any) -> DeviceTensor:
         return DeviceTensor(t.data_ptr(), tuple(t.shape), np.dtype(dt))
 
-    common = [desc(pool, bf16), desc(bt, np.int32), desc(seq_lens, np.int32), desc(qsl, np.int32)]
+    common = [desc(pool, pool_dt), desc(bt, np.int32), desc(seq_lens, np.int32), desc(qsl, np.int32)]
     ins = [[desc(q, bf16), desc(k_new[l], bf16), desc(v_new[l], bf16), *common] for l in range(layers)]
     outs = [desc(out, bf16)]
 
@@ -137,6 +176,7 @@ def bench_config(torch: Any, ctx: int, batch: int, bs: int, *, hq: int = 32, hkv
         "context": ctx,
         "batch": batch,
         "block_size": bs,
+        "kv_cache": "fp8" if kv_fp8 else "bfloat16",
         "layers_rotated": layers,
         "kv_bytes": kv_bytes,
         "splits": p0.num_splits(batch, hq, nblk, bf16),
@@ -145,12 +185,17 @@ def bench_config(torch: Any, ctx: int, batch: int, bs: int, *, hq: int = 32, hkv
     }
     # the last layer's output against SDPA on the contiguous cache
     qf = q.reshape(batch, hkv, g, d)
-    ref = torch.nn.functional.scaled_dot_product_attention(qf.float(), K[layers - 1].float(), V[layers - 1].float()) if kv_bytes <= (2 << 30) else None
+    if kv_fp8:  # the values the codes read: bfloat16(float32(code) * scale), the plugin's contract
+        K, V = (((x.float() / FP8_SCALE).clamp(-448, 448).to(torch.float8_e4m3fn).float() * FP8_SCALE).to(torch.bfloat16) for x in (K, V))
+    ref = (
+        torch.nn.functional.scaled_dot_product_attention(qf.float(), K[layers - 1].float(), V[layers - 1].float()) if kv_bytes <= (2 << 30) else None
+    )
     if ref is None:  # large: compare against bf16 SDPA (itself within ~1e-2 of exact)
         ref = torch.nn.functional.scaled_dot_product_attention(qf, K[layers - 1], V[layers - 1]).float()
     row["rel_err_vs_sdpa"] = float((ours - ref).norm() / ref.norm())
     del ref
-    if sdpa:
+    if sdpa and not kv_fp8:
+
         def sdpa_step() -> None:
             for l in range(layers):
                 torch.nn.functional.scaled_dot_product_attention(qf, K[l], V[l])
@@ -171,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--max-kv-gib", type=float, default=16.0, help="skip configurations whose K/V exceed this")
     ap.add_argument("--sweep", action="store_true", help="also sweep the decode split knobs (TUNING) on a few configurations")
+    ap.add_argument("--kv-fp8", action="store_true", help="also time every configuration with the FP8 (E4M3) pool, side by side")
     ap.add_argument(
         "--short-decode",
         default="",
@@ -206,17 +252,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"skip ctx {ctx} batch {batch}: {kv / 2**30:.1f} GiB of K/V", flush=True)
                 continue
             for bs in (int(x) for x in args.block_sizes.split(",")):
-                row = bench_config(torch, ctx, batch, bs, reps=args.reps)
-                torch.cuda.empty_cache()
-                row["plugin_frac_of_copy"] = row["plugin_GBps"] / copy_bw
-                if "sdpa_GBps" in row:
-                    row["sdpa_frac_of_copy"] = row["sdpa_GBps"] / copy_bw
-                result["results"].append(row)
-                print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+                for kv_fp8 in (False, True) if args.kv_fp8 else (False,):
+                    row = bench_config(torch, ctx, batch, bs, reps=args.reps, kv_fp8=kv_fp8)
+                    torch.cuda.empty_cache()
+                    row["plugin_frac_of_copy"] = row["plugin_GBps"] / copy_bw
+                    if "sdpa_GBps" in row:
+                        row["sdpa_frac_of_copy"] = row["sdpa_GBps"] / copy_bw
+                    result["results"].append(row)
+                    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
     if args.sweep:
         sweep = []
         base = dict(pa.TUNING)
-        points = [((32768, 1), (32, 42, 49, 64)), ((4096, 8), (3, 6, 9, 12)), ((16384, 8), (6, 12)), ((4096, 64), (1, 2, 3)), ((32768, 64), (1, 2, 4))]
+        points = [
+            ((32768, 1), (32, 42, 49, 64)),
+            ((4096, 8), (3, 6, 9, 12)),
+            ((16384, 8), (6, 12)),
+            ((4096, 64), (1, 2, 3)),
+            ((32768, 64), (1, 2, 4)),
+        ]
         runs = [(ctx, batch, s, 2) for (ctx, batch), splits in points for s in splits]
         runs += [(4096, 8, 0, 3), (32768, 1, 0, 3), (4096, 64, 0, 3)]  # heuristic splits, 3 stages
         for ctx, batch, splits, stages in runs:
@@ -248,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     print(f"\ncopy bandwidth {copy_bw:.0f} GB/s; K/V bytes / step time; frac = of copy bandwidth")
-    print(f"{'ctx':>6} {'batch':>5} {'bs':>3} {'splits':>6} {'plugin us':>10} {'GB/s':>7} {'frac':>5} {'sdpa us':>9} {'GB/s':>7} {'frac':>5} {'err':>8}")
+    print(
+        f"{'ctx':>6} {'batch':>5} {'bs':>3} {'splits':>6} {'plugin us':>10} {'GB/s':>7} {'frac':>5} {'sdpa us':>9} {'GB/s':>7} {'frac':>5} {'err':>8}"
+    )
     for r in result["results"]:
         print(
             f"{r['context']:>6} {r['batch']:>5} {r['block_size']:>3} {r['splits']:>6} {r['plugin_us']:>10.1f} {r['plugin_GBps']:>7.0f} "
