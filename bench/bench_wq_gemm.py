@@ -251,7 +251,7 @@ def time_shape(
             ins = [xt] + [DeviceTensor(int(a.data.ptr), a.shape, a.dtype) for a in d]
             plugin.enqueue(ins, [DeviceTensor(int(y.data.ptr), (1, n), np.dtype(bf16))], 0, stream())
 
-        def timed(plugin: Any = plugin) -> tuple[float, float]:
+        def timed(plugin: Any = plugin, dev: list[Any] = dev, ys: list[Any] = ys) -> tuple[float, float]:
             ys[0].fill(0xFFFF)
             us = _time_graph(cp, [lambda d=d, y=y: launch(d, y) for d, y in zip(dev, ys)] * max(1, 24 // copies))
             return us, check(ys[0], want)

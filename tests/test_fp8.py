@@ -466,10 +466,7 @@ def test_per_token_plugin_enqueue_without_a_gpu(monkeypatch: pytest.MonkeyPatch)
 def test_cuda_backend_compiles_the_per_token_qdq_linear() -> None:
     """The cuda engine's Q/DQ emulation of a per-token linear (max over the last axis): every
     generated kernel compiles with NVRTC for sm_89 and sm_90 (no GPU needed)."""
-    import ml_dtypes
-
     import trtcore.cuda as tc
-    from trtcore import ops
     from trtcore.cuda import codegen
     from trtcore.cuda.builder import compile_network
 

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_models import hf_greedy, load_hf, redraw_weights, torch_one_thread
+from hf_models import hf_greedy, load_hf, redraw_weights
 from trtcore import LLM, SamplingParams
 from trtcore.config import load_config, load_generation_config
 
