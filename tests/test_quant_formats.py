@@ -111,6 +111,26 @@ def test_compressed_tensors_dequantizes_exactly(tmp_path: Path, bits: int, strat
     np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_compressed_tensors_mixed_num_bits_read_each_linear_by_its_packed_width(tmp_path: Path, bits: int) -> None:
+    """Config groups of 8 and 4 bits (mixed-precision recipes) are detected, and a linear's
+    num_bits is the one whose packing gives its weight_packed width; a width neither gives is
+    refused by name."""
+    config = _ct_config(8, "channel", None, True)
+    config["config_groups"]["group_1"] = {"targets": ["re:.*mlp.*"], "weights": {**config["config_groups"]["group_0"]["weights"], "num_bits": 4}}
+    assert detect_quantization(config).method == "compressed-tensors"
+    qz = quantize(_weight(bits), bits, -1, sym=True, rng=np.random.default_rng(4))
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "bad").mkdir()
+    qw = _read(tmp_path / "ok", config, pack_compressed(qz, bits, sym=True))
+    assert qw.bits == bits
+    np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+    bad = pack_compressed(qz, bits, sym=True)
+    bad["weight_packed"] = np.zeros((bad["weight_packed"].shape[0], 3), np.int32)
+    with pytest.raises(CheckpointError, match=r"weight_packed' has 3 int32 columns for K=\d+; the config groups' num_bits \[4, 8\]"):
+        _read(tmp_path / "bad", config, bad)
+
+
 def test_compressed_tensors_format_per_config_group() -> None:
     config = _ct_config(4, "group", 32, True)
     config["config_groups"]["group_0"]["format"] = config.pop("format")

@@ -31,10 +31,22 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 32}}
         },
     },
+    # a mixed-precision recipe (llm-compressor): attention 8-bit per channel, MLP 4-bit group 32
+    "compressed_tensors_mixed": {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "attention": {
+                "targets": ["re:.*self_attn.*"],
+                "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "group_size": None},
+            },
+            "mlp": {"targets": ["re:.*mlp.*"], "weights": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 32}},
+        },
+    },
 }
 
 
-def _pack(case: str, w: np.ndarray, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def _pack(case: str, w: np.ndarray, rng: np.random.Generator, prefix: str = "") -> tuple[dict[str, np.ndarray], np.ndarray]:
     c = CONFIGS[case]
     if c["quant_method"] == "gptq":
         fmt = c.get("checkpoint_format", "gptq")
@@ -43,6 +55,9 @@ def _pack(case: str, w: np.ndarray, rng: np.random.Generator) -> tuple[dict[str,
     if c["quant_method"] == "awq":
         qz = quantize(w, 4, 32, sym=False, rng=rng)
         return pack_awq(qz), qz.dequantize()
+    if case == "compressed_tensors_mixed" and ".self_attn." in prefix:
+        qz = quantize(w, 8, -1, sym=True, rng=rng)
+        return pack_compressed(qz, 8, sym=True), qz.dequantize()
     qz = quantize(w, 4, 32, sym=False, rng=rng)
     return pack_compressed(qz, 4, sym=False), qz.dequantize()
 
@@ -59,7 +74,7 @@ def _checkpoints(tmp_path: Path, case: str) -> tuple[Path, Path]:
     for name, value in weights.items():
         prefix = name.removesuffix(".weight")
         if prefix.rsplit(".", 1)[-1] in LINEARS or (prefix == "lm_head" and CONFIGS[case].get("lm_head")):
-            tensors, deq = _pack(case, value.astype(np.float64), rng)
+            tensors, deq = _pack(case, value.astype(np.float64), rng, prefix)
             packed |= {f"{prefix}.{k}": np.ascontiguousarray(t) for k, t in tensors.items()}
             dense[name] = deq.astype(np.float32)  # exact: the engine rounds the same float64 values
         else:

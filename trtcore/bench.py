@@ -73,7 +73,9 @@ def linear_weight_bits(quantization: str | None, quantization_config: dict[str, 
     * ``"fp8"``: 8 (E4M3; per-tensor or per-channel scales, negligible).
     * ``"gptq"`` / ``"awq"`` / ``"compressed-tensors"``: ``bits + (16 + bits) / group_size``
       (a float16 scale and a packed zero point per group; ``group_size`` -1 / absent: per output
-      channel, counted as ``bits``).
+      channel, counted as ``bits``). compressed-tensors config groups of different widths
+      (mixed precision): the first group's figure, an estimate (which linears each group
+      targets is not resolved here).
 
     Raises:
         InvalidArgumentError: ``"gguf"`` (its block types differ from tensor to tensor, so no one

@@ -169,8 +169,6 @@ def _check(method: str, c: dict[str, Any]) -> None:
         for a in args:
             if a.get("type", "int") != "int" or a.get("num_bits") not in (4, 8) or a.get("strategy") not in STRATEGIES:
                 raise _refuse(f"compressed-tensors weights {a!r}")
-        if len({a.get("num_bits") for a in args}) > 1:
-            raise _refuse("compressed-tensors config groups of different num_bits")
         for name, g in (c.get("config_groups") or {}).items():
             if isinstance(g, dict) and g.get("input_activations") is not None:
                 raise _refuse(

@@ -68,18 +68,24 @@ def pack_quantized_weight(
 
 def read_pack_quantized(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWeight:
     """The ``pack-quantized`` linear ``prefix`` of a checkpoint (``config``: the
-    ``quantization_config``; the weights' ``num_bits`` from its config group)."""
+    ``quantization_config``; the weights' ``num_bits``: :func:`linear_bits`).
+
+    Raises:
+        CheckpointError: as :func:`pack_quantized_weight`, or a packed width no config group's
+            ``num_bits`` gives.
+    """
 
     def opt(suffix: str) -> np.ndarray | None:
         return weights.get(f"{prefix}.{suffix}") if f"{prefix}.{suffix}" in weights else None
 
     shape = tuple(int(s) for s in weights.get(f"{prefix}.weight_shape").reshape(-1))
+    packed = weights.get(f"{prefix}.weight_packed")
     return pack_quantized_weight(
-        weights.get(f"{prefix}.weight_packed"),
+        packed,
         weights.get(f"{prefix}.weight_scale"),
         opt("weight_zero_point"),
         opt("weight_g_idx"),
-        num_bits=weight_bits(config),
+        num_bits=linear_bits(config, shape[1], int(np.shape(packed)[-1]), prefix),
         shape=(shape[0], shape[1]),
         name=prefix,
         group_sizes=tuple(int(a["group_size"]) for a in weight_args(config) if a.get("strategy") == "group" and a.get("group_size")),
@@ -92,9 +98,24 @@ def weight_args(config: dict[str, Any]) -> list[dict[str, Any]]:
     return [g["weights"] for g in groups.values() if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
 
 
-def weight_bits(config: dict[str, Any]) -> int:
-    """The single ``num_bits`` of the config groups' weights (checked by the detection)."""
-    return int(weight_args(config)[0].get("num_bits", 4))
+def linear_bits(config: dict[str, Any], k: int, packed_columns: int, name: str = "weight") -> int:
+    """The ``num_bits`` of one linear with ``k`` input features whose ``weight_packed`` has
+    ``packed_columns`` int32 columns: the config groups' ``num_bits`` (4 or 8) that packs K into
+    that many (``ceil(K / (32 // num_bits))``). Mixed-precision checkpoints (llm-compressor
+    recipes with, say, 8-bit attention and 4-bit MLP groups) give each linear's from its tensors,
+    with no need to match the groups' ``targets`` against module names.
+
+    Raises:
+        CheckpointError: no config group's ``num_bits`` packs K into ``packed_columns``.
+    """
+    choices = sorted({int(a.get("num_bits", 4)) for a in weight_args(config)})
+    for bits in choices:
+        if packed_columns == -(-k // (32 // bits)):
+            return bits
+    raise CheckpointError(
+        f"'{name}.weight_packed' has {packed_columns} int32 columns for K={k}; the config groups' num_bits {choices} "
+        f"pack K into {[-(-k // (32 // b)) for b in choices]}"
+    )
 
 
-__all__ = ["FORMATS", "STRATEGIES", "pack_quantized_weight", "read_pack_quantized", "weight_args", "weight_bits"]
+__all__ = ["FORMATS", "STRATEGIES", "linear_bits", "pack_quantized_weight", "read_pack_quantized", "weight_args"]
