@@ -171,3 +171,10 @@ def test_plan_options_offer_every_implementation_the_plan_knows() -> None:
         for dest in ("rope", "kv_cache", "attention"):
             assert tuple(opts[dest].choices) == IMPLEMENTATIONS[dest], (command, dest)
     assert ap.parse_args(["generate", "--rope", "attention"]).rope == "attention"
+
+
+def test_python_m_trtcore_runs_the_command() -> None:
+    """``python -m trtcore`` is the ``trtcore`` command (for a PATH without the console script)."""
+    proc = subprocess.run([sys.executable, "-m", "trtcore", "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "quantize" in proc.stdout and "generate" in proc.stdout

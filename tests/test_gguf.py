@@ -502,6 +502,11 @@ def test_existing_output_dir(tmp_path: Path) -> None:
     convert_gguf(tmp_path / "m.gguf", empty, progress=False)
     assert (empty / "config.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "m.gguf", "out"]
+    # an output that is the GGUF itself, or a folder holding it, would delete it with overwrite
+    for bad in (tmp_path / "m.gguf", tmp_path):
+        with pytest.raises(ConversionError, match="overlap"):
+            convert_gguf(tmp_path / "m.gguf", bad, progress=False, overwrite=True)
+    assert (tmp_path / "m.gguf").is_file()
 
 
 def _fake_wheel(path: Path) -> Path:

@@ -192,6 +192,18 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
         quantize_checkpoint(src, tmp_path / "q", method="fp8", activations="row")
     assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--method", "fp8", "--bits", "4"]) == 2
     assert "bits=4 does not apply to method 'fp8'" in capsys.readouterr().err
+    with pytest.raises(InvalidArgumentError, match=r"calibration_tokens \(--calibration-tokens\) must be positive, got 0"):
+        quantize_checkpoint(src, tmp_path / "q", method="awq", calibration_tokens=0)
+    # calibration tokenizes a text: a model without tokenizer.json is refused before any work
+    for method, extra, hint in [("awq", {}, "use --method rtn$"), ("fp8", {"activations": "static"}, "or --activations dynamic$")]:
+        with pytest.raises(InvalidArgumentError, match=rf"{method} calibration tokenizes its text .* no tokenizer\.json; give calibration_ids .*{hint}"):
+            quantize_checkpoint(src, tmp_path / "q", method=method, **extra)
+    # the output may not be (or lie inside) the model folder: replacing it would delete the model
+    before = sorted(p.name for p in src.iterdir())
+    for out in (src, src / "quantized"):
+        with pytest.raises(InvalidArgumentError, match="overlap"):
+            quantize_checkpoint(src, out, overwrite=True)
+    assert sorted(p.name for p in src.iterdir()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing half written beside it
     quantize_checkpoint(src, tmp_path / "q", group_size=32)
     with pytest.raises(InvalidArgumentError, match="already exists"):

@@ -117,6 +117,19 @@ def capture_prefill(llm: Any, token_ids: Sequence[int], names: Sequence[str]) ->
     return capturing.captured or {}
 
 
+def calibration_file(calibration: str | os.PathLike[str] | None) -> Path:
+    """The calibration text file: ``calibration``, or None for the shipped
+    :data:`DEFAULT_CALIBRATION`.
+
+    Raises:
+        InvalidArgumentError: the file does not exist.
+    """
+    path = Path(calibration) if calibration is not None else DEFAULT_CALIBRATION
+    if not path.is_file():
+        raise InvalidArgumentError(f"calibration file {str(path)!r} does not exist")
+    return path
+
+
 def calibration_token_ids(llm: Any, text: str, num_tokens: int = 512, seq_len: int = 256) -> list[list[int]]:
     """``text`` tokenized by ``llm``'s tokenizer and cut into sequences of at most ``seq_len``
     tokens, ``num_tokens`` in all (fewer when the text is shorter).
@@ -161,9 +174,7 @@ def capture_calibration(
     """
     from .llm import LLM
 
-    path = Path(calibration) if calibration is not None else DEFAULT_CALIBRATION
-    if token_ids is None and not path.is_file():
-        raise InvalidArgumentError(f"calibration file {str(path)!r} does not exist")
+    path = calibration_file(calibration) if token_ids is None else DEFAULT_CALIBRATION
     if token_ids is not None and (not token_ids or any(not 0 < len(t) <= seq_len for t in token_ids)):
         raise InvalidArgumentError(f"calibration token_ids must be sequences of 1 to seq_len={seq_len} ids")
     llm = LLM(model_dir, backend="reference", dtype="float32", kv_cache="contiguous", device="cpu", max_batch_size=1,

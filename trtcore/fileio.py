@@ -90,13 +90,21 @@ def _default_modes(folder: Path) -> None:
             os.chmod(os.path.join(root, f), 0o666 & ~umask)
 
 
-def check_folder_free(output_dir: str | os.PathLike[str], overwrite: bool, error: type[Exception] = InvalidArgumentError) -> None:
-    """Fail early when ``output_dir`` exists, is not an empty folder and ``overwrite`` is false.
+def check_folder_free(
+    output_dir: str | os.PathLike[str], overwrite: bool, error: type[Exception] = InvalidArgumentError, source: str | os.PathLike[str] | None = None
+) -> None:
+    """Fail early when ``output_dir`` exists, is not an empty folder and ``overwrite`` is false,
+    or when it overlaps ``source`` (the input being converted: the same path, or one inside the
+    other), which replacing ``output_dir`` would delete even with ``overwrite``.
 
     Raises:
-        error: it does (the message names it and the way to replace it).
+        error: it does (the message names it and the way out).
     """
     output_dir = Path(output_dir)
+    if source is not None:
+        src, out = Path(source).resolve(), output_dir.resolve()
+        if src == out or out in src.parents or src in out.parents:
+            raise error(f"the output {output_dir} and the input {source} overlap (the same path, or one inside the other); write to another folder")
     if output_dir.exists() and not overwrite and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise error(f"{output_dir} already exists and is not empty (pass overwrite=True, or --overwrite on the command line)")
 

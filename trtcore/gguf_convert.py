@@ -153,7 +153,7 @@ def convert_gguf(
     """
     gguf_path = Path(gguf_path)
     output_dir = Path(output_dir)
-    check_folder_free(output_dir, overwrite, ConversionError)
+    check_folder_free(output_dir, overwrite, ConversionError, source=gguf_path)
 
     reader = _open_gguf(gguf_path)
     meta = _Metadata(reader)

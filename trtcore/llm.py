@@ -852,7 +852,9 @@ def encode_text(tokenizer: Any, model_dir: str | os.PathLike[str], text: str, ad
         InvalidRequestError: ``tokenizer`` is None.
     """
     if tokenizer is None:
-        raise InvalidRequestError(f"{model_dir} has no tokenizer.json; pass prompts as lists of token ids")
+        raise InvalidRequestError(
+            f"{model_dir} has no tokenizer.json, so a text cannot be tokenized; give token ids instead (LLM.generate takes prompts as lists of ids)"
+        )
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
 

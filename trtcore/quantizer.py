@@ -204,8 +204,9 @@ def _linear_names(config: Any) -> Iterator[str]:
     fam = family_of(config.model_type)
     if fam.builder != "trtcore.models.llama":
         raise UnsupportedArchitectureError(
-            f"trtcore quantize writes weight-only checkpoints for the Llama-family architectures; "
-            f"{config.architecture} ({config.model_type}) is built by {fam.builder}, which reads float weights only"
+            f"trtcore quantize writes checkpoints for the Llama-family architectures only; {config.architecture} "
+            f"({config.model_type}) is built by {fam.builder}. For FP8, LLM(..., quantization='fp8') (--quantization fp8) "
+            "quantizes a float checkpoint's linears when the engine is built"
         )
     for layer in range(config.num_hidden_layers):
         for role in LINEAR_ROLES:
@@ -284,7 +285,10 @@ def quantize_checkpoint(
         InvalidArgumentError: an unknown method, an option the method does not use (named),
             bad bits / group size, a linear whose K the
             group size does not divide (named), an already quantized checkpoint, a missing
-            calibration file, or ``output_dir`` exists and is not empty without ``overwrite``.
+            calibration file, calibration (awq, static fp8) without token ids on a model with no
+            tokenizer.json, ``calibration_tokens`` below 1, ``output_dir`` exists and is not
+            empty without ``overwrite``, or it overlaps ``model_dir`` (the same folder, or one
+            inside the other).
         UnsupportedArchitectureError: not a Llama-family architecture.
         CheckpointError / MissingTensorError: the checkpoint cannot be read.
     """
@@ -322,8 +326,10 @@ def quantize_checkpoint(
         raise InvalidArgumentError(f"bits must be 4 or 8, got {bits!r}")
     if group_size is not None and group_size < 0:
         raise InvalidArgumentError(f"group_size must be 0 (per channel) or positive, got {group_size}")
+    if calibration_tokens < 1:
+        raise InvalidArgumentError(f"calibration_tokens (--calibration-tokens) must be positive, got {calibration_tokens}")
     model_dir, output_dir = Path(model_dir), Path(output_dir)
-    check_folder_free(output_dir, overwrite)
+    check_folder_free(output_dir, overwrite, source=model_dir)
     config = load_config(model_dir)
     if config.quantization_config:
         raise InvalidArgumentError(
@@ -331,6 +337,16 @@ def quantize_checkpoint(
         )
     raw_config = json.loads((model_dir / "config.json").read_text())
     linears = set(_linear_names(config))
+    calibrated = method == "awq" or (method == "fp8" and activations == "static")
+    if calibrated and calibration_ids is None:
+        from .calibration import calibration_file
+
+        calibration_file(calibration)  # a missing file first: the more specific mistake
+    if calibrated and calibration_ids is None and not (model_dir / "tokenizer.json").is_file():
+        raise InvalidArgumentError(
+            f"{method} calibration tokenizes its text with the model's tokenizer, and {model_dir} has no tokenizer.json; "
+            "give calibration_ids (token ids), or use --method rtn" + (" or --activations dynamic" if method == "fp8" else "")
+        )
     tensors: dict[str, np.ndarray] = {}
     with Checkpoint(model_dir) as weights:
         missing = sorted(linears - set(weights.names))
