@@ -106,7 +106,8 @@ def check_folder_free(
         if src == out or out in src.parents or src in out.parents:
             raise error(f"the output {output_dir} and the input {source} overlap (the same path, or one inside the other); write to another folder")
     if output_dir.exists() and not overwrite and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise error(f"{output_dir} already exists and is not empty (pass overwrite=True, or --overwrite on the command line)")
+        what = "is not empty" if output_dir.is_dir() else "is a file, not a folder"
+        raise error(f"{output_dir} already exists and {what} (pass overwrite=True, or --overwrite on the command line)")
 
 
 @contextlib.contextmanager

@@ -204,6 +204,8 @@ def unpermute_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
 def _open_gguf(path: Path) -> Any:
     import gguf
 
+    if path.is_dir():
+        raise ConversionError(f"{path} is a folder; give the path of a .gguf file")
     if not path.is_file():
         raise ConversionError(f"GGUF file not found: {path}")
     with open(path, "rb") as f:
