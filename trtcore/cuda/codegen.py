@@ -349,21 +349,25 @@ def _group_signature(node: Node, dtypes: dict[str, DataType], rank: int, count: 
     return sig, params
 
 
-def _pointwise_body(node: Node, dtypes: dict[str, DataType], rank: int, store: Any, by_row: bool = False) -> list[str]:
-    """The statements that compute element ``idx`` (an ``i64`` in scope) of a pointwise
-    group: input offsets, the members, ``store(output, value)`` for each output. ``by_row``
-    (rank 2): the offsets come from ``r`` and ``j`` in scope (``idx = r * d1 + j``), no division."""
+def _pointwise_members(node: Node, dtypes: dict[str, DataType], store: Any) -> list[str]:
+    """The statements of a pointwise group's members at the input offsets ``o<k>`` (``i64``s in
+    scope), then ``store(output, value)`` for each output."""
     loads = {v: f"ld(in{k} + o{k})" for k, v in enumerate(node.inputs)}
     scalars = {v: scalar_literal(c, dtypes[v]) for v, c in node.attrs["scalars"].items()}
     body = _Body(node.attrs["members"], dtypes, loads, scalars)
     outs = [body.value(o) for o in node.outputs]
+    return body.lines + ["    " + store(o, name) for o, name in zip(node.outputs, outs)]
+
+
+def _pointwise_body(node: Node, dtypes: dict[str, DataType], rank: int, store: Any, by_row: bool = False) -> list[str]:
+    """The statements that compute element ``idx`` (an ``i64`` in scope) of a pointwise
+    group: input offsets, the members, ``store(output, value)`` for each output. ``by_row``
+    (rank 2): the offsets come from ``r`` and ``j`` in scope (``idx = r * d1 + j``), no division."""
     if by_row:
         index = [f"    const i64 o{k} = r * s{k}_0 + j * s{k}_1;" for k in range(len(node.inputs))]
     else:
         index = _index_code(rank, node.inputs)
-    lines = index + body.lines
-    lines += ["    " + store(o, name) for o, name in zip(node.outputs, outs)]
-    return lines
+    return index + _pointwise_members(node, dtypes, store)
 
 
 #: elements of the last axis one warp of a pointwise kernel computes per unit (32 lanes x 4):
@@ -429,12 +433,7 @@ def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> Kerne
         "        const i64 idx = row * dl + j;",
     ]
     lines += [f"        const i64 o{k} = b{k} + j * s{k}_{last};" for k in k_in]
-    loads = {v: f"ld(in{k} + o{k})" for k, v in enumerate(node.inputs)}
-    scalars = {v: scalar_literal(c, dtypes[v]) for v, c in node.attrs["scalars"].items()}
-    body = _Body(node.attrs["members"], dtypes, loads, scalars)
-    outs = [body.value(o) for o in node.outputs]
-    lines += ["    " + x for x in body.lines]
-    lines += [f"        st(out{node.outputs.index(o)} + idx, {name});" for o, name in zip(node.outputs, outs)]
+    lines += ["    " + x for x in _pointwise_members(node, dtypes, lambda o, v: f"st(out{node.outputs.index(o)} + idx, {v});")]
     lines += ["      }", "    }", "  }", "}"]
     return _named("\n".join(lines), "pointwise", params, 256)
 

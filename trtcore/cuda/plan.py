@@ -117,19 +117,14 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
         NetworkError: ``data`` is no serialized plan (truncated, or another file).
     """
     view = memoryview(data).cast("B")
-    if bytes(view[:8]) != MAGIC:
-        try:
-            plan = pickle.loads(view)
-        except Exception as exc:
-            raise NetworkError(f"not a trtcore cuda plan: {exc}") from exc
-    else:
-        try:
-            _, n_body, n_buf = _HEADER.unpack_from(view, 0)
-            table = [struct.unpack_from("<QQ", view, _HEADER.size + 16 * i) for i in range(n_buf)]
-            body_at = _HEADER.size + 16 * n_buf
-            if body_at + n_body > len(view) or any(off + n > len(view) for off, n in table):
-                raise ValueError(f"{len(view)} bytes, the header describes more")
-            plan = pickle.loads(view[body_at : body_at + n_body], buffers=[view[off : off + n] for off, n in table])
-        except Exception as exc:
-            raise NetworkError(f"not a trtcore cuda plan: {exc}") from exc
-    return plan
+    try:
+        if bytes(view[:8]) != MAGIC:
+            return pickle.loads(view)
+        _, n_body, n_buf = _HEADER.unpack_from(view, 0)
+        table = [struct.unpack_from("<QQ", view, _HEADER.size + 16 * i) for i in range(n_buf)]
+        body_at = _HEADER.size + 16 * n_buf
+        if body_at + n_body > len(view) or any(off + n > len(view) for off, n in table):
+            raise ValueError(f"{len(view)} bytes, the header describes more")
+        return pickle.loads(view[body_at : body_at + n_body], buffers=[view[off : off + n] for off, n in table])
+    except Exception as exc:
+        raise NetworkError(f"not a trtcore cuda plan: {exc}") from exc
