@@ -18,6 +18,7 @@ continuous batching, ``trtcore bench throughput``'s measurement, and reports out
 
     python bench/bench_quant_e2e.py --out $OUT [--models Llama-3-8B] [--batches 1,16]
     python bench/bench_quant_e2e.py --out $OUT --variants bfloat16,"FP8 W8A8 static" --batches 1 --throughput 256
+    python bench/bench_quant_e2e.py --out $OUT --rope attention ...   # RoPE inside the attention plugin
 
 Writes ``quant_e2e.json`` under ``--out`` and prints it (one line after ``JSON:``).
 """
@@ -60,6 +61,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
     ap.add_argument("--throughput", type=int, default=0, help="also stream this many requests (128 in / 128 out) per variant")
+    ap.add_argument("--rope", default=None, choices=["plugin", "attention"], help="every variant's RoPE implementation (default: the plan's)")
     ap.add_argument(
         "--profile",
         type=int,
@@ -110,7 +112,7 @@ def main() -> int:
                 try:
                     with random_checkpoint(make):
                         llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
-                                  kv_cache_dtype="fp8" if label.endswith("+ FP8 KV") else "auto",
+                                  kv_cache_dtype="fp8" if label.endswith("+ FP8 KV") else "auto", rope=args.rope,
                                   max_num_tokens=max(max(batches) * 128, 8192 if args.throughput else 0), progress=False)  # fmt: skip
                 finally:
                     wog.CONTIGUOUS_X = packing
@@ -119,7 +121,7 @@ def main() -> int:
                 print(f"{name} {label}: started in {start_s:.1f} s, weights {weight_bytes / 2**30:.2f} GiB", flush=True)
                 for batch in batches:
                     ours = trtcore_tpot(llm, batch)
-                    entry = {"model": name, "variant": label, "batch": batch, "start_s": start_s, "weight_bytes": weight_bytes, **ours}
+                    entry = {"model": name, "variant": label, "batch": batch, "rope": llm.plan.rope, "start_s": start_s, "weight_bytes": weight_bytes, **ours}
                     if bits == 16:
                         base[batch] = ours["tok_per_s"]
                     if batch in base:
@@ -141,7 +143,7 @@ def main() -> int:
                     (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
                 if args.throughput:
                     tput = throughput(llm, args.throughput)
-                    entry = {"model": name, "variant": label, "requests": args.throughput, **tput}
+                    entry = {"model": name, "variant": label, "requests": args.throughput, "rope": llm.plan.rope, **tput}
                     if bits == 16:
                         base_tput = tput["output_throughput"]
                     entry["throughput_vs_bfloat16"] = tput["output_throughput"] / base_tput if base_tput else None

@@ -86,17 +86,25 @@
 //               paged_attn_decode and paged_attn_prefill; ignored without KV_FP8):
 //                 stored code  = e4m3(x / scale)       float32 division (__fdiv_rn), round to
 //                                nearest even, saturating to +-448 (kernels/fp8.cuh's e4m3_of)
-//                 value read   = DTYPE(float(code) * scale)   float32 product (__fmul_rn),
-//                                rounded once to DTYPE
+//                 value read   = float(code) * scale  in float32, never rounded to DTYPE (as
+//                                FlashInfer's k_scale / v_scale): the tensor-core kernels multiply
+//                                the codes themselves (E4M3 values are exact float16 values) and
+//                                apply k_scale to the scores and v_scale to the output; the CUDA-core
+//                                kernel forms the float32 product
 //               Every key/value attention uses is a value read, the step's own new token's
 //               included: the decode kernel, which takes that token from k/v instead of the
-//               pool, rounds it through the same code (kv_roundtrip8), so prefill, decode and
-//               a later step see the same numbers. The tensor-core kernels copy a tile's codes
-//               with cp.async into a PA_STAGES-deep ring of raw tiles (half the bytes of DTYPE
-//               tiles, so the ring and one DTYPE tile fit PA_SMEM_BYTES), and each iteration
-//               converts its raw tile (sm_89+: cvt.rn.f16x2.e4m3x2, two codes per instruction)
-//               into one DTYPE tile of the same swizzled layout as without KV_FP8: the mma code
-//               is unchanged, and the loads of later tiles stay in flight while one is computed.
+//               pool, sends it through the same code (kv_quant8), so prefill, decode and a later
+//               step see the same numbers. The tensor-core kernels copy a tile's codes with
+//               cp.async into a (2 PA_STAGES - 1)-deep ring of raw tiles beside one float16 V
+//               tile (PA_SMEM_BYTES, as without KV_FP8, with twice the tiles in flight): S = Q K^T
+//               converts its K codes straight from the raw tile into mma fragments (q_dim), and
+//               each iteration converts its raw V tile into the float16 tile P * V reads
+//               (sm_89+: cvt.rn.f16x2.e4m3x2, two codes per instruction, nothing else). Their mma
+//               type is float16 throughout: a bfloat16 q is scaled per row by a power of two that
+//               puts its largest element in [2^14, 2^15) (no overflow; exact down to 2^-29 of
+//               that element) and rounded to float16 once, the inverse power going into that
+//               row's score scale; the probabilities are rounded to float16 for P * V (bfloat16
+//               without KV_FP8).
 //
 // trtcore-variants: [{"DTYPE": 1, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 1, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
 // trtcore-variants: [{"DTYPE": 2, "HEAD_DIM": 64, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 16}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 32}, {"DTYPE": 2, "HEAD_DIM": 128, "BLOCK_SIZE": 64}]
@@ -160,13 +168,13 @@ typedef unsigned char kv_t;
 typedef elem_t kv_t;
 #endif
 
-// A pool element as the DTYPE value attention reads (KV_FP8: DTYPE(float(code) * scale))
-__device__ __forceinline__ elem_t kv_load(kv_t c, float scale) {
+// A pool element as the float32 value attention reads (KV_FP8: float(code) * scale, in float32)
+__device__ __forceinline__ float kv_read(kv_t c, float scale) {
 #if KV_FP8
-    return from_f32(__fmul_rn(e4m3_to_f32(c), scale));
+    return __fmul_rn(e4m3_to_f32(c), scale);
 #else
     (void)scale;
-    return c;
+    return to_f32(c);
 #endif
 }
 #if KV_FP8
@@ -183,47 +191,54 @@ __device__ __forceinline__ unsigned long long kv_quant8(uint4 x, float scale) {
     for (int j = 0; j < 8; ++j) r |= (unsigned long long)e4m3_of(__fdiv_rn(to_f32(a.e[j]), scale)) << (8 * j);
     return r;
 }
-// 8 E4M3 codes -> 8 DTYPE values read (float(code) * scale, rounded to DTYPE)
-__device__ __forceinline__ uint4 kv_dequant8(unsigned long long c, float scale) {
-    PaVec8 a;
+// 4 E4M3 codes (byte j = code j) -> their exact float16 values, codes 0, 1 in lo, codes 2, 3 in hi
+// (the lower code in the lower half)
+__device__ __forceinline__ void kv_f16x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
 #if __CUDA_ARCH__ >= 890
-    // sm_89+: cvt.rn.f16x2.e4m3x2 turns two codes into two float16 values exactly (every E4M3
-    // value, NaN included, is a float16; the upper byte goes to the upper half), one instruction
-    // per pair instead of e4m3_to_f32's bit arithmetic per code; the product and its rounding are
-    // the same as below
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-        const unsigned short pair = (unsigned short)(c >> (16 * p));
-        unsigned int h2;
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(pair));
-        float lo, hi;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((unsigned short)(h2 & 0xffffu)));
-        asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((unsigned short)(h2 >> 16)));
-        a.e[2 * p] = from_f32(__fmul_rn(lo, scale));
-        a.e[2 * p + 1] = from_f32(__fmul_rn(hi, scale));
-    }
+    // sm_89+: cvt.rn.f16x2.e4m3x2 converts a pair exactly (every E4M3 value, NaN included, is a
+    // float16; the upper byte goes to the upper half)
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}" : "=r"(lo), "=r"(hi) : "r"(w));
 #else
+    float f[4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) a.e[j] = from_f32(__fmul_rn(e4m3_to_f32((unsigned int)(c >> (8 * j)) & 0xffu), scale));
+    for (int j = 0; j < 4; ++j) f[j] = e4m3_to_f32((w >> (8 * j)) & 0xffu);
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(f[1]), "f"(f[0]));
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(f[3]), "f"(f[2]));
 #endif
-    return a.u;
 }
-// what attention reads for 8 values x once they are stored: dequant(quant(x))
-__device__ __forceinline__ uint4 kv_roundtrip8(uint4 x, float scale) { return kv_dequant8(kv_quant8(x, scale), scale); }
+// 8 E4M3 codes -> their 8 exact float16 values (one 16-byte vector, element j = code j): what the
+// tensor-core kernels multiply (the scale is applied to the scores / the output)
+__device__ __forceinline__ uint4 kv_f16x8(uint2 c) {
+    uint4 r;
+    kv_f16x4(c.x, r.x, r.y);
+    kv_f16x4(c.y, r.z, r.w);
+    return r;
+}
 #endif
 
 // ---- element types and conversions ------------------------------------------------------
 
 #if DTYPE == 1
-#define PA_MMA_TYPE "f16"
+#define PA_ELEM_TYPE "f16"
 #elif DTYPE == 2
-#define PA_MMA_TYPE "bf16"
+#define PA_ELEM_TYPE "bf16"
+#endif
+#if KV_FP8
+#define PA_MMA_TYPE "f16"  // the tensor cores' operand type: E4M3 codes are exact float16 values
+#elif defined(PA_ELEM_TYPE)
+#define PA_MMA_TYPE PA_ELEM_TYPE
 #endif
 #ifdef PA_MMA_TYPE
-// two floats -> one register; lo goes to the low 16 bits (the lower column index)
+// two floats -> one register of the mma type (pack2) or of DTYPE (pack2_elem); lo goes to the
+// low 16 bits (the lower column index)
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     unsigned r;
     asm("cvt.rn." PA_MMA_TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ unsigned pack2_elem(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn." PA_ELEM_TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
 #endif
@@ -436,8 +451,8 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
         float kf[PER], vf[PER];
 #pragma unroll
         for (int i = 0; i < PER; ++i) {
-            kf[i] = kr ? to_f32(kv_load(kr[lane + 32 * i], k_scale)) : 0.f;
-            vf[i] = kr ? to_f32(kv_load(kr[pv.v_offset + lane + 32 * i], v_scale)) : 0.f;
+            kf[i] = kr ? kv_read(kr[lane + 32 * i], k_scale) : 0.f;
+            vf[i] = kr ? kv_read(kr[pv.v_offset + lane + 32 * i], v_scale) : 0.f;
         }
         float s = 0.f;
 #pragma unroll
@@ -492,6 +507,25 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
 // rows an ldmatrix reads over all 32 banks
 __device__ __forceinline__ int swz(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ (row & 7)) << 3); }
 
+// The head dimension of q (and K) behind the mma's k index 16 ks + 8 h + 2 c (+ 1) of lane c's
+// A / B fragments. A dot product does not depend on the order of its terms, so KV_FP8 permutes
+// it: lane c's codes of every k-step of a key are then 4 KSTEPS contiguous bytes of the raw K
+// row (two bytes of h = 0, two of h = 1 per k-step), read as 16-byte chunks; q is loaded in
+// the same order. Without KV_FP8 the natural order (ldmatrix reads the 16-bit K tile).
+__device__ __forceinline__ int q_dim(int ks, int h, int c) {
+#if KV_FP8
+    return 4 * (HEAD_DIM / 16) * c + 4 * ks + 2 * h;
+#else
+    return 16 * ks + 8 * h + 2 * c;
+#endif
+}
+
+#if KV_FP8
+// byte offset of (row, 16-byte chunk) in a raw (E4M3) tile: chunk ^ (row % chunks per row), so
+// that the 8 keys of an S = Q K^T fragment read chunk 2c + x (or c) in different banks
+__device__ __forceinline__ int raw_off(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ (row & (HEAD_DIM / 16 - 1))) << 4); }
+#endif
+
 __device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -501,6 +535,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+}
+// a 16-byte shared-memory load, volatile: it stays in order with the mma around it, so the
+// codes are loaded as they are used (register pressure)
+__device__ __forceinline__ void lds128(unsigned* r, unsigned addr) {
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 // c[16x8, f32] += a[16x16] * b[16x8]
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
@@ -564,20 +603,54 @@ __device__ __forceinline__ void attention_rows(
         for (int ks = 0; ks < KSTEPS; ++ks) {
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                const int d = 16 * ks + 8 * hf + 2 * c;
-                qa[ks][2 * hf + i] = qrow ? pack2(rope_load(qrow, d, qpos, ra, rope_tab), rope_load(qrow, d + 1, qpos, ra, rope_tab)) : 0u;
+                const int d = q_dim(ks, hf, c);
+                qa[ks][2 * hf + i] = qrow ? pack2_elem(rope_load(qrow, d, qpos, ra, rope_tab), rope_load(qrow, d + 1, qpos, ra, rope_tab)) : 0u;
             }
         }
 #else
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
-            qa[ks][i] = qrow ? __ldg(reinterpret_cast<const unsigned*>(qrow + 16 * ks + 2 * c)) : 0u;
-            qa[ks][2 + i] = qrow ? __ldg(reinterpret_cast<const unsigned*>(qrow + 16 * ks + 8 + 2 * c)) : 0u;
+            qa[ks][i] = qrow ? __ldg(reinterpret_cast<const unsigned*>(qrow + q_dim(ks, 0, c))) : 0u;
+            qa[ks][2 + i] = qrow ? __ldg(reinterpret_cast<const unsigned*>(qrow + q_dim(ks, 1, c))) : 0u;
         }
 #endif
     }
 #if ROTARY_DIM == 0
     (void)ra; (void)rope_tab;
+#endif
+    // each row's score scale (log2 units): KV_FP8 multiplies the codes, so k_scale joins it
+    float row_scale[2] = {scale_log2, scale_log2};
+#if KV_FP8
+    row_scale[0] = row_scale[1] = scale_log2 * k_scale;
+#if DTYPE == 2
+    // bfloat16 q -> float16 (the mma type with KV_FP8): each row times 2^e, its largest |element|
+    // then in [2^14, 2^15) (no overflow; exact down to 2^-29 of it), 2^-e into the row's scale
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float mx = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const unsigned w = qa[ks][2 * hf + i];
+                mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(w << 16)), fabsf(__uint_as_float(w & 0xffff0000u))));
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of the row
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // biased exponent eb of mx: mx * 2^(141 - eb) lies in [2^14, 2^15); clamped to a normal
+        // float32 power (a zero row stays zero, NaN / inf stay what they are)
+        const int fb = imin(254, imax(1, 268 - (int)(__float_as_uint(mx) >> 23)));
+        const float f = __uint_as_float((unsigned)fb << 23);
+        row_scale[i] = row_scale[i] / f;  // exact: f is a power of two
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const unsigned w = qa[ks][2 * hf + i];
+                qa[ks][2 * hf + i] = pack2(__uint_as_float(w << 16) * f, __uint_as_float(w & 0xffff0000u) * f);
+            }
+    }
+#endif
 #endif
 
     float o[DTILES][4];
@@ -586,17 +659,21 @@ __device__ __forceinline__ void attention_rows(
     float m[2] = {PA_NEG_INF, PA_NEG_INF}, l[2] = {0.f, 0.f};
 
     const int ntiles = (key_hi - key_lo + PA_NT - 1) / PA_NT;
+    const kv_t* zero_src = pv.base;  // any valid address: cp.async with 0 source bytes reads nothing
 #if KV_FP8
-    // the codes go through their own PA_STAGES-deep ring of raw tiles ([PA_STAGES][K, V][PA_NT]
-    // [HEAD_DIM] bytes, after one DTYPE K/V tile), filled by cp.async like the DTYPE tiles; each
-    // iteration converts its raw tile into the one DTYPE tile the mma code reads
-    static_assert(2 * PA_TILE_ELEMS * (int)sizeof(elem_t) + PA_STAGES * 2 * PA_TILE_ELEMS <= PA_SMEM_BYTES, "FP8 raw ring");
+    // Shared memory: one float16 V tile, then a RING-deep ring of raw tiles ([RING][K, V][PA_NT]
+    // [HEAD_DIM] codes, 16-byte chunks swizzled by raw_off) filled by cp.async: twice the tiles of
+    // the 16-bit pool in flight in the same bytes. S = Q K^T reads its codes straight from the
+    // raw K tile (fragment layout of q_dim); each iteration converts the raw V tile into the
+    // float16 one, which P V reads with ldmatrix.trans.
+    constexpr int RING = 2 * PA_STAGES - 1;
+    static_assert(PA_TILE_ELEMS * (int)sizeof(elem_t) + RING * 2 * PA_TILE_ELEMS <= PA_SMEM_BYTES, "FP8 raw ring");
     constexpr int RCH = HEAD_DIM / 16;  // 16-byte chunks per raw (one byte a code) K/V row
     static_assert(PA_NT * RCH % NTHREADS == 0, "raw tile loads");
-    unsigned char* raw = reinterpret_cast<unsigned char*>(smem) + 2 * PA_TILE_ELEMS * sizeof(elem_t);
-    const kv_t* zero_src = pv.base;  // any valid address: cp.async with 0 source bytes reads nothing
+    static_assert(KSTEPS % 4 == 0, "a lane's K codes of a key are whole 16-byte chunks");
+    unsigned char* raw = reinterpret_cast<unsigned char*>(smem) + PA_TILE_ELEMS * sizeof(elem_t);
 #else
-    const elem_t* zero_src = pv.base;  // any valid address: cp.async with 0 source bytes reads nothing
+    constexpr int RING = PA_STAGES;
     const long long new_v_delta = v_new - k_new;
     (void)k_scale; (void)v_scale;
 #endif
@@ -605,7 +682,7 @@ __device__ __forceinline__ void attention_rows(
         const int kt = key_lo + it * PA_NT;
 #if KV_FP8
         // the tile's codes, 16 per cp.async: keys past key_hi, in no block, or the step's own
-        // token (converted from k/v below) read nothing and stay code 0
+        // token (its codes are written from k/v below) read nothing and stay code 0
         const unsigned rK = smem_u32(raw + stage * 2 * PA_TILE_ELEMS);
         const unsigned rV = rK + PA_TILE_ELEMS;
 #pragma unroll
@@ -617,7 +694,7 @@ __device__ __forceinline__ void attention_rows(
             const int bytes = src ? 16 : 0;
             const kv_t* ks = src ? src + ch * 16 : zero_src;
             const kv_t* vs = src ? ks + pv.v_offset : zero_src;
-            const unsigned off = (unsigned)(r * HEAD_DIM + ch * 16);
+            const unsigned off = (unsigned)raw_off(r, ch);
             cp_async16(rK + off, ks, bytes);
             cp_async16(rV + off, vs, bytes);
         }
@@ -648,55 +725,56 @@ __device__ __forceinline__ void attention_rows(
 #endif
     };
 #if KV_FP8
-    // raw tile `stage` (tile it, landed and visible to the CTA) -> the DTYPE tile: 8 codes ->
-    // 8 values (sm_89+: cvt.rn.f16x2.e4m3x2) -> one 16-byte store into the swizzled layout; the
-    // step's own token is its k/v rounded through the code (what the pool slot holds once written)
+    // raw V tile `stage` (tile it, landed and visible to the CTA) -> the float16 V tile: 8 codes
+    // -> their 8 exact float16 values (sm_89+: four cvt.rn.f16x2.e4m3x2) -> one 16-byte store
+    // into the swizzled layout. The step's own token gets its k/v's codes (what the pool slot
+    // holds once written): its V codes converted here, its K codes written into the raw K tile.
     auto convert_tile = [&](int it, int stage) {
         const int kt = key_lo + it * PA_NT;
-        const unsigned char* rK = raw + stage * 2 * PA_TILE_ELEMS;
-#pragma unroll
+        unsigned char* rK = raw + stage * 2 * PA_TILE_ELEMS;
+#pragma unroll 2  // not fully: its hoisted offsets made the decode kernel spill (sm_90, head_dim 128)
         for (int j = 0; j < PA_NT * PA_CHUNKS / NTHREADS; ++j) {
             const int i = tid + j * NTHREADS;
             const int r = i / PA_CHUNKS, ch = i % PA_CHUNKS;
-            elem_t* dK = sbuf + swz(r, ch);
-            uint4 kx, vx;
+            const int off = raw_off(r, ch >> 1) + (ch & 1) * 8;
+            uint2 vc;
             if (kt + r == new_key) {
-                kx = kv_roundtrip8(k_new_smem != nullptr ? *reinterpret_cast<const uint4*>(k_new_smem + ch * 8)
-                                                         : __ldg(reinterpret_cast<const uint4*>(k_new + ch * 8)), k_scale);
-                vx = kv_roundtrip8(__ldg(reinterpret_cast<const uint4*>(v_new + ch * 8)), v_scale);
-            } else {  // code 0 reads +0: the plugin refuses scales that are not finite and > 0
-                const int off = r * HEAD_DIM + ch * 8;
-                kx = kv_dequant8(*reinterpret_cast<const unsigned long long*>(rK + off), k_scale);
-                vx = kv_dequant8(*reinterpret_cast<const unsigned long long*>(rK + PA_TILE_ELEMS + off), v_scale);
+                const unsigned long long k8 = kv_quant8(k_new_smem != nullptr ? *reinterpret_cast<const uint4*>(k_new_smem + ch * 8)
+                                                                              : __ldg(reinterpret_cast<const uint4*>(k_new + ch * 8)), k_scale);
+                const unsigned long long v8 = kv_quant8(__ldg(reinterpret_cast<const uint4*>(v_new + ch * 8)), v_scale);
+                *reinterpret_cast<unsigned long long*>(rK + off) = k8;
+                vc = make_uint2((unsigned)v8, (unsigned)(v8 >> 32));
+            } else {  // code 0 reads +0
+                vc = *reinterpret_cast<const uint2*>(rK + PA_TILE_ELEMS + off);
             }
-            *reinterpret_cast<uint4*>(dK) = kx;
-            *reinterpret_cast<uint4*>(dK + PA_TILE_ELEMS) = vx;
+            *reinterpret_cast<uint4*>(sbuf + swz(r, ch)) = kv_f16x8(vc);
         }
     };
 #endif
 
 #pragma unroll
-    for (int s = 0; s < PA_STAGES - 1; ++s) {
+    for (int s = 0; s < RING - 1; ++s) {
         if (s < ntiles) load_tile(s, s);
         cp_async_commit();
     }
 
     for (int it = 0; it < ntiles; ++it) {
         {
-            const int nx = it + PA_STAGES - 1;
-            if (nx < ntiles) load_tile(nx, nx % PA_STAGES);
+            const int nx = it + RING - 1;
+            if (nx < ntiles) load_tile(nx, nx % RING);
             cp_async_commit();
         }
-        cp_async_wait<PA_STAGES - 1>();
+        cp_async_wait<RING - 1>();
         __syncthreads();
 #if KV_FP8
-        convert_tile(it, it % PA_STAGES);
+        convert_tile(it, it % RING);
         __syncthreads();
-        const elem_t* sK = sbuf;  // the one DTYPE tile
+        const unsigned char* rK = raw + (it % RING) * 2 * PA_TILE_ELEMS;
+        const elem_t* sV = sbuf;  // the float16 V tile
 #else
         const elem_t* sK = sbuf + (it % PA_STAGES) * 2 * PA_TILE_ELEMS;
-#endif
         const elem_t* sV = sK + PA_TILE_ELEMS;
+#endif
         const int kt = key_lo + it * PA_NT;
 
         // S = Q K^T over this warp's NW keys
@@ -704,6 +782,22 @@ __device__ __forceinline__ void attention_rows(
 #pragma unroll
         for (int nt = 0; nt < NW / 8; ++nt) {
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#if KV_FP8
+            // the B fragments of key r (column g): lane c's codes of k-step ks are the 4 bytes at
+            // q_dim(ks, 0, c), KSTEPS / 4 consecutive 16-byte chunks for all its k-steps
+            const int r = wn * NW + nt * 8 + g;
+#pragma unroll
+            for (int x = 0; x < KSTEPS / 4; ++x) {
+                unsigned wv[4];
+                lds128(wv, smem_u32(rK + raw_off(r, (KSTEPS / 4) * c + x)));
+#pragma unroll
+                for (int y = 0; y < 4; ++y) {
+                    unsigned b0, b1;
+                    kv_f16x4(wv[y], b0, b1);
+                    mma16816(s[nt], qa[4 * x + y], b0, b1);
+                }
+            }
+#else
             const int r = wn * NW + nt * 8 + (lane & 7);
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ks += 2) {
@@ -712,6 +806,7 @@ __device__ __forceinline__ void attention_rows(
                 mma16816(s[nt], qa[ks], bk[0], bk[1]);
                 mma16816(s[nt], qa[ks + 1], bk[2], bk[3]);
             }
+#endif
         }
         // mask, online softmax (log2 domain)
         float mx[2] = {m[0], m[1]};
@@ -721,7 +816,7 @@ __device__ __forceinline__ void attention_rows(
             for (int j = 0; j < 4; ++j) {
                 const int i = j >> 1;
                 const int key = kt + wn * NW + nt * 8 + 2 * c + (j & 1);
-                const float x = (key >= kmin[i] && key <= kmax[i]) ? pa_score(s[nt][j], scale_log2, cap) : PA_NEG_INF;
+                const float x = (key >= kmin[i] && key <= kmax[i]) ? pa_score(s[nt][j], row_scale[i], cap) : PA_NEG_INF;
                 s[nt][j] = x;
                 mx[i] = fmaxf(mx[i], x);
             }
@@ -770,7 +865,7 @@ __device__ __forceinline__ void attention_rows(
                 mma16816(o[dt + 1], pa, bv[2], bv[3]);
             }
         }
-        __syncthreads();  // the stage (KV_FP8: the DTYPE tile) is overwritten by the next iteration
+        __syncthreads();  // the stage (KV_FP8: the float16 tile) is overwritten by the next iteration
     }
     cp_async_wait<0>();
     __syncthreads();
@@ -816,6 +911,9 @@ __device__ __forceinline__ void attention_rows(
             ot += f * so[(w * M + r) * HEAD_DIM + d];
         }
         const int hq = h * G + R % G;
+#if KV_FP8
+        ot *= v_scale;  // P * codes, times v_scale: the values read (linear, so partial outputs too)
+#endif
         if (part_o == nullptr) {
             out[((long long)(q_tok0 + R / G) * Hq + hq) * HEAD_DIM + d] = from_f32(ot / lt);
         } else {

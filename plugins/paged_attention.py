@@ -52,8 +52,14 @@ per element, with one float32 scale per layer for the keys
   nearest even, **saturating** to +-448 (a plain ml_dtypes ``float8_e4m3fn`` cast turns a
   magnitude above 464 into NaN; trtcore saturates, as TensorRT's FP8 quantization and
   :func:`trtcore.fp8.quantize`); ``x`` is the key after fused RoPE when there is one;
-* read: ``dtype(float32(code) * scale)`` -- the float32 product rounded once to q's dtype, the
-  value attention then computes with exactly as it does with a 16-bit pool.
+* read: ``float32(code) * scale`` -- never rounded to q's dtype. This is FlashInfer's contract for
+  its ``k_scale`` / ``v_scale`` (the scales fold into the softmax scale and the output): the
+  tensor-core kernels multiply the codes themselves, as float16 (every E4M3 value is one, and
+  E4M3 -> float16 is one instruction per pair on sm_89+), apply ``k_scale`` to the scores and
+  ``v_scale`` to the output, and round the probabilities to float16 for ``P V``. A bfloat16 q
+  is scaled per row by a power of two (its largest element then in ``[2^14, 2^15)``, no
+  overflow) and rounded to float16 once, exactly down to ``2^-29`` of that element. The
+  CUDA-core kernel (head_dim not 64 / 128) forms the float32 products.
 
 Every key and value attention uses is a value *read*, the step's own new tokens included (the
 decode kernel, which takes its token from k/v rather than from the pool, rounds it through the
@@ -542,7 +548,7 @@ class PagedAttentionPlugin(Plugin):
         to their dtype) before the attention, exactly as the two plugins in a row compute it.
         With ``kv_fp8`` the pool is E4M3 (``ml_dtypes.float8_e4m3fn``): the step's k/v are
         written as :meth:`quantize_kv` codes and every key/value, the step's own included, is
-        read back as :meth:`dequantize_kv` (module docstring, "FP8 KV cache").
+        read back as :meth:`dequantize_kv` (float32, module docstring, "FP8 KV cache").
 
         Raises:
             PluginError: inconsistent shapes, dtypes, ``query_start_loc``/``seq_lens`` or a
@@ -607,7 +613,7 @@ class PagedAttentionPlugin(Plugin):
             keys = layer[blocks[kpos // bs], 0, :, kpos % bs]  # [seq, Hkv, D]
             vals = layer[blocks[kpos // bs], 1, :, kpos % bs]
             if self.kv_fp8:
-                keys, vals = self.dequantize_kv(keys, self.k_scale, q.dtype), self.dequantize_kv(vals, self.v_scale, q.dtype)
+                keys, vals = self.dequantize_kv(keys, self.k_scale), self.dequantize_kv(vals, self.v_scale)
             keys, vals = keys.astype(np.float32), vals.astype(np.float32)
             qb = q[q0:q1].astype(np.float32).reshape(qlen, hkv, g, D).transpose(1, 2, 0, 3)  # [Hkv, G, qlen, D]
             scores = np.matmul(qb, keys.transpose(1, 2, 0)[:, None]) * scale  # [Hkv, G, qlen, seq]
@@ -637,16 +643,17 @@ class PagedAttentionPlugin(Plugin):
         return _fp8_quantize(x, np.float32(scale)).view(_E4M3)
 
     @staticmethod
-    def dequantize_kv(codes: np.ndarray, scale: float, dtype: Any) -> np.ndarray:
-        """What attention reads from E4M3 ``codes``: ``dtype(float32(code) * float32(scale))``
-        (the float32 product rounded once to ``dtype``, the model's float16/bfloat16).
+    def dequantize_kv(codes: np.ndarray, scale: float) -> np.ndarray:
+        """What attention reads from E4M3 ``codes`` (``ml_dtypes.float8_e4m3fn`` or their
+        ``uint8`` bytes): ``float32(code) * float32(scale)``, not rounded to the model's dtype
+        (FlashInfer's ``k_scale`` / ``v_scale``; module docstring, "FP8 KV cache").
 
         Returns:
-            array of ``codes``' shape and ``dtype``.
+            float32 array of ``codes``' shape.
         """
         c = np.asarray(codes)
         c = c.view(_E4M3) if c.dtype == _UINT8 else c
-        return (c.astype(np.float32) * np.float32(scale)).astype(dtype)
+        return c.astype(np.float32) * np.float32(scale)
 
     # --- kernels ---------------------------------------------------------------------------------
 

@@ -3,8 +3,8 @@
 
 The contract (plugins/paged_attention.py, "FP8 KV cache"): the pool holds
 ``code = e4m3(clip(float32(x) / scale, -448, 448))`` (round to nearest even, saturating) and
-attention reads ``dtype(float32(code) * scale)``, for every key and value -- the step's own new
-tokens included.
+attention reads ``float32(code) * scale``, never rounded to the model dtype (FlashInfer's
+``k_scale`` / ``v_scale``), for every key and value -- the step's own new tokens included.
 
 CPU (CI): the reference against a float64 attention written here over K/V rounded through E4M3
 with ml_dtypes (not through trtcore's quantizer), on mixed batches of prefills, chunked prefills
@@ -16,12 +16,14 @@ GPU (marker ``gpu``; skip without CuPy or a GPU): ``enqueue`` with the ``KV_FP8`
 the reference, float16 and bfloat16, head_dim 64 / 128 (tensor cores) and 96 (the CUDA-core
 kernel), decodes with many splits. The pool after the step must equal the reference's pool bit
 for bit (the kernels' E4M3 conversion is the reference's). The output tolerance is the 16-bit
-pool's (tests/test_paged_attention.py): kernel and reference attend over the *same* dequantized
-values (both round ``float32(code) * scale`` once to the dtype), so what is left is the tensor-core
-kernels' rounding of each probability to the dtype and the two final roundings:
-``|got - ref| <= 2u (|ref| + max|v|)`` with ``max|v|`` over the dequantized values; and against
-the float64 attention over the same E4M3 values the relative norm error is the dtype's (2e-3
-float16, 1e-2 bfloat16).
+pool's (tests/test_paged_attention.py): kernel and reference attend over the *same* values
+(``code * scale``: the kernels multiply the exact float16 codes and scale the scores and the
+output, the reference multiplies float32 products; a bfloat16 q reaches float16 exactly after
+its power-of-two row scaling), so what is left is the tensor-core kernels' rounding of each
+probability to float16 and the two final roundings: ``|got - ref| <= 2u (|ref| + max|v|)`` with
+``max|v|`` over the values read; and against the float64 attention over the same E4M3 values the
+relative norm error is the dtype's (2e-3 float16, 1e-2 bfloat16). Rows of q far from 1 in
+magnitude (1e-6, 1e4) check that power-of-two scaling: float16 would flush or overflow them.
 """
 
 from __future__ import annotations
@@ -59,11 +61,10 @@ def e4m3_codes(x: np.ndarray, scale: float) -> np.ndarray:
     return np.clip(y, -448.0, 448.0).astype(E4M3)
 
 
-def read_values(codes: np.ndarray, scale: float, dtype: np.dtype) -> np.ndarray:
-    """What attention reads: the exact float64 product code * scale, rounded to float32 then to
-    the model dtype (the formula's ``dtype(float32(code) * scale)``; the float64 product of a 4-bit
-    and a 24-bit significand is exact)."""
-    return (codes.astype(np.float64) * float(np.float32(scale))).astype(np.float32).astype(dtype)
+def read_values(codes: np.ndarray, scale: float) -> np.ndarray:
+    """What attention reads: the exact float64 product code * scale (the float64 product of a
+    4-bit and a 24-bit significand is exact), not rounded to the model dtype."""
+    return codes.astype(np.float64) * float(np.float32(scale))
 
 
 class Fp8Case(Case):
@@ -87,12 +88,12 @@ class Fp8Case(Case):
     def dequantized(self) -> Case:
         """A plain (16-bit) case holding the values attention reads: cached and new K/V."""
         c = copy.copy(self)
-        pool = np.empty(self.pool.shape, self.dtype)
-        pool[:, :, 0] = read_values(self.pool[:, :, 0], self.k_scale, self.dtype)
-        pool[:, :, 1] = read_values(self.pool[:, :, 1], self.v_scale, self.dtype)
+        pool = np.empty(self.pool.shape, np.float64)
+        pool[:, :, 0] = read_values(self.pool[:, :, 0], self.k_scale)
+        pool[:, :, 1] = read_values(self.pool[:, :, 1], self.v_scale)
         c.pool = pool
-        c.k = read_values(e4m3_codes(self.k, self.k_scale), self.k_scale, self.dtype)
-        c.v = read_values(e4m3_codes(self.v, self.v_scale), self.v_scale, self.dtype)
+        c.k = read_values(e4m3_codes(self.k, self.k_scale), self.k_scale)
+        c.v = read_values(e4m3_codes(self.v, self.v_scale), self.v_scale)
         return c
 
     def attention_f64(self, softcap: bool = True) -> np.ndarray:
@@ -185,9 +186,14 @@ def test_quantize_kv_saturates_rounds_to_nearest_even() -> None:
     assert np.isnan(got.astype(np.float32)[-1])
     assert np.isnan(x[5:6].astype(E4M3).astype(np.float32)).all(), "ml_dtypes' plain cast is NaN above 464 (why trtcore clips)"
     np.testing.assert_array_equal(PagedAttentionPlugin.quantize_kv(np.array([9.0, 1e5], np.float32), 0.5).astype(np.float32), [18.0, 448.0])
-    # what attention reads: float32 product, rounded once to the dtype
-    codes = np.array([0.0, 3.5, -448.0], np.float32).astype(E4M3)
-    np.testing.assert_array_equal(PagedAttentionPlugin.dequantize_kv(codes, 0.1, BF16), (np.array([0.0, 3.5, -448.0], np.float32) * np.float32(0.1)).astype(BF16))
+    # what attention reads: the exact product rounded to float32, not to the model dtype (3.5 *
+    # float32(0.1) is 0.35 in float32, 0.3496 in bfloat16); uint8 bytes read as the same codes
+    codes = np.array([0.0, 3.5, -448.0, 2.0**-9], np.float32).astype(E4M3)
+    got = PagedAttentionPlugin.dequantize_kv(codes, 0.1)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, (np.array([0.0, 3.5, -448.0, 2.0**-9], np.float64) * float(np.float32(0.1))).astype(np.float32))
+    assert got[1] != np.float32(got[1].astype(BF16))
+    np.testing.assert_array_equal(PagedAttentionPlugin.dequantize_kv(codes.view(np.uint8), 0.1), got)
 
 
 def test_fp8_fields_dtypes_and_validation() -> None:
@@ -269,6 +275,40 @@ def test_gpu_fp8_long_sequences(specs, hkv: int, g: int, d: int, dtype: np.dtype
     case = Fp8Case(specs, bs=16, hkv=hkv, g=g, d=d, dtype=dtype, num_layers=2, layer=0, seed=seed_of("fp8_long", specs), k_scale=0.0123, v_scale=0.009)
     assert case.plugin.num_splits(case.B, case.hq, case.block_tables.shape[1], dtype) > 1 or specs[0][0] < 4000
     check_fp8_gpu(case)
+
+
+def q_gain_case(gain: float) -> Fp8Case:
+    """A bfloat16 case whose q is ``gain`` times larger and whose keys (cached and new) are
+    ``gain`` times smaller, through k_scale (the pool's codes stay): the scores are unchanged,
+    O(1). q far from 1 in magnitude is what the tensor-core kernels' float16 q must survive:
+    1e5 overflows float16 (65504), 1e-6 is a float16 subnormal with 4 significant bits."""
+    case = fp8_case("mixed_gqa8", 16, BF16, "small")
+    case.q = (case.q.astype(np.float64) * gain).astype(BF16)
+    case.k = (case.k.astype(np.float64) / gain).astype(BF16)
+    case.k_scale = float(np.float32(case.k_scale / gain))
+    case.plugin = dataclasses.replace(case.plugin, k_scale=case.k_scale)
+    return case
+
+
+@pytest.mark.parametrize("gain", [1e-6, 1e5], ids=["tiny_q", "huge_q"])
+def test_reference_fp8_q_far_from_one(gain: float) -> None:
+    """The reference over such a case is the float64 attention's (the case itself is consistent:
+    same codes, scores of order 1)."""
+    case = q_gain_case(gain)
+    pool = case.pool.copy()
+    (out,) = case.plugin.reference(*case.inputs(pool))
+    np.testing.assert_array_equal(bits(pool), bits(case.expected_pool()))
+    want = case.attention_f64()
+    bound = UNIT_ROUNDOFF[BF16] * np.abs(want) + 1e-5 * (np.abs(want) + case.vmax())
+    assert (np.abs(out.astype(np.float64) - want) <= bound).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gain", [1e-6, 1e5], ids=["tiny_q", "huge_q"])
+def test_gpu_fp8_bfloat16_q_far_from_one(gain: float) -> None:
+    """The tensor-core kernels scale each bfloat16 q row by a power of two before rounding it to
+    float16: without it 1e5 would be inf (NaN output) and 1e-6 would keep 4 bits."""
+    check_fp8_gpu(q_gain_case(gain))
 
 
 @pytest.mark.gpu
