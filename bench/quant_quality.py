@@ -11,6 +11,8 @@ Variants:
 * ``rtn-w4-g64`` / ``rtn-w4-g32``: ``trtcore quantize --bits 4 --group-size 64 / 32``;
 * ``awq-w4-g64`` / ``awq-w4-g32``: the same with ``--method awq`` (trtcore's own calibration
   text, ``trtcore/data/calibration.txt``, 512 tokens: not the scored passage);
+* ``rtn-mse-w4-g64`` / ``rtn-mse-w4-g32`` / ``awq-mse-w4-g64``: the same with ``--observer mse``
+  (each group's range shrunk to minimize its error, GPTQ's / llm-compressor's MSE observer);
 * ``fp8-channel-static``: ``trtcore quantize --method fp8`` (E4M3 weights with per-channel
   scales, activations with static per-tensor scales calibrated on the same 512 tokens);
 * ``fp8-tensor-dynamic``: ``--method fp8 --strategy tensor --activations dynamic`` (vLLM's
@@ -58,6 +60,9 @@ VARIANTS: list[tuple[str, int, dict[str, Any] | None]] = [
     ("rtn-w4-g32", 4, {"bits": 4, "group_size": 32}),
     ("awq-w4-g64", 4, {"method": "awq", "bits": 4, "group_size": 64}),
     ("awq-w4-g32", 4, {"method": "awq", "bits": 4, "group_size": 32}),
+    ("rtn-mse-w4-g64", 4, {"bits": 4, "group_size": 64, "observer": "mse"}),
+    ("rtn-mse-w4-g32", 4, {"bits": 4, "group_size": 32, "observer": "mse"}),
+    ("awq-mse-w4-g64", 4, {"method": "awq", "bits": 4, "group_size": 64, "observer": "mse"}),
     ("fp8-channel-static", 8, {"method": "fp8", "strategy": "channel"}),
     ("fp8-tensor-dynamic", 8, {"method": "fp8", "strategy": "tensor", "activations": "dynamic"}),
     ("fp8-tensor-static", 8, {"method": "fp8", "strategy": "tensor"}),

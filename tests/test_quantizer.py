@@ -27,26 +27,30 @@ from trtcore.quantizer import quantize_checkpoint, quantize_rtn
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def group_grid(x: np.ndarray, bits: int, symmetric: bool, p: float = 1.0) -> np.ndarray:
+    """One group ``x`` dequantized on the RTN grid of its range shrunk by ``p``, float64."""
+    top = 2**bits - 1
+    if symmetric:
+        s = float(np.float32(np.abs(x).max() * p / (2 ** (bits - 1) - 1)))
+        z = 2 ** (bits - 1)
+        s = s if s > 0 else 1.0
+    else:
+        lo, hi = min(x.min(), 0.0) * p, max(x.max(), 0.0) * p
+        s = float(np.float32((hi - lo) / top))
+        s = s if s > 0 else 1.0
+        z = min(max(round(-lo / s), 0), top)
+    q = np.clip(np.round(x / s) + z, 0, top)
+    return (q - z) * s
+
+
 def rtn_reference(w: np.ndarray, bits: int, group_size: int, symmetric: bool) -> np.ndarray:
     """The dequantized RTN weight, float64, group by group with plain loops over rows."""
     n, k = w.shape
     gs = group_size or k
-    top = 2**bits - 1
     out = np.empty((n, k))
     for r in range(n):
         for c0 in range(0, k, gs):
-            x = w[r, c0 : c0 + gs].astype(np.float64)
-            if symmetric:
-                s = float(np.float32(np.abs(x).max() / (2 ** (bits - 1) - 1)))
-                z = 2 ** (bits - 1)
-            else:
-                lo, hi = min(x.min(), 0.0), max(x.max(), 0.0)
-                s = float(np.float32((hi - lo) / top))
-                s = s if s > 0 else 1.0
-                z = min(max(round(-lo / s), 0), top)
-            s = s if s > 0 else 1.0
-            q = np.clip(np.round(x / s) + z, 0, top)
-            out[r, c0 : c0 + gs] = (q - z) * s
+            out[r, c0 : c0 + gs] = group_grid(w[r, c0 : c0 + gs].astype(np.float64), bits, symmetric)
     return out
 
 
@@ -65,6 +69,67 @@ def test_rtn_equals_the_float64_grid(bits: int, group_size: int, symmetric: bool
     amax = np.abs(w).max(axis=1)
     half_step = amax / (2**bits - 1) if not symmetric else amax / (2 * (2 ** (bits - 1) - 1))
     assert (err <= half_step * (1 + 1e-6) + 1e-12).all()
+
+
+def mse_reference(w: np.ndarray, bits: int, group_size: int, symmetric: bool) -> np.ndarray:
+    """The ``"mse"`` observer's dequantized weight, float64, written here from its definition
+    (GPTQ's ``find_params(mse=True)``: grid 100, shrink down to 0.8, norm 2.4): per group, every
+    shrink ``p = 1 - i / 100`` (i < 20) of the min-max range, the RTN grid of ``p * range``, the
+    first ``p`` with the least ``sum |dequantized - w| ** 2.4``."""
+    n, k = w.shape
+    gs = group_size or k
+    out = np.empty((n, k))
+    for r in range(n):
+        for c0 in range(0, k, gs):
+            x = w[r, c0 : c0 + gs].astype(np.float64)
+            best, best_err = None, np.inf
+            for i in range(20):
+                deq = group_grid(x, bits, symmetric, 1.0 - i / 100)
+                err = float((np.abs(deq - x) ** 2.4).sum())
+                if err < best_err:
+                    best, best_err = deq, err
+            out[r, c0 : c0 + gs] = best
+    return out
+
+
+@pytest.mark.parametrize(("bits", "group_size", "symmetric"), [(4, 32, False), (4, 16, True), (8, 0, True)])
+def test_mse_observer_equals_its_float64_search_and_never_loses_to_minmax(bits: int, group_size: int, symmetric: bool) -> None:
+    rng = np.random.default_rng()
+    # heavy tails (Student t, 3 degrees of freedom): the outliers a shrunk range clips
+    w = rng.standard_t(3, (24, 64)) * rng.uniform(0.01, 1.0, (24, 1))
+    w[3, :32] = 0.0
+    mse = quantize_rtn(w, bits, group_size, symmetric, observer="mse").dequantize()
+    np.testing.assert_array_equal(mse, mse_reference(w, bits, group_size, symmetric))
+    minmax = quantize_rtn(w, bits, group_size, symmetric).dequantize()
+    gs = group_size or w.shape[1]
+
+    def group_err(d: np.ndarray) -> np.ndarray:
+        return (np.abs(d - w) ** 2.4).reshape(w.shape[0], -1, gs).sum(axis=2)
+
+    assert (group_err(mse) <= group_err(minmax)).all()
+    if bits == 4:  # on heavy tails some group gains
+        assert (group_err(mse) < group_err(minmax)).any()
+    with pytest.raises(InvalidArgumentError, match="observer must be one of"):
+        quantize_rtn(w, bits, group_size, symmetric, observer="percentile")
+
+
+def test_mse_observer_checkpoint_records_it_and_holds_its_scales(tmp_path: Path) -> None:
+    """``--observer mse``: compressed-tensors' ``observer`` field says so, and the checkpoint
+    holds the observer's scales (not min-max's)."""
+    src = _tiny(tmp_path)
+    assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--group-size", "32", "--observer", "mse"]) == 0
+    cfg = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
+    assert cfg["config_groups"]["group_0"]["weights"]["observer"] == "mse"
+    plain = quantize_checkpoint(src, tmp_path / "p", group_size=32)
+    assert json.loads((plain / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]["observer"] == "minmax"
+    w = load_file(str(src / "model.safetensors"))["model.layers.0.mlp.down_proj.weight"].astype(np.float64)
+    got = load_file(str(tmp_path / "q" / "model.safetensors"))
+    assert not np.array_equal(
+        got["model.layers.0.mlp.down_proj.weight_scale"], load_file(str(plain / "model.safetensors"))["model.layers.0.mlp.down_proj.weight_scale"]
+    )
+    np.testing.assert_array_equal(quantize_rtn(w, 4, 32, observer="mse").scales, got["model.layers.0.mlp.down_proj.weight_scale"])
+    with pytest.raises(InvalidArgumentError, match=r"observer='mse' does not apply to method 'fp8'"):
+        quantize_checkpoint(src, tmp_path / "f", method="fp8", observer="mse")
 
 
 def _tiny(tmp_path: Path) -> Path:
@@ -196,7 +261,9 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
         quantize_checkpoint(src, tmp_path / "q", method="awq", calibration_tokens=0)
     # calibration tokenizes a text: a model without tokenizer.json is refused before any work
     for method, extra, hint in [("awq", {}, "use --method rtn$"), ("fp8", {"activations": "static"}, "or --activations dynamic$")]:
-        with pytest.raises(InvalidArgumentError, match=rf"{method} calibration tokenizes its text .* no tokenizer\.json; give calibration_ids .*{hint}"):
+        with pytest.raises(
+            InvalidArgumentError, match=rf"{method} calibration tokenizes its text .* no tokenizer\.json; give calibration_ids .*{hint}"
+        ):
             quantize_checkpoint(src, tmp_path / "q", method=method, **extra)
     # the output may not be (or lie inside) the model folder: replacing it would delete the model
     before = sorted(p.name for p in src.iterdir())

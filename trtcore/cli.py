@@ -188,6 +188,12 @@ def _parser() -> argparse.ArgumentParser:
         help="input features per scale; 0 for one scale per output channel (default: the largest of 128/64/32 dividing the K of every linear)",
     )
     q.add_argument("--symmetric", action="store_true", help="no zero points")
+    q.add_argument(
+        "--observer",
+        choices=["minmax", "mse"],
+        default=None,
+        help="rtn, awq: each group's range as it is (minmax), or shrunk to minimize its error (mse: GPTQ's / llm-compressor's grid search); default minmax",
+    )
     q.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
 
     k = sub.add_parser("check", help="compare trtcore's logits with Hugging Face transformers'")
@@ -328,6 +334,7 @@ def _quantize(args: argparse.Namespace) -> int:
         bits=args.bits,
         group_size=args.group_size,
         symmetric=args.symmetric,
+        observer=args.observer,
         overwrite=args.overwrite,
         calibration=args.calibration,
         calibration_tokens=args.calibration_tokens,

@@ -16,7 +16,12 @@ float64, with ``b`` bits (``L = 2**b - 1``):
 
 ``s`` is stored as float32 (a group of zeros gets ``s = 1``), and the codes are
 ``q = clip(round(w / s) + z, 0, L)`` with that stored ``s``, so ``(q - z) * s`` is the nearest
-point of the group's grid that the stored scale defines. RTN is the baseline of GPTQ (Frantar
+point of the group's grid that the stored scale defines. That is the ``"minmax"`` observer
+(compressed-tensors' ``observer`` field). The ``"mse"`` observer shrinks each group's range
+first: ``lo``, ``hi`` (symmetric: ``max|w|``) times the ``p`` of ``1, 0.99, ..., 0.81`` whose grid
+minimizes ``sum |(q - z) s - w| ** 2.4`` over the group (the largest such ``p``): GPTQ's
+``Quantizer.find_params(mse=True)`` and llm-compressor's MSE observer (grid 100, maxshrink 0.2,
+norm 2.4). Clipping a few outliers buys a finer grid for the rest. RTN is the baseline of GPTQ (Frantar
 et al. 2022, arXiv:2210.17323) and AWQ (Lin et al. 2023, arXiv:2306.00978), both of which use
 calibration data. With ``method="awq"`` each linear is RTN-quantized after its input channels
 are multiplied by AWQ's scale, and the inverse scale is folded into the norm or linear that
@@ -64,7 +69,7 @@ from .fp8 import E4M3, WEIGHT_STRATEGIES, Fp8Weight, amax_scale, quantize_weight
 from .quant_formats.packing import pack_int32
 from .quantization import QuantizedWeight
 
-__all__ = ["GROUP_SIZES", "METHODS", "common_group_size", "fp8_input_amax", "fp8_tensors", "quantize_checkpoint", "quantize_rtn"]
+__all__ = ["GROUP_SIZES", "METHODS", "OBSERVERS", "common_group_size", "fp8_input_amax", "fp8_tensors", "quantize_checkpoint", "quantize_rtn"]
 
 #: ``trtcore quantize --method`` values implemented
 METHODS = ("rtn", "awq", "fp8")
@@ -78,7 +83,52 @@ _SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json
 GROUP_SIZES = (128, 64, 32)
 
 
-def quantize_rtn(weight: np.ndarray, bits: int, group_size: int = 128, symmetric: bool = False) -> QuantizedWeight:
+#: ``observer`` values: how a group's range is chosen (compressed-tensors' ``QuantizationArgs.observer``)
+OBSERVERS = ("minmax", "mse")
+#: the ``"mse"`` observer's shrink grid: ``p = 1 - i / MSE_GRID`` for ``i < MSE_MAXSHRINK * MSE_GRID``,
+#: and the error's norm (GPTQ's ``Quantizer.find_params`` with ``mse=True``, llm-compressor's MSE
+#: observer: grid 100, maxshrink 0.2, norm 2.4)
+MSE_GRID, MSE_MAXSHRINK, MSE_NORM = 100, 0.2, 2.4
+#: ``quantize_checkpoint``'s observer when none is given
+DEFAULT_OBSERVER = "minmax"
+#: rows quantized at once (bounds the float64 temporaries of an 8B model's large linears)
+_ROW_BLOCK = 2048
+
+
+def _rtn_groups(g: np.ndarray, bits: int, symmetric: bool, shrink: np.ndarray | float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """RTN of groups ``g [n, G, gs]`` (float64) with ranges shrunk by ``shrink`` (``[n, G]`` or a
+    number): ``(float32 scales [n, G], zero points [n, G] (float64), codes [n, G, gs] float64)``
+    (formulas: module docstring)."""
+    top = (1 << bits) - 1
+    if symmetric:
+        scale = np.abs(g).max(axis=2) * shrink / ((1 << (bits - 1)) - 1)
+    else:
+        lo, hi = np.minimum(g.min(axis=2), 0.0) * shrink, np.maximum(g.max(axis=2), 0.0) * shrink
+        scale = (hi - lo) / top
+    scale32 = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    s = scale32.astype(np.float64)
+    zero = np.full(s.shape, float(1 << (bits - 1))) if symmetric else np.clip(np.round(-lo / s), 0, top)
+    codes = np.clip(np.round(g / s[..., None]) + zero[..., None], 0, top)
+    return scale32, zero, codes
+
+
+def _mse_shrink(g: np.ndarray, bits: int, symmetric: bool) -> np.ndarray:
+    """The ``"mse"`` observer: per group of ``g [n, G, gs]``, the shrink ``p`` of the grid
+    (:data:`MSE_GRID`) whose RTN minimizes ``sum |(q - z) s - w| ** MSE_NORM``; the largest ``p``
+    among equals (``p = 1`` is min-max)."""
+    best_p = np.ones(g.shape[:2])
+    best_err = np.full(g.shape[:2], np.inf)
+    for i in range(int(MSE_MAXSHRINK * MSE_GRID)):
+        p = 1.0 - i / MSE_GRID
+        scale32, zero, codes = _rtn_groups(g, bits, symmetric, p)
+        err = (np.abs((codes - zero[..., None]) * scale32.astype(np.float64)[..., None] - g) ** MSE_NORM).sum(axis=2)
+        better = err < best_err
+        best_p = np.where(better, p, best_p)
+        best_err = np.where(better, err, best_err)
+    return best_p
+
+
+def quantize_rtn(weight: np.ndarray, bits: int, group_size: int = 128, symmetric: bool = False, observer: str = "minmax") -> QuantizedWeight:
     """Round-to-nearest quantization of one ``[N, K]`` weight (formulas: module docstring).
 
     Args:
@@ -86,16 +136,21 @@ def quantize_rtn(weight: np.ndarray, bits: int, group_size: int = 128, symmetric
         bits: 4 or 8.
         group_size: input features per scale; 0 for one scale per output row.
         symmetric: no zero points (``z = 2**(bits-1)``).
+        observer: ``"minmax"`` (each group's range as it is) or ``"mse"`` (each group's range
+            shrunk by the factor of a grid that minimizes its error, :data:`MSE_GRID`; module
+            docstring).
 
     Returns:
         The :class:`~trtcore.quantization.QuantizedWeight` (``float32`` scales and zeros).
 
     Raises:
         InvalidArgumentError: ``bits`` not 4 or 8, a 2-D weight is not given, ``group_size``
-            negative or not dividing ``K``, or a non-finite weight.
+            negative or not dividing ``K``, an unknown ``observer``, or a non-finite weight.
     """
     if bits not in (4, 8):
         raise InvalidArgumentError(f"bits must be 4 or 8, got {bits!r}")
+    if observer not in OBSERVERS:
+        raise InvalidArgumentError(f"observer must be one of {OBSERVERS}, got {observer!r}")
     w = np.asarray(weight, dtype=np.float64)
     if w.ndim != 2:
         raise InvalidArgumentError(f"quantize_rtn takes a [N, K] weight, got shape {w.shape}")
@@ -105,21 +160,17 @@ def quantize_rtn(weight: np.ndarray, bits: int, group_size: int = 128, symmetric
         raise InvalidArgumentError(f"group_size={group_size} must be 0 (per channel) or a positive divisor of K={k}")
     if not np.isfinite(w).all():
         raise InvalidArgumentError("the weight holds a NaN or an infinity; it cannot be quantized")
-    top = (1 << bits) - 1
-    g = w.reshape(n, k // gs, gs)
-    if symmetric:
-        scale = np.abs(g).max(axis=2) / ((1 << (bits - 1)) - 1)
-    else:
-        lo, hi = np.minimum(g.min(axis=2), 0.0), np.maximum(g.max(axis=2), 0.0)
-        scale = (hi - lo) / top
-    scale32 = np.where(scale > 0, scale, 1.0).astype(np.float32)
-    s = scale32.astype(np.float64)
-    if symmetric:
-        zero = np.full(s.shape, float(1 << (bits - 1)))
-    else:
-        zero = np.clip(np.round(-lo / s), 0, top)
-    codes = np.clip(np.round(g / s[..., None]) + zero[..., None], 0, top).astype(np.uint8).reshape(n, k)
-    return QuantizedWeight(codes, scale32, None if symmetric else zero.astype(np.float32), bits, gs)
+    codes = np.empty((n, k), np.uint8)
+    scales = np.empty((n, k // gs), np.float32)
+    zeros = np.empty((n, k // gs), np.float32)
+    for r0 in range(0, n, _ROW_BLOCK):
+        g = w[r0 : r0 + _ROW_BLOCK].reshape(-1, k // gs, gs)
+        shrink = _mse_shrink(g, bits, symmetric) if observer == "mse" else 1.0
+        scale32, zero, q = _rtn_groups(g, bits, symmetric, shrink)
+        codes[r0 : r0 + _ROW_BLOCK] = q.astype(np.uint8).reshape(-1, k)
+        scales[r0 : r0 + _ROW_BLOCK] = scale32
+        zeros[r0 : r0 + _ROW_BLOCK] = zero
+    return QuantizedWeight(codes, scales, None if symmetric else zeros, bits, gs)
 
 
 def compressed_tensors_tensors(prefix: str, qw: QuantizedWeight) -> dict[str, np.ndarray]:
@@ -218,6 +269,7 @@ def _linear_names(config: Any) -> Iterator[str]:
 _USED_BY = {
     "bits": ("rtn", "awq"),
     "group_size": ("rtn", "awq"),
+    "observer": ("rtn", "awq"),
     "calibration": ("awq", "fp8-static"),
     "calibration_tokens": ("awq", "fp8-static"),
     "calibration_ids": ("awq", "fp8-static"),
@@ -248,6 +300,7 @@ def quantize_checkpoint(
     bits: int | None = None,
     group_size: int | None = None,
     symmetric: bool = False,
+    observer: str | None = None,
     overwrite: bool = False,
     calibration: str | os.PathLike[str] | None = None,
     calibration_tokens: int | None = None,
@@ -262,10 +315,11 @@ def quantize_checkpoint(
         model_dir: a Hugging Face model folder (safetensors, one file or sharded).
         output_dir: the folder to write (created; replaced only with ``overwrite``).
         method: ``"rtn"``, ``"awq"`` or ``"fp8"`` (:data:`METHODS`).
-        bits, group_size, symmetric: see :func:`quantize_rtn` (not for ``"fp8"``, whose
+        bits, group_size, symmetric, observer: see :func:`quantize_rtn` (not for ``"fp8"``, whose
             weights are 8-bit E4M3); ``bits=None``: 4; ``group_size=None``: the largest of
             :data:`GROUP_SIZES` that divides the K of every linear (:func:`common_group_size`),
-            recorded in the output's config.
+            recorded in the output's config; ``observer=None``: :data:`DEFAULT_OBSERVER`
+            (recorded in the config as compressed-tensors' ``observer``).
         calibration: ``"awq"`` and static ``"fp8"``: a text file (default
             :data:`trtcore.calibration.DEFAULT_CALIBRATION`).
         calibration_tokens: calibration tokens in all (None: 512).
@@ -307,6 +361,7 @@ def quantize_checkpoint(
         activations or "static",
         bits=bits,
         group_size=group_size,
+        observer=observer,
         calibration=calibration,
         calibration_tokens=calibration_tokens,
         calibration_ids=calibration_ids,
@@ -314,6 +369,9 @@ def quantize_checkpoint(
         activations=activations,
     )
     bits = 4 if bits is None else bits
+    observer = DEFAULT_OBSERVER if observer is None else observer
+    if observer not in OBSERVERS:
+        raise InvalidArgumentError(f"observer must be one of {OBSERVERS}, got {observer!r}")
     calibration_tokens = 512 if calibration_tokens is None else calibration_tokens
     strategy, activations = strategy or "channel", activations or "static"
     if method == "fp8":
@@ -379,7 +437,7 @@ def quantize_checkpoint(
             plan = awq_plan(
                 model_dir,
                 weights,
-                lambda w: quantize_rtn(w, bits, group_size, symmetric).dequantize(),
+                lambda w: quantize_rtn(w, bits, group_size, symmetric).dequantize(),  # the scale search: min-max ranges
                 calibration,
                 calibration_tokens,
                 token_ids=calibration_ids,
@@ -394,7 +452,7 @@ def quantize_checkpoint(
                 scale = amax_scale(amax[name]) if amax else None
                 tensors |= fp8_tensors(name.removesuffix(".weight"), quantize_weight(value, strategy, scale))
                 continue
-            tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(edited, bits, group_size, symmetric))
+            tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(edited, bits, group_size, symmetric, observer))
     raw_config["quantization_config"] = (
         _fp8_config(strategy, activations)
         if method == "fp8"
@@ -410,6 +468,7 @@ def quantize_checkpoint(
                         "symmetric": bool(symmetric),
                         "strategy": "group" if group_size else "channel",
                         "group_size": group_size or None,
+                        "observer": observer,
                     },
                 }
             },
