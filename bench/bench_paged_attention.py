@@ -223,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also time batch-1 decode at these short contexts (block size 16) with each forced split count, e.g. "
         "'192:1,2,3,4,6' (min_keys_per_split lowered so that every count is allowed): the e2e bench's regime",
     )
+    ap.add_argument(
+        "--sweep-at",
+        default="",
+        help="also time these 'CTX:BATCH' decode points (';'-separated, block size 16) with 0 (the heuristic) to 4 forced "
+        "splits and 2 / 3 ring stages, the FP8 pool too with --kv-fp8",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -296,6 +302,23 @@ def main(argv: list[str] | None = None) -> int:
         pa.TUNING.clear()
         pa.TUNING.update(base)
         result["short_decode"] = short
+    if args.sweep_at:
+        at = []
+        base = dict(pa.TUNING)
+        for spec in args.sweep_at.split(";"):
+            ctx, batch = (int(x) for x in spec.split(":"))
+            for kv_fp8 in (False, True) if args.kv_fp8 else (False,):
+                for stages in (2, 3):
+                    for splits in range(5):
+                        pa.TUNING.update(splits=splits, stages=stages, min_keys_per_split=16 if splits else base["min_keys_per_split"])
+                        row = bench_config(torch, ctx, batch, 16, reps=args.reps, sdpa=False, kv_fp8=kv_fp8)
+                        torch.cuda.empty_cache()
+                        row.update(forced_splits=splits, stages=stages, plugin_frac_of_copy=row["plugin_GBps"] / copy_bw)
+                        at.append(row)
+                        print("at", json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        pa.TUNING.clear()
+        pa.TUNING.update(base)
+        result["sweep_at"] = at
     result["elapsed_s"] = time.time() - t0
     if args.out:
         with open(args.out, "w") as f:

@@ -185,6 +185,10 @@ _THREADS = 128
 #: ``max_splits``: at most this many slices per sequence;
 #: ``max_partial_rows``: split partials of at most this many (sequence, query head) rows
 #: (bounds the workspace: rows * (head_dim + 2) * 4 bytes);
+#: ``split_cost_keys``: with at least ``slots`` CTAs unsplit, a slice's fixed cost in keys: the
+#: split count minimizes ``waves * (keys per slice + split_cost_keys)`` (fitted to the H200 at
+#: batch 256, context 256: 1 split 96 us against 2 splits 120 us; at context 4096 it keeps 3,
+#: bench/results/h200-2026-12-03-session10/call5);
 #: ``stages``: K/V shared-memory ring depth (the kernel's ``PA_STAGES``);
 #: ``splits``: > 0 forces that many splits (benchmark sweeps only).
 TUNING: dict[str, Any] = {
@@ -193,6 +197,7 @@ TUNING: dict[str, Any] = {
     "min_keys_per_split": 128,
     "max_splits": 64,
     "max_partial_rows": 1 << 17,
+    "split_cost_keys": 128,
     "stages": 2,
     "splits": 0,
 }
@@ -497,8 +502,9 @@ class PagedAttentionPlugin(Plugin):
 
     def num_splits(self, batch: int, num_q_heads: int, max_blocks_per_seq: int, dtype: Any = _BF16) -> int:
         """Slices along the keys of each decode sequence (flash-decoding), from shapes alone
-        (see :data:`TUNING`): the fewest whose CTAs fill their waves within
-        ``wave_efficiency`` of the best choice, with at least ``min_keys_per_split`` keys of
+        (see :data:`TUNING`): with fewer than ``slots`` CTAs unsplit, the fewest whose CTAs fill
+        their waves within ``wave_efficiency`` of the best choice; with more, the fewest of the
+        least ``waves * (keys per slice + split_cost_keys)``; with at least ``min_keys_per_split`` keys of
         the longest possible sequence per slice, at most ``max_splits``, and what
         ``max_partial_rows`` allows; 1 means no split (no workspace, no reduction kernel)."""
         if not self.uses_tensor_cores(dtype) or batch < 1:
@@ -516,6 +522,14 @@ class PagedAttentionPlugin(Plugin):
         if TUNING["splits"]:
             return max(1, min(int(TUNING["splits"]), limit))
         slots = int(TUNING["slots"])
+        if ctas >= slots:
+            # a full wave without splitting: splits only even out the last wave, and each slice
+            # costs split_cost_keys more; the fewest of the least waves * (keys + cost)
+            def cost(s: int) -> float:
+                return math.ceil(ctas * s / slots) * (max_keys / s + float(TUNING["split_cost_keys"]))
+
+            least = min(cost(s) for s in range(1, limit + 1))
+            return next(s for s in range(1, limit + 1) if cost(s) == least)
 
         def efficiency(s: int) -> float:
             waves = ctas * s / slots
