@@ -266,6 +266,15 @@ def main(argv: list[str] | None = None) -> int:
                         row["sdpa_frac_of_copy"] = row["sdpa_GBps"] / copy_bw
                     result["results"].append(row)
                     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+
+    def forced_row(tag: str, ctx: int, batch: int, splits: int, stages: int, kv_fp8: bool = False) -> dict[str, Any]:
+        """One decode point under the TUNING just set (block size 16, no SDPA peer), printed."""
+        row = bench_config(torch, ctx, batch, 16, reps=args.reps, sdpa=False, kv_fp8=kv_fp8)
+        torch.cuda.empty_cache()
+        row.update(forced_splits=splits, stages=stages, plugin_frac_of_copy=row["plugin_GBps"] / copy_bw)
+        print(tag, json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        return row
+
     if args.sweep:
         sweep = []
         base = dict(pa.TUNING)
@@ -280,11 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         runs += [(4096, 8, 0, 3), (32768, 1, 0, 3), (4096, 64, 0, 3)]  # heuristic splits, 3 stages
         for ctx, batch, splits, stages in runs:
             pa.TUNING.update(splits=splits, stages=stages)
-            row = bench_config(torch, ctx, batch, 16, reps=args.reps, sdpa=False)
-            torch.cuda.empty_cache()
-            row.update(forced_splits=splits, stages=stages, plugin_frac_of_copy=row["plugin_GBps"] / copy_bw)
-            sweep.append(row)
-            print("sweep", json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+            sweep.append(forced_row("sweep", ctx, batch, splits, stages))
         pa.TUNING.clear()
         pa.TUNING.update(base)
         result["sweep"] = sweep
@@ -311,11 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 for stages in (2, 3):
                     for splits in range(5):
                         pa.TUNING.update(splits=splits, stages=stages, min_keys_per_split=16 if splits else base["min_keys_per_split"])
-                        row = bench_config(torch, ctx, batch, 16, reps=args.reps, sdpa=False, kv_fp8=kv_fp8)
-                        torch.cuda.empty_cache()
-                        row.update(forced_splits=splits, stages=stages, plugin_frac_of_copy=row["plugin_GBps"] / copy_bw)
-                        at.append(row)
-                        print("at", json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+                        at.append(forced_row("at", ctx, batch, splits, stages, kv_fp8))
         pa.TUNING.clear()
         pa.TUNING.update(base)
         result["sweep_at"] = at
