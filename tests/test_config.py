@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 
+import numpy as np
 import pytest
 import transformers
 from transformers import AutoConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
@@ -506,6 +508,20 @@ def test_a_file_of_another_kind_says_what_was_expected(tmp_path):
     for load in (load_config, LLM):
         with pytest.raises(ConfigError, match=r"model\.gguf is a GGUF file, not a model folder; .*`trtcore convert --gguf .*model\.gguf --output DIR`"):
             load(gguf)
+    # a safetensors file (the weights, not their folder): the folder is named when it holds a config.json
+    from safetensors.numpy import save_file
+
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"w": np.zeros((2, 2), np.float32)}, str(model / "model.safetensors"))
+    renamed = tmp_path / "weights.st"  # detected by its header, not only by the suffix
+    renamed.write_bytes((model / "model.safetensors").read_bytes())
+    with pytest.raises(ConfigError, match=r"weights\.st is a safetensors weights file, not a model folder; pass the model folder that holds it and its config\.json$"):
+        load_config(renamed)
+    (model / "config.json").write_text("{}")
+    for load in (load_config, LLM):
+        with pytest.raises(ConfigError, match=rf"model\.safetensors is a safetensors weights file, not a model folder; pass {re.escape(str(model))}$"):
+            load(model / "model.safetensors")
     other = tmp_path / "weights.bin"
     other.write_bytes(b"\xc3\x28" + bytes(64))
     with pytest.raises(ConfigError, match=r"weights\.bin.*\(expected a Hugging Face model folder with config\.json, or its config\.json\)"):

@@ -233,6 +233,17 @@ def test_non_integer_bits_and_group_size_are_refused_by_name(config: dict[str, A
         detect_quantization(config)
 
 
+def test_quantization_argument_is_case_insensitive() -> None:
+    """``quantization="FP8"`` is vLLM's ``"fp8"`` (as ``kv_cache_dtype="FP8"`` is ``"fp8"``); a
+    mismatch or an unknown name is refused echoing what was given."""
+    assert detect_quantization(None, "FP8").method == "fp8"
+    assert detect_quantization({"quant_method": "GPTQ", "bits": 4, "group_size": 128}, "Gptq").method == "gptq"
+    with pytest.raises(InvalidArgumentError, match=r"quantization='AWQ', but config\.json has no quantization_config"):
+        detect_quantization(None, "AWQ")
+    with pytest.raises(InvalidArgumentError, match=r"quantization='INT4' is not supported; expected None or one of"):
+        detect_quantization(None, "INT4")
+
+
 def test_integer_strings_are_read_as_integers() -> None:
     """``"bits": "4"`` (hand-edited configs) reads as 4, at the top level and in a dynamic
     override; ``"group_size": null`` leaves the group size to the tensors."""

@@ -637,7 +637,8 @@ def load_config(model_dir_or_config_json: str | os.PathLike[str]) -> ModelConfig
     Raises:
         ConfigError: the file is missing, unreadable, not valid JSON, not an object, or a
             field is missing/invalid; every message names the file. A GGUF file is named as
-            one, with the ``trtcore convert --gguf`` that makes a model folder of it.
+            one, with the ``trtcore convert --gguf`` that makes a model folder of it; a
+            safetensors file as one, with the folder to pass.
         UnsupportedArchitectureError: unknown ``model_type``.
     """
     path = _config_path(model_dir_or_config_json)
@@ -645,10 +646,16 @@ def load_config(model_dir_or_config_json: str | os.PathLike[str]) -> ModelConfig
     if other_file:
         try:
             with path.open("rb") as f:
-                magic = f.read(4)
+                magic = f.read(9)
         except OSError:
             magic = b""
-        if magic == b"GGUF":
+        # safetensors: an 8-byte little-endian header length (a text file's first 8 bytes read
+        # as one are above 2^56), then the JSON header
+        if path.suffix == ".safetensors" or (len(magic) == 9 and magic[8:9] == b"{" and int.from_bytes(magic[:8], "little") < 2**32):
+            folder = path.parent
+            hint = f"pass {folder}" if (folder / CONFIG_NAME).is_file() else f"pass the model folder that holds it and its {CONFIG_NAME}"
+            raise ConfigError(f"{path} is a safetensors weights file, not a model folder; {hint}")
+        if magic[:4] == b"GGUF":
             raise ConfigError(
                 f"{path} is a GGUF file, not a model folder; make a Hugging Face model folder from it with "
                 f"`trtcore convert --gguf {path} --output DIR` and pass DIR"

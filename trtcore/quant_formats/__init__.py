@@ -232,7 +232,8 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
     Args:
         quantization_config: the config object (``ModelConfig.quantization_config``), or None.
         quantization: what the user asked for (``LLM(quantization=...)``, vLLM's name): None
-            to take the config's, else one of :data:`QUANTIZATION_METHODS`.
+            to take the config's, else one of :data:`QUANTIZATION_METHODS` (case-insensitive,
+            as ``kv_cache_dtype`` and config.json's ``quant_method``).
 
     Returns:
         None for an unquantized checkpoint, else the :class:`QuantScheme`.
@@ -243,20 +244,22 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
         InvalidArgumentError: ``quantization`` is unknown, or differs from the config's
             (also when the checkpoint is not quantized).
     """
+    given = quantization
+    quantization = quantization.lower() if isinstance(quantization, str) else quantization
     if quantization is not None and quantization not in QUANTIZATION_METHODS:
-        raise InvalidArgumentError(f"quantization={quantization!r} is not supported; expected None or one of {list(QUANTIZATION_METHODS)}")
+        raise InvalidArgumentError(f"quantization={given!r} is not supported; expected None or one of {list(QUANTIZATION_METHODS)}")
     if quantization_config is None:
         if quantization == "fp8":
             return QuantScheme("fp8", dict(FP8_ON_THE_FLY))
         if quantization is not None:
-            raise InvalidArgumentError(f"quantization={quantization!r}, but config.json has no quantization_config (the checkpoint is not quantized)")
+            raise InvalidArgumentError(f"quantization={given!r}, but config.json has no quantization_config (the checkpoint is not quantized)")
         return None
     method = str(quantization_config.get("quant_method", "")).lower()
     if method not in QUANTIZATION_METHODS:
         raise _refuse(f"quant_method {quantization_config.get('quant_method')!r}")
     _check(method, quantization_config)
     if quantization is not None and quantization != method:
-        raise InvalidArgumentError(f"quantization={quantization!r}, but config.json's quantization_config has quant_method {method!r}")
+        raise InvalidArgumentError(f"quantization={given!r}, but config.json's quantization_config has quant_method {method!r}")
     return QuantScheme(method, dict(quantization_config))
 
 
