@@ -163,10 +163,12 @@ def test_bad_kv_cache_dtype_is_refused(store: ModelStore) -> None:
         _llm(d, "int8")
     with pytest.raises(InvalidArgumentError, match="needs kv_cache='paged'"):
         _llm(d, "fp8", kv_cache="contiguous")
-    with pytest.raises(InvalidArgumentError, match="float16 or bfloat16"):
+    # the messages name only what is missing (the paged cache is there)
+    with pytest.raises(InvalidArgumentError, match=r"^the FP8 KV cache \(kv_cache_dtype='fp8'\) needs a float16 or bfloat16 engine .*got dtype='float32'$"):
         LLM(d, backend="reference", dtype="float32", kv_cache_dtype="fp8", progress=False)
-    with pytest.raises(InvalidArgumentError, match="dtype='bfloat16', on the command line --dtype bfloat16"):  # the reference backend's default float32, with advice
+    with pytest.raises(InvalidArgumentError, match="dtype='bfloat16', on the command line --dtype bfloat16") as e:  # the reference backend's default float32, with advice
         LLM(d, backend="reference", kv_cache_dtype="fp8", progress=False)
+    assert "paged KV cache" not in str(e.value)
     assert BuildConfig(kv_cache_dtype="FP8").kv_cache_dtype == "fp8_e4m3" == BuildConfig(kv_cache_dtype="fp8_e4m3").kv_cache_dtype
 
 
@@ -219,6 +221,8 @@ def test_cli_kv_cache_dtype_flag() -> None:
     assert "kv_cache_dtype" not in _plan_choices(_parser().parse_args(["generate", "hi"]))
     with pytest.raises(SystemExit):
         _parser().parse_args(["generate", "hi", "--kv-cache-dtype", "int8"])
+    # --quantization too, as LLM(quantization="FP8") takes it
+    assert _parser().parse_args(["generate", "hi", "--quantization", "FP8"]).quantization == "fp8"
 
 
 def test_cuda_backend_builds_the_fp8_pool_network_on_the_cpu(store: ModelStore) -> None:

@@ -55,6 +55,7 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", help="run this engine file from `trtcore build` (checked against its sidecar) instead of building")
     p.add_argument(
         "--quantization",
+        type=str.lower,  # as LLM(quantization=...): FP8 is fp8
         choices=QUANTIZATION_METHODS,
         help="the checkpoint's quantization (default: config.json's quantization_config); fp8 on a float checkpoint quantizes its linears to FP8 at load",
     )

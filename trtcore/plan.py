@@ -179,12 +179,12 @@ class BuildConfig:
         object.__setattr__(self, "kv_cache_dtype", normalize_kv_cache_dtype(self.kv_cache_dtype))
         if self.kv_cache_dtype == FP8_KV_CACHE and (self.kv_cache == "contiguous" or self.attention == "native"):
             raise InvalidArgumentError(
-                f"kv_cache_dtype={self.kv_cache_dtype!r} needs kv_cache='paged' (the FP8 pool is the paged attention plugin's); "
+                "the FP8 KV cache (kv_cache_dtype='fp8') needs kv_cache='paged' (the FP8 pool is the paged attention plugin's); "
                 f"got kv_cache={self.kv_cache!r}, attention={self.attention!r}"
             )
         if self.kv_cache_dtype == FP8_KV_CACHE and self.dtype == "float32":
             raise InvalidArgumentError(
-                "kv_cache_dtype='fp8_e4m3' needs a float16 or bfloat16 engine (dtype='float16' or 'bfloat16'), got dtype='float32'"
+                "the FP8 KV cache (kv_cache_dtype='fp8') needs a float16 or bfloat16 engine (dtype='float16' or 'bfloat16'), got dtype='float32'"
             )
         if self.max_batch_size < 1 or (self.max_seq_len is not None and self.max_seq_len < 2):
             raise InvalidArgumentError(f"max_batch_size must be >= 1 and max_seq_len >= 2, got {self.max_batch_size} and {self.max_seq_len}")
@@ -371,9 +371,13 @@ def resolve_plan(
     rope, kv_cache, attention = _implementations(o, name, trt, config.head_dim)
     dtype = o.dtype or default_dtype(name, config.dtype)
     if o.kv_cache_dtype == FP8_KV_CACHE and (kv_cache != "paged" or dtype not in ("float16", "bfloat16")):
+        # name only what is missing (the paged cache, or a 16-bit engine)
+        missing = ([f"the paged KV cache (this plan has kv_cache={kv_cache!r})"] if kv_cache != "paged" else []) + (
+            [f"a float16 or bfloat16 engine (this plan has dtype={dtype!r})"] if dtype not in ("float16", "bfloat16") else []
+        )
         raise InvalidArgumentError(
-            f"kv_cache_dtype={o.kv_cache_dtype!r} needs the paged KV cache and a float16 or bfloat16 engine; this plan has "
-            f"kv_cache={kv_cache!r}, dtype={dtype!r}"
+            "the FP8 KV cache (kv_cache_dtype='fp8') needs "
+            + " and ".join(missing)
             + (" (the reference backend defaults to float32: pass dtype='bfloat16', on the command line --dtype bfloat16)" if o.dtype is None else "")
         )
     if dtype == "float16" and config.dtype == "bfloat16":
