@@ -89,7 +89,7 @@ OBSERVERS = ("minmax", "mse")
 #: and the error's norm (GPTQ's ``Quantizer.find_params`` with ``mse=True``, llm-compressor's MSE
 #: observer: grid 100, maxshrink 0.2, norm 2.4)
 MSE_GRID, MSE_MAXSHRINK, MSE_NORM = 100, 0.2, 2.4
-#: ``quantize_checkpoint``'s observer when none is given
+#: the observer when none is given (quantize_rtn, quantize_checkpoint)
 DEFAULT_OBSERVER = "minmax"
 #: rows quantized at once (bounds the float64 temporaries of an 8B model's large linears)
 _ROW_BLOCK = 2048
@@ -128,7 +128,7 @@ def _mse_shrink(g: np.ndarray, bits: int, symmetric: bool) -> np.ndarray:
     return best_p
 
 
-def quantize_rtn(weight: np.ndarray, bits: int, group_size: int = 128, symmetric: bool = False, observer: str = "minmax") -> QuantizedWeight:
+def quantize_rtn(weight: np.ndarray, bits: int, group_size: int = 128, symmetric: bool = False, observer: str = DEFAULT_OBSERVER) -> QuantizedWeight:
     """Round-to-nearest quantization of one ``[N, K]`` weight (formulas: module docstring).
 
     Args:
