@@ -30,11 +30,14 @@ from typing import Any
 
 #: (kind, pattern of the kernel name), first match wins
 KINDS = [
+    # generated kernels first: their names end in a hex hash, which can spell "f8" (the FP8 GEMM rule)
+    ("norm / row groups", r"^k_row_"),
+    ("pointwise / other generated", r"^k_pointwise_|^k_gather_"),
     ("weight-only gemv / gemm", r"trtcore_wq_"),
+    ("gemv (generated)", r"gemv"),
     ("fp8 quantize / scales", r"trtcore_fp8|quantiz"),
     ("gemm fp8 (cuBLASLt)", r"e4m3|f8|fp8|qqtst"),  # nvjet_sm90_qqtst_...: cuBLASLt 13 FP8 kernels
     ("gemm (cuBLAS/cuBLASLt)", r"gemm|xmma|cutlass|nvjet|sm90_|sm80_|ampere|hopper|splitK|splitk"),
-    ("gemv (generated)", r"gemv"),
     ("attention", r"paged_attn|paged_kv|attention|flash"),
     ("rope", r"rope|rotary"),
     ("sampling", r"sampling_"),

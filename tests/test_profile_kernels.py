@@ -51,3 +51,22 @@ def test_summarize_groups_by_kind() -> None:
     assert kind("k_row_ab") == "norm / row groups"
     assert kinds["norm / row groups"]["exclusive_ms"] == 1.5 and kinds["attention"]["launches"] == 1
     assert top[0]["name"] == "paged_attn_decode" and top[0]["exclusive_ms"] == 3.0
+
+
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        # generated kernels' hex hashes may spell "f8": the SwiGLU kernel of the 8B throughput run
+        # was counted as an FP8 GEMM (bench/results/h200-2026-12-03-session11)
+        ("k_pointwise_65f837868d07836b", "pointwise / other generated"),
+        ("k_pointwise_501c060f8c65d31f", "pointwise / other generated"),
+        ("k_row_f8e27cf7d18de850", "norm / row groups"),
+        ("k_gemv_prologue_f8a0c3e1d2b49f71", "gemv (generated)"),
+        ("k_gather_BF16_INT32_0_1_1", "pointwise / other generated"),
+        ("nvjet_sm90_qqtst_128x64_128x8_1x2_h_bx_algo2_TNT", "gemm fp8 (cuBLASLt)"),
+        ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "gemm (cuBLAS/cuBLASLt)"),
+        ("trtcore_fp8_quantize", "fp8 quantize / scales"),
+    ],
+)
+def test_kernel_kinds_by_name(name: str, want: str) -> None:
+    assert kind(name) == want
