@@ -26,6 +26,13 @@ codes, and ``alpha = 1``, ``beta = 0``); the GEMM writes the float32 buffer, and
 ``trtcore_fp8_scale_tokens`` rounds ``d[m, n] * (s[m] * s_w)`` (``s_w[n]`` or the one ``s_w``)
 into the output.
 
+Prequantized (``prequantized``, made by the cuda engine's compile pass
+:mod:`trtcore.cuda.fp8_input_fusion`, never by a network): input 0 holds the E4M3 codes
+``e4m3(clip(x / s_x, -448, 448))`` of a static-scale linear's x, computed by the kernel that
+produces x, and input 4 the constant ``[alpha, 0]`` (:meth:`Fp8GemmPlugin.alpha_beta`: the
+quantize kernel's ``alpha = s_x * s_w``, or ``s_x`` per channel); enqueue runs only the GEMM (and
+the per-channel epilogue), with the same numbers as the plugin that quantizes x itself.
+
 Workspace (:meth:`Fp8GemmPlugin.workspace_size`): 256 bytes of scalars (amax bits at 0, x's
 scale at 4, alpha and beta at :data:`_ALPHA` and 4 past it), ``M * K`` E4M3 bytes, ``M * N``
 float32 (per-channel or per-token), ``M`` float32 row scales (per-token), and
@@ -49,6 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import ml_dtypes
 import numpy as np
 
 from trtcore.dtypes import KERNEL_DTYPE_CODES, lookup
@@ -61,6 +69,10 @@ __all__ = ["LT_WORKSPACE", "Fp8GemmPlugin"]
 
 _UINT8 = np.dtype(np.uint8)
 _FLOAT32 = np.dtype(np.float32)
+#: what a prequantized plugin's x may be: E4M3 bits (uint8) or ml_dtypes' E4M3 type
+_CODE_DTYPES = (_UINT8, np.dtype(ml_dtypes.float8_e4m3fn))
+#: a prequantized plugin's output dtype codes (``out_dtype``) -> the dtypes
+_OUT_DTYPES = {code: d for d, code in KERNEL_DTYPE_CODES.items()}
 #: bytes of cuBLASLt workspace in the plugin's workspace
 LT_WORKSPACE = 8 << 20
 _ALIGN = 256
@@ -86,9 +98,11 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
     1    weight        ``[N, K]``             uint8 (E4M3 bits)
     2    weight_scale  ``[1]`` or ``[N]``     float32 (``[N]`` when ``per_channel``)
     3    input_scale   ``[1]``                float32, only when ``static_input``
+    4    alpha_beta    ``[2]``                float32, only when ``prequantized``
     ===  ============  =====================  ===========================================
 
-    Output: ``y [..., N]`` of x's dtype.
+    Output: ``y [..., N]`` of x's dtype (``prequantized``: of ``out_dtype``; x is then uint8
+    E4M3 codes).
 
     Fields:
         in_features: K (a multiple of 16). out_features: N (a multiple of 16).
@@ -96,6 +110,11 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         static_input: the activation scale is input 3 (else dynamic, ``max|x| / 448``).
         per_token: dynamic per-token activation scales (``max|x[m, :]| / 448`` per row; needs
             ``static_input`` False).
+        prequantized: x arrives as its E4M3 codes under the static input scale (module
+            docstring; needs ``static_input``).
+        out_dtype: the output's dtype when ``prequantized``, as its kernel code (``DTYPE`` of
+            the kernels, :data:`trtcore.dtypes.KERNEL_DTYPE_CODES`: 0 float32, 1 float16, 2
+            bfloat16); -1 otherwise.
     """
 
     plugin_name: ClassVar[str] = "trtcore_fp8_gemm"
@@ -107,12 +126,20 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
     per_channel: bool = False
     static_input: bool = True
     per_token: bool = False
+    prequantized: bool = False
+    out_dtype: int = -1
 
-    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"per_token": False}
+    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"per_token": False, "prequantized": False, "out_dtype": -1}
 
     def validate(self) -> None:
         if self.per_token and self.static_input:
             raise PluginError("Fp8GemmPlugin: per_token activation scales are dynamic; static_input must be False")
+        if self.prequantized and not self.static_input:
+            raise PluginError("Fp8GemmPlugin: prequantized x needs a static input scale (static_input True)")
+        if self.prequantized and self.out_dtype not in _OUT_DTYPES:
+            raise PluginError(
+                f"Fp8GemmPlugin: a prequantized plugin's out_dtype must be a kernel dtype code {sorted(_OUT_DTYPES)}, got {self.out_dtype!r}"
+            )
         if self.in_features <= 0 or self.in_features % 16:
             raise PluginError(f"Fp8GemmPlugin.in_features must be a positive multiple of 16 (cuBLASLt FP8), got {self.in_features!r}")
         if self.out_features <= 0 or self.out_features % 16:
@@ -126,11 +153,43 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         consts = [fw.weight, fw.weight_scale] + ([fw.input_scale] if fw.input_scale is not None else [])
         return plugin, consts
 
+    def prequantized_for(self, out_dtype: Any) -> Fp8GemmPlugin:
+        """This static-scale linear as it reads x's E4M3 codes (``prequantized``), x being of
+        ``out_dtype`` (float16, bfloat16 or float32).
+
+        Raises:
+            PluginError: dynamic or per-token activation scales, or already prequantized.
+        """
+        if not self.static_input or self.per_token or self.prequantized:
+            raise PluginError("Fp8GemmPlugin.prequantized_for: only a static-scale plugin that quantizes x itself can read codes")
+        d = np.dtype(out_dtype)
+        if d not in KERNEL_DTYPE_CODES:
+            raise PluginError(f"Fp8GemmPlugin.prequantized_for: out_dtype must be float16, bfloat16 or float32, got {d}")
+        return dataclasses.replace(self, prequantized=True, out_dtype=KERNEL_DTYPE_CODES[d])
+
+    def static_fp8_input_scale(self, constants: Sequence[np.ndarray]) -> np.ndarray | None:
+        """The static input scale (float32 ``[1]``, constant input 3) when this plugin quantizes
+        x itself with it and can read the codes instead (:meth:`prequantized_for`), else None:
+        the hook of the cuda engine's :mod:`trtcore.cuda.fp8_input_fusion`."""
+        if not self.static_input or self.per_token or self.prequantized:
+            return None
+        return np.asarray(constants[2], np.float32).reshape(-1)[:1]
+
+    def alpha_beta(self, constants: Sequence[np.ndarray]) -> np.ndarray:
+        """The prequantized plugin's input 4 from the constant inputs (weight, weight_scale,
+        input_scale): float32 ``[s_x * s_w, 0]`` (the float32 product, as the quantize kernel
+        forms it) per tensor, ``[s_x, 0]`` per channel (the epilogue applies ``s_w[n]``)."""
+        s_x = np.float32(np.asarray(constants[2], np.float32).reshape(-1)[0])
+        alpha = s_x if self.per_channel else np.float32(s_x * np.float32(np.asarray(constants[1], np.float32).reshape(-1)[0]))
+        return np.array([alpha, 0.0], np.float32)
+
     def row_fusion_key(self, constants: Sequence[np.ndarray]) -> Any:
         """FP8 linears stack along N (q/k/v, gate/up) where the product of each output row is
         unchanged: the same K and activation scheme and, for static activations, the same
         input scale (q/k/v calibrated on one input have it), with per-channel weight scales
         or one per-tensor weight scale equal in all (compared by value); see :meth:`fuse_rows`."""
+        if self.prequantized:
+            return None
         arrays = [np.asarray(c, np.float32) for c in constants[1:]]
         per_tensor = b"" if self.per_channel else arrays[0].tobytes()
         static = arrays[1].tobytes() if self.static_input else b""
@@ -151,22 +210,41 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
 
     @property
     def num_inputs(self) -> int:
-        return 3 + int(self.static_input)
+        return 3 + int(self.static_input) + int(self.prequantized)
 
     def _constant_dtypes(self) -> list[np.dtype]:
         return [_UINT8] + [_FLOAT32] * (self.num_inputs - 2)
 
     def _check_count(self, n: int) -> None:
         if n != self.num_inputs:
-            raise PluginError(f"Fp8GemmPlugin takes {self.num_inputs} inputs (x, weight, weight_scale{', input_scale' * self.static_input}), got {n}")
+            names = "x, weight, weight_scale" + ", input_scale" * self.static_input + ", alpha_beta" * self.prequantized
+            raise PluginError(f"Fp8GemmPlugin takes {self.num_inputs} inputs ({names}), got {n}")
+
+    def output_dtypes(self, input_dtypes: Sequence[np.dtype]) -> list[np.dtype]:
+        if not self.prequantized:
+            return super().output_dtypes(input_dtypes)
+        self._check_count(len(input_dtypes))
+        if np.dtype(input_dtypes[0]) not in _CODE_DTYPES:
+            raise PluginError(f"Fp8GemmPlugin (prequantized): x must be E4M3 codes (uint8 or float8_e4m3fn), got {np.dtype(input_dtypes[0])}")
+        return [_OUT_DTYPES[self.out_dtype]]
+
+    def supports(self, pos: int, dtypes: Sequence[np.dtype], num_inputs: int) -> bool:
+        if self.prequantized and pos == 0:  # the codes
+            return num_inputs == self.num_inputs and np.dtype(dtypes[0]) in _CODE_DTYPES
+        if self.prequantized and pos >= num_inputs:  # the output
+            return num_inputs == self.num_inputs and np.dtype(dtypes[pos]) == _OUT_DTYPES[self.out_dtype]
+        return super().supports(pos, dtypes, num_inputs)
 
     # --- numerics (the contract) -----------------------------------------------------------------
 
     def fp8_weight(self, *constants: np.ndarray) -> Fp8Weight:
         """The :class:`Fp8Weight` the constant inputs hold (made once while the same arrays
         come back, as the reference backend's constants do: its dequantized weight is reused)."""
-        if len(constants) != self.num_inputs - 1:
-            raise PluginError(f"Fp8GemmPlugin: expected {self.num_inputs - 1} constant inputs, got {len(constants)}")
+        want = 2 + int(self.static_input)  # weight, weight_scale[, input_scale] (not alpha_beta)
+        if len(constants) != want:
+            raise PluginError(
+                f"Fp8GemmPlugin: expected {want} constant inputs (weight, weight_scale{', input_scale' * self.static_input}), got {len(constants)}"
+            )
 
         def make(arrays: list[np.ndarray]) -> Fp8Weight:
             w, s = arrays[0], arrays[1].astype(np.float32).reshape(-1)
@@ -184,6 +262,10 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         x = np.asarray(inputs[0])
         if x.shape[-1:] != (self.in_features,):
             raise PluginError(f"Fp8GemmPlugin: x {x.shape} must end in in_features={self.in_features}")
+        if self.prequantized:  # the values the codes stand for: code * s_x, which quantize back to the same codes
+            s_x = np.float64(np.asarray(inputs[3], np.float32).reshape(-1)[0])
+            values = np.asarray(x).view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64) * s_x
+            return [self.fp8_weight(*inputs[1:4]).reference_linear(values).astype(_OUT_DTYPES[self.out_dtype])]
         return [self.fp8_weight(*inputs[1:]).reference_linear(x).astype(x.dtype)]
 
     # --- GPU ---------------------------------------------------------------------------------------
@@ -192,7 +274,7 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         """Workspace offsets ``(xq, d32, rows, lt, total)`` for ``m`` rows (scalars at 0: amax,
         scale; ``rows``: the per-token scales)."""
         xq = _ALIGN
-        d32 = xq + _up(m * self.in_features)
+        d32 = xq + (0 if self.prequantized else _up(m * self.in_features))
         rows = d32 + (_up(m * self.out_features * 4) if self.per_channel or self.per_token else 0)
         lt = rows + (_up(m * 4) if self.per_token else 0)
         return xq, d32, rows, lt, lt + LT_WORKSPACE
@@ -210,7 +292,7 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         """
         self._check_count(len(inputs))
         x, out = inputs[0], outputs[0]
-        dtype = np.dtype(x.dtype)
+        dtype = np.dtype(out.dtype) if self.prequantized else np.dtype(x.dtype)
         if dtype not in KERNEL_DTYPE_CODES:
             raise PluginError(f"Fp8GemmPlugin.enqueue: x dtype {dtype} not supported")
         m = int(np.prod(x.shape[:-1], dtype=np.int64))
@@ -240,6 +322,13 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
             ]
             _launch(defines, "trtcore_fp8_scale_tokens", (max(1, min(1024, -(-m * n // _THREADS))),), (_THREADS,), args, stream)
             return
+        if self.prequantized:  # x holds the codes, input 4 alpha and beta
+            target, out_type = (workspace + d_off, 0) if self.per_channel else (out.ptr, lookup(dtype).cuda_data_type)
+            ab = inputs[4].ptr
+            _matmul().run(m, n, k, inputs[1].ptr, x.ptr, ab, ab + 4, target, out_type, workspace + lt_off, LT_WORKSPACE, stream)
+            if self.per_channel:
+                self._scale_rows(defines, workspace + d_off, inputs[2].ptr, m, n, out.ptr, stream)
+            return
         blocks = max(1, min(1024, -(-m * k // (8 * _THREADS))))  # 8 elements per thread (the kernels' vectorized loop)
         if not self.static_input:
             _launch(defines, "trtcore_fp8_zero", (1,), (32,), [(amax, "ptr")], stream)
@@ -251,8 +340,13 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         target, out_type = (workspace + d_off, 0) if self.per_channel else (out.ptr, lookup(dtype).cuda_data_type)
         _matmul().run(m, n, k, inputs[1].ptr, workspace + xq_off, alpha, alpha + 4, target, out_type, workspace + lt_off, LT_WORKSPACE, stream)
         if self.per_channel:
-            args = [(workspace + d_off, "ptr"), (inputs[2].ptr, "ptr"), (m * n, "i64"), (n, "i32"), (out.ptr, "ptr")]
-            _launch(defines, "trtcore_fp8_scale_rows", (max(1, min(1024, -(-m * n // _THREADS))),), (_THREADS,), args, stream)
+            self._scale_rows(defines, workspace + d_off, inputs[2].ptr, m, n, out.ptr, stream)
+
+    @staticmethod
+    def _scale_rows(defines: tuple, d32: int, w_scale: int, m: int, n: int, out: int, stream: int) -> None:
+        """The per-channel epilogue: ``out[m, n] = round(d32[m, n] * w_scale[n])``."""
+        args = [(d32, "ptr"), (w_scale, "ptr"), (m * n, "i64"), (n, "i32"), (out, "ptr")]
+        _launch(defines, "trtcore_fp8_scale_rows", (max(1, min(1024, -(-m * n // _THREADS))),), (_THREADS,), args, stream)
 
 
 _KERNELS = KernelLauncher("fp8_gemm")

@@ -7,6 +7,8 @@ the Q/DQ variant)."""
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -481,3 +483,89 @@ def test_cuda_backend_compiles_the_per_token_qdq_linear() -> None:
     for ks in plan.sources.values():
         for arch in ("sm_89", "sm_90"):
             assert ks.function in codegen.compile_source(ks, arch).symbols
+
+
+# --- prequantized x (the cuda engine's trtcore.cuda.fp8_input_fusion) --------------------------
+
+
+@pytest.mark.parametrize("strategy", ["tensor", "channel"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_prequantized_plugin_reads_the_codes_its_own_quantization_makes(strategy: str, dtype: str) -> None:
+    """A prequantized plugin given the E4M3 codes of x (``e4m3(clip(float32(x) / s_x, -448,
+    448))``, encoded here by the spec's nearest-even search, :func:`spec_encode`) and its
+    ``[alpha, 0]`` returns exactly what the plugin that quantizes x itself returns, in x's
+    dtype; alpha is the float32 product ``s_x * s_w`` per tensor and ``s_x`` per channel."""
+    from trtcore.dtypes import lookup
+    from trtcore.plugins.fp8_gemm import Fp8GemmPlugin
+
+    rng = np.random.default_rng(zlib.crc32(repr((strategy, dtype)).encode()))
+    s_x = 0.013
+    fw = fp8.quantize_weight(rng.normal(0, 1, (16, 32)), strategy, input_scale=s_x)
+    plugin, consts = Fp8GemmPlugin.from_fp8(fw)
+    x = (rng.normal(0, 1, (3, 32)) * np.array([[0.1], [1.0], [20.0]])).astype(lookup(dtype).numpy)  # the last row clips at 448
+    codes = np.array([spec_encode(float(np.float32(v) / np.float32(s_x))) for v in np.asarray(x, np.float32).ravel()], np.uint8).reshape(x.shape)
+    assert (codes & 0x7F == 0x7E).any()  # some saturate
+    pq = plugin.prequantized_for(x.dtype)
+    ab = pq.alpha_beta(consts)
+    s_w = np.asarray(consts[1], np.float32).reshape(-1)
+    assert ab.dtype == np.float32 and ab[1] == 0
+    assert ab[0] == (np.float32(s_x) if strategy == "channel" else np.float32(np.float32(s_x) * s_w[0]))
+    got = pq.reference(codes, *consts, ab)[0]
+    want = plugin.reference(x, *consts)[0]
+    assert got.dtype == x.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64))
+    assert pq.output_dtypes([np.dtype(np.uint8)] + [np.dtype(np.uint8)] + [np.dtype(np.float32)] * 3) == [x.dtype]
+    assert pq.supports(0, [np.dtype(np.uint8)], 5) and not pq.supports(0, [x.dtype], 5)
+
+
+def test_prequantized_plugin_fields_and_refusals() -> None:
+    """The prequantized form round-trips through its fields (older engines' fields unchanged
+    without it), needs a static input scale, and only a static-scale plugin that quantizes x
+    itself offers it (the compile pass's hook answers None otherwise)."""
+    from trtcore.plugins.base import PluginError
+    from trtcore.plugins.fp8_gemm import Fp8GemmPlugin
+
+    plain = Fp8GemmPlugin(32, 16)
+    assert not {"prequantized", "out_dtype"} & {n for n, _, _ in plain.field_values()}
+    pq = plain.prequantized_for(np.dtype(np.float16))
+    assert pq.num_inputs == 5 and pq.out_dtype == 1
+    again = Fp8GemmPlugin.from_field_data({n: d for n, _, d in pq.field_values()})
+    assert again == pq
+    with pytest.raises(PluginError, match="static input scale"):
+        Fp8GemmPlugin(32, 16, static_input=False, prequantized=True, out_dtype=2)
+    with pytest.raises(PluginError, match="out_dtype"):
+        Fp8GemmPlugin(32, 16, prequantized=True, out_dtype=7)
+    for p in (Fp8GemmPlugin(32, 16, static_input=False), Fp8GemmPlugin(32, 16, False, False, True), pq):
+        assert p.static_fp8_input_scale([np.zeros((16, 32), np.uint8), np.ones(1, np.float32), np.ones(1, np.float32)]) is None
+        with pytest.raises(PluginError, match="prequantized_for"):
+            p.prequantized_for(np.dtype(np.float16))
+    with pytest.raises(PluginError, match="out_dtype"):
+        plain.prequantized_for(np.dtype(np.int32))
+
+
+def test_prequantized_plugin_enqueue_runs_only_the_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU: a prequantized plugin launches no quantize kernel; cuBLASLt's FP8 matmul
+    reads x's codes in place and alpha / beta from input 4; per channel the epilogue follows."""
+    from trtcore.plugins import fp8_gemm
+    from trtcore.plugins.base import DeviceTensor
+
+    for per_channel in (False, True):
+        launches, matmuls = [], []
+        monkeypatch.setattr(fp8_gemm, "_launch", lambda defines, name, grid, block, args, stream: launches.append((name, defines)))
+        monkeypatch.setattr(fp8_gemm, "_matmul", lambda: type("Mm", (), {"run": lambda self, *a: matmuls.append(a)})())
+        m, n, k = 5, 32, 64
+        plugin = fp8_gemm.Fp8GemmPlugin(k, n, per_channel).prequantized_for(np.dtype(np.float16))
+        f32 = np.dtype(np.float32)
+        inputs = [
+            DeviceTensor(0x10000, (m, k), np.dtype(np.uint8)),
+            DeviceTensor(0x20000, (n, k), np.dtype(np.uint8)),
+            DeviceTensor(0x30000, (n if per_channel else 1,), f32),
+            DeviceTensor(0x40000, (1,), f32),
+            DeviceTensor(0x60000, (2,), f32),
+        ]
+        plugin.enqueue(inputs, [DeviceTensor(0x50000, (m, n), np.dtype(np.float16))], 0x100000, 7)
+        [call] = matmuls
+        assert call[:8] == (m, n, k, 0x20000, 0x10000, 0x60000, 0x60004, call[7]) and (call[7] == 0x50000) != per_channel
+        assert call[8] == (0 if per_channel else 2)  # float32 buffer, or CUDA_R_16F straight into the output
+        assert [name for name, _ in launches] == (["trtcore_fp8_scale_rows"] if per_channel else [])
+        assert all(dict(d)["DTYPE"] == 1 for _, d in launches)  # the output's dtype

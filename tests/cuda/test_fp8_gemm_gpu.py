@@ -298,3 +298,38 @@ def test_per_token_plugin_matches_reference(per_channel: bool, dtype: np.dtype, 
     amax = np.abs(x.astype(np.float32)).max(axis=1, keepdims=True)
     even = (x.astype(np.float64) * 2.0 ** -np.floor(np.log2(np.where(amax > 0, amax, 1)))).astype(dtype)
     check_plugin(plugin, [((m, k), dtype, even)] + specs[1:], rtol=default_tolerance(dtype)[0] + FP8_ACCUMULATION_RTOL)
+
+
+def test_fp8_input_fusion_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cuda engine with the FP8 input quantization folded into the producing kernels
+    (:mod:`trtcore.cuda.fp8_input_fusion`: RMSNorm -> q / k / v codes, SiLU * mul -> down's
+    codes) gives bit for bit the outputs of the engine whose plugins quantize x themselves
+    (TRTCORE_FP8_INPUT_FUSION=0): the same division, clip and rounding, the same codes and
+    GEMMs. And close to the reference backend's evaluation of the network (17 tokens, bfloat16;
+    inputs large enough that some codes saturate): h elementwise; v, an FP8 GEMM's output, within
+    2^-6 of its largest value (the GEMM's accumulation, 2^-10 of it, plus a norm output one
+    bfloat16 step off flipping an input code by one E4M3 step, about 2^-7 of it: on the H200 one
+    element of v was 2^-8 off at -0.2, beyond an elementwise 2^-7); the down projection, whose
+    input codes may flip where the GPU moves q and k across a rounding boundary, within 5%."""
+    from test_engine_gpu import Run, compare, engine_of
+    from test_passes import _fp8_mlp_net
+
+    from trtcore.reference.evaluator import evaluate
+
+    rng = np.random.default_rng(3)
+    feeds = {n: (rng.normal(0, 1, (17, 64)) * 30).astype(ml_dtypes.bfloat16) for n in ("a", "b")}
+    shapes = {n: ((1, 64), (8, 64), (32, 64)) for n in ("a", "b")}
+    outs = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TRTCORE_FP8_INPUT_FUSION", flag)
+        run = Run(cp, engine_of(_fp8_mlp_net(), shapes))
+        run.feed(feeds)
+        run.execute()
+        outs[flag] = {n: run.output(n) for n in ("residual", "v", "out")}
+    for n in ("residual", "v", "out"):
+        np.testing.assert_array_equal(outs["1"][n].view(np.uint16), outs["0"][n].view(np.uint16), err_msg=n)
+    ref = evaluate(_fp8_mlp_net(), {k: v.copy() for k, v in feeds.items()})
+    compare("residual", outs["1"]["residual"], ref["residual"])
+    for n, rel in (("v", 2.0**-6), ("out", 0.05)):
+        got, want = outs["1"][n].astype(np.float64), np.asarray(ref[n]).astype(np.float64)
+        assert np.abs(got - want).max() <= rel * np.abs(want).max(), (n, np.abs(got - want).max(), np.abs(want).max())

@@ -470,12 +470,15 @@ def test_weight_only_plugins_sharing_an_input_fuse_and_their_concat_is_a_view(al
 
 
 @pytest.mark.parametrize("case", ["channel", "tensor_equal", "tensor_differ", "input_differ"])
-def test_fp8_plugins_fuse_where_each_row_is_unchanged(case: str) -> None:
+def test_fp8_plugins_fuse_where_each_row_is_unchanged(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """FP8 linears on one x fuse where every output row's product stays the same: per-channel
     weight scales (any values) or one equal per-tensor scale, with the same static input scale;
     per-tensor weight scales that differ, or input scales that differ, are left as they are.
-    The fused plugin's reference equals the parts' side by side exactly."""
+    The fused plugin's reference equals the parts' side by side exactly (the input quantization
+    left in the plugins: that pass is tested below)."""
     from trtcore import ops
+
+    monkeypatch.setenv("TRTCORE_FP8_INPUT_FUSION", "0")
     from trtcore.fp8 import quantize_weight
     from trtcore.plugins.fp8_gemm import Fp8GemmPlugin
 
@@ -507,3 +510,86 @@ def test_fp8_plugins_fuse_where_each_row_is_unchanged(case: str) -> None:
         p, consts = Fp8GemmPlugin.from_fp8(fw)
         want.append(p.reference(xv, *consts)[0])
     np.testing.assert_array_equal(fused, np.concatenate(want, axis=1))
+
+
+def _fp8_mlp_net(input_scales: tuple[float, float] = (0.02, 0.05)) -> Any:
+    """``h = a + b; y = rms_norm(h)``; q / k / v FP8 linears of y (per-tensor weight scales that
+    differ, so they stay three plugins; one static input scale); ``down(silu(q) * k)`` with its
+    own static input scale; outputs h (the residual stream), v and the down projection."""
+    from trtcore import ops
+    from trtcore.fp8 import quantize_weight
+
+    k = 64
+    rng = np.random.default_rng(5)
+    net = network()
+    g = ops.Graph(tc, net, "bfloat16")
+    g.implementations["fp8_gemm"] = "plugin"
+    a = net.add_input("a", tc.DataType.BF16, (-1, k))
+    b = net.add_input("b", tc.DataType.BF16, (-1, k))
+    h = ops.add(g, a, b, "residual")
+    y = ops.rms_norm(g, h, 1 + 0.1 * rng.standard_normal(k), 1e-5, "norm")
+    q, kk, v = (ops.linear(g, y, quantize_weight(rng.standard_normal((32, k)) * (1 + i), "tensor", input_scale=input_scales[0]), None, f"{r}_proj") for i, r in enumerate("qkv"))
+    act = ops.mul(g, ops.silu(g, q, "act"), kk, "glu")
+    down = ops.linear(g, act, quantize_weight(rng.standard_normal((k, 32)), "tensor", input_scale=input_scales[1]), None, "down_proj")
+    net.mark_output(h)
+    g.output(v, "v")
+    g.output(down, "out")
+    return net
+
+
+def test_fp8_input_quantization_fuses_into_the_producing_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A static-scale FP8 linear's x quantization becomes graph nodes that pointwise fusion folds
+    into the kernel computing x: q / k / v share one chain inside the RMSNorm row kernel, down's
+    is inside the SiLU * mul kernel; every FP8 plugin then reads E4M3 codes (prequantized, with
+    its [alpha, 0] constant) and writes what it wrote before. Opt-in: without
+    TRTCORE_FP8_INPUT_FUSION=1 the plugins quantize x themselves."""
+    monkeypatch.setenv("TRTCORE_FP8_INPUT_FUSION", "1")
+    shapes = {"a": ((1, 64), (4, 64), (16, 64)), "b": ((1, 64), (4, 64), (16, 64))}
+    plan = compile_net(_fp8_mlp_net(), shapes, arch=None)
+    g = plan.graph
+    plugins = [n for n in g.nodes if n.op == "plugin"]
+    assert len(plugins) == 4 and all(n.attrs["plugin"].prequantized for n in plugins)
+    assert plan.stats["fp8_input_chains"] == 2 and plan.stats["fp8_prequantized"] == 4
+    codes = {n.inputs[0] for n in plugins}
+    assert len(codes) == 2 and all(g.values[c].dtype == tc.DataType.FP8 for c in codes)
+    producers = g.producers()
+    row = g.nodes[producers[plugins[0].inputs[0]]]
+    assert row.op == "row_group" and {"norm", "q_proj.plugin"} <= set(row.layers)
+    # the row kernel writes the residual stream and the codes, not the bfloat16 y
+    assert set(row.outputs) == {"residual", plugins[0].inputs[0]}
+    down = next(n for n in plugins if "down_proj.plugin" in n.layers)
+    glu = g.nodes[producers[down.inputs[0]]]
+    assert glu.op == "pointwise_group" and {"glu", "down_proj.plugin"} <= set(glu.layers)
+    for n in plugins:  # alpha = float32(s_x * s_w) per tensor, beta 0
+        s_w, s_x, ab = (np.asarray(g.constants[c], np.float32).reshape(-1) for c in n.inputs[2:5])
+        np.testing.assert_array_equal(ab, np.array([np.float32(s_x[0] * s_w[0]), 0.0], np.float32))
+    assert not [n for n in g.nodes if n.op == "pointwise_group" and n is not glu]  # no kernel of its own
+
+    for flag in ("0", None):  # off, and the default
+        if flag is None:
+            monkeypatch.delenv("TRTCORE_FP8_INPUT_FUSION")
+        else:
+            monkeypatch.setenv("TRTCORE_FP8_INPUT_FUSION", flag)
+        plain = compile_net(_fp8_mlp_net(), shapes, arch=None)
+        assert not any(n.attrs["plugin"].prequantized for n in plain.graph.nodes if n.op == "plugin")
+        assert "fp8_prequantized" not in plain.stats
+
+
+def test_fp8_input_chains_are_shared_only_by_one_input_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linears reading one x with different input scales get a chain each."""
+    from trtcore import ops
+    from trtcore.fp8 import quantize_weight
+
+    monkeypatch.setenv("TRTCORE_FP8_INPUT_FUSION", "1")
+
+    rng = np.random.default_rng(6)
+    net = network()
+    g = ops.Graph(tc, net, "bfloat16")
+    g.implementations["fp8_gemm"] = "plugin"
+    x = net.add_input("x", tc.DataType.BF16, (-1, 64))
+    for i in range(3):
+        g.output(ops.linear(g, x, quantize_weight(rng.standard_normal((16, 64)), "channel", input_scale=0.02 * (1 + (i > 0))), None, f"l{i}"), f"y{i}")
+    plan = compile_net(net, {"x": ((1, 64), (2, 64), (8, 64))}, arch=None)
+    assert plan.stats["fp8_input_chains"] == 2
+    # x is a network input: each chain is a pointwise kernel of its own, in place of the plugins' quantize kernels
+    assert len([n for n in plan.graph.nodes if n.op == "pointwise_group"]) == 2

@@ -5,17 +5,20 @@ The pipeline (one module per pass, in this order):
 1. :mod:`.ir` reads the network into the IR;
 2. :mod:`.fold_constants`;
 3. :mod:`.horizontal_fusion` (q/k/v, gate/up into one GEMM with slice views);
-4. :mod:`.views` (shuffle / slice / identity as views);
-5. :mod:`.pointwise_fusion` with :mod:`.reduction_fusion`'s rules (one generated kernel per
+4. :mod:`.fp8_input_fusion` (opt-in, ``TRTCORE_FP8_INPUT_FUSION=1``: a static-scale FP8
+   linear's input quantization as pointwise nodes, which step 6 folds into the kernel producing
+   the input);
+5. :mod:`.views` (shuffle / slice / identity as views);
+6. :mod:`.pointwise_fusion` with :mod:`.reduction_fusion`'s rules (one generated kernel per
    group; a GEMM's bias or residual add is folded into the next fused kernel: cuBLAS's
    epilogues are not used);
-6. :mod:`.materialize` (copies only where a view cannot be read as it is);
-7. :mod:`.codegen` writes each kernel's source; NVRTC compiles it for the target (the
+7. :mod:`.materialize` (copies only where a view cannot be read as it is);
+8. :mod:`.codegen` writes each kernel's source; NVRTC compiles it for the target (the
    config's compute capability, else the current GPU; without either, compiling waits for
    deserialization);
-8. :mod:`.memory` places every buffer in one activation block sized for the profile's
+9. :mod:`.memory` places every buffer in one activation block sized for the profile's
    largest shapes;
-9. :mod:`.tactics` times the GEMM candidates (cuBLAS, cuBLASLt algorithms with split-K
+10. :mod:`.tactics` times the GEMM candidates (cuBLAS, cuBLASLt algorithms with split-K
    variants, the GEMV kernel) for every GEMM shape at the profile's min/opt/max where the
    build has a GPU, with a timing cache on disk.
 
@@ -42,6 +45,7 @@ from ..reference.types import DataType
 from . import (
     codegen,
     fold_constants,
+    fp8_input_fusion,
     horizontal_fusion,
     materialize,
     memory,
@@ -268,6 +272,7 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
     points = profile_points(g, profile)
     g = fold_constants.run(g, stats)
     g = horizontal_fusion.run(g, stats)
+    g = fp8_input_fusion.run(g, stats)
     g = views.run(g, points, stats)
     g = pointwise_fusion.run(g, points, stats)
     g = materialize.run(g, points, stats)
