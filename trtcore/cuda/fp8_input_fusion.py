@@ -27,8 +27,8 @@ Opt-in for now: ``TRTCORE_FP8_INPUT_FUSION=1`` (read at each compile) runs it; u
 other value leaves the plugins as they are. On the H200 (Llama-3-8B shape, random FP8 weights,
 bench/results/h200-2026-12-03-session11) it took the FP8 W8A8 static engine from 1.22x to 1.30x
 the bfloat16 engine's throughput (256 requests, 128 + 128 tokens) and batch-1 decode from 4.88
-to 4.41 ms; but the same engine with the FP8 KV cache ended a batch-1 request early (an error:
-non-finite logits, not yet explained), so it stays off by default until that is understood.
+to 4.41 ms; but the same engine with the FP8 KV cache ended a batch-1 request early, in an error
+the bench did not print (not yet explained), so it stays off by default until that is understood.
 """
 
 from __future__ import annotations
