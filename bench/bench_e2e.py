@@ -90,7 +90,8 @@ def trtcore_tpot(llm: Any, batch: int, prompt: int = 128, new: int = 128) -> dic
     def gen(n: int) -> float:
         t = time.perf_counter()
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-        assert all(len(o.outputs[0].token_ids) == n for o in outs)
+        short = [(len(o.outputs[0].token_ids), o.outputs[0].finish_reason, o.error) for o in outs if len(o.outputs[0].token_ids) != n]
+        assert not short, f"{len(short)} of {len(outs)} requests ended before {n} tokens (tokens, finish_reason, error): {short[:4]}"
         return time.perf_counter() - t
 
     gen(new), gen(1)  # warm-up: eager prefill shapes prepared
