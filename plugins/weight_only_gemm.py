@@ -323,7 +323,8 @@ def pack_weight(qw: QuantizedWeight, contiguous_x: bool | None = None) -> Packed
     """
     n, k = qw.shape
     if qw.group_size % 8:
-        raise PluginError(f"weight-only GEMM: group_size must be a multiple of 8, got {qw.group_size}")
+        what = f"per-channel weight's K={k}" if qw.group_size == k else f"group_size={qw.group_size}"
+        raise PluginError(f"weight-only GEMM: the {what} must be a multiple of 8 (the kernels' unit)")
     allowed = can_contiguous_x(k, qw.bits, qw.group_size, qw.perm is not None)
     if contiguous_x and not allowed:
         raise PluginError(

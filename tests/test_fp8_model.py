@@ -345,3 +345,42 @@ def test_check_compares_an_fp8_checkpoint_with_transformers(src: Path, tmp_path:
     prompt = random_prompt(np.random.default_rng(3), 9, V.vocab_size)
     report = compare_with_transformers(out, prompt, steps=4)
     assert report["greedy_equal"] and report["max_rel_error"] <= 1e-4, report
+
+
+@pytest.mark.parametrize("family", ["phi3", "gpt_neox", "mixtral"])
+def test_on_the_fly_fp8_of_families_that_read_fused_or_router_weights(tmp_path: Path, family: str, caplog: pytest.LogCaptureFixture) -> None:
+    """``quantization="fp8"`` on a float checkpoint of a family whose network reads linears as
+    float tensors: Phi-3 (fused qkv / gate_up, split by the family) and GPT-NeoX (fused
+    query_key_value) read every linear so, and are refused (FP8 would be silently ignored);
+    Mixtral reads its attention linears quantized and its router gates and experts as float:
+    it builds, warns once with the counts (26 of 34 stay float), and generates. Both stopped with an internal
+    "'...' is fp8-quantized ...; read it with quantized()", though the quantizer points
+    non-Llama families here."""
+    import logging
+
+    import transformers
+
+    from trtcore.errors import UnsupportedQuantizationError
+
+    common = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 128}
+    cfg = {
+        "phi3": lambda: transformers.Phi3Config(num_key_value_heads=2, pad_token_id=0, **common),
+        "gpt_neox": lambda: transformers.GPTNeoXConfig(**common),
+        "mixtral": lambda: transformers.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **common),
+    }[family]()
+    with torch_one_thread():
+        transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / family)
+    options = {"backend": "reference", "dtype": "float32", "max_batch_size": 1, "max_seq_len": 64, "progress": False, "quantization": "fp8"}
+    if family != "mixtral":
+        with pytest.raises(UnsupportedQuantizationError, match=r"quantization='fp8' \(FP8 at load\) quantizes no linear of .*ForCausalLM"):
+            LLM(tmp_path / family, **options)
+        return
+    with caplog.at_level(logging.WARNING, logger="trtcore.quant_formats"):
+        llm = LLM(tmp_path / family, **options)
+        try:
+            [out] = llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+        finally:
+            llm.close()
+    assert len(out.outputs[0].token_ids) == 3 and out.outputs[0].finish_reason == "length"
+    warned = [r.getMessage() for r in caplog.records if "stay in the model dtype" in r.getMessage()]
+    assert len(warned) == 1 and "26 of 34 linears of MixtralForCausalLM" in warned[0], warned

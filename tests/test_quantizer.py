@@ -290,3 +290,38 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
     (neox / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedArchitectureError, match="Llama-family"):
         quantize_checkpoint(neox, tmp_path / "n")
+
+
+def test_group_sizes_the_weight_only_gemm_cannot_run_are_refused(tmp_path: Path) -> None:
+    """rtn / awq groups must be multiples of 8 (the weight-only GEMM's unit; per channel the
+    whole row, K, is the group): such a checkpoint was written and then refused at load
+    ("group_size must be a multiple of 8, got 36", a size the user never gave). Refused before
+    any work, naming the linear, the size and a group size that fits; nothing is written."""
+    import transformers
+
+    src = _tiny(tmp_path)
+    with pytest.raises(InvalidArgumentError, match=r"proj\.weight: group_size=4 is not a multiple of 8, which trtcore's weight-only GEMM needs .* such as 32"):
+        quantize_checkpoint(src, tmp_path / "q", group_size=4)
+    odd = tmp_path / "h36"  # hidden 36: per channel, every q/k/v/o/gate/up row is one group of 36
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=36, intermediate_size=96, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(odd)
+    for bits in (4, 8):
+        with pytest.raises(InvalidArgumentError, match=r"proj\.weight: its whole row \(K=36, the one group of per-channel quantization, group_size 0\) is not a multiple of 8"):
+            quantize_checkpoint(odd, tmp_path / "q", bits=bits, group_size=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h36", "src"]
+    # FP8 has no such unit (cuBLASLt's K multiple of 16 is checked where the engine is built)
+    quantize_checkpoint(src, tmp_path / "f", method="fp8", activations="dynamic")
+
+
+def test_calibration_files_that_cannot_be_read_are_refused(tmp_path: Path) -> None:
+    """A directory, or a file that is not UTF-8 text, as the calibration file: a clear error
+    before any work (was "does not exist" for a directory, and a UnicodeDecodeError traceback)."""
+    src = _tiny(tmp_path)
+    with pytest.raises(InvalidArgumentError, match=r"calibration file '.*' is a directory; give a UTF-8 text file"):
+        quantize_checkpoint(src, tmp_path / "q", method="awq", calibration=tmp_path)
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes(b"caf\xe9 au lait\n")
+    for method, extra in (("awq", {}), ("fp8", {"activations": "static"})):
+        with pytest.raises(InvalidArgumentError, match=r"calibration file '.*latin1\.txt' is not UTF-8 text \(byte 3: invalid continuation byte\)"):
+            quantize_checkpoint(src, tmp_path / "q", method=method, calibration=latin, **extra)
+    assert not (tmp_path / "q").exists()

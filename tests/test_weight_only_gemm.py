@@ -500,8 +500,11 @@ def test_bad_fields_and_inputs_are_refused(rng: np.random.Generator) -> None:
     with pytest.raises(PluginError, match="takes 3 inputs"):
         plugin.reference(np.zeros((1, 64), np.float16))
     odd = QuantizedWeight(np.zeros((2, 36), np.uint8), np.ones((2, 3), np.float32), None, 4, 12)
-    with pytest.raises(PluginError, match="group_size must be a multiple of 8"):
+    with pytest.raises(PluginError, match=r"the group_size=12 must be a multiple of 8"):
         pack_weight(odd)
+    per_channel = QuantizedWeight(np.zeros((2, 36), np.uint8), np.ones((2, 1), np.float32), None, 8, 36)  # one group: the row
+    with pytest.raises(PluginError, match=r"the per-channel weight's K=36 must be a multiple of 8"):
+        pack_weight(per_channel)
 
 
 def test_fields_round_trip_through_the_reference_registry() -> None:

@@ -27,7 +27,7 @@ from .models import family_for
 from .parallel import Mapping, check_tensor_parallel, local_kv_heads
 from .plan import DTYPES, BuildConfig, BuildPlan, resolve_plan
 from .plan import implementations as plan_implementations
-from .quant_formats import quantized_weights
+from .quant_formats import check_fp8_at_load, quantized_weights
 from .trt import backend_name
 
 __all__ = [
@@ -147,6 +147,7 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
         graph.kv_scales = kv_cache_scales(report, config.num_hidden_layers)
     family.build(graph, config, report)
     report.check(f"the {config.architecture} network")
+    check_fp8_at_load(report.checkpoint, config.architecture)
     return DefinedNetwork(trt, builder, network, graph, config, plan, report)
 
 

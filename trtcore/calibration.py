@@ -122,12 +122,30 @@ def calibration_file(calibration: str | os.PathLike[str] | None) -> Path:
     :data:`DEFAULT_CALIBRATION`.
 
     Raises:
-        InvalidArgumentError: the file does not exist.
+        InvalidArgumentError: the path does not exist or is a directory.
     """
     path = Path(calibration) if calibration is not None else DEFAULT_CALIBRATION
+    if path.is_dir():
+        raise InvalidArgumentError(f"calibration file {str(path)!r} is a directory; give a UTF-8 text file")
     if not path.is_file():
         raise InvalidArgumentError(f"calibration file {str(path)!r} does not exist")
     return path
+
+
+def calibration_text(calibration: str | os.PathLike[str] | None) -> str:
+    """The text of :func:`calibration_file`'s file, read as UTF-8.
+
+    Raises:
+        InvalidArgumentError: what :func:`calibration_file` raises, or the file is not UTF-8 text
+            (naming the byte offset).
+    """
+    path = calibration_file(calibration)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgumentError(
+            f"calibration file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); give a UTF-8 text file"
+        ) from None
 
 
 def calibration_token_ids(llm: Any, text: str, num_tokens: int = 512, seq_len: int = 256) -> list[list[int]]:
@@ -168,13 +186,13 @@ def capture_calibration(
         tensor with every calibration token's row, sequences concatenated.
 
     Raises:
-        InvalidArgumentError: the calibration file is missing or gives no token, a sequence is
+        InvalidArgumentError: the calibration file is missing, a directory, not UTF-8 or gives no token, a sequence is
             empty or longer than ``seq_len``, or ``select`` names no tensor.
         InvalidRequestError: the checkpoint has no tokenizer and no ``token_ids`` are given.
     """
     from .llm import LLM
 
-    path = calibration_file(calibration) if token_ids is None else DEFAULT_CALIBRATION
+    text = calibration_text(calibration) if token_ids is None else ""
     if token_ids is not None and (not token_ids or any(not 0 < len(t) <= seq_len for t in token_ids)):
         raise InvalidArgumentError(f"calibration token_ids must be sequences of 1 to seq_len={seq_len} ids")
     llm = LLM(model_dir, backend="reference", dtype="float32", kv_cache="contiguous", device="cpu", max_batch_size=1,
@@ -187,11 +205,7 @@ def capture_calibration(
         names = select(config, network_tensor_names(llm))
         if not names:
             raise InvalidArgumentError(f"no calibration tensor to capture in the {config.architecture} network")
-        seqs = (
-            [list(t) for t in token_ids]
-            if token_ids is not None
-            else calibration_token_ids(llm, path.read_text(encoding="utf-8"), num_tokens, seq_len)
-        )
+        seqs = [list(t) for t in token_ids] if token_ids is not None else calibration_token_ids(llm, text, num_tokens, seq_len)
         inputs: dict[str, list[np.ndarray]] = {n: [] for n in names}
         for ids in seqs:
             for n, v in capture_prefill(llm, ids, names).items():

@@ -81,6 +81,9 @@ LINEAR_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 _SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json"}
 #: the group sizes tried, largest first, for the default and for the hint of a bad one
 GROUP_SIZES = (128, 64, 32)
+#: a group (or a per-channel row, K) is a multiple of this many codes for trtcore's weight-only
+#: GEMM to run it (plugins/weight_only_gemm.py: the kernels' unit); ``quantize`` refuses others
+WEIGHT_ONLY_UNIT = 8
 
 
 #: ``observer`` values: how a group's range is chosen (compressed-tensors' ``QuantizationArgs.observer``)
@@ -257,7 +260,8 @@ def _linear_names(config: Any) -> Iterator[str]:
         raise UnsupportedArchitectureError(
             f"trtcore quantize writes checkpoints for the Llama-family architectures only; {config.architecture} "
             f"({config.model_type}) is built by {fam.builder}. For FP8, LLM(..., quantization='fp8') (--quantization fp8) "
-            "quantizes a float checkpoint's linears when the engine is built"
+            "quantizes a float checkpoint's linears when the engine is built, where the family's network reads them quantized "
+            "(not Phi-3's or GPT-NeoX's, whose networks read every linear as a float tensor)"
         )
     for layer in range(config.num_hidden_layers):
         for role in LINEAR_ROLES:
@@ -397,9 +401,9 @@ def quantize_checkpoint(
     linears = set(_linear_names(config))
     calibrated = method == "awq" or (method == "fp8" and activations == "static")
     if calibrated and calibration_ids is None:
-        from .calibration import calibration_file
+        from .calibration import calibration_text
 
-        calibration_file(calibration)  # a missing file first: the more specific mistake
+        calibration_text(calibration)  # a missing or unreadable file first: the more specific mistake
     if calibrated and calibration_ids is None and not (model_dir / "tokenizer.json").is_file():
         raise InvalidArgumentError(
             f"{method} calibration tokenizes its text with the model's tokenizer, and {model_dir} has no tokenizer.json; "
@@ -427,6 +431,22 @@ def quantize_checkpoint(
                     else f"of every linear's K ({sorted(set(ks.values()))}; none of {'/'.join(map(str, GROUP_SIZES))} is)"
                 )
                 raise InvalidArgumentError(f"{name}: K={k} is not a multiple of group_size={group_size}; choose a divisor {hint}, or 0 (per channel)")
+            if method != "fp8" and (group_size or k) % WEIGHT_ONLY_UNIT:
+                fits = common_group_size(ks.values())
+                hint = (
+                    f"choose a group size that is, such as {fits}, which divides every linear's K"
+                    if fits
+                    else f"no group size of {'/'.join(map(str, GROUP_SIZES))} divides every linear's K ({sorted(set(ks.values()))})"
+                )
+                what = (
+                    f"its whole row (K={k}, the one group of per-channel quantization, group_size 0)"
+                    if not group_size
+                    else f"group_size={group_size}"
+                )
+                raise InvalidArgumentError(
+                    f"{name}: {what} is not a multiple of {WEIGHT_ONLY_UNIT}, which trtcore's weight-only GEMM needs to run "
+                    f"the checkpoint (vLLM's Marlin kernels too); {hint}"
+                )
         plan = None
         amax: dict[str, float] = {}
         if method == "fp8" and activations == "static":

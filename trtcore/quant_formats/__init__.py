@@ -21,6 +21,7 @@ One module per format: :mod:`.gptq`, :mod:`.awq`, :mod:`.compressed_tensors`, :m
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +40,8 @@ from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight
 from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, compressed_per_token, fp8_weight_args, read_fp8, static_activations
 from .gguf_blocks import BLOCKS, GGUF_TYPES, gguf_weight
 from .gptq import ZERO_OFFSETS, checkpoint_format, dynamic_pattern, read_gptq
+
+_log = logging.getLogger("trtcore.quant_formats")
 
 #: ``quantization`` values (vLLM's names) and ``quantization_config.quant_method`` values read here
 QUANTIZATION_METHODS = ("gptq", "awq", "compressed-tensors", "gguf", "fp8")
@@ -295,6 +298,10 @@ class QuantizedCheckpoint:
             self._linears = {n[: -len(marker)] for n in raw if n.endswith(marker)}
             hidden = {p + s for p in self._linears for s in owned}
         self._names = sorted((raw - hidden) | {f"{p}.weight" for p in self._linears})
+        #: FP8 at load: the linears' weights read quantized (:meth:`quantized`) and those a family
+        #: read as float tensors (:meth:`get`)
+        self.read_fp8: set[str] = set()
+        self.kept_float: set[str] = set()
 
     @property
     def names(self) -> list[str]:
@@ -326,6 +333,7 @@ class QuantizedCheckpoint:
         prefix = name[: -len(".weight")]
         c = self.scheme.config
         if self.scheme.on_the_fly:
+            self.read_fp8.add(name)
             return quantize_weight(self.checkpoint.get(name, copy=False), "tensor")
         if self.scheme.fp8:
             return read_fp8(self.checkpoint, prefix, self.scheme.method == "compressed-tensors" and compressed_per_token(c), static_activations(c))
@@ -343,16 +351,47 @@ class QuantizedCheckpoint:
     def get(self, name: str, shape: Sequence[int] | None = None, dtype: Any = None, *, copy: bool = True) -> np.ndarray:
         """A tensor that is not a quantized weight (see :meth:`trtcore.checkpoint.Checkpoint.get`).
 
+        With ``quantization="fp8"`` on a float checkpoint (quantized at load), a linear's weight
+        read here -- by a family that reads it as a float tensor (fused projections it splits
+        itself, MoE router gates and experts) -- is that float tensor: the linear stays in the
+        model dtype (:func:`check_fp8_at_load` then reports it).
+
         Raises:
             CheckpointError: ``name`` is a quantized weight (use :meth:`quantized`).
         """
         if self.is_quantized(name):
-            raise CheckpointError(f"'{name}' is {self.scheme.method}-quantized in {self.model_dir}; read it with quantized()")
+            if not self.scheme.on_the_fly:
+                raise CheckpointError(f"'{name}' is {self.scheme.method}-quantized in {self.model_dir}; read it with quantized()")
+            self.kept_float.add(name)
         return self.checkpoint.get(name, shape=shape, dtype=dtype, copy=copy)
 
     def close(self) -> None:
         """Close the underlying checkpoint."""
         self.checkpoint.close()
+
+
+def check_fp8_at_load(weights: Any, architecture: str) -> None:
+    """After a network build from ``weights``: with ``quantization="fp8"`` on a float checkpoint,
+    refuse a model none of whose linears the family read quantized (it reads them all as float
+    tensors: FP8 would be silently ignored), and warn once, with the counts, where some stayed
+    in the model dtype. Nothing for other checkpoints.
+
+    Raises:
+        UnsupportedQuantizationError: no linear of ``architecture`` was quantized.
+    """
+    if not isinstance(weights, QuantizedCheckpoint) or not weights.scheme.on_the_fly:
+        return
+    kept = sorted(weights.kept_float - weights.read_fp8)
+    if not weights.read_fp8:
+        raise UnsupportedQuantizationError(
+            f"quantization='fp8' (FP8 at load) quantizes no linear of {architecture}: its network reads every linear as a float "
+            f"tensor (e.g. {kept[0] if kept else 'none read'}); load it without quantization"
+        )
+    if kept:
+        _log.warning(
+            f"quantization='fp8': {len(kept)} of {len(kept) + len(weights.read_fp8)} linears of {architecture} stay in the model dtype "
+            f"(its network reads them as float tensors: fused projections it splits, MoE router gates and experts), e.g. {kept[0]}"
+        )
 
 
 def quantized_weights(weights: Any, quantization_config: dict[str, Any] | None, quantization: str | None = None) -> Any:
@@ -403,6 +442,7 @@ __all__ = [
     "SUPPORTED_FORMATS",
     "QuantScheme",
     "QuantizedCheckpoint",
+    "check_fp8_at_load",
     "dequantize_for_network",
     "detect_quantization",
     "linear_weight",
