@@ -11,6 +11,7 @@ checkpoint of those dequantized weights: trtcore's greedy tokens on the quantize
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -325,3 +326,13 @@ def test_calibration_files_that_cannot_be_read_are_refused(tmp_path: Path) -> No
         with pytest.raises(InvalidArgumentError, match=r"calibration file '.*latin1\.txt' is not UTF-8 text \(byte 3: invalid continuation byte\)"):
             quantize_checkpoint(src, tmp_path / "q", method=method, calibration=latin, **extra)
     assert not (tmp_path / "q").exists()
+
+
+def test_a_config_json_given_as_the_model_names_its_folder(tmp_path: Path, capsys: Any) -> None:
+    """``--model DIR/config.json`` (which LLM(...) reads) was "[Errno 20] Not a directory:
+    'DIR/config.json/config.json'"; it now names the folder to pass, and writes nothing."""
+    src = _tiny(tmp_path)
+    with pytest.raises(InvalidArgumentError, match=rf"config\.json is a file; quantize reads a model folder .*: pass {re.escape(str(src))}$"):
+        quantize_checkpoint(src / "config.json", tmp_path / "q")
+    assert main(["quantize", "--model", str(src / "config.json"), "--output", str(tmp_path / "q")]) == 2
+    assert f"pass {src}" in capsys.readouterr().err and not (tmp_path / "q").exists()

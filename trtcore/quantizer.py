@@ -392,7 +392,9 @@ def quantize_checkpoint(
         raise InvalidArgumentError(f"calibration_tokens (--calibration-tokens) must be positive, got {calibration_tokens}")
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     check_folder_free(output_dir, overwrite, source=model_dir)
-    config = load_config(model_dir)
+    config = load_config(model_dir)  # names a missing folder, a safetensors or GGUF file given as the model
+    if not model_dir.is_dir():  # a config.json: load_config reads it, the weights are beside it
+        raise InvalidArgumentError(f"{model_dir} is a file; quantize reads a model folder (config.json and safetensors): pass {model_dir.parent}")
     if config.quantization_config:
         raise InvalidArgumentError(
             f"{model_dir} is already quantized ({config.quantization_config.get('quant_method')}); quantize a float checkpoint"
