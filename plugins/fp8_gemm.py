@@ -160,7 +160,7 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         Raises:
             PluginError: dynamic or per-token activation scales, or already prequantized.
         """
-        if not self.static_input or self.per_token or self.prequantized:
+        if not self._static_quantize:
             raise PluginError("Fp8GemmPlugin.prequantized_for: only a static-scale plugin that quantizes x itself can read codes")
         d = np.dtype(out_dtype)
         if d not in KERNEL_DTYPE_CODES:
@@ -171,9 +171,13 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
         """The static input scale (float32 ``[1]``, constant input 3) when this plugin quantizes
         x itself with it and can read the codes instead (:meth:`prequantized_for`), else None:
         the hook of the cuda engine's :mod:`trtcore.cuda.fp8_input_fusion`."""
-        if not self.static_input or self.per_token or self.prequantized:
-            return None
-        return np.asarray(constants[2], np.float32).reshape(-1)[:1]
+        return np.asarray(constants[2], np.float32).reshape(-1)[:1] if self._static_quantize else None
+
+    @property
+    def _static_quantize(self) -> bool:
+        """Whether enqueue quantizes x itself with the static input scale (what a prequantized
+        form can take over)."""
+        return self.static_input and not self.per_token and not self.prequantized
 
     def alpha_beta(self, constants: Sequence[np.ndarray]) -> np.ndarray:
         """The prequantized plugin's input 4 from the constant inputs (weight, weight_scale,
@@ -323,30 +327,22 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
             _launch(defines, "trtcore_fp8_scale_tokens", (max(1, min(1024, -(-m * n // _THREADS))),), (_THREADS,), args, stream)
             return
         if self.prequantized:  # x holds the codes, input 4 alpha and beta
-            target, out_type = (workspace + d_off, 0) if self.per_channel else (out.ptr, lookup(dtype).cuda_data_type)
-            ab = inputs[4].ptr
-            _matmul().run(m, n, k, inputs[1].ptr, x.ptr, ab, ab + 4, target, out_type, workspace + lt_off, LT_WORKSPACE, stream)
-            if self.per_channel:
-                self._scale_rows(defines, workspace + d_off, inputs[2].ptr, m, n, out.ptr, stream)
-            return
-        blocks = max(1, min(1024, -(-m * k // (8 * _THREADS))))  # 8 elements per thread (the kernels' vectorized loop)
-        if not self.static_input:
-            _launch(defines, "trtcore_fp8_zero", (1,), (32,), [(amax, "ptr")], stream)
-            _launch(defines, "trtcore_fp8_amax", (blocks,), (_THREADS,), [(x.ptr, "ptr"), (m * k, "i64"), (amax, "ptr")], stream)
-        static = inputs[3].ptr if self.static_input else 0
-        w_scale = 0 if self.per_channel else inputs[2].ptr  # per-channel: alpha = s_x, the epilogue scales
-        args = [(x.ptr, "ptr"), (m * k, "i64"), (static, "ptr"), (amax, "ptr"), (w_scale, "ptr"), (scale, "ptr"), (alpha, "ptr")]
-        _launch(defines, "trtcore_fp8_quantize", (blocks,), (_THREADS,), args + [(workspace + xq_off, "ptr")], stream)
+            xq, alpha = x.ptr, inputs[4].ptr
+        else:
+            xq = workspace + xq_off
+            blocks = max(1, min(1024, -(-m * k // (8 * _THREADS))))  # 8 elements per thread (the kernels' vectorized loop)
+            if not self.static_input:
+                _launch(defines, "trtcore_fp8_zero", (1,), (32,), [(amax, "ptr")], stream)
+                _launch(defines, "trtcore_fp8_amax", (blocks,), (_THREADS,), [(x.ptr, "ptr"), (m * k, "i64"), (amax, "ptr")], stream)
+            static = inputs[3].ptr if self.static_input else 0
+            w_scale = 0 if self.per_channel else inputs[2].ptr  # per-channel: alpha = s_x, the epilogue scales
+            args = [(x.ptr, "ptr"), (m * k, "i64"), (static, "ptr"), (amax, "ptr"), (w_scale, "ptr"), (scale, "ptr"), (alpha, "ptr")]
+            _launch(defines, "trtcore_fp8_quantize", (blocks,), (_THREADS,), args + [(xq, "ptr")], stream)
         target, out_type = (workspace + d_off, 0) if self.per_channel else (out.ptr, lookup(dtype).cuda_data_type)
-        _matmul().run(m, n, k, inputs[1].ptr, workspace + xq_off, alpha, alpha + 4, target, out_type, workspace + lt_off, LT_WORKSPACE, stream)
+        _matmul().run(m, n, k, inputs[1].ptr, xq, alpha, alpha + 4, target, out_type, workspace + lt_off, LT_WORKSPACE, stream)
         if self.per_channel:
-            self._scale_rows(defines, workspace + d_off, inputs[2].ptr, m, n, out.ptr, stream)
-
-    @staticmethod
-    def _scale_rows(defines: tuple, d32: int, w_scale: int, m: int, n: int, out: int, stream: int) -> None:
-        """The per-channel epilogue: ``out[m, n] = round(d32[m, n] * w_scale[n])``."""
-        args = [(d32, "ptr"), (w_scale, "ptr"), (m * n, "i64"), (n, "i32"), (out, "ptr")]
-        _launch(defines, "trtcore_fp8_scale_rows", (max(1, min(1024, -(-m * n // _THREADS))),), (_THREADS,), args, stream)
+            args = [(workspace + d_off, "ptr"), (inputs[2].ptr, "ptr"), (m * n, "i64"), (n, "i32"), (out.ptr, "ptr")]
+            _launch(defines, "trtcore_fp8_scale_rows", (max(1, min(1024, -(-m * n // _THREADS))),), (_THREADS,), args, stream)
 
 
 _KERNELS = KernelLauncher("fp8_gemm")

@@ -74,6 +74,7 @@ __all__ = [
     "DECODE_MAX_M",
     "DECODE_VARIANT",
     "DEFAULT_DECODE",
+    "GROUP_UNIT",
     "PackedWeight",
     "WeightOnlyGemmPlugin",
     "can_contiguous_x",
@@ -151,6 +152,10 @@ _V2_TARGET_WARPS = 4096
 #: a weight with few tiles gives each tile more warps (measured on the 8B MLP shapes,
 #: bench/bench_wq_gemm.py --tune)
 _TARGET_WARPS = 8192
+
+
+#: K and every group size (per channel: K) are multiples of this many codes (the kernels' unit)
+GROUP_UNIT = 8
 
 
 def chunk_codes(bits: int) -> int:
@@ -322,9 +327,9 @@ def pack_weight(qw: QuantizedWeight, contiguous_x: bool | None = None) -> Packed
             asked for a weight :func:`can_contiguous_x` refuses.
     """
     n, k = qw.shape
-    if qw.group_size % 8:
+    if qw.group_size % GROUP_UNIT:
         what = f"per-channel weight's K={k}" if qw.group_size == k else f"group_size={qw.group_size}"
-        raise PluginError(f"weight-only GEMM: the {what} must be a multiple of 8 (the kernels' unit)")
+        raise PluginError(f"weight-only GEMM: the {what} must be a multiple of {GROUP_UNIT} (the kernels' unit)")
     allowed = can_contiguous_x(k, qw.bits, qw.group_size, qw.perm is not None)
     if contiguous_x and not allowed:
         raise PluginError(

@@ -66,6 +66,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError, UnsupportedArchitectureError
 from .fp8 import E4M3, WEIGHT_STRATEGIES, Fp8Weight, amax_scale, quantize_weight
+from .plugins.weight_only_gemm import GROUP_UNIT  # the groups the weight-only GEMM runs: quantize refuses others
 from .quant_formats.packing import pack_int32
 from .quantization import QuantizedWeight
 
@@ -81,9 +82,6 @@ LINEAR_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 _SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json"}
 #: the group sizes tried, largest first, for the default and for the hint of a bad one
 GROUP_SIZES = (128, 64, 32)
-#: a group (or a per-channel row, K) is a multiple of this many codes for trtcore's weight-only
-#: GEMM to run it (plugins/weight_only_gemm.py: the kernels' unit); ``quantize`` refuses others
-WEIGHT_ONLY_UNIT = 8
 
 
 #: ``observer`` values: how a group's range is chosen (compressed-tensors' ``QuantizationArgs.observer``)
@@ -433,7 +431,7 @@ def quantize_checkpoint(
                     else f"of every linear's K ({sorted(set(ks.values()))}; none of {'/'.join(map(str, GROUP_SIZES))} is)"
                 )
                 raise InvalidArgumentError(f"{name}: K={k} is not a multiple of group_size={group_size}; choose a divisor {hint}, or 0 (per channel)")
-            if method != "fp8" and (group_size or k) % WEIGHT_ONLY_UNIT:
+            if method != "fp8" and (group_size or k) % GROUP_UNIT:
                 fits = common_group_size(ks.values())
                 hint = (
                     f"choose a group size that is, such as {fits}, which divides every linear's K"
@@ -446,7 +444,7 @@ def quantize_checkpoint(
                     else f"group_size={group_size}"
                 )
                 raise InvalidArgumentError(
-                    f"{name}: {what} is not a multiple of {WEIGHT_ONLY_UNIT}, which trtcore's weight-only GEMM needs to run "
+                    f"{name}: {what} is not a multiple of {GROUP_UNIT}, which trtcore's weight-only GEMM needs to run "
                     f"the checkpoint (vLLM's Marlin kernels too); {hint}"
                 )
         plan = None

@@ -68,14 +68,14 @@ def _input_scale(g: Graph, node: Node) -> np.ndarray | None:
 def run(graph: Graph, stats: dict[str, Any]) -> Graph:
     """Quantize each static-scale FP8 linear's x in graph nodes (module docstring); ``stats``
     gets ``fp8_input_chains`` (chains made) and ``fp8_prequantized`` (plugins rewritten)."""
-    if not enabled() or all(_input_scale(graph, n) is None for n in graph.nodes):
+    scales = [_input_scale(graph, n) for n in graph.nodes] if enabled() else []
+    if all(s is None for s in scales):
         return graph
-    g = graph.copy()
+    g = graph.copy()  # its nodes in the same order: scales[i] is node i's
     chains: dict[tuple[str, bytes], str] = {}  # (x, s_x bytes) -> q
     out: list[Node] = []
     rewritten = 0
-    for node in g.nodes:
-        s_x = _input_scale(g, node)
+    for node, s_x in zip(g.nodes, scales):
         if s_x is None:
             out.append(node)
             continue
