@@ -7,10 +7,11 @@ per channel (:class:`~trtcore.cuda.synthetic.RandomQuantizedWeights`: the decode
 linear layers quantized, embeddings, norms and ``lm_head`` bfloat16, as published GPTQ / AWQ
 checkpoints; ``+ lm_head``: the ``lm_head`` 4-bit too, as GPTQModel's ``lm_head=True`` and
 gpt-fast's int4; the weights packed in the contiguous-x K order, ``weight_only_gemm.CONTIGUOUS_X``,
-the default; ``, natural order``: in the natural one), FP8 W8A8 with per-tensor weight scales and static or
-dynamic activation scales, or (``channel``) per-channel weight scales, whose q/k/v and gate/up
-the cuda engine fuses (:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the
-``trtcore_fp8_gemm`` plugin, cuBLASLt's FP8 GEMM). Reported: TPOT, tok/s, the weight pool's bytes and the ratio of tok/s to the
+the default; ``, natural order``: in the natural one), FP8 W8A8 with per-tensor weight scales
+(one per packed module) and static or dynamic activation scales, or (``channel``) per-channel
+weight scales; the cuda engine fuses q/k/v and gate/up in both
+(:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's
+FP8 GEMM). Reported: TPOT, tok/s, the weight pool's bytes and the ratio of tok/s to the
 bfloat16 engine's. The issue's targets: W4A16 at batch 1 on the Llama-3-8B shape at least 2.5x
 the bfloat16 engine's tok/s; FP8 throughput (256 requests, 128 in / 128 out) at least 1.5x
 bfloat16's (``--throughput 256``: every variant also streams that many requests through

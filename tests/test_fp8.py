@@ -79,6 +79,74 @@ def test_quantize_weight_per_channel_and_per_tensor() -> None:
         assert np.abs(fw.dequantize() - w).max() <= np.abs(w).max() / 16  # 3 mantissa bits
 
 
+def test_quantize_weight_with_a_larger_amax() -> None:
+    """A packed module's shared per-tensor scale: amax / 448 of the given amax, the codes the
+    spec's rounding of w / that scale."""
+    rng = np.random.default_rng(11)
+    w = rng.normal(0, 0.05, (8, 16))
+    big = float(np.abs(w).max()) * 3.7
+    fw = fp8.quantize_weight(w, "tensor", amax=big)
+    s = np.float32(big / 448)
+    assert fw.weight_scale.tolist() == [s]
+    want = np.array([[spec_encode(float(np.float32(v) / s)) for v in row] for row in w])
+    np.testing.assert_array_equal(fw.weight, want)
+    with pytest.raises(InvalidArgumentError, match="amax"):
+        fp8.quantize_weight(w, "channel", amax=big)
+    with pytest.raises(InvalidArgumentError, match="amax"):
+        fp8.quantize_weight(w, "tensor", amax=big / 10)
+
+
+def test_share_tensor_scale_requantizes_to_the_largest() -> None:
+    """vLLM's requantize-with-max-scale: each part dequantized (spec values x its scale) and
+    rounded again with the largest scale; the part that has it keeps its codes; the static
+    input scale becomes the largest."""
+    rng = np.random.default_rng(12)
+    parts = [fp8.quantize_weight(rng.normal(0, sd, (n, 16)), "tensor", x) for sd, n, x in ((0.1, 8, 0.02), (0.4, 4, 0.03), (0.05, 4, 0.02))]
+    got = fp8.share_tensor_scale(parts)
+    s = max(float(p.weight_scale[0]) for p in parts)
+    assert s == float(parts[1].weight_scale[0])
+    for p, q in zip(parts, got):
+        assert q.weight_scale.tolist() == [np.float32(s)] and q.input_scale.tolist() == [np.float32(0.03)]
+        values = SPEC_VALUES[p.weight] * float(p.weight_scale[0])
+        want = np.array([[spec_encode(float(np.float32(v) / np.float32(s))) for v in row] for row in values])
+        np.testing.assert_array_equal(q.weight, want)
+    np.testing.assert_array_equal(got[1].weight, parts[1].weight)
+    assert np.abs(got[0].dequantize() - parts[0].dequantize()).max() <= s * 448 / 16
+
+
+def test_share_tensor_scale_leaves_what_cannot_or_need_not_share() -> None:
+    rng = np.random.default_rng(13)
+    w = [rng.normal(0, sd, (16, 16)) for sd in (0.1, 0.3)]
+    cases = [
+        [fp8.quantize_weight(a, "channel", 0.02) for a in w],  # per channel: fuses as it is
+        [fp8.quantize_weight(w[0], "tensor", 0.02), fp8.quantize_weight(w[1], "tensor", None)],  # static and dynamic
+        [fp8.quantize_weight(w[0], "tensor", per_token=True), fp8.quantize_weight(w[1], "tensor")],  # per token and not
+        [fp8.quantize_weight(a, "tensor", 0.02, amax=9.0) for a in w],  # one scale already
+        [fp8.quantize_weight(w[0], "tensor", 0.02)],
+    ]
+    for parts in cases:
+        assert all(a is b for a, b in zip(fp8.share_tensor_scale(parts), parts, strict=True))
+
+
+def test_synthetic_per_tensor_fp8_weights_share_a_scale_per_packed_module() -> None:
+    """The bench's random FP8 weights, per tensor: q/k/v one scale, gate/up one, each layer and
+    o / down their own (so the build requantizes nothing and the engine fuses them)."""
+    from trtcore.config import ModelConfig
+    from trtcore.cuda.synthetic import RandomFp8Weights
+
+    c = ModelConfig.from_dict(
+        {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
+    )  # fmt: skip
+    w = RandomFp8Weights(c, "tensor")
+    scale = {f"{i}.{m}.{p}": float(w.quantized(f"model.layers.{i}.{m}.{p}_proj.weight").weight_scale[0])
+             for i in range(2) for m, ps in (("self_attn", "qkvo"), ("mlp", ("gate", "up", "down"))) for p in ps}  # fmt: skip
+    for i in range(2):
+        assert scale[f"{i}.self_attn.q"] == scale[f"{i}.self_attn.k"] == scale[f"{i}.self_attn.v"]
+        assert scale[f"{i}.mlp.gate"] == scale[f"{i}.mlp.up"]
+    assert len({scale[f"{i}.{m}"] for i in range(2) for m in ("self_attn.q", "self_attn.o", "mlp.gate", "mlp.down")}) == 8
+
+
 def test_reference_linear_static_and_dynamic() -> None:
     rng = np.random.default_rng(2)
     w = rng.normal(0, 0.1, (16, 32))

@@ -70,6 +70,23 @@ def test_fp8_checkpoint_greedy_equals_transformers(src: Path, tmp_path: Path, st
     assert res.outputs[0].token_ids == expected
 
 
+def test_per_tensor_checkpoint_gives_each_packed_module_one_scale(src: Path, tmp_path: Path) -> None:
+    """``--strategy tensor``: q/k/v share one weight scale, gate/up another (the largest
+    ``max|w| / 448`` of the float weights, as ModelOpt's export and vLLM's loading unify them),
+    o and down keep their own."""
+    from trtcore.checkpoint import Checkpoint
+
+    out = quantize_checkpoint(src, tmp_path / "t", method="fp8", strategy="tensor", activations="dynamic")
+    got = load_torch(str(out / "model.safetensors"))
+    with Checkpoint(src) as ck:
+        for i in range(2):  # the tiny model's layers (LINEARS)
+            for module, parts in (("self_attn", "qkv"), ("self_attn", "o"), ("mlp", ("gate", "up")), ("mlp", ("down",))):
+                names = [f"model.layers.{i}.{module}.{p}_proj" for p in parts]
+                amax = max(float(np.abs(np.asarray(ck.get(f"{n}.weight"), np.float64)).max()) for n in names)
+                for n in names:
+                    assert got[f"{n}.weight_scale"].reshape(-1).tolist() == [np.float32(amax / 448)], n
+
+
 def _assert_input_scales_are_amax(src: Path, sequences: list[list[int]], out: Path) -> None:
     """Every decoder linear's ``input_scale`` in ``out`` is ``max|x| / 448`` of its input over
     ``sequences`` run through transformers' float model of ``src`` (forward pre-hooks)."""
@@ -159,16 +176,26 @@ def test_dynamic_activations_prefill_equals_transformers(src: Path, tmp_path: Pa
 
 def test_on_the_fly_fp8_equals_per_tensor_fake_quantization(src: Path) -> None:
     """``LLM(quantization="fp8")`` on a float checkpoint (vLLM's meaning): per-tensor E4M3
-    weights and dynamic per-tensor activations, here against transformers' float model with
-    both fake-quantized by torch's own float8_e4m3fn casts."""
+    weights, one scale per packed module (q/k/v, gate/up: vLLM quantizes its fused
+    ``qkv_proj`` / ``gate_up_proj`` weight as one tensor) and dynamic per-tensor activations,
+    here against transformers' float model with both fake-quantized by torch's own
+    float8_e4m3fn casts."""
     import torch
 
     model = load_hf(src, "float32")
+    packed = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+    amax: dict[str, float] = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and ".layers." in name:
+            parent, leaf = name.rsplit(".", 1)
+            key = f"{parent.rsplit('.', 1)[0]}.{packed.get(leaf, leaf)}"  # the layer's packed module
+            amax[key] = max(amax.get(key, 0.0), float(mod.weight.detach().abs().max()))
     with torch.no_grad():
         for name, mod in model.named_modules():
             if isinstance(mod, torch.nn.Linear) and ".layers." in name:
                 w = mod.weight.float()
-                s = torch.where(w.abs().max() > 0, w.abs().max() / 448, torch.ones(()))
+                parent, leaf = name.rsplit(".", 1)
+                s = torch.tensor(amax[f"{parent.rsplit('.', 1)[0]}.{packed.get(leaf, leaf)}"] / 448)
                 mod.weight.copy_((w / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s)
 
                 def fake_quant(mod: Any, args: Any) -> Any:

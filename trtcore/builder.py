@@ -142,7 +142,8 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
     network.name = config.architecture
     mode = kv_mode(plan, config, local_kv_heads(config.num_key_value_heads, mapping.tp_size))
     graph = ops.Graph(trt, network, plan.dtype, plan.implementations, plan.block_size, plan.max_seq_len, kv_mode=mode, mapping=mapping)
-    report = LoadReport(quantized_weights(weights, config.quantization_config), family_of(config.model_type).is_ignored)
+    fam = family_of(config.model_type)
+    report = LoadReport(quantized_weights(weights, config.quantization_config, packed_modules=fam.packed_modules), fam.is_ignored)
     if plan.kv_fp8:  # the FP8 KV cache's per-layer scales (1.0 where the checkpoint has none, with a warning)
         graph.kv_scales = kv_cache_scales(report, config.num_hidden_layers)
     family.build(graph, config, report)

@@ -189,7 +189,11 @@ def _check_positive(name: str, s: np.ndarray) -> None:
 
 
 def quantize_weight(
-    weight: np.ndarray, strategy: str = "channel", input_scale: float | np.ndarray | None = None, per_token: bool = False
+    weight: np.ndarray,
+    strategy: str = "channel",
+    input_scale: float | np.ndarray | None = None,
+    per_token: bool = False,
+    amax: float | None = None,
 ) -> Fp8Weight:
     """FP8 quantization of one ``[N, K]`` weight with amax scales (module docstring).
 
@@ -199,9 +203,13 @@ def quantize_weight(
         input_scale: the activations' static scale (e.g. :func:`amax_scale` of calibration
             amax), or None for dynamic activation scales.
         per_token: dynamic per-token activation scales (input_scale None).
+        amax: ``"tensor"`` only: the amax of the one scale, at least ``max|weight|`` (a packed
+            module's: the largest of its linears', so that they share the scale, as vLLM
+            quantizes a fused ``qkv_proj`` at load); None: ``max|weight|``.
 
     Raises:
-        InvalidArgumentError: unknown strategy, per_token with an input_scale, not a 2-D weight, a non-finite weight or scale.
+        InvalidArgumentError: unknown strategy, per_token with an input_scale, not a 2-D weight,
+            a non-finite weight or scale, an ``amax`` with ``"channel"`` or below ``max|weight|``.
     """
     if strategy not in WEIGHT_STRATEGIES:
         raise InvalidArgumentError(f"FP8 weight strategy {strategy!r} is not one of {WEIGHT_STRATEGIES}")
@@ -211,10 +219,61 @@ def quantize_weight(
     if not np.isfinite(w).all():
         raise InvalidArgumentError("the weight holds a NaN or an infinity; it cannot be quantized")
     a = np.abs(w)
-    scale = amax_scale(a.max(axis=1) if strategy == "channel" else np.array([a.max(initial=0.0)]))
+    if amax is not None and (strategy != "tensor" or not amax >= a.max(initial=0.0)):
+        raise InvalidArgumentError(f"quantize_weight: amax {amax} needs strategy 'tensor' and at least max|weight| = {a.max(initial=0.0)}")
+    scale = amax_scale(a.max(axis=1) if strategy == "channel" else np.array([a.max(initial=0.0) if amax is None else amax]))
     codes = quantize(w.astype(np.float32), scale[:, None])
     inp = None if input_scale is None else np.asarray(input_scale, np.float32).reshape(1)
     return Fp8Weight(codes, scale, inp, per_token)
 
 
-__all__ = ["E4M3", "E4M3_MAX", "WEIGHT_STRATEGIES", "Fp8Weight", "amax_scale", "from_e4m3", "quantize", "quantize_weight", "to_e4m3"]
+def share_tensor_scale(parts: list[Fp8Weight]) -> list[Fp8Weight]:
+    """The FP8 linears of one fused module (q/k/v, gate/up: vLLM's packed modules) with one
+    per-tensor weight scale, the largest of theirs, so that they run as one GEMM.
+
+    vLLM loads such modules the same way (``requantize_with_max_scale`` in its w8a8 utilities;
+    TensorRT-LLM's FP8 checkpoints take the maximum of q/k/v's scales for its fused qkv): a part
+    whose scale is smaller is dequantized and quantized again with the largest (its codes round
+    once more; the largest scale saturates nothing), a part whose scale is already the largest
+    keeps its codes. Static input scales become their largest too (the parts read one x, so a
+    calibration gives them equal scales; vLLM takes the maximum).
+
+    Args:
+        parts: the module's linears, in order.
+
+    Returns:
+        ``parts`` as they are when any has per-channel scales, the parts' activation schemes
+        differ (static against dynamic, per token or not) or their scales are already equal;
+        else new :class:`Fp8Weight` objects with one ``weight_scale`` and ``input_scale``.
+    """
+    if len(parts) < 2 or any(p.per_channel for p in parts):
+        return parts
+    if len({(p.input_scale is None, p.per_token) for p in parts}) != 1:
+        return parts
+    scale = max(float(p.weight_scale[0]) for p in parts)
+    inputs = [float(p.input_scale[0]) for p in parts if p.input_scale is not None]
+    if all(p.weight_scale[0] == scale for p in parts) and len(set(inputs)) < 2:
+        return parts
+    ws = np.array([scale], np.float32)
+    xs = np.array([max(inputs)], np.float32) if inputs else None
+    out = []
+    codes = np.arange(256, dtype=np.uint8)
+    for p in parts:
+        # a code's new code depends on nothing else: one lookup in the 256 patterns requantized
+        table = quantize(from_e4m3(codes) * p.weight_scale.astype(np.float64)[0], ws)
+        out.append(Fp8Weight(p.weight if p.weight_scale[0] == scale else table[p.weight], ws, xs, p.per_token))
+    return out
+
+
+__all__ = [
+    "E4M3",
+    "E4M3_MAX",
+    "WEIGHT_STRATEGIES",
+    "Fp8Weight",
+    "amax_scale",
+    "from_e4m3",
+    "quantize",
+    "quantize_weight",
+    "share_tensor_scale",
+    "to_e4m3",
+]

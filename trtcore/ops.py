@@ -24,7 +24,7 @@ from . import kv_modes
 from .checkpoint import LazyTensor
 from .dtypes import ENGINE_DTYPES, trt_dtype
 from .errors import InvalidArgumentError, NetworkError
-from .fp8 import E4M3, E4M3_MAX, Fp8Weight, from_e4m3
+from .fp8 import E4M3, E4M3_MAX, Fp8Weight, from_e4m3, share_tensor_scale
 from .kv_modes import KVMode
 from .parallel import Mapping
 from .plan import IMPLEMENTATIONS, ROPE_IN_ATTENTION
@@ -448,6 +448,15 @@ def weight_only_linear(
     else:
         y.name = g.unique(name)
     return y
+
+
+def _one_fp8_scale(weights: list[Any]) -> list[Any]:
+    """The linears of one packed module (q/k/v, gate/up) with one per-tensor FP8 scale when all
+    are per-tensor FP8 (:func:`trtcore.fp8.share_tensor_scale`, as vLLM loads them: the cuda
+    engine then runs them as one GEMM), else as they are."""
+    if len(weights) > 1 and all(isinstance(w, Fp8Weight) for w in weights):
+        return list(share_tensor_scale(weights))
+    return weights
 
 
 def _np_of(g: Graph, x: Tensor) -> np.dtype:
@@ -934,12 +943,14 @@ def swiglu_mlp(
     (``GemmaMLP``: ``"gelu_pytorch_tanh"``, the tanh approximation).
 
     With ``g.mapping.tp_size > 1``: gate/up column-parallel, down row-parallel (one all-reduce).
+    Per-tensor FP8 gate/up get one weight scale, the larger (:func:`trtcore.fp8.share_tensor_scale`).
 
     Raises:
         InvalidArgumentError: ``hidden_act`` is neither ``"silu"`` nor one of :data:`GELU_ACTIVATIONS`.
     """
     if hidden_act != "silu" and hidden_act not in GELU_ACTIVATIONS:
         raise InvalidArgumentError(f"{name}: hidden_act {hidden_act!r} is not supported; expected 'silu' or one of {sorted(GELU_ACTIVATIONS)}")
+    gate, up = _one_fp8_scale([gate, up])
     with g.scope(name):
         gate_out = linear(g, x, gate, biases[0], "gate_proj", parallel="column")
         if hidden_act == "silu":
@@ -1719,7 +1730,8 @@ def self_attention(
     Args:
         x: ``[..., hidden]`` normalized hidden states (the token layout of the KV mode).
         weights: ``(q_proj, k_proj, v_proj)`` weights, ``[out_features, hidden]`` each (arrays
-            or :class:`~trtcore.checkpoint.LazyTensor`).
+            or :class:`~trtcore.checkpoint.LazyTensor`, or quantized; per-tensor FP8 ones get
+            one weight scale, the largest: :func:`trtcore.fp8.share_tensor_scale`).
         biases: their biases (``[out_features]`` or None each), or None.
         spec: the model's RoPE (:func:`trtcore.rope.rope_spec`).
         head_norms: ``(q_norm weight, k_norm weight, eps)`` (Qwen3: RMSNorm of each head
@@ -1742,7 +1754,7 @@ def self_attention(
         weights = [read_weight(w, 0, lo, hi) for w, (lo, hi) in zip(weights, rows)]
         bias = [read_weight(b, 0, lo, hi) for b, (lo, hi) in zip(bias, rows)]
     else:
-        weights, bias = [read_weight(w) for w in weights], [read_weight(b) for b in bias]
+        weights, bias = _one_fp8_scale([read_weight(w) for w in weights]), [read_weight(b) for b in bias]
     num_heads, num_kv_heads = h1 - h0, kv1 - kv0
     fused = fuses_rope(g, spec)
     common: dict[str, Any] = dict(

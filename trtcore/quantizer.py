@@ -37,7 +37,9 @@ generation config). It is written beside the target and renamed into place
 (:func:`trtcore.fileio.atomic_folder`).
 
 FP8 (``method="fp8"``, :mod:`trtcore.fp8`): every decoder linear's weight becomes E4M3 with
-``amax / 448`` scales per output channel (``strategy="channel"``) or per tensor, and, with
+``amax / 448`` scales per output channel (``strategy="channel"``) or per tensor (one scale for
+the linears of a packed module, q/k/v and gate/up: the largest amax of theirs, so that they
+run as one GEMM, as NVIDIA ModelOpt's export and vLLM's loading unify them), and, with
 static activations (the default), each linear's input gets one scale, ``amax / 448`` of that
 input over the calibration tokens run through the float model on the reference backend
 (:func:`trtcore.calibration.capture_calibration`; the linears reading one tensor share it);
@@ -65,8 +67,10 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgumentError, UnsupportedArchitectureError
+from .families import family_of
 from .fp8 import E4M3, WEIGHT_STRATEGIES, Fp8Weight, amax_scale, quantize_weight
 from .plugins.weight_only_gemm import GROUP_UNIT  # the groups the weight-only GEMM runs: quantize refuses others
+from .quant_formats import packed_siblings
 from .quant_formats.packing import pack_int32
 from .quantization import QuantizedWeight
 
@@ -223,7 +227,6 @@ def fp8_input_amax(
     """
     from .awq import LLAMA_SCALE_GROUPS
     from .calibration import capture_calibration
-    from .families import family_of
 
     def select(config: Any, present: set[str]) -> list[str]:
         return [g.input.format(i=i) for i in range(config.num_hidden_layers) for g in LLAMA_SCALE_GROUPS if g.input.format(i=i) in present]
@@ -251,8 +254,6 @@ def _pad(codes: np.ndarray, axis: int, multiple: int) -> np.ndarray:
 
 
 def _linear_names(config: Any) -> Iterator[str]:
-    from .families import family_of
-
     fam = family_of(config.model_type)
     if fam.builder != "trtcore.models.llama":
         raise UnsupportedArchitectureError(
@@ -449,6 +450,14 @@ def quantize_checkpoint(
                 )
         plan = None
         amax: dict[str, float] = {}
+        packed = family_of(config.model_type).packed_modules
+        weight_amaxes: dict[str, float] = {}
+
+        def weight_amax(name: str) -> float:  # per tensor: one scale per packed module (q/k/v, gate/up), the largest
+            if name not in weight_amaxes:
+                weight_amaxes[name] = float(np.abs(np.asarray(weights.get(name, copy=False), np.float64)).max(initial=0.0))
+            return weight_amaxes[name]
+
         if method == "fp8" and activations == "static":
             amax = fp8_input_amax(model_dir, calibration, calibration_tokens, calibration_ids)
         if method == "awq":
@@ -470,7 +479,8 @@ def quantize_checkpoint(
                 continue
             if method == "fp8":
                 scale = amax_scale(amax[name]) if amax else None
-                tensors |= fp8_tensors(name.removesuffix(".weight"), quantize_weight(value, strategy, scale))
+                shared = max(weight_amax(n) for n in packed_siblings(name, packed) if n in linears) if strategy == "tensor" else None
+                tensors |= fp8_tensors(name.removesuffix(".weight"), quantize_weight(value, strategy, scale, amax=shared))
                 continue
             tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(edited, bits, group_size, symmetric, observer))
     raw_config["quantization_config"] = (

@@ -512,6 +512,33 @@ def test_fp8_plugins_fuse_where_each_row_is_unchanged(case: str, monkeypatch: py
     np.testing.assert_array_equal(fused, np.concatenate(want, axis=1))
 
 
+def test_per_tensor_fp8_gate_up_get_one_scale_and_one_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ops.swiglu_mlp`` gives per-tensor FP8 gate/up with different scales the larger one
+    (vLLM's requantization with the max scale), so the cuda engine runs them as one GEMM whose
+    weight holds both parts' codes requantized; down stays alone."""
+    from trtcore import ops
+    from trtcore.fp8 import from_e4m3, quantize_weight, to_e4m3
+
+    monkeypatch.setenv("TRTCORE_FP8_INPUT_FUSION", "0")
+    k, inter = 64, 48
+    rng = np.random.default_rng(21)
+    gate, up = (quantize_weight(rng.standard_normal((inter, k)) * sd, "tensor", input_scale=0.02) for sd in (1.0, 3.0))
+    down = quantize_weight(rng.standard_normal((k, inter)), "tensor", input_scale=0.05)
+    net = network()
+    g = ops.Graph(tc, net, "bfloat16")
+    g.implementations["fp8_gemm"] = "plugin"
+    x = net.add_input("x", tc.DataType.BF16, (-1, k))
+    g.output(ops.swiglu_mlp(g, x, gate, up, down), "y")
+    plan = compile_net(net, {"x": ((1, k), (2, k), (8, k))})
+    plugins = [n for n in plan.graph.nodes if n.op == "plugin"]
+    assert sorted(n.attrs["plugin"].out_features for n in plugins) == [k, 2 * inter]
+    [fused] = [n for n in plugins if n.attrs["plugin"].out_features == 2 * inter]
+    s = max(float(gate.weight_scale[0]), float(up.weight_scale[0]))
+    assert plan.graph.constants[fused.inputs[2]].reshape(-1).tolist() == [np.float32(s)]
+    want = [to_e4m3(from_e4m3(w.weight) * float(w.weight_scale[0]) / np.float32(s)) for w in (gate, up)]  # requantized, float32 division
+    np.testing.assert_array_equal(plan.graph.constants[fused.inputs[1]], np.concatenate(want))
+
+
 def _fp8_mlp_net(input_scales: tuple[float, float] = (0.02, 0.05)) -> Any:
     """``h = a + b; y = rms_norm(h)``; q / k / v FP8 linears of y (per-tensor weight scales that
     differ, so they stay three plugins; one static input scale); ``down(silu(q) * k)`` with its

@@ -10,6 +10,7 @@ which changes nothing for timing and keeps numerics finite.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -178,7 +179,10 @@ class RandomFp8Weights(RandomQuantizedWeights):
     """:class:`RandomWeights` whose decoder linear layers are FP8 (E4M3): ``quantized(name)``
     gives a :class:`~trtcore.fp8.Fp8Weight` of uniformly random E4M3 bit patterns (NaN
     patterns replaced by zero) with weight scales ``0.8 .. 1.2 x 3e-4`` (about the pool's std
-    0.02) and, when ``static``, an input scale of ``0.02`` (else dynamic activation scales).
+    0.02; per tensor, one scale for the linears of a packed module, q/k/v and gate/up, as
+    ``trtcore quantize`` and ModelOpt write them, so that the build has nothing to requantize:
+    :func:`trtcore.fp8.share_tensor_scale`) and, when ``static``, an input scale of ``0.02``
+    (else dynamic activation scales).
     Embeddings, norms and ``lm_head`` stay bfloat16, as in published FP8 checkpoints.
 
     Args:
@@ -194,7 +198,9 @@ class RandomFp8Weights(RandomQuantizedWeights):
 
     def quantized(self, name: str) -> Any:
         """A fresh random :class:`~trtcore.fp8.Fp8Weight` for linear ``name``."""
+        from ..families import LLAMA_PACKED_MODULES
         from ..fp8 import Fp8Weight
+        from ..quant_formats import packed_siblings
 
         shape = self._linear(name)
         if shape is None:
@@ -203,5 +209,9 @@ class RandomFp8Weights(RandomQuantizedWeights):
         n, k = shape
         codes = self._code_rng.integers(0, 256, (n, k), dtype=np.uint8)
         codes[(codes & 0x7F) == 0x7F] = 0
-        scales = self._code_rng.uniform(0.8 * 3e-4, 1.2 * 3e-4, n if self.strategy == "channel" else 1).astype(np.float32)
+        if self.strategy == "channel":
+            scales = self._code_rng.uniform(0.8 * 3e-4, 1.2 * 3e-4, n).astype(np.float32)
+        else:  # drawn from the packed module's name: its linears share it
+            module = packed_siblings(name, LLAMA_PACKED_MODULES)[0]
+            scales = np.random.default_rng(zlib.crc32(module.encode())).uniform(0.8 * 3e-4, 1.2 * 3e-4, 1).astype(np.float32)
         return Fp8Weight(codes, scales, np.full(1, 0.02, np.float32) if self.static else None)

@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -277,9 +277,11 @@ class QuantizedCheckpoint:
     :meth:`quantized` (``get`` refuses it, so that no layer reads it unknowingly).
     """
 
-    def __init__(self, checkpoint: Any, scheme: QuantScheme):
+    def __init__(self, checkpoint: Any, scheme: QuantScheme, packed_modules: Mapping[str, Sequence[str]] | None = None):
         self.checkpoint = checkpoint
         self.scheme = scheme
+        self.packed_modules = dict(packed_modules or {})
+        self._amax: dict[str, float] = {}
         self.model_dir = getattr(checkpoint, "model_dir", None)
         raw = set(checkpoint)
         if scheme.method == "gguf":
@@ -332,9 +334,10 @@ class QuantizedCheckpoint:
             raise CheckpointError(f"'{name}' is not a quantized weight of {self.model_dir} ({self.scheme.method})")
         prefix = name[: -len(".weight")]
         c = self.scheme.config
-        if self.scheme.on_the_fly:
+        if self.scheme.on_the_fly:  # one scale per packed module (vLLM quantizes the fused qkv_proj / gate_up_proj weight)
             self.read_fp8.add(name)
-            return quantize_weight(self.checkpoint.get(name, copy=False), "tensor")
+            amax = max(self._amax_of(n) for n in packed_siblings(name, self.packed_modules) if self.is_quantized(n))
+            return quantize_weight(self.checkpoint.get(name, copy=False), "tensor", amax=amax)
         if self.scheme.fp8:
             return read_fp8(self.checkpoint, prefix, self.scheme.method == "compressed-tensors" and compressed_per_token(c), static_activations(c))
         if self.scheme.method == "gguf":
@@ -347,6 +350,11 @@ class QuantizedCheckpoint:
             "compressed-tensors": read_pack_quantized,
         }[self.scheme.method]
         return read(self.checkpoint, prefix, c)
+
+    def _amax_of(self, name: str) -> float:
+        if name not in self._amax:
+            self._amax[name] = float(np.abs(np.asarray(self.checkpoint.get(name, copy=False), np.float64)).max(initial=0.0))
+        return self._amax[name]
 
     def get(self, name: str, shape: Sequence[int] | None = None, dtype: Any = None, *, copy: bool = True) -> np.ndarray:
         """A tensor that is not a quantized weight (see :meth:`trtcore.checkpoint.Checkpoint.get`).
@@ -394,9 +402,15 @@ def check_fp8_at_load(weights: Any, architecture: str) -> None:
         )
 
 
-def quantized_weights(weights: Any, quantization_config: dict[str, Any] | None, quantization: str | None = None) -> Any:
+def quantized_weights(
+    weights: Any,
+    quantization_config: dict[str, Any] | None,
+    quantization: str | None = None,
+    packed_modules: Mapping[str, Sequence[str]] | None = None,
+) -> Any:
     """``weights`` as a :class:`QuantizedCheckpoint` when the config says it is quantized
-    (unchanged otherwise, or when it already is one).
+    (unchanged otherwise, or when it already is one); ``packed_modules``: the family's
+    (vLLM's ``packed_modules_mapping``), whose linears FP8 at load gives one scale.
 
     Raises:
         UnsupportedQuantizationError / InvalidArgumentError: see :func:`detect_quantization`.
@@ -404,7 +418,22 @@ def quantized_weights(weights: Any, quantization_config: dict[str, Any] | None, 
     scheme = detect_quantization(quantization_config, quantization)
     if scheme is None or isinstance(weights, QuantizedCheckpoint):
         return weights
-    return QuantizedCheckpoint(weights, scheme)
+    return QuantizedCheckpoint(weights, scheme, packed_modules)
+
+
+def packed_siblings(name: str, packed_modules: Mapping[str, Sequence[str]]) -> list[str]:
+    """The weights packed with the linear weight ``name`` (``PARENT.X.weight``) into one
+    module (``packed_modules``, vLLM's ``packed_modules_mapping``: fused module -> the modules
+    it packs, e.g. ``qkv_proj`` -> ``q_proj, k_proj, v_proj``), ``name`` among them, in the
+    mapping's order; ``[name]`` when ``X`` is in none.
+
+    Example: ``model.layers.0.self_attn.k_proj.weight`` -> the q/k/v weights of that layer.
+    """
+    parent, _, leaf = name.removesuffix(".weight").rpartition(".")
+    for parts in packed_modules.values():
+        if leaf in parts:
+            return [f"{parent}.{m}.weight" if parent else f"{m}.weight" for m in parts]
+    return [name]
 
 
 def dequantize_for_network(weight: QuantizedWeight | Fp8Weight) -> np.ndarray:
@@ -446,6 +475,7 @@ __all__ = [
     "dequantize_for_network",
     "detect_quantization",
     "linear_weight",
+    "packed_siblings",
     "quantization_config_file",
     "quantized_weights",
 ]
