@@ -114,6 +114,21 @@ def test_share_tensor_scale_requantizes_to_the_largest() -> None:
     assert np.abs(got[0].dequantize() - parts[0].dequantize()).max() <= s * 448 / 16
 
 
+def test_an_all_zero_part_does_not_set_the_shared_scale() -> None:
+    """An all-zero linear's scale is 1 (amax_scale of 0); the others keep theirs (largest of
+    the non-zero parts) and the zero part's codes stay zero, -0 included."""
+    rng = np.random.default_rng(14)
+    q, k = (fp8.quantize_weight(rng.normal(0, sd, (8, 16)), "tensor") for sd in (0.002, 0.001))
+    zero = fp8.quantize_weight(np.zeros((8, 16)), "tensor")
+    zero.weight[0, :4] = 0x80  # negative zeros
+    assert zero.weight_scale.tolist() == [1.0]
+    got = fp8.share_tensor_scale([q, k, zero])
+    assert [g.weight_scale.tolist() for g in got] == [q.weight_scale.tolist()] * 3
+    np.testing.assert_array_equal(got[0].weight, q.weight)
+    np.testing.assert_array_equal(got[2].weight, zero.weight)
+    assert all(a is b for a, b in zip(fp8.share_tensor_scale([zero, zero]), [zero, zero]))
+
+
 def test_share_tensor_scale_leaves_what_cannot_or_need_not_share() -> None:
     rng = np.random.default_rng(13)
     w = [rng.normal(0, sd, (16, 16)) for sd in (0.1, 0.3)]

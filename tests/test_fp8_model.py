@@ -87,6 +87,25 @@ def test_per_tensor_checkpoint_gives_each_packed_module_one_scale(src: Path, tmp
                     assert got[f"{n}.weight_scale"].reshape(-1).tolist() == [np.float32(amax / 448)], n
 
 
+def test_check_judges_a_checkpoint_with_a_scale_per_linear(src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A per-tensor checkpoint whose q/k/v and gate/up have their own scales (llm-compressor's
+    static FP8 layout): trtcore requantizes each packed module to its largest scale, and
+    ``trtcore check`` gives transformers' model the same scales, so the two agree to float32
+    rounding; transformers' own per-linear model would not (by more than FP8's rounding)."""
+    import trtcore.quantizer as quantizer
+    from trtcore import check
+
+    monkeypatch.setattr(quantizer, "packed_siblings", lambda name, packed: [name])  # each linear its own amax
+    out = quantize_checkpoint(src, tmp_path / "per-linear", method="fp8", strategy="tensor", calibration_ids=_calibration())
+    got = load_torch(str(out / "model.safetensors"))
+    scales = {n: float(got[f"model.layers.0.self_attn.{n}_proj.weight_scale"]) for n in "qkv"}
+    assert len(set(scales.values())) == 3
+    prompt = random_prompt(np.random.default_rng(3), 9, V.vocab_size)
+    assert check.compare_with_transformers(out, prompt, steps=4)["max_rel_error"] < 1e-4
+    monkeypatch.setattr(check, "share_hf_fp8_scales", lambda model, torch: 0)  # transformers as it reads the file
+    assert check.compare_with_transformers(out, prompt, steps=4)["max_rel_error"] > 1e-3
+
+
 def _assert_input_scales_are_amax(src: Path, sequences: list[list[int]], out: Path) -> None:
     """Every decoder linear's ``input_scale`` in ``out`` is ``max|x| / 448`` of its input over
     ``sequences`` run through transformers' float model of ``src`` (forward pre-hooks)."""

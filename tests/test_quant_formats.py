@@ -525,3 +525,19 @@ def test_static_fp8_linear_without_input_scale_is_refused(tmp_path: Path, layout
         with pytest.warns(UserWarning, match="input_scale tensors are ignored"):
             fw = _read(tmp_path / "dyn", {**config, "activation_scheme": "dynamic"}, tensors | {"input_scale": np.full(1, 0.5, np.float32)})
         assert fw.input_scale is None
+
+
+def test_packed_siblings_names_the_packed_module_s_linears() -> None:
+    from trtcore.families import LLAMA_PACKED_MODULES
+    from trtcore.quant_formats import packed_siblings
+
+    p = "model.layers.3.self_attn"
+    assert packed_siblings(f"{p}.k_proj.weight", LLAMA_PACKED_MODULES) == [f"{p}.{m}_proj.weight" for m in "qkv"]
+    assert packed_siblings(f"{p}.k_proj", LLAMA_PACKED_MODULES) == [f"{p}.{m}_proj" for m in "qkv"]
+    assert packed_siblings("model.layers.0.mlp.up_proj.weight", LLAMA_PACKED_MODULES) == [
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+    ]
+    assert packed_siblings("up_proj.weight", LLAMA_PACKED_MODULES) == ["gate_proj.weight", "up_proj.weight"]
+    for alone in ("model.layers.0.self_attn.o_proj.weight", "lm_head.weight", "model.layers.0.mlp.down_proj"):
+        assert packed_siblings(alone, LLAMA_PACKED_MODULES) == [alone]

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgumentError, TrtcoreError, UnsupportedArchitectureError
+from .errors import ConfigError, InvalidArgumentError, TrtcoreError, UnsupportedArchitectureError
 
 
 def _transformers() -> tuple[Any, Any]:
@@ -46,7 +46,9 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
     compressed-tensors checkpoint (what ``trtcore quantize`` writes) is read decompressed
     (``CompressedTensorsConfig(run_compressed=False)``: its packed int weights as float
     weights), the form transformers runs on the CPU; an FP8 one (``float-quantized``) as it
-    is, so that its linears quantize their inputs (static ``input_scale`` or dynamic) too.
+    is, so that its linears quantize their inputs (static ``input_scale`` or dynamic) too, with
+    the per-tensor scales of each packed module (q/k/v, gate/up) made one, the largest, as
+    trtcore and vLLM run them (:func:`share_hf_fp8_scales`).
 
     Raises:
         TrtcoreError: the checkpoint needs a package that is not installed (named)."""
@@ -65,7 +67,63 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
         model = auto_model.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager", experts_implementation="eager", **kwargs)
     except ImportError as exc:  # e.g. compressed-tensors, gptqmodel
         raise TrtcoreError(f"transformers cannot read {folder} here: {exc}") from exc
+    share_hf_fp8_scales(model, torch)
     return model.eval()
+
+
+def share_hf_fp8_scales(model: Any, torch: Any) -> int:
+    """Give the per-tensor FP8 linears of each packed module of a transformers model (loaded
+    from a compressed-tensors ``float-quantized`` checkpoint: E4M3 ``weight``, ``weight_scale``,
+    ``input_scale``) one weight scale and one input scale, the largest, requantizing the codes
+    as trtcore does at build (:func:`trtcore.fp8.share_tensor_scale`, vLLM's requantization with
+    the max scale), so that transformers judges the numbers trtcore computes. The family's
+    packed modules come from ``model.config.model_type`` (none for a family trtcore does not
+    know). Per-channel and unquantized linears are left as they are.
+
+    Returns:
+        how many linears were changed.
+    """
+    from .families import family_of
+    from .fp8 import Fp8Weight, share_tensor_scale
+    from .quant_formats import packed_siblings
+
+    try:
+        packed = family_of(model.config.model_type).packed_modules
+    except ConfigError:  # a family trtcore does not build: nothing is packed
+        return 0
+    fp8 = {
+        f"{name}.weight": m
+        for name, m in model.named_modules()
+        if getattr(m, "weight_scale", None) is not None and getattr(m, "weight", None) is not None and m.weight.dtype == torch.float8_e4m3fn
+    }
+    changed = 0
+    seen: set[str] = set()
+    for name in fp8:
+        if name in seen:
+            continue
+        group = [n for n in packed_siblings(name, packed) if n in fp8]
+        seen.update(group)
+        if len(group) < 2 or any(fp8[n].weight_scale.numel() != 1 for n in group):
+            continue
+        mods = [fp8[n] for n in group]
+        parts = [
+            Fp8Weight(
+                m.weight.detach().view(torch.uint8).numpy().copy(),
+                m.weight_scale.detach().float().reshape(1).numpy().copy(),
+                None if getattr(m, "input_scale", None) is None else m.input_scale.detach().float().reshape(1).numpy().copy(),
+            )
+            for m in mods
+        ]
+        for m, old, new in zip(mods, parts, share_tensor_scale(parts)):
+            if new is old:
+                continue
+            changed += 1
+            with torch.no_grad():
+                m.weight.copy_(torch.from_numpy(new.weight).view(torch.float8_e4m3fn))
+                m.weight_scale.copy_(torch.from_numpy(new.weight_scale).reshape(m.weight_scale.shape))
+                if new.input_scale is not None:
+                    m.input_scale.copy_(torch.from_numpy(new.input_scale).reshape(m.input_scale.shape))
+    return changed
 
 
 def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], steps: int = 8) -> dict[str, Any]:

@@ -236,21 +236,27 @@ def share_tensor_scale(parts: list[Fp8Weight]) -> list[Fp8Weight]:
     whose scale is smaller is dequantized and quantized again with the largest (its codes round
     once more; the largest scale saturates nothing), a part whose scale is already the largest
     keeps its codes. Static input scales become their largest too (the parts read one x, so a
-    calibration gives them equal scales; vLLM takes the maximum).
+    calibration gives them equal scales; vLLM takes the maximum). A part whose codes are all
+    zero takes no part in the maximum (its scale, 1 from :func:`amax_scale`, says nothing about
+    the others' range); its codes stay zero.
 
     Args:
         parts: the module's linears, in order.
 
     Returns:
         ``parts`` as they are when any has per-channel scales, the parts' activation schemes
-        differ (static against dynamic, per token or not) or their scales are already equal;
-        else new :class:`Fp8Weight` objects with one ``weight_scale`` and ``input_scale``.
+        differ (static against dynamic, per token or not), every part is zero or their scales
+        are already equal; else new :class:`Fp8Weight` objects with one ``weight_scale`` and
+        ``input_scale``.
     """
     if len(parts) < 2 or any(p.per_channel for p in parts):
         return parts
     if len({(p.input_scale is None, p.per_token) for p in parts}) != 1:
         return parts
-    scale = max(float(p.weight_scale[0]) for p in parts)
+    nonzero = [float(p.weight_scale[0]) for p in parts if (p.weight & 0x7F).any()]
+    if not nonzero:
+        return parts
+    scale = max(nonzero)
     inputs = [float(p.input_scale[0]) for p in parts if p.input_scale is not None]
     if all(p.weight_scale[0] == scale for p in parts) and len(set(inputs)) < 2:
         return parts

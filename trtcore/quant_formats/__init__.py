@@ -422,17 +422,19 @@ def quantized_weights(
 
 
 def packed_siblings(name: str, packed_modules: Mapping[str, Sequence[str]]) -> list[str]:
-    """The weights packed with the linear weight ``name`` (``PARENT.X.weight``) into one
-    module (``packed_modules``, vLLM's ``packed_modules_mapping``: fused module -> the modules
-    it packs, e.g. ``qkv_proj`` -> ``q_proj, k_proj, v_proj``), ``name`` among them, in the
-    mapping's order; ``[name]`` when ``X`` is in none.
+    """The weights packed with the linear weight ``name`` (``PARENT.X.weight``, or the module
+    ``PARENT.X`` itself: the result then names modules) into one module (``packed_modules``,
+    vLLM's ``packed_modules_mapping``: fused module -> the modules it packs, e.g. ``qkv_proj``
+    -> ``q_proj, k_proj, v_proj``), ``name`` among them, in the mapping's order; ``[name]``
+    when ``X`` is in none.
 
     Example: ``model.layers.0.self_attn.k_proj.weight`` -> the q/k/v weights of that layer.
     """
-    parent, _, leaf = name.removesuffix(".weight").rpartition(".")
+    suffix = ".weight" if name.endswith(".weight") else ""
+    parent, _, leaf = name.removesuffix(suffix).rpartition(".")
     for parts in packed_modules.values():
         if leaf in parts:
-            return [f"{parent}.{m}.weight" if parent else f"{m}.weight" for m in parts]
+            return [f"{parent}.{m}{suffix}" if parent else f"{m}{suffix}" for m in parts]
     return [name]
 
 
