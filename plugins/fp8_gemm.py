@@ -352,10 +352,14 @@ _local = threading.local()
 
 def _matmul() -> Any:
     """This thread's cuBLASLt FP8 matmul (one handle per thread, made on first use; cuBLASLt
-    handles are not bound to a stream, the stream is an argument of each matmul)."""
+    handles are not bound to a stream, the stream is an argument of each matmul). Fast
+    accumulation (:class:`trtcore.cuda.cublaslt.Fp8Matmul`) with ``TRTCORE_FP8_FAST_ACCUM=1``
+    in the environment when the handle is made (an experiment's switch: off by default)."""
     mm = getattr(_local, "fp8", None)
     if mm is None:
+        import os
+
         from trtcore.cuda.cublaslt import Fp8Matmul
 
-        mm = _local.fp8 = Fp8Matmul()
+        mm = _local.fp8 = Fp8Matmul(fast_accum=os.environ.get("TRTCORE_FP8_FAST_ACCUM") == "1")
     return mm

@@ -261,6 +261,20 @@ def test_fp8_matmul_is_the_row_major_linear_with_a_device_alpha(lt: FakeLt, out_
     del w_raw, x_raw, scalars_raw, d_raw, other_raw
 
 
+def test_fast_accumulation_is_a_descriptor_attribute_and_part_of_the_plan(lt: FakeLt) -> None:
+    """``Fp8Matmul(fast_accum=True)`` sets ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` (25) to 1 before
+    the heuristic; the default leaves it 0."""
+    for fast in (False, True):
+        keep, (wp, xp, sa, sb, dp) = _operands(2, 32, 32)
+        lt.calls.clear()
+        mm = cublaslt.Fp8Matmul(fast_accum=fast) if fast else cublaslt.Fp8Matmul()
+        mm.run(2, 32, 32, wp, xp, sa, sb, dp, 0, 0, 1 << 20, 0)
+        [heur] = [c for c in lt.calls if c[0] == "heuristic"]
+        assert heur[2].get(25, 0) == int(fast)
+        mm.close()
+        del keep
+
+
 def _operands(m: int, n: int, k: int, d_offset: int = 0) -> tuple[list, tuple[int, ...]]:
     """Zero E4M3 operands, alpha 1, beta 0 and a float32 output (``d_offset`` bytes past 256-byte
     alignment): the buffers to keep and the pointers (w, x, alpha, beta, d)."""

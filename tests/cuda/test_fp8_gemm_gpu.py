@@ -48,7 +48,7 @@ if compute_capability(0) < (8, 9):
 
 import cupy as cp  # noqa: E402
 
-from trtcore.cuda.cublaslt import FP8_ACCUMULATION_RTOL  # noqa: E402
+from trtcore.cuda.cublaslt import FP8_ACCUMULATION_RTOL, FP8_FAST_ACCUMULATION_RTOL, Fp8Matmul  # noqa: E402
 from trtcore.plugins.fp8_gemm import _KERNELS, Fp8GemmPlugin  # noqa: E402
 
 
@@ -333,3 +333,26 @@ def test_fp8_input_fusion_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> Non
     for n, rel in (("v", 2.0**-6), ("out", 0.05)):
         got, want = outs["1"][n].astype(np.float64), np.asarray(ref[n]).astype(np.float64)
         assert np.abs(got - want).max() <= rel * np.abs(want).max(), (n, np.abs(got - want).max(), np.abs(want).max())
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 4096, 4096), (256, 1024, 14336), (2048, 512, 4096)])
+def test_fast_accumulation_stays_within_its_bound(m: int, n: int, k: int) -> None:
+    """``Fp8Matmul(fast_accum=True)`` (float32 output, so only the accumulation shows) against
+    float64: within :data:`trtcore.cuda.cublaslt.FP8_FAST_ACCUMULATION_RTOL` of ``max|D|``;
+    the default (promoted) accumulation within ``FP8_ACCUMULATION_RTOL`` on the same operands."""
+    rng = np.random.default_rng(m + n + k)
+    finite = np.flatnonzero(~np.isnan(np.arange(256, dtype=np.uint8).view(fp8.E4M3).astype(np.float32)))
+    small = finite[(finite & 0x78) <= 0x38].astype(np.uint8)  # |value| < 2: no few huge products dominate
+    w, x = rng.choice(small, (n, k)), rng.choice(small, (m, k))
+    want = fp8.from_e4m3(x) @ fp8.from_e4m3(w).T
+    wd, xd = cp.asarray(w), cp.asarray(x)
+    ab = cp.asarray(np.array([1.0, 0.0], np.float32))
+    ws = cp.empty(8 << 20, cp.uint8)
+    for fast, bound in ((True, FP8_FAST_ACCUMULATION_RTOL), (False, FP8_ACCUMULATION_RTOL)):
+        d = cp.full((m, n), np.nan, cp.float32)
+        mm = Fp8Matmul(fast_accum=fast)
+        mm.run(m, n, k, wd.data.ptr, xd.data.ptr, ab.data.ptr, ab.data.ptr + 4, d.data.ptr, 0, ws.data.ptr, ws.size, 0)
+        cp.cuda.runtime.deviceSynchronize()
+        mm.close()
+        err = float(np.abs(cp.asnumpy(d) - want).max() / np.abs(want).max())
+        assert err <= bound, (fast, err, bound)

@@ -207,6 +207,14 @@ FP8_ALIGN = 16
 #: wrong scale, layout or E4M3 code is off by 2**-4 or more. It assumes ``max|D|`` is of the
 #: order of ``sqrt(sum_k (x_k w_k)**2)`` (no systematic cancellation in every output).
 FP8_ACCUMULATION_RTOL = 2.0**-10
+#: error bound of :class:`Fp8Matmul` with ``fast_accum`` (the whole K in the tensor cores'
+#: accumulator, no float32 promotion), relative to ``max|D|``: ``2**-6``. Measured on the H200
+#: (``bench/bench_fp8_gemm.py``, ``bench/results/h200-2026-12-03-session12/call4``; bfloat16
+#: output, whose rounding is up to ``2**-9``): ``3.7e-3 .. 1.0e-2`` for K = 4096 .. 14336 on
+#: zero-mean E4M3 operands below 2, against ``2.2e-3 .. 2.8e-3`` with promotion; 14-bit partial
+#: sums over the whole K add more errors than over one promotion interval. The bound is 1.5x the
+#: worst measured; a wrong scale or layout is off by ``2**-4`` or more.
+FP8_FAST_ACCUMULATION_RTOL = 2.0**-6
 #: ``cublasLtPointerMode_t`` CUBLASLT_POINTER_MODE_DEVICE: alpha and beta are device pointers
 POINTER_MODE_DEVICE = 1
 #: the pointers of :func:`fp8_check` that point to one float32 (4-byte aligned); the rest are matrices
@@ -267,7 +275,11 @@ class Fp8Matmul(HandleOwner):
       (``POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO``) was refused too, so per-channel weight
       scales stay an epilogue of the caller's;
     * ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` = 0 (cuBLASLt's default, stated: the tensor cores'
-      FP8 accumulation is promoted to float32 at cuBLASLt's intervals, not only at the end);
+      FP8 accumulation is promoted to float32 at cuBLASLt's intervals, not only at the end)
+      unless ``fast_accum`` (1: no promotion, the whole K in the tensor cores' accumulator,
+      which keeps about 14 bits: faster where the GEMM is bound by its math, less exact by up
+      to ``~sqrt(K) * 2**-14`` of the output for zero-mean operands; vLLM's CUTLASS FP8
+      kernels for Hopper use the fast-accumulation schedules);
     * one plan (descriptor, layouts, algorithm) per shape, output type, workspace and operand
       alignment: the alpha / beta pointers are arguments of each ``cublasLtMatmul``, not
       attributes of the descriptor, so they are not part of the plan's key;
@@ -281,10 +293,11 @@ class Fp8Matmul(HandleOwner):
     from cuBLASLt itself.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fast_accum: bool = False) -> None:
         from nvmath.bindings import cublasLt
 
         self._lt = cublasLt
+        self.fast_accum = bool(fast_accum)
         self.handle = cublasLt.create()
         self._plans: dict[tuple[int, ...], tuple[int, int, int, int, np.ndarray]] = {}
 
@@ -313,7 +326,7 @@ class Fp8Matmul(HandleOwner):
             self._set(desc, D.TRANSA, 1)  # CUBLAS_OP_T
             self._set(desc, D.TRANSB, 0)  # CUBLAS_OP_N
             self._set(desc, D.POINTER_MODE, POINTER_MODE_DEVICE)
-            self._set(desc, D.FAST_ACCUM, 0)
+            self._set(desc, D.FAST_ACCUM, int(self.fast_accum))
             a = lt.matrix_layout_create(R_8F_E4M3, k, n, k)
             b = lt.matrix_layout_create(R_8F_E4M3, k, m, k)
             d = lt.matrix_layout_create(out_type, n, m, n)
@@ -384,6 +397,7 @@ class Fp8Matmul(HandleOwner):
 __all__ = [
     "FP8_ACCUMULATION_RTOL",
     "FP8_ALIGN",
+    "FP8_FAST_ACCUMULATION_RTOL",
     "FP8_OUTPUT_TYPES",
     "FP8_SCALAR_POINTERS",
     "POINTER_MODE_DEVICE",
