@@ -178,3 +178,25 @@ def test_python_m_trtcore_runs_the_command() -> None:
     proc = subprocess.run([sys.executable, "-m", "trtcore", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "quantize" in proc.stdout and "generate" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("fp8", "greedy", "err", "code"),
+    [(True, True, 0.08, 0), (True, False, 0.08, 1), (False, True, 0.08, 1), (True, True, 1e-6, 0), (False, True, 1e-6, 0)],
+)
+def test_check_verdict_with_fp8_activations_is_the_greedy_tokens(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fp8: bool, greedy: bool, err: float, code: int
+) -> None:
+    """FP8 activations: a logit error beyond the tolerance with equal greedy tokens is OK (a
+    float32 last-bit difference moves an E4M3 code by 1/16), and says so; without FP8
+    activations, or with other greedy tokens, it fails as before."""
+    from trtcore import check, cli
+
+    report = {"architecture": "LlamaForCausalLM", "num_tokens": 3, "max_rel_error": err, "trtcore_token": 5, "transformers_token": 5,
+              "greedy_equal": greedy, "fp8_activations": fp8}  # fmt: skip
+    monkeypatch.setattr(check, "compare_with_transformers", lambda model, prompt: report)
+    monkeypatch.setattr(cli, "_model_dir", lambda m: m)
+    assert cli.main(["check", "--model", "x", "--prompt", "hi"]) == code
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("OK" if code == 0 else "FAIL")
+    assert ("FP8 activations" in out) == (fp8 and err > 1e-4)

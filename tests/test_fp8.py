@@ -347,6 +347,26 @@ def test_plugin_needs_multiples_of_16_and_ops_fall_back_to_qdq() -> None:
         assert plugins == ([kind] if kind else [])
 
 
+def test_the_cuda_backend_warns_once_where_fp8_linears_fall_back_to_qdq(caplog: pytest.LogCaptureFixture) -> None:
+    """K or N not a multiple of 16 on the cuda backend: the Q/DQ form (a float32 matmul) runs
+    instead of cuBLASLt's FP8 GEMM, and the build says so once per network."""
+    import logging
+
+    from trtcore import ops
+    from trtcore.trt import load_trt
+
+    trt = load_trt("cuda")
+    network = trt.Builder(trt.Logger()).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    g = ops.Graph(trt, network, "float32")
+    x = g.input("x", np.float32, (-1, 40))
+    with caplog.at_level(logging.WARNING, logger="trtcore.ops"):
+        for name in ("a", "b"):
+            ops.linear(g, x, fp8.quantize_weight(np.ones((32, 40)), "tensor"), None, name)
+        ops.linear(g, g.input("y", np.float32, (-1, 32)), fp8.quantize_weight(np.ones((32, 32)), "tensor"), None, "c")
+    warned = [r.getMessage() for r in caplog.records if "multiples of 16" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("a: FP8 weight [32, 40]"), warned
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90"])
 def test_fp8_gemm_kernels_compile(arch: str) -> None:
     """kernels/fp8_gemm.cu (the quantize kernel writes cuBLASLt's device alpha and beta) compiles

@@ -101,7 +101,8 @@ def test_check_judges_a_checkpoint_with_a_scale_per_linear(src: Path, tmp_path: 
     scales = {n: float(got[f"model.layers.0.self_attn.{n}_proj.weight_scale"]) for n in "qkv"}
     assert len(set(scales.values())) == 3
     prompt = random_prompt(np.random.default_rng(3), 9, V.vocab_size)
-    assert check.compare_with_transformers(out, prompt, steps=4)["max_rel_error"] < 1e-4
+    report = check.compare_with_transformers(out, prompt, steps=4)
+    assert report["max_rel_error"] < 1e-4 and report["fp8_activations"]
     monkeypatch.setattr(check, "share_hf_fp8_scales", lambda model, torch: 0)  # transformers as it reads the file
     assert check.compare_with_transformers(out, prompt, steps=4)["max_rel_error"] > 1e-3
 
@@ -430,3 +431,74 @@ def test_on_the_fly_fp8_of_families_that_read_fused_or_router_weights(tmp_path: 
     assert len(out.outputs[0].token_ids) == 3 and out.outputs[0].finish_reason == "length"
     warned = [r.getMessage() for r in caplog.records if "stay in the model dtype" in r.getMessage()]
     assert len(warned) == 1 and "26 of 34 linears of MixtralForCausalLM" in warned[0], warned
+
+
+@pytest.fixture(scope="module")
+def dynamic_fp8(src: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return quantize_checkpoint(src, tmp_path_factory.mktemp("fp8dyn") / "ck", method="fp8", strategy="channel", activations="dynamic")
+
+
+def _edited(ck: Path, dst: Path, edit: Any) -> Path:
+    """A copy of the FP8 checkpoint ``ck`` whose tensors ``edit`` (a dict of torch tensors) changed."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(ck, dst)
+    tensors = load_torch(str(dst / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def test_an_fp8_weight_without_its_scale_is_refused_not_run_as_float(dynamic_fp8: Path, tmp_path: Path) -> None:
+    """An E4M3 weight whose scale is missing is refused naming the linear (it was read as a
+    float weight of the raw E4M3 values, and the model generated other text without a word)."""
+    from trtcore.errors import CheckpointError
+
+    lin = "model.layers.1.self_attn.k_proj"
+
+    def drop(t: dict) -> None:
+        del t[f"{lin}.weight_scale"]
+
+    bad = _edited(dynamic_fp8, tmp_path / "bad", drop)
+    with pytest.raises(CheckpointError, match=f"FP8 linear '{lin}' has neither weight_scale nor weight_scale_inv"):
+        LLM(bad, backend="reference", dtype="float32", progress=False)
+
+
+def test_bad_fp8_values_name_the_linear_and_the_index(dynamic_fp8: Path, tmp_path: Path, src: Path) -> None:
+    import torch
+
+    from trtcore.errors import CheckpointError, InvalidArgumentError
+
+    lin = "model.layers.0.mlp.down_proj"
+
+    def nan_row(t: dict) -> None:
+        t[f"{lin}.weight_scale"][3] = float("nan")
+
+    with pytest.raises(CheckpointError, match=rf"FP8 linear '{lin}': Fp8Weight.weight_scale must be positive and finite, got nan at index 3 \(1 of"):
+        LLM(_edited(dynamic_fp8, tmp_path / "nan", nan_row), backend="reference", dtype="float32", progress=False)
+
+    def nan_code(t: dict) -> None:
+        w = t[f"{lin}.weight"].view(torch.uint8).clone()
+        w[2, 5] = 0x7F
+        t[f"{lin}.weight"] = w.view(torch.float8_e4m3fn)
+
+    with pytest.raises(CheckpointError, match=rf"FP8 linear '{lin}': .*NaN pattern .* at \(2, 5\) \(1 such\)"):
+        LLM(_edited(dynamic_fp8, tmp_path / "code", nan_code), backend="reference", dtype="float32", progress=False)
+
+    def nan_float(t: dict) -> None:
+        t[f"{lin}.weight"][0, 0] = float("nan")
+
+    import shutil
+
+    from safetensors.torch import save_file
+
+    fl = tmp_path / "float"
+    shutil.copytree(src, fl)
+    tensors = load_torch(str(fl / "model.safetensors"))
+    nan_float(tensors)
+    save_file(tensors, str(fl / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(InvalidArgumentError, match=rf"{lin}.weight: the weight holds a NaN"):
+        quantize_checkpoint(fl, tmp_path / "q", method="fp8", strategy="tensor", activations="dynamic")
+    assert not (tmp_path / "q").exists()

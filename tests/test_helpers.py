@@ -296,3 +296,26 @@ def test_reference_and_cuda_loggers_keep_messages(module: str) -> None:
     logger.log(trt.Logger.ERROR, "an error")
     assert list(logger.messages) == ["a warning", "an error"]
     assert logger.errors[seen:] == ["an error"]
+
+
+def test_atomic_folder_removes_a_killed_run_s_staging_folder(tmp_path: Path) -> None:
+    """A run killed outright (SIGKILL) leaves its hidden ``.<name>.partial-<pid>-<hex>``; the
+    next run removes it (its process is gone) and keeps a live process's and other folders."""
+    import os
+    import subprocess
+    import sys
+
+    from trtcore.fileio import atomic_folder
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead = int(done.stdout)  # that process has exited
+    stale = tmp_path / f".out.partial-{dead}-0123abcd"
+    live = tmp_path / f".out.partial-{os.getpid()}-89abcdef"
+    other = tmp_path / ".out.partial-notours"
+    for d in (stale, live, other):
+        d.mkdir()
+        (d / "f").write_text("x")
+    with atomic_folder(tmp_path / "out") as t:
+        (t / "f").write_text("new")
+    assert (tmp_path / "out" / "f").read_text() == "new"
+    assert not stale.exists() and live.exists() and other.exists()

@@ -132,7 +132,10 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
     Returns:
         dict with ``architecture``, ``num_tokens`` (prompt length), ``max_rel_error``,
         ``trtcore_token`` / ``transformers_token`` (greedy next token after the prompt),
-        ``greedy_equal`` (all ``steps`` greedy tokens equal).
+        ``greedy_equal`` (all ``steps`` greedy tokens equal), ``fp8_activations`` (the
+        checkpoint quantizes activations to FP8: a last-bit float32 difference before a linear
+        can move one of its E4M3 codes by a 1/16 step, so the logits may differ by far more than
+        float32 rounding without a fault).
 
     Raises:
         TrtcoreError: torch / transformers are not installed.
@@ -173,7 +176,16 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
         "trtcore_token": int(np.argmax(ours[0])),
         "transformers_token": int(np.argmax(ref[0])),
         "greedy_equal": bool((np.argmax(ref, -1) == np.array(ours_tokens)).all()),
+        "fp8_activations": _quantizes_activations(llm),
     }
+
+
+def _quantizes_activations(llm: Any) -> bool:
+    """Whether the LLM's checkpoint is FP8 (every FP8 scheme trtcore reads quantizes activations)."""
+    from .quant_formats import detect_quantization
+
+    scheme = detect_quantization(llm.config.quantization_config)
+    return scheme is not None and scheme.fp8
 
 
 def _trtcore_logits(llm: Any, prompt: list[int], continuation: list[int]) -> np.ndarray:

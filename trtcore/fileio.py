@@ -116,14 +116,19 @@ def atomic_folder(output_dir: str | os.PathLike[str], *, overwrite: bool = False
     ``with`` block ends without an exception its files get the default permissions (0666 minus
     the umask, :func:`_default_modes`) and it is renamed to ``output_dir`` (an existing
     one replaced only with ``overwrite``, and put back if the rename fails); on any exception
-    it is removed, so nothing half-written is left at or next to ``output_dir``.
+    it is removed, so nothing half-written is left at or next to ``output_dir``. A run killed
+    outright (SIGKILL) cannot remove its folder; the next one removes such folders of processes
+    that are gone (:func:`trtcore.cache_dir.remove_stale`).
 
     Raises:
         error: ``output_dir`` exists, is not empty and ``overwrite`` is false.
     """
+    from .cache_dir import remove_stale
+
     output_dir = Path(output_dir)
     check_folder_free(output_dir, overwrite, error)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(output_dir.parent)
     tmp = output_dir.parent / f".{output_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:

@@ -117,8 +117,11 @@ class Fp8Weight:
             raise InvalidArgumentError(
                 f"Fp8Weight.weight must be uint8 [N, K] E4M3 bits, got {getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}"
             )
-        if ((w & 0x7F) == 0x7F).any():
-            raise InvalidArgumentError("Fp8Weight.weight holds an E4M3 NaN pattern (0x7f / 0xff)")
+        nan = np.argwhere((w & 0x7F) == 0x7F)
+        if nan.size:
+            raise InvalidArgumentError(
+                f"Fp8Weight.weight holds an E4M3 NaN pattern (0x7f / 0xff) at {tuple(int(i) for i in nan[0])} ({len(nan)} such)"
+            )
         n = w.shape[0]
         s = self.weight_scale
         if not isinstance(s, np.ndarray) or s.dtype != np.float32 or s.shape not in ((1,), (n,)):
@@ -184,8 +187,9 @@ class Fp8Weight:
 
 
 def _check_positive(name: str, s: np.ndarray) -> None:
-    if not (np.isfinite(s).all() and (s > 0).all()):
-        raise InvalidArgumentError(f"{name} must be positive and finite, got {s.min()}..{s.max()}")
+    bad = np.flatnonzero(~(np.isfinite(s) & (s > 0)))
+    if bad.size:
+        raise InvalidArgumentError(f"{name} must be positive and finite, got {s.flat[bad[0]]} at index {bad[0]} ({bad.size} of {s.size} such)")
 
 
 def quantize_weight(

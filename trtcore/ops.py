@@ -15,6 +15,7 @@ the engine's dtype, RMSNorm and softmax compute in float32 through casts.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -106,6 +107,8 @@ class Graph:
         #: FP8 KV cache (``plan.kv_cache_dtype == "fp8_e4m3"``): ``{layer: (k_scale, v_scale)}``
         #: from the checkpoint (:func:`trtcore.checkpoint.kv_cache_scales`); layers absent use 1.0
         self.kv_scales: dict[int, tuple[float, float]] = {}
+        #: warnings already logged for this network (each once)
+        self.warned: set[str] = set()
         self._scope: list[str] = []
         self._used: dict[str, int] = {}
 
@@ -450,6 +453,9 @@ def weight_only_linear(
     return y
 
 
+_log = logging.getLogger("trtcore.ops")
+
+
 def _one_fp8_scale(weights: list[Any]) -> list[Any]:
     """The linears of one packed module (q/k/v, gate/up) with one per-tensor FP8 scale when all
     are per-tensor FP8 (:func:`trtcore.fp8.share_tensor_scale`, as vLLM loads them: the cuda
@@ -570,6 +576,12 @@ def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = Non
     if impl is None:
         fits = k % 16 == 0 and n % 16 == 0
         impl = g.implementations.get("fp8_gemm") or ("plugin" if backend in ("reference", "cuda") and fits else "qdq")
+        if backend == "cuda" and impl == "qdq" and "fp8_unaligned" not in g.warned:
+            g.warned.add("fp8_unaligned")
+            _log.warning(
+                f"{name}: FP8 weight [{n}, {k}]: cuBLASLt's FP8 GEMM needs K and N multiples of 16, so this network's "
+                "FP8 linears of such shapes run as quantize / dequantize layers with a float32 matmul (same numbers, slower)"
+            )
     if impl not in FP8_IMPLEMENTATIONS:
         raise InvalidArgumentError(f"{name}: FP8 GEMM implementation {impl!r} is not one of {FP8_IMPLEMENTATIONS}")
     if impl == "qdq" and fw.per_token and hasattr(g.network, "add_quantize"):

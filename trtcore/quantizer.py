@@ -477,12 +477,15 @@ def quantize_checkpoint(
             if name not in linears:
                 tensors[name] = edited if edited is value else edited.astype(value.dtype)
                 continue
-            if method == "fp8":
-                scale = amax_scale(amax[name]) if amax else None
-                shared = max(weight_amax(n) for n in packed_siblings(name, packed) if n in linears) if strategy == "tensor" else None
-                tensors |= fp8_tensors(name.removesuffix(".weight"), quantize_weight(value, strategy, scale, amax=shared))
-                continue
-            tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(edited, bits, group_size, symmetric, observer))
+            try:
+                if method == "fp8":
+                    scale = amax_scale(amax[name]) if amax else None
+                    shared = max(weight_amax(n) for n in packed_siblings(name, packed) if n in linears) if strategy == "tensor" else None
+                    tensors |= fp8_tensors(name.removesuffix(".weight"), quantize_weight(value, strategy, scale, amax=shared))
+                    continue
+                tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(edited, bits, group_size, symmetric, observer))
+            except InvalidArgumentError as exc:  # e.g. a NaN in the weight: name the tensor
+                raise InvalidArgumentError(f"{name}: {exc}") from exc
     raw_config["quantization_config"] = (
         _fp8_config(strategy, activations)
         if method == "fp8"

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from trtcore.errors import CheckpointError, ConfigError, InvalidArgumentError, TensorShapeError, UnsupportedQuantizationError
-from trtcore.fp8 import Fp8Weight, quantize_weight
+from trtcore.fp8 import E4M3, Fp8Weight, quantize_weight
 from trtcore.quantization import QuantizedWeight
 
 from .awq import AWQ_VERSIONS, awq_version, read_awq
@@ -290,10 +290,13 @@ class QuantizedCheckpoint:
         elif scheme.on_the_fly:  # the decoder layers' 2-D weights (norms are 1-D; embeddings and lm_head outside)
             self._linears = {n[: -len(".weight")] for n in raw if n.endswith(".weight") and ".layers." in n and len(checkpoint.shape(n)) == 2}
             hidden = set()
-        elif scheme.fp8:
+        elif scheme.fp8:  # a linear has a scale; an E4M3 weight without one is read too, so that it is refused, not run as float
             self._linears = {
                 n.rsplit(".", 1)[0] for n in raw if n.endswith((".weight_scale", ".weight_scale_inv")) and f"{n.rsplit('.', 1)[0]}.weight" in raw
             }
+            dtype_of = getattr(checkpoint, "dtype", None)
+            if dtype_of is not None:
+                self._linears |= {n[: -len(".weight")] for n in raw if n.endswith(".weight") and dtype_of(n) == E4M3}
             hidden = {p + s for p in self._linears for s in FP8_SUFFIXES if p + s in raw}
         else:
             marker, owned = _TENSORS[scheme.method]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from trtcore.errors import CheckpointError
+from trtcore.errors import CheckpointError, InvalidArgumentError
 from trtcore.fp8 import E4M3, Fp8Weight
 
 #: compressed-tensors formats holding FP8 weights as they are
@@ -148,7 +148,10 @@ def read_fp8(weights: Any, prefix: str, per_token: bool = False, static: bool = 
             stacklevel=2,
         )
         inp = None
-    return Fp8Weight(np.ascontiguousarray(w.view(np.uint8)), np.ascontiguousarray(scale), None if inp is None else inp.reshape(1), per_token)
+    try:
+        return Fp8Weight(np.ascontiguousarray(w.view(np.uint8)), np.ascontiguousarray(scale), None if inp is None else inp.reshape(1), per_token)
+    except InvalidArgumentError as exc:  # a NaN code or a scale that is not positive: name the linear
+        raise CheckpointError(f"FP8 linear '{prefix}': {exc}") from exc
 
 
 __all__ = [
