@@ -325,6 +325,12 @@ def test_calibration_files_that_cannot_be_read_are_refused(tmp_path: Path) -> No
     for method, extra in (("awq", {}), ("fp8", {"activations": "static"})):
         with pytest.raises(InvalidArgumentError, match=r"calibration file '.*latin1\.txt' is not UTF-8 text \(byte 3: invalid continuation byte\)"):
             quantize_checkpoint(src, tmp_path / "q", method=method, calibration=latin, **extra)
+    with pytest.raises(InvalidArgumentError, match=r"calibration file '/dev/null' is not a regular file"):
+        quantize_checkpoint(src, tmp_path / "q", method="awq", calibration="/dev/null")
+    blank = tmp_path / "blank.txt"
+    blank.write_text(" \n\n")
+    with pytest.raises(InvalidArgumentError, match=r"calibration file '.*blank\.txt' is empty"):
+        quantize_checkpoint(src, tmp_path / "q", method="awq", calibration=blank)
     assert not (tmp_path / "q").exists()
 
 

@@ -122,11 +122,14 @@ def calibration_file(calibration: str | os.PathLike[str] | None) -> Path:
     :data:`DEFAULT_CALIBRATION`.
 
     Raises:
-        InvalidArgumentError: the path does not exist or is a directory.
+        InvalidArgumentError: the path does not exist, is a directory or is not a regular file
+            (a device such as /dev/null, a FIFO).
     """
     path = Path(calibration) if calibration is not None else DEFAULT_CALIBRATION
     if path.is_dir():
         raise InvalidArgumentError(f"calibration file {str(path)!r} is a directory; give a UTF-8 text file")
+    if path.exists() and not path.is_file():
+        raise InvalidArgumentError(f"calibration file {str(path)!r} is not a regular file (a device or a pipe); give a UTF-8 text file")
     if not path.is_file():
         raise InvalidArgumentError(f"calibration file {str(path)!r} does not exist")
     return path
@@ -137,15 +140,20 @@ def calibration_text(calibration: str | os.PathLike[str] | None) -> str:
 
     Raises:
         InvalidArgumentError: what :func:`calibration_file` raises, or the file is not UTF-8 text
-            (naming the byte offset).
+            (naming the byte offset) or holds only white space.
     """
     path = calibration_file(calibration)
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidArgumentError(
             f"calibration file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); give a UTF-8 text file"
         ) from None
+    if not text.strip():
+        raise InvalidArgumentError(
+            f"calibration file {str(path)!r} is empty; give a UTF-8 text file with some paragraphs of the model's kind of text"
+        )
+    return text
 
 
 def calibration_token_ids(llm: Any, text: str, num_tokens: int = 512, seq_len: int = 256) -> list[list[int]]:
