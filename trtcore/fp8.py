@@ -257,13 +257,13 @@ def share_tensor_scale(parts: list[Fp8Weight]) -> list[Fp8Weight]:
         return parts
     if len({(p.input_scale is None, p.per_token) for p in parts}) != 1:
         return parts
+    inputs = [float(p.input_scale[0]) for p in parts if p.input_scale is not None]
+    if len({float(p.weight_scale[0]) for p in parts}) == 1 and len(set(inputs)) < 2:
+        return parts  # one scale already (what trtcore quantize writes): no pass over the codes
     nonzero = [float(p.weight_scale[0]) for p in parts if (p.weight & 0x7F).any()]
     if not nonzero:
         return parts
     scale = max(nonzero)
-    inputs = [float(p.input_scale[0]) for p in parts if p.input_scale is not None]
-    if all(p.weight_scale[0] == scale for p in parts) and len(set(inputs)) < 2:
-        return parts
     ws = np.array([scale], np.float32)
     xs = np.array([max(inputs)], np.float32) if inputs else None
     out = []
