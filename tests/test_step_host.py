@@ -143,15 +143,17 @@ def test_host_time_per_step_takes_the_waits_out_on_both_clocks(tmp_path: Path) -
     """trtcore.bench.host_time_per_step on the stubbed executor, with known times injected: each
     wait for a step's tokens busy-spins WAIT seconds (CPU time that is not host work), each graph
     launch sleeps LAUNCH seconds (host wall time, no CPU time). So the wall-clock host work is at
-    least LAUNCH and at most LAUNCH + the harness's own few tens of microseconds, the CPU-time
-    host work is below LAUNCH (the sleep is not computed), the wall per step is at least WAIT +
-    LAUNCH, and the steal time is a number on Linux."""
+    least LAUNCH and at most LAUNCH + the harness's own work, the CPU-time host work is well below
+    LAUNCH (the sleep is not computed), the wall per step is at least WAIT + LAUNCH, and the steal
+    time is a number on Linux. The injected times are milliseconds, so that the harness's own work
+    per step (tens of microseconds here, some hundreds on a loaded CI machine: a margin of 250 us
+    failed there once) stays a small part of them; the bounds are fractions of LAUNCH."""
     import sys
     import time
 
     from trtcore.bench import host_time_per_step
 
-    WAIT, LAUNCH = 400e-6, 300e-6
+    WAIT, LAUNCH = 4e-3, 6e-3
     psh = _harness()
     from bench_e2e import _model_dir
 
@@ -174,8 +176,8 @@ def test_host_time_per_step_takes_the_waits_out_on_both_clocks(tmp_path: Path) -
         ht = host_time_per_step(llm, steps=60)
         llm.close()
     assert ht["graph_replays"] == ht["steps"] == 60
-    assert LAUNCH * 1e6 <= ht["host_p50_us"] < LAUNCH * 1e6 + 250, ht
-    assert ht["host_cpu_p50_us"] < LAUNCH * 1e6 * 0.5, ht
+    assert LAUNCH * 1e6 <= ht["host_p50_us"] < LAUNCH * 1e6 * 1.5, ht
+    assert ht["host_cpu_p50_us"] < LAUNCH * 1e6 * 0.5, ht  # the sleep's 6 ms are not CPU time
     assert ht["step_us"] >= (WAIT + LAUNCH) * 1e6, ht
     assert ht["host_us"] <= ht["step_us"] - WAIT * 1e6 + 1, ht
     if sys.platform == "linux":
