@@ -480,6 +480,13 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 //                    flight from DRAM without registers; the later loads then hit L2.
 //   L2_HINT 0 | 1 | 2  the weight loads ask L2 to fetch 128 (1) or 256 (2) bytes around each
 //                    (ld's .L2::128B / .L2::256B prefetch size), so DRAM sees fewer, larger requests.
+//   ASYNC 0 | 2 ..   0: each warp keeps UNROLL units' vectors in flight in registers. Else ASYNC
+//                    units in flight per warp, copied by cp.async into a ring of ASYNC slots of
+//                    shared memory per warp (AWARPS: the warps per block, sizes it), the scales (and
+//                    zero points) of the unit's group beside them: no registers held while in
+//                    flight, so 3-4x the bytes in flight of UNROLL 2 at the same occupancy. Each
+//                    lane copies and reads only its own bytes (the two scales of its D rows, 4-byte
+//                    copies), so cp.async.wait_group is the only synchronization.
 //   int8             bytes reach float32 through one PRMT each (0x4B0000qq) instead of shift + mask.
 //   per channel      (one group) the mma accumulators run over all of K and are scaled once at the
 //                    end: no per-chunk scale loads or flushes.
@@ -502,6 +509,15 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #endif
 #ifndef L2_HINT
 #define L2_HINT 0
+#endif
+#ifndef ASYNC
+#define ASYNC 0
+#endif
+#ifndef AWARPS
+#define AWARPS 4
+#endif
+#if ASYNC == 1 || ASYNC < 0
+#error "ASYNC must be 0 or at least 2"
 #endif
 #if WQ_DECODE != 1 && WQ_DECODE != 2
 #error "WQ_DECODE must be 1 or 2"
@@ -731,16 +747,17 @@ __device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const el
     }
 }
 
-// the block's outputs: every warp's sums into shared memory, then warp 0 adds them in warp order
-// (deterministic) and rounds each output once
-__device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], float* red, elem_t* __restrict__ out, int M, int N) {
+// the block's outputs: every warp's sums into shared memory (warp q's at red + q * wstride
+// floats), then warp 0 adds them in warp order (deterministic) and rounds each output once
+__device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], float* red, elem_t* __restrict__ out, int M, int N,
+                                            int wstride = ROW_TILES * 4 * 32) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int gid = lane >> 2, tid = lane & 3;
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[(warp * RT * 4 + r * 4 + i) * 32 + lane] = acc[r][i];
+        for (int i = 0; i < 4; ++i) red[warp * wstride + (r * 4 + i) * 32 + lane] = acc[r][i];
     __syncthreads();
     if (warp != 0) return;
 #pragma unroll
@@ -748,7 +765,7 @@ __device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], fl
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             float sum = red[(r * 4 + i) * 32 + lane];
-            for (int q = 1; q < warps; ++q) sum += red[(q * RT * 4 + r * 4 + i) * 32 + lane];
+            for (int q = 1; q < warps; ++q) sum += red[q * wstride + (r * 4 + i) * 32 + lane];
             // D fragment: rows gid (i < 2) or gid + 8, column 2 tid + (i & 1)
             const int n = ((int)blockIdx.x * RT + r) * 16 + gid + (i < 2 ? 0 : 8);
             const int m = 2 * tid + (i & 1);
@@ -889,11 +906,165 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
         gemv2_main<false>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque);
 }
 
+#if ASYNC > 0
+#include "cp_async.cuh"  // cp_async16 / cp_async4 / cp_async_commit / cp_async_wait
+
+// one unit in flight: its vectors [SEG][ROW_TILES][lane] and this lane's scales (and zero
+// points) of its group, rows gid and gid + 8 [ROW_TILES][2][lane]
+struct AsyncSlot {
+    uint4 v[SEG][ROW_TILES][32];
+    float s[ROW_TILES][2][32];
+#if HAS_ZEROS
+    float z[ROW_TILES][2][32];
+#endif
+};
+static_assert(AWARPS * ASYNC * sizeof(AsyncSlot) <= 48 * 1024, "ASYNC x AWARPS slots exceed 48 KiB of static shared memory");
+static_assert(sizeof(AsyncSlot) >= ROW_TILES * 4 * 32 * sizeof(float), "a slot holds a warp's partial sums at the end");
+
+// unit c's copies into slot (g: its group, when grouped); one commit group per call
+template <bool GROUPED>
+__device__ __forceinline__ void unit_copy(AsyncSlot& slot, const uint4* const (&wt)[ROW_TILES], const float* const (&st)[ROW_TILES],
+                                          const float* const (&zt)[ROW_TILES], int c, int g, int lane) {
+    const int gid = lane >> 2;
+#pragma unroll
+    for (int r = 0; r < ROW_TILES; ++r) {
+#pragma unroll
+        for (int s = 0; s < SEG; ++s) cp_async16(smem_u32(&slot.v[s][r][lane]), wt[r] + ((size_t)c * SEG + s) * 32, 16);
+        if (GROUPED) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                cp_async4(smem_u32(&slot.s[r][h][lane]), st[r] + g * 16 + gid + 8 * h);
+#if HAS_ZEROS
+                cp_async4(smem_u32(&slot.z[r][h][lane]), zt[r] + g * 16 + gid + 8 * h);
+#endif
+            }
+        }
+    }
+    cp_async_commit();
+}
+
+// v2 with ASYNC: warps take units round robin as gemv2_main does; unit i of a warp is in slot
+// i % ASYNC of its ring, refilled with unit i + ASYNC once computed. pc: the per-channel scales
+// (not GROUPED). The ring's first ASYNC units were issued by gemv3_body before PDL_WAIT.
+template <bool GROUPED>
+__device__ __forceinline__ void gemv3_main(const elem_t* __restrict__ x, const uint4* const (&wt)[ROW_TILES], const float* const (&st)[ROW_TILES],
+                                           const float* const (&zt)[ROW_TILES], AsyncSlot* ring, const GroupPair (&pc)[ROW_TILES],
+                                           elem_t* __restrict__ out, int M, int N, int K, int cdiv, unsigned int cmagic, unsigned int opaque) {
+    constexpr int RT = ROW_TILES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int units = K / (CHUNK * SEG);
+    const Frag2 f = frag2_consts(opaque);
+    const elem_t* xc = x_row2(x, M, K);
+    const size_t xstep = (size_t)warps * (SEG * CHUNK);
+
+    float acc[RT][4], d[RT][4], dx[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        dx[i] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) acc[r][i] = d[r][i] = 0.0f;
+    }
+    int slot = 0;
+    for (int c = warp; c < units; c += warps) {
+        cp_async_wait<ASYNC - 1>();  // this lane's copies of unit c have landed
+        AsyncSlot& sl = ring[slot];
+        uint4 v[SEG][RT];
+#pragma unroll
+        for (int s = 0; s < SEG; ++s)
+#pragma unroll
+            for (int r = 0; r < RT; ++r) v[s][r] = sl.v[s][r][lane];
+        unit2<GROUPED>(v, xc, d, dx, f);
+        if (GROUPED) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                GroupPair q;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    q.s[h] = sl.s[r][h][lane];
+#if HAS_ZEROS
+                    q.z[h] = sl.z[r][h][lane];
+#endif
+                }
+                flush2(acc[r], d[r], dx, q);
+            }
+        }
+        // the slot's values are in registers and used: refill it (an empty group past the end,
+        // so that wait_group's count stays one group per unit)
+        const int cn = c + ASYNC * warps;
+        if (cn < units)
+            unit_copy<GROUPED>(sl, wt, st, zt, cn, GROUPED ? chunk_group2(cn * SEG, cdiv, cmagic) : 0, lane);
+        else
+            cp_async_commit();
+        slot = slot + 1 == ASYNC ? 0 : slot + 1;
+        xc += xstep;
+    }
+    cp_async_wait<0>();  // nothing is left in flight (only empty groups) before the ring holds the sums
+    if (!GROUPED) {
+#pragma unroll
+        for (int r = 0; r < RT; ++r) flush2(acc[r], d[r], dx, pc[r]);
+    }
+    // each warp's sums in its own ring (no other warp reads or writes it before the barrier);
+    // they overwrite slot 0's vectors, which every lane read before the last mma.sync
+    __syncwarp();
+    gemv2_store(acc, reinterpret_cast<float*>(ring - (size_t)warp * ASYNC), out, M, N, (int)(ASYNC * sizeof(AsyncSlot) / sizeof(float)));
+}
+
+// v2 with ASYNC: the first ASYNC units of every warp are copied before PDL_WAIT (constants)
+__device__ __forceinline__ void gemv3_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
+                                           const float* __restrict__ zeros, elem_t* __restrict__ out, int M, int N, int K, int group_size,
+                                           int cdiv, unsigned int cmagic) {
+    constexpr int RT = ROW_TILES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int gid = lane >> 2;
+    const int tiles = (N + 15) / 16;
+    const int chunks = K / CHUNK;  // K is a multiple of CHUNK here
+    const int units = chunks / SEG;
+    const int groups = K / group_size;
+    const bool grouped = groups > 1;
+    const uint4* wt[RT];
+    const float* st[RT];
+    const float* zt[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+        const int t = min((int)blockIdx.x * RT + r, tiles - 1);  // a second tile past the last: never stored
+        wt[r] = w + (size_t)t * chunks * 32 + lane;
+        st[r] = scales + (size_t)t * groups * 16;
+        zt[r] = HAS_ZEROS ? zeros + (size_t)t * groups * 16 : nullptr;
+    }
+    __shared__ AsyncSlot slots[AWARPS * ASYNC];
+    AsyncSlot* ring = slots + (size_t)warp * ASYNC;
+    const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
+    GroupPair pc[RT];
+#pragma unroll
+    for (int i = 0; i < ASYNC; ++i) {
+        const int c = warp + i * warps;
+        if (c >= units)
+            cp_async_commit();
+        else if (grouped)
+            unit_copy<true>(ring[i], wt, st, zt, c, chunk_group2(c * SEG, cdiv, cmagic), lane);
+        else
+            unit_copy<false>(ring[i], wt, st, zt, c, 0, lane);
+    }
+    if (!grouped) {
+#pragma unroll
+        for (int r = 0; r < RT; ++r) pc[r] = group_pair(st[r], zt[r], 0, gid);  // per channel: the scales
+    }
+    PDL_WAIT();
+    PDL_LAUNCH();
+    if (grouped)
+        gemv3_main<true>(x, wt, st, zt, ring, pc, out, M, N, K, cdiv, cmagic, opaque);
+    else
+        gemv3_main<false>(x, wt, st, zt, ring, pc, out, M, N, K, cdiv, cmagic, opaque);
+}
+#endif  // ASYNC
+
 extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
 trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                 const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
                 int group_size, int cdiv, unsigned int cmagic) {
-#if WQ_DECODE == 2
+#if WQ_DECODE == 2 && ASYNC > 0
+    gemv3_body(x, w, scales, zeros, out, M, N, K, group_size, cdiv, cmagic);
+#elif WQ_DECODE == 2
     // v2: the plugin launches it only without perm and with whole-chunk groups (fast_decode)
     gemv2_body(x, w, scales, zeros, out, M, N, K, group_size, cdiv, cmagic);
 #else

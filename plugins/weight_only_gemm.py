@@ -39,7 +39,8 @@ The M <= 8 decode kernel has a second version (v2, ``WQ_DECODE 2`` in kernels/wq
 the default (:data:`DEFAULT_DECODE`, measured) where :meth:`WeightOnlyGemmPlugin.fast_decode`
 allows it (no act order, groups of whole chunks), or the setting :data:`DECODE_VARIANT` (or
 ``TRTCORE_WQ_DECODE``) gives: fewer instructions per byte (two row tiles per warp, the magic
-offset folded into the flush, units of several chunks per group, optional L2 prefetch);
+offset folded into the flush, units of several chunks per group, optional L2 prefetch), and
+with ``ASYNC`` the weights in flight in shared memory (cp.async) instead of registers;
 ``{"WQ_DECODE": 1}`` selects v1.
 
 Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
@@ -122,7 +123,8 @@ def _variant_from_env() -> dict[str, int]:
 
 #: the M <= 8 decode kernel's variant, extra defines of kernels/wq_gemm.cu: {} is the default
 #: (v1); {"WQ_DECODE": 2, "ROW_TILES": 1 | 2, "WQ_FOLD": 0 | 1, "SEG": 1 .. 4, "L2_PF": 0 ..,
-#: "L2_HINT": 0 | 1 | 2}
+#: "L2_HINT": 0 | 1 | 2, "ASYNC": 0 | 2 ..} (ASYNC: units in flight per warp in shared
+#: memory, lowered to what 48 KiB holds for the block's warps, :func:`async_depth`)
 #: (any subset; UNROLL too) selects v2 where :meth:`WeightOnlyGemmPlugin.fast_decode` allows it
 #: (SEG falls back to 1 where it does not divide the chunks per group); "WARPS" (not a define)
 #: sets its warps per block instead of :meth:`WeightOnlyGemmPlugin.decode_warps`.
@@ -156,6 +158,25 @@ _TARGET_WARPS = 8192
 
 #: K and every group size (per channel: K) are multiples of this many codes (the kernels' unit)
 GROUP_UNIT = 8
+
+
+#: static shared memory a block of the decode kernel may take (CUDA's limit without opting in)
+_STATIC_SMEM = 48 * 1024
+
+
+def async_slot_bytes(seg: int, row_tiles: int, has_zeros: bool) -> int:
+    """Bytes of one ``AsyncSlot`` of kernels/wq_gemm.cu: a unit's ``seg x row_tiles`` 16-byte
+    vectors of 32 lanes, and each lane's two scales (and zero points) per row tile."""
+    return seg * row_tiles * 32 * 16 + row_tiles * 2 * 32 * 4 * (2 if has_zeros else 1)
+
+
+def async_depth(depth: int, warps: int, seg: int, row_tiles: int, has_zeros: bool) -> int:
+    """The ``ASYNC`` the decode kernel runs for a requested ``depth``: at most what 48 KiB of
+    static shared memory holds for ``warps`` rings of slots (:func:`async_slot_bytes`); 0 (the
+    register path) where that is below 2 or ``depth`` is 0."""
+    fits = _STATIC_SMEM // (warps * async_slot_bytes(seg, row_tiles, has_zeros))
+    d = min(depth, fits)
+    return d if d >= 2 else 0
 
 
 def chunk_codes(bits: int) -> int:
@@ -540,7 +561,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         when it is empty :data:`DEFAULT_DECODE` of the bit width (with ``WARPS`` for about
         :data:`_V2_TARGET_WARPS` in all), where :meth:`fast_decode` allows v2, else none (v1);
         ``SEG`` left out (1) where it does not divide :meth:`chunks_per_group` (a unit of SEG
-        chunks must lie inside one group).
+        chunks must lie inside one group); ``ASYNC`` lowered by :func:`async_depth` (left out
+        where that is 0), and with it ``AWARPS`` and ``WARPS`` set to the launch's warps.
 
         Raises:
             PluginError: a ``WARPS`` outside 1 .. 16.
@@ -551,10 +573,20 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         variant = dict(chosen)
         if self.chunks_per_group() % variant.get("SEG", 1):
             del variant["SEG"]
+        rt = variant.get("ROW_TILES", 1)
         if not DECODE_VARIANT:
-            variant["WARPS"] = self.decode_warps(variant.get("ROW_TILES", 1), _V2_TARGET_WARPS)
+            variant["WARPS"] = self.decode_warps(rt, _V2_TARGET_WARPS)
         if not 1 <= variant.get("WARPS", 1) <= _MAX_WARPS:
             raise PluginError(f"DECODE_VARIANT: WARPS must be 1 .. {_MAX_WARPS}, got {variant['WARPS']}")
+        if variant.get("ASYNC", 0):
+            # the ring's size is compiled in: AWARPS is the launch's warps
+            warps = variant.get("WARPS") or self.decode_warps(rt)
+            variant["ASYNC"] = async_depth(variant["ASYNC"], warps, variant.get("SEG", 1), rt, self.has_zeros)
+            if variant["ASYNC"]:
+                variant["AWARPS"] = warps
+                variant["WARPS"] = warps
+        if not variant.get("ASYNC", 1):
+            del variant["ASYNC"]  # the register path's define set, as without the key
         return variant
 
     def decode_warps(self, row_tiles: int = 1, target: int = _TARGET_WARPS) -> int:

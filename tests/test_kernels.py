@@ -405,7 +405,7 @@ def test_programmatic_launch_config_carries_the_pdl_attribute() -> None:
 #: kernels that read constant weights before ``PDL_WAIT()`` (pdl.cuh allows it): the device
 #: function their body calls (one of them, chosen by the preprocessor), which must wait before it
 #: touches any other argument
-EARLY_CONSTANT_READS = {("wq_gemm.cu", "trtcore_wq_gemv"): ("gemv_body", "gemv2_body"), ("wq_gemm.cu", "trtcore_wq_gemv16"): ("gemv_body",)}
+EARLY_CONSTANT_READS = {("wq_gemm.cu", "trtcore_wq_gemv"): ("gemv_body", "gemv2_body", "gemv3_body"), ("wq_gemm.cu", "trtcore_wq_gemv16"): ("gemv_body",)}
 
 
 def test_every_plugin_kernel_waits_for_its_predecessor_first() -> None:

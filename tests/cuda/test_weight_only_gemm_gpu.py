@@ -107,6 +107,12 @@ V2_VARIANTS += [
     {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 1, "L2_PF": 2},
     {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 0, "SEG": 2, "L2_PF": 2, "L2_HINT": 2},
 ]
+# the weights in flight in shared memory (cp.async rings): the same sums, other loads
+V2_VARIANTS += [
+    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "L2_PF": 0, "ASYNC": 6},
+    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 1, "L2_PF": 0, "ASYNC": 2},
+    {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 0, "SEG": 1, "L2_PF": 0, "ASYNC": 3},
+]
 
 
 #: v2 variants the contiguous-x order is checked with beside the default decode kernel
@@ -114,7 +120,7 @@ CONTIG_X_VARIANTS = [V2_VARIANTS[i] for i in (0, 3, 5, 8)]
 
 
 def _v2_id(v: dict) -> str:
-    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}"
+    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}_a{v.get('ASYNC', 0)}"
 
 
 @pytest.fixture(scope="module", autouse=True)
