@@ -123,6 +123,39 @@ def test_build_rtx_engine_and_sidecar(model: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.engine", "tiny.engine.json"]
 
 
+def test_build_quantizes_a_float_checkpoint_to_fp8(model: Path, tmp_path: Path) -> None:
+    """``trtcore build --quantization fp8`` (vLLM's option) on a float checkpoint builds the FP8
+    network (the linears quantized at the build, as LLM(quantization='fp8')) and records that
+    quantization in the sidecar; a quantization the checkpoint does not have is refused."""
+    from trtcore.quant_formats import FP8_ON_THE_FLY
+
+    engine = tmp_path / "fp8.engine"
+    proc = _cli(
+        "build", "--model", str(model), "--output", str(engine), "--backend", "tensorrt_rtx", "--quantization", "FP8",
+        "--dtype", "bfloat16", "--compute-capability", "sm89", "--max-batch-size", "2", "--max-seq-len", "64",
+    )
+    assert proc.returncode == 0, proc.stderr
+    side = json.loads((tmp_path / "fp8.engine.json").read_text())
+    assert side["model_config"]["quantization_config"] == FP8_ON_THE_FLY
+    plain = json.loads(_cli_ok_sidecar(model, tmp_path / "plain"))
+    assert side["engine_bytes"] != plain["engine_bytes"]  # another network: the Q/DQ linears
+    bad = _cli("build", "--model", str(model), "--output", str(tmp_path / "g.engine"), "--backend", "tensorrt_rtx", "--quantization", "gptq",
+               "--compute-capability", "sm89")
+    assert bad.returncode == 2 and "quantization='gptq', but config.json has no quantization_config" in bad.stderr
+    assert not (tmp_path / "g.engine").exists()
+
+
+def _cli_ok_sidecar(model: Path, folder: Path) -> str:
+    """The sidecar text of a plain (float) tensorrt_rtx build of ``model`` in ``folder``."""
+    folder.mkdir()
+    proc = _cli(
+        "build", "--model", str(model), "--output", str(folder / "e.engine"), "--backend", "tensorrt_rtx",
+        "--dtype", "bfloat16", "--compute-capability", "sm89", "--max-batch-size", "2", "--max-seq-len", "64",
+    )
+    assert proc.returncode == 0, proc.stderr
+    return (folder / "e.engine.json").read_text()
+
+
 def test_build_rejects_bad_target(model: Path, tmp_path: Path) -> None:
     proc = _cli("build", "--model", str(model), "--output", str(tmp_path / "x.engine"), "--backend", "tensorrt_rtx",
                 "--compute-capability", "sm90")

@@ -35,6 +35,7 @@ from trtcore.config import load_config
 from trtcore.engine_file import load_engine_file, sidecar_path
 from trtcore.errors import EngineFileError, InvalidArgumentError
 from trtcore.plan import BuildConfig, resolve_plan
+from trtcore.quant_formats import FP8_ON_THE_FLY, resolve_quantization
 from trtcore.trt import is_available, load_trt
 
 NAME = "llama3_rope"
@@ -42,9 +43,9 @@ OPTIONS = {"max_batch_size": 2, "max_seq_len": 64}
 STEPS = 8
 
 
-def _write_engine(model: Path, out: Path, backend: str = "reference", **options: Any) -> Path:
+def _write_engine(model: Path, out: Path, backend: str = "reference", quantization: str | None = None, **options: Any) -> Path:
     """Define + build + save (what ``trtcore build`` does) on ``backend``."""
-    config = load_config(model)
+    config, _ = resolve_quantization(model, load_config(model), quantization)
     plan = resolve_plan(config, BuildConfig(**{**OPTIONS, **options}), backend)
     with Checkpoint(model) as weights:
         d = define_network(load_trt(backend), config, weights, plan)
@@ -320,3 +321,47 @@ def test_interrupted_write_is_never_trusted(hf_models: ModelStore, tmp_path: Pat
     assert json.loads(sidecar_path(engine).read_text()) == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.engine", "e.engine.json"]  # no temporary left
     _refused(engine, "engine_bytes", old["engine_bytes"], len(engine.read_bytes()))
+
+
+def test_fp8_engine_of_a_float_checkpoint_loads_as_fp8(hf_models: ModelStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """An engine built with quantization='fp8' from a float checkpoint (``trtcore build
+    --quantization fp8``: its linears quantized at the build) records that config in its
+    sidecar; LLM(engine=...) takes the engine's quantization without being told (the folder's
+    config.json has none, so the sidecar check resolves it the same way), generates what
+    LLM(folder, quantization='fp8') generates, and refuses another quantization by name."""
+    model = hf_models.dir(NAME)
+    engine = _write_engine(model, tmp_path / "fp8.engine", quantization="fp8")
+    assert json.loads(sidecar_path(engine).read_text())["model_config"]["quantization_config"] == FP8_ON_THE_FLY
+    assert load_engine_file(engine).quantization == "fp8"
+    rng = np.random.default_rng(21)
+    prompts = [random_prompt(rng, n, hf_models.variant(NAME).vocab_size) for n in (6, 13)]
+    params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
+    built = LLM(model, backend="reference", quantization="fp8", progress=False, **OPTIONS).generate(prompts, params)
+    with monkeypatch.context() as m:
+        no_build(m)
+        loaded = LLM(engine=engine, progress=False)
+        assert loaded.quantization == "fp8" and loaded.config.quantization_config == FP8_ON_THE_FLY
+        got = loaded.generate(prompts, params)
+        assert LLM(engine=engine, quantization="FP8", progress=False).quantization == "fp8"
+        with pytest.raises(InvalidArgumentError, match=r"quantization='gptq', but .*fp8\.engine was built with quantization 'fp8'"):
+            LLM(engine=engine, quantization="gptq", progress=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in built]
+
+
+def test_float_engine_refuses_a_quantization(engine_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"quantization='fp8', but .*tiny\.engine was built without quantization"):
+        LLM(engine=engine_path, quantization="fp8", progress=False)
+    assert load_engine_file(engine_path).quantization is None
+
+
+def test_engine_of_another_quantization_is_refused(hf_models: ModelStore, tmp_path: Path) -> None:  # noqa: F811
+    """A sidecar whose model config names a quantization the folder's config.json cannot give
+    (a GPTQ config, where the folder is a float checkpoint without AutoGPTQ's file): refused as
+    another model's config, naming the field."""
+    engine = _copy(_write_engine(hf_models.dir(NAME), tmp_path / "a" / "e.engine"), tmp_path / "b")
+    meta = json.loads(sidecar_path(engine).read_text())
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+    _edit_sidecar(engine, model_config={**meta["model_config"], "quantization_config": gptq})
+    with pytest.raises(EngineFileError) as err:
+        LLM(engine=engine, progress=False)
+    assert err.value.field == "model_config.quantization_config" and "no quantization_config" in str(err.value)

@@ -48,17 +48,25 @@ def _add_kv_cache_dtype(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_engine(p: argparse.ArgumentParser) -> None:
-    """``--engine``, ``--quantization`` and ``--kv-cache-dtype`` (vLLM's names): what the LLM runs."""
+def _add_quantization(p: argparse.ArgumentParser, engine: bool) -> None:
+    """``--quantization`` (vLLM's name); ``engine``: the command also runs engine files."""
     from .quant_formats import QUANTIZATION_METHODS
 
-    p.add_argument("--engine", help="run this engine file from `trtcore build` (checked against its sidecar) instead of building")
     p.add_argument(
         "--quantization",
         type=str.lower,  # as LLM(quantization=...): FP8 is fp8
         choices=QUANTIZATION_METHODS,
-        help="the checkpoint's quantization (default: config.json's quantization_config); fp8 on a float checkpoint quantizes its linears to FP8 at load",
+        help="the checkpoint's quantization (default: config.json's quantization_config"
+        + (", or with --engine the engine's" if engine else "")
+        + "); fp8 on a float checkpoint quantizes its linears to FP8 at load; gptq / awq read AutoGPTQ's quantize_config.json / "
+        "AutoAWQ's quant_config.json where config.json has none",
     )
+
+
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--quantization`` and ``--kv-cache-dtype`` (vLLM's names): what the LLM runs."""
+    p.add_argument("--engine", help="run this engine file from `trtcore build` (checked against its sidecar) instead of building")
+    _add_quantization(p, engine=True)
     _add_kv_cache_dtype(p)
 
 
@@ -139,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--max-batch-size", type=int, default=8)
     b.add_argument("--max-seq-len", type=int, help="default: the model's max_position_embeddings")
     _add_implementations(b, attention_default="layers")
+    _add_quantization(b, engine=False)
     _add_kv_cache_dtype(b)
 
     from .bench import add_bench_parsers
@@ -283,10 +292,11 @@ def _build(args: argparse.Namespace) -> int:
     from .checkpoint import Checkpoint
     from .config import load_config
     from .plan import BuildConfig, resolve_plan
+    from .quant_formats import resolve_quantization
     from .trt import load_trt
 
     model = _model_dir(args.model)
-    config = load_config(model)
+    config, _ = resolve_quantization(model, load_config(model), args.quantization)  # as LLM(quantization=...)
     options = BuildConfig(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, **_plan_choices(args))
     plan = resolve_plan(config, options, args.backend, engine=True)  # the same rules as LLM(...)
     if args.max_seq_len is not None and plan.max_seq_len < args.max_seq_len:

@@ -270,6 +270,29 @@ class EngineFile:
         meta = sidecar(d, serialized, backend=d.plan.backend, engine_file="", compute_capability=None, model_dir=model_dir, digest=False)
         return cls(serialized, json.loads(json.dumps(meta, default=_json_default)), Path(model_dir))
 
+    @property
+    def quantization(self) -> str | None:
+        """The quantization method the engine was built with (its sidecar's
+        ``model_config.quantization_config.quant_method``), or None."""
+        q = self.sidecar.get("model_config", {}).get("quantization_config")
+        return str(q.get("quant_method")).lower() if isinstance(q, dict) and q.get("quant_method") else None
+
+    def quantization_for(self, quantization: str | None) -> str | None:
+        """The ``quantization`` an LLM runs this engine with: the engine's where ``quantization``
+        is None.
+
+        Raises:
+            InvalidArgumentError: ``quantization`` names another method than the engine's.
+        """
+        built = self.quantization
+        if quantization is None or quantization.lower() == built:
+            return built
+        raise InvalidArgumentError(
+            f"quantization={quantization!r}, but {self.path or 'the engine'} was built "
+            f"{f'with quantization {built!r}' if built else 'without quantization'}; "
+            "leave quantization out or rebuild with `trtcore build --quantization`"
+        )
+
     def plan_for(self, options: BuildConfig, backend: str | None) -> BuildPlan:
         """The engine's plan, after checking that the caller's build options (``LLM``'s
         arguments) do not ask for something else; options left at their defaults take the
@@ -351,8 +374,18 @@ class EngineFile:
         self._check_model(where)
 
     def _check_model(self, where: str) -> None:
+        from .errors import TrtcoreError
+        from .quant_formats import resolve_quantization
+
         recorded = ModelConfig.from_dict(self.sidecar["model_config"], source=f"{where} (sidecar)")
-        config = load_config(self.model_dir)
+        folder = load_config(self.model_dir)
+        try:  # the folder's config as the build saw it (``--quantization`` fp8, AutoGPTQ's own file)
+            config, _ = resolve_quantization(self.model_dir, folder, self.quantization)
+        except TrtcoreError as e:
+            field = "model_config.quantization_config"
+            raise _mismatch(
+                where, field, recorded.quantization_config, folder.quantization_config, f"{self.model_dir} does not give it: {e}"
+            ) from None
         if config != recorded:
             here, then = config.to_dict(), recorded.to_dict()
             key = next((k for k in sorted(set(here) | set(then)) if here.get(k) != then.get(k)), "?")

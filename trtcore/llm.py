@@ -15,7 +15,6 @@ and ``finish_reason == "error"``. A single prompt passed on its own raises inste
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from .errors import GenerationError, InvalidArgumentError, InvalidRequestError, 
 from .kv_modes import kv_mode
 from .parallel import Mapping, local_kv_heads
 from .plan import BuildConfig, BuildPlan, default_backend, resolve_plan
-from .quant_formats import CONFIG_FILES, detect_quantization, quantization_config_file
+from .quant_formats import resolve_quantization
 from .runtime.affinity import pin_thread, resolve_cpus
 from .runtime.detokenizer import IncrementalDetokenizer
 from .runtime.device import resolve_device
@@ -237,7 +236,8 @@ class LLM:
             (:func:`trtcore.quant_formats.quantization_config_file`); ``"fp8"`` on a float
             checkpoint quantizes the decoder linears to FP8 at load, as vLLM does (E4M3
             weights with one scale each, activations with dynamic per-tensor scales;
-            :mod:`trtcore.fp8`). The result is :attr:`quantization`.
+            :mod:`trtcore.fp8`). With ``engine``, None takes the engine's (what ``trtcore
+            build --quantization`` built it with). The result is :attr:`quantization`.
         kv_cache_dtype: the KV cache's element type (vLLM's argument and values): ``"auto"``
             (the engine dtype, the default) or ``"fp8"`` / ``"fp8_e4m3"``: the paged pool holds
             E4M3 codes ``e4m3(x / scale)`` (saturating) read back as ``code * scale``, with one
@@ -360,14 +360,10 @@ class LLM:
         if not isinstance(model, (str, os.PathLike)):
             raise InvalidArgumentError(f"model must be a model folder (a str or os.PathLike), got {model!r} ({type(model).__name__})")
         self.model_dir = Path(model)
-        self.config: ModelConfig = load_config(self.model_dir)
-        if self.config.quantization_config is None and quantization in (None, *CONFIG_FILES):  # AutoGPTQ / AutoAWQ's own file
-            from_file = quantization_config_file(self.model_dir, quantization)
-            if from_file is not None:
-                self.config = dataclasses.replace(self.config, quantization_config=from_file)
-        scheme = detect_quantization(self.config.quantization_config, quantization)
-        if scheme is not None and scheme.on_the_fly:  # the build reads the scheme from the config
-            self.config = dataclasses.replace(self.config, quantization_config=scheme.config)
+        if self.engine_file is not None:  # the engine's quantization, unless the caller names another
+            quantization = self.engine_file.quantization_for(quantization)
+        self.config: ModelConfig
+        self.config, scheme = resolve_quantization(self.model_dir, load_config(self.model_dir), quantization)
         #: the checkpoint's quantization method (``"gptq"`` ...), or None
         self.quantization: str | None = scheme.method if scheme else None
         self.generation_config: GenerationConfig = load_generation_config(self.model_dir, self.config)

@@ -266,6 +266,38 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
     return QuantScheme(method, dict(quantization_config))
 
 
+def resolve_quantization(model_dir: str | os.PathLike[str], config: Any, quantization: str | None) -> tuple[Any, QuantScheme | None]:
+    """The config a model folder builds with under ``quantization`` (``LLM(quantization=...)``,
+    ``--quantization``; vLLM's name) and its scheme: where config.json has no
+    ``quantization_config``, AutoGPTQ's / AutoAWQ's own file (:func:`quantization_config_file`)
+    or, for ``"fp8"`` on a float checkpoint, :data:`FP8_ON_THE_FLY` becomes the config's; else
+    the config as it is. What ``LLM`` and ``trtcore build`` build, and what an engine file's
+    sidecar is checked against.
+
+    Args:
+        model_dir: the model folder.
+        config: its :class:`~trtcore.config.ModelConfig` (``load_config``).
+        quantization: None (config.json's), or one of :data:`QUANTIZATION_METHODS`.
+
+    Returns:
+        ``(config, scheme)``: the config (a copy where it changed) and
+        :func:`detect_quantization`'s scheme (None: not quantized).
+
+    Raises:
+        the errors of :func:`quantization_config_file` and :func:`detect_quantization`.
+    """
+    import dataclasses
+
+    if config.quantization_config is None and quantization in (None, *CONFIG_FILES):
+        from_file = quantization_config_file(model_dir, quantization)
+        if from_file is not None:
+            config = dataclasses.replace(config, quantization_config=from_file)
+    scheme = detect_quantization(config.quantization_config, quantization)
+    if scheme is not None and scheme.on_the_fly:  # the build reads the scheme from the config
+        config = dataclasses.replace(config, quantization_config=scheme.config)
+    return config, scheme
+
+
 class QuantizedCheckpoint:
     """A checkpoint whose quantized linears appear as single tensors ``X.weight``.
 
