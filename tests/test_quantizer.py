@@ -129,7 +129,7 @@ def test_mse_observer_checkpoint_records_it_and_holds_its_scales(tmp_path: Path)
         got["model.layers.0.mlp.down_proj.weight_scale"], load_file(str(plain / "model.safetensors"))["model.layers.0.mlp.down_proj.weight_scale"]
     )
     np.testing.assert_array_equal(quantize_rtn(w, 4, 32, observer="mse").scales, got["model.layers.0.mlp.down_proj.weight_scale"])
-    with pytest.raises(InvalidArgumentError, match=r"observer='mse' does not apply to method 'fp8'"):
+    with pytest.raises(InvalidArgumentError, match=r"observer \(--observer\) = 'mse' does not apply to method 'fp8'"):
         quantize_checkpoint(src, tmp_path / "f", method="fp8", observer="mse")
 
 
@@ -237,7 +237,7 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
         quantize_checkpoint(src, tmp_path / "q", group_size=7)
     with pytest.raises(InvalidArgumentError, match="'gptq' is not implemented; available: rtn, awq"):
         quantize_checkpoint(src, tmp_path / "q", method="gptq")
-    with pytest.raises(InvalidArgumentError, match="bits must be 4 or 8"):
+    with pytest.raises(InvalidArgumentError, match=r"bits \(--bits\) must be 4 or 8, got 3"):
         quantize_checkpoint(src, tmp_path / "q", bits=3)
     # an option the method does not use is refused, not ignored
     for method, option, used_by in [
@@ -249,21 +249,22 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
         ("fp8", {"group_size": 128}, "rtn, awq"),
     ]:
         ((name, value),) = option.items()
-        with pytest.raises(InvalidArgumentError, match=rf"{name}={value!r} does not apply to method {method!r}; it is used by {used_by}$"):
+        flag = "--" + name.replace("_", "-")
+        with pytest.raises(InvalidArgumentError, match=rf"{name} \({flag}\) = {value!r} does not apply to method {method!r}; it is used by {used_by}$"):
             quantize_checkpoint(src, tmp_path / "q", method=method, **option)
     for acts in ("dynamic", "token"):
-        with pytest.raises(InvalidArgumentError, match=rf"calibration_tokens=64 does not apply to FP8 with {acts} activations"):
+        with pytest.raises(InvalidArgumentError, match=rf"calibration_tokens \(--calibration-tokens\) = 64 does not apply to FP8 with {acts} activations"):
             quantize_checkpoint(src, tmp_path / "q", method="fp8", activations=acts, calibration_tokens=64)
     with pytest.raises(InvalidArgumentError, match=r"FP8 activations 'row': expected one of \('static', 'dynamic', 'token'\)"):
         quantize_checkpoint(src, tmp_path / "q", method="fp8", activations="row")
     assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--method", "fp8", "--bits", "4"]) == 2
-    assert "bits=4 does not apply to method 'fp8'" in capsys.readouterr().err
+    assert "bits (--bits) = 4 does not apply to method 'fp8'" in capsys.readouterr().err
     with pytest.raises(InvalidArgumentError, match=r"calibration_tokens \(--calibration-tokens\) must be positive, got 0"):
         quantize_checkpoint(src, tmp_path / "q", method="awq", calibration_tokens=0)
     # calibration tokenizes a text: a model without tokenizer.json is refused before any work
     for method, extra, hint in [("awq", {}, "use --method rtn$"), ("fp8", {"activations": "static"}, "or --activations dynamic$")]:
         with pytest.raises(
-            InvalidArgumentError, match=rf"{method} calibration tokenizes its text .* no tokenizer\.json; give calibration_ids .*{hint}"
+            InvalidArgumentError, match=rf"{method} calibration tokenizes its text .* no tokenizer\.json; add a tokenizer\.json, give calibration_ids \(Python API only\) as token ids.*{hint}"
         ):
             quantize_checkpoint(src, tmp_path / "q", method=method, **extra)
     # the output may not be (or lie inside) the model folder: replacing it would delete the model

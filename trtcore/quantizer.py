@@ -281,6 +281,16 @@ _USED_BY = {
 }
 
 
+#: options of :func:`quantize_checkpoint` that ``trtcore quantize`` has no flag for
+_API_ONLY = {"calibration_ids"}
+
+
+def _option(name: str) -> str:
+    """An option as both the function and ``trtcore quantize`` name it: ``group_size
+    (--group-size)``; ``calibration_ids (Python API only)``. Errors reach users of both."""
+    return f"{name} ({'Python API only' if name in _API_ONLY else '--' + name.replace('_', '-')})"
+
+
 def _refuse_unused(method: str, fp8_activations: str, **given: Any) -> None:
     """InvalidArgumentError for the first option in ``given`` (not None) that ``method`` does
     not use (:data:`_USED_BY`); fp8's 8 bits and per-channel group size 0 are accepted."""
@@ -292,7 +302,7 @@ def _refuse_unused(method: str, fp8_activations: str, **given: Any) -> None:
         fp8 = "fp8" if "fp8-dynamic" in used else "fp8 with static activations" if "fp8-static" in used else None
         users = ", ".join([u for u in used if not u.startswith("fp8")] + ([fp8] if fp8 else []))
         what = f"FP8 with {fp8_activations} activations" if key in ("fp8-dynamic", "fp8-token") else f"method {method!r}"
-        raise InvalidArgumentError(f"quantize: {name}={value!r} does not apply to {what}; it is used by {users}")
+        raise InvalidArgumentError(f"quantize: {_option(name)} = {value!r} does not apply to {what}; it is used by {users}")
 
 
 def quantize_checkpoint(
@@ -374,21 +384,21 @@ def quantize_checkpoint(
     bits = 4 if bits is None else bits
     observer = DEFAULT_OBSERVER if observer is None else observer
     if observer not in OBSERVERS:
-        raise InvalidArgumentError(f"observer must be one of {OBSERVERS}, got {observer!r}")
+        raise InvalidArgumentError(f"{_option('observer')} must be one of {OBSERVERS}, got {observer!r}")
     calibration_tokens = 512 if calibration_tokens is None else calibration_tokens
     strategy, activations = strategy or "channel", activations or "static"
     if method == "fp8":
         if strategy not in WEIGHT_STRATEGIES:
-            raise InvalidArgumentError(f"FP8 weight strategy {strategy!r} is not one of {WEIGHT_STRATEGIES}")
+            raise InvalidArgumentError(f"FP8 weight {_option('strategy')} {strategy!r} is not one of {WEIGHT_STRATEGIES}")
         if activations not in ACTIVATIONS:
             raise InvalidArgumentError(f"FP8 activations {activations!r}: expected one of {ACTIVATIONS}")
         bits, group_size = 8, 0  # no group-size check below
     if bits not in (4, 8):
-        raise InvalidArgumentError(f"bits must be 4 or 8, got {bits!r}")
+        raise InvalidArgumentError(f"{_option('bits')} must be 4 or 8, got {bits!r}")
     if group_size is not None and group_size < 0:
-        raise InvalidArgumentError(f"group_size must be 0 (per channel) or positive, got {group_size}")
+        raise InvalidArgumentError(f"{_option('group_size')} must be 0 (per channel) or positive, got {group_size}")
     if calibration_tokens < 1:
-        raise InvalidArgumentError(f"calibration_tokens (--calibration-tokens) must be positive, got {calibration_tokens}")
+        raise InvalidArgumentError(f"{_option('calibration_tokens')} must be positive, got {calibration_tokens}")
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     check_folder_free(output_dir, overwrite, source=model_dir)
     config = load_config(model_dir)  # names a missing folder, a safetensors or GGUF file given as the model
@@ -408,7 +418,8 @@ def quantize_checkpoint(
     if calibrated and calibration_ids is None and not (model_dir / "tokenizer.json").is_file():
         raise InvalidArgumentError(
             f"{method} calibration tokenizes its text with the model's tokenizer, and {model_dir} has no tokenizer.json; "
-            "give calibration_ids (token ids), or use --method rtn" + (" or --activations dynamic" if method == "fp8" else "")
+            f"add a tokenizer.json, give {_option('calibration_ids')} as token ids, or use --method rtn"
+            + (" or --activations dynamic" if method == "fp8" else "")
         )
     tensors: dict[str, np.ndarray] = {}
     with Checkpoint(model_dir) as weights:
