@@ -83,16 +83,23 @@ TUNE_V2 = [
     (rt, f, seg, 0, 0, w, u) for rt in (1, 2) for f in (0, 1) for seg in (1, 2) for w in (4, 8, 16) for u in ((1, 2, 3) if rt == 1 else (1, 2))
 ] + [(rt, 1, seg, pf, hint, w, u) for rt in (1, 2) for seg in (1, 2) for pf, hint in ((2, 0), (0, 2), (2, 2)) for w in (8, 16) for u in (1, 2)]
 
+
+def _fits(depth: int, warps: int, seg: int, rt: int) -> bool:
+    """Whether the plugin runs ``depth`` as asked (with zero points, the larger slot)."""
+    from trtcore.plugins.weight_only_gemm import async_depth
+
+    return async_depth(depth, warps, seg, rt, True) == depth
+
 #: v2 with the weights in flight in shared memory: (ROW_TILES, WQ_FOLD, SEG, ASYNC, warps), the
-#: depths whose rings fit 48 KiB with zero points too (weight_only_gemm.async_depth)
+#: depths whose rings fit with zero points too (weight_only_gemm.async_depth: not lowered)
 TUNE_ASYNC = [
     (rt, f, seg, a, w)
     for rt in (1, 2)
     for f in (0, 1)
     for seg in (1, 2)
     for a in (2, 3, 4, 6, 8, 12)
-    for w in (4, 8)
-    if (rt, seg) != (2, 2) and a * w * ((seg * rt * 512) + rt * 512) <= 48 * 1024
+    for w in (4, 8, 16)
+    if (rt, seg) != (2, 2) and _fits(a, w, seg, rt)
 ]
 
 
@@ -112,7 +119,7 @@ def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
         for rt, f, seg, a, w in TUNE_ASYNC:
             if f and bits == 8:
                 continue
-            defines = {"UNROLL": 1, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "ASYNC": a, "AWARPS": w}
+            defines = {"UNROLL": 1, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "ASYNC": a}
             out.append((f"v2_rt{rt}_f{f}_s{seg}_a{a}_w{w}", defines, w))
     return [e for e in out if re.fullmatch(TUNE_FILTER[0], e[0])] if TUNE_FILTER else out
 
@@ -139,6 +146,8 @@ class Precompile:
             if not label.endswith("natural order") and wog.CONTIGUOUS_X:  # the bench's shapes can all take it
                 base["CONTIG_X"] = 1
             for _, extra, _ in _sweep(bits, only):
+                if extra.get("ASYNC"):  # the plugin adds the slot's size (decode_variant)
+                    extra = {**extra, "ASLOT": wog.async_slot_bytes(extra["SEG"], extra["ROW_TILES"], zeros)}
                 sets.add(tuple(sorted({**base, **extra}.items())))
         self.count, self.t0 = len(sets), time.perf_counter()
         arch = kernels.current_arch()  # the key the launcher's compile_kernel(arch=None) uses

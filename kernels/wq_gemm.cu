@@ -482,11 +482,13 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 //                    (ld's .L2::128B / .L2::256B prefetch size), so DRAM sees fewer, larger requests.
 //   ASYNC 0 | 2 ..   0: each warp keeps UNROLL units' vectors in flight in registers. Else ASYNC
 //                    units in flight per warp, copied by cp.async into a ring of ASYNC slots of
-//                    shared memory per warp (AWARPS: the warps per block, sizes it), the scales (and
-//                    zero points) of the unit's group beside them: no registers held while in
-//                    flight, so 3-4x the bytes in flight of UNROLL 2 at the same occupancy. Each
-//                    lane copies and reads only its own bytes (the two scales of its D rows, 4-byte
-//                    copies), so cp.async.wait_group is the only synchronization.
+//                    dynamic shared memory per warp (warps x ASYNC x ASLOT bytes, the launch's),
+//                    the scales (and zero points) of the unit's group beside them: no registers
+//                    held while in flight, so several times the bytes in flight of UNROLL 2 at the
+//                    same occupancy. Each lane copies and reads only its own bytes (the two scales
+//                    of its D rows, 4-byte copies), so cp.async.wait_group is the only
+//                    synchronization. ASLOT: sizeof(AsyncSlot) as the plugin computes it
+//                    (checked here at compile time: the launch's shared memory comes from it).
 //   int8             bytes reach float32 through one PRMT each (0x4B0000qq) instead of shift + mask.
 //   per channel      (one group) the mma accumulators run over all of K and are scaled once at the
 //                    end: no per-chunk scale loads or flushes.
@@ -513,11 +515,11 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #ifndef ASYNC
 #define ASYNC 0
 #endif
-#ifndef AWARPS
-#define AWARPS 4
-#endif
 #if ASYNC == 1 || ASYNC < 0
 #error "ASYNC must be 0 or at least 2"
+#endif
+#if ASYNC > 0 && !defined(ASLOT)
+#error "ASYNC needs ASLOT, the bytes of one AsyncSlot (plugins/weight_only_gemm.py async_slot_bytes)"
 #endif
 #if WQ_DECODE != 1 && WQ_DECODE != 2
 #error "WQ_DECODE must be 1 or 2"
@@ -918,7 +920,7 @@ struct AsyncSlot {
     float z[ROW_TILES][2][32];
 #endif
 };
-static_assert(AWARPS * ASYNC * sizeof(AsyncSlot) <= 48 * 1024, "ASYNC x AWARPS slots exceed 48 KiB of static shared memory");
+static_assert(sizeof(AsyncSlot) == ASLOT, "ASLOT is not sizeof(AsyncSlot): the launch would size the rings wrong");
 static_assert(sizeof(AsyncSlot) >= ROW_TILES * 4 * 32 * sizeof(float), "a slot holds a warp's partial sums at the end");
 
 // unit c's copies into slot (g: its group, when grouped); one commit group per call
@@ -1031,8 +1033,8 @@ __device__ __forceinline__ void gemv3_body(const elem_t* __restrict__ x, const u
         st[r] = scales + (size_t)t * groups * 16;
         zt[r] = HAS_ZEROS ? zeros + (size_t)t * groups * 16 : nullptr;
     }
-    __shared__ AsyncSlot slots[AWARPS * ASYNC];
-    AsyncSlot* ring = slots + (size_t)warp * ASYNC;
+    extern __shared__ __align__(16) unsigned char wq_rings[];  // warps x ASYNC slots: the launch's dynamic shared memory
+    AsyncSlot* ring = reinterpret_cast<AsyncSlot*>(wq_rings) + (size_t)warp * ASYNC;
     const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
     GroupPair pc[RT];
 #pragma unroll

@@ -42,15 +42,17 @@ class KernelLauncher:
                 self._functions[(defines, name)] = fn
         return fn
 
-    def launch(self, defines: Defines, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: list, stream: int) -> None:
-        """Launch ``name`` on ``stream`` with PDL (``args`` as
-        :meth:`trtcore.kernels.KernelFunction.launch` takes them)."""
-        try:
-            self.function(defines, name).launch(grid, block, args, stream=stream, programmatic=True)  # kernels start with PDL_WAIT
+    def launch(
+        self, defines: Defines, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: list, stream: int, shared_mem: int = 0
+    ) -> None:
+        """Launch ``name`` on ``stream`` with PDL (``args`` and ``shared_mem``, dynamic shared
+        memory in bytes, as :meth:`trtcore.kernels.KernelFunction.launch` takes them)."""
+        try:  # kernels start with PDL_WAIT
+            self.function(defines, name).launch(grid, block, args, shared_mem=shared_mem, stream=stream, programmatic=True)
         except Exception as exc:  # loaded in another context: load it here
             if getattr(exc, "result", None) != "CUDA_ERROR_INVALID_CONTEXT":
                 raise
-            self.function(defines, name, reload=True).launch(grid, block, args, stream=stream, programmatic=True)
+            self.function(defines, name, reload=True).launch(grid, block, args, shared_mem=shared_mem, stream=stream, programmatic=True)
 
 
 __all__ = ["Defines", "KernelLauncher"]

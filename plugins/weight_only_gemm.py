@@ -124,7 +124,7 @@ def _variant_from_env() -> dict[str, int]:
 #: the M <= 8 decode kernel's variant, extra defines of kernels/wq_gemm.cu: {} is the default
 #: (v1); {"WQ_DECODE": 2, "ROW_TILES": 1 | 2, "WQ_FOLD": 0 | 1, "SEG": 1 .. 4, "L2_PF": 0 ..,
 #: "L2_HINT": 0 | 1 | 2, "ASYNC": 0 | 2 ..} (ASYNC: units in flight per warp in shared
-#: memory, lowered to what 48 KiB holds for the block's warps, :func:`async_depth`)
+#: memory, lowered to what :data:`_RING_SMEM` holds for the block's warps, :func:`async_depth`)
 #: (any subset; UNROLL too) selects v2 where :meth:`WeightOnlyGemmPlugin.fast_decode` allows it
 #: (SEG falls back to 1 where it does not divide the chunks per group); "WARPS" (not a define)
 #: sets its warps per block instead of :meth:`WeightOnlyGemmPlugin.decode_warps`.
@@ -160,8 +160,10 @@ _TARGET_WARPS = 8192
 GROUP_UNIT = 8
 
 
-#: static shared memory a block of the decode kernel may take (CUDA's limit without opting in)
-_STATIC_SMEM = 48 * 1024
+#: dynamic shared memory the decode kernel's cp.async rings may take per block: within what every
+#: GPU that runs it admits when asked (compute capability 8.0+: 99 KiB on 8.6 / 8.9, 163 on 8.0,
+#: 227 on 9.0; CUDA C++ Programming Guide, "Features and Technical Specifications")
+_RING_SMEM = 96 * 1024
 
 
 def async_slot_bytes(seg: int, row_tiles: int, has_zeros: bool) -> int:
@@ -171,10 +173,10 @@ def async_slot_bytes(seg: int, row_tiles: int, has_zeros: bool) -> int:
 
 
 def async_depth(depth: int, warps: int, seg: int, row_tiles: int, has_zeros: bool) -> int:
-    """The ``ASYNC`` the decode kernel runs for a requested ``depth``: at most what 48 KiB of
-    static shared memory holds for ``warps`` rings of slots (:func:`async_slot_bytes`); 0 (the
+    """The ``ASYNC`` the decode kernel runs for a requested ``depth``: at most what
+    :data:`_RING_SMEM` holds for ``warps`` rings of slots (:func:`async_slot_bytes`); 0 (the
     register path) where that is below 2 or ``depth`` is 0."""
-    fits = _STATIC_SMEM // (warps * async_slot_bytes(seg, row_tiles, has_zeros))
+    fits = _RING_SMEM // (warps * async_slot_bytes(seg, row_tiles, has_zeros))
     d = min(depth, fits)
     return d if d >= 2 else 0
 
@@ -562,7 +564,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         :data:`_V2_TARGET_WARPS` in all), where :meth:`fast_decode` allows v2, else none (v1);
         ``SEG`` left out (1) where it does not divide :meth:`chunks_per_group` (a unit of SEG
         chunks must lie inside one group); ``ASYNC`` lowered by :func:`async_depth` (left out
-        where that is 0), and with it ``AWARPS`` and ``WARPS`` set to the launch's warps.
+        where that is 0), and with it ``ASLOT`` (:func:`async_slot_bytes`) and ``WARPS`` (the
+        launch's warps, which size the rings) set.
 
         Raises:
             PluginError: a ``WARPS`` outside 1 .. 16.
@@ -578,12 +581,11 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             variant["WARPS"] = self.decode_warps(rt, _V2_TARGET_WARPS)
         if not 1 <= variant.get("WARPS", 1) <= _MAX_WARPS:
             raise PluginError(f"DECODE_VARIANT: WARPS must be 1 .. {_MAX_WARPS}, got {variant['WARPS']}")
-        if variant.get("ASYNC", 0):
-            # the ring's size is compiled in: AWARPS is the launch's warps
+        if variant.get("ASYNC", 0):  # the launch's shared memory: WARPS x ASYNC x ASLOT bytes
             warps = variant.get("WARPS") or self.decode_warps(rt)
             variant["ASYNC"] = async_depth(variant["ASYNC"], warps, variant.get("SEG", 1), rt, self.has_zeros)
             if variant["ASYNC"]:
-                variant["AWARPS"] = warps
+                variant["ASLOT"] = async_slot_bytes(variant.get("SEG", 1), rt, self.has_zeros)
                 variant["WARPS"] = warps
         if not variant.get("ASYNC", 1):
             del variant["ASYNC"]  # the register path's define set, as without the key
@@ -632,11 +634,12 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             args += [(cdiv, "i32"), (cmagic, "u32")]
             # v2 reads a contiguous-x run in 16-byte loads: an x (a view) off that alignment takes v1
             variant = {} if self.contiguous_x and x.ptr % 16 else self.decode_variant(dtype, m)
-            warps = variant.pop("WARPS", 0)
+            warps = variant.pop("WARPS", 0) or self.decode_warps(variant.get("ROW_TILES", 1))
             rt = variant.get("ROW_TILES", 1)
+            rings = warps * variant.get("ASYNC", 0) * variant.get("ASLOT", 0)  # bytes of the cp.async rings
             if variant:
                 defines = tuple(sorted({**dict(defines), **variant}.items()))
-            _launch(defines, name, (-(-n // (TILE_ROWS * rt)),), (32 * (warps or self.decode_warps(rt)),), args, stream)
+            _launch(defines, name, (-(-n // (TILE_ROWS * rt)),), (32 * warps,), args, stream, shared_mem=rings)
             return
         if -(-m // _BM) > 65535:
             raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the tiled kernel's grid (at most {65535 * _BM})")

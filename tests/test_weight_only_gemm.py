@@ -474,38 +474,53 @@ def test_v2_is_chosen_only_where_it_applies(rng: np.random.Generator, monkeypatc
         g128.decode_variant(BF16, 1)
 
 
-@pytest.mark.parametrize("seg, rt, zeros, warps", [(2, 1, 0, 4), (1, 2, 1, 8), (2, 2, 1, 4), (1, 1, 0, 16)])
-def test_async_depth_is_what_the_kernel_holds(seg: int, rt: int, zeros: int, warps: int) -> None:
-    """ASYNC (the decode kernel's cp.async rings): the depth async_depth allows for the block
-    compiles (the kernel's static_assert on its AsyncSlot rings within 48 KiB) and one slot
-    more does not, so async_slot_bytes is the kernel's sizeof(AsyncSlot); a depth that does not
-    fit twice is 0, the register path."""
-    depth = wog.async_depth(64, warps, seg, rt, bool(zeros))
-    assert depth == 48 * 1024 // (warps * wog.async_slot_bytes(seg, rt, bool(zeros)))
-    base = {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": zeros, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": rt, "SEG": seg, "AWARPS": warps}
-    c = kernels.compile_kernel("wq_gemm", defines={**base, "ASYNC": depth}, arch="sm_90")
-    assert "trtcore_wq_gemv" in c.symbols
-    with pytest.raises(kernels.NVRTCError, match="48 KiB"):
-        kernels.compile_kernel("wq_gemm", defines={**base, "ASYNC": depth + 1}, arch="sm_90")
-    assert wog.async_depth(3, warps, seg, rt, bool(zeros)) == min(3, depth)
-    assert wog.async_depth(1, warps, seg, rt, bool(zeros)) == 0 and wog.async_depth(0, warps, seg, rt, bool(zeros)) == 0
+@pytest.mark.parametrize("seg, rt, zeros", [(2, 1, 0), (1, 2, 1), (2, 2, 1), (1, 1, 0)])
+def test_async_slot_bytes_are_the_kernels(seg: int, rt: int, zeros: int) -> None:
+    """ASYNC (the decode kernel's cp.async rings, sized by the launch's dynamic shared memory):
+    the kernel compiles with ASLOT = async_slot_bytes and refuses any other (its static_assert
+    on sizeof(AsyncSlot)), so the plugin's launch never sizes the rings wrong; ASYNC without
+    ASLOT does not compile."""
+    base = {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": zeros, "HAS_PERM": 0, "WQ_DECODE": 2, "ROW_TILES": rt, "SEG": seg, "ASYNC": 4}
+    slot = wog.async_slot_bytes(seg, rt, bool(zeros))
+    assert "trtcore_wq_gemv" in kernels.compile_kernel("wq_gemm", defines={**base, "ASLOT": slot}, arch="sm_90").symbols
+    for wrong in (slot - 16, slot + 16):
+        with pytest.raises(kernels.NVRTCError, match="ASLOT is not sizeof"):
+            kernels.compile_kernel("wq_gemm", defines={**base, "ASLOT": wrong}, arch="sm_90")
+    with pytest.raises(kernels.NVRTCError, match="ASYNC needs ASLOT"):
+        kernels.compile_kernel("wq_gemm", defines=base, arch="sm_90")
+
+
+def test_async_depth_fits_the_ring_memory() -> None:
+    """async_depth: the requested depth, lowered to what 96 KiB holds for the block's rings
+    (every sm_80+ GPU admits that much dynamic shared memory); 0 (the register path) below 2."""
+    slot = wog.async_slot_bytes(2, 1, False)
+    assert slot == 2 * 512 + 256  # two 512-byte chunk vectors of a warp, two float scales a lane
+    assert wog.async_depth(6, 4, 2, 1, False) == 6
+    assert wog.async_depth(64, 4, 2, 1, False) == 96 * 1024 // (4 * slot) == 19
+    assert wog.async_depth(64, 16, 2, 1, False) == 4
+    assert wog.async_depth(1, 4, 2, 1, False) == 0 and wog.async_depth(0, 4, 2, 1, False) == 0
     assert wog.async_depth(8, 16, 4, 2, True) == 0  # 16 rings of 4.5 KiB slots: not two each
 
 
-def test_async_variant_sets_the_ring_warps(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DECODE_VARIANT with ASYNC: the plugin compiles the ring for the warps it launches (AWARPS
-    = WARPS, also where WARPS is its own choice), lowers ASYNC to what fits, and runs the
-    register path (no ASYNC key) where not even two slots fit."""
+def test_async_variant_sets_the_ring(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DECODE_VARIANT with ASYNC: the plugin passes the slot size (ASLOT) and the warps it
+    launches (WARPS, also where the warps are its own choice), lowers ASYNC to what fits, and
+    runs the register path (no ASYNC key) where not even two slots fit."""
     g128, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 14336, 1024, 4, 128, "frac", False))
     v = {"WQ_DECODE": 2, "SEG": 2, "ASYNC": 64}
     monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "WARPS": 4})
-    assert g128.decode_variant(BF16, 1) == {**v, "WARPS": 4, "AWARPS": 4, "ASYNC": 8}  # 4 x 8 x 1536 bytes
+    assert g128.decode_variant(BF16, 1) == {**v, "WARPS": 4, "ASLOT": 1536, "ASYNC": 16}  # 4 x 16 x 1536 bytes = 96 KiB
     monkeypatch.setattr(wog, "DECODE_VARIANT", dict(v))
     warps = g128.decode_warps()
-    assert g128.decode_variant(BF16, 1) == {**v, "WARPS": warps, "AWARPS": warps, "ASYNC": 48 * 1024 // (warps * 1536)}
-    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "SEG": 4, "ROW_TILES": 2, "WARPS": 16})
-    # SEG 4 does not divide g128's 2 chunks (SEG 1): 16 rings of 2 KiB slots hold 1.5 each
-    assert g128.decode_variant(BF16, 1) == {"WQ_DECODE": 2, "ROW_TILES": 2, "WARPS": 16}
+    assert g128.decode_variant(BF16, 1) == {**v, "WARPS": warps, "ASLOT": 1536, "ASYNC": 96 * 1024 // (warps * 1536)}
+    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "SEG": 4, "ROW_TILES": 2, "WARPS": 16, "ASYNC": 2})
+    # SEG 4 does not divide g128's 2 chunks (SEG 1): 16 rings of 2 KiB slots hold 3 each
+    assert g128.decode_variant(BF16, 1) == {"WQ_DECODE": 2, "ROW_TILES": 2, "WARPS": 16, "ASYNC": 2, "ASLOT": 2048}
+    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "ROW_TILES": 2, "SEG": 2, "WARPS": 16, "ASYNC": 3})
+    assert g128.decode_variant(BF16, 1)["ASYNC"] == 2  # 16 rings of 3 KiB slots: two each
+    g256, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 64, 1024, 4, 256, "frac", False))
+    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "ROW_TILES": 2, "SEG": 4, "WARPS": 16, "ASYNC": 2})
+    assert g256.decode_variant(BF16, 1) == {"WQ_DECODE": 2, "ROW_TILES": 2, "SEG": 4, "WARPS": 16}  # 5 KiB slots: one each
 
 
 def test_decode_variant_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -147,6 +147,9 @@ def _v2_compiled() -> None:
         for v in [{}, wog.DEFAULT_DECODE[b], *CONTIG_X_VARIANTS]
     ]
     sets += [{k: val for k, val in d.items() if k != "SEG"} for d in sets if d.get("CONTIG_X")]  # the SEG fallback
+    for d in sets:  # the cp.async rings' slot size, as the plugin adds it (the depth it may lower: no define)
+        if d.get("ASYNC"):
+            d["ASLOT"] = wog.async_slot_bytes(d.get("SEG", 1), d.get("ROW_TILES", 1), bool(d["HAS_ZEROS"]))
     unique = [dict(t) for t in sorted({tuple(sorted(d.items())) for d in sets})]
     arch = kernels.current_arch()
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
