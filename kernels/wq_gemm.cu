@@ -515,8 +515,8 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #ifndef ASYNC
 #define ASYNC 0
 #endif
-#if ASYNC == 1 || ASYNC < 0
-#error "ASYNC must be 0 or at least 2"
+#if ASYNC == 1 || ASYNC < 0 || ASYNC > 32
+#error "ASYNC must be 0 or 2 .. 32"  // above 63 ptxas clamps wait_group's count (DEPBAR.LE SB0, 0x3f)
 #endif
 #if ASYNC > 0 && !defined(ASLOT)
 #error "ASYNC needs ASLOT, the bytes of one AsyncSlot (plugins/weight_only_gemm.py async_slot_bytes)"

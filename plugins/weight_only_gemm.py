@@ -166,6 +166,11 @@ GROUP_UNIT = 8
 _RING_SMEM = 96 * 1024
 
 
+#: the deepest ring (kernels/wq_gemm.cu refuses more: ptxas clamps cp.async.wait_group's count
+#: at 63, and past some tens of units in flight a warp gains nothing)
+MAX_ASYNC = 32
+
+
 def async_slot_bytes(seg: int, row_tiles: int, has_zeros: bool) -> int:
     """Bytes of one ``AsyncSlot`` of kernels/wq_gemm.cu: a unit's ``seg x row_tiles`` 16-byte
     vectors of 32 lanes, and each lane's two scales (and zero points) per row tile."""
@@ -174,10 +179,10 @@ def async_slot_bytes(seg: int, row_tiles: int, has_zeros: bool) -> int:
 
 def async_depth(depth: int, warps: int, seg: int, row_tiles: int, has_zeros: bool) -> int:
     """The ``ASYNC`` the decode kernel runs for a requested ``depth``: at most what
-    :data:`_RING_SMEM` holds for ``warps`` rings of slots (:func:`async_slot_bytes`); 0 (the
-    register path) where that is below 2 or ``depth`` is 0."""
+    :data:`_RING_SMEM` holds for ``warps`` rings of slots (:func:`async_slot_bytes`) and at
+    most :data:`MAX_ASYNC`; 0 (the register path) where that is below 2 or ``depth`` is 0."""
     fits = _RING_SMEM // (warps * async_slot_bytes(seg, row_tiles, has_zeros))
-    d = min(depth, fits)
+    d = min(depth, fits, MAX_ASYNC)
     return d if d >= 2 else 0
 
 

@@ -499,6 +499,11 @@ def test_async_depth_fits_the_ring_memory() -> None:
     assert wog.async_depth(64, 4, 2, 1, False) == 96 * 1024 // (4 * slot) == 19
     assert wog.async_depth(64, 16, 2, 1, False) == 4
     assert wog.async_depth(1, 4, 2, 1, False) == 0 and wog.async_depth(0, 4, 2, 1, False) == 0
+    assert wog.async_depth(100, 1, 1, 1, False) == wog.MAX_ASYNC == 32  # 128 slots would fit one warp
+    base = {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "WQ_DECODE": 2, "SEG": 1, "ASLOT": wog.async_slot_bytes(1, 1, False)}
+    assert "trtcore_wq_gemv" in kernels.compile_kernel("wq_gemm", defines={**base, "ASYNC": 32}, arch="sm_90").symbols
+    with pytest.raises(kernels.NVRTCError, match=r"ASYNC must be 0 or 2 \.\. 32"):
+        kernels.compile_kernel("wq_gemm", defines={**base, "ASYNC": 33}, arch="sm_90")
     assert wog.async_depth(8, 16, 4, 2, True) == 0  # 16 rings of 4.5 KiB slots: not two each
 
 
