@@ -119,8 +119,9 @@ def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
         for rt, f, seg, a, w in TUNE_ASYNC:
             if f and bits == 8:
                 continue
-            defines = {"UNROLL": 1, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "ASYNC": a}
-            out.append((f"v2_rt{rt}_f{f}_s{seg}_a{a}_w{w}", defines, w))
+            for xpf in (0, 1):  # x loaded a unit ahead (the bench's weights are in the contiguous-x order)
+                defines = {"UNROLL": 1, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "ASYNC": a, "XPF": xpf}
+                out.append((f"v2_rt{rt}_f{f}_s{seg}_a{a}_x{xpf}_w{w}", defines, w))
     return [e for e in out if re.fullmatch(TUNE_FILTER[0], e[0])] if TUNE_FILTER else out
 
 
@@ -146,6 +147,8 @@ class Precompile:
             if not label.endswith("natural order") and wog.CONTIGUOUS_X:  # the bench's shapes can all take it
                 base["CONTIG_X"] = 1
             for _, extra, _ in _sweep(bits, only):
+                if extra.get("XPF") and "CONTIG_X" not in base:
+                    continue  # the plugin drops XPF there: another entry's kernel
                 if extra.get("ASYNC"):  # the plugin adds the slot's size (decode_variant)
                     extra = {**extra, "ASLOT": wog.async_slot_bytes(extra["SEG"], extra["ROW_TILES"], zeros)}
                 sets.add(tuple(sorted({**base, **extra}.items())))
@@ -310,7 +313,7 @@ def time_shape(
                     chosen = plugin.decode_variant(np.dtype(bf16), 1)
                     if variant and not chosen:
                         continue  # v2 does not apply (it never does here: no perm, whole-chunk groups)
-                    if chosen.get("ASYNC", 0) != variant.get("ASYNC", 0) or chosen.get("SEG", 1) != variant.get("SEG", 1):
+                    if any(chosen.get(key, 0) != variant.get(key, 0) for key in ("ASYNC", "SEG", "XPF")):
                         continue  # lowered by the plugin (SEG not dividing a group; the ring not fitting): another entry's kernel
                     t_us, t_err = timed()
                     sweep[name] = {"us": round(t_us, 3), "speedup_vs_cublas": round(cublas_us / t_us, 3), "rel_err": t_err, "ok": t_err < 1e-2}

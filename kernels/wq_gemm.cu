@@ -489,6 +489,8 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 //                    of its D rows, 4-byte copies), so cp.async.wait_group is the only
 //                    synchronization. ASLOT: sizeof(AsyncSlot) as the plugin computes it
 //                    (checked here at compile time: the launch's shared memory comes from it).
+//   XPF 0 | 1        with ASYNC and CONTIG_X: the next unit's x words are loaded into registers
+//                    before the current unit is computed, so their latency is not waited on.
 //   int8             bytes reach float32 through one PRMT each (0x4B0000qq) instead of shift + mask.
 //   per channel      (one group) the mma accumulators run over all of K and are scaled once at the
 //                    end: no per-chunk scale loads or flushes.
@@ -517,6 +519,12 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #endif
 #if ASYNC == 1 || ASYNC < 0 || ASYNC > 32
 #error "ASYNC must be 0 or 2 .. 32"  // above 63 ptxas clamps wait_group's count (DEPBAR.LE SB0, 0x3f)
+#endif
+#ifndef XPF
+#define XPF 0
+#endif
+#if XPF && !(ASYNC > 0 && CONTIG_X)
+#error "XPF (x loaded a unit ahead) needs ASYNC and CONTIG_X"
 #endif
 #if ASYNC > 0 && !defined(ASLOT)
 #error "ASYNC needs ASLOT, the bytes of one AsyncSlot (plugins/weight_only_gemm.py async_slot_bytes)"
@@ -697,12 +705,37 @@ __device__ __forceinline__ Frag2 frag2_consts(unsigned int opaque) {
     return f;
 }
 
+#if CONTIG_X
+// a unit's x words of this lane (CONTIG_X: 16-byte loads): chunk s, k-step j's b0, b1 are
+// w[s][2 j], w[s][2 j + 1]
+struct UnitX {
+    unsigned int w[SEG][2 * CHUNK_STEPS];
+};
+
+__device__ __forceinline__ void unit_x(const elem_t* xc, UnitX& x) {
+#pragma unroll
+    for (int s = 0; s < SEG; ++s) {
+#pragma unroll
+        for (int q = 0; q < CHUNK_STEPS / 2; ++q) {
+            const uint4 v4 = *reinterpret_cast<const uint4*>(xc + s * CHUNK + 8 * q);
+            x.w[s][4 * q] = v4.x;
+            x.w[s][4 * q + 1] = v4.y;
+            x.w[s][4 * q + 2] = v4.z;
+            x.w[s][4 * q + 3] = v4.w;
+        }
+    }
+}
+#else
+struct UnitX {};  // PRE needs CONTIG_X
+#endif
+
 // one unit's products: its SEG chunks' vectors v (ROW_TILES tiles) against x from xc (the lane's
 // B-fragment row at the unit's first column) into d (and dx, the sums of x). A grouped unit
-// starts its sums (C = 0); per channel they run on.
-template <bool GROUPED>
+// starts its sums (C = 0); per channel they run on. PRE (CONTIG_X): x comes from xp, loaded
+// ahead (unit_x), instead of xc.
+template <bool GROUPED, bool PRE = false>
 __device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const elem_t* xc, float (&d)[ROW_TILES][4], float (&dx)[4],
-                                      const Frag2& f) {
+                                      const Frag2& f, const UnitX* xp = nullptr) {
 #if NEED_X
     const unsigned int ones[4] = {f.one2, f.one2, f.one2, f.one2};
 #endif
@@ -712,14 +745,21 @@ __device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const el
         // the lane's CHUNK / 4 x columns of the chunk in 16-byte loads: k-step j's b0, b1 are
         // words 2 j, 2 j + 1
         unsigned int xw[2 * CHUNK_STEPS];
+        if constexpr (PRE) {
 #pragma unroll
-        for (int q = 0; q < CHUNK_STEPS / 2; ++q) {
-            const uint4 v4 = *reinterpret_cast<const uint4*>(xc + s * CHUNK + 8 * q);
-            xw[4 * q] = v4.x;
-            xw[4 * q + 1] = v4.y;
-            xw[4 * q + 2] = v4.z;
-            xw[4 * q + 3] = v4.w;
+            for (int i = 0; i < 2 * CHUNK_STEPS; ++i) xw[i] = xp->w[s][i];
+        } else {
+#pragma unroll
+            for (int q = 0; q < CHUNK_STEPS / 2; ++q) {
+                const uint4 v4 = *reinterpret_cast<const uint4*>(xc + s * CHUNK + 8 * q);
+                xw[4 * q] = v4.x;
+                xw[4 * q + 1] = v4.y;
+                xw[4 * q + 2] = v4.z;
+                xw[4 * q + 3] = v4.w;
+            }
         }
+#else
+        static_assert(!PRE, "x loaded ahead needs CONTIG_X");
 #endif
 #pragma unroll
         for (int j = 0; j < CHUNK_STEPS; ++j) {
@@ -967,6 +1007,10 @@ __device__ __forceinline__ void gemv3_main(const elem_t* __restrict__ x, const u
         for (int r = 0; r < RT; ++r) acc[r][i] = d[r][i] = 0.0f;
     }
     int slot = 0;
+#if XPF
+    UnitX xcur;
+    if (warp < units) unit_x(xc, xcur);
+#endif
     for (int c = warp; c < units; c += warps) {
         cp_async_wait<ASYNC - 1>();  // this lane's copies of unit c have landed
         AsyncSlot& sl = ring[slot];
@@ -975,7 +1019,14 @@ __device__ __forceinline__ void gemv3_main(const elem_t* __restrict__ x, const u
         for (int s = 0; s < SEG; ++s)
 #pragma unroll
             for (int r = 0; r < RT; ++r) v[s][r] = sl.v[s][r][lane];
+#if XPF
+        UnitX xnext;
+        if (c + warps < units) unit_x(xc + xstep, xnext);  // in flight while this unit computes
+        unit2<GROUPED, true>(v, xc, d, dx, f, &xcur);
+        xcur = xnext;
+#else
         unit2<GROUPED>(v, xc, d, dx, f);
+#endif
         if (GROUPED) {
 #pragma unroll
             for (int r = 0; r < RT; ++r) {

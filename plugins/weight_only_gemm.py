@@ -123,8 +123,9 @@ def _variant_from_env() -> dict[str, int]:
 
 #: the M <= 8 decode kernel's variant, extra defines of kernels/wq_gemm.cu: {} is the default
 #: (v1); {"WQ_DECODE": 2, "ROW_TILES": 1 | 2, "WQ_FOLD": 0 | 1, "SEG": 1 .. 4, "L2_PF": 0 ..,
-#: "L2_HINT": 0 | 1 | 2, "ASYNC": 0 | 2 ..} (ASYNC: units in flight per warp in shared
-#: memory, lowered to what :data:`_RING_SMEM` holds for the block's warps, :func:`async_depth`)
+#: "L2_HINT": 0 | 1 | 2, "ASYNC": 0 | 2 .., "XPF": 0 | 1} (ASYNC: units in flight per warp in
+#: shared memory, lowered to what :data:`_RING_SMEM` holds for the block's warps,
+#: :func:`async_depth`; XPF: with ASYNC on the contiguous-x order, x loaded a unit ahead)
 #: (any subset; UNROLL too) selects v2 where :meth:`WeightOnlyGemmPlugin.fast_decode` allows it
 #: (SEG falls back to 1 where it does not divide the chunks per group); "WARPS" (not a define)
 #: sets its warps per block instead of :meth:`WeightOnlyGemmPlugin.decode_warps`.
@@ -570,7 +571,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         ``SEG`` left out (1) where it does not divide :meth:`chunks_per_group` (a unit of SEG
         chunks must lie inside one group); ``ASYNC`` lowered by :func:`async_depth` (left out
         where that is 0), and with it ``ASLOT`` (:func:`async_slot_bytes`) and ``WARPS`` (the
-        launch's warps, which size the rings) set.
+        launch's warps, which size the rings) set; ``XPF`` left out without ``ASYNC`` or the
+        contiguous-x order.
 
         Raises:
             PluginError: a ``WARPS`` outside 1 .. 16.
@@ -594,6 +596,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
                 variant["WARPS"] = warps
         if not variant.get("ASYNC", 1):
             del variant["ASYNC"]  # the register path's define set, as without the key
+        if variant.get("XPF") and not (variant.get("ASYNC") and self.contiguous_x):
+            del variant["XPF"]  # x loaded a unit ahead: the cp.async path's, on the contiguous-x order
         return variant
 
     def decode_warps(self, row_tiles: int = 1, target: int = _TARGET_WARPS) -> int:

@@ -526,6 +526,14 @@ def test_async_variant_sets_the_ring(rng: np.random.Generator, monkeypatch: pyte
     g256, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 64, 1024, 4, 256, "frac", False))
     monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "ROW_TILES": 2, "SEG": 4, "WARPS": 16, "ASYNC": 2})
     assert g256.decode_variant(BF16, 1) == {"WQ_DECODE": 2, "ROW_TILES": 2, "SEG": 4, "WARPS": 16}  # 5 KiB slots: one each
+    # XPF (x a unit ahead) only with the rings and the contiguous-x order
+    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "ASYNC": 4, "XPF": 1, "WARPS": 4})
+    assert g128.contiguous_x and g128.decode_variant(BF16, 1)["XPF"] == 1
+    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "ASYNC": 0, "XPF": 1, "WARPS": 4})
+    assert "XPF" not in g128.decode_variant(BF16, 1)
+    natural = WeightOnlyGemmPlugin(1024, 64, 4, 128, True, False, False)
+    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "ASYNC": 4, "XPF": 1, "WARPS": 4})
+    assert "XPF" not in natural.decode_variant(BF16, 1) and natural.decode_variant(BF16, 1)["ASYNC"] == 4
 
 
 def test_decode_variant_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -112,15 +112,16 @@ V2_VARIANTS += [
     {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "L2_PF": 0, "ASYNC": 6},
     {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 1, "L2_PF": 0, "ASYNC": 2},
     {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 0, "SEG": 1, "L2_PF": 0, "ASYNC": 3},
+    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 2, "L2_PF": 0, "ASYNC": 4, "XPF": 1},
 ]
 
 
 #: v2 variants the contiguous-x order is checked with beside the default decode kernel
-CONTIG_X_VARIANTS = [V2_VARIANTS[i] for i in (0, 3, 5, 8)]
+CONTIG_X_VARIANTS = [V2_VARIANTS[i] for i in (0, 3, 5, 8, 11, 14)]  # 11, 14: the cp.async rings (14 with XPF)
 
 
 def _v2_id(v: dict) -> str:
-    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}_a{v.get('ASYNC', 0)}"
+    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}_a{v.get('ASYNC', 0)}_x{v.get('XPF', 0)}"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -147,9 +148,11 @@ def _v2_compiled() -> None:
         for v in [{}, wog.DEFAULT_DECODE[b], *CONTIG_X_VARIANTS]
     ]
     sets += [{k: val for k, val in d.items() if k != "SEG"} for d in sets if d.get("CONTIG_X")]  # the SEG fallback
-    for d in sets:  # the cp.async rings' slot size, as the plugin adds it (the depth it may lower: no define)
+    for d in sets:  # as the plugin adds or drops them: the rings' slot size, XPF (contiguous x only)
         if d.get("ASYNC"):
             d["ASLOT"] = wog.async_slot_bytes(d.get("SEG", 1), d.get("ROW_TILES", 1), bool(d["HAS_ZEROS"]))
+        if d.get("XPF") and not d.get("CONTIG_X"):
+            del d["XPF"]
     unique = [dict(t) for t in sorted({tuple(sorted(d.items())) for d in sets})]
     arch = kernels.current_arch()
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
