@@ -897,6 +897,22 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
     gemv2_store(acc, red, out, M, N);
 }
 
+// the block's ROW_TILES tiles: their weights (at this lane's vectors), scales and zero points; a
+// block's second tile past the last one reads the last one again (never stored)
+__device__ __forceinline__ void tile_pointers(const uint4* __restrict__ w, const float* __restrict__ scales, const float* __restrict__ zeros,
+                                              int N, int K, int group_size, const uint4* (&wt)[ROW_TILES], const float* (&st)[ROW_TILES],
+                                              const float* (&zt)[ROW_TILES]) {
+    const int lane = threadIdx.x & 31;
+    const int tiles = (N + 15) / 16, chunks = K / CHUNK, groups = K / group_size;
+#pragma unroll
+    for (int r = 0; r < ROW_TILES; ++r) {
+        const int t = min((int)blockIdx.x * ROW_TILES + r, tiles - 1);
+        wt[r] = w + (size_t)t * chunks * 32 + lane;
+        st[r] = scales + (size_t)t * groups * 16;
+        zt[r] = HAS_ZEROS ? zeros + (size_t)t * groups * 16 : nullptr;
+    }
+}
+
 // v2's body: the first units' vectors and scales before PDL_WAIT (constants), then gemv2_main.
 __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                                            const float* __restrict__ zeros, elem_t* __restrict__ out, int M, int N, int K, int group_size,
@@ -904,22 +920,12 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int gid = lane >> 2;
-    const int tiles = (N + 15) / 16;
-    const int chunks = K / CHUNK;  // K is a multiple of CHUNK here
-    const int units = chunks / SEG;
-    const int groups = K / group_size;
-    const bool grouped = groups > 1;
+    const int units = K / CHUNK / SEG;  // K is a multiple of CHUNK here
+    const bool grouped = K / group_size > 1;
     const uint4* wt[RT];
     const float* st[RT];
     const float* zt[RT];
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-        // a block's second tile past the last one reads the last one again (never stored)
-        const int t = min((int)blockIdx.x * RT + r, tiles - 1);
-        wt[r] = w + (size_t)t * chunks * 32 + lane;
-        st[r] = scales + (size_t)t * groups * 16;
-        zt[r] = HAS_ZEROS ? zeros + (size_t)t * groups * 16 : nullptr;
-    }
+    tile_pointers(w, scales, zeros, N, K, group_size, wt, st, zt);
     __shared__ float red[MAX_WARPS * RT * 4 * 32];  // the warps' partial sums [warp][RT * 4][32]
     const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
     uint4 buf[UNROLL][SEG][RT];
@@ -1069,21 +1075,12 @@ __device__ __forceinline__ void gemv3_body(const elem_t* __restrict__ x, const u
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int gid = lane >> 2;
-    const int tiles = (N + 15) / 16;
-    const int chunks = K / CHUNK;  // K is a multiple of CHUNK here
-    const int units = chunks / SEG;
-    const int groups = K / group_size;
-    const bool grouped = groups > 1;
+    const int units = K / CHUNK / SEG;  // K is a multiple of CHUNK here
+    const bool grouped = K / group_size > 1;
     const uint4* wt[RT];
     const float* st[RT];
     const float* zt[RT];
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-        const int t = min((int)blockIdx.x * RT + r, tiles - 1);  // a second tile past the last: never stored
-        wt[r] = w + (size_t)t * chunks * 32 + lane;
-        st[r] = scales + (size_t)t * groups * 16;
-        zt[r] = HAS_ZEROS ? zeros + (size_t)t * groups * 16 : nullptr;
-    }
+    tile_pointers(w, scales, zeros, N, K, group_size, wt, st, zt);
     extern __shared__ __align__(16) unsigned char wq_rings[];  // warps x ASYNC slots: the launch's dynamic shared memory
     AsyncSlot* ring = reinterpret_cast<AsyncSlot*>(wq_rings) + (size_t)warp * ASYNC;
     const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
