@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -343,3 +344,72 @@ def test_a_config_json_given_as_the_model_names_its_folder(tmp_path: Path, capsy
         quantize_checkpoint(src / "config.json", tmp_path / "q")
     assert main(["quantize", "--model", str(src / "config.json"), "--output", str(tmp_path / "q")]) == 2
     assert f"pass {src}" in capsys.readouterr().err and not (tmp_path / "q").exists()
+
+
+class _WordTokenizer:
+    """A stand-in for an LLM's tokenizer: one token per white-space-separated word; records
+    the length of each text it was given."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def encode(self, text: str) -> list[int]:
+        self.seen.append(len(text))
+        return [len(w) for w in text.split()]
+
+
+def test_calibration_reads_only_what_its_tokens_need(tmp_path: Path) -> None:
+    """A calibration file of many megabytes is not read whole (a 1 GB file used to take the
+    quantizer past 24 GB and the OOM killer): the first CHARS_PER_TOKEN characters per token
+    asked, four times more while they give too few tokens (a long run of blank space), and a
+    warning that names the counts when the whole file gives fewer than asked."""
+    import warnings
+
+    from trtcore.calibration import CHARS_PER_TOKEN, calibration_ids
+
+    big = tmp_path / "big.txt"
+    big.write_text("word " * 2_000_000)  # 10 MB
+    tok = _WordTokenizer()
+    assert calibration_ids(tok, big, 600) == [4] * 600
+    assert tok.seen == [CHARS_PER_TOKEN * 600]
+    spaced = tmp_path / "spaced.txt"
+    spaced.write_text(" " * 50_000 + "word " * 1000)
+    tok = _WordTokenizer()
+    assert calibration_ids(tok, spaced, 100) == [4] * 100
+    assert tok.seen == [4096, 16384, 55_000]  # the third read reaches the end
+    short = tmp_path / "short.txt"
+    short.write_text("a few words only")
+    with pytest.warns(UserWarning, match=r"the calibration text gives 4 tokens, fewer than the 512 asked \(--calibration-tokens\)"):
+        assert calibration_ids(_WordTokenizer(), short, 512) == [1, 3, 5, 4]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        calibration_ids(_WordTokenizer(), big, 7)  # enough tokens: no warning
+
+
+def test_cli_warnings_are_one_line(tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warning under trtcore's CLI is one line 'trtcore: warning: ...' (it was Python's
+    'file:line: UserWarning: ...' and the source line, written over the progress bar), and
+    Python's own format is back after main returns; an interrupt says so (exit 130)."""
+    import warnings
+
+    import trtcore.cli as cli
+
+    def warn_then_ok(args: Any) -> int:
+        warnings.warn("the calibration text gives 4 tokens, fewer than the 512 asked", stacklevel=1)
+        return 0
+
+    def interrupted(args: Any) -> int:
+        raise KeyboardInterrupt
+
+    before = warnings.formatwarning
+    monkeypatch.setattr(cli, "_quantize", warn_then_ok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        # Python's printing path (pytest records warnings instead): stderr, through formatwarning
+        warnings.showwarning = lambda m, c, f, n, file=None, line=None: sys.stderr.write(warnings.formatwarning(m, c, f, n, line))
+        assert main(["quantize", "--model", str(tmp_path), "--output", str(tmp_path / "q")]) == 0
+    assert capsys.readouterr().err == "trtcore: warning: the calibration text gives 4 tokens, fewer than the 512 asked\n"
+    assert warnings.formatwarning is before
+    monkeypatch.setattr(cli, "_quantize", interrupted)
+    assert main(["quantize", "--model", str(tmp_path), "--output", str(tmp_path / "q")]) == 130
+    assert capsys.readouterr().err == "trtcore: interrupted\n"

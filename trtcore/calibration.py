@@ -13,6 +13,7 @@ benchmark scores.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -135,39 +136,73 @@ def calibration_file(calibration: str | os.PathLike[str] | None) -> Path:
     return path
 
 
-def calibration_text(calibration: str | os.PathLike[str] | None) -> str:
-    """The text of :func:`calibration_file`'s file, read as UTF-8.
+def calibration_text(calibration: str | os.PathLike[str] | None, max_chars: int | None = None) -> str:
+    """The text of :func:`calibration_file`'s file, read as UTF-8: all of it, or its first
+    ``max_chars`` characters (a calibration takes some hundred tokens: a file of gigabytes is
+    not read whole).
 
     Raises:
-        InvalidArgumentError: what :func:`calibration_file` raises, or the file is not UTF-8 text
-            (naming the byte offset) or holds only white space.
+        InvalidArgumentError: what :func:`calibration_file` raises, or the text read is not UTF-8
+            (naming the byte offset), or the file holds only white space.
     """
     path = calibration_file(calibration)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open(encoding="utf-8") as f:
+            text = f.read() if max_chars is None else f.read(max_chars)
     except UnicodeDecodeError as exc:
         raise InvalidArgumentError(
             f"calibration file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); give a UTF-8 text file"
         ) from None
-    if not text.strip():
+    if not text.strip() and (max_chars is None or len(text) < max_chars):  # a cut text may go on
         raise InvalidArgumentError(
             f"calibration file {str(path)!r} is empty; give a UTF-8 text file with some paragraphs of the model's kind of text"
         )
     return text
 
 
-def calibration_token_ids(llm: Any, text: str, num_tokens: int = 512, seq_len: int = 256) -> list[list[int]]:
-    """``text`` tokenized by ``llm``'s tokenizer and cut into sequences of at most ``seq_len``
-    tokens, ``num_tokens`` in all (fewer when the text is shorter).
+#: characters of calibration text read first per token asked (English runs about 4 per token);
+#: where they give too few tokens, four times as many, until the file ends
+CHARS_PER_TOKEN = 16
+
+
+def calibration_ids(llm: Any, calibration: str | os.PathLike[str] | None, num_tokens: int) -> list[int]:
+    """The first ``num_tokens`` token ids of the calibration text (fewer where the file is
+    shorter: a warning says how many), tokenized by ``llm``'s tokenizer; only as much of the
+    file is read as gives them (:data:`CHARS_PER_TOKEN`).
 
     Raises:
-        InvalidArgumentError: ``num_tokens`` or ``seq_len`` below 1, or the text gives no token.
+        InvalidArgumentError: what :func:`calibration_text` raises, or the text gives no token.
+    """
+    chars = max(4096, CHARS_PER_TOKEN * num_tokens)
+    while True:
+        text = calibration_text(calibration, max_chars=chars)
+        whole = len(text) < chars  # the file ended within the read
+        ids = [int(t) for t in llm.encode(text)]
+        # a cut text's last token may be a word's start: one spare token beyond those used
+        if whole or len(ids) > num_tokens:
+            break
+        chars *= 4
+    if not ids:
+        raise InvalidArgumentError("the calibration text gives no token")
+    if len(ids) < num_tokens:
+        warnings.warn(
+            f"the calibration text gives {len(ids)} tokens, fewer than the {num_tokens} asked (--calibration-tokens); calibrating on those",
+            stacklevel=2,
+        )
+    return ids[:num_tokens]
+
+
+def calibration_token_ids(llm: Any, calibration: str | os.PathLike[str] | None, num_tokens: int = 512, seq_len: int = 256) -> list[list[int]]:
+    """:func:`calibration_ids` cut into sequences of at most ``seq_len`` tokens, ``num_tokens``
+    in all (fewer when the text is shorter).
+
+    Raises:
+        InvalidArgumentError: ``num_tokens`` or ``seq_len`` below 1, or what
+            :func:`calibration_ids` raises.
     """
     if num_tokens < 1 or seq_len < 1:
         raise InvalidArgumentError(f"num_tokens and seq_len must be positive, got {num_tokens} and {seq_len}")
-    ids = [int(t) for t in llm.encode(text)][:num_tokens]
-    if not ids:
-        raise InvalidArgumentError("the calibration text gives no token")
+    ids = calibration_ids(llm, calibration, num_tokens)
     return [ids[i : i + seq_len] for i in range(0, len(ids), seq_len)]
 
 
@@ -200,7 +235,8 @@ def capture_calibration(
     """
     from .llm import LLM
 
-    text = calibration_text(calibration) if token_ids is None else ""
+    if token_ids is None:
+        calibration_text(calibration, max_chars=4096)  # a bad file before the model is loaded
     if token_ids is not None and (not token_ids or any(not 0 < len(t) <= seq_len for t in token_ids)):
         raise InvalidArgumentError(f"calibration token_ids must be sequences of 1 to seq_len={seq_len} ids")
     llm = LLM(model_dir, backend="reference", dtype="float32", kv_cache="contiguous", device="cpu", max_batch_size=1,
@@ -213,7 +249,7 @@ def capture_calibration(
         names = select(config, network_tensor_names(llm))
         if not names:
             raise InvalidArgumentError(f"no calibration tensor to capture in the {config.architecture} network")
-        seqs = [list(t) for t in token_ids] if token_ids is not None else calibration_token_ids(llm, text, num_tokens, seq_len)
+        seqs = [list(t) for t in token_ids] if token_ids is not None else calibration_token_ids(llm, calibration, num_tokens, seq_len)
         inputs: dict[str, list[np.ndarray]] = {n: [] for n in names}
         for ids in seqs:
             for n, v in capture_prefill(llm, ids, names).items():

@@ -11,6 +11,7 @@ import itertools
 import json
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -420,6 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench": _bench,
         "serve": _serve,
     }
+    format_warning = warnings.formatwarning
+    # a warning is one line, as an error is (not Python's file:line and source line)
+    warnings.formatwarning = lambda message, category, *_a, **_k: f"trtcore: warning: {message}\n"
     try:
         return int(handlers[args.command](args))
     except TrtcoreError as exc:
@@ -429,7 +433,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trtcore: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print("trtcore: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = format_warning
 
 
 if __name__ == "__main__":  # pragma: no cover

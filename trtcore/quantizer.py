@@ -414,7 +414,7 @@ def quantize_checkpoint(
     if calibrated and calibration_ids is None:
         from .calibration import calibration_text
 
-        calibration_text(calibration)  # a missing or unreadable file first: the more specific mistake
+        calibration_text(calibration, max_chars=4096)  # a missing or unreadable file first: the more specific mistake
     if calibrated and calibration_ids is None and not (model_dir / "tokenizer.json").is_file():
         raise InvalidArgumentError(
             f"{method} calibration tokenizes its text with the model's tokenizer, and {model_dir} has no tokenizer.json; "
