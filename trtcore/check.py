@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, InvalidArgumentError, TrtcoreError, UnsupportedArchitectureError
+from .errors import CheckpointError, ConfigError, InvalidArgumentError, TrtcoreError, UnsupportedArchitectureError
 
 
 def _transformers() -> tuple[Any, Any]:
@@ -67,8 +67,45 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
         model = auto_model.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager", experts_implementation="eager", **kwargs)
     except ImportError as exc:  # e.g. compressed-tensors, gptqmodel
         raise TrtcoreError(f"transformers cannot read {folder} here: {exc}") from exc
+    except Exception as exc:  # a config its loader refuses, tensors that do not fit it: not trtcore's fault
+        raise CheckpointError(f"transformers cannot load {folder}, so there is nothing to compare with: {_first_line(exc)}") from exc
     share_hf_fp8_scales(model, torch)
     return model.eval()
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (pydantic's and torch's run to pages)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+#: how many of each side's most likely tokens the other's greedy token must be among, at a step
+#: where the two greedy tokens differ (vLLM's tests/models/utils.py check_logprobs_close, which
+#: compares a model with transformers so, with its top 5 logprobs)
+GREEDY_TOP_K = 5
+
+
+def greedy_close(ours: np.ndarray, ref: np.ndarray, top_k: int = GREEDY_TOP_K) -> tuple[bool, list[dict[str, int]]]:
+    """vLLM's rule for two implementations' greedy tokens on the same prefix: at every step
+    either both argmax tokens are equal, or each is among the other's ``top_k`` tokens (a
+    near-tie that a rounding difference may flip; a fault moves a token out of the other's
+    top few).
+
+    Args:
+        ours, ref: logits ``[steps, vocab]`` of both on the same token prefix at each step.
+
+    Returns:
+        ``(close, differing)``: whether every step passes, and each step whose argmax differs:
+        ``{"step", "trtcore", "transformers", "close"}``.
+    """
+    differing = []
+    top_ours = np.argsort(-ours, axis=-1)[:, :top_k]
+    top_ref = np.argsort(-ref, axis=-1)[:, :top_k]
+    for step, (a, b) in enumerate(zip(np.argmax(ours, -1), np.argmax(ref, -1))):
+        if a != b:
+            close = bool(a in top_ref[step] and b in top_ours[step])
+            differing.append({"step": step, "trtcore": int(a), "transformers": int(b), "close": close})
+    return all(d["close"] for d in differing), differing
 
 
 def share_hf_fp8_scales(model: Any, torch: Any) -> int:
@@ -132,13 +169,17 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
     Returns:
         dict with ``architecture``, ``num_tokens`` (prompt length), ``max_rel_error``,
         ``trtcore_token`` / ``transformers_token`` (greedy next token after the prompt),
-        ``greedy_equal`` (all ``steps`` greedy tokens equal), ``fp8_activations`` (the
-        checkpoint quantizes activations to FP8: a last-bit float32 difference before a linear
-        can move one of its E4M3 codes by a 1/16 step, so the logits may differ by far more than
-        float32 rounding without a fault).
+        ``greedy_equal`` (all ``steps`` greedy tokens equal), ``greedy_close`` and
+        ``greedy_differing`` (:func:`greedy_close`: where they differ, each in the other's top
+        :data:`GREEDY_TOP_K`), ``fp8_activations`` (the checkpoint quantizes activations to
+        FP8: a last-bit float32 difference before a linear can move one of its E4M3 codes by a
+        1/16 step, so the logits may differ by far more than float32 rounding without a fault).
+        transformers runs trtcore's greedy tokens (teacher-forced), so both logits of a step
+        follow the same prefix.
 
     Raises:
         TrtcoreError: torch / transformers are not installed.
+        CheckpointError: transformers cannot load or run the checkpoint (its first line).
         InvalidArgumentError: an empty prompt.
     """
     if not prompt:  # before the build
@@ -159,16 +200,20 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
     # (the cache argument is ``cache`` in transformers >= 5.x's latest, ``past_key_values`` before)
     cache_arg = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
     rows = []
-    with torch.no_grad():
-        res = hf(torch.tensor([ids]), position_ids=torch.arange(len(ids))[None], use_cache=True)
-        rows.append(res.logits[0, -1].double().numpy())
-        for k, t in enumerate(ours_tokens[:-1]):
-            step = {cache_arg: getattr(res, cache_arg), "position_ids": torch.tensor([[len(ids) + k]])}
-            res = hf(torch.tensor([[t]]), use_cache=True, **step)
+    try:
+        with torch.no_grad():
+            res = hf(torch.tensor([ids]), position_ids=torch.arange(len(ids))[None], use_cache=True)
             rows.append(res.logits[0, -1].double().numpy())
+            for k, t in enumerate(ours_tokens[:-1]):
+                step = {cache_arg: getattr(res, cache_arg), "position_ids": torch.tensor([[len(ids) + k]])}
+                res = hf(torch.tensor([[t]]), use_cache=True, **step)
+                rows.append(res.logits[0, -1].double().numpy())
+    except Exception as exc:  # e.g. a quantization_config whose group size does not fit the tensors
+        raise CheckpointError(f"transformers cannot run {model_dir}, so there is nothing to compare with: {_first_line(exc)}") from exc
     ref = np.stack(rows)
     ours = _trtcore_logits(llm, ids, ours_tokens[:-1])
     err = float(np.abs(ours - ref).max() / np.abs(ref).max())
+    close, differing = greedy_close(ours, ref)
     return {
         "architecture": llm.config.architecture,
         "num_tokens": len(ids),
@@ -176,6 +221,8 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
         "trtcore_token": int(np.argmax(ours[0])),
         "transformers_token": int(np.argmax(ref[0])),
         "greedy_equal": bool((np.argmax(ref, -1) == np.array(ours_tokens)).all()),
+        "greedy_close": close,
+        "greedy_differing": differing,
         "fp8_activations": _quantizes_activations(llm),
     }
 
