@@ -180,12 +180,51 @@ def test_k_not_a_multiple_of_the_group_size_is_refused(tmp_path: Path, fmt: str)
         _read(tmp_path, config, tensors)
 
 
-def test_tensors_group_size_wins_over_a_config_that_divides_k(tmp_path: Path) -> None:
+@pytest.fixture(name="fresh_warnings")
+def fresh_warnings_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quant_formats warn-once memo, empty for this test."""
+    import trtcore.quant_formats.groups as groups
+
+    monkeypatch.setattr(groups, "_WARNED", set())
+
+
+def test_tensors_group_size_wins_over_a_config_that_divides_k(tmp_path: Path, fresh_warnings: None) -> None:
     """A config group_size that K is a multiple of but the tensors do not follow (a per-module
-    override) is not refused: the tensors' own group size is read."""
+    override) is not refused: the tensors' own group size is read, and a warning says that the
+    config and the tensors disagree (transformers and vLLM go by the config), once per shape."""
+    import warnings
+
     qz = quantize(_weight(22), 4, 32, sym=False, rng=np.random.default_rng(5))
-    qw = _read(tmp_path, {"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm"}, pack_awq(qz))
+    config = {"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm"}
+    with pytest.warns(UserWarning, match=rf"says group_size 64, but linears such as 'model\.layers\.0\.mlp\.up_proj' \(K={K}\) hold {K // 32} groups of 32"):
+        qw = _read(tmp_path, config, pack_awq(qz))
     assert qw.group_size == 32
+    np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (tmp_path / "again").mkdir()
+        _read(tmp_path / "again", config, pack_awq(qz))  # the same shape again: no second warning
+
+
+def test_compressed_tensors_config_that_contradicts_its_tensors_warns(tmp_path: Path, fresh_warnings: None) -> None:
+    """Hand-edited configs of a new-user trial ran silently: strategy 'channel' over group-wise
+    tensors, and symmetric: true over real zero points. The tensors are read as they are (equal
+    to the float64 dequantization) and a warning names the disagreement; a config that fits
+    its tensors warns about nothing."""
+    import warnings
+
+    qz = quantize(_weight(23), 4, 32, sym=False, rng=np.random.default_rng(6))
+    tensors = pack_compressed(qz, 4, sym=False)
+    for sub in ("ok", "channel", "sym"):
+        (tmp_path / sub).mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(_read(tmp_path / "ok", _ct_config(4, "group", 32, False), tensors).dequantize(), qz.dequantize())
+    with pytest.warns(UserWarning, match=rf"says per channel, but linears such as .* hold {K // 32} groups of 32"):
+        qw = _read(tmp_path / "channel", _ct_config(4, "channel", None, False), tensors)
+    np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+    with pytest.warns(UserWarning, match="says symmetric: true, but linears such as .* hold zero points other than the symmetric one"):
+        qw = _read(tmp_path / "sym", _ct_config(4, "group", 32, True), tensors)
     np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from trtcore.errors import CheckpointError
 from trtcore.quantization import QuantizedWeight
 
-from .groups import grouped_weight
+from .groups import grouped_weight, warn_once
 from .packing import unpack_int32
 
 #: the ``format`` values read here, and the quantization strategies
@@ -43,10 +43,13 @@ def pack_quantized_weight(
     shape: tuple[int, int],
     name: str = "weight",
     group_sizes: tuple[int, ...] = (),
+    symmetric: bool = False,
 ) -> QuantizedWeight:
     """Convert one ``pack-quantized`` linear's tensors (layout: module docstring);
-    ``group_sizes``: the config groups' ``group_size`` values, to refuse a short last group
-    (:func:`~.groups.grouped_weight`).
+    ``group_sizes``: the config groups' (:func:`config_group_sizes`), which the tensors' group
+    count should fit (:func:`~.groups.grouped_weight`); ``symmetric``: every config group says
+    ``symmetric: true``, so zero points other than the symmetric one contradict it (a warning:
+    the tensors are read as they are).
 
     Raises:
         CheckpointError: dtypes or shapes inconsistent, K not a multiple of the group size.
@@ -63,7 +66,15 @@ def pack_quantized_weight(
             zeros = zp.astype(np.float32) + offset
         else:
             zeros = unpack_int32(zp, num_bits, 0, f"{name}.weight_zero_point")[:n].astype(np.float32)
-    return grouped_weight(codes, weight_scale, zeros, num_bits, weight_g_idx, name, group_sizes)
+    qw = grouped_weight(codes, weight_scale, zeros, num_bits, weight_g_idx, name, group_sizes)
+    if symmetric and qw.zeros is not None:
+        warn_once(
+            ("symmetric",),
+            "the quantization_config says symmetric: true, but linears such as "
+            f"'{name}' hold zero points other than the symmetric one; trtcore reads them, other readers (transformers, vLLM) "
+            "go by the config",
+        )
+    return qw
 
 
 def read_pack_quantized(weights: Any, prefix: str, config: dict[str, Any]) -> QuantizedWeight:
@@ -88,8 +99,21 @@ def read_pack_quantized(weights: Any, prefix: str, config: dict[str, Any]) -> Qu
         num_bits=linear_bits(config, shape[1], int(np.shape(packed)[-1]), prefix),
         shape=(shape[0], shape[1]),
         name=prefix,
-        group_sizes=tuple(int(a["group_size"]) for a in weight_args(config) if a.get("strategy") == "group" and a.get("group_size")),
+        group_sizes=config_group_sizes(config),
+        symmetric=all(bool(a.get("symmetric", True)) for a in weight_args(config)),
     )
+
+
+def config_group_sizes(config: dict[str, Any]) -> tuple[int, ...]:
+    """The group sizes the config groups' weights name: ``group_size`` of the group strategy,
+    -1 for the channel strategy (one group over K)."""
+    sizes = []
+    for a in weight_args(config):
+        if a.get("strategy") == "group" and a.get("group_size"):
+            sizes.append(int(a["group_size"]))
+        elif a.get("strategy") == "channel":
+            sizes.append(-1)
+    return tuple(sizes)
 
 
 def weight_args(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -118,4 +142,4 @@ def linear_bits(config: dict[str, Any], k: int, packed_columns: int, name: str =
     )
 
 
-__all__ = ["FORMATS", "STRATEGIES", "linear_bits", "pack_quantized_weight", "read_pack_quantized", "weight_args"]
+__all__ = ["FORMATS", "STRATEGIES", "config_group_sizes", "linear_bits", "pack_quantized_weight", "read_pack_quantized", "weight_args"]

@@ -3,10 +3,23 @@ the :class:`~trtcore.quantization.QuantizedWeight` they all produce."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from trtcore.errors import CheckpointError
 from trtcore.quantization import QuantizedWeight
+
+#: the config / tensor disagreements warned about in this process (a model has hundreds of
+#: linears of a few shapes: one warning each)
+_WARNED: set[tuple] = set()
+
+
+def warn_once(key: tuple, message: str) -> None:
+    """``warnings.warn(message)`` the first time ``key`` is seen in this process."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, stacklevel=3)
 
 
 def grouped_weight(
@@ -30,11 +43,15 @@ def grouped_weight(
             each input feature (GPTQ ``desc_act``). When it is not the trivial one, the
             columns are sorted by group (stable) and the permutation kept as ``perm``.
         name: the weight's name, for errors.
-        group_sizes: the group sizes the ``quantization_config`` names for this weight
-            (positive; ``-1`` / None left out). The tensors' own group size ``K // G`` is read;
-            these only catch a short last group: ``G == ceil(K / group_size)`` with ``K`` not a
-            multiple of ``group_size`` (AutoGPTQ's ``g_idx = k // group_size``,
-            compressed-tensors' group strategy), which ``K // G`` equal groups would misread.
+        group_sizes: the group sizes the ``quantization_config`` names for this weight (any
+            of them, for configs of several groups; ``-1`` or ``0``: one group over K, per
+            channel); empty: not checked. The tensors' own group size ``K // G`` is read (a
+            per-module override the config does not spell out); where their ``G`` is not
+            ``ceil(K / group_size)`` for any of these, a warning says that the config and the
+            tensors disagree (other readers, transformers and vLLM, go by the config and fail or
+            misread). A short last group (``K`` not a multiple: AutoGPTQ's ``g_idx = k //
+            group_size``, compressed-tensors' group strategy), which ``K // G`` equal groups
+            would misread, is refused.
 
     Raises:
         CheckpointError: shapes inconsistent, ``K`` not a multiple of the group size (a short
@@ -50,6 +67,14 @@ def grouped_weight(
                 )
     if scales.ndim != 2 or scales.shape[0] != n or scales.shape[1] == 0 or k % scales.shape[1]:
         raise CheckpointError(f"'{name}': scales of shape {scales.shape} do not fit a [{n}, {k}] weight (expected [{n}, G], G dividing {k})")
+    expected = {-(-k // gs) if gs > 0 else 1 for gs in group_sizes}
+    if expected and scales.shape[1] not in expected:
+        named = " / ".join("per channel" if gs <= 0 else f"group_size {gs}" for gs in sorted(set(group_sizes), reverse=True))
+        warn_once(
+            ("groups", k, scales.shape[1], named),
+            f"the quantization_config says {named}, but linears such as '{name}' (K={k}) hold {scales.shape[1]} groups of "
+            f"{k // scales.shape[1]}; trtcore reads the tensors' groups, other readers (transformers, vLLM) go by the config",
+        )
     groups = scales.shape[1]
     size = k // groups
     if zeros is not None and zeros.shape != scales.shape:
@@ -71,4 +96,4 @@ def grouped_weight(
     return QuantizedWeight(np.ascontiguousarray(codes), np.asarray(scales, np.float32), zf, bits, size, perm)
 
 
-__all__ = ["grouped_weight"]
+__all__ = ["grouped_weight", "warn_once"]
