@@ -142,7 +142,7 @@ def test_build_quantizes_a_float_checkpoint_to_fp8(model: Path, tmp_path: Path) 
     assert side["engine_bytes"] != plain["engine_bytes"]  # another network: the Q/DQ linears
     bad = _cli("build", "--model", str(model), "--output", str(tmp_path / "g.engine"), "--backend", "tensorrt_rtx", "--quantization", "gptq",
                "--compute-capability", "sm89")
-    assert bad.returncode == 2 and "quantization='gptq', but config.json has no quantization_config" in bad.stderr
+    assert bad.returncode == 2 and "quantization='gptq', but config.json has no quantization_config and there is no quantize_config.json" in bad.stderr
     assert not (tmp_path / "g.engine").exists()
 
 

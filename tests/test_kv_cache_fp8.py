@@ -15,6 +15,7 @@ reference backend's greedy tokens.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -276,3 +277,37 @@ def test_gpu_cuda_backend_fp8_kv_tokens_equal_reference(store: ModelStore) -> No
                 break
             compared += 1
     assert compared >= 24, f"only {compared} tokens agreed before near-ties"
+
+
+@pytest.mark.parametrize(
+    ("scheme", "field"),
+    [
+        ({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}, None),  # llm-compressor's
+        ({"num_bits": 8, "type": "float", "dynamic": False}, None),  # strategy left out: per tensor
+        ({"num_bits": 8, "type": "int", "strategy": "tensor", "dynamic": False}, "type='int'"),
+        ({"num_bits": 8, "strategy": "tensor"}, "type='int'"),  # compressed-tensors' default type
+        ({"num_bits": 4, "type": "float", "strategy": "tensor"}, "num_bits=4"),
+        ({"num_bits": 8, "type": "float", "strategy": "head"}, "strategy='head'"),
+        ({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": True}, "dynamic=True"),
+    ],
+)
+def test_kv_cache_scheme_is_checked_for_the_fp8_cache(store: ModelStore, tmp_path: Path, scheme: dict, field: str | None) -> None:
+    """A checkpoint's kv_cache_scheme (compressed-tensors) other than 8-bit float with static
+    per-layer scales is refused naming the field when the FP8 KV cache would read its scales (a
+    new-user trial's int8, 4-bit and per-head schemes ran silently as FP8); with
+    kv_cache_dtype='auto' the scheme is not used and not checked."""
+    import json
+
+    from trtcore.errors import UnsupportedQuantizationError
+    from trtcore.quantizer import quantize_checkpoint
+
+    out = quantize_checkpoint(store.dir(TINY.name), tmp_path / "q", method="fp8", activations="dynamic")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"]["kv_cache_scheme"] = scheme
+    (out / "config.json").write_text(json.dumps(cfg))
+    if field is None:
+        _llm(out, "fp8").close()
+    else:
+        with pytest.raises(UnsupportedQuantizationError, match=rf"kv_cache_scheme {re.escape(field)} is not supported: .*kv_cache_dtype='auto'"):
+            _llm(out, "fp8")
+    _llm(out, "auto").close()

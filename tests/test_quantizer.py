@@ -132,6 +132,9 @@ def test_mse_observer_checkpoint_records_it_and_holds_its_scales(tmp_path: Path)
     np.testing.assert_array_equal(quantize_rtn(w, 4, 32, observer="mse").scales, got["model.layers.0.mlp.down_proj.weight_scale"])
     with pytest.raises(InvalidArgumentError, match=r"observer \(--observer\) = 'mse' does not apply to method 'fp8'"):
         quantize_checkpoint(src, tmp_path / "f", method="fp8", observer="mse")
+    # min-max is what an FP8 checkpoint's config records: asking for it is not refused
+    fp8 = quantize_checkpoint(src, tmp_path / "f", method="fp8", activations="dynamic", observer="minmax")
+    assert json.loads((fp8 / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]["observer"] == "minmax"
 
 
 def _tiny(tmp_path: Path) -> Path:
@@ -413,3 +416,18 @@ def test_cli_warnings_are_one_line(tmp_path: Path, capsys: Any, monkeypatch: pyt
     monkeypatch.setattr(cli, "_quantize", interrupted)
     assert main(["quantize", "--model", str(tmp_path), "--output", str(tmp_path / "q")]) == 130
     assert capsys.readouterr().err == "trtcore: interrupted\n"
+
+
+def test_group_sizes_vllm_cannot_run_are_written_with_a_warning(tmp_path: Path) -> None:
+    """--group-size 16 (a multiple of 8: trtcore runs it) is written, with a warning that
+    vLLM's Marlin kernels take 32 / 64 / 128 or per channel (the README says vLLM reads these
+    folders); those sizes and per channel write without one."""
+    import warnings
+
+    src = _tiny(tmp_path)
+    with pytest.warns(UserWarning, match=r"group_size 16 runs in trtcore, but vLLM's Marlin kernels take group sizes \(32, 64, 128\)"):
+        quantize_checkpoint(src, tmp_path / "g16", group_size=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantize_checkpoint(src, tmp_path / "g32", group_size=32)
+        quantize_checkpoint(src, tmp_path / "ch", group_size=0, bits=8, symmetric=True)

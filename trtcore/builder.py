@@ -27,7 +27,7 @@ from .models import family_for
 from .parallel import Mapping, check_tensor_parallel, local_kv_heads
 from .plan import DTYPES, BuildConfig, BuildPlan, resolve_plan
 from .plan import implementations as plan_implementations
-from .quant_formats import check_fp8_at_load, quantized_weights
+from .quant_formats import check_fp8_at_load, check_kv_cache_scheme, quantized_weights
 from .trt import backend_name
 
 __all__ = [
@@ -145,6 +145,7 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
     fam = family_of(config.model_type)
     report = LoadReport(quantized_weights(weights, config.quantization_config, packed_modules=fam.packed_modules), fam.is_ignored)
     if plan.kv_fp8:  # the FP8 KV cache's per-layer scales (1.0 where the checkpoint has none, with a warning)
+        check_kv_cache_scheme(config.quantization_config)
         graph.kv_scales = kv_cache_scales(report, config.num_hidden_layers)
     family.build(graph, config, report)
     report.check(f"the {config.architecture} network")

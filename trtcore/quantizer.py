@@ -60,6 +60,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -291,12 +292,18 @@ def _option(name: str) -> str:
     return f"{name} ({'Python API only' if name in _API_ONLY else '--' + name.replace('_', '-')})"
 
 
+#: the group sizes vLLM's Marlin weight-only kernels take (its ``MARLIN_SUPPORTED_GROUP_SIZES``,
+#: besides -1 per channel), which the README's "vLLM reads these folders" rests on
+VLLM_GROUP_SIZES = (32, 64, 128)
+
+
 def _refuse_unused(method: str, fp8_activations: str, **given: Any) -> None:
     """InvalidArgumentError for the first option in ``given`` (not None) that ``method`` does
-    not use (:data:`_USED_BY`); fp8's 8 bits and per-channel group size 0 are accepted."""
+    not use (:data:`_USED_BY`); fp8's 8 bits, per-channel group size 0 and min-max observer
+    (what its config records) are accepted."""
     key = f"fp8-{fp8_activations}" if method == "fp8" else method
     for name, value in given.items():
-        if value is None or key in _USED_BY[name] or (method == "fp8" and (name, value) in (("bits", 8), ("group_size", 0))):
+        if value is None or key in _USED_BY[name] or (method == "fp8" and (name, value) in (("bits", 8), ("group_size", 0), ("observer", "minmax"))):
             continue
         used = _USED_BY[name]
         fp8 = "fp8" if "fp8-dynamic" in used else "fp8 with static activations" if "fp8-static" in used else None
@@ -456,9 +463,14 @@ def quantize_checkpoint(
                     else f"group_size={group_size}"
                 )
                 raise InvalidArgumentError(
-                    f"{name}: {what} is not a multiple of {GROUP_UNIT}, which trtcore's weight-only GEMM needs to run "
-                    f"the checkpoint (vLLM's Marlin kernels too); {hint}"
+                    f"{name}: {what} is not a multiple of {GROUP_UNIT}, which trtcore's weight-only GEMM needs to run the checkpoint; {hint}"
                 )
+        if method != "fp8" and group_size not in (0, *VLLM_GROUP_SIZES):
+            warnings.warn(
+                f"group_size {group_size} runs in trtcore, but vLLM's Marlin kernels take group sizes {VLLM_GROUP_SIZES} or "
+                "per channel (0): vLLM may not load this checkpoint",
+                stacklevel=2,
+            )
         plan = None
         amax: dict[str, float] = {}
         packed = family_of(config.model_type).packed_modules

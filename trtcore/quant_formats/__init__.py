@@ -255,7 +255,11 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
         if quantization == "fp8":
             return QuantScheme("fp8", dict(FP8_ON_THE_FLY))
         if quantization is not None:
-            raise InvalidArgumentError(f"quantization={given!r}, but config.json has no quantization_config (the checkpoint is not quantized)")
+            files = " / ".join(CONFIG_FILES.get(quantization, ()))
+            raise InvalidArgumentError(
+                f"quantization={given!r}, but config.json has no quantization_config{f' and there is no {files}' if files else ''} "
+                "(the checkpoint is not quantized)"
+            )
         return None
     method = str(quantization_config.get("quant_method", "")).lower()
     if method not in QUANTIZATION_METHODS:
@@ -411,6 +415,38 @@ class QuantizedCheckpoint:
     def close(self) -> None:
         """Close the underlying checkpoint."""
         self.checkpoint.close()
+
+
+#: the ``kv_cache_scheme`` (compressed-tensors ``QuantizationArgs``, llm-compressor's FP8 KV cache)
+#: trtcore's FP8 KV cache reads: 8-bit floats, one static scale per layer for keys and for
+#: values; a missing key takes compressed-tensors' default (``type`` "int", ``strategy`` None:
+#: per tensor, ``dynamic`` False)
+KV_CACHE_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}
+
+
+def check_kv_cache_scheme(quantization_config: dict[str, Any] | None) -> None:
+    """Refuse a checkpoint's ``kv_cache_scheme`` other than :data:`KV_CACHE_SCHEME` for an FP8
+    KV cache (``kv_cache_dtype="fp8"``): its scales would be read as what they are not.
+
+    Raises:
+        UnsupportedQuantizationError: naming the first field that differs, with its value and
+            the one read.
+    """
+    scheme = (quantization_config or {}).get("kv_cache_scheme")
+    if scheme is None:
+        return
+    if not isinstance(scheme, dict):
+        raise UnsupportedQuantizationError(
+            f"quantization_config kv_cache_scheme {scheme!r}: expected an object (compressed-tensors QuantizationArgs)"
+        )
+    defaults = {"num_bits": 8, "type": "int", "strategy": None, "dynamic": False}
+    for key, want in KV_CACHE_SCHEME.items():
+        got = scheme.get(key, defaults[key])
+        if got != want and not (key == "strategy" and got is None):
+            raise UnsupportedQuantizationError(
+                f"quantization_config kv_cache_scheme {key}={got!r} is not supported: trtcore's FP8 KV cache (kv_cache_dtype='fp8') "
+                f"reads {KV_CACHE_SCHEME} (E4M3 codes, one static k_scale / v_scale per layer); run with kv_cache_dtype='auto'"
+            )
 
 
 def check_fp8_at_load(weights: Any, architecture: str) -> None:
