@@ -232,6 +232,21 @@ def test_compressed_tensors_config_that_contradicts_its_tensors_warns(tmp_path: 
 # detection
 
 
+def test_compressed_tensors_refusals_name_the_field() -> None:
+    """A new-user trial's hand-edited configs: without 'format' the refusal said "format
+    ['None']", and a weights field out of range printed the whole object without naming the
+    field. Now: 'without a format' and the formats that exist; the field, its value and what is
+    read."""
+    no_format = _ct_config(4, "group", 32, False)
+    del no_format["format"]
+    with pytest.raises(UnsupportedQuantizationError, match=r"compressed-tensors without a format \(neither .* has 'format'; a packed int checkpoint says 'pack-quantized'"):
+        detect_quantization(no_format)
+    with pytest.raises(UnsupportedQuantizationError, match=r"compressed-tensors weights strategy='tensor' \(of .*; int weights read: strategy one of \['group', 'channel'\]\)"):
+        detect_quantization(_ct_config(4, "tensor", None, True))
+    with pytest.raises(UnsupportedQuantizationError, match=r"compressed-tensors weights num_bits=2 "):
+        detect_quantization(_ct_config(2, "group", 32, True))
+
+
 @pytest.mark.parametrize(
     "config",
     [

@@ -588,7 +588,8 @@ def fp8_linear(g: Graph, x: Tensor, fw: Fp8Weight, bias: np.ndarray | None = Non
         raise InvalidArgumentError(
             f"{name}: FP8 per-token dynamic activations are not built with TensorRT's quantize / dequantize layers (impl='qdq': "
             "its quantize layer takes a per-tensor scale computed in the network, not one per row); build on the reference or "
-            "cuda backend, or use impl='plugin' (g.implementations['fp8_gemm'] = 'plugin') where the network takes plugins"
+            "cuda backend (--backend cuda), or in Python use impl='plugin' (g.implementations['fp8_gemm'] = 'plugin') where the "
+            "network takes plugins"
         )
     np_x = _np_of(g, x)
     with g.scope(name):

@@ -156,6 +156,11 @@ def _check(method: str, c: dict[str, Any]) -> None:
         # the checkpoint's format, or (newer files) each config group's
         groups = [g for g in (c.get("config_groups") or {}).values() if isinstance(g, dict)]
         formats = {c["format"]} if c.get("format") else {g.get("format") for g in groups}
+        if formats <= {None}:
+            raise _refuse(
+                "compressed-tensors without a format (neither quantization_config nor its config_groups has 'format'; "
+                f"a packed int checkpoint says {FORMATS[0]!r}, an FP8 one {FLOAT_FORMATS[0]!r})"
+            )
         if fp8_weight_args(weight_args(c)):  # float weights: FP8 E4M3 when 8 bits (check_compressed_fp8)
             if not formats or not formats <= set(FLOAT_FORMATS):
                 bits = sorted({str(a.get("num_bits")) for a in weight_args(c)})
@@ -170,8 +175,13 @@ def _check(method: str, c: dict[str, Any]) -> None:
         if not args:
             raise _refuse("compressed-tensors without config_groups weights")
         for a in args:
-            if a.get("type", "int") != "int" or a.get("num_bits") not in (4, 8) or a.get("strategy") not in STRATEGIES:
-                raise _refuse(f"compressed-tensors weights {a!r}")
+            for key, value, allowed in (
+                ("type", a.get("type", "int"), ("int",)),
+                ("num_bits", a.get("num_bits"), (4, 8)),
+                ("strategy", a.get("strategy"), STRATEGIES),
+            ):
+                if value not in allowed:
+                    raise _refuse(f"compressed-tensors weights {key}={value!r} (of {a!r}; int weights read: {key} one of {list(allowed)})")
         for name, g in (c.get("config_groups") or {}).items():
             if isinstance(g, dict) and g.get("input_activations") is not None:
                 raise _refuse(
