@@ -431,3 +431,13 @@ def test_group_sizes_vllm_cannot_run_are_written_with_a_warning(tmp_path: Path) 
         warnings.simplefilter("error")
         quantize_checkpoint(src, tmp_path / "g32", group_size=32)
         quantize_checkpoint(src, tmp_path / "ch", group_size=0, bits=8, symmetric=True)
+
+
+def test_cli_quantize_shows_progress(tmp_path: Path, capsys: Any) -> None:
+    """trtcore quantize draws a progress bar over the tensors it writes (AWQ's minute-long
+    scale search had no output at all); the library call draws none by default."""
+    src = _tiny(tmp_path)
+    assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--group-size", "32"]) == 0
+    assert "quantize (rtn)" in capsys.readouterr().err
+    quantize_checkpoint(src, tmp_path / "p", group_size=32)
+    assert "quantize (" not in capsys.readouterr().err

@@ -172,6 +172,7 @@ def awq_plan(
     seq_len: int = 256,
     n_grid: int = 20,
     token_ids: Sequence[Sequence[int]] | None = None,
+    progress: bool = False,
 ) -> AwqPlan:
     """Search the AWQ scales of every decoder layer of the checkpoint in ``model_dir``.
 
@@ -184,6 +185,7 @@ def awq_plan(
         n_grid: exponents tried per group.
         token_ids: calibration sequences as token ids, instead of the text (a checkpoint
             without a tokenizer).
+        progress: a tqdm bar over the decoder layers' scale searches (stderr).
 
     Raises:
         InvalidArgumentError: the calibration file is missing or gives no token, a sequence is
@@ -217,7 +219,9 @@ def awq_plan(
     fam = family_of(config.model_type)
     layers = range(config.num_hidden_layers)
     plan = AwqPlan()
-    for i in layers:
+    from tqdm.auto import tqdm
+
+    for i in tqdm(layers, desc="awq scale search", unit="layer", disable=not progress):
         for g in groups:
             key = g.input.format(i=i)
             if key not in inputs:

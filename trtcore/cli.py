@@ -352,6 +352,7 @@ def _quantize(args: argparse.Namespace) -> int:
         calibration_tokens=args.calibration_tokens,
         strategy=args.strategy,
         activations=args.activations,
+        progress=True,
     )
     if args.group_size is None and args.method != "fp8":  # say which default group size was chosen
         weights = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]

@@ -327,6 +327,7 @@ def quantize_checkpoint(
     calibration_ids: Sequence[Sequence[int]] | None = None,
     strategy: str | None = None,
     activations: str | None = None,
+    progress: bool = False,
 ) -> Path:
     """Quantize the decoder linears of the checkpoint in ``model_dir`` into ``output_dir``
     (a compressed-tensors ``pack-quantized`` checkpoint; module docstring).
@@ -343,6 +344,8 @@ def quantize_checkpoint(
         calibration: ``"awq"`` and static ``"fp8"``: a text file (default
             :data:`trtcore.calibration.DEFAULT_CALIBRATION`).
         calibration_tokens: calibration tokens in all (None: 512).
+        progress: tqdm bars (stderr) over AWQ's per-layer scale search and over the tensors
+            written (``trtcore quantize`` shows them).
         calibration_ids: calibration sequences as token ids instead of a text
             (:func:`trtcore.awq.awq_plan`'s ``token_ids``).
         strategy: ``"fp8"``: weight scales per ``"channel"`` (None) or per ``"tensor"``.
@@ -493,8 +496,11 @@ def quantize_checkpoint(
                 calibration,
                 calibration_tokens,
                 token_ids=calibration_ids,
+                progress=progress,
             )
-        for name in weights.names:
+        from tqdm.auto import tqdm
+
+        for name in tqdm(weights.names, desc=f"quantize ({method})", unit="tensor", disable=not progress):
             value = weights.get(name)
             edited = value if plan is None else plan.apply(name, value)
             if name not in linears:
