@@ -346,6 +346,14 @@ def test_fp8_engine_of_a_float_checkpoint_loads_as_fp8(hf_models: ModelStore, tm
         with pytest.raises(InvalidArgumentError, match=r"quantization='gptq', but .*fp8\.engine was built with quantization 'fp8'"):
             LLM(engine=engine, quantization="gptq", progress=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in built]
+    # a sidecar whose quantization config is not what the folder resolves to (ModelConfig's
+    # equality leaves quantization_config out: it is compared on its own)
+    edited = _copy(engine, tmp_path / "edited")
+    meta = json.loads(sidecar_path(edited).read_text())
+    _edit_sidecar(edited, model_config={**meta["model_config"], "quantization_config": {**FP8_ON_THE_FLY, "activation_scheme": "static"}})
+    with pytest.raises(EngineFileError) as err:
+        LLM(engine=edited, progress=False)
+    assert err.value.field == "model_config.quantization_config" and "is not the engine's" in str(err.value)
 
 
 def test_float_engine_refuses_a_quantization(engine_path: Path) -> None:

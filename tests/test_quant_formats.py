@@ -191,7 +191,8 @@ def fresh_warnings_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_tensors_group_size_wins_over_a_config_that_divides_k(tmp_path: Path, fresh_warnings: None) -> None:
     """A config group_size that K is a multiple of but the tensors do not follow (a per-module
     override) is not refused: the tensors' own group size is read, and a warning says that the
-    config and the tensors disagree (transformers and vLLM go by the config), once per shape."""
+    config and the tensors disagree (transformers and vLLM go by the config), once per shape and
+    checkpoint."""
     import warnings
 
     qz = quantize(_weight(22), 4, 32, sym=False, rng=np.random.default_rng(5))
@@ -200,10 +201,18 @@ def test_tensors_group_size_wins_over_a_config_that_divides_k(tmp_path: Path, fr
         qw = _read(tmp_path, config, pack_awq(qz))
     assert qw.group_size == 32
     np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+    (tmp_path / "again").mkdir()
+    with pytest.warns(UserWarning, match="says group_size 64"):  # another checkpoint: warned about again
+        _read(tmp_path / "again", config, pack_awq(qz))
+    from trtcore.quant_formats.groups import warn_once
+
+    with pytest.warns(UserWarning, match="once") as caught:  # within one checkpoint, once per key
+        for _ in range(3):
+            warn_once(("test",), "once")
+    assert len(caught) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        (tmp_path / "again").mkdir()
-        _read(tmp_path / "again", config, pack_awq(qz))  # the same shape again: no second warning
+        warn_once(("test",), "once")
 
 
 def test_compressed_tensors_config_that_contradicts_its_tensors_warns(tmp_path: Path, fresh_warnings: None) -> None:
@@ -595,3 +604,33 @@ def test_packed_siblings_names_the_packed_module_s_linears() -> None:
     assert packed_siblings("up_proj.weight", LLAMA_PACKED_MODULES) == ["gate_proj.weight", "up_proj.weight"]
     for alone in ("model.layers.0.self_attn.o_proj.weight", "lm_head.weight", "model.layers.0.mlp.down_proj"):
         assert packed_siblings(alone, LLAMA_PACKED_MODULES) == [alone]
+
+
+def test_resolve_quantization_takes_any_case(tmp_path: Path) -> None:
+    """quantization='GPTQ' (upper case, as LLM(...) callers write it) reads AutoGPTQ's
+    quantize_config.json as 'gptq' does (it was refused: 'no quantize_config.json')."""
+    import dataclasses
+    import json
+
+    from trtcore.quant_formats import resolve_quantization
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        quantization_config: dict[str, Any] | None = None
+
+    (tmp_path / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128, "desc_act": False, "sym": True}))
+    for name in ("gptq", "GPTQ", "Gptq"):
+        config, scheme = resolve_quantization(tmp_path, Config(), name)
+        assert scheme is not None and scheme.method == "gptq" and config.quantization_config["quant_method"] == "gptq"
+
+
+def test_one_group_shorter_than_the_group_size_is_read() -> None:
+    """K below the config's group size (a small linear of a group-128 checkpoint) is one whole
+    group, not a short last group (it was refused: 'the last of its 1 groups holds 64')."""
+    from trtcore.quant_formats.groups import grouped_weight
+
+    rng = np.random.default_rng(8)
+    codes = rng.integers(0, 16, (8, 64)).astype(np.uint8)
+    scales = rng.uniform(0.01, 0.1, (8, 1))
+    qw = grouped_weight(codes, scales, None, 4, None, "w", (128,))
+    np.testing.assert_array_equal(qw.dequantize(), (codes.astype(np.float64) - 8) * scales.astype(np.float32))

@@ -387,6 +387,20 @@ def test_calibration_reads_only_what_its_tokens_need(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         calibration_ids(_WordTokenizer(), big, 7)  # enough tokens: no warning
+    blank = tmp_path / "blank.txt"
+    blank.write_text(" \n" * 50_000)  # white space past the first read: still empty (an adversarial review's case)
+
+    class SpaceTokens(_WordTokenizer):  # SmolLM2's tokenizer makes " \n" a token
+        def encode(self, text: str) -> list[int]:
+            return [3717] * (len(text) // 2)
+
+    with pytest.raises(InvalidArgumentError, match=r"calibration file '.*blank\.txt' is empty"):
+        calibration_ids(SpaceTokens(), blank, 512)
+    # a bad byte past the decoder's first chunk is named by its offset in the file
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes("\u20ac".encode() * 3333 + b"\xff" + b"word " * 10)
+    with pytest.raises(InvalidArgumentError, match=r"is not UTF-8 text \(byte 9999: invalid start byte\)"):
+        calibration_ids(_WordTokenizer(), bad, 512)
 
 
 def test_cli_warnings_are_one_line(tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -397,8 +411,9 @@ def test_cli_warnings_are_one_line(tmp_path: Path, capsys: Any, monkeypatch: pyt
 
     import trtcore.cli as cli
 
-    def warn_then_ok(args: Any) -> int:
-        warnings.warn("the calibration text gives 4 tokens, fewer than the 512 asked", stacklevel=1)
+    def warn_then_ok(args: Any) -> int:  # a warning of trtcore's code, then one of another package's
+        warnings.warn_explicit("the calibration text gives 4 tokens, fewer than the 512 asked", UserWarning, cli.__file__, 1)
+        warnings.warn_explicit("a transformers notice", FutureWarning, "/site-packages/transformers/x.py", 7)
         return 0
 
     def interrupted(args: Any) -> int:
@@ -411,7 +426,9 @@ def test_cli_warnings_are_one_line(tmp_path: Path, capsys: Any, monkeypatch: pyt
         # Python's printing path (pytest records warnings instead): stderr, through formatwarning
         warnings.showwarning = lambda m, c, f, n, file=None, line=None: sys.stderr.write(warnings.formatwarning(m, c, f, n, line))
         assert main(["quantize", "--model", str(tmp_path), "--output", str(tmp_path / "q")]) == 0
-    assert capsys.readouterr().err == "trtcore: warning: the calibration text gives 4 tokens, fewer than the 512 asked\n"
+    err = capsys.readouterr().err
+    assert err.startswith("trtcore: warning: the calibration text gives 4 tokens, fewer than the 512 asked\n")
+    assert "/site-packages/transformers/x.py:7: FutureWarning: a transformers notice" in err  # Python's format
     assert warnings.formatwarning is before
     monkeypatch.setattr(cli, "_quantize", interrupted)
     assert main(["quantize", "--model", str(tmp_path), "--output", str(tmp_path / "q")]) == 130

@@ -150,9 +150,15 @@ def calibration_text(calibration: str | os.PathLike[str] | None, max_chars: int 
         with path.open(encoding="utf-8") as f:
             text = f.read() if max_chars is None else f.read(max_chars)
     except UnicodeDecodeError as exc:
-        raise InvalidArgumentError(
-            f"calibration file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); give a UTF-8 text file"
-        ) from None
+        # the decoder's offset counts from its current chunk: find the byte in the file
+        with path.open("rb") as fb:
+            raw = fb.read(-1 if max_chars is None else 4 * max_chars + 4)
+        try:
+            raw.decode("utf-8")
+            start, reason = exc.start, exc.reason
+        except UnicodeDecodeError as whole:
+            start, reason = whole.start, whole.reason
+        raise InvalidArgumentError(f"calibration file {str(path)!r} is not UTF-8 text (byte {start}: {reason}); give a UTF-8 text file") from None
     if not text.strip() and (max_chars is None or len(text) < max_chars):  # a cut text may go on
         raise InvalidArgumentError(
             f"calibration file {str(path)!r} is empty; give a UTF-8 text file with some paragraphs of the model's kind of text"
@@ -178,8 +184,9 @@ def calibration_ids(llm: Any, calibration: str | os.PathLike[str] | None, num_to
         text = calibration_text(calibration, max_chars=chars)
         whole = len(text) < chars  # the file ended within the read
         ids = [int(t) for t in llm.encode(text)]
-        # a cut text's last token may be a word's start: one spare token beyond those used
-        if whole or len(ids) > num_tokens:
+        # a cut text's last token may be a word's start: one spare token beyond those used; a cut
+        # text of only white space reads on (the file is refused as empty if it stays so)
+        if whole or (len(ids) > num_tokens and text.strip()):
             break
         chars *= 4
     if not ids:

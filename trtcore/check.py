@@ -20,8 +20,12 @@ that goes wrong shows at the module where it starts.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import logging
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,14 +67,45 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
         from transformers.utils.quantization_config import CompressedTensorsConfig
 
         kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
-    try:
-        model = auto_model.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager", experts_implementation="eager", **kwargs)
-    except ImportError as exc:  # e.g. compressed-tensors, gptqmodel
-        raise TrtcoreError(f"transformers cannot read {folder} here: {exc}") from exc
-    except Exception as exc:  # a config its loader refuses, tensors that do not fit it: not trtcore's fault
-        raise CheckpointError(f"transformers cannot load {folder}, so there is nothing to compare with: {_first_line(exc)}") from exc
+    with _transformers_quiet() as report:
+        try:
+            model = auto_model.from_pretrained(
+                str(folder), dtype=torch.float32, attn_implementation="eager", experts_implementation="eager", **kwargs
+            )
+        except ImportError as exc:  # e.g. compressed-tensors, gptqmodel
+            raise TrtcoreError(f"transformers cannot read {folder} here: {exc}") from exc
+        except Exception as exc:  # a config its loader refuses, tensors that do not fit it: not trtcore's fault
+            telling = [line for line in report if any(w in line.lower() for w in ("error", "divisible", "mismatch", "must", "expected"))]
+            cause = "; ".join(telling or report[-2:])[:600]
+            raise CheckpointError(
+                f"transformers cannot load {folder}, so there is nothing to compare with: {_first_line(exc)}"
+                + (f" (its load report: {cause})" if cause else "")
+            ) from exc
     share_hf_fp8_scales(model, torch)
     return model.eval()
+
+
+@contextlib.contextmanager
+def _transformers_quiet() -> Iterator[list[str]]:
+    """While inside: transformers' log lines (its load report) are kept in the yielded list
+    instead of printed (a failing load printed some 40 lines before trtcore's one), and the
+    warning that check's own quantization_config overrides the checkpoint's is not shown."""
+    logger = logging.getLogger("transformers")
+    kept: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.extend(line.strip() for line in record.getMessage().splitlines() if line.strip())
+
+    handler, propagate = Keep(logging.WARNING), logger.propagate
+    saved = list(logger.handlers)
+    logger.handlers, logger.propagate = [handler], False
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="You passed `quantization_config`")
+            yield kept
+    finally:
+        logger.handlers, logger.propagate = saved, propagate
 
 
 def _first_line(exc: BaseException) -> str:
@@ -83,29 +118,38 @@ def _first_line(exc: BaseException) -> str:
 #: where the two greedy tokens differ (vLLM's tests/models/utils.py check_logprobs_close, which
 #: compares a model with transformers so, with its top 5 logprobs)
 GREEDY_TOP_K = 5
+#: the largest relative logit error (max |trtcore - transformers| / max |transformers|) a
+#: checkpoint with FP8 activations may show and still pass on its greedy tokens: moved E4M3
+#: codes gave 0.06-0.12 on the default model; a fault that rescales or reorders logits more
+#: does not pass on its ranks alone
+FP8_LOGIT_TOLERANCE = 0.25
 
 
-def greedy_close(ours: np.ndarray, ref: np.ndarray, top_k: int = GREEDY_TOP_K) -> tuple[bool, list[dict[str, int]]]:
-    """vLLM's rule for two implementations' greedy tokens on the same prefix: at every step
-    either both argmax tokens are equal, or each is among the other's ``top_k`` tokens (a
-    near-tie that a rounding difference may flip; a fault moves a token out of the other's
-    top few).
+def greedy_close(ours: np.ndarray, ref: np.ndarray, top_k: int = GREEDY_TOP_K) -> tuple[bool, list[dict[str, Any]]]:
+    """Whether two implementations' greedy tokens on the same prefix agree up to one flipped
+    near-tie (after vLLM's check_logprobs_close, which stops at the first divergence): at most
+    one step's argmax tokens differ, and there each is among the other's ``top_k`` tokens and
+    transformers' margin between the two (``ref[b] - ref[a]``) is within twice the two
+    implementations' largest logit difference at that step, so that the difference explains the
+    swap. A fault that reorders the logits at every step, or swaps tokens far apart, fails.
 
     Args:
         ours, ref: logits ``[steps, vocab]`` of both on the same token prefix at each step.
 
     Returns:
-        ``(close, differing)``: whether every step passes, and each step whose argmax differs:
-        ``{"step", "trtcore", "transformers", "close"}``.
+        ``(close, differing)``: the verdict, and each step whose argmax differs:
+        ``{"step", "trtcore", "transformers", "margin", "difference", "near_tie"}``.
     """
-    differing = []
+    differing: list[dict[str, Any]] = []
     top_ours = np.argsort(-ours, axis=-1)[:, :top_k]
     top_ref = np.argsort(-ref, axis=-1)[:, :top_k]
     for step, (a, b) in enumerate(zip(np.argmax(ours, -1), np.argmax(ref, -1))):
         if a != b:
-            close = bool(a in top_ref[step] and b in top_ours[step])
-            differing.append({"step": step, "trtcore": int(a), "transformers": int(b), "close": close})
-    return all(d["close"] for d in differing), differing
+            margin = float(ref[step, b] - ref[step, a])
+            diff = float(np.abs(ours[step] - ref[step]).max())
+            near = bool(a in top_ref[step] and b in top_ours[step] and margin <= 2 * diff)
+            differing.append({"step": step, "trtcore": int(a), "transformers": int(b), "margin": margin, "difference": diff, "near_tie": near})
+    return len(differing) <= 1 and all(d["near_tie"] for d in differing), differing
 
 
 def share_hf_fp8_scales(model: Any, torch: Any) -> int:
@@ -170,8 +214,8 @@ def compare_with_transformers(model_dir: str | Path, prompt: str | list[int], st
         dict with ``architecture``, ``num_tokens`` (prompt length), ``max_rel_error``,
         ``trtcore_token`` / ``transformers_token`` (greedy next token after the prompt),
         ``greedy_equal`` (all ``steps`` greedy tokens equal), ``greedy_close`` and
-        ``greedy_differing`` (:func:`greedy_close`: where they differ, each in the other's top
-        :data:`GREEDY_TOP_K`), ``fp8_activations`` (the checkpoint quantizes activations to
+        ``greedy_differing`` (:func:`greedy_close`: at most one flipped near-tie),
+        ``fp8_activations`` (the checkpoint quantizes activations to
         FP8: a last-bit float32 difference before a linear can move one of its E4M3 codes by a
         1/16 step, so the logits may differ by far more than float32 rounding without a fault).
         transformers runs trtcore's greedy tokens (teacher-forced), so both logits of a step

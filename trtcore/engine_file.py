@@ -386,6 +386,11 @@ class EngineFile:
             raise _mismatch(
                 where, field, recorded.quantization_config, folder.quantization_config, f"{self.model_dir} does not give it: {e}"
             ) from None
+        if config.quantization_config != recorded.quantization_config:  # not in ModelConfig's equality
+            raise _mismatch(
+                where, "model_config.quantization_config", recorded.quantization_config, config.quantization_config,
+                f"{self.model_dir}'s quantization config (config.json, or AutoGPTQ's / AutoAWQ's own file) is not the engine's",
+            )  # fmt: skip
         if config != recorded:
             here, then = config.to_dict(), recorded.to_dict()
             key = next((k for k in sorted(set(here) | set(then)) if here.get(k) != then.get(k)), "?")

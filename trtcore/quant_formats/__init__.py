@@ -40,6 +40,7 @@ from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight
 from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, compressed_per_token, fp8_weight_args, read_fp8, static_activations
 from .gguf_blocks import BLOCKS, GGUF_TYPES, gguf_weight
 from .gptq import ZERO_OFFSETS, checkpoint_format, dynamic_pattern, read_gptq
+from .groups import reset_warnings
 
 _log = logging.getLogger("trtcore.quant_formats")
 
@@ -302,6 +303,7 @@ def resolve_quantization(model_dir: str | os.PathLike[str], config: Any, quantiz
     """
     import dataclasses
 
+    quantization = quantization.lower() if isinstance(quantization, str) and quantization else quantization
     if config.quantization_config is None and quantization in (None, *CONFIG_FILES):
         from_file = quantization_config_file(model_dir, quantization)
         if from_file is not None:
@@ -499,6 +501,7 @@ def quantized_weights(
     scheme = detect_quantization(quantization_config, quantization)
     if scheme is None or isinstance(weights, QuantizedCheckpoint):
         return weights
+    reset_warnings()  # each checkpoint's config / tensor disagreements are warned about once
     return QuantizedCheckpoint(weights, scheme, packed_modules)
 
 

@@ -15,6 +15,11 @@ from trtcore.quantization import QuantizedWeight
 _WARNED: set[tuple] = set()
 
 
+def reset_warnings() -> None:
+    """Forget what :func:`warn_once` warned about (a new checkpoint is being read)."""
+    _WARNED.clear()
+
+
 def warn_once(key: tuple, message: str) -> None:
     """``warnings.warn(message)`` the first time ``key`` is seen in this process."""
     if key not in _WARNED:
@@ -60,7 +65,7 @@ def grouped_weight(
     n, k = codes.shape
     if scales.ndim == 2 and scales.shape[0] == n:
         for gs in group_sizes:
-            if gs > 0 and k % gs and scales.shape[1] == -(-k // gs):
+            if gs > 0 and k % gs and scales.shape[1] == -(-k // gs) > 1:  # one group (K < gs) is whole
                 raise CheckpointError(
                     f"'{name}': K={k} input features are not a multiple of group_size {gs} (the last of its {scales.shape[1]} groups "
                     f"holds {k % gs}); trtcore reads groups of equal size only, K a multiple of the group size"
@@ -96,4 +101,4 @@ def grouped_weight(
     return QuantizedWeight(np.ascontiguousarray(codes), np.asarray(scales, np.float32), zf, bits, size, perm)
 
 
-__all__ = ["grouped_weight", "warn_once"]
+__all__ = ["grouped_weight", "reset_warnings", "warn_once"]
