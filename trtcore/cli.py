@@ -433,10 +433,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serve": _serve,
     }
     format_warning = warnings.formatwarning
+    import trtcore.kernels
+    import trtcore.plugins
+
+    # trtcore's code: its package and the kernels / plugins folders it maps in
+    ours = [Path(m.__file__).resolve().parent for m in (sys.modules[__package__ or "trtcore"], trtcore.kernels, trtcore.plugins) if m.__file__]
 
     def one_line(message: Any, category: Any, filename: str, lineno: int, line: str | None = None) -> str:
         # trtcore's warnings are one line, as its errors are; other packages' keep Python's format
-        if "trtcore" in Path(filename).parts or "plugins" in Path(filename).parts:
+        where = Path(filename).resolve()
+        if any(where.is_relative_to(root) for root in ours):
             return f"trtcore: warning: {message}\n"
         return format_warning(message, category, filename, lineno, line)
 
