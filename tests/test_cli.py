@@ -293,7 +293,7 @@ def test_greedy_close_is_one_flipped_near_tie() -> None:
 
 
 def test_check_names_what_transformers_could_not_load(
-    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """transformers refusing a checkpoint (a hand-edited config whose group size does not fit
     the tensors made it raise a page of torch / pydantic text, and trtcore check print the
@@ -315,6 +315,11 @@ def test_check_names_what_transformers_could_not_load(
             raise RuntimeError("We encountered some issues, look at the CONVERSION entries of the above report!")
 
     torch, _ = check._transformers()
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    request.addfinalizer(lambda: transformers.logging.set_verbosity(verbosity))
+    transformers.logging.set_verbosity_error()  # as another test may have left it: the report is still kept
     monkeypatch.setattr(check, "_transformers", lambda: (torch, Refusing))
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(check.CheckpointError, match=r"^transformers cannot load .*: RuntimeError: The size of tensor a \(576\) must match the size of tensor b \(72\)$"):

@@ -97,15 +97,18 @@ def _transformers_quiet() -> Iterator[list[str]]:
         def emit(self, record: logging.LogRecord) -> None:
             kept.extend(line.strip() for line in record.getMessage().splitlines() if line.strip())
 
-    handler, propagate = Keep(logging.WARNING), logger.propagate
+    handler, propagate, level = Keep(logging.WARNING), logger.propagate, logger.level
     saved = list(logger.handlers)
+    # its report is a warning: kept whatever verbosity was set before (set_verbosity_error drops it)
     logger.handlers, logger.propagate = [handler], False
+    logger.setLevel(logging.WARNING)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="You passed `quantization_config`")
             yield kept
     finally:
         logger.handlers, logger.propagate = saved, propagate
+        logger.setLevel(level)
 
 
 def _first_line(exc: BaseException) -> str:
