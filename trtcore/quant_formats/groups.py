@@ -10,8 +10,8 @@ import numpy as np
 from trtcore.errors import CheckpointError
 from trtcore.quantization import QuantizedWeight
 
-#: the config / tensor disagreements warned about in this process (a model has hundreds of
-#: linears of a few shapes: one warning each)
+#: the config / tensor disagreements warned about for the checkpoint being read (a model has
+#: hundreds of linears of a few shapes: one warning each; :func:`reset_warnings` per checkpoint)
 _WARNED: set[tuple] = set()
 
 
@@ -21,7 +21,8 @@ def reset_warnings() -> None:
 
 
 def warn_once(key: tuple, message: str) -> None:
-    """``warnings.warn(message)`` the first time ``key`` is seen in this process."""
+    """``warnings.warn(message)`` the first time ``key`` is seen since :func:`reset_warnings`
+    (which :func:`trtcore.quant_formats.quantized_weights` calls for each checkpoint)."""
     if key not in _WARNED:
         _WARNED.add(key)
         warnings.warn(message, stacklevel=3)
