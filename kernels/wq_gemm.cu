@@ -706,24 +706,27 @@ __device__ __forceinline__ Frag2 frag2_consts(unsigned int opaque) {
 }
 
 #if CONTIG_X
-// a unit's x words of this lane (CONTIG_X: 16-byte loads): chunk s, k-step j's b0, b1 are
-// w[s][2 j], w[s][2 j + 1]
+// the lane's CHUNK / 4 x columns of a chunk (from xc, its first) in 16-byte loads: k-step j's
+// b0, b1 are words 2 j, 2 j + 1
+__device__ __forceinline__ void chunk_x(const elem_t* xc, unsigned int (&xw)[2 * CHUNK_STEPS]) {
+#pragma unroll
+    for (int q = 0; q < CHUNK_STEPS / 2; ++q) {
+        const uint4 v4 = *reinterpret_cast<const uint4*>(xc + 8 * q);
+        xw[4 * q] = v4.x;
+        xw[4 * q + 1] = v4.y;
+        xw[4 * q + 2] = v4.z;
+        xw[4 * q + 3] = v4.w;
+    }
+}
+
+// a unit's x words of this lane: chunk s's are w[s] (chunk_x)
 struct UnitX {
     unsigned int w[SEG][2 * CHUNK_STEPS];
 };
 
 __device__ __forceinline__ void unit_x(const elem_t* xc, UnitX& x) {
 #pragma unroll
-    for (int s = 0; s < SEG; ++s) {
-#pragma unroll
-        for (int q = 0; q < CHUNK_STEPS / 2; ++q) {
-            const uint4 v4 = *reinterpret_cast<const uint4*>(xc + s * CHUNK + 8 * q);
-            x.w[s][4 * q] = v4.x;
-            x.w[s][4 * q + 1] = v4.y;
-            x.w[s][4 * q + 2] = v4.z;
-            x.w[s][4 * q + 3] = v4.w;
-        }
-    }
+    for (int s = 0; s < SEG; ++s) chunk_x(xc + s * CHUNK, x.w[s]);
 }
 #else
 struct UnitX {};  // PRE needs CONTIG_X
@@ -742,21 +745,12 @@ __device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const el
 #pragma unroll
     for (int s = 0; s < SEG; ++s) {
 #if CONTIG_X
-        // the lane's CHUNK / 4 x columns of the chunk in 16-byte loads: k-step j's b0, b1 are
-        // words 2 j, 2 j + 1
         unsigned int xw[2 * CHUNK_STEPS];
         if constexpr (PRE) {
 #pragma unroll
             for (int i = 0; i < 2 * CHUNK_STEPS; ++i) xw[i] = xp->w[s][i];
         } else {
-#pragma unroll
-            for (int q = 0; q < CHUNK_STEPS / 2; ++q) {
-                const uint4 v4 = *reinterpret_cast<const uint4*>(xc + s * CHUNK + 8 * q);
-                xw[4 * q] = v4.x;
-                xw[4 * q + 1] = v4.y;
-                xw[4 * q + 2] = v4.z;
-                xw[4 * q + 3] = v4.w;
-            }
+            chunk_x(xc + s * CHUNK, xw);
         }
 #else
         static_assert(!PRE, "x loaded ahead needs CONTIG_X");
