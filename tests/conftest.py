@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from trtcore import default_model
+from trtcore.checkout import drop_checkout_root
+
+drop_checkout_root()  # python -m pytest put the checkout's root, with its kernels/, first on sys.path
 
 
 @pytest.fixture(scope="session")

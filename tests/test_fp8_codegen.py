@@ -97,7 +97,7 @@ def _host_cuda_include() -> Path | None:
     ``$CUDA_HOME``, ``$CUDA_PATH``, ``/usr/local/cuda``, then the one NVRTC uses)."""
     import os
 
-    from kernels.nvrtc import cuda_include_dir
+    from trtcore.kernels.nvrtc import cuda_include_dir
 
     dirs = [Path(os.environ[v]) / "include" for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
     dirs.append(Path("/usr/local/cuda/include"))

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from .checkout import drop_checkout_root
 from .errors import InvalidArgumentError, TrtcoreError
 from .runtime.affinity import pinned
 
@@ -436,6 +437,7 @@ def _make_llm(args: argparse.Namespace, max_batch_size: int, max_seq_len: int) -
 def _transformers_model(llm: Any, weights: Any) -> Any:
     """transformers' model of ``llm``'s config in its dtype on its device: loaded from the
     model folder, or made from the config and given the random ``weights`` by name."""
+    drop_checkout_root()  # trtcore's kernels/ would shadow the package transformers imports
     try:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM

@@ -32,11 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from .checkout import drop_checkout_root
 from .errors import CheckpointError, ConfigError, InvalidArgumentError, TrtcoreError, UnsupportedArchitectureError
 
 
 def _transformers() -> tuple[Any, Any]:
     """``(torch, AutoModelForCausalLM)``, or a TrtcoreError naming what to install."""
+    drop_checkout_root()  # trtcore's kernels/ would shadow the package transformers imports
     try:
         import torch
         from transformers import AutoModelForCausalLM

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .checkout import drop_checkout_root
 from .errors import InvalidArgumentError, InvalidRequestError, TrtcoreError
 from .plan import IMPLEMENTATIONS, KV_CACHE_DTYPES
 
@@ -422,6 +423,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trtcore`` console script; returns the exit status."""
+    drop_checkout_root()  # before a command imports transformers (trtcore.checkout)
     args = _parser().parse_args(argv)
     handlers: dict[str, Any] = {
         "generate": _generate,
