@@ -226,6 +226,47 @@ def test_pointwise_group_over_units_of_the_last_axis(cp: Any, shape: tuple[int, 
     compare("y", run.output("y"), ref["y"])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize(
+    ("rows", "width", "offset", "pad"), [(3, 264, 8, 8), (3, 264, 1, 8), (3, 264, 0, 4), (1, 4096, 0, 8), (70, 512, 8, 8), (2, 12, 0, 8)]
+)
+def test_pointwise_vector_and_element_paths(cp: Any, dtype: str, rows: int, width: int, offset: int, pad: int) -> None:
+    """``silu(x) * y * s + w`` with ``x`` a slice view of a wider input (rows ``pad`` elements
+    longer) starting ``offset`` elements in, ``y`` dense, ``s`` broadcast along the last axis
+    (``[rows, 1]``) and ``w`` along the rows (``[1, width]``). Offset 0 or 8, pad 8, a width that
+    is a multiple of 8: every lane's 8 elements are vectors (codegen's vector path); offset 1
+    (a misaligned view), pad 4 (aligned first row, rows 4 elements off: the next row's start is
+    misaligned) or width 12: the element path. Widths of part of a unit (264 = 256 + 8), of
+    whole units, and one row (decode). Against the reference backend, the output poisoned
+    first; both paths round the same way, so the tolerance is compare()'s."""
+    from netutil import network
+
+    import trtcore.cuda as tc
+    from trtcore import ops
+    from trtcore.reference.evaluator import evaluate
+
+    net = network()
+    g = ops.Graph(tc, net, dtype)
+    wide = net.add_input("wide", g.trt_dtype, (-1, width + pad))
+    y = net.add_input("y", g.trt_dtype, (-1, width))
+    s = net.add_input("s", g.trt_dtype, (-1, 1))
+    rng = np.random.default_rng(width + offset + rows + pad)
+    x = ops.gather_const(g, wide, range(offset, offset + width), 1, "x")
+    w = ops.constant(g, rng.standard_normal((1, width)).astype(g.np_dtype), "w")
+    out = ops.add(g, ops.mul(g, ops.mul(g, ops.silu(g, x), y, "glu"), s, "scaled"), w, "shifted")
+    g.output(out, "out")
+    feeds = {"wide": rng.standard_normal((rows, width + pad)), "y": rng.standard_normal((rows, width)), "s": rng.standard_normal((rows, 1))}
+    feeds = {k: v.astype(g.np_dtype) for k, v in feeds.items()}
+    ref = evaluate(net, {k: v.copy() for k, v in feeds.items()})
+    shapes = {k: ((1, v.shape[1]), v.shape, (max(rows, 80), v.shape[1])) for k, v in feeds.items()}
+    eng = engine_of(net, shapes)
+    assert [k.kind for k in eng.kernels] == ["pointwise_group"]  # x is a view, not a copy
+    run = Run(cp, eng)
+    run.feed(feeds)
+    run.execute()
+    compare("out", run.output("out"), ref["out"])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_swiglu_mlp_fused_gate_up_and_silu(cp: Any, dtype: str) -> None:
     from netutil import network

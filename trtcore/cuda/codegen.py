@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -349,10 +350,11 @@ def _group_signature(node: Node, dtypes: dict[str, DataType], rank: int, count: 
     return sig, params
 
 
-def _pointwise_members(node: Node, dtypes: dict[str, DataType], store: Any) -> list[str]:
+def _pointwise_members(node: Node, dtypes: dict[str, DataType], store: Any, loads: dict[str, str] | None = None) -> list[str]:
     """The statements of a pointwise group's members at the input offsets ``o<k>`` (``i64``s in
-    scope), then ``store(output, value)`` for each output."""
-    loads = {v: f"ld(in{k} + o{k})" for k, v in enumerate(node.inputs)}
+    scope; or each input's expression in ``loads``), then ``store(output, value)`` for each output."""
+    if loads is None:
+        loads = {v: f"ld(in{k} + o{k})" for k, v in enumerate(node.inputs)}
     scalars = {v: scalar_literal(c, dtypes[v]) for v, c in node.attrs["scalars"].items()}
     body = _Body(node.attrs["members"], dtypes, loads, scalars)
     outs = [body.value(o) for o in node.outputs]
@@ -370,16 +372,41 @@ def _pointwise_body(node: Node, dtypes: dict[str, DataType], rank: int, store: A
     return index + _pointwise_members(node, dtypes, store)
 
 
-#: elements of the last axis one warp of a pointwise kernel computes per unit (32 lanes x 4):
+#: elements of the last axis one warp of a pointwise kernel computes per unit (32 lanes x 8):
 #: the unit's offsets over the leading axes are found once (64-bit divisions, each some 70
-#: instructions), and each lane has its 4 loads of every input in flight together. With one
+#: instructions), and each lane has its loads of every input in flight together. With one
 #: thread per element and a division per axis each, SwiGLU at 256 sequences x 14336 ran
 #: some 250 integer instructions an element (counted from the source, not profiled), more
 #: than its memory traffic takes; Llama-3-8B's 256 x (128 + 128)
-#: throughput on the H200 went from 13,363 to 13,901 output tok/s with units
-#: (bench/results/h200-2026-12-03-session8)
-POINTWISE_LANE_ELEMENTS = 4
+#: throughput on the H200 went from 13,363 to 13,901 output tok/s with units of 4 elements a
+#: lane (bench/results/h200-2026-12-03-session8). 8 a lane: a lane's elements are one 16-byte
+#: vector of a 2-byte type on the vector path (:data:`POINTWISE_HELPERS`).
+POINTWISE_LANE_ELEMENTS = 8
 POINTWISE_SPAN = 32 * POINTWISE_LANE_ELEMENTS
+
+#: whether :func:`pointwise_group`'s kernels have the vector path (read at code generation;
+#: ``TRTCORE_CUDA_VECTOR=0`` leaves only the element-strided path, for benchmarks that time both)
+VECTORIZE: bool = os.environ.get("TRTCORE_CUDA_VECTOR", "1") != "0"
+
+#: the vector path of pointwise kernels: a lane's :data:`POINTWISE_LANE_ELEMENTS` consecutive
+#: elements of a tensor as one 8-byte load (1-byte types) or one to four 16-byte loads, where
+#: the address is aligned to ``vec_align<T>()`` bytes. The profiles of the throughput run
+#: (bench/results/h200-2026-12-03-session12/call5) had the SwiGLU kernel at about 1 TB/s with
+#: one 2-byte load per lane and element (43 us a launch where its bytes need about 10).
+POINTWISE_HELPERS = r"""
+template <int B> struct Raw8 { uint4 q[B / 16]; };
+template <> struct Raw8<8> { uint2 q[1]; };
+template <typename T> struct RawOf { typedef Raw8<8 * sizeof(T)> type; };
+template <typename T> __device__ __forceinline__ bool vec_ok(const T* p) {
+  return reinterpret_cast<unsigned long long>(p) % (8 * sizeof(T) < 16 ? 8 * sizeof(T) : 16) == 0;
+}
+template <typename T> __device__ __forceinline__ typename RawOf<T>::type ldv(const T* p) {
+  return *reinterpret_cast<const typename RawOf<T>::type*>(p);
+}
+template <typename T> __device__ __forceinline__ void stv(T* p, const typename RawOf<T>::type& r) {
+  *reinterpret_cast<typename RawOf<T>::type*>(p) = r;
+}
+"""
 
 
 def pointwise_units(domain: Sequence[int]) -> int:
@@ -392,13 +419,61 @@ def pointwise_units(domain: Sequence[int]) -> int:
     return int(rows) * -(-int(domain[-1]) // POINTWISE_SPAN)
 
 
+def _vector_condition(node: Node, rank: int) -> list[str]:
+    """The statements that set ``vec`` (uniform over the launch): whether every lane's
+    :data:`POINTWISE_LANE_ELEMENTS` elements may be loaded and stored as vectors. So it is when
+    the last axis is a multiple of them, every input runs along it with stride 1 (its address
+    aligned, its strides over the other axes multiples of the lane's elements, so every row starts
+    aligned) or 0 (broadcast: one load a lane), and every (dense) output is aligned."""
+    last, n = rank - 1, POINTWISE_LANE_ELEMENTS
+    lines = [f"  bool vec = dl % {n} == 0;"]
+    for k in range(len(node.inputs)):
+        rows = "".join(f" && (d{d} == 1 || s{k}_{d} % {n} == 0)" for d in range(last))
+        lines.append(f"  vec = vec && (s{k}_{last} == 0 || (s{k}_{last} == 1 && vec_ok(in{k}){rows}));")
+    lines += [f"  vec = vec && vec_ok(out{j});" for j in range(len(node.outputs))]
+    return lines
+
+
+def _vector_elements(node: Node, dtypes: dict[str, DataType], rank: int) -> list[str]:
+    """The vector path's statements for the lane's :data:`POINTWISE_LANE_ELEMENTS` elements from
+    ``j`` of row ``row`` (``j``,
+    ``idx = row * dl + j`` and the row bases ``b<k>`` in scope): each input one vector (or, where
+    broadcast along the last axis, one element), the members per element, each output one vector."""
+    last, n = rank - 1, POINTWISE_LANE_ELEMENTS
+    lines = []
+    for k in range(len(node.inputs)):
+        lines += [
+            f"        decltype(ldv(in{k})) r{k} = {{}};",
+            f"        decltype(ld(in{k})) x{k} = 0;",
+            f"        if (s{k}_{last}) r{k} = ldv(in{k} + b{k} + j); else x{k} = ld(in{k} + b{k});",
+        ]
+    lines += [f"        decltype(ldv(out{j})) y{j};" for j in range(len(node.outputs))]
+    loads = {v: f"(s{k}_{last} ? ld(reinterpret_cast<const {ctype(dtypes[v])}*>(&r{k}) + e) : x{k})" for k, v in enumerate(node.inputs)}
+
+    def store(o: str, value: str) -> str:
+        j = node.outputs.index(o)
+        return f"st(reinterpret_cast<{ctype(dtypes[o])}*>(&y{j}) + e, {value});"
+
+    lines += ["        #pragma unroll", f"        for (int e = 0; e < {n}; ++e) {{"]
+    lines += ["      " + x for x in _pointwise_members(node, dtypes, store, loads)]
+    lines.append("        }")
+    lines += [f"        stv(out{j} + idx, y{j});" for j in range(len(node.outputs))]
+    return lines
+
+
 def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> KernelSource:
     """The domain (rank ``rank``) in units of :data:`POINTWISE_SPAN` elements of one row
     of the last axis, one warp per unit (:func:`pointwise_units`; a grid-stride loop over
-    them); inputs strided (broadcast = 0), outputs dense. Rank 0: one thread."""
+    them); inputs strided (broadcast = 0), outputs dense. Rank 0: one thread.
+
+    Two paths, chosen once per launch: the vector path (:func:`_vector_condition`: a lane's
+    :data:`POINTWISE_LANE_ELEMENTS` consecutive elements as vectors, :data:`POINTWISE_HELPERS`) and
+    the element path (a lane's elements 32 apart, any strides). Both compute each element with
+    the same statements, so they give the same bits."""
     sig, params = _group_signature(node, dtypes, rank, "n", "numel")
     lines = [
         PREAMBLE,
+        POINTWISE_HELPERS,
         f'extern "C" __global__ void FUNCTION_NAME({", ".join(sig)}) {{',  # named by a hash: equal groups share one kernel
         PDL_ENTRY,
     ]
@@ -415,9 +490,12 @@ def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> Kerne
         f"  const i64 per_row = (dl + {POINTWISE_SPAN - 1}) / {POINTWISE_SPAN};",
         "  const i64 units = n / dl * per_row;",
         "  const int lane = threadIdx.x & 31;",
+    ]
+    lines += _vector_condition(node, rank) if VECTORIZE else ["  const bool vec = false;"]
+    lines += [
         "  for (i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < units; w += ((i64)gridDim.x * blockDim.x) >> 5) {",
         "    const i64 row = w / per_row;",
-        f"    const i64 j0 = (w - row * per_row) * {POINTWISE_SPAN} + lane;",
+        f"    const i64 u0 = (w - row * per_row) * {POINTWISE_SPAN};",
         "    i64 rem = row;",
     ]
     lines += [f"    i64 b{k} = 0;" for k in k_in]
@@ -425,15 +503,31 @@ def pointwise_group(node: Node, dtypes: dict[str, DataType], rank: int) -> Kerne
         lines.append(f"    {{ i64 c = rem % d{dim}; rem /= d{dim};")
         lines += [f"      b{k} += c * s{k}_{dim};" for k in k_in]
         lines.append("    }")
+    if VECTORIZE:
+        lines += [
+            "    if (vec) {",
+            f"      const i64 j = u0 + lane * {POINTWISE_LANE_ELEMENTS};",
+            "      if (j < dl) {",
+            "        const i64 idx = row * dl + j;",
+        ]
+        lines += _vector_elements(node, dtypes, rank)
+        lines += ["      }", "      continue;", "    }"]
+    # the element path: every load of the lane first (a store between them would keep the compiler
+    # from moving the next element's loads ahead of it: each element a memory round trip)
+    n = POINTWISE_LANE_ELEMENTS
+    lines += [f"    decltype(ld(in{k})) c{k}[{n}];" for k in k_in]
+    lines += ["    #pragma unroll", f"    for (int u = 0; u < {n}; ++u) {{", "      const i64 j = u0 + lane + u * 32;"]
+    lines += [f"      c{k}[u] = j < dl ? ld(in{k} + b{k} + j * s{k}_{last}) : 0;" for k in k_in]
     lines += [
+        "    }",
         "    #pragma unroll",
-        f"    for (int u = 0; u < {POINTWISE_LANE_ELEMENTS}; ++u) {{",
-        "      const i64 j = j0 + u * 32;",
+        f"    for (int u = 0; u < {n}; ++u) {{",
+        "      const i64 j = u0 + lane + u * 32;",
         "      if (j < dl) {",
-        "        const i64 idx = row * dl + j;",
     ]
-    lines += [f"        const i64 o{k} = b{k} + j * s{k}_{last};" for k in k_in]
-    lines += ["    " + x for x in _pointwise_members(node, dtypes, lambda o, v: f"st(out{node.outputs.index(o)} + idx, {v});")]
+    lines.append("        const i64 idx = row * dl + j;")
+    cached = {v: f"c{k}[u]" for k, v in enumerate(node.inputs)}
+    lines += ["    " + x for x in _pointwise_members(node, dtypes, lambda o, v: f"st(out{node.outputs.index(o)} + idx, {v});", cached)]
     lines += ["      }", "    }", "  }", "}"]
     return _named("\n".join(lines), "pointwise", params, 256)
 
@@ -457,6 +551,27 @@ def _named(text: str, kind: str, params: list[tuple[str, str]], block: int) -> K
 #: 64 registers a 1024-thread block allows.
 ROW_CACHED = 8
 ROW_UNROLL = 8
+
+
+def row_cached(n_inputs: int) -> int:
+    """Elements of each input a row kernel's thread caches in registers (:func:`_row_body`):
+    :data:`ROW_CACHED`, fewer (down to 4) for groups of more than 3 inputs, to stay within the
+    64 registers of a 1024-thread block without spilling."""
+    return min(ROW_CACHED, max(4, 24 // max(1, n_inputs)))
+
+
+def row_threads(rows: int, width: int, n_inputs: int) -> int:
+    """Threads of a row kernel's block (one block a row; whole warps, for ``block_reduce``):
+    at decode (fewer rows than the H200's 132 SMs) one thread per 4 elements, up to 1024, so a
+    lone row has many loads in flight; with more rows enough threads that every element is
+    one a thread caches (:func:`row_cached`), from 256 up to 1024. With 256 threads a row of
+    4096 left half of each thread's elements to the uncached loop, whose output pass loads each
+    element after the previous one's stores (a memory round trip each): the bfloat16 8B
+    engine's residual + RMSNorm ran some 18 us a launch at about 500 rows, 0.9 TB/s
+    (bench/results/h200-2026-12-03-session12/call5)."""
+    per_thread = 4 if rows < 132 else row_cached(n_inputs)
+    floor = 32 if rows < 132 else 256
+    return max(floor, min(1024, -(-width // per_thread // 32) * 32))
 
 
 def _row_loop(lines: list[str], n: str, cached: int, cached_loads: dict[str, str], loads: dict[str, str], emit: Any) -> None:
@@ -494,7 +609,7 @@ def _row_body(node: Node, dtypes: dict[str, DataType], rank: int, row_outputs: s
     fewer (down to 4, what decode needs up to 4096 elements) for groups of more than 3 inputs,
     to stay within 64 registers without spilling."""
     if cached is None:
-        cached = min(ROW_CACHED, max(4, 24 // max(1, len(node.inputs))))
+        cached = row_cached(len(node.inputs))
     a = node.attrs
     members: list[Node] = a["members"]
     red = members[a["reduce"]]

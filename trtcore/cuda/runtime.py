@@ -534,8 +534,7 @@ class IExecutionContext:
             rows = int(math.prod(domain[:-1]))
             roles["rows"] = rows
             grid = (max(rows, 1), 1, 1)
-            # whole warps (block_reduce); wide rows get more threads: at decode one block does a row
-            block = max(32, min(1024, -(-domain[-1] // 4 // 32) * 32)) if rows < 132 else 256
+            block = codegen.row_threads(rows, int(domain[-1]), len(node.inputs))
         elif op == "softmax":
             x = node.inputs[0]
             axis = node.attrs["axis"]
