@@ -15,8 +15,9 @@ Variants, built and timed side by side in one run:
   16-byte load per input) and ``element`` (the path for any strides: 2-byte loads 32 elements
   apart, all of a lane's loads issued before its stores);
 * ``residual_rms_norm``: ``cached`` (:func:`~trtcore.cuda.codegen.row_threads`: enough threads
-  per block that every element sits in a register) and ``256 threads`` (the rule before: 256
-  threads a row whatever its width at more than 131 rows).
+  per block that every element sits in a register: 512 for 4096), ``1024 threads`` (at decode,
+  fewer than 132 rows: one per 4 elements, the rule before) and ``256 threads`` (with more rows:
+  256 threads a row whatever its width, the rule before).
 
 Each launch reads and writes its own copy of the tensors (copies rotate through at least
 256 MiB, so no launch finds its inputs in the 50 MB L2), the launches of one variant are
@@ -97,7 +98,7 @@ def time_case(cp: Any, kind: str, rows: int, variant: str) -> dict[str, Any]:
     saved = codegen.VECTORIZE, codegen.row_threads
     try:
         codegen.VECTORIZE = variant != "element"
-        if variant == "256 threads":
+        if variant in ("256 threads", "1024 threads"):  # the rule before 2b60be0 / this commit
             codegen.row_threads = lambda r, w, n: max(32, min(1024, -(-w // 4 // 32) * 32)) if r < 132 else 256  # type: ignore[assignment]
         net, shapes, outputs = _network(kind, max(ROWS))
         engine = _engine(net, shapes)
@@ -144,6 +145,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)))
+    ap.add_argument("--kinds", default="swiglu,residual_rms_norm")
     args = ap.parse_args()
     import cupy as cp
 
@@ -151,9 +153,12 @@ def main() -> int:
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     results: list[dict[str, Any]] = []
     ok = True
-    for kind, variants in (("swiglu", ("vector", "element")), ("residual_rms_norm", ("cached", "256 threads"))):
+    kinds = {"swiglu": ("vector", "element"), "residual_rms_norm": ("cached", "1024 threads", "256 threads")}
+    for kind in args.kinds.split(","):
         for rows in (int(r) for r in args.rows.split(",")):
-            for variant in variants:
+            for variant in kinds[kind]:
+                if variant in ("1024 threads", "256 threads") and (variant == "1024 threads") != (rows < 132):
+                    continue  # the rule before gave that block only at these rows
                 r = time_case(cp, kind, rows, variant)
                 r["GBps"] = r["bytes"] / (r["us"] * 1e-6) / 1e9
                 r["of_copy"] = r["bytes"] / (r["us"] * 1e-6) / bw

@@ -390,7 +390,7 @@ VECTORIZE: bool = os.environ.get("TRTCORE_CUDA_VECTOR", "1") != "0"
 
 #: the vector path of pointwise kernels: a lane's :data:`POINTWISE_LANE_ELEMENTS` consecutive
 #: elements of a tensor as one 8-byte load (1-byte types) or one to four 16-byte loads, where
-#: the address is aligned to ``vec_align<T>()`` bytes. The profiles of the throughput run
+#: the address is aligned to 8 elements or 16 bytes, the smaller (``vec_ok``). The profiles of the throughput run
 #: (bench/results/h200-2026-12-03-session12/call5) had the SwiGLU kernel at about 1 TB/s with
 #: one 2-byte load per lane and element (43 us a launch where its bytes need about 10).
 POINTWISE_HELPERS = r"""
@@ -436,9 +436,9 @@ def _vector_condition(node: Node, rank: int) -> list[str]:
 
 def _vector_elements(node: Node, dtypes: dict[str, DataType], rank: int) -> list[str]:
     """The vector path's statements for the lane's :data:`POINTWISE_LANE_ELEMENTS` elements from
-    ``j`` of row ``row`` (``j``,
-    ``idx = row * dl + j`` and the row bases ``b<k>`` in scope): each input one vector (or, where
-    broadcast along the last axis, one element), the members per element, each output one vector."""
+    ``j`` of row ``row`` (``j``, ``idx = row * dl + j`` and the row bases ``b<k>`` in scope): each
+    input one vector (or, where broadcast along the last axis, one element), the members per
+    element, each output one vector."""
     last, n = rank - 1, POINTWISE_LANE_ELEMENTS
     lines = []
     for k in range(len(node.inputs)):
@@ -562,16 +562,16 @@ def row_cached(n_inputs: int) -> int:
 
 def row_threads(rows: int, width: int, n_inputs: int) -> int:
     """Threads of a row kernel's block (one block a row; whole warps, for ``block_reduce``):
-    at decode (fewer rows than the H200's 132 SMs) one thread per 4 elements, up to 1024, so a
-    lone row has many loads in flight; with more rows enough threads that every element is
-    one a thread caches (:func:`row_cached`), from 256 up to 1024. With 256 threads a row of
-    4096 left half of each thread's elements to the uncached loop, whose output pass loads each
-    element after the previous one's stores (a memory round trip each): the bfloat16 8B
-    engine's residual + RMSNorm ran some 18 us a launch at about 500 rows, 0.9 TB/s
-    (bench/results/h200-2026-12-03-session12/call5)."""
-    per_thread = 4 if rows < 132 else row_cached(n_inputs)
+    enough that every element is one a thread caches (:func:`row_cached`), up to 1024; with
+    more rows than the H200's 132 SMs at least 256. Measured on the H200 with Llama-3-8B's
+    residual + RMSNorm (bench/bench_generated.py, bench/results/h200-2026-12-04-session16):
+    at 256 rows 6.3 us against 11.0 with 256 threads a row (the rule before: half of each
+    thread's elements went to the uncached loop, whose output pass loads each element after
+    the previous one's stores, a memory round trip each; some 18 us a launch at about 500
+    rows in the throughput run of bench/results/h200-2026-12-03-session12/call5); at one row
+    3.7 us with 512 threads against 4.5 with 1024 (one per 4 elements, the rule before)."""
     floor = 32 if rows < 132 else 256
-    return max(floor, min(1024, -(-width // per_thread // 32) * 32))
+    return max(floor, min(1024, -(-width // row_cached(n_inputs) // 32) * 32))
 
 
 def _row_loop(lines: list[str], n: str, cached: int, cached_loads: dict[str, str], loads: dict[str, str], emit: Any) -> None:
