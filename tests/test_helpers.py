@@ -10,6 +10,7 @@ import logging
 import os
 import pickle
 import random
+import re
 import stat
 import sys
 import types
@@ -319,3 +320,19 @@ def test_atomic_folder_removes_a_killed_run_s_staging_folder(tmp_path: Path) -> 
         (t / "f").write_text("new")
     assert (tmp_path / "out" / "f").read_text() == "new"
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_atomic_folder_that_cannot_be_created_names_it(tmp_path: Path) -> None:
+    """An output whose parent is a file (or any folder the OS refuses) fails before any work
+    with the folder and the OS's reason in a trtcore error, not a bare OSError about the
+    hidden staging folder, and leaves nothing behind."""
+    from trtcore.errors import InvalidArgumentError
+    from trtcore.fileio import atomic_folder
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = blocker / "out"
+    with pytest.raises(InvalidArgumentError, match=rf"cannot create the folder {re.escape(str(out))}: .*a-file"):
+        with atomic_folder(out):
+            raise AssertionError("the block must not run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

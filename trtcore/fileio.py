@@ -121,16 +121,20 @@ def atomic_folder(output_dir: str | os.PathLike[str], *, overwrite: bool = False
     that are gone (:func:`trtcore.cache_dir.remove_stale`).
 
     Raises:
-        error: ``output_dir`` exists, is not empty and ``overwrite`` is false.
+        error: ``output_dir`` exists, is not empty and ``overwrite`` is false, or it cannot be
+            created (its parent not a folder, not writable: the OS's reason in the message).
     """
     from .cache_dir import remove_stale
 
     output_dir = Path(output_dir)
     check_folder_free(output_dir, overwrite, error)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(output_dir.parent)
     tmp = output_dir.parent / f".{output_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    try:
+        output_dir.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(output_dir.parent)
+        tmp.mkdir()
+    except OSError as e:  # before any work: the folder cannot be made there at all
+        raise error(f"cannot create the folder {output_dir}: {e.strerror or e} (in {output_dir.parent}); write to a folder you can create") from None
     try:
         yield tmp
         _default_modes(tmp)
