@@ -20,7 +20,7 @@ from safetensors.torch import load_file as load_torch
 from trtcore import LLM, SamplingParams
 from trtcore import bench as bench_mod
 from trtcore.config import load_config
-from trtcore.errors import UnsupportedQuantizationError
+from trtcore.errors import InvalidArgumentError, UnsupportedQuantizationError
 from trtcore.quantizer import quantize_checkpoint
 
 V = VARIANTS["llama3_rope"]
@@ -502,3 +502,48 @@ def test_bad_fp8_values_name_the_linear_and_the_index(dynamic_fp8: Path, tmp_pat
     with pytest.raises(InvalidArgumentError, match=rf"{lin}.weight: the weight holds a NaN"):
         quantize_checkpoint(fl, tmp_path / "q", method="fp8", strategy="tensor", activations="dynamic")
     assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("activations", ["static", "dynamic"])
+def test_kv_cache_scales_are_amax_of_the_cached_keys_and_values_over_448(src: Path, tmp_path: Path, activations: str, caplog: Any) -> None:
+    """``kv_cache_scales=True`` writes each layer's ``self_attn.k_scale`` / ``v_scale`` as
+    ``max|k| / 448`` and ``max|v| / 448`` of what the layer caches over the calibration tokens:
+    the keys after RoPE, as transformers' own cache holds them after its forward (the
+    reference here), and the config's ``kv_cache_scheme``; the FP8 KV cache then loads them
+    (no "scaling factor 1.0" warning) and the input scales are as without it."""
+    import logging
+
+    import torch
+
+    ids = _calibration(2)
+    out = quantize_checkpoint(src, tmp_path / "fp8kv", method="fp8", activations=activations, kv_cache_scales=True, calibration_ids=ids)
+    model = load_hf(src, "float32")
+    amax: dict[str, float] = {}
+    for seq in ids:
+        with torch.no_grad():
+            res = model(torch.tensor([seq]), use_cache=True)
+        cache = getattr(res, "cache", None) or res.past_key_values  # transformers 5.25 renamed it
+        for i, layer in enumerate(cache.layers):
+            for kind, t in (("k", layer.keys), ("v", layer.values)):
+                name = f"model.layers.{i}.self_attn.{kind}_scale"
+                amax[name] = max(amax.get(name, 0.0), float(t.abs().max()))
+    got = load_torch(str(out / "model.safetensors"))
+    assert sorted(n for n in got if n.endswith(("k_scale", "v_scale"))) == sorted(amax)
+    for name, a in amax.items():
+        assert got[name].dtype == torch.float32 and got[name].numel() == 1, name
+        np.testing.assert_allclose(float(got[name]), a / 448, rtol=1e-5, err_msg=name)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["kv_cache_scheme"] == {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+    if activations == "static":
+        _assert_input_scales_are_amax(src, ids, out)
+    with caplog.at_level(logging.WARNING, logger="trtcore"):
+        caplog.clear()
+        llm = LLM(out, dtype="bfloat16", kv_cache_dtype="fp8", max_batch_size=1, max_seq_len=64)
+        assert not [r for r in caplog.records if "scaling factor 1.0" in r.getMessage()]
+    assert llm.generate([random_prompt(np.random.default_rng(3), 8, V.vocab_size)], SamplingParams(max_tokens=4))[0].outputs[0].token_ids
+
+
+def test_kv_cache_scales_belong_to_fp8(src: Path, tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"kv_cache_scales \(--kv-cache-scales\) = True does not apply to method 'rtn'"):
+        quantize_checkpoint(src, tmp_path / "rtn", method="rtn", kv_cache_scales=True)
+    assert not (tmp_path / "rtn").exists()

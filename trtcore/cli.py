@@ -192,6 +192,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="fp8: input scales calibrated (amax / 448 over the calibration text; the default), computed per call, or per token per call",
     )
+    q.add_argument(
+        "--kv-cache-scales",
+        action="store_true",
+        help="fp8: also calibrate the FP8 KV cache's k_scale / v_scale per layer (kv_cache_scheme, as llm-compressor; "
+        "read with --kv-cache-dtype fp8)",
+    )
     q.add_argument("--bits", type=int, default=None, choices=[4, 8], help="rtn, awq: bits per weight (default 4)")
     q.add_argument(
         "--group-size",
@@ -353,6 +359,7 @@ def _quantize(args: argparse.Namespace) -> int:
         calibration_tokens=args.calibration_tokens,
         strategy=args.strategy,
         activations=args.activations,
+        kv_cache_scales=args.kv_cache_scales,
         progress=True,
     )
     if args.group_size is None and args.method != "fp8":  # say which default group size was chosen

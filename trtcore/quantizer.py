@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -71,7 +72,7 @@ from .errors import InvalidArgumentError, UnsupportedArchitectureError
 from .families import family_of
 from .fp8 import E4M3, WEIGHT_STRATEGIES, Fp8Weight, amax_scale, quantize_weight
 from .plugins.weight_only_gemm import GROUP_UNIT  # the groups the weight-only GEMM runs: quantize refuses others
-from .quant_formats import packed_siblings
+from .quant_formats import KV_CACHE_SCHEME, packed_siblings
 from .quant_formats.packing import pack_int32
 from .quantization import QuantizedWeight
 
@@ -226,23 +227,68 @@ def fp8_input_amax(
     Raises:
         InvalidArgumentError / InvalidRequestError: see :func:`trtcore.calibration.capture_calibration`.
     """
+    return fp8_calibration_amax(model_dir, calibration, num_tokens, token_ids)[0]
+
+
+#: the network tensors a layer writes into its KV cache (keys after RoPE, values), one per
+#: layer, in the contiguous-cache network calibration runs (``ops.cached_attention``)
+_KV_WRITES = re.compile(r"^(?P<attn>(?:.*\.)?layers\.(?P<layer>\d+)\.[^.]+)\.(?P<kind>k|v)_bhsd$")
+
+
+def fp8_calibration_amax(
+    model_dir: str | os.PathLike[str],
+    calibration: str | os.PathLike[str] | None = None,
+    num_tokens: int = 512,
+    token_ids: Sequence[Sequence[int]] | None = None,
+    *,
+    inputs: bool = True,
+    kv_cache: bool = False,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """One calibration pass (float model, reference backend) for FP8 scales:
+    ``({linear weight name: max|x| of its input}, {KV scale tensor name: max|k| or max|v|})``.
+
+    ``inputs``: the first dict (else empty). ``kv_cache``: the second, keyed by the tensor names
+    vLLM reads for its FP8 KV cache (``model.layers.N.self_attn.k_scale`` / ``v_scale``; the
+    attention module's name as the network's scope gives it), over what each layer writes into
+    its cache: the keys after RoPE and the values (llm-compressor's KV cache observer; vLLM
+    docs, "Quantized KV Cache"). Else empty.
+
+    Raises:
+        InvalidArgumentError / InvalidRequestError: see :func:`trtcore.calibration.capture_calibration`;
+            a layer without a tensor to calibrate (named).
+    """
     from .awq import LLAMA_SCALE_GROUPS
     from .calibration import capture_calibration
 
     def select(config: Any, present: set[str]) -> list[str]:
-        return [g.input.format(i=i) for i in range(config.num_hidden_layers) for g in LLAMA_SCALE_GROUPS if g.input.format(i=i) in present]
+        names = (
+            [g.input.format(i=i) for i in range(config.num_hidden_layers) for g in LLAMA_SCALE_GROUPS if g.input.format(i=i) in present]
+            if inputs
+            else []
+        )
+        return names + (sorted(n for n in present if _KV_WRITES.match(n)) if kv_cache else [])
 
-    config, inputs = capture_calibration(model_dir, select, calibration, num_tokens, token_ids=token_ids)
+    config, captured = capture_calibration(model_dir, select, calibration, num_tokens, token_ids=token_ids)
     fam = family_of(config.model_type)
-    amax = {}
-    for i in range(config.num_hidden_layers):
+    amax: dict[str, float] = {}
+    for i in range(config.num_hidden_layers) if inputs else ():
         for g in LLAMA_SCALE_GROUPS:
-            x = inputs.get(g.input.format(i=i))
+            x = captured.get(g.input.format(i=i))
             if x is None:
                 raise InvalidArgumentError(f"the {config.architecture} network has no tensor {g.input.format(i=i)!r} to calibrate {g.linears}")
             for role in g.linears:
                 amax[fam.tensor(role, i, ".weight")] = float(np.abs(x).max(initial=0.0))
-    return amax
+    kv: dict[str, float] = {}
+    written: set[tuple[int, str]] = set()
+    for name, x in captured.items() if kv_cache else ():
+        m = _KV_WRITES.match(name)
+        if m is not None:
+            kv[f"{m['attn']}.{m['kind']}_scale"] = float(np.abs(x).max(initial=0.0))
+            written.add((int(m["layer"]), m["kind"]))
+    missing = [(i, k) for i in range(config.num_hidden_layers) for k in "kv" if kv_cache and (i, k) not in written]
+    if missing:
+        raise InvalidArgumentError(f"the {config.architecture} network has no KV cache write to calibrate (layer, k/v): {missing[:4]}")
+    return amax, kv
 
 
 def _pad(codes: np.ndarray, axis: int, multiple: int) -> np.ndarray:
@@ -279,6 +325,7 @@ _USED_BY = {
     "calibration_ids": ("awq", "fp8-static"),
     "strategy": ("fp8-static", "fp8-dynamic", "fp8-token"),
     "activations": ("fp8-static", "fp8-dynamic", "fp8-token"),
+    "kv_cache_scales": ("fp8-static", "fp8-dynamic", "fp8-token"),
 }
 
 
@@ -327,6 +374,7 @@ def quantize_checkpoint(
     calibration_ids: Sequence[Sequence[int]] | None = None,
     strategy: str | None = None,
     activations: str | None = None,
+    kv_cache_scales: bool = False,
     progress: bool = False,
 ) -> Path:
     """Quantize the decoder linears of the checkpoint in ``model_dir`` into ``output_dir``
@@ -351,6 +399,11 @@ def quantize_checkpoint(
         strategy: ``"fp8"``: weight scales per ``"channel"`` (None) or per ``"tensor"``.
         activations: ``"fp8"``: ``"static"`` (None: calibrated input scales), ``"dynamic"`` (one
             scale per call) or ``"token"`` (one scale per token per call).
+        kv_cache_scales: ``"fp8"``: also calibrate the FP8 KV cache's scales, one ``k_scale`` /
+            ``v_scale`` per layer (``max|k|`` of the keys after RoPE, ``max|v|``, over 448) with
+            the config's ``kv_cache_scheme``, as llm-compressor writes them and vLLM and
+            ``LLM(kv_cache_dtype="fp8")`` read them (the calibration options then apply
+            with any ``activations``).
 
     An option the method does not use (``calibration`` for ``"rtn"``, ``bits=4`` or a group
     size for ``"fp8"``, ``strategy`` for ``"awq"``, ...) is refused rather than ignored.
@@ -371,7 +424,7 @@ def quantize_checkpoint(
     """
     from safetensors.numpy import save_file
 
-    from .checkpoint import Checkpoint
+    from .checkpoint import KV_SCALE_MIN, Checkpoint
     from .config import load_config
     from .fileio import atomic_folder, check_folder_free
 
@@ -385,12 +438,16 @@ def quantize_checkpoint(
         bits=bits,
         group_size=group_size,
         observer=observer,
-        calibration=calibration,
-        calibration_tokens=calibration_tokens,
-        calibration_ids=calibration_ids,
         strategy=strategy,
         activations=activations,
+        kv_cache_scales=kv_cache_scales or None,
     )
+    # calibration feeds static input scales and the KV cache scales
+    calibrates = "static" if kv_cache_scales else activations or "static"
+    try:
+        _refuse_unused(method, calibrates, calibration=calibration, calibration_tokens=calibration_tokens, calibration_ids=calibration_ids)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{exc}{', and by fp8 with ' + _option('kv_cache_scales') if method == 'fp8' else ''}") from None
     bits = 4 if bits is None else bits
     observer = DEFAULT_OBSERVER if observer is None else observer
     if observer not in OBSERVERS:
@@ -420,7 +477,7 @@ def quantize_checkpoint(
         )
     raw_config = json.loads((model_dir / "config.json").read_text())
     linears = set(_linear_names(config))
-    calibrated = method == "awq" or (method == "fp8" and activations == "static")
+    calibrated = method == "awq" or (method == "fp8" and (activations == "static" or kv_cache_scales))
     if calibrated and calibration_ids is None:
         from .calibration import calibration_text
 
@@ -429,7 +486,8 @@ def quantize_checkpoint(
         raise InvalidArgumentError(
             f"{method} calibration tokenizes its text with the model's tokenizer, and {model_dir} has no tokenizer.json; "
             f"add a tokenizer.json, give {_option('calibration_ids')} as token ids, or use --method rtn"
-            + (" or --activations dynamic" if method == "fp8" else "")
+            + (" or --activations dynamic" if method == "fp8" and activations == "static" else "")
+            + (f", or leave out {_option('kv_cache_scales')}" if kv_cache_scales else "")
         )
     tensors: dict[str, np.ndarray] = {}
     with Checkpoint(model_dir) as weights:
@@ -484,8 +542,13 @@ def quantize_checkpoint(
                 weight_amaxes[name] = float(np.abs(np.asarray(weights.get(name, copy=False), np.float64)).max(initial=0.0))
             return weight_amaxes[name]
 
-        if method == "fp8" and activations == "static":
-            amax = fp8_input_amax(model_dir, calibration, calibration_tokens, calibration_ids)
+        kv_amax: dict[str, float] = {}
+        if method == "fp8" and (activations == "static" or kv_cache_scales):
+            amax, kv_amax = fp8_calibration_amax(
+                model_dir, calibration, calibration_tokens, calibration_ids, inputs=activations == "static", kv_cache=kv_cache_scales
+            )
+        for name, a in kv_amax.items():  # float32 scalars, at least the smallest normal (what the loader takes)
+            tensors[name] = np.asarray(max(float(amax_scale(a)), KV_SCALE_MIN), dtype=np.float32)  # [] as input_scale
         if method == "awq":
             from .awq import awq_plan
 
@@ -516,7 +579,7 @@ def quantize_checkpoint(
             except InvalidArgumentError as exc:  # e.g. a NaN in the weight: name the tensor
                 raise InvalidArgumentError(f"{name}: {exc}") from exc
     raw_config["quantization_config"] = (
-        _fp8_config(strategy, activations)
+        _fp8_config(strategy, activations) | ({"kv_cache_scheme": {**KV_CACHE_SCHEME, "symmetric": True}} if kv_cache_scales else {})
         if method == "fp8"
         else {
             "quant_method": "compressed-tensors",
