@@ -26,7 +26,10 @@ Variants:
   token per step through the paged attention plugin): the baseline of the KV cache variants'
   path, which should equal ``bfloat16`` up to float32 summation order;
 * ``kv-fp8``: the same with ``kv_cache_dtype="fp8"`` (vLLM's FP8 E4M3 KV cache; the converted
-  GGUF has no ``k_scale`` / ``v_scale`` tensors, so every scale is vLLM's default 1.0).
+  GGUF has no ``k_scale`` / ``v_scale`` tensors, so every scale is vLLM's default 1.0);
+* ``fp8-tensor-static-kv-fp8``: ``fp8-tensor-static``'s checkpoint through the FP8 KV cache
+  (scales 1.0), and ``fp8-tensor-static-kv-calibrated``: ``--kv-cache-scales`` too, the same
+  cache with each layer's calibrated ``k_scale`` / ``v_scale``.
 
 The issue's bounds: within 5% (4-bit) and 1% (8-bit, FP8, the FP8 KV cache) of the bfloat16
 engine's mean log-probability (bfloat16-paged: 0.5%, the same engine through another attention).
@@ -70,9 +73,11 @@ VARIANTS: list[tuple[str, int, dict[str, Any] | None]] = [
     ("fp8-channel-token", 8, {"method": "fp8", "strategy": "channel", "activations": "token"}),
     ("bfloat16-paged", 16, None),
     ("kv-fp8", 8, None),
+    ("fp8-tensor-static-kv-fp8", 8, {"method": "fp8", "strategy": "tensor"}),
+    ("fp8-tensor-static-kv-calibrated", 8, {"method": "fp8", "strategy": "tensor", "kv_cache_scales": True}),
 ]
-#: variants of the KV cache (the bfloat16 weights, scored through the paged cache): their kv_cache_dtype
-KV_VARIANTS = {"bfloat16-paged": "auto", "kv-fp8": "fp8"}
+#: variants scored through the paged cache (the bfloat16 weights where not quantized): their kv_cache_dtype
+KV_VARIANTS = {"bfloat16-paged": "auto", "kv-fp8": "fp8", "fp8-tensor-static-kv-fp8": "fp8", "fp8-tensor-static-kv-calibrated": "fp8"}
 #: 16: the bfloat16 engine through another attention path (bfloat16-paged), half the 8-bit bound
 BOUNDS = {4: 0.05, 8: 0.01, 16: 0.005}
 
@@ -167,11 +172,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         dense = Path(args.model) if args.model else convert_gguf(args.gguf, root / "float16", progress=False)
-        dirs = {"bfloat16": dense, **{name: dense for name in KV_VARIANTS}}
+        dirs = {"bfloat16": dense, **{name: dense for name, _, how in VARIANTS if name in KV_VARIANTS and how is None}}
         if "gguf-q4_1" in chosen:
             dirs["gguf-q4_1"] = convert_gguf(args.gguf, root / "q4_1", progress=False, keep_quantized=True)
         for name, _, how in variants:
-            if how is not None and name not in KV_VARIANTS:
+            if how is not None:
                 t0 = time.perf_counter()
                 dirs[name] = quantize_checkpoint(dense, root / name, **how)
                 print(f"{name}: quantized in {time.perf_counter() - t0:.1f} s", flush=True)
