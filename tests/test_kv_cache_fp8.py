@@ -27,7 +27,8 @@ from hf_models import ModelStore, Variant, write_checkpoint
 from trtcore import LLM, SamplingParams
 from trtcore.checkpoint import Checkpoint, kv_cache_scales
 from trtcore.errors import CheckpointError, InvalidArgumentError
-from trtcore.plan import BuildConfig, BuildPlan
+from trtcore.config import load_config
+from trtcore.plan import BuildConfig, BuildPlan, resolve_plan
 from trtcore.runtime.kv_cache import KVCacheSpec
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -170,6 +171,10 @@ def test_bad_kv_cache_dtype_is_refused(store: ModelStore) -> None:
     with pytest.raises(InvalidArgumentError, match="dtype='bfloat16', on the command line --dtype bfloat16") as e:  # the reference backend's default float32, with advice
         LLM(d, backend="reference", kv_cache_dtype="fp8", progress=False)
     assert "paged KV cache" not in str(e.value)
+    # tensorrt_rtx has no paged cache (no plugins): the advice names the backend, not the dtype
+    with pytest.raises(InvalidArgumentError, match=r"backend 'tensorrt_rtx' has no paged KV cache .*use backend 'tensorrt', 'cuda' or 'reference'\)$") as e:
+        resolve_plan(load_config(d), BuildConfig(kv_cache_dtype="fp8"), "tensorrt_rtx")
+    assert "dtype" not in str(e.value).split("(this plan")[1]
     assert BuildConfig(kv_cache_dtype="FP8").kv_cache_dtype == "fp8_e4m3" == BuildConfig(kv_cache_dtype="fp8_e4m3").kv_cache_dtype
 
 

@@ -368,7 +368,7 @@ def test_calibration_reads_only_what_its_tokens_need(tmp_path: Path) -> None:
     warning that names the counts when the whole file gives fewer than asked."""
     import warnings
 
-    from trtcore.calibration import CHARS_PER_TOKEN, calibration_ids
+    from trtcore.calibration import CHARS_PER_TOKEN, DEFAULT_CALIBRATION_TOKENS, calibration_ids
 
     big = tmp_path / "big.txt"
     big.write_text("word " * 2_000_000)  # 10 MB
@@ -387,6 +387,10 @@ def test_calibration_reads_only_what_its_tokens_need(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         calibration_ids(_WordTokenizer(), big, 7)  # enough tokens: no warning
+        # trtcore's own text at the default count: all of it, silently (it is shorter with some tokenizers)
+        assert len(calibration_ids(_WordTokenizer(), None, DEFAULT_CALIBRATION_TOKENS)) <= DEFAULT_CALIBRATION_TOKENS
+    with pytest.warns(UserWarning, match=r"fewer than the 100000 asked"):  # a count the user asked for: said
+        calibration_ids(_WordTokenizer(), None, 100_000)
     blank = tmp_path / "blank.txt"
     blank.write_text(" \n" * 50_000)  # white space past the first read: still empty (an adversarial review's case)
 

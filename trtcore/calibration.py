@@ -27,6 +27,10 @@ __all__ = ["DEFAULT_CALIBRATION", "calibration_token_ids", "capture_calibration"
 #: the calibration text ``trtcore quantize --method awq`` uses by default
 DEFAULT_CALIBRATION = Path(__file__).parent / "data" / "calibration.txt"
 
+#: calibration tokens asked for by default (``--calibration-tokens``); :data:`DEFAULT_CALIBRATION`
+#: gives fewer with some tokenizers (433 with SmolLM2's), which calibrates on all of it silently
+DEFAULT_CALIBRATION_TOKENS = 512
+
 
 class _CaptureFirstRun:
     """An executor that captures ``names`` on its first :meth:`run` (the prefill) and is the
@@ -173,8 +177,9 @@ CHARS_PER_TOKEN = 16
 
 def calibration_ids(llm: Any, calibration: str | os.PathLike[str] | None, num_tokens: int) -> list[int]:
     """The first ``num_tokens`` token ids of the calibration text (fewer where the file is
-    shorter: a warning says how many), tokenized by ``llm``'s tokenizer; only as much of the
-    file is read as gives them (:data:`CHARS_PER_TOKEN`).
+    shorter: a warning says how many, except for :data:`DEFAULT_CALIBRATION` at
+    :data:`DEFAULT_CALIBRATION_TOKENS`, both defaults), tokenized by ``llm``'s tokenizer; only as
+    much of the file is read as gives them (:data:`CHARS_PER_TOKEN`).
 
     Raises:
         InvalidArgumentError: what :func:`calibration_text` raises, or the text gives no token.
@@ -191,7 +196,7 @@ def calibration_ids(llm: Any, calibration: str | os.PathLike[str] | None, num_to
         chars *= 4
     if not ids:
         raise InvalidArgumentError("the calibration text gives no token")
-    if len(ids) < num_tokens:
+    if len(ids) < num_tokens and not (calibration is None and num_tokens == DEFAULT_CALIBRATION_TOKENS):  # both defaults: all of it
         warnings.warn(
             f"the calibration text gives {len(ids)} tokens, fewer than the {num_tokens} asked (--calibration-tokens); calibrating on those",
             stacklevel=2,

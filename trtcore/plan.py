@@ -375,11 +375,18 @@ def resolve_plan(
         missing = ([f"the paged KV cache (this plan has kv_cache={kv_cache!r})"] if kv_cache != "paged" else []) + (
             [f"a float16 or bfloat16 engine (this plan has dtype={dtype!r})"] if dtype not in ("float16", "bfloat16") else []
         )
-        raise InvalidArgumentError(
-            "the FP8 KV cache (kv_cache_dtype='fp8') needs "
-            + " and ".join(missing)
-            + (" (the reference backend defaults to float32: pass dtype='bfloat16', on the command line --dtype bfloat16)" if o.dtype is None else "")
+        # why the plan lacks it: a backend without plugins has no paged cache; the reference
+        # backend's default dtype is float32
+        why = (
+            [f"backend {name!r} has no paged KV cache (its TensorRT module hosts no plugins): use backend 'tensorrt', 'cuda' or 'reference'"]
+            if kv_cache != "paged" and o.kv_cache is None and not _hosts_plugins(name, trt)
+            else []
+        ) + (
+            ["the reference backend defaults to float32: pass dtype='bfloat16', on the command line --dtype bfloat16"]
+            if o.dtype is None and name == "reference" and dtype not in ("float16", "bfloat16")
+            else []
         )
+        raise InvalidArgumentError("the FP8 KV cache (kv_cache_dtype='fp8') needs " + " and ".join(missing) + "".join(f" ({w})" for w in why))
     if dtype == "float16" and config.dtype == "bfloat16":
         warnings.warn(
             f"building a float16 engine from a bfloat16 checkpoint: float16 overflows above {FLOAT16_MAX:g} "
@@ -408,6 +415,14 @@ def resolve_plan(
 
 #: the paged attention plugin's CUDA kernels take head dims that are multiples of this
 PAGED_KERNEL_HEAD_DIM_MULTIPLE = 32
+
+
+def _hosts_plugins(backend: str, trt: Any) -> bool:
+    """Whether ``backend``'s TensorRT module (``trt``, loaded when None) hosts plugins."""
+    from .plugins.base import hosts_plugins
+    from .trt import load_trt
+
+    return hosts_plugins(trt if trt is not None else load_trt(backend))
 
 
 def _implementations(o: BuildConfig, backend: str, trt: Any, head_dim: int | None = None) -> tuple[str, str, str]:

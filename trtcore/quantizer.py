@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from .calibration import DEFAULT_CALIBRATION_TOKENS
 from .errors import InvalidArgumentError, UnsupportedArchitectureError
 from .families import family_of
 from .fp8 import E4M3, WEIGHT_STRATEGIES, Fp8Weight, amax_scale, quantize_weight
@@ -452,7 +453,7 @@ def quantize_checkpoint(
     observer = DEFAULT_OBSERVER if observer is None else observer
     if observer not in OBSERVERS:
         raise InvalidArgumentError(f"{_option('observer')} must be one of {OBSERVERS}, got {observer!r}")
-    calibration_tokens = 512 if calibration_tokens is None else calibration_tokens
+    calibration_tokens = DEFAULT_CALIBRATION_TOKENS if calibration_tokens is None else calibration_tokens
     strategy, activations = strategy or "channel", activations or "static"
     if method == "fp8":
         if strategy not in WEIGHT_STRATEGIES:
