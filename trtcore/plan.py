@@ -379,7 +379,7 @@ def resolve_plan(
         # backend's default dtype is float32
         why = (
             [f"backend {name!r} has no paged KV cache (its TensorRT module hosts no plugins): use backend 'tensorrt', 'cuda' or 'reference'"]
-            if kv_cache != "paged" and o.kv_cache is None and not _hosts_plugins(name, trt)
+            if kv_cache != "paged" and o.kv_cache is None and not _hosts_plugins(name, trt)[1]
             else []
         ) + (
             ["the reference backend defaults to float32: pass dtype='bfloat16', on the command line --dtype bfloat16"]
@@ -417,22 +417,19 @@ def resolve_plan(
 PAGED_KERNEL_HEAD_DIM_MULTIPLE = 32
 
 
-def _hosts_plugins(backend: str, trt: Any) -> bool:
-    """Whether ``backend``'s TensorRT module (``trt``, loaded when None) hosts plugins."""
+def _hosts_plugins(backend: str, trt: Any) -> tuple[Any, bool]:
+    """``backend``'s TensorRT module (``trt``, loaded when None) and whether it hosts plugins."""
     from .plugins.base import hosts_plugins
     from .trt import load_trt
 
-    return hosts_plugins(trt if trt is not None else load_trt(backend))
+    module = trt if trt is not None else load_trt(backend)
+    return module, hosts_plugins(module)
 
 
 def _implementations(o: BuildConfig, backend: str, trt: Any, head_dim: int | None = None) -> tuple[str, str, str]:
     """``(rope, kv_cache, attention)`` of :func:`resolve_plan`'s rules for the module ``trt``
     of ``backend`` (loaded when None) and a model of ``head_dim`` (None: not known)."""
-    from .plugins.base import hosts_plugins
-    from .trt import load_trt
-
-    module = trt if trt is not None else load_trt(backend)
-    plugins = hosts_plugins(module)
+    module, plugins = _hosts_plugins(backend, trt)
     for op, value, plugin_values in (("rope", o.rope, ("plugin", ROPE_IN_ATTENTION)), ("kv_cache", o.kv_cache, ("paged",))):
         if value in plugin_values and not plugins:
             other = next(v for v in IMPLEMENTATIONS[op] if v not in plugin_values)
