@@ -186,6 +186,16 @@ def test_generate_refuses_an_empty_prompt_before_building(tmp_path: Path) -> Non
     assert proc.returncode == 2 and proc.stderr.startswith("trtcore: error: PROMPT is empty"), proc.stderr
 
 
+def test_generate_kv_cache_memory_reaches_the_pool(model: Path) -> None:
+    """``generate --kv-cache-memory`` (serve had it, generate did not): a budget below one block
+    is refused naming the bytes and what a block takes; one that holds the sequence runs."""
+    proc = _cli("generate", "the theory of", "--model", str(model), "--max-tokens", "4", "--kv-cache-memory", "1")
+    assert proc.returncode == 2 and "KV cache budget of 1 bytes holds no block" in proc.stderr, proc.stderr
+    proc = _cli("generate", "the theory of", "--model", str(model), "--max-tokens", "4", "--kv-cache-memory", str(64 << 20), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)["token_ids"]) == 4
+
+
 def test_check_refuses_an_empty_prompt_before_building(tmp_path: Path) -> None:
     """It was a torch traceback (an empty float tensor of ids) after the build."""
     proc = _cli("check", "--model", str(tmp_path / "no-such-model"), "--prompt", "")

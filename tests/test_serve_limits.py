@@ -177,7 +177,22 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path: Path, capsys: pytest.Captur
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        argv = ["serve", "--model", str(tmp_path / "absent"), "--backend", "reference", "--host", "127.0.0.1", "--port", str(port)]
+        argv = ["serve", "--model", str(tmp_path), "--backend", "reference", "--host", "127.0.0.1", "--port", str(port)]
         assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--model", "--engine"])
+def test_a_missing_model_or_engine_fails_before_listening(tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    """``serve --model absent`` (or ``--engine``): exit 2 with a one-line error naming the flag and
+    the path, before any port is taken or address announced (it used to listen, announce the
+    address, and only then fail to load in the engine process)."""
+    from trtcore.cli import main
+    from trtcore.serve.server import LISTENING
+
+    absent = tmp_path / "absent"
+    assert main(["serve", flag, str(absent), "--backend", "reference", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {absent}: no such file or folder" in err and "Traceback" not in err
+    assert LISTENING not in err

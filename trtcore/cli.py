@@ -86,6 +86,7 @@ def _llm(args: argparse.Namespace) -> Any:
         tensor_parallel_size=tp,
         quantization=args.quantization,
         **_plan_choices(args),
+        **_runtime_choices(args),
     )
 
 
@@ -128,6 +129,11 @@ def _parser() -> argparse.ArgumentParser:
         help="a check: the reference backend runs on the CPU, the others on the GPU (use --backend cuda on a GPU)",
     )
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    g.add_argument(
+        "--kv-cache-memory",
+        type=int,
+        help="bytes of the paged KV block pool (default 256 MiB on the CPU; on a GPU, the free memory the engine leaves)",
+    )
     g.add_argument(
         "--tensor-parallel-size",
         type=int,
@@ -242,6 +248,12 @@ def _plan_choices(args: argparse.Namespace) -> dict[str, Any]:
     ``BuildConfig``; those not given are left out (their defaults; with ``--engine``, the engine's)."""
     names = ("dtype", "rope", "kv_cache", "attention", "kv_cache_dtype")
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def _runtime_choices(args: argparse.Namespace) -> dict[str, Any]:
+    """The LLM's runtime options ``generate`` takes (``--kv-cache-memory``; serve has its own),
+    those not given left out."""
+    return {"kv_cache_memory": args.kv_cache_memory} if getattr(args, "kv_cache_memory", None) is not None else {}
 
 
 def _generate(args: argparse.Namespace) -> int:

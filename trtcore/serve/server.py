@@ -148,6 +148,13 @@ def serve(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--max-waiting must be >= 1 (a new request waits until the scheduler takes it), got {args.max_waiting}")
     if args.max_queue_delay_ms < 0:
         raise InvalidArgumentError(f"--max-queue-delay-ms must be >= 0, got {args.max_queue_delay_ms}")
+    # a path that is not there fails now, before the port is taken and the address announced
+    for flag, value, expected in (
+        ("--model", args.model, "a Hugging Face model folder"),
+        ("--engine", args.engine, "an engine file from `trtcore build`"),
+    ):
+        if value and not Path(value).exists():
+            raise InvalidArgumentError(f"{flag} {value}: no such file or folder (expected {expected})")
     name = _served_name(args)
     api_key = api_key_of(args)
     engine = AsyncEngine(make_llm_factory(args), ServerMetrics(name), args.max_waiting, args.max_queue_delay_ms / 1000.0)
