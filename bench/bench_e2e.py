@@ -80,7 +80,9 @@ def _free_gpu() -> None:
 
 
 def trtcore_tpot(llm: Any, batch: int, prompt: int = 128, new: int = 128) -> dict[str, Any]:
-    """TPOT and tok/s of ``llm.generate`` for ``batch`` prompts (see the module docstring)."""
+    """TPOT and tok/s of ``llm.generate`` for ``batch`` prompts (see the module docstring), and
+    the milliseconds of a one-token ``generate`` (``ttft_ms``: the prefill and the first token,
+    host included)."""
     from trtcore import SamplingParams
 
     rng = np.random.default_rng(batch)
@@ -98,7 +100,7 @@ def trtcore_tpot(llm: Any, batch: int, prompt: int = 128, new: int = 128) -> dic
     t1 = statistics.median(gen(1) for _ in range(3))
     tn = statistics.median(gen(new) for _ in range(2))
     tpot = (tn - t1) / (new - 1) * 1e3
-    return {"tpot_ms": tpot, "tok_per_s": batch * 1e3 / tpot}
+    return {"tpot_ms": tpot, "tok_per_s": batch * 1e3 / tpot, "ttft_ms": t1 * 1e3}
 
 
 def plot(results: dict[str, Any], path: Path) -> None:

@@ -135,7 +135,7 @@ def main() -> int:
                         entry["speedup_vs_bfloat16"] = ours["tok_per_s"] / base[batch]
                     results["runs"].append(entry)
                     print(
-                        f"  batch {batch}: TPOT {ours['tpot_ms']:.3f} ms, {ours['tok_per_s']:.0f} tok/s, x{entry.get('speedup_vs_bfloat16', float('nan')):.2f} vs bfloat16",
+                        f"  batch {batch}: TPOT {ours['tpot_ms']:.3f} ms, {ours['tok_per_s']:.0f} tok/s, one-token generate {ours['ttft_ms']:.2f} ms, x{entry.get('speedup_vs_bfloat16', float('nan')):.2f} vs bfloat16",
                         flush=True,
                     )
                     (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
@@ -147,6 +147,13 @@ def main() -> int:
                         print(f"    {kname:<30} {k['us_per_step']:8.1f} us {k['launches_per_step']:6.1f} launches", flush=True)
                     for t in prof["top_kernels"][:12]:
                         print(f"      {t['us_per_step']:8.1f} us {t['launches_per_step']:5.1f}x  {t['name'][:100]}", flush=True)
+                    line = prof["timeline"]
+                    if line:
+                        print(
+                            f"  one step: {len(line)} kernels, {line[-1]['start_us'] + line[-1]['span_us']:.1f} us first start to last end, "
+                            f"{sum(r['exclusive_us'] for r in line):.1f} us busy, {sum(r['gap_us'] for r in line):.1f} us idle",
+                            flush=True,
+                        )
                     (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
                 if args.throughput:
                     tput = throughput(llm, args.throughput, runs=args.throughput_runs)
@@ -190,7 +197,7 @@ def profile_steps(llm: Any, new: int, prompt: int = 128) -> dict[str, Any]:
     with ``TRTCORE_CUDA_PDL=0``."""
     import numpy as np
     import torch
-    from profile_kernels import kernel_times, kind
+    from profile_kernels import kernel_spans, kernel_times, kind
     from torch.profiler import ProfilerActivity, profile
 
     from trtcore import SamplingParams
@@ -198,11 +205,14 @@ def profile_steps(llm: Any, new: int, prompt: int = 128) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     ids = [int(t) for t in rng.integers(3, llm.config.vocab_size, size=prompt)]
 
+    spans: list[tuple[str, float, float]] = []
+
     def times(n: int) -> dict[str, list[float]]:
         llm.generate([ids], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))  # warm
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             llm.generate([ids], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
             torch.cuda.synchronize()
+        spans[:] = kernel_spans(prof)
         return kernel_times(prof)
 
     one, many = times(1), times(new)
@@ -223,7 +233,37 @@ def profile_steps(llm: Any, new: int, prompt: int = 128) -> dict[str, Any]:
         "gpu_us_per_step": sum(k["us_per_step"] for k in kinds.values()),
         "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1]["us_per_step"])),
         "top_kernels": top,
+        "timeline": step_timeline(spans),
     }
+
+
+def step_timeline(spans: list[tuple[str, float, float]]) -> list[dict[str, Any]]:
+    """One decode step kernel by kernel: the launches after the middle ``sampling_step`` kernel
+    of a profiled sequence up to and including the next one (a step ends with its sampling), each
+    with its span's start relative to the step's first kernel, its span, its exclusive time
+    (``profile_kernels.exclusive_times``: the part after every earlier span ended) and the idle
+    gap before it, microseconds; ``[]`` when the sequence had fewer than two sampling kernels."""
+    ordered = sorted(spans, key=lambda s: (s[1], s[2]))
+    ends = [i for i, (name, _, _) in enumerate(ordered) if name.startswith("sampling_step")]
+    if len(ends) < 3:
+        return []
+    mid = len(ends) // 2
+    step = ordered[ends[mid - 1] + 1 : ends[mid] + 1]
+    frontier = ordered[ends[mid - 1]][2]
+    t0 = step[0][1]
+    rows = []
+    for name, start, end in step:
+        rows.append(
+            {
+                "name": name[:120],
+                "start_us": start - t0,
+                "span_us": end - start,
+                "exclusive_us": max(0.0, end - max(start, frontier)),
+                "gap_us": max(0.0, start - frontier),
+            }
+        )
+        frontier = max(frontier, end)
+    return rows
 
 
 def profile_throughput(llm: Any, requests: int, input_len: int = 128, output_len: int = 128) -> dict[str, Any]:

@@ -320,28 +320,47 @@ __device__ __forceinline__ RopeArgs rope_args_of(const int* position_ids, const 
 }
 
 #if ROTARY_DIM > 0
-// Feature d of `row` (one head of a token at `pos`) rotated and rounded to DTYPE (as the RoPE
-// plugin's output), returned as float; cos/sin from `tab` ([2][ROTARY_DIM / 2], cos then sin)
-// when given, else computed here.
-__device__ __forceinline__ float rope_load(const elem_t* row, int d, float pos, const RopeArgs& ra, const float* tab) {
+// rope_cos_sin as a call (x: cos, y: sin). The loads below run unrolled, 64 times per thread
+// for the q fragments: with the double-precision sincos inlined at each site, paged_attn_decode
+// grew from 41 KB of SASS to 160 KB and its instruction-cache misses made a batch-1 decode step
+// 26 us instead of 8 (H200, bench/results/h200-2026-12-04-session18). Kernels with one token's
+// table (rope_load_tab) have no sincos per element at all; the others call this one copy.
+__device__ __noinline__ float2 rope_cos_sin_call(float pos, float freq, float attention_scaling) {
+    float2 r;
+    rope_cos_sin(pos, freq, attention_scaling, r.x, r.y);
+    return r;
+}
+
+// Feature d of `row` (one head of a token) rotated with cos/sin (x, partner p) and rounded to
+// DTYPE (as the RoPE plugin's output), returned as float
+__device__ __forceinline__ float rope_round(int d, float x, float p, float cs, float sn) { return to_f32(from_f32(rope_feature(d, x, p, cs, sn))); }
+
+// feature d of `row` rotated with cos/sin from `tab` ([2][ROTARY_DIM / 2], cos then sin: the
+// table of the row's token, rope_table)
+__device__ __forceinline__ float rope_load_tab(const elem_t* row, int d, const float* tab) {
     const float x = to_f32(row[d]);
     if (d >= ROTARY_DIM) return x;
     const int i = rope_pair_index(d);
-    float cs, sn;
-    if (tab != nullptr) {
-        cs = tab[i];
-        sn = tab[ROPE_HALF + i];
-    } else {
-        rope_cos_sin(pos, __ldg(ra.inv_freq + i), ra.attention_scaling, cs, sn);
-    }
-    return to_f32(from_f32(rope_feature(d, x, to_f32(row[rope_partner(d)]), cs, sn)));
+    return rope_round(d, x, to_f32(row[rope_partner(d)]), tab[i], tab[ROPE_HALF + i]);
+}
+
+// feature d of `row`, a token at `pos`, rotated with cos/sin computed here
+__device__ __forceinline__ float rope_load(const elem_t* row, int d, float pos, const RopeArgs& ra) {
+    const float x = to_f32(row[d]);
+    if (d >= ROTARY_DIM) return x;
+    const int i = rope_pair_index(d);
+    const float2 c = rope_cos_sin_call(pos, __ldg(ra.inv_freq + i), ra.attention_scaling);
+    return rope_round(d, x, to_f32(row[rope_partner(d)]), c.x, c.y);
 }
 
 // tab[0..ROTARY_DIM/2) = cos, tab[ROTARY_DIM/2..ROTARY_DIM) = sin of the token at pos
 // (all threads of the CTA take part; the caller synchronises before reading)
 __device__ __forceinline__ void rope_table(float* tab, float pos, const RopeArgs& ra) {
-    for (int i = threadIdx.x; i < ROPE_HALF; i += blockDim.x)
-        rope_cos_sin(pos, __ldg(ra.inv_freq + i), ra.attention_scaling, tab[i], tab[ROPE_HALF + i]);
+    for (int i = threadIdx.x; i < ROPE_HALF; i += blockDim.x) {
+        const float2 c = rope_cos_sin_call(pos, __ldg(ra.inv_freq + i), ra.attention_scaling);
+        tab[i] = c.x;
+        tab[ROPE_HALF + i] = c.y;
+    }
 }
 #endif
 
@@ -388,7 +407,7 @@ extern "C" __global__ void __launch_bounds__(256) paged_kv_write(
         if (!kv && d < ROTARY_DIM) {  // a key chunk with rotated features
 #pragma unroll
             for (int j = 0; j < PA_VEC; ++j)
-                o.e[j] = d + j < ROTARY_DIM ? from_f32(rope_load(src - d, d + j, 0.f, ra, s_tab)) : src[j];
+                o.e[j] = d + j < ROTARY_DIM ? from_f32(rope_load_tab(src - d, d + j, s_tab)) : src[j];
         } else
 #endif
         {
@@ -439,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_simple(
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
 #if ROTARY_DIM > 0
-        qv[i] = rope_load(qrow, lane + 32 * i, qpos, ra, nullptr);
+        qv[i] = rope_load(qrow, lane + 32 * i, qpos, ra);
 #else
         qv[i] = to_f32(qrow[lane + 32 * i]);
 #endif
@@ -556,10 +575,10 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
 // Key new_key (-1: none) is read from k_new / v_new (the step's k/v rows of this KV head)
 // instead of the pool (from k_new_smem instead, a shared-memory row, when that is given: the
 // rotated key of fused RoPE). Query rows start q_stride elements apart per token; with fused
-// RoPE they are rotated as they are loaded (cos/sin from rope_tab when given: one token's
-// table, else computed per element). part_o == nullptr: write normalised rows to out; else write the unnormalised float32 output
+// RoPE they are rotated as they are loaded (ROPE_TAB: cos/sin from rope_tab, the table of the
+// rows' one token; else computed per element). part_o == nullptr: write normalised rows to out; else write the unnormalised float32 output
 // to part_o[hq * HEAD_DIM + d] and (max in log2 units, sum) to part_ml[2 * hq + {0, 1}].
-template <int WARPS_M, int WARPS_N>
+template <int WARPS_M, int WARPS_N, bool ROPE_TAB>
 __device__ __forceinline__ void attention_rows(
     const elem_t* __restrict__ q, const PoolView& pv, int q_tok0, int cached, int nrows, int R0, int G, int Hq, int h,
     int key_lo, int key_hi, int window, float scale_log2, float cap, elem_t* __restrict__ out, float* __restrict__ part_o,
@@ -604,7 +623,10 @@ __device__ __forceinline__ void attention_rows(
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const int d = q_dim(ks, hf, c);
-                qa[ks][2 * hf + i] = qrow ? pack2_elem(rope_load(qrow, d, qpos, ra, rope_tab), rope_load(qrow, d + 1, qpos, ra, rope_tab)) : 0u;
+                if constexpr (ROPE_TAB)
+                    qa[ks][2 * hf + i] = qrow ? pack2_elem(rope_load_tab(qrow, d, rope_tab), rope_load_tab(qrow, d + 1, rope_tab)) : 0u;
+                else
+                    qa[ks][2 * hf + i] = qrow ? pack2_elem(rope_load(qrow, d, qpos, ra), rope_load(qrow, d + 1, qpos, ra)) : 0u;
             }
         }
 #else
@@ -973,7 +995,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
     __shared__ __align__(16) elem_t s_knew[HEAD_DIM];
     rope_table(s_tab, (float)__ldg(ra.position_ids + q0), ra);
     __syncthreads();
-    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) s_knew[d] = d < ROTARY_DIM ? from_f32(rope_load(k_new, d, 0.f, ra, s_tab)) : k_new[d];
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) s_knew[d] = d < ROTARY_DIM ? from_f32(rope_load_tab(k_new, d, s_tab)) : k_new[d];
     __syncthreads();
     const elem_t* k_src = s_knew;
     const float* rope_tab = s_tab;
@@ -1001,7 +1023,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
         }
     }
     const PoolView pv = make_pool_view(pool, bt_row, layer, num_blocks, Hkv, h);
-    attention_rows<1, 4>(q, pv, q0, pos, G, 16 * rt, G, Hq, h, lo, hi, window, scale_log2, cap, out, po, pml, smem, pos, k_new,
+    attention_rows<1, 4, true>(q, pv, q0, pos, G, 16 * rt, G, Hq, h, lo, hi, window, scale_log2, cap, out, po, pml, smem, pos, k_new,
                          v_new, q_stride, ra, rope_tab, k_src, k_scale, v_scale);
 }
 
@@ -1058,7 +1080,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS) paged_attn_prefill(
     const int pos_min = cached + R0 / G, pos_max = cached + Rlast / G;
     const int klo = window > 0 ? imax(0, pos_min - window + 1) : 0, khi = pos_max + 1;
     const PoolView pv = make_pool_view(pool, block_tables + (long long)b * max_blocks, layer, num_blocks, Hkv, h);
-    attention_rows<4, 1>(q, pv, q0, cached, nrows, R0, G, Hkv * G, h, klo, khi, window, scale_log2, cap, out, nullptr,
+    attention_rows<4, 1, false>(q, pv, q0, cached, nrows, R0, G, Hkv * G, h, klo, khi, window, scale_log2, cap, out, nullptr,
                          nullptr, smem, -1, nullptr, nullptr, q_stride, ra, nullptr, nullptr, k_scale, v_scale);
 }
 
