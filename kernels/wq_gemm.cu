@@ -31,21 +31,23 @@
 //   every group is whole chunks, K whole chunks too, and there is no act order).
 //
 // Numerics (the contract of WeightOnlyGemmPlugin.reference, within float32 rounding):
-//   decode (trtcore_wq_gemv, tensor cores): per 16-code k-step the codes become exact 16-bit
+//   tensor cores (trtcore_wq_gemv / gemv16): per 16-code k-step the codes become exact 16-bit
 //   integers (q - z for symmetric weights, q with zero points), the products with x are exact
 //   in the mma's float32 accumulator, which sums each group segment; the segment's sum D is
 //   scaled in float32: acc += s * D (symmetric) or s * (D - z * X) with X = sum of x over the
 //   segment (a second mma against a matrix of ones), so fractional zero points stay exact.
-//   prefill (trtcore_wq_gemm, no tensor cores): w = fmaf(float(q), s, -z * s), acc += w * x.
+//   tiled (trtcore_wq_gemm, no tensor cores): w = fmaf(float(q), s, -z * s), acc += w * x.
 //   One rounding to the output type. Every sum has a fixed order: results are deterministic.
 //
 // Kernels:
 //   trtcore_wq_gemv     M <= 8:  one block per 16-row tile, its warps take the tile's chunks
-//   trtcore_wq_gemv16   M <= 16  round robin (UNROLL 16-byte loads in flight per lane, the first
-//                                ones issued before PDL_WAIT: weights are constants), the
+//   trtcore_wq_gemv16   16 rows  round robin (UNROLL 16-byte loads in flight per lane, the first
+//                       a block  ones issued before PDL_WAIT: weights are constants), the
 //                                warps' partial sums added in shared memory in warp order.
 //                                Needs DTYPE 1 or 2 and group_size a multiple of 16 (or K).
-//   trtcore_wq_gemm     any M:   64 x 64 output tiles, K in chunks of 32, the dequantized weight
+//                                gemv16: blockIdx.y is the block's slice of x (any M).
+//   trtcore_wq_gemm     any M:   (float32 x, or groups not a multiple of 16)
+//                                64 x 64 output tiles, K in chunks of 32, the dequantized weight
 //                                chunk and the activation chunk in shared memory (float32),
 //                                4 x 4 outputs per thread.
 //
@@ -1116,11 +1118,16 @@ trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const
 #endif
 }
 
+// grid (tiles, ceil(M / 16)): block (t, y) computes rows 16 y .. 16 y + 15 of x against tile t,
+// so any M runs on the tensor cores in one launch (prefill); the slices of a tile re-read its
+// codes, mostly from L2 (a 4-bit Llama-3-8B decoder linear is at most 29 MB)
 extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
 trtcore_wq_gemv16(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                   const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
                   int group_size, int cdiv, unsigned int cmagic) {
-    gemv_body<2>(x, w, scales, zeros, perm, out, M, N, K, group_size, cdiv, cmagic);
+    // one statement, a body call (tests/test_kernels.py: nothing but the body before its PDL_WAIT)
+    gemv_body<2>(x + (size_t)blockIdx.y * 16 * K, w, scales, zeros, perm, out + (size_t)blockIdx.y * 16 * N, min(16, M - (int)blockIdx.y * 16), N,
+                 K, group_size, cdiv, cmagic);
 }
 #endif  // DTYPE 1 or 2
 

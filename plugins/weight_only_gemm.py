@@ -28,11 +28,14 @@ fragments:
   columns a lane multiplies in a chunk are one contiguous run (16-byte loads of x in the decode
   kernels, instead of 4-byte ones).
 
-Kernels: float16/bfloat16 x with M (the product of x's leading dimensions) up to
-:data:`DECODE_MAX_M` and a group size that is a multiple of 16 (or K) runs the decode kernel
-on the tensor cores (one block per 16-row tile, :meth:`WeightOnlyGemmPlugin.decode_warps`
-warps sharing its K, the codes dequantized to exact 16-bit integers, the scales applied in
-float32 per group); everything else runs a tiled float32 kernel (64 x 64 outputs per block,
+Kernels: float16/bfloat16 x with a group size that is a multiple of 16 (or K) and M (the
+product of x's leading dimensions) up to :data:`DECODE_MAX_M` runs on the tensor cores (one
+block per 16-row tile of W and slice of at most 16 rows of x,
+:meth:`WeightOnlyGemmPlugin.decode_warps` warps sharing its K, the codes dequantized to exact
+16-bit integers, the scales applied in float32 per group): up to 8 rows in
+``trtcore_wq_gemv``, more in ``trtcore_wq_gemv16``, which with :data:`PREFILL_KERNEL`
+``"tensor_cores"`` takes any M (prefill) in ``ceil(M / 16)`` slices that re-read a tile's codes
+(mostly from L2). Everything else runs a tiled float32 kernel (64 x 64 outputs per block,
 dequantized weights in shared memory).
 
 The M <= 8 decode kernel has a second version (v2, ``WQ_DECODE 2`` in kernels/wq_gemm.cu),
@@ -76,6 +79,7 @@ __all__ = [
     "DECODE_VARIANT",
     "DEFAULT_DECODE",
     "GROUP_UNIT",
+    "PREFILL_KERNEL",
     "PackedWeight",
     "WeightOnlyGemmPlugin",
     "can_contiguous_x",
@@ -94,7 +98,8 @@ _INT32 = np.dtype(np.int32)
 _FLOAT32 = np.dtype(np.float32)
 _FLOAT16 = np.dtype(np.float16)
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-#: largest M of the tensor-core decode kernels (``trtcore_wq_gemv`` up to 8, ``_gemv16`` up to 16)
+#: rows of x one block of the tensor-core kernels computes (``trtcore_wq_gemv``: M up to 8 in
+#: one slice; ``_gemv16``: slices of 16 rows, ``ceil(M / 16)`` of them in the launch's grid)
 DECODE_MAX_M = 16
 #: rows per tile (the mma's M)
 TILE_ROWS = 16
@@ -140,6 +145,16 @@ DEFAULT_DECODE: dict[int, dict[str, int]] = {
     4: {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1},
     8: {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2},
 }
+#: the kernel of float16/bfloat16 x with more than :data:`DECODE_MAX_M` rows (prefill):
+#: ``"tiled"`` (the default: ``trtcore_wq_gemm``, float32 FMAs, no tensor cores) or
+#: ``"tensor_cores"`` (``trtcore_wq_gemv16`` with ``ceil(M / 16)`` slices of 16 rows in its grid;
+#: ``TRTCORE_WQ_PREFILL=tensor_cores``, read at import). Opt-in until its GPU tests and
+#: bench/bench_wq_prefill.py have run on the H200: written in the eighteenth session, whose
+#: device time ran out first (bench/results/h200-2026-12-04-session18).
+PREFILL_KERNEL: str = os.environ.get("TRTCORE_WQ_PREFILL", "tiled")
+if PREFILL_KERNEL not in ("tiled", "tensor_cores"):
+    warnings.warn(f"TRTCORE_WQ_PREFILL={PREFILL_KERNEL!r} ignored: expected 'tiled' or 'tensor_cores'", stacklevel=1)
+    PREFILL_KERNEL = "tiled"
 #: whether :func:`pack_weight` stores weights in :func:`contiguous_x_order` where
 #: :func:`can_contiguous_x` allows it (the default; ``TRTCORE_WQ_CONTIGUOUS_X=0``, read at
 #: import, keeps the natural order). Measured on the H200 at M = 1 with the default decode
@@ -547,10 +562,13 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         return d
 
     def uses_tensor_cores(self, dtype: Any, m: int) -> bool:
-        """Whether ``m`` rows of ``dtype`` run the tensor-core decode kernel (float16/bfloat16,
-        ``m <= DECODE_MAX_M``, group size a multiple of 16 or K); else the tiled kernel."""
+        """Whether ``m`` rows of ``dtype`` run the tensor-core kernels (float16/bfloat16, a
+        group size that is a multiple of 16 or K, and ``m <= DECODE_MAX_M``, or any ``m`` with
+        :data:`PREFILL_KERNEL` ``"tensor_cores"``: ``trtcore_wq_gemv16`` in slices of 16 rows);
+        else the tiled float32 kernel."""
         g = self.group_size
-        return np.dtype(dtype) in (_FLOAT16, _BFLOAT16) and 0 < m <= DECODE_MAX_M and (g % 16 == 0 or g == self.in_features)
+        rows_ok = 0 < m <= DECODE_MAX_M or (m > 0 and PREFILL_KERNEL == "tensor_cores")
+        return np.dtype(dtype) in (_FLOAT16, _BFLOAT16) and rows_ok and (g % 16 == 0 or g == self.in_features)
 
     def chunks_per_group(self) -> int:
         """Whole chunks per group (0 when groups do not cover whole chunks): the decode
@@ -648,7 +666,10 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             rings = warps * variant.get("ASYNC", 0) * variant.get("ASLOT", 0)  # bytes of the cp.async rings
             if variant:
                 defines = tuple(sorted({**dict(defines), **variant}.items()))
-            _launch(defines, name, (-(-n // (TILE_ROWS * rt)),), (32 * warps,), args, stream, shared_mem=rings)
+            slices = 1 if m <= 8 else -(-m // DECODE_MAX_M)  # gemv16: blockIdx.y is a slice of 16 rows
+            if slices > 65535:
+                raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the decode kernel's grid (at most {65535 * DECODE_MAX_M})")
+            _launch(defines, name, (-(-n // (TILE_ROWS * rt)), slices), (32 * warps,), args, stream, shared_mem=rings)
             return
         if -(-m // _BM) > 65535:
             raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the tiled kernel's grid (at most {65535 * _BM})")

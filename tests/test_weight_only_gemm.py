@@ -661,6 +661,7 @@ def test_network_with_the_plugin_compiles_on_the_cuda_backend(rng: np.random.Gen
     assert any(node.op == "plugin" for node in plan.graph.nodes)
     plugin = WeightOnlyGemmPlugin.from_quantized(qw)[0]
     assert plugin.decode_warps() == 16 and plugin.uses_tensor_cores(BF16, 16) and not plugin.uses_tensor_cores(BF16, 17)
+    assert not plugin.uses_tensor_cores(np.dtype(np.float32), 1)
     assert plugin.workspace_size([((64, 2048), BF16)], [((64, 256), BF16)]) == 0
 
 
@@ -687,15 +688,32 @@ def test_reference_dequantizes_once_per_constants(rng: np.random.Generator, monk
     assert clone == plugin and "_from_constants" not in clone.__dict__
 
 
-@pytest.mark.parametrize(("m", "offset", "align"), [(1, 2, 4), (12, 6, 4), (17, 8, 16), (64, 4, 16)])
-def test_misaligned_x_is_refused_before_a_launch(m: int, offset: int, align: int, rng: np.random.Generator) -> None:
-    """An x address the kernel's loads cannot take (decode kernels: 4-byte loads; the tiled
-    kernel: 16-byte ones) is a PluginError naming it, raised before any launch (no GPU needed):
-    a launch would fault and take the CUDA context with it."""
+@pytest.mark.parametrize(
+    ("m", "offset", "align", "dtype", "prefill"),
+    [
+        (1, 2, 4, BF16, "tiled"),
+        (12, 6, 4, BF16, "tiled"),
+        (17, 8, 16, BF16, "tiled"),
+        (64, 4, 16, BF16, "tiled"),
+        (17, 2, 4, BF16, "tensor_cores"),
+        (4096, 6, 4, BF16, "tensor_cores"),
+        (3, 8, 16, np.dtype(np.float32), "tensor_cores"),
+    ],
+    ids=str,
+)
+def test_misaligned_x_is_refused_before_a_launch(
+    m: int, offset: int, align: int, dtype: np.dtype, prefill: str, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An x address the kernel's loads cannot take (the tensor-core kernels: 4-byte loads, M up
+    to 16 or any M with PREFILL_KERNEL "tensor_cores"; the tiled kernel, float32 x or more rows:
+    16-byte ones) is a PluginError naming it, raised before any launch (no GPU needed): a
+    launch would fault and take the CUDA context with it."""
+    from trtcore.plugins import weight_only_gemm as wog
     from trtcore.plugins.base import DeviceTensor
 
+    monkeypatch.setattr(wog, "PREFILL_KERNEL", prefill)
     qw = random_qw(rng, 32, 128, 4, 64, "none", False)
     plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
-    ins = [DeviceTensor(0x10000 + offset, (m, 128), BF16)] + [DeviceTensor(0x20000, a.shape, a.dtype) for a in packed.arrays()]
+    ins = [DeviceTensor(0x10000 + offset, (m, 128), dtype)] + [DeviceTensor(0x20000, a.shape, a.dtype) for a in packed.arrays()]
     with pytest.raises(PluginError, match=rf"x at address 0x{0x10000 + offset:x} is not {align}-byte aligned, as the kernel for M={m} needs"):
-        plugin.enqueue(ins, [DeviceTensor(0x30000, (m, 32), BF16)], 0, 0)
+        plugin.enqueue(ins, [DeviceTensor(0x30000, (m, 32), dtype)], 0, 0)

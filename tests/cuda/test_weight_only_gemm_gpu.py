@@ -4,7 +4,8 @@ the GPU (marker ``gpu``; skipped with the reason without CuPy or a GPU).
 Every variant (int4 group 32/64/128 and int8 per channel / group 64 / group 8, symmetric,
 integer and fractional zero points, act-order permutation; float16 and bfloat16) at M in
 {1, 4, 9, 16, 17, 64} (up to 16: the tensor-core decode kernels, 8 and 16 columns, except group
-8, which runs the tiled kernel; 17 and 64: the tiled kernel),
+8, which runs the tiled kernel; 17 and 64: the tiled kernel, and with ``PREFILL_KERNEL``
+"tensor_cores" the 16-row kernel in 2 and 4 slices of its grid),
 through :func:`trtcore.testing.check_plugin`, which poisons the output with NaN before each of
 two runs and requires bit-identical results. Tolerance: the reference is float64 rounded once;
 the kernels accumulate in float32 over K terms, so one output ulp at ``max|y|`` (the default)
@@ -71,10 +72,11 @@ def _qw(rng: np.random.Generator, n: int, k: int, bits: int, gs: int, zeros: str
     )
 
 
-@pytest.mark.parametrize("m", [1, 4, 9, 16, 17, 64])
+@pytest.mark.parametrize(("m", "prefill"), [(1, "tiled"), (4, "tiled"), (9, "tiled"), (16, "tiled"), (17, "tiled"), (64, "tiled"), (17, "tensor_cores"), (64, "tensor_cores")])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_kernel_matches_reference(case: tuple, dtype: np.dtype, m: int) -> None:
+def test_kernel_matches_reference(case: tuple, dtype: np.dtype, m: int, prefill: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wog, "PREFILL_KERNEL", prefill)
     rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), m)).encode()))
     qw = _qw(rng, *case)
     plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
@@ -240,11 +242,14 @@ def test_k_order_matches_reference(case: tuple, dtype: np.dtype, contiguous: boo
 
 @pytest.mark.parametrize("offset", [4, 8])
 @pytest.mark.parametrize("case", [(40, 4096, 4, 128, "none"), (300, 2048, 8, 64, "frac"), (512, 1024, 8, 0, "none")], ids=str)
-def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int) -> None:
+def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A contiguous-x weight and an x view ``offset`` bytes past 16-byte alignment (a slice of a
     bigger tensor): the plugin runs v1 for M <= 8 (its 4-byte x loads need 4-byte alignment only,
-    v2's 16-byte ones would fault) and the M <= 16 kernel, and their outputs equal the reference
-    of that x; M = 17 (the tiled kernel's 16-byte x loads) is refused before any launch."""
+    v2's 16-byte ones would fault) and the 16-row kernel above (M = 12 one slice; with
+    ``PREFILL_KERNEL`` "tensor_cores" M = 17 and 40 in two and three), and their outputs equal
+    the reference of that x; a float32 x (the tiled kernel's 16-byte x loads) is refused before
+    any launch."""
+    monkeypatch.setattr(wog, "PREFILL_KERNEL", "tensor_cores")
     import cupy as cp
 
     from trtcore.plugins.base import DeviceTensor
@@ -254,18 +259,18 @@ def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int) -> None:
     packed = wog.pack_weight(qw, contiguous_x=True)
     n, k = qw.shape
     plugin = WeightOnlyGemmPlugin(k, n, qw.bits, qw.group_size, qw.zeros is not None, False, True)
-    dtype = np.dtype(ml_dtypes.bfloat16)
+    bf16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)
     consts = [cp.asarray(a) for a in packed.arrays()]
-    for m in (1, 3, 12, 17):
+    for m, dtype in ((1, bf16), (3, bf16), (12, bf16), (17, bf16), (40, bf16), (3, f32)):
         x = rng.standard_normal((m, k)).astype(dtype)
-        buf = cp.zeros(m * k * 2 + 64, cp.uint8)
+        buf = cp.zeros(m * k * dtype.itemsize + 64, cp.uint8)
         base_ptr = int(buf.data.ptr)
         start = (-base_ptr) % 16 + offset  # 16-byte aligned, then offset bytes on
         buf[start : start + x.nbytes] = cp.asarray(x.view(np.uint8).reshape(-1))
         out = cp.full((m, n), 0xFFFF, cp.uint16)  # NaN
         ins = [DeviceTensor(base_ptr + start, (m, k), dtype)] + [DeviceTensor(int(a.data.ptr), a.shape, a.dtype) for a in consts]
         outs = [DeviceTensor(int(out.data.ptr), (m, n), dtype)]
-        if m > 16:
+        if dtype == f32:
             with pytest.raises(wog.PluginError, match="not 16-byte aligned"):
                 plugin.enqueue(ins, outs, 0, int(cp.cuda.get_current_stream().ptr))
             continue
