@@ -186,6 +186,30 @@ def test_generate_refuses_an_empty_prompt_before_building(tmp_path: Path) -> Non
     assert proc.returncode == 2 and proc.stderr.startswith("trtcore: error: PROMPT is empty"), proc.stderr
 
 
+def test_generate_reads_the_prompt_from_stdin_with_a_dash(model: Path) -> None:
+    """``trtcore generate -`` takes the prompt from standard input (``echo``'s newline dropped)
+    and streams as with the same text given as the argument; no PROMPT with piped input runs
+    the default prompt and says on stderr how to read it; an empty input is refused."""
+    given = _cli("generate", "the theory of", "--model", str(model), "--max-tokens", "6", "--json")
+    piped = subprocess.run(
+        [sys.executable, "-m", "trtcore.cli", "generate", "-", "--model", str(model), "--max-tokens", "6", "--json"],
+        input="the theory of\n", capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["token_ids"] == json.loads(given.stdout)["token_ids"]
+    assert json.loads(piped.stdout)["prompt"] == "the theory of"
+    default = subprocess.run(
+        [sys.executable, "-m", "trtcore.cli", "generate", "--model", str(model), "--max-tokens", "2", "--json"],
+        input="ignored", capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert default.returncode == 0 and json.loads(default.stdout)["prompt"] == "Once upon a time", default.stderr
+    assert "give '-' to read the prompt from standard input" in default.stderr
+    empty = subprocess.run(
+        [sys.executable, "-m", "trtcore.cli", "generate", "-", "--model", str(model)], input="", capture_output=True, text=True, timeout=300
+    )
+    assert empty.returncode == 2 and "PROMPT is empty" in empty.stderr, empty.stderr
+
+
 def test_generate_kv_cache_memory_reaches_the_pool(model: Path) -> None:
     """``generate --kv-cache-memory`` (serve had it, generate did not): a budget below one block
     is refused naming the bytes and what a block takes; one that holds the sequence runs."""
@@ -268,6 +292,28 @@ def test_check_verdict_with_fp8_activations_is_the_greedy_tokens(
         assert f"step {d['step']}: trtcore 7 vs transformers 9 (transformers' margin {d['margin']:.3g}, logit difference 0.3: " + (
             "a near-tie)" if d["near_tie"] else "not a near-tie)"
         ) in out
+
+
+@pytest.mark.parametrize(("fp8", "diverged"), [(True, True), (True, False), (False, True)])
+def test_check_bisect_notes_fp8_activations_at_a_divergence(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fp8: bool, diverged: bool
+) -> None:
+    """check --bisect on a checkpoint with FP8 activations: a divergence still exits 1 (a module
+    left the tolerance), and the note says why that need not be a fault and where the verdict is;
+    no note without a divergence or without FP8 activations."""
+    from trtcore import check, cli
+
+    status = check.FIRST_DIVERGENCE if diverged else check.OK
+    modules = (check.ModuleError("model.layers.0.mlp", "model.layers.0.mlp.down_proj", 3e-3 if diverged else 1e-6, status),)
+    report = check.CompareReport("LlamaForCausalLM", 3, 1e-4, modules, fp8)
+    monkeypatch.setattr(check, "compare", lambda *a, **k: report)
+    monkeypatch.setattr(cli, "_model_dir", lambda m: m)
+    assert cli.main(["check", "--bisect", "--model", "x", "--prompt", "hi"]) == (1 if diverged else 0)
+    out = capsys.readouterr().out
+    assert ("first divergence: model.layers.0.mlp" in out) == diverged
+    assert ("FP8 activations" in out) == (fp8 and diverged)
+    if fp8 and diverged:
+        assert "without --bisect gives the verdict" in out
 
 
 def test_greedy_close_is_one_flipped_near_tie() -> None:

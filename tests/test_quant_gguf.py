@@ -97,7 +97,8 @@ def test_checkpoint_of_every_type(tmp_path: Path) -> None:
 def test_convert_keep_quantized_runs_from_the_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``trtcore convert --gguf --keep-quantized``: the kept tensors are the GGUF file's own
     blocks (q/k rows un-permuted as bytes), config.json names them; greedy tokens from the
-    blocks equal transformers running gguf-py's dequantization of the same blocks."""
+    blocks equal transformers running gguf-py's dequantization of the same blocks; ``trtcore
+    check`` runs the folder (transformers on the same dequantized weights) and agrees."""
     from hf_models import hf_greedy, load_hf
     from test_gguf import write_synthetic_gguf
 
@@ -160,3 +161,18 @@ def test_convert_keep_quantized_runs_from_the_blocks(tmp_path: Path, monkeypatch
     [res] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     expected, _ = hf_greedy(load_hf(ref_dir), prompt, 12)
     assert res.outputs[0].token_ids == expected
+
+    # trtcore check on the kept blocks: transformers cannot read them, so check runs them as
+    # their dequantized float weights -- the same weights as gguf-py's dequantization above
+    import torch
+
+    from trtcore import check
+
+    torch_, auto_model = check._transformers()
+    hf_kept = check._load_hf(auto_model, torch_, out).state_dict()
+    hf_ref = load_hf(ref_dir, "float32").state_dict()
+    assert sorted(hf_kept) == sorted(hf_ref)
+    for name, w in hf_ref.items():
+        torch.testing.assert_close(hf_kept[name], w, rtol=2e-6, atol=1e-7 * float(w.abs().max()), msg=name)
+    report = check.compare_with_transformers(out, prompt)
+    assert report["max_rel_error"] < 1e-4 and report["greedy_equal"], report

@@ -54,15 +54,20 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
     weights), the form transformers runs on the CPU; an FP8 one (``float-quantized``) as it
     is, so that its linears quantize their inputs (static ``input_scale`` or dynamic) too, with
     the per-tensor scales of each packed module (q/k/v, gate/up) made one, the largest, as
-    trtcore and vLLM run them (:func:`share_hf_fp8_scales`).
+    trtcore and vLLM run them (:func:`share_hf_fp8_scales`). GGUF blocks kept by ``trtcore
+    convert --gguf --keep-quantized`` (trtcore's own ``quant_method: "gguf"``, which
+    transformers cannot read) run as their dequantized float weights (:func:`_load_hf_gguf`).
 
     Raises:
-        TrtcoreError: the checkpoint needs a package that is not installed (named)."""
+        TrtcoreError: the checkpoint needs a package that is not installed (named).
+        CheckpointError: transformers cannot load the checkpoint."""
     kwargs: dict[str, Any] = {}
     try:
         quant = json.loads((Path(folder) / "config.json").read_text()).get("quantization_config") or {}
     except (OSError, ValueError):
         quant = {}  # transformers says what is wrong with the folder
+    if quant.get("quant_method") == "gguf":
+        return _load_hf_gguf(auto_model, torch, folder)
     # FP8 (float-quantized) is read as it is: transformers then fake-quantizes each linear's
     # input as trtcore does; decompressed it would run float inputs and ignore input_scale
     if quant.get("quant_method") == "compressed-tensors" and quant.get("format") != "float-quantized":
@@ -84,6 +89,42 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
                 + (f" (its load report: {cause})" if cause else "")
             ) from exc
     share_hf_fp8_scales(model, torch)
+    return model.eval()
+
+
+def _load_hf_gguf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
+    """transformers' float32 model (eager attention, eval mode) of a folder of kept GGUF blocks,
+    its quantized linears as :meth:`QuantizedWeight.dequantize` gives them (float64, rounded
+    once to float32; tested against gguf-py and llama.cpp's formulas in tests/test_quant_gguf.py):
+    what the weight-only plugin computes with, so check compares the network, not the format.
+
+    Raises:
+        CheckpointError: the config or the tensors do not make the model (named)."""
+    from transformers import AutoConfig
+
+    from .checkpoint import Checkpoint
+    from .quant_formats import quantized_weights
+
+    with _transformers_quiet():
+        try:
+            config = AutoConfig.from_pretrained(str(folder))
+            if hasattr(config, "quantization_config"):  # the float model; its weights come below
+                del config.quantization_config
+            model = auto_model.from_config(config, torch_dtype=torch.float32, attn_implementation="eager")
+        except Exception as exc:
+            raise CheckpointError(f"transformers cannot make the model of {folder}, so there is nothing to compare with: {_first_line(exc)}") from exc
+    raw = json.loads((Path(folder) / "config.json").read_text())
+    state = {}
+    with Checkpoint(folder) as ck:
+        weights = quantized_weights(ck, raw.get("quantization_config"))
+        for name in weights:
+            a = weights.quantized(name).dequantize() if weights.is_quantized(name) else weights.get(name)
+            state[name] = torch.from_numpy(np.asarray(a, np.float32).copy())
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    missing = [m for m in missing if not (m == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
+    if missing or unexpected:
+        raise CheckpointError(f"{folder}: transformers' {type(model).__name__} misses {missing[:4]} and does not know {unexpected[:4]}")
     return model.eval()
 
 
@@ -392,12 +433,15 @@ class CompareReport:
         num_tokens: prompt length (the tokens of the prefill compared).
         tolerance: the relative L2 error allowed per module.
         modules: one :class:`ModuleError` per point, in forward order.
+        fp8_activations: the checkpoint quantizes activations to FP8 (E4M3), where a last-bit
+            float32 difference can move a code by a 1/16 step: a divergence need not be a fault.
     """
 
     architecture: str
     num_tokens: int
     tolerance: float
     modules: tuple[ModuleError, ...]
+    fp8_activations: bool = False
 
     @property
     def first_divergence(self) -> ModuleError | None:
@@ -544,4 +588,4 @@ def compare(
         status = OK if err <= tolerance else (BEYOND if diverged else FIRST_DIVERGENCE)
         diverged = diverged or status != OK
         rows.append(ModuleError(p.hf_module, p.tensor, err, status))
-    return CompareReport(llm.config.architecture, len(ids), float(tolerance), tuple(rows))
+    return CompareReport(llm.config.architecture, len(ids), float(tolerance), tuple(rows), _quantizes_activations(llm))
