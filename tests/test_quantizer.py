@@ -204,11 +204,12 @@ def test_transformers_reads_the_written_checkpoint(tmp_path: Path, bits: int, gr
     pytest.importorskip("compressed_tensors")
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    from trtcore.check import decompressing_config
 
     src = _tiny(tmp_path)
     out = quantize_checkpoint(src, tmp_path / "q", bits=bits, group_size=group_size, symmetric=symmetric)
-    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False))
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, quantization_config=decompressing_config())
     state = model.state_dict()
     original = load_file(str(src / "model.safetensors"))
     linears = [n for n in original if n.removesuffix(".weight").rsplit(".", 1)[-1] in LINEARS]

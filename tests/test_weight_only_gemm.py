@@ -642,8 +642,12 @@ def test_unknown_implementation_is_refused(rng: np.random.Generator) -> None:
         net.run()
 
 
-def test_network_with_the_plugin_compiles_on_the_cuda_backend(rng: np.random.Generator) -> None:
-    """Host only: the cuda backend plans the plugin like any other (workspace included)."""
+def test_network_with_the_plugin_compiles_on_the_cuda_backend(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host only: the cuda backend plans the plugin like any other (workspace included); with
+    the default PREFILL_KERNEL (pinned: TRTCORE_WQ_PREFILL may be set) 17 rows take the tiled kernel."""
+    from trtcore.plugins import weight_only_gemm as wog
+
+    monkeypatch.setattr(wog, "PREFILL_KERNEL", "tiled")
     import sys
     from pathlib import Path
 

@@ -47,10 +47,22 @@ def _transformers() -> tuple[Any, Any]:
     return torch, AutoModelForCausalLM
 
 
+def decompressing_config() -> Any:
+    """The ``CompressedTensorsConfig`` that has transformers read a compressed-tensors checkpoint
+    as float weights (its packed ints dequantized at load): ``dequantize=True`` where this
+    transformers has the argument (5.25 does, and warns that ``run_compressed`` is deprecated),
+    else ``run_compressed=False``, its older name."""
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    if "dequantize" in inspect.signature(CompressedTensorsConfig.__init__).parameters:
+        return CompressedTensorsConfig(dequantize=True)
+    return CompressedTensorsConfig(run_compressed=False)
+
+
 def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
     """transformers' float32 model of ``folder`` with eager attention, in eval mode. A
     compressed-tensors checkpoint (what ``trtcore quantize`` writes) is read decompressed
-    (``CompressedTensorsConfig(run_compressed=False)``: its packed int weights as float
+    (:func:`decompressing_config`: its packed int weights as float
     weights), the form transformers runs on the CPU; an FP8 one (``float-quantized``) as it
     is, so that its linears quantize their inputs (static ``input_scale`` or dynamic) too, with
     the per-tensor scales of each packed module (q/k/v, gate/up) made one, the largest, as
@@ -71,9 +83,7 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
     # FP8 (float-quantized) is read as it is: transformers then fake-quantizes each linear's
     # input as trtcore does; decompressed it would run float inputs and ignore input_scale
     if quant.get("quant_method") == "compressed-tensors" and quant.get("format") != "float-quantized":
-        from transformers.utils.quantization_config import CompressedTensorsConfig
-
-        kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
+        kwargs["quantization_config"] = decompressing_config()
     with _transformers_quiet() as report:
         try:
             model = auto_model.from_pretrained(
@@ -110,19 +120,27 @@ def _load_hf_gguf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
             config = AutoConfig.from_pretrained(str(folder))
             if hasattr(config, "quantization_config"):  # the float model; its weights come below
                 del config.quantization_config
-            model = auto_model.from_config(config, torch_dtype=torch.float32, attn_implementation="eager")
+            model = auto_model.from_config(config, dtype=torch.float32, attn_implementation="eager")
         except Exception as exc:
             raise CheckpointError(f"transformers cannot make the model of {folder}, so there is nothing to compare with: {_first_line(exc)}") from exc
     raw = json.loads((Path(folder) / "config.json").read_text())
-    state = {}
-    with Checkpoint(folder) as ck:
+    target = model.state_dict()  # the model's own tensors: each weight is copied in as it is read
+    unexpected = []
+    with Checkpoint(folder) as ck, torch.no_grad():
         weights = quantized_weights(ck, raw.get("quantization_config"))
         for name in weights:
+            if name not in target:
+                unexpected.append(name)
+                continue
             a = weights.quantized(name).dequantize() if weights.is_quantized(name) else weights.get(name)
-            state[name] = torch.from_numpy(np.asarray(a, np.float32).copy())
-    missing, unexpected = model.load_state_dict(state, strict=False)
+            t = torch.from_numpy(np.asarray(a, np.float32))
+            if tuple(t.shape) != tuple(target[name].shape):
+                raise CheckpointError(f"{folder}: {name} is {tuple(t.shape)}, transformers' {type(model).__name__} wants {tuple(target[name].shape)}")
+            target[name].copy_(t)
+        given = set(weights)
     model.tie_weights()
-    missing = [m for m in missing if not (m == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
+    tied = getattr(config, "tie_word_embeddings", False)
+    missing = [n for n in target if n not in given and not (n == "lm_head.weight" and tied)]
     if missing or unexpected:
         raise CheckpointError(f"{folder}: transformers' {type(model).__name__} misses {missing[:4]} and does not know {unexpected[:4]}")
     return model.eval()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import stat
 import sys
 import time
 import warnings
@@ -263,15 +265,17 @@ def _runtime_choices(args: argparse.Namespace) -> dict[str, Any]:
 def _read_prompt(prompt: str | None) -> str:
     """generate's prompt: the argument; all of standard input for ``-`` (one trailing newline
     dropped, as ``echo`` adds it); :data:`DEFAULT_PROMPT` for none, with a note on stderr when
-    input is piped (it is read only with ``-``: an open pipe with nothing in it would block).
+    input is a pipe or a redirected file (it is read only with ``-``: an open pipe with nothing
+    in it would block).
 
     Raises:
         InvalidRequestError: ``-`` and standard input cannot be read."""
     if prompt is None:
-        try:
-            piped = sys.stdin is not None and not sys.stdin.isatty()
-        except (OSError, ValueError):  # a closed input
-            piped = False
+        try:  # a pipe or a redirected file; not a terminal, /dev/null or a closed input
+            mode = os.fstat(sys.stdin.fileno()).st_mode if sys.stdin is not None else 0
+        except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
+            mode = 0
+        piped = stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
         if piped:
             print(f"trtcore: no PROMPT given, so {DEFAULT_PROMPT!r}; give '-' to read the prompt from standard input", file=sys.stderr)
         return DEFAULT_PROMPT

@@ -80,6 +80,8 @@ def test_kernel_matches_reference(case: tuple, dtype: np.dtype, m: int, prefill:
     rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), m)).encode()))
     qw = _qw(rng, *case)
     plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    gs = case[3] or case[1]
+    assert plugin.uses_tensor_cores(dtype, m) == ((m <= 16 or prefill == "tensor_cores") and (gs % 16 == 0 or gs == case[1]))
     k = qw.shape[1]
     specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
     rtol = default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24
