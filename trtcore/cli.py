@@ -191,6 +191,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--method",
         default="rtn",
+        type=str.lower,  # as --quantization: RTN is rtn
         choices=["rtn", "awq", "fp8"],
         help="rtn: round to nearest; awq: activation-aware scales from calibration text, then RTN; "
         "fp8: E4M3 weights and activations (compressed-tensors float-quantized)",
