@@ -243,27 +243,19 @@ def step_timeline(spans: list[tuple[str, float, float]]) -> list[dict[str, Any]]
     with its span's start relative to the step's first kernel, its span, its exclusive time
     (``profile_kernels.exclusive_times``: the part after every earlier span ended) and the idle
     gap before it, microseconds; ``[]`` when the sequence had fewer than two sampling kernels."""
+    from profile_kernels import exclusive_walk
+
     ordered = sorted(spans, key=lambda s: (s[1], s[2]))
     ends = [i for i, (name, _, _) in enumerate(ordered) if name.startswith("sampling_step")]
     if len(ends) < 3:
         return []
     mid = len(ends) // 2
     step = ordered[ends[mid - 1] + 1 : ends[mid] + 1]
-    frontier = ordered[ends[mid - 1]][2]
     t0 = step[0][1]
-    rows = []
-    for name, start, end in step:
-        rows.append(
-            {
-                "name": name[:120],
-                "start_us": start - t0,
-                "span_us": end - start,
-                "exclusive_us": max(0.0, end - max(start, frontier)),
-                "gap_us": max(0.0, start - frontier),
-            }
-        )
-        frontier = max(frontier, end)
-    return rows
+    return [
+        {"name": name[:120], "start_us": start - t0, "span_us": end - start, "exclusive_us": exclusive, "gap_us": gap}
+        for name, start, end, exclusive, gap in exclusive_walk(step, frontier=ordered[ends[mid - 1]][2])
+    ]
 
 
 def profile_throughput(llm: Any, requests: int, input_len: int = 128, output_len: int = 128) -> dict[str, Any]:

@@ -75,11 +75,20 @@ def exclusive_times(spans: list[tuple[str, float, float]]) -> dict[str, list[flo
     exclusive times partition the busy time (one stream: spans in start order). A kernel wholly
     inside an earlier span gets 0."""
     out: dict[str, list[float]] = {}
-    frontier = float("-inf")
-    for name, start, end in sorted(spans, key=lambda s: (s[1], s[2])):
-        out.setdefault(name, []).append(max(0.0, end - max(start, frontier)) / 1e3)
-        frontier = max(frontier, end)
+    for name, _, _, exclusive, _ in exclusive_walk(spans):
+        out.setdefault(name, []).append(exclusive / 1e3)
     return out
+
+
+def exclusive_walk(spans: list[tuple[str, float, float]], frontier: float = float("-inf")) -> list[tuple[str, float, float, float, float]]:
+    """``spans`` in start order as ``(name, start, end, exclusive, gap)``, microseconds: the part
+    of each span after every earlier span (and ``frontier``, the end of what came before) ended,
+    and the idle time before it (:func:`exclusive_times`)."""
+    rows = []
+    for name, start, end in sorted(spans, key=lambda s: (s[1], s[2])):
+        rows.append((name, start, end, max(0.0, end - max(start, frontier)), max(0.0, start - frontier)))
+        frontier = max(frontier, end)
+    return rows
 
 
 def kernel_times(prof: Any) -> dict[str, list[float]]:

@@ -29,6 +29,9 @@ __all__ = ["ENV_CACHE", "cache_dir", "private_dir", "private_name", "remove_stal
 
 #: the environment variable that moves the cache
 ENV_CACHE = "TRTCORE_CACHE"
+#: the file a completed cache folder holds (trtcore.default_model writes it: what the folder was
+#: made from); a copy of such a folder must not take it along (trtcore.quantizer)
+COMPLETE_MARKER = ".trtcore-complete.json"
 
 # private folders; ".partial-" is trtcore.gguf_convert's own staging beside its output
 _PRIVATE = re.compile(r"^\.(?P<label>.+)\.(?:staging|partial)-(?P<pid>\d+)-[0-9a-f]{8}$")

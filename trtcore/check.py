@@ -79,7 +79,7 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
     except (OSError, ValueError):
         quant = {}  # transformers says what is wrong with the folder
     if quant.get("quant_method") == "gguf":
-        return _load_hf_gguf(auto_model, torch, folder)
+        return _load_hf_gguf(auto_model, torch, folder, quant)
     # FP8 (float-quantized) is read as it is: transformers then fake-quantizes each linear's
     # input as trtcore does; decompressed it would run float inputs and ignore input_scale
     if quant.get("quant_method") == "compressed-tensors" and quant.get("format") != "float-quantized":
@@ -102,8 +102,9 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
     return model.eval()
 
 
-def _load_hf_gguf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
-    """transformers' float32 model (eager attention, eval mode) of a folder of kept GGUF blocks,
+def _load_hf_gguf(auto_model: Any, torch: Any, folder: str | Path, quantization_config: dict[str, Any]) -> Any:
+    """transformers' float32 model (eager attention, eval mode) of a folder of kept GGUF blocks
+    (``quantization_config``: its config.json's),
     its quantized linears as :meth:`QuantizedWeight.dequantize` gives them (float64, rounded
     once to float32; tested against gguf-py and llama.cpp's formulas in tests/test_quant_gguf.py):
     what the weight-only plugin computes with, so check compares the network, not the format.
@@ -123,11 +124,10 @@ def _load_hf_gguf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
             model = auto_model.from_config(config, dtype=torch.float32, attn_implementation="eager")
         except Exception as exc:
             raise CheckpointError(f"transformers cannot make the model of {folder}, so there is nothing to compare with: {_first_line(exc)}") from exc
-    raw = json.loads((Path(folder) / "config.json").read_text())
     target = model.state_dict()  # the model's own tensors: each weight is copied in as it is read
     unexpected = []
     with Checkpoint(folder) as ck, torch.no_grad():
-        weights = quantized_weights(ck, raw.get("quantization_config"))
+        weights = quantized_weights(ck, quantization_config)
         for name in weights:
             if name not in target:
                 unexpected.append(name)

