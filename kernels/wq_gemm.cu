@@ -38,6 +38,8 @@
 //   segment (a second mma against a matrix of ones), so fractional zero points stay exact.
 //   tiled (trtcore_wq_gemm, no tensor cores): w = fmaf(float(q), s, -z * s), acc += w * x.
 //   One rounding to the output type. Every sum has a fixed order: results are deterministic.
+//   dequantize (prefill on cuBLAS): w = (q - z) * s in float32, rounded once to x's dtype (the
+//   one extra rounding of this path), then float32 accumulation in cuBLASLt.
 //
 // Kernels:
 //   trtcore_wq_gemv     M <= 8:  one block per 16-row tile, its warps take the tile's chunks
@@ -46,6 +48,10 @@
 //                                warps' partial sums added in shared memory in warp order.
 //                                Needs DTYPE 1 or 2 and group_size a multiple of 16 (or K).
 //                                gemv16: blockIdx.y is the block's slice of x (any M).
+//   trtcore_wq_dequantize        the default above 16 rows of float16 / bfloat16 x (prefill):
+//   trtcore_wq_gather_x          a block of rows of W dequantized to x's dtype, then cuBLASLt's
+//                                GEMM (section "prefill on cuBLAS", at the end); act order
+//                                gathers x into the stored column order first.
 //   trtcore_wq_gemm     any M:   (float32 x, or groups not a multiple of 16)
 //                                64 x 64 output tiles, K in chunks of 32, the dequantized weight
 //                                chunk and the activation chunk in shared memory (float32),
@@ -1217,3 +1223,96 @@ trtcore_wq_gemm(const elem_t* __restrict__ x, const unsigned int* __restrict__ w
         }
     }
 }
+
+// ---- prefill on cuBLAS: the weight dequantized in blocks of rows --------------------------------
+// The plugin's default above 16 rows of float16 / bfloat16 x: trtcore_wq_dequantize writes a
+// block of rows of W in x's dtype into the workspace, cuBLASLt multiplies x by it on the tensor
+// cores (trtcore.cuda.cublaslt.LinearMatmul), block after block; with HAS_PERM
+// trtcore_wq_gather_x first permutes x's columns into the stored order, so the GEMM runs on the
+// stored columns as the kernels above do.
+
+#if DTYPE == 1 || DTYPE == 2
+// eight float32 values rounded to elem_t, as one 16-byte store (dst 16-byte aligned)
+__device__ __forceinline__ void store8(elem_t* __restrict__ dst, const float* v) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
+}
+
+// w16[r, k] = (q[n0 + r, k] - z) * s rounded once to elem_t, r < rows (n0 a multiple of 16, so
+// the block is whole tiles), k < K the weight's column (the stored column with HAS_PERM). One
+// thread per 16-byte vector of the layout (tile, chunk, lane; a warp one tile's chunk, 512
+// contiguous bytes): its codes are rows r0 = gid and r0 + 8 of the tile at the columns of lane
+// tid's B-fragment pairs (XOFF_*: one run of CHUNK / 4 columns with CONTIG_X, written as 16-byte
+// stores; else pairs c, c + 1 and c + 8, c + 9 of each k-step, 4-byte stores).
+extern "C" __global__ void __launch_bounds__(256)
+trtcore_wq_dequantize(const uint4* __restrict__ w, const float* __restrict__ scales, const float* __restrict__ zeros,
+                      elem_t* __restrict__ out, int n0, int rows, int K, int group_size) {
+    PDL_WAIT();  // the GEMM before it still reads the previous block of this buffer
+    PDL_LAUNCH();
+    const int chunks = (K + CHUNK - 1) / CHUNK, groups = K / group_size;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int vec = (int)(i >> 5);  // the warp's (tile, chunk); 32-bit division below
+    const int lane = (int)(i & 31), chunk = vec % chunks, tile = n0 / 16 + vec / chunks;
+    if (tile * 16 >= n0 + rows) return;
+    const int gid = lane >> 2, tid = lane & 3;
+    const uint4 v = __ldg(w + ((size_t)tile * chunks + chunk) * 32 + lane);
+    const unsigned int word[4] = {v.x, v.y, v.z, v.w};
+    const int base = chunk * CHUNK + XOFF_LANE(tid);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int n = tile * 16 + gid + 8 * h;
+        if (n >= n0 + rows) continue;
+        float val[CHUNK / 4];  // the lane's columns in XOFF order: pair (j, hi) at 4 j + 2 hi
+#pragma unroll
+        for (int j = 0; j < CHUNK_STEPS; ++j) {
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                const int col = base + (hi ? XOFF_B1(j) : XOFF_B0(j));  // a pair, inside one group of 8+
+                const int idx = scale_index(n, min(col, K - 1) / group_size, groups);
+                const float s = __ldg(scales + idx);
+#if HAS_ZEROS
+                const float z = __ldg(zeros + idx);
+#else
+                const float z = SYM_ZERO;
+#endif
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+#if BITS == 4
+                    const unsigned int q = (word[j] >> (4 * ((h + 2 * hi) + 4 * e))) & CODE_MASK;
+#else
+                    const unsigned int q = (word[2 * j + hi] >> (8 * (2 * h + e))) & CODE_MASK;
+#endif
+                    val[4 * j + 2 * hi + e] = ((float)q - z) * s;
+                }
+            }
+        }
+        elem_t* row = out + (size_t)(n - n0) * K;
+#if CONTIG_X  // K is whole chunks here: the run is inside the row
+#pragma unroll
+        for (int c = 0; c < CHUNK / 4; c += 8) store8(row + base + c, val + c);
+#else
+#pragma unroll
+        for (int j = 0; j < CHUNK_STEPS; ++j)
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                const int col = base + (hi ? XOFF_B1(j) : XOFF_B0(j));
+                if (col < K)  // K is a multiple of 8: a pair is inside K or past it
+                    *reinterpret_cast<unsigned int*>(row + col) = pack2(val[4 * j + 2 * hi], val[4 * j + 2 * hi + 1]);
+            }
+#endif
+    }
+}
+
+// xg[m, k] = x[m, perm[k]] (act order: x in the stored column order), one thread per 8 columns
+extern "C" __global__ void __launch_bounds__(256)
+trtcore_wq_gather_x(const elem_t* __restrict__ x, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int K) {
+    PDL_WAIT();
+    PDL_LAUNCH();
+    const int per_row = K / 8;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)M * per_row) return;
+    const int m = (int)(i / per_row), k = (int)(i % per_row) * 8;
+    float v[8];
+    load_x8(x + (size_t)m * K, perm, k, v);  // exact: the values are elem_t
+    store8(out + (size_t)m * K + k, v);
+}
+#endif  // DTYPE 1 or 2

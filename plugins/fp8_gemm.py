@@ -51,7 +51,6 @@ of ``s[m] * s_w``).
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -347,19 +346,14 @@ class Fp8GemmPlugin(LinearShapes, Plugin):
 
 _KERNELS = KernelLauncher("fp8_gemm")
 _launch = _KERNELS.launch
-_local = threading.local()
 
 
 def _matmul() -> Any:
-    """This thread's cuBLASLt FP8 matmul (one handle per thread, made on first use; cuBLASLt
-    handles are not bound to a stream, the stream is an argument of each matmul). Fast
+    """This thread's cuBLASLt FP8 matmul (:func:`trtcore.cuda.cublaslt.thread_linear`). Fast
     accumulation (:class:`trtcore.cuda.cublaslt.Fp8Matmul`) with ``TRTCORE_FP8_FAST_ACCUM=1``
-    in the environment when the handle is made (an experiment's switch: off by default)."""
-    mm = getattr(_local, "fp8", None)
-    if mm is None:
-        import os
+    in the environment (an experiment's switch: off by default)."""
+    import os
 
-        from trtcore.cuda.cublaslt import Fp8Matmul
+    from trtcore.cuda.cublaslt import R_8F_E4M3, thread_linear
 
-        mm = _local.fp8 = Fp8Matmul(fast_accum=os.environ.get("TRTCORE_FP8_FAST_ACCUM") == "1")
-    return mm
+    return thread_linear(R_8F_E4M3, fast_accum=os.environ.get("TRTCORE_FP8_FAST_ACCUM") == "1")

@@ -35,8 +35,13 @@ block per 16-row tile of W and slice of at most 16 rows of x,
 16-bit integers, the scales applied in float32 per group): up to 8 rows in
 ``trtcore_wq_gemv``, more in ``trtcore_wq_gemv16``, which with :data:`PREFILL_KERNEL`
 ``"tensor_cores"`` takes any M (prefill) in ``ceil(M / 16)`` slices that re-read a tile's codes
-(mostly from L2). Everything else runs a tiled float32 kernel (64 x 64 outputs per block,
-dequantized weights in shared memory).
+(mostly from L2). From :data:`CUBLAS_MIN_M` rows (above :data:`DECODE_MAX_M` where the group
+size does not suit the tensor cores) the default prefill (:data:`PREFILL_KERNEL` ``"cublas"``)
+dequantizes W block by block into the workspace
+(``trtcore_wq_dequantize``, :meth:`WeightOnlyGemmPlugin.block_rows` rows of x's dtype) and runs
+cuBLASLt's float16/bfloat16 GEMM on each (:class:`trtcore.cuda.cublaslt.LinearMatmul`).
+Everything else runs a tiled float32 kernel (64 x 64 outputs per block, dequantized weights in
+shared memory).
 
 The M <= 8 decode kernel has a second version (v2, ``WQ_DECODE 2`` in kernels/wq_gemm.cu),
 the default (:data:`DEFAULT_DECODE`, measured) where :meth:`WeightOnlyGemmPlugin.fast_decode`
@@ -51,7 +56,12 @@ Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
 in float32 (the decode kernel: exact products of the integer codes and x summed per group,
 then scaled; the tiled kernel: ``w = fmaf(q, s, -z * s)`` times x), so they agree with it to
 float32 accumulation error plus the final rounding (one output ulp at the largest magnitude
-for K up to a few thousand, :func:`trtcore.testing.default_tolerance`).
+for K up to a few thousand, :func:`trtcore.testing.default_tolerance`). The ``"cublas"``
+prefill rounds each weight ``(q - z) * s`` once more, to x's dtype, before cuBLASLt's float32
+accumulation (as TensorRT-LLM's and vLLM's weight-only GEMMs convert the weight to the
+activation type): a relative error of at most ``2**-9`` (bfloat16) / ``2**-12`` (float16) per
+weight, of random sign, so about ``2**-9 / sqrt(3)`` of a typical output for bfloat16, within
+the same tolerance.
 """
 
 from __future__ import annotations
@@ -75,11 +85,14 @@ from .launcher import KernelLauncher
 
 __all__ = [
     "CONTIGUOUS_X",
+    "CUBLAS_MIN_M",
     "DECODE_MAX_M",
     "DECODE_VARIANT",
     "DEFAULT_DECODE",
     "GROUP_UNIT",
+    "DEQUANT_BLOCK_BYTES",
     "PREFILL_KERNEL",
+    "PREFILL_KERNELS",
     "PackedWeight",
     "WeightOnlyGemmPlugin",
     "can_contiguous_x",
@@ -145,16 +158,51 @@ DEFAULT_DECODE: dict[int, dict[str, int]] = {
     4: {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1},
     8: {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2},
 }
-#: the kernel of float16/bfloat16 x with more than :data:`DECODE_MAX_M` rows (prefill):
-#: ``"tiled"`` (the default: ``trtcore_wq_gemm``, float32 FMAs, no tensor cores) or
-#: ``"tensor_cores"`` (``trtcore_wq_gemv16`` with ``ceil(M / 16)`` slices of 16 rows in its grid;
-#: ``TRTCORE_WQ_PREFILL=tensor_cores``, read at import). Opt-in until its GPU tests and
-#: bench/bench_wq_prefill.py have run on the H200: written in the eighteenth session, whose
-#: device time ran out first (bench/results/h200-2026-12-04-session18).
-PREFILL_KERNEL: str = os.environ.get("TRTCORE_WQ_PREFILL", "tiled")
-if PREFILL_KERNEL not in ("tiled", "tensor_cores"):
-    warnings.warn(f"TRTCORE_WQ_PREFILL={PREFILL_KERNEL!r} ignored: expected 'tiled' or 'tensor_cores'", stacklevel=1)
-    PREFILL_KERNEL = "tiled"
+#: the kernels of float16/bfloat16 x with more than :data:`DECODE_MAX_M` rows (prefill), one of
+#: :data:`PREFILL_KERNELS` (``TRTCORE_WQ_PREFILL``, read at import). Measured on the H200, W4A16
+#: g128, Llama-3-8B gate+up fused 28672 x 4096 / down 4096 x 14336, microseconds, one weight in
+#: one block (bench/bench_wq_prefill.py, bench/results/h200-2026-12-04-session19/call4; the
+#: M = 32 "cublas" cells from call3, where it ran at 32 rows):
+#:
+#: ====  =================  ============  ============  ===========
+#: M     cublas             tensor_cores  tiled         cuBLAS bf16
+#: ====  =================  ============  ============  ===========
+#: 32    158 / 85           142 / 83      928 / 974     69 / 36
+#: 48    158 / 85           209 / 123     935 / 1017    68 / 38
+#: 128   162 / 88           538 / 325     1585 / 1143   72 / 41
+#: 512   248 / 126          2117 / 1268   6107 / 3291   161 / 84
+#: 2048  702 / 340          8499 / 5003   -             636 / 306
+#: ====  =================  ============  ============  ===========
+#:
+#: * ``"cublas"`` (the default): from :data:`CUBLAS_MIN_M` rows (and above
+#:   :data:`DECODE_MAX_M` for group sizes the tensor-core kernels do not take),
+#:   ``trtcore_wq_dequantize`` writes blocks of :meth:`WeightOnlyGemmPlugin.block_rows` rows of W
+#:   in x's dtype into the workspace and cuBLASLt multiplies x by each on the tensor cores (the
+#:   recipe vLLM's AWQ layer takes from 256 tokens on: dequantize, then a dense GEMM); below
+#:   :data:`CUBLAS_MIN_M` rows the 16-row tensor-core kernel, as ``"tensor_cores"``;
+#: * ``"tensor_cores"``: ``trtcore_wq_gemv16`` with ``ceil(M / 16)`` slices of 16 rows in its
+#:   grid, each slice reading and dequantizing all of W again;
+#: * ``"tiled"``: ``trtcore_wq_gemm``, float32 FMAs, no tensor cores.
+PREFILL_KERNELS = ("cublas", "tensor_cores", "tiled")
+PREFILL_KERNEL: str = os.environ.get("TRTCORE_WQ_PREFILL", "cublas")
+if PREFILL_KERNEL not in PREFILL_KERNELS:
+    warnings.warn(f"TRTCORE_WQ_PREFILL={PREFILL_KERNEL!r} ignored: expected one of {PREFILL_KERNELS}", stacklevel=1)
+    PREFILL_KERNEL = "cublas"
+#: the fewest rows the ``"cublas"`` prefill takes where the tensor-core kernels could (the table
+#: above: the 16-row kernel is faster at 32 rows on both shapes, slower at 48)
+CUBLAS_MIN_M = 40
+#: bytes of W one block of the ``"cublas"`` prefill dequantizes, the workspace's largest part:
+#: every Llama-3-8B decoder linear in one block (gate+up fused: 224 MiB), a 128k-token vocabulary's
+#: lm_head in 4. One block was the fastest in the measurement above; 32 MiB blocks, which would
+#: stay in the 60 MB L2 between the dequantize kernel and the GEMM, were 5-22% slower
+DEQUANT_BLOCK_BYTES = 256 << 20
+#: the block's rows are a multiple of this (whole tiles of cuBLASLt's GEMM, 256-byte aligned
+#: output columns)
+_BLOCK_ROW_UNIT = 128
+#: ``cudaDataType_t`` of the ``"cublas"`` prefill's operands and output, by x's dtype
+_CUDA_TYPES = {_FLOAT16: 2, _BFLOAT16: 14}
+#: the workspace's parts are aligned to this many bytes
+_WS_ALIGN = 256
 #: whether :func:`pack_weight` stores weights in :func:`contiguous_x_order` where
 #: :func:`can_contiguous_x` allows it (the default; ``TRTCORE_WQ_CONTIGUOUS_X=0``, read at
 #: import, keeps the natural order). Measured on the H200 at M = 1 with the default decode
@@ -564,11 +612,85 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     def uses_tensor_cores(self, dtype: Any, m: int) -> bool:
         """Whether ``m`` rows of ``dtype`` run the tensor-core kernels (float16/bfloat16, a
         group size that is a multiple of 16 or K, and ``m <= DECODE_MAX_M``, or any ``m`` with
-        :data:`PREFILL_KERNEL` ``"tensor_cores"``: ``trtcore_wq_gemv16`` in slices of 16 rows);
-        else the tiled float32 kernel."""
-        g = self.group_size
-        rows_ok = 0 < m <= DECODE_MAX_M or (m > 0 and PREFILL_KERNEL == "tensor_cores")
-        return np.dtype(dtype) in (_FLOAT16, _BFLOAT16) and rows_ok and (g % 16 == 0 or g == self.in_features)
+        :data:`PREFILL_KERNEL` ``"tensor_cores"``, or below :data:`CUBLAS_MIN_M` with ``"cublas"``:
+        ``trtcore_wq_gemv16`` in slices of 16 rows); else :meth:`prefill_on_cublas` or the tiled
+        float32 kernel."""
+        rows_ok = 0 < m <= DECODE_MAX_M or (m > 0 and PREFILL_KERNEL == "tensor_cores") or (0 < m < CUBLAS_MIN_M and PREFILL_KERNEL == "cublas")
+        return np.dtype(dtype) in _CUDA_TYPES and rows_ok and self._tensor_core_groups()
+
+    def _tensor_core_groups(self) -> bool:
+        """Whether the group size suits the tensor-core kernels: a multiple of 16, or K."""
+        return self.group_size % 16 == 0 or self.group_size == self.in_features
+
+    def _prefill_cublas(self, inputs: Sequence[DeviceTensor], out: DeviceTensor, m: int, workspace: int, stream: int) -> None:
+        """The ``"cublas"`` prefill (:data:`PREFILL_KERNEL`): act order gathers x into the
+        stored column order; then per block of :meth:`block_rows` rows ``n0 ..``,
+        ``trtcore_wq_dequantize`` writes the block in x's dtype at the workspace's start and
+        cuBLASLt computes ``y[:, n0 ..] = x @ block^T`` (rows of y ``N`` apart). The blocks share
+        one buffer: stream order keeps a block's GEMM before the next block's writes."""
+        from trtcore.cuda.cublaslt import thread_linear
+
+        x = inputs[0]
+        dtype = np.dtype(x.dtype)
+        n, k = self.out_features, self.in_features
+        defines = tuple(sorted(self.defines(dtype).items()))
+        gathered, lt_off, _ = self._workspace_layout(m)
+        zeros = inputs[3].ptr if self.has_zeros else 0
+        x_ptr = x.ptr
+        if self.has_perm:
+            perm = inputs[3 + int(self.has_zeros)].ptr
+            x_ptr = workspace + gathered
+            args = [(x.ptr, "ptr"), (perm, "ptr"), (x_ptr, "ptr"), (m, "i32"), (k, "i32")]
+            _launch(defines, "trtcore_wq_gather_x", (-(-m * k // 8 // 256),), (256,), args, stream)
+        from .fp8_gemm import LT_WORKSPACE
+
+        mm = thread_linear(_CUDA_TYPES[dtype])
+        rows = self.block_rows()
+        chunks = -(-k // chunk_codes(self.bits))
+        for n0 in range(0, n, rows):
+            r = min(rows, n - n0)
+            args = [(inputs[1].ptr, "ptr"), (inputs[2].ptr, "ptr"), (zeros, "ptr"), (workspace, "ptr"), (n0, "i32"), (r, "i32")]
+            threads = -(-r // TILE_ROWS) * chunks * 32  # one per 16-byte vector of the block's tiles
+            _launch(defines, "trtcore_wq_dequantize", (-(-threads // 256),), (256,), args + [(k, "i32"), (self.group_size, "i32")], stream)
+            out_ptr = out.ptr + n0 * dtype.itemsize
+            mm.matmul(m, r, k, workspace, x_ptr, out_ptr, _CUDA_TYPES[dtype], workspace + lt_off, LT_WORKSPACE, stream, ldd=n)
+
+    def prefill_on_cublas(self, dtype: Any, m: int) -> bool:
+        """Whether ``m`` rows of ``dtype`` take the ``"cublas"`` prefill (:data:`PREFILL_KERNEL`):
+        float16/bfloat16 and at least :data:`CUBLAS_MIN_M` rows, or more than
+        :data:`DECODE_MAX_M` where the group size does not suit the tensor-core kernels."""
+        rows_ok = m >= CUBLAS_MIN_M or (m > DECODE_MAX_M and not self._tensor_core_groups())
+        return PREFILL_KERNEL == "cublas" and np.dtype(dtype) in _CUDA_TYPES and rows_ok
+
+    def block_rows(self) -> int:
+        """Rows of W the ``"cublas"`` prefill dequantizes at a time: the most whole
+        ``_BLOCK_ROW_UNIT`` (128) rows in :data:`DEQUANT_BLOCK_BYTES` at 2 bytes a weight (at
+        least 128), at most N."""
+        rows = DEQUANT_BLOCK_BYTES // (2 * self.in_features) // _BLOCK_ROW_UNIT * _BLOCK_ROW_UNIT
+        return min(self.out_features, max(_BLOCK_ROW_UNIT, rows))
+
+    def _workspace_layout(self, m: int) -> tuple[int, int, int]:
+        """Byte offsets in the ``"cublas"`` prefill's workspace of x gathered into the stored
+        order (act order only, ``m * K`` elements; else equal to the next), of cuBLASLt's
+        workspace (:data:`~trtcore.plugins.fp8_gemm.LT_WORKSPACE` bytes), and the total. The
+        dequantized block of W comes first, at 0."""
+        from .fp8_gemm import LT_WORKSPACE
+
+        def up(b: int) -> int:
+            return -(-b // _WS_ALIGN) * _WS_ALIGN
+
+        gathered = up(2 * self.block_rows() * self.in_features)
+        lt = gathered + (up(2 * m * self.in_features) if self.has_perm else 0)
+        return gathered, lt, lt + LT_WORKSPACE
+
+    def workspace_size(self, inputs: Sequence[tuple[tuple[int, ...], np.dtype]], outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
+        """The ``"cublas"`` prefill's workspace for the largest x (``inputs[0]``): a block of
+        :meth:`block_rows` rows of W in x's dtype, x gathered into the stored order (act order),
+        cuBLASLt's workspace; 0 where that prefill does not run (float32 x, at most
+        :data:`DECODE_MAX_M` rows, another :data:`PREFILL_KERNEL`)."""
+        shape, dtype = inputs[0]
+        m = int(np.prod(shape[:-1], dtype=np.int64))
+        return self._workspace_layout(m)[2] if self.prefill_on_cublas(dtype, m) else 0
 
     def chunks_per_group(self) -> int:
         """Whole chunks per group (0 when groups do not cover whole chunks): the decode
@@ -627,8 +749,10 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         return 1 << (want.bit_length() - 1)  # a power of two
 
     def enqueue(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], workspace: int, stream: int) -> None:
-        """The decode kernel on the tensor cores where :meth:`uses_tensor_cores`, else the
-        tiled kernel; on ``stream``, no allocation, no sync, no workspace.
+        """The ``"cublas"`` prefill where :meth:`prefill_on_cublas` and a workspace is given
+        (without one, the tensor-core kernel in slices of 16 rows), else the decode kernel on the
+        tensor cores where :meth:`uses_tensor_cores`, else the tiled kernel; on ``stream``, no
+        allocation, no sync.
 
         Raises:
             PluginError: unsupported dtype, M beyond the tiled kernel's grid, or an x address the
@@ -644,7 +768,11 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         m = int(np.prod(x.shape[:-1], dtype=np.int64))
         if m == 0:
             return
-        tensor_cores = self.uses_tensor_cores(dtype, m)
+        if workspace and self.prefill_on_cublas(dtype, m):
+            self._prefill_cublas(inputs, out, m, workspace, stream)
+            return
+        # without a workspace the "cublas" prefill's rows take the 16-row tensor-core kernel
+        tensor_cores = self.uses_tensor_cores(dtype, m) or (self.prefill_on_cublas(dtype, m) and self._tensor_core_groups())
         align = 4 if tensor_cores else 1 if self.has_perm else 16
         if x.ptr % align:
             raise PluginError(f"WeightOnlyGemmPlugin.enqueue: x at address {x.ptr:#x} is not {align}-byte aligned, as the kernel for M={m} needs")

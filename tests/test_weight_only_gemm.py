@@ -420,7 +420,7 @@ def test_every_v2_variant_compiles(arch: str) -> None:
     for v in V2_DEFINES + extra:
         c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
         assert kernels.cubin_arch(c.cubin) == arch
-        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm"}
+        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x"}
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -585,7 +585,7 @@ def test_every_variant_compiles(arch: str) -> None:
     for v in variants:
         c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
         assert kernels.cubin_arch(c.cubin) == arch
-        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm"}
+        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x"}
 
 
 NET_CASES = [
@@ -721,3 +721,86 @@ def test_misaligned_x_is_refused_before_a_launch(
     ins = [DeviceTensor(0x10000 + offset, (m, 128), dtype)] + [DeviceTensor(0x20000, a.shape, a.dtype) for a in packed.arrays()]
     with pytest.raises(PluginError, match=rf"x at address 0x{0x10000 + offset:x} is not {align}-byte aligned, as the kernel for M={m} needs"):
         plugin.enqueue(ins, [DeviceTensor(0x30000, (m, 32), dtype)], 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "perm", "block_bytes", "rows"),
+    [(300, 128, False, 1, 128), (300, 128, True, 1, 128), (4096, 4096, False, 32 << 20, 4096), (4096, 14336, False, 32 << 20, 1152)],
+    ids=str,
+)
+def test_cublas_prefill_dequantizes_w_block_by_block(
+    n: int, k: int, perm: bool, block_bytes: int, rows: int, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``"cublas"`` prefill (no GPU needed: launches and matmuls recorded): act order gathers
+    x into the workspace's second part first; then for each block of ``block_rows`` rows
+    (``DEQUANT_BLOCK_BYTES`` / 2K rounded down to 128 rows, at least 128: 4096 rows of K = 4096
+    and 1152 of K = 14336 in 32 MiB) one dequantize launch writes the block at the workspace's
+    start and one cuBLASLt matmul computes y's columns ``n0 ..`` (rows N apart) from it and
+    x (or the gathered x), in that order, covering N once; the workspace holds the block, the
+    gathered x and cuBLASLt's part. At most 16 rows, float32 x, or no workspace: no matmul."""
+    from trtcore.cuda import cublaslt
+    from trtcore.plugins.base import DeviceTensor
+    from trtcore.plugins.fp8_gemm import LT_WORKSPACE
+
+    monkeypatch.setattr(wog, "PREFILL_KERNEL", "cublas")
+    monkeypatch.setattr(wog, "DEQUANT_BLOCK_BYTES", block_bytes)
+    events: list[tuple] = []
+    monkeypatch.setattr(wog, "_launch", lambda defines, name, grid, block, args, stream, **kw: events.append(("launch", name, grid, args)))
+
+    class Linear:
+        def matmul(self, m: int, nn: int, kk: int, w: int, x: int, d: int, out_type: int, ws: int, ws_size: int, stream: int, ldd: int = 0) -> None:
+            events.append(("matmul", m, nn, kk, w, x, d, out_type, ws, ws_size, ldd))
+
+    monkeypatch.setattr(cublaslt, "thread_linear", lambda in_type: Linear())
+    gs = 64
+    qw = random_qw(rng, n, k, 4, gs, "int", perm)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    assert plugin.block_rows() == rows
+    m, ws, x_ptr, y_ptr = 40, 0x100000, 0x2000, 0x800000
+    assert wog.CUBLAS_MIN_M <= m
+    size = plugin.workspace_size([((2, 20, k), BF16)] + [(a.shape, a.dtype) for a in packed.arrays()], [((2, 20, n), BF16)])
+    block = -(-2 * rows * k // 256) * 256
+    gathered = -(-2 * m * k // 256) * 256 if perm else 0
+    assert size == block + gathered + LT_WORKSPACE
+    ins = [DeviceTensor(x_ptr, (2, 20, k), BF16)] + [DeviceTensor(0x10000 * (i + 1), a.shape, a.dtype) for i, a in enumerate(packed.arrays())]
+    plugin.enqueue(ins, [DeviceTensor(y_ptr, (2, 20, n), BF16)], ws, 7)
+    if perm:
+        kind, name, grid, args = events.pop(0)
+        assert name == "trtcore_wq_gather_x" and args[0][0] == x_ptr and args[1][0] == ins[4].ptr and args[2][0] == ws + block
+        assert [a[0] for a in args[3:]] == [m, k] and grid[0] * 256 * 8 >= m * k
+    a_in = ws + block if perm else x_ptr
+    covered = 0
+    for i in range(0, len(events), 2):
+        (_, name, grid, args), mm = events[i], events[i + 1]
+        n0, r = args[4][0], args[5][0]
+        assert name == "trtcore_wq_dequantize" and [a[0] for a in args[:4]] == [ins[1].ptr, ins[2].ptr, ins[3].ptr, ws]
+        assert n0 == covered and r == min(rows, n - n0) and [a[0] for a in args[6:]] == [k, gs]
+        assert grid[0] == -(-(-(-r // 16) * (k // 64) * 32) // 256), "a thread per 16-byte vector (64 int4 codes of a tile row)"
+        assert mm == ("matmul", m, r, k, ws, a_in, y_ptr + 2 * n0, 14, ws + block + gathered, LT_WORKSPACE, n)
+        covered += r
+    assert covered == n
+    for m_small, dtype, workspace in ((16, BF16, ws), (wog.CUBLAS_MIN_M - 1, BF16, ws), (40, np.dtype(np.float32), ws), (40, BF16, 0)):
+        events.clear()
+        x = DeviceTensor(x_ptr, (m_small, k), dtype)
+        plugin.enqueue([x, *ins[1:]], [DeviceTensor(y_ptr, (m_small, n), dtype)], workspace, 7)
+        assert [e[1] for e in events] == [("trtcore_wq_gemv16" if dtype == BF16 else "trtcore_wq_gemm")]
+    assert plugin.workspace_size([((wog.CUBLAS_MIN_M - 1, k), BF16)], [((16, n), BF16)]) == 0
+    assert plugin.workspace_size([((40, k), np.dtype(np.float32))], [((40, n), np.dtype(np.float32))]) == 0
+
+
+def test_default_dequantize_blocks_and_the_cublas_rows() -> None:
+    """The default block (256 MiB of bfloat16 weights): a Llama-3-8B decoder linear in one
+    block (gate+up fused 28672 x 4096, down 4096 x 14336), a 128,256-token lm_head in blocks of
+    32,768 rows. From CUBLAS_MIN_M rows the "cublas" prefill runs; below it the 16-row kernel,
+    except for group sizes the tensor cores do not take (group 8), which take cuBLAS above 16
+    rows; float32 x never does."""
+    assert WeightOnlyGemmPlugin(4096, 28672, 4, 128).block_rows() == 28672
+    assert WeightOnlyGemmPlugin(14336, 4096, 4, 128).block_rows() == 4096
+    assert WeightOnlyGemmPlugin(4096, 128256, 4, 128).block_rows() == 32768
+    assert WeightOnlyGemmPlugin(1 << 20, 4096, 8, 1 << 20).block_rows() == 128, "at least 128 rows"
+    g128, g8 = WeightOnlyGemmPlugin(4096, 256, 4, 128), WeightOnlyGemmPlugin(520, 64, 8, 8)
+    lo = wog.CUBLAS_MIN_M
+    assert [g128.prefill_on_cublas(BF16, m) for m in (16, 17, lo - 1, lo)] == [False, False, False, True]
+    assert [g128.uses_tensor_cores(BF16, m) for m in (16, 17, lo - 1, lo)] == [True, True, True, False]
+    assert [g8.prefill_on_cublas(np.float16, m) for m in (16, 17, lo)] == [False, True, True]
+    assert not g128.prefill_on_cublas(np.float32, 4096)

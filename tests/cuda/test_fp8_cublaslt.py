@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 import types
 from typing import Any
 
@@ -51,8 +52,14 @@ def _matrix(ptr: int, layout: dict, dtype: np.dtype) -> np.ndarray:
     return np.stack([flat[j * ld : j * ld + rows] for j in range(cols)], axis=1)
 
 
+def _operand(ptr: int, layout: dict) -> np.ndarray:
+    """A matmul operand in float64 (E4M3 codes decoded)."""
+    raw = _matrix(ptr, layout, TYPES[layout["type"]])
+    return (raw.view(E4M3) if layout["type"] == 28 else raw).astype(np.float64)
+
+
 class FakeLt(types.ModuleType):
-    """nvmath.bindings.cublasLt as far as Fp8Matmul uses it, recording calls."""
+    """nvmath.bindings.cublasLt as far as LinearMatmul / Fp8Matmul use it, recording calls."""
 
     class MatmulDescAttribute:
         POINTER_MODE, TRANSA, TRANSB, A_SCALE_POINTER, B_SCALE_POINTER, FAST_ACCUM, A_SCALE_MODE, B_SCALE_MODE = 2, 3, 4, 17, 18, 25, 31, 32
@@ -150,8 +157,7 @@ class FakeLt(types.ModuleType):
         spec = self.descs[desc]
         at = spec["attrs"]
         la, lb, lc, ld_ = (self.layouts[x] for x in (adesc, bdesc, cdesc, ddesc))
-        A = _matrix(a, la, TYPES[la["type"]]).view(E4M3).astype(np.float64) if la["type"] == 28 else None
-        B = _matrix(b, lb, TYPES[lb["type"]]).view(E4M3).astype(np.float64) if lb["type"] == 28 else None
+        A, B = _operand(a, la), _operand(b, lb)
         opA = A.T if at.get(3, 0) == 1 else A
         opB = B.T if at.get(4, 0) == 1 else B
         sa = float(_read(at[17], np.dtype(np.float32), 1)[0]) if at.get(17) else 1.0
@@ -319,3 +325,42 @@ def test_unsupported_fp8_gemms_are_refused_naming_the_value(args: tuple, match: 
     ptrs = {"W": 0x1000, "X": 0x2000, "D": 0x3000, "alpha": 0x4000, "beta": 0x4004, **bad}
     with pytest.raises(ValueError, match=match):
         cublaslt.fp8_check(m, n, k, out_type, ptrs)
+
+
+@pytest.mark.parametrize("in_type", [14, 2], ids=["bfloat16", "float16"])
+def test_linear_matmul_writes_a_column_block_of_a_wider_output(lt: FakeLt, in_type: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """:class:`LinearMatmul` with 16-bit operands (the weight-only GEMM's prefill): D's rows
+    ``ldd`` apart, so ``X @ W^T`` lands in columns ``16 .. 16 + N`` of a wider ``[M, 80]``
+    output and the other columns keep their contents; alpha 1 and beta 0 from host memory (no
+    POINTER_MODE set), no FAST_ACCUM (an FP8 attribute); one plan per ``ldd``; an operand type
+    outside LINEAR_INPUT_TYPES is refused at construction."""
+    dt = TYPES[in_type]
+    rng = np.random.default_rng(in_type)
+    m, n, k, ldd, col = 5, 48, 64, 80, 16
+    w, x = rng.normal(0, 1, (n, k)).astype(dt), rng.normal(0, 1, (m, k)).astype(dt)
+    (w_raw, wp), (x_raw, xp) = _store(w), _store(x)
+    old = rng.normal(0, 1, (m, ldd)).astype(dt)
+    d_raw, dp = _store(old)
+    mm = cublaslt.LinearMatmul(in_type)
+    mm.matmul(m, n, k, wp, xp, dp + col * dt.itemsize, in_type, 0, 1 << 20, 0, ldd=ldd)
+    got = np.frombuffer((ctypes.c_uint8 * old.nbytes).from_address(dp), dt).reshape(m, ldd)
+    want = (x.astype(np.float64) @ w.astype(np.float64).T).astype(dt)
+    np.testing.assert_array_equal(got[:, col : col + n], want)
+    np.testing.assert_array_equal(np.delete(got, np.s_[col : col + n], axis=1), np.delete(old, np.s_[col : col + n], axis=1))
+    [heur] = [c for c in lt.calls if c[0] == "heuristic"]
+    assert heur[2] == {3: 1, 4: 0}, "TN only: no POINTER_MODE (alpha / beta on the host), no FAST_ACCUM"
+    a, b, _, d = heur[3]
+    assert (lt.layouts[a]["type"], lt.layouts[b]["type"], lt.layouts[d]["type"], lt.layouts[d]["ld"]) == (in_type, in_type, in_type, ldd)
+    assert heur[4][8] == 32, "D's alignment: 16 columns of 2 bytes past 256"
+    mm.matmul(m, n, k, wp, xp, dp + col * dt.itemsize, in_type, 0, 1 << 20, 0, ldd=ldd + 8)
+    assert len([c for c in lt.calls if c[0] == "heuristic"]) == 2, "another ldd, another plan"
+    with pytest.raises(ValueError, match="ldd=40 is below N=48"):
+        mm.matmul(m, n, k, wp, xp, dp, in_type, 0, 1 << 20, 0, ldd=40)
+    mm.close()
+    with pytest.raises(ValueError, match="operand cudaDataType_t 0 is not one of"):
+        cublaslt.LinearMatmul(0)
+    monkeypatch.setattr(cublaslt, "_local", threading.local())  # handles on the fake stay in this test
+    a1, a2 = cublaslt.thread_linear(in_type), cublaslt.thread_linear(in_type)
+    assert a1 is a2 and type(a1) is cublaslt.LinearMatmul and a1.in_type == in_type
+    assert isinstance(cublaslt.thread_linear(28), cublaslt.Fp8Matmul)
+    del w_raw, x_raw, d_raw

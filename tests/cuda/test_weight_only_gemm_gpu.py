@@ -4,8 +4,12 @@ the GPU (marker ``gpu``; skipped with the reason without CuPy or a GPU).
 Every variant (int4 group 32/64/128 and int8 per channel / group 64 / group 8, symmetric,
 integer and fractional zero points, act-order permutation; float16 and bfloat16) at M in
 {1, 4, 9, 16, 17, 64} (up to 16: the tensor-core decode kernels, 8 and 16 columns, except group
-8, which runs the tiled kernel; 17 and 64: the tiled kernel, and with ``PREFILL_KERNEL``
-"tensor_cores" the 16-row kernel in 2 and 4 slices of its grid),
+8, which runs the tiled kernel; 17 and 64: the tiled kernel, with ``PREFILL_KERNEL``
+"tensor_cores" the 16-row kernel in 2 and 4 slices of its grid, and with "cublas" (the default)
+at 40 and 64 rows (17 rows: group 8 only, the others take the 16-row kernel below
+``CUBLAS_MIN_M``) the weight dequantized into the workspace and cuBLASLt's GEMM, in one block and
+in blocks of 128 rows, the last one partial; the weight's extra rounding to x's dtype is inside
+the tolerance below, see the plugin's numerical contract),
 through :func:`trtcore.testing.check_plugin`, which poisons the output with NaN before each of
 two runs and requires bit-identical results. Tolerance: the reference is float64 rounded once;
 the kernels accumulate in float32 over K terms, so one output ulp at ``max|y|`` (the default)
@@ -72,16 +76,26 @@ def _qw(rng: np.random.Generator, n: int, k: int, bits: int, gs: int, zeros: str
     )
 
 
-@pytest.mark.parametrize(("m", "prefill"), [(1, "tiled"), (4, "tiled"), (9, "tiled"), (16, "tiled"), (17, "tiled"), (64, "tiled"), (17, "tensor_cores"), (64, "tensor_cores")])
+PREFILLS = [(1, "tiled"), (4, "tiled"), (9, "tiled"), (16, "tiled"), (17, "tiled"), (64, "tiled"), (17, "tensor_cores"), (64, "tensor_cores")]
+PREFILLS += [(17, "cublas"), (40, "cublas"), (64, "cublas"), (16, "cublas"), (64, "cublas-blocks")]
+
+
+@pytest.mark.parametrize(("m", "prefill"), PREFILLS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_kernel_matches_reference(case: tuple, dtype: np.dtype, m: int, prefill: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if prefill == "cublas-blocks":  # blocks of 128 rows: N = 200 .. 512 in 2 .. 4 blocks, the last one partial
+        monkeypatch.setattr(wog, "DEQUANT_BLOCK_BYTES", 1)
+        prefill = "cublas"
     monkeypatch.setattr(wog, "PREFILL_KERNEL", prefill)
     rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), m)).encode()))
     qw = _qw(rng, *case)
     plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
     gs = case[3] or case[1]
-    assert plugin.uses_tensor_cores(dtype, m) == ((m <= 16 or prefill == "tensor_cores") and (gs % 16 == 0 or gs == case[1]))
+    rows_tc = m <= 16 or prefill == "tensor_cores" or (prefill == "cublas" and m < wog.CUBLAS_MIN_M)
+    assert plugin.uses_tensor_cores(dtype, m) == (rows_tc and (gs % 16 == 0 or gs == case[1]))
+    tc_groups = gs % 16 == 0 or gs == case[1]
+    assert plugin.prefill_on_cublas(dtype, m) == (prefill == "cublas" and (m >= wog.CUBLAS_MIN_M or (m > 16 and not tc_groups)))
     k = qw.shape[1]
     specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
     rtol = default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24
@@ -248,10 +262,9 @@ def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int, monkeypatch:
     """A contiguous-x weight and an x view ``offset`` bytes past 16-byte alignment (a slice of a
     bigger tensor): the plugin runs v1 for M <= 8 (its 4-byte x loads need 4-byte alignment only,
     v2's 16-byte ones would fault) and the 16-row kernel above (M = 12 one slice; with
-    ``PREFILL_KERNEL`` "tensor_cores" M = 17 and 40 in two and three), and their outputs equal
-    the reference of that x; a float32 x (the tiled kernel's 16-byte x loads) is refused before
-    any launch."""
-    monkeypatch.setattr(wog, "PREFILL_KERNEL", "tensor_cores")
+    ``PREFILL_KERNEL`` "tensor_cores" M = 17 and 40 in two and three; with "cublas" cuBLASLt
+    reads that x, told its alignment), and their outputs equal the reference of that x; a
+    float32 x (the tiled kernel's 16-byte x loads) is refused before any launch."""
     import cupy as cp
 
     from trtcore.plugins.base import DeviceTensor
@@ -263,7 +276,13 @@ def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int, monkeypatch:
     plugin = WeightOnlyGemmPlugin(k, n, qw.bits, qw.group_size, qw.zeros is not None, False, True)
     bf16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)
     consts = [cp.asarray(a) for a in packed.arrays()]
-    for m, dtype in ((1, bf16), (3, bf16), (12, bf16), (17, bf16), (40, bf16), (3, f32)):
+    runs = [(1, bf16, "tensor_cores"), (3, bf16, "tensor_cores"), (12, bf16, "tensor_cores"), (17, bf16, "tensor_cores")]
+    runs += [(40, bf16, "tensor_cores"), (3, f32, "tensor_cores"), (40, bf16, "cublas"), (64, bf16, "cublas")]
+    for m, dtype, prefill in runs:
+        monkeypatch.setattr(wog, "PREFILL_KERNEL", prefill)
+        ws_bytes = plugin.workspace_size([((m, k), dtype)] + [(a.shape, a.dtype) for a in packed.arrays()], [((m, n), dtype)])
+        ws = cp.full(max(ws_bytes, 1), 0xA5, cp.uint8)
+        ws_ptr = int(ws.data.ptr) if ws_bytes else 0
         x = rng.standard_normal((m, k)).astype(dtype)
         buf = cp.zeros(m * k * dtype.itemsize + 64, cp.uint8)
         base_ptr = int(buf.data.ptr)
@@ -274,11 +293,11 @@ def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int, monkeypatch:
         outs = [DeviceTensor(int(out.data.ptr), (m, n), dtype)]
         if dtype == f32:
             with pytest.raises(wog.PluginError, match="not 16-byte aligned"):
-                plugin.enqueue(ins, outs, 0, int(cp.cuda.get_current_stream().ptr))
+                plugin.enqueue(ins, outs, ws_ptr, int(cp.cuda.get_current_stream().ptr))
             continue
-        plugin.enqueue(ins, outs, 0, int(cp.cuda.get_current_stream().ptr))
+        plugin.enqueue(ins, outs, ws_ptr, int(cp.cuda.get_current_stream().ptr))
         got = cp.asnumpy(out).view(dtype).astype(np.float64)
         (want,) = plugin.reference(x, *packed.arrays())
         want = want.astype(np.float64)
         tol = (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24) * np.abs(want).max()
-        assert np.isfinite(got).all() and np.abs(got - want).max() <= tol, (m, offset)
+        assert np.isfinite(got).all() and np.abs(got - want).max() <= tol, (m, offset, prefill)

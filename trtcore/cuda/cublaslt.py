@@ -19,6 +19,7 @@ the given stream (capturable in a CUDA graph).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -246,60 +247,48 @@ def fp8_check(m: int, n: int, k: int, out_type: int, pointers: dict[str, int]) -
             raise ValueError(f"cuBLASLt FP8 GEMM: {name} pointer 0x{ptr:x} must be non-null and {align}-byte aligned")
 
 
-class Fp8Matmul(HandleOwner):
-    """cuBLASLt's FP8 GEMM for a row-major linear ``D[M, N] = alpha * X[M, K] @ W[N, K]^T``
-    with E4M3 ``X`` and ``W`` and ``alpha = s_x * s_w`` a float32 on the device.
+#: ``cudaDataType_t`` of :class:`LinearMatmul`'s operands: E4M3, bfloat16, float16
+LINEAR_INPUT_TYPES = {R_8F_E4M3: "FP8", 14: "bfloat16", 2: "float16"}
 
-    The rules it follows (NVIDIA, cuBLAS documentation, "cublasLtMatmul()", the FP8 paragraph
-    "To use FP8 kernels, the following set of requirements must be satisfied": all matrix
-    dimensions meet the Tensor Core requirements -- pointers and leading dimensions 16-byte
-    aligned --; "A must be transposed and B non-transposed (The "TN" format)" on compute
-    capability 8.9 / 9.0; compute type ``CUBLAS_COMPUTE_32F``; scale type ``CUDA_R_32F``; and
-    its type table: E4M3 x E4M3 with ``C`` and ``D`` both bfloat16, both float16 or both
-    float32):
+
+class LinearMatmul(HandleOwner):
+    """cuBLASLt's GEMM for a row-major linear ``D[M, N] = alpha * X[M, K] @ W[N, K]^T`` (D's rows
+    ``ldd >= N`` elements apart, so D may be a block of columns of a wider matrix), ``X`` and
+    ``W`` of one ``in_type`` (:data:`LINEAR_INPUT_TYPES`), float32 accumulation
+    (``CUBLAS_COMPUTE_32F``, ``CUDA_R_32F`` scales):
 
     * column-major ``A = W`` stored ``K x N`` (``ld = K``) with ``TRANSA = T``, ``B = X``
       stored ``K x M`` (``ld = K``) with ``TRANSB = N``, so ``D`` is ``N x M`` column-major
-      (``ld = N``) = ``[M, N]`` row-major; ``C`` has ``D``'s layout and type (unused, beta 0);
-    * **no** ``A_SCALE_POINTER`` / ``B_SCALE_POINTER``: the two scales' product is the
-      matmul's ``alpha``, with ``CUBLASLT_MATMUL_DESC_POINTER_MODE`` =
-      ``CUBLASLT_POINTER_MODE_DEVICE`` (alpha and beta device float32 scalars, read when the
-      matmul runs, so an activation scale computed on the device -- the quantize kernel of
-      ``kernels/fp8_gemm.cu`` writes ``alpha = s_x * s_w`` and ``beta = 0`` -- needs no host
-      sync and a CUDA graph captures the call). Evidence: on the H200 (cuBLASLt 13.1,
-      ``bench/results/h200-2026-12-02-fp8-probe/``) every FP8 matmul with the A/B scale
-      pointers set returned ``CUBLAS_STATUS_NOT_SUPPORTED`` from ``cublasLtMatmul``, whether
-      they were set before or after the heuristic (which still offered an algorithm), while
-      the same matmul with a device alpha ran and matched float64 (``bench/fp8_probe.py``, mode
-      ``alpha-device``); a device alpha vector per row
-      (``POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO``) was refused too, so per-channel weight
-      scales stay an epilogue of the caller's;
-    * ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` = 0 (cuBLASLt's default, stated: the tensor cores'
-      FP8 accumulation is promoted to float32 at cuBLASLt's intervals, not only at the end)
-      unless ``fast_accum`` (1: no promotion, the whole K in the tensor cores' accumulator,
-      which keeps about 14 bits: faster where the GEMM is bound by its math, less exact by up
-      to ``~sqrt(K) * 2**-14`` of the output for zero-mean operands; vLLM's CUTLASS FP8
-      kernels for Hopper use the fast-accumulation schedules);
-    * one plan (descriptor, layouts, algorithm) per shape, output type, workspace and operand
-      alignment: the alpha / beta pointers are arguments of each ``cublasLtMatmul``, not
-      attributes of the descriptor, so they are not part of the plan's key;
-    * ``K`` and ``N`` multiples of 16 (:func:`fp8_check`); ``M`` any; the algorithm is
-      cuBLASLt's first heuristic candidate whose state is success, within the workspace and
-      for the pointers' actual alignment (``CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES``, as
-      nvmath-python gives it; the default assumes 256 bytes).
+      (``ld = ldd``) = ``[M, N]`` row-major; ``C`` has ``D``'s layout and type (unused, beta 0).
+      TN is the one form FP8 allows on compute capability 8.9 / 9.0 (:class:`Fp8Matmul`), and
+      it needs no transposed copy of a row-major ``[N, K]`` weight for 16-bit types either;
+    * ``device_scalars``: alpha and beta are device float32 pointers given to each call
+      (``CUBLASLT_POINTER_MODE_DEVICE``); else ``alpha = 1``, ``beta = 0`` from host memory
+      (the default pointer mode);
+    * one plan (descriptor, layouts, algorithm) per shape, ``ldd``, output type, workspace and
+      operand alignment; the algorithm is cuBLASLt's first heuristic candidate whose state is
+      success, within the workspace and for the pointers' actual alignment
+      (``CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES``, as nvmath-python gives it; the default
+      assumes 256 bytes).
 
-    Raises (from :meth:`run`): ValueError for a rule above broken (:func:`fp8_check`);
-    RuntimeError when cuBLASLt offers no algorithm; ``nvmath.bindings.cublasLt.cuBLASLtError``
-    from cuBLASLt itself.
+    Raises (from :meth:`matmul`): ValueError for an ``in_type`` not in
+    :data:`LINEAR_INPUT_TYPES` (at construction) or ``ldd < N``; RuntimeError when cuBLASLt
+    offers no algorithm; ``nvmath.bindings.cublasLt.cuBLASLtError`` from cuBLASLt itself.
     """
 
-    def __init__(self, fast_accum: bool = False) -> None:
+    def __init__(self, in_type: int, device_scalars: bool = False, fast_accum: bool = False) -> None:
+        if in_type not in LINEAR_INPUT_TYPES:
+            raise ValueError(f"LinearMatmul: operand cudaDataType_t {in_type} is not one of {LINEAR_INPUT_TYPES}")
         from nvmath.bindings import cublasLt
 
         self._lt = cublasLt
+        self.in_type = int(in_type)
+        self.device_scalars = bool(device_scalars)
         self.fast_accum = bool(fast_accum)
         self.handle = cublasLt.create()
         self._plans: dict[tuple[int, ...], tuple[int, int, int, int, np.ndarray]] = {}
+        self._one = np.ones(1, dtype=np.float32)
+        self._zero = np.zeros(1, dtype=np.float32)
 
     def _set(self, obj: int, attr: Any, value: int) -> None:
         lt = self._lt
@@ -307,14 +296,17 @@ class Fp8Matmul(HandleOwner):
         lt.matmul_desc_set_attribute(obj, attr, buf.ctypes.data, buf.nbytes)
 
     def plan(
-        self, m: int, n: int, k: int, out_type: int, workspace_size: int, align: tuple[int, int, int] = (256, 256, 256)
+        self, m: int, n: int, k: int, out_type: int, workspace_size: int, align: tuple[int, int, int] = (256, 256, 256), ldd: int = 0
     ) -> tuple[int, int, int, int, np.ndarray]:
         """``(matmul_desc, a_layout, b_layout, d_layout, algo)`` for the call (made once; the
-        descriptor is complete -- TN, device pointer mode -- before the heuristic). ``align``:
-        the byte alignment (at most 256) the W, X and D pointers are known to have, given to
-        the heuristic (``CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES``, default 256: an
-        algorithm picked for 256-byte aligned operands may refuse less aligned ones)."""
-        key = (m, n, k, out_type, workspace_size, align)
+        descriptor is complete -- TN, pointer mode, FP8's ``FAST_ACCUM`` -- before the
+        heuristic). ``align``: the byte alignment (at most 256) the W, X and D pointers are known
+        to have, given to the heuristic (an algorithm picked for 256-byte aligned operands may
+        refuse less aligned ones). ``ldd``: D's row stride in elements (0: ``n``)."""
+        ldd = ldd or n
+        if ldd < n:
+            raise ValueError(f"LinearMatmul: D's row stride ldd={ldd} is below N={n}")
+        key = (m, n, k, out_type, workspace_size, align, ldd)
         got = self._plans.get(key)
         if got is not None:
             return got
@@ -325,14 +317,18 @@ class Fp8Matmul(HandleOwner):
             D = lt.MatmulDescAttribute
             self._set(desc, D.TRANSA, 1)  # CUBLAS_OP_T
             self._set(desc, D.TRANSB, 0)  # CUBLAS_OP_N
-            self._set(desc, D.POINTER_MODE, POINTER_MODE_DEVICE)
-            self._set(desc, D.FAST_ACCUM, int(self.fast_accum))
-            a = lt.matrix_layout_create(R_8F_E4M3, k, n, k)
-            b = lt.matrix_layout_create(R_8F_E4M3, k, m, k)
-            d = lt.matrix_layout_create(out_type, n, m, n)
+            if self.device_scalars:
+                self._set(desc, D.POINTER_MODE, POINTER_MODE_DEVICE)
+            if self.in_type == R_8F_E4M3:
+                self._set(desc, D.FAST_ACCUM, int(self.fast_accum))
+            a = lt.matrix_layout_create(self.in_type, k, n, k)
+            b = lt.matrix_layout_create(self.in_type, k, m, k)
+            d = lt.matrix_layout_create(out_type, n, m, ldd)
             algo = self._heuristic(desc, a, b, d, workspace_size, align)
             if algo is None:
-                raise RuntimeError(f"cuBLASLt has no FP8 GEMM algorithm for m={m} n={n} k={k} output {FP8_OUTPUT_TYPES[out_type]}")
+                what = LINEAR_INPUT_TYPES[self.in_type]
+                out = FP8_OUTPUT_TYPES.get(out_type, out_type)
+                raise RuntimeError(f"cuBLASLt has no {what} GEMM algorithm for m={m} n={n} k={k} output {out}")
         except BaseException:
             lt.matmul_desc_destroy(desc)
             for layout in (a, b, d):
@@ -365,19 +361,22 @@ class Fp8Matmul(HandleOwner):
                 return np.frombuffer(_field(results[i], "algo").tobytes(), dtype=np.uint8).copy()
         return None
 
-    def run(
-        self, m: int, n: int, k: int, w_ptr: int, x_ptr: int, alpha_ptr: int, beta_ptr: int, d_ptr: int, out_type: int,
-        workspace: int, workspace_size: int, stream: int,
+    def matmul(
+        self, m: int, n: int, k: int, w_ptr: int, x_ptr: int, d_ptr: int, out_type: int, workspace: int, workspace_size: int,
+        stream: int, ldd: int = 0, alpha_ptr: int = 0, beta_ptr: int = 0,
     ) -> None:  # fmt: skip
-        """Enqueue ``D = alpha * X @ W^T + beta * D`` on ``stream`` (``out_type`` a
-        ``cudaDataType_t``: 14 bfloat16, 2 float16, 0 float32; ``alpha_ptr`` / ``beta_ptr``
-        device pointers to float32, ``alpha = s_x * s_w`` and ``beta = 0``, read by the GPU when
-        the matmul runs; W ``[N, K]``, X ``[M, K]`` E4M3 and D ``[M, N]`` row-major)."""
-        fp8_check(m, n, k, out_type, {"W": w_ptr, "X": x_ptr, "D": d_ptr, "alpha": alpha_ptr, "beta": beta_ptr})
+        """Enqueue ``D = alpha * X @ W^T + beta * D`` on ``stream`` (W ``[N, K]``, X ``[M, K]``
+        row-major of ``in_type``; D ``[M, N]`` of ``out_type``, a ``cudaDataType_t``, rows
+        ``ldd`` apart, 0: ``n``); ``alpha_ptr`` / ``beta_ptr`` device float32 pointers with
+        ``device_scalars``, ignored without (alpha 1, beta 0)."""
         align = tuple(min(256, p & -p) for p in (w_ptr, x_ptr, d_ptr))
-        desc, a, b, d, algo = self.plan(m, n, k, out_type, workspace_size, align)
+        desc, a, b, d, algo = self.plan(m, n, k, out_type, workspace_size, align, ldd)
+        if self.device_scalars:
+            alpha, beta = int(alpha_ptr), int(beta_ptr)
+        else:
+            alpha, beta = self._one.ctypes.data, self._zero.ctypes.data
         self._lt.matmul(
-            self.handle, desc, int(alpha_ptr), w_ptr, a, x_ptr, b, int(beta_ptr), d_ptr, d, d_ptr, d,
+            self.handle, desc, alpha, w_ptr, a, x_ptr, b, beta, d_ptr, d, d_ptr, d,
             algo.ctypes.data, workspace, workspace_size, int(stream),
         )  # fmt: skip
 
@@ -394,17 +393,96 @@ class Fp8Matmul(HandleOwner):
             self.handle = 0
 
 
+class Fp8Matmul(LinearMatmul):
+    """cuBLASLt's FP8 GEMM for a row-major linear ``D[M, N] = alpha * X[M, K] @ W[N, K]^T``
+    with E4M3 ``X`` and ``W`` and ``alpha = s_x * s_w`` a float32 on the device.
+
+    The rules it follows (NVIDIA, cuBLAS documentation, "cublasLtMatmul()", the FP8 paragraph
+    "To use FP8 kernels, the following set of requirements must be satisfied": all matrix
+    dimensions meet the Tensor Core requirements -- pointers and leading dimensions 16-byte
+    aligned --; "A must be transposed and B non-transposed (The "TN" format)" on compute
+    capability 8.9 / 9.0; compute type ``CUBLAS_COMPUTE_32F``; scale type ``CUDA_R_32F``; and
+    its type table: E4M3 x E4M3 with ``C`` and ``D`` both bfloat16, both float16 or both
+    float32):
+
+    * the TN layouts of :class:`LinearMatmul` (D's ``ldd = N``);
+    * **no** ``A_SCALE_POINTER`` / ``B_SCALE_POINTER``: the two scales' product is the
+      matmul's ``alpha``, with ``CUBLASLT_MATMUL_DESC_POINTER_MODE`` =
+      ``CUBLASLT_POINTER_MODE_DEVICE`` (alpha and beta device float32 scalars, read when the
+      matmul runs, so an activation scale computed on the device -- the quantize kernel of
+      ``kernels/fp8_gemm.cu`` writes ``alpha = s_x * s_w`` and ``beta = 0`` -- needs no host
+      sync and a CUDA graph captures the call). Evidence: on the H200 (cuBLASLt 13.1,
+      ``bench/results/h200-2026-12-02-fp8-probe/``) every FP8 matmul with the A/B scale
+      pointers set returned ``CUBLAS_STATUS_NOT_SUPPORTED`` from ``cublasLtMatmul``, whether
+      they were set before or after the heuristic (which still offered an algorithm), while
+      the same matmul with a device alpha ran and matched float64 (``bench/fp8_probe.py``, mode
+      ``alpha-device``); a device alpha vector per row
+      (``POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO``) was refused too, so per-channel weight
+      scales stay an epilogue of the caller's;
+    * ``CUBLASLT_MATMUL_DESC_FAST_ACCUM`` = 0 (cuBLASLt's default, stated: the tensor cores'
+      FP8 accumulation is promoted to float32 at cuBLASLt's intervals, not only at the end)
+      unless ``fast_accum`` (1: no promotion, the whole K in the tensor cores' accumulator,
+      which keeps about 14 bits: faster where the GEMM is bound by its math, less exact by up
+      to ``~sqrt(K) * 2**-14`` of the output for zero-mean operands; vLLM's CUTLASS FP8
+      kernels for Hopper use the fast-accumulation schedules);
+    * :class:`LinearMatmul`'s plans and heuristic: the alpha / beta pointers are arguments of
+      each ``cublasLtMatmul``, not attributes of the descriptor, so they are not part of the
+      plan's key;
+    * ``K`` and ``N`` multiples of 16 (:func:`fp8_check`); ``M`` any.
+
+    Raises (from :meth:`run`): ValueError for a rule above broken (:func:`fp8_check`);
+    RuntimeError when cuBLASLt offers no algorithm; ``nvmath.bindings.cublasLt.cuBLASLtError``
+    from cuBLASLt itself.
+    """
+
+    def __init__(self, fast_accum: bool = False) -> None:
+        super().__init__(R_8F_E4M3, device_scalars=True, fast_accum=fast_accum)
+
+    def run(
+        self, m: int, n: int, k: int, w_ptr: int, x_ptr: int, alpha_ptr: int, beta_ptr: int, d_ptr: int, out_type: int,
+        workspace: int, workspace_size: int, stream: int,
+    ) -> None:  # fmt: skip
+        """Enqueue ``D = alpha * X @ W^T + beta * D`` on ``stream`` (``out_type`` a
+        ``cudaDataType_t``: 14 bfloat16, 2 float16, 0 float32; ``alpha_ptr`` / ``beta_ptr``
+        device pointers to float32, ``alpha = s_x * s_w`` and ``beta = 0``, read by the GPU when
+        the matmul runs; W ``[N, K]``, X ``[M, K]`` E4M3 and D ``[M, N]`` row-major)."""
+        fp8_check(m, n, k, out_type, {"W": w_ptr, "X": x_ptr, "D": d_ptr, "alpha": alpha_ptr, "beta": beta_ptr})
+        self.matmul(m, n, k, w_ptr, x_ptr, d_ptr, out_type, workspace, workspace_size, stream, alpha_ptr=alpha_ptr, beta_ptr=beta_ptr)
+
+
+_local = threading.local()
+
+
+def thread_linear(in_type: int, fast_accum: bool = False) -> LinearMatmul:
+    """This thread's :class:`LinearMatmul` for ``in_type`` (an :class:`Fp8Matmul` for E4M3),
+    made on first use: one cuBLASLt handle per thread and kind, as plugins need them (a handle
+    is not bound to a stream, the stream is an argument of each matmul).
+
+    Raises:
+        ValueError: ``in_type`` not in :data:`LINEAR_INPUT_TYPES`.
+    """
+    cache: dict[tuple[int, bool], LinearMatmul] = _local.__dict__.setdefault("linear", {})
+    key = (int(in_type), bool(fast_accum))
+    mm = cache.get(key)
+    if mm is None:
+        mm = cache[key] = Fp8Matmul(fast_accum) if in_type == R_8F_E4M3 else LinearMatmul(in_type, fast_accum=fast_accum)
+    return mm
+
+
 __all__ = [
     "FP8_ACCUMULATION_RTOL",
     "FP8_ALIGN",
     "FP8_FAST_ACCUMULATION_RTOL",
     "FP8_OUTPUT_TYPES",
     "FP8_SCALAR_POINTERS",
+    "LINEAR_INPUT_TYPES",
     "POINTER_MODE_DEVICE",
     "Candidate",
     "Fp8Matmul",
+    "LinearMatmul",
     "Lt",
     "R_8F_E4M3",
     "fp8_check",
     "signature",
+    "thread_linear",
 ]
