@@ -575,15 +575,15 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
 // Key new_key (-1: none) is read from k_new / v_new (the step's k/v rows of this KV head)
 // instead of the pool (from k_new_smem instead, a shared-memory row, when that is given: the
 // rotated key of fused RoPE). Query rows start q_stride elements apart per token; with fused
-// RoPE they are rotated as they are loaded (ROPE_TAB: cos/sin from rope_tab, the table of the
-// rows' one token; else computed per element). part_o == nullptr: write normalised rows to out; else write the unnormalised float32 output
+// RoPE they are rotated as they are loaded, or with ROPE_TAB (decode: one token) read rotated
+// from q_smem (row R - R0 of [16 WARPS_M][HEAD_DIM], made by the caller). part_o == nullptr: write normalised rows to out; else write the unnormalised float32 output
 // to part_o[hq * HEAD_DIM + d] and (max in log2 units, sum) to part_ml[2 * hq + {0, 1}].
 template <int WARPS_M, int WARPS_N, bool ROPE_TAB>
 __device__ __forceinline__ void attention_rows(
     const elem_t* __restrict__ q, const PoolView& pv, int q_tok0, int cached, int nrows, int R0, int G, int Hq, int h,
     int key_lo, int key_hi, int window, float scale_log2, float cap, elem_t* __restrict__ out, float* __restrict__ part_o,
     float* __restrict__ part_ml, char* smem, int new_key, const elem_t* __restrict__ k_new,
-    const elem_t* __restrict__ v_new, int q_stride, const RopeArgs& ra, const float* rope_tab, const elem_t* k_new_smem,
+    const elem_t* __restrict__ v_new, int q_stride, const RopeArgs& ra, const elem_t* q_smem, const elem_t* k_new_smem,
     float k_scale, float v_scale) {
     constexpr int M = 16 * WARPS_M;
     constexpr int NTHREADS = 32 * WARPS_M * WARPS_N;
@@ -623,8 +623,8 @@ __device__ __forceinline__ void attention_rows(
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const int d = q_dim(ks, hf, c);
-                if constexpr (ROPE_TAB)
-                    qa[ks][2 * hf + i] = qrow ? pack2_elem(rope_load_tab(qrow, d, rope_tab), rope_load_tab(qrow, d + 1, rope_tab)) : 0u;
+                if constexpr (ROPE_TAB)  // rotated by the caller: row R - R0 of q_smem
+                    qa[ks][2 * hf + i] = qrow ? *reinterpret_cast<const unsigned*>(q_smem + (R - R0) * HEAD_DIM + d) : 0u;
                 else
                     qa[ks][2 * hf + i] = qrow ? pack2_elem(rope_load(qrow, d, qpos, ra), rope_load(qrow, d + 1, qpos, ra)) : 0u;
             }
@@ -638,7 +638,7 @@ __device__ __forceinline__ void attention_rows(
 #endif
     }
 #if ROTARY_DIM == 0
-    (void)ra; (void)rope_tab;
+    (void)ra; (void)q_smem;
 #endif
     // each row's score scale (log2 units): KV_FP8 multiplies the codes, so k_scale joins it
     float row_scale[2] = {scale_log2, scale_log2};
@@ -996,12 +996,19 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
     rope_table(s_tab, (float)__ldg(ra.position_ids + q0), ra);
     __syncthreads();
     for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) s_knew[d] = d < ROTARY_DIM ? from_f32(rope_load_tab(k_new, d, s_tab)) : k_new[d];
+    // this CTA's q rows (query heads h * G + 16 rt ..), rotated once here: each warp then reads
+    // its fragments from shared memory, as the unfused kernel reads them from q
+    __shared__ __align__(16) elem_t s_q[16 * HEAD_DIM];
+    for (int e = threadIdx.x; e < 16 * HEAD_DIM; e += blockDim.x) {
+        const int r = e / HEAD_DIM, d = e % HEAD_DIM;
+        if (16 * rt + r < G) s_q[e] = from_f32(rope_load_tab(q + (long long)q0 * q_stride + (long long)(h * G + 16 * rt + r) * HEAD_DIM, d, s_tab));
+    }
     __syncthreads();
     const elem_t* k_src = s_knew;
-    const float* rope_tab = s_tab;
+    const elem_t* q_src = s_q;
 #else
     const elem_t* k_src = nullptr;
-    const float* rope_tab = nullptr;
+    const elem_t* q_src = nullptr;
 #endif
     if (split == 0 && rt == 0 && threadIdx.x < 2 * HEAD_DIM / PA_VEC && pos / BLOCK_SIZE < max_blocks) {
         // this token's k/v row of head h into its pool slot (the CTAs of this sequence read
@@ -1024,7 +1031,7 @@ extern "C" __global__ void __launch_bounds__(PA_THREADS, PA_DECODE_MIN_CTAS) pag
     }
     const PoolView pv = make_pool_view(pool, bt_row, layer, num_blocks, Hkv, h);
     attention_rows<1, 4, true>(q, pv, q0, pos, G, 16 * rt, G, Hq, h, lo, hi, window, scale_log2, cap, out, po, pml, smem, pos, k_new,
-                         v_new, q_stride, ra, rope_tab, k_src, k_scale, v_scale);
+                         v_new, q_stride, ra, q_src, k_src, k_scale, v_scale);
 }
 
 // Prefill (qlen > 1): grid (tiles, Hkv), where tiles >= sum over sequences with qlen > 1 of
