@@ -132,6 +132,17 @@ __device__ __forceinline__ unsigned int code_at(const unsigned int* __restrict__
 
 __device__ __forceinline__ int scale_index(int n, int g, int groups) { return ((n / 16) * groups + g) * 16 + n % 16; }
 
+// the scale and zero point at index idx of the per-group arrays (symmetric: 2^(BITS-1))
+__device__ __forceinline__ void group_scale_zero(const float* __restrict__ scales, const float* __restrict__ zeros, int idx, float& s, float& z) {
+    s = __ldg(scales + idx);
+#if HAS_ZEROS
+    z = __ldg(zeros + idx);
+#else
+    (void)zeros;
+    z = SYM_ZERO;
+#endif
+}
+
 // x[row, k .. k+7] (or x[row, perm[k .. k+7]]) as float32; k is a multiple of 8
 __device__ __forceinline__ void load_x8(const elem_t* __restrict__ xrow, const int* __restrict__ perm, int k, float* out) {
 #if HAS_PERM
@@ -1180,13 +1191,8 @@ trtcore_wq_gemm(const elem_t* __restrict__ x, const unsigned int* __restrict__ w
 
         const int n = n0 + r;
         if (n < N && k < K) {
-            const int idx = scale_index(n, k / group_size, groups);
-            const float s = __ldg(scales + idx);
-#if HAS_ZEROS
-            const float z = __ldg(zeros + idx);
-#else
-            const float z = SYM_ZERO;
-#endif
+            float s, z;
+            group_scale_zero(scales, zeros, scale_index(n, k / group_size, groups), s, z);
             const float b = -z * s;
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[e] = fmaf((float)code_at(w, chunks, n / 16, n % 16, k + e), s, b);
@@ -1267,13 +1273,8 @@ trtcore_wq_dequantize(const uint4* __restrict__ w, const float* __restrict__ sca
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
                 const int col = base + (hi ? XOFF_B1(j) : XOFF_B0(j));  // a pair, inside one group of 8+
-                const int idx = scale_index(n, min(col, K - 1) / group_size, groups);
-                const float s = __ldg(scales + idx);
-#if HAS_ZEROS
-                const float z = __ldg(zeros + idx);
-#else
-                const float z = SYM_ZERO;
-#endif
+                float s, z;
+                group_scale_zero(scales, zeros, scale_index(n, min(col, K - 1) / group_size, groups), s, z);
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
 #if BITS == 4
