@@ -14,7 +14,9 @@ tolerances).
   float32; in bfloat16, the full-vocabulary log-probabilities of the first token within
   bfloat16's tolerance of transformers' bfloat16 run (see
   :func:`test_default_model_bfloat16_logprobs_match_transformers`); 32 concurrent requests
-  give each the tokens it gets alone.
+  give each the tokens it gets alone;
+* a tiny checkpoint quantized to 4 bits: the weight-only GEMM's prefill paths in bfloat16 and
+  float16 against its float32 run.
 """
 
 from __future__ import annotations
@@ -71,6 +73,46 @@ def test_cuda_backend_low_precision(cp: Any, hf_models: ModelStore, name: str, d
     llm = _llm(hf_models, name, dtype)
     [out] = llm.generate(prompts_for(name)[1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0))
     assert all(np.isfinite(d[t].logprob) for d, t in zip(out.outputs[0].logprobs, out.outputs[0].token_ids))
+
+
+@pytest.mark.xfail(
+    reason="H200, session 19 (bench/results/h200-2026-12-04-session19/call6): 0.717 nats (bfloat16) and 0.712 (float16) "
+    "from the float32 run, tolerance 0.25 / 0.031; not yet isolated: the 16-bit 'cublas' prefill passes its kernel tests "
+    "against float64, the float32 run's tiled kernel had none on the GPU (test_float32_x_takes_the_tiled_kernel is new)",
+    strict=False,
+)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cuda_backend_weight_only_prefill(cp: Any, hf_models: ModelStore, dtype: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """A tiny checkpoint quantized to 4-bit RTN, group 32 (``trtcore quantize``'s
+    compressed-tensors output), through the engine: three prompts of 80, 33 and 7 tokens in one
+    prefill (120 rows: the weight-only plugin's "cublas" prefill, the weight dequantized to
+    ``dtype`` in the workspace, then cuBLASLt) against the same engine in float32 (the float32
+    kernel, no rounding of the weight), full-vocabulary log-probabilities within the 64 ``u`` of
+    the unquantized models above; the 16-row tensor-core kernel in slices
+    (``PREFILL_KERNEL`` "tensor_cores") within the same tolerance."""
+    from trtcore.plugins import weight_only_gemm as wog
+    from trtcore.quantizer import quantize_checkpoint
+
+    name = NAMES[0]
+    v = VARIANTS[name]
+    qdir = quantize_checkpoint(hf_models.dir(name), tmp_path / "q", method="rtn", bits=4, group_size=32)
+    rng = np.random.default_rng([v.seed, 7])
+    prompts = [[int(t) for t in rng.integers(3, v.vocab_size, n)] for n in (80, 33, 7)]
+    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=v.vocab_size)
+
+    def logprobs(dt: str) -> np.ndarray:
+        llm = LLM(str(qdir), backend="cuda", dtype=dt, kv_cache="contiguous", progress=False)
+        outs = llm.generate(prompts, sp)
+        return np.array([[o.outputs[0].logprobs[0][t].logprob for t in range(v.vocab_size)] for o in outs])
+
+    f32 = logprobs("float32")
+    tol = LOW_PRECISION_UNITS * UNIT_ROUNDOFF[dtype]
+    for prefill in ("cublas", "tensor_cores"):
+        monkeypatch.setattr(wog, "PREFILL_KERNEL", prefill)
+        low = logprobs(dtype)
+        diff = np.abs(low - f32)
+        _stat(test="weight_only_prefill_cuda_backend", name=name, dtype=dtype, prefill=prefill, max_abs_logprob_diff=float(diff.max()), tolerance=tol)
+        assert np.isfinite(low).all() and diff.max() <= tol, f"{dtype} {prefill}: log-probs differ from float32 by {diff.max():.3g} > {tol:.3g}"
 
 
 # ---------------------------------------------------------------------------------------

@@ -102,6 +102,21 @@ def test_kernel_matches_reference(case: tuple, dtype: np.dtype, m: int, prefill:
     check_plugin(plugin, specs, rtol=rtol)
 
 
+@pytest.mark.parametrize("m", [1, 17, 64])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_float32_x_takes_the_tiled_kernel(case: tuple, m: int) -> None:
+    """float32 x (a float32 engine's linears) runs the tiled float32 kernel at any M, whatever
+    PREFILL_KERNEL says, and matches the float64 reference within float32 accumulation error."""
+    f32 = np.dtype(np.float32)
+    rng = np.random.default_rng(zlib.crc32(repr((case, "f32", m)).encode()))
+    qw = _qw(rng, *case)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    assert not plugin.uses_tensor_cores(f32, m) and not plugin.prefill_on_cublas(f32, m)
+    k = qw.shape[1]
+    specs = [((m, k), f32)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
+    check_plugin(plugin, specs, rtol=default_tolerance(f32)[0] + np.sqrt(k) * 2.0**-24)
+
+
 @pytest.mark.parametrize("warps", [1, 3, 16])
 def test_decode_warps_share_a_tile(warps: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any number of warps per tile gives the same sums (the warps' partials added in shared
