@@ -449,11 +449,16 @@ def test_not_a_gguf_file(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
 
 
-def test_truncated_gguf(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fraction", [0.01, 0.33, 0.9], ids=["in_metadata", "in_tensors", "near_end"])
+def test_truncated_gguf(tmp_path: Path, fraction: float) -> None:
+    """A GGUF cut off in its metadata or its tensor data (an interrupted download) is a
+    ConversionError that gives the file's size and says what a cut-off file means, whatever
+    gguf's reader failed on; nothing is written."""
     write_synthetic_gguf(tmp_path / "full.gguf")
     data = (tmp_path / "full.gguf").read_bytes()
-    (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 3])
-    with pytest.raises(ConversionError):
+    cut = max(8, int(len(data) * fraction))
+    (tmp_path / "cut.gguf").write_bytes(data[:cut])
+    with pytest.raises(ConversionError, match=rf"cannot read GGUF file .*cut\.gguf \({cut:,} bytes\): .*A truncated or corrupt file"):
         convert_gguf(tmp_path / "cut.gguf", tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
 

@@ -265,6 +265,7 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
         ("awq", {"activations": "dynamic"}, "fp8"),
         ("fp8", {"bits": 4}, "rtn, awq"),
         ("fp8", {"group_size": 128}, "rtn, awq"),
+        ("fp8", {"symmetric": True}, "rtn, awq"),
     ]:
         ((name, value),) = option.items()
         flag = "--" + name.replace("_", "-")
@@ -277,6 +278,8 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
         quantize_checkpoint(src, tmp_path / "q", method="fp8", activations="row")
     assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--method", "fp8", "--bits", "4"]) == 2
     assert "bits (--bits) = 4 does not apply to method 'fp8'" in capsys.readouterr().err
+    assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--method", "fp8", "--symmetric"]) == 2
+    assert "symmetric (--symmetric) = True does not apply to method 'fp8'" in capsys.readouterr().err
     with pytest.raises(InvalidArgumentError, match=r"calibration_tokens \(--calibration-tokens\) must be positive, got 0"):
         quantize_checkpoint(src, tmp_path / "q", method="awq", calibration_tokens=0)
     # calibration tokenizes a text: a model without tokenizer.json is refused before any work

@@ -215,7 +215,11 @@ def _open_gguf(path: Path) -> Any:
     try:
         return gguf.GGUFReader(str(path), "r")
     except Exception as exc:  # truncated or corrupt file, unknown value type ...
-        raise ConversionError(f"cannot read GGUF file {path}: {exc}") from exc
+        # gguf's reader fails on a cut-off file with a NumPy view / reshape message: say what it means
+        raise ConversionError(
+            f"cannot read GGUF file {path} ({path.stat().st_size:,} bytes): {exc}. A truncated or corrupt file (an interrupted "
+            "download, a partial copy) fails this way: compare its size or SHA-256 with the source's and download it again"
+        ) from exc
 
 
 class _Metadata:

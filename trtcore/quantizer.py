@@ -324,6 +324,7 @@ _USED_BY = {
     "bits": ("rtn", "awq"),
     "group_size": ("rtn", "awq"),
     "observer": ("rtn", "awq"),
+    "symmetric": ("rtn", "awq"),
     "calibration": ("awq", "fp8-static"),
     "calibration_tokens": ("awq", "fp8-static"),
     "calibration_ids": ("awq", "fp8-static"),
@@ -442,6 +443,7 @@ def quantize_checkpoint(
         bits=bits,
         group_size=group_size,
         observer=observer,
+        symmetric=symmetric or None,  # False is the default, given or not
         strategy=strategy,
         activations=activations,
         kv_cache_scales=kv_cache_scales or None,
