@@ -555,7 +555,10 @@ def _fp8_mlp_net(input_scales: tuple[float, float] = (0.02, 0.05)) -> Any:
     b = net.add_input("b", tc.DataType.BF16, (-1, k))
     h = ops.add(g, a, b, "residual")
     y = ops.rms_norm(g, h, 1 + 0.1 * rng.standard_normal(k), 1e-5, "norm")
-    q, kk, v = (ops.linear(g, y, quantize_weight(rng.standard_normal((32, k)) * (1 + i), "tensor", input_scale=input_scales[0]), None, f"{r}_proj") for i, r in enumerate("qkv"))
+    q, kk, v = (
+        ops.linear(g, y, quantize_weight(rng.standard_normal((32, k)) * (1 + i), "tensor", input_scale=input_scales[0]), None, f"{r}_proj")
+        for i, r in enumerate("qkv")
+    )
     act = ops.mul(g, ops.silu(g, q, "act"), kk, "glu")
     down = ops.linear(g, act, quantize_weight(rng.standard_normal((k, 32)), "tensor", input_scale=input_scales[1]), None, "down_proj")
     net.mark_output(h)
@@ -615,8 +618,112 @@ def test_fp8_input_chains_are_shared_only_by_one_input_scale(monkeypatch: pytest
     g.implementations["fp8_gemm"] = "plugin"
     x = net.add_input("x", tc.DataType.BF16, (-1, 64))
     for i in range(3):
-        g.output(ops.linear(g, x, quantize_weight(rng.standard_normal((16, 64)), "channel", input_scale=0.02 * (1 + (i > 0))), None, f"l{i}"), f"y{i}")
+        g.output(
+            ops.linear(g, x, quantize_weight(rng.standard_normal((16, 64)), "channel", input_scale=0.02 * (1 + (i > 0))), None, f"l{i}"), f"y{i}"
+        )
     plan = compile_net(net, {"x": ((1, 64), (2, 64), (8, 64))}, arch=None)
     assert plan.stats["fp8_input_chains"] == 2
     # x is a network input: each chain is a pointwise kernel of its own, in place of the plugins' quantize kernels
     assert len([n for n in plan.graph.nodes if n.op == "pointwise_group"]) == 2
+
+
+def _prepared(plan: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Any], int, int]:
+    """The launches of ``plan`` at input ``shapes``, prepared on the host with placeholder
+    addresses (activations at 2**40, I/O and constants far above): (steps, base, size)."""
+    engine = ICudaEngine(plan)
+    ctx = engine.create_execution_context_without_device_memory()
+    base = 1 << 40
+    ctx.set_device_memory(base, engine.device_memory_size_v2)
+    for i in range(engine.num_io_tensors):
+        ctx.set_tensor_address(engine.get_tensor_name(i), (i + 2) << 44)
+    for name, shape in shapes.items():
+        assert ctx.set_input_shape(name, shape), name
+    steps = ctx.prepare({name: (i + 100) << 44 for i, name in enumerate(plan.graph.constants)})
+    return steps, base, engine.device_memory_size_v2
+
+
+def _plugin_overlaps(plan: Any, steps: list[Any], base: int, size: int) -> list[tuple[str, int]]:
+    """(plugin step, input index) for every activation input of a plugin launch whose bytes
+    meet the launch's outputs or workspace."""
+    bad = []
+    for step in steps:
+        if step.kind != "plugin":
+            continue
+        ins, outs, ws = step.tensors
+        ws_size = plan.sizes.get(f"workspace:{step.name}", 0)
+        taken = [(o.ptr, o.ptr + o.size * o.dtype.itemsize) for o in outs] + ([(ws, ws + ws_size)] if ws else [])
+        for i, t in enumerate(ins):
+            lo, hi = t.ptr, t.ptr + t.size * t.dtype.itemsize
+            if base <= lo < base + size and any(lo < b and a < hi for a, b in taken):
+                bad.append((step.name, i))
+    return bad
+
+
+@pytest.mark.parametrize("prefill", ["cublas", "tensor_cores"])
+def test_a_plugin_reading_a_skipped_copy_never_shares_its_input_bytes(prefill: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin whose input is a view (a reshape of a dense intermediate, like attention's
+    output before o_proj) reads it through materialize's copy-if-needed, which the runtime
+    skips where the view is dense: the plugin then reads the intermediate's own bytes. The
+    memory plan keeps them alive until the plugin ran, so neither its output nor its workspace
+    (the weight-only "cublas" prefill's dequantized W) lands on them. Before the fix both did
+    (a 4-bit engine's o_proj read weights as activations: bench/results/h200-2026-12-04-session19,
+    section 5). Checked on the prepared launches (no GPU), at every profile point."""
+    from trtcore import ops
+    from trtcore.plugins import weight_only_gemm as wog
+
+    monkeypatch.setattr(wog, "PREFILL_KERNEL", prefill)
+    rng = np.random.default_rng(11)
+    net = network()
+    g = ops.Graph(tc, net, "bfloat16")
+    x = net.add_input("x", tc.DataType.BF16, (-1, 4, 16))
+    h = ops.silu(g, x, "act")  # a dense intermediate of its own
+    y = ops.linear(g, ops.reshape(g, h, (-1, 64), "flat"), _random_qw(rng, 64, 64, 32, zeros=True), None, "proj")
+    g.output(ops.silu(g, y, "act2"), "out")
+    points = ((1, 4, 16), (40, 4, 16), (64, 4, 16))
+    plan = compile_net(net, {"x": points})
+    [node] = [n for n in plan.graph.nodes if n.op == "plugin"]
+    assert any(n.op == "copy" and n.attrs.get("if_needed") and n.outputs[0] == node.inputs[0] for n in plan.graph.nodes)
+    assert (plan.sizes.get(f"workspace:{node.name}", 0) > 0) == (prefill == "cublas")
+    for shape in points:
+        steps, base, size = _prepared(plan, {"x": shape})
+        [step] = [s for s in steps if s.kind == "plugin"]
+        assert base <= step.tensors[0][0].ptr < base + size, "x is the intermediate's own bytes (the copy skipped)"
+        assert _plugin_overlaps(plan, steps, base, size) == [], shape
+
+
+def test_no_plugin_input_shares_bytes_in_a_quantized_contiguous_cache_engine(tmp_path: Any) -> None:
+    """The plan the H200 ran wrong (session 19, call 6): a tiny checkpoint quantized to 4-bit
+    RTN group 32 by trtcore quantize, bfloat16, contiguous KV cache with attention as layers
+    (o_proj reads attention's output through a reshape), three prompts of 80 tokens: no
+    plugin's activation input meets its outputs or workspace (before the fix, both o_proj
+    launches had their workspace on their input)."""
+    from hf_models import VARIANTS, ModelStore
+
+    from trtcore.builder import _builder_config, define_network
+    from trtcore.checkpoint import Checkpoint
+    from trtcore.config import load_config
+    from trtcore.cuda.builder import compile_network
+    from trtcore.plan import BuildConfig, resolve_plan
+    from trtcore.quant_formats import resolve_quantization
+    from trtcore.quantizer import quantize_checkpoint
+    from trtcore.trt import load_trt
+
+    name = next(iter(VARIANTS))
+    q = quantize_checkpoint(ModelStore(tmp_path / "models").dir(name), tmp_path / "q", method="rtn", bits=4, group_size=32)
+    config, _ = resolve_quantization(q, load_config(q), None)
+    options = BuildConfig(
+        dtype="bfloat16", max_batch_size=8, max_seq_len=None, rope=None, kv_cache="contiguous", block_size=16,
+        max_num_tokens=2048, attention="layers", kv_cache_dtype="auto",
+    )  # fmt: skip
+    plan_choice = resolve_plan(config, options, "cuda")
+    with Checkpoint(q) as weights:
+        defined = define_network(load_trt("cuda"), config, weights, plan_choice)
+        plan = compile_network(defined.network, _builder_config(defined, None), None, arch=None)
+    b, s = 3, 80
+    shapes = {"input_ids": (b, s), "position_ids": (b, s), "last_token_ids": (b,), "attention_mask": (b, 1, 1, s, s)}
+    for i in range(config.num_hidden_layers):
+        for kv in ("key", "value"):
+            shapes[f"past_key_values.{i}.{kv}"] = (b, config.num_key_value_heads, 0, config.head_dim)
+    steps, base, size = _prepared(plan, shapes)
+    assert [st for st in steps if st.kind == "plugin" and "o_proj" in st.name], "o_proj runs the weight-only plugin"
+    assert _plugin_overlaps(plan, steps, base, size) == []

@@ -155,6 +155,14 @@ def _memory_plan(g: Graph, points: list[dict[str, tuple[int, ...]]]) -> tuple[di
                 r = root.get(v, v)
                 if v and r in first:
                     last[r] = max(last[r], j)
+    # a copy made only where needed (materialize's in front of a plugin or a GEMM) is skipped at
+    # run time where its source is already dense: its readers then read the source's bytes, so
+    # the source lives as long as the copy's output (reversed: a chain of such copies too)
+    for node in reversed(g.nodes):
+        if node.op == "copy" and node.attrs.get("if_needed"):
+            src, dst = (root.get(v, v) for v in (node.inputs[0], node.outputs[0]))
+            if src in last and dst in last:
+                last[src] = max(last[src], last[dst])
     sizes = {name: max(int(__import__("numpy").prod(s[name])) for s in shapes_all) * g.values[name].dtype.itemsize for name in first}
     buffers = [memory.Buffer(n, sizes[n], first[n], last[n]) for n in first]
     for i, node in enumerate(g.nodes):
