@@ -16,7 +16,8 @@ tolerances).
   :func:`test_default_model_bfloat16_logprobs_match_transformers`); 32 concurrent requests
   give each the tokens it gets alone;
 * a tiny checkpoint quantized to 4 bits: the weight-only GEMM's prefill paths in bfloat16 and
-  float16 against its float32 run.
+  float16 against its float32 run (contiguous cache); one with head_dim 32 on the paged cache,
+  prefill and decode, against the reference backend.
 """
 
 from __future__ import annotations
@@ -110,6 +111,45 @@ def test_cuda_backend_weight_only_prefill(cp: Any, hf_models: ModelStore, dtype:
         diff = np.abs(low - f32)
         _stat(test="weight_only_prefill_cuda_backend", name=name, dtype=dtype, prefill=prefill, max_abs_logprob_diff=float(diff.max()), tolerance=tol)
         assert np.isfinite(low).all() and diff.max() <= tol, f"{dtype} {prefill}: log-probs differ from float32 by {diff.max():.3g} > {tol:.3g}"
+
+
+def test_quantized_paged_engine_matches_the_reference_backend(cp: Any, tmp_path: Any) -> None:  # noqa: F811
+    """The default (paged) cache with 4-bit weights on the GPU against the float32 reference
+    backend on the CPU, the same quantized checkpoint: a tiny Llama with head_dim 32 (what the
+    paged kernels take), quantized by trtcore quantize (RTN, 4-bit, group 32, zero points).
+    Three prompts (80, 33, 7 tokens) in one prefill (the weight-only "cublas" prefill), then 6
+    greedy decode steps (the decode GEMV). Each step's log-probability of the token the engine
+    chose, and the first step's full vocabulary, are within 64 bfloat16 units of the reference's
+    with the same tokens teacher-forced (the reference backend runs the float64 dequantized
+    weights in float32)."""
+    from hf_models import Variant, write_checkpoint
+
+    from trtcore.quantizer import quantize_checkpoint
+
+    v = Variant("llama_hd32", head_dim=32, num_attention_heads=4, num_key_value_heads=2, seed=21)
+    q = quantize_checkpoint(write_checkpoint(v, tmp_path / "src"), tmp_path / "q", method="rtn", bits=4, group_size=32)
+    rng = np.random.default_rng([v.seed, 3])
+    prompts = [[int(t) for t in rng.integers(3, v.vocab_size, n)] for n in (80, 33, 7)]
+    full = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=v.vocab_size)
+    gpu = LLM(str(q), backend="cuda", dtype="bfloat16", progress=False)
+    ref = LLM(str(q), backend="reference", device="cpu", dtype="float32", progress=False)
+    tol = LOW_PRECISION_UNITS * UNIT_ROUNDOFF["bfloat16"]
+
+    def vocab(llm: LLM, batch: list[list[int]]) -> np.ndarray:
+        outs = llm.generate(batch, full)
+        return np.array([[o.outputs[0].logprobs[0][t].logprob for t in range(v.vocab_size)] for o in outs])
+
+    first = np.abs(vocab(gpu, prompts) - vocab(ref, prompts))
+    _stat(test="quantized_paged_vs_reference", step="prefill", max_abs_logprob_diff=float(first.max()), tolerance=tol)
+    assert first.max() <= tol, f"prefill: {first.max():.3g} > {tol:.3g}"
+    steps = gpu.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0))
+    for p, out in zip(prompts, steps):
+        toks, lps = out.outputs[0].token_ids, out.outputs[0].logprobs
+        want = vocab(ref, [p + list(toks[:i]) for i in range(len(toks))])
+        got = np.array([lps[i][t].logprob for i, t in enumerate(toks)])
+        diff = np.abs(got - want[np.arange(len(toks)), toks])
+        _stat(test="quantized_paged_vs_reference", step="decode", prompt=len(p), max_abs_logprob_diff=float(diff.max()), tolerance=tol)
+        assert diff.max() <= tol, f"decode after {len(p)} tokens: {diff.round(3)} > {tol:.3g}"
 
 
 # ---------------------------------------------------------------------------------------
