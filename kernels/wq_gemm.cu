@@ -48,7 +48,8 @@
 //                                warps' partial sums added in shared memory in warp order.
 //                                Needs DTYPE 1 or 2 and group_size a multiple of 16 (or K).
 //                                gemv16: blockIdx.y is the block's slice of x (any M).
-//   trtcore_wq_dequantize        the default above 16 rows of float16 / bfloat16 x (prefill):
+//   trtcore_wq_dequantize        the default from 40 rows of float16 / bfloat16 x (prefill,
+//                                weight_only_gemm.CUBLAS_MIN_M; above 16 for other groups):
 //   trtcore_wq_gather_x          a block of rows of W dequantized to x's dtype, then cuBLASLt's
 //                                GEMM (section "prefill on cuBLAS", at the end); act order
 //                                gathers x into the stored column order first.
@@ -1231,7 +1232,7 @@ trtcore_wq_gemm(const elem_t* __restrict__ x, const unsigned int* __restrict__ w
 }
 
 // ---- prefill on cuBLAS: the weight dequantized in blocks of rows --------------------------------
-// The plugin's default above 16 rows of float16 / bfloat16 x: trtcore_wq_dequantize writes a
+// The plugin's default from CUBLAS_MIN_M rows of float16 / bfloat16 x: trtcore_wq_dequantize writes a
 // block of rows of W in x's dtype into the workspace, cuBLASLt multiplies x by it on the tensor
 // cores (trtcore.cuda.cublaslt.LinearMatmul), block after block; with HAS_PERM
 // trtcore_wq_gather_x first permutes x's columns into the stored order, so the GEMM runs on the

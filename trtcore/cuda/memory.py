@@ -3,10 +3,10 @@
 Each buffer (an activation with memory of its own, a plugin's workspace, the GEMM workspace)
 is live from the step that writes it first to the step that reads it last (a view's readers
 count as readers of the buffer it views, and the readers of a copy the runtime may skip --
-materialize's copy-if-needed -- as readers of its source too: trtcore.cuda.builder). Buffers are placed greedily by size, largest first,
-each at the lowest aligned offset where it overlaps no already placed buffer whose lifetime
-intersects its own (the "greedy by size" strategy of TensorFlow Lite's and TensorRT's
-planners). Sizes are those at the optimization profile's largest shapes, so one block serves
+materialize's copy-if-needed -- as readers of its source too: trtcore.cuda.builder). Buffers
+are placed greedily by size, largest first, each at the lowest aligned offset where it overlaps
+no already placed buffer whose lifetime intersects its own (the "greedy by size" strategy of
+TensorFlow Lite's and TensorRT's planners). Sizes are those at the optimization profile's largest shapes, so one block serves
 every shape of the profile; ``ICudaEngine.device_memory_size_v2`` is the block's size.
 """
 
