@@ -352,7 +352,8 @@ def test_linear_matmul_writes_a_column_block_of_a_wider_output(lt: FakeLt, in_ty
     a, b, _, d = heur[3]
     assert (lt.layouts[a]["type"], lt.layouts[b]["type"], lt.layouts[d]["type"], lt.layouts[d]["ld"]) == (in_type, in_type, in_type, ldd)
     assert heur[4][8] == 32, "D's alignment: 16 columns of 2 bytes past 256"
-    mm.matmul(m, n, k, wp, xp, dp + col * dt.itemsize, in_type, 0, 1 << 20, 0, ldd=ldd + 8)
+    wide_raw, wide = _aligned(m * (ldd + 8) * dt.itemsize)  # room for the wider rows (the stand-in writes them)
+    mm.matmul(m, n, k, wp, xp, wide, in_type, 0, 1 << 20, 0, ldd=ldd + 8)
     assert len([c for c in lt.calls if c[0] == "heuristic"]) == 2, "another ldd, another plan"
     with pytest.raises(ValueError, match="ldd=40 is below N=48"):
         mm.matmul(m, n, k, wp, xp, dp, in_type, 0, 1 << 20, 0, ldd=40)
@@ -363,4 +364,4 @@ def test_linear_matmul_writes_a_column_block_of_a_wider_output(lt: FakeLt, in_ty
     a1, a2 = cublaslt.thread_linear(in_type), cublaslt.thread_linear(in_type)
     assert a1 is a2 and type(a1) is cublaslt.LinearMatmul and a1.in_type == in_type
     assert isinstance(cublaslt.thread_linear(28), cublaslt.Fp8Matmul)
-    del w_raw, x_raw, d_raw
+    del w_raw, x_raw, d_raw, wide_raw
