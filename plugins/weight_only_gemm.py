@@ -77,10 +77,11 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
-from trtcore.dtypes import KERNEL_DTYPE_CODES
+from trtcore.dtypes import KERNEL_DTYPE_CODES, lookup
 from trtcore.quantization import SUPPORTED_BITS, QuantizedWeight
 
 from .base import DeviceTensor, LinearShapes, Plugin, PluginError
+from .fp8_gemm import LT_WORKSPACE
 from .launcher import KernelLauncher
 
 __all__ = [
@@ -199,8 +200,8 @@ DEQUANT_BLOCK_BYTES = 256 << 20
 #: the block's rows are a multiple of this (whole tiles of cuBLASLt's GEMM, 256-byte aligned
 #: output columns)
 _BLOCK_ROW_UNIT = 128
-#: ``cudaDataType_t`` of the ``"cublas"`` prefill's operands and output, by x's dtype
-_CUDA_TYPES = {_FLOAT16: 2, _BFLOAT16: 14}
+#: the activation dtypes of the tensor-core kernels and the ``"cublas"`` prefill
+_HALF_TYPES = (_FLOAT16, _BFLOAT16)
 #: the workspace's parts are aligned to this many bytes
 _WS_ALIGN = 256
 #: whether :func:`pack_weight` stores weights in :func:`contiguous_x_order` where
@@ -616,7 +617,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         ``trtcore_wq_gemv16`` in slices of 16 rows); else :meth:`prefill_on_cublas` or the tiled
         float32 kernel."""
         rows_ok = 0 < m <= DECODE_MAX_M or (m > 0 and PREFILL_KERNEL == "tensor_cores") or (0 < m < CUBLAS_MIN_M and PREFILL_KERNEL == "cublas")
-        return np.dtype(dtype) in _CUDA_TYPES and rows_ok and self._tensor_core_groups()
+        return np.dtype(dtype) in _HALF_TYPES and rows_ok and self._tensor_core_groups()
 
     def _tensor_core_groups(self) -> bool:
         """Whether the group size suits the tensor-core kernels: a multiple of 16, or K."""
@@ -642,9 +643,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             x_ptr = workspace + gathered
             args = [(x.ptr, "ptr"), (perm, "ptr"), (x_ptr, "ptr"), (m, "i32"), (k, "i32")]
             _launch(defines, "trtcore_wq_gather_x", (-(-m * k // 8 // 256),), (256,), args, stream)
-        from .fp8_gemm import LT_WORKSPACE
-
-        mm = thread_linear(_CUDA_TYPES[dtype])
+        cuda_type = lookup(dtype).cuda_data_type
+        mm = thread_linear(cuda_type)
         rows = self.block_rows()
         chunks = -(-k // chunk_codes(self.bits))
         for n0 in range(0, n, rows):
@@ -653,14 +653,14 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             threads = -(-r // TILE_ROWS) * chunks * 32  # one per 16-byte vector of the block's tiles
             _launch(defines, "trtcore_wq_dequantize", (-(-threads // 256),), (256,), args + [(k, "i32"), (self.group_size, "i32")], stream)
             out_ptr = out.ptr + n0 * dtype.itemsize
-            mm.matmul(m, r, k, workspace, x_ptr, out_ptr, _CUDA_TYPES[dtype], workspace + lt_off, LT_WORKSPACE, stream, ldd=n)
+            mm.matmul(m, r, k, workspace, x_ptr, out_ptr, cuda_type, workspace + lt_off, LT_WORKSPACE, stream, ldd=n)
 
     def prefill_on_cublas(self, dtype: Any, m: int) -> bool:
         """Whether ``m`` rows of ``dtype`` take the ``"cublas"`` prefill (:data:`PREFILL_KERNEL`):
         float16/bfloat16 and at least :data:`CUBLAS_MIN_M` rows, or more than
         :data:`DECODE_MAX_M` where the group size does not suit the tensor-core kernels."""
         rows_ok = m >= CUBLAS_MIN_M or (m > DECODE_MAX_M and not self._tensor_core_groups())
-        return PREFILL_KERNEL == "cublas" and np.dtype(dtype) in _CUDA_TYPES and rows_ok
+        return PREFILL_KERNEL == "cublas" and np.dtype(dtype) in _HALF_TYPES and rows_ok
 
     def block_rows(self) -> int:
         """Rows of W the ``"cublas"`` prefill dequantizes at a time: the most whole
@@ -674,7 +674,6 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         order (act order only, ``m * K`` elements; else equal to the next), of cuBLASLt's
         workspace (:data:`~trtcore.plugins.fp8_gemm.LT_WORKSPACE` bytes), and the total. The
         dequantized block of W comes first, at 0."""
-        from .fp8_gemm import LT_WORKSPACE
 
         def up(b: int) -> int:
             return -(-b // _WS_ALIGN) * _WS_ALIGN

@@ -86,16 +86,27 @@ def decode_shapes(plan: Plan, batch: int = 1, blocks: int = 4) -> dict[str, tupl
     }
 
 
-def host_steps(plan: Plan, batch: int = 1) -> list[Any]:
-    """The launches of one paged decode step of ``batch`` sequences, prepared on the host
-    with placeholder addresses (no GPU): what the runtime would enqueue."""
+#: where :func:`prepared_steps` puts the activation block (inputs, outputs and constants lie
+#: above it, each ``2**40`` bytes apart)
+ACTIVATIONS = 1 << 40
+
+
+def prepared_steps(plan: Plan, shapes: dict[str, tuple[int, ...]]) -> list[Any]:
+    """The launches of ``plan`` at input ``shapes``, prepared on the host with placeholder
+    addresses (no GPU): what the runtime would enqueue. Activations at :data:`ACTIVATIONS`
+    (``plan.device_memory_size`` bytes)."""
     from trtcore.cuda.runtime import ICudaEngine
 
     engine = ICudaEngine(plan)
     ctx = engine.create_execution_context_without_device_memory()
-    ctx.set_device_memory(1 << 40, engine.device_memory_size_v2)
+    ctx.set_device_memory(ACTIVATIONS, engine.device_memory_size_v2)
     for i in range(engine.num_io_tensors):
         ctx.set_tensor_address(engine.get_tensor_name(i), (i + 2) << 40)
-    for name, shape in decode_shapes(plan, batch=batch).items():
-        ctx.set_input_shape(name, shape)
+    for name, shape in shapes.items():
+        assert ctx.set_input_shape(name, shape), name
     return ctx.prepare({name: (i + 100) << 40 for i, name in enumerate(plan.graph.constants)})
+
+
+def host_steps(plan: Plan, batch: int = 1) -> list[Any]:
+    """The launches of one paged decode step of ``batch`` sequences (:func:`prepared_steps`)."""
+    return prepared_steps(plan, decode_shapes(plan, batch=batch))

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from netutil import compile_net, decode_shapes, llama_plan, network, rms_norm_net
+from netutil import ACTIVATIONS, compile_net, decode_shapes, llama_plan, network, prepared_steps, rms_norm_net
 
 import trtcore.cuda as tc
 from trtcore.cuda import ir
@@ -627,24 +627,10 @@ def test_fp8_input_chains_are_shared_only_by_one_input_scale(monkeypatch: pytest
     assert len([n for n in plan.graph.nodes if n.op == "pointwise_group"]) == 2
 
 
-def _prepared(plan: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[list[Any], int, int]:
-    """The launches of ``plan`` at input ``shapes``, prepared on the host with placeholder
-    addresses (activations at 2**40, I/O and constants far above): (steps, base, size)."""
-    engine = ICudaEngine(plan)
-    ctx = engine.create_execution_context_without_device_memory()
-    base = 1 << 40
-    ctx.set_device_memory(base, engine.device_memory_size_v2)
-    for i in range(engine.num_io_tensors):
-        ctx.set_tensor_address(engine.get_tensor_name(i), (i + 2) << 44)
-    for name, shape in shapes.items():
-        assert ctx.set_input_shape(name, shape), name
-    steps = ctx.prepare({name: (i + 100) << 44 for i, name in enumerate(plan.graph.constants)})
-    return steps, base, engine.device_memory_size_v2
-
-
-def _plugin_overlaps(plan: Any, steps: list[Any], base: int, size: int) -> list[tuple[str, int]]:
-    """(plugin step, input index) for every activation input of a plugin launch whose bytes
-    meet the launch's outputs or workspace."""
+def _plugin_overlaps(plan: Any, steps: list[Any]) -> list[tuple[str, int]]:
+    """(plugin step, input index) for every activation input of a plugin launch
+    (:func:`netutil.prepared_steps`) whose bytes meet the launch's outputs or workspace."""
+    base, size = ACTIVATIONS, plan.device_memory_size
     bad = []
     for step in steps:
         if step.kind != "plugin":
@@ -685,10 +671,10 @@ def test_a_plugin_reading_a_skipped_copy_never_shares_its_input_bytes(prefill: s
     assert any(n.op == "copy" and n.attrs.get("if_needed") and n.outputs[0] == node.inputs[0] for n in plan.graph.nodes)
     assert (plan.sizes.get(f"workspace:{node.name}", 0) > 0) == (prefill == "cublas")
     for shape in points:
-        steps, base, size = _prepared(plan, {"x": shape})
+        steps = prepared_steps(plan, {"x": shape})
         [step] = [s for s in steps if s.kind == "plugin"]
-        assert base <= step.tensors[0][0].ptr < base + size, "x is the intermediate's own bytes (the copy skipped)"
-        assert _plugin_overlaps(plan, steps, base, size) == [], shape
+        assert ACTIVATIONS <= step.tensors[0][0].ptr < ACTIVATIONS + plan.device_memory_size, "x is the intermediate's own bytes (the copy skipped)"
+        assert _plugin_overlaps(plan, steps) == [], shape
 
 
 def test_no_plugin_input_shares_bytes_in_a_quantized_contiguous_cache_engine(tmp_path: Any) -> None:
@@ -724,6 +710,6 @@ def test_no_plugin_input_shares_bytes_in_a_quantized_contiguous_cache_engine(tmp
     for i in range(config.num_hidden_layers):
         for kv in ("key", "value"):
             shapes[f"past_key_values.{i}.{kv}"] = (b, config.num_key_value_heads, 0, config.head_dim)
-    steps, base, size = _prepared(plan, shapes)
+    steps = prepared_steps(plan, shapes)
     assert [st for st in steps if st.kind == "plugin" and "o_proj" in st.name], "o_proj runs the weight-only plugin"
-    assert _plugin_overlaps(plan, steps, base, size) == []
+    assert _plugin_overlaps(plan, steps) == []
