@@ -57,11 +57,13 @@
 //                                64 x 64 output tiles, K in chunks of 32, the dequantized weight
 //                                chunk and the activation chunk in shared memory (float32),
 //                                4 x 4 outputs per thread.
+//   trtcore_wq_swiglu            GATED weights (SwiGLU, section "the output") on the tiled and
+//                                cuBLAS paths: silu(gate) * up from their staged output.
 //
 // Defines: DTYPE (dtype.cuh), BITS 4 | 8, HAS_ZEROS 0 | 1, HAS_PERM 0 | 1, CONTIG_X 0 | 1 (the
 // layout's K order above; not with HAS_PERM), UNROLL (default 2);
 // the M <= 8 kernel's variant: WQ_DECODE 1 (default) | 2, and for 2 ROW_TILES, WQ_FOLD, SEG,
-// L2_PF, L2_HINT (section "decode v2" below).
+// L2_PF, L2_HINT (section "decode v2" below); GATED 0 | 1 (the SwiGLU output, section "the output").
 // Run-time: K a multiple of 8, group_size a multiple of 8 dividing K.
 //
 // trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 1}]
@@ -82,6 +84,10 @@
 // trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1}]
 // trtcore-variants: [{"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1}]
 // trtcore-variants: [{"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}]
+
+// gated (SwiGLU) outputs: the default decode kernels (v2, contiguous x) and the 16-row one, 4-bit
+// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}]
+// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}]
 
 #include "pdl.cuh"    // PDL_WAIT / PDL_LAUNCH: every kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE, elem_t, to_f32 / from_f32
@@ -141,6 +147,43 @@ __device__ __forceinline__ void group_scale_zero(const float* __restrict__ scale
 #else
     (void)zeros;
     z = SYM_ZERO;
+#endif
+}
+
+// ---- the output: plain, or gated (SwiGLU) ----------------------------------------------------
+//
+// GATED 1: W's N = 2 I rows are a gate/up pair of linears interleaved by 8 (made at build by
+// trtcore.plugins.weight_only_gemm.gated_order): rows 16 t .. 16 t + 7 are gate rows 8 t ..
+// 8 t + 7 and rows 16 t + 8 .. 16 t + 15 the up rows of the same features, so one thread's D
+// fragment holds both halves of an output feature and the kernel writes out[m, I] =
+// silu(gate) * up instead of y[m, N] (TensorRT-LLM's gemm + SwiGLU fusion, vLLM's
+// MergedColumnParallelLinear + SiluAndMul). The numbers are the unfused graph's: gate and up
+// rounded to elem_t as the GEMM writes them, then ops.silu and ops.mul as the pointwise kernel
+// computes them (sigmoid as codegen.py's SIGMOID, each layer's output rounded to elem_t).
+#ifndef GATED
+#define GATED 0
+#endif
+
+__device__ __forceinline__ float round_elem(float v) { return to_f32(from_f32(v)); }
+
+// silu(g) * u of a gate / up pair, every layer's rounding but the last (the store's)
+__device__ __forceinline__ float swiglu_of(float g, float u) {
+    g = round_elem(g);
+    const float s = round_elem(1.0f / (1.0f + expf(-g)));
+    return round_elem(g * s) * round_elem(u);
+}
+
+// the two outputs of one thread's D-fragment pair: rows gid (lo) and gid + 8 (hi) of 16-row tile
+// `tile`, x row m; N is W's rows (2 I when GATED: then one output, feature 8 tile + gid)
+__device__ __forceinline__ void store_rows(elem_t* __restrict__ out, int tile, int gid, int m, int M, int N, float lo, float hi) {
+    if (m >= M) return;
+#if GATED
+    const int half = N / 2, n = tile * 8 + gid;
+    if (n < half) out[(size_t)m * half + n] = from_f32(swiglu_of(lo, hi));
+#else
+    const int n = tile * 16 + gid;
+    if (n < N) out[(size_t)m * N + n] = from_f32(lo);
+    if (n + 8 < N) out[(size_t)m * N + n + 8] = from_f32(hi);
 #endif
 }
 
@@ -466,13 +509,14 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float sum = red[(t * 4 + i) * 32 + lane];
-            for (int q = 1; q < warps; ++q) sum += red[(q * MT * 4 + t * 4 + i) * 32 + lane];
-            // D fragment: rows gid (i < 2) or gid + 8, columns 2 tid + (i & 1)
-            const int n = tt * 16 + gid + (i < 2 ? 0 : 8);
-            const int m = t * 8 + 2 * tid + (i & 1);
-            if (n < N && m < M) out[(size_t)m * N + n] = from_f32(sum);
+        for (int i = 0; i < 2; ++i) {
+            // D fragment: rows gid (i) and gid + 8 (i + 2), column 2 tid + i
+            float lo = red[(t * 4 + i) * 32 + lane], hi = red[(t * 4 + i + 2) * 32 + lane];
+            for (int q = 1; q < warps; ++q) {
+                lo += red[(q * MT * 4 + t * 4 + i) * 32 + lane];
+                hi += red[(q * MT * 4 + t * 4 + i + 2) * 32 + lane];
+            }
+            store_rows(out, tt, gid, t * 8 + 2 * tid + i, M, N, lo, hi);
         }
     }
 }
@@ -819,13 +863,14 @@ __device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], fl
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float sum = red[(r * 4 + i) * 32 + lane];
-            for (int q = 1; q < warps; ++q) sum += red[q * wstride + (r * 4 + i) * 32 + lane];
-            // D fragment: rows gid (i < 2) or gid + 8, column 2 tid + (i & 1)
-            const int n = ((int)blockIdx.x * RT + r) * 16 + gid + (i < 2 ? 0 : 8);
-            const int m = 2 * tid + (i & 1);
-            if (n < N && m < M) out[(size_t)m * N + n] = from_f32(sum);
+        for (int i = 0; i < 2; ++i) {
+            // D fragment: rows gid (i) and gid + 8 (i + 2), column 2 tid + i
+            float lo = red[(r * 4 + i) * 32 + lane], hi = red[(r * 4 + i + 2) * 32 + lane];
+            for (int q = 1; q < warps; ++q) {
+                lo += red[q * wstride + (r * 4 + i) * 32 + lane];
+                hi += red[q * wstride + (r * 4 + i + 2) * 32 + lane];
+            }
+            store_rows(out, (int)blockIdx.x * RT + r, gid, 2 * tid + i, M, N, lo, hi);
         }
     }
 }
@@ -1143,9 +1188,10 @@ extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
 trtcore_wq_gemv16(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                   const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
                   int group_size, int cdiv, unsigned int cmagic) {
-    // one statement, a body call (tests/test_kernels.py: nothing but the body before its PDL_WAIT)
-    gemv_body<2>(x + (size_t)blockIdx.y * 16 * K, w, scales, zeros, perm, out + (size_t)blockIdx.y * 16 * N, min(16, M - (int)blockIdx.y * 16), N,
-                 K, group_size, cdiv, cmagic);
+    // one statement, a body call (tests/test_kernels.py: nothing but the body before its PDL_WAIT);
+    // with GATED the output's rows are N / 2 long (the SwiGLU output)
+    gemv_body<2>(x + (size_t)blockIdx.y * 16 * K, w, scales, zeros, perm, out + (size_t)blockIdx.y * 16 * (GATED ? N / 2 : N),
+                 min(16, M - (int)blockIdx.y * 16), N, K, group_size, cdiv, cmagic);
 }
 #endif  // DTYPE 1 or 2
 
@@ -1318,3 +1364,17 @@ trtcore_wq_gather_x(const elem_t* __restrict__ x, const int* __restrict__ perm, 
     store8(out + (size_t)m * K + k, v);
 }
 #endif  // DTYPE 1 or 2
+
+// ---- the gated output of the staged paths (tiled, cuBLAS) -----------------------------------------
+// out[m, j] = silu(gate) * up from y [M, 2 I] in W's gated row order (GATED above: gate feature j
+// at column 16 (j / 8) + j % 8, its up 8 columns on), out [M, I]; one thread per output
+extern "C" __global__ void __launch_bounds__(256)
+trtcore_wq_swiglu(const elem_t* __restrict__ y, elem_t* __restrict__ out, int M, int I) {
+    PDL_WAIT();  // y is the GEMM's output, just written
+    PDL_LAUNCH();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)M * I) return;
+    const int m = (int)(i / I), j = (int)(i % I);
+    const elem_t* pair = y + (size_t)m * 2 * I + (j / 8) * 16 + j % 8;
+    out[i] = from_f32(swiglu_of(to_f32(pair[0]), to_f32(pair[8])));
+}

@@ -51,6 +51,14 @@ offset folded into the flush, units of several chunks per group, optional L2 pre
 with ``ASYNC`` the weights in flight in shared memory (cp.async) instead of registers;
 ``{"WQ_DECODE": 1}`` selects v1.
 
+SwiGLU (:attr:`WeightOnlyGemmPlugin.swiglu`, made by the cuda backend's
+:mod:`trtcore.cuda.swiglu_fusion` from a fused gate/up plugin followed by ``silu(gate) * up``):
+the gate and up rows are interleaved by 8 (:func:`swiglu_order`), so the tensor-core kernels
+write ``silu(gate) * up`` from their epilogue (``GATED``), half the output and no SwiGLU kernel;
+the ``"cublas"`` prefill and the tiled kernel stage the GEMM output in the workspace and
+``trtcore_wq_swiglu`` follows. The activation's numbers are the unfused graph's
+(:func:`swiglu_reference`).
+
 Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
 (``x64 @ QuantizedWeight.dequantize().T`` rounded once to x's dtype); the kernels accumulate
 in float32 (the decode kernel: exact products of the integer codes and x summed per group,
@@ -103,6 +111,8 @@ __all__ = [
     "pack_codes",
     "pack_groups",
     "pack_weight",
+    "swiglu_order",
+    "swiglu_reference",
     "unpack_codes",
     "unpack_groups",
     "unpack_weight",
@@ -375,6 +385,57 @@ def unpack_groups(packed: np.ndarray, n: int, g: int) -> np.ndarray:
     return np.asarray(packed, np.float32).reshape(tiles, g, TILE_ROWS).transpose(0, 2, 1).reshape(tiles * TILE_ROWS, g)[:n]
 
 
+def swiglu_order(n: int) -> np.ndarray:
+    """The row order of a SwiGLU plugin's weight (:attr:`WeightOnlyGemmPlugin.swiglu`): ``int64
+    [N]``, element ``r`` the row of the stacked ``[gate; up]`` weight (``N = 2 I`` rows, gate rows
+    first) stored at row ``r``. Rows ``16 t .. 16 t + 7`` of each 16-row tile are gate rows ``8 t
+    ..`` ``8 t + 7`` and rows ``16 t + 8 ..`` the up rows of the same features, so one thread's
+    mma D fragment (rows ``gid`` and ``gid + 8``) holds both halves of intermediate feature
+    ``8 t + gid`` (kernels/wq_gemm.cu ``GATED``).
+
+    Raises:
+        PluginError: N is not a positive multiple of 16 (I a multiple of 8).
+    """
+    if n <= 0 or n % TILE_ROWS:
+        raise PluginError(f"swiglu_order: the gate and up rows must be a positive multiple of {TILE_ROWS} in all (I a multiple of 8), got {n}")
+    t, p = np.divmod(np.arange(n), TILE_ROWS)
+    return np.where(p < 8, 8 * t + p, n // 2 + 8 * t + p - 8)
+
+
+def swiglu_reference(y: np.ndarray) -> np.ndarray:
+    """``silu(gate) * up`` of a SwiGLU plugin's GEMM output ``y [M, 2 I]`` (rows in
+    :func:`swiglu_order`, float16 / bfloat16 / float32): ``[M, I]`` of y's dtype, computed as
+    :func:`trtcore.ops.swiglu_mlp`'s layers are on the reference backend (``ops.sigmoid``
+    ``1 / (1 + exp(-g))``, then ``g * s`` and ``a * up``, each in float32 and rounded to y's
+    dtype), so the fused plugin equals the unfused graph."""
+    m, n = y.shape
+    pairs = np.asarray(y).reshape(m, n // TILE_ROWS, 2, 8).astype(np.float32)
+    g, u = pairs[:, :, 0].reshape(m, n // 2), pairs[:, :, 1].reshape(m, n // 2)
+    dt = y.dtype
+    with np.errstate(over="ignore"):  # exp(-g) is inf below g = -88: s = 0, the limit
+        s = (1.0 / (1.0 + np.exp(-g))).astype(dt).astype(np.float32)
+    a = (g * s).astype(dt).astype(np.float32)
+    return (a * u).astype(dt)
+
+
+def _swiglu_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Packed codes of ``[gate; up]`` (:func:`pack_codes` of N = 2 I rows, I a multiple of 16)
+    in :func:`swiglu_order`, by moving half tiles: a tile's rows ``0 .. 7`` are the low nibble of
+    each byte (int4) or the low 16 bits of each word (int8), rows ``8 .. 15`` the high ones
+    (:func:`code_position`), so new tile ``t`` is half ``t % 2`` of gate tile ``t // 2`` in its low
+    halves and the same half of the up tile in its high halves. Equal to packing the permuted
+    rows (tests/test_weight_only_gemm.py)."""
+    shift = 4 if bits == 4 else 16
+    low = np.uint32(0x0F0F0F0F if bits == 4 else 0x0000FFFF)
+    words = np.ascontiguousarray(codes).view(np.uint32)
+    tiles = words.shape[0] // 2
+
+    def halves(w: np.ndarray) -> np.ndarray:  # [tiles, W] -> [2 tiles, W]: each tile's low, then high half, in the low bits
+        return np.stack([w & low, (w >> np.uint32(shift)) & low], axis=1).reshape(2 * tiles, -1)
+
+    return np.ascontiguousarray(halves(words[:tiles]) | (halves(words[tiles:]) << np.uint32(shift))).view(np.int32)
+
+
 @dataclass(frozen=True)
 class PackedWeight:
     """A :class:`~trtcore.quantization.QuantizedWeight` in the kernels' layout: the plugin's
@@ -465,7 +526,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     4    perm    ``[K]``                             int32, only when ``has_perm``
     ===  ======  ==================================  ===========================================
 
-    Output: ``y [..., N]`` of x's dtype.
+    Output: ``y [..., N]`` of x's dtype; with ``swiglu``, ``h [..., N / 2]``.
 
     Fields:
         in_features: K (a multiple of 8). out_features: N.
@@ -475,6 +536,12 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         has_perm: act-order permutation given.
         contiguous_x: the codes are stored in :func:`contiguous_x_order` (added after version 1:
             engines serialized before it load with False, their codes' order).
+        swiglu: W is a gate and an up linear of ``N / 2`` rows each, stored in
+            :func:`swiglu_order`, and the output is ``silu(gate) * up`` with the unfused graph's
+            roundings (:meth:`reference`): the MLP's activation in the GEMM's epilogue
+            (TensorRT-LLM's GEMM + SwiGLU plugin; vLLM's ``MergedColumnParallelLinear`` followed by
+            ``SiluAndMul``). Made by :meth:`with_swiglu` (the cuda backend's
+            :mod:`trtcore.cuda.swiglu_fusion`); added after version 1, False when absent.
     """
 
     plugin_name: ClassVar[str] = "trtcore_weight_only_gemm"
@@ -488,8 +555,9 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     has_zeros: bool = False
     has_perm: bool = False
     contiguous_x: bool = False
+    swiglu: bool = False
 
-    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"contiguous_x": False}
+    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"contiguous_x": False, "swiglu": False}
 
     def validate(self) -> None:
         if self.bits not in SUPPORTED_BITS:
@@ -506,6 +574,19 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
                 f"WeightOnlyGemmPlugin.contiguous_x needs groups of whole {chunk_codes(self.bits)}-code chunks and no act order; "
                 f"got in_features={k}, group_size={g}, has_perm={self.has_perm}"
             )
+        if self.swiglu and self.out_features % TILE_ROWS:
+            raise PluginError(
+                f"WeightOnlyGemmPlugin.swiglu needs out_features (gate and up rows) a multiple of {TILE_ROWS}, got {self.out_features!r}"
+            )
+
+    @property
+    def output_features(self) -> int:
+        """The output's last dimension: N, or N / 2 with :attr:`swiglu`."""
+        return self.out_features // 2 if self.swiglu else self.out_features
+
+    def output_shapes(self, input_shapes: Sequence[Sequence[Any]]) -> list[list[Any]]:
+        shape = super().output_shapes(input_shapes)[0]
+        return [shape[:-1] + [type(shape[-1])(self.output_features)]]
 
     @classmethod
     def from_quantized(cls, qw: QuantizedWeight) -> tuple[WeightOnlyGemmPlugin, PackedWeight]:
@@ -516,7 +597,10 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
 
     def row_fusion_key(self, constants: Sequence[np.ndarray]) -> Any:
         """Weights of the same K, bits, group size, zero-point presence, K order and act-order
-        permutation (compared by value) stack along N (q/k/v, gate/up): see :meth:`fuse_rows`."""
+        permutation (compared by value) stack along N (q/k/v, gate/up): see :meth:`fuse_rows`.
+        None (no fusion) with :attr:`swiglu`."""
+        if self.swiglu:
+            return None
         perm = np.asarray(constants[-1]).tobytes() if self.has_perm else b""
         return (self.in_features, self.bits, self.group_size, self.has_zeros, self.has_perm, perm, self.contiguous_x)
 
@@ -543,6 +627,27 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         )
         plugin, packed = cls.from_quantized(qw)
         return plugin, packed.arrays()
+
+    def with_swiglu(self, constants: Sequence[np.ndarray]) -> tuple[WeightOnlyGemmPlugin, list[np.ndarray]] | None:
+        """This plugin with :attr:`swiglu`, for a weight whose rows are a gate linear (the first
+        ``N / 2``) stacked on an up linear (the rest), as :meth:`fuse_rows` stacks them: the
+        plugin computing ``silu(x @ gate^T) * (x @ up^T)`` and its constant inputs in
+        :func:`swiglu_order`; None where that cannot be (already SwiGLU, or N / 2 not a multiple
+        of 8). The codes move by half tiles where N / 2 is a multiple of 16, else are unpacked
+        and packed again (exact either way)."""
+        n = self.out_features
+        if self.swiglu or n % TILE_ROWS:
+            return None
+        order = swiglu_order(n)
+        arrays = [np.asarray(c) for c in constants]
+        if (n // 2) % TILE_ROWS == 0:
+            arrays[0] = _swiglu_codes(arrays[0], self.bits)
+        else:
+            codes = unpack_codes(arrays[0], self.bits, n, self.in_features)
+            arrays[0] = pack_codes(codes[order], self.bits)
+        for i in range(1, 2 + int(self.has_zeros)):  # scales, [zeros]
+            arrays[i] = pack_groups(unpack_groups(arrays[i], n, self.groups)[order])
+        return dataclasses.replace(self, swiglu=True), arrays
 
     @property
     def num_inputs(self) -> int:
@@ -587,7 +692,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         return unpack_weight(pw)
 
     def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        """float64 NumPy: ``x64 @ dequantize(W)^T`` rounded once to x's dtype.
+        """float64 NumPy: ``x64 @ dequantize(W)^T`` rounded once to x's dtype; with
+        :attr:`swiglu`, then :func:`swiglu_reference` of it.
 
         Raises:
             PluginError: wrong input count or x's last dimension is not in_features.
@@ -598,8 +704,10 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             raise PluginError(f"WeightOnlyGemmPlugin: x {x.shape} must end in in_features={self.in_features}")
         # dequantized once while the same constants come back (the reference backend's, per token)
         w = self.from_constants(inputs[1:], lambda arrays: self.quantized_weight(*arrays).dequantize())
-        y = x.astype(np.float64).reshape(-1, self.in_features) @ w.T
-        return [y.reshape(*x.shape[:-1], self.out_features).astype(x.dtype)]
+        y = (x.astype(np.float64).reshape(-1, self.in_features) @ w.T).astype(x.dtype)
+        if self.swiglu:
+            y = swiglu_reference(y)
+        return [y.reshape(*x.shape[:-1], self.output_features)]
 
     # --- kernels -------------------------------------------------------------------------------
 
@@ -623,7 +731,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         """Whether the group size suits the tensor-core kernels: a multiple of 16, or K."""
         return self.group_size % 16 == 0 or self.group_size == self.in_features
 
-    def _prefill_cublas(self, inputs: Sequence[DeviceTensor], out: DeviceTensor, m: int, workspace: int, stream: int) -> None:
+    def _prefill_cublas(self, inputs: Sequence[DeviceTensor], out_ptr: int, m: int, workspace: int, stream: int) -> None:
         """The ``"cublas"`` prefill (:data:`PREFILL_KERNEL`): act order gathers x into the
         stored column order; then per block of :meth:`block_rows` rows ``n0 ..``,
         ``trtcore_wq_dequantize`` writes the block in x's dtype at the workspace's start and
@@ -652,8 +760,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             args = [(inputs[1].ptr, "ptr"), (inputs[2].ptr, "ptr"), (zeros, "ptr"), (workspace, "ptr"), (n0, "i32"), (r, "i32")]
             threads = -(-r // TILE_ROWS) * chunks * 32  # one per 16-byte vector of the block's tiles
             _launch(defines, "trtcore_wq_dequantize", (-(-threads // 256),), (256,), args + [(k, "i32"), (self.group_size, "i32")], stream)
-            out_ptr = out.ptr + n0 * dtype.itemsize
-            mm.matmul(m, r, k, workspace, x_ptr, out_ptr, cuda_type, workspace + lt_off, LT_WORKSPACE, stream, ldd=n)
+            mm.matmul(m, r, k, workspace, x_ptr, out_ptr + n0 * dtype.itemsize, cuda_type, workspace + lt_off, LT_WORKSPACE, stream, ldd=n)
 
     def prefill_on_cublas(self, dtype: Any, m: int) -> bool:
         """Whether ``m`` rows of ``dtype`` take the ``"cublas"`` prefill (:data:`PREFILL_KERNEL`):
@@ -682,14 +789,30 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         lt = gathered + (up(2 * m * self.in_features) if self.has_perm else 0)
         return gathered, lt, lt + LT_WORKSPACE
 
+    def staged_swiglu(self, dtype: Any, m: int) -> bool:
+        """Whether a :attr:`swiglu` plugin's ``m`` rows of ``dtype`` take a kernel without the
+        SwiGLU epilogue (the ``"cublas"`` prefill or the tiled kernel): the GEMM's output is then
+        staged in the workspace (:meth:`staging_bytes`) and ``trtcore_wq_swiglu`` writes the
+        output from it."""
+        return self.swiglu and (self.prefill_on_cublas(dtype, m) or not self.uses_tensor_cores(dtype, m))
+
+    def staging_bytes(self, dtype: Any, m: int) -> int:
+        """Bytes at the workspace's start of the staged GEMM output (:meth:`staged_swiglu`):
+        ``m x N`` of ``dtype``, aligned; 0 where nothing is staged."""
+        if not self.staged_swiglu(dtype, m):
+            return 0
+        return -(-m * self.out_features * np.dtype(dtype).itemsize // _WS_ALIGN) * _WS_ALIGN
+
     def workspace_size(self, inputs: Sequence[tuple[tuple[int, ...], np.dtype]], outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
-        """The ``"cublas"`` prefill's workspace for the largest x (``inputs[0]``): a block of
-        :meth:`block_rows` rows of W in x's dtype, x gathered into the stored order (act order),
-        cuBLASLt's workspace; 0 where that prefill does not run (float32 x, at most
-        :data:`DECODE_MAX_M` rows, another :data:`PREFILL_KERNEL`)."""
+        """The workspace for the largest x (``inputs[0]``): the staged GEMM output of a
+        :attr:`swiglu` plugin (:meth:`staging_bytes`), then the ``"cublas"`` prefill's: a block
+        of :meth:`block_rows` rows of W in x's dtype, x gathered into the stored order (act
+        order), cuBLASLt's workspace. 0 where neither runs (no SwiGLU staging; float32 x, at
+        most :data:`DECODE_MAX_M` rows, another :data:`PREFILL_KERNEL`)."""
         shape, dtype = inputs[0]
         m = int(np.prod(shape[:-1], dtype=np.int64))
-        return self._workspace_layout(m)[2] if self.prefill_on_cublas(dtype, m) else 0
+        cublas = self._workspace_layout(m)[2] if self.prefill_on_cublas(dtype, m) else 0
+        return self.staging_bytes(dtype, m) + cublas
 
     def chunks_per_group(self) -> int:
         """Whole chunks per group (0 when groups do not cover whole chunks): the decode
@@ -751,10 +874,13 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         """The ``"cublas"`` prefill where :meth:`prefill_on_cublas` and a workspace is given
         (without one, the tensor-core kernel in slices of 16 rows), else the decode kernel on the
         tensor cores where :meth:`uses_tensor_cores`, else the tiled kernel; on ``stream``, no
-        allocation, no sync.
+        allocation, no sync. With :attr:`swiglu` the tensor-core kernels compute SwiGLU in their
+        epilogue; the other two stage the GEMM output in the workspace and
+        ``trtcore_wq_swiglu`` follows (:meth:`staged_swiglu`).
 
         Raises:
-            PluginError: unsupported dtype, M beyond the tiled kernel's grid, or an x address the
+            PluginError: unsupported dtype, a staged SwiGLU output without a workspace, M beyond
+                the tiled kernel's grid, or an x address the
                 kernel's loads cannot take (decode: 4-byte aligned; tiled: 16-byte, its 16-byte
                 x loads, unless act order gathers x by element): refused before a launch, which
                 would fault and take the CUDA context with it.
@@ -768,17 +894,27 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if m == 0:
             return
         if workspace and self.prefill_on_cublas(dtype, m):
-            self._prefill_cublas(inputs, out, m, workspace, stream)
+            staged = self.staging_bytes(dtype, m)
+            self._prefill_cublas(inputs, workspace if staged else out.ptr, m, workspace + staged, stream)
+            if staged:
+                self._swiglu(workspace, out.ptr, m, dtype, stream)
             return
         # without a workspace the "cublas" prefill's rows take the 16-row tensor-core kernel
         tensor_cores = self.uses_tensor_cores(dtype, m) or (self.prefill_on_cublas(dtype, m) and self._tensor_core_groups())
+        y = out.ptr  # the GEMM's output: staged in the workspace for a SwiGLU plugin's tiled kernel
+        if self.swiglu and not tensor_cores:
+            if not workspace:
+                raise PluginError(
+                    f"WeightOnlyGemmPlugin.enqueue: the SwiGLU plugin's M={m} rows of {dtype} stage the GEMM output in a workspace; none was given"
+                )
+            y = workspace
         align = 4 if tensor_cores else 1 if self.has_perm else 16
         if x.ptr % align:
             raise PluginError(f"WeightOnlyGemmPlugin.enqueue: x at address {x.ptr:#x} is not {align}-byte aligned, as the kernel for M={m} needs")
         n, k = self.out_features, self.in_features
         zeros = inputs[3].ptr if self.has_zeros else 0
         perm = inputs[3 + int(self.has_zeros)].ptr if self.has_perm else 0
-        args = [(x.ptr, "ptr"), (inputs[1].ptr, "ptr"), (inputs[2].ptr, "ptr"), (zeros, "ptr"), (perm, "ptr"), (out.ptr, "ptr")]
+        args = [(x.ptr, "ptr"), (inputs[1].ptr, "ptr"), (inputs[2].ptr, "ptr"), (zeros, "ptr"), (perm, "ptr"), (y, "ptr")]
         args += [(m, "i32"), (n, "i32"), (k, "i32"), (self.group_size, "i32")]
         defines = tuple(sorted(self.defines(dtype).items()))
         if tensor_cores:
@@ -791,6 +927,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             warps = variant.pop("WARPS", 0) or self.decode_warps(variant.get("ROW_TILES", 1))
             rt = variant.get("ROW_TILES", 1)
             rings = warps * variant.get("ASYNC", 0) * variant.get("ASLOT", 0)  # bytes of the cp.async rings
+            if self.swiglu:
+                variant["GATED"] = 1  # the SwiGLU epilogue
             if variant:
                 defines = tuple(sorted({**dict(defines), **variant}.items()))
             slices = 1 if m <= 8 else -(-m // DECODE_MAX_M)  # gemv16: blockIdx.y is a slice of 16 rows
@@ -801,6 +939,16 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if -(-m // _BM) > 65535:
             raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the tiled kernel's grid (at most {65535 * _BM})")
         _launch(defines, "trtcore_wq_gemm", (-(-n // _BN), -(-m // _BM)), (256,), args, stream)
+        if self.swiglu:
+            self._swiglu(y, out.ptr, m, dtype, stream)
+
+    def _swiglu(self, y: int, out: int, m: int, dtype: np.dtype, stream: int) -> None:
+        """``trtcore_wq_swiglu``: ``out [m, N / 2]`` from the staged GEMM output ``y [m, N]``."""
+        total = m * self.output_features
+        defines = tuple(sorted(self.defines(dtype).items()))
+        _launch(
+            defines, "trtcore_wq_swiglu", (-(-total // 256),), (256,), [(y, "ptr"), (out, "ptr"), (m, "i32"), (self.output_features, "i32")], stream
+        )
 
 
 _KERNELS = KernelLauncher("wq_gemm")

@@ -420,7 +420,7 @@ def test_every_v2_variant_compiles(arch: str) -> None:
     for v in V2_DEFINES + extra:
         c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
         assert kernels.cubin_arch(c.cubin) == arch
-        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x"}
+        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x", "trtcore_wq_swiglu"}
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -585,7 +585,7 @@ def test_every_variant_compiles(arch: str) -> None:
     for v in variants:
         c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
         assert kernels.cubin_arch(c.cubin) == arch
-        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x"}
+        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x", "trtcore_wq_swiglu"}
 
 
 NET_CASES = [
@@ -804,3 +804,99 @@ def test_default_dequantize_blocks_and_the_cublas_rows() -> None:
     assert [g128.uses_tensor_cores(BF16, m) for m in (16, 17, lo - 1, lo)] == [True, True, True, False]
     assert [g8.prefill_on_cublas(np.float16, m) for m in (16, 17, lo)] == [False, True, True]
     assert not g128.prefill_on_cublas(np.float32, 4096)
+
+
+@pytest.mark.parametrize(("bits", "inter", "k"), [(4, 32, 128), (4, 48, 256), (8, 16, 96), (8, 64, 64)], ids=str)
+def test_swiglu_order_moves_half_tiles_as_packing_the_permuted_rows_does(bits: int, inter: int, k: int, rng: np.random.Generator) -> None:
+    """A SwiGLU plugin's weight: rows 16 t .. 16 t + 7 are gate rows 8 t .., rows 16 t + 8 ..
+    the up rows of the same features (a formula written here, not the module's); the packed
+    codes made by moving half tiles equal packing the permuted rows, and the plugin's constant
+    inputs are the permuted weight exactly (scales and zero points too)."""
+    n = 2 * inter
+    want_order = [(16 * t + p, 8 * t + p if p < 8 else inter + 8 * t + p - 8) for t in range(n // 16) for p in range(16)]
+    assert [(r, int(src)) for r, src in enumerate(wog.swiglu_order(n))] == want_order
+    codes = rng.integers(0, 1 << bits, (n, k), dtype=np.uint8)
+    np.testing.assert_array_equal(wog._swiglu_codes(wog.pack_codes(codes, bits), bits), wog.pack_codes(codes[wog.swiglu_order(n)], bits))
+    qw = random_qw(rng, n, k, bits, 32, "int", False)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    made = plugin.with_swiglu(packed.arrays())
+    assert made is not None
+    fused, arrays = made
+    assert fused.swiglu and fused.output_features == inter and fused.with_swiglu(arrays) is None and fused.row_fusion_key(arrays) is None
+    back = fused.quantized_weight(*arrays)
+    order = [src for _, src in want_order]
+    np.testing.assert_array_equal(back.codes, qw.codes[order])
+    np.testing.assert_array_equal(back.scales, qw.scales[order])
+    np.testing.assert_array_equal(back.zeros, qw.zeros[order])
+    assert WeightOnlyGemmPlugin(k, 24, bits, 32).with_swiglu([]) is None, "I = 12 is not a multiple of 8"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_swiglu_reference_is_silu_of_gate_times_up_with_each_layers_rounding(dtype: str, rng: np.random.Generator) -> None:
+    """The SwiGLU plugin's reference: the GEMM rounded to x's dtype, then silu(g) = g * sigmoid(g)
+    and the product, each rounded to the dtype, from gate feature j at column 16 (j // 8) + j % 8
+    and its up 8 columns on (the GEMM in float64; the pointwise layers in float32, as the
+    reference backend and the generated kernels compute them, each rounding where a layer writes
+    its output). The stacked weight here is the plain [gate; up] one, not the plugin's order."""
+    dt = np.dtype(getattr(ml_dtypes, dtype, None) or dtype)
+    inter, k = 24, 64
+    qw = random_qw(rng, 2 * inter, k, 4, 32, "none", False)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    fused, arrays = plugin.with_swiglu(packed.arrays())  # type: ignore[misc]
+    x = rng.standard_normal((3, k)).astype(dt)
+    f32 = np.float32
+    y = (x.astype(np.float64) @ qw.dequantize().T).astype(dt).astype(f32)  # [gate; up] rows
+    g, u = y[:, :inter], y[:, inter:]
+    s = (f32(1) / (f32(1) + np.exp(-g))).astype(dt).astype(f32)
+    want = ((g * s).astype(dt).astype(f32) * u).astype(dt)
+    got = fused.reference(x, *arrays)[0]
+    assert got.shape == (3, inter) and got.dtype == dt
+    np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64))
+    assert fused.output_shapes([[3, k]] + [list(a.shape) for a in arrays])[0][-1].value == inter
+
+
+def test_swiglu_plugin_launches_the_epilogue_or_stages_its_output(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU needed (launches and matmuls recorded): the tensor-core kernels run with GATED 1
+    and write the output; the "cublas" prefill and the tiled kernel (float32 x) write the GEMM
+    output into the workspace's first m x N elements, then trtcore_wq_swiglu writes the output
+    from it; the workspace holds that staging before the cuBLAS part; a staged path without a
+    workspace is refused."""
+    from trtcore.cuda import cublaslt
+    from trtcore.plugins.base import DeviceTensor
+
+    monkeypatch.setattr(wog, "PREFILL_KERNEL", "cublas")
+    events: list[tuple] = []
+    monkeypatch.setattr(wog, "_launch", lambda defines, name, grid, block, args, stream, **kw: events.append((dict(defines), name, grid, args)))
+
+    class Linear:
+        def matmul(self, m: int, nn: int, kk: int, w: int, x: int, d: int, *rest: Any, ldd: int = 0) -> None:
+            events.append(({}, "matmul", (), [(d, "ptr"), (ldd, "i32")]))
+
+    monkeypatch.setattr(cublaslt, "thread_linear", lambda in_type: Linear())
+    n, k, inter = 256, 128, 128
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, n, k, 4, 64, "none", False))
+    fused, arrays = plugin.with_swiglu(packed.arrays())  # type: ignore[misc]
+    ins = [DeviceTensor(0x10000 * (i + 1), a.shape, a.dtype) for i, a in enumerate(arrays)]
+    ws, x_ptr, out_ptr = 0x1000000, 0x2000, 0x800000
+    for m, dtype in ((1, BF16), (20, BF16)):
+        events.clear()
+        fused.enqueue([DeviceTensor(x_ptr, (m, k), dtype), *ins], [DeviceTensor(out_ptr, (m, inter), dtype)], ws, 0)
+        [(defines, name, grid, args)] = events
+        assert name == ("trtcore_wq_gemv" if m == 1 else "trtcore_wq_gemv16") and defines["GATED"] == 1 and args[5][0] == out_ptr
+        assert grid[0] == n // 16 and fused.workspace_size([((m, k), dtype)], [((m, inter), dtype)]) == 0
+    m = 64
+    staged = -(-m * n * 2 // 256) * 256
+    assert fused.workspace_size([((m, k), BF16)], [((m, inter), BF16)]) == staged + plugin.workspace_size([((m, k), BF16)], [((m, n), BF16)])
+    events.clear()
+    fused.enqueue([DeviceTensor(x_ptr, (m, k), BF16), *ins], [DeviceTensor(out_ptr, (m, inter), BF16)], ws, 0)
+    assert [e[1] for e in events] == ["trtcore_wq_dequantize", "matmul", "trtcore_wq_swiglu"]
+    assert events[0][3][3][0] == ws + staged, "the dequantized block after the staging"
+    assert events[1][3] == [(ws, "ptr"), (n, "i32")], "the GEMM writes the staging, rows N apart"
+    assert [a[0] for a in events[2][3]] == [ws, out_ptr, m, inter] and "GATED" not in events[2][0]
+    f32 = np.dtype(np.float32)
+    events.clear()
+    assert fused.workspace_size([((3, k), f32)], [((3, inter), f32)]) == 3 * n * 4 + (-(3 * n * 4) % 256)
+    fused.enqueue([DeviceTensor(x_ptr, (3, k), f32), *ins], [DeviceTensor(out_ptr, (3, inter), f32)], ws, 0)
+    assert [e[1] for e in events] == ["trtcore_wq_gemm", "trtcore_wq_swiglu"] and events[0][3][5][0] == ws
+    with pytest.raises(PluginError, match="stage the GEMM output in a workspace; none was given"):
+        fused.enqueue([DeviceTensor(x_ptr, (3, k), f32), *ins], [DeviceTensor(out_ptr, (3, inter), f32)], 0, 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 from netutil import ACTIVATIONS, compile_net, decode_shapes, llama_plan, network, prepared_steps, rms_norm_net
@@ -423,12 +424,15 @@ def _random_qw(rng: np.random.Generator, n: int, k: int, group: int, zeros: bool
 
 
 @pytest.mark.parametrize("aligned", [True, False], ids=["n16", "n_odd"])
-def test_weight_only_plugins_sharing_an_input_fuse_and_their_concat_is_a_view(aligned: bool) -> None:
+def test_weight_only_plugins_sharing_an_input_fuse_and_their_concat_is_a_view(aligned: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """q/k/v-like weight-only plugins on one x become one plugin whose output is sliced (the
     concat of the three is an empty view), gate/up-like ones too; a plugin of another group
     size stays alone. The fused plugin's reference equals the parts' side by side exactly
-    (also with zero points and an act-order permutation, and N not a multiple of 16: repacked)."""
+    (also with zero points and an act-order permutation, and N not a multiple of 16: repacked).
+    The SwiGLU pass, which would take the gate/up plugin further, is off here."""
     from trtcore import ops
+
+    monkeypatch.setenv("TRTCORE_SWIGLU_FUSION", "0")
 
     k = 256
     rng = np.random.default_rng(5)
@@ -467,6 +471,62 @@ def test_weight_only_plugins_sharing_an_input_fuse_and_their_concat_is_a_view(al
             p, packed = WeightOnlyGemmPlugin.from_quantized(w)
             want.append(p.reference(xv, *packed.arrays())[0])
         np.testing.assert_array_equal(fused, np.concatenate(want, axis=1))
+
+
+def _swiglu_mlp_net(rng: np.random.Generator, inter: int, k: int = 128, zeros: bool = False, act_order: bool = False, hidden_act: str = "silu") -> Any:
+    """x -> quantized gate / up -> act(gate) * up (``mlp.gated``) -> quantized down (output ``o``)."""
+    from trtcore import ops
+
+    perm = rng.permutation(k).astype(np.int32) if act_order else None
+    net = network()
+    g = ops.Graph(tc, net, "bfloat16")
+    x = net.add_input("x", tc.DataType.BF16, (-1, k))
+    gate, up = (_random_qw(rng, inter, k, 64, zeros, perm) for _ in range(2))
+    g.output(ops.swiglu_mlp(g, x, gate, up, _random_qw(rng, k, inter, 8), name="mlp", hidden_act=hidden_act), "o")
+    return net
+
+
+@pytest.mark.parametrize(("inter", "zeros", "act_order"), [(64, False, False), (40, True, False), (48, True, True)], ids=["i64", "i40_zeros", "i48_act_order"])
+def test_swiglu_after_a_gate_up_plugin_becomes_its_epilogue(inter: int, zeros: bool, act_order: bool) -> None:
+    """A SwiGLU MLP of weight-only linears compiles to two plugins: gate/up with SwiGLU in its
+    epilogue (its output the gated product, no sigmoid or product node left) and down. Its
+    reference equals the reference backend running the unfused network, bit for bit (gate and
+    up rows interleaved by half tiles where I is a multiple of 16, repacked where not)."""
+    from trtcore.reference.evaluator import evaluate
+
+    rng = np.random.default_rng(inter)
+    net = _swiglu_mlp_net(rng, inter, zeros=zeros, act_order=act_order)
+    plan = compile_net(net, {"x": ((1, 128), (2, 128), (8, 128))})
+    assert plan.stats["swiglu_fused"] == 1
+    nodes = kernel_nodes(plan)
+    assert [n.op for n in nodes] == ["plugin", "plugin"], [(n.op, n.name) for n in nodes]
+    gate_up, down = nodes
+    plugin = gate_up.attrs["plugin"]
+    assert plugin.swiglu and plugin.out_features == 2 * inter and plugin.output_features == inter
+    assert down.inputs[0] == gate_up.outputs[0] and plan.graph.values[gate_up.outputs[0]].shape == (-1, inter)
+    assert {"mlp.act_fn.sigmoid", "mlp.act_fn", "mlp.gated"} <= set(gate_up.layers)
+
+    xv = (rng.standard_normal((5, 128)) * 2).astype(ml_dtypes.bfloat16)
+    want = evaluate(net, {"x": xv}, capture=["mlp.gated"])["mlp.gated"]
+    got = plugin.reference(xv, *[plan.graph.constants[c] for c in gate_up.inputs[1:]])[0]
+    assert got.dtype == want.dtype and got.shape == want.shape == (5, inter)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("case", ["gate_captured", "act_captured", "gelu", "off"])
+def test_swiglu_stays_unfused_where_its_values_are_needed_or_it_is_not_silu(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate GEMM's output or silu(gate) kept as an engine output, a GeGLU MLP, and
+    ``TRTCORE_SWIGLU_FUSION=0`` leave the gate/up plugin plain; keeping the gated product itself
+    (which the fused plugin writes) does not."""
+    if case == "off":
+        monkeypatch.setenv("TRTCORE_SWIGLU_FUSION", "0")
+    net = _swiglu_mlp_net(np.random.default_rng(1), 64, hidden_act="gelu_pytorch_tanh" if case == "gelu" else "silu")
+    capture = {"gate_captured": ["mlp.gate_proj"], "act_captured": ["mlp.act_fn"]}.get(case, [])
+    plan = compile_net(net, {"x": ((1, 128), (2, 128), (8, 128))}, capture=capture)
+    assert plan.stats["swiglu_fused"] == 0
+    assert not any(n.attrs["plugin"].swiglu for n in plan.graph.nodes if n.op == "plugin")
+    kept = compile_net(_swiglu_mlp_net(np.random.default_rng(1), 64), {"x": ((1, 128), (2, 128), (8, 128))}, capture=["mlp.gated"])
+    assert kept.stats["swiglu_fused"] == (0 if case == "off" else 1)
 
 
 @pytest.mark.parametrize("case", ["channel", "tensor_equal", "tensor_differ", "input_differ"])

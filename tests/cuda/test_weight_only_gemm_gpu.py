@@ -25,6 +25,10 @@ other v2 variants, the M = 12 and 40 kernels too: the contiguous-x order (``CONT
 ``pack_weight(contiguous_x=True)``, the default where groups are whole chunks, so the tests
 above run it there) and the natural one (``contiguous_x=False``, which act order and partial
 groups always use); an x view off 16-byte alignment (v2's x loads) must take v1 and still match.
+
+The SwiGLU form of a gate/up plugin (``swiglu``: gate and up rows interleaved, silu(gate) * up
+written by the decode kernels' epilogue or by ``trtcore_wq_swiglu`` after a staged GEMM) is
+checked on four shapes at M = 1 .. 64 and with float32 x.
 """
 
 from __future__ import annotations
@@ -115,6 +119,49 @@ def test_float32_x_takes_the_tiled_kernel(case: tuple, m: int) -> None:
     k = qw.shape[1]
     specs = [((m, k), f32)] + [(a.shape, a.dtype, a) for a in packed.arrays()]
     check_plugin(plugin, specs, rtol=default_tolerance(f32)[0] + np.sqrt(k) * 2.0**-24)
+
+
+SWIGLU_CASES = [
+    # (2 I, K, bits, group_size (0: per channel), zeros, perm): I = 256 and 48 move half tiles, I = 40 repacks
+    (512, 4096, 4, 128, "none", False),
+    (96, 1024, 4, 64, "int", False),
+    (80, 2080, 4, 32, "frac", True),
+    (128, 1024, 8, 0, "none", False),
+]
+
+
+@pytest.mark.parametrize(("m", "prefill"), [(1, "cublas"), (5, "cublas"), (12, "cublas"), (17, "cublas"), (64, "cublas"), (64, "tiled")])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", SWIGLU_CASES, ids=str)
+def test_swiglu_plugin_matches_reference(case: tuple, dtype: np.dtype, m: int, prefill: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SwiGLU form of a gate/up plugin (``with_swiglu``): the decode kernels' epilogue (M up
+    to 16, v2 where it applies, v1 for act order) and the staged paths (cuBLAS at 64 rows, the
+    tiled kernel) against the reference, silu(gate) * up of the float64 GEMM rounded as the layers
+    round. Tolerance: four times the GEMM's, since an ulp of gate or up moves the product by
+    about that much of |up| or |silu(gate)|."""
+    monkeypatch.setattr(wog, "PREFILL_KERNEL", prefill)
+    rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), m, "swiglu")).encode()))
+    qw = _qw(rng, *case)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    made = plugin.with_swiglu(packed.arrays())
+    assert made is not None
+    fused, arrays = made
+    k = qw.shape[1]
+    specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in arrays]
+    check_plugin(fused, specs, rtol=4 * (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24))
+
+
+@pytest.mark.parametrize("case", SWIGLU_CASES[:2], ids=str)
+def test_swiglu_plugin_float32_stages_the_tiled_output(case: tuple) -> None:
+    """float32 x: the tiled kernel into the workspace, then trtcore_wq_swiglu."""
+    f32 = np.dtype(np.float32)
+    rng = np.random.default_rng(zlib.crc32(repr((case, "f32", "swiglu")).encode()))
+    qw = _qw(rng, *case)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    fused, arrays = plugin.with_swiglu(packed.arrays())  # type: ignore[misc]
+    k = qw.shape[1]
+    specs = [((3, k), f32)] + [(a.shape, a.dtype, a) for a in arrays]
+    check_plugin(fused, specs, rtol=4 * (default_tolerance(f32)[0] + np.sqrt(k) * 2.0**-24))
 
 
 @pytest.mark.parametrize("warps", [1, 3, 16])

@@ -4,7 +4,8 @@ The pipeline (one module per pass, in this order):
 
 1. :mod:`.ir` reads the network into the IR;
 2. :mod:`.fold_constants`;
-3. :mod:`.horizontal_fusion` (q/k/v, gate/up into one GEMM with slice views);
+3. :mod:`.horizontal_fusion` (q/k/v, gate/up into one GEMM with slice views), then
+   :mod:`.swiglu_fusion` (a SwiGLU after a fused gate/up plugin into that plugin's epilogue);
 4. :mod:`.fp8_input_fusion` (opt-in, ``TRTCORE_FP8_INPUT_FUSION=1``: a static-scale FP8
    linear's input quantization as pointwise nodes, which step 6 folds into the kernel producing
    the input);
@@ -50,6 +51,7 @@ from . import (
     materialize,
     memory,
     pointwise_fusion,
+    swiglu_fusion,
     tactics,
     views,
 )
@@ -280,6 +282,7 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
     points = profile_points(g, profile)
     g = fold_constants.run(g, stats)
     g = horizontal_fusion.run(g, stats)
+    g = swiglu_fusion.run(g, stats)
     g = fp8_input_fusion.run(g, stats)
     g = views.run(g, points, stats)
     g = pointwise_fusion.run(g, points, stats)
