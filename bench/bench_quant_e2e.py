@@ -7,7 +7,8 @@ per channel (:class:`~trtcore.cuda.synthetic.RandomQuantizedWeights`: the decode
 linear layers quantized, embeddings, norms and ``lm_head`` bfloat16, as published GPTQ / AWQ
 checkpoints; ``+ lm_head``: the ``lm_head`` 4-bit too, as GPTQModel's ``lm_head=True`` and
 gpt-fast's int4; the weights packed in the contiguous-x K order, ``weight_only_gemm.CONTIGUOUS_X``,
-the default; ``, natural order``: in the natural one), FP8 W8A8 with per-tensor weight scales
+the default; ``, natural order``: in the natural one; ``, SwiGLU unfused``: built without
+:mod:`trtcore.cuda.swiglu_fusion`, so SwiGLU runs as a kernel of its own), FP8 W8A8 with per-tensor weight scales
 (one per packed module) and static or dynamic activation scales, or (``channel``) per-channel
 weight scales; the cuda engine fuses q/k/v and gate/up in both
 (:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's
@@ -45,6 +46,7 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("W4A16 g128", 4, 128),
     ("W4A16 g128 + lm_head", 4, -128),  # lm_head 4-bit too (GPTQModel's lm_head=True; gpt-fast's int4)
     ("W4A16 g128 + lm_head, natural order", 4, -128),  # packed in the natural K order (no CONTIG_X)
+    ("W4A16 g128 + lm_head, SwiGLU unfused", 4, -128),  # TRTCORE_SWIGLU_FUSION=0 while it builds: the SwiGLU kernel of its own
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
     ("FP8 W8A8 static + FP8 KV", "fp8", 1),  # and kv_cache_dtype="fp8" (E4M3 KV pool, scales 1.0)
@@ -53,6 +55,19 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("FP8 W8A8 channel static", "fp8", 1),
     ("FP8 W8A8 channel static + FP8 KV", "fp8", 1),
 ]
+
+
+def variant_labels(text: str) -> list[str]:
+    """The labels of ``--variants``: comma-separated, where a label with a comma of its own
+    (``W4A16 g128 + lm_head, natural order``) is taken whole, the longest known label first; an
+    unknown piece is kept as it is (and reported)."""
+    known = {v[0] for v in VARIANTS}
+    parts, labels, i = text.split(","), [], 0
+    while i < len(parts):
+        j = next((j for j in range(len(parts), i, -1) if ",".join(parts[i:j]) in known), i + 1)
+        labels.append(",".join(parts[i:j]))
+        i = j
+    return labels
 
 
 def main() -> int:
@@ -88,7 +103,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.batches.split(",")]
-    wanted = args.variants.split(",")
+    wanted = variant_labels(args.variants)
     unknown = [w for w in wanted if w not in {v[0] for v in VARIANTS}]
     if unknown:
         ap.error(f"unknown --variants {unknown}; known: {[v[0] for v in VARIANTS]}")
@@ -116,6 +131,9 @@ def main() -> int:
                 seqs = max([*batches, args.throughput])
                 packing = wog.CONTIGUOUS_X
                 wog.CONTIGUOUS_X = packing and not label.endswith("natural order")  # read when the weights are packed, at build
+                swiglu = os.environ.get("TRTCORE_SWIGLU_FUSION")
+                if label.endswith("SwiGLU unfused"):
+                    os.environ["TRTCORE_SWIGLU_FUSION"] = "0"  # read at each compile
                 try:
                     with random_checkpoint(make):
                         llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
@@ -123,6 +141,10 @@ def main() -> int:
                                   max_num_tokens=max(max(batches) * 128, 8192 if args.throughput else 0), progress=False)  # fmt: skip
                 finally:
                     wog.CONTIGUOUS_X = packing
+                    if swiglu is None:
+                        os.environ.pop("TRTCORE_SWIGLU_FUSION", None)
+                    else:
+                        os.environ["TRTCORE_SWIGLU_FUSION"] = swiglu
                 start_s = time.perf_counter() - t0
                 weight_bytes = int(llm.executor.device.pools.get("weights", 0))
                 print(f"{name} {label}: started in {start_s:.1f} s, weights {weight_bytes / 2**30:.2f} GiB", flush=True)
