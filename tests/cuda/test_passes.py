@@ -12,7 +12,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from netutil import ACTIVATIONS, compile_net, decode_shapes, llama_plan, network, prepared_steps, rms_norm_net
+from netutil import ACTIVATIONS, compile_net, decode_shapes, host_steps, llama_plan, network, prepared_steps, rms_norm_net
 
 import trtcore.cuda as tc
 from trtcore.cuda import ir
@@ -773,3 +773,27 @@ def test_no_plugin_input_shares_bytes_in_a_quantized_contiguous_cache_engine(tmp
     steps = prepared_steps(plan, shapes)
     assert [st for st in steps if st.kind == "plugin" and "o_proj" in st.name], "o_proj runs the weight-only plugin"
     assert _plugin_overlaps(plan, steps) == []
+
+
+def test_a_4bit_decode_step_runs_no_swiglu_kernel() -> None:
+    """A SmolLM2-shaped 4-bit engine (group 64, paged cache), one decode step as the runtime
+    would enqueue it (no GPU): each layer's MLP is two plugin launches, gate/up with SwiGLU
+    (its output, I wide, read by down) and down, with no kernel between them; before the pass
+    a pointwise SwiGLU kernel ran there."""
+    from trtcore.builder import BuildConfig, _builder_config, define_network
+    from trtcore.cuda import synthetic
+    from trtcore.cuda.builder import compile_network
+
+    cfg = synthetic.config("SmolLM2-135M", num_hidden_layers=2, vocab_size=512)
+    bc = BuildConfig(dtype="bfloat16", max_batch_size=4, max_seq_len=128, max_num_tokens=128, max_num_blocks=64, kv_cache="paged")
+    d = define_network(tc, cfg, synthetic.RandomQuantizedWeights(cfg, 4, 64, seed=1), bc)
+    plan = compile_network(d.network, _builder_config(d, None), None, arch=None)
+    assert plan.stats["swiglu_fused"] == cfg.num_hidden_layers
+    steps = host_steps(plan)
+    for layer in range(cfg.num_hidden_layers):
+        i = next(i for i, s in enumerate(steps) if s.name.startswith(f"plugin:model.layers.{layer}.mlp.gate_proj"))
+        gate_up, down = steps[i], steps[i + 1]
+        assert gate_up.plugin.swiglu and gate_up.plugin.output_features == cfg.intermediate_size
+        assert down.name == f"model.layers.{layer}.mlp.down_proj.plugin", [s.name for s in steps[i : i + 3]]
+        (ins, outs, _), (down_ins, _, _) = gate_up.tensors, down.tensors
+        assert outs[0].shape == (1, cfg.intermediate_size) and down_ins[0].ptr == outs[0].ptr, "down reads the SwiGLU output"
