@@ -795,5 +795,5 @@ def test_a_4bit_decode_step_runs_no_swiglu_kernel() -> None:
         gate_up, down = steps[i], steps[i + 1]
         assert gate_up.plugin.swiglu and gate_up.plugin.output_features == cfg.intermediate_size
         assert down.name == f"model.layers.{layer}.mlp.down_proj.plugin", [s.name for s in steps[i : i + 3]]
-        (ins, outs, _), (down_ins, _, _) = gate_up.tensors, down.tensors
+        (_, outs, _), (down_ins, _, _) = gate_up.tensors, down.tensors
         assert outs[0].shape == (1, cfg.intermediate_size) and down_ins[0].ptr == outs[0].ptr, "down reads the SwiGLU output"
