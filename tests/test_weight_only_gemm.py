@@ -900,3 +900,16 @@ def test_swiglu_plugin_launches_the_epilogue_or_stages_its_output(rng: np.random
     assert [e[1] for e in events] == ["trtcore_wq_gemm", "trtcore_wq_swiglu"] and events[0][3][5][0] == ws
     with pytest.raises(PluginError, match="stage the GEMM output in a workspace; none was given"):
         fused.enqueue([DeviceTensor(x_ptr, (3, k), f32), *ins], [DeviceTensor(out_ptr, (3, inter), f32)], 0, 0)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_swiglu_epilogue_compiles_in_every_decode_kernel(arch: str) -> None:
+    """GATED with v1 (gemv / gemv16), the default v2, two row tiles, and the cp.async rings with
+    two row tiles and with XPF, for both 16-bit dtypes (no GPU needed)."""
+    variants = [{}, wog.DEFAULT_DECODE[4], {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 1, "SEG": 2}]
+    variants += [{"WQ_DECODE": 2, "ROW_TILES": 2, "SEG": 1, "ASYNC": 3, "ASLOT": wog.async_slot_bytes(1, 2, True)}]
+    variants += [{"WQ_DECODE": 2, "WQ_FOLD": 1, "SEG": 2, "ASYNC": 4, "XPF": 1, "ASLOT": wog.async_slot_bytes(2, 1, True)}]
+    for d in (1, 2):
+        for v in variants:
+            c = kernels.compile_kernel("wq_gemm", defines={"DTYPE": d, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1, **v}, arch=arch)
+            assert {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_swiglu"} <= set(c.symbols)

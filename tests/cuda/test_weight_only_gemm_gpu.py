@@ -363,3 +363,26 @@ def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int, monkeypatch:
         want = want.astype(np.float64)
         tol = (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24) * np.abs(want).max()
         assert np.isfinite(got).all() and np.abs(got - want).max() <= tol, (m, offset, prefill)
+
+
+#: v2 variants the SwiGLU epilogue is checked with beside the default: two row tiles (odd tile
+#: counts), the folded offset, and the cp.async rings (ROW_TILES 2, and XPF)
+SWIGLU_V2_VARIANTS = [V2_VARIANTS[i] for i in (2, 5, 13, 14)]
+
+
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("case", [(512, 4096, 4, 128, "none"), (80, 1536, 4, 128, "int"), (96, 2048, 8, 64, "frac")], ids=str)
+@pytest.mark.parametrize("variant", SWIGLU_V2_VARIANTS, ids=_v2_id)
+def test_swiglu_epilogue_of_v2_variants(variant: dict, case: tuple, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SwiGLU epilogue (GATED) of the v2 decode kernels that are not the default, on the
+    contiguous-x order: 2 I = 80 rows are 5 tiles, an odd count for two row tiles per block."""
+    monkeypatch.setattr(wog, "DECODE_VARIANT", variant)
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(zlib.crc32(repr((variant, case, m, "swiglu-v2")).encode()))
+    qw = _qw(rng, *case, False)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    fused, arrays = plugin.with_swiglu(packed.arrays())  # type: ignore[misc]
+    assert fused.decode_variant(dtype, m).get("WQ_DECODE") == 2
+    k = qw.shape[1]
+    specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in arrays]
+    check_plugin(fused, specs, rtol=4 * (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24))
