@@ -319,30 +319,48 @@ def _axes(bits: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (2, 8, -1, 2, 2, 4, 2), (0, 3, 2, 6, 4, 5, 1, 7)
 
 
-def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+def pack_codes(codes: np.ndarray, bits: int, contiguous_x: bool = False) -> np.ndarray:
     """Unsigned codes ``uint8 [N, K]`` into the kernels' ``int32 [N_pad / 16, chunks * 128]``
-    layout (module docstring; :func:`code_position` per code).
+    layout (module docstring; :func:`code_position` per code). ``contiguous_x``: store them in
+    :func:`contiguous_x_order` (K whole chunks), the same as packing
+    ``codes[:, contiguous_x_order(K, bits)]`` but without the column gather: that order is a
+    permutation of axes inside each chunk, so it joins the layout's one transpose. The int4
+    nibbles of rows ``gid`` and ``gid + 8`` share a byte, so they are merged before it.
 
     Raises:
-        PluginError: bits not 4 or 8, K not a multiple of 8, or a code out of range.
+        PluginError: bits not 4 or 8, K not a multiple of 8 (of the chunk with
+            ``contiguous_x``), or a code out of range.
     """
     if bits not in SUPPORTED_BITS:
         raise PluginError(f"pack_codes: bits must be one of {SUPPORTED_BITS}, got {bits!r}")
     n, k = codes.shape
-    if k % 8:
-        raise PluginError(f"pack_codes: K must be a multiple of 8, got {k}")
+    c = chunk_codes(bits)
+    if k % 8 or (contiguous_x and k % c):
+        raise PluginError(f"pack_codes: K must be a multiple of {c if contiguous_x else 8}, got {k}")
     if codes.size and int(codes.max()) >= 1 << bits:
         raise PluginError(f"pack_codes: codes must be below 2**{bits}, got {int(codes.max())}")
     n_pad, k_pad = _padded(n, k, bits)
-    padded = np.zeros((n_pad, k_pad), np.uint8)
-    padded[:n, :k] = codes
-    split, order = _axes(bits)
-    tiles, chunks = n_pad // TILE_ROWS, k_pad // chunk_codes(bits)
-    # [tiles, chunks, lane, word, slot] in uint8, then each word's slots as its 4 bytes
-    u = np.ascontiguousarray(padded.reshape(tiles, *split).transpose(order)).reshape(tiles, chunks, 32, 4, 32 // bits)
+    padded = np.asarray(codes, np.uint8)
+    if padded.shape != (n_pad, k_pad):
+        padded = np.zeros((n_pad, k_pad), np.uint8)
+        padded[:n, :k] = codes
+    tiles, chunks, steps = n_pad // TILE_ROWS, k_pad // c, c // 16
+    rows = padded.reshape(tiles, 2, 8, k_pad)  # [T, h, gid, K]
+    # a chunk's K: stored column 16 j + 8 c8 + 2 tid + e, or (contiguous x) weight column
+    # tid C / 4 + 4 j + 2 c8 + e; into [T, C, gid, tid, j, ...]: lane 4 gid + tid, word j
     if bits == 4:
-        u = u[..., 0::2] | (u[..., 1::2] << 4)  # byte b holds nibbles 2b (low) and 2b + 1
-    return np.ascontiguousarray(u).view("<u4").reshape(tiles, chunks * 128).view(np.int32)
+        merged = rows[:, 0] | (rows[:, 1] << 4)  # [T, gid, K]: nibble 4 e + 2 c8 + h, h the low bit
+        if contiguous_x:
+            u = merged.reshape(tiles, 8, chunks, 4, steps, 2, 2).transpose(0, 2, 1, 3, 4, 6, 5)
+        else:
+            u = merged.reshape(tiles, 8, chunks, steps, 2, 4, 2).transpose(0, 2, 1, 5, 3, 6, 4)
+        # [T, C, gid, tid, j, e, c8]: byte 2 e + c8 of word j
+    elif contiguous_x:
+        u = rows.reshape(tiles, 2, 8, chunks, 4, steps, 2, 2).transpose(0, 3, 2, 4, 5, 6, 1, 7)
+    else:
+        u = rows.reshape(tiles, 2, 8, chunks, steps, 2, 4, 2).transpose(0, 3, 2, 6, 4, 5, 1, 7)
+        # int8, [T, C, gid, tid, j, c8, h, e]: byte 2 h + e of word 2 j + c8
+    return np.ascontiguousarray(u).reshape(tiles, chunks * 512).view("<u4").reshape(tiles, chunks * 128).view(np.int32)
 
 
 def unpack_codes(packed: np.ndarray, bits: int, n: int, k: int) -> np.ndarray:
@@ -491,12 +509,10 @@ def pack_weight(qw: QuantizedWeight, contiguous_x: bool | None = None) -> Packed
             f"got K={k}, group_size={qw.group_size}, act order {qw.perm is not None}"
         )
     contiguous = (allowed and CONTIGUOUS_X) if contiguous_x is None else bool(contiguous_x)
-    codes = qw.codes[:, contiguous_x_order(k, qw.bits)] if contiguous else qw.codes
     zeros = None if qw.zeros is None else pack_groups(np.asarray(qw.zeros, np.float32))
     perm = None if qw.perm is None else np.ascontiguousarray(qw.perm, np.int32)
-    return PackedWeight(
-        pack_codes(codes, qw.bits), pack_groups(np.asarray(qw.scales, np.float32)), zeros, perm, qw.bits, qw.group_size, k, n, contiguous
-    )
+    codes = pack_codes(qw.codes, qw.bits, contiguous)
+    return PackedWeight(codes, pack_groups(np.asarray(qw.scales, np.float32)), zeros, perm, qw.bits, qw.group_size, k, n, contiguous)
 
 
 def unpack_weight(pw: PackedWeight) -> QuantizedWeight:

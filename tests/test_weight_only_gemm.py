@@ -913,3 +913,15 @@ def test_the_swiglu_epilogue_compiles_in_every_decode_kernel(arch: str) -> None:
         for v in variants:
             c = kernels.compile_kernel("wq_gemm", defines={"DTYPE": d, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1, **v}, arch=arch)
             assert {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_swiglu"} <= set(c.symbols)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_contiguous_x_packing_equals_packing_the_gathered_columns(bits: int, rng: np.random.Generator) -> None:
+    """``pack_codes(contiguous_x=True)`` (the order as axes of the layout's transpose) equals
+    packing the columns gathered into :func:`contiguous_x_order`, on N with a partial tile; a K
+    that is not whole chunks is refused."""
+    c = wog.chunk_codes(bits)
+    codes = rng.integers(0, 1 << bits, (40, 3 * c), dtype=np.uint8)
+    np.testing.assert_array_equal(pack_codes(codes, bits, contiguous_x=True), pack_codes(codes[:, contiguous_x_order(3 * c, bits)], bits))
+    with pytest.raises(PluginError, match=f"K must be a multiple of {c}"):
+        pack_codes(codes[:, : c + 8], bits, contiguous_x=True)
