@@ -201,9 +201,15 @@ class Plugin:
         """Rebuild a plugin from ``{field name: serialized data}`` (what a creator receives).
 
         Raises:
-            PluginError: a field is missing or does not parse.
+            PluginError: a field is missing or does not parse, or a field this class does not
+                know is given (a plugin serialized by a newer trtcore, whose field would change
+                what it computes: refused rather than dropped).
         """
         kwargs: dict[str, Any] = {}
+        known = [name for name, _, _, _ in cls.field_specs()]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise PluginError(f"plugin {cls.plugin_name}: unknown field(s) {unknown} (serialized by a newer trtcore?); this version knows {known}")
         defaults = {name: np.asarray(cls._OPTIONAL_FIELDS[name], dtype=dt) for name, _, dt, _ in cls.field_specs() if name in cls._OPTIONAL_FIELDS}
         data = {**defaults, **data}
         for name, _, _dt, t in cls.field_specs():

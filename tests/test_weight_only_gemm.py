@@ -332,6 +332,20 @@ def test_contiguous_x_field_is_optional_and_keys_fusion(rng: np.random.Generator
     assert a.row_fusion_key(a_packed.arrays()) != b.row_fusion_key(b_packed.arrays())
 
 
+def test_swiglu_field_round_trips_and_an_unknown_field_is_refused() -> None:
+    """swiglu (optional, False when absent) round-trips through the field collection; a field
+    this version does not know (an engine from a newer trtcore, whose field would change the
+    output) is a PluginError naming it, not dropped."""
+    plugin = WeightOnlyGemmPlugin(128, 48, 4, 64, swiglu=True)
+    assert base.create(plugin, ref) == plugin
+    assert "swiglu" not in {name for name, _, _ in WeightOnlyGemmPlugin(128, 48, 4, 64).field_values()}
+    data = {name: d for name, _, d in plugin.field_values()}
+    with pytest.raises(PluginError, match=r"unknown field\(s\) \['residual_norm'\] \(serialized by a newer trtcore\?\)"):
+        WeightOnlyGemmPlugin.from_field_data({**data, "residual_norm": np.asarray([1], np.int32)})
+    with pytest.raises(PluginError, match="swiglu needs out_features"):
+        WeightOnlyGemmPlugin(128, 24, 4, 64, swiglu=True)
+
+
 def _prmt(a: int, b: int, sel: int) -> int:
     """PTX ``prmt.b32`` (default mode): result byte i is byte ``(sel >> 4 i) & 7`` of b:a."""
     src = a | (b << 32)
