@@ -86,8 +86,8 @@
 // trtcore-variants: [{"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2}]
 
 // gated (SwiGLU) outputs: the default decode kernels (v2, contiguous x) and the 16-row one, 4-bit
-// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}]
-// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}]
+// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}]
+// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}]
 
 #include "pdl.cuh"    // PDL_WAIT / PDL_LAUNCH: every kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE, elem_t, to_f32 / from_f32
@@ -153,7 +153,7 @@ __device__ __forceinline__ void group_scale_zero(const float* __restrict__ scale
 // ---- the output: plain, or gated (SwiGLU) ----------------------------------------------------
 //
 // GATED 1: W's N = 2 I rows are a gate/up pair of linears interleaved by 8 (made at build by
-// trtcore.plugins.weight_only_gemm.gated_order): rows 16 t .. 16 t + 7 are gate rows 8 t ..
+// trtcore.plugins.weight_only_gemm.swiglu_order): rows 16 t .. 16 t + 7 are gate rows 8 t ..
 // 8 t + 7 and rows 16 t + 8 .. 16 t + 15 the up rows of the same features, so one thread's D
 // fragment holds both halves of an output feature and the kernel writes out[m, I] =
 // silu(gate) * up instead of y[m, N] (TensorRT-LLM's gemm + SwiGLU fusion, vLLM's
