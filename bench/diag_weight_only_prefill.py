@@ -1,5 +1,6 @@
 """Which path makes a 4-bit engine's 16-bit log-probabilities differ from its float32 run
-(tests/cuda/test_llm_gpu.py::test_cuda_backend_weight_only_prefill, xfail since session 19).
+(tests/cuda/test_llm_gpu.py::test_cuda_backend_weight_only_prefill; it failed in session 19 on
+a memory-plan bug, fixed in 54f83ff, and passes since: bench/results/h200-2026-12-04-session20).
 
 A tiny checkpoint (tests/hf_models.py, the first variant) quantized to 4-bit RTN group 32, three
 prompts (80, 33, 7 tokens), the first token's full-vocabulary log-probabilities through

@@ -805,12 +805,22 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         lt = gathered + (up(2 * m * self.in_features) if self.has_perm else 0)
         return gathered, lt, lt + LT_WORKSPACE
 
+    def kernel_path(self, dtype: Any, m: int, workspace: bool = True) -> str:
+        """The path :meth:`enqueue` takes for ``m`` rows of ``dtype``: ``"cublas"`` where
+        :meth:`prefill_on_cublas` and a workspace is given; ``"tensor_cores"`` where
+        :meth:`uses_tensor_cores`, and for the ``"cublas"`` rows without a workspace where the
+        group size suits the tensor cores (the 16-row kernel); else ``"tiled"``."""
+        cublas = self.prefill_on_cublas(dtype, m)
+        if cublas and workspace:
+            return "cublas"
+        return "tensor_cores" if self.uses_tensor_cores(dtype, m) or (cublas and self._tensor_core_groups()) else "tiled"
+
     def staged_swiglu(self, dtype: Any, m: int) -> bool:
         """Whether a :attr:`swiglu` plugin's ``m`` rows of ``dtype`` take a kernel without the
-        SwiGLU epilogue (the ``"cublas"`` prefill or the tiled kernel): the GEMM's output is then
-        staged in the workspace (:meth:`staging_bytes`) and ``trtcore_wq_swiglu`` writes the
-        output from it."""
-        return self.swiglu and (self.prefill_on_cublas(dtype, m) or not self.uses_tensor_cores(dtype, m))
+        SwiGLU epilogue (the ``"cublas"`` prefill or the tiled kernel, :meth:`kernel_path` with
+        a workspace): the GEMM's output is then staged in the workspace
+        (:meth:`staging_bytes`) and ``trtcore_wq_swiglu`` writes the output from it."""
+        return self.swiglu and self.kernel_path(dtype, m) != "tensor_cores"
 
     def staging_bytes(self, dtype: Any, m: int) -> int:
         """Bytes at the workspace's start of the staged GEMM output (:meth:`staged_swiglu`):
@@ -909,14 +919,14 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         m = int(np.prod(x.shape[:-1], dtype=np.int64))
         if m == 0:
             return
-        if workspace and self.prefill_on_cublas(dtype, m):
+        path = self.kernel_path(dtype, m, bool(workspace))
+        if path == "cublas":
             staged = self.staging_bytes(dtype, m)
             self._prefill_cublas(inputs, workspace if staged else out.ptr, m, workspace + staged, stream)
             if staged:
                 self._swiglu(workspace, out.ptr, m, dtype, stream)
             return
-        # without a workspace the "cublas" prefill's rows take the 16-row tensor-core kernel
-        tensor_cores = self.uses_tensor_cores(dtype, m) or (self.prefill_on_cublas(dtype, m) and self._tensor_core_groups())
+        tensor_cores = path == "tensor_cores"
         y = out.ptr  # the GEMM's output: staged in the workspace for a SwiGLU plugin's tiled kernel
         if self.swiglu and not tensor_cores:
             if not workspace:

@@ -6,8 +6,9 @@ count as readers of the buffer it views, and the readers of a copy the runtime m
 materialize's copy-if-needed -- as readers of its source too: trtcore.cuda.builder). Buffers
 are placed greedily by size, largest first, each at the lowest aligned offset where it overlaps
 no already placed buffer whose lifetime intersects its own (the "greedy by size" strategy of
-TensorFlow Lite's and TensorRT's planners). Sizes are those at the optimization profile's largest shapes, so one block serves
-every shape of the profile; ``ICudaEngine.device_memory_size_v2`` is the block's size.
+TensorFlow Lite's and TensorRT's planners). Sizes are those at the optimization profile's
+largest shapes, so one block serves every shape of the profile;
+``ICudaEngine.device_memory_size_v2`` is the block's size.
 """
 
 from __future__ import annotations
