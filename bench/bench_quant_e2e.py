@@ -8,7 +8,8 @@ linear layers quantized, embeddings, norms and ``lm_head`` bfloat16, as publishe
 checkpoints; ``+ lm_head``: the ``lm_head`` 4-bit too, as GPTQModel's ``lm_head=True`` and
 gpt-fast's int4; the weights packed in the contiguous-x K order, ``weight_only_gemm.CONTIGUOUS_X``,
 the default; ``, natural order``: in the natural one; ``, SwiGLU unfused``: built without
-:mod:`trtcore.cuda.swiglu_fusion`, so SwiGLU runs as a kernel of its own), FP8 W8A8 with per-tensor weight scales
+:mod:`trtcore.cuda.swiglu_fusion`, so SwiGLU runs as a kernel of its own; ``, RoPE fused``: built
+with :mod:`trtcore.cuda.rope_fusion`, off by default, so q/k/v's GEMM rotates q and k), FP8 W8A8 with per-tensor weight scales
 (one per packed module) and static or dynamic activation scales, or (``channel``) per-channel
 weight scales; the cuda engine fuses q/k/v and gate/up in both
 (:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's
@@ -47,6 +48,7 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("W4A16 g128 + lm_head", 4, -128),  # lm_head 4-bit too (GPTQModel's lm_head=True; gpt-fast's int4)
     ("W4A16 g128 + lm_head, natural order", 4, -128),  # packed in the natural K order (no CONTIG_X)
     ("W4A16 g128 + lm_head, SwiGLU unfused", 4, -128),  # TRTCORE_SWIGLU_FUSION=0 while it builds: the SwiGLU kernel of its own
+    ("W4A16 g128 + lm_head, RoPE fused", 4, -128),  # TRTCORE_ROPE_FUSION=1 while it builds: RoPE in q/k/v's epilogue
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
     ("FP8 W8A8 static + FP8 KV", "fp8", 1),  # and kv_cache_dtype="fp8" (E4M3 KV pool, scales 1.0)
@@ -131,9 +133,12 @@ def main() -> int:
                 seqs = max([*batches, args.throughput])
                 packing = wog.CONTIGUOUS_X
                 wog.CONTIGUOUS_X = packing and not label.endswith("natural order")  # read when the weights are packed, at build
-                swiglu = os.environ.get("TRTCORE_SWIGLU_FUSION")
-                if label.endswith("SwiGLU unfused"):
-                    os.environ["TRTCORE_SWIGLU_FUSION"] = "0"  # read at each compile
+                # a compile pass switched for this variant (the variables are read at each compile)
+                switch = {"SwiGLU unfused": ("TRTCORE_SWIGLU_FUSION", "0"), "RoPE fused": ("TRTCORE_ROPE_FUSION", "1")}
+                env_name, env_value = next((v for k, v in switch.items() if label.endswith(k)), ("", ""))
+                before = os.environ.get(env_name) if env_name else None
+                if env_name:
+                    os.environ[env_name] = env_value
                 try:
                     with random_checkpoint(make):
                         llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
@@ -141,10 +146,10 @@ def main() -> int:
                                   max_num_tokens=max(max(batches) * 128, 8192 if args.throughput else 0), progress=False)  # fmt: skip
                 finally:
                     wog.CONTIGUOUS_X = packing
-                    if swiglu is None:
-                        os.environ.pop("TRTCORE_SWIGLU_FUSION", None)
-                    else:
-                        os.environ["TRTCORE_SWIGLU_FUSION"] = swiglu
+                    if env_name and before is None:
+                        os.environ.pop(env_name, None)
+                    elif env_name:
+                        os.environ[env_name] = before  # type: ignore[assignment]
                 start_s = time.perf_counter() - t0
                 weight_bytes = int(llm.executor.device.pools.get("weights", 0))
                 print(f"{name} {label}: started in {start_s:.1f} s, weights {weight_bytes / 2**30:.2f} GiB", flush=True)

@@ -59,11 +59,15 @@
 //                                4 x 4 outputs per thread.
 //   trtcore_wq_swiglu            GATED weights (SwiGLU, section "the output") on the tiled and
 //                                cuBLAS paths: silu(gate) * up from their staged output.
+//   trtcore_wq_rope              ROPE weights (RoPE, section "the output") on the tiled and cuBLAS
+//                                paths: q and k rotated, every row at its place, from their staged
+//                                output.
 //
 // Defines: DTYPE (dtype.cuh), BITS 4 | 8, HAS_ZEROS 0 | 1, HAS_PERM 0 | 1, CONTIG_X 0 | 1 (the
 // layout's K order above; not with HAS_PERM), UNROLL (default 2);
 // the M <= 8 kernel's variant: WQ_DECODE 1 (default) | 2, and for 2 ROW_TILES, WQ_FOLD, SEG,
-// L2_PF, L2_HINT (section "decode v2" below); GATED 0 | 1 (the SwiGLU output, section "the output").
+// L2_PF, L2_HINT (section "decode v2" below); GATED 0 | 1 (the SwiGLU output, section "the output");
+// ROPE 0 | 1 with ROTARY_DIM (RoPE of the q and k rows, section "the output").
 // Run-time: K a multiple of 8, group_size a multiple of 8 dividing K.
 //
 // trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 1}]
@@ -150,7 +154,7 @@ __device__ __forceinline__ void group_scale_zero(const float* __restrict__ scale
 #endif
 }
 
-// ---- the output: plain, or gated (SwiGLU) ----------------------------------------------------
+// ---- the output: plain, gated (SwiGLU) or rotated (RoPE) -------------------------------------
 //
 // GATED 1: W's N = 2 I rows are a gate/up pair of linears interleaved by 8 (made at build by
 // trtcore.plugins.weight_only_gemm.swiglu_order): rows 16 t .. 16 t + 7 are gate rows 8 t ..
@@ -173,18 +177,71 @@ __device__ __forceinline__ float swiglu_of(float g, float u) {
     return round_elem(g * s) * round_elem(u);
 }
 
+// ROPE 0 | 1: rotary position embedding in the epilogue (trtcore.cuda.rope_fusion; the plugin's
+// rope_rows > 0): the weight's first rope_rows rows are the q and k heads of ROTARY_DIM features
+// each (defined with NEOX 1: full, half-split rotary, the only kind fused), stored in the
+// order trtcore.plugins.weight_only_gemm.rope_order gives -- per head, rows 16 t .. 16 t + 7 of
+// its tile t hold features 8 t .. 8 t + 7 and rows 16 t + 8 .. those features + ROTARY_DIM / 2
+// -- so one thread's D-fragment pair (rows gid, gid + 8) is a rotation pair (x_a, x_b): the
+// epilogue rotates it by its row's position with the RoPE plugin's rope.cuh (the GEMM's outputs
+// rounded to elem_t first, as the unfused graph stores them) and writes both features at their
+// places. The rows past rope_rows (v) are stored as they are.
+#ifndef ROPE
+#define ROPE 0
+#endif
+#if ROPE && GATED
+#error "ROPE and GATED exclude each other"
+#endif
+#if ROPE
+#ifndef NEOX
+#define NEOX 1
+#endif
+#if !NEOX || !defined(ROTARY_DIM) || ROTARY_DIM % 16
+#error "ROPE needs NEOX 1 and ROTARY_DIM a multiple of 16"
+#endif
+#include "rope.cuh"  // the RoPE plugin's rotation (its numerical contract)
+#endif
+
+// where a block writes: the output and, with ROPE, what the epilogue's rotation reads
+struct OutRows {
+    elem_t* p;
+    const int* pos;      // ROPE: [M] each x row's position
+    const float* freq;   // ROPE: [ROTARY_DIM / 2] inv_freq
+    int rope_rows;       // ROPE: rows rotated (q and k); 0 without
+    float rope_scale;    // ROPE: attention_scaling
+};
+
 // the two outputs of one thread's D-fragment pair: rows gid (lo) and gid + 8 (hi) of 16-row tile
 // `tile`, x row m; N is W's rows (2 I when GATED: then one output, feature 8 tile + gid)
-__device__ __forceinline__ void store_rows(elem_t* __restrict__ out, int tile, int gid, int m, int M, int N, float lo, float hi) {
+__device__ __forceinline__ void store_rows(const OutRows& o, int tile, int gid, int m, int M, int N, float lo, float hi) {
     if (m >= M) return;
+    elem_t* __restrict__ out = o.p;
 #if GATED
     const int half = N / 2, n = tile * 8 + gid;
     if (n < half) out[(size_t)m * half + n] = from_f32(swiglu_of(lo, hi));
 #else
+#if ROPE
+    if (tile * 16 < o.rope_rows) {  // a rotation pair of one head (rope_rows: whole heads)
+        const int head = tile * 16 / ROTARY_DIM, j = tile * 16 % ROTARY_DIM / 2 + gid;  // j: the pair, < ROTARY_DIM / 2
+        float cs, sn, a, b;
+        rope_cos_sin((float)o.pos[m], o.freq[j], o.rope_scale, cs, sn);
+        rope_rotate(round_elem(lo), round_elem(hi), cs, sn, a, b);
+        const size_t at = (size_t)m * N + head * ROTARY_DIM + j;
+        out[at] = from_f32(a);
+        out[at + ROPE_HALF] = from_f32(b);
+        return;
+    }
+#endif
     const int n = tile * 16 + gid;
     if (n < N) out[(size_t)m * N + n] = from_f32(lo);
     if (n + 8 < N) out[(size_t)m * N + n + 8] = from_f32(hi);
 #endif
+}
+
+// the output struct of a kernel's arguments, its rows from x row m0 on
+__device__ __forceinline__ OutRows out_rows(elem_t* out, const int* rope_pos, const float* rope_freq, int rope_rows, float rope_scale, int m0,
+                                            int row_len) {
+    return OutRows{out + (size_t)m0 * row_len, rope_pos + (rope_pos ? m0 : 0), rope_freq, rope_rows, rope_scale};
 }
 
 // x[row, k .. k+7] (or x[row, perm[k .. k+7]]) as float32; k is a multiple of 8
@@ -372,7 +429,7 @@ __device__ __forceinline__ int chunk_group(int c, int cdiv, unsigned int cmagic,
 // registers, refilling a buffer once its chunk is computed.
 template <int MT>
 __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
-                                          const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M,
+                                          const float* __restrict__ zeros, const int* __restrict__ perm, const OutRows& out, int M,
                                           int N, int K, int group_size, int cdiv, unsigned int cmagic) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int gid = lane >> 2, tid = lane & 3;
@@ -849,7 +906,7 @@ __device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const el
 
 // the block's outputs: every warp's sums into shared memory (warp q's at red + q * wstride
 // floats), then warp 0 adds them in warp order (deterministic) and rounds each output once
-__device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], float* red, elem_t* __restrict__ out, int M, int N,
+__device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], float* red, const OutRows& out, int M, int N,
                                             int wstride = ROW_TILES * 4 * 32) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -890,7 +947,7 @@ __device__ __forceinline__ const elem_t* x_row2(const elem_t* __restrict__ x, in
 template <bool GROUPED>
 __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const uint4* const (&wt)[ROW_TILES], const float* const (&st)[ROW_TILES],
                                            const float* const (&zt)[ROW_TILES], uint4 (&buf)[UNROLL][SEG][ROW_TILES],
-                                           GroupPair (&gbuf)[UNROLL][ROW_TILES], float* red, elem_t* __restrict__ out, int M, int N, int K,
+                                           GroupPair (&gbuf)[UNROLL][ROW_TILES], float* red, const OutRows& out, int M, int N, int K,
                                            int cdiv, unsigned int cmagic, unsigned int opaque) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -974,7 +1031,7 @@ __device__ __forceinline__ void tile_pointers(const uint4* __restrict__ w, const
 
 // v2's body: the first units' vectors and scales before PDL_WAIT (constants), then gemv2_main.
 __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
-                                           const float* __restrict__ zeros, elem_t* __restrict__ out, int M, int N, int K, int group_size,
+                                           const float* __restrict__ zeros, const OutRows& out, int M, int N, int K, int group_size,
                                            int cdiv, unsigned int cmagic) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -1056,7 +1113,7 @@ __device__ __forceinline__ void unit_copy(AsyncSlot& slot, const uint4* const (&
 template <bool GROUPED>
 __device__ __forceinline__ void gemv3_main(const elem_t* __restrict__ x, const uint4* const (&wt)[ROW_TILES], const float* const (&st)[ROW_TILES],
                                            const float* const (&zt)[ROW_TILES], AsyncSlot* ring, const GroupPair (&pc)[ROW_TILES],
-                                           elem_t* __restrict__ out, int M, int N, int K, int cdiv, unsigned int cmagic, unsigned int opaque) {
+                                           const OutRows& out, int M, int N, int K, int cdiv, unsigned int cmagic, unsigned int opaque) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int units = K / (CHUNK * SEG);
@@ -1129,7 +1186,7 @@ __device__ __forceinline__ void gemv3_main(const elem_t* __restrict__ x, const u
 
 // v2 with ASYNC: the first ASYNC units of every warp are copied before PDL_WAIT (constants)
 __device__ __forceinline__ void gemv3_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
-                                           const float* __restrict__ zeros, elem_t* __restrict__ out, int M, int N, int K, int group_size,
+                                           const float* __restrict__ zeros, const OutRows& out, int M, int N, int K, int group_size,
                                            int cdiv, unsigned int cmagic) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -1167,17 +1224,19 @@ __device__ __forceinline__ void gemv3_body(const elem_t* __restrict__ x, const u
 }
 #endif  // ASYNC
 
+// rope_*: the ROPE epilogue's arguments (OutRows; null / 0 without ROPE)
 extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
 trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                 const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
-                int group_size, int cdiv, unsigned int cmagic) {
+                int group_size, int cdiv, unsigned int cmagic, const int* __restrict__ rope_pos, const float* __restrict__ rope_freq,
+                int rope_rows, float rope_scale) {
 #if WQ_DECODE == 2 && ASYNC > 0
-    gemv3_body(x, w, scales, zeros, out, M, N, K, group_size, cdiv, cmagic);
+    gemv3_body(x, w, scales, zeros, out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), M, N, K, group_size, cdiv, cmagic);
 #elif WQ_DECODE == 2
     // v2: the plugin launches it only without perm and with whole-chunk groups (fast_decode)
-    gemv2_body(x, w, scales, zeros, out, M, N, K, group_size, cdiv, cmagic);
+    gemv2_body(x, w, scales, zeros, out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), M, N, K, group_size, cdiv, cmagic);
 #else
-    gemv_body<1>(x, w, scales, zeros, perm, out, M, N, K, group_size, cdiv, cmagic);
+    gemv_body<1>(x, w, scales, zeros, perm, out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), M, N, K, group_size, cdiv, cmagic);
 #endif
 }
 
@@ -1187,10 +1246,12 @@ trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const
 extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
 trtcore_wq_gemv16(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                   const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
-                  int group_size, int cdiv, unsigned int cmagic) {
+                  int group_size, int cdiv, unsigned int cmagic, const int* __restrict__ rope_pos, const float* __restrict__ rope_freq,
+                  int rope_rows, float rope_scale) {
     // one statement, a body call (tests/test_kernels.py: nothing but the body before its PDL_WAIT);
     // with GATED the output's rows are N / 2 long (the SwiGLU output)
-    gemv_body<2>(x + (size_t)blockIdx.y * 16 * K, w, scales, zeros, perm, out + (size_t)blockIdx.y * 16 * (GATED ? N / 2 : N),
+    gemv_body<2>(x + (size_t)blockIdx.y * 16 * K, w, scales, zeros, perm,
+                 out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, (int)blockIdx.y * 16, GATED ? N / 2 : N),
                  min(16, M - (int)blockIdx.y * 16), N, K, group_size, cdiv, cmagic);
 }
 #endif  // DTYPE 1 or 2
@@ -1378,3 +1439,24 @@ trtcore_wq_swiglu(const elem_t* __restrict__ y, elem_t* __restrict__ out, int M,
     const elem_t* pair = y + (size_t)m * 2 * I + (j / 8) * 16 + j % 8;
     out[i] = from_f32(swiglu_of(to_f32(pair[0]), to_f32(pair[8])));
 }
+
+#if ROPE
+// ---- the rotated output of the staged paths (tiled, cuBLAS) ---------------------------------------
+// out [M, N] in the natural row order from y [M, N] in W's stored order (ROPE above: rows below
+// rope_rows rotated by their x row's position, the rest copied); one thread per stored row pair
+// (rows 16 t + r and 16 t + r + 8, r < 8) of a token
+extern "C" __global__ void __launch_bounds__(256)
+trtcore_wq_rope(const elem_t* __restrict__ y, elem_t* __restrict__ out, const int* __restrict__ pos, const float* __restrict__ freq,
+                int M, int N, int rope_rows, float rope_scale) {
+    PDL_WAIT();  // y is the GEMM's output, just written
+    PDL_LAUNCH();
+    const int pairs = (N + 15) / 16 * 8;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)M * pairs) return;
+    const int m = (int)(i / pairs), p = (int)(i % pairs), tile = p / 8, r = p % 8;
+    const elem_t* row = y + (size_t)m * N;
+    const int n = tile * 16 + r;
+    const float lo = n < N ? to_f32(row[n]) : 0.0f, hi = n + 8 < N ? to_f32(row[n + 8]) : 0.0f;
+    store_rows(OutRows{out, pos, freq, rope_rows, rope_scale}, tile, r, m, M, N, lo, hi);
+}
+#endif

@@ -59,6 +59,15 @@ the ``"cublas"`` prefill and the tiled kernel stage the GEMM output in the works
 ``trtcore_wq_swiglu`` follows. The activation's numbers are the unfused graph's
 (:func:`swiglu_reference`).
 
+RoPE (:attr:`WeightOnlyGemmPlugin.rope_rows`, made by the cuda backend's
+:mod:`trtcore.cuda.rope_fusion` from a fused q/k/v plugin whose q and k feed a
+:class:`~trtcore.plugins.rope.RopePlugin`): each q and k head's rows are stored in
+:func:`rope_order`, so a thread's mma D fragment holds a rotation pair ``(i, i + head_dim / 2)``
+and the tensor-core kernels rotate q and k by each row's position in their epilogue (``ROPE``,
+with the RoPE plugin's ``kernels/rope.cuh``), writing every feature at its natural place: the
+RoPE plugin's launch goes away. The staged paths rotate with ``trtcore_wq_rope``. The numbers
+are the unfused graph's (:func:`rope_reference`).
+
 Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
 (``x64 @ QuantizedWeight.dequantize().T`` rounded once to x's dtype); the kernels accumulate
 in float32 (the decode kernel: exact products of the integer codes and x summed per group,
@@ -78,7 +87,7 @@ import dataclasses
 import json
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -111,6 +120,8 @@ __all__ = [
     "pack_codes",
     "pack_groups",
     "pack_weight",
+    "rope_order",
+    "rope_reference",
     "swiglu_order",
     "swiglu_reference",
     "unpack_codes",
@@ -436,6 +447,67 @@ def swiglu_reference(y: np.ndarray) -> np.ndarray:
     return (a * u).astype(dt)
 
 
+def rope_order(n: int, rope_rows: int, head_dim: int) -> np.ndarray:
+    """The row order of a RoPE plugin's weight (:attr:`WeightOnlyGemmPlugin.rope_rows`): ``int64
+    [N]``, element ``r`` the natural row (output feature) stored at row ``r``. The first
+    ``rope_rows`` rows are heads of ``head_dim`` features (q, then k), each stored in
+    :func:`swiglu_order` of ``head_dim``: tile ``t`` of a head holds features ``8 t .. 8 t + 7`` in
+    its rows 0-7 and their rotation partners ``+ head_dim / 2`` in rows 8-15 (the half-split
+    pairing of ``rotate_half``), so one thread's mma D fragment (rows ``gid``, ``gid + 8``) is a
+    pair; rows from ``rope_rows`` on (v) keep their order.
+
+    Raises:
+        PluginError: head_dim not a positive multiple of 16, or rope_rows not whole heads within N.
+    """
+    if head_dim <= 0 or head_dim % TILE_ROWS or rope_rows <= 0 or rope_rows % head_dim or rope_rows > n:
+        raise PluginError(f"rope_order: rope_rows={rope_rows} must be whole heads of head_dim={head_dim} (a multiple of {TILE_ROWS}) within N={n}")
+    order = np.arange(n)
+    heads = rope_rows // head_dim
+    order[:rope_rows] = (np.arange(heads)[:, None] * head_dim + swiglu_order(head_dim)[None, :]).reshape(-1)
+    return order
+
+
+def rope_reference(
+    y: np.ndarray, position_ids: np.ndarray, inv_freq: np.ndarray, rope_rows: int, head_dim: int, attention_scaling: float
+) -> np.ndarray:
+    """The output of a RoPE plugin (:attr:`WeightOnlyGemmPlugin.rope_rows`) from its GEMM output
+    ``y [M, N]`` (rows in :func:`rope_order`, float16 / bfloat16 / float32) and each row's
+    position (``[M]``): ``[M, N]`` of y's dtype in the natural order, its first ``rope_rows``
+    features (q and k heads) rotated by :meth:`trtcore.plugins.rope.RopePlugin.reference`
+    (half-split pairing, full rotary, ``inv_freq [head_dim / 2]`` float32), so the fused plugin
+    equals the unfused graph: the GEMM rounded to y's dtype, then the RoPE plugin."""
+    from .rope import RopePlugin
+
+    m, n = y.shape
+    out = np.empty_like(y)
+    out[:, rope_order(n, rope_rows, head_dim)] = y
+    heads = out[:, :rope_rows].reshape(m, rope_rows // head_dim, head_dim)
+    rope = RopePlugin(head_dim, head_dim, is_neox=True, attention_scaling=attention_scaling)
+    pos = np.asarray(position_ids, np.int32).reshape(m)
+    rotated = rope.reference(heads, heads[:, :1], pos, np.asarray(inv_freq, np.float32))[0]
+    out[:, :rope_rows] = rotated.reshape(m, rope_rows)
+    return out
+
+
+def _row_reordered(
+    arrays: Sequence[np.ndarray], plugin: WeightOnlyGemmPlugin, order: np.ndarray, half_tiles: Callable[[np.ndarray], np.ndarray] | None
+) -> list[np.ndarray]:
+    """The constant inputs (codes, scales, [zeros], [perm]) of ``plugin``'s weight with its rows
+    in ``order`` (element ``r``: the row stored at ``r``): the codes by ``half_tiles`` (moving
+    packed half tiles, where the order allows it) or else unpacked, permuted and packed again;
+    the per-group values unpacked, permuted and packed again (exact either way)."""
+    n = plugin.out_features
+    out = [np.asarray(c) for c in arrays]
+    if half_tiles is not None:
+        out[0] = half_tiles(out[0])
+    else:
+        # unpacked in stored columns (contiguous-x order included): packed again as they are
+        out[0] = pack_codes(unpack_codes(out[0], plugin.bits, n, plugin.in_features)[order], plugin.bits)
+    for i in range(1, 2 + int(plugin.has_zeros)):  # scales, [zeros]
+        out[i] = pack_groups(unpack_groups(out[i], n, plugin.groups)[order])
+    return out
+
+
 def _swiglu_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     """Packed codes of ``[gate; up]`` (:func:`pack_codes` of N = 2 I rows, I a multiple of 16)
     in :func:`swiglu_order`, by moving half tiles: a tile's rows ``0 .. 7`` are the low nibble of
@@ -452,6 +524,18 @@ def _swiglu_codes(codes: np.ndarray, bits: int) -> np.ndarray:
         return np.stack([w & low, (w >> np.uint32(shift)) & low], axis=1).reshape(2 * tiles, -1)
 
     return np.ascontiguousarray(halves(words[:tiles]) | (halves(words[tiles:]) << np.uint32(shift))).view(np.int32)
+
+
+def _rope_codes(codes: np.ndarray, bits: int, rope_rows: int, head_dim: int) -> np.ndarray:
+    """Packed codes in :func:`rope_order` (``head_dim / 2`` a multiple of 16): each head's tiles
+    as :func:`_swiglu_codes` moves a gate/up pair's, its first half the "gate" (features
+    ``0 .. head_dim / 2 - 1``), the rest the "up" (their partners); the tiles after the heads as
+    they are."""
+    per_head = head_dim // TILE_ROWS
+    out = np.array(codes)
+    for h in range(rope_rows // head_dim):
+        out[h * per_head : (h + 1) * per_head] = _swiglu_codes(codes[h * per_head : (h + 1) * per_head], bits)
+    return out
 
 
 @dataclass(frozen=True)
@@ -540,7 +624,11 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     2    scales  ``[N_pad / 16, groups * 16]``       float32 (:func:`pack_groups`)
     3    zeros   ``[N_pad / 16, groups * 16]``       float32, only when ``has_zeros``
     4    perm    ``[K]``                             int32, only when ``has_perm``
+    5    pos     ``[...]`` (x's leading dimensions)  int32, only with ``rope_rows``: each row's position
+    6    freq    ``[rope_head_dim / 2]``             float32, only with ``rope_rows``: RoPE's ``inv_freq``
     ===  ======  ==================================  ===========================================
+
+    (Inputs 3 and 4 move down when absent: pos and freq are always the last two.)
 
     Output: ``y [..., N]`` of x's dtype; with ``swiglu``, ``h [..., N / 2]``.
 
@@ -558,6 +646,13 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             (TensorRT-LLM's GEMM + SwiGLU plugin; vLLM's ``MergedColumnParallelLinear`` followed by
             ``SiluAndMul``). Made by :meth:`with_swiglu` (the cuda backend's
             :mod:`trtcore.cuda.swiglu_fusion`); added after version 1, False when absent.
+        rope_rows: with RoPE in the epilogue, the rows (q and k heads, stored in
+            :func:`rope_order`) rotated by each x row's position, as
+            :class:`~trtcore.plugins.rope.RopePlugin` with half-split pairing and full rotary
+            (:func:`rope_reference`); 0 (the default, added after version 1) without. Made by
+            :meth:`with_rope` (the cuda backend's :mod:`trtcore.cuda.rope_fusion`).
+        rope_head_dim: those heads' features (a multiple of 16); 0 without RoPE.
+        rope_scaling: RoPE's ``attention_scaling`` (multiplies cos and sin); 1 without.
     """
 
     plugin_name: ClassVar[str] = "trtcore_weight_only_gemm"
@@ -572,8 +667,11 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     has_perm: bool = False
     contiguous_x: bool = False
     swiglu: bool = False
+    rope_rows: int = 0
+    rope_head_dim: int = 0
+    rope_scaling: float = 1.0
 
-    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"contiguous_x": False, "swiglu": False}
+    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"contiguous_x": False, "swiglu": False, "rope_rows": 0, "rope_head_dim": 0, "rope_scaling": 1.0}
 
     def validate(self) -> None:
         if self.bits not in SUPPORTED_BITS:
@@ -594,6 +692,13 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             raise PluginError(
                 f"WeightOnlyGemmPlugin.swiglu needs out_features (gate and up rows) a multiple of {TILE_ROWS}, got {self.out_features!r}"
             )
+        if self.rope_rows or self.rope_head_dim:
+            d, r = self.rope_head_dim, self.rope_rows
+            if self.swiglu or d <= 0 or d % TILE_ROWS or r <= 0 or r % d or r > self.out_features:
+                raise PluginError(
+                    f"WeightOnlyGemmPlugin.rope_rows={r} must be whole heads of rope_head_dim={d} (a positive multiple of {TILE_ROWS}) "
+                    f"within out_features={self.out_features}, and not with swiglu"
+                )
 
     @property
     def output_features(self) -> int:
@@ -614,8 +719,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     def row_fusion_key(self, constants: Sequence[np.ndarray]) -> Any:
         """Weights of the same K, bits, group size, zero-point presence, K order and act-order
         permutation (compared by value) stack along N (q/k/v, gate/up): see :meth:`fuse_rows`.
-        None (no fusion) with :attr:`swiglu`."""
-        if self.swiglu:
+        None (no fusion) with :attr:`swiglu` or :attr:`rope_rows`."""
+        if self.swiglu or self.rope_rows:
             return None
         perm = np.asarray(constants[-1]).tobytes() if self.has_perm else b""
         return (self.in_features, self.bits, self.group_size, self.has_zeros, self.has_perm, perm, self.contiguous_x)
@@ -652,22 +757,36 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         of 8). The codes move by half tiles where N / 2 is a multiple of 16, else are unpacked
         and packed again (exact either way)."""
         n = self.out_features
-        if self.swiglu or n % TILE_ROWS:
+        if self.swiglu or self.rope_rows or n % TILE_ROWS:
             return None
-        order = swiglu_order(n)
-        arrays = [np.asarray(c) for c in constants]
-        if (n // 2) % TILE_ROWS == 0:
-            arrays[0] = _swiglu_codes(arrays[0], self.bits)
-        else:
-            codes = unpack_codes(arrays[0], self.bits, n, self.in_features)
-            arrays[0] = pack_codes(codes[order], self.bits)
-        for i in range(1, 2 + int(self.has_zeros)):  # scales, [zeros]
-            arrays[i] = pack_groups(unpack_groups(arrays[i], n, self.groups)[order])
-        return dataclasses.replace(self, swiglu=True), arrays
+        moves = (lambda codes: _swiglu_codes(codes, self.bits)) if (n // 2) % TILE_ROWS == 0 else None
+        return dataclasses.replace(self, swiglu=True), _row_reordered(constants, self, swiglu_order(n), moves)
+
+    def with_rope(
+        self, constants: Sequence[np.ndarray], rope_rows: int, head_dim: int, attention_scaling: float = 1.0
+    ) -> tuple[WeightOnlyGemmPlugin, list[np.ndarray]] | None:
+        """This plugin with RoPE in its epilogue (:attr:`rope_rows`), for a weight whose first
+        ``rope_rows`` rows are q and k heads of ``head_dim`` features (as :meth:`fuse_rows` stacks
+        q, k, v): the plugin and its constant inputs (codes, scales, [zeros], [perm]) in
+        :func:`rope_order`; it then takes two more inputs, the positions and ``inv_freq``. None
+        where that cannot be (already SwiGLU or RoPE, head_dim not a multiple of 16, rope_rows not
+        whole heads within N). The codes move by half tiles where ``head_dim / 2`` is a multiple
+        of 16, else are unpacked and packed again (exact either way)."""
+        n = self.out_features
+        if self.swiglu or self.rope_rows or head_dim <= 0 or head_dim % TILE_ROWS or rope_rows <= 0 or rope_rows % head_dim or rope_rows > n:
+            return None
+        moves = (lambda codes: _rope_codes(codes, self.bits, rope_rows, head_dim)) if (head_dim // 2) % TILE_ROWS == 0 else None
+        plugin = dataclasses.replace(self, rope_rows=rope_rows, rope_head_dim=head_dim, rope_scaling=float(np.float32(attention_scaling)))
+        return plugin, _row_reordered(constants, self, rope_order(n, rope_rows, head_dim), moves)
 
     @property
     def num_inputs(self) -> int:
-        return 3 + int(self.has_zeros) + int(self.has_perm)
+        return self.num_weight_inputs + 1 + 2 * int(self.rope_rows > 0)
+
+    @property
+    def num_weight_inputs(self) -> int:
+        """The constant inputs after x that hold the weight: codes, scales, [zeros], [perm]."""
+        return 2 + int(self.has_zeros) + int(self.has_perm)
 
     @property
     def groups(self) -> int:
@@ -690,16 +809,17 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
 
     def _check_count(self, n: int) -> None:
         if n != self.num_inputs:
+            rope = ", pos, freq" * (self.rope_rows > 0)
             raise PluginError(
-                f"WeightOnlyGemmPlugin takes {self.num_inputs} inputs (x, codes, scales{', zeros' * self.has_zeros}{', perm' * self.has_perm}), got {n}"
+                f"WeightOnlyGemmPlugin takes {self.num_inputs} inputs (x, codes, scales{', zeros' * self.has_zeros}{', perm' * self.has_perm}{rope}), got {n}"
             )
 
     # --- numerics (the contract) -----------------------------------------------------------------
 
     def quantized_weight(self, *constants: np.ndarray) -> QuantizedWeight:
         """The :class:`QuantizedWeight` the constant inputs (codes, scales, [zeros], [perm]) hold."""
-        if len(constants) != self.num_inputs - 1:
-            raise PluginError(f"WeightOnlyGemmPlugin: expected {self.num_inputs - 1} constant inputs, got {len(constants)}")
+        if len(constants) != self.num_weight_inputs:
+            raise PluginError(f"WeightOnlyGemmPlugin: expected {self.num_weight_inputs} constant inputs, got {len(constants)}")
         it = iter(np.asarray(c) for c in constants)
         codes, scales = next(it), next(it)
         zeros = next(it) if self.has_zeros else None
@@ -709,7 +829,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
 
     def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """float64 NumPy: ``x64 @ dequantize(W)^T`` rounded once to x's dtype; with
-        :attr:`swiglu`, then :func:`swiglu_reference` of it.
+        :attr:`swiglu`, then :func:`swiglu_reference` of it; with :attr:`rope_rows`, then
+        :func:`rope_reference` of it (inputs 5 and 6: the positions, ``inv_freq``).
 
         Raises:
             PluginError: wrong input count or x's last dimension is not in_features.
@@ -719,10 +840,15 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if x.shape[-1:] != (self.in_features,):
             raise PluginError(f"WeightOnlyGemmPlugin: x {x.shape} must end in in_features={self.in_features}")
         # dequantized once while the same constants come back (the reference backend's, per token)
-        w = self.from_constants(inputs[1:], lambda arrays: self.quantized_weight(*arrays).dequantize())
+        w = self.from_constants(inputs[1 : 1 + self.num_weight_inputs], lambda arrays: self.quantized_weight(*arrays).dequantize())
         y = (x.astype(np.float64).reshape(-1, self.in_features) @ w.T).astype(x.dtype)
         if self.swiglu:
             y = swiglu_reference(y)
+        if self.rope_rows:
+            pos, freq = (np.asarray(a) for a in inputs[-2:])
+            if pos.shape != x.shape[:-1]:
+                raise PluginError(f"WeightOnlyGemmPlugin: the positions {pos.shape} must have x's leading dimensions {x.shape[:-1]}")
+            y = rope_reference(y, pos.reshape(-1), freq, self.rope_rows, self.rope_head_dim, self.rope_scaling)
         return [y.reshape(*x.shape[:-1], self.output_features)]
 
     # --- kernels -------------------------------------------------------------------------------
@@ -732,6 +858,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         d = {"DTYPE": KERNEL_DTYPE_CODES[np.dtype(dtype)], "BITS": self.bits, "HAS_ZEROS": int(self.has_zeros), "HAS_PERM": int(self.has_perm)}
         if self.contiguous_x:  # left out at 0: the define sets of engines before it stay the same
             d["CONTIG_X"] = 1
+        if self.rope_rows:
+            d.update(ROPE=1, ROTARY_DIM=self.rope_head_dim)
         return d
 
     def uses_tensor_cores(self, dtype: Any, m: int) -> bool:
@@ -815,23 +943,24 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             return "cublas"
         return "tensor_cores" if self.uses_tensor_cores(dtype, m) or (cublas and self._tensor_core_groups()) else "tiled"
 
-    def staged_swiglu(self, dtype: Any, m: int) -> bool:
-        """Whether a :attr:`swiglu` plugin's ``m`` rows of ``dtype`` take a kernel without the
-        SwiGLU epilogue (the ``"cublas"`` prefill or the tiled kernel, :meth:`kernel_path` with
-        a workspace): the GEMM's output is then staged in the workspace
-        (:meth:`staging_bytes`) and ``trtcore_wq_swiglu`` writes the output from it."""
-        return self.swiglu and self.kernel_path(dtype, m) != "tensor_cores"
+    def staged_output(self, dtype: Any, m: int) -> bool:
+        """Whether a :attr:`swiglu` or :attr:`rope_rows` plugin's ``m`` rows of ``dtype`` take a
+        kernel without that epilogue (the ``"cublas"`` prefill or the tiled kernel,
+        :meth:`kernel_path` with a workspace): the GEMM's output is then staged in the workspace
+        (:meth:`staging_bytes`) and ``trtcore_wq_swiglu`` / ``trtcore_wq_rope`` writes the
+        output from it."""
+        return (self.swiglu or self.rope_rows > 0) and self.kernel_path(dtype, m) != "tensor_cores"
 
     def staging_bytes(self, dtype: Any, m: int) -> int:
-        """Bytes at the workspace's start of the staged GEMM output (:meth:`staged_swiglu`):
+        """Bytes at the workspace's start of the staged GEMM output (:meth:`staged_output`):
         ``m x N`` of ``dtype``, aligned; 0 where nothing is staged."""
-        if not self.staged_swiglu(dtype, m):
+        if not self.staged_output(dtype, m):
             return 0
         return -(-m * self.out_features * np.dtype(dtype).itemsize // _WS_ALIGN) * _WS_ALIGN
 
     def workspace_size(self, inputs: Sequence[tuple[tuple[int, ...], np.dtype]], outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
         """The workspace for the largest x (``inputs[0]``): the staged GEMM output of a
-        :attr:`swiglu` plugin (:meth:`staging_bytes`), then the ``"cublas"`` prefill's: a block
+        :attr:`swiglu` or :attr:`rope_rows` plugin (:meth:`staging_bytes`), then the ``"cublas"`` prefill's: a block
         of :meth:`block_rows` rows of W in x's dtype, x gathered into the stored order (act
         order), cuBLASLt's workspace. 0 where neither runs (no SwiGLU staging; float32 x, at
         most :data:`DECODE_MAX_M` rows, another :data:`PREFILL_KERNEL`)."""
@@ -902,10 +1031,12 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         tensor cores where :meth:`uses_tensor_cores`, else the tiled kernel; on ``stream``, no
         allocation, no sync. With :attr:`swiglu` the tensor-core kernels compute SwiGLU in their
         epilogue; the other two stage the GEMM output in the workspace and
-        ``trtcore_wq_swiglu`` follows (:meth:`staged_swiglu`).
+        ``trtcore_wq_swiglu`` follows (:meth:`staged_output`); likewise with :attr:`rope_rows`
+        (``trtcore_wq_rope``).
 
         Raises:
-            PluginError: unsupported dtype, a staged SwiGLU output without a workspace, M beyond
+            PluginError: unsupported dtype, a staged SwiGLU or RoPE output without a workspace,
+                RoPE positions that are not one per row of x, M beyond
                 the tiled kernel's grid, or an x address the
                 kernel's loads cannot take (decode: 4-byte aligned; tiled: 16-byte, its 16-byte
                 x loads, unless act order gathers x by element): refused before a launch, which
@@ -924,14 +1055,16 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             staged = self.staging_bytes(dtype, m)
             self._prefill_cublas(inputs, workspace if staged else out.ptr, m, workspace + staged, stream)
             if staged:
-                self._swiglu(workspace, out.ptr, m, dtype, stream)
+                self._epilogue(inputs, workspace, out.ptr, m, dtype, stream)
             return
         tensor_cores = path == "tensor_cores"
-        y = out.ptr  # the GEMM's output: staged in the workspace for a SwiGLU plugin's tiled kernel
-        if self.swiglu and not tensor_cores:
+        y = out.ptr  # the GEMM's output: staged in the workspace for a SwiGLU or RoPE plugin's tiled kernel
+        staged = (self.swiglu or self.rope_rows > 0) and not tensor_cores
+        if staged:
             if not workspace:
                 raise PluginError(
-                    f"WeightOnlyGemmPlugin.enqueue: the SwiGLU plugin's M={m} rows of {dtype} stage the GEMM output in a workspace; none was given"
+                    f"WeightOnlyGemmPlugin.enqueue: the {'SwiGLU' if self.swiglu else 'RoPE'} plugin's M={m} rows of {dtype} stage the GEMM output "
+                    "in a workspace; none was given"
                 )
             y = workspace
         align = 4 if tensor_cores else 1 if self.has_perm else 16
@@ -947,7 +1080,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             name = "trtcore_wq_gemv" if m <= 8 else "trtcore_wq_gemv16"
             cdiv = self.chunks_per_group()
             cmagic = -(-(1 << 32) // cdiv) if cdiv > 1 else 0  # kernels/wq_gemm.cu chunk_group
-            args += [(cdiv, "i32"), (cmagic, "u32")]
+            args += [(cdiv, "i32"), (cmagic, "u32"), *self._rope_args(inputs)]
             # v2 reads a contiguous-x run in 16-byte loads: an x (a view) off that alignment takes v1
             variant = {} if self.contiguous_x and x.ptr % 16 else self.decode_variant(dtype, m)
             warps = variant.pop("WARPS", 0) or self.decode_warps(variant.get("ROW_TILES", 1))
@@ -965,16 +1098,32 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if -(-m // _BM) > 65535:
             raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the tiled kernel's grid (at most {65535 * _BM})")
         _launch(defines, "trtcore_wq_gemm", (-(-n // _BN), -(-m // _BM)), (256,), args, stream)
-        if self.swiglu:
-            self._swiglu(y, out.ptr, m, dtype, stream)
+        if staged:
+            self._epilogue(inputs, y, out.ptr, m, dtype, stream)
 
-    def _swiglu(self, y: int, out: int, m: int, dtype: np.dtype, stream: int) -> None:
-        """``trtcore_wq_swiglu``: ``out [m, N / 2]`` from the staged GEMM output ``y [m, N]``."""
-        total = m * self.output_features
+    def _rope_args(self, inputs: Sequence[DeviceTensor]) -> list[tuple[Any, str]]:
+        """The ``ROPE`` epilogue's kernel arguments: positions, ``inv_freq``, rows, scaling (null
+        and 0 without RoPE: the kernels take them always)."""
+        if not self.rope_rows:
+            return [(0, "ptr"), (0, "ptr"), (0, "i32"), (1.0, "f32")]
+        pos, freq = inputs[-2], inputs[-1]
+        if pos.size != int(np.prod(inputs[0].shape[:-1], dtype=np.int64)):
+            raise PluginError(f"WeightOnlyGemmPlugin.enqueue: {pos.size} positions for x {tuple(inputs[0].shape)}; one per row expected")
+        return [(pos.ptr, "ptr"), (freq.ptr, "ptr"), (self.rope_rows, "i32"), (self.rope_scaling, "f32")]
+
+    def _epilogue(self, inputs: Sequence[DeviceTensor], y: int, out: int, m: int, dtype: np.dtype, stream: int) -> None:
+        """The staged paths' epilogue kernel: ``trtcore_wq_swiglu`` (``out [m, N / 2]``) or
+        ``trtcore_wq_rope`` (``out [m, N]``) from the staged GEMM output ``y [m, N]``."""
         defines = tuple(sorted(self.defines(dtype).items()))
-        _launch(
-            defines, "trtcore_wq_swiglu", (-(-total // 256),), (256,), [(y, "ptr"), (out, "ptr"), (m, "i32"), (self.output_features, "i32")], stream
-        )
+        if self.swiglu:
+            total = m * self.output_features
+            args = [(y, "ptr"), (out, "ptr"), (m, "i32"), (self.output_features, "i32")]
+            _launch(defines, "trtcore_wq_swiglu", (-(-total // 256),), (256,), args, stream)
+            return
+        pairs = m * (-(-self.out_features // TILE_ROWS) * 8)  # one thread per stored row pair
+        pos, freq, rows, scale = self._rope_args(inputs)
+        args = [(y, "ptr"), (out, "ptr"), pos, freq, (m, "i32"), (self.out_features, "i32"), rows, scale]
+        _launch(defines, "trtcore_wq_rope", (-(-pairs // 256),), (256,), args, stream)
 
 
 _KERNELS = KernelLauncher("wq_gemm")

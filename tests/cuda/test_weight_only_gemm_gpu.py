@@ -28,7 +28,9 @@ groups always use); an x view off 16-byte alignment (v2's x loads) must take v1 
 
 The SwiGLU form of a gate/up plugin (``swiglu``: gate and up rows interleaved, silu(gate) * up
 written by the decode kernels' epilogue or by ``trtcore_wq_swiglu`` after a staged GEMM) is
-checked on four shapes at M = 1 .. 64 and with float32 x.
+checked on four shapes at M = 1 .. 64 and with float32 x; so is the RoPE form of a q/k/v plugin
+(``rope_rows``: each head's rotation pairs in one thread, rotated by the decode kernels'
+epilogue or by ``trtcore_wq_rope`` after a staged GEMM).
 """
 
 from __future__ import annotations
@@ -386,3 +388,67 @@ def test_swiglu_epilogue_of_v2_variants(variant: dict, case: tuple, m: int, monk
     k = qw.shape[1]
     specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in arrays]
     check_plugin(fused, specs, rtol=4 * (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24))
+
+
+ROPE_CASES = [
+    # (head_dim, q heads, kv heads, K, bits, group_size, zeros, perm): 128 and 64 move half tiles, 16 repacks
+    (128, 4, 2, 4096, 4, 128, "none", False),
+    (64, 3, 1, 1536, 4, 64, "int", False),
+    (16, 5, 1, 1024, 8, 0, "none", False),
+    (64, 2, 2, 2080, 4, 32, "frac", True),
+]
+
+
+def _rope_plugin(rng: np.random.Generator, case: tuple) -> tuple[WeightOnlyGemmPlugin, list[np.ndarray], int, np.ndarray]:
+    """A q/k/v weight with RoPE in its epilogue (``with_rope``, attention scaling 0.9), its
+    constants, K, and inv_freq (base 500000, as Llama 3)."""
+    d, hq, hkv, k, bits, gs, zeros, perm = case
+    qw = _qw(rng, (hq + 2 * hkv) * d, k, bits, gs, zeros, perm)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    made = plugin.with_rope(packed.arrays(), (hq + hkv) * d, d, 0.9)
+    assert made is not None
+    freq = (1.0 / 500000.0 ** (np.arange(0, d, 2) / d)).astype(np.float32)
+    return made[0], made[1], k, freq
+
+
+@pytest.mark.parametrize(("m", "prefill"), [(1, "cublas"), (5, "cublas"), (12, "cublas"), (17, "cublas"), (64, "cublas"), (64, "tiled")])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ROPE_CASES, ids=str)
+def test_rope_plugin_matches_reference(case: tuple, dtype: np.dtype, m: int, prefill: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RoPE form of a q/k/v plugin (``with_rope``): the decode kernels' epilogue (M up to 16,
+    v2 where it applies, v1 for act order and per channel int8) and the staged paths (cuBLAS at
+    64 rows, the tiled kernel, then ``trtcore_wq_rope``) against the reference: the float64 GEMM
+    rounded to the dtype, rotated by the RoPE plugin's reference at random positions up to 8000,
+    v rows as they are. Tolerance: four times the GEMM's (an ulp of one pair element moves both
+    rotated values by up to that ulp)."""
+    monkeypatch.setattr(wog, "PREFILL_KERNEL", prefill)
+    rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), m, "rope")).encode()))
+    fused, arrays, k, freq = _rope_plugin(rng, case)
+    pos = rng.integers(0, 8000, m).astype(np.int32)
+    specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in (*arrays, pos, freq)]
+    check_plugin(fused, specs, rtol=4 * (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24))
+
+
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("variant", SWIGLU_V2_VARIANTS, ids=_v2_id)
+def test_rope_epilogue_of_v2_variants(variant: dict, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RoPE epilogue of the v2 decode kernels that are not the default (two row tiles, the
+    folded offset, the cp.async rings), head_dim 128: 8 heads of q and k in 64 tiles, v in 16."""
+    monkeypatch.setattr(wog, "DECODE_VARIANT", variant)
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(zlib.crc32(repr((variant, m, "rope-v2")).encode()))
+    fused, arrays, k, freq = _rope_plugin(rng, ROPE_CASES[0])
+    assert fused.decode_variant(dtype, m).get("WQ_DECODE") == 2
+    pos = rng.integers(0, 8000, m).astype(np.int32)
+    specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in (*arrays, pos, freq)]
+    check_plugin(fused, specs, rtol=4 * (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24))
+
+
+def test_rope_plugin_float32_stages_the_tiled_output() -> None:
+    """float32 x: the tiled kernel into the workspace, then trtcore_wq_rope."""
+    f32 = np.dtype(np.float32)
+    rng = np.random.default_rng(zlib.crc32(b"rope-f32"))
+    fused, arrays, k, freq = _rope_plugin(rng, ROPE_CASES[1])
+    pos = rng.integers(0, 8000, 3).astype(np.int32)
+    specs = [((3, k), f32)] + [(a.shape, a.dtype, a) for a in (*arrays, pos, freq)]
+    check_plugin(fused, specs, rtol=4 * (default_tolerance(f32)[0] + np.sqrt(k) * 2.0**-24))

@@ -51,6 +51,7 @@ from . import (
     materialize,
     memory,
     pointwise_fusion,
+    rope_fusion,
     swiglu_fusion,
     tactics,
     views,
@@ -285,6 +286,7 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
     g = swiglu_fusion.run(g, stats)
     g = fp8_input_fusion.run(g, stats)
     g = views.run(g, points, stats)
+    g = rope_fusion.run(g, points, stats)
     g = pointwise_fusion.run(g, points, stats)
     g = materialize.run(g, points, stats)
     shapes = [infer_shapes(g, p) for p in points]
