@@ -547,3 +547,16 @@ def test_kv_cache_scales_belong_to_fp8(src: Path, tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match=r"kv_cache_scales \(--kv-cache-scales\) = True does not apply to method 'rtn'"):
         quantize_checkpoint(src, tmp_path / "rtn", method="rtn", kv_cache_scales=True)
     assert not (tmp_path / "rtn").exists()
+
+
+def test_fp8_weights_under_a_config_without_quantization_are_refused(src: Path, tmp_path: Path) -> None:
+    """An FP8 checkpoint whose config.json lost its quantization_config would read its E4M3 codes
+    as the weights (garbage text, no error): it is refused, naming an E4M3 weight."""
+    from trtcore.errors import UnsupportedQuantizationError
+
+    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", strategy="tensor", activations="dynamic")
+    config = json.loads((out / "config.json").read_text())
+    del config["quantization_config"]
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedQuantizationError, match=r"holds quantized linears \(FP8 \(float8_e4m3fn weights\): e\.g\. 'model\.layers\.0\."):
+        LLM(out, backend="reference", dtype="bfloat16", progress=False)

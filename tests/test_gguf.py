@@ -514,6 +514,9 @@ def test_existing_output_dir(tmp_path: Path) -> None:
     assert (tmp_path / "m.gguf").is_file()
     with pytest.raises(ConversionError, match="is a folder; give the path of a .gguf file"):
         convert_gguf(tmp_path / "out", tmp_path / "o2", progress=False)
+    # a folder given as the GGUF is named as such even where the output lies inside it
+    with pytest.raises(ConversionError, match="is a folder; give the path of a .gguf file"):
+        convert_gguf(tmp_path, tmp_path / "o2", progress=False)
     (tmp_path / "afile").write_bytes(b"")
     with pytest.raises(ConversionError, match="afile already exists and is a file, not a folder"):
         convert_gguf(tmp_path / "m.gguf", tmp_path / "afile", progress=False)

@@ -71,6 +71,8 @@ def test_no_gpu_results_raise_no_gpu_error(err: object) -> None:
     with pytest.raises(gpu.NoGPUError) as info:
         gpu.check((err,), "cudaGetDeviceCount")
     assert info.value.result == err.name  # type: ignore[attr-defined]
+    # the insufficient-driver text also says what it means on a machine with no driver at all
+    assert ("no NVIDIA driver is installed" in str(info.value)) == (err == cudart.cudaError_t.cudaErrorInsufficientDriver)
     clone = pickle.loads(pickle.dumps(info.value))
     assert type(clone) is gpu.NoGPUError and (clone.call, clone.result, str(clone)) == (info.value.call, info.value.result, str(info.value))
 

@@ -172,3 +172,37 @@ def test_quantization_flag_reads_the_autogptq_autoawq_config_file(tmp_path: Path
     assert out.outputs[0].token_ids == hf_greedy(load_hf(ddir), prompt, 8)[0]
     with pytest.raises(InvalidArgumentError, match=rf"{filename}.*quantization='{method}'"):
         LLM(qdir, backend="reference", dtype="float32", progress=False)
+
+
+@pytest.mark.parametrize("case", ["compressed_tensors", "gptq_v1_act_order"])
+def test_quantized_tensors_under_a_config_without_quantization_are_refused(tmp_path: Path, case: str) -> None:
+    """A packed checkpoint whose config.json lost its quantization_config (and has no AutoGPTQ /
+    AutoAWQ file beside it) is refused before the build, naming a packed tensor and the cause,
+    instead of listing every ``*.weight`` as missing."""
+    from trtcore.errors import UnsupportedQuantizationError
+
+    qdir, _ = _checkpoints(tmp_path, case)
+    config = json.loads((qdir / "config.json").read_text())
+    del config["quantization_config"]
+    (qdir / "config.json").write_text(json.dumps(config))
+    kind = {"compressed_tensors": r"compressed-tensors pack-quantized \(weight_packed\)", "gptq_v1_act_order": r"GPTQ or AWQ \(qweight\)"}[case]
+    with pytest.raises(UnsupportedQuantizationError, match=rf"holds quantized linears \({kind}: e\.g\. 'model\.layers\.0\..*no quantization_config"):
+        LLM(qdir, backend="reference", dtype="float32", progress=False)
+
+
+@pytest.mark.parametrize("case", ["compressed_tensors", "awq", "gptq_file"])
+def test_a_quantization_config_over_float_weights_is_refused(tmp_path: Path, case: str) -> None:
+    """A float checkpoint under a quantized checkpoint's config.json, or with a stray AutoGPTQ
+    ``quantize_config.json`` read with ``quantization="gptq"``: no linear is stored quantized,
+    so the declared format is refused after the build instead of running the model as float."""
+    from trtcore.errors import UnsupportedQuantizationError
+
+    qdir, ddir = _checkpoints(tmp_path, "gptq_v1_act_order" if case == "gptq_file" else case)
+    method = "gptq" if case == "gptq_file" else CONFIGS[case]["quant_method"]
+    if case == "gptq_file":
+        (ddir / "quantize_config.json").write_text(json.dumps(CONFIGS["gptq_v1_act_order"]))
+    else:
+        (ddir / "config.json").write_text((qdir / "config.json").read_text())
+    marker = {"compressed-tensors": r"\*\.weight_packed", "awq": r"\*\.qweight", "gptq": r"\*\.qweight"}[method]
+    with pytest.raises(UnsupportedQuantizationError, match=rf"declares {method} quantization, but no linear of LlamaForCausalLM .*\(no {marker}\)"):
+        LLM(ddir, backend="reference", dtype="float32", progress=False, quantization=method if case == "gptq_file" else None)

@@ -315,6 +315,38 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
         quantize_checkpoint(neox, tmp_path / "n")
 
 
+def test_outputs_that_cannot_be_written_and_non_integer_options_are_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """An output folder that cannot be created (its parent a file), the current folder (``.``,
+    ``""``, or a folder holding it) and options that are not integers are refused at once: the
+    AWQ search (minutes on a large model) never starts, and nothing is written (found by a
+    new-user trial: these failed only after the work, or with a raw TypeError / OSError)."""
+    import trtcore.awq as awq
+
+    src = _tiny(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setattr(awq, "awq_plan", lambda *a, **k: pytest.fail("the AWQ search started"))
+    with pytest.raises(InvalidArgumentError, match=r"cannot create the folder .*afile/sub: .*write to a folder you can create"):
+        quantize_checkpoint(src, tmp_path / "afile" / "sub", method="awq")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    for out in (".", work, tmp_path):
+        with pytest.raises(InvalidArgumentError, match=r"is the current folder or holds it"):
+            quantize_checkpoint(src, out, method="awq", overwrite=True)
+    with pytest.raises(InvalidArgumentError, match=r"the output folder is empty \(''\)"):
+        quantize_checkpoint(src, "", method="awq", overwrite=True)
+    assert main(["quantize", "--model", str(src), "--output", ".", "--overwrite"]) == 2
+    assert "is the current folder or holds it" in capsys.readouterr().err
+    for name, value in (("group_size", "64"), ("group_size", 64.0), ("bits", True), ("calibration_tokens", 1.5)):
+        flag = "--" + name.replace("_", "-")
+        kwargs = {name: value, "method": "awq" if name == "calibration_tokens" else "rtn"}
+        with pytest.raises(InvalidArgumentError, match=rf"{name} \({flag}\) must be an integer, got {re.escape(repr(value))}"):
+            quantize_checkpoint(src, tmp_path / "q", **kwargs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "src", "work"] and not any(work.iterdir())
+
+
 def test_group_sizes_the_weight_only_gemm_cannot_run_are_refused(tmp_path: Path) -> None:
     """rtn / awq groups must be multiples of 8 (the weight-only GEMM's unit; per channel the
     whole row, K, is the group): such a checkpoint was written and then refused at load

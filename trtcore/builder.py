@@ -27,7 +27,7 @@ from .models import family_for
 from .parallel import Mapping, check_tensor_parallel, local_kv_heads
 from .plan import DTYPES, BuildConfig, BuildPlan, resolve_plan
 from .plan import implementations as plan_implementations
-from .quant_formats import check_fp8_at_load, check_kv_cache_scheme, quantized_weights
+from .quant_formats import check_kv_cache_scheme, check_quantized_load, check_unquantized, quantized_weights
 from .trt import backend_name
 
 __all__ = [
@@ -117,6 +117,9 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
         UnsupportedArchitectureError: the architecture has no model family.
         MissingTensorError: tensors the network needs are absent (all of them listed).
         TensorShapeError: a checkpoint tensor does not fit the config.
+        UnsupportedQuantizationError: the tensors and the config disagree on quantization: quantized
+            linears under a config that declares none (:func:`trtcore.quant_formats.check_unquantized`),
+            or a declared format no linear is stored in (:func:`trtcore.quant_formats.check_quantized_load`).
         InvalidArgumentError: the plan does not fit ``trt`` (a plugin it cannot host); a
             tensor-parallel ``mapping`` for a family that cannot build ranks, or for a
             quantized checkpoint.
@@ -143,13 +146,15 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
     mode = kv_mode(plan, config, local_kv_heads(config.num_key_value_heads, mapping.tp_size))
     graph = ops.Graph(trt, network, plan.dtype, plan.implementations, plan.block_size, plan.max_seq_len, kv_mode=mode, mapping=mapping)
     fam = family_of(config.model_type)
-    report = LoadReport(quantized_weights(weights, config.quantization_config, packed_modules=fam.packed_modules), fam.is_ignored)
+    read = quantized_weights(weights, config.quantization_config, packed_modules=fam.packed_modules)
+    check_unquantized(read)
+    report = LoadReport(read, fam.is_ignored)
     if plan.kv_fp8:  # the FP8 KV cache's per-layer scales (1.0 where the checkpoint has none, with a warning)
         check_kv_cache_scheme(config.quantization_config)
         graph.kv_scales = kv_cache_scales(report, config.num_hidden_layers)
     family.build(graph, config, report)
     report.check(f"the {config.architecture} network")
-    check_fp8_at_load(report.checkpoint, config.architecture)
+    check_quantized_load(report.checkpoint, config.architecture)
     return DefinedNetwork(trt, builder, network, graph, config, plan, report)
 
 

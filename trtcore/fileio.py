@@ -93,21 +93,37 @@ def _default_modes(folder: Path) -> None:
 def check_folder_free(
     output_dir: str | os.PathLike[str], overwrite: bool, error: type[Exception] = InvalidArgumentError, source: str | os.PathLike[str] | None = None
 ) -> None:
-    """Fail early when ``output_dir`` exists, is not an empty folder and ``overwrite`` is false,
-    or when it overlaps ``source`` (the input being converted: the same path, or one inside the
-    other), which replacing ``output_dir`` would delete even with ``overwrite``.
+    """Fail early -- before the work whose result goes there -- when ``output_dir`` cannot take
+    a new folder: it is empty (``""``), the current folder or one holding it (a folder in use
+    is not renamed or replaced); it overlaps ``source`` (the input being converted: the same
+    path, or one inside the other), which replacing ``output_dir`` would delete even with
+    ``overwrite``; it exists, is not an empty folder and ``overwrite`` is false; or no folder
+    can be created beside it (its parent cannot be made, is a file, or is not writable: tried
+    with a hidden probe folder, removed at once; the parent folders are created).
 
     Raises:
         error: it does (the message names it and the way out).
     """
+    given = output_dir
+    if str(given) == "":
+        raise error("the output folder is empty (''); give the path of the folder to write")
     output_dir = Path(output_dir)
+    out = output_dir.resolve()
+    cwd = Path.cwd().resolve()
+    if out == cwd or out in cwd.parents:
+        raise error(f"the output {str(given)!r} is the current folder or holds it ({cwd}); give a new folder's path")
     if source is not None:
-        src, out = Path(source).resolve(), output_dir.resolve()
+        src = Path(source).resolve()
         if src == out or out in src.parents or src in out.parents:
             raise error(f"the output {output_dir} and the input {source} overlap (the same path, or one inside the other); write to another folder")
     if output_dir.exists() and not overwrite and (not output_dir.is_dir() or any(output_dir.iterdir())):
         what = "is not empty" if output_dir.is_dir() else "is a file, not a folder"
         raise error(f"{output_dir} already exists and {what} (pass overwrite=True, or --overwrite on the command line)")
+    try:
+        output_dir.parent.mkdir(parents=True, exist_ok=True)
+        Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.probe-", dir=output_dir.parent)).rmdir()
+    except OSError as e:
+        raise error(f"cannot create the folder {output_dir}: {e.strerror or e} (in {output_dir.parent}); write to a folder you can create") from None
 
 
 @contextlib.contextmanager

@@ -151,11 +151,11 @@ def convert_gguf(
     or the tokenizer cannot be converted, or ``output_dir`` exists, is not empty and
     ``overwrite`` is false. On any failure nothing is left at or next to ``output_dir``.
     """
+    reader = _open_gguf(Path(gguf_path))  # first: a folder or a non-GGUF file is the more specific mistake
+    check_folder_free(output_dir, overwrite, ConversionError, source=gguf_path)  # as given: "" is not "."
     gguf_path = Path(gguf_path)
     output_dir = Path(output_dir)
-    check_folder_free(output_dir, overwrite, ConversionError, source=gguf_path)
 
-    reader = _open_gguf(gguf_path)
     meta = _Metadata(reader)
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:

@@ -137,7 +137,9 @@ def check(result: tuple[Any, ...], what: str) -> Any:
     if int(err) != 0:
         name = result_name(err)
         cls = NoGPUError if name in _NO_GPU_RESULTS else CudaError
-        raise cls(f"{what} failed: {name} ({_describe(err)})", call=_call_name(what), result=name)
+        # CUDA's text for a machine with no NVIDIA driver at all reads as a version problem
+        hint = "; also what CUDA reports where no NVIDIA driver is installed (no GPU here)" if name == "cudaErrorInsufficientDriver" else ""
+        raise cls(f"{what} failed: {name} ({_describe(err)}{hint})", call=_call_name(what), result=name)
     values = result[1:]
     if not values:
         return None

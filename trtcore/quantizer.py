@@ -396,7 +396,8 @@ def quantize_checkpoint(
             (recorded in the config as compressed-tensors' ``observer``).
         calibration: ``"awq"`` and static ``"fp8"``: a text file (default
             :data:`trtcore.calibration.DEFAULT_CALIBRATION`).
-        calibration_tokens: calibration tokens in all (None: 512).
+        calibration_tokens: calibration tokens in all (None: 512, or all that the default text
+            gives where that is fewer -- about 430 with SmolLM2's tokenizer -- without a warning).
         progress: tqdm bars (stderr) over AWQ's per-layer scale search and over the tensors
             written (``trtcore quantize`` shows them).
         calibration_ids: calibration sequences as token ids instead of a text
@@ -418,12 +419,13 @@ def quantize_checkpoint(
 
     Raises:
         InvalidArgumentError: an unknown method, an option the method does not use (named),
-            bad bits / group size, a linear whose K the
+            bits / group size / calibration_tokens not integers, bad bits / group size, a linear whose K the
             group size does not divide (named), an already quantized checkpoint, a missing
             calibration file, calibration (awq, static fp8) without token ids on a model with no
             tokenizer.json, ``calibration_tokens`` below 1, ``output_dir`` exists and is not
             empty without ``overwrite``, or it overlaps ``model_dir`` (the same folder, or one
-            inside the other).
+            inside the other), or it cannot be created (:func:`trtcore.fileio.check_folder_free`: checked
+            before any work).
         UnsupportedArchitectureError: not a Llama-family architecture.
         CheckpointError / MissingTensorError: the checkpoint cannot be read.
     """
@@ -435,6 +437,9 @@ def quantize_checkpoint(
 
     if method not in METHODS:
         raise InvalidArgumentError(f"quantization method {method!r} is not implemented; available: {', '.join(METHODS)}")
+    for name, value in (("bits", bits), ("group_size", group_size), ("calibration_tokens", calibration_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | np.integer)):
+            raise InvalidArgumentError(f"{_option(name)} must be an integer, got {value!r} ({type(value).__name__})")
     if method == "fp8" and activations is not None and activations not in ACTIVATIONS:  # before the option check, which keys on it
         raise InvalidArgumentError(f"FP8 activations {activations!r}: expected one of {ACTIVATIONS}")
     _refuse_unused(
@@ -472,8 +477,8 @@ def quantize_checkpoint(
         raise InvalidArgumentError(f"{_option('group_size')} must be 0 (per channel) or positive, got {group_size}")
     if calibration_tokens < 1:
         raise InvalidArgumentError(f"{_option('calibration_tokens')} must be positive, got {calibration_tokens}")
+    check_folder_free(output_dir, overwrite, source=model_dir)  # as given: "" is not "."
     model_dir, output_dir = Path(model_dir), Path(output_dir)
-    check_folder_free(output_dir, overwrite, source=model_dir)
     config = load_config(model_dir)  # names a missing folder, a safetensors or GGUF file given as the model
     if not model_dir.is_dir():  # a config.json: load_config reads it, the weights are beside it
         raise InvalidArgumentError(f"{model_dir} is a file; quantize reads a model folder (config.json and safetensors): pass {model_dir.parent}")

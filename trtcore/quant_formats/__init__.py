@@ -359,6 +359,8 @@ class QuantizedCheckpoint:
         #: read as float tensors (:meth:`get`)
         self.read_fp8: set[str] = set()
         self.kept_float: set[str] = set()
+        #: the quantized linears a build read (:meth:`quantized`; :func:`check_quantized_load`)
+        self.read_quantized: set[str] = set()
 
     @property
     def names(self) -> list[str]:
@@ -387,6 +389,7 @@ class QuantizedCheckpoint:
         """
         if not self.is_quantized(name):
             raise CheckpointError(f"'{name}' is not a quantized weight of {self.model_dir} ({self.scheme.method})")
+        self.read_quantized.add(name)
         prefix = name[: -len(".weight")]
         c = self.scheme.config
         if self.scheme.on_the_fly:  # one scale per packed module (vLLM quantizes the fused qkv_proj / gate_up_proj weight)
@@ -463,6 +466,65 @@ def check_kv_cache_scheme(quantization_config: dict[str, Any] | None) -> None:
                 f"quantization_config kv_cache_scheme {key}={got!r} is not supported: trtcore's FP8 KV cache (kv_cache_dtype='fp8') "
                 f"reads {KV_CACHE_SCHEME} (E4M3 codes, one static k_scale / v_scale per layer); run with kv_cache_dtype='auto'"
             )
+
+
+#: tensor suffixes only a quantized linear has (the packed codes of GPTQ / AWQ and of
+#: compressed-tensors ``pack-quantized``): a checkpoint declaring no quantization that holds one
+#: lost its ``quantization_config``
+_PACKED_SUFFIXES = {".qweight": "GPTQ or AWQ (qweight)", ".weight_packed": "compressed-tensors pack-quantized (weight_packed)"}
+
+
+def check_unquantized(weights: Any, model_dir: Any = None) -> None:
+    """Before a build from a checkpoint whose config declares no quantization (no
+    ``quantization_config``, no ``quantization=``): refuse one whose tensors are quantized all
+    the same -- packed codes (``*.qweight``, ``*.weight_packed``) or FP8 weights (a float8
+    ``*.weight``) --, as a ``config.json`` that lost its ``quantization_config`` gives: the float
+    path would report the packed linears missing, or read E4M3 codes as if they were the weights
+    (garbage text, no error). Checkpoints that cannot list their tensors are not checked.
+
+    Raises:
+        UnsupportedQuantizationError: naming a quantized tensor, what it is, and the fix.
+    """
+    if isinstance(weights, QuantizedCheckpoint) or not hasattr(weights, "__iter__"):
+        return
+    dtype_of = getattr(weights, "dtype", None)
+    for name in weights:
+        kind = next((what for suffix, what in _PACKED_SUFFIXES.items() if name.endswith(suffix)), None)
+        if kind is None and dtype_of is not None and name.endswith(".weight") and np.dtype(dtype_of(name)).name.startswith("float8"):
+            kind = f"FP8 ({np.dtype(dtype_of(name)).name} weights)"
+        if kind is not None:
+            where = model_dir or getattr(weights, "model_dir", None) or "the checkpoint"
+            raise UnsupportedQuantizationError(
+                f"{where} holds quantized linears ({kind}: e.g. {name!r}) but its config.json has no quantization_config, so they "
+                "would be read as float weights; restore the quantization_config the quantizer wrote (or, for an AutoGPTQ / AutoAWQ "
+                "folder with quantize_config.json / quant_config.json, pass quantization='gptq' / 'awq', --quantization on the command line)"
+            )
+
+
+def check_quantized_load(weights: Any, architecture: str) -> None:
+    """After a network build from a checkpoint whose config declares a quantized format
+    (GPTQ, AWQ, compressed-tensors, GGUF, FP8): refuse one none of whose linears the build read
+    quantized -- the declared format is then not what the tensors are (a quantization_config
+    copied over a float checkpoint, a stray quantize_config.json read with
+    ``quantization='gptq'``), and the model would silently run in float. FP8 at load:
+    :func:`check_fp8_at_load`.
+
+    Raises:
+        UnsupportedQuantizationError: no linear of ``architecture`` was read quantized.
+    """
+    if not isinstance(weights, QuantizedCheckpoint) or weights.scheme.on_the_fly:
+        check_fp8_at_load(weights, architecture)
+        return
+    if not weights.read_quantized:
+        scheme = weights.scheme
+        marker = (
+            "*.weight_scale" if scheme.fp8 else "the GGUF blocks its ggml_types name" if scheme.method == "gguf" else f"*{_TENSORS[scheme.method][0]}"
+        )
+        raise UnsupportedQuantizationError(
+            f"{weights.model_dir or 'the checkpoint'} declares {scheme.method} quantization, but no linear of {architecture} is stored "
+            f"quantized there (no {marker}): its quantization_config does not describe these weights; remove it to run them as float, "
+            "or load the quantized checkpoint"
+        )
 
 
 def check_fp8_at_load(weights: Any, architecture: str) -> None:
