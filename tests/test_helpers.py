@@ -324,6 +324,30 @@ def test_atomic_folder_removes_a_killed_run_s_staging_folder(tmp_path: Path) -> 
     assert not stale.exists() and live.exists() and other.exists()
 
 
+def test_the_early_folder_check_leaves_nothing_and_refuses_what_cannot_be_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_folder_free (quantize's and convert's check before any work) probes a deep new
+    output without leaving its parent folders behind; refuses "", the current folder and a
+    folder holding it, and a relative output once the current folder is gone, each with a
+    trtcore error naming it (found by new-user and adversarial trials)."""
+    from trtcore.errors import InvalidArgumentError
+    from trtcore.fileio import check_folder_free
+
+    check_folder_free(tmp_path / "a" / "b" / "out", False)
+    assert list(tmp_path.iterdir()) == []
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    for out in ("", ".", work, tmp_path):
+        with pytest.raises(InvalidArgumentError, match="empty|is the current folder or holds it"):
+            check_folder_free(out, True)
+    check_folder_free("relative/out", False)  # below the current folder: fine
+    work.rmdir()
+    with pytest.raises(InvalidArgumentError, match=r"the current folder no longer exists, so the output 'out' is nowhere"):
+        check_folder_free("out", False)
+    check_folder_free(tmp_path / "abs", False)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_atomic_folder_that_cannot_be_created_names_it(tmp_path: Path) -> None:
     """An output whose parent is a file (or any folder the OS refuses) fails before any work
     with the folder and the OS's reason in a trtcore error, not a bare OSError about the

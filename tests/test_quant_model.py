@@ -206,3 +206,29 @@ def test_a_quantization_config_over_float_weights_is_refused(tmp_path: Path, cas
     marker = {"compressed-tensors": r"\*\.weight_packed", "awq": r"\*\.qweight", "gptq": r"\*\.qweight"}[method]
     with pytest.raises(UnsupportedQuantizationError, match=rf"declares {method} quantization, but no linear of LlamaForCausalLM .*\(no {marker}\)"):
         LLM(ddir, backend="reference", dtype="float32", progress=False, quantization=method if case == "gptq_file" else None)
+
+
+def test_the_quantization_checks_look_only_at_what_the_build_reads(tmp_path: Path) -> None:
+    """A float checkpoint with an extra float8 tensor and an extra ``*.qweight`` that no layer
+    reads builds (with the unexpected-tensor warning), and synthetic weights (one dtype
+    attribute, not a per-tensor method) build twice from one object (both found by an
+    adversarial review of the checks above)."""
+    import ml_dtypes
+
+    import trtcore.cuda as tc
+    from trtcore.builder import BuildConfig, define_network
+    from trtcore.cuda import synthetic
+
+    src = write_checkpoint(VARIANTS["llama3_rope"], tmp_path / "src")
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["model.mtp.0.fc.weight"] = np.ones((4, 4), ml_dtypes.float8_e4m3fn)
+    tensors["model.extra_proj.qweight"] = np.zeros((4, 4), np.int32)
+    save_file(tensors, str(src / "model.safetensors"))
+    with pytest.warns(UserWarning, match=r"2 tensors .* are not used .*model\.extra_proj\.qweight, model\.mtp\.0\.fc\.weight"):
+        llm = LLM(src, backend="reference", dtype="float32", progress=False)
+    assert llm.quantization is None
+    cfg = synthetic.config("SmolLM2-135M", num_hidden_layers=1, vocab_size=256)
+    bc = BuildConfig(dtype="bfloat16", max_batch_size=1, max_seq_len=64, max_num_tokens=64, max_num_blocks=16, kv_cache="paged")
+    for weights in (synthetic.RandomWeights(pool_size=1 << 16), synthetic.RandomQuantizedWeights(cfg, 4, 64, seed=1)):
+        for _ in range(2):
+            define_network(tc, cfg, weights, bc)

@@ -99,7 +99,7 @@ def check_folder_free(
     path, or one inside the other), which replacing ``output_dir`` would delete even with
     ``overwrite``; it exists, is not an empty folder and ``overwrite`` is false; or no folder
     can be created beside it (its parent cannot be made, is a file, or is not writable: tried
-    with a hidden probe folder, removed at once; the parent folders are created).
+    with a hidden probe folder; it and the parent folders the probe made are removed at once).
 
     Raises:
         error: it does (the message names it and the way out).
@@ -108,9 +108,14 @@ def check_folder_free(
     if str(given) == "":
         raise error("the output folder is empty (''); give the path of the folder to write")
     output_dir = Path(output_dir)
+    try:
+        cwd: Path | None = Path.cwd().resolve()
+    except FileNotFoundError:  # the current folder was deleted: nothing in use to protect, nothing relative to it
+        if not output_dir.is_absolute():
+            raise error(f"the current folder no longer exists, so the output {str(given)!r} is nowhere; give an absolute path") from None
+        cwd = None
     out = output_dir.resolve()
-    cwd = Path.cwd().resolve()
-    if out == cwd or out in cwd.parents:
+    if cwd is not None and (out == cwd or out in cwd.parents):
         raise error(f"the output {str(given)!r} is the current folder or holds it ({cwd}); give a new folder's path")
     if source is not None:
         src = Path(source).resolve()
@@ -119,11 +124,17 @@ def check_folder_free(
     if output_dir.exists() and not overwrite and (not output_dir.is_dir() or any(output_dir.iterdir())):
         what = "is not empty" if output_dir.is_dir() else "is a file, not a folder"
         raise error(f"{output_dir} already exists and {what} (pass overwrite=True, or --overwrite on the command line)")
+    parent = output_dir.absolute().parent
+    made = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first: removed again after the probe
     try:
-        output_dir.parent.mkdir(parents=True, exist_ok=True)
-        Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.probe-", dir=output_dir.parent)).rmdir()
+        parent.mkdir(parents=True, exist_ok=True)
+        Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.probe-", dir=parent)).rmdir()
     except OSError as e:
         raise error(f"cannot create the folder {output_dir}: {e.strerror or e} (in {output_dir.parent}); write to a folder you can create") from None
+    finally:
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 @contextlib.contextmanager

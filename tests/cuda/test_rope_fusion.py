@@ -39,7 +39,9 @@ def _spec(d: int, rope_type: str = "default", scaling: float = 1.0) -> RopeSpec:
     return RopeSpec(d, d, 10000.0, rope_type, inv, attention_scaling=scaling, **extra)
 
 
-def _attention_net(rng: np.random.Generator, d: int, hq: int = 4, hkv: int = 2, k: int = 128, zeros: bool = False, spec: RopeSpec | None = None) -> Any:
+def _attention_net(
+    rng: np.random.Generator, d: int, hq: int = 4, hkv: int = 2, k: int = 128, zeros: bool = False, spec: RopeSpec | None = None
+) -> Any:
     """x, position_ids -> quantized q / k / v -> heads -> RoPE plugin -> outputs ``qk`` (q and k
     rotated, side by side) and ``v``."""
     from trtcore import ops
@@ -176,7 +178,9 @@ def test_rope_plugin_launches_the_epilogue_or_stages_its_output(monkeypatch: pyt
     from trtcore.plugins.base import DeviceTensor
 
     events: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(wog, "_launch", lambda defines, name, grid, block, args, stream, shared_mem=0: events.append((dict(defines), name, grid, args)))
+    monkeypatch.setattr(
+        wog, "_launch", lambda defines, name, grid, block, args, stream, shared_mem=0: events.append((dict(defines), name, grid, args))
+    )
 
     class FakeLt:
         def matmul(self, m: int, r: int, k: int, w: int, x: int, out: int, *a: Any, ldd: int = 0) -> None:
@@ -198,7 +202,9 @@ def test_rope_plugin_launches_the_epilogue_or_stages_its_output(monkeypatch: pyt
         assert name == ("trtcore_wq_gemv" if m == 1 else "trtcore_wq_gemv16") and defines["ROPE"] == 1 and defines["ROTARY_DIM"] == d
         assert [a[0] for a in args[-4:]] == [pos_ptr, freq_ptr, 192, np.float32(1.0)] and args[5][0] == out_ptr
     events.clear()
-    plugin.enqueue([DeviceTensor(x_ptr, (1, k), BF16), *[DeviceTensor(t.ptr, t.shape, t.dtype) for t in ins]], [DeviceTensor(out_ptr, (1, n), BF16)], 0, 0)
+    plugin.enqueue(
+        [DeviceTensor(x_ptr, (1, k), BF16), *[DeviceTensor(t.ptr, t.shape, t.dtype) for t in ins]], [DeviceTensor(out_ptr, (1, n), BF16)], 0, 0
+    )
     assert [a[0] for a in events[0][3][-4:]] == [0, 0, 0, 1.0] and "ROPE" not in events[0][0]
     m = 64
     events.clear()
@@ -238,7 +244,14 @@ def test_a_4bit_paged_decode_step_runs_no_rope_kernel(monkeypatch: pytest.Monkey
 
     monkeypatch.setenv("TRTCORE_ROPE_FUSION", "1")
     cfg = synthetic.config(
-        "SmolLM2-135M", num_hidden_layers=2, vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32
+        "SmolLM2-135M",
+        num_hidden_layers=2,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
     )
     bc = BuildConfig(dtype="bfloat16", max_batch_size=4, max_seq_len=128, max_num_tokens=128, max_num_blocks=64, kv_cache="paged")
     d = define_network(tc, cfg, synthetic.RandomQuantizedWeights(cfg, 4, 64, seed=1), bc)
@@ -254,3 +267,41 @@ def test_a_4bit_paged_decode_step_runs_no_rope_kernel(monkeypatch: pytest.Monkey
         (_, outs, _), (ins, _, _) = q.tensors, a.tensors
         base, size = outs[0].ptr, outs[0].size * outs[0].dtype.itemsize
         assert base <= ins[0].ptr < base + size and base <= ins[1].ptr < base + size, "attention reads the rotated q and k in place"
+
+
+@pytest.mark.parametrize("case", ["qkv_output", "positions_after"])
+def test_rope_stays_unfused_where_the_gemm_output_is_kept_or_the_positions_come_later(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The q/k/v GEMM's own output an engine output (its q and k rows would come out rotated),
+    and positions computed after the GEMM (the fused GEMM would read them before they exist):
+    no fusion, and the engine compiles; the same networks without that fuse (found by an
+    adversarial review)."""
+    from trtcore import ops
+
+    monkeypatch.setenv("TRTCORE_ROPE_FUSION", "1")
+    d, hq, hkv, k = 32, 4, 2, 128
+
+    def build(odd: bool) -> Any:
+        rng = np.random.default_rng(11)
+        net = network()
+        g = ops.Graph(tc, net, "bfloat16")
+        x = net.add_input("x", tc.DataType.BF16, (-1, k))
+        position_ids = net.add_input("position_ids", tc.DataType.INT32, (-1,))
+        if case == "qkv_output":  # one packed q/k/v linear (Phi-3's qkv_proj), its output kept when odd
+            y = ops.linear(g, x, _qw(rng, (hq + 2 * hkv) * d, k), None, "qkv_proj")
+            if odd:
+                g.output(y, "qkv")
+            rows = (("q", 0, hq), ("k", hq, hq + hkv), ("v", hq + hkv, hq + 2 * hkv))
+            q, kk, v = (ops.gather_const(g, y, range(a * d, b * d), 1, f"{r}_rows") for r, a, b in rows)
+        else:
+            q, kk, v = (ops.linear(g, x, _qw(rng, h * d, k), None, f"{r}_proj") for r, h in zip("qkv", (hq, hkv, hkv)))
+        pos = position_ids
+        if case == "positions_after":  # made after the GEMM (when odd) or before it
+            made = ops.add(g, position_ids, ops.constant(g, np.full((1,), 7, np.int32), "seven", np.int32), "pos_shift")
+            pos = made if odd else position_ids
+        qr, kr = ops.rope_plugin(g, ops.reshape(g, q, (0, hq, d), "q_heads"), ops.reshape(g, kk, (0, hkv, d), "k_heads"), pos, _spec(d))
+        g.output(ops.concat(g, [qr, kr], 1, "qk"), "qk")
+        g.output(v, "v")
+        return net
+
+    assert compile_net(build(True), SHAPES).stats["rope_fused"] == 0
+    assert compile_net(build(False), SHAPES).stats["rope_fused"] == 1

@@ -433,7 +433,7 @@ def test_rope_plugin_matches_reference(case: tuple, dtype: np.dtype, m: int, pre
 @pytest.mark.parametrize("variant", SWIGLU_V2_VARIANTS, ids=_v2_id)
 def test_rope_epilogue_of_v2_variants(variant: dict, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The RoPE epilogue of the v2 decode kernels that are not the default (two row tiles, the
-    folded offset, the cp.async rings), head_dim 128: 8 heads of q and k in 64 tiles, v in 16."""
+    folded offset, the cp.async rings), head_dim 128: 6 heads of q and k in 48 tiles, v in 16."""
     monkeypatch.setattr(wog, "DECODE_VARIANT", variant)
     dtype = np.dtype(ml_dtypes.bfloat16)
     rng = np.random.default_rng(zlib.crc32(repr((variant, m, "rope-v2")).encode()))

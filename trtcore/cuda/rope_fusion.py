@@ -19,9 +19,9 @@ rotated values: one launch less per layer (at batch-1 decode a kernel that waits
 whole GEMM), and q and k are not written and read again -- TensorRT-LLM's and vLLM's fused
 QKV + RoPE kernels do the same in other ways.
 
-Left as they are: any other reader of y's q or k rows (or of the views on the way), RoPE
-outputs that are engine outputs (captured), positions whose shape is not x's leading
-dimensions at every profile point, and a plugin without ``with_rope``.
+Left as they are: any other reader of y's q or k rows (or of the views on the way), y itself
+an engine output, RoPE outputs that are engine outputs, positions made after the GEMM or whose
+shape is not x's leading dimensions at every profile point, and a plugin without ``with_rope``.
 
 Off unless ``TRTCORE_ROPE_FUSION=1`` (read at each compile): the epilogue has not yet run on
 a GPU; bench/bench_quant_e2e.py's ``RoPE fused`` variant measures it.
@@ -92,6 +92,12 @@ def _match(
     y = q_chain[0]
     gemm = producers.get(y)
     if gemm is None or gemm.op != "plugin" or len(gemm.outputs) != 1 or getattr(gemm.attrs["plugin"], "with_rope", None) is None:
+        return None
+    if y in g.outputs or y in g.aliases or y in g.aliases.values():  # its q and k rows would change under the engine output
+        return None
+    # the fused GEMM reads the positions where it runs: a network input, or a value made before it
+    order = {id(n): i for i, n in enumerate(g.nodes)}
+    if pos not in g.inputs and pos not in g.constants and (pos not in producers or order[id(producers[pos])] > order[id(gemm)]):
         return None
     rank = len(g.values[y].shape)
     q, k = _slice_of(q_chain[1], rank), _slice_of(k_chain[1], rank)

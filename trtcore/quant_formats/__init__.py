@@ -474,31 +474,51 @@ def check_kv_cache_scheme(quantization_config: dict[str, Any] | None) -> None:
 _PACKED_SUFFIXES = {".qweight": "GPTQ or AWQ (qweight)", ".weight_packed": "compressed-tensors pack-quantized (weight_packed)"}
 
 
-def check_unquantized(weights: Any, model_dir: Any = None) -> None:
-    """Before a build from a checkpoint whose config declares no quantization (no
-    ``quantization_config``, no ``quantization=``): refuse one whose tensors are quantized all
-    the same -- packed codes (``*.qweight``, ``*.weight_packed``) or FP8 weights (a float8
-    ``*.weight``) --, as a ``config.json`` that lost its ``quantization_config`` gives: the float
-    path would report the packed linears missing, or read E4M3 codes as if they were the weights
-    (garbage text, no error). Checkpoints that cannot list their tensors are not checked.
+def check_unquantized(report: Any) -> None:
+    """After a network build (before its missing tensors are reported) from a checkpoint whose
+    config declares no quantization (no ``quantization_config``, no ``quantization=``): refuse
+    one whose linears the build needed are stored quantized all the same -- a missing
+    ``X.weight`` whose packed codes ``X.qweight`` / ``X.weight_packed`` are there, or a read
+    ``X.weight`` of a float8 dtype --, as a ``config.json`` that lost its
+    ``quantization_config`` gives: the float path would report the packed linears missing (all
+    of them), or read E4M3 codes as if they were the weights (garbage text, no error). Tensors
+    the build does not need are not looked at.
+
+    Args:
+        report: the build's :class:`trtcore.checkpoint.LoadReport` (``checkpoint``, ``missing``, ``used``).
 
     Raises:
         UnsupportedQuantizationError: naming a quantized tensor, what it is, and the fix.
     """
-    if isinstance(weights, QuantizedCheckpoint) or not hasattr(weights, "__iter__"):
+    weights = report.checkpoint
+    if isinstance(weights, QuantizedCheckpoint):
         return
+    found: tuple[str, str] | None = None
+    for name in report.missing:
+        prefix = name.removesuffix(".weight")
+        hit = next(
+            ((prefix + suffix, what) for suffix, what in _PACKED_SUFFIXES.items() if name.endswith(".weight") and prefix + suffix in weights), None
+        )
+        if hit is not None:
+            found = hit
+            break
     dtype_of = getattr(weights, "dtype", None)
-    for name in weights:
-        kind = next((what for suffix, what in _PACKED_SUFFIXES.items() if name.endswith(suffix)), None)
-        if kind is None and dtype_of is not None and name.endswith(".weight") and np.dtype(dtype_of(name)).name.startswith("float8"):
-            kind = f"FP8 ({np.dtype(dtype_of(name)).name} weights)"
-        if kind is not None:
-            where = model_dir or getattr(weights, "model_dir", None) or "the checkpoint"
-            raise UnsupportedQuantizationError(
-                f"{where} holds quantized linears ({kind}: e.g. {name!r}) but its config.json has no quantization_config, so they "
-                "would be read as float weights; restore the quantization_config the quantizer wrote (or, for an AutoGPTQ / AutoAWQ "
-                "folder with quantize_config.json / quant_config.json, pass quantization='gptq' / 'awq', --quantization on the command line)"
-            )
+    if found is None and callable(dtype_of):  # a Checkpoint's per-tensor dtype (synthetic weights hold one dtype attribute)
+        for name in sorted(report.used):
+            if name.endswith(".weight") and name in weights:
+                dt = np.dtype(dtype_of(name))
+                if dt.name.startswith("float8"):
+                    found = (name, f"FP8 ({dt.name} weights)")
+                    break
+    if found is not None:
+        name, kind = found
+        where = getattr(weights, "model_dir", None) or "the checkpoint"
+        raise UnsupportedQuantizationError(
+            f"{where} holds quantized linears ({kind}: e.g. {name!r}) but its config.json has no quantization_config, so they "
+            "cannot be read as the float weights the network takes; restore the quantization_config the quantizer wrote (or, for an "
+            "AutoGPTQ / AutoAWQ folder with quantize_config.json / quant_config.json, pass quantization='gptq' / 'awq', --quantization "
+            "on the command line)"
+        )
 
 
 def check_quantized_load(weights: Any, architecture: str) -> None:
