@@ -53,8 +53,8 @@ def _plain_rope(node: Node) -> Any:
 
 def _chain(g: Graph, producers: dict[str, Node], cons: dict[str, list[int]], value: str) -> tuple[str, list[Any], list[str]] | None:
     """The value a chain of views leads back from ``value`` to, the chain's stages in order, and
-    the values along it (``value`` first, that value last); None where some value on it but the
-    last has another reader or is an engine output."""
+    the values along it (``value`` first, the one it leads back to last); None where a value on it
+    other than the last has another reader or is an engine output."""
     stages: list[Any] = []
     along = [value]
     v = value
@@ -164,7 +164,7 @@ def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> 
         rename.update({node.outputs[0]: q_in, node.outputs[1]: k_in})
         stats["rope_fused"] += 1
     if replace:
-        # the positions are a network input and inv_freq a constant: the GEMM can read them where it is
+        # the positions exist before the GEMM (_match) and inv_freq is a constant: the GEMM can read them where it is
         g.nodes = [replace.get(id(n), n) for n in g.nodes if id(n) not in drop]
         for n in g.nodes:
             n.inputs = [rename.get(v, v) for v in n.inputs]
