@@ -6,6 +6,7 @@ weights; detection from ``quantization_config`` and refusal of everything else."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -518,9 +519,44 @@ def test_sparse_compressed_tensors_are_refused_by_their_sparsity_format(config: 
 
 
 def test_dense_sparsity_config_is_read() -> None:
-    """``sparsity_config`` with ``format: "dense"`` (or null) stores the weights as they are."""
-    for sparsity in (None, _SPARSE_24 | {"format": "dense"}):
-        assert detect_quantization(_ct_config(4, "group", 128, True) | {"sparsity_config": sparsity}).method == "compressed-tensors"
+    """``sparsity_config`` with ``format: "dense"``, null or ``{}`` -- what compressed-tensors'
+    ``ModelCompressor.update_config`` writes into every checkpoint without sparsity, beside
+    ``"transform_config": {}``; refused before, so every recent llm-compressor checkpoint was
+    (found by a trial against published configs) -- stores the weights as they are."""
+    for sparsity in (None, {}, _SPARSE_24 | {"format": "dense"}):
+        config = _ct_config(4, "group", 128, True) | {"sparsity_config": sparsity, "transform_config": {}}
+        assert detect_quantization(config).method == "compressed-tensors"
+    assert detect_quantization(_fp8_dynamic_config() | {"sparsity_config": {}, "transform_config": {}}).fp8
+
+
+def _transforms(*locations: str) -> dict[str, Any]:
+    """A compressed-tensors ``transform_config`` with one scheme applying at ``locations``
+    (llm-compressor's QuIP preset: input + weight_input, weight_output + output)."""
+    apply = [{"targets": ["Linear"], "location": loc, "ignore": "lm_head", "inverse": i % 2 == 1} for i, loc in enumerate(locations)]
+    return {"config_groups": {"v": {"type": "hadamard", "apply": apply, "randomize": True}}}
+
+
+def test_transforms_applied_at_run_time_are_refused() -> None:
+    """A ``transform_config`` with a location that rotates activations at run time (QuIP,
+    SpinQuant's online Hadamards: input, output, k_cache, q_attn) is refused naming them --
+    trtcore would read the rotated weights without the inverse rotation, garbage with no error --
+    while transforms merged into the stored weights (weight_input / weight_output) are read."""
+    base = _ct_config(4, "group", 128, False)
+    for locations, online in ((("input", "weight_input"), "['input']"), (("weight_output", "output", "k_cache"), "['k_cache', 'output']")):
+        with pytest.raises(UnsupportedQuantizationError, match=rf"transform_config applied at run time at {re.escape(online)}"):
+            detect_quantization(base | {"transform_config": _transforms(*locations)})
+    assert detect_quantization(base | {"transform_config": _transforms("weight_input", "weight_output")}).method == "compressed-tensors"
+
+
+def test_gptqmodel_pack_dtypes_other_than_int32_are_refused() -> None:
+    """GPTQModel's ``pack_dtype`` (the words the codes are packed in): int32 (also written
+    ``torch.int32``) is read; int16 / int8 are refused at detection by name, not at load as a
+    qweight of the wrong dtype."""
+    config = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+    for pack in ("int32", "torch.int32"):
+        assert detect_quantization(config | {"pack_dtype": pack}).method == "gptq"
+    with pytest.raises(UnsupportedQuantizationError, match=r"GPTQ pack_dtype='int16' \(codes packed in int16 words"):
+        detect_quantization(config | {"pack_dtype": "int16"})
 
 
 def test_autogptq_marlin_checkpoints_are_refused() -> None:

@@ -149,6 +149,21 @@ def test_compression_config_key_is_read_as_the_quantization_config(tmp_path: Pat
     assert out.outputs[0].token_ids == hf_greedy(load_hf(ddir), prompt, 8)[0]
 
 
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_the_empty_sparsity_and_transform_configs_compressed_tensors_writes_are_read(tmp_path: Path) -> None:
+    """compressed-tensors' ``ModelCompressor.update_config`` writes ``"sparsity_config": {}`` and
+    ``"transform_config": {}`` into every checkpoint without them (llm-compressor's current
+    output): the packed checkpoint runs and equals transformers on its dequantized weights."""
+    qdir, ddir = _checkpoints(tmp_path, "compressed_tensors")
+    config = json.loads((qdir / "config.json").read_text())
+    config["quantization_config"] |= {"sparsity_config": {}, "transform_config": {}, "version": "0.12.2"}
+    (qdir / "config.json").write_text(json.dumps(config))
+    llm = LLM(qdir, backend="reference", dtype="float32", progress=False)
+    prompt = random_prompt(np.random.default_rng(6), 12, VARIANTS["llama3_rope"].vocab_size)
+    [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert out.outputs[0].token_ids == hf_greedy(load_hf(ddir), prompt, 8)[0]
+
+
 @pytest.mark.parametrize(("case", "filename"), [("gptq_v1_act_order", "quantize_config.json"), ("awq", "quant_config.json")])
 def test_quantization_flag_reads_the_autogptq_autoawq_config_file(tmp_path: Path, case: str, filename: str) -> None:
     """AutoGPTQ / AutoAWQ checkpoints whose config.json has no quantization_config keep it in

@@ -120,6 +120,9 @@ def _check(method: str, c: dict[str, Any]) -> None:
             raise _refuse(f"GPTQ checkpoint_format {fmt!r}")
         if c.get("is_marlin_format"):  # AutoGPTQ <= 0.7.1's checkpoint_format "marlin"
             raise _refuse(f"GPTQ is_marlin_format={c['is_marlin_format']!r} (AutoGPTQ's Marlin-serialized layout, checkpoint_format 'marlin')")
+        pack = str(c.get("pack_dtype", "int32")).removeprefix("torch.")
+        if pack != "int32":  # GPTQModel's pack_dtype: the codes' container words
+            raise _refuse(f"GPTQ pack_dtype={c['pack_dtype']!r} (codes packed in {pack} words; trtcore reads int32 qweight / qzeros)")
         if _integer(c, "bits", 4, "GPTQ") not in (4, 8):
             raise _refuse(f"GPTQ bits={c.get('bits')!r}")
         _integer(c, "group_size", None, "GPTQ")
@@ -146,14 +149,23 @@ def _check(method: str, c: dict[str, Any]) -> None:
             raise _refuse(f"AWQ {bits_key}={c.get(bits_key)!r}")
         _integer(c, "group_size" if "group_size" in c else "q_group_size", None, "AWQ")
     elif method == "compressed-tensors":
+        # compressed-tensors writes "sparsity_config": {} and "transform_config": {} when there is none
+        # (ModelCompressor.update_config) and reads {} as None: so does trtcore
         sparsity = c.get("sparsity_config")
-        if sparsity is not None:
+        if sparsity:
             sparse_format = sparsity.get("format") if isinstance(sparsity, dict) else sparsity
             if sparse_format != "dense":
                 raise _refuse(
                     f"compressed-tensors sparsity_config format {sparse_format!r} (sparse compressors store a linear as "
-                    "X.compressed / X.bitmask instead of X.weight; only sparsity_config null or format 'dense' is read)"
+                    "X.compressed / X.bitmask instead of X.weight; only sparsity_config null, {} or format 'dense' is read)"
                 )
+        online = _online_transforms(c.get("transform_config"))
+        if online:
+            raise _refuse(
+                f"compressed-tensors transform_config applied at run time at {online} (QuIP / SpinQuant rotations of activations: "
+                "trtcore does not apply them, so the weights would be read without their inverse; only transforms merged into the "
+                "weights, weight_input / weight_output, are read)"
+            )
         # the checkpoint's format, or (newer files) each config group's
         groups = [g for g in (c.get("config_groups") or {}).values() if isinstance(g, dict)]
         formats = {c["format"]} if c.get("format") else {g.get("format") for g in groups}
@@ -197,6 +209,32 @@ def _check(method: str, c: dict[str, Any]) -> None:
         types = c.get("ggml_types")
         if not isinstance(types, dict) or any(t not in GGUF_TYPES for t in types.values()):
             raise _refuse(f"GGUF ggml_types {types!r}")
+
+
+#: compressed-tensors transform locations merged into the stored weights (``TransformLocation``'s
+#: offline ones); the others (input, output, k_cache, q_attn) run on activations at run time
+_OFFLINE_TRANSFORMS = ("weight_input", "weight_output")
+
+
+def _online_transforms(transform_config: Any) -> list[str]:
+    """The run-time locations of a compressed-tensors ``transform_config`` (``config_groups`` ->
+    scheme -> ``apply`` -> ``location``), sorted; [] for none, ``{}`` or only weight locations.
+    A config that is not that shape counts as run time (``"?"``): it cannot be shown harmless."""
+    if not transform_config:
+        return []
+    groups = transform_config.get("config_groups") if isinstance(transform_config, dict) else None
+    if not isinstance(groups, dict):
+        return ["?"]
+    found = set()
+    for scheme in groups.values():
+        applies = scheme.get("apply") if isinstance(scheme, dict) else None
+        if not isinstance(applies, list):
+            return ["?"]
+        for a in applies:
+            location = a.get("location") if isinstance(a, dict) else None
+            if location not in _OFFLINE_TRANSFORMS:
+                found.add(str(location))
+    return sorted(found)
 
 
 #: per method, the files AutoGPTQ / AutoAWQ keep a checkpoint's quantization in, read (as vLLM's
