@@ -192,7 +192,7 @@ def test_quantization_flag_reads_the_autogptq_autoawq_config_file(tmp_path: Path
 @pytest.mark.parametrize("case", ["compressed_tensors", "gptq_v1_act_order"])
 def test_quantized_tensors_under_a_config_without_quantization_are_refused(tmp_path: Path, case: str) -> None:
     """A packed checkpoint whose config.json lost its quantization_config (and has no AutoGPTQ /
-    AutoAWQ file beside it) is refused before the build, naming a packed tensor and the cause,
+    AutoAWQ file beside it) is refused at the build, naming a packed tensor and the cause,
     instead of listing every ``*.weight`` as missing."""
     from trtcore.errors import UnsupportedQuantizationError
 
