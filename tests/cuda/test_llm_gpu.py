@@ -119,7 +119,8 @@ def test_quantized_paged_engine_matches_the_reference_backend(cp: Any, tmp_path:
     backend on the CPU, the same quantized checkpoint: a tiny Llama with head_dim 32 (what the
     paged kernels take), quantized by trtcore quantize (RTN, 4-bit, group 32, zero points);
     with the RoPE plugin, and with RoPE in the q/k/v GEMM's epilogue (``TRTCORE_ROPE_FUSION=1``,
-    trtcore/cuda/rope_fusion.py: every layer's, checked in the plan).
+    trtcore/cuda/rope_fusion.py; that it fuses every layer of this shape is checked on the CPU by
+    tests/cuda/test_rope_fusion.py).
     Three prompts (80, 33, 7 tokens) in one prefill (the weight-only "cublas" prefill), then 6
     greedy decode steps (the decode GEMV). Each step's log-probability of the token the engine
     chose, and the first step's full vocabulary, are within 64 bfloat16 units of the reference's
@@ -135,7 +136,7 @@ def test_quantized_paged_engine_matches_the_reference_backend(cp: Any, tmp_path:
     prompts = [[int(t) for t in rng.integers(3, v.vocab_size, n)] for n in (80, 33, 7)]
     full = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=v.vocab_size)
     monkeypatch.setenv("TRTCORE_ROPE_FUSION", rope_fusion)
-    gpu = LLM(str(q), backend="cuda", dtype="bfloat16", progress=False)  # every layer fused: tests/cuda/test_rope_fusion.py
+    gpu = LLM(str(q), backend="cuda", dtype="bfloat16", progress=False)
     ref = LLM(str(q), backend="reference", device="cpu", dtype="float32", progress=False)
     tol = LOW_PRECISION_UNITS * UNIT_ROUNDOFF["bfloat16"]
 
