@@ -247,3 +247,17 @@ def test_the_quantization_checks_look_only_at_what_the_build_reads(tmp_path: Pat
     for weights in (synthetic.RandomWeights(pool_size=1 << 16), synthetic.RandomQuantizedWeights(cfg, 4, 64, seed=1)):
         for _ in range(2):
             define_network(tc, cfg, weights, bc)
+
+
+def test_gptq_codes_of_another_width_than_the_config_says_are_named(tmp_path: Path) -> None:
+    """A GPTQ checkpoint stored 8-bit whose config (or a dynamic override) says 4: the load names
+    the width the tensors have, from qzeros' words per row against the scales' N, instead of a
+    shape error about g_idx (found by a trial against published configs)."""
+    from trtcore.errors import CheckpointError
+
+    qdir, _ = _checkpoints(tmp_path, "gptq_v2_8bit")
+    config = json.loads((qdir / "config.json").read_text())
+    config["quantization_config"]["bits"] = 4
+    (qdir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"qzeros' has \d+ words a row for N=\d+ outputs .*the tensors are 8-bit: the config's bits .* say 4"):
+        LLM(qdir, backend="reference", dtype="float32", progress=False)

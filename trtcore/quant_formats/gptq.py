@@ -61,12 +61,33 @@ def gptq_weight(
     """
     if checkpoint_format not in ZERO_OFFSETS:
         raise CheckpointError(f"'{name}': GPTQ checkpoint_format {checkpoint_format!r} is not supported, expected one of {sorted(ZERO_OFFSETS)}")
+    _check_bits(qzeros, scales, bits, name)
     codes = unpack_int32(qweight, bits, 0, f"{name}.qweight").T  # [N, K]
     n = codes.shape[0]
     zeros = unpack_int32(qzeros, bits, 1, f"{name}.qzeros")[:, :n].T.astype(np.float32) + ZERO_OFFSETS[checkpoint_format]
     if scales.shape != (zeros.shape[1], n):
         raise CheckpointError(f"'{name}.scales' has shape {scales.shape}, expected {(zeros.shape[1], n)} from qzeros and qweight")
     return grouped_weight(codes, scales.T, zeros, bits, g_idx, name, () if group_size is None else (int(group_size),))
+
+
+def _check_bits(qzeros: np.ndarray, scales: np.ndarray, bits: int, name: str) -> None:
+    """Refuse codes of another width than ``bits``: ``scales [G, N]`` gives N, and ``qzeros``
+    holds N zero points in ``ceil(N bits / 32)`` words a row. A mismatch otherwise surfaces later
+    as a shape error about ``g_idx`` or ``qweight``; here it names the width the tensors have.
+
+    Raises:
+        CheckpointError: the column count fits another width (named) or none.
+    """
+    if np.ndim(qzeros) != 2 or np.ndim(scales) != 2:
+        return  # unpack_int32 / the scales check below name a wrong rank
+    n, words = int(scales.shape[1]), int(qzeros.shape[1])
+    if words == -(-n * bits // 32):
+        return
+    fits = [b for b in (2, 3, 4, 8) if words == -(-n * b // 32)]
+    what = f"the tensors are {fits[0]}-bit: the config's bits (or its dynamic override for this module) say {bits}" if fits else "no code width fits"
+    raise CheckpointError(
+        f"'{name}.qzeros' has {words} words a row for N={n} outputs ({name}.scales), {bits}-bit codes need {-(-n * bits // 32)}; {what}"
+    )
 
 
 def checkpoint_format(config: dict[str, Any]) -> str:
