@@ -78,10 +78,11 @@ def _slice_of(stages: list[Any], rank: int) -> tuple[int, int] | None:
 
 
 def _match(
-    g: Graph, rope_node: Node, producers: dict[str, Node], cons: dict[str, list[int]], shapes: list[dict[str, Shape]]
+    g: Graph, rope_node: Node, producers: dict[str, Node], cons: dict[str, list[int]], shapes: list[dict[str, Shape]], order: dict[int, int]
 ) -> tuple[Node, int] | None:
     """The GEMM plugin node whose output ``rope_node``'s q and k are views of, with the rows they
-    cover (q then k, from row 0), where the epilogue can take the rotation; else None."""
+    cover (q then k, from row 0), where the epilogue can take the rotation; else None.
+    ``order``: each node's index in ``g.nodes``, by ``id``."""
     rope = _plain_rope(rope_node)
     if rope is None or any(o in g.outputs or o in g.aliases.values() for o in rope_node.outputs):
         return None
@@ -96,7 +97,6 @@ def _match(
     if y in g.outputs or y in g.aliases or y in g.aliases.values():  # its q and k rows would change under the engine output
         return None
     # the fused GEMM reads the positions where it runs: a network input, or a value made before it
-    order = {id(n): i for i, n in enumerate(g.nodes)}
     if pos not in g.inputs and pos not in g.constants and (pos not in producers or order[id(producers[pos])] > order[id(gemm)]):
         return None
     rank = len(g.values[y].shape)
@@ -135,11 +135,12 @@ def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> 
     shapes = [infer_shapes(g, p) for p in points]
     producers = {o: n for n in g.nodes for o in n.outputs}
     cons = g.consumers()
+    order = {id(n): i for i, n in enumerate(g.nodes)}
     replace: dict[int, Node] = {}  # id of a GEMM plugin node -> its RoPE form
     drop: set[int] = set()
     rename: dict[str, str] = {}  # a RoPE output -> the view of the plugin's output holding it
     for node in g.nodes:
-        found = _match(g, node, producers, cons, shapes)
+        found = _match(g, node, producers, cons, shapes, order)
         if found is None:
             continue
         gemm, rows = found
