@@ -253,19 +253,20 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
     src = _tiny(tmp_path)
     with pytest.raises(InvalidArgumentError, match=r"proj\.weight: K=\d+ is not a multiple of group_size=7; choose a divisor such as 32"):
         quantize_checkpoint(src, tmp_path / "q", group_size=7)
-    with pytest.raises(InvalidArgumentError, match="'gptq' is not implemented; available: rtn, awq"):
-        quantize_checkpoint(src, tmp_path / "q", method="gptq")
+    with pytest.raises(InvalidArgumentError, match="'hqq' is not implemented; available: rtn, awq, gptq, fp8"):
+        quantize_checkpoint(src, tmp_path / "q", method="hqq")
     with pytest.raises(InvalidArgumentError, match=r"bits \(--bits\) must be 4 or 8, got 3"):
         quantize_checkpoint(src, tmp_path / "q", bits=3)
     # an option the method does not use is refused, not ignored
     for method, option, used_by in [
-        ("rtn", {"calibration": "calib.txt"}, "awq, fp8 with static activations"),
-        ("rtn", {"calibration_tokens": 64}, "awq, fp8 with static activations"),
+        ("rtn", {"calibration": "calib.txt"}, "awq, gptq, fp8 with static activations"),
+        ("rtn", {"calibration_tokens": 64}, "awq, gptq, fp8 with static activations"),
         ("rtn", {"strategy": "tensor"}, "fp8"),
         ("awq", {"activations": "dynamic"}, "fp8"),
-        ("fp8", {"bits": 4}, "rtn, awq"),
-        ("fp8", {"group_size": 128}, "rtn, awq"),
-        ("fp8", {"symmetric": True}, "rtn, awq"),
+        ("fp8", {"bits": 4}, "rtn, awq, gptq"),
+        ("fp8", {"group_size": 128}, "rtn, awq, gptq"),
+        ("fp8", {"symmetric": True}, "rtn, awq, gptq"),
+        ("awq", {"dampening_frac": 0.1}, "gptq"),
     ]:
         ((name, value),) = option.items()
         flag = "--" + name.replace("_", "-")
@@ -283,7 +284,7 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
     with pytest.raises(InvalidArgumentError, match=r"calibration_tokens \(--calibration-tokens\) must be positive, got 0"):
         quantize_checkpoint(src, tmp_path / "q", method="awq", calibration_tokens=0)
     # calibration tokenizes a text: a model without tokenizer.json is refused before any work
-    for method, extra, hint in [("awq", {}, "use --method rtn$"), ("fp8", {"activations": "static"}, "or --activations dynamic$")]:
+    for method, extra, hint in [("awq", {}, "use --method rtn$"), ("gptq", {}, "use --method rtn$"), ("fp8", {"activations": "static"}, "or --activations dynamic$")]:
         with pytest.raises(
             InvalidArgumentError, match=rf"{method} calibration tokenizes its text .* no tokenizer\.json; add a tokenizer\.json, give calibration_ids \(Python API only\) as token ids.*{hint}"
         ):

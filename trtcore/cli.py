@@ -192,16 +192,17 @@ def _parser() -> argparse.ArgumentParser:
         "--method",
         default="rtn",
         type=str.lower,  # as --quantization: RTN is rtn
-        choices=["rtn", "awq", "fp8"],
+        choices=["rtn", "awq", "gptq", "fp8"],
         help="rtn: round to nearest; awq: activation-aware scales from calibration text, then RTN; "
+        "gptq: each column rounded in turn, its error spread over the rest by calibration statistics (GPTQ); "
         "fp8: E4M3 weights and activations (compressed-tensors float-quantized)",
     )
-    q.add_argument("--calibration", help="awq, fp8: calibration text file (default: trtcore's own, a few paragraphs of English)")
+    q.add_argument("--calibration", help="awq, gptq, fp8: calibration text file (default: trtcore's own, a few paragraphs of English)")
     q.add_argument(
         "--calibration-tokens",
         type=int,
         default=None,
-        help="awq, fp8: calibration tokens in all (default 512, or all of the built-in text where it gives fewer: about 430 with SmolLM2's tokenizer)",
+        help="awq, gptq, fp8: calibration tokens in all (default 512, or all of the built-in text where it gives fewer: about 430 with SmolLM2's tokenizer)",
     )
     q.add_argument("--strategy", choices=["channel", "tensor"], default=None, help="fp8: weight scales per output channel (default) or per tensor")
     q.add_argument(
@@ -216,7 +217,7 @@ def _parser() -> argparse.ArgumentParser:
         help="fp8: also calibrate the FP8 KV cache's k_scale / v_scale per layer (kv_cache_scheme, as llm-compressor; "
         "read with --kv-cache-dtype fp8)",
     )
-    q.add_argument("--bits", type=int, default=None, choices=[4, 8], help="rtn, awq: bits per weight (default 4)")
+    q.add_argument("--bits", type=int, default=None, choices=[4, 8], help="rtn, awq, gptq: bits per weight (default 4)")
     q.add_argument(
         "--group-size",
         type=int,
@@ -228,7 +229,13 @@ def _parser() -> argparse.ArgumentParser:
         "--observer",
         choices=["minmax", "mse"],
         default=None,
-        help="rtn, awq: each group's range as it is (minmax), or shrunk to minimize its error (mse: GPTQ's / llm-compressor's grid search); default minmax",
+        help="rtn, awq, gptq: each group's range as it is (minmax), or shrunk to minimize its error (mse: GPTQ's / llm-compressor's grid search); default minmax",
+    )
+    q.add_argument(
+        "--dampening-frac",
+        type=float,
+        default=None,
+        help="gptq: damping added to the Hessian's diagonal, as a fraction of its mean (llm-compressor's dampening_frac; default 0.01)",
     )
     q.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
 
@@ -405,6 +412,7 @@ def _quantize(args: argparse.Namespace) -> int:
         group_size=args.group_size,
         symmetric=args.symmetric,
         observer=args.observer,
+        dampening_frac=args.dampening_frac,
         overwrite=args.overwrite,
         calibration=args.calibration,
         calibration_tokens=args.calibration_tokens,

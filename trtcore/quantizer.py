@@ -1,5 +1,6 @@
 """trtcore's own weight quantizer (``trtcore quantize``): round to nearest (RTN), optionally
-after AWQ's activation-aware scaling (``method="awq"``, :mod:`trtcore.awq`), written as a
+after AWQ's activation-aware scaling (``method="awq"``, :mod:`trtcore.awq`), or GPTQ's rounding
+column by column with error feedback (``method="gptq"``, :mod:`trtcore.gptq`), written as a
 compressed-tensors ``pack-quantized`` checkpoint, which :mod:`trtcore.quant_formats` reads back
 (and vLLM and transformers load), so the linears run as weight-only GEMMs; or FP8
 (``method="fp8"``, :func:`fp8_tensors`), written as a compressed-tensors ``float-quantized``
@@ -25,7 +26,10 @@ norm 2.4). Clipping a few outliers buys a finer grid for the rest. RTN is the ba
 et al. 2022, arXiv:2210.17323) and AWQ (Lin et al. 2023, arXiv:2306.00978), both of which use
 calibration data. With ``method="awq"`` each linear is RTN-quantized after its input channels
 are multiplied by AWQ's scale, and the inverse scale is folded into the norm or linear that
-feeds it (those tensors are written changed, in their own dtype).
+feeds it (those tensors are written changed, in their own dtype). With ``method="gptq"`` each
+linear's groups take the same scales and zero points (:func:`group_params`, chosen when GPTQ
+reaches the group), and its codes are GPTQ's: each column rounded after the earlier columns'
+errors were spread onto it (:mod:`trtcore.gptq`; the other tensors are copied unchanged).
 
 The output folder holds ``config.json`` with the ``quantization_config``
 (``{"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups":
@@ -78,10 +82,20 @@ from .quant_formats import KV_CACHE_SCHEME, packed_siblings
 from .quant_formats.packing import pack_int32
 from .quantization import QuantizedWeight
 
-__all__ = ["GROUP_SIZES", "METHODS", "OBSERVERS", "common_group_size", "fp8_input_amax", "fp8_tensors", "quantize_checkpoint", "quantize_rtn"]
+__all__ = [
+    "GROUP_SIZES",
+    "METHODS",
+    "OBSERVERS",
+    "common_group_size",
+    "fp8_input_amax",
+    "fp8_tensors",
+    "group_params",
+    "quantize_checkpoint",
+    "quantize_rtn",
+]
 
 #: ``trtcore quantize --method`` values implemented
-METHODS = ("rtn", "awq", "fp8")
+METHODS = ("rtn", "awq", "gptq", "fp8")
 #: FP8 activation scales: calibrated per tensor, computed per call (one per tensor), or computed
 #: per call for each token (row of x: llm-compressor's FP8_DYNAMIC scheme)
 ACTIVATIONS = ("static", "dynamic", "token")
@@ -137,6 +151,17 @@ def _mse_shrink(g: np.ndarray, bits: int, symmetric: bool) -> np.ndarray:
         best_p = np.where(better, p, best_p)
         best_err = np.where(better, err, best_err)
     return best_p
+
+
+def group_params(g: np.ndarray, bits: int, symmetric: bool, observer: str = DEFAULT_OBSERVER) -> tuple[np.ndarray, np.ndarray]:
+    """RTN's scale and zero point of one group of columns ``g [N, gs]`` (each row's, by the
+    observer's rule: module docstring): ``(scale [N], zero [N])`` float64, the scales
+    float32-exact (what is stored), the zero points the unsigned codes' (``2**(bits-1)``
+    symmetric). :mod:`trtcore.gptq` chooses each group's parameters with it."""
+    g3 = np.asarray(g, np.float64)[:, None, :]
+    shrink = _mse_shrink(g3, bits, symmetric) if observer == "mse" else 1.0
+    scale32, zero, _ = _rtn_groups(g3, bits, symmetric, shrink)
+    return scale32[:, 0].astype(np.float64), zero[:, 0]
 
 
 def quantize_rtn(weight: np.ndarray, bits: int, group_size: int = 128, symmetric: bool = False, observer: str = DEFAULT_OBSERVER) -> QuantizedWeight:
@@ -321,16 +346,17 @@ def _linear_names(config: Any) -> Iterator[str]:
 #: per option of :func:`quantize_checkpoint`, the methods that use it (``"fp8-static"``: fp8
 #: with calibrated input scales); an option given to another method is refused
 _USED_BY = {
-    "bits": ("rtn", "awq"),
-    "group_size": ("rtn", "awq"),
-    "observer": ("rtn", "awq"),
-    "symmetric": ("rtn", "awq"),
-    "calibration": ("awq", "fp8-static"),
-    "calibration_tokens": ("awq", "fp8-static"),
-    "calibration_ids": ("awq", "fp8-static"),
+    "bits": ("rtn", "awq", "gptq"),
+    "group_size": ("rtn", "awq", "gptq"),
+    "observer": ("rtn", "awq", "gptq"),
+    "symmetric": ("rtn", "awq", "gptq"),
+    "calibration": ("awq", "gptq", "fp8-static"),
+    "calibration_tokens": ("awq", "gptq", "fp8-static"),
+    "calibration_ids": ("awq", "gptq", "fp8-static"),
     "strategy": ("fp8-static", "fp8-dynamic", "fp8-token"),
     "activations": ("fp8-static", "fp8-dynamic", "fp8-token"),
     "kv_cache_scales": ("fp8-static", "fp8-dynamic", "fp8-token"),
+    "dampening_frac": ("gptq",),
 }
 
 
@@ -380,6 +406,7 @@ def quantize_checkpoint(
     strategy: str | None = None,
     activations: str | None = None,
     kv_cache_scales: bool = False,
+    dampening_frac: float | None = None,
     progress: bool = False,
 ) -> Path:
     """Quantize the decoder linears of the checkpoint in ``model_dir`` into ``output_dir``
@@ -388,13 +415,13 @@ def quantize_checkpoint(
     Args:
         model_dir: a Hugging Face model folder (safetensors, one file or sharded).
         output_dir: the folder to write (created; replaced only with ``overwrite``).
-        method: ``"rtn"``, ``"awq"`` or ``"fp8"`` (:data:`METHODS`).
+        method: ``"rtn"``, ``"awq"``, ``"gptq"`` or ``"fp8"`` (:data:`METHODS`).
         bits, group_size, symmetric, observer: see :func:`quantize_rtn` (not for ``"fp8"``, whose
             weights are 8-bit E4M3); ``bits=None``: 4; ``group_size=None``: the largest of
             :data:`GROUP_SIZES` that divides the K of every linear (:func:`common_group_size`),
             recorded in the output's config; ``observer=None``: :data:`DEFAULT_OBSERVER`
             (recorded in the config as compressed-tensors' ``observer``).
-        calibration: ``"awq"`` and static ``"fp8"``: a text file (default
+        calibration: ``"awq"``, ``"gptq"`` and static ``"fp8"``: a text file (default
             :data:`trtcore.calibration.DEFAULT_CALIBRATION`).
         calibration_tokens: calibration tokens in all (None: 512, or all that the default text
             gives where that is fewer -- about 430 with SmolLM2's tokenizer -- without a warning).
@@ -410,6 +437,9 @@ def quantize_checkpoint(
             the config's ``kv_cache_scheme``, as llm-compressor writes them and vLLM and
             ``LLM(kv_cache_dtype="fp8")`` read them (the calibration options then apply
             with any ``activations``).
+        dampening_frac: ``"gptq"``: the Hessian's damping over its mean diagonal (None:
+            :data:`trtcore.gptq.DAMPENING_FRAC`, 0.01); larger values trust the calibration
+            statistics less (a small calibration set leaves ``X^T X`` singular).
 
     An option the method does not use (``calibration`` for ``"rtn"``, ``bits=4`` or a group
     size for ``"fp8"``, ``strategy`` for ``"awq"``, ...) is refused rather than ignored.
@@ -419,7 +449,8 @@ def quantize_checkpoint(
 
     Raises:
         InvalidArgumentError: an unknown method, an option the method does not use (named),
-            bits / group size / calibration_tokens not integers, bad bits / group size, a linear whose K the
+            bits / group size / calibration_tokens not integers, a ``dampening_frac`` that is not a
+            positive number, bad bits / group size, a linear whose K the
             group size does not divide (named), an already quantized checkpoint, a missing
             calibration file, calibration (awq, static fp8) without token ids on a model with no
             tokenizer.json, ``calibration_tokens`` below 1, ``output_dir`` exists and is not
@@ -437,9 +468,9 @@ def quantize_checkpoint(
 
     if method not in METHODS:
         raise InvalidArgumentError(f"quantization method {method!r} is not implemented; available: {', '.join(METHODS)}")
-    for name, value in (("bits", bits), ("group_size", group_size), ("calibration_tokens", calibration_tokens)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | np.integer)):
-            raise InvalidArgumentError(f"{_option(name)} must be an integer, got {value!r} ({type(value).__name__})")
+    for name, given in (("bits", bits), ("group_size", group_size), ("calibration_tokens", calibration_tokens)):
+        if given is not None and (isinstance(given, bool) or not isinstance(given, int | np.integer)):
+            raise InvalidArgumentError(f"{_option(name)} must be an integer, got {given!r} ({type(given).__name__})")
     if method == "fp8" and activations is not None and activations not in ACTIVATIONS:  # before the option check, which keys on it
         raise InvalidArgumentError(f"FP8 activations {activations!r}: expected one of {ACTIVATIONS}")
     _refuse_unused(
@@ -452,7 +483,12 @@ def quantize_checkpoint(
         strategy=strategy,
         activations=activations,
         kv_cache_scales=kv_cache_scales or None,
+        dampening_frac=dampening_frac,
     )
+    if dampening_frac is not None and (
+        isinstance(dampening_frac, bool) or not isinstance(dampening_frac, int | float) or not 0 < dampening_frac < float("inf")
+    ):
+        raise InvalidArgumentError(f"{_option('dampening_frac')} must be a positive number, got {dampening_frac!r}")
     # calibration feeds static input scales and the KV cache scales
     calibrates = "static" if kv_cache_scales else activations or "static"
     try:
@@ -488,7 +524,7 @@ def quantize_checkpoint(
         )
     raw_config = json.loads((model_dir / "config.json").read_text())
     linears = set(_linear_names(config))
-    calibrated = method == "awq" or (method == "fp8" and (activations == "static" or kv_cache_scales))
+    calibrated = method in ("awq", "gptq") or (method == "fp8" and (activations == "static" or kv_cache_scales))
     if calibrated and calibration_ids is None:
         from .calibration import calibration_text
 
@@ -572,6 +608,17 @@ def quantize_checkpoint(
                 token_ids=calibration_ids,
                 progress=progress,
             )
+        done: dict[str, dict[str, np.ndarray]] = {}  # GPTQ's linears, packed as they come (one layer's Hessians at a time)
+        if method == "gptq":
+            from .gptq import DAMPENING_FRAC, gptq_linears, gptq_quantize
+
+            damp = DAMPENING_FRAC if dampening_frac is None else float(dampening_frac)
+
+            def gptq_one(w: np.ndarray, h: np.ndarray) -> QuantizedWeight:
+                return gptq_quantize(w, h, lambda g: group_params(g, bits, symmetric, observer), bits, group_size, symmetric, damp)
+
+            for name, qw in gptq_linears(model_dir, weights, gptq_one, calibration, calibration_tokens, calibration_ids, progress):
+                done[name] = compressed_tensors_tensors(name.removesuffix(".weight"), qw)
         from tqdm.auto import tqdm
 
         for name in tqdm(weights.names, desc=f"quantize ({method})", unit="tensor", disable=not progress):
@@ -585,6 +632,9 @@ def quantize_checkpoint(
                     scale = amax_scale(amax[name]) if amax else None
                     shared = max(weight_amax(n) for n in packed_siblings(name, packed) if n in linears) if strategy == "tensor" else None
                     tensors |= fp8_tensors(name.removesuffix(".weight"), quantize_weight(value, strategy, scale, amax=shared))
+                    continue
+                if name in done:
+                    tensors |= done.pop(name)
                     continue
                 tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(edited, bits, group_size, symmetric, observer))
             except InvalidArgumentError as exc:  # e.g. a NaN in the weight: name the tensor

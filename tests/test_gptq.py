@@ -1,0 +1,210 @@
+"""``trtcore quantize --method gptq`` (trtcore/gptq.py) against GPTQ written here from the paper.
+
+Reference: Frantar et al. 2022 (arXiv:2210.17323), section 3, in its Optimal Brain Surgeon form
+(equations 2 and 3), not the Cholesky form the code under test uses: with ``Hinv`` the inverse
+of the damped Hessian ``2 X^T X / T + 0.01 mean(diag) I`` over the columns not yet quantized,
+column ``j`` is rounded to ``q``, the others take ``-(w_j - q) / Hinv[j, j] * Hinv[j, :]``, and
+``j`` leaves ``Hinv`` by ``Hinv - Hinv[:, j] Hinv[j, :] / Hinv[j, j]``. A group's RTN parameters
+(min-max, the formulas of test_quantizer's ``group_grid``) come from its weights as updated when
+its first column is reached. The checkpoint is read back by transformers' compressed-tensors
+decompressor, and the inputs of every linear are captured from transformers running the float model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hf_models import VARIANTS, hf_greedy, load_hf, random_prompt, write_checkpoint
+from safetensors.numpy import load_file, save_file
+
+from trtcore import LLM, SamplingParams
+from trtcore.errors import InvalidArgumentError
+from trtcore.gptq import gptq_quantize, hessian
+from trtcore.quantizer import group_params, quantize_checkpoint, quantize_rtn
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def row_params(x: np.ndarray, bits: int, symmetric: bool) -> tuple[float, float]:
+    """One row of a group: its min-max RTN scale (float32) and zero point."""
+    top = 2**bits - 1
+    if symmetric:
+        s = float(np.float32(np.abs(x).max() / (2 ** (bits - 1) - 1)))
+        return (s if s > 0 else 1.0), float(2 ** (bits - 1))
+    lo, hi = min(x.min(), 0.0), max(x.max(), 0.0)
+    s = float(np.float32((hi - lo) / top))
+    s = s if s > 0 else 1.0
+    return s, float(min(max(round(-lo / s), 0), top))
+
+
+def obs_reference(w: np.ndarray, x: np.ndarray, bits: int, group_size: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ of ``w [N, K]`` for inputs ``x [T, K]`` by the OBS recursion (module docstring),
+    float64: ``(codes, dequantized weight)``."""
+    w = np.array(w, np.float64)
+    n, k = w.shape
+    h = 2.0 * x.T @ x / x.shape[0]
+    h[np.diag(h) == 0, np.diag(h) == 0] = 1.0
+    hinv = np.linalg.inv(h + 0.01 * np.mean(np.diag(h)) * np.eye(k))
+    gs = group_size or k
+    top = 2**bits - 1
+    codes = np.zeros((n, k), np.int64)
+    deq = np.zeros((n, k))
+    params: list[tuple[float, float]] = []
+    for j in range(k):
+        if j % gs == 0:
+            params = [row_params(w[r, j : j + gs], bits, symmetric) for r in range(n)]
+        for r in range(n):
+            s, z = params[r]
+            q = min(max(round(w[r, j] / s) + z, 0), top)
+            codes[r, j] = q
+            deq[r, j] = (q - z) * s
+            err = w[r, j] - (q - z) * s
+            w[r, j:] -= err / hinv[j, j] * hinv[j, j:]
+        hinv = hinv - np.outer(hinv[:, j], hinv[j, :]) / hinv[j, j]
+    return codes, deq
+
+
+def _inputs(rng: np.random.Generator, t: int, k: int) -> np.ndarray:
+    """Correlated inputs with a common offset and a few large channels (what LLM activations look like)."""
+    mix = np.eye(k) + 2.0 * rng.standard_normal((k, k)) / np.sqrt(k)
+    x = rng.standard_normal((t, k)) @ mix + rng.standard_normal(k)
+    x[:, rng.choice(k, 3, replace=False)] *= 8.0
+    return x
+
+
+@pytest.mark.parametrize(
+    ("bits", "group_size", "symmetric", "block"),
+    [(4, 32, False, 128), (4, 16, True, 32), (8, 0, True, 128), (4, 64, False, 32), (8, 32, False, 48)],
+)
+def test_gptq_equals_the_obs_recursion(bits: int, group_size: int, symmetric: bool, block: int) -> None:
+    """Codes and scales equal the paper's recursion, for groups inside a lazy block, groups larger
+    than the block asked for (it grows to one group), per channel, and a feature never seen."""
+    rng = np.random.default_rng()
+    n, k = 12, 128
+    x = _inputs(rng, 200, k)
+    x[:, 5] = 0.0  # a dead feature: its weights are rounded and stay
+    w = rng.standard_normal((n, k)) * rng.uniform(0.05, 1.0, (n, 1))
+    qw = gptq_quantize(w, hessian(x), lambda g: group_params(g, bits, symmetric), bits, group_size, symmetric, block_size=block)
+    want, deq = obs_reference(w, x, bits, group_size, symmetric)
+    np.testing.assert_array_equal(qw.codes.astype(np.int64), want)
+    np.testing.assert_array_equal(qw.dequantize(), deq)
+    assert qw.group_size == (group_size or k) and (qw.zeros is None) == symmetric
+
+
+def test_gptq_lowers_the_output_error_of_rtn() -> None:
+    """On its calibration inputs GPTQ's output error is well below RTN's (the paper's point)."""
+    rng = np.random.default_rng()
+    x = _inputs(rng, 400, 256)
+    w = rng.standard_normal((64, 256))
+    for bits, gs in ((4, 32), (4, 0), (8, 64)):
+        g = gptq_quantize(w, hessian(x), lambda grp, b=bits: group_params(grp, b, False), bits, gs, False).dequantize()
+        r = quantize_rtn(w, bits, gs, False).dequantize()
+        assert np.linalg.norm(x @ (g - w).T) < 0.85 * np.linalg.norm(x @ (r - w).T), (bits, gs)
+
+
+def test_gptq_refuses_bad_inputs() -> None:
+    w = np.ones((4, 32))
+    p = lambda g: group_params(g, 4, False)  # noqa: E731
+    with pytest.raises(InvalidArgumentError, match=r"Hessian must be \[32, 32\]"):
+        gptq_quantize(w, np.eye(16), p, 4, 16, False)
+    with pytest.raises(InvalidArgumentError, match="positive divisor of K=32"):
+        gptq_quantize(w, np.eye(32), p, 4, 12, False)
+    with pytest.raises(InvalidArgumentError, match="NaN or an infinity"):
+        gptq_quantize(w, np.full((32, 32), np.nan), p, 4, 16, False)
+    with pytest.raises(InvalidArgumentError, match="at least one calibration token"):
+        hessian(np.ones((0, 32)))
+    with pytest.raises(InvalidArgumentError, match="not positive definite"):
+        gptq_quantize(w, -np.eye(32) * 1e9, p, 4, 16, False)
+
+
+def _hf_linear_inputs(src: Path, calib: list[list[int]]) -> dict[str, np.ndarray]:
+    """Every decoder linear's input over the calibration sequences (one forward each), from
+    transformers running the float checkpoint in float64: ``{weight name: [T, K]}``."""
+    import torch
+
+    model = load_hf(src)
+    got: dict[str, list[np.ndarray]] = {}
+    hooks = []
+    for name, mod in model.named_modules():
+        if name.rsplit(".", 1)[-1] in LINEARS:
+
+            def hook(m: Any, args: Any, out: Any, key: str = name + ".weight") -> None:
+                got.setdefault(key, []).append(args[0].detach().reshape(-1, args[0].shape[-1]).numpy())
+
+            hooks.append(mod.register_forward_hook(hook))
+    with torch.no_grad():
+        for ids in calib:
+            model(torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    return {k: np.concatenate(v) for k, v in got.items()}
+
+
+def test_gptq_checkpoint_holds_gptq_of_the_models_inputs_and_runs_as_transformers(tmp_path: Path) -> None:
+    """``quantize_checkpoint(method="gptq")``: transformers (compressed-tensors) reads back codes
+    that are the recursion's on the inputs transformers computes for each linear (float32
+    against float64 activations can flip a near tie, which then moves the rest of its row: 97%
+    of the codes must agree), and trtcore's greedy tokens equal transformers' on the decompressed
+    weights."""
+    pytest.importorskip("compressed_tensors")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trtcore.check import decompressing_config
+
+    v = VARIANTS["llama3_rope"]
+    src = write_checkpoint(v, tmp_path / "src")
+    rng = np.random.default_rng()
+    calib = [random_prompt(rng, 40, v.vocab_size) for _ in range(3)]
+    out = quantize_checkpoint(src, tmp_path / "q", method="gptq", bits=4, group_size=32, calibration_ids=calib)
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert cfg["format"] == "pack-quantized" and cfg["config_groups"]["group_0"]["weights"]["group_size"] == 32
+
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64, quantization_config=decompressing_config())
+    state = {n: t.double().numpy() for n, t in model.state_dict().items()}
+    original = load_file(str(src / "model.safetensors"))
+    inputs = _hf_linear_inputs(src, calib)
+    assert len(inputs) == len(LINEARS) * json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    for name, x in inputs.items():
+        w = original[name].astype(np.float64)
+        _, want = obs_reference(w, x, 4, 32, False)
+        got = state[name]
+        assert not np.allclose(got, quantize_rtn(w, 4, 32, False).dequantize()), name  # not plain RTN
+        # a float32 scale one ulp apart (activations in float32 there) still counts as the same
+        same = np.isclose(got, want, rtol=1e-6, atol=0)
+        assert same.mean() >= 0.97, (name, same.mean())
+
+    dense = {n: (state[n] if n in inputs else original[n]).astype(np.float32) for n in original}
+    ddir = tmp_path / "dense"
+    ddir.mkdir()
+    save_file(dense, str(ddir / "model.safetensors"))
+    (ddir / "config.json").write_text((src / "config.json").read_text())
+    llm = LLM(out, backend="reference", dtype="float32", progress=False)
+    prompt = random_prompt(rng, 10, v.vocab_size)
+    [res] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert res.outputs[0].token_ids == hf_greedy(load_hf(ddir), prompt, 12)[0]
+
+
+def test_gptq_damping_reaches_the_quantizer_and_bad_options_are_refused(tmp_path: Path) -> None:
+    """``dampening_frac`` is GPTQ's: damping that swamps every correlation leaves each column's
+    error where it is, so the checkpoint is RTN's, tensor for tensor; other methods and values
+    that are not positive numbers are refused before anything is written."""
+    v = VARIANTS["llama3_rope"]
+    src = write_checkpoint(v, tmp_path / "src")
+    calib = [random_prompt(np.random.default_rng(), 30, v.vocab_size) for _ in range(2)]
+    damped = quantize_checkpoint(src, tmp_path / "g", method="gptq", group_size=32, calibration_ids=calib, dampening_frac=1e12)
+    rtn = quantize_checkpoint(src, tmp_path / "r", method="rtn", group_size=32)
+    want, got = load_file(str(rtn / "model.safetensors")), load_file(str(damped / "model.safetensors"))
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    with pytest.raises(InvalidArgumentError, match=r"dampening_frac \(--dampening-frac\) = 0.1 does not apply to method 'rtn'; it is used by gptq"):
+        quantize_checkpoint(src, tmp_path / "x", method="rtn", dampening_frac=0.1)
+    for bad in (0, -0.5, float("nan"), float("inf"), "0.1", True):
+        with pytest.raises(InvalidArgumentError, match=r"dampening_frac \(--dampening-frac\) must be a positive number"):
+            quantize_checkpoint(src, tmp_path / "x", method="gptq", group_size=32, calibration_ids=calib, dampening_frac=bad)  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g", "r", "src"]

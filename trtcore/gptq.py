@@ -1,0 +1,216 @@
+"""GPTQ weight quantization for ``trtcore quantize --method gptq``.
+
+Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained
+Transformers", arXiv:2210.17323, Algorithm 1. A linear ``y = x W^T`` (``W [N, K]``) is quantized
+one input column at a time, in order; after column ``j`` is rounded, its error is spread over the
+columns not yet quantized so that the layer's output on the calibration inputs moves least
+(the Optimal Brain Surgeon update, the paper's equations 2-3)::
+
+    H = 2 X^T X / T + lambda I              X [T, K]: the linear's inputs over the calibration
+                                            tokens; lambda = dampening_frac * mean(diag(2 X^T X / T))
+    U = upper Cholesky factor of H^-1       (H^-1 = U^T U: the paper's "Cholesky reformulation")
+    for j = 0 .. K-1:
+        q_j = quantize(W[:, j])             RTN with its group's scale and zero point
+        e   = (W[:, j] - q_j) / U[j, j]
+        W[:, j:] -= e U[j, j:]              (lazily, per block of columns: the paper's step 2)
+
+A group's scale and zero point (``group_size`` columns; per channel: the whole row) are chosen
+when its first column is reached, from the group's weights as the earlier columns' updates left
+them, by the same rule as RTN's (:func:`trtcore.quantizer.group_params`: min-max or the MSE
+observer) -- as GPTQ's reference code and llm-compressor's ``GPTQModifier`` do. The codes and
+scales are then a :class:`~trtcore.quantization.QuantizedWeight` like RTN's, written in the same
+compressed-tensors ``pack-quantized`` layout (llm-compressor writes its GPTQ output so too).
+
+Defaults follow llm-compressor's ``GPTQModifier`` (``block_size=128``, ``dampening_frac=0.01``;
+AutoGPTQ's ``damp_percent``). Differences from the reference code, each for a stated reason:
+
+* ``X`` is the float model's own activations, captured once on the reference backend (as
+  :mod:`trtcore.awq` does), not each layer's inputs recomputed through the layers quantized
+  before it ("true sequential"): one calibration run instead of one per layer;
+* an input feature that is 0 on every calibration token keeps its weights (the reference code
+  zeroes them): nothing in the calibration set says they are unused;
+* no act order (``desc_act``): the columns are taken in their stored order, so the groups stay
+  contiguous and the checkpoint needs no ``g_idx``;
+* where ``H`` is not positive definite after damping, the damping is multiplied by 10 up to
+  :data:`MAX_DAMPING_TRIES` times (GPTQModel raises it in steps as well).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+from .quantization import QuantizedWeight
+
+__all__ = ["BLOCK_SIZE", "DAMPENING_FRAC", "gptq_linears", "gptq_quantize", "hessian"]
+
+#: columns updated eagerly before the rest takes their errors in one product (the paper's "lazy batch")
+BLOCK_SIZE = 128
+#: damping of ``H``'s diagonal, a fraction of its mean (llm-compressor ``dampening_frac``, AutoGPTQ ``damp_percent``)
+DAMPENING_FRAC = 0.01
+#: how often the damping is raised tenfold before a Hessian that is not positive definite is an error
+MAX_DAMPING_TRIES = 4
+
+#: ``params(group [N, g]) -> (scale [N], zero [N])``: a group's float32 scales (as float64) and zero points
+GroupParams = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def hessian(x: np.ndarray) -> np.ndarray:
+    """``2 X^T X / T`` in float64 (``[K, K]``) of the inputs ``x [..., K]`` (``T`` rows in all):
+    the Hessian of the squared output error that GPTQ minimizes (paper, section 3)."""
+    x2 = np.asarray(x, np.float64).reshape(-1, np.shape(x)[-1])
+    if x2.shape[0] == 0:
+        raise InvalidArgumentError("GPTQ needs at least one calibration token, got none")
+    return 2.0 * (x2.T @ x2) / x2.shape[0]
+
+
+def _inverse_cholesky(h: np.ndarray, dampening_frac: float) -> np.ndarray:
+    """The upper Cholesky factor ``U`` of ``(H + lambda I)^-1`` (``H^-1 = U^T U``), with the
+    damping raised tenfold while the damped ``H`` is not positive definite."""
+    k = h.shape[0]
+    mean_diag = float(np.mean(np.diag(h))) if k else 0.0
+    damp = dampening_frac * (mean_diag if mean_diag > 0 else 1.0)
+    for _ in range(MAX_DAMPING_TRIES + 1):
+        try:
+            lower = np.linalg.cholesky(h + damp * np.eye(k))
+            inv = np.linalg.inv(lower)  # L^-1: (L L^T)^-1 = L^-T L^-1
+            return np.linalg.cholesky(inv.T @ inv).T
+        except np.linalg.LinAlgError:
+            damp *= 10.0
+    raise InvalidArgumentError(
+        f"GPTQ: the calibration Hessian [{k}, {k}] is not positive definite even with damping {damp / 10.0:.3g}; "
+        "use more calibration tokens or --method rtn"
+    )
+
+
+def gptq_quantize(
+    weight: np.ndarray,
+    hess: np.ndarray,
+    params: GroupParams,
+    bits: int,
+    group_size: int,
+    symmetric: bool,
+    dampening_frac: float = DAMPENING_FRAC,
+    block_size: int = BLOCK_SIZE,
+) -> QuantizedWeight:
+    """GPTQ of one ``[N, K]`` weight (module docstring).
+
+    Args:
+        weight: ``[N, K]``, any float dtype (computed in float64).
+        hess: ``[K, K]`` float64, :func:`hessian` of the linear's calibration inputs.
+        params: a group's scale and zero point from its current weights ``[N, g]``, as RTN
+            chooses them (:func:`trtcore.quantizer.group_params`): scales float32-exact, zero
+            points the unsigned codes' (``2**(bits-1)`` symmetric).
+        bits: 4 or 8. group_size: input features per scale, 0 for one per row (must divide K).
+        symmetric: no zero points in the result.
+        dampening_frac: ``lambda`` over ``mean(diag(H))``. block_size: columns per lazy batch
+            (rounded to a multiple of the group size).
+
+    Returns:
+        The :class:`~trtcore.quantization.QuantizedWeight`: codes ``clip(round(w / s) + z, 0,
+        2**bits - 1)`` of the updated weights.
+
+    Raises:
+        InvalidArgumentError: shapes that do not match, ``group_size`` not dividing K, a
+            non-finite weight or Hessian, or a Hessian that damping does not make positive definite.
+    """
+    w = np.array(weight, dtype=np.float64)  # a copy: updated in place
+    if w.ndim != 2:
+        raise InvalidArgumentError(f"gptq_quantize takes a [N, K] weight, got shape {w.shape}")
+    n, k = w.shape
+    h = np.asarray(hess, np.float64)
+    if h.shape != (k, k):
+        raise InvalidArgumentError(f"gptq_quantize: the Hessian must be [{k}, {k}] for K={k}, got {h.shape}")
+    gs = k if group_size == 0 else int(group_size)
+    if gs <= 0 or k % gs:
+        raise InvalidArgumentError(f"group_size={group_size} must be 0 (per channel) or a positive divisor of K={k}")
+    if not (np.isfinite(w).all() and np.isfinite(h).all()):
+        raise InvalidArgumentError("GPTQ: the weight or its calibration Hessian holds a NaN or an infinity")
+    h = h.copy()
+    dead = np.diag(h) == 0
+    h[dead, dead] = 1.0  # a feature never seen: its error goes nowhere, its weights stay
+    u = _inverse_cholesky(h, dampening_frac)
+    top = (1 << bits) - 1
+    block = gs * max(1, int(block_size) // gs)  # groups never straddle two blocks
+    codes = np.empty((n, k), np.uint8)
+    scales = np.empty((n, k // gs), np.float32)
+    zeros = np.empty((n, k // gs), np.float32)
+    s = z = np.zeros(n)
+    for b0 in range(0, k, block):
+        b1 = min(b0 + block, k)
+        wb = w[:, b0:b1]  # a view: the block's columns, updated eagerly
+        err = np.empty((n, b1 - b0))
+        for i in range(b1 - b0):
+            col = b0 + i
+            if col % gs == 0:  # a group starts: its parameters from its weights as updated so far
+                s, z = params(wb[:, i : i + gs])
+                scales[:, col // gs], zeros[:, col // gs] = s, z
+            q = np.clip(np.round(wb[:, i] / s) + z, 0, top)
+            codes[:, col] = q
+            e = (wb[:, i] - (q - z) * s) / u[col, col]
+            wb[:, i:] -= np.outer(e, u[col, col:b1])
+            err[:, i] = e
+        w[:, b1:] -= err @ u[b0:b1, b1:]
+    return QuantizedWeight(codes, scales, None if symmetric else zeros, bits, gs)
+
+
+def gptq_linears(
+    model_dir: str | os.PathLike[str],
+    weights: Any,
+    quantize: Callable[[np.ndarray, np.ndarray], QuantizedWeight],
+    calibration: str | os.PathLike[str] | None = None,
+    num_tokens: int = 512,
+    token_ids: Sequence[Sequence[int]] | None = None,
+    progress: bool = False,
+) -> Iterator[tuple[str, QuantizedWeight]]:
+    """GPTQ of every decoder linear of the Llama-family checkpoint in ``model_dir``, one layer
+    at a time (so only one layer's Hessians are held): yields ``(weight name, quantized)``.
+
+    Args:
+        model_dir: a float Llama-family Hugging Face folder (with its tokenizer unless ``token_ids``).
+        weights: its tensors (``get(name)``, e.g. an open :class:`trtcore.checkpoint.Checkpoint`).
+        quantize: ``(W [N, K], H [K, K]) -> QuantizedWeight``, e.g. :func:`gptq_quantize` with
+            the checkpoint's bits and groups bound.
+        calibration, num_tokens, token_ids: the calibration set
+            (:func:`trtcore.calibration.capture_calibration`).
+        progress: a tqdm bar over the layers (stderr).
+
+    Raises:
+        InvalidArgumentError: not a Llama-style family (its inputs are not captured), a
+            calibration problem (see :func:`trtcore.calibration.capture_calibration`), or a
+            layer whose input is missing from the network (named).
+        InvalidRequestError: the checkpoint has no tokenizer and no ``token_ids`` are given.
+    """
+    from tqdm.auto import tqdm
+
+    from .awq import LLAMA_BUILDER, LLAMA_SCALE_GROUPS
+    from .calibration import capture_calibration
+    from .config import load_config
+    from .families import family_of
+
+    fam = family_of(load_config(model_dir).model_type)
+    if fam.builder != LLAMA_BUILDER:
+        raise InvalidArgumentError(
+            f"GPTQ captures the inputs of Llama-style decoder layers; {fam.architecture} ({fam.builder}) is not supported (use --method rtn)"
+        )
+
+    def select(config: Any, present: set[str]) -> list[str]:
+        return [g.input.format(i=i) for i in range(config.num_hidden_layers) for g in LLAMA_SCALE_GROUPS if g.input.format(i=i) in present]
+
+    config, inputs = capture_calibration(model_dir, select, calibration, num_tokens, token_ids=token_ids)
+    for i in tqdm(range(config.num_hidden_layers), desc="gptq", unit="layer", disable=not progress):
+        for g in LLAMA_SCALE_GROUPS:
+            key = g.input.format(i=i)
+            if key not in inputs:
+                raise InvalidArgumentError(f"GPTQ: the network has no tensor {key!r}, the input of layer {i}'s {g.linears}")
+            h = hessian(inputs.pop(key))
+            for role in g.linears:
+                name = fam.tensor(role, i, ".weight")
+                try:
+                    yield name, quantize(weights.get(name), h)
+                except InvalidArgumentError as exc:
+                    raise InvalidArgumentError(f"{name}: {exc}") from exc
