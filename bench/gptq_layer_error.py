@@ -4,8 +4,8 @@ For a few decoder layers of a float Llama-family checkpoint: each linear's Hessi
 inputs of trtcore's calibration text (as ``trtcore quantize --method gptq`` builds it), then the
 relative output error ``||X (Q(W) - W)^T|| / ||X W^T||`` of RTN and of GPTQ at several dampings,
 on those calibration inputs, on held-out inputs (other passages), and on the held-out inputs
-without each passage's first token (whose activations are far larger than the others': it
-weighs most in ``X^T X`` and in these norms). It measures each linear
+split into each passage's first token (the attention sink that every later token reads in
+these layers) and the others. It measures each linear
 alone, on the float model's inputs; ``bench/quant_quality.py`` scores the whole quantized model::
 
     python bench/gptq_layer_error.py --model ~/.cache/trtcore/models/SmolLM2-135M-Instruct --group-size 64 \\
@@ -69,7 +69,12 @@ def main() -> int:
                     deq[f"gptq-{d:g}"] = gptq_quantize(w, h, lambda gg: group_params(gg, 4, False), 4, args.group_size, False, d).dequantize()
                 row: dict[str, Any] = {"layer": i, "linear": role, "K": int(w.shape[1])}
                 for name, q in deq.items():
-                    for where, x in (("calibration", xc), ("held_out", xh), ("held_out_later_tokens", xh[later])):
+                    for where, x in (
+                        ("calibration", xc),
+                        ("held_out", xh),
+                        ("held_out_first_tokens", xh[~later]),
+                        ("held_out_later_tokens", xh[later]),
+                    ):
                         rel = float(np.linalg.norm(x @ (q - w).T) / np.linalg.norm(x @ w.T))
                         row[f"{name}/{where}"] = rel
                         totals[f"{name}/{where}"] = totals.get(f"{name}/{where}", 0.0) + rel**2
