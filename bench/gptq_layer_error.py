@@ -38,7 +38,7 @@ def main() -> int:
     from trtcore.awq import LLAMA_SCALE_GROUPS
     from trtcore.calibration import capture_calibration
     from trtcore.families import family_of
-    from trtcore.gptq import gptq_quantize, hessian
+    from trtcore.gptq import gptq_quantize, hessian, inverse_hessian_factor
     from trtcore.quantizer import group_params, quantize_rtn
 
     model = Path(args.model).expanduser()
@@ -62,11 +62,12 @@ def main() -> int:
         for g in LLAMA_SCALE_GROUPS:
             xc, xh = cal[g.input.format(i=i)], ho[g.input.format(i=i)]
             h = hessian(xc)
+            factors = {d: inverse_hessian_factor(h, d) for d in damps}
             for role in g.linears:
                 w = weights[fam.tensor(role, i, ".weight")].astype(np.float64)
                 deq = {"rtn": quantize_rtn(w, 4, args.group_size, False).dequantize()}
-                for d in damps:
-                    deq[f"gptq-{d:g}"] = gptq_quantize(w, h, lambda gg: group_params(gg, 4, False), 4, args.group_size, False, d).dequantize()
+                for d, u in factors.items():
+                    deq[f"gptq-{d:g}"] = gptq_quantize(w, u, lambda gg: group_params(gg, 4, False), 4, args.group_size, False).dequantize()
                 row: dict[str, Any] = {"layer": i, "linear": role, "K": int(w.shape[1])}
                 for name, q in deq.items():
                     for where, x in (

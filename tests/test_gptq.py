@@ -2,7 +2,9 @@
 
 Reference: Frantar et al. 2022 (arXiv:2210.17323), section 3, in its Optimal Brain Surgeon form
 (equations 2 and 3), not the Cholesky form the code under test uses: with ``Hinv`` the inverse
-of the damped Hessian ``2 X^T X / T + 0.01 mean(diag) I`` over the columns not yet quantized,
+of the damped Hessian ``2 X^T X / T + 0.01 mean(diag) I`` over the columns not yet quantized (a
+feature that is 0 on every token gets the other features' mean diagonal, which the damping's
+mean is taken over),
 column ``j`` is rounded to ``q``, the others take ``-(w_j - q) / Hinv[j, j] * Hinv[j, :]``, and
 ``j`` leaves ``Hinv`` by ``Hinv - Hinv[:, j] Hinv[j, :] / Hinv[j, j]``. A group's RTN parameters
 (min-max, the formulas of test_quantizer's ``group_grid``) come from its weights as updated when
@@ -23,7 +25,7 @@ from safetensors.numpy import load_file, save_file
 
 from trtcore import LLM, SamplingParams
 from trtcore.errors import InvalidArgumentError
-from trtcore.gptq import gptq_quantize, hessian
+from trtcore.gptq import gptq_quantize, hessian, inverse_hessian_factor
 from trtcore.quantizer import group_params, quantize_checkpoint, quantize_rtn
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -47,8 +49,10 @@ def obs_reference(w: np.ndarray, x: np.ndarray, bits: int, group_size: int, symm
     w = np.array(w, np.float64)
     n, k = w.shape
     h = 2.0 * x.T @ x / x.shape[0]
-    h[np.diag(h) == 0, np.diag(h) == 0] = 1.0
-    hinv = np.linalg.inv(h + 0.01 * np.mean(np.diag(h)) * np.eye(k))
+    dead = np.diag(h) == 0
+    live = float(np.mean(np.diag(h)[~dead]))
+    h[dead, dead] = live
+    hinv = np.linalg.inv(h + 0.01 * live * np.eye(k))
     gs = group_size or k
     top = 2**bits - 1
     codes = np.zeros((n, k), np.int64)
@@ -78,17 +82,18 @@ def _inputs(rng: np.random.Generator, t: int, k: int) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("bits", "group_size", "symmetric", "block"),
-    [(4, 32, False, 128), (4, 16, True, 32), (8, 0, True, 128), (4, 64, False, 32), (8, 32, False, 48)],
+    [(4, 32, False, 128), (4, 16, True, 32), (8, 0, True, 128), (8, 0, True, 32), (4, 64, False, 32), (8, 32, False, 48), (4, 48, False, 32)],
 )
 def test_gptq_equals_the_obs_recursion(bits: int, group_size: int, symmetric: bool, block: int) -> None:
-    """Codes and scales equal the paper's recursion, for groups inside a lazy block, groups larger
-    than the block asked for (it grows to one group), per channel, and a feature never seen."""
+    """Codes and scales equal the paper's recursion, for groups inside a lazy block, groups over
+    several blocks (per channel, 64 over blocks of 32), a group that is no multiple of the block
+    (48: it grows to one group), and a feature never seen."""
     rng = np.random.default_rng()
-    n, k = 12, 128
+    n, k = 12, 192
     x = _inputs(rng, 200, k)
     x[:, 5] = 0.0  # a dead feature: its weights are rounded and stay
     w = rng.standard_normal((n, k)) * rng.uniform(0.05, 1.0, (n, 1))
-    qw = gptq_quantize(w, hessian(x), lambda g: group_params(g, bits, symmetric), bits, group_size, symmetric, block_size=block)
+    qw = gptq_quantize(w, inverse_hessian_factor(hessian(x)), lambda g: group_params(g, bits, symmetric), bits, group_size, symmetric, block)
     want, deq = obs_reference(w, x, bits, group_size, symmetric)
     np.testing.assert_array_equal(qw.codes.astype(np.int64), want)
     np.testing.assert_array_equal(qw.dequantize(), deq)
@@ -101,24 +106,43 @@ def test_gptq_lowers_the_output_error_of_rtn() -> None:
     x = _inputs(rng, 400, 256)
     w = rng.standard_normal((64, 256))
     for bits, gs in ((4, 32), (4, 0), (8, 64)):
-        g = gptq_quantize(w, hessian(x), lambda grp, b=bits: group_params(grp, b, False), bits, gs, False).dequantize()
+        g = gptq_quantize(w, inverse_hessian_factor(hessian(x)), lambda grp, b=bits: group_params(grp, b, False), bits, gs, False).dequantize()
         r = quantize_rtn(w, bits, gs, False).dequantize()
         assert np.linalg.norm(x @ (g - w).T) < 0.85 * np.linalg.norm(x @ (r - w).T), (bits, gs)
+
+
+def test_gptq_damping_does_not_depend_on_the_activations_scale() -> None:
+    """Inputs scaled by any factor give the same codes, with a feature never seen among them
+    (the damping is a fraction of the live features' mean diagonal)."""
+    rng = np.random.default_rng()
+    x = _inputs(rng, 100, 64)
+    x[:, [3, 40]] = 0.0
+    w = rng.standard_normal((8, 64))
+    p = lambda g: group_params(g, 4, False)  # noqa: E731
+    want = gptq_quantize(w, inverse_hessian_factor(hessian(x)), p, 4, 32, False).codes
+    for c in (1e-4, 1e3):
+        np.testing.assert_array_equal(gptq_quantize(w, inverse_hessian_factor(hessian(c * x)), p, 4, 32, False).codes, want)
 
 
 def test_gptq_refuses_bad_inputs() -> None:
     w = np.ones((4, 32))
     p = lambda g: group_params(g, 4, False)  # noqa: E731
-    with pytest.raises(InvalidArgumentError, match=r"Hessian must be \[32, 32\]"):
+    with pytest.raises(InvalidArgumentError, match=r"inverse Hessian factor must be \[32, 32\] for K=32, got \(16, 16\)"):
         gptq_quantize(w, np.eye(16), p, 4, 16, False)
     with pytest.raises(InvalidArgumentError, match="positive divisor of K=32"):
         gptq_quantize(w, np.eye(32), p, 4, 12, False)
-    with pytest.raises(InvalidArgumentError, match="NaN or an infinity"):
-        gptq_quantize(w, np.full((32, 32), np.nan), p, 4, 16, False)
+    with pytest.raises(InvalidArgumentError, match="weight holds a NaN"):
+        gptq_quantize(np.full((4, 32), np.inf), np.eye(32), p, 4, 16, False)
+    with pytest.raises(InvalidArgumentError, match="Hessian holds a NaN"):
+        inverse_hessian_factor(np.full((32, 32), np.nan))
+    with pytest.raises(InvalidArgumentError, match=r"square \[K, K\] matrix, got shape \(4, 32\)"):
+        inverse_hessian_factor(w)
     with pytest.raises(InvalidArgumentError, match="at least one calibration token"):
         hessian(np.ones((0, 32)))
-    with pytest.raises(InvalidArgumentError, match="not positive definite"):
-        gptq_quantize(w, -np.eye(32) * 1e9, p, 4, 16, False)
+    with pytest.raises(
+        InvalidArgumentError, match=r"not positive definite even with dampening_frac 100 \(given 0.01\); give a larger dampening_frac"
+    ):
+        inverse_hessian_factor(-np.eye(32) * 1e9)
 
 
 def _hf_linear_inputs(src: Path, calib: list[list[int]]) -> dict[str, np.ndarray]:
@@ -204,7 +228,8 @@ def test_gptq_damping_reaches_the_quantizer_and_bad_options_are_refused(tmp_path
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     with pytest.raises(InvalidArgumentError, match=r"dampening_frac \(--dampening-frac\) = 0.1 does not apply to method 'rtn'; it is used by gptq"):
         quantize_checkpoint(src, tmp_path / "x", method="rtn", dampening_frac=0.1)
+    quantize_checkpoint(src, tmp_path / "n", method="gptq", group_size=32, calibration_ids=calib, dampening_frac=np.float32(0.05))  # a NumPy number
     for bad in (0, -0.5, float("nan"), float("inf"), "0.1", True):
         with pytest.raises(InvalidArgumentError, match=r"dampening_frac \(--dampening-frac\) must be a positive number"):
             quantize_checkpoint(src, tmp_path / "x", method="gptq", group_size=32, calibration_ids=calib, dampening_frac=bad)  # type: ignore[arg-type]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["g", "r", "src"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g", "n", "r", "src"]

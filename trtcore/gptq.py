@@ -15,9 +15,11 @@ columns not yet quantized so that the layer's output on the calibration inputs m
         W[:, j:] -= e U[j, j:]              (lazily, per block of columns: the paper's step 2)
 
 A group's scale and zero point (``group_size`` columns; per channel: the whole row) are chosen
-when its first column is reached, from the group's weights as the earlier columns' updates left
+when its first column is reached, from the group's weights as every earlier column's update left
 them, by the same rule as RTN's (:func:`trtcore.quantizer.group_params`: min-max or the MSE
-observer) -- as GPTQ's reference code and llm-compressor's ``GPTQModifier`` do. The codes and
+observer). GPTQ's reference code also chooses them at the group's first column, but from weights
+that miss the updates of the current lazy block's earlier columns; other implementations fix
+every group's parameters before the loop. The codes and
 scales are then a :class:`~trtcore.quantization.QuantizedWeight` like RTN's, written in the same
 compressed-tensors ``pack-quantized`` layout (llm-compressor writes its GPTQ output so too).
 
@@ -28,11 +30,19 @@ AutoGPTQ's ``damp_percent``). Differences from the reference code, each for a st
   :mod:`trtcore.awq` does), not each layer's inputs recomputed through the layers quantized
   before it ("true sequential"): one calibration run instead of one per layer;
 * an input feature that is 0 on every calibration token keeps its weights (the reference code
-  zeroes them): nothing in the calibration set says they are unused;
+  zeroes them): nothing in the calibration set says they are unused; its diagonal entry becomes
+  the live features' mean, which ``lambda`` is also taken over (so the damping does not depend on
+  the activations' scale);
 * no act order (``desc_act``): the columns are taken in their stored order, so the groups stay
   contiguous and the checkpoint needs no ``g_idx``;
 * where ``H`` is not positive definite after damping, the damping is multiplied by 10 up to
   :data:`MAX_DAMPING_TRIES` times (GPTQModel raises it in steps as well).
+
+Cost: :func:`inverse_hessian_factor` is ``O(K^3)`` once per distinct input (q/k/v share one,
+gate/up another); :func:`gptq_quantize` ``O(N K^2)`` per linear. :func:`gptq_linears` holds every
+layer's captured inputs in float64 (:func:`trtcore.calibration.capture_calibration`): calibration
+tokens times the sum of the four inputs' widths times 8 bytes -- SmolLM2-135M about 1.5 MB a token
+(with the capture's temporaries), Llama-3-8B about 7 MB -- and one layer's factors at a time.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ import numpy as np
 from .errors import InvalidArgumentError
 from .quantization import QuantizedWeight
 
-__all__ = ["BLOCK_SIZE", "DAMPENING_FRAC", "gptq_linears", "gptq_quantize", "hessian"]
+__all__ = ["BLOCK_SIZE", "DAMPENING_FRAC", "gptq_linears", "gptq_quantize", "hessian", "inverse_hessian_factor"]
 
 #: columns updated eagerly before the rest takes their errors in one product (the paper's "lazy batch")
 BLOCK_SIZE = 128
@@ -68,74 +78,94 @@ def hessian(x: np.ndarray) -> np.ndarray:
     return 2.0 * (x2.T @ x2) / x2.shape[0]
 
 
-def _inverse_cholesky(h: np.ndarray, dampening_frac: float) -> np.ndarray:
-    """The upper Cholesky factor ``U`` of ``(H + lambda I)^-1`` (``H^-1 = U^T U``), with the
-    damping raised tenfold while the damped ``H`` is not positive definite."""
+def inverse_hessian_factor(hess: np.ndarray, dampening_frac: float = DAMPENING_FRAC) -> np.ndarray:
+    """The upper Cholesky factor ``U`` of ``(H + lambda I)^-1`` (``(H + lambda I)^-1 = U^T U``),
+    ``lambda = dampening_frac * mean`` of the live features' diagonal (module docstring), raised
+    tenfold while the damped ``H`` is not positive definite.
+
+    Args:
+        hess: ``[K, K]`` float64, :func:`hessian` of a linear's calibration inputs.
+        dampening_frac: ``lambda`` over the live diagonal's mean, > 0.
+
+    Returns:
+        ``U``, float64 ``[K, K]``, upper triangular: what :func:`gptq_quantize` takes.
+
+    Raises:
+        InvalidArgumentError: not a square matrix, a NaN or infinity in it, or damping up to
+            ``dampening_frac * 10**MAX_DAMPING_TRIES`` does not make it positive definite.
+    """
+    h = np.array(hess, dtype=np.float64)  # a copy: dead features are edited
+    if h.ndim != 2 or h.shape[0] != h.shape[1]:
+        raise InvalidArgumentError(f"GPTQ: the Hessian must be a square [K, K] matrix, got shape {h.shape}")
+    if not np.isfinite(h).all():
+        raise InvalidArgumentError("GPTQ: the calibration Hessian holds a NaN or an infinity")
     k = h.shape[0]
-    mean_diag = float(np.mean(np.diag(h))) if k else 0.0
-    damp = dampening_frac * (mean_diag if mean_diag > 0 else 1.0)
+    diag = np.diag(h).copy()
+    dead = diag == 0
+    live_mean = float(diag[~dead].mean()) if (~dead).any() else 1.0
+    h[dead, dead] = live_mean  # a feature never seen: its error goes nowhere, its weights stay
+    frac = float(dampening_frac)
     for _ in range(MAX_DAMPING_TRIES + 1):
         try:
-            lower = np.linalg.cholesky(h + damp * np.eye(k))
+            lower = np.linalg.cholesky(h + frac * live_mean * np.eye(k))
             inv = np.linalg.inv(lower)  # L^-1: (L L^T)^-1 = L^-T L^-1
             return np.linalg.cholesky(inv.T @ inv).T
         except np.linalg.LinAlgError:
-            damp *= 10.0
+            frac *= 10.0
     raise InvalidArgumentError(
-        f"GPTQ: the calibration Hessian [{k}, {k}] is not positive definite even with damping {damp / 10.0:.3g}; "
-        "use more calibration tokens or --method rtn"
+        f"GPTQ: the calibration Hessian [{k}, {k}] is not positive definite even with dampening_frac {frac / 10.0:.3g} "
+        f"(given {dampening_frac:.3g}); give a larger dampening_frac (--dampening-frac), more calibration tokens, or use --method rtn"
     )
 
 
 def gptq_quantize(
     weight: np.ndarray,
-    hess: np.ndarray,
+    factor: np.ndarray,
     params: GroupParams,
     bits: int,
     group_size: int,
     symmetric: bool,
-    dampening_frac: float = DAMPENING_FRAC,
     block_size: int = BLOCK_SIZE,
 ) -> QuantizedWeight:
     """GPTQ of one ``[N, K]`` weight (module docstring).
 
     Args:
         weight: ``[N, K]``, any float dtype (computed in float64).
-        hess: ``[K, K]`` float64, :func:`hessian` of the linear's calibration inputs.
+        factor: ``[K, K]`` float64, :func:`inverse_hessian_factor` of the linear's calibration
+            Hessian (shared by the linears that read one input).
         params: a group's scale and zero point from its current weights ``[N, g]``, as RTN
             chooses them (:func:`trtcore.quantizer.group_params`): scales float32-exact, zero
             points the unsigned codes' (``2**(bits-1)`` symmetric).
         bits: 4 or 8. group_size: input features per scale, 0 for one per row (must divide K).
         symmetric: no zero points in the result.
-        dampening_frac: ``lambda`` over ``mean(diag(H))``. block_size: columns per lazy batch
-            (rounded to a multiple of the group size).
+        block_size: columns per lazy batch (groups smaller than it: a multiple of the group size
+            that fits; groups that are not a multiple of it: one group).
 
     Returns:
         The :class:`~trtcore.quantization.QuantizedWeight`: codes ``clip(round(w / s) + z, 0,
         2**bits - 1)`` of the updated weights.
 
     Raises:
-        InvalidArgumentError: shapes that do not match, ``group_size`` not dividing K, a
-            non-finite weight or Hessian, or a Hessian that damping does not make positive definite.
+        InvalidArgumentError: shapes that do not match, ``group_size`` not dividing K, or a
+            non-finite weight.
     """
     w = np.array(weight, dtype=np.float64)  # a copy: updated in place
     if w.ndim != 2:
         raise InvalidArgumentError(f"gptq_quantize takes a [N, K] weight, got shape {w.shape}")
     n, k = w.shape
-    h = np.asarray(hess, np.float64)
-    if h.shape != (k, k):
-        raise InvalidArgumentError(f"gptq_quantize: the Hessian must be [{k}, {k}] for K={k}, got {h.shape}")
+    u = np.asarray(factor, np.float64)
+    if u.shape != (k, k):
+        raise InvalidArgumentError(f"gptq_quantize: the inverse Hessian factor must be [{k}, {k}] for K={k}, got {u.shape}")
     gs = k if group_size == 0 else int(group_size)
     if gs <= 0 or k % gs:
         raise InvalidArgumentError(f"group_size={group_size} must be 0 (per channel) or a positive divisor of K={k}")
-    if not (np.isfinite(w).all() and np.isfinite(h).all()):
-        raise InvalidArgumentError("GPTQ: the weight or its calibration Hessian holds a NaN or an infinity")
-    h = h.copy()
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0  # a feature never seen: its error goes nowhere, its weights stay
-    u = _inverse_cholesky(h, dampening_frac)
+    if not np.isfinite(w).all():
+        raise InvalidArgumentError("GPTQ: the weight holds a NaN or an infinity; it cannot be quantized")
     top = (1 << bits) - 1
-    block = gs * max(1, int(block_size) // gs)  # groups never straddle two blocks
+    bs = int(block_size)
+    # a group starts at a block's start or inside it, so that the weights it is chosen from have
+    # every earlier column's update: blocks of whole groups, or whole blocks of a larger group
+    block = bs if gs % bs == 0 else gs * max(1, bs // gs)
     codes = np.empty((n, k), np.uint8)
     scales = np.empty((n, k // gs), np.float32)
     zeros = np.empty((n, k // gs), np.float32)
@@ -147,7 +177,7 @@ def gptq_quantize(
         for i in range(b1 - b0):
             col = b0 + i
             if col % gs == 0:  # a group starts: its parameters from its weights as updated so far
-                s, z = params(wb[:, i : i + gs])
+                s, z = params(w[:, col : col + gs])
                 scales[:, col // gs], zeros[:, col // gs] = s, z
             q = np.clip(np.round(wb[:, i] / s) + z, 0, top)
             codes[:, col] = q
@@ -162,6 +192,7 @@ def gptq_linears(
     model_dir: str | os.PathLike[str],
     weights: Any,
     quantize: Callable[[np.ndarray, np.ndarray], QuantizedWeight],
+    dampening_frac: float = DAMPENING_FRAC,
     calibration: str | os.PathLike[str] | None = None,
     num_tokens: int = 512,
     token_ids: Sequence[Sequence[int]] | None = None,
@@ -173,8 +204,10 @@ def gptq_linears(
     Args:
         model_dir: a float Llama-family Hugging Face folder (with its tokenizer unless ``token_ids``).
         weights: its tensors (``get(name)``, e.g. an open :class:`trtcore.checkpoint.Checkpoint`).
-        quantize: ``(W [N, K], H [K, K]) -> QuantizedWeight``, e.g. :func:`gptq_quantize` with
-            the checkpoint's bits and groups bound.
+        quantize: ``(W [N, K], U [K, K]) -> QuantizedWeight``, e.g. :func:`gptq_quantize` with
+            the checkpoint's bits and groups bound; ``U`` is :func:`inverse_hessian_factor` of
+            the linear's input, computed once for the linears that share it.
+        dampening_frac: the factor's damping.
         calibration, num_tokens, token_ids: the calibration set
             (:func:`trtcore.calibration.capture_calibration`).
         progress: a tqdm bar over the layers (stderr).
@@ -182,7 +215,8 @@ def gptq_linears(
     Raises:
         InvalidArgumentError: not a Llama-style family (its inputs are not captured), a
             calibration problem (see :func:`trtcore.calibration.capture_calibration`), or a
-            layer whose input is missing from the network (named).
+            layer whose input is missing from the network (named), or a Hessian that damping does
+            not make positive definite (named with the layer's linears).
         InvalidRequestError: the checkpoint has no tokenizer and no ``token_ids`` are given.
     """
     from tqdm.auto import tqdm
@@ -207,10 +241,13 @@ def gptq_linears(
             key = g.input.format(i=i)
             if key not in inputs:
                 raise InvalidArgumentError(f"GPTQ: the network has no tensor {key!r}, the input of layer {i}'s {g.linears}")
-            h = hessian(inputs.pop(key))
+            try:
+                u = inverse_hessian_factor(hessian(inputs.pop(key)), dampening_frac)
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"layer {i} {g.linears}: {exc}") from exc
             for role in g.linears:
                 name = fam.tensor(role, i, ".weight")
                 try:
-                    yield name, quantize(weights.get(name), h)
+                    yield name, quantize(weights.get(name), u)
                 except InvalidArgumentError as exc:
                     raise InvalidArgumentError(f"{name}: {exc}") from exc

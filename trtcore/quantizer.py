@@ -452,7 +452,7 @@ def quantize_checkpoint(
             bits / group size / calibration_tokens not integers, a ``dampening_frac`` that is not a
             positive number, bad bits / group size, a linear whose K the
             group size does not divide (named), an already quantized checkpoint, a missing
-            calibration file, calibration (awq, static fp8) without token ids on a model with no
+            calibration file, calibration (awq, gptq, static fp8) without token ids on a model with no
             tokenizer.json, ``calibration_tokens`` below 1, ``output_dir`` exists and is not
             empty without ``overwrite``, or it overlaps ``model_dir`` (the same folder, or one
             inside the other), or it cannot be created (:func:`trtcore.fileio.check_folder_free`: checked
@@ -486,7 +486,9 @@ def quantize_checkpoint(
         dampening_frac=dampening_frac,
     )
     if dampening_frac is not None and (
-        isinstance(dampening_frac, bool) or not isinstance(dampening_frac, int | float) or not 0 < dampening_frac < float("inf")
+        isinstance(dampening_frac, bool)
+        or not isinstance(dampening_frac, int | float | np.integer | np.floating)
+        or not 0 < dampening_frac < float("inf")
     ):
         raise InvalidArgumentError(f"{_option('dampening_frac')} must be a positive number, got {dampening_frac!r}")
     # calibration feeds static input scales and the KV cache scales
@@ -614,10 +616,10 @@ def quantize_checkpoint(
 
             damp = DAMPENING_FRAC if dampening_frac is None else float(dampening_frac)
 
-            def gptq_one(w: np.ndarray, h: np.ndarray) -> QuantizedWeight:
-                return gptq_quantize(w, h, lambda g: group_params(g, bits, symmetric, observer), bits, group_size, symmetric, damp)
+            def gptq_one(w: np.ndarray, u: np.ndarray) -> QuantizedWeight:
+                return gptq_quantize(w, u, lambda g: group_params(g, bits, symmetric, observer), bits, group_size, symmetric)
 
-            for name, qw in gptq_linears(model_dir, weights, gptq_one, calibration, calibration_tokens, calibration_ids, progress):
+            for name, qw in gptq_linears(model_dir, weights, gptq_one, damp, calibration, calibration_tokens, calibration_ids, progress):
                 done[name] = compressed_tensors_tensors(name.removesuffix(".weight"), qw)
         from tqdm.auto import tqdm
 
