@@ -86,8 +86,8 @@ def _inputs(rng: np.random.Generator, t: int, k: int) -> np.ndarray:
 )
 def test_gptq_equals_the_obs_recursion(bits: int, group_size: int, symmetric: bool, block: int) -> None:
     """Codes and scales equal the paper's recursion, for groups inside a lazy block, groups over
-    several blocks (per channel, 64 over blocks of 32), a group that is no multiple of the block
-    (48: it grows to one group), and a feature never seen."""
+    several blocks (per channel with K = 192 over blocks of 128 and 32, 64 over blocks of 32), a
+    group that is no multiple of the block (48: it grows to one group), and a feature never seen."""
     rng = np.random.default_rng()
     n, k = 12, 192
     x = _inputs(rng, 200, k)

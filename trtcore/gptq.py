@@ -6,8 +6,9 @@ one input column at a time, in order; after column ``j`` is rounded, its error i
 columns not yet quantized so that the layer's output on the calibration inputs moves least
 (the Optimal Brain Surgeon update, the paper's equations 2-3)::
 
-    H = 2 X^T X / T + lambda I              X [T, K]: the linear's inputs over the calibration
-                                            tokens; lambda = dampening_frac * mean(diag(2 X^T X / T))
+    H = 2 X^T X / T + lambda I              X [T, K]: the linear's inputs over the calibration tokens;
+                                            lambda = dampening_frac * mean(diag(2 X^T X / T)) over
+                                            the features seen (nonzero diagonal)
     U = upper Cholesky factor of H^-1       (H^-1 = U^T U: the paper's "Cholesky reformulation")
     for j = 0 .. K-1:
         q_j = quantize(W[:, j])             RTN with its group's scale and zero point
@@ -163,9 +164,10 @@ def gptq_quantize(
         raise InvalidArgumentError("GPTQ: the weight holds a NaN or an infinity; it cannot be quantized")
     top = (1 << bits) - 1
     bs = int(block_size)
-    # a group starts at a block's start or inside it, so that the weights it is chosen from have
-    # every earlier column's update: blocks of whole groups, or whole blocks of a larger group
-    block = bs if gs % bs == 0 else gs * max(1, bs // gs)
+    # a group must start at a block's start or lie inside one block, so that the weights its
+    # parameters are chosen from hold every earlier column's update: whole blocks of a larger
+    # group (per channel: one group from column 0), else blocks of whole groups
+    block = bs if gs == k or gs % bs == 0 else gs * max(1, bs // gs)
     codes = np.empty((n, k), np.uint8)
     scales = np.empty((n, k // gs), np.float32)
     zeros = np.empty((n, k // gs), np.float32)
@@ -199,7 +201,8 @@ def gptq_linears(
     progress: bool = False,
 ) -> Iterator[tuple[str, QuantizedWeight]]:
     """GPTQ of every decoder linear of the Llama-family checkpoint in ``model_dir``, one layer
-    at a time (so only one layer's Hessians are held): yields ``(weight name, quantized)``.
+    at a time (one layer's factors held at once; every layer's captured inputs are held, module
+    docstring): yields ``(weight name, quantized)``.
 
     Args:
         model_dir: a float Llama-family Hugging Face folder (with its tokenizer unless ``token_ids``).
