@@ -281,6 +281,11 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
     assert "bits (--bits) = 4 does not apply to method 'fp8'" in capsys.readouterr().err
     assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--method", "fp8", "--symmetric"]) == 2
     assert "symmetric (--symmetric) = True does not apply to method 'fp8'" in capsys.readouterr().err
+    # token ids are the whole calibration set: a text or a token count beside them would be ignored
+    for option in ({"calibration": "calib.txt"}, {"calibration_tokens": 64}):
+        ((name, _),) = option.items()
+        with pytest.raises(InvalidArgumentError, match=rf"{name} \(--{name.replace('_', '-')}\) and calibration_ids \(Python API only\) exclude each other"):
+            quantize_checkpoint(src, tmp_path / "q", method="gptq", calibration_ids=[[1, 2, 3]], **option)
     with pytest.raises(InvalidArgumentError, match=r"calibration_tokens \(--calibration-tokens\) must be positive, got 0"):
         quantize_checkpoint(src, tmp_path / "q", method="awq", calibration_tokens=0)
     # calibration tokenizes a text: a model without tokenizer.json is refused before any work

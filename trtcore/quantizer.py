@@ -452,7 +452,8 @@ def quantize_checkpoint(
             bits / group size / calibration_tokens not integers, a ``dampening_frac`` that is not a
             positive number, bad bits / group size, a linear whose K the
             group size does not divide (named), an already quantized checkpoint, a missing
-            calibration file, calibration (awq, gptq, static fp8) without token ids on a model with no
+            calibration file, ``calibration`` or ``calibration_tokens`` with ``calibration_ids``,
+            calibration (awq, gptq, static fp8) without token ids on a model with no
             tokenizer.json, ``calibration_tokens`` below 1, ``output_dir`` exists and is not
             empty without ``overwrite``, or it overlaps ``model_dir`` (the same folder, or one
             inside the other), or it cannot be created (:func:`trtcore.fileio.check_folder_free`: checked
@@ -497,6 +498,9 @@ def quantize_checkpoint(
         _refuse_unused(method, calibrates, calibration=calibration, calibration_tokens=calibration_tokens, calibration_ids=calibration_ids)
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"{exc}{', and by fp8 with ' + _option('kv_cache_scales') if method == 'fp8' else ''}") from None
+    if calibration_ids is not None and (calibration is not None or calibration_tokens is not None):  # they would be ignored
+        given = _option("calibration") if calibration is not None else _option("calibration_tokens")
+        raise InvalidArgumentError(f"{given} and {_option('calibration_ids')} exclude each other: the token ids are the whole calibration set")
     bits = 4 if bits is None else bits
     observer = DEFAULT_OBSERVER if observer is None else observer
     if observer not in OBSERVERS:
@@ -610,7 +614,7 @@ def quantize_checkpoint(
                 token_ids=calibration_ids,
                 progress=progress,
             )
-        done: dict[str, dict[str, np.ndarray]] = {}  # GPTQ's linears, packed as they come (one layer's Hessians at a time)
+        done: dict[str, dict[str, np.ndarray]] = {}  # GPTQ's linears, packed as they come
         if method == "gptq":
             from .gptq import DAMPENING_FRAC, gptq_linears, gptq_quantize
 
