@@ -7,7 +7,7 @@ feature that is 0 on every token gets the other features' mean diagonal, which t
 mean is taken over),
 column ``j`` is rounded to ``q``, the others take ``-(w_j - q) / Hinv[j, j] * Hinv[j, :]``, and
 ``j`` leaves ``Hinv`` by ``Hinv - Hinv[:, j] Hinv[j, :] / Hinv[j, j]``. A group's RTN parameters
-(min-max, the formulas of test_quantizer's ``group_grid``) come from its weights as updated when
+(min-max, test_quantizer's ``group_scale_zero``) come from its weights as updated when
 its first column is reached. The checkpoint is read back by transformers' compressed-tensors
 decompressor, and the inputs of every linear are captured from transformers running the float model.
 """
@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from hf_models import VARIANTS, hf_greedy, load_hf, random_prompt, write_checkpoint
 from safetensors.numpy import load_file, save_file
+from test_quantizer import group_scale_zero
 
 from trtcore import LLM, SamplingParams
 from trtcore.errors import InvalidArgumentError
@@ -29,18 +30,6 @@ from trtcore.gptq import gptq_quantize, hessian, inverse_hessian_factor
 from trtcore.quantizer import group_params, quantize_checkpoint, quantize_rtn
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def row_params(x: np.ndarray, bits: int, symmetric: bool) -> tuple[float, float]:
-    """One row of a group: its min-max RTN scale (float32) and zero point."""
-    top = 2**bits - 1
-    if symmetric:
-        s = float(np.float32(np.abs(x).max() / (2 ** (bits - 1) - 1)))
-        return (s if s > 0 else 1.0), float(2 ** (bits - 1))
-    lo, hi = min(x.min(), 0.0), max(x.max(), 0.0)
-    s = float(np.float32((hi - lo) / top))
-    s = s if s > 0 else 1.0
-    return s, float(min(max(round(-lo / s), 0), top))
 
 
 def obs_reference(w: np.ndarray, x: np.ndarray, bits: int, group_size: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +49,7 @@ def obs_reference(w: np.ndarray, x: np.ndarray, bits: int, group_size: int, symm
     params: list[tuple[float, float]] = []
     for j in range(k):
         if j % gs == 0:
-            params = [row_params(w[r, j : j + gs], bits, symmetric) for r in range(n)]
+            params = [group_scale_zero(w[r, j : j + gs], bits, symmetric) for r in range(n)]
         for r in range(n):
             s, z = params[r]
             q = min(max(round(w[r, j] / s) + z, 0), top)

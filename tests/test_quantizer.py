@@ -29,19 +29,22 @@ from trtcore.quantizer import quantize_checkpoint, quantize_rtn
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def group_grid(x: np.ndarray, bits: int, symmetric: bool, p: float = 1.0) -> np.ndarray:
-    """One group ``x`` dequantized on the RTN grid of its range shrunk by ``p``, float64."""
+def group_scale_zero(x: np.ndarray, bits: int, symmetric: bool, p: float = 1.0) -> tuple[float, float]:
+    """The RTN scale (float32) and zero point of one group ``x`` with its range shrunk by ``p``."""
     top = 2**bits - 1
     if symmetric:
         s = float(np.float32(np.abs(x).max() * p / (2 ** (bits - 1) - 1)))
-        z = 2 ** (bits - 1)
-        s = s if s > 0 else 1.0
-    else:
-        lo, hi = min(x.min(), 0.0) * p, max(x.max(), 0.0) * p
-        s = float(np.float32((hi - lo) / top))
-        s = s if s > 0 else 1.0
-        z = min(max(round(-lo / s), 0), top)
-    q = np.clip(np.round(x / s) + z, 0, top)
+        return (s if s > 0 else 1.0), float(2 ** (bits - 1))
+    lo, hi = min(x.min(), 0.0) * p, max(x.max(), 0.0) * p
+    s = float(np.float32((hi - lo) / top))
+    s = s if s > 0 else 1.0
+    return s, float(min(max(round(-lo / s), 0), top))
+
+
+def group_grid(x: np.ndarray, bits: int, symmetric: bool, p: float = 1.0) -> np.ndarray:
+    """One group ``x`` dequantized on the RTN grid of its range shrunk by ``p``, float64."""
+    s, z = group_scale_zero(x, bits, symmetric, p)
+    q = np.clip(np.round(x / s) + z, 0, 2**bits - 1)
     return (q - z) * s
 
 

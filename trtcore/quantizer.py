@@ -628,6 +628,9 @@ def quantize_checkpoint(
         from tqdm.auto import tqdm
 
         for name in tqdm(weights.names, desc=f"quantize ({method})", unit="tensor", disable=not progress):
+            if name in done:  # GPTQ read and packed it already
+                tensors |= done.pop(name)
+                continue
             value = weights.get(name)
             edited = value if plan is None else plan.apply(name, value)
             if name not in linears:
@@ -638,9 +641,6 @@ def quantize_checkpoint(
                     scale = amax_scale(amax[name]) if amax else None
                     shared = max(weight_amax(n) for n in packed_siblings(name, packed) if n in linears) if strategy == "tensor" else None
                     tensors |= fp8_tensors(name.removesuffix(".weight"), quantize_weight(value, strategy, scale, amax=shared))
-                    continue
-                if name in done:
-                    tensors |= done.pop(name)
                     continue
                 tensors |= compressed_tensors_tensors(name.removesuffix(".weight"), quantize_rtn(edited, bits, group_size, symmetric, observer))
             except InvalidArgumentError as exc:  # e.g. a NaN in the weight: name the tensor
