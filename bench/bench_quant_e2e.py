@@ -9,7 +9,9 @@ checkpoints; ``+ lm_head``: the ``lm_head`` 4-bit too, as GPTQModel's ``lm_head=
 gpt-fast's int4; the weights packed in the contiguous-x K order, ``weight_only_gemm.CONTIGUOUS_X``,
 the default; ``, natural order``: in the natural one; ``, SwiGLU unfused``: built without
 :mod:`trtcore.cuda.swiglu_fusion`, so SwiGLU runs as a kernel of its own; ``, RoPE fused``: built
-with :mod:`trtcore.cuda.rope_fusion`, off by default, so q/k/v's GEMM rotates q and k), FP8 W8A8 with per-tensor weight scales
+with :mod:`trtcore.cuda.rope_fusion`, off by default, so q/k/v's GEMM rotates q and k; ``, add+norm
+fused``: built with :mod:`trtcore.cuda.add_norm_fusion`, off by default, so o_proj's and down_proj's
+GEMV add the residual and normalize in their last block instead of a row kernel), FP8 W8A8 with per-tensor weight scales
 (one per packed module) and static or dynamic activation scales, or (``channel``) per-channel
 weight scales; the cuda engine fuses q/k/v and gate/up in both
 (:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's
@@ -49,6 +51,7 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("W4A16 g128 + lm_head, natural order", 4, -128),  # packed in the natural K order (no CONTIG_X)
     ("W4A16 g128 + lm_head, SwiGLU unfused", 4, -128),  # TRTCORE_SWIGLU_FUSION=0 while it builds: the SwiGLU kernel of its own
     ("W4A16 g128 + lm_head, RoPE fused", 4, -128),  # TRTCORE_ROPE_FUSION=1 while it builds: RoPE in q/k/v's epilogue
+    ("W4A16 g128 + lm_head, add+norm fused", 4, -128),  # TRTCORE_ADD_NORM_FUSION=1 while it builds: add + RMSNorm in o_proj's / down's GEMV
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
     ("FP8 W8A8 static + FP8 KV", "fp8", 1),  # and kv_cache_dtype="fp8" (E4M3 KV pool, scales 1.0)
@@ -134,7 +137,11 @@ def main() -> int:
                 packing = wog.CONTIGUOUS_X
                 wog.CONTIGUOUS_X = packing and not label.endswith("natural order")  # read when the weights are packed, at build
                 # a compile pass switched for this variant (the variables are read at each compile)
-                switch = {"SwiGLU unfused": ("TRTCORE_SWIGLU_FUSION", "0"), "RoPE fused": ("TRTCORE_ROPE_FUSION", "1")}
+                switch = {
+                    "SwiGLU unfused": ("TRTCORE_SWIGLU_FUSION", "0"),
+                    "RoPE fused": ("TRTCORE_ROPE_FUSION", "1"),
+                    "add+norm fused": ("TRTCORE_ADD_NORM_FUSION", "1"),
+                }
                 env_name, env_value = next((v for k, v in switch.items() if label.endswith(k)), ("", ""))
                 before = os.environ.get(env_name) if env_name else None
                 if env_name:

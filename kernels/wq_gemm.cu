@@ -93,6 +93,10 @@
 // trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1}]
 // trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "GATED": 1}]
 
+// the add + norm tail (ADD_NORM): the default decode kernels (v2, contiguous x)
+// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "ADD_NORM": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "ADD_NORM": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "ADD_NORM": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "ADD_NORM": 1}]
+// trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "ADD_NORM": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "ADD_NORM": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "ADD_NORM": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "ADD_NORM": 1}]
+
 #include "pdl.cuh"    // PDL_WAIT / PDL_LAUNCH: every kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE, elem_t, to_f32 / from_f32
 
@@ -209,6 +213,13 @@ struct OutRows {
     const float* freq;   // ROPE: [ROTARY_DIM / 2] inv_freq
     int rope_rows;       // ROPE: rows rotated (q and k); 0 without
     float rope_scale;    // ROPE: attention_scaling
+    // ADD_NORM (the v2 kernel's tail, section "the add + norm tail"): p is h, where the GEMM's y
+    // goes first; the grid's last block makes h = y + residual in place and normed = RMSNorm(h)
+    const elem_t* residual;  // [M, N]
+    const elem_t* norm_w;    // [N] the RMSNorm weight
+    elem_t* normed;          // [M, N]
+    unsigned int* counter;   // the grid's finished blocks: 0 before and after every launch
+    float eps;
 };
 
 // the two outputs of one thread's D-fragment pair: rows gid (lo) and gid + 8 (hi) of 16-row tile
@@ -242,6 +253,99 @@ __device__ __forceinline__ void store_rows(const OutRows& o, int tile, int gid, 
 __device__ __forceinline__ OutRows out_rows(elem_t* out, const int* rope_pos, const float* rope_freq, int rope_rows, float rope_scale, int m0,
                                             int row_len) {
     return OutRows{out + (size_t)m0 * row_len, rope_pos + (rope_pos ? m0 : 0), rope_freq, rope_rows, rope_scale};
+}
+
+// ---- the add + norm tail (ADD_NORM; trtcore.cuda.add_norm_fusion) ---------------------------------
+//
+// A decoder's residual add and the RMSNorm after it (Zhang & Sennrich, arXiv:1910.07467, as
+// trtcore.ops.rms_norm builds it, LlamaRMSNorm):
+//   h = round(y + residual);  inv = 1 / sqrt(sum(h32 * h32) / N + eps);  normed = round(round(h32 * inv) * w)
+// with h32 = float(h), every product and sum in float32 (the sum in a fixed order: each thread's
+// elements in turn, then the warps' sums in warp order). The v2 decode kernel runs it in the grid's
+// last block once every block has stored its tiles of y in h (a ticket counter: each block's
+// stores, a fence, one atomicInc; the block drawing the last ticket reads every block's tiles,
+// and the counter wraps back to 0 for the next launch), so no kernel of its own waits for the GEMM;
+// the other paths launch trtcore_wq_add_norm after the GEMM (one block per row).
+#ifndef ADD_NORM
+#define ADD_NORM 0
+#endif
+#if ADD_NORM && (GATED || ROPE)
+#error "ADD_NORM excludes GATED and ROPE"
+#endif
+#define AN_CACHE 16  // elements of h a thread keeps in registers between the two passes
+
+// the block's sum of v, the same in every thread; red: 32 floats of shared memory, free on entry
+__device__ __forceinline__ float block_sum(float v, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int q = 0; q < warps; ++q) s += red[q];
+    __syncthreads();  // red is free again
+    return s;
+}
+
+// one row of N: h (holding y) becomes round(y + residual) in place, normed its RMSNorm. Every
+// thread of the block calls it. y is read with ld.global.cg: other blocks wrote it.
+__device__ __forceinline__ void add_norm_row(elem_t* h, const elem_t* __restrict__ residual, const elem_t* __restrict__ w, elem_t* normed, int N,
+                                             float eps, float* red) {
+    float hv[AN_CACHE];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < AN_CACHE; ++i) {  // all of a thread's loads before its first store
+        const int j = threadIdx.x + i * blockDim.x;
+        hv[i] = j < N ? round_elem(to_f32(__ldcg(h + j)) + to_f32(residual[j])) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < AN_CACHE; ++i) {
+        const int j = threadIdx.x + i * blockDim.x;
+        if (j < N) {
+            h[j] = from_f32(hv[i]);
+            ss += hv[i] * hv[i];
+        }
+    }
+    for (int j = threadIdx.x + AN_CACHE * blockDim.x; j < N; j += blockDim.x) {  // rows longer than the cache
+        const float v = round_elem(to_f32(__ldcg(h + j)) + to_f32(residual[j]));
+        h[j] = from_f32(v);
+        ss += v * v;
+    }
+    const float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)N + eps);
+#pragma unroll
+    for (int i = 0; i < AN_CACHE; ++i) {
+        const int j = threadIdx.x + i * blockDim.x;
+        if (j < N) normed[j] = from_f32(round_elem(hv[i] * inv) * to_f32(w[j]));
+    }
+    for (int j = threadIdx.x + AN_CACHE * blockDim.x; j < N; j += blockDim.x) normed[j] = from_f32(round_elem(to_f32(h[j]) * inv) * to_f32(w[j]));
+}
+
+#if ADD_NORM
+// after warp 0's stores of its block's tiles of y (gemv2_store): the block that finishes last (by
+// its ticket) makes h and normed of all M rows; the counter is back at 0 when it returns
+__device__ __forceinline__ void add_norm_tail(const OutRows& o, int M, int N) {
+    __shared__ float red[32];
+    __shared__ unsigned int ticket;
+    if (threadIdx.x < 32) __threadfence();  // warp 0's stores of y, visible to the grid before the block's ticket
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicInc(o.counter, gridDim.x - 1);  // gridDim.x - 1 -> 0
+    __syncthreads();
+    if (ticket != gridDim.x - 1) return;
+    __threadfence();  // every other block fenced its stores before its ticket
+    for (int m = 0; m < M; ++m)
+        add_norm_row(o.p + (size_t)m * N, o.residual + (size_t)m * N, o.norm_w, o.normed + (size_t)m * N, N, o.eps, red);
+}
+#endif
+
+// o with the ADD_NORM tail's arguments
+__device__ __forceinline__ OutRows add_norm_rows(OutRows o, const elem_t* residual, const elem_t* norm_w, elem_t* normed, unsigned int* counter,
+                                                 float eps) {
+    o.residual = residual;
+    o.norm_w = norm_w;
+    o.normed = normed;
+    o.counter = counter;
+    o.eps = eps;
+    return o;
 }
 
 // x[row, k .. k+7] (or x[row, perm[k .. k+7]]) as float32; k is a multiple of 8
@@ -916,20 +1020,24 @@ __device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], fl
 #pragma unroll
         for (int i = 0; i < 4; ++i) red[warp * wstride + (r * 4 + i) * 32 + lane] = acc[r][i];
     __syncthreads();
-    if (warp != 0) return;
+    if (warp == 0) {
 #pragma unroll
-    for (int r = 0; r < RT; ++r) {
+        for (int r = 0; r < RT; ++r) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            // D fragment: rows gid (i) and gid + 8 (i + 2), column 2 tid + i
-            float lo = red[(r * 4 + i) * 32 + lane], hi = red[(r * 4 + i + 2) * 32 + lane];
-            for (int q = 1; q < warps; ++q) {
-                lo += red[q * wstride + (r * 4 + i) * 32 + lane];
-                hi += red[q * wstride + (r * 4 + i + 2) * 32 + lane];
+            for (int i = 0; i < 2; ++i) {
+                // D fragment: rows gid (i) and gid + 8 (i + 2), column 2 tid + i
+                float lo = red[(r * 4 + i) * 32 + lane], hi = red[(r * 4 + i + 2) * 32 + lane];
+                for (int q = 1; q < warps; ++q) {
+                    lo += red[q * wstride + (r * 4 + i) * 32 + lane];
+                    hi += red[q * wstride + (r * 4 + i + 2) * 32 + lane];
+                }
+                store_rows(out, (int)blockIdx.x * RT + r, gid, 2 * tid + i, M, N, lo, hi);
             }
-            store_rows(out, (int)blockIdx.x * RT + r, gid, 2 * tid + i, M, N, lo, hi);
         }
     }
+#if ADD_NORM
+    add_norm_tail(out, M, N);
+#endif
 }
 
 // this lane's B-fragment row x[gid, XOFF_LANE(tid) ..] at unit `warp` (CONTIG_X: 16-byte
@@ -1225,16 +1333,30 @@ __device__ __forceinline__ void gemv3_body(const elem_t* __restrict__ x, const u
 #endif  // ASYNC
 
 // rope_*: the ROPE epilogue's arguments (OutRows; null / 0 without ROPE)
-extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
+// an_*: the ADD_NORM tail's arguments (OutRows; null / 0 without ADD_NORM, which only v2 takes).
+// With ADD_NORM at least two blocks per SM: without the bound ptxas spends up to 128 registers on
+// the tail's loads in flight (124 for int4 against 50 without the tail), which halves the blocks
+// a 512-thread launch keeps resident and with them the main loop's bytes in flight (measured: the
+// o_proj GEMV + tail 15.9 us against 4.2 + 3.9 for GEMV and row kernel; session 23)
+#define WQ_GEMV_MIN_BLOCKS (ADD_NORM ? 2 : 1)
+extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32, WQ_GEMV_MIN_BLOCKS)
 trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                 const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
                 int group_size, int cdiv, unsigned int cmagic, const int* __restrict__ rope_pos, const float* __restrict__ rope_freq,
-                int rope_rows, float rope_scale) {
+                int rope_rows, float rope_scale, const elem_t* an_residual, const elem_t* an_weight, elem_t* an_normed,
+                unsigned int* an_counter, float an_eps) {
+#if ADD_NORM && WQ_DECODE != 2
+#error "ADD_NORM is the v2 decode kernel's (WQ_DECODE 2)"
+#endif
 #if WQ_DECODE == 2 && ASYNC > 0
-    gemv3_body(x, w, scales, zeros, out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), M, N, K, group_size, cdiv, cmagic);
+    gemv3_body(x, w, scales, zeros,
+               add_norm_rows(out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), an_residual, an_weight, an_normed, an_counter, an_eps),
+               M, N, K, group_size, cdiv, cmagic);
 #elif WQ_DECODE == 2
     // v2: the plugin launches it only without perm and with whole-chunk groups (fast_decode)
-    gemv2_body(x, w, scales, zeros, out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), M, N, K, group_size, cdiv, cmagic);
+    gemv2_body(x, w, scales, zeros,
+               add_norm_rows(out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), an_residual, an_weight, an_normed, an_counter, an_eps),
+               M, N, K, group_size, cdiv, cmagic);
 #else
     gemv_body<1>(x, w, scales, zeros, perm, out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), M, N, K, group_size, cdiv, cmagic);
 #endif
@@ -1247,7 +1369,8 @@ extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32)
 trtcore_wq_gemv16(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                   const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
                   int group_size, int cdiv, unsigned int cmagic, const int* __restrict__ rope_pos, const float* __restrict__ rope_freq,
-                  int rope_rows, float rope_scale) {
+                  int rope_rows, float rope_scale, const elem_t* an_residual, const elem_t* an_weight, elem_t* an_normed,
+                  unsigned int* an_counter, float an_eps) {  // an_*: trtcore_wq_gemv's (unused: ADD_NORM is v2's)
     // one statement, a body call (tests/test_kernels.py: nothing but the body before its PDL_WAIT);
     // with GATED the output's rows are N / 2 long (the SwiGLU output)
     gemv_body<2>(x + (size_t)blockIdx.y * 16 * K, w, scales, zeros, perm,
@@ -1438,6 +1561,18 @@ trtcore_wq_swiglu(const elem_t* __restrict__ y, elem_t* __restrict__ out, int M,
     const int m = (int)(i / I), j = (int)(i % I);
     const elem_t* pair = y + (size_t)m * 2 * I + (j / 8) * 16 + j % 8;
     out[i] = from_f32(swiglu_of(to_f32(pair[0]), to_f32(pair[8])));
+}
+
+// ---- the add + norm of the other paths (v1, 16-row, tiled, cuBLAS) --------------------------------
+// one block per row m: h [M, N] (the GEMM's y) becomes y + residual in place, normed its RMSNorm
+// (add_norm_row)
+extern "C" __global__ void __launch_bounds__(1024)
+trtcore_wq_add_norm(elem_t* h, const elem_t* __restrict__ residual, const elem_t* __restrict__ w, elem_t* normed, int N, float eps) {
+    PDL_WAIT();  // h holds the GEMM's output, just written
+    PDL_LAUNCH();
+    __shared__ float red[32];
+    const size_t row = (size_t)blockIdx.x * N;
+    add_norm_row(h + row, residual + row, w, normed + row, N, eps, red);
 }
 
 #if ROPE

@@ -68,6 +68,17 @@ with the RoPE plugin's ``kernels/rope.cuh``), writing every feature at its natur
 RoPE plugin's launch goes away. The staged paths rotate with ``trtcore_wq_rope``. The numbers
 are the unfused graph's (:func:`rope_reference`).
 
+Residual add + RMSNorm (:attr:`WeightOnlyGemmPlugin.add_norm`, made by the cuda backend's
+:mod:`trtcore.cuda.add_norm_fusion` from an o_proj / down_proj plugin whose output is added to
+the residual stream and then normalized): the plugin takes the residual, the norm's weight and a
+one-word counter as three more inputs and has two outputs, ``h = y + residual`` and
+``RMSNorm(h)`` (:func:`add_norm_reference`). The v2 decode kernel computes them in its grid's
+last block (``ADD_NORM``: each block takes a ticket from the counter after storing its tiles of
+y; the last one reads all of y), so the row kernel that waited for the GEMM goes away; the other
+paths launch ``trtcore_wq_add_norm`` after the GEMM. The counter is engine memory that every
+launch leaves at 0 (a constant input, zero when loaded): one engine's launches of the plugin must
+not run concurrently on two streams.
+
 Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
 (``x64 @ QuantizedWeight.dequantize().T`` rounded once to x's dtype); the kernels accumulate
 in float32 (the decode kernel: exact products of the integer codes and x summed per group,
@@ -221,6 +232,8 @@ DEQUANT_BLOCK_BYTES = 256 << 20
 #: the block's rows are a multiple of this (whole tiles of cuBLASLt's GEMM, 256-byte aligned
 #: output columns)
 _BLOCK_ROW_UNIT = 128
+#: elements of a row each thread of ``trtcore_wq_add_norm`` keeps in registers (kernels/wq_gemm.cu AN_CACHE)
+_ADD_NORM_CACHE = 16
 #: the activation dtypes of the tensor-core kernels and the ``"cublas"`` prefill
 _HALF_TYPES = (_FLOAT16, _BFLOAT16)
 #: the workspace's parts are aligned to this many bytes
@@ -489,6 +502,22 @@ def rope_reference(
     return out
 
 
+def add_norm_reference(y: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """``h = y + residual`` and ``RMSNorm(h)`` as the unfused graph computes them
+    (:func:`trtcore.ops.rms_norm` without offset, on the reference backend): ``h`` rounded to
+    y's dtype; ``inv = 1 / sqrt(mean(h32 * h32) + eps)`` in float32 (``h32``: h in float32);
+    ``round(round(h32 * inv) * weight)``. ``y``, ``residual``: ``[M, N]``; ``weight``: ``[N]``
+    (or broadcastable), all of one dtype. Source: Zhang & Sennrich, arXiv:1910.07467, eq. 4;
+    transformers' ``LlamaRMSNorm``."""
+    dt = y.dtype
+    h = (y + residual).astype(dt)
+    h32 = h.astype(np.float32)
+    var = np.mean(h32 * h32, axis=-1, keepdims=True) + np.float32(eps)
+    inv = np.float32(1.0) / np.sqrt(var)
+    normed = (h32 * inv).astype(dt) * np.asarray(weight, dt).reshape(-1)
+    return h, normed.astype(dt)
+
+
 def _row_reordered(
     arrays: Sequence[np.ndarray], plugin: WeightOnlyGemmPlugin, order: np.ndarray, half_tiles: Callable[[np.ndarray], np.ndarray] | None
 ) -> list[np.ndarray]:
@@ -626,11 +655,16 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     4    perm    ``[K]``                             int32, only when ``has_perm``
     5    pos     ``[...]`` (x's leading dimensions)  int32, only with ``rope_rows``: each row's position
     6    freq    ``[rope_head_dim / 2]``             float32, only with ``rope_rows``: RoPE's ``inv_freq``
+    5    resid   ``[..., N]`` (x's leading dims)     x's dtype, only with ``add_norm``: the residual stream
+    6    norm_w  ``[N]``                             x's dtype, only with ``add_norm``: the RMSNorm weight
+    7    count   ``[1]``                             int32, only with ``add_norm``: zero (engine memory the kernel uses)
     ===  ======  ==================================  ===========================================
 
-    (Inputs 3 and 4 move down when absent: pos and freq are always the last two.)
+    (Inputs 3 and 4 move down when absent: pos and freq, or resid, norm_w and count, are always
+    the last ones.)
 
-    Output: ``y [..., N]`` of x's dtype; with ``swiglu``, ``h [..., N / 2]``.
+    Output: ``y [..., N]`` of x's dtype; with ``swiglu``, ``h [..., N / 2]``; with ``add_norm``
+    two, ``h = y + resid`` and ``RMSNorm(h) [..., N]``.
 
     Fields:
         in_features: K (a multiple of 8). out_features: N.
@@ -653,6 +687,10 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             :meth:`with_rope` (the cuda backend's :mod:`trtcore.cuda.rope_fusion`).
         rope_head_dim: those heads' features (a multiple of 16); 0 without RoPE.
         rope_scaling: RoPE's ``attention_scaling`` (multiplies cos and sin); 1 without.
+        add_norm: the residual add and the RMSNorm after it in the plugin (:func:`add_norm_reference`);
+            made by :meth:`with_add_norm` (the cuda backend's :mod:`trtcore.cuda.add_norm_fusion`);
+            added after version 1, False when absent.
+        norm_eps: that RMSNorm's epsilon (``rms_norm_eps``); 0 without.
     """
 
     plugin_name: ClassVar[str] = "trtcore_weight_only_gemm"
@@ -670,8 +708,18 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     rope_rows: int = 0
     rope_head_dim: int = 0
     rope_scaling: float = 1.0
+    add_norm: bool = False
+    norm_eps: float = 0.0
 
-    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {"contiguous_x": False, "swiglu": False, "rope_rows": 0, "rope_head_dim": 0, "rope_scaling": 1.0}
+    _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {
+        "contiguous_x": False,
+        "swiglu": False,
+        "rope_rows": 0,
+        "rope_head_dim": 0,
+        "rope_scaling": 1.0,
+        "add_norm": False,
+        "norm_eps": 0.0,
+    }
 
     def validate(self) -> None:
         if self.bits not in SUPPORTED_BITS:
@@ -700,6 +748,11 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
                     f"within out_features={self.out_features}, and not with swiglu"
                 )
 
+        if self.add_norm and (self.swiglu or self.rope_rows):
+            raise PluginError("WeightOnlyGemmPlugin.add_norm excludes swiglu and rope_rows (an o_proj / down_proj takes it)")
+        if not (np.isfinite(self.norm_eps) and self.norm_eps >= 0) or (self.norm_eps and not self.add_norm):
+            raise PluginError(f"WeightOnlyGemmPlugin.norm_eps must be finite, >= 0 and only with add_norm, got {self.norm_eps!r}")
+
     @property
     def output_features(self) -> int:
         """The output's last dimension: N, or N / 2 with :attr:`swiglu`."""
@@ -707,7 +760,11 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
 
     def output_shapes(self, input_shapes: Sequence[Sequence[Any]]) -> list[list[Any]]:
         shape = super().output_shapes(input_shapes)[0]
-        return [shape[:-1] + [type(shape[-1])(self.output_features)]]
+        out = shape[:-1] + [type(shape[-1])(self.output_features)]
+        return [out, list(out)] if self.add_norm else [out]
+
+    def output_dtypes(self, input_dtypes: Sequence[np.dtype]) -> list[np.dtype]:
+        return super().output_dtypes(input_dtypes) * (2 if self.add_norm else 1)
 
     @classmethod
     def from_quantized(cls, qw: QuantizedWeight) -> tuple[WeightOnlyGemmPlugin, PackedWeight]:
@@ -779,9 +836,18 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         plugin = dataclasses.replace(self, rope_rows=rope_rows, rope_head_dim=head_dim, rope_scaling=float(np.float32(attention_scaling)))
         return plugin, _row_reordered(constants, self, rope_order(n, rope_rows, head_dim), moves)
 
+    def with_add_norm(self, constants: Sequence[np.ndarray], eps: float) -> tuple[WeightOnlyGemmPlugin, list[np.ndarray]] | None:
+        """This plugin with the residual add and RMSNorm after it (:attr:`add_norm`, epsilon
+        ``eps``): the plugin and its constant inputs (codes, scales, [zeros], [perm] as they are);
+        the fused node then also takes the residual, the norm's weight and a zero counter (int32
+        ``[1]``, its own). None where that cannot be (SwiGLU, RoPE or add_norm already)."""
+        if self.swiglu or self.rope_rows or self.add_norm:
+            return None
+        return dataclasses.replace(self, add_norm=True, norm_eps=float(np.float32(eps))), [np.asarray(c) for c in constants]
+
     @property
     def num_inputs(self) -> int:
-        return self.num_weight_inputs + 1 + 2 * int(self.rope_rows > 0)
+        return self.num_weight_inputs + 1 + 2 * int(self.rope_rows > 0) + 3 * int(self.add_norm)
 
     @property
     def num_weight_inputs(self) -> int:
@@ -809,7 +875,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
 
     def _check_count(self, n: int) -> None:
         if n != self.num_inputs:
-            rope = ", pos, freq" * (self.rope_rows > 0)
+            rope = ", pos, freq" * (self.rope_rows > 0) + ", resid, norm_w, count" * self.add_norm
             raise PluginError(
                 f"WeightOnlyGemmPlugin takes {self.num_inputs} inputs (x, codes, scales{', zeros' * self.has_zeros}{', perm' * self.has_perm}{rope}), got {n}"
             )
@@ -830,7 +896,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """float64 NumPy: ``x64 @ dequantize(W)^T`` rounded once to x's dtype; with
         :attr:`swiglu`, then :func:`swiglu_reference` of it; with :attr:`rope_rows`, then
-        :func:`rope_reference` of it (inputs 5 and 6: the positions, ``inv_freq``).
+        :func:`rope_reference` of it (inputs 5 and 6: the positions, ``inv_freq``); with
+        :attr:`add_norm`, ``[h, RMSNorm(h)]`` of it (:func:`add_norm_reference`).
 
         Raises:
             PluginError: wrong input count or x's last dimension is not in_features.
@@ -849,6 +916,15 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             if pos.shape != x.shape[:-1]:
                 raise PluginError(f"WeightOnlyGemmPlugin: the positions {pos.shape} must have x's leading dimensions {x.shape[:-1]}")
             y = rope_reference(y, pos.reshape(-1), freq, self.rope_rows, self.rope_head_dim, self.rope_scaling)
+        if self.add_norm:
+            resid, weight = (np.asarray(a) for a in inputs[-3:-1])
+            if resid.shape != (*x.shape[:-1], self.out_features) or resid.dtype != x.dtype or weight.size != self.out_features:
+                raise PluginError(
+                    f"WeightOnlyGemmPlugin: the residual {resid.shape} {resid.dtype} must be {(*x.shape[:-1], self.out_features)} {x.dtype}, "
+                    f"the norm weight {weight.shape} hold out_features={self.out_features}"
+                )
+            h, normed = add_norm_reference(y, resid.reshape(-1, self.out_features), weight, self.norm_eps)
+            return [a.reshape(*x.shape[:-1], self.out_features) for a in (h, normed)]
         return [y.reshape(*x.shape[:-1], self.output_features)]
 
     # --- kernels -------------------------------------------------------------------------------
@@ -1036,7 +1112,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
 
         Raises:
             PluginError: unsupported dtype, a staged SwiGLU or RoPE output without a workspace,
-                RoPE positions that are not one per row of x, M beyond
+                RoPE positions that are not one per row of x, an add + norm residual that is not
+                one row of N per row of x, M beyond
                 the tiled kernel's grid, or an x address the
                 kernel's loads cannot take (decode: 4-byte aligned; tiled: 16-byte, its 16-byte
                 x loads, unless act order gathers x by element): refused before a launch, which
@@ -1050,12 +1127,16 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         m = int(np.prod(x.shape[:-1], dtype=np.int64))
         if m == 0:
             return
+        if self.add_norm:
+            self._check_add_norm(inputs)
         path = self.kernel_path(dtype, m, bool(workspace))
         if path == "cublas":
             staged = self.staging_bytes(dtype, m)
             self._prefill_cublas(inputs, workspace if staged else out.ptr, m, workspace + staged, stream)
             if staged:
                 self._epilogue(inputs, workspace, out.ptr, m, dtype, stream)
+            if self.add_norm:
+                self._add_norm(inputs, outputs, m, dtype, stream)
             return
         tensor_cores = path == "tensor_cores"
         y = out.ptr  # the GEMM's output: staged in the workspace for a SwiGLU or RoPE plugin's tiled kernel
@@ -1080,26 +1161,33 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             name = "trtcore_wq_gemv" if m <= 8 else "trtcore_wq_gemv16"
             cdiv = self.chunks_per_group()
             cmagic = -(-(1 << 32) // cdiv) if cdiv > 1 else 0  # kernels/wq_gemm.cu chunk_group
-            args += [(cdiv, "i32"), (cmagic, "u32"), *self._rope_args(inputs)]
             # v2 reads a contiguous-x run in 16-byte loads: an x (a view) off that alignment takes v1
             variant = {} if self.contiguous_x and x.ptr % 16 else self.decode_variant(dtype, m)
+            tail = self.add_norm and variant.get("WQ_DECODE") == 2  # v2's last block adds and normalizes
+            args += [(cdiv, "i32"), (cmagic, "u32"), *self._rope_args(inputs), *self._add_norm_args(inputs, outputs, tail)]
             warps = variant.pop("WARPS", 0) or self.decode_warps(variant.get("ROW_TILES", 1))
             rt = variant.get("ROW_TILES", 1)
             rings = warps * variant.get("ASYNC", 0) * variant.get("ASLOT", 0)  # bytes of the cp.async rings
             if self.swiglu:
                 variant["GATED"] = 1  # the SwiGLU epilogue
+            if tail:
+                variant["ADD_NORM"] = 1
             if variant:
                 defines = tuple(sorted({**dict(defines), **variant}.items()))
             slices = 1 if m <= 8 else -(-m // DECODE_MAX_M)  # gemv16: blockIdx.y is a slice of 16 rows
             if slices > 65535:
                 raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the decode kernel's grid (at most {65535 * DECODE_MAX_M})")
             _launch(defines, name, (-(-n // (TILE_ROWS * rt)), slices), (32 * warps,), args, stream, shared_mem=rings)
+            if self.add_norm and not tail:
+                self._add_norm(inputs, outputs, m, dtype, stream)
             return
         if -(-m // _BM) > 65535:
             raise PluginError(f"WeightOnlyGemmPlugin: M={m} rows exceed the tiled kernel's grid (at most {65535 * _BM})")
         _launch(defines, "trtcore_wq_gemm", (-(-n // _BN), -(-m // _BM)), (256,), args, stream)
         if staged:
             self._epilogue(inputs, y, out.ptr, m, dtype, stream)
+        if self.add_norm:
+            self._add_norm(inputs, outputs, m, dtype, stream)
 
     def _rope_args(self, inputs: Sequence[DeviceTensor]) -> list[tuple[Any, str]]:
         """The ``ROPE`` epilogue's kernel arguments: positions, ``inv_freq``, rows, scaling (null
@@ -1110,6 +1198,38 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if pos.size != int(np.prod(inputs[0].shape[:-1], dtype=np.int64)):
             raise PluginError(f"WeightOnlyGemmPlugin.enqueue: {pos.size} positions for x {tuple(inputs[0].shape)}; one per row expected")
         return [(pos.ptr, "ptr"), (freq.ptr, "ptr"), (self.rope_rows, "i32"), (self.rope_scaling, "f32")]
+
+    def _check_add_norm(self, inputs: Sequence[DeviceTensor]) -> None:
+        """Raises PluginError where the residual is not one row of N per row of x (an
+        :attr:`add_norm` plugin; before any launch)."""
+        resid = inputs[-3]
+        if resid.size != int(np.prod(inputs[0].shape[:-1], dtype=np.int64)) * self.out_features:
+            raise PluginError(
+                f"WeightOnlyGemmPlugin.enqueue: residual {tuple(resid.shape)} for x {tuple(inputs[0].shape)}; one row of {self.out_features} per row expected"
+            )
+
+    def _add_norm_args(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], tail: bool) -> list[tuple[Any, str]]:
+        """The decode kernels' ``ADD_NORM`` tail arguments: residual, norm weight, normalized
+        output, counter, epsilon where ``tail`` (null and 0 otherwise: the kernels take them always)."""
+        if not tail:
+            return [(0, "ptr"), (0, "ptr"), (0, "ptr"), (0, "ptr"), (0.0, "f32")]
+        resid, weight, counter = inputs[-3:]
+        return [(resid.ptr, "ptr"), (weight.ptr, "ptr"), (outputs[1].ptr, "ptr"), (counter.ptr, "ptr"), (self.norm_eps, "f32")]
+
+    def _add_norm(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], m: int, dtype: np.dtype, stream: int) -> None:
+        """The add + norm of the paths without the decode tail: ``trtcore_wq_add_norm``, one block
+        of up to 1024 threads per row, on ``outputs[0]`` (the GEMM's y, made h in place)."""
+        resid, weight, _ = inputs[-3:]
+        threads = min(1024, max(32, -(-self.out_features // _ADD_NORM_CACHE // 32) * 32))
+        args = [
+            (outputs[0].ptr, "ptr"),
+            (resid.ptr, "ptr"),
+            (weight.ptr, "ptr"),
+            (outputs[1].ptr, "ptr"),
+            (self.out_features, "i32"),
+            (self.norm_eps, "f32"),
+        ]
+        _launch(tuple(sorted(self.defines(dtype).items())), "trtcore_wq_add_norm", (m,), (threads,), args, stream)
 
     def _epilogue(self, inputs: Sequence[DeviceTensor], y: int, out: int, m: int, dtype: np.dtype, stream: int) -> None:
         """The staged paths' epilogue kernel: ``trtcore_wq_swiglu`` (``out [m, N / 2]``) or

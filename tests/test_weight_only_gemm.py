@@ -434,7 +434,7 @@ def test_every_v2_variant_compiles(arch: str) -> None:
     for v in V2_DEFINES + extra:
         c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
         assert kernels.cubin_arch(c.cubin) == arch
-        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x", "trtcore_wq_swiglu"}
+        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x", "trtcore_wq_swiglu", "trtcore_wq_add_norm"}
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -599,7 +599,7 @@ def test_every_variant_compiles(arch: str) -> None:
     for v in variants:
         c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
         assert kernels.cubin_arch(c.cubin) == arch
-        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x", "trtcore_wq_swiglu"}
+        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x", "trtcore_wq_swiglu", "trtcore_wq_add_norm"}
 
 
 NET_CASES = [

@@ -113,14 +113,23 @@ def test_cuda_backend_weight_only_prefill(cp: Any, hf_models: ModelStore, dtype:
         assert np.isfinite(low).all() and diff.max() <= tol, f"{dtype} {prefill}: log-probs differ from float32 by {diff.max():.3g} > {tol:.3g}"
 
 
-@pytest.mark.parametrize("rope_fusion", ["0", "1"], ids=["rope_plugin", "rope_in_qkv"])
-def test_quantized_paged_engine_matches_the_reference_backend(cp: Any, tmp_path: Any, rope_fusion: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+@pytest.mark.parametrize(
+    ("rope_fusion", "add_norm_fusion"), [("0", "0"), ("1", "0"), ("0", "1")], ids=["rope_plugin", "rope_in_qkv", "add_norm_in_gemv"]
+)
+def test_quantized_paged_engine_matches_the_reference_backend(
+    cp: Any,  # noqa: F811
+    tmp_path: Any,
+    rope_fusion: str,
+    add_norm_fusion: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The default (paged) cache with 4-bit weights on the GPU against the float32 reference
     backend on the CPU, the same quantized checkpoint: a tiny Llama with head_dim 32 (what the
     paged kernels take), quantized by trtcore quantize (RTN, 4-bit, group 32, zero points);
-    with the RoPE plugin, and with RoPE in the q/k/v GEMM's epilogue (``TRTCORE_ROPE_FUSION=1``,
+    with the RoPE plugin, with RoPE in the q/k/v GEMM's epilogue (``TRTCORE_ROPE_FUSION=1``,
     trtcore/cuda/rope_fusion.py; that it fuses every layer of this shape is checked on the CPU by
-    tests/cuda/test_rope_fusion.py).
+    tests/cuda/test_rope_fusion.py), and with the residual adds and RMSNorms in o_proj's and
+    down_proj's GEMV (``TRTCORE_ADD_NORM_FUSION=1``, trtcore/cuda/add_norm_fusion.py).
     Three prompts (80, 33, 7 tokens) in one prefill (the weight-only "cublas" prefill), then 6
     greedy decode steps (the decode GEMV). Each step's log-probability of the token the engine
     chose, and the first step's full vocabulary, are within 64 bfloat16 units of the reference's
@@ -136,6 +145,7 @@ def test_quantized_paged_engine_matches_the_reference_backend(cp: Any, tmp_path:
     prompts = [[int(t) for t in rng.integers(3, v.vocab_size, n)] for n in (80, 33, 7)]
     full = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=v.vocab_size)
     monkeypatch.setenv("TRTCORE_ROPE_FUSION", rope_fusion)
+    monkeypatch.setenv("TRTCORE_ADD_NORM_FUSION", add_norm_fusion)
     gpu = LLM(str(q), backend="cuda", dtype="bfloat16", progress=False)
     ref = LLM(str(q), backend="reference", device="cpu", dtype="float32", progress=False)
     tol = LOW_PRECISION_UNITS * UNIT_ROUNDOFF["bfloat16"]

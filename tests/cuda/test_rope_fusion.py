@@ -200,12 +200,12 @@ def test_rope_plugin_launches_the_epilogue_or_stages_its_output(monkeypatch: pyt
         fused.enqueue([DeviceTensor(x_ptr, (m, k), BF16), *ins, *rope_ins], [DeviceTensor(out_ptr, (m, n), BF16)], ws, 0)
         [(defines, name, _, args)] = events
         assert name == ("trtcore_wq_gemv" if m == 1 else "trtcore_wq_gemv16") and defines["ROPE"] == 1 and defines["ROTARY_DIM"] == d
-        assert [a[0] for a in args[-4:]] == [pos_ptr, freq_ptr, 192, np.float32(1.0)] and args[5][0] == out_ptr
+        assert [a[0] for a in args[-9:-5]] == [pos_ptr, freq_ptr, 192, np.float32(1.0)] and args[5][0] == out_ptr
     events.clear()
     plugin.enqueue(
         [DeviceTensor(x_ptr, (1, k), BF16), *[DeviceTensor(t.ptr, t.shape, t.dtype) for t in ins]], [DeviceTensor(out_ptr, (1, n), BF16)], 0, 0
     )
-    assert [a[0] for a in events[0][3][-4:]] == [0, 0, 0, 1.0] and "ROPE" not in events[0][0]
+    assert [a[0] for a in events[0][3][-9:-5]] == [0, 0, 0, 1.0] and "ROPE" not in events[0][0]
     m = 64
     events.clear()
     staged = fused.staging_bytes(BF16, m)

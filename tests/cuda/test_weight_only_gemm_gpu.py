@@ -30,7 +30,10 @@ The SwiGLU form of a gate/up plugin (``swiglu``: gate and up rows interleaved, s
 written by the decode kernels' epilogue or by ``trtcore_wq_swiglu`` after a staged GEMM) is
 checked on four shapes at M = 1 .. 64 and with float32 x; so is the RoPE form of a q/k/v plugin
 (``rope_rows``: each head's rotation pairs in one thread, rotated by the decode kernels'
-epilogue or by ``trtcore_wq_rope`` after a staged GEMM).
+epilogue or by ``trtcore_wq_rope`` after a staged GEMM). The add + norm form of an o_proj-like
+plugin (``add_norm``: ``h = y + residual`` and RMSNorm(h) as two outputs, by the v2 decode
+kernel's last block or by ``trtcore_wq_add_norm`` after the other paths) is checked on four
+shapes at M = 1 .. 64, with the v2 variants, and with float32 x.
 """
 
 from __future__ import annotations
@@ -452,3 +455,68 @@ def test_rope_plugin_float32_stages_the_tiled_output() -> None:
     pos = rng.integers(0, 8000, 3).astype(np.int32)
     specs = [((3, k), f32)] + [(a.shape, a.dtype, a) for a in (*arrays, pos, freq)]
     check_plugin(fused, specs, rtol=4 * (default_tolerance(f32)[0] + np.sqrt(k) * 2.0**-24))
+
+
+# (N, K, bits, group_size (0: per channel), zeros, perm): 4160 rows are longer than the tail's
+# register cache (256 threads x 16), 300 not whole tiles; act order takes v1 and the add + norm kernel
+ADD_NORM_CASES = [
+    (4160, 1024, 4, 128, "none", False),
+    (512, 2048, 8, 0, "none", False),
+    (300, 1536, 4, 64, "int", False),
+    (96, 2080, 4, 32, "frac", True),
+]
+
+
+def _add_norm_specs(rng: np.random.Generator, case: tuple, m: int, dtype: np.dtype) -> tuple[WeightOnlyGemmPlugin, list, float]:
+    """The add + norm form of a weight (``with_add_norm``, epsilon 1e-5), its input specs (x and
+    the residual random, the norm weight in [0.5, 1.5], the counter zero) and the tolerance: four
+    times the GEMM's (an ulp of h moves the normalized value by about an ulp too)."""
+    n, k, bits, gs, zeros, perm = case
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(_qw(rng, n, k, bits, gs, zeros, perm))
+    made = plugin.with_add_norm(packed.arrays(), 1e-5)
+    assert made is not None
+    fused, arrays = made
+    w = rng.uniform(0.5, 1.5, n).astype(dtype)
+    specs = (
+        [((m, k), dtype)]
+        + [(a.shape, a.dtype, a) for a in arrays]
+        + [((m, n), dtype), (w.shape, w.dtype, w), ((1,), np.dtype(np.int32), np.zeros(1, np.int32))]
+    )
+    return fused, specs, 4 * (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24)
+
+
+@pytest.mark.parametrize(("m", "prefill"), [(1, "cublas"), (3, "cublas"), (8, "cublas"), (12, "cublas"), (64, "cublas"), (64, "tiled")])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ADD_NORM_CASES, ids=str)
+def test_add_norm_plugin_matches_reference(case: tuple, dtype: np.dtype, m: int, prefill: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The add + norm form of an o_proj-like plugin (``with_add_norm``): the v2 decode kernel's
+    last-block tail (M up to 8), and ``trtcore_wq_add_norm`` after the v1 / 16-row kernels, the
+    cuBLAS prefill and the tiled kernel, against the reference: ``h = y + residual`` and its
+    RMSNorm (:func:`~trtcore.plugins.weight_only_gemm.add_norm_reference`). check_plugin poisons
+    both outputs, runs twice (the counter must be back at 0 for the second run to match, and it is
+    an input, which must come back unchanged)."""
+    monkeypatch.setattr(wog, "PREFILL_KERNEL", prefill)
+    rng = np.random.default_rng(zlib.crc32(repr((case, str(dtype), m, prefill, "add_norm")).encode()))
+    fused, specs, rtol = _add_norm_specs(rng, case, m, dtype)
+    check_plugin(fused, specs, rtol=rtol)
+
+
+@pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.parametrize("variant", SWIGLU_V2_VARIANTS, ids=_v2_id)
+def test_add_norm_tail_of_v2_variants(variant: dict, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The add + norm tail of the v2 decode kernels that are not the default (two row tiles, the
+    folded offset, the cp.async rings)."""
+    monkeypatch.setattr(wog, "DECODE_VARIANT", variant)
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(zlib.crc32(repr((variant, m, "add-norm-v2")).encode()))
+    fused, specs, rtol = _add_norm_specs(rng, ADD_NORM_CASES[0], m, dtype)
+    assert fused.decode_variant(dtype, m).get("WQ_DECODE") == 2
+    check_plugin(fused, specs, rtol=rtol)
+
+
+def test_add_norm_plugin_float32_runs_the_add_norm_kernel() -> None:
+    """float32 x: the tiled kernel, then trtcore_wq_add_norm in float32."""
+    f32 = np.dtype(np.float32)
+    rng = np.random.default_rng(zlib.crc32(b"add-norm-f32"))
+    fused, specs, rtol = _add_norm_specs(rng, ADD_NORM_CASES[2], 3, f32)
+    check_plugin(fused, specs, rtol=rtol)

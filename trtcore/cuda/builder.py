@@ -44,6 +44,7 @@ from ..errors import EngineBuildError, NetworkError
 from ..reference import builder as refbuilder
 from ..reference.types import DataType
 from . import (
+    add_norm_fusion,
     codegen,
     fold_constants,
     fp8_input_fusion,
@@ -284,6 +285,7 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
     g = fold_constants.run(g, stats)
     g = horizontal_fusion.run(g, stats)
     g = swiglu_fusion.run(g, stats)
+    g = add_norm_fusion.run(g, points, stats)
     g = fp8_input_fusion.run(g, stats)
     g = views.run(g, points, stats)
     g = rope_fusion.run(g, points, stats)

@@ -23,8 +23,11 @@ Left as they are: any other reader of y's q or k rows (or of the views on the wa
 an engine output, RoPE outputs that are engine outputs, positions made after the GEMM or whose
 shape is not x's leading dimensions at every profile point, and a plugin without ``with_rope``.
 
-Off unless ``TRTCORE_ROPE_FUSION=1`` (read at each compile): the epilogue has not yet run on
-a GPU; bench/bench_quant_e2e.py's ``RoPE fused`` variant measures it.
+Off unless ``TRTCORE_ROPE_FUSION=1`` (read at each compile): on the H200 the epilogue is
+correct (tests/cuda/test_weight_only_gemm_gpu.py, tests/cuda/test_llm_gpu.py) but the Llama-3-8B
+shape's 4-bit decode step is no faster with it (bench/bench_quant_e2e.py's ``RoPE fused``
+variant: 2.100 against 2.098 ms, bench/results/h200-2026-12-05-session23): the attention kernel
+after the GEMM takes the time the RoPE kernel took.
 """
 
 from __future__ import annotations

@@ -1,0 +1,202 @@
+"""Compile pass: a residual add and the RMSNorm after it into the GEMM that feeds the add.
+
+A pre-norm decoder (Llama, Mistral, Qwen) ends each attention and each MLP with::
+
+    y = plugin(x)                         # o_proj / down_proj: [..., N]
+    h = r + y                             # the residual stream (read again by the next add)
+    n = rms_norm(h) * w                   # trtcore.ops.rms_norm: cast, square, mean, + eps,
+                                          # sqrt, reciprocal, multiply, cast, weight
+
+and the next GEMM (q/k/v, gate/up, lm_head) reads ``n``. At batch-1 decode the add and the norm
+are one row kernel (:mod:`.reduction_fusion`) of a few microseconds that waits for the whole
+GEMM and holds back the next one: 63 launches a step on Llama-3-8B. Where the plugin offers it
+(``with_add_norm(constants, eps)``, duck-typed: the weight-only GEMM,
+:meth:`trtcore.plugins.weight_only_gemm.WeightOnlyGemmPlugin.with_add_norm`) these nodes become
+one plugin node with two outputs, ``h`` and ``n``, that also reads ``r``, the norm's weight and a
+zero counter of its own (a constant: the decode kernel's grid counts its finished blocks in it,
+so that its last block adds and normalizes, and leaves it at zero). TensorRT-LLM's
+``fused_add_rms_norm`` after its GEMMs and vLLM's ``fused_add_rms_norm`` do the add and the norm
+in one kernel; here they also leave the kernel list.
+
+Left as they are: RMSNorm with an offset (Gemma's ``1 + weight``), a LayerNorm, any intermediate
+value that something else reads or that is an engine output, a residual made after the GEMM, and
+a plugin without ``with_add_norm``.
+
+Off unless ``TRTCORE_ADD_NORM_FUSION=1`` (read at each compile). On the H200 the fused plugin is
+correct (tests/cuda/test_weight_only_gemm_gpu.py, tests/cuda/test_llm_gpu.py), but its first
+kernel made the Llama-3-8B shape's 4-bit decode step 31% slower (2.676 against 2.041 ms,
+bench/results/h200-2026-12-05-session23): the tail raised the decode kernel from 50 to 124
+registers, halving the blocks resident. The kernel now caps them (two 512-thread blocks per SM,
+64 registers); that version has not run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ..reference.types import DataType, ElementWiseOperation, ReduceOperation, UnaryOperation
+from .ir import Graph, Node, Shape, Value, infer_shapes
+
+
+def enabled() -> bool:
+    """Whether the pass runs: only with ``TRTCORE_ADD_NORM_FUSION=1`` (module docstring)."""
+    return os.environ.get("TRTCORE_ADD_NORM_FUSION", "0") == "1"
+
+
+def _is(node: Node | None, op: str, kind: int | None = None) -> bool:
+    return node is not None and node.op == op and (kind is None or node.attrs.get("op") == kind)
+
+
+def _scalar(g: Graph, value: str) -> float | None:
+    """The constant ``value``'s one number, or None (not a constant of one element)."""
+    arr = g.constants.get(value)
+    return float(np.asarray(arr, np.float64).reshape(-1)[0]) if arr is not None and arr.size == 1 else None
+
+
+class _Reads:
+    """The graph's readers per value, and the one reader of a value where there is exactly one
+    and the value is no engine output."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.cons = g.consumers()
+
+    def of(self, value: str) -> list[Node]:
+        return [self.g.nodes[i] for i in self.cons.get(value, [])]
+
+    def only(self, value: str) -> Node | None:
+        readers = self.of(value)
+        return readers[0] if len(readers) == 1 and value not in self.g.outputs else None
+
+
+def _match(
+    g: Graph, gemm: Node, reads: _Reads, shapes: list[dict[str, Shape]], order: dict[int, int]
+) -> tuple[list[Node], str, str, str, float] | None:
+    """For plugin node ``gemm``: the nodes of ``r + y`` and the RMSNorm of it (module docstring),
+    the residual ``r``, ``h``, the norm weight's constant and epsilon; None where they are not
+    there exactly. ``order``: each node's index in ``g.nodes``, by ``id``."""
+    y = gemm.outputs[0]
+    add = reads.only(y)
+    if not _is(add, "elementwise", int(ElementWiseOperation.SUM)) or len(set(add.inputs)) != 2:  # type: ignore[union-attr]
+        return None
+    assert add is not None
+    (r,) = [v for v in add.inputs if v != y]
+    h = add.outputs[0]
+    dtype = g.values[y].dtype
+    if g.values[r].dtype != dtype or g.values[h].dtype != dtype or dtype not in (DataType.HALF, DataType.BF16, DataType.FLOAT):
+        return None
+    if any(s[r] != s[y] or s[h] != s[y] for s in shapes):
+        return None
+    # the residual exists where the GEMM runs: a network input, a constant, or made before it
+    if r not in g.inputs and r not in g.constants and order.get(id(_producer(g, r)), len(g.nodes)) > order[id(gemm)]:
+        return None
+    rank = len(g.values[h].shape)
+    casts = [n for n in reads.of(h) if _is(n, "cast") and n.attrs["to"] == int(DataType.FLOAT)]
+    if len(casts) != 1 or casts[0].outputs[0] in g.outputs:
+        return None
+    cast = casts[0]
+    x32 = cast.outputs[0]
+    users = reads.of(x32)
+    square = next((n for n in users if _is(n, "elementwise", int(ElementWiseOperation.PROD)) and n.inputs == [x32, x32]), None)
+    normalize = next((n for n in users if n is not square and _is(n, "elementwise", int(ElementWiseOperation.PROD))), None)
+    if square is None or normalize is None or len(users) != 2:
+        return None
+    mean = reads.only(square.outputs[0])
+    if not _is(mean, "reduce", int(ReduceOperation.AVG)) or tuple(mean.attrs["axes"]) != (rank - 1,) or not mean.attrs["keep_dims"]:  # type: ignore[union-attr]
+        return None
+    assert mean is not None
+    add_eps = reads.only(mean.outputs[0])
+    if not _is(add_eps, "elementwise", int(ElementWiseOperation.SUM)):
+        return None
+    assert add_eps is not None
+    (eps_in,) = [v for v in add_eps.inputs if v != mean.outputs[0]] or [""]
+    eps = _scalar(g, eps_in)
+    sqrt = reads.only(add_eps.outputs[0])
+    recip = reads.only(sqrt.outputs[0]) if _is(sqrt, "unary", int(UnaryOperation.SQRT)) else None  # type: ignore[union-attr]
+    if eps is None or not _is(recip, "unary", int(UnaryOperation.RECIP)):
+        return None
+    assert recip is not None
+    if reads.only(recip.outputs[0]) is not normalize or sorted(normalize.inputs) != sorted([x32, recip.outputs[0]]):
+        return None
+    back = reads.only(normalize.outputs[0])
+    if not _is(back, "cast") or back.attrs["to"] != int(dtype):  # type: ignore[union-attr]
+        return None
+    assert back is not None
+    scale = reads.only(back.outputs[0])
+    if not _is(scale, "elementwise", int(ElementWiseOperation.PROD)):
+        return None
+    assert scale is not None
+    (w,) = [v for v in scale.inputs if v != back.outputs[0]] or [""]
+    n_features = g.values[y].shape[-1]
+    if w not in g.constants or g.values[w].dtype != dtype or g.constants[w].size != n_features or g.constants[w].shape[-1] != n_features:
+        return None
+    if any(
+        v in g.outputs
+        for v in (
+            x32,
+            square.outputs[0],
+            mean.outputs[0],
+            add_eps.outputs[0],
+            sqrt.outputs[0],
+            recip.outputs[0],
+            normalize.outputs[0],
+            back.outputs[0],
+        )
+    ):  # type: ignore[union-attr]
+        return None
+    nodes = [add, cast, square, mean, add_eps, sqrt, normalize, recip, back, scale]
+    return nodes, r, h, w, eps  # type: ignore[return-value]
+
+
+def _producer(g: Graph, value: str) -> Node | None:
+    return next((n for n in g.nodes if value in n.outputs), None)
+
+
+def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> Graph:
+    """Fuse each matching residual add + RMSNorm into the plugin before it (module docstring);
+    ``stats["add_norm_fused"]`` counts them."""
+    stats["add_norm_fused"] = 0
+    if not enabled():
+        return graph
+    g = graph.copy()
+    shapes = [infer_shapes(g, p) for p in points]
+    reads = _Reads(g)
+    order = {id(n): i for i, n in enumerate(g.nodes)}
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for node in g.nodes:
+        make = getattr(node.attrs.get("plugin"), "with_add_norm", None) if node.op == "plugin" else None
+        if make is None or len(node.outputs) != 1 or any(c not in g.constants for c in node.inputs[1:]):
+            continue
+        found = _match(g, node, reads, shapes, order)
+        if found is None:
+            continue
+        fused, r, h, w, eps = found
+        made = make([g.constants[c] for c in node.inputs[1:]], eps)
+        if made is None:
+            continue
+        plugin, arrays = made
+        counter = f"{node.name}.add_norm_counter"
+        g.constants[counter] = np.zeros(1, np.int32)
+        g.values[counter] = Value(counter, DataType.INT32, (1,))
+        layers = [layer for n in (node, *fused) for layer in n.layers]
+        replace[id(node)] = Node(
+            node.name,
+            "plugin",
+            [node.inputs[0], *node.inputs[1:], r, w, counter],
+            [h, fused[-1].outputs[0]],
+            {**node.attrs, "plugin": plugin},
+            layers,
+        )
+        drop |= {id(n) for n in fused}
+        assert len(arrays) == len(node.inputs) - 1  # the weight's constants stay as they are
+        stats["add_norm_fused"] += 1
+    if replace:
+        # the fused node takes the plugin's place: its residual exists there (_match) and the
+        # readers of h and of the norm came after the nodes it takes in, so after it too
+        g.nodes = [replace.get(id(n), n) for n in g.nodes if id(n) not in drop]
+        g.remove_unused()
+    return g
