@@ -22,7 +22,8 @@ cheap and works without cuda-python):
 * compile: :func:`compile_kernel` -> :class:`CompiledKernel`; :func:`compile_all`,
   :func:`list_kernels`, :func:`variants`; :func:`kernel_cache_dir`, :func:`normalize_arch`,
   :func:`supported_archs`, :func:`nvrtc_version`, :func:`cuda_include_dir`;
-  :func:`cubin_arch`, :func:`cubin_kernel_names` (ELF inspection, no GPU needed).
+  :func:`cubin_arch`, :func:`cubin_kernel_names`, :func:`cubin_register_counts` (ELF
+  inspection, no GPU needed).
   Implementation and cache rules: :mod:`trtcore.kernels.nvrtc`.
 * run: :meth:`CompiledKernel.function` -> :class:`KernelFunction` with
   :meth:`KernelFunction.launch`; :func:`gpu_count`, :func:`compute_capability`,
@@ -48,6 +49,7 @@ _LAZY = {
     "compile_kernel": "nvrtc",
     "cubin_arch": "nvrtc",
     "cubin_kernel_names": "nvrtc",
+    "cubin_register_counts": "nvrtc",
     "cuda_include_dir": "nvrtc",
     "kernel_cache_dir": "nvrtc",
     "list_kernels": "nvrtc",
@@ -92,6 +94,7 @@ if TYPE_CHECKING:
         compile_kernel,
         cubin_arch,
         cubin_kernel_names,
+        cubin_register_counts,
         cuda_include_dir,
         current_arch,
         kernel_cache_dir,

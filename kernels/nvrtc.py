@@ -365,6 +365,53 @@ def cubin_kernel_names(cubin: bytes) -> list[str]:
     return sorted(set(names))
 
 
+#: ``.nv.info`` attribute formats (the size of what follows the format and attribute bytes) and
+#: the attribute holding a function's registers per thread (EIATTR_REGCOUNT: symbol index, count)
+_EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL, _EIFMT_SVAL = 1, 2, 3, 4
+_EIATTR_REGCOUNT = 0x2F
+
+
+def cubin_register_counts(cubin: bytes) -> dict[str, int]:
+    """Registers per thread of each function in a CUBIN (``{name: count}``), read from its
+    ``.nv.info`` section (``EIATTR_REGCOUNT``, what ``cuobjdump --dump-resource-usage`` prints as
+    REG), no GPU needed. The count sets how many blocks an SM keeps resident: 65,536 registers
+    per SM on compute capability 8.0-9.0 (CUDA C++ Programming Guide, "Technical
+    Specifications").
+
+    Raises:
+        InvalidArgumentError: ``cubin`` is not an ELF file.
+    """
+    sections = _sections(cubin)
+    by_symbol: dict[int, int] = {}
+    symtab = None
+    for name, typ, off, size, link in sections:
+        if typ == 2:  # SHT_SYMTAB
+            symtab = (off, size, sections[link][2])
+        if name != ".nv.info":
+            continue
+        p, end = off, off + size
+        while p + 2 <= end:
+            fmt, attr = cubin[p], cubin[p + 1]
+            if fmt == _EIFMT_SVAL:
+                (n,) = struct.unpack_from("<H", cubin, p + 2)
+                if attr == _EIATTR_REGCOUNT and n == 8:
+                    sym, count = struct.unpack_from("<II", cubin, p + 4)
+                    by_symbol[sym] = count
+                p += 4 + n
+            elif fmt in (_EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL):
+                p += 2 + (fmt - 1)  # no value, one byte, two bytes
+            else:
+                break  # an unknown format: the rest cannot be read
+    out: dict[str, int] = {}
+    if symtab is not None:
+        off, _, str_off = symtab
+        for sym, count in by_symbol.items():
+            (st_name,) = struct.unpack_from("<I", cubin, off + sym * 24)
+            end = cubin.index(b"\0", str_off + st_name)
+            out[cubin[str_off + st_name : end].decode(errors="replace")] = count
+    return out
+
+
 def _is_complete_cubin(data: bytes, arch: str) -> bool:
     try:
         _, machine, _, shoff, shentsize, shnum = _elf_header(data)

@@ -1338,8 +1338,14 @@ __device__ __forceinline__ void gemv3_body(const elem_t* __restrict__ x, const u
 // the tail's loads in flight (124 for int4 against 50 without the tail), which halves the blocks
 // a 512-thread launch keeps resident and with them the main loop's bytes in flight (measured: the
 // o_proj GEMV + tail 15.9 us against 4.2 + 3.9 for GEMV and row kernel; session 23)
-#define WQ_GEMV_MIN_BLOCKS (ADD_NORM ? 2 : 1)
-extern "C" __global__ void __launch_bounds__(MAX_WARPS * 32, WQ_GEMV_MIN_BLOCKS)
+// (only there: an explicit minimum of 1 makes ptxas take 95 registers for the plain int4 kernel
+// instead of 50, the same halving)
+#if ADD_NORM
+#define WQ_GEMV_BOUNDS __launch_bounds__(MAX_WARPS * 32, 2)
+#else
+#define WQ_GEMV_BOUNDS __launch_bounds__(MAX_WARPS * 32)
+#endif
+extern "C" __global__ void WQ_GEMV_BOUNDS
 trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                 const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
                 int group_size, int cdiv, unsigned int cmagic, const int* __restrict__ rope_pos, const float* __restrict__ rope_freq,

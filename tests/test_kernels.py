@@ -125,7 +125,17 @@ def _nvcc() -> str | None:
 
 @pytest.mark.parametrize(
     ("given", "want"),
-    [("sm_80", "sm_80"), ("sm89", "sm_89"), ("90", "sm_90"), ("9.0", "sm_90"), ("SM_90", "sm_90"), (" 8.9 ", "sm_89"), (90, "sm_90"), ((8, 0), "sm_80"), ("sm_90a", "sm_90a")],
+    [
+        ("sm_80", "sm_80"),
+        ("sm89", "sm_89"),
+        ("90", "sm_90"),
+        ("9.0", "sm_90"),
+        ("SM_90", "sm_90"),
+        (" 8.9 ", "sm_89"),
+        (90, "sm_90"),
+        ((8, 0), "sm_80"),
+        ("sm_90a", "sm_90a"),
+    ],
 )
 def test_normalize_arch(given, want) -> None:
     assert kernels.normalize_arch(given) == want
@@ -170,6 +180,52 @@ def test_compile_for_arch_and_cache_hit(arch: str, kdir: Path, cache: Path) -> N
     again = kernels.compile_kernel(kdir / "saxpy.cu", defines={"ELEM_T": "float"}, arch=arch.replace("sm_", ""))
     assert again.from_cache and again.key == ck.key and again.cubin == ck.cubin and again.log == ""
     assert _cache_files(cache) == [f"saxpy.{arch}.{ck.key}.cubin"]
+
+
+#: a kernel with many values live at once (an unrolled array of loads), its minimum blocks per SM
+#: a define: ptxas must fit BLOCKS blocks of 256 threads in an SM's 65,536 registers
+_REGS_CU = r"""
+extern "C" __global__ void __launch_bounds__(256, BLOCKS) many_live(const float4* __restrict__ x, float* out) {
+    float4 v[24];
+#pragma unroll
+    for (int i = 0; i < 24; ++i) v[i] = x[threadIdx.x + i * 256];
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 24; ++i) s += v[i].x * v[i].y + v[i].z * v[i].w;
+    out[threadIdx.x] = s;
+}
+"""
+
+
+def test_cubin_register_counts_follow_the_launch_bounds(tmp_path: Path, cache: Path) -> None:
+    """cubin_register_counts reads what ptxas allotted: with ``__launch_bounds__(256, 4)`` at most
+    65536 / (4 * 256) = 64 registers (the CUDA C++ Programming Guide's contract for the minimum
+    blocks per SM), with 8 at most 32, and without that bound the 24 float4 values in flight take
+    more than 64; every kernel entry point of the CUBIN has a count."""
+    (tmp_path / "regs.cu").write_text(_REGS_CU)
+    counts = {
+        b: kernels.cubin_register_counts(kernels.compile_kernel(tmp_path / "regs.cu", defines={"BLOCKS": b}, arch="sm_90").cubin) for b in (1, 4, 8)
+    }
+    assert all(set(c) == {"many_live"} for c in counts.values()), counts
+    assert counts[1]["many_live"] > 64 >= counts[4]["many_live"] and 32 >= counts[8]["many_live"] > 0, counts
+
+
+def test_decode_kernels_keep_two_512_thread_blocks_per_sm() -> None:
+    """The precompiled weight-only decode kernels (``trtcore_wq_gemv``, launched with up to 512
+    threads a block) that o_proj / down_proj of a symmetric 4- or 8-bit checkpoint run, with and
+    without the add + norm tail (``ADD_NORM``), take at most 64 registers per thread: two such
+    blocks per SM (65,536 registers). The faults this guards against: the tail took 124 registers
+    (one block per SM; the o_proj / down_proj GEMVs ran about twice as long on the H200,
+    bench/results/h200-2026-12-05-session23), and an explicit ``__launch_bounds__(512, 1)`` took
+    the plain int4 kernel from 50 to 95."""
+    over = {}
+    for v in kernels.variants("wq_gemm"):
+        if v.get("WQ_DECODE") != 2 or v.get("HAS_ZEROS") or v.get("GATED"):
+            continue
+        regs = kernels.cubin_register_counts(kernels.compile_kernel("wq_gemm", defines=v, arch="sm_90").cubin)["trtcore_wq_gemv"]
+        if regs > 64:
+            over[tuple(sorted(v.items()))] = regs
+    assert not over, over
 
 
 def test_cubin_arch_matches_nvcc(tmp_path: Path) -> None:
@@ -262,7 +318,9 @@ def test_concurrent_processes_share_one_cache_file(kdir: Path, cache: Path, tmp_
     go = tmp_path / "go"
     env = {**os.environ, "TRTCORE_CACHE": str(cache.parent)}
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WORKER, str(kdir / "saxpy.cu"), str(go)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(kdir / "saxpy.cu"), str(go)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(4)
     ]
     go.write_text("go")  # all four start compiling at once
@@ -405,7 +463,10 @@ def test_programmatic_launch_config_carries_the_pdl_attribute() -> None:
 #: kernels that read constant weights before ``PDL_WAIT()`` (pdl.cuh allows it): the device
 #: function their body calls (one of them, chosen by the preprocessor), which must wait before it
 #: touches any other argument
-EARLY_CONSTANT_READS = {("wq_gemm.cu", "trtcore_wq_gemv"): ("gemv_body", "gemv2_body", "gemv3_body"), ("wq_gemm.cu", "trtcore_wq_gemv16"): ("gemv_body",)}
+EARLY_CONSTANT_READS = {
+    ("wq_gemm.cu", "trtcore_wq_gemv"): ("gemv_body", "gemv2_body", "gemv3_body"),
+    ("wq_gemm.cu", "trtcore_wq_gemv16"): ("gemv_body",),
+}
 
 
 def test_every_plugin_kernel_waits_for_its_predecessor_first() -> None:
@@ -475,7 +536,12 @@ def test_compile_all_in_a_folder(kdir: Path) -> None:
     (kdir / "plain.cu").write_text('extern "C" __global__ void plain(int* x) { *x = 1; }\n')
     assert kernels.list_kernels(kdir) == ["plain", "saxpy"]
     first = kernels.compile_all("sm_89", directory=kdir)
-    assert [(c.name, dict(c.defines)) for c in first] == [("plain", {}), ("saxpy", {"ELEM_T": "float"}), ("saxpy", {"ELEM_T": "__half"}), ("saxpy", {"ELEM_T": "__nv_bfloat16"})]
+    assert [(c.name, dict(c.defines)) for c in first] == [
+        ("plain", {}),
+        ("saxpy", {"ELEM_T": "float"}),
+        ("saxpy", {"ELEM_T": "__half"}),
+        ("saxpy", {"ELEM_T": "__nv_bfloat16"}),
+    ]
     assert not any(c.from_cache for c in first) and all(kernels.cubin_arch(c.cubin) == "sm_89" for c in first)
     second = kernels.compile_all("sm_89", directory=kdir, jobs=1)
     assert all(c.from_cache for c in second) and [c.key for c in second] == [c.key for c in first]
@@ -493,7 +559,7 @@ def test_every_kernel_variant_compiles(arch: str) -> None:
     assert [(c.name, dict(c.defines)) for c in built] == expected
     for c in built:
         assert kernels.cubin_arch(c.cubin) == arch, (c.name, c.defines)
-        assert c.symbols, f"{c.name} {c.defines}: no extern \"C\" __global__ kernel"
+        assert c.symbols, f'{c.name} {c.defines}: no extern "C" __global__ kernel'
 
 
 # --- setup_cuda.py ----------------------------------------------------------------------------
@@ -547,7 +613,9 @@ def test_setup_cuda_fails_on_a_bad_variants_line(setup_cuda, kdir: Path, capsys:
     assert line.startswith("setup_cuda: ") and "bad_variants.cu: '// trtcore-variants:' is not valid JSON" in line
 
 
-def test_setup_cuda_fails_without_headers_or_nvrtc(setup_cuda, kdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+def test_setup_cuda_fails_without_headers_or_nvrtc(
+    setup_cuda, kdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     monkeypatch.setattr(knvrtc, "_include_candidates", lambda: [tmp_path / "nothing"])
     knvrtc._find_cuda_include.cache_clear()
     try:
