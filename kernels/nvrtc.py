@@ -399,7 +399,7 @@ def cubin_register_counts(cubin: bytes) -> dict[str, int]:
                     by_symbol[sym] = count
                 p += 4 + n
             elif fmt in (_EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL):
-                p += 2 + (fmt - 1)  # no value, one byte, two bytes
+                p += 4  # format, attribute and a value of up to two bytes, padded to four
             else:
                 break  # an unknown format: the rest cannot be read
     out: dict[str, int] = {}

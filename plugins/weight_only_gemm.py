@@ -840,8 +840,9 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         """This plugin with the residual add and RMSNorm after it (:attr:`add_norm`, epsilon
         ``eps``): the plugin and its constant inputs (codes, scales, [zeros], [perm] as they are);
         the fused node then also takes the residual, the norm's weight and a zero counter (int32
-        ``[1]``, its own). None where that cannot be (SwiGLU, RoPE or add_norm already)."""
-        if self.swiglu or self.rope_rows or self.add_norm:
+        ``[1]``, its own). None where that cannot be (SwiGLU, RoPE or add_norm already, an
+        epsilon that is negative or not finite)."""
+        if self.swiglu or self.rope_rows or self.add_norm or not (np.isfinite(eps) and eps >= 0):
             return None
         return dataclasses.replace(self, add_norm=True, norm_eps=float(np.float32(eps))), [np.asarray(c) for c in constants]
 
@@ -1200,13 +1201,11 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         return [(pos.ptr, "ptr"), (freq.ptr, "ptr"), (self.rope_rows, "i32"), (self.rope_scaling, "f32")]
 
     def _check_add_norm(self, inputs: Sequence[DeviceTensor]) -> None:
-        """Raises PluginError where the residual is not one row of N per row of x (an
-        :attr:`add_norm` plugin; before any launch)."""
-        resid = inputs[-3]
-        if resid.size != int(np.prod(inputs[0].shape[:-1], dtype=np.int64)) * self.out_features:
-            raise PluginError(
-                f"WeightOnlyGemmPlugin.enqueue: residual {tuple(resid.shape)} for x {tuple(inputs[0].shape)}; one row of {self.out_features} per row expected"
-            )
+        """Raises PluginError where the residual's shape is not x's leading dimensions and N (an
+        :attr:`add_norm` plugin; before any launch: the kernels read it row for row, no broadcast)."""
+        resid, want = tuple(inputs[-3].shape), (*inputs[0].shape[:-1], self.out_features)
+        if resid != want:
+            raise PluginError(f"WeightOnlyGemmPlugin.enqueue: residual {resid} for x {tuple(inputs[0].shape)}; {want} expected")
 
     def _add_norm_args(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], tail: bool) -> list[tuple[Any, str]]:
         """The decode kernels' ``ADD_NORM`` tail arguments: residual, norm weight, normalized

@@ -139,6 +139,7 @@ def test_add_norm_plugin_launches_the_tail_or_the_row_kernel(rng: np.random.Gene
     plugin, packed = WeightOnlyGemmPlugin.from_quantized(_qw(rng, n, k))
     fused, arrays = plugin.with_add_norm(packed.arrays(), 1e-6)  # type: ignore[misc]
     assert fused.num_inputs == plugin.num_inputs + 3 and fused.with_add_norm(arrays, 1e-6) is None
+    assert plugin.with_add_norm(packed.arrays(), -1e-6) is None and plugin.with_add_norm(packed.arrays(), float("inf")) is None
     ins = [DeviceTensor(0x10000 * (i + 2), a.shape, a.dtype) for i, a in enumerate(arrays)]
     x_ptr, h_ptr, n_ptr, r_ptr, w_ptr, c_ptr, ws = (0x1000000 * i for i in range(1, 8))
     for m, want in (
@@ -163,8 +164,8 @@ def test_add_norm_plugin_launches_the_tail_or_the_row_kernel(rng: np.random.Gene
     plugin.enqueue([DeviceTensor(x_ptr, (1, k), BF16), *ins], [DeviceTensor(h_ptr, (1, n), BF16)], 0, 0)
     assert [a[0] for a in events[0][3][-5:]] == [0, 0, 0, 0, 0.0] and "ADD_NORM" not in events[0][0]
     events.clear()
-    for m in (1, 64):  # the tail and the add + norm kernel: refused before the GEMM
-        bad = [DeviceTensor(r_ptr, (m + 1, n), BF16), DeviceTensor(w_ptr, (n,), BF16), DeviceTensor(c_ptr, (1,), np.dtype(np.int32))]
+    for m, shape in ((1, (2, n)), (64, (64 * n,)), (64, (1, n))):  # the tail and the add + norm kernel: refused before the GEMM
+        bad = [DeviceTensor(r_ptr, shape, BF16), DeviceTensor(w_ptr, (n,), BF16), DeviceTensor(c_ptr, (1,), np.dtype(np.int32))]
         outs = [DeviceTensor(h_ptr, (m, n), BF16), DeviceTensor(n_ptr, (m, n), BF16)]
         with pytest.raises(PluginError, match="residual"):
             fused.enqueue([DeviceTensor(x_ptr, (m, k), BF16), *ins, *bad], outs, ws, 0)
