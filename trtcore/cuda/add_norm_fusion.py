@@ -73,11 +73,11 @@ class _Reads:
 
 
 def _match(
-    g: Graph, gemm: Node, reads: _Reads, shapes: list[dict[str, Shape]], order: dict[int, int]
+    g: Graph, gemm: Node, reads: _Reads, shapes: list[dict[str, Shape]], made_at: dict[str, int]
 ) -> tuple[list[Node], str, str, str, float] | None:
     """For plugin node ``gemm``: the nodes of ``r + y`` and the RMSNorm of it (module docstring),
     the residual ``r``, ``h``, the norm weight's constant and epsilon; None where they are not
-    there exactly. ``order``: each node's index in ``g.nodes``, by ``id``."""
+    there exactly. ``made_at``: each node output's producer's index in ``g.nodes``."""
     y = gemm.outputs[0]
     add = reads.only(y)
     if not _is(add, "elementwise", int(ElementWiseOperation.SUM)) or len(set(add.inputs)) != 2:  # type: ignore[union-attr]
@@ -91,7 +91,7 @@ def _match(
     if any(s[r] != s[y] or s[h] != s[y] for s in shapes):
         return None
     # the residual exists where the GEMM runs: a network input, a constant, or made before it
-    if r not in g.inputs and r not in g.constants and order.get(id(_producer(g, r)), len(g.nodes)) > order[id(gemm)]:
+    if r not in g.inputs and r not in g.constants and made_at.get(r, len(g.nodes)) > made_at[y]:
         return None
     rank = len(g.values[h].shape)
     casts = [n for n in reads.of(h) if _is(n, "cast") and n.attrs["to"] == int(DataType.FLOAT)]
@@ -133,26 +133,11 @@ def _match(
     n_features = g.values[y].shape[-1]
     if w not in g.constants or g.values[w].dtype != dtype or g.constants[w].size != n_features or g.constants[w].shape[-1] != n_features:
         return None
-    if any(
-        v in g.outputs
-        for v in (
-            x32,
-            square.outputs[0],
-            mean.outputs[0],
-            add_eps.outputs[0],
-            sqrt.outputs[0],
-            recip.outputs[0],
-            normalize.outputs[0],
-            back.outputs[0],
-        )
-    ):  # type: ignore[union-attr]
-        return None
     nodes = [add, cast, square, mean, add_eps, sqrt, normalize, recip, back, scale]
-    return nodes, r, h, w, eps  # type: ignore[return-value]
-
-
-def _producer(g: Graph, value: str) -> Node | None:
-    return next((n for n in g.nodes if value in n.outputs), None)
+    # the values between h and the norm go away with their nodes: none may be an engine output
+    if any(n.outputs[0] in g.outputs for n in nodes[1:-1]):
+        return None
+    return nodes, r, h, w, eps
 
 
 def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> Graph:
@@ -164,14 +149,14 @@ def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> 
     g = graph.copy()
     shapes = [infer_shapes(g, p) for p in points]
     reads = _Reads(g)
-    order = {id(n): i for i, n in enumerate(g.nodes)}
+    made_at = {o: i for i, n in enumerate(g.nodes) for o in n.outputs}
     replace: dict[int, Node] = {}
     drop: set[int] = set()
     for node in g.nodes:
         make = getattr(node.attrs.get("plugin"), "with_add_norm", None) if node.op == "plugin" else None
         if make is None or len(node.outputs) != 1 or any(c not in g.constants for c in node.inputs[1:]):
             continue
-        found = _match(g, node, reads, shapes, order)
+        found = _match(g, node, reads, shapes, made_at)
         if found is None:
             continue
         fused, r, h, w, eps = found
