@@ -32,22 +32,18 @@ registers, halving the blocks resident. The kernel now caps them (two 512-thread
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from ..reference.types import DataType, ElementWiseOperation, ReduceOperation, UnaryOperation
+from .graph_match import Reads, env_flag, is_node, splice
 from .ir import Graph, Node, Shape, Value, infer_shapes
 
 
 def enabled() -> bool:
     """Whether the pass runs: only with ``TRTCORE_ADD_NORM_FUSION=1`` (module docstring)."""
-    return os.environ.get("TRTCORE_ADD_NORM_FUSION", "0") == "1"
-
-
-def _is(node: Node | None, op: str, kind: int | None = None) -> bool:
-    return node is not None and node.op == op and (kind is None or node.attrs.get("op") == kind)
+    return env_flag("TRTCORE_ADD_NORM_FUSION", default=False)
 
 
 def _scalar(g: Graph, value: str) -> float | None:
@@ -56,33 +52,16 @@ def _scalar(g: Graph, value: str) -> float | None:
     return float(np.asarray(arr, np.float64).reshape(-1)[0]) if arr is not None and arr.size == 1 else None
 
 
-class _Reads:
-    """The graph's readers per value, and the one reader of a value where there is exactly one
-    and the value is no engine output."""
-
-    def __init__(self, g: Graph) -> None:
-        self.g = g
-        self.cons = g.consumers()
-
-    def of(self, value: str) -> list[Node]:
-        return [self.g.nodes[i] for i in self.cons.get(value, [])]
-
-    def only(self, value: str) -> Node | None:
-        readers = self.of(value)
-        return readers[0] if len(readers) == 1 and value not in self.g.outputs else None
-
-
 def _match(
-    g: Graph, gemm: Node, reads: _Reads, shapes: list[dict[str, Shape]], made_at: dict[str, int]
+    g: Graph, gemm: Node, reads: Reads, shapes: list[dict[str, Shape]], made_at: dict[str, int]
 ) -> tuple[list[Node], str, str, str, float] | None:
     """For plugin node ``gemm``: the nodes of ``r + y`` and the RMSNorm of it (module docstring),
     the residual ``r``, ``h``, the norm weight's constant and epsilon; None where they are not
     there exactly. ``made_at``: each node output's producer's index in ``g.nodes``."""
     y = gemm.outputs[0]
     add = reads.only(y)
-    if not _is(add, "elementwise", int(ElementWiseOperation.SUM)) or len(set(add.inputs)) != 2:  # type: ignore[union-attr]
+    if not is_node(add, "elementwise", int(ElementWiseOperation.SUM)) or len(set(add.inputs)) != 2:
         return None
-    assert add is not None
     (r,) = [v for v in add.inputs if v != y]
     h = add.outputs[0]
     dtype = g.values[y].dtype
@@ -94,41 +73,38 @@ def _match(
     if r not in g.inputs and r not in g.constants and made_at.get(r, len(g.nodes)) > made_at[y]:
         return None
     rank = len(g.values[h].shape)
-    casts = [n for n in reads.of(h) if _is(n, "cast") and n.attrs["to"] == int(DataType.FLOAT)]
+    casts = [n for n in reads.of(h) if is_node(n, "cast") and n.attrs["to"] == int(DataType.FLOAT)]
     if len(casts) != 1 or casts[0].outputs[0] in g.outputs:
         return None
     cast = casts[0]
     x32 = cast.outputs[0]
     users = reads.of(x32)
-    square = next((n for n in users if _is(n, "elementwise", int(ElementWiseOperation.PROD)) and n.inputs == [x32, x32]), None)
-    normalize = next((n for n in users if n is not square and _is(n, "elementwise", int(ElementWiseOperation.PROD))), None)
+    square = next((n for n in users if is_node(n, "elementwise", int(ElementWiseOperation.PROD)) and n.inputs == [x32, x32]), None)
+    normalize = next((n for n in users if n is not square and is_node(n, "elementwise", int(ElementWiseOperation.PROD))), None)
     if square is None or normalize is None or len(users) != 2:
         return None
     mean = reads.only(square.outputs[0])
-    if not _is(mean, "reduce", int(ReduceOperation.AVG)) or tuple(mean.attrs["axes"]) != (rank - 1,) or not mean.attrs["keep_dims"]:  # type: ignore[union-attr]
+    if not is_node(mean, "reduce", int(ReduceOperation.AVG)) or tuple(mean.attrs["axes"]) != (rank - 1,) or not mean.attrs["keep_dims"]:
         return None
-    assert mean is not None
     add_eps = reads.only(mean.outputs[0])
-    if not _is(add_eps, "elementwise", int(ElementWiseOperation.SUM)):
+    if not is_node(add_eps, "elementwise", int(ElementWiseOperation.SUM)):
         return None
-    assert add_eps is not None
     (eps_in,) = [v for v in add_eps.inputs if v != mean.outputs[0]] or [""]
     eps = _scalar(g, eps_in)
     sqrt = reads.only(add_eps.outputs[0])
-    recip = reads.only(sqrt.outputs[0]) if _is(sqrt, "unary", int(UnaryOperation.SQRT)) else None  # type: ignore[union-attr]
-    if eps is None or not _is(recip, "unary", int(UnaryOperation.RECIP)):
+    if eps is None or not is_node(sqrt, "unary", int(UnaryOperation.SQRT)):
         return None
-    assert recip is not None
+    recip = reads.only(sqrt.outputs[0])
+    if not is_node(recip, "unary", int(UnaryOperation.RECIP)):
+        return None
     if reads.only(recip.outputs[0]) is not normalize or sorted(normalize.inputs) != sorted([x32, recip.outputs[0]]):
         return None
     back = reads.only(normalize.outputs[0])
-    if not _is(back, "cast") or back.attrs["to"] != int(dtype):  # type: ignore[union-attr]
+    if not is_node(back, "cast") or back.attrs["to"] != int(dtype):
         return None
-    assert back is not None
     scale = reads.only(back.outputs[0])
-    if not _is(scale, "elementwise", int(ElementWiseOperation.PROD)):
+    if not is_node(scale, "elementwise", int(ElementWiseOperation.PROD)):
         return None
-    assert scale is not None
     (w,) = [v for v in scale.inputs if v != back.outputs[0]] or [""]
     n_features = g.values[y].shape[-1]
     if w not in g.constants or g.values[w].dtype != dtype or g.constants[w].size != n_features or g.constants[w].shape[-1] != n_features:
@@ -148,7 +124,7 @@ def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> 
         return graph
     g = graph.copy()
     shapes = [infer_shapes(g, p) for p in points]
-    reads = _Reads(g)
+    reads = Reads(g)
     made_at = {o: i for i, n in enumerate(g.nodes) for o in n.outputs}
     replace: dict[int, Node] = {}
     drop: set[int] = set()
@@ -179,9 +155,7 @@ def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> 
         drop |= {id(n) for n in fused}
         assert len(arrays) == len(node.inputs) - 1  # the weight's constants stay as they are
         stats["add_norm_fused"] += 1
-    if replace:
-        # the fused node takes the plugin's place: its residual exists there (_match) and the
-        # readers of h and of the norm came after the nodes it takes in, so after it too
-        g.nodes = [replace.get(id(n), n) for n in g.nodes if id(n) not in drop]
-        g.remove_unused()
+    # the fused node takes the plugin's place: its residual exists there (_match) and the readers
+    # of h and of the norm came after the nodes it takes in, so after it too
+    splice(g, replace, drop)
     return g

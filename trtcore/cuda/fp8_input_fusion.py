@@ -33,12 +33,12 @@ the bench did not print (not yet explained), so it stays off by default until th
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from ..reference.types import DataType, ElementWiseOperation, nptype
+from .graph_match import env_flag
 from .ir import Graph, Node, Value
 
 #: E4M3's largest finite value: the clip of x / s_x (kernels/fp8.cuh, E4M3_MAX)
@@ -48,7 +48,7 @@ _FLOATS = (DataType.FLOAT, DataType.HALF, DataType.BF16)
 
 def enabled() -> bool:
     """Whether the pass runs: ``TRTCORE_FP8_INPUT_FUSION=1`` (default off, module docstring)."""
-    return os.environ.get("TRTCORE_FP8_INPUT_FUSION", "0") == "1"
+    return env_flag("TRTCORE_FP8_INPUT_FUSION", default=False)
 
 
 def _input_scale(g: Graph, node: Node) -> np.ndarray | None:

@@ -32,16 +32,16 @@ after the GEMM takes the time the RoPE kernel took.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ..reference.types import DataType
-from .ir import Graph, Node, Shape, Value, infer_shapes
+from .graph_match import Reads, add_derived_constants, env_flag, splice
+from .ir import Graph, Node, Shape, infer_shapes
 
 
 def enabled() -> bool:
     """Whether the pass runs: only with ``TRTCORE_ROPE_FUSION=1`` (module docstring)."""
-    return os.environ.get("TRTCORE_ROPE_FUSION", "0") == "1"
+    return env_flag("TRTCORE_ROPE_FUSION", default=False)
 
 
 def _plain_rope(node: Node) -> Any:
@@ -54,7 +54,7 @@ def _plain_rope(node: Node) -> Any:
     return p
 
 
-def _chain(g: Graph, producers: dict[str, Node], cons: dict[str, list[int]], value: str) -> tuple[str, list[Any], list[str]] | None:
+def _chain(g: Graph, producers: dict[str, Node], reads: Reads, value: str) -> tuple[str, list[Any], list[str]] | None:
     """The value a chain of views leads back from ``value`` to, the chain's stages in order, and
     the values along it (``value`` first, the one it leads back to last); None where a value on it
     other than the last has another reader or is an engine output."""
@@ -66,7 +66,7 @@ def _chain(g: Graph, producers: dict[str, Node], cons: dict[str, list[int]], val
         stages[:0] = list(node.attrs["stages"])
         v = node.inputs[0]
         along.append(v)
-    if any(len(cons.get(a, [])) != 1 or a in g.outputs for a in along[:-1]):
+    if any(reads.count(a) != 1 or a in g.outputs for a in along[:-1]):
         return None
     return v, stages, along
 
@@ -81,7 +81,7 @@ def _slice_of(stages: list[Any], rank: int) -> tuple[int, int] | None:
 
 
 def _match(
-    g: Graph, rope_node: Node, producers: dict[str, Node], cons: dict[str, list[int]], shapes: list[dict[str, Shape]], order: dict[int, int]
+    g: Graph, rope_node: Node, producers: dict[str, Node], reads: Reads, shapes: list[dict[str, Shape]], order: dict[int, int]
 ) -> tuple[Node, int] | None:
     """The GEMM plugin node whose output ``rope_node``'s q and k are views of, with the rows they
     cover (q then k, from row 0), where the epilogue can take the rotation; else None.
@@ -90,7 +90,7 @@ def _match(
     if rope is None or any(o in g.outputs or o in g.aliases.values() for o in rope_node.outputs):
         return None
     q_in, k_in, pos, freq = rope_node.inputs
-    q_chain, k_chain = (_chain(g, producers, cons, v) for v in (q_in, k_in))
+    q_chain, k_chain = (_chain(g, producers, reads, v) for v in (q_in, k_in))
     if q_chain is None or k_chain is None or q_chain[0] != k_chain[0]:
         return None
     y = q_chain[0]
@@ -118,8 +118,7 @@ def _match(
             return None
     # every other view of y reads rows past q and k (v)
     chains = {q_chain[2][-2], k_chain[2][-2]}  # the views reading y directly
-    for i in cons.get(y, []):
-        reader = g.nodes[i]
+    for reader in reads.of(y):
         if reader.outputs[0] in chains:
             continue
         st = reader.attrs.get("stages") if reader.op == "view" else None
@@ -137,13 +136,13 @@ def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> 
     g = graph.copy()
     shapes = [infer_shapes(g, p) for p in points]
     producers = {o: n for n in g.nodes for o in n.outputs}
-    cons = g.consumers()
+    reads = Reads(g)
     order = {id(n): i for i, n in enumerate(g.nodes)}
     replace: dict[int, Node] = {}  # id of a GEMM plugin node -> its RoPE form
     drop: set[int] = set()
     rename: dict[str, str] = {}  # a RoPE output -> the view of the plugin's output holding it
     for node in g.nodes:
-        found = _match(g, node, producers, cons, shapes, order)
+        found = _match(g, node, producers, reads, shapes, order)
         if found is None:
             continue
         gemm, rows = found
@@ -155,22 +154,13 @@ def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> 
         if made is None:
             continue
         plugin, arrays = made
-        names = []
-        for c, arr in zip(weights, arrays):
-            name = f"{c}.rope"
-            g.constants[name] = arr
-            g.values[name] = Value(name, g.values[c].dtype, tuple(arr.shape))
-            names.append(name)
+        names = add_derived_constants(g, weights, arrays, "rope")
         q_in, k_in, pos, freq = node.inputs
         inputs = [gemm.inputs[0], *names, pos, freq]
         replace[id(gemm)] = Node(gemm.name, "plugin", inputs, list(gemm.outputs), {**gemm.attrs, "plugin": plugin}, [*gemm.layers, *node.layers])
         drop.add(id(node))
         rename.update({node.outputs[0]: q_in, node.outputs[1]: k_in})
         stats["rope_fused"] += 1
-    if replace:
-        # the positions exist before the GEMM (_match) and inv_freq is a constant: the GEMM can read them where it is
-        g.nodes = [replace.get(id(n), n) for n in g.nodes if id(n) not in drop]
-        for n in g.nodes:
-            n.inputs = [rename.get(v, v) for v in n.inputs]
-        g.remove_unused()
+    # the positions exist before the GEMM (_match) and inv_freq is a constant: the GEMM can read them where it is
+    splice(g, replace, drop, rename)
     return g

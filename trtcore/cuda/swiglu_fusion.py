@@ -22,33 +22,27 @@ intermediate value that something else reads or that is an engine output (captur
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..reference.types import ActivationType, ElementWiseOperation
-from .ir import Graph, Node, Value
+from .graph_match import Reads, add_derived_constants, env_flag, is_node, splice
+from .ir import Graph, Node
 
 
 def enabled() -> bool:
     """Whether the pass runs: unless ``TRTCORE_SWIGLU_FUSION=0`` (module docstring)."""
-    return os.environ.get("TRTCORE_SWIGLU_FUSION", "1") != "0"
+    return env_flag("TRTCORE_SWIGLU_FUSION", default=True)
 
 
-def _only_reader(g: Graph, cons: dict[str, list[int]], value: str) -> Node | None:
-    """The one node reading ``value``, or None (several readers, none, or an engine output)."""
-    readers = cons.get(value, [])
-    return g.nodes[readers[0]] if len(readers) == 1 and value not in g.outputs else None
+def _is_prod(node: Node | None, operands: set[str]) -> TypeGuard[Node]:
+    return is_node(node, "elementwise", int(ElementWiseOperation.PROD)) and set(node.inputs) == operands
 
 
-def _is_prod(node: Node | None, operands: set[str]) -> bool:
-    return node is not None and node.op == "elementwise" and node.attrs["op"] == int(ElementWiseOperation.PROD) and set(node.inputs) == operands
-
-
-def _match(g: Graph, node: Node, cons: dict[str, list[int]]) -> tuple[list[Node], str] | None:
+def _match(g: Graph, node: Node, reads: Reads) -> tuple[list[Node], str] | None:
     """The nodes after plugin ``node`` that make SwiGLU of its output (views, sigmoid and the
     two products, module docstring) and the value they write, or None."""
     y = node.outputs[0]
-    readers = [g.nodes[i] for i in cons.get(y, [])]
+    readers = reads.of(y)
     shape = g.values[y].shape
     if y in g.outputs or len(readers) != 2 or not shape or shape[-1] <= 0 or shape[-1] % 2:
         return None
@@ -62,18 +56,16 @@ def _match(g: Graph, node: Node, cons: dict[str, list[int]]) -> tuple[list[Node]
     if set(views) != {0, half}:
         return None
     gate, up = views[0], views[half]
-    gate_readers = [g.nodes[i] for i in cons.get(gate, [])]
-    sig = next((n for n in gate_readers if n.op == "activation" and n.attrs["kind"] == int(ActivationType.SIGMOID)), None)
+    gate_readers = reads.of(gate)
+    sig = next((n for n in gate_readers if is_node(n, "activation", int(ActivationType.SIGMOID), attr="kind")), None)
     if gate in g.outputs or sig is None or len(gate_readers) != 2:
         return None
-    act = _only_reader(g, cons, sig.outputs[0])
+    act = reads.only(sig.outputs[0])
     if not _is_prod(act, {gate, sig.outputs[0]}) or act not in gate_readers:
         return None
-    assert act is not None
-    gated = _only_reader(g, cons, act.outputs[0])
-    if not _is_prod(gated, {act.outputs[0], up}) or _only_reader(g, cons, up) is not gated:
+    gated = reads.only(act.outputs[0])
+    if not _is_prod(gated, {act.outputs[0], up}) or reads.only(up) is not gated:
         return None
-    assert gated is not None
     dtype = g.values[y].dtype
     if any(g.values[n.outputs[0]].dtype != dtype for n in (sig, act, gated)):
         return None
@@ -87,34 +79,27 @@ def run(graph: Graph, stats: dict[str, Any]) -> Graph:
     if not enabled():
         return graph
     g = graph.copy()
-    cons = g.consumers()
+    reads = Reads(g)
     replace: dict[int, Node] = {}  # id of a plugin node -> its SwiGLU form
     drop: set[int] = set()  # ids of the nodes it takes in
     for node in g.nodes:
         if node.op != "plugin" or len(node.outputs) != 1 or not node.inputs or any(c not in g.constants for c in node.inputs[1:]):
             continue
         make = getattr(node.attrs["plugin"], "with_swiglu", None)
-        found = _match(g, node, cons) if make is not None else None
-        if found is None:
+        found = _match(g, node, reads) if make is not None else None
+        if make is None or found is None:
             continue
         made = make([g.constants[c] for c in node.inputs[1:]])
         if made is None:
             continue
         plugin, arrays = made
         fused_nodes, out = found
-        names = []
-        for c, arr in zip(node.inputs[1:], arrays):
-            name = f"{c}.swiglu"
-            g.constants[name] = arr
-            g.values[name] = Value(name, g.values[c].dtype, tuple(arr.shape))
-            names.append(name)
+        names = add_derived_constants(g, node.inputs[1:], arrays, "swiglu")
         layers = [layer for n in (node, *fused_nodes) for layer in n.layers]
         replace[id(node)] = Node(node.name, "plugin", [node.inputs[0], *names], [out], {**node.attrs, "plugin": plugin}, layers)
         drop |= {id(n) for n in fused_nodes}
         stats["swiglu_fused"] += 1
-    if replace:
-        # the fused node takes the plugin's place: it reads only x and constants, and every
-        # reader of h comes after the products, so after it too
-        g.nodes = [replace.get(id(n), n) for n in g.nodes if id(n) not in drop]
-        g.remove_unused()
+    # the fused node takes the plugin's place: it reads only x and constants, and every reader
+    # of h comes after the products, so after it too
+    splice(g, replace, drop)
     return g
