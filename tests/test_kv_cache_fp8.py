@@ -316,3 +316,39 @@ def test_kv_cache_scheme_is_checked_for_the_fp8_cache(store: ModelStore, tmp_pat
         with pytest.raises(UnsupportedQuantizationError, match=rf"kv_cache_scheme {re.escape(field)} is not supported: .*kv_cache_dtype='auto'"):
             _llm(out, "fp8")
     _llm(out, "auto").close()
+
+
+def test_kv_cache_only_compressed_tensors_checkpoint_reads_its_scales(store: ModelStore, tmp_path: Path) -> None:
+    """llm-compressor's FP8 KV cache alone (``kv_cache_scheme``, no config group quantizing
+    weights: float linears plus ``k_scale`` / ``v_scale``) was refused at detection as
+    "format 'dense'"; vLLM reads its linears unquantized. It now builds, its FP8 cache reads the
+    checkpoint's scales exactly as the same folder without the quantization_config does, and
+    its scheme is still checked."""
+    import json
+
+    from trtcore.errors import UnsupportedQuantizationError
+
+    d = store.dir(TINY.name)
+    scales = {f"model.layers.{i}.self_attn.{kv}_scale": s for i, pair in enumerate(((0.002, 0.5), (0.003, 0.25))) for kv, s in zip("kv", pair)}
+    plain = _with_scales(d, tmp_path / "plain", scales)
+    kv_only = _with_scales(d, tmp_path / "kv_only", scales)
+    cfg = json.loads((kv_only / "config.json").read_text())
+    scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {},
+        "format": "dense",
+        "kv_cache_scheme": scheme,
+        "quantization_status": "compressed",
+        "sparsity_config": {},
+        "transform_config": {},
+    }
+    (kv_only / "config.json").write_text(json.dumps(cfg))
+    prompts = _prompts(2)
+    llm = _llm(kv_only, "fp8")
+    assert llm.quantization is None
+    np.testing.assert_array_equal(_first_logprobs(llm, prompts), _first_logprobs(_llm(plain, "fp8"), prompts))
+    cfg["quantization_config"]["kv_cache_scheme"] = scheme | {"type": "int"}
+    (kv_only / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedQuantizationError, match=r"kv_cache_scheme type='int' is not supported"):
+        _llm(kv_only, "fp8")

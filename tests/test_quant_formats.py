@@ -198,7 +198,9 @@ def test_tensors_group_size_wins_over_a_config_that_divides_k(tmp_path: Path, fr
 
     qz = quantize(_weight(22), 4, 32, sym=False, rng=np.random.default_rng(5))
     config = {"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm"}
-    with pytest.warns(UserWarning, match=rf"says group_size 64, but linears such as 'model\.layers\.0\.mlp\.up_proj' \(K={K}\) hold {K // 32} groups of 32"):
+    with pytest.warns(
+        UserWarning, match=rf"says group_size 64, but linears such as 'model\.layers\.0\.mlp\.up_proj' \(K={K}\) hold {K // 32} groups of 32"
+    ):
         qw = _read(tmp_path, config, pack_awq(qz))
     assert qw.group_size == 32
     np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
@@ -249,9 +251,15 @@ def test_compressed_tensors_refusals_name_the_field() -> None:
     read."""
     no_format = _ct_config(4, "group", 32, False)
     del no_format["format"]
-    with pytest.raises(UnsupportedQuantizationError, match=r"compressed-tensors without a format \(neither .* has 'format'; a packed int checkpoint says 'pack-quantized'"):
+    with pytest.raises(
+        UnsupportedQuantizationError,
+        match=r"compressed-tensors without a format \(neither .* has 'format'; a packed int checkpoint says 'pack-quantized'",
+    ):
         detect_quantization(no_format)
-    with pytest.raises(UnsupportedQuantizationError, match=r"compressed-tensors weights strategy='tensor' \(of .*; int weights read: strategy one of \['group', 'channel'\]\)"):
+    with pytest.raises(
+        UnsupportedQuantizationError,
+        match=r"compressed-tensors weights strategy='tensor' \(of .*; int weights read: strategy one of \['group', 'channel'\]\)",
+    ):
         detect_quantization(_ct_config(4, "tensor", None, True))
     with pytest.raises(UnsupportedQuantizationError, match=r"compressed-tensors weights num_bits=2 "):
         detect_quantization(_ct_config(2, "group", 32, True))
@@ -265,7 +273,6 @@ def test_compressed_tensors_refusals_name_the_field() -> None:
         {"quant_method": "awq", "bits": 4, "version": "gemv"},
         {"quant_method": "gptq", "bits": 3},
         {"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"},
-        {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}},
         {"quant_method": "compressed-tensors", "config_groups": {"g": {"format": "nvfp4-pack-quantized", "weights": {"num_bits": 4}}}},
         _ct_config(4, "tensor", None, True),
         {"quant_method": "gguf", "ggml_types": {"x.weight": "IQ2_XS"}},
@@ -684,3 +691,58 @@ def test_one_group_shorter_than_the_group_size_is_read() -> None:
     scales = rng.uniform(0.01, 0.1, (8, 1))
     qw = grouped_weight(codes, scales, None, 4, None, "w", (128,))
     np.testing.assert_array_equal(qw.dequantize(), (codes.astype(np.float64) - 8) * scales.astype(np.float32))
+
+
+def test_gptq_rotated_and_e5m2_fp8_and_bitsandbytes_configs_are_refused_by_name() -> None:
+    """Published configs a trial found misread: GPTQModel's ``rotation`` (its loader re-applies
+    a Hadamard rotation to activations before down_proj at run time; read as plain GPTQ the
+    output is wrong with no error), GPTQModel's FP8 ``format: "float8_e5m2"`` (accepted, then
+    refused at load), and a transformers 4.x bitsandbytes config with ``load_in_4bit`` and no
+    ``quant_method`` ("quant_method None")."""
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "checkpoint_format": "gptq", "pack_dtype": "int32"}
+    with pytest.raises(UnsupportedQuantizationError, match=r"GPTQ rotation='hadamard' \(GPTQModel rotates") as e:
+        detect_quantization(gptq | {"rotation": "hadamard"})
+    assert SUPPORTED_FORMATS in str(e.value)
+    assert detect_quantization(gptq | {"rotation": None}).method == "gptq"
+    with pytest.raises(UnsupportedQuantizationError, match=r"FP8 format 'float8_e5m2' \(E4M3 is read\)"):
+        detect_quantization({"quant_method": "fp8", "activation_scheme": "dynamic", "format": "float8_e5m2"})
+    assert detect_quantization({"quant_method": "fp8", "activation_scheme": "dynamic", "format": "float8_e4m3fn"}).fp8
+    for key in ("load_in_4bit", "load_in_8bit"):
+        with pytest.raises(UnsupportedQuantizationError, match=r"bitsandbytes \(load_in_4bit / load_in_8bit without quant_method"):
+            detect_quantization({key: True, "bnb_4bit_quant_type": "nf4"})
+
+
+_KV_FP8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        # llm-compressor QuantizationModifier(kv_cache_scheme=...) alone: the linears stay float
+        {
+            "quant_method": "compressed-tensors",
+            "config_groups": {},
+            "format": "dense",
+            "kv_cache_scheme": _KV_FP8,
+            "quantization_status": "compressed",
+        },
+        {"quant_method": "compressed-tensors", "kv_cache_scheme": _KV_FP8, "sparsity_config": {}, "transform_config": {}},
+        # offline transforms merged into float weights, nothing quantized
+        {"quant_method": "compressed-tensors", "transform_config": _transforms("weight_input", "weight_output")},
+        {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}},
+    ],
+)
+def test_compressed_tensors_without_quantized_weights_is_a_float_checkpoint(config: dict[str, Any]) -> None:
+    """A compressed-tensors config whose groups quantize no weights describes float linears
+    (vLLM's ``get_scheme`` falls back to the unquantized linear method): no scheme, rather than
+    a refusal of the format; ``quantization="compressed-tensors"`` agrees with it. What the
+    config cannot describe is still refused: activations quantized over float weights, run-time
+    transforms, sparse compressors."""
+    assert detect_quantization(config) is None
+    assert detect_quantization(config, "compressed-tensors") is None
+    acts = {"quant_method": "compressed-tensors", "format": "float-quantized"}
+    acts["config_groups"] = {"g": {"targets": ["Linear"], "input_activations": _KV_FP8 | {"dynamic": True}}}
+    with pytest.raises(UnsupportedQuantizationError, match=r"input_activations without quantized weights \(groups \['g'\]\)"):
+        detect_quantization(acts)
+    with pytest.raises(UnsupportedQuantizationError, match=r"transform_config applied at run time"):
+        detect_quantization({"quant_method": "compressed-tensors", "kv_cache_scheme": _KV_FP8, "transform_config": _transforms("input")})

@@ -120,6 +120,11 @@ def _check(method: str, c: dict[str, Any]) -> None:
             raise _refuse(f"GPTQ checkpoint_format {fmt!r}")
         if c.get("is_marlin_format"):  # AutoGPTQ <= 0.7.1's checkpoint_format "marlin"
             raise _refuse(f"GPTQ is_marlin_format={c['is_marlin_format']!r} (AutoGPTQ's Marlin-serialized layout, checkpoint_format 'marlin')")
+        if c.get("rotation"):  # GPTQModel's QuaRot / SpinQuant-style rotated checkpoints
+            raise _refuse(
+                f"GPTQ rotation={c['rotation']!r} (GPTQModel rotates the weights and re-applies the rotation to activations at "
+                "run time, before down_proj; trtcore does not, so the weights would be read without it)"
+            )
         pack = str(c.get("pack_dtype", "int32")).removeprefix("torch.")
         if pack != "int32":  # GPTQModel's pack_dtype: the codes' container words
             raise _refuse(f"GPTQ pack_dtype={c['pack_dtype']!r} (codes packed in {pack} words; trtcore reads int32 qweight / qzeros)")
@@ -168,6 +173,14 @@ def _check(method: str, c: dict[str, Any]) -> None:
             )
         # the checkpoint's format, or (newer files) each config group's
         groups = [g for g in (c.get("config_groups") or {}).values() if isinstance(g, dict)]
+        if not weight_args(c):
+            # no group quantizes weights: float linears (an FP8 KV cache's kv_cache_scheme alone,
+            # merged transforms, dense sparsity), as vLLM's unquantized fallback reads them;
+            # activations quantized with float weights are not
+            quantized_acts = [name for name, g in (c.get("config_groups") or {}).items() if isinstance(g, dict) and g.get("input_activations")]
+            if quantized_acts:
+                raise _refuse(f"compressed-tensors input_activations without quantized weights (groups {quantized_acts})")
+            return
         formats = {c["format"]} if c.get("format") else {g.get("format") for g in groups}
         if formats <= {None}:
             raise _refuse(
@@ -184,10 +197,7 @@ def _check(method: str, c: dict[str, Any]) -> None:
             return
         if not formats or not formats <= set(FORMATS):
             raise _refuse(f"compressed-tensors format {c.get('format') or sorted(map(str, formats))!r}")
-        args = weight_args(c)
-        if not args:
-            raise _refuse("compressed-tensors without config_groups weights")
-        for a in args:
+        for a in weight_args(c):
             for key, value, allowed in (
                 ("type", a.get("type", "int"), ("int",)),
                 ("num_bits", a.get("num_bits"), (4, 8)),
@@ -288,7 +298,9 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
             as ``kv_cache_dtype`` and config.json's ``quant_method``).
 
     Returns:
-        None for an unquantized checkpoint, else the :class:`QuantScheme`.
+        None for an unquantized checkpoint (also a compressed-tensors config whose groups
+        quantize no weights: an FP8 KV cache's ``kv_cache_scheme`` alone, as llm-compressor
+        writes it), else the :class:`QuantScheme`.
 
     Raises:
         UnsupportedQuantizationError: the config names another method or an unsupported
@@ -311,16 +323,21 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
             )
         return None
     method = str(quantization_config.get("quant_method", "")).lower()
+    if not method and (quantization_config.get("load_in_4bit") or quantization_config.get("load_in_8bit")):
+        raise _refuse("bitsandbytes (load_in_4bit / load_in_8bit without quant_method, which transformers reads as bitsandbytes)")
     if method not in QUANTIZATION_METHODS:
         raise _refuse(f"quant_method {quantization_config.get('quant_method')!r}")
     _check(method, quantization_config)
+    float_weights = method == "compressed-tensors" and not weight_args(quantization_config)
     if quantization is not None and quantization != method:
         raise InvalidArgumentError(
             f"quantization={given!r}, but config.json's quantization_config has quant_method {method!r}; leave quantization "
             f"out (it is read from config.json) or pass {method!r}"
             + (" (trtcore quantize writes compressed-tensors for every method)" if method == "compressed-tensors" else "")
         )
-    return QuantScheme(method, dict(quantization_config))
+    # float linears: no scheme (the builder still reads the config's kv_cache_scheme, and
+    # check_unquantized refuses quantized tensors the config does not describe)
+    return None if float_weights else QuantScheme(method, dict(quantization_config))
 
 
 def resolve_quantization(model_dir: str | os.PathLike[str], config: Any, quantization: str | None) -> tuple[Any, QuantScheme | None]:
