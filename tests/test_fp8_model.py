@@ -409,7 +409,14 @@ def test_on_the_fly_fp8_of_families_that_read_fused_or_router_weights(tmp_path: 
 
     from trtcore.errors import UnsupportedQuantizationError
 
-    common = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 128}
+    common = {
+        "vocab_size": 96,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 128,
+    }
     cfg = {
         "phi3": lambda: transformers.Phi3Config(num_key_value_heads=2, pad_token_id=0, **common),
         "gpt_neox": lambda: transformers.GPTNeoXConfig(**common),
@@ -560,3 +567,40 @@ def test_fp8_weights_under_a_config_without_quantization_are_refused(src: Path, 
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedQuantizationError, match=r"holds quantized linears \(FP8 \(float8_e4m3fn weights\): e\.g\. 'model\.layers\.0\."):
         LLM(out, backend="reference", dtype="bfloat16", progress=False)
+
+
+#: llm-compressor's FP8 KV cache alone: a compressed-tensors config whose groups quantize no weights
+_KV_ONLY = {
+    "quant_method": "compressed-tensors",
+    "config_groups": {},
+    "format": "dense",
+    "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
+}
+
+
+def test_quantized_weights_under_a_config_that_quantizes_none_are_refused(src: Path, tmp_path: Path) -> None:
+    """A compressed-tensors config that quantizes no weights is read as a float checkpoint; FP8
+    or int8 ``X.weight`` tensors under it (an int-quantized W8A16 folder, whose weights are int8
+    ``X.weight`` beside ``X.weight_scale``, with its groups lost) would be read as float weights:
+    garbage, no error. Refused at the build, naming the weight and saying what the config lacks."""
+    import torch
+    from safetensors.torch import save_file as save_torch
+
+    fp8 = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", strategy="tensor", activations="dynamic")
+    int8 = tmp_path / "int8"
+    int8.mkdir()
+    tensors = load_torch(str(src / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith("_proj.weight")]:
+        w = tensors[name].float()
+        scale = w.abs().amax(dim=1, keepdim=True) / 127
+        tensors[name] = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+        tensors[name.removesuffix("weight") + "weight_scale"] = scale
+    save_torch(tensors, str(int8 / "model.safetensors"))
+    for ck, kind in ((fp8, r"FP8 \(float8_e4m3fn weights\)"), (int8, r"integer \(int8 weights\)")):
+        config = json.loads((src / "config.json").read_text()) | {"quantization_config": _KV_ONLY}
+        (ck / "config.json").write_text(json.dumps(config))
+        with pytest.raises(
+            UnsupportedQuantizationError,
+            match=rf"holds quantized linears \({kind}: e\.g\. 'model\.layers\.0\..*quantization_config describes no quantized weights",
+        ):
+            LLM(ck, backend="reference", dtype="bfloat16", progress=False)

@@ -276,6 +276,7 @@ def test_compressed_tensors_refusals_name_the_field() -> None:
         {"quant_method": "compressed-tensors", "config_groups": {"g": {"format": "nvfp4-pack-quantized", "weights": {"num_bits": 4}}}},
         _ct_config(4, "tensor", None, True),
         {"quant_method": "gguf", "ggml_types": {"x.weight": "IQ2_XS"}},
+        {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}},
     ],
 )
 def test_unsupported_formats_are_refused_with_the_list(config: dict[str, Any]) -> None:
@@ -704,12 +705,16 @@ def test_gptq_rotated_and_e5m2_fp8_and_bitsandbytes_configs_are_refused_by_name(
         detect_quantization(gptq | {"rotation": "hadamard"})
     assert SUPPORTED_FORMATS in str(e.value)
     assert detect_quantization(gptq | {"rotation": None}).method == "gptq"
-    with pytest.raises(UnsupportedQuantizationError, match=r"FP8 format 'float8_e5m2' \(E4M3 is read\)"):
+    with pytest.raises(UnsupportedQuantizationError, match=r"FP8 format 'float8_e5m2' \(E4M3, float8_e4m3fn, is read\)"):
         detect_quantization({"quant_method": "fp8", "activation_scheme": "dynamic", "format": "float8_e5m2"})
     assert detect_quantization({"quant_method": "fp8", "activation_scheme": "dynamic", "format": "float8_e4m3fn"}).fp8
     for key in ("load_in_4bit", "load_in_8bit"):
         with pytest.raises(UnsupportedQuantizationError, match=r"bitsandbytes \(load_in_4bit / load_in_8bit without quant_method"):
             detect_quantization({key: True, "bnb_4bit_quant_type": "nf4"})
+        with pytest.raises(UnsupportedQuantizationError, match=r"bitsandbytes"):
+            detect_quantization({"quant_method": None, key: True})
+    with pytest.raises(UnsupportedQuantizationError, match=r"FP8 format 'float8_e4m3fnuz'"):  # AMD's E4M3: another bias, other numbers
+        detect_quantization({"quant_method": "fp8", "activation_scheme": "dynamic", "format": "float8_e4m3fnuz"})
 
 
 _KV_FP8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
@@ -729,7 +734,6 @@ _KV_FP8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": Fals
         {"quant_method": "compressed-tensors", "kv_cache_scheme": _KV_FP8, "sparsity_config": {}, "transform_config": {}},
         # offline transforms merged into float weights, nothing quantized
         {"quant_method": "compressed-tensors", "transform_config": _transforms("weight_input", "weight_output")},
-        {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}},
     ],
 )
 def test_compressed_tensors_without_quantized_weights_is_a_float_checkpoint(config: dict[str, Any]) -> None:
@@ -740,9 +744,20 @@ def test_compressed_tensors_without_quantized_weights_is_a_float_checkpoint(conf
     transforms, sparse compressors."""
     assert detect_quantization(config) is None
     assert detect_quantization(config, "compressed-tensors") is None
-    acts = {"quant_method": "compressed-tensors", "format": "float-quantized"}
+    acts = {"quant_method": "compressed-tensors", "format": "dense"}
     acts["config_groups"] = {"g": {"targets": ["Linear"], "input_activations": _KV_FP8 | {"dynamic": True}}}
-    with pytest.raises(UnsupportedQuantizationError, match=r"input_activations without quantized weights \(groups \['g'\]\)"):
+    with pytest.raises(UnsupportedQuantizationError, match=r"activations quantized without quantized weights \(groups \['g'\]\)"):
         detect_quantization(acts)
     with pytest.raises(UnsupportedQuantizationError, match=r"transform_config applied at run time"):
         detect_quantization({"quant_method": "compressed-tensors", "kv_cache_scheme": _KV_FP8, "transform_config": _transforms("input")})
+    # a quantized format with no group describing its weights (a review's find: int-quantized
+    # int8 X.weight read as float), and compressed-tensors' preset shorthand, which names no weights
+    for fmt in ("int-quantized", "naive-quantized", "pack-quantized", "float-quantized"):
+        with pytest.raises(UnsupportedQuantizationError, match=rf"format \['{fmt}'\] with no config group describing its weights"):
+            detect_quantization(
+                {"quant_method": "compressed-tensors", "format": fmt, "config_groups": {"g": {"targets": ["Linear"], "weights": None}}}
+            )
+    with pytest.raises(UnsupportedQuantizationError, match=r"config_groups \{'W8A16': \['Linear'\]\} \(a preset name's shorthand"):
+        detect_quantization({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"W8A16": ["Linear"]}})
+    with pytest.raises(UnsupportedQuantizationError, match=r"activations quantized without quantized weights \(groups \['o'\]\)"):
+        detect_quantization({"quant_method": "compressed-tensors", "config_groups": {"o": {"output_activations": _KV_FP8}}})

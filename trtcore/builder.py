@@ -151,7 +151,7 @@ def define_network(trt: Any, config: ModelConfig, weights: Any, plan: BuildPlan 
         check_kv_cache_scheme(config.quantization_config)
         graph.kv_scales = kv_cache_scales(report, config.num_hidden_layers)
     family.build(graph, config, report)
-    check_unquantized(report)  # before the missing tensors: a lost quantization_config is the cause
+    check_unquantized(report, config.quantization_config)  # before the missing tensors: a lost quantization_config is the cause
     report.check(f"the {config.architecture} network")
     check_quantized_load(report.checkpoint, config.architecture)
     return DefinedNetwork(trt, builder, network, graph, config, plan, report)

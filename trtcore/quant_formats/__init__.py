@@ -171,15 +171,25 @@ def _check(method: str, c: dict[str, Any]) -> None:
                 "trtcore does not apply them, so the weights would be read without their inverse; only transforms merged into the "
                 "weights, weight_input / weight_output, are read)"
             )
+        config_groups = c.get("config_groups") or {}
+        if not isinstance(config_groups, dict) or not all(isinstance(g, dict) for g in config_groups.values()):
+            raise _refuse(
+                f"compressed-tensors config_groups {config_groups!r} (a preset name's shorthand, e.g. {{'W8A16': ['Linear']}}, "
+                "or not an object of groups; trtcore reads groups written out with their 'weights')"
+            )
         # the checkpoint's format, or (newer files) each config group's
-        groups = [g for g in (c.get("config_groups") or {}).values() if isinstance(g, dict)]
+        groups = list(config_groups.values())
         if not weight_args(c):
             # no group quantizes weights: float linears (an FP8 KV cache's kv_cache_scheme alone,
-            # merged transforms, dense sparsity), as vLLM's unquantized fallback reads them;
-            # activations quantized with float weights are not
-            quantized_acts = [name for name, g in (c.get("config_groups") or {}).items() if isinstance(g, dict) and g.get("input_activations")]
-            if quantized_acts:
-                raise _refuse(f"compressed-tensors input_activations without quantized weights (groups {quantized_acts})")
+            # merged transforms, dense sparsity), as vLLM's unquantized fallback reads them --
+            # unless a quantized format is named or a group quantizes activations, which float
+            # weights cannot have been written with
+            named = sorted({str(f) for f in [c.get("format"), *(g.get("format") for g in groups)] if f and f != "dense"})
+            if named:
+                raise _refuse(f"compressed-tensors format {named} with no config group describing its weights")
+            quantized = [name for name, g in config_groups.items() if g.get("input_activations") or g.get("output_activations")]
+            if quantized:
+                raise _refuse(f"compressed-tensors activations quantized without quantized weights (groups {quantized})")
             return
         formats = {c["format"]} if c.get("format") else {g.get("format") for g in groups}
         if formats <= {None}:
@@ -322,7 +332,7 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
                 "(the checkpoint is not quantized)"
             )
         return None
-    method = str(quantization_config.get("quant_method", "")).lower()
+    method = str(quantization_config.get("quant_method") or "").lower()
     if not method and (quantization_config.get("load_in_4bit") or quantization_config.get("load_in_8bit")):
         raise _refuse("bitsandbytes (load_in_4bit / load_in_8bit without quant_method, which transformers reads as bitsandbytes)")
     if method not in QUANTIZATION_METHODS:
@@ -529,18 +539,19 @@ def check_kv_cache_scheme(quantization_config: dict[str, Any] | None) -> None:
 _PACKED_SUFFIXES = {".qweight": "GPTQ or AWQ (qweight)", ".weight_packed": "compressed-tensors pack-quantized (weight_packed)"}
 
 
-def check_unquantized(report: Any) -> None:
+def check_unquantized(report: Any, quantization_config: dict[str, Any] | None = None) -> None:
     """After a network build (before its missing tensors are reported) from a checkpoint whose
-    config declares no quantization (no ``quantization_config``, no ``quantization=``): refuse
-    one whose linears the build needed are stored quantized all the same -- a missing
-    ``X.weight`` whose packed codes ``X.qweight`` / ``X.weight_packed`` are there, or a read
-    ``X.weight`` of a float8 dtype --, as a ``config.json`` that lost its
-    ``quantization_config`` gives: the float path would report the packed linears missing (all
-    of them), or read E4M3 codes as if they were the weights (garbage text, no error). Tensors
-    the build does not need are not looked at.
+    config declares no quantized weights (no ``quantization_config``, no ``quantization=``, or
+    a compressed-tensors one whose groups quantize no weights): refuse one whose linears the
+    build needed are stored quantized all the same -- a missing ``X.weight`` whose packed codes
+    ``X.qweight`` / ``X.weight_packed`` are there, or a read ``X.weight`` of a float8 or integer
+    dtype --, as a ``config.json`` that lost its ``quantization_config`` gives: the float path
+    would report the packed linears missing (all of them), or read E4M3 / int8 codes as if they
+    were the weights (garbage text, no error). Tensors the build does not need are not looked at.
 
     Args:
         report: the build's :class:`trtcore.checkpoint.LoadReport` (``checkpoint``, ``missing``, ``used``).
+        quantization_config: the config's, for the message (None: config.json has none).
 
     Raises:
         UnsupportedQuantizationError: naming a quantized tensor, what it is, and the fix.
@@ -562,14 +573,19 @@ def check_unquantized(report: Any) -> None:
         for name in sorted(report.used):
             if name.endswith(".weight") and name in weights:
                 dt = np.dtype(dtype_of(name))
-                if dt.name.startswith("float8"):
-                    found = (name, f"FP8 ({dt.name} weights)")
+                if dt.name.startswith("float8") or dt.kind in "iu":
+                    found = (name, f"{'FP8' if dt.name.startswith('float8') else 'integer'} ({dt.name} weights)")
                     break
     if found is not None:
         name, kind = found
         where = getattr(weights, "model_dir", None) or "the checkpoint"
+        declared = (
+            "its config.json's quantization_config describes no quantized weights"
+            if quantization_config
+            else "its config.json has no quantization_config"
+        )
         raise UnsupportedQuantizationError(
-            f"{where} holds quantized linears ({kind}: e.g. {name!r}) but its config.json has no quantization_config, so they "
+            f"{where} holds quantized linears ({kind}: e.g. {name!r}) but {declared}, so they "
             "cannot be read as the float weights the network takes; restore the quantization_config the quantizer wrote (or, for an "
             "AutoGPTQ / AutoAWQ folder with quantize_config.json / quant_config.json, pass quantization='gptq' / 'awq', --quantization "
             "on the command line)"

@@ -91,8 +91,8 @@ def check_hf_fp8(config: dict[str, Any]) -> str | None:
         return f"FP8 activation_scheme {config.get('activation_scheme')!r}"
     if str(config.get("fmt", "e4m3")) != "e4m3":
         return f"FP8 fmt {config.get('fmt')!r} (E4M3 is read)"
-    if "e5m2" in str(config.get("format", "")).lower():  # GPTQModel's FP8 config names its dtype "format"
-        return f"FP8 format {config.get('format')!r} (E4M3 is read)"
+    if str(config.get("format", "float8_e4m3fn")).lower() not in ("float8_e4m3fn", "e4m3", "e4m3fn"):  # GPTQModel names the dtype "format"
+        return f"FP8 format {config.get('format')!r} (E4M3, float8_e4m3fn, is read)"
     return None
 
 
