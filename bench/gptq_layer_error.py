@@ -30,13 +30,15 @@ def main() -> int:
     ap.add_argument("--layers", default="0,8,16,24,29", help="comma-separated layer indices")
     ap.add_argument("--damping", default="0.01,0.1,1.0", help="comma-separated dampening fractions")
     ap.add_argument("--held-out", nargs="+", type=Path, required=True, help="text files, each one sequence")
+    ap.add_argument("--calibration", type=Path, help="calibration text (default: trtcore's own)")
+    ap.add_argument("--calibration-tokens", type=int, help="calibration tokens in all (default: trtcore's, DEFAULT_CALIBRATION_TOKENS)")
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = ap.parse_args()
     from safetensors.numpy import load_file
     from tokenizers import Tokenizer
 
     from trtcore.awq import LLAMA_SCALE_GROUPS
-    from trtcore.calibration import capture_calibration
+    from trtcore.calibration import DEFAULT_CALIBRATION_TOKENS, capture_calibration
     from trtcore.families import family_of
     from trtcore.gptq import gptq_quantize, hessian, inverse_hessian_factor
     from trtcore.quantizer import group_params, quantize_rtn
@@ -50,7 +52,7 @@ def main() -> int:
     def select(config: Any, present: set[str]) -> list[str]:
         return [g.input.format(i=i) for i in layers for g in LLAMA_SCALE_GROUPS if g.input.format(i=i) in present]
 
-    config, cal = capture_calibration(model, select)
+    config, cal = capture_calibration(model, select, args.calibration, args.calibration_tokens or DEFAULT_CALIBRATION_TOKENS)
     _, ho = capture_calibration(model, select, token_ids=held)
     later = np.ones(sum(len(h) for h in held), bool)
     later[np.cumsum([0] + [len(h) for h in held[:-1]])] = False  # each passage's first token
@@ -83,7 +85,8 @@ def main() -> int:
                 print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
     summary = {k: float(np.sqrt(v / len(rows))) for k, v in totals.items()}
     print("RMS over linears of the relative output error:", json.dumps(summary, indent=1))
-    meta = {"model": str(model), "group_size": args.group_size, "calibration_tokens": int(next(iter(cal.values())).shape[0])}
+    meta = {"model": str(model), "group_size": args.group_size, "calibration": str(args.calibration) if args.calibration else None}
+    meta["calibration_tokens"] = int(next(iter(cal.values())).shape[0])
     args.out.write_text(json.dumps({**meta, "held_out": [str(p) for p in args.held_out], "rms": summary, "linears": rows}, indent=1))
     return 0
 

@@ -10,11 +10,12 @@ Variants:
 * ``rtn-w8-channel``: ``trtcore quantize --bits 8 --group-size 0 --symmetric`` of the float16 folder;
 * ``rtn-w4-g64`` / ``rtn-w4-g32``: ``trtcore quantize --bits 4 --group-size 64 / 32``;
 * ``awq-w4-g64`` / ``awq-w4-g32``: the same with ``--method awq`` (trtcore's own calibration
-  text, ``trtcore/data/calibration.txt``, 512 tokens: not the scored passage);
+  text, ``trtcore/data/calibration.txt``, 4,096 tokens -- 433 before 2026-12-05 --: not the
+  scored passages; ``--calibration`` / ``--calibration-tokens`` change it);
 * ``rtn-mse-w4-g64`` / ``rtn-mse-w4-g32`` / ``awq-mse-w4-g64``: the same with ``--observer mse``
   (each group's range shrunk to minimize its error, GPTQ's / llm-compressor's MSE observer);
 * ``fp8-channel-static``: ``trtcore quantize --method fp8`` (E4M3 weights with per-channel
-  scales, activations with static per-tensor scales calibrated on the same 512 tokens);
+  scales, activations with static per-tensor scales calibrated on the same tokens);
 * ``fp8-tensor-dynamic``: ``--method fp8 --strategy tensor --activations dynamic`` (vLLM's
   on-the-fly ``quantization="fp8"``: one weight scale per tensor, activation scales per call);
 * ``fp8-tensor-static``: ``--method fp8 --strategy tensor`` (per-tensor weight scales, static
@@ -36,6 +37,9 @@ engine's mean log-probability (bfloat16-paged: 0.5%, the same engine through ano
 
     python bench/quant_quality.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out $OUT
     python bench/quant_quality.py ... --passage bench/data/passage-river.txt   # another text: the noise of the measure
+    python bench/quant_quality.py ... --passage tests/data/passage.txt bench/data/passage-river.txt \
+        bench/data/passage-kitchen.txt --calibration bench/data/calibration-smollm2-generated.txt --calibration-tokens 4096
+        # several texts scored on each variant (quantized once); another calibration text
     python bench/quant_quality.py --model ~/.cache/trtcore/models/SmolLM2-135M-Instruct \
         --variants bfloat16,bfloat16-paged,kv-fp8 --out $OUT      # the GGUF already converted
 """
@@ -155,9 +159,13 @@ def main() -> int:
     ap.add_argument(
         "--passage",
         type=Path,
-        default=PASSAGE,
-        help="the text to score (default: the issue's passage, tests/data/passage.txt; others measure its noise)",
+        nargs="+",
+        default=[PASSAGE],
+        help="the texts to score (default: the issue's passage, tests/data/passage.txt; others measure its noise); "
+        "the JSON's top-level numbers are the first's, 'passages' holds each",
     )
+    ap.add_argument("--calibration", type=Path, help="awq, gptq, fp8 variants: calibration text (default: trtcore's own)")
+    ap.add_argument("--calibration-tokens", type=int, help="awq, gptq, fp8 variants: calibration tokens in all (default: trtcore's)")
     args = ap.parse_args()
     chosen = args.variants.split(",")
     unknown = sorted(set(chosen) - {v for v, _, _ in VARIANTS})
@@ -172,20 +180,26 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    passage = args.passage.read_text().strip()
-    results: dict[str, Any] = {"passage_file": str(args.passage), "prompt": PROMPT, "variants": {}}
+    passages = {str(f): f.read_text().strip() for f in args.passage}
+    results: dict[str, Any] = {"passage_file": str(args.passage[0]), "passage_files": list(passages), "prompt": PROMPT, "variants": {}}
+    results |= {"calibration": str(args.calibration) if args.calibration else None, "calibration_tokens_asked": args.calibration_tokens}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         dense = Path(args.model) if args.model else convert_gguf(args.gguf, root / "float16", progress=False)
         dirs = {"bfloat16": dense, **{name: dense for name, _, how in VARIANTS if name in KV_VARIANTS and how is None}}
         if "gguf-q4_1" in chosen:
             dirs["gguf-q4_1"] = convert_gguf(args.gguf, root / "q4_1", progress=False, keep_quantized=True)
+        calibration = {"calibration": args.calibration, "calibration_tokens": args.calibration_tokens}
         for name, _, how in variants:
             if how is not None:
                 t0 = time.perf_counter()
-                dirs[name] = quantize_checkpoint(dense, root / name, **how)
+                # the methods that read calibration text (FP8's dynamic and per-token activations refuse it)
+                calibrated = how.get("method") in ("awq", "gptq") or (
+                    how.get("method") == "fp8" and (how.get("activations") in (None, "static") or how.get("kv_cache_scales"))
+                )
+                dirs[name] = quantize_checkpoint(dense, root / name, **how, **(calibration if calibrated else {}))
                 print(f"{name}: quantized in {time.perf_counter() - t0:.1f} s", flush=True)
-        base = None
+        base: dict[str, float] = {}  # passage file -> the baseline's mean log-probability
         for name, bits, _ in variants:
             t0 = time.perf_counter()
             if name in KV_VARIANTS:
@@ -193,21 +207,26 @@ def main() -> int:
             else:
                 kv_options = {"kv_cache": "contiguous"}
             llm = LLM(dirs[name], backend="reference", dtype="bfloat16", max_batch_size=1, max_seq_len=512, progress=False, **kv_options)
-            ids = llm.tokenizer.encode(passage).ids  # tokenizers.Tokenizer
-            lp = mean_logprob_paged(llm, list(ids)) if name in KV_VARIANTS else mean_logprob(llm, list(ids))
+            scores: dict[str, dict[str, Any]] = {}
+            for file, passage in passages.items():
+                ids = list(llm.tokenizer.encode(passage).ids)  # tokenizers.Tokenizer
+                lp = mean_logprob_paged(llm, ids) if name in KV_VARIANTS else mean_logprob(llm, ids)
+                score: dict[str, Any] = {"mean_logprob": lp, "tokens": len(ids)}
+                if file in base:
+                    score["relative_difference"] = abs(lp - base[file]) / abs(base[file])
+                    score["bound"] = BOUNDS[bits]
+                    score["within_bound"] = score["relative_difference"] <= BOUNDS[bits]
+                else:  # the first variant: the baseline
+                    base[file] = lp
+                scores[file] = score
+                rel = f"{score['relative_difference'] * 100:.2f}% (bound {BOUNDS[bits] * 100:g}%)" if "bound" in score else "baseline"
+                print(f"{name:16} {Path(file).name}: mean log-prob {lp:.4f} over {len(ids) - 1} tokens, {rel}", flush=True)
             [gen] = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=args.new_tokens))
-            entry: dict[str, Any] = {"mean_logprob": lp, "tokens": len(ids), "quantization": llm.quantization, "greedy": gen.outputs[0].text}
-            entry |= {"kv_cache": llm.plan.kv_cache, "kv_cache_dtype": llm.plan.kv_cache_dtype}
-            if base is None:
-                base = lp
-            else:
-                entry["relative_difference"] = abs(lp - base) / abs(base)
-                entry["bound"] = BOUNDS[bits]
-                entry["within_bound"] = entry["relative_difference"] <= BOUNDS[bits]
+            entry: dict[str, Any] = {**scores[str(args.passage[0])], "quantization": llm.quantization, "greedy": gen.outputs[0].text}
+            entry |= {"kv_cache": llm.plan.kv_cache, "kv_cache_dtype": llm.plan.kv_cache_dtype, "passages": scores}
             entry["seconds"] = time.perf_counter() - t0
             results["variants"][name] = entry
-            rel = f"{entry['relative_difference'] * 100:.2f}% (bound {BOUNDS[bits] * 100:g}%)" if "bound" in entry else "baseline"
-            print(f"{name:16} mean log-prob {lp:.4f} over {len(ids) - 1} tokens, {rel}: {entry['greedy']!r}", flush=True)
+            print(f"{name:16} greedy: {entry['greedy']!r}", flush=True)
             (out / f"{args.name}.json").write_text(json.dumps(results, indent=1))
             llm.close()
     return 0

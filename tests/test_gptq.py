@@ -222,3 +222,21 @@ def test_gptq_damping_reaches_the_quantizer_and_bad_options_are_refused(tmp_path
         with pytest.raises(InvalidArgumentError, match=r"dampening_frac \(--dampening-frac\) must be a positive number"):
             quantize_checkpoint(src, tmp_path / "x", method="gptq", group_size=32, calibration_ids=calib, dampening_frac=bad)  # type: ignore[arg-type]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g", "n", "r", "src"]
+
+
+def test_gptq_warns_when_a_linear_has_more_inputs_than_calibration_tokens(tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
+    """``X^T X`` of ``T`` tokens has rank at most ``T``: below a linear's K (the tiny model's
+    down_proj reads INTERMEDIATE = 96 features) the fit does not carry over, and the user is told
+    how many tokens to give; from K tokens on nothing is said."""
+    from hf_models import INTERMEDIATE
+
+    v = VARIANTS["llama3_rope"]
+    src = write_checkpoint(v, tmp_path / "src")
+    rng = np.random.default_rng()
+    few = [random_prompt(rng, 30, v.vocab_size) for _ in range(2)]
+    with pytest.warns(UserWarning, match=rf"GPTQ on 60 calibration tokens: a linear with K={INTERMEDIATE} inputs .* rank at most 60.* at least {INTERMEDIATE} tokens"):
+        quantize_checkpoint(src, tmp_path / "few", method="gptq", group_size=32, calibration_ids=few)
+    recwarn.clear()
+    enough = [random_prompt(rng, 48, v.vocab_size) for _ in range(2)]
+    quantize_checkpoint(src, tmp_path / "enough", method="gptq", group_size=32, calibration_ids=enough)
+    assert not [w for w in recwarn if "calibration tokens" in str(w.message)]

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .calibration import DEFAULT_CALIBRATION_TOKENS
 from .errors import InvalidArgumentError
 
 __all__ = ["LLAMA_SCALE_GROUPS", "AwqPlan", "GroupResult", "ScaleGroup", "awq_plan", "search_scale"]
@@ -168,7 +169,7 @@ def awq_plan(
     weights: Any,
     quantize: Callable[[np.ndarray], np.ndarray],
     calibration: str | os.PathLike[str] | None = None,
-    num_tokens: int = 512,
+    num_tokens: int = DEFAULT_CALIBRATION_TOKENS,
     seq_len: int = 256,
     n_grid: int = 20,
     token_ids: Sequence[Sequence[int]] | None = None,

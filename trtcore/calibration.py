@@ -5,9 +5,9 @@ quantizers (:mod:`trtcore.awq`) and ``trtcore check --bisect`` read.
 named network tensors: on the reference backend (no GPU) any tensor, read at run time (the
 reference evaluator's ``capture=``); on a GPU backend the tensors the LLM was built to keep
 (``LLM(..., capture=[...])``, extra engine outputs). :func:`calibration_token_ids` cuts a text
-into token sequences. :data:`DEFAULT_CALIBRATION` is a few paragraphs of plain English shipped
-with trtcore (``trtcore/data/calibration.txt``), distinct from the passage the quality
-benchmark scores.
+into token sequences. :data:`DEFAULT_CALIBRATION` is about 3,700 words of plain English written
+for trtcore (``trtcore/data/calibration.txt``: prose, letters, instructions, dialogue, numbers, a
+little code), distinct from the passages the quality benchmark scores.
 """
 
 from __future__ import annotations
@@ -28,8 +28,12 @@ __all__ = ["DEFAULT_CALIBRATION", "calibration_token_ids", "capture_calibration"
 DEFAULT_CALIBRATION = Path(__file__).parent / "data" / "calibration.txt"
 
 #: calibration tokens asked for by default (``--calibration-tokens``); :data:`DEFAULT_CALIBRATION`
-#: gives fewer with some tokenizers (433 with SmolLM2's), which calibrates on all of it silently
-DEFAULT_CALIBRATION_TOKENS = 512
+#: gives 4,423 with SmolLM2's tokenizer; a tokenizer that gives fewer calibrates on all of it
+#: silently. On the default model AWQ 4-bit group 64 scored 3.6-3.8% below bfloat16 on three
+#: passages with 4,096 tokens against 4.1-5.4% with the earlier 433
+#: (bench/results/cpu-2026-12-05-calibration-size); AWQ's search takes about twice as long, and
+#: the captured inputs are held in float32 (Llama-3-8B: about 3.4 MB a token)
+DEFAULT_CALIBRATION_TOKENS = 4096
 
 
 class _CaptureFirstRun:
@@ -204,7 +208,9 @@ def calibration_ids(llm: Any, calibration: str | os.PathLike[str] | None, num_to
     return ids[:num_tokens]
 
 
-def calibration_token_ids(llm: Any, calibration: str | os.PathLike[str] | None, num_tokens: int = 512, seq_len: int = 256) -> list[list[int]]:
+def calibration_token_ids(
+    llm: Any, calibration: str | os.PathLike[str] | None, num_tokens: int = DEFAULT_CALIBRATION_TOKENS, seq_len: int = 256
+) -> list[list[int]]:
     """:func:`calibration_ids` cut into sequences of at most ``seq_len`` tokens, ``num_tokens``
     in all (fewer when the text is shorter).
 
@@ -222,7 +228,7 @@ def capture_calibration(
     model_dir: str | os.PathLike[str],
     select: Callable[[Any, set[str]], list[str]],
     calibration: str | os.PathLike[str] | None = None,
-    num_tokens: int = 512,
+    num_tokens: int = DEFAULT_CALIBRATION_TOKENS,
     seq_len: int = 256,
     token_ids: Sequence[Sequence[int]] | None = None,
 ) -> tuple[Any, dict[str, np.ndarray]]:
@@ -237,8 +243,9 @@ def capture_calibration(
         token_ids: calibration sequences as token ids, instead of the text.
 
     Returns:
-        ``(config, {name: float64 [tokens, features]})``: the model config, and each captured
-        tensor with every calibration token's row, sequences concatenated.
+        ``(config, {name: [tokens, features]})``: the model config, and each captured tensor
+        with every calibration token's row, sequences concatenated, in the network's float32
+        (a wider dtype where the network wrote one).
 
     Raises:
         InvalidArgumentError: the calibration file is missing, a directory, not UTF-8 or gives no token, a sequence is
@@ -265,7 +272,10 @@ def capture_calibration(
         inputs: dict[str, list[np.ndarray]] = {n: [] for n in names}
         for ids in seqs:
             for n, v in capture_prefill(llm, ids, names).items():
-                inputs[n].append(np.asarray(v, np.float64).reshape(len(ids), -1))
+                # in the dtype the float32 network wrote (not widened: a float64 copy of every
+                # layer's inputs would double the memory for the same numbers)
+                v = np.asarray(v)
+                inputs[n].append(v.astype(np.result_type(v.dtype, np.float32), copy=False).reshape(len(ids), -1))
     finally:
         llm.close()
     return config, {n: np.concatenate(v, axis=0) for n, v in inputs.items()}

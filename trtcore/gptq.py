@@ -41,19 +41,27 @@ AutoGPTQ's ``damp_percent``). Differences from the reference code, each for a st
 
 Cost: :func:`inverse_hessian_factor` is ``O(K^3)`` once per distinct input (q/k/v share one,
 gate/up another); :func:`gptq_quantize` ``O(N K^2)`` per linear. :func:`gptq_linears` holds every
-layer's captured inputs in float64 (:func:`trtcore.calibration.capture_calibration`): calibration
-tokens times the sum of the four inputs' widths times 8 bytes -- SmolLM2-135M about 1.5 MB a token
-(with the capture's temporaries), Llama-3-8B about 7 MB -- and one layer's factors at a time.
+layer's captured inputs in float32 (:func:`trtcore.calibration.capture_calibration`): calibration
+tokens times the sum of the four inputs' widths times 4 bytes -- SmolLM2-135M about 0.4 MB a token,
+Llama-3-8B about 3.4 MB -- and one layer's float64 Hessians and factors at a time.
+
+Calibration tokens: ``X^T X`` has rank at most ``T``; with fewer tokens than a linear's K, ``H`` is
+invertible only through the damping and the fit to the calibration tokens carries over less to
+other text, so :func:`gptq_linears` warns (GPTQ's paper calibrates on 128 sequences of 2048
+tokens). On the default model more tokens did not make the whole model's score better, though
+(bench/results/cpu-2026-12-05-calibration-size).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from .calibration import DEFAULT_CALIBRATION_TOKENS
 from .errors import InvalidArgumentError
 from .quantization import QuantizedWeight
 
@@ -196,7 +204,7 @@ def gptq_linears(
     quantize: Callable[[np.ndarray, np.ndarray], QuantizedWeight],
     dampening_frac: float = DAMPENING_FRAC,
     calibration: str | os.PathLike[str] | None = None,
-    num_tokens: int = 512,
+    num_tokens: int = DEFAULT_CALIBRATION_TOKENS,
     token_ids: Sequence[Sequence[int]] | None = None,
     progress: bool = False,
 ) -> Iterator[tuple[str, QuantizedWeight]]:
@@ -239,6 +247,15 @@ def gptq_linears(
         return [g.input.format(i=i) for i in range(config.num_hidden_layers) for g in LLAMA_SCALE_GROUPS if g.input.format(i=i) in present]
 
     config, inputs = capture_calibration(model_dir, select, calibration, num_tokens, token_ids=token_ids)
+    tokens = min(x.shape[0] for x in inputs.values())
+    widest = max(x.shape[1] for x in inputs.values())
+    if tokens < widest:
+        warnings.warn(
+            f"GPTQ on {tokens} calibration tokens: a linear with K={widest} inputs gets a Hessian of rank at most {tokens}, "
+            f"so its fit does not carry over to other text; give at least {widest} tokens (--calibration-tokens, "
+            "with a --calibration text that long)",
+            stacklevel=2,
+        )
     for i in tqdm(range(config.num_hidden_layers), desc="gptq", unit="layer", disable=not progress):
         for g in LLAMA_SCALE_GROUPS:
             key = g.input.format(i=i)

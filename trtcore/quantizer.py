@@ -247,7 +247,7 @@ def fp8_tensors(prefix: str, fw: Fp8Weight) -> dict[str, np.ndarray]:
 def fp8_input_amax(
     model_dir: str | os.PathLike[str],
     calibration: str | os.PathLike[str] | None = None,
-    num_tokens: int = 512,
+    num_tokens: int = DEFAULT_CALIBRATION_TOKENS,
     token_ids: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, float]:
     """``max|x|`` of every decoder linear's input over the calibration tokens (float model,
@@ -267,7 +267,7 @@ _KV_WRITES = re.compile(r"^(?P<attn>(?:.*\.)?layers\.(?P<layer>\d+)\.[^.]+)\.(?P
 def fp8_calibration_amax(
     model_dir: str | os.PathLike[str],
     calibration: str | os.PathLike[str] | None = None,
-    num_tokens: int = 512,
+    num_tokens: int = DEFAULT_CALIBRATION_TOKENS,
     token_ids: Sequence[Sequence[int]] | None = None,
     *,
     inputs: bool = True,
@@ -423,8 +423,9 @@ def quantize_checkpoint(
             (recorded in the config as compressed-tensors' ``observer``).
         calibration: ``"awq"``, ``"gptq"`` and static ``"fp8"``: a text file (default
             :data:`trtcore.calibration.DEFAULT_CALIBRATION`).
-        calibration_tokens: calibration tokens in all (None: 512, or all that the default text
-            gives where that is fewer -- about 430 with SmolLM2's tokenizer -- without a warning).
+        calibration_tokens: calibration tokens in all (None:
+            :data:`trtcore.calibration.DEFAULT_CALIBRATION_TOKENS`, 4096, or all that the default
+            text gives where that is fewer, without a warning).
         progress: tqdm bars (stderr) over AWQ's per-layer scale search and over the tensors
             written (``trtcore quantize`` shows them).
         calibration_ids: calibration sequences as token ids instead of a text
