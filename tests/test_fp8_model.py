@@ -409,14 +409,7 @@ def test_on_the_fly_fp8_of_families_that_read_fused_or_router_weights(tmp_path: 
 
     from trtcore.errors import UnsupportedQuantizationError
 
-    common = {
-        "vocab_size": 96,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "max_position_embeddings": 128,
-    }
+    common = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 128}
     cfg = {
         "phi3": lambda: transformers.Phi3Config(num_key_value_heads=2, pad_token_id=0, **common),
         "gpt_neox": lambda: transformers.GPTNeoXConfig(**common),

@@ -198,9 +198,7 @@ def test_tensors_group_size_wins_over_a_config_that_divides_k(tmp_path: Path, fr
 
     qz = quantize(_weight(22), 4, 32, sym=False, rng=np.random.default_rng(5))
     config = {"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm"}
-    with pytest.warns(
-        UserWarning, match=rf"says group_size 64, but linears such as 'model\.layers\.0\.mlp\.up_proj' \(K={K}\) hold {K // 32} groups of 32"
-    ):
+    with pytest.warns(UserWarning, match=rf"says group_size 64, but linears such as 'model\.layers\.0\.mlp\.up_proj' \(K={K}\) hold {K // 32} groups of 32"):
         qw = _read(tmp_path, config, pack_awq(qz))
     assert qw.group_size == 32
     np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
@@ -251,15 +249,9 @@ def test_compressed_tensors_refusals_name_the_field() -> None:
     read."""
     no_format = _ct_config(4, "group", 32, False)
     del no_format["format"]
-    with pytest.raises(
-        UnsupportedQuantizationError,
-        match=r"compressed-tensors without a format \(neither .* has 'format'; a packed int checkpoint says 'pack-quantized'",
-    ):
+    with pytest.raises(UnsupportedQuantizationError, match=r"compressed-tensors without a format \(neither .* has 'format'; a packed int checkpoint says 'pack-quantized'"):
         detect_quantization(no_format)
-    with pytest.raises(
-        UnsupportedQuantizationError,
-        match=r"compressed-tensors weights strategy='tensor' \(of .*; int weights read: strategy one of \['group', 'channel'\]\)",
-    ):
+    with pytest.raises(UnsupportedQuantizationError, match=r"compressed-tensors weights strategy='tensor' \(of .*; int weights read: strategy one of \['group', 'channel'\]\)"):
         detect_quantization(_ct_config(4, "tensor", None, True))
     with pytest.raises(UnsupportedQuantizationError, match=r"compressed-tensors weights num_bits=2 "):
         detect_quantization(_ct_config(2, "group", 32, True))
@@ -273,10 +265,10 @@ def test_compressed_tensors_refusals_name_the_field() -> None:
         {"quant_method": "awq", "bits": 4, "version": "gemv"},
         {"quant_method": "gptq", "bits": 3},
         {"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"},
+        {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}},
         {"quant_method": "compressed-tensors", "config_groups": {"g": {"format": "nvfp4-pack-quantized", "weights": {"num_bits": 4}}}},
         _ct_config(4, "tensor", None, True),
         {"quant_method": "gguf", "ggml_types": {"x.weight": "IQ2_XS"}},
-        {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}},
     ],
 )
 def test_unsupported_formats_are_refused_with_the_list(config: dict[str, Any]) -> None:

@@ -134,13 +134,17 @@ def test_quantized_linears_stay_quantized_in_the_network(tmp_path: Path, case: s
     assert len(build_engine(d, "sm89")) > 1000
 
 
-def test_compression_config_key_is_read_as_the_quantization_config(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nested", [False, True])
+def test_compression_config_key_is_read_as_the_quantization_config(tmp_path: Path, nested: bool) -> None:
     """compressed-tensors checkpoints saved by llm-compressor in 2024 keep their config under
-    ``compression_config`` (vLLM reads it where ``quantization_config`` is absent): the packed
-    checkpoint runs as under ``quantization_config``, not as a float one missing its weights."""
+    ``compression_config`` (vLLM reads it where ``quantization_config`` is absent), the earliest
+    ones nested as ``{"quantization_config": {...}, "sparsity_config": ...}`` (transformers'
+    ``CompressedTensorsConfig.from_dict`` unwraps it; it said "quant_method None" here): the
+    packed checkpoint runs as under ``quantization_config``, not as a float one missing its weights."""
     qdir, ddir = _checkpoints(tmp_path, "compressed_tensors")
     config = json.loads((qdir / "config.json").read_text())
-    config["compression_config"] = config.pop("quantization_config")
+    q = config.pop("quantization_config")
+    config["compression_config"] = {"quantization_config": q, "sparsity_config": None} if nested else q
     (qdir / "config.json").write_text(json.dumps(config))
     llm = LLM(qdir, backend="reference", dtype="float32", progress=False)
     assert llm.quantization == "compressed-tensors"

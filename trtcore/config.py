@@ -98,6 +98,23 @@ def _optional_object(name: str, v: Any) -> dict[str, Any] | None:
     return dict(v)
 
 
+def _flattened(q: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A quantization config in compressed-tensors' early nested layout -- ``{"quantization_config":
+    {...}, "sparsity_config": {...}}`` -- as the flat object every later checkpoint stores: the
+    inner object with the outer ``sparsity_config`` (and the outer ``quant_method`` where the inner
+    has none), as transformers' ``CompressedTensorsConfig.from_dict`` unwraps it. Anything else as
+    it is."""
+    inner = q.get("quantization_config") if q is not None else None
+    if q is None or not isinstance(inner, Mapping):
+        return q
+    flat = dict(inner)
+    if "quant_method" not in flat and "quant_method" in q:
+        flat["quant_method"] = q["quant_method"]
+    if q.get("sparsity_config") is not None:
+        flat["sparsity_config"] = q["sparsity_config"]
+    return flat
+
+
 def _positive_float(name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         raise ConfigError(f"field '{name}' is {v!r}, expected a positive number")
@@ -538,7 +555,7 @@ class ModelConfig:
             pad_token_id=_optional_int("pad_token_id", d.get("pad_token_id", defaults["pad_token_id"])),
             # compressed-tensors checkpoints of 2024 (llm-compressor) keep it as compression_config, read
             # where quantization_config is absent, as vLLM does
-            quantization_config=(
+            quantization_config=_flattened(
                 _optional_object("quantization_config", d["quantization_config"])
                 if d.get("quantization_config") is not None
                 else _optional_object("compression_config", d.get("compression_config"))

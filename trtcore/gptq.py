@@ -252,7 +252,7 @@ def gptq_linears(
     if tokens < widest:
         warnings.warn(
             f"GPTQ on {tokens} calibration tokens: a linear with K={widest} inputs gets a Hessian of rank at most {tokens}, "
-            f"so its fit does not carry over to other text; give at least {widest} tokens (--calibration-tokens, "
+            f"so its fit carries over less to other text; give at least {widest} tokens (--calibration-tokens, "
             "with a --calibration text that long)",
             stacklevel=2,
         )
