@@ -52,8 +52,8 @@ def main() -> int:
     def select(config: Any, present: set[str]) -> list[str]:
         return [g.input.format(i=i) for i in layers for g in LLAMA_SCALE_GROUPS if g.input.format(i=i) in present]
 
-    config, cal = capture_calibration(model, select, args.calibration, args.calibration_tokens or DEFAULT_CALIBRATION_TOKENS)
-    _, ho = capture_calibration(model, select, token_ids=held)
+    config, cal, _ = capture_calibration(model, select, args.calibration, args.calibration_tokens or DEFAULT_CALIBRATION_TOKENS)
+    _, ho, _ = capture_calibration(model, select, token_ids=held)
     later = np.ones(sum(len(h) for h in held), bool)
     later[np.cumsum([0] + [len(h) for h in held[:-1]])] = False  # each passage's first token
     fam = family_of(config.model_type)

@@ -26,7 +26,7 @@ from test_quantizer import group_scale_zero
 
 from trtcore import LLM, SamplingParams
 from trtcore.errors import InvalidArgumentError
-from trtcore.gptq import gptq_quantize, hessian, inverse_hessian_factor
+from trtcore.gptq import FIRST_TOKEN_WEIGHT, first_token_weights, gptq_quantize, hessian, inverse_hessian_factor
 from trtcore.quantizer import group_params, quantize_checkpoint, quantize_rtn
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -182,9 +182,13 @@ def test_gptq_checkpoint_holds_gptq_of_the_models_inputs_and_runs_as_transformer
     original = load_file(str(src / "model.safetensors"))
     inputs = _hf_linear_inputs(src, calib)
     assert len(inputs) == len(LINEARS) * json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    # each sequence's first token counts FIRST_TOKEN_WEIGHT times in H: here its row repeated
+    copies = int(FIRST_TOKEN_WEIGHT)
+    assert copies == FIRST_TOKEN_WEIGHT
+    starts = np.cumsum([0] + [len(c) for c in calib[:-1]])
     for name, x in inputs.items():
         w = original[name].astype(np.float64)
-        _, want = obs_reference(w, x, 4, 32, False)
+        _, want = obs_reference(w, np.concatenate([x] + [x[starts]] * (copies - 1)), 4, 32, False)
         got = state[name]
         assert not np.allclose(got, quantize_rtn(w, 4, 32, False).dequantize()), name  # not plain RTN
         # a float32 scale one ulp apart (activations in float32 there) still counts as the same
@@ -226,7 +230,7 @@ def test_gptq_damping_reaches_the_quantizer_and_bad_options_are_refused(tmp_path
 
 def test_gptq_warns_when_a_linear_has_more_inputs_than_calibration_tokens(tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
     """``X^T X`` of ``T`` tokens has rank at most ``T``: below a linear's K (the tiny model's
-    down_proj reads INTERMEDIATE = 96 features) the fit does not carry over, and the user is told
+    down_proj reads INTERMEDIATE = 96 features) the fit carries over less, and the user is told
     how many tokens to give; from K tokens on nothing is said."""
     from hf_models import INTERMEDIATE
 
@@ -240,3 +244,20 @@ def test_gptq_warns_when_a_linear_has_more_inputs_than_calibration_tokens(tmp_pa
     enough = [random_prompt(rng, 48, v.vocab_size) for _ in range(2)]
     quantize_checkpoint(src, tmp_path / "enough", method="gptq", group_size=32, calibration_ids=enough)
     assert not [w for w in recwarn if "calibration tokens" in str(w.message)]
+
+
+def test_weighted_hessian_counts_an_integer_weight_as_repeated_rows() -> None:
+    """``hessian(x, row_weights)`` is ``2 X^T D X / sum(D)``: a row of weight 3 counts as that row
+    three times (the unweighted Hessian of the rows repeated, float64); ``first_token_weights``
+    puts the weight on each sequence's first row; bad weights are refused."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((9, 5))
+    lengths = [3, 2, 4]
+    r = first_token_weights(lengths, 3.0)
+    np.testing.assert_array_equal(r, [3, 1, 1, 3, 1, 3, 1, 1, 1])
+    repeated = np.concatenate([x, x[[0, 3, 5]], x[[0, 3, 5]]])
+    np.testing.assert_allclose(hessian(x, r), 2.0 * repeated.T @ repeated / repeated.shape[0], rtol=1e-12)
+    np.testing.assert_allclose(hessian(x, np.ones(9)), hessian(x), rtol=1e-12)
+    for bad in (np.ones(8), -np.ones(9), np.zeros(9), np.full(9, np.nan)):
+        with pytest.raises(InvalidArgumentError, match="row weights must be 9 non-negative finite numbers"):
+            hessian(x, bad)

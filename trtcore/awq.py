@@ -216,7 +216,7 @@ def awq_plan(
             raise InvalidArgumentError(f"the {config.architecture} network has none of AWQ's input tensors ({[g.input for g in groups]})")
         return names
 
-    config, inputs = capture_calibration(model_dir, select, calibration, num_tokens, seq_len, token_ids)
+    config, inputs, _ = capture_calibration(model_dir, select, calibration, num_tokens, seq_len, token_ids)
     fam = family_of(config.model_type)
     layers = range(config.num_hidden_layers)
     plan = AwqPlan()

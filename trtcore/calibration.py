@@ -22,7 +22,13 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_CALIBRATION", "calibration_token_ids", "capture_calibration", "capture_prefill", "network_tensor_names"]
+__all__ = [
+    "DEFAULT_CALIBRATION",
+    "calibration_token_ids",
+    "capture_calibration",
+    "capture_prefill",
+    "network_tensor_names",
+]
 
 #: the calibration text ``trtcore quantize --method awq`` uses by default
 DEFAULT_CALIBRATION = Path(__file__).parent / "data" / "calibration.txt"
@@ -231,7 +237,7 @@ def capture_calibration(
     num_tokens: int = DEFAULT_CALIBRATION_TOKENS,
     seq_len: int = 256,
     token_ids: Sequence[Sequence[int]] | None = None,
-) -> tuple[Any, dict[str, np.ndarray]]:
+) -> tuple[Any, dict[str, np.ndarray], list[int]]:
     """Run calibration text through the float checkpoint in ``model_dir`` (reference backend,
     float32, one prefill per sequence) and capture network tensors.
 
@@ -243,9 +249,10 @@ def capture_calibration(
         token_ids: calibration sequences as token ids, instead of the text.
 
     Returns:
-        ``(config, {name: [tokens, features]})``: the model config, and each captured tensor
-        with every calibration token's row, sequences concatenated, in the network's float32
-        (a wider dtype where the network wrote one).
+        ``(config, {name: [tokens, features]}, lengths)``: the model config, each captured
+        tensor with every calibration token's row, sequences concatenated, in the network's
+        float32 (a wider dtype where the network wrote one), and the sequences' lengths in order
+        (each sequence's first row is its position 0).
 
     Raises:
         InvalidArgumentError: the calibration file is missing, a directory, not UTF-8 or gives no token, a sequence is
@@ -278,4 +285,4 @@ def capture_calibration(
                 inputs[n].append(v.astype(np.result_type(v.dtype, np.float32), copy=False).reshape(len(ids), -1))
     finally:
         llm.close()
-    return config, {n: np.concatenate(v, axis=0) for n, v in inputs.items()}
+    return config, {n: np.concatenate(v, axis=0) for n, v in inputs.items()}, [len(ids) for ids in seqs]

@@ -37,7 +37,15 @@ AutoGPTQ's ``damp_percent``). Differences from the reference code, each for a st
 * no act order (``desc_act``): the columns are taken in their stored order, so the groups stay
   contiguous and the checkpoint needs no ``g_idx``;
 * where ``H`` is not positive definite after damping, the damping is multiplied by 10 up to
-  :data:`MAX_DAMPING_TRIES` times (GPTQModel raises it in steps as well).
+  :data:`MAX_DAMPING_TRIES` times (GPTQModel raises it in steps as well);
+* each calibration sequence's first token (position 0, the attention sink every later token
+  reads) counts :data:`FIRST_TOKEN_WEIGHT` times in ``H`` (``H = 2 X^T D X / sum(D)``): its
+  normalized inputs are small, so unweighted GPTQ moves error onto it, and the whole model's
+  score follows that token (bench/results/cpu-2026-12-05-gptq, -calibration-size). On the
+  default model, group 64, 4,096 tokens, the three quality passages lost 6.80 / 7.72 / 6.16% of
+  the bfloat16 log-probability with weight 1, 2.74 / 3.29 / 2.80% with 4, 3.41 / 3.40 / 0.95%
+  with 16, 5.09 / 3.70 / 2.59% with 64 (RTN: 6.36 / 3.34 / 4.78%). IntactKV (Liu et al. 2024,
+  arXiv:2403.01241) names such pivot tokens; the weighting is trtcore's own.
 
 Cost: :func:`inverse_hessian_factor` is ``O(K^3)`` once per distinct input (q/k/v share one,
 gate/up another); :func:`gptq_quantize` ``O(N K^2)`` per linear. :func:`gptq_linears` holds every
@@ -48,8 +56,9 @@ Llama-3-8B about 3.4 MB -- and one layer's float64 Hessians and factors at a tim
 Calibration tokens: ``X^T X`` has rank at most ``T``; with fewer tokens than a linear's K, ``H`` is
 invertible only through the damping and the fit to the calibration tokens carries over less to
 other text, so :func:`gptq_linears` warns (GPTQ's paper calibrates on 128 sequences of 2048
-tokens). On the default model more tokens did not make the whole model's score better, though
-(bench/results/cpu-2026-12-05-calibration-size).
+tokens). On the default model more tokens alone did not make the whole model's score better: the
+first token's error grew (bench/results/cpu-2026-12-05-calibration-size), which the first-token
+weight below bounds.
 """
 
 from __future__ import annotations
@@ -65,7 +74,16 @@ from .calibration import DEFAULT_CALIBRATION_TOKENS
 from .errors import InvalidArgumentError
 from .quantization import QuantizedWeight
 
-__all__ = ["BLOCK_SIZE", "DAMPENING_FRAC", "gptq_linears", "gptq_quantize", "hessian", "inverse_hessian_factor"]
+__all__ = [
+    "BLOCK_SIZE",
+    "DAMPENING_FRAC",
+    "FIRST_TOKEN_WEIGHT",
+    "first_token_weights",
+    "gptq_linears",
+    "gptq_quantize",
+    "hessian",
+    "inverse_hessian_factor",
+]
 
 #: columns updated eagerly before the rest takes their errors in one product (the paper's "lazy batch")
 BLOCK_SIZE = 128
@@ -73,18 +91,42 @@ BLOCK_SIZE = 128
 DAMPENING_FRAC = 0.01
 #: how often the damping is raised tenfold before a Hessian that is not positive definite is an error
 MAX_DAMPING_TRIES = 4
+#: the weight of each calibration sequence's first token in ``H`` (module docstring)
+FIRST_TOKEN_WEIGHT = 4.0
 
 #: ``params(group [N, g]) -> (scale [N], zero [N])``: a group's float32 scales (as float64) and zero points
 GroupParams = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def hessian(x: np.ndarray) -> np.ndarray:
-    """``2 X^T X / T`` in float64 (``[K, K]``) of the inputs ``x [..., K]`` (``T`` rows in all):
-    the Hessian of the squared output error that GPTQ minimizes (paper, section 3)."""
+def hessian(x: np.ndarray, row_weights: np.ndarray | None = None) -> np.ndarray:
+    """``2 X^T D X / sum(D)`` in float64 (``[K, K]``) of the inputs ``x [..., K]`` (``T`` rows in
+    all) with ``D = diag(row_weights)`` (None: all 1, ``2 X^T X / T``): the Hessian of the
+    (weighted) squared output error that GPTQ minimizes (paper, section 3). An integer weight
+    counts its row that many times.
+
+    Raises:
+        InvalidArgumentError: no row, or ``row_weights`` not ``T`` non-negative finite numbers
+            with a positive sum.
+    """
     x2 = np.asarray(x, np.float64).reshape(-1, np.shape(x)[-1])
     if x2.shape[0] == 0:
         raise InvalidArgumentError("GPTQ needs at least one calibration token, got none")
-    return 2.0 * (x2.T @ x2) / x2.shape[0]
+    if row_weights is None:
+        return 2.0 * (x2.T @ x2) / x2.shape[0]
+    r = np.asarray(row_weights, np.float64)
+    if r.shape != (x2.shape[0],) or not np.isfinite(r).all() or (r < 0).any() or r.sum() <= 0:
+        raise InvalidArgumentError(f"GPTQ row weights must be {x2.shape[0]} non-negative finite numbers with a positive sum, got shape {r.shape}")
+    return 2.0 * ((x2 * r[:, None]).T @ x2) / r.sum()
+
+
+def first_token_weights(lengths: Sequence[int], weight: float = FIRST_TOKEN_WEIGHT) -> np.ndarray:
+    """Row weights for :func:`hessian` over sequences of ``lengths`` concatenated: ``weight`` on
+    each sequence's first row, 1 elsewhere (float64 ``[sum(lengths)]``)."""
+    r = np.ones(int(sum(lengths)))
+    if len(lengths):
+        starts = np.cumsum([0, *lengths[:-1]]).astype(np.int64)
+        r[starts[np.asarray(lengths) > 0]] = weight
+    return r
 
 
 def inverse_hessian_factor(hess: np.ndarray, dampening_frac: float = DAMPENING_FRAC) -> np.ndarray:
@@ -207,6 +249,7 @@ def gptq_linears(
     num_tokens: int = DEFAULT_CALIBRATION_TOKENS,
     token_ids: Sequence[Sequence[int]] | None = None,
     progress: bool = False,
+    first_token_weight: float = FIRST_TOKEN_WEIGHT,
 ) -> Iterator[tuple[str, QuantizedWeight]]:
     """GPTQ of every decoder linear of the Llama-family checkpoint in ``model_dir``, one layer
     at a time (one layer's factors held at once; every layer's captured inputs are held, module
@@ -222,6 +265,8 @@ def gptq_linears(
         calibration, num_tokens, token_ids: the calibration set
             (:func:`trtcore.calibration.capture_calibration`).
         progress: a tqdm bar over the layers (stderr).
+        first_token_weight: each calibration sequence's first token's weight in ``H``
+            (:data:`FIRST_TOKEN_WEIGHT`; 1: the paper's unweighted Hessian).
 
     Raises:
         InvalidArgumentError: not a Llama-style family (its inputs are not captured), a
@@ -246,7 +291,8 @@ def gptq_linears(
     def select(config: Any, present: set[str]) -> list[str]:
         return [g.input.format(i=i) for i in range(config.num_hidden_layers) for g in LLAMA_SCALE_GROUPS if g.input.format(i=i) in present]
 
-    config, inputs = capture_calibration(model_dir, select, calibration, num_tokens, token_ids=token_ids)
+    config, inputs, lengths = capture_calibration(model_dir, select, calibration, num_tokens, token_ids=token_ids)
+    rows = first_token_weights(lengths, first_token_weight)
     tokens = min(x.shape[0] for x in inputs.values())
     widest = max(x.shape[1] for x in inputs.values())
     if tokens < widest:
@@ -262,7 +308,7 @@ def gptq_linears(
             if key not in inputs:
                 raise InvalidArgumentError(f"GPTQ: the network has no tensor {key!r}, the input of layer {i}'s {g.linears}")
             try:
-                u = inverse_hessian_factor(hessian(inputs.pop(key)), dampening_frac)
+                u = inverse_hessian_factor(hessian(inputs.pop(key), rows), dampening_frac)
             except InvalidArgumentError as exc:
                 raise InvalidArgumentError(f"layer {i} {g.linears}: {exc}") from exc
             for role in g.linears:

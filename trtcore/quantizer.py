@@ -297,7 +297,7 @@ def fp8_calibration_amax(
         )
         return names + (sorted(n for n in present if _KV_WRITES.match(n)) if kv_cache else [])
 
-    config, captured = capture_calibration(model_dir, select, calibration, num_tokens, token_ids=token_ids)
+    config, captured, _ = capture_calibration(model_dir, select, calibration, num_tokens, token_ids=token_ids)
     fam = family_of(config.model_type)
     amax: dict[str, float] = {}
     for i in range(config.num_hidden_layers) if inputs else ():
