@@ -228,6 +228,35 @@ def test_gptq_damping_reaches_the_quantizer_and_bad_options_are_refused(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g", "n", "r", "src"]
 
 
+def test_first_token_weight_reaches_the_hessian_and_bad_values_are_refused(tmp_path: Path) -> None:
+    """``first_token_weight=3`` on sequences ``[a, b, ...]`` is the unweighted Hessian of the
+    same sequences plus two more of the first token alone (a causal model's position 0 sees only
+    itself): the two checkpoints agree; the weight changes the result against the unweighted one;
+    other methods and values below 1 are refused before anything is written."""
+    v = VARIANTS["llama3_rope"]
+    src = write_checkpoint(v, tmp_path / "src")
+    rng = np.random.default_rng()
+    calib = [random_prompt(rng, 50, v.vocab_size) for _ in range(2)]  # 100 tokens: K is 96 at most
+    alone = [[seq[0]] for seq in calib for _ in range(2)]
+    weighted = quantize_checkpoint(src, tmp_path / "w", method="gptq", group_size=32, calibration_ids=calib, first_token_weight=3)
+    repeated = quantize_checkpoint(src, tmp_path / "r", method="gptq", group_size=32, calibration_ids=calib + alone, first_token_weight=1)
+    plain = quantize_checkpoint(src, tmp_path / "p", method="gptq", group_size=32, calibration_ids=calib, first_token_weight=1)
+    want, got, unweighted = (load_file(str(d / "model.safetensors")) for d in (repeated, weighted, plain))
+    packed = [n for n in want if n.endswith(".weight_packed")]
+    assert packed and sorted(got) == sorted(want)
+    # float32 sums in another order can flip a code at a rounding tie: nearly all agree
+    same = np.mean([np.mean(got[n] == want[n]) for n in packed])
+    differs = np.mean([np.mean(unweighted[n] != want[n]) for n in packed])
+    assert same >= 0.995, same
+    assert differs > 0.01, differs
+    with pytest.raises(InvalidArgumentError, match=r"first_token_weight \(--first-token-weight\) = 2 does not apply to method 'awq'; it is used by gptq"):
+        quantize_checkpoint(src, tmp_path / "x", method="awq", calibration_ids=calib, first_token_weight=2)
+    for bad in (0.5, 0, -1, float("nan"), float("inf"), "4", True):
+        with pytest.raises(InvalidArgumentError, match=r"first_token_weight \(--first-token-weight\) must be a finite number >= 1"):
+            quantize_checkpoint(src, tmp_path / "x", method="gptq", group_size=32, calibration_ids=calib, first_token_weight=bad)  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p", "r", "src", "w"]
+
+
 def test_gptq_warns_when_a_linear_has_more_inputs_than_calibration_tokens(tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
     """``X^T X`` of ``T`` tokens has rank at most ``T``: below a linear's K (the tiny model's
     down_proj reads INTERMEDIATE = 96 features) the fit carries over less, and the user is told

@@ -238,6 +238,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="gptq: damping added to the Hessian's diagonal, as a fraction of its mean (llm-compressor's dampening_frac; default 0.01)",
     )
+    q.add_argument(
+        "--first-token-weight",
+        type=float,
+        default=None,
+        help="gptq: how many times each calibration sequence's first token counts in the Hessian (default 4; 1: the GPTQ paper's unweighted one)",
+    )
     q.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
 
     k = sub.add_parser("check", help="compare trtcore's logits with Hugging Face transformers'")
@@ -414,6 +420,7 @@ def _quantize(args: argparse.Namespace) -> int:
         symmetric=args.symmetric,
         observer=args.observer,
         dampening_frac=args.dampening_frac,
+        first_token_weight=args.first_token_weight,
         overwrite=args.overwrite,
         calibration=args.calibration,
         calibration_tokens=args.calibration_tokens,

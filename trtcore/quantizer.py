@@ -357,6 +357,7 @@ _USED_BY = {
     "activations": ("fp8-static", "fp8-dynamic", "fp8-token"),
     "kv_cache_scales": ("fp8-static", "fp8-dynamic", "fp8-token"),
     "dampening_frac": ("gptq",),
+    "first_token_weight": ("gptq",),
 }
 
 
@@ -407,6 +408,7 @@ def quantize_checkpoint(
     activations: str | None = None,
     kv_cache_scales: bool = False,
     dampening_frac: float | None = None,
+    first_token_weight: float | None = None,
     progress: bool = False,
 ) -> Path:
     """Quantize the decoder linears of the checkpoint in ``model_dir`` into ``output_dir``
@@ -441,6 +443,10 @@ def quantize_checkpoint(
         dampening_frac: ``"gptq"``: the Hessian's damping over its mean diagonal (None:
             :data:`trtcore.gptq.DAMPENING_FRAC`, 0.01); larger values trust the calibration
             statistics less (a small calibration set leaves ``X^T X`` singular).
+        first_token_weight: ``"gptq"``: how many times each calibration sequence's first token
+            counts in the Hessian (None: :data:`trtcore.gptq.FIRST_TOKEN_WEIGHT`, 4; 1: the
+            GPTQ paper's unweighted ``2 X^T X``); the attention-sink token's large activations
+            are what every later token's norm sees first.
 
     An option the method does not use (``calibration`` for ``"rtn"``, ``bits=4`` or a group
     size for ``"fp8"``, ``strategy`` for ``"awq"``, ...) is refused rather than ignored.
@@ -451,7 +457,7 @@ def quantize_checkpoint(
     Raises:
         InvalidArgumentError: an unknown method, an option the method does not use (named),
             bits / group size / calibration_tokens not integers, a ``dampening_frac`` that is not a
-            positive number, bad bits / group size, a linear whose K the
+            positive number, a ``first_token_weight`` that is not a finite number >= 1, bad bits / group size, a linear whose K the
             group size does not divide (named), an already quantized checkpoint, a missing
             calibration file, ``calibration`` or ``calibration_tokens`` with ``calibration_ids``,
             calibration (awq, gptq, static fp8) without token ids on a model with no
@@ -486,7 +492,14 @@ def quantize_checkpoint(
         activations=activations,
         kv_cache_scales=kv_cache_scales or None,
         dampening_frac=dampening_frac,
+        first_token_weight=first_token_weight,
     )
+    if first_token_weight is not None and (
+        isinstance(first_token_weight, bool)
+        or not isinstance(first_token_weight, int | float | np.integer | np.floating)
+        or not 1 <= first_token_weight < float("inf")
+    ):
+        raise InvalidArgumentError(f"{_option('first_token_weight')} must be a finite number >= 1, got {first_token_weight!r}")
     if dampening_frac is not None and (
         isinstance(dampening_frac, bool)
         or not isinstance(dampening_frac, int | float | np.integer | np.floating)
@@ -617,14 +630,17 @@ def quantize_checkpoint(
             )
         done: dict[str, dict[str, np.ndarray]] = {}  # GPTQ's linears, packed as they come
         if method == "gptq":
-            from .gptq import DAMPENING_FRAC, gptq_linears, gptq_quantize
+            from .gptq import DAMPENING_FRAC, FIRST_TOKEN_WEIGHT, gptq_linears, gptq_quantize
 
             damp = DAMPENING_FRAC if dampening_frac is None else float(dampening_frac)
+            first = FIRST_TOKEN_WEIGHT if first_token_weight is None else float(first_token_weight)
 
             def gptq_one(w: np.ndarray, u: np.ndarray) -> QuantizedWeight:
                 return gptq_quantize(w, u, lambda g: group_params(g, bits, symmetric, observer), bits, group_size, symmetric)
 
-            for name, qw in gptq_linears(model_dir, weights, gptq_one, damp, calibration, calibration_tokens, calibration_ids, progress):
+            for name, qw in gptq_linears(
+                model_dir, weights, gptq_one, damp, calibration, calibration_tokens, calibration_ids, progress, first_token_weight=first
+            ):
                 done[name] = compressed_tensors_tensors(name.removesuffix(".weight"), qw)
         from tqdm.auto import tqdm
 
