@@ -90,6 +90,28 @@ def test_awq_gemm_dequantizes_exactly(tmp_path: Path, group_size: int) -> None:
     np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
 
 
+def test_gptq_and_awq_tensors_read_as_the_other_format_name_it(tmp_path: Path) -> None:
+    """GPTQ and AWQ share the tensor names and the ``qzeros`` / ``scales`` layouts; only
+    ``qweight``'s packed axis differs (K for GPTQ, N for AWQ). Tensors of one read with the
+    other's config (4-bit: AWQ GEMM's only width) are refused with both formats and the fix
+    named, not a bare shape message."""
+    rng = np.random.default_rng()
+    qz = quantize(_weight(int(rng.integers(100))), 4, 32, sym=False, rng=rng)
+    prefix = "model.layers.0.mlp.up_proj"
+    for fmt, other, tensors, shape, axis in (
+        ("awq", "gptq", pack_gptq(qz, 4, "gptq"), (K // 8, N), "K"),
+        ("gptq", "awq", pack_awq(qz), (K, N // 8), "N"),
+    ):
+        (tmp_path / fmt).mkdir()
+        ck = quantized_weights(_write(tmp_path / fmt, prefix, tensors), {"quant_method": fmt, "bits": 4, "group_size": 32})
+        want = (
+            rf"'{prefix}.qweight' has shape \({shape[0]}, {shape[1]}\) for N={N} outputs .* packed along {axis}, {other.upper()}'s layout .*"
+            rf"where {fmt.upper()} packs along .* load the checkpoint as {other} \(quantization='{other}'"
+        )
+        with pytest.raises(CheckpointError, match=want):
+            ck.quantized(f"{prefix}.weight")
+
+
 def _ct_config(bits: int, strategy: str, group_size: int | None, sym: bool, actorder: str | None = None) -> dict[str, Any]:
     weights = {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": strategy, "group_size": group_size, "actorder": actorder}
     return {

@@ -22,7 +22,7 @@ from trtcore.errors import CheckpointError
 from trtcore.quantization import QuantizedWeight
 
 from .groups import grouped_weight
-from .packing import awq_unorder, unpack_int32
+from .packing import awq_unorder, check_qweight_layout, unpack_int32
 
 #: the AWQ ``version`` values read here
 AWQ_VERSIONS = ("gemm",)
@@ -45,11 +45,12 @@ def awq_weight(
     (``group_size``: the config's, to refuse a short last group, see :func:`~.groups.grouped_weight`).
 
     Raises:
-        CheckpointError: dtypes or shapes inconsistent, ``bits`` not 4, K not a multiple of
+        CheckpointError: dtypes or shapes inconsistent (GPTQ's ``qweight`` layout named), ``bits`` not 4, K not a multiple of
             ``group_size``.
     """
     if bits != 4:
         raise CheckpointError(f"'{name}': AWQ GEMM checkpoints have 4-bit weights, got bits={bits}")
+    check_qweight_layout(qweight, scales, bits, "AWQ", name)
     codes = awq_unorder(unpack_int32(qweight, bits, 1, f"{name}.qweight"), 1).T  # [N, K]
     zeros = awq_unorder(unpack_int32(qzeros, bits, 1, f"{name}.qzeros"), 1).T.astype(np.float32)
     if scales.shape != zeros.shape[::-1] or zeros.shape[0] != codes.shape[0]:

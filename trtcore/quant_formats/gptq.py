@@ -34,7 +34,7 @@ from trtcore.errors import CheckpointError
 from trtcore.quantization import QuantizedWeight
 
 from .groups import grouped_weight
-from .packing import unpack_int32
+from .packing import check_qweight_layout, unpack_int32
 
 #: ``checkpoint_format`` -> what is added to a stored zero point
 ZERO_OFFSETS = {"gptq": 1, "gptq_v2": 0}
@@ -56,12 +56,13 @@ def gptq_weight(
     :func:`~.groups.grouped_weight`).
 
     Raises:
-        CheckpointError: dtypes/shapes inconsistent, unknown ``checkpoint_format``, a bad
+        CheckpointError: dtypes/shapes inconsistent (AWQ's ``qweight`` layout named), unknown ``checkpoint_format``, a bad
             ``g_idx``, K not a multiple of ``group_size``.
     """
     if checkpoint_format not in ZERO_OFFSETS:
         raise CheckpointError(f"'{name}': GPTQ checkpoint_format {checkpoint_format!r} is not supported, expected one of {sorted(ZERO_OFFSETS)}")
     _check_bits(qzeros, scales, bits, name)
+    check_qweight_layout(qweight, scales, bits, "GPTQ", name)
     codes = unpack_int32(qweight, bits, 0, f"{name}.qweight").T  # [N, K]
     n = codes.shape[0]
     zeros = unpack_int32(qzeros, bits, 1, f"{name}.qzeros")[:, :n].T.astype(np.float32) + ZERO_OFFSETS[checkpoint_format]

@@ -43,6 +43,37 @@ def unpack_int32(words: np.ndarray, bits: int, axis: int, name: str = "tensor") 
     return np.moveaxis(codes.reshape(*w.shape[:-1], w.shape[-1] * per_word), -1, axis)
 
 
+#: the int32 ``qweight`` layouts of the two formats that share ``qzeros [G, N * bits / 32]`` and
+#: ``scales [G, N]``: the axis each packs its codes along
+QWEIGHT_LAYOUTS = {"GPTQ": ("K", "[K * bits / 32, N]"), "AWQ": ("N", "[K, N * bits / 32]")}
+
+
+def check_qweight_layout(qweight: np.ndarray, scales: np.ndarray, bits: int, fmt: str, name: str) -> None:
+    """Refuse a ``qweight`` packed along the other format's axis (:data:`QWEIGHT_LAYOUTS`):
+    GPTQ and AWQ files hold the same tensor names, ``qzeros`` and ``scales`` alike, so a GPTQ
+    checkpoint read as AWQ (``quantization="awq"`` given for an AutoGPTQ folder, or the
+    reverse) would otherwise fail with a shape message that names neither format. ``scales``
+    ``[G, N]`` give N; ``qweight``'s last axis is N for GPTQ and ``N * bits / 32`` for AWQ.
+
+    Raises:
+        CheckpointError: ``qweight``'s columns fit the other format's layout and not ``fmt``'s
+            (both formats, the axis and the fix named).
+    """
+    if np.ndim(qweight) != 2 or np.ndim(scales) != 2:
+        return  # the readers name a wrong rank
+    n, cols = int(scales.shape[1]), int(qweight.shape[1])
+    packed_n = -(-n * bits // 32)
+    other = "AWQ" if fmt == "GPTQ" else "GPTQ"
+    if cols == (packed_n if other == "AWQ" else n) and cols != (n if fmt == "GPTQ" else packed_n):
+        axis, layout = QWEIGHT_LAYOUTS[other]
+        raise CheckpointError(
+            f"'{name}.qweight' has shape {tuple(qweight.shape)} for N={n} outputs ('{name}.scales'): packed along {axis}, "
+            f"{other}'s layout {layout}, where {fmt} packs along {QWEIGHT_LAYOUTS[fmt][0]} {QWEIGHT_LAYOUTS[fmt][1]}; "
+            f"these are {other} tensors: load the checkpoint as {other.lower()} (quantization={other.lower()!r}, or no "
+            f"quantization argument where its config names the method)"
+        )
+
+
 def pack_int32(codes: np.ndarray, bits: int, axis: int) -> np.ndarray:
     """The inverse of :func:`unpack_int32`: ``32 // bits`` unsigned codes per int32 word along
     ``axis`` (whose length must be a multiple of it), the first code in the low bits.
@@ -75,4 +106,4 @@ def awq_unorder(codes: np.ndarray, axis: int) -> np.ndarray:
     return np.moveaxis(natural.reshape(c.shape), -1, axis)
 
 
-__all__ = ["AWQ_ORDER", "awq_unorder", "pack_int32", "unpack_int32"]
+__all__ = ["AWQ_ORDER", "QWEIGHT_LAYOUTS", "awq_unorder", "check_qweight_layout", "pack_int32", "unpack_int32"]
