@@ -11,7 +11,9 @@ the default; ``, natural order``: in the natural one; ``, SwiGLU unfused``: buil
 :mod:`trtcore.cuda.swiglu_fusion`, so SwiGLU runs as a kernel of its own; ``, RoPE fused``: built
 with :mod:`trtcore.cuda.rope_fusion`, off by default, so q/k/v's GEMM rotates q and k; ``, add+norm
 fused``: built with :mod:`trtcore.cuda.add_norm_fusion`, off by default, so o_proj's and down_proj's
-GEMV add the residual and normalize in their last block instead of a row kernel), FP8 W8A8 with per-tensor weight scales
+GEMV add the residual and normalize in their last block instead of a row kernel; ``, attention
+unsplit``: the paged attention plugin's ``TUNING["splits"] = 1`` for the variant's life, so decode
+attention runs one slice per sequence and no reduction kernel), FP8 W8A8 with per-tensor weight scales
 (one per packed module) and static or dynamic activation scales, or (``channel``) per-channel
 weight scales; the cuda engine fuses q/k/v and gate/up in both
 (:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's
@@ -52,6 +54,8 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("W4A16 g128 + lm_head, SwiGLU unfused", 4, -128),  # TRTCORE_SWIGLU_FUSION=0 while it builds: the SwiGLU kernel of its own
     ("W4A16 g128 + lm_head, RoPE fused", 4, -128),  # TRTCORE_ROPE_FUSION=1 while it builds: RoPE in q/k/v's epilogue
     ("W4A16 g128 + lm_head, add+norm fused", 4, -128),  # TRTCORE_ADD_NORM_FUSION=1 while it builds: add + RMSNorm in o_proj's / down's GEMV
+    ("W4A16 g128 + lm_head, attention unsplit", 4, -128),  # paged_attention.TUNING["splits"] = 1: no split-KV, no reduction kernel
+    ("W4A16 g128 + lm_head, add+norm fused, attention unsplit", 4, -128),  # both
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
     ("FP8 W8A8 static + FP8 KV", "fp8", 1),  # and kv_cache_dtype="fp8" (E4M3 KV pool, scales 1.0)
@@ -103,6 +107,7 @@ def main() -> int:
     args = ap.parse_args()
     from trtcore import LLM
     from trtcore.cuda import synthetic
+    from trtcore.plugins import paged_attention as pa
     from trtcore.plugins import weight_only_gemm as wog
 
     out = Path(args.out)
@@ -136,16 +141,18 @@ def main() -> int:
                 seqs = max([*batches, args.throughput])
                 packing = wog.CONTIGUOUS_X
                 wog.CONTIGUOUS_X = packing and not label.endswith("natural order")  # read when the weights are packed, at build
-                # a compile pass switched for this variant (the variables are read at each compile)
+                # compile passes switched for this variant (the variables are read at each compile)
                 switch = {
                     "SwiGLU unfused": ("TRTCORE_SWIGLU_FUSION", "0"),
                     "RoPE fused": ("TRTCORE_ROPE_FUSION", "1"),
                     "add+norm fused": ("TRTCORE_ADD_NORM_FUSION", "1"),
                 }
-                env_name, env_value = next((v for k, v in switch.items() if label.endswith(k)), ("", ""))
-                before = os.environ.get(env_name) if env_name else None
-                if env_name:
-                    os.environ[env_name] = env_value
+                parts = label.split(", ")[1:]
+                env = dict(v for k, v in switch.items() if k in parts)
+                before = {k: os.environ.get(k) for k in env}
+                os.environ.update(env)
+                # read at each enqueue (and so at graph capture): kept for the variant's life
+                pa.TUNING["splits"] = 1 if "attention unsplit" in parts else 0
                 try:
                     with random_checkpoint(make):
                         llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
@@ -153,10 +160,11 @@ def main() -> int:
                                   max_num_tokens=max(max(batches) * 128, 8192 if args.throughput else 0), progress=False)  # fmt: skip
                 finally:
                     wog.CONTIGUOUS_X = packing
-                    if env_name and before is None:
-                        os.environ.pop(env_name, None)
-                    elif env_name:
-                        os.environ[env_name] = before  # type: ignore[assignment]
+                    for k, v in before.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
                 start_s = time.perf_counter() - t0
                 weight_bytes = int(llm.executor.device.pools.get("weights", 0))
                 print(f"{name} {label}: started in {start_s:.1f} s, weights {weight_bytes / 2**30:.2f} GiB", flush=True)
@@ -217,6 +225,7 @@ def main() -> int:
                         (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
                 llm.close()
                 del llm
+                pa.TUNING["splits"] = 0
                 _free_gpu()
     print("JSON:", json.dumps(results))
     return 0
