@@ -106,7 +106,8 @@ def test_gptq_and_awq_tensors_read_as_the_other_format_name_it(tmp_path: Path) -
         ck = quantized_weights(_write(tmp_path / fmt, prefix, tensors), {"quant_method": fmt, "bits": 4, "group_size": 32})
         want = (
             rf"'{prefix}.qweight' has shape \({shape[0]}, {shape[1]}\) for N={N} outputs .* packed along {axis}, {other.upper()}'s layout .*"
-            rf"where {fmt.upper()} packs along .* load the checkpoint as {other} \(quantization='{other}'"
+            rf"where {fmt.upper()} packs along .* these are {other.upper()} tensors, which quant_method '{fmt}' does not describe: "
+            rf"where config.json's quantization_config says '{fmt}', its quant_method should be '{other}'; .* pass quantization='{other}'"
         )
         with pytest.raises(CheckpointError, match=want):
             ck.quantized(f"{prefix}.weight")

@@ -371,6 +371,35 @@ def _option(name: str) -> str:
     return f"{name} ({'Python API only' if name in _API_ONLY else '--' + name.replace('_', '-')})"
 
 
+#: the largest ``first_token_weight`` taken: beyond it the first tokens are all the Hessian holds
+MAX_FIRST_TOKEN_WEIGHT = 1e6
+#: the largest ``dampening_frac`` taken: at 1e12 the damping already swamps every correlation
+#: (GPTQ then writes RTN's checkpoint, tests/test_gptq.py); larger values only risk overflow
+MAX_DAMPENING_FRAC = 1e12
+
+
+def _number_option(name: str, value: Any, low: float, high: float, *, low_inclusive: bool) -> float | None:
+    """A real-number option of :func:`quantize_checkpoint` as a float (None stays None), within
+    ``low`` (inclusive or not) and ``high`` (inclusive).
+
+    Raises:
+        InvalidArgumentError: a bool, a string or any non-real value, NaN, a value too large for a
+            float, or out of the range (named with its flag and the range).
+    """
+    if value is None:
+        return None
+    number: float | None = None
+    if not isinstance(value, bool | np.bool_) and isinstance(value, int | float | np.integer | np.floating):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = None
+    if number is None or not (low <= number if low_inclusive else low < number) or not number <= high:
+        bound = ">=" if low_inclusive else ">"
+        raise InvalidArgumentError(f"{_option(name)} must be a number {bound} {low:g} and <= {high:g}, got {value!r}")
+    return number
+
+
 #: the group sizes vLLM's Marlin weight-only kernels take (its ``MARLIN_SUPPORTED_GROUP_SIZES``,
 #: besides -1 per channel), which the README's "vLLM reads these folders" rests on
 VLLM_GROUP_SIZES = (32, 64, 128)
@@ -445,8 +474,9 @@ def quantize_checkpoint(
             statistics less (a small calibration set leaves ``X^T X`` singular).
         first_token_weight: ``"gptq"``: how many times each calibration sequence's first token
             counts in the Hessian (None: :data:`trtcore.gptq.FIRST_TOKEN_WEIGHT`, 4; 1: the
-            GPTQ paper's unweighted ``2 X^T X``); the attention-sink token's large activations
-            are what every later token's norm sees first.
+            GPTQ paper's unweighted ``2 X^T X``): position 0 is the attention sink every later
+            token reads, and its normalized inputs are small, so unweighted GPTQ moves error onto
+            it (:mod:`trtcore.gptq`).
 
     An option the method does not use (``calibration`` for ``"rtn"``, ``bits=4`` or a group
     size for ``"fp8"``, ``strategy`` for ``"awq"``, ...) is refused rather than ignored.
@@ -457,7 +487,8 @@ def quantize_checkpoint(
     Raises:
         InvalidArgumentError: an unknown method, an option the method does not use (named),
             bits / group size / calibration_tokens not integers, a ``dampening_frac`` that is not a
-            positive number, a ``first_token_weight`` that is not a finite number >= 1, bad bits / group size, a linear whose K the
+            number in (0, :data:`MAX_DAMPENING_FRAC`], a ``first_token_weight`` that is not one in
+            [1, :data:`MAX_FIRST_TOKEN_WEIGHT`], bad bits / group size, a linear whose K the
             group size does not divide (named), an already quantized checkpoint, a missing
             calibration file, ``calibration`` or ``calibration_tokens`` with ``calibration_ids``,
             calibration (awq, gptq, static fp8) without token ids on a model with no
@@ -494,18 +525,8 @@ def quantize_checkpoint(
         dampening_frac=dampening_frac,
         first_token_weight=first_token_weight,
     )
-    if first_token_weight is not None and (
-        isinstance(first_token_weight, bool)
-        or not isinstance(first_token_weight, int | float | np.integer | np.floating)
-        or not 1 <= first_token_weight < float("inf")
-    ):
-        raise InvalidArgumentError(f"{_option('first_token_weight')} must be a finite number >= 1, got {first_token_weight!r}")
-    if dampening_frac is not None and (
-        isinstance(dampening_frac, bool)
-        or not isinstance(dampening_frac, int | float | np.integer | np.floating)
-        or not 0 < dampening_frac < float("inf")
-    ):
-        raise InvalidArgumentError(f"{_option('dampening_frac')} must be a positive number, got {dampening_frac!r}")
+    first_token_weight = _number_option("first_token_weight", first_token_weight, 1.0, MAX_FIRST_TOKEN_WEIGHT, low_inclusive=True)
+    dampening_frac = _number_option("dampening_frac", dampening_frac, 0.0, MAX_DAMPENING_FRAC, low_inclusive=False)
     # calibration feeds static input scales and the KV cache scales
     calibrates = "static" if kv_cache_scales else activations or "static"
     try:
@@ -632,8 +653,8 @@ def quantize_checkpoint(
         if method == "gptq":
             from .gptq import DAMPENING_FRAC, FIRST_TOKEN_WEIGHT, gptq_linears, gptq_quantize
 
-            damp = DAMPENING_FRAC if dampening_frac is None else float(dampening_frac)
-            first = FIRST_TOKEN_WEIGHT if first_token_weight is None else float(first_token_weight)
+            damp = DAMPENING_FRAC if dampening_frac is None else dampening_frac
+            first = FIRST_TOKEN_WEIGHT if first_token_weight is None else first_token_weight
 
             def gptq_one(w: np.ndarray, u: np.ndarray) -> QuantizedWeight:
                 return gptq_quantize(w, u, lambda g: group_params(g, bits, symmetric, observer), bits, group_size, symmetric)

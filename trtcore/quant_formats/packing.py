@@ -69,8 +69,9 @@ def check_qweight_layout(qweight: np.ndarray, scales: np.ndarray, bits: int, fmt
         raise CheckpointError(
             f"'{name}.qweight' has shape {tuple(qweight.shape)} for N={n} outputs ('{name}.scales'): packed along {axis}, "
             f"{other}'s layout {layout}, where {fmt} packs along {QWEIGHT_LAYOUTS[fmt][0]} {QWEIGHT_LAYOUTS[fmt][1]}; "
-            f"these are {other} tensors: load the checkpoint as {other.lower()} (quantization={other.lower()!r}, or no "
-            f"quantization argument where its config names the method)"
+            f"these are {other} tensors, which quant_method {fmt.lower()!r} does not describe: where config.json's "
+            f"quantization_config says {fmt.lower()!r}, its quant_method should be {other.lower()!r}; where the method came from "
+            f"quantization={fmt.lower()!r} (a folder with a quantize_config.json beside config.json), pass quantization={other.lower()!r}"
         )
 
 

@@ -4,7 +4,11 @@ per channel; static activation scales) re-rounded with its weight scales multipl
 rounds to, not the grid's relative step), scored like bench/quant_quality.py (mean log-probability
 of the three passages, reference backend, bfloat16, against the bfloat16 engine's).
 
-    python fp8_draws.py SRC_FLOAT_DIR FP8_TENSOR_DIR FP8_CHANNEL_DIR OUT_DIR
+    python fp8_draws.py SRC_FLOAT_DIR FP8_TENSOR_DIR FP8_CHANNEL_DIR OUT_DIR QUANT_QUALITY_JSON
+
+QUANT_QUALITY_JSON: a quant_quality.py result with the bfloat16 variant on the three passages
+(its mean log-probabilities are the baselines). Each row keeps the mean log-probabilities and
+the loss in percent.
 """
 
 import json
@@ -23,12 +27,12 @@ from trtcore import LLM  # noqa: E402
 from trtcore.checkpoint import Checkpoint  # noqa: E402
 from trtcore.fp8 import E4M3, quantize  # noqa: E402
 
-BASE = {"passage.txt": -3.0247, "passage-river.txt": -3.3068, "passage-kitchen.txt": -3.1578}
 ROOT = Path(__file__).resolve().parents[3]
 PASSAGES = [ROOT / "tests/data/passage.txt", ROOT / "bench/data/passage-river.txt", ROOT / "bench/data/passage-kitchen.txt"]
 FACTORS = [1.0, 1.0137, 1.0281, 1.0433]
 
 src, dirs, out = Path(sys.argv[1]), {"tensor": Path(sys.argv[2]), "channel": Path(sys.argv[3])}, Path(sys.argv[4])
+BASE = {Path(k).name: v["mean_logprob"] for k, v in json.loads(Path(sys.argv[5]).read_text())["variants"]["bfloat16"]["passages"].items()}
 results = []
 with Checkpoint(src) as fl:
     for strategy, d in dirs.items():
@@ -55,6 +59,7 @@ with Checkpoint(src) as fl:
                     for p in PASSAGES:
                         ids = list(llm.tokenizer.encode(p.read_text().strip()).ids)
                         lp = mean_logprob(llm, ids)
+                        row[f"{p.name} mean_logprob"] = lp
                         row[p.name] = 100 * (BASE[p.name] - lp) / abs(BASE[p.name])
                     llm.close()
                     results.append(row)
