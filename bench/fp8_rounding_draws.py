@@ -11,9 +11,15 @@ E4M3's relative precision), dynamic activations. Each draw is an equally valid F
 the same method; the spread of their scores is the measure's noise for this model and passage.
 
     python bench/fp8_rounding_draws.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out DIR [--draws 0,0.015625,0.03125,0.046875]
+    python bench/fp8_rounding_draws.py --model ~/.cache/trtcore/models/SmolLM2-135M-Instruct --out DIR \
+        --activations static --passage tests/data/passage.txt bench/data/passage-river.txt bench/data/passage-kitchen.txt
+
+``--activations static``: calibrated input scales (``trtcore quantize --method fp8``'s default;
+trtcore's calibration text), the same in every draw. ``--passage``: several texts scored on each
+draw (default: the quality passage).
 
 Writes ``fp8_rounding_draws.json`` under ``--out``: strategy -> d -> mean log-prob and its relative
-difference from bfloat16's.
+difference from bfloat16's on the first passage, and ``passages``: the same for each passage.
 """
 
 from __future__ import annotations
@@ -57,9 +63,13 @@ def redraw(fp8_dir: Path, dense_dir: Path, out_dir: Path, d: float) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gguf", required=True, help="SmolLM2-135M-Instruct.Q4_1.gguf")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", help="SmolLM2-135M-Instruct.Q4_1.gguf")
+    src.add_argument("--model", type=Path, help="instead of --gguf: the float16 folder trtcore converted it into")
     ap.add_argument("--out", default=".")
     ap.add_argument("--draws", default="0,0.015625,0.03125,0.046875", help="comma-separated d (scales times 1 + d)")
+    ap.add_argument("--activations", choices=["dynamic", "static"], default="dynamic", help="FP8 activation scales (static: calibrated)")
+    ap.add_argument("--passage", type=Path, nargs="+", default=[PASSAGE], help="texts scored on each draw (the first is the headline)")
     args = ap.parse_args()
     from trtcore import LLM
     from trtcore.gguf_convert import convert_gguf
@@ -67,31 +77,36 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ids: list[int] = []
-    results: dict[str, Any] = {}
+    texts = {str(p): p.read_text().strip() for p in args.passage}
+    results: dict[str, Any] = {"activations": args.activations, "passage_files": list(texts)}
 
-    def score(d: Path) -> float:
-        nonlocal ids
+    def score(d: Path) -> dict[str, float]:
         llm = LLM(d, backend="reference", dtype="bfloat16", max_batch_size=1, max_seq_len=512, progress=False, kv_cache="contiguous")
-        ids = ids or list(llm.tokenizer.encode(PASSAGE.read_text().strip()).ids)
-        lp = mean_logprob(llm, ids)
+        lps = {f: mean_logprob(llm, list(llm.tokenizer.encode(t).ids)) for f, t in texts.items()}
         llm.close()
-        return lp
+        return lps
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        dense = convert_gguf(args.gguf, root / "float16", progress=False)
+        dense = args.model if args.model else convert_gguf(args.gguf, root / "float16", progress=False)
         base = score(dense)
-        results["bfloat16"] = base
-        print(f"bfloat16 {base:.6f}", flush=True)
+        first = next(iter(texts))
+        results["bfloat16"] = base[first]
+        results["bfloat16_passages"] = base
+        print("bfloat16 " + "  ".join(f"{lp:.6f}" for lp in base.values()), flush=True)
         for strategy in ("tensor", "channel"):
-            q = quantize_checkpoint(dense, root / strategy, method="fp8", strategy=strategy, activations="dynamic")
+            q = quantize_checkpoint(dense, root / strategy, method="fp8", strategy=strategy, activations=args.activations)
             for d in map(float, args.draws.split(",")):
                 t0 = time.perf_counter()
-                lp = score(redraw(q, dense, root / f"{strategy}-{d}", d) if d else q)
-                rel = abs(lp - base) / abs(base)
-                results.setdefault(strategy, {})[str(d)] = {"mean_logprob": lp, "rel_diff": rel}
-                print(f"{strategy:8} d={d:<9g} {lp:.6f}  {rel * 100:.2f}%  ({time.perf_counter() - t0:.0f} s)", flush=True)
+                lps = score(redraw(q, dense, root / f"{strategy}-{d}", d) if d else q)
+                each = {f: {"mean_logprob": lp, "rel_diff": abs(lp - base[f]) / abs(base[f])} for f, lp in lps.items()}
+                results.setdefault(strategy, {})[str(d)] = {**each[first], "passages": each}
+                print(
+                    f"{strategy:8} d={d:<9g} "
+                    + "  ".join(f"{e['mean_logprob']:.6f} {e['rel_diff'] * 100:.2f}%" for e in each.values())
+                    + f"  ({time.perf_counter() - t0:.0f} s)",
+                    flush=True,
+                )
                 (out / "fp8_rounding_draws.json").write_text(json.dumps(results, indent=1))
     return 0
 
