@@ -22,13 +22,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 
-__all__ = [
-    "DEFAULT_CALIBRATION",
-    "calibration_token_ids",
-    "capture_calibration",
-    "capture_prefill",
-    "network_tensor_names",
-]
+__all__ = ["DEFAULT_CALIBRATION", "calibration_token_ids", "capture_calibration", "capture_prefill", "network_tensor_names"]
 
 #: the calibration text ``trtcore quantize --method awq`` uses by default
 DEFAULT_CALIBRATION = Path(__file__).parent / "data" / "calibration.txt"

@@ -389,7 +389,7 @@ def _number_option(name: str, value: Any, low: float, high: float, *, low_inclus
     if value is None:
         return None
     number: float | None = None
-    if not isinstance(value, bool | np.bool_) and isinstance(value, int | float | np.integer | np.floating):
+    if not isinstance(value, bool) and isinstance(value, int | float | np.integer | np.floating):  # np.bool_ is neither
         try:
             number = float(value)
         except OverflowError:

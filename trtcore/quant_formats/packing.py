@@ -63,8 +63,8 @@ def check_qweight_layout(qweight: np.ndarray, scales: np.ndarray, bits: int, fmt
         return  # the readers name a wrong rank
     n, cols = int(scales.shape[1]), int(qweight.shape[1])
     packed_n = -(-n * bits // 32)
-    other = "AWQ" if fmt == "GPTQ" else "GPTQ"
-    if cols == (packed_n if other == "AWQ" else n) and cols != (n if fmt == "GPTQ" else packed_n):
+    other, expected, foreign = ("AWQ", n, packed_n) if fmt == "GPTQ" else ("GPTQ", packed_n, n)
+    if cols == foreign != expected:
         axis, layout = QWEIGHT_LAYOUTS[other]
         raise CheckpointError(
             f"'{name}.qweight' has shape {tuple(qweight.shape)} for N={n} outputs ('{name}.scales'): packed along {axis}, "
