@@ -283,6 +283,55 @@ __device__ __forceinline__ bool keep2(const Row& r, double z, double w, double k
     return keep1(r, z, w, kth) && (z > vstar || (z == vstar && i <= cut));
 }
 
+// One logit of pass A's raw scan: +inf / NaN flags, then the sanitized value (NaN and +inf ->
+// -inf, as raw_at) against the thread's running maximum. A thread sees its ids in increasing
+// order, so the strict > keeps the lowest id of a tie (block_argmax breaks ties across
+// threads the same way) and a row of -inf keeps id INT_MAX_ ("none").
+__device__ __forceinline__ void scan_raw_one(float f, int i, float& m, int& arg, int& posinf, int& nonfinite) {
+    const unsigned int u = __float_as_uint(f);
+    const bool special = (u & 0x7f800000u) == 0x7f800000u;  // NaN or +-inf
+    nonfinite |= special;
+    posinf |= u == 0x7f800000u;
+    if (!special && f > m) { m = f; arg = i; }
+}
+
+// Pass A's scan of one row x[0:V] for this thread: the thread's raw maximum (float32, -inf
+// if none) and its lowest id, and the +inf / non-finite flags. The row is read in 16-byte
+// vectors (a scalar head up to the first 16-byte boundary, a scalar tail), SCAN_UNROLL of
+// them in flight per thread: one load of 2 bytes per thread at a time left a 128K-token
+// vocabulary latency-bound on the row's one block. Thread tid takes head id tid, then the
+// vectors tid, tid + BLOCK, ..., then tail ids tid, tid + BLOCK, ...: increasing ids.
+#define SCAN_UNROLL 4
+__device__ void scan_raw_row(const elem_t* __restrict__ x, int V, float& m, int& arg, int& posinf, int& nonfinite) {
+    constexpr int E = 16 / (int)sizeof(elem_t);  // elements per vector
+    const int tid = threadIdx.x;
+    m = __int_as_float(0xff800000);
+    arg = INT_MAX_;
+    const int mis = (int)(((unsigned long long)x & 15ULL) / sizeof(elem_t));
+    const int head = min(V, mis ? E - mis : 0);
+    if (tid < head) scan_raw_one(to_f32(x[tid]), tid, m, arg, posinf, nonfinite);
+    const int nvec = (V - head) / E;
+    const uint4* xv = reinterpret_cast<const uint4*>(x + head);
+    union Vec { uint4 v; elem_t e[E]; };
+    int vi = tid;
+    for (; vi + (SCAN_UNROLL - 1) * BLOCK < nvec; vi += SCAN_UNROLL * BLOCK) {
+        Vec w[SCAN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < SCAN_UNROLL; ++u) w[u].v = xv[vi + u * BLOCK];
+#pragma unroll
+        for (int u = 0; u < SCAN_UNROLL; ++u)
+#pragma unroll
+            for (int j = 0; j < E; ++j) scan_raw_one(to_f32(w[u].e[j]), head + (vi + u * BLOCK) * E + j, m, arg, posinf, nonfinite);
+    }
+    for (; vi < nvec; vi += BLOCK) {
+        Vec w;
+        w.v = xv[vi];
+#pragma unroll
+        for (int j = 0; j < E; ++j) scan_raw_one(to_f32(w.e[j]), head + vi * E + j, m, arg, posinf, nonfinite);
+    }
+    for (int i = head + nvec * E + tid; i < V; i += BLOCK) scan_raw_one(to_f32(x[i]), i, m, arg, posinf, nonfinite);
+}
+
 // One digit of an MSB-first radix descent: extend the key prefix by the chosen bin.
 __device__ __forceinline__ void radix_extend(unsigned long long& prefix, unsigned long long& mask, int shift, int bin) {
     prefix |= (unsigned long long)bin << shift;
@@ -339,19 +388,33 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
     // pass A: +inf, the raw argmax (fallback, logprobs) and the penalized argmax (greedy, zmax)
     int posinf = 0, nonfinite = 0, rarg = INT_MAX_, larg = INT_MAX_;
     double rmax = neg_inf(), lmax = neg_inf();
-    for (int i = tid; i < V; i += BLOCK) {
-        float f = to_f32(r.x[i]);
-        if (f == __int_as_float(0x7f800000)) posinf = 1;
-        if ((__float_as_uint(f) & 0x7f800000u) == 0x7f800000u) nonfinite = 1;  // NaN or +-inf
-        double xr = raw_at(r, i);
-        if (xr > rmax) { rmax = xr; rarg = i; }
-        double l = pen_of(r, xr, i);
-        if (l > lmax) { lmax = l; larg = i; }
+    if (!(flags & (FLAG_PENALTIES | FLAG_BAN))) {
+        // no penalty, no ban: the penalized row is the raw one, so one scan gives both
+        // argmaxes, in float32 (float -> double is exact: floats rank as their doubles do)
+        // with 16-byte loads (scan_raw_row); this is the whole kernel of a greedy step
+        float fmax;
+        scan_raw_row(r.x, V, fmax, rarg, posinf, nonfinite);
+        rmax = (double)fmax;
+        posinf = block_max_int(posinf, s);
+        nonfinite = block_max_int(nonfinite, s);
+        block_argmax(rmax, rarg, s);
+        lmax = rmax;
+        larg = rarg;
+    } else {
+        for (int i = tid; i < V; i += BLOCK) {
+            float f = to_f32(r.x[i]);
+            if (f == __int_as_float(0x7f800000)) posinf = 1;
+            if ((__float_as_uint(f) & 0x7f800000u) == 0x7f800000u) nonfinite = 1;  // NaN or +-inf
+            double xr = raw_at(r, i);
+            if (xr > rmax) { rmax = xr; rarg = i; }
+            double l = pen_of(r, xr, i);
+            if (l > lmax) { lmax = l; larg = i; }
+        }
+        posinf = block_max_int(posinf, s);
+        nonfinite = block_max_int(nonfinite, s);
+        block_argmax(rmax, rarg, s);
+        block_argmax(lmax, larg, s);
     }
-    posinf = block_max_int(posinf, s);
-    nonfinite = block_max_int(nonfinite, s);
-    block_argmax(rmax, rarg, s);
-    block_argmax(lmax, larg, s);
 
     int token, status = STATUS_OK;
     if (posinf || rarg == INT_MAX_ || larg == INT_MAX_) {  // unusable, or everything banned

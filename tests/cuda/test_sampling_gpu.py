@@ -228,6 +228,48 @@ def test_nan_and_inf_rows_are_errors_of_their_row_only(stream) -> None:
     assert got.token_ids[1] == 0 and got.token_ids[3] >= VOCAB // 2
 
 
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("vocab", [3, 13, 50257])
+def test_raw_scan_at_every_row_alignment(stream, dtype: str, vocab: int) -> None:
+    """Rows without penalties or bans take the kernel's vectorized raw scan (16-byte loads,
+    a scalar head to the first 16-byte boundary and a scalar tail): rows starting at every
+    element offset from that boundary, vocabularies shorter than one vector and a large
+    one, ties (the lowest id wins) between the head, the vectors and the tail, and NaN /
+    +-inf in each part; greedy, logprob and seeded rows against the reference."""
+    rng = np.random.default_rng(zlib.crc32(f"scan:{dtype}:{vocab}".encode()))
+    per_vec = 16 // np.dtype(DTYPES[dtype]).itemsize
+    batch, stride = 2 * per_vec, vocab + 1  # row r starts r elements past a 16-byte boundary (mod per_vec)
+    x = rng.integers(-8, 8, (batch, stride)).astype(np.float32)  # few values: many exact ties
+    for r in range(batch):
+        ids = sorted(rng.choice(vocab, size=min(vocab, 3), replace=False).tolist())
+        x[r, ids] = 9.0  # a three-way tie for the maximum: the lowest id must win
+        if r % 4 == 1:
+            x[r, rng.integers(0, vocab, 2)] = [np.nan, -np.inf]
+        if r % 4 == 2:
+            x[r, vocab - 1] = np.nan
+            x[r, 0] = -np.inf
+    x[:, vocab] = 1e4  # the padding column, never read
+    if batch > 5:
+        x[5, : vocab // 2] = np.nan  # the maximum in the second half only
+        x[6, 1 % vocab] = np.inf  # +inf: the row falls back
+    logits = x.astype(DTYPES[dtype])
+    kinds = [dict(temperature=0.0), dict(temperature=0.0, logprobs=4), dict(temperature=1.0, seed=11), dict(top_k=2, seed=3)]
+    rows = [SamplingRow(SamplingParams(**kinds[r % len(kinds)])) for r in range(batch)]
+    flat = np.concatenate([np.zeros(1, logits.dtype), logits.ravel()])  # rows start one element past the allocation
+    from trtcore.runtime.sampling_gpu import GpuSampler
+
+    with GpuSampler(batch, vocab, dtype, stream) as s:
+        dev = _Dev(flat)
+        try:
+            s.set_params(rows)
+            s.sample(dev.ptr + flat.itemsize, row_stride=stride)
+            got = s.result()
+        finally:
+            dev.free()
+    want = sample_rows(logits.astype(np.float32), rows, vocab_size=vocab)
+    _assert_same(got, want, rows)
+
+
 def test_padding_rows_and_a_padded_vocabulary(stream) -> None:
     rng = np.random.default_rng(4)
     logits = _logits(rng, 4, "float16")
