@@ -71,8 +71,8 @@ def k_step_graph(runner: Any, k: int) -> Any:
     try:
         for j in range(k):
             side = j % 2
-            dev.copy_async(runner.staging_ptr, int(runner.host_staging[side].ctypes.data), g.layout.nbytes)
-            runner._run(g.context, g.layout)
+            runner._stage(g.layout, side)
+            runner._run(g.context)
             runner.sampler.kernel.enqueue_step(side, g.size, runner.logits_ptr, runner.vocab_size)
     finally:
         exe = dev.end_capture()

@@ -8,7 +8,7 @@ What runs for real: all of trtcore's Python, NumPy, the status checks of every C
 (:func:`trtcore.gpu.call` / :func:`trtcore.gpu.check`). What is stubbed: the ``cuda.bindings``
 runtime module (:class:`FakeCudart`: each call returns ``(0, value)`` at once; ``cudaMallocHost``
 gives real host memory, ``cudaGraphLaunch`` writes the step's sampled token into the sampler's
-pinned results, as the captured graph's copy back would), the NVRTC kernels (a launch does
+pinned results, as the captured sampling kernel would), the NVRTC kernels (a launch does
 nothing) and the TensorRT engine (:class:`FakeEngine`: contexts that accept every shape and
 address). So the time per step here is the host work of
 :func:`trtcore.bench.host_time_per_step` minus what the real CUDA calls cost on the GPU machine
@@ -93,6 +93,9 @@ class FakeCudart:
         ptr = ctypes.addressof(buf)
         self._host[ptr] = buf
         return (0, ptr)
+
+    def cudaHostGetDevicePointer(self, ptr: int, flags: int) -> tuple[int, int]:
+        return (0, int(ptr))  # unified addressing: the host pointer
 
     def cudaMemGetInfo(self) -> tuple[int, int, int]:
         return (0, 100 << 30, 141 << 30)

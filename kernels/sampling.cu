@@ -27,12 +27,16 @@
 // Buffers (all preallocated by trtcore.runtime.sampling_gpu.GpuSampler; nothing is
 // allocated here, no host synchronisation: capturable in a CUDA graph):
 //   logits        DTYPE [batch, row_stride], columns >= vocab_size never read
-//   params        RowParams [batch] (layout: the struct below; checked by sampling_layout)
+//   params        RowParams [batch] (layout: the struct below; checked by sampling_layout),
+//                 in pinned host memory: each row's block reads its record once, into shared
+//                 memory, before the PDL wait (the host wrote it before the launch)
 //   counts        int32 [num_slots, vocab_size]: output-token counts of each slot
 //                 (incremented here by the sampled token of rows with penalties)
 //   prompt_mask   uint8 [num_slots, vocab_size]: 1 where the token is in the prompt
-//   results       RowResult [batch]
-//   top_ids       int32 [batch, MAX_LOGPROBS], top_logprobs float32 [batch, MAX_LOGPROBS]
+//   results       RowResult [batch] on the device (what sampling_stage_inputs reads) and
+//   host_results  the same in pinned host memory (what the host reads): no copy back
+//   top_ids       int32 [batch, MAX_LOGPROBS], top_logprobs float32 [batch, MAX_LOGPROBS],
+//                 pinned host memory, written for the rows that ask for logprobs
 //   dynamic shared memory: 4 * ceil(vocab_size / 32) bytes (the banned-id bitmap)
 //
 // Defines: DTYPE (0 float32, 1 float16, 2 bfloat16; dtype.cuh), BLOCK (threads per block,
@@ -283,6 +287,18 @@ __device__ __forceinline__ bool keep2(const Row& r, double z, double w, double k
     return keep1(r, z, w, kth) && (z > vstar || (z == vstar && i <= cut));
 }
 
+// A row's result, into the device buffer (read by the next step's sampling_stage_inputs) and
+// the host's pinned buffer (one 16-byte store each); the host reads it after the step's event.
+__device__ __forceinline__ void write_result(RowResult* dev, RowResult* host, int token, int status, float logprob, int rank) {
+    RowResult r;
+    r.token = token;
+    r.status = status;
+    r.logprob = logprob;
+    r.rank = rank;
+    *dev = r;
+    *host = r;
+}
+
 // One logit of pass A's raw scan: +inf / NaN flags, then the sanitized value (NaN and +inf ->
 // -inf, as raw_at) against the thread's running maximum. A thread sees its ids in increasing
 // order, so the strict > keeps the lowest id of a tie (block_argmax breaks ties across
@@ -341,9 +357,18 @@ __device__ __forceinline__ void radix_extend(unsigned long long& prefix, unsigne
 extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
     const elem_t* __restrict__ logits, long long row_stride, int vocab_size, const RowParams* __restrict__ params,
     int* __restrict__ counts, const unsigned char* __restrict__ prompt_mask, RowResult* __restrict__ results,
-    int* __restrict__ top_ids, float* __restrict__ top_logprobs) {
+    RowResult* __restrict__ host_results, int* __restrict__ top_ids, float* __restrict__ top_logprobs) {
+    // the row's record, one read of host memory (every word in flight at once) while the
+    // kernel before finishes: it does not depend on the device's work
+    __shared__ RowParams rp;
+    {
+        const int* src = reinterpret_cast<const int*>(params + blockIdx.x);
+        int* dst = reinterpret_cast<int*>(&rp);
+        for (int w = threadIdx.x; w < (int)(sizeof(RowParams) / 4); w += BLOCK) dst[w] = src[w];
+    }
     PDL_WAIT();
     PDL_LAUNCH();
+    __syncthreads();
     extern __shared__ unsigned int ban_bits[];
     __shared__ Scratch s;
     __shared__ unsigned int hist[256];
@@ -352,11 +377,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
     __shared__ double sel_above;
 
     const int row = blockIdx.x, tid = threadIdx.x, V = vocab_size;
-    const RowParams* p = params + row;
-    RowResult* res = results + row;
+    const RowParams* p = &rp;
     const int flags = p->flags;
     if (!(flags & FLAG_ACTIVE)) {
-        if (tid == 0) { res->token = 0; res->status = STATUS_INACTIVE; res->logprob = 0.0f; res->rank = 0; }
+        if (tid == 0) write_result(results + row, host_results + row, 0, STATUS_INACTIVE, 0.0f, 0);
         return;
     }
     const int slot = p->slot;
@@ -593,10 +617,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
     }
 
     if (tid == 0) {
-        res->token = token;
-        res->status = status | (nonfinite ? STATUS_NONFINITE_BIT : 0);
-        res->logprob = chosen_lp;
-        res->rank = rank;
+        write_result(results + row, host_results + row, token, status | (nonfinite ? STATUS_NONFINITE_BIT : 0), chosen_lp, rank);
         if ((flags & FLAG_PENALTIES) && status == STATUS_OK && slot >= 0) counts[(long long)slot * V + token] += 1;
     }
 }
@@ -624,19 +645,40 @@ extern "C" __global__ void sampling_fill_slot(int* __restrict__ counts, unsigned
     }
 }
 
+// A step's staged int32 inputs (trtcore.runtime.device_runner.StepLayout), num_words of them,
+// from pinned host memory src into the device staging buffer dst: read by the kernel itself
+// (no copy-engine node in the step's graph), 16 bytes a thread where they are aligned.
 // Asynchronous scheduling: a step scheduled before the previous step's tokens reached the host
 // stages, for each such token, -(row + 1) in place of its id, row = its sequence's row in the
-// previous step's results; this writes that row's sampled token there (0 for a row that
-// sampled none, so the embedding is never read out of range: that sequence's step is discarded).
-extern "C" __global__ void sampling_feed_tokens(int* __restrict__ input_ids, int num_tokens, const RowResult* __restrict__ results,
-                                                int vocab_size) {
-    PDL_WAIT();
+// previous step's results; the words [ids_word, ids_word + num_tokens) of dst are the step's
+// input_ids, and each such placeholder is written as that row's sampled token (0 for a row
+// that sampled none, so the embedding is never read out of range: that sequence's step is
+// discarded). num_tokens 0: a plain copy.
+__device__ __forceinline__ int staged_word(int v, int w, int ids_word, int num_tokens, const RowResult* __restrict__ results, int vocab_size) {
+    if (v >= 0 || w < ids_word || w >= ids_word + num_tokens) return v;
+    const int t = results[-(v + 1)].token;
+    return (t >= 0 && t < vocab_size) ? t : 0;
+}
+
+extern "C" __global__ void sampling_stage_inputs(int* __restrict__ dst, const int* __restrict__ src, int num_words, int ids_word,
+                                                 int num_tokens, const RowResult* __restrict__ results, int vocab_size) {
+    PDL_WAIT();  // the step before reads dst and writes results
     PDL_LAUNCH();
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < num_tokens; i += gridDim.x * blockDim.x) {
-        int v = input_ids[i];
-        if (v < 0) {
-            int t = results[-(v + 1)].token;
-            input_ids[i] = (t >= 0 && t < vocab_size) ? t : 0;
+    const bool vec = ((((unsigned long long)dst) | ((unsigned long long)src)) & 15ULL) == 0ULL;
+    const int nvec = vec ? num_words / 4 : 0;
+    const int n = nvec + (num_words - 4 * nvec);  // vectors, then the words after them
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        if (i < nvec) {
+            int4 v = reinterpret_cast<const int4*>(src)[i];
+            const int w = 4 * i;
+            v.x = staged_word(v.x, w, ids_word, num_tokens, results, vocab_size);
+            v.y = staged_word(v.y, w + 1, ids_word, num_tokens, results, vocab_size);
+            v.z = staged_word(v.z, w + 2, ids_word, num_tokens, results, vocab_size);
+            v.w = staged_word(v.w, w + 3, ids_word, num_tokens, results, vocab_size);
+            reinterpret_cast<int4*>(dst)[i] = v;
+        } else {
+            const int w = 4 * nvec + (i - nvec);
+            dst[w] = staged_word(src[w], w, ids_word, num_tokens, results, vocab_size);
         }
     }
 }

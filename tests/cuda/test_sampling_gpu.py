@@ -322,7 +322,7 @@ def test_graph_replay_equals_eager_step(stream) -> None:
             s.sample(dev.ptr, row_stride=WIDTH)  # eager warm-up (loads the module, sets attributes)
             s.result()
             _ok(rt.cudaStreamBeginCapture(stream, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
-            s.sample(dev.ptr, row_stride=WIDTH, copy_logprobs=True)
+            s.sample(dev.ptr, row_stride=WIDTH)
             graph = _ok(rt.cudaStreamEndCapture(stream))
             exe = _ok(rt.cudaGraphInstantiate(graph, 0))
             for step in range(1, 8):
@@ -341,6 +341,48 @@ def test_graph_replay_equals_eager_step(stream) -> None:
             rt.cudaGraphDestroy(graph)
         finally:
             dev.free()
+
+
+@pytest.mark.parametrize("offset", [0, 4, 12])
+def test_stage_inputs_copies_pinned_words_and_feeds_the_tokens_in_flight(stream, offset: int) -> None:
+    """stage_inputs: the kernel reads the staged words from pinned host memory (vector and
+    word paths: a 16-byte aligned buffer, or one 4 or 12 bytes past it, and a count that
+    is not a multiple of 4), writes them to the device, and replaces each placeholder
+    ``-(row + 1)`` inside the input_ids words only by the token the last step drew for that
+    row (0 for the inactive row); words outside input_ids keep their negative values, and
+    nothing outside the staged bytes is written."""
+    from trtcore.runtime.sampling_gpu import _Pinned
+
+    rt = _rt()
+    rng = np.random.default_rng(8)
+    batch, words, ids_at, ntok = 4, 1031, 100, 37
+    with _sampler(stream, batch) as s:
+        rows = [SamplingRow(SamplingParams(temperature=0)) for _ in range(batch - 1)] + [None]
+        logits = _logits(rng, batch, "float32")
+        got = _gpu_step(s, logits, rows)
+        drawn = got.token_ids.tolist()  # the last step's tokens; row 3 inactive (-1)
+        host = _Pinned((words + 8,), np.dtype(np.int32))
+        dev = _Dev(np.full(words + 8, -7, np.int32))
+        try:
+            base = offset // 4
+            staged = rng.integers(-3, 1000, words).astype(np.int32)
+            staged[ids_at : ids_at + 8] = [-1, -2, -3, -4, 5, -1, 0, 9]  # placeholders of rows 0..3
+            host.array[base : base + words] = staged
+            src, dst = host.ptr + offset, dev.ptr + offset
+            s.stage_inputs(dst, src, 4 * words, dst + 4 * ids_at, ntok)
+            _ok(rt.cudaStreamSynchronize(stream))
+            out = dev.download(np.int32, (words + 8,))
+        finally:
+            host.free()
+            dev.free()
+    want = staged.copy()
+    ids = want[ids_at : ids_at + ntok]
+    fed = ids < 0
+    tok = np.array([drawn[-(v + 1)] if v < 0 else v for v in ids])
+    ids[fed] = np.where(tok[fed] >= 0, tok[fed], 0)
+    np.testing.assert_array_equal(out[base : base + words], want)
+    assert (out[:base] == -7).all() and (out[base + words :] == -7).all()  # nothing written outside
+    assert (want[:ids_at] < 0).any()  # negative words outside input_ids were copied as they are
 
 
 def test_stage_and_result_status_equal_set_packed_and_result(stream) -> None:

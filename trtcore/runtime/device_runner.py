@@ -18,7 +18,9 @@ them, and start-up logs them):
 * **staging**: a pinned host buffer and a device buffer of the same size holding every int32
   input of a step (token ids, positions, block tables, ``seq_lens``, ``query_start_loc``,
   ``last_token_ids``, ``rope_seq_lens``) at the offsets of :class:`StepLayout`; each step writes
-  the host side and copies the used bytes with one ``cudaMemcpyAsync``;
+  the host side and copies the used bytes with one kernel (:meth:`GpuSampler.stage_inputs
+  <trtcore.runtime.sampling_gpu.GpuSampler.stage_inputs>`, which reads the pinned buffer itself
+  and writes the tokens still in flight on the way: no copy-engine node in a step's graph);
 * **logits**: ``float32 [max_rows, vocab_size]`` on the device (the engine's output,
   bound once) and pinned on the host (the rows sampled this step are copied back).
 
@@ -53,16 +55,17 @@ SmolLM2-135M's prefill is 8-15 ms of host Python, ``bench/results/cpu-2026-12-02
 **Sampling** on the device (:class:`~trtcore.runtime.request_sampler.RequestSampler` over the
 batched sampling kernel, :class:`~trtcore.runtime.sampling_gpu.GpuSampler`): right behind the
 engine, the kernel samples the logits rows of the sequences that produce a token and their ids
-(16 bytes a row, plus the top-k logprobs) are copied to pinned memory; :meth:`~DeviceRunner.sample`
-waits for that copy only. The logits stay on the device (:meth:`~DeviceRunner.logits_rows`
+(16 bytes a row, plus the top-k logprobs) are written into pinned memory by the kernel itself;
+:meth:`~DeviceRunner.sample` waits for that step's event only. The logits stay on the device (:meth:`~DeviceRunner.logits_rows`
 copies them for tests and debugging).
 
 **One graph per decode step and host side.** Each bucket has two graphs, one per host side
 (pinned staging buffer and pinned sampler buffers; steps alternate sides, so a step is staged
 while the step before may still be in flight, asynchronous scheduling): the copy of that side's
-staging to the device, ``sampling_feed_tokens`` (a token still in flight, staged as ``-(row + 1)``,
-becomes what the step before sampled for that row), the engine, and the sampling of that side's
-records with its copies back and done event. A decode step writes its inputs and its sampling
+staging to the device by ``sampling_stage_inputs`` (a token still in flight, staged as
+``-(row + 1)``, becomes what the step before sampled for that row), the engine, and the sampling
+of that side's records (read from and written to its pinned buffers) with its done event: kernel
+nodes and one event record. A decode step writes its inputs and its sampling
 records into the side's pinned buffers and launches that side's graph: one CUDA call.
 
 **Host work per step**: no Python per layer -- a decode step is the staging of its inputs and
@@ -296,8 +299,8 @@ def fill_step(
 
     A token still in flight (:data:`~trtcore.runtime.scheduler.PLACEHOLDER_TOKEN_ID`, negative)
     is staged as ``-(row + 1)``, ``row = fed_rows[request_id]`` its request's row in the
-    previous step's sampling, for the device to replace (:meth:`GpuSampler.feed_tokens
-    <trtcore.runtime.sampling_gpu.GpuSampler.feed_tokens>`).
+    previous step's sampling, for the device to replace (:meth:`GpuSampler.stage_inputs
+    <trtcore.runtime.sampling_gpu.GpuSampler.stage_inputs>`).
 
     Raises:
         InvalidArgumentError: the batch has more tokens or sequences than the layout, or the
@@ -699,8 +702,8 @@ class DeviceRunner:
         for g in self.graphs.values():
             for views in g.views:
                 fill_step(views, empty, self.scratch_block)
-            self._copy_inputs(g.layout)
-            self._run(g.context, g.layout)  # warm-up: the launches are prepared for these shapes
+            self._stage(g.layout)
+            self._run(g.context)  # warm-up: the launches are prepared for these shapes
             self.device.synchronize()
             if self.enforce_eager:
                 continue
@@ -708,15 +711,14 @@ class DeviceRunner:
 
     def _capture_step(self, ctx: Any, layout: StepLayout, rows: int) -> list[Any]:
         """Per host side, a graph of one whole step on ``ctx`` (TensorRT: captured after a
-        warm-up run for these shapes): the staging copy from that side, the feed of tokens in
-        flight, the engine, and the sampling of ``rows`` rows of that side's records with its
-        copies back."""
+        warm-up run for these shapes): the staging copy from that side with the feed of tokens
+        in flight, the engine, and the sampling of ``rows`` rows of that side's records."""
         graphs = []
         for side in range(len(self.host_staging)):
             self.device.begin_capture()
             try:
-                self.device.copy_async(self.staging_ptr, int(self.host_staging[side].ctypes.data), layout.nbytes)
-                self._run(ctx, layout)
+                self._stage(layout, side)
+                self._run(ctx)
                 self.sampler.kernel.enqueue_step(side, rows, self.logits_ptr, self.vocab_size)
             finally:
                 graph = self.device.end_capture()
@@ -763,10 +765,10 @@ class DeviceRunner:
             layout, views = self._eager_layout(T, B)
             for v in views:
                 fill_step(v, empty, self.scratch_block, None, self.max_row_tokens)
-            self._copy_inputs(layout)
+            self._stage(layout)
             self._set_eager_shapes(layout)
             self._bind_inputs(self.eager, layout)
-            self._run(self.eager, layout)
+            self._run(self.eager)
             self.device.synchronize()
             self._eager_graphs[(T, B)] = self._capture_uploaded(self.eager, layout, B)
         self._filled = [None, None]  # the staging holds eager layouts now
@@ -797,14 +799,15 @@ class DeviceRunner:
                     raise DeviceRunnerError(f"the engine refuses input {name!r} of shape {shape} (outside its optimization profile)")
                 self._eager_shapes[name] = shape
 
-    def _copy_inputs(self, layout: StepLayout) -> None:
-        self.device.copy_async(self.staging_ptr, int(self.host_staging[self._side].ctypes.data), layout.nbytes)
+    def _stage(self, layout: StepLayout, side: int | None = None, feed: bool = True) -> None:
+        """Enqueue the copy of host side ``side``'s staging (default the current side) to the
+        device, writing the tokens still in flight into ``input_ids`` on the way (``feed``)."""
+        host = int(self.host_staging[self._side if side is None else side].ctypes.data)
+        tokens = layout.num_tokens if feed else 0
+        self.sampler.stage_inputs(self.staging_ptr, host, layout.nbytes, self.staging_ptr + layout.fields[INPUT_IDS][0], tokens)
 
-    def _run(self, ctx: Any, layout: StepLayout, feed: bool = True) -> None:
-        """Enqueue one step on staged inputs: the write of the tokens still in flight into
-        ``input_ids`` (``feed``), then the engine."""
-        if feed:
-            self.sampler.feed_tokens(self.staging_ptr + layout.fields[INPUT_IDS][0], layout.num_tokens)
+    def _run(self, ctx: Any) -> None:
+        """Enqueue the engine on the staged inputs."""
         if not ctx.execute_async_v3(self.device.stream):
             raise DeviceRunnerError("execute_async_v3 failed")
 
@@ -900,8 +903,8 @@ class DeviceRunner:
                 self.device.launch_graph(g.graphs[side])
                 self.num_graph_replays += 1
             else:
-                self._copy_inputs(g.layout)
-                self._run(g.context, g.layout)
+                self._stage(g.layout)
+                self._run(g.context)
                 sampling = self._sample(ids)
             return g.size, sampling
         tokens = sum(s.num_new_tokens for s in batch.seqs)
@@ -925,10 +928,10 @@ class DeviceRunner:
             self.num_graph_replays += 1
             self.num_eager_graph_replays += 1
             return B, sampling
-        self._copy_inputs(layout)
+        self._stage(layout, feed=bool(fed))
         self._set_eager_shapes(layout)
         self._bind_inputs(self.eager, layout)
-        self._run(self.eager, layout, feed=bool(fed))
+        self._run(self.eager)
         sampling = self._sample(ids)
         if self.eager_graphs and (T, B) in self._eager_shape_set and (T, B) not in self._eager_graphs:
             if (T, B) in self._eager_seen:  # it recurs: capture it, the run above was its warm-up

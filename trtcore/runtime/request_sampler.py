@@ -138,7 +138,7 @@ class HostSamplerKernel:
         self.enqueue_step(self._turn, len(staged[1]), logits, row_stride)
         return staged[2]
 
-    def enqueue_step(self, side: int, rows: int, logits: int, row_stride: int | None = None, *, copy_logprobs: bool = True) -> None:
+    def enqueue_step(self, side: int, rows: int, logits: int, row_stride: int | None = None) -> None:
         """Enqueue the reference on what ``side`` holds when it runs (capturable: a graph
         replay samples the records staged on that side before it)."""
         stride = self.vocab_size if row_stride is None else int(row_stride)
@@ -180,9 +180,14 @@ class HostSamplerKernel:
 
         self.device.enqueue(run)
 
-    def feed_tokens(self, input_ids: int, num_tokens: int) -> None:
-        """Enqueue :meth:`GpuSampler.feed_tokens`' write: an id ``-(row + 1)`` in the int32
-        ``input_ids [num_tokens]`` becomes the token the last sampling drew for ``row``."""
+    def stage_inputs(self, dst: int, src: int, nbytes: int, input_ids: int, num_tokens: int) -> None:
+        """Enqueue :meth:`GpuSampler.stage_inputs`: the copy of ``nbytes`` of staged inputs
+        from ``src`` to ``dst``, then the write of the tokens in flight: an id ``-(row + 1)``
+        in the int32 ``input_ids [num_tokens]`` becomes the token the last sampling drew for
+        ``row``."""
+        self.device.copy_async(int(dst), int(src), int(nbytes))
+        if not num_tokens:
+            return
 
         def run() -> None:
             ids = self.device.view(int(input_ids), (int(num_tokens),), np.int32)
@@ -438,10 +443,11 @@ class RequestSampler:
         ids = request_ids if type(request_ids) is list else list(request_ids)
         return tuple.__new__(SamplingStep, (ids, host_rows, ticket, logprobs))  # SamplingStep(...) without its Python __new__
 
-    def feed_tokens(self, input_ids: int, num_tokens: int) -> None:
-        """Enqueue the write of the last step's sampled tokens into the next step's staged
-        ``input_ids`` (``-(row + 1)`` placeholders; :meth:`GpuSampler.feed_tokens`)."""
-        self.kernel.feed_tokens(input_ids, num_tokens)
+    def stage_inputs(self, dst: int, src: int, nbytes: int, input_ids: int, num_tokens: int) -> None:
+        """Enqueue the copy of a step's staged inputs (pinned host ``src`` -> device ``dst``,
+        ``nbytes``) with the write of the last step's sampled tokens into its ``input_ids``
+        (``-(row + 1)`` placeholders among ``num_tokens``; :meth:`GpuSampler.stage_inputs`)."""
+        self.kernel.stage_inputs(dst, src, nbytes, input_ids, num_tokens)
 
     def collect(self, step: SamplingStep) -> tuple[dict[Hashable, int], dict[Hashable, Any], dict[Hashable, str]]:
         """Wait for ``step`` (an :meth:`enqueue`'s) and return ``(tokens, logprobs, errors)``

@@ -1,7 +1,8 @@
 """The sampling step on the GPU: kernels/sampling.cu (NVRTC) behind a preallocating object.
 
 :class:`GpuSampler` samples a ``[batch, row_stride]`` logits buffer that is already on the
-device and copies back only the sampled ids (and the requested logprobs), asynchronously.
+device and writes only the sampled ids (and the requested logprobs) into pinned host memory,
+asynchronously.
 It is the GPU twin of :func:`trtcore.runtime.sampling.sample_rows`: for the same logits,
 :class:`~trtcore.runtime.sampling.SamplingRow` s and seeds, both give the same tokens
 (Philox4x32-10 draws keyed by ``(seed, step)``; see kernels/sampling.cu for the numerics).
@@ -11,31 +12,35 @@ One step::
     sampler = GpuSampler(max_batch_size=32, vocab_size=49152, dtype="bfloat16", stream=s)
     sampler.add_request(slot, prompt_ids)        # once per request with penalties
     sampler.set_params(rows, slots)              # host: fills pinned staging memory
-    sampler.sample(logits_ptr, row_stride=width) # enqueued on s: H2D params, kernel, D2H ids
+    sampler.sample(logits_ptr, row_stride=width) # enqueued on s: one kernel
     res = sampler.result()                       # waits for this step's event only
 
 ``sample`` allocates nothing and never synchronizes with the host, so it can be captured in
 a CUDA graph (``cudaStreamBeginCapture`` on ``stream`` around it); a replay then reads the
 pinned parameters written by the last ``set_params`` and writes the pinned results that
-``result()`` reads. A graph replays the copies that were captured: capture with the same
-row count, and with a row asking for logprobs if replays will (``copy_logprobs=True``),
-and with ``host_sides=1`` (the default).
+``result()`` reads. The kernel reads the parameters from and writes the results into pinned
+host memory itself (mapped, ``cudaHostGetDevicePointer``): a step is one kernel node, no
+copy-engine nodes, which cost a captured step microseconds of idle device between nodes
+(``bench/results/h200-2026-12-05-session23``: the step's three copies back, the parameters'
+copy and the staging copy, with the gaps after them, about 30 us of a 2 ms step). Capture
+with the row count the replays will use.
 
 Asynchronous scheduling (the device executor): with ``host_sides=2`` the pinned parameter
 and result buffers alternate, so step n+1 is staged and enqueued before step n's results are
-read (``ticket = sample(...)``, later ``result(ticket)``), and :meth:`GpuSampler.feed_tokens`
-writes step n's sampled ids into step n+1's ``input_ids`` on the device. The executor's
+read (``ticket = sample(...)``, later ``result(ticket)``), and :meth:`GpuSampler.stage_inputs`
+copies step n+1's staged inputs from pinned host memory to the device, writing step n's
+sampled ids into its ``input_ids`` on the way. The executor's
 per-step host work uses the lean twins: :meth:`GpuSampler.stage` (records gathered from a
 table of packed requests straight into the pinned buffer) and :meth:`GpuSampler.result_status`
 (tokens and status codes, no arrays, when no row asks for logprobs); a side's done event is
 waited for before restaging it only while its step's results are unread.
 
-Memory (allocated once, in the constructor): device ``RowParams [max_batch_size]`` (216
-bytes each), results ``[max_batch_size]`` (16 bytes), top-k logprob ids and values
-``[max_batch_size, max_logprobs]``, penalty data ``int32 + uint8 [num_slots, vocab_size]``
-(5 bytes per token and slot) and a ``int32 [max_model_len]`` staging buffer for
-:meth:`GpuSampler.add_request`; the same in pinned host memory for what crosses PCIe (the
-parameters and results once per host side).
+Memory (allocated once, in the constructor): device results ``[max_batch_size]`` (16 bytes
+each: what the next step's input staging reads), penalty data ``int32 + uint8 [num_slots,
+vocab_size]`` (5 bytes per token and slot) and a ``int32 [max_model_len]`` staging buffer
+for :meth:`GpuSampler.add_request`; per host side, pinned: ``RowParams [max_batch_size]``
+(216 bytes each), results and the top-k logprob ids and values ``[max_batch_size,
+max_logprobs]``.
 
 Not thread-safe: one owner per instance (the step loop).
 """
@@ -140,11 +145,14 @@ def _pointer(value: Any, what: str) -> int:
 
 
 class _Pinned:
-    """Page-locked host memory (``cudaMallocHost``) seen as a NumPy array."""
+    """Page-locked host memory (``cudaMallocHost``) seen as a NumPy array; kernels read and
+    write it at ``dptr``."""
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
         self.nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         self.ptr = int(_call(f"cudaMallocHost({self.nbytes})", _rt().cudaMallocHost, self.nbytes))
+        #: the address kernels use (the same as ``ptr`` with unified addressing)
+        self.dptr = int(_call("cudaHostGetDevicePointer", _rt().cudaHostGetDevicePointer, self.ptr, 0))
         raw = (ctypes.c_byte * self.nbytes).from_address(self.ptr)
         self.array = np.ctypeslib.as_array(raw).view(np.uint8)[: int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
 
@@ -164,7 +172,6 @@ class _HostSide:
     top_lp: _Pinned
     done: Any
     rows: list[SamplingRow | None] = field(default_factory=list)
-    copy_logprobs: bool = False
     #: a step was staged or enqueued on this side since its results were last read
     pending: bool = False
     #: what :meth:`GpuSampler.stage` last wrote here, ``(table, version, index)``; None after
@@ -271,7 +278,8 @@ class GpuSampler:
         self._clear_fn = ck.function("sampling_clear_slot")
         self._fill_fn = ck.function("sampling_fill_slot")
         self._layout_fn = ck.function("sampling_layout")
-        self._feed_fn = ck.function("sampling_feed_tokens")
+        self._stage_fn = ck.function("sampling_stage_inputs")
+        self._mapped: dict[int, int] = {}  # pinned host pointer -> its device pointer (stage_inputs)
 
         rt = _rt()
         self._device: list[int] = []
@@ -294,10 +302,7 @@ class GpuSampler:
             return buf
 
         B, ML, V = max_batch_size, max_logprobs, vocab_size
-        self._params_d = dmalloc(B * self.params_dtype.itemsize, "row parameters")
         self._results_d = dmalloc(B * ROW_RESULT_DTYPE.itemsize, "results")
-        self._top_ids_d = dmalloc(B * ML * 4, "top-k ids")
-        self._top_lp_d = dmalloc(B * ML * 4, "top-k logprobs")
         self._counts_d = dmalloc(self.num_slots * V * 4, "output-token counts")
         self._mask_d = dmalloc(self.num_slots * V, "prompt masks")
         self._ids_d = dmalloc(max(max_model_len, 64) * 4, "add_request staging")
@@ -475,7 +480,6 @@ class GpuSampler:
         host.params.array[:n] = staged
         host.staged = None
         host.rows = list(rows)
-        host.copy_logprobs = True  # what a captured step does; sample() says otherwise
         return self._turn
 
     def _next_side(self, side: int | None) -> _HostSide:
@@ -539,7 +543,6 @@ class GpuSampler:
             stage_records(host.params_u8, host.params_u64, self._table_u8, index, steps, self._step_col)
             host.staged = None if version is None else (table, version, list(index))
         host.rows = list(rows)
-        host.copy_logprobs = True
         return self._turn
 
     def restage_steps(self, side: int, steps: Sequence[int], version: int) -> int | None:
@@ -558,43 +561,39 @@ class GpuSampler:
         u64, col = host.params_u64, self._step_col
         for i in range(len(steps)):
             u64[i, col] = steps[i]
-        host.copy_logprobs = True
         return side
 
     # ---- the step --------------------------------------------------------------------------
 
-    def sample(self, logits: Any, row_stride: int | None = None, *, copy_logprobs: bool | None = None) -> int:
-        """Enqueue one step on the stream: the parameters' copy, the kernel, the results' copy.
-        Returns the step's ticket for :meth:`result` (with ``host_sides=2`` two steps may be
-        in flight: the host sides alternate at each :meth:`set_packed`).
+    def sample(self, logits: Any, row_stride: int | None = None) -> int:
+        """Enqueue one step on the stream (the kernel, then the step's done event). Returns
+        the step's ticket for :meth:`result` (with ``host_sides=2`` two steps may be in
+        flight: the host sides alternate at each :meth:`set_packed`).
 
         Args:
             logits: device pointer to ``[batch, row_stride]`` logits of the constructor's
                 dtype, ``batch`` = the rows of the last :meth:`set_params`.
             row_stride: elements between rows (default ``vocab_size``; larger for a padded
                 embedding); must be ``>= vocab_size``.
-            copy_logprobs: copy the top-k logprob arrays back (default: when a row asks).
 
         Raises:
             InvalidArgumentError: no :meth:`set_params` yet, a bad ``row_stride``.
         """
         self._check_open()
         ticket = self._turn
-        side = self._sides[ticket]
-        n = len(side.rows)
+        n = len(self._sides[ticket].rows)
         if n == 0:
             raise InvalidArgumentError("call set_params() before sample()")
-        want = any(r is not None and r.params.logprobs is not None for r in side.rows) if copy_logprobs is None else bool(copy_logprobs)
-        self.enqueue_step(ticket, n, logits, row_stride, copy_logprobs=want)
-        side.copy_logprobs = want
+        self.enqueue_step(ticket, n, logits, row_stride)
         return ticket
 
-    def enqueue_step(self, side: int, rows: int, logits: Any, row_stride: int | None = None, *, copy_logprobs: bool = True) -> None:
+    def enqueue_step(self, side: int, rows: int, logits: Any, row_stride: int | None = None) -> None:
         """Enqueue the step of host side ``side`` on ``rows`` rows, whatever is staged there
-        when it runs: the parameters' copy, the kernel, the results' (and top-k logprobs')
-        copy back, the side's done event. :meth:`sample` calls it; the device executor
-        captures it into each decode graph (one graph per side; :meth:`set_packed` with that
-        side before each replay), so a replayed step samples inside the graph.
+        when it runs: the kernel (it reads the side's pinned parameters and writes its pinned
+        results and top-k logprobs) and the side's done event. :meth:`sample` calls it; the
+        device executor captures it into each decode graph (one graph per side;
+        :meth:`set_packed` with that side before each replay), so a replayed step samples
+        inside the graph.
 
         Raises:
             InvalidArgumentError: no such side, ``rows`` outside ``[1, max_batch_size]``, a
@@ -612,32 +611,52 @@ class GpuSampler:
         if stride < self.vocab_size:
             raise InvalidArgumentError(f"row_stride={stride} is below vocab_size={self.vocab_size}")
         ptr = _pointer(logits, "logits")
-        rt = _rt()
-        h2d, d2h = rt.cudaMemcpyKind.cudaMemcpyHostToDevice, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        s = self.stream
-        _call("cudaMemcpyAsync(sampler params)", rt.cudaMemcpyAsync, self._params_d, host.params.ptr, n * self.params_dtype.itemsize, h2d, s)
         args = [
-            (ptr, "ptr"), (stride, "i64"), (self.vocab_size, "i32"), (self._params_d, "ptr"), (self._counts_d, "ptr"),
-            (self._mask_d, "ptr"), (self._results_d, "ptr"), (self._top_ids_d, "ptr"), (self._top_lp_d, "ptr"),
+            (ptr, "ptr"), (stride, "i64"), (self.vocab_size, "i32"), (host.params.dptr, "ptr"), (self._counts_d, "ptr"),
+            (self._mask_d, "ptr"), (self._results_d, "ptr"), (host.results.dptr, "ptr"), (host.top_ids.dptr, "ptr"),
+            (host.top_lp.dptr, "ptr"),
         ]  # fmt: skip
-        self._step_fn.launch(n, BLOCK, args, shared_mem=4 * (-(-self.vocab_size // 32)), stream=s)
-        _call("cudaMemcpyAsync(sampled ids)", rt.cudaMemcpyAsync, host.results.ptr, self._results_d, n * ROW_RESULT_DTYPE.itemsize, d2h, s)
-        if copy_logprobs:
-            nb = n * self.max_logprobs * 4
-            _call("cudaMemcpyAsync(top-k ids)", rt.cudaMemcpyAsync, host.top_ids.ptr, self._top_ids_d, nb, d2h, s)
-            _call("cudaMemcpyAsync(top-k logprobs)", rt.cudaMemcpyAsync, host.top_lp.ptr, self._top_lp_d, nb, d2h, s)
+        self._step_fn.launch(n, BLOCK, args, shared_mem=4 * (-(-self.vocab_size // 32)), stream=self.stream)
         self._record(host.done)
 
-    def feed_tokens(self, input_ids: int, num_tokens: int) -> None:
-        """Enqueue the write of the last sampled tokens into a step's staged ``input_ids``
-        (device, int32 ``[num_tokens]``): an id ``-(row + 1)`` becomes the token that
-        :meth:`sample` drew for ``row`` (0 for a row that drew none); other ids stay. Runs
-        between the last step's sampling and the next step's engine (asynchronous
-        scheduling: the next step was staged before the host knew those tokens). Capturable.
+    def stage_inputs(self, dst: int, src: int, nbytes: int, input_ids: int, num_tokens: int) -> None:
+        """Enqueue the copy of a step's staged int32 inputs, ``nbytes`` from pinned host
+        memory ``src`` (``cudaMallocHost``) to the device at ``dst``, by a kernel (no
+        copy-engine node in a captured step) that also writes the last sampled tokens into
+        the step's ``input_ids`` on the way: in the int32 ``[num_tokens]`` at device address
+        ``input_ids`` (inside ``dst``), an id ``-(row + 1)`` becomes the token that the last
+        step drew for ``row`` (0 for a row that drew none); other ids stay. ``num_tokens`` 0:
+        a plain copy. Runs between the last step's sampling and the next step's engine
+        (asynchronous scheduling: the next step was staged before the host knew those
+        tokens). Capturable.
+
+        Raises:
+            InvalidArgumentError: ``nbytes`` not a multiple of 4, or ``input_ids`` /
+                ``num_tokens`` outside ``[dst, dst + nbytes)``.
+            CUDAError: ``src`` is not pinned host memory.
         """
         self._check_open()
-        args = [(int(input_ids), "ptr"), (int(num_tokens), "i32"), (self._results_d, "ptr"), (self.vocab_size, "i32")]
-        self._feed_fn.launch(max(1, min(64, -(-int(num_tokens) // 256))), 256, args, stream=self.stream)
+        dst, nbytes, input_ids, num_tokens = int(dst), int(nbytes), int(input_ids), int(num_tokens)
+        words, off = nbytes // 4, input_ids - dst
+        if nbytes < 0 or nbytes % 4:
+            raise InvalidArgumentError(f"stage_inputs copies int32 words: nbytes={nbytes} is not a multiple of 4")
+        if num_tokens < 0 or (num_tokens and (off < 0 or off % 4 or off // 4 + num_tokens > words)):
+            raise InvalidArgumentError(f"input_ids (byte offset {off}, {num_tokens} tokens) is not int32 words inside the {nbytes} bytes staged")
+        if not words:
+            return
+        mapped = self._mapped.get(int(src))
+        if mapped is None:
+            mapped = self._mapped[int(src)] = int(_call("cudaHostGetDevicePointer(staging)", _rt().cudaHostGetDevicePointer, int(src), 0))
+        args = [
+            (dst, "ptr"),
+            (mapped, "ptr"),
+            (words, "i32"),
+            (off // 4, "i32"),
+            (num_tokens, "i32"),
+            (self._results_d, "ptr"),
+            (self.vocab_size, "i32"),
+        ]
+        self._stage_fn.launch(max(1, min(1024, -(-words // 1024))), 256, args, stream=self.stream)
 
     def result(self, ticket: int | None = None) -> SampleResult:
         """Wait for a :meth:`sample` (its event only; default the last) and return its results.
@@ -664,7 +683,7 @@ class GpuSampler:
                 continue
             k = min(row.params.logprobs, self.vocab_size)
             top = []
-            if k and side.copy_logprobs:
+            if k:
                 ids, lps = side.top_ids.array[i, :k], side.top_lp.array[i, :k]
                 top = [(int(t), Logprob(float(v), r)) for r, (t, v) in enumerate(zip(ids, lps), start=1)]
             out.append(TokenLogprobs(token_id=int(tokens[i]), logprob=float(res["logprob"][i]), rank=int(res["rank"][i]), top=top))
