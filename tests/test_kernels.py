@@ -468,13 +468,20 @@ EARLY_CONSTANT_READS = {
     ("wq_gemm.cu", "trtcore_wq_gemv16"): ("gemv_body",),
 }
 
+#: kernels that read host-written inputs (pinned memory the host filled before the launch)
+#: before ``PDL_WAIT()``: the only kernel arguments their statements before it may name
+EARLY_HOST_READS = {
+    ("sampling.cu", "sampling_step"): ("params",),
+}
+
 
 def test_every_plugin_kernel_waits_for_its_predecessor_first() -> None:
     """The plugins launch their kernels programmatically (PDL), which is sound only if each
     ``__global__`` function of ``kernels/*.cu`` executes ``PDL_WAIT()`` before it reads or writes
     anything the previous kernel may touch: first of all, or (:data:`EARLY_CONSTANT_READS`) after
     reading only the constant weights -- before its ``PDL_WAIT();`` the body function names none
-    of the activations, outputs or the permutation (``x``, ``out``, ``perm``)."""
+    of the activations, outputs or the permutation (``x``, ``out``, ``perm``) -- or
+    (:data:`EARLY_HOST_READS`) after reading only the named host-written arguments."""
     import re
 
     root = Path(kernels.__file__).parent
@@ -490,7 +497,14 @@ def test_every_plugin_kernel_waits_for_its_predecessor_first() -> None:
             header = re.sub(r"__launch_bounds__\([^)]*\)", "", m.group(1))
             kernel = re.search(r"(\w+)\s*\(", header).group(1)  # type: ignore[union-attr]
             bodies = EARLY_CONSTANT_READS.get((cu.name, kernel))
-            if bodies is None:
+            host_reads = EARLY_HOST_READS.get((cu.name, kernel))
+            if host_reads is not None:
+                params = set(re.findall(r"(\w+)\s*(?:,|$)", header.split("(", 1)[1].rsplit(")", 1)[0]))
+                prologue = re.sub(r"//[^\n]*", "", rest[: rest.index("PDL_WAIT();")])
+                named = params & set(re.findall(r"\b\w+\b", prologue))
+                assert named <= set(host_reads), f"{cu.name}: {kernel} names {sorted(named - set(host_reads))} before PDL_WAIT()"
+                assert "params" in params and len(params) > 5  # the argument list was parsed
+            elif bodies is None:
                 assert first == "PDL_WAIT()", f"{cu.name}: kernel {kernel} starts with {first!r}"
             else:
                 # every statement (one per preprocessor branch) is a call of an allowed body
