@@ -389,3 +389,35 @@ def test_check_names_what_transformers_could_not_load(
     err = capsys.readouterr().err
     assert "trtcore: error: transformers cannot load" in err and err.endswith("must match the size of tensor b (72)\n"), err
     assert "Traceback" not in err and "at dimension 1" not in err
+
+
+def test_sigterm_removes_the_half_written_output_and_exits_143(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """SIGTERM (what ``timeout``, ``kill`` and ``docker stop`` send) while a command writes its
+    output folder: the hidden partial folder is removed, as for Ctrl-C, the exit status is
+    128 + 15 and the process's own SIGTERM handler is back afterwards."""
+    import os
+    import signal
+
+    from trtcore import cli
+    from trtcore.fileio import atomic_folder
+
+    out = tmp_path / "out"
+    seen: list[Path] = []
+
+    def writes_then_is_terminated(args: argparse.Namespace) -> int:
+        with atomic_folder(out) as tmp:
+            (tmp / "model.safetensors").write_bytes(b"x" * 1000)
+            seen.append(tmp)
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+        raise AssertionError("SIGTERM did not stop the command")
+
+    monkeypatch.setattr(cli, "_quantize", writes_then_is_terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    rc = cli.main(["quantize", "--model", str(tmp_path), "--output", str(out)])
+    assert rc == 128 + signal.SIGTERM
+    assert "trtcore: terminated" in capsys.readouterr().err
+    assert seen and not seen[0].exists() and not out.exists()
+    assert list(tmp_path.iterdir()) == []  # no hidden .out.partial-* either
+    assert signal.getsignal(signal.SIGTERM) == before

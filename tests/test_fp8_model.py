@@ -541,6 +541,10 @@ def test_kv_cache_scales_are_amax_of_the_cached_keys_and_values_over_448(src: Pa
         llm = LLM(out, dtype="bfloat16", kv_cache_dtype="fp8", max_batch_size=1, max_seq_len=64)
         assert not [r for r in caplog.records if "scaling factor 1.0" in r.getMessage()]
     assert llm.generate([random_prompt(np.random.default_rng(3), 8, V.vocab_size)], SamplingParams(max_tokens=4))[0].outputs[0].token_ids
+    if activations == "dynamic":  # without kv_cache_dtype="fp8" the scales go unread: the warning says what reads them
+        n = len(amax)  # k_scale and v_scale of each layer
+        with pytest.warns(UserWarning, match=rf"{n} tensors .* \(unexpected; {n} of them are FP8 KV cache scales, which kv_cache_dtype='fp8'"):
+            LLM(out, dtype="bfloat16", max_batch_size=1, max_seq_len=64)
 
 
 def test_kv_cache_scales_belong_to_fp8(src: Path, tmp_path: Path) -> None:

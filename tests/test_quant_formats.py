@@ -168,6 +168,32 @@ def test_compressed_tensors_actorder_g_idx(tmp_path: Path) -> None:
     np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
 
 
+@pytest.mark.parametrize("actorder", ["group", True])
+def test_compressed_tensors_actorder_group_without_g_idx_is_refused(tmp_path: Path, actorder: Any) -> None:
+    """actorder 'group' (True in older configs) stores each linear's weight_g_idx; without it the
+    features' groups are unknown, so reading contiguous groups could misread the weight."""
+    qz = quantize(_weight(7), 4, 32, sym=False, rng=np.random.default_rng(3), act_order=True)
+    with pytest.raises(CheckpointError, match=r"actorder 'group', but '[\w.]+\.weight_g_idx' is not in the checkpoint"):
+        _read(tmp_path, _ct_config(4, "group", 32, False, actorder), pack_compressed(qz, 4, sym=False, with_g_idx=False))
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "names"),
+    [("weights", True, "dynamic=True"), ("output_activations", {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}, "output_activations")],
+)
+def test_compressed_tensors_run_time_weight_or_output_quantization_is_refused(where: str, value: Any, names: str) -> None:
+    """Int weights quantized at run time (``dynamic``) or a quantized output are schemes of
+    their own, not weight-only int checkpoints: refused by name (vLLM matches no scheme to them)."""
+    config = _ct_config(4, "group", 32, True)
+    group = config["config_groups"]["group_0"]
+    if where == "weights":
+        group["weights"]["dynamic"] = value
+    else:
+        group[where] = value
+    with pytest.raises(UnsupportedQuantizationError, match=names):
+        detect_quantization(config, None)
+
+
 def test_g_idx_with_unequal_groups_is_refused(tmp_path: Path) -> None:
     qz = quantize(_weight(8), 4, 32, sym=False, rng=np.random.default_rng(4))
     tensors = pack_gptq(qz, 4, "gptq_v2")

@@ -561,8 +561,10 @@ class LoadReport:
         if extra:
             import warnings
 
+            kv = sum(1 for n in extra if _KV_SCALE_NAME.match(n))
+            hint = f"; {kv} of them are FP8 KV cache scales, which kv_cache_dtype='fp8' (--kv-cache-dtype fp8) reads" if kv else ""
             warnings.warn(
-                f"{len(extra)} tensors in {where} are not used by {what} (unexpected): {', '.join(extra)}",
+                f"{len(extra)} tensors in {where} are not used by {what} (unexpected{hint}): {', '.join(extra)}",
                 UserWarning,
                 stacklevel=3,
             )

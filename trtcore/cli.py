@@ -10,6 +10,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import stat
 import sys
 import time
@@ -197,12 +198,16 @@ def _parser() -> argparse.ArgumentParser:
         "gptq: each column rounded in turn, its error spread over the rest by calibration statistics (GPTQ); "
         "fp8: E4M3 weights and activations (compressed-tensors float-quantized)",
     )
-    q.add_argument("--calibration", help="awq, gptq, fp8: calibration text file (default: trtcore's own, about 3,700 words of English)")
+    q.add_argument(
+        "--calibration",
+        help="awq, gptq, and fp8 with static activations or --kv-cache-scales: calibration text file (default: trtcore's own, "
+        "about 3,700 words of English)",
+    )
     q.add_argument(
         "--calibration-tokens",
         type=int,
         default=None,
-        help="awq, gptq, fp8: calibration tokens in all (default 4096, or all of the built-in text where it gives fewer; fewer tokens "
+        help="awq, gptq, and fp8 with static activations or --kv-cache-scales: calibration tokens in all (default 4096, or all of the built-in text where it gives fewer; fewer tokens "
         "quantize faster and with less memory)",
     )
     q.add_argument("--strategy", choices=["channel", "tensor"], default=None, help="fp8: weight scales per output channel (default) or per tensor")
@@ -533,6 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return format_warning(message, category, filename, lineno, line)
 
     warnings.formatwarning = one_line
+    on_term = _terminate_as_exception()
     try:
         return int(handlers[args.command](args))
     except TrtcoreError as exc:
@@ -544,8 +550,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("trtcore: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("trtcore: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     finally:
         warnings.formatwarning = format_warning
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the command is (what ``timeout``, ``kill`` and ``docker stop``
+    send): the ``with`` blocks and ``except BaseException`` clean-ups on the way out run, as
+    for Ctrl-C -- a half-written output folder is removed (:func:`trtcore.fileio.atomic_folder`)."""
+
+
+def _terminate_as_exception() -> Any:
+    """Make SIGTERM raise :class:`_Terminated` in the main thread; returns the handler it
+    replaced (for ``main`` to put back), or None where signals cannot be set (another thread)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated(signum)
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -215,11 +215,21 @@ def _check(method: str, c: dict[str, Any]) -> None:
             ):
                 if value not in allowed:
                     raise _refuse(f"compressed-tensors weights {key}={value!r} (of {a!r}; int weights read: {key} one of {list(allowed)})")
+            if a.get("dynamic") not in (None, False):
+                raise _refuse(
+                    f"compressed-tensors int weights with dynamic={a['dynamic']!r} (of {a!r}; weights quantized at run time: "
+                    "stored int weights have static scales, dynamic false)"
+                )
         for name, g in (c.get("config_groups") or {}).items():
             if isinstance(g, dict) and g.get("input_activations") is not None:
                 raise _refuse(
                     f"compressed-tensors int weights with quantized input_activations {g['input_activations']!r} "
                     f"(group {name!r}; W4A8 / W8A8 activation quantization is not read: int weights are weight-only, input_activations null)"
+                )
+            if isinstance(g, dict) and g.get("output_activations") is not None:
+                raise _refuse(
+                    f"compressed-tensors quantized output_activations {g['output_activations']!r} (group {name!r}; "
+                    "trtcore reads weight-only int checkpoints: output_activations null)"
                 )
     elif method == "fp8":
         problem = check_hf_fp8(c)
@@ -291,7 +301,7 @@ def quantization_config_file(model_dir: str | os.PathLike[str], quantization: st
             found = str(data.get("quant_method") or method).lower()
             if quantization is None:
                 raise InvalidArgumentError(
-                    f"config.json has no quantization_config, but {path} holds a {found} one; pass quantization={found!r} "
+                    f"config.json has no quantization_config, but {path} holds a quantization config (quant_method {found!r}); pass quantization={found!r} "
                     f"(--quantization {found}) to read it, as vLLM"
                 )
             return {"quant_method": method} | data

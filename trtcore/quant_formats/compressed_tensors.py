@@ -82,8 +82,9 @@ def read_pack_quantized(weights: Any, prefix: str, config: dict[str, Any]) -> Qu
     ``quantization_config``; the weights' ``num_bits``: :func:`linear_bits`).
 
     Raises:
-        CheckpointError: as :func:`pack_quantized_weight`, or a packed width no config group's
-            ``num_bits`` gives.
+        CheckpointError: as :func:`pack_quantized_weight`, a packed width no config group's
+            ``num_bits`` gives, or no ``weight_g_idx`` where every config group says ``actorder``
+            ``"group"``.
     """
 
     def opt(suffix: str) -> np.ndarray | None:
@@ -91,11 +92,18 @@ def read_pack_quantized(weights: Any, prefix: str, config: dict[str, Any]) -> Qu
 
     shape = tuple(int(s) for s in weights.get(f"{prefix}.weight_shape").reshape(-1))
     packed = weights.get(f"{prefix}.weight_packed")
+    g_idx = opt("weight_g_idx")
+    # (every group: in a mixed config, this linear's group is not known without matching targets)
+    if g_idx is None and all(a.get("actorder") in ("group", True) for a in weight_args(config)):
+        raise CheckpointError(
+            f"the quantization_config says actorder 'group', but '{prefix}.weight_g_idx' is not in the checkpoint "
+            "(act-order groups are read from each linear's weight_g_idx; without it the input features' groups are unknown)"
+        )
     return pack_quantized_weight(
         packed,
         weights.get(f"{prefix}.weight_scale"),
         opt("weight_zero_point"),
-        opt("weight_g_idx"),
+        g_idx,
         num_bits=linear_bits(config, shape[1], int(np.shape(packed)[-1]), prefix),
         shape=(shape[0], shape[1]),
         name=prefix,
