@@ -500,6 +500,10 @@ def test_existing_output_dir(tmp_path: Path) -> None:
     with pytest.raises(ConversionError, match="already exists"):
         convert_gguf(tmp_path / "m.gguf", out, progress=False)
     assert (out / "keep.txt").exists()
+    with pytest.raises(ConversionError, match="holds no config.json .*: overwrite replaces a model folder only"):
+        convert_gguf(tmp_path / "m.gguf", out, progress=False, overwrite=True)  # not a model folder: a mistyped path
+    assert (out / "keep.txt").exists()
+    (out / "config.json").write_text("{}")  # an earlier output
     convert_gguf(tmp_path / "m.gguf", out, progress=False, overwrite=True)
     assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
     empty = tmp_path / "empty"

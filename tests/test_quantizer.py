@@ -520,3 +520,21 @@ def test_cli_quantize_shows_progress(tmp_path: Path, capsys: Any) -> None:
     assert "quantize (rtn)" in capsys.readouterr().err
     quantize_checkpoint(src, tmp_path / "p", group_size=32)
     assert "quantize (" not in capsys.readouterr().err
+
+
+def test_overwrite_replaces_a_model_folder_only(tmp_path: Path) -> None:
+    """``overwrite`` replaces an earlier output (a model folder: config.json), never a file or a
+    folder of other files that a mistyped path names: those are refused and left as they were."""
+    src = _tiny(tmp_path)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("mine")
+    plain = tmp_path / "plain.txt"
+    plain.write_text("mine too")
+    for out, what in ((notes, "holds no config.json"), (plain, "is a file")):
+        with pytest.raises(InvalidArgumentError, match=rf"{what}.*: overwrite replaces a model folder only"):
+            quantize_checkpoint(src, out, overwrite=True)
+    assert (notes / "notes.txt").read_text() == "mine" and plain.read_text() == "mine too"
+    quantize_checkpoint(src, tmp_path / "q", group_size=32)
+    quantize_checkpoint(src, tmp_path / "q", group_size=32, overwrite=True)  # an earlier output is replaced
+    assert (tmp_path / "q" / "config.json").is_file()

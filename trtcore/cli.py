@@ -179,7 +179,7 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="convert a GGUF file into a Hugging Face model folder")
     c.add_argument("--gguf", required=True, help="GGUF file (llama or qwen2 architecture)")
     c.add_argument("--output", required=True, help="folder to create")
-    c.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    c.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it is a model folder (holds config.json)")
     c.add_argument(
         "--keep-quantized",
         action="store_true",
@@ -249,7 +249,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="gptq: how many times each calibration sequence's first token counts in the Hessian (default 4; 1: the GPTQ paper's unweighted one)",
     )
-    q.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    q.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it is a model folder (holds config.json)")
 
     k = sub.add_parser("check", help="compare trtcore's logits with Hugging Face transformers'")
     k.add_argument("--model", help="Hugging Face model folder (default: SmolLM2-135M-Instruct)")

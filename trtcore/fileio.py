@@ -97,7 +97,9 @@ def check_folder_free(
     a new folder: it is empty (``""``), the current folder or one holding it (a folder in use
     is not renamed or replaced); it overlaps ``source`` (the input being converted: the same
     path, or one inside the other), which replacing ``output_dir`` would delete even with
-    ``overwrite``; it exists, is not an empty folder and ``overwrite`` is false; or no folder
+    ``overwrite``; it exists, is not an empty folder and ``overwrite`` is false, or
+    ``overwrite`` is true but it is a file or a folder without ``config.json`` (not a model
+    folder: a mistyped path would delete other files); or no folder
     can be created beside it (its parent cannot be made, is a file, or is not writable: tried
     with a hidden probe folder; it and the parent folders the probe made are removed at once).
 
@@ -121,9 +123,14 @@ def check_folder_free(
         src = Path(source).resolve()
         if src == out or out in src.parents or src in out.parents:
             raise error(f"the output {output_dir} and the input {source} overlap (the same path, or one inside the other); write to another folder")
-    if output_dir.exists() and not overwrite and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        what = "is not empty" if output_dir.is_dir() else "is a file, not a folder"
-        raise error(f"{output_dir} already exists and {what} (pass overwrite=True, or --overwrite on the command line)")
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        if not overwrite:
+            what = "is not empty" if output_dir.is_dir() else "is a file, not a folder"
+            raise error(f"{output_dir} already exists and {what} (pass overwrite=True, or --overwrite on the command line)")
+        if not (output_dir / "config.json").is_file():
+            # overwrite replaces a model folder: a mistyped path must not delete someone's other files
+            what = "is a file" if not output_dir.is_dir() else "holds no config.json (it is not a model folder)"
+            raise error(f"{output_dir} {what}: overwrite replaces a model folder only; remove it yourself or write to another folder")
     parent = output_dir.absolute().parent
     made = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first: removed again after the probe
     try:
