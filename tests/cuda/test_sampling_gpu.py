@@ -367,6 +367,7 @@ def test_stage_inputs_copies_pinned_words_and_feeds_the_tokens_in_flight(stream,
             base = offset // 4
             staged = rng.integers(-3, 1000, words).astype(np.int32)
             staged[ids_at : ids_at + 8] = [-1, -2, -3, -4, 5, -1, 0, 9]  # placeholders of rows 0..3
+            staged[[3, 50, ids_at + ntok, words - 1]] = [-1, -2, -3, -4]  # negative words outside input_ids
             host.array[base : base + words] = staged
             src, dst = host.ptr + offset, dev.ptr + offset
             s.stage_inputs(dst, src, 4 * words, dst + 4 * ids_at, ntok)
