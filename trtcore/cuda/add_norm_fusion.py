@@ -27,7 +27,11 @@ correct (tests/cuda/test_weight_only_gemm_gpu.py, tests/cuda/test_llm_gpu.py), b
 kernel made the Llama-3-8B shape's 4-bit decode step 31% slower (2.676 against 2.041 ms,
 bench/results/h200-2026-12-05-session23): the tail raised the decode kernel from 50 to 124
 registers, halving the blocks resident. The kernel now caps them (two 512-thread blocks per SM,
-64 registers); that version has not run on a GPU yet.
+64 registers), and that version is slower too: 2.387 against 2.026 ms a step
+(bench/results/h200-2026-12-05-session26). Per layer the o_proj GEMV with its tail took 12.8 us
+where GEMV and row kernel took 4.1 + 4.1, down_proj 18-20 against 10.1 + 4.3, and the gate/up
+GEMV after the fused o_proj 22.9 against 19.5: the one block that adds and normalizes after all
+the others costs more than the launch it saves, and the next GEMV no longer starts under it.
 """
 
 from __future__ import annotations
