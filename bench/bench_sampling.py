@@ -7,9 +7,9 @@
     python bench/bench_sampling.py --out $OUT [--vocab 128256] [--batches 1,32]
 
 What is measured (CUDA events on one stream, warm-up first, median of ``--rounds`` rounds of
-``--launches`` back-to-back steps each): one :meth:`GpuSampler.sample` -- the parameters'
-copy to the device, the ``sampling_step`` kernel and the results' copy back, as a decode step
-enqueues them -- on random bfloat16 logits ``[batch, vocab]`` already on the device, for
+``--launches`` back-to-back steps each): one :meth:`GpuSampler.sample` -- the ``sampling_step``
+kernel (it reads its parameters from and writes its results into pinned host memory) and the
+step's event, as a decode step enqueues them -- on random bfloat16 logits ``[batch, vocab]`` already on the device, for
 greedy, temperature, top-k, top-p, min-p, penalties and logprobs rows (every row of a batch
 alike). The tokens are not checked here (tests/cuda/test_sampling_gpu.py does that). Writes
 JSON to ``--out`` (a folder: ``sampling.json``) and prints a table.
