@@ -165,8 +165,10 @@ def test_awq_bad_inputs_are_refused(tmp_path: Path, capsys: Any) -> None:
     src = write_checkpoint(v, tmp_path / "src")
     with pytest.raises(InvalidArgumentError, match="calibration file '.*nope.txt' does not exist"):
         quantize_checkpoint(src, tmp_path / "q", method="awq", group_size=32, calibration=tmp_path / "nope.txt")
-    with pytest.raises(InvalidArgumentError, match="sequences of 1 to seq_len"):
-        quantize_checkpoint(src, tmp_path / "q", method="awq", group_size=32, calibration_ids=[[]])
+    with pytest.raises(InvalidArgumentError, match=r"sequences of 1 to seq_len=\d+ ids; sequence 1 has 0"):
+        quantize_checkpoint(src, tmp_path / "q", method="awq", group_size=32, calibration_ids=[[1, 2], []])
+    with pytest.raises(InvalidArgumentError, match=r"calibration token_ids is empty: give at least one sequence"):
+        quantize_checkpoint(src, tmp_path / "q", method="awq", group_size=32, calibration_ids=[])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing half written
     # the tiny checkpoint has no tokenizer: the text cannot be tokenized, and the CLI says so
     assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--method", "awq", "--group-size", "32"]) != 0

@@ -257,8 +257,16 @@ def capture_calibration(
 
     if token_ids is None:
         calibration_text(calibration, max_chars=4096)  # a bad file before the model is loaded
-    if token_ids is not None and (not token_ids or any(not 0 < len(t) <= seq_len for t in token_ids)):
-        raise InvalidArgumentError(f"calibration token_ids must be sequences of 1 to seq_len={seq_len} ids")
+    if token_ids is not None and not token_ids:
+        raise InvalidArgumentError(
+            "calibration token_ids is empty: give at least one sequence of token ids (or none, to tokenize the calibration text)"
+        )
+    if token_ids is not None:
+        bad = next((i for i, t in enumerate(token_ids) if not 0 < len(t) <= seq_len), None)
+        if bad is not None:
+            raise InvalidArgumentError(
+                f"calibration token_ids must be sequences of 1 to seq_len={seq_len} ids; sequence {bad} has {len(token_ids[bad])}"
+            )
     llm = LLM(model_dir, backend="reference", dtype="float32", kv_cache="contiguous", device="cpu", max_batch_size=1,
               max_seq_len=max(seq_len + 1, 2), progress=False)  # fmt: skip
     try:
