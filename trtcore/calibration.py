@@ -257,11 +257,11 @@ def capture_calibration(
 
     if token_ids is None:
         calibration_text(calibration, max_chars=4096)  # a bad file before the model is loaded
-    if token_ids is not None and not token_ids:
-        raise InvalidArgumentError(
-            "calibration token_ids is empty: give at least one sequence of token ids (or none, to tokenize the calibration text)"
-        )
     if token_ids is not None:
+        if not token_ids:
+            raise InvalidArgumentError(
+                "calibration token_ids is empty: give at least one sequence of token ids (or none, to tokenize the calibration text)"
+            )
         bad = next((i for i, t in enumerate(token_ids) if not 0 < len(t) <= seq_len), None)
         if bad is not None:
             raise InvalidArgumentError(
