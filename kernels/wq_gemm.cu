@@ -97,6 +97,11 @@
 // trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "ADD_NORM": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "ADD_NORM": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "ADD_NORM": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "ADD_NORM": 1}]
 // trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "ADD_NORM": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "ADD_NORM": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "ADD_NORM": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "ADD_NORM": 1}]
 
+// x normalized in the kernel (NORM_X, the norm_input plugins): the default decode kernels, and 4-bit gated
+// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "NORM_X": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "NORM_X": 1}]
+// trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "NORM_X": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "NORM_X": 1}]
+// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1, "NORM_X": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1, "NORM_X": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1, "NORM_X": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1, "NORM_X": 1}]
+
 #include "pdl.cuh"    // PDL_WAIT / PDL_LAUNCH: every kernel starts with them (launched programmatically)
 #include "dtype.cuh"  // DTYPE, elem_t, to_f32 / from_f32
 
@@ -214,7 +219,8 @@ struct OutRows {
     int rope_rows;       // ROPE: rows rotated (q and k); 0 without
     float rope_scale;    // ROPE: attention_scaling
     // ADD_NORM (the v2 kernel's tail, section "the add + norm tail"): p is h, where the GEMM's y
-    // goes first; the grid's last block makes h = y + residual in place and normed = RMSNorm(h)
+    // goes first; the grid's last block makes h = y + residual in place and normed = RMSNorm(h).
+    // Without ADD_NORM a residual is the add_residual epilogue's: store_rows writes y + residual
     const elem_t* residual;  // [M, N]
     const elem_t* norm_w;    // [N] the RMSNorm weight
     elem_t* normed;          // [M, N]
@@ -244,15 +250,24 @@ __device__ __forceinline__ void store_rows(const OutRows& o, int tile, int gid, 
     }
 #endif
     const int n = tile * 16 + gid;
+#if !ADD_NORM
+    if (o.residual) {  // the plugin's add_residual: h = round(round(y) + r), the unfused graph's add
+        if (n < N) lo = round_elem(lo) + to_f32(o.residual[(size_t)m * N + n]);
+        if (n + 8 < N) hi = round_elem(hi) + to_f32(o.residual[(size_t)m * N + n + 8]);
+    }
+#endif
     if (n < N) out[(size_t)m * N + n] = from_f32(lo);
     if (n + 8 < N) out[(size_t)m * N + n + 8] = from_f32(hi);
 #endif
 }
 
-// the output struct of a kernel's arguments, its rows from x row m0 on
+// the output struct of a kernel's arguments, its rows from x row m0 on; residual: the
+// add_residual epilogue's [M, row_len] (null without; the ADD_NORM tail's is set by add_norm_rows)
 __device__ __forceinline__ OutRows out_rows(elem_t* out, const int* rope_pos, const float* rope_freq, int rope_rows, float rope_scale, int m0,
-                                            int row_len) {
-    return OutRows{out + (size_t)m0 * row_len, rope_pos + (rope_pos ? m0 : 0), rope_freq, rope_rows, rope_scale};
+                                            int row_len, const elem_t* residual = nullptr) {
+    OutRows o{out + (size_t)m0 * row_len, rope_pos + (rope_pos ? m0 : 0), rope_freq, rope_rows, rope_scale};
+    o.residual = residual ? residual + (size_t)m0 * row_len : nullptr;
+    return o;
 }
 
 // ---- the add + norm tail (ADD_NORM; trtcore.cuda.add_norm_fusion) ---------------------------------
@@ -287,8 +302,9 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return s;
 }
 
-// one row of N: h (holding y) becomes round(y + residual) in place, normed its RMSNorm. Every
-// thread of the block calls it. y is read with ld.global.cg: other blocks wrote it.
+// one row of N: h (holding y) becomes round(y + residual) in place, normed its RMSNorm; with a
+// null residual h stays as it is (trtcore_wq_rms_norm). Every thread of the block calls it. y is
+// read with ld.global.cg: other blocks wrote it.
 __device__ __forceinline__ void add_norm_row(elem_t* h, const elem_t* __restrict__ residual, const elem_t* __restrict__ w, elem_t* normed, int N,
                                              float eps, float* red) {
     float hv[AN_CACHE];
@@ -296,19 +312,23 @@ __device__ __forceinline__ void add_norm_row(elem_t* h, const elem_t* __restrict
 #pragma unroll
     for (int i = 0; i < AN_CACHE; ++i) {  // all of a thread's loads before its first store
         const int j = threadIdx.x + i * blockDim.x;
-        hv[i] = j < N ? round_elem(to_f32(__ldcg(h + j)) + to_f32(residual[j])) : 0.0f;
+        hv[i] = j < N ? to_f32(__ldcg(h + j)) : 0.0f;
+        if (residual && j < N) hv[i] = round_elem(hv[i] + to_f32(residual[j]));
     }
 #pragma unroll
     for (int i = 0; i < AN_CACHE; ++i) {
         const int j = threadIdx.x + i * blockDim.x;
         if (j < N) {
-            h[j] = from_f32(hv[i]);
+            if (residual) h[j] = from_f32(hv[i]);
             ss += hv[i] * hv[i];
         }
     }
     for (int j = threadIdx.x + AN_CACHE * blockDim.x; j < N; j += blockDim.x) {  // rows longer than the cache
-        const float v = round_elem(to_f32(__ldcg(h + j)) + to_f32(residual[j]));
-        h[j] = from_f32(v);
+        float v = to_f32(__ldcg(h + j));
+        if (residual) {
+            v = round_elem(v + to_f32(residual[j]));
+            h[j] = from_f32(v);
+        }
         ss += v * v;
     }
     const float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)N + eps);
@@ -748,6 +768,18 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #ifndef XPF
 #define XPF 0
 #endif
+// NORM_X 0 | 1: the plugin's norm_input on the v2 register path (trtcore.cuda.norm_input_fusion):
+// x is h, and every block first writes RMSNorm(h) * w of its M rows into dynamic shared memory
+// (norm_x_stage; w prefetched into L1 before PDL_WAIT), which the main loop then reads as x; the
+// block's partial sums reuse that memory at the end. The launch's dynamic shared memory: M K
+// elements, at least the partial sums' warps x ROW_TILES x 128 floats
+// (plugins/weight_only_gemm.py norm_x_shared_bytes).
+#ifndef NORM_X
+#define NORM_X 0
+#endif
+#if NORM_X && (ASYNC > 0 || WQ_DECODE != 2 || ADD_NORM)
+#error "NORM_X is the v2 register path's (WQ_DECODE 2, no ASYNC, no ADD_NORM)"
+#endif
 #if XPF && !(ASYNC > 0 && CONTIG_X)
 #error "XPF (x loaded a unit ahead) needs ASYNC and CONTIG_X"
 #endif
@@ -1015,6 +1047,9 @@ __device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], fl
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int gid = lane >> 2, tid = lane & 3;
+#if NORM_X
+    __syncthreads();  // red is the staged x's memory: every warp is done reading x
+#endif
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -1137,10 +1172,69 @@ __device__ __forceinline__ void tile_pointers(const uint4* __restrict__ w, const
     }
 }
 
+#if NORM_X
+#include "cp_async.cuh"  // cp_async16 / cp_async_commit / cp_async_wait
+
+// The NORM_X stage in dynamic shared memory, xs [M][K] (x, then the warps' partial sums). Thread
+// t copies the 16-byte vectors t, t + blockDim.x, ... of every row and later reads only those,
+// so cp.async.wait_group is all the synchronization the copies need. The norm weight stays in
+// global memory, prefetched into L1 before PDL_WAIT (every block of an SM reads the same K
+// elements), so a block's shared memory is x's alone (in shared memory too, it measured the same:
+// bench/results/h100-2026-12-05-session27, calls 2 and 3).
+
+// before PDL_WAIT: this thread's vectors of the norm weight (a constant) into L1
+__device__ __forceinline__ void norm_w_prefetch(const elem_t* __restrict__ w, int K) {
+    for (int v = threadIdx.x; v < K / 8; v += blockDim.x) asm volatile("prefetch.global.L1 [%0];" ::"l"(w + 8 * v));
+}
+
+// after PDL_WAIT: xs[m][k] = round(round(h32 * inv_m) * w[k]) for m < M, inv_m = 1 / sqrt(sum_k
+// h32^2 / K + eps) (add_norm_row's formula, the unfused graph's RMSNorm; the sum in a fixed order:
+// a thread's vectors in turn, then the warps' sums in warp order). h's rows are copied by
+// cp.async, all at once; every thread of the block calls it, and the last barrier publishes xs.
+// K: a multiple of 8; h's rows and w 16-byte aligned.
+__device__ __forceinline__ void norm_x_stage(const elem_t* __restrict__ h, const elem_t* __restrict__ w, elem_t* xs, int M, int K, float eps) {
+    __shared__ float nred[32];
+    const int vecs = K / 8, nt = blockDim.x;
+    for (int m = 0; m < M; ++m)
+        for (int v = threadIdx.x; v < vecs; v += nt) cp_async16(smem_u32(xs + (size_t)m * K + 8 * v), h + (size_t)m * K + 8 * v, 16);
+    cp_async_commit();
+    cp_async_wait<0>();  // this thread's copies of h have landed
+    const uint4* wv = reinterpret_cast<const uint4*>(w);
+    for (int m = 0; m < M; ++m) {
+        uint4* xr = reinterpret_cast<uint4*>(xs + (size_t)m * K);
+        float ss = 0.0f;
+        for (int v = threadIdx.x; v < vecs; v += nt) {
+            const uint4 a4 = xr[v];
+            const unsigned int u[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float a = to_f32((elem_t)(u[i] & 0xffffu)), b = to_f32((elem_t)(u[i] >> 16));
+                ss += a * a;
+                ss += b * b;
+            }
+        }
+        const float inv = 1.0f / sqrtf(block_sum(ss, nred) / (float)K + eps);
+        for (int v = threadIdx.x; v < vecs; v += nt) {
+            const uint4 a4 = xr[v], w4 = __ldg(wv + v);
+            const unsigned int a[4] = {a4.x, a4.y, a4.z, a4.w}, b[4] = {w4.x, w4.y, w4.z, w4.w};
+            unsigned int o[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {  // two elements a conversion (cvt.rn's pairs: from_f32's rounding)
+                const unsigned int n = pack2(to_f32((elem_t)(a[i] & 0xffffu)) * inv, to_f32((elem_t)(a[i] >> 16)) * inv);
+                o[i] = pack2(to_f32((elem_t)(n & 0xffffu)) * to_f32((elem_t)(b[i] & 0xffffu)), to_f32((elem_t)(n >> 16)) * to_f32((elem_t)(b[i] >> 16)));
+            }
+            xr[v] = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+    }
+    __syncthreads();  // xs complete for every warp
+}
+#endif
+
 // v2's body: the first units' vectors and scales before PDL_WAIT (constants), then gemv2_main.
+// NORM_X: x is h, normalized with norm_w and eps into shared memory first (norm_x_stage).
 __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                                            const float* __restrict__ zeros, const OutRows& out, int M, int N, int K, int group_size,
-                                           int cdiv, unsigned int cmagic) {
+                                           int cdiv, unsigned int cmagic, const elem_t* __restrict__ norm_w = nullptr, float eps = 0.0f) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int gid = lane >> 2;
@@ -1150,7 +1244,13 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
     const float* st[RT];
     const float* zt[RT];
     tile_pointers(w, scales, zeros, N, K, group_size, wt, st, zt);
+#if NORM_X
+    extern __shared__ __align__(16) unsigned char wq_staged[];  // x [M][K], then the partial sums
+    float* red = reinterpret_cast<float*>(wq_staged);
+    norm_w_prefetch(norm_w, K);  // a constant: on its way to L1 across PDL_WAIT
+#else
     __shared__ float red[MAX_WARPS * RT * 4 * 32];  // the warps' partial sums [warp][RT * 4][32]
+#endif
     const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
     uint4 buf[UNROLL][SEG][RT];
     GroupPair gbuf[UNROLL][RT];
@@ -1172,6 +1272,10 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
     }
     PDL_WAIT();
     PDL_LAUNCH();
+#if NORM_X
+    norm_x_stage(x, norm_w, reinterpret_cast<elem_t*>(wq_staged), M, K, eps);
+    x = reinterpret_cast<const elem_t*>(wq_staged);
+#endif
     if (grouped)
         gemv2_main<true>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque);
     else
@@ -1358,13 +1462,18 @@ trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const
     gemv3_body(x, w, scales, zeros,
                add_norm_rows(out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), an_residual, an_weight, an_normed, an_counter, an_eps),
                M, N, K, group_size, cdiv, cmagic);
+#elif WQ_DECODE == 2 && NORM_X
+    // an_residual: the add_residual epilogue's; an_weight, an_eps: the input norm's
+    gemv2_body(x, w, scales, zeros, out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N, an_residual), M, N, K, group_size, cdiv,
+               cmagic, an_weight, an_eps);
 #elif WQ_DECODE == 2
     // v2: the plugin launches it only without perm and with whole-chunk groups (fast_decode)
     gemv2_body(x, w, scales, zeros,
                add_norm_rows(out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), an_residual, an_weight, an_normed, an_counter, an_eps),
                M, N, K, group_size, cdiv, cmagic);
 #else
-    gemv_body<1>(x, w, scales, zeros, perm, out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), M, N, K, group_size, cdiv, cmagic);
+    gemv_body<1>(x, w, scales, zeros, perm, out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N, an_residual), M, N, K, group_size,
+                 cdiv, cmagic);
 #endif
 }
 
@@ -1376,11 +1485,11 @@ trtcore_wq_gemv16(const elem_t* __restrict__ x, const uint4* __restrict__ w, con
                   const float* __restrict__ zeros, const int* __restrict__ perm, elem_t* __restrict__ out, int M, int N, int K,
                   int group_size, int cdiv, unsigned int cmagic, const int* __restrict__ rope_pos, const float* __restrict__ rope_freq,
                   int rope_rows, float rope_scale, const elem_t* an_residual, const elem_t* an_weight, elem_t* an_normed,
-                  unsigned int* an_counter, float an_eps) {  // an_*: trtcore_wq_gemv's (unused: ADD_NORM is v2's)
+                  unsigned int* an_counter, float an_eps) {  // an_*: trtcore_wq_gemv's (only an_residual: ADD_NORM is v2's)
     // one statement, a body call (tests/test_kernels.py: nothing but the body before its PDL_WAIT);
     // with GATED the output's rows are N / 2 long (the SwiGLU output)
     gemv_body<2>(x + (size_t)blockIdx.y * 16 * K, w, scales, zeros, perm,
-                 out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, (int)blockIdx.y * 16, GATED ? N / 2 : N),
+                 out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, (int)blockIdx.y * 16, GATED ? N / 2 : N, an_residual),
                  min(16, M - (int)blockIdx.y * 16), N, K, group_size, cdiv, cmagic);
 }
 #endif  // DTYPE 1 or 2
@@ -1579,6 +1688,26 @@ trtcore_wq_add_norm(elem_t* h, const elem_t* __restrict__ residual, const elem_t
     __shared__ float red[32];
     const size_t row = (size_t)blockIdx.x * N;
     add_norm_row(h + row, residual + row, w, normed + row, N, eps, red);
+}
+
+// one block per row m: normed [M, N] = RMSNorm(h) * w (the norm_input plugin's x where the GEMM
+// runs without NORM_X: add_norm_row without a residual)
+extern "C" __global__ void __launch_bounds__(1024)
+trtcore_wq_rms_norm(const elem_t* h, const elem_t* __restrict__ w, elem_t* normed, int N, float eps) {
+    PDL_WAIT();  // h: the previous kernel's output
+    PDL_LAUNCH();
+    __shared__ float red[32];
+    const size_t row = (size_t)blockIdx.x * N;
+    add_norm_row(const_cast<elem_t*>(h) + row, nullptr, w, normed + row, N, eps, red);  // h is only read
+}
+
+// y [total] = round(y + residual): the add_residual plugin's add where the GEMM has no epilogue
+// for it (tiled, cuBLAS)
+extern "C" __global__ void __launch_bounds__(256) trtcore_wq_add_residual(elem_t* y, const elem_t* __restrict__ residual, long long total) {
+    PDL_WAIT();  // y: the GEMM's output, just written
+    PDL_LAUNCH();
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
+        y[i] = from_f32(to_f32(y[i]) + to_f32(residual[i]));
 }
 
 #if ROPE

@@ -79,6 +79,16 @@ paths launch ``trtcore_wq_add_norm`` after the GEMM. The counter is engine memor
 launch leaves at 0 (a constant input, zero when loaded): one engine's launches of the plugin must
 not run concurrently on two streams.
 
+The same add and norm split between two GEMMs (:attr:`WeightOnlyGemmPlugin.add_residual` and
+:attr:`WeightOnlyGemmPlugin.norm_input`, made by :mod:`trtcore.cuda.norm_input_fusion`): the
+GEMM before the add writes ``h = y + residual`` from its epilogue (``store_rows``; the tiled and
+cuBLAS paths launch ``trtcore_wq_add_residual`` after the GEMM), and each GEMM that reads the
+norm takes ``h`` and the norm's weight instead and normalizes x itself: the v2 decode kernel
+stages ``RMSNorm(h) * w`` in shared memory once per block (``NORM_X``), every other path runs
+``trtcore_wq_rms_norm`` into the workspace first. No kernel runs between the two GEMMs
+(:func:`rms_norm_reference`); every block of the reader normalizes x again, which costs more than
+the row kernel it saves in a large grid (:data:`NORM_X_MAX_BLOCKS`).
+
 Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
 (``x64 @ QuantizedWeight.dequantize().T`` rounded once to x's dtype); the kernels accumulate
 in float32 (the decode kernel: exact products of the integer codes and x summed per group,
@@ -234,6 +244,27 @@ DEQUANT_BLOCK_BYTES = 256 << 20
 _BLOCK_ROW_UNIT = 128
 #: elements of a row each thread of ``trtcore_wq_add_norm`` keeps in registers (kernels/wq_gemm.cu AN_CACHE)
 _ADD_NORM_CACHE = 16
+#: the most bytes of x (``M x K`` elements) the v2 decode kernel stages in shared memory for a
+#: :attr:`WeightOnlyGemmPlugin.norm_input` plugin (``NORM_X``): the 48 KiB a launch takes without
+#: opting in to more
+NORM_X_MAX_BYTES = 48 << 10
+#: the most blocks of a ``NORM_X`` launch (16-row tiles of W): each block reads and normalizes all
+#: of x again, so a grid of many small blocks spends more on it than the row kernel it replaces. On
+#: an H100 (bench/results/h100-2026-12-05-session27), Llama-3-8B 4-bit: q/k/v's GEMV (384 blocks)
+#: took 8.5 us with NORM_X against 6.0 us plus the 4.8 us row kernel before it; gate/up's (1,792
+#: blocks of two warps) 35.4 us against 24.0 + 4.0. :meth:`WeightOnlyGemmPlugin.with_norm_input`
+#: refuses a weight of more tiles, and a larger grid at run time takes ``trtcore_wq_rms_norm``
+#: first (``TRTCORE_NORM_X_MAX_BLOCKS``, read at import)
+NORM_X_MAX_BLOCKS = int(os.environ.get("TRTCORE_NORM_X_MAX_BLOCKS", "1024"))
+
+
+def norm_x_shared_bytes(m: int, k: int, dtype: Any, warps: int, row_tiles: int) -> int:
+    """The ``NORM_X`` decode kernel's dynamic shared memory: x staged (``m x k`` of ``dtype``),
+    at least the warps' partial sums (``warps x row_tiles x 4 x 32`` floats), which reuse x's
+    bytes at the end."""
+    return max(m * k * np.dtype(dtype).itemsize, warps * row_tiles * 4 * 32 * 4)
+
+
 #: the activation dtypes of the tensor-core kernels and the ``"cublas"`` prefill
 _HALF_TYPES = (_FLOAT16, _BFLOAT16)
 #: the workspace's parts are aligned to this many bytes
@@ -502,20 +533,26 @@ def rope_reference(
     return out
 
 
-def add_norm_reference(y: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """``h = y + residual`` and ``RMSNorm(h)`` as the unfused graph computes them
-    (:func:`trtcore.ops.rms_norm` without offset, on the reference backend): ``h`` rounded to
-    y's dtype; ``inv = 1 / sqrt(mean(h32 * h32) + eps)`` in float32 (``h32``: h in float32);
-    ``round(round(h32 * inv) * weight)``. ``y``, ``residual``: ``[M, N]``; ``weight``: ``[N]``
-    (or broadcastable), all of one dtype. Source: Zhang & Sennrich, arXiv:1910.07467, eq. 4;
-    transformers' ``LlamaRMSNorm``."""
-    dt = y.dtype
-    h = (y + residual).astype(dt)
+def rms_norm_reference(h: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """``RMSNorm(h)`` as the unfused graph computes it (:func:`trtcore.ops.rms_norm` without
+    offset, on the reference backend): ``inv = 1 / sqrt(mean(h32 * h32) + eps)`` in float32
+    (``h32``: h in float32); ``round(round(h32 * inv) * weight)`` in h's dtype. ``h``:
+    ``[M, N]``; ``weight``: ``[N]`` (or broadcastable) of h's dtype. Source: Zhang & Sennrich,
+    arXiv:1910.07467, eq. 4; transformers' ``LlamaRMSNorm``."""
+    dt = h.dtype
     h32 = h.astype(np.float32)
     var = np.mean(h32 * h32, axis=-1, keepdims=True) + np.float32(eps)
     inv = np.float32(1.0) / np.sqrt(var)
     normed = (h32 * inv).astype(dt) * np.asarray(weight, dt).reshape(-1)
-    return h, normed.astype(dt)
+    return normed.astype(dt)
+
+
+def add_norm_reference(y: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """``h = y + residual`` (rounded to y's dtype) and :func:`rms_norm_reference` of it, as the
+    unfused graph computes them. ``y``, ``residual``: ``[M, N]``; ``weight``: ``[N]``, all of one
+    dtype."""
+    h = (y + residual).astype(y.dtype)
+    return h, rms_norm_reference(h, weight, eps)
 
 
 def _row_reordered(
@@ -655,16 +692,19 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     4    perm    ``[K]``                             int32, only when ``has_perm``
     5    pos     ``[...]`` (x's leading dimensions)  int32, only with ``rope_rows``: each row's position
     6    freq    ``[rope_head_dim / 2]``             float32, only with ``rope_rows``: RoPE's ``inv_freq``
+    5    resid   ``[..., N]`` (x's leading dims)     x's dtype, only with ``add_residual``: added to y
+    5/6  norm_w  ``[K]``                             x's dtype, only with ``norm_input``: x's RMSNorm weight
     5    resid   ``[..., N]`` (x's leading dims)     x's dtype, only with ``add_norm``: the residual stream
     6    norm_w  ``[N]``                             x's dtype, only with ``add_norm``: the RMSNorm weight
     7    count   ``[1]``                             int32, only with ``add_norm``: zero (engine memory the kernel uses)
     ===  ======  ==================================  ===========================================
 
-    (Inputs 3 and 4 move down when absent: pos and freq, or resid, norm_w and count, are always
-    the last ones.)
+    (Absent inputs leave no gap: after the weight's come pos and freq, then resid
+    (``add_residual``), then norm_w (``norm_input``), then add_norm's three, each where present.)
 
-    Output: ``y [..., N]`` of x's dtype; with ``swiglu``, ``h [..., N / 2]``; with ``add_norm``
-    two, ``h = y + resid`` and ``RMSNorm(h) [..., N]``.
+    Output: ``y [..., N]`` of x's dtype; with ``swiglu``, ``h [..., N / 2]``; with
+    ``add_residual``, ``y + resid``; with ``add_norm`` two, ``h = y + resid`` and
+    ``RMSNorm(h) [..., N]``.
 
     Fields:
         in_features: K (a multiple of 8). out_features: N.
@@ -690,7 +730,14 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         add_norm: the residual add and the RMSNorm after it in the plugin (:func:`add_norm_reference`);
             made by :meth:`with_add_norm` (the cuda backend's :mod:`trtcore.cuda.add_norm_fusion`);
             added after version 1, False when absent.
-        norm_eps: that RMSNorm's epsilon (``rms_norm_eps``); 0 without.
+        norm_eps: that RMSNorm's epsilon (``rms_norm_eps``), add_norm's or norm_input's; 0
+            without either.
+        add_residual: the output is ``round(y + resid)`` (:attr:`output_features` of x's dtype,
+            the unfused graph's add); made by :meth:`with_residual`
+            (:mod:`trtcore.cuda.norm_input_fusion`); added after version 1, False when absent.
+        norm_input: x is ``h`` and the GEMM's x is ``RMSNorm(h) * norm_w`` with
+            :attr:`norm_eps` (:func:`rms_norm_reference`); made by :meth:`with_norm_input`
+            (:mod:`trtcore.cuda.norm_input_fusion`); added after version 1, False when absent.
     """
 
     plugin_name: ClassVar[str] = "trtcore_weight_only_gemm"
@@ -710,8 +757,12 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     rope_scaling: float = 1.0
     add_norm: bool = False
     norm_eps: float = 0.0
+    add_residual: bool = False
+    norm_input: bool = False
 
     _OPTIONAL_FIELDS: ClassVar[dict[str, Any]] = {
+        "add_residual": False,
+        "norm_input": False,
         "contiguous_x": False,
         "swiglu": False,
         "rope_rows": 0,
@@ -748,10 +799,16 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
                     f"within out_features={self.out_features}, and not with swiglu"
                 )
 
-        if self.add_norm and (self.swiglu or self.rope_rows):
-            raise PluginError("WeightOnlyGemmPlugin.add_norm excludes swiglu and rope_rows (an o_proj / down_proj takes it)")
-        if not (np.isfinite(self.norm_eps) and self.norm_eps >= 0) or (self.norm_eps and not self.add_norm):
-            raise PluginError(f"WeightOnlyGemmPlugin.norm_eps must be finite, >= 0 and only with add_norm, got {self.norm_eps!r}")
+        if self.add_norm and (self.swiglu or self.rope_rows or self.add_residual or self.norm_input):
+            raise PluginError(
+                "WeightOnlyGemmPlugin.add_norm excludes swiglu, rope_rows, add_residual and norm_input (an o_proj / down_proj takes it)"
+            )
+        if self.add_residual and (self.swiglu or self.rope_rows):
+            raise PluginError("WeightOnlyGemmPlugin.add_residual excludes swiglu and rope_rows (an o_proj / down_proj takes it)")
+        if self.norm_input and self.rope_rows:
+            raise PluginError("WeightOnlyGemmPlugin.norm_input excludes rope_rows")
+        if not (np.isfinite(self.norm_eps) and self.norm_eps >= 0) or (self.norm_eps and not (self.add_norm or self.norm_input)):
+            raise PluginError(f"WeightOnlyGemmPlugin.norm_eps must be finite, >= 0 and only with add_norm or norm_input, got {self.norm_eps!r}")
 
     @property
     def output_features(self) -> int:
@@ -830,7 +887,18 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         whole heads within N). The codes move by half tiles where ``head_dim / 2`` is a multiple
         of 16, else are unpacked and packed again (exact either way)."""
         n = self.out_features
-        if self.swiglu or self.rope_rows or head_dim <= 0 or head_dim % TILE_ROWS or rope_rows <= 0 or rope_rows % head_dim or rope_rows > n:
+        if (
+            self.swiglu
+            or self.rope_rows
+            or self.add_norm
+            or self.add_residual
+            or self.norm_input
+            or head_dim <= 0
+            or head_dim % TILE_ROWS
+            or rope_rows <= 0
+            or rope_rows % head_dim
+            or rope_rows > n
+        ):
             return None
         moves = (lambda codes: _rope_codes(codes, self.bits, rope_rows, head_dim)) if (head_dim // 2) % TILE_ROWS == 0 else None
         plugin = dataclasses.replace(self, rope_rows=rope_rows, rope_head_dim=head_dim, rope_scaling=float(np.float32(attention_scaling)))
@@ -842,13 +910,42 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         the fused node then also takes the residual, the norm's weight and a zero counter (int32
         ``[1]``, its own). None where that cannot be (SwiGLU, RoPE or add_norm already, an
         epsilon that is negative or not finite)."""
-        if self.swiglu or self.rope_rows or self.add_norm or not (np.isfinite(eps) and eps >= 0):
+        if self.swiglu or self.rope_rows or self.add_norm or self.add_residual or self.norm_input or not (np.isfinite(eps) and eps >= 0):
             return None
         return dataclasses.replace(self, add_norm=True, norm_eps=float(np.float32(eps))), [np.asarray(c) for c in constants]
 
+    def with_residual(self, constants: Sequence[np.ndarray]) -> tuple[WeightOnlyGemmPlugin, list[np.ndarray]] | None:
+        """This plugin with the residual add after it (:attr:`add_residual`): the plugin and its
+        constant inputs as they are; the node then also takes the residual ``[..., N]``. None
+        where that cannot be (SwiGLU, RoPE, add_norm or add_residual already)."""
+        if self.swiglu or self.rope_rows or self.add_norm or self.add_residual:
+            return None
+        return dataclasses.replace(self, add_residual=True), [np.asarray(c) for c in constants]
+
+    def with_norm_input(self, constants: Sequence[np.ndarray], eps: float) -> tuple[WeightOnlyGemmPlugin, list[np.ndarray]] | None:
+        """This plugin reading ``h`` and normalizing it (:attr:`norm_input`, epsilon ``eps``):
+        the plugin and its constant inputs as they are; the node then also takes the norm's
+        weight ``[K]``. None where that cannot be (RoPE, add_norm or norm_input already, an
+        epsilon that is negative or not finite) or would not pay (more 16-row tiles than
+        :data:`NORM_X_MAX_BLOCKS`: the row kernel is cheaper there)."""
+        tiles = -(-self.out_features // TILE_ROWS)
+        if self.rope_rows or self.add_norm or self.norm_input or not (np.isfinite(eps) and eps >= 0) or tiles > NORM_X_MAX_BLOCKS:
+            return None
+        return dataclasses.replace(self, norm_input=True, norm_eps=float(np.float32(eps))), [np.asarray(c) for c in constants]
+
     @property
     def num_inputs(self) -> int:
-        return self.num_weight_inputs + 1 + 2 * int(self.rope_rows > 0) + 3 * int(self.add_norm)
+        return self.num_weight_inputs + 1 + len(self._extra_inputs())
+
+    def _extra_inputs(self) -> list[str]:
+        """The names of the inputs after the weight's, in order (the table of the class docstring)."""
+        names = ["pos", "freq"] if self.rope_rows > 0 else []
+        names += ["resid"] * self.add_residual + ["norm_w"] * self.norm_input
+        return names + ["resid", "norm_w", "count"] * self.add_norm
+
+    def _extra(self, inputs: Sequence[Any], name: str) -> Any:
+        """Input ``name`` (:meth:`_extra_inputs`; add_norm excludes the others) of ``inputs``."""
+        return inputs[1 + self.num_weight_inputs + self._extra_inputs().index(name)]
 
     @property
     def num_weight_inputs(self) -> int:
@@ -876,9 +973,9 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
 
     def _check_count(self, n: int) -> None:
         if n != self.num_inputs:
-            rope = ", pos, freq" * (self.rope_rows > 0) + ", resid, norm_w, count" * self.add_norm
+            extra = "".join(", " + name for name in self._extra_inputs())
             raise PluginError(
-                f"WeightOnlyGemmPlugin takes {self.num_inputs} inputs (x, codes, scales{', zeros' * self.has_zeros}{', perm' * self.has_perm}{rope}), got {n}"
+                f"WeightOnlyGemmPlugin takes {self.num_inputs} inputs (x, codes, scales{', zeros' * self.has_zeros}{', perm' * self.has_perm}{extra}), got {n}"
             )
 
     # --- numerics (the contract) -----------------------------------------------------------------
@@ -898,7 +995,9 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         """float64 NumPy: ``x64 @ dequantize(W)^T`` rounded once to x's dtype; with
         :attr:`swiglu`, then :func:`swiglu_reference` of it; with :attr:`rope_rows`, then
         :func:`rope_reference` of it (inputs 5 and 6: the positions, ``inv_freq``); with
-        :attr:`add_norm`, ``[h, RMSNorm(h)]`` of it (:func:`add_norm_reference`).
+        :attr:`add_norm`, ``[h, RMSNorm(h)]`` of it (:func:`add_norm_reference`). With
+        :attr:`norm_input` x is first :func:`rms_norm_reference` of it; with
+        :attr:`add_residual` the output is ``round(y + resid)``.
 
         Raises:
             PluginError: wrong input count or x's last dimension is not in_features.
@@ -909,7 +1008,22 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             raise PluginError(f"WeightOnlyGemmPlugin: x {x.shape} must end in in_features={self.in_features}")
         # dequantized once while the same constants come back (the reference backend's, per token)
         w = self.from_constants(inputs[1 : 1 + self.num_weight_inputs], lambda arrays: self.quantized_weight(*arrays).dequantize())
-        y = (x.astype(np.float64).reshape(-1, self.in_features) @ w.T).astype(x.dtype)
+        x2 = x.reshape(-1, self.in_features)
+        if self.norm_input:
+            norm_w = np.asarray(self._extra(inputs, "norm_w"))
+            if norm_w.size != self.in_features or norm_w.dtype != x.dtype:
+                raise PluginError(
+                    f"WeightOnlyGemmPlugin: the norm weight {norm_w.shape} {norm_w.dtype} must hold in_features={self.in_features} of {x.dtype}"
+                )
+            x2 = rms_norm_reference(x2, norm_w, self.norm_eps)
+        y = (x2.astype(np.float64) @ w.T).astype(x.dtype)
+        if self.add_residual:
+            resid = np.asarray(self._extra(inputs, "resid"))
+            if resid.shape != (*x.shape[:-1], self.out_features) or resid.dtype != x.dtype:
+                raise PluginError(
+                    f"WeightOnlyGemmPlugin: the residual {resid.shape} {resid.dtype} must be {(*x.shape[:-1], self.out_features)} {x.dtype}"
+                )
+            y = (y + resid.reshape(-1, self.out_features)).astype(x.dtype)
         if self.swiglu:
             y = swiglu_reference(y)
         if self.rope_rows:
@@ -1044,7 +1158,33 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         shape, dtype = inputs[0]
         m = int(np.prod(shape[:-1], dtype=np.int64))
         cublas = self._workspace_layout(m)[2] if self.prefill_on_cublas(dtype, m) else 0
-        return self.staging_bytes(dtype, m) + cublas
+        return self.norm_bytes(dtype, m) + self.staging_bytes(dtype, m) + cublas
+
+    def norm_bytes(self, dtype: Any, m: int) -> int:
+        """Bytes at the workspace's start of a :attr:`norm_input` plugin's normalized x (``m x K``
+        of ``dtype``, aligned) for the paths that do not normalize in the kernel
+        (:meth:`norm_in_kernel`); 0 without norm_input. Reserved at every M."""
+        if not self.norm_input:
+            return 0
+        return -(-m * self.in_features * np.dtype(dtype).itemsize // _WS_ALIGN) * _WS_ALIGN
+
+    def norm_in_kernel(self, dtype: Any, m: int, x_ptr: int, workspace: bool = True, w_ptr: int = 0) -> bool:
+        """Whether a :attr:`norm_input` plugin's ``m`` rows of ``dtype`` at ``x_ptr`` (norm weight
+        at ``w_ptr``) are normalized inside the v2 decode kernel (``NORM_X``): the tensor-core path
+        at up to 8 rows with :meth:`decode_variant` v2, x and the weight 16-byte aligned,
+        ``m x K`` elements within :data:`NORM_X_MAX_BYTES` of shared memory, and at most
+        :data:`NORM_X_MAX_BLOCKS` blocks. Elsewhere ``trtcore_wq_rms_norm`` writes the normalized
+        x into the workspace first."""
+        if not self.norm_input or m > 8 or x_ptr % 16 or w_ptr % 16:
+            return False
+        variant = self.decode_variant(dtype, m)
+        blocks = -(-self.out_features // (TILE_ROWS * variant.get("ROW_TILES", 1)))
+        return (
+            np.dtype(dtype).itemsize * m * self.in_features <= NORM_X_MAX_BYTES
+            and blocks <= NORM_X_MAX_BLOCKS
+            and self.kernel_path(dtype, m, workspace) == "tensor_cores"
+            and variant.get("WQ_DECODE") == 2
+        )
 
     def chunks_per_group(self) -> int:
         """Whole chunks per group (0 when groups do not cover whole chunks): the decode
@@ -1075,6 +1215,9 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if chosen.get("WQ_DECODE", 1) != 2 or not self.fast_decode(dtype, m):
             return {}
         variant = dict(chosen)
+        if self.norm_input:  # NORM_X stages x in the shared memory the cp.async rings would take
+            variant.pop("ASYNC", None)
+            variant.pop("XPF", None)
         if self.chunks_per_group() % variant.get("SEG", 1):
             del variant["SEG"]
         rt = variant.get("ROW_TILES", 1)
@@ -1130,6 +1273,18 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             return
         if self.add_norm:
             self._check_add_norm(inputs)
+        if self.add_residual:
+            self._check_residual(inputs)
+        norm_x = self.norm_in_kernel(dtype, m, x.ptr, bool(workspace), self._extra(inputs, "norm_w").ptr if self.norm_input else 0)
+        if self.norm_input and not norm_x:  # x normalized into the workspace, then any path
+            if not workspace:
+                raise PluginError(
+                    f"WeightOnlyGemmPlugin.enqueue: the norm_input plugin's M={m} rows of {dtype} normalize x in a workspace; none was given"
+                )
+            self._rms_norm(inputs, workspace, m, dtype, stream)
+            x = DeviceTensor(workspace, tuple(x.shape), x.dtype)
+            inputs = [x, *inputs[1:]]
+            workspace += self.norm_bytes(dtype, m)
         path = self.kernel_path(dtype, m, bool(workspace))
         if path == "cublas":
             staged = self.staging_bytes(dtype, m)
@@ -1138,6 +1293,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
                 self._epilogue(inputs, workspace, out.ptr, m, dtype, stream)
             if self.add_norm:
                 self._add_norm(inputs, outputs, m, dtype, stream)
+            self._add_residual(inputs, out, m, dtype, stream)
             return
         tensor_cores = path == "tensor_cores"
         y = out.ptr  # the GEMM's output: staged in the workspace for a SwiGLU or RoPE plugin's tiled kernel
@@ -1165,7 +1321,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             # v2 reads a contiguous-x run in 16-byte loads: an x (a view) off that alignment takes v1
             variant = {} if self.contiguous_x and x.ptr % 16 else self.decode_variant(dtype, m)
             tail = self.add_norm and variant.get("WQ_DECODE") == 2  # v2's last block adds and normalizes
-            args += [(cdiv, "i32"), (cmagic, "u32"), *self._rope_args(inputs), *self._add_norm_args(inputs, outputs, tail)]
+            args += [(cdiv, "i32"), (cmagic, "u32"), *self._rope_args(inputs), *self._add_norm_args(inputs, outputs, tail, norm_x)]
             warps = variant.pop("WARPS", 0) or self.decode_warps(variant.get("ROW_TILES", 1))
             rt = variant.get("ROW_TILES", 1)
             rings = warps * variant.get("ASYNC", 0) * variant.get("ASLOT", 0)  # bytes of the cp.async rings
@@ -1173,6 +1329,9 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
                 variant["GATED"] = 1  # the SwiGLU epilogue
             if tail:
                 variant["ADD_NORM"] = 1
+            if norm_x:  # x staged, then the warps' partial sums, in dynamic shared memory
+                variant["NORM_X"] = 1
+                rings = norm_x_shared_bytes(m, self.in_features, dtype, warps, rt)
             if variant:
                 defines = tuple(sorted({**dict(defines), **variant}.items()))
             slices = 1 if m <= 8 else -(-m // DECODE_MAX_M)  # gemv16: blockIdx.y is a slice of 16 rows
@@ -1189,6 +1348,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             self._epilogue(inputs, y, out.ptr, m, dtype, stream)
         if self.add_norm:
             self._add_norm(inputs, outputs, m, dtype, stream)
+        self._add_residual(inputs, out, m, dtype, stream)
 
     def _rope_args(self, inputs: Sequence[DeviceTensor]) -> list[tuple[Any, str]]:
         """The ``ROPE`` epilogue's kernel arguments: positions, ``inv_freq``, rows, scaling (null
@@ -1207,13 +1367,46 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if resid != want:
             raise PluginError(f"WeightOnlyGemmPlugin.enqueue: residual {resid} for x {tuple(inputs[0].shape)}; {want} expected")
 
-    def _add_norm_args(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], tail: bool) -> list[tuple[Any, str]]:
-        """The decode kernels' ``ADD_NORM`` tail arguments: residual, norm weight, normalized
-        output, counter, epsilon where ``tail`` (null and 0 otherwise: the kernels take them always)."""
-        if not tail:
-            return [(0, "ptr"), (0, "ptr"), (0, "ptr"), (0, "ptr"), (0.0, "f32")]
-        resid, weight, counter = inputs[-3:]
-        return [(resid.ptr, "ptr"), (weight.ptr, "ptr"), (outputs[1].ptr, "ptr"), (counter.ptr, "ptr"), (self.norm_eps, "f32")]
+    def _add_norm_args(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], tail: bool, norm_x: bool) -> list[tuple[Any, str]]:
+        """The decode kernels' ``an_*`` arguments: the ``ADD_NORM`` tail's residual, norm weight,
+        normalized output, counter, epsilon where ``tail``; else the :attr:`add_residual`
+        epilogue's residual and the ``NORM_X`` stage's norm weight and epsilon where ``norm_x``
+        (null and 0 where unused: the kernels take them always)."""
+        if tail:
+            resid, weight, counter = inputs[-3:]
+            return [(resid.ptr, "ptr"), (weight.ptr, "ptr"), (outputs[1].ptr, "ptr"), (counter.ptr, "ptr"), (self.norm_eps, "f32")]
+        resid = self._extra(inputs, "resid").ptr if self.add_residual else 0
+        weight = self._extra(inputs, "norm_w").ptr if norm_x else 0
+        return [(resid, "ptr"), (weight, "ptr"), (0, "ptr"), (0, "ptr"), (self.norm_eps if norm_x else 0.0, "f32")]
+
+    def _check_residual(self, inputs: Sequence[DeviceTensor]) -> None:
+        """Raises PluginError where an :attr:`add_residual` plugin's residual is not x's leading
+        dimensions and N (before any launch: the kernels read it row for row, no broadcast)."""
+        resid, want = tuple(self._extra(inputs, "resid").shape), (*inputs[0].shape[:-1], self.out_features)
+        if resid != want:
+            raise PluginError(f"WeightOnlyGemmPlugin.enqueue: residual {resid} for x {tuple(inputs[0].shape)}; {want} expected")
+
+    def _add_residual(self, inputs: Sequence[DeviceTensor], out: DeviceTensor, m: int, dtype: np.dtype, stream: int) -> None:
+        """The :attr:`add_residual` add of the paths without the epilogue (tiled, cuBLAS):
+        ``trtcore_wq_add_residual`` on ``out`` in place; nothing without add_residual."""
+        if not self.add_residual:
+            return
+        total = m * self.out_features
+        args = [(out.ptr, "ptr"), (self._extra(inputs, "resid").ptr, "ptr"), (total, "i64")]
+        _launch(tuple(sorted(self.defines(dtype).items())), "trtcore_wq_add_residual", (min(4096, -(-total // 256)),), (256,), args, stream)
+
+    def _rms_norm(self, inputs: Sequence[DeviceTensor], normed: int, m: int, dtype: np.dtype, stream: int) -> None:
+        """A :attr:`norm_input` plugin's x normalized into ``normed`` (``[m, K]``) where the GEMM
+        does not do it (:meth:`norm_in_kernel`): ``trtcore_wq_rms_norm``, one block per row."""
+        threads = min(1024, max(32, -(-self.in_features // _ADD_NORM_CACHE // 32) * 32))
+        args = [
+            (inputs[0].ptr, "ptr"),
+            (self._extra(inputs, "norm_w").ptr, "ptr"),
+            (normed, "ptr"),
+            (self.in_features, "i32"),
+            (self.norm_eps, "f32"),
+        ]
+        _launch(tuple(sorted(self.defines(dtype).items())), "trtcore_wq_rms_norm", (m,), (threads,), args, stream)
 
     def _add_norm(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], m: int, dtype: np.dtype, stream: int) -> None:
         """The add + norm of the paths without the decode tail: ``trtcore_wq_add_norm``, one block

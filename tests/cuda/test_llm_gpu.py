@@ -114,13 +114,16 @@ def test_cuda_backend_weight_only_prefill(cp: Any, hf_models: ModelStore, dtype:
 
 
 @pytest.mark.parametrize(
-    ("rope_fusion", "add_norm_fusion"), [("0", "0"), ("1", "0"), ("0", "1")], ids=["rope_plugin", "rope_in_qkv", "add_norm_in_gemv"]
+    ("rope_fusion", "add_norm_fusion", "norm_input_fusion"),
+    [("0", "0", "0"), ("1", "0", "0"), ("0", "1", "0"), ("0", "0", "1")],
+    ids=["rope_plugin", "rope_in_qkv", "add_norm_in_gemv", "norm_in_gemv"],
 )
 def test_quantized_paged_engine_matches_the_reference_backend(
     cp: Any,  # noqa: F811
     tmp_path: Any,
     rope_fusion: str,
     add_norm_fusion: str,
+    norm_input_fusion: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The default (paged) cache with 4-bit weights on the GPU against the float32 reference
@@ -129,7 +132,9 @@ def test_quantized_paged_engine_matches_the_reference_backend(
     with the RoPE plugin, with RoPE in the q/k/v GEMM's epilogue (``TRTCORE_ROPE_FUSION=1``,
     trtcore/cuda/rope_fusion.py; that it fuses every layer of this shape is checked on the CPU by
     tests/cuda/test_rope_fusion.py), and with the residual adds and RMSNorms in o_proj's and
-    down_proj's GEMV (``TRTCORE_ADD_NORM_FUSION=1``, trtcore/cuda/add_norm_fusion.py).
+    down_proj's GEMV (``TRTCORE_ADD_NORM_FUSION=1``, trtcore/cuda/add_norm_fusion.py), and with
+    the adds in o_proj's and down_proj's epilogue and each RMSNorm in the GEMVs that read it
+    (``TRTCORE_NORM_INPUT_FUSION=1``, trtcore/cuda/norm_input_fusion.py).
     Three prompts (80, 33, 7 tokens) in one prefill (the weight-only "cublas" prefill), then 6
     greedy decode steps (the decode GEMV). Each step's log-probability of the token the engine
     chose, and the first step's full vocabulary, are within 64 bfloat16 units of the reference's
@@ -146,6 +151,7 @@ def test_quantized_paged_engine_matches_the_reference_backend(
     full = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=v.vocab_size)
     monkeypatch.setenv("TRTCORE_ROPE_FUSION", rope_fusion)
     monkeypatch.setenv("TRTCORE_ADD_NORM_FUSION", add_norm_fusion)
+    monkeypatch.setenv("TRTCORE_NORM_INPUT_FUSION", norm_input_fusion)
     gpu = LLM(str(q), backend="cuda", dtype="bfloat16", progress=False)
     ref = LLM(str(q), backend="reference", device="cpu", dtype="float32", progress=False)
     tol = LOW_PRECISION_UNITS * UNIT_ROUNDOFF["bfloat16"]

@@ -33,7 +33,11 @@ checked on four shapes at M = 1 .. 64 and with float32 x; so is the RoPE form of
 epilogue or by ``trtcore_wq_rope`` after a staged GEMM). The add + norm form of an o_proj-like
 plugin (``add_norm``: ``h = y + residual`` and RMSNorm(h) as two outputs, by the v2 decode
 kernel's last block or by ``trtcore_wq_add_norm`` after the other paths) is checked on four
-shapes at M = 1 .. 64, with the v2 variants, and with float32 x.
+shapes at M = 1 .. 64, with the v2 variants, and with float32 x. So are the split forms:
+``norm_input`` (x is h, normalized by the v2 decode kernel into shared memory, ``NORM_X``, or by
+``trtcore_wq_rms_norm`` into the workspace first) and ``add_residual`` (the residual added by
+the tensor-core kernels' epilogue or by ``trtcore_wq_add_residual`` after the GEMM), alone, both
+in one plugin, and with SwiGLU.
 """
 
 from __future__ import annotations
@@ -520,3 +524,84 @@ def test_add_norm_plugin_float32_runs_the_add_norm_kernel() -> None:
     rng = np.random.default_rng(zlib.crc32(b"add-norm-f32"))
     fused, specs, rtol = _add_norm_specs(rng, ADD_NORM_CASES[2], 3, f32)
     check_plugin(fused, specs, rtol=rtol)
+
+
+# (N, K, bits, group_size, zeros, perm): a Llama-3-8B-wide K (from M = 7, x is past NORM_X's 48 KiB
+# and M = 8 normalizes before the GEMM), N not whole tiles, per channel int8, act order (v1 and the norm kernel)
+SPLIT_CASES = [
+    (256, 4096, 4, 128, "none", False),
+    (300, 1536, 4, 64, "int", False),
+    (512, 2048, 8, 0, "none", False),
+    (96, 2080, 4, 32, "frac", True),
+]
+
+
+def _split_specs(rng: np.random.Generator, case: tuple, m: int, dtype: np.dtype, form: str, swiglu: bool = False) -> tuple[WeightOnlyGemmPlugin, list, float]:
+    """The ``norm_input`` / ``add_residual`` / ``both`` form of a weight (epsilon 1e-5; with
+    ``swiglu`` the gate/up form first), its input specs (x as h with magnitudes up to 4, the
+    residual random, the norm weight in [0.5, 1.5]) and the tolerance: four times the GEMM's (an
+    ulp of the normalized x or of h moves an output by about an ulp)."""
+    n, k, bits, gs, zeros, perm = case
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(_qw(rng, n, k, bits, gs, zeros, perm))
+    arrays = packed.arrays()
+    if swiglu:
+        plugin, arrays = plugin.with_swiglu(arrays)  # type: ignore[misc]
+    if form in ("norm_input", "both"):
+        plugin, arrays = plugin.with_norm_input(arrays, 1e-5)  # type: ignore[misc]
+    if form in ("add_residual", "both"):
+        plugin, arrays = plugin.with_residual(arrays)  # type: ignore[misc]
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 4.0, (m, 1))).astype(dtype)
+    specs = [((m, k), dtype, x)] + [(a.shape, a.dtype, a) for a in arrays]
+    if plugin.add_residual:
+        specs.append(((m, plugin.output_features), dtype))
+    if plugin.norm_input:
+        w = rng.uniform(0.5, 1.5, k).astype(dtype)
+        specs.append((w.shape, w.dtype, w))
+    return plugin, specs, 4 * (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24)
+
+
+@pytest.mark.parametrize(("m", "prefill"), [(1, "cublas"), (5, "cublas"), (8, "cublas"), (12, "cublas"), (64, "cublas"), (64, "tiled")])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("form", ["norm_input", "add_residual", "both"])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
+def test_split_add_norm_plugin_matches_reference(case: tuple, form: str, dtype: np.dtype, m: int, prefill: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The norm_input / add_residual forms (trtcore.cuda.norm_input_fusion): the v2 decode
+    kernel's ``NORM_X`` stage and epilogue add, ``trtcore_wq_rms_norm`` / ``trtcore_wq_add_residual``
+    around the other paths, against the float64 reference of the unfused graph
+    (:meth:`~trtcore.plugins.weight_only_gemm.WeightOnlyGemmPlugin.reference`). check_plugin
+    poisons the output and requires every input back unchanged (h is read, not normalized in place)."""
+    monkeypatch.setattr(wog, "PREFILL_KERNEL", prefill)
+    rng = np.random.default_rng(zlib.crc32(repr((case, form, str(dtype), m, prefill, "split")).encode()))
+    plugin, specs, rtol = _split_specs(rng, case, m, dtype, form)
+    check_plugin(plugin, specs, rtol=rtol)
+
+
+@pytest.mark.parametrize("m", [1, 3, 12])
+def test_norm_input_swiglu_plugin_matches_reference(m: int) -> None:
+    """A gate/up plugin with SwiGLU in its epilogue and the norm in its prologue (the Llama MLP's
+    first GEMM after the fusion passes)."""
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(zlib.crc32(repr((m, "norm-swiglu")).encode()))
+    plugin, specs, rtol = _split_specs(rng, (512, 4096, 4, 128, "none", False), m, dtype, "norm_input", swiglu=True)
+    check_plugin(plugin, specs, rtol=rtol)
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("variant", SWIGLU_V2_VARIANTS, ids=_v2_id)
+def test_norm_x_of_v2_variants(variant: dict, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NORM_X and the epilogue add in the v2 decode kernels that are not the default (two row
+    tiles, the folded offset; the cp.async rings are left out with NORM_X)."""
+    monkeypatch.setattr(wog, "DECODE_VARIANT", variant)
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(zlib.crc32(repr((variant, m, "norm-x-v2")).encode()))
+    plugin, specs, rtol = _split_specs(rng, SPLIT_CASES[0], m, dtype, "both")
+    assert plugin.norm_in_kernel(dtype, m, 0) and "ASYNC" not in plugin.decode_variant(dtype, m)
+    check_plugin(plugin, specs, rtol=rtol)
+
+
+def test_split_add_norm_plugin_float32() -> None:
+    """float32 x: trtcore_wq_rms_norm, the tiled kernel, trtcore_wq_add_residual, in float32."""
+    f32 = np.dtype(np.float32)
+    rng = np.random.default_rng(zlib.crc32(b"split-f32"))
+    plugin, specs, rtol = _split_specs(rng, SPLIT_CASES[1], 3, f32, "both")
+    check_plugin(plugin, specs, rtol=rtol)

@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 
 from ..reference.types import DataType, ElementWiseOperation, ReduceOperation, UnaryOperation
-from .graph_match import Reads, env_flag, is_node, splice
-from .ir import Graph, Node, Shape, Value, infer_shapes
+from .graph_match import Reads, env_flag, is_node, pass_start, splice
+from .ir import Graph, Node, Shape, Value
 
 
 def enabled() -> bool:
@@ -62,9 +62,25 @@ def _match(
     """For plugin node ``gemm``: the nodes of ``r + y`` and the RMSNorm of it (module docstring),
     the residual ``r``, ``h``, the norm weight's constant and epsilon; None where they are not
     there exactly. ``made_at``: each node output's producer's index in ``g.nodes``."""
+    found = residual_add(g, gemm, reads, shapes, made_at)
+    if found is None:
+        return None
+    add, r, h = found
+    norm = match_rms_norm(g, reads, h)
+    if norm is None:
+        return None
+    nodes, w, eps = norm
+    return [add, *nodes], r, h, w, eps
+
+
+def residual_add(g: Graph, gemm: Node, reads: Reads, shapes: list[dict[str, Shape]], made_at: dict[str, int]) -> tuple[Node, str, str] | None:
+    """For plugin node ``gemm``: the node of ``h = r + y`` (y: the plugin's output, read by
+    nothing else), ``r`` and ``h``; None where that is not there exactly (another dtype than
+    float16 / bfloat16 / float32, a broadcast, or a residual made after the GEMM). ``made_at``:
+    each node output's producer's index in ``g.nodes``."""
     y = gemm.outputs[0]
     add = reads.only(y)
-    if not is_node(add, "elementwise", int(ElementWiseOperation.SUM)) or len(set(add.inputs)) != 2:
+    if not is_node(add, "elementwise", int(ElementWiseOperation.SUM)) or len(set(add.inputs)) != 2 or y in g.outputs:
         return None
     (r,) = [v for v in add.inputs if v != y]
     h = add.outputs[0]
@@ -76,6 +92,17 @@ def _match(
     # the residual exists where the GEMM runs: a network input, a constant, or made before it
     if r not in g.inputs and r not in g.constants and made_at.get(r, len(g.nodes)) > made_at[y]:
         return None
+    return add, r, h
+
+
+def match_rms_norm(g: Graph, reads: Reads, h: str) -> tuple[list[Node], str, float] | None:
+    """The nodes of ``trtcore.ops.rms_norm(h) * w`` without offset reading ``h`` (cast to
+    float32, square, mean over the last axis, + eps, sqrt, reciprocal, multiply, cast back,
+    times the weight; the module docstring), the weight's constant (``[..., N]`` of h's dtype)
+    and epsilon; None where they are not there exactly, or where a value between h and the
+    norm's output is an engine output or read by anything else. The last node's output is the
+    norm's."""
+    dtype = g.values[h].dtype
     rank = len(g.values[h].shape)
     casts = [n for n in reads.of(h) if is_node(n, "cast") and n.attrs["to"] == int(DataType.FLOAT)]
     if len(casts) != 1 or casts[0].outputs[0] in g.outputs:
@@ -110,14 +137,14 @@ def _match(
     if not is_node(scale, "elementwise", int(ElementWiseOperation.PROD)):
         return None
     (w,) = [v for v in scale.inputs if v != back.outputs[0]] or [""]
-    n_features = g.values[y].shape[-1]
+    n_features = g.values[h].shape[-1]
     if w not in g.constants or g.values[w].dtype != dtype or g.constants[w].size != n_features or g.constants[w].shape[-1] != n_features:
         return None
-    nodes = [add, cast, square, mean, add_eps, sqrt, normalize, recip, back, scale]
+    nodes = [cast, square, mean, add_eps, sqrt, normalize, recip, back, scale]
     # the values between h and the norm go away with their nodes: none may be an engine output
-    if any(n.outputs[0] in g.outputs for n in nodes[1:-1]):
+    if any(n.outputs[0] in g.outputs for n in nodes[:-1]):
         return None
-    return nodes, r, h, w, eps
+    return nodes, w, eps
 
 
 def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> Graph:
@@ -126,10 +153,7 @@ def run(graph: Graph, points: list[dict[str, Shape]], stats: dict[str, Any]) -> 
     stats["add_norm_fused"] = 0
     if not enabled():
         return graph
-    g = graph.copy()
-    shapes = [infer_shapes(g, p) for p in points]
-    reads = Reads(g)
-    made_at = {o: i for i, n in enumerate(g.nodes) for o in n.outputs}
+    g, shapes, reads, made_at = pass_start(graph, points)
     replace: dict[int, Node] = {}
     drop: set[int] = set()
     for node in g.nodes:

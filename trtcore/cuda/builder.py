@@ -51,6 +51,7 @@ from . import (
     horizontal_fusion,
     materialize,
     memory,
+    norm_input_fusion,
     pointwise_fusion,
     rope_fusion,
     swiglu_fusion,
@@ -285,6 +286,7 @@ def compile_network(network: Any, config: Any, logger: Any = None, arch: str | N
     g = fold_constants.run(g, stats)
     g = horizontal_fusion.run(g, stats)
     g = swiglu_fusion.run(g, stats)
+    g = norm_input_fusion.run(g, points, stats)
     g = add_norm_fusion.run(g, points, stats)
     g = fp8_input_fusion.run(g, stats)
     g = views.run(g, points, stats)

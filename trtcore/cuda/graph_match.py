@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 
-from .ir import Graph, Node, Value
+from .ir import Graph, Node, Value, infer_shapes
 
-__all__ = ["Reads", "add_derived_constants", "env_flag", "is_node", "splice"]
+__all__ = ["Reads", "add_derived_constants", "env_flag", "is_node", "pass_start", "splice"]
 
 
 def env_flag(name: str, default: bool) -> bool:
@@ -56,6 +56,15 @@ class Reads:
         output (a fused node would no longer write it)."""
         readers = self.of(value)
         return readers[0] if len(readers) == 1 and value not in self.g.outputs else None
+
+
+def pass_start(graph: Graph, points: Sequence[Mapping[str, Any]]) -> tuple[Graph, list[dict[str, Any]], Reads, dict[str, int]]:
+    """What a fusing pass starts from: a copy of ``graph`` to rewrite, its shapes at each profile
+    point (``infer_shapes``), its readers (:class:`Reads`) and each node output's producer's index
+    in its node list."""
+    g = graph.copy()
+    shapes = [infer_shapes(g, p) for p in points]
+    return g, shapes, Reads(g), {o: i for i, n in enumerate(g.nodes) for o in n.outputs}
 
 
 def add_derived_constants(g: Graph, names: Sequence[str], arrays: Sequence[np.ndarray], suffix: str) -> list[str]:
