@@ -833,8 +833,9 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     def row_fusion_key(self, constants: Sequence[np.ndarray]) -> Any:
         """Weights of the same K, bits, group size, zero-point presence, K order and act-order
         permutation (compared by value) stack along N (q/k/v, gate/up): see :meth:`fuse_rows`.
-        None (no fusion) with :attr:`swiglu` or :attr:`rope_rows`."""
-        if self.swiglu or self.rope_rows:
+        None (no fusion) with :attr:`swiglu`, :attr:`rope_rows` or any input after the weight's
+        (:attr:`add_residual`, :attr:`norm_input`, :attr:`add_norm`)."""
+        if self.swiglu or self.rope_rows or self._extra_inputs():
             return None
         perm = np.asarray(constants[-1]).tobytes() if self.has_perm else b""
         return (self.in_features, self.bits, self.group_size, self.has_zeros, self.has_perm, perm, self.contiguous_x)
@@ -943,6 +944,15 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         names += ["resid"] * self.add_residual + ["norm_w"] * self.norm_input
         return names + ["resid", "norm_w", "count"] * self.add_norm
 
+    def supports(self, pos: int, dtypes: Sequence[np.dtype], num_inputs: int) -> bool:
+        """:meth:`LinearShapes.supports`, and the inputs after the weight's: pos and count int32,
+        freq float32, resid and norm_w x's dtype (TensorRT's ``supports_format_combination``)."""
+        first = 1 + self.num_weight_inputs
+        if num_inputs != self.num_inputs or pos < first or pos >= num_inputs:
+            return super().supports(pos, dtypes, num_inputs)
+        want = {"pos": _INT32, "count": _INT32, "freq": _FLOAT32}.get(self._extra_inputs()[pos - first], np.dtype(dtypes[0]))
+        return np.dtype(dtypes[pos]) == want
+
     def _extra(self, inputs: Sequence[Any], name: str) -> Any:
         """Input ``name`` (:meth:`_extra_inputs`; add_norm excludes the others) of ``inputs``."""
         return inputs[1 + self.num_weight_inputs + self._extra_inputs().index(name)]
@@ -1011,7 +1021,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         x2 = x.reshape(-1, self.in_features)
         if self.norm_input:
             norm_w = np.asarray(self._extra(inputs, "norm_w"))
-            if norm_w.size != self.in_features or norm_w.dtype != x.dtype:
+            if norm_w.size != self.in_features or norm_w.shape[-1:] != (self.in_features,) or norm_w.dtype != x.dtype:
                 raise PluginError(
                     f"WeightOnlyGemmPlugin: the norm weight {norm_w.shape} {norm_w.dtype} must hold in_features={self.in_features} of {x.dtype}"
                 )
@@ -1256,8 +1266,10 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
 
         Raises:
             PluginError: unsupported dtype, a staged SwiGLU or RoPE output without a workspace,
-                RoPE positions that are not one per row of x, an add + norm residual that is not
-                one row of N per row of x, M beyond
+                RoPE positions that are not one per row of x, an add + norm or add_residual
+                residual that is not one row of N per row of x, a norm_input weight that is not
+                ``[K]`` of x's dtype, a norm_input x to normalize before the GEMM without a
+                workspace, M beyond
                 the tiled kernel's grid, or an x address the
                 kernel's loads cannot take (decode: 4-byte aligned; tiled: 16-byte, its 16-byte
                 x loads, unless act order gathers x by element): refused before a launch, which
@@ -1275,6 +1287,12 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             self._check_add_norm(inputs)
         if self.add_residual:
             self._check_residual(inputs)
+        if self.norm_input:
+            w = self._extra(inputs, "norm_w")
+            if tuple(w.shape)[-1:] != (self.in_features,) or int(np.prod(w.shape)) != self.in_features or np.dtype(w.dtype) != dtype:
+                raise PluginError(
+                    f"WeightOnlyGemmPlugin.enqueue: norm weight {tuple(w.shape)} {np.dtype(w.dtype)}; [{self.in_features}] {dtype} expected"
+                )
         norm_x = self.norm_in_kernel(dtype, m, x.ptr, bool(workspace), self._extra(inputs, "norm_w").ptr if self.norm_input else 0)
         if self.norm_input and not norm_x:  # x normalized into the workspace, then any path
             if not workspace:

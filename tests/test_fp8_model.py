@@ -268,6 +268,14 @@ def test_tensorrt_rtx_builds_the_fp8_model(src: Path, tmp_path: Path) -> None:
             },
             "static per-token scales cannot exist",
         ),
+        (  # a preset's shorthand where an object belongs: refused by name, not AttributeError
+            {
+                "quant_method": "compressed-tensors",
+                "format": "float-quantized",
+                "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}, "input_activations": "dynamic"}},
+            },
+            r"input_activations 'dynamic' \(group 'g'; an object",
+        ),
     ],
 )
 def test_unsupported_fp8_variants_are_refused(qc: dict, match: str) -> None:
@@ -555,14 +563,20 @@ def test_kv_cache_scales_belong_to_fp8(src: Path, tmp_path: Path) -> None:
 
 def test_fp8_weights_under_a_config_without_quantization_are_refused(src: Path, tmp_path: Path) -> None:
     """An FP8 checkpoint whose config.json lost its quantization_config would read its E4M3 codes
-    as the weights (garbage text, no error): it is refused, naming an E4M3 weight."""
+    as the weights (garbage text, no error): it is refused, naming an E4M3 weight, and a ModelOpt
+    export (hf_quant_config.json beside it) is named as such."""
     from trtcore.errors import UnsupportedQuantizationError
 
     out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", strategy="tensor", activations="dynamic")
     config = json.loads((out / "config.json").read_text())
     del config["quantization_config"]
     (out / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedQuantizationError, match=r"holds quantized linears \(FP8 \(float8_e4m3fn weights\): e\.g\. 'model\.layers\.0\."):
+    with pytest.raises(UnsupportedQuantizationError, match=r"holds quantized linears \(FP8 \(float8_e4m3fn weights\): e\.g\. 'model\.layers\.0\..*restore"):
+        LLM(out, backend="reference", dtype="bfloat16", progress=False)
+    # an NVIDIA ModelOpt export before transformers read them: its format is in hf_quant_config.json
+    # (vllm-project/vllm#22073), so there is nothing to restore; the message says what it is
+    (out / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8"}}))
+    with pytest.raises(UnsupportedQuantizationError, match=r"hf_quant_config\.json says it is an NVIDIA ModelOpt export, which trtcore does not read"):
         LLM(out, backend="reference", dtype="bfloat16", progress=False)
 
 

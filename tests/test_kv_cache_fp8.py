@@ -318,6 +318,19 @@ def test_kv_cache_scheme_is_checked_for_the_fp8_cache(store: ModelStore, tmp_pat
     _llm(out, "auto").close()
 
 
+def test_autofp8_static_kv_cache_scheme_is_read() -> None:
+    """AutoFP8's ``save_quantized_model`` writes ``"kv_cache_scheme": "static"`` (a string: one
+    static FP8 scale per layer for the k_proj / v_proj outputs, ``output_scale``, which vLLM and
+    trtcore read as the KV cache's). It was refused as "expected an object" after trtcore's own
+    warning pointed to kv_cache_dtype='fp8'; another string is still refused by name."""
+    from trtcore.errors import UnsupportedQuantizationError
+    from trtcore.quant_formats import check_kv_cache_scheme
+
+    check_kv_cache_scheme({"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"], "kv_cache_scheme": "static"})
+    with pytest.raises(UnsupportedQuantizationError, match=r"kv_cache_scheme 'dynamic': expected an object .* or 'static'"):
+        check_kv_cache_scheme({"quant_method": "fp8", "kv_cache_scheme": "dynamic"})
+
+
 def test_kv_cache_only_compressed_tensors_checkpoint_reads_its_scales(store: ModelStore, tmp_path: Path) -> None:
     """llm-compressor's FP8 KV cache alone (``kv_cache_scheme``, no config group quantizing
     weights: float linears plus ``k_scale`` / ``v_scale``) was refused at detection as

@@ -390,3 +390,36 @@ def test_bisect_names_a_perturbed_expert_layer(store: _Store, tmp_path: Path) ->
     d = perturbed_experts(store, name, tmp_path / "perturbed")
     report = compare(d, _prompt(name)[:12], reference=store.dir(name))
     assert report.first_divergence is not None and report.first_divergence.module == "model.layers.1.mlp", report.table()
+
+
+def test_quantized_experts_are_refused_by_name(store: _Store, tmp_path: Path) -> None:
+    """A GPTQ checkpoint whose experts are quantized too (Qwen1.5-MoE-A2.7B-Chat-GPTQ-Int4,
+    vllm-project/vllm#4331) is refused with what to do (trtcore reads experts as float tensors):
+    keep them unquantized or load the float checkpoint. It stopped with an internal
+    "read it with quantized()" before."""
+    import json
+
+    from quant_packers import pack_gptq, quantize
+    from safetensors.numpy import load_file, save_file
+
+    from trtcore.errors import CheckpointError
+
+    src = store.dir("mixtral_top2")
+    tensors = load_file(str(src / "model.safetensors"))
+    rng = np.random.default_rng(5)
+    out: dict[str, np.ndarray] = {}
+    for name, value in tensors.items():
+        prefix = name.removesuffix(".weight")
+        if name.endswith(".weight") and ".experts." in name:
+            qz = quantize(value.astype(np.float64), 4, 32, sym=True, rng=rng, min_zero=1)
+            out |= {f"{prefix}.{k}": np.ascontiguousarray(v) for k, v in pack_gptq(qz, 4, "gptq").items()}
+        else:
+            out[name] = value
+    dst = tmp_path / "gptq_experts"
+    dst.mkdir()
+    save_file(out, str(dst / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True, "desc_act": False, "checkpoint_format": "gptq"}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"experts\.0\.w1\.weight' is gptq-quantized .* not MoE experts .* modules_to_not_convert"):
+        LLM(dst, backend="reference", device="cpu", dtype="float32", max_batch_size=1, max_seq_len=64, progress=False)

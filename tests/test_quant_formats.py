@@ -381,6 +381,26 @@ def test_a_4_bit_float_format_is_not_called_fp8() -> None:
     assert "FP8 format" not in str(e.value)
 
 
+def test_mixed_precision_is_read_by_its_groups_formats() -> None:
+    """compressed-tensors ``format: "mixed-precision"`` names each group's format in the group
+    (compressed-tensors#415, vllm#22468): int groups of different bits, all pack-quantized, are
+    read (each linear's bits come from its tensors); an FP8 group beside an int one is refused
+    naming both formats, not as a bare "format 'mixed-precision'"."""
+    w4 = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}
+    w8 = {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}
+    fp8 = {"num_bits": 8, "type": "float", "strategy": "channel"}
+    mlp = {"targets": ["re:.*mlp.*"], "weights": w4, "format": "pack-quantized"}
+
+    def config(attn: dict) -> dict:
+        return {"quant_method": "compressed-tensors", "format": "mixed-precision", "config_groups": {"mlp": mlp, "attn": attn}}
+
+    scheme = detect_quantization(config({"targets": ["re:.*self_attn.*"], "weights": w8, "format": "pack-quantized"}))
+    assert scheme is not None and scheme.method == "compressed-tensors"
+    attn = {"targets": ["re:.*self_attn.*"], "weights": fp8, "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}
+    with pytest.raises(UnsupportedQuantizationError, match=r"'mixed-precision' with config groups in formats \['float-quantized', 'pack-quantized'\]"):
+        detect_quantization(config({**attn, "format": "float-quantized"}))
+
+
 def test_requested_quantization_must_match_the_config() -> None:
     gptq = {"quant_method": "gptq", "bits": 4}
     assert detect_quantization(gptq).method == "gptq"

@@ -284,3 +284,35 @@ def test_every_norm_of_a_quantized_llama_moves(lm_head: bool) -> None:
     plugins = [n.attrs["plugin"] for n in plan.graph.nodes if n.op == "plugin" and n.attrs["plugin"].plugin_name == "trtcore_weight_only_gemm"]
     assert sum(p.norm_input for p in plugins) == 2 * layers + int(lm_head)
     assert all(p.swiglu for p in plugins if p.norm_input and p.out_features == 2 * cfg.intermediate_size)
+
+
+def test_fused_forms_stay_out_of_horizontal_fusion_and_say_their_input_dtypes() -> None:
+    """A plugin with inputs after the weight's has no row-fusion key (stacking would drop them);
+    TensorRT's format query answers for every input: int32 positions and counter, float32
+    inv_freq, x's dtype for the residual and the norm weight."""
+    bf, i32, f32 = BF16, np.dtype(np.int32), np.dtype(np.float32)
+    both = WeightOnlyGemmPlugin(128, 64, 4, 64, add_residual=True, norm_input=True, norm_eps=float(np.float32(1e-5)))
+    assert both.row_fusion_key([]) is None and WeightOnlyGemmPlugin(128, 64, 4, 64).row_fusion_key([]) is not None
+    assert [both.supports(i, [bf, i32, f32, bf, bf, bf], 5) for i in range(6)] == [True] * 6
+    assert not both.supports(3, [bf, i32, f32, f32, bf], 5) and not both.supports(4, [bf, i32, f32, bf, f32], 5)
+    rope = WeightOnlyGemmPlugin(128, 64, 4, 64, rope_rows=32, rope_head_dim=32)
+    assert [rope.supports(i, [bf, i32, f32, i32, f32, bf], 5) for i in range(6)] == [True] * 6
+    assert not rope.supports(3, [bf, i32, f32, f32, f32], 5)
+    tail = WeightOnlyGemmPlugin(128, 64, 4, 64, add_norm=True, norm_eps=1e-5)
+    assert [tail.supports(i, [bf, i32, f32, bf, bf, i32], 6) for i in range(6)] == [True] * 6
+
+
+def test_norm_weight_of_the_wrong_shape_or_dtype_is_refused(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The norm weight must be ``[K]`` of x's dtype: another shape of K elements or another dtype
+    is refused by the reference and before any launch (the kernels read it as x's dtype)."""
+    events = _record(monkeypatch)
+    n, k = 64, 128
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(_qw(rng, n, k))
+    fused, arrays = plugin.with_norm_input(packed.arrays(), 1e-5)  # type: ignore[misc]
+    ins = [DeviceTensor(0x10000 * (i + 2), a.shape, a.dtype) for i, a in enumerate(arrays)]
+    for shape, dtype in (((2, 64), BF16), ((k,), np.dtype(np.float32)), ((k + 8,), BF16)):
+        with pytest.raises(PluginError, match="norm weight"):
+            fused.enqueue([DeviceTensor(0x1000000, (1, k), BF16), *ins, DeviceTensor(0x2000000, shape, dtype)], [DeviceTensor(0x3000000, (1, n), BF16)], 0x4000000, 0)
+        with pytest.raises(PluginError, match="norm weight"):
+            fused.reference(np.zeros((1, k), BF16), *arrays, np.ones(shape, dtype))
+    assert events == []

@@ -28,9 +28,13 @@ nothing else, ``n`` is no engine output, and the weight is a constant of ``N`` e
 first layer's norm (of the embeddings) has no add before it and moves alone. The add moves into
 the GEMM before it where that is such a plugin whose output only the add reads and the residual
 exists before it. Left as they are: RMSNorm with an offset (Gemma's ``1 + weight``), a
-LayerNorm, a norm with any other reader (an FP8 or cuBLAS GEMM, a captured value), and a norm
+LayerNorm, a norm with any other reader (an FP8 or cuBLAS GEMM, a captured value), a norm
 read by a GEMM of more than ``weight_only_gemm.NORM_X_MAX_BLOCKS`` 16-row tiles (``with_norm_input``
-refuses it: every block of the GEMV normalizes all of x again).
+refuses it: every block of the GEMV normalizes all of x again), and float32 networks (their
+``rms_norm`` has no cast to float32 to start from, as for :mod:`.add_norm_fusion`). A q/k/v plugin
+that takes the norm no longer takes RoPE: :mod:`.rope_fusion` runs after this pass and the
+plugin's ``norm_input`` and ``rope_rows`` exclude each other, so turning this pass on turns
+``TRTCORE_ROPE_FUSION=1`` off for those GEMMs (both are opt-in; neither was faster).
 
 Off unless ``TRTCORE_NORM_INPUT_FUSION=1`` (read at each compile): not faster as measured. On an
 H100 (bench/results/h100-2026-12-05-session27), Llama-3-8B shape, W4A16 g128 + 4-bit lm_head, one

@@ -191,7 +191,14 @@ def _check(method: str, c: dict[str, Any]) -> None:
             if quantized:
                 raise _refuse(f"compressed-tensors activations quantized without quantized weights (groups {quantized})")
             return
-        formats = {c["format"]} if c.get("format") else {g.get("format") for g in groups}
+        # "mixed-precision" (compressed-tensors): each group names its own format
+        formats = {c["format"]} if c.get("format") and c["format"] != "mixed-precision" else {g.get("format") for g in groups}
+        shown = (
+            f"'mixed-precision' with config groups in formats {sorted(map(str, formats))} (pack-quantized groups of any bits are read; "
+            "float and int groups together are not)"
+            if c.get("format") == "mixed-precision"
+            else repr(c.get("format") or sorted(map(str, formats)))
+        )
         if formats <= {None}:
             raise _refuse(
                 "compressed-tensors without a format (neither quantization_config nor its config_groups has 'format'; "
@@ -200,13 +207,13 @@ def _check(method: str, c: dict[str, Any]) -> None:
         if fp8_weight_args(weight_args(c)):  # float weights: FP8 E4M3 when 8 bits (check_compressed_fp8)
             if not formats or not formats <= set(FLOAT_FORMATS):
                 bits = sorted({str(a.get("num_bits")) for a in weight_args(c)})
-                raise _refuse(f"compressed-tensors format {c.get('format') or sorted(map(str, formats))!r} with {'/'.join(bits)}-bit float weights")
+                raise _refuse(f"compressed-tensors format {shown} with {'/'.join(bits)}-bit float weights")
             problem = check_compressed_fp8(c)
             if problem:
                 raise _refuse(problem)
             return
         if not formats or not formats <= set(FORMATS):
-            raise _refuse(f"compressed-tensors format {c.get('format') or sorted(map(str, formats))!r}")
+            raise _refuse(f"compressed-tensors format {shown}")
         for a in weight_args(c):
             for key, value, allowed in (
                 ("type", a.get("type", "int"), ("int",)),
@@ -498,11 +505,19 @@ class QuantizedCheckpoint:
         model dtype (:func:`check_fp8_at_load` then reports it).
 
         Raises:
-            CheckpointError: ``name`` is a quantized weight (use :meth:`quantized`).
+            CheckpointError: ``name`` is a quantized weight (:meth:`quantized` reads it); the
+                message is for a family that reads it as a float tensor (MoE experts and routers,
+                GPT-NeoX's fused query_key_value): trtcore runs quantized weights only where a
+                model's linears are read as linears.
         """
         if self.is_quantized(name):
             if not self.scheme.on_the_fly:
-                raise CheckpointError(f"'{name}' is {self.scheme.method}-quantized in {self.model_dir}; read it with quantized()")
+                raise CheckpointError(
+                    f"'{name}' is {self.scheme.method}-quantized in {self.model_dir}, but trtcore reads this weight as a float tensor: "
+                    "quantized weights run only where a model's linears are read as linears (attention and dense MLP projections, "
+                    "lm_head), not MoE experts or routers nor fused projections a family splits itself (GPT-NeoX query_key_value); "
+                    "keep those layers unquantized (GPTQ / AWQ modules_to_not_convert, compressed-tensors ignore) or load the float checkpoint"
+                )
             self.kept_float.add(name)
         return self.checkpoint.get(name, shape=shape, dtype=dtype, copy=copy)
 
@@ -520,18 +535,21 @@ KV_CACHE_SCHEME = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynami
 
 def check_kv_cache_scheme(quantization_config: dict[str, Any] | None) -> None:
     """Refuse a checkpoint's ``kv_cache_scheme`` other than :data:`KV_CACHE_SCHEME` for an FP8
-    KV cache (``kv_cache_dtype="fp8"``): its scales would be read as what they are not.
+    KV cache (``kv_cache_dtype="fp8"``): its scales would be read as what they are not. The
+    string ``"static"`` (AutoFP8's ``save_quantized_model``: one static scale per layer for the
+    k_proj / v_proj outputs, which vLLM reads as the KV cache's) is that scheme.
 
     Raises:
         UnsupportedQuantizationError: naming the first field that differs, with its value and
             the one read.
     """
     scheme = (quantization_config or {}).get("kv_cache_scheme")
-    if scheme is None:
+    if scheme is None or scheme == "static":  # "static": AutoFP8's per-tensor static FP8 scales (k_proj / v_proj output_scale)
         return
     if not isinstance(scheme, dict):
         raise UnsupportedQuantizationError(
-            f"quantization_config kv_cache_scheme {scheme!r}: expected an object (compressed-tensors QuantizationArgs)"
+            f"quantization_config kv_cache_scheme {scheme!r}: expected an object (compressed-tensors QuantizationArgs) or "
+            "'static' (AutoFP8's per-tensor FP8 scales)"
         )
     defaults = {"num_bits": 8, "type": "int", "strategy": None, "dynamic": False}
     for key, want in KV_CACHE_SCHEME.items():
@@ -594,11 +612,18 @@ def check_unquantized(report: Any, quantization_config: dict[str, Any] | None = 
             if quantization_config
             else "its config.json has no quantization_config"
         )
+        modelopt = isinstance(where, (str, os.PathLike)) and (Path(where) / "hf_quant_config.json").is_file()
+        fix = (
+            # ModelOpt's exports before transformers read them keep the format in hf_quant_config.json
+            # (vllm-project/vllm#22073): nothing to restore into config.json, and not a format read here
+            f"its hf_quant_config.json says it is an NVIDIA ModelOpt export, which trtcore does not read; supported formats: {SUPPORTED_FORMATS}"
+            if modelopt
+            else "restore the quantization_config the quantizer wrote (or, for an AutoGPTQ / AutoAWQ folder with quantize_config.json / "
+            "quant_config.json, pass quantization='gptq' / 'awq', --quantization on the command line)"
+        )
         raise UnsupportedQuantizationError(
-            f"{where} holds quantized linears ({kind}: e.g. {name!r}) but {declared}, so they "
-            "cannot be read as the float weights the network takes; restore the quantization_config the quantizer wrote (or, for an "
-            "AutoGPTQ / AutoAWQ folder with quantize_config.json / quant_config.json, pass quantization='gptq' / 'awq', --quantization "
-            "on the command line)"
+            f"{where} holds quantized linears ({kind}: e.g. {name!r}) but {declared}, so they cannot be read as the float weights "
+            f"the network takes; {fix}"
         )
 
 

@@ -49,9 +49,12 @@ def check_compressed_fp8(config: dict[str, Any]) -> str | None:
         if not isinstance(g, dict):
             continue
         w = g.get("weights") or {}
+        a = g.get("input_activations")
+        for field, value in (("weights", w), ("input_activations", a)):
+            if value is not None and not isinstance(value, dict):
+                return f"compressed-tensors {field} {value!r} (group {name!r}; an object, compressed-tensors QuantizationArgs, is read)"
         if w.get("num_bits") != 8 or w.get("strategy") not in ("tensor", "channel") or w.get("dynamic"):
             return f"compressed-tensors float weights {w!r} (group {name!r}; FP8 needs num_bits 8, strategy tensor or channel, static)"
-        a = g.get("input_activations")
         if a is None:
             return (
                 f"compressed-tensors FP8 weights without input_activations (group {name!r}: weight-only FP8, W8A16; "
@@ -74,7 +77,7 @@ def check_compressed_fp8(config: dict[str, Any]) -> str | None:
 
 def _activation_kind(group: dict[str, Any]) -> str:
     a = group.get("input_activations")
-    return "token" if a is not None and a.get("strategy") == "token" else "tensor"
+    return "token" if isinstance(a, dict) and a.get("strategy") == "token" else "tensor"
 
 
 def compressed_per_token(config: dict[str, Any]) -> bool:
