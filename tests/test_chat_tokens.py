@@ -106,7 +106,14 @@ def test_the_server_encodes_a_chat_as_transformers(model: Path) -> None:
         r = client.chat.completions.create(model="m", messages=CONVERSATION, max_tokens=1, temperature=0)
         assert r.usage.prompt_tokens == len(hf_chat_ids(model, CONVERSATION))
         c = client.completions.create(model="m", prompt="the theory of", max_tokens=1, temperature=0)
-        assert c.usage.prompt_tokens == len(LLM(model, backend="reference", progress=False).encode("the theory of"))  # with its BOS
+        llm = LLM(model, backend="reference", progress=False)
+        assert c.usage.prompt_tokens == len(llm.encode("the theory of"))  # with its BOS
+        # vLLM's add_special_tokens (it was ignored): the completion's prompt without the BOS, the
+        # chat's with a second one
+        bare = client.completions.create(model="m", prompt="the theory of", max_tokens=1, temperature=0, extra_body={"add_special_tokens": False})
+        assert bare.usage.prompt_tokens == len(llm.encode("the theory of", add_special_tokens=False)) == c.usage.prompt_tokens - 1
+        extra = client.chat.completions.create(model="m", messages=CONVERSATION, max_tokens=1, temperature=0, extra_body={"add_special_tokens": True})
+        assert extra.usage.prompt_tokens == r.usage.prompt_tokens + 1
 
 
 class _Terminal:
@@ -150,3 +157,33 @@ def test_generate_and_chat_show_vllms_progress_bar_on_a_terminal(model: Path, mo
     term.text = ""
     llm.generate([5, 6], SamplingParams(max_tokens=2))
     assert term.text == ""
+
+
+#: what published templates use beyond plain Jinja2: Mistral Small 3 / SmolLM3's
+#: ``strftime_now`` (today's date in the system turn), TRL fine-tunes' ``{% generation %}``
+#: block around the assistant's text, ``raise_exception`` and ``tojson``
+HUB_TEMPLATE = (
+    "{{ bos_token }}{%- set today = strftime_now('%Y-%m-%d') %}{{ 'date ' + today }}\n"
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}A: {{ m['content'] }}{% endgeneration %}"
+    "{% elif m['role'] in ['user', 'system'] %}{{ m['role'] }}: {{ m['content'] | tojson }}{% else %}{{ raise_exception('bad role') }}{% endif %}\n"
+    "{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+)
+
+
+def test_hub_template_helpers_render_as_transformers_renders_them(tmp_path: Path) -> None:
+    """``strftime_now`` and ``{% generation %}`` made every chat request fail ("'strftime_now' is
+    undefined", "unknown tag 'generation'"); the rendered text now equals transformers'
+    ``render_jinja_template`` of the same template, and a template's raise_exception is still
+    the request's error."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from trtcore.chat import render_chat_template
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": HUB_TEMPLATE, "bos_token": "<s>"}))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": 'say "hi"'}, {"role": "assistant", "content": "hi"}]
+    got = render_chat_template(tmp_path, messages, add_generation_prompt=True)
+    rendered, _ = render_jinja_template([messages], chat_template=HUB_TEMPLATE, add_generation_prompt=True, bos_token="<s>")
+    assert got == rendered[0]
+    assert "A: hi" in got and "date 20" in got
+    with pytest.raises(InvalidRequestError, match="chat template failed: bad role"):
+        render_chat_template(tmp_path, [{"role": "tool", "content": "x"}])

@@ -561,6 +561,7 @@ def test_null_means_the_default(server: Any, llm: LLM) -> None:
         ("/v1/completions", "skip_special_tokens", False),
         ("/v1/completions", "use_beam_search", True),
         ("/v1/completions", "allowed_token_ids", [1, 2]),
+        ("/v1/chat/completions", "reasoning_effort", "high"),
     ],
 )
 def test_vllm_extras_that_would_change_the_answer_are_refused(server: Any, path: str, field: str, val: Any) -> None:
@@ -657,6 +658,66 @@ def test_a_body_that_is_no_json_object_says_so_briefly(server: Any) -> None:
     r = httpx.post(server.url + "/v1/completions", content=big, headers={"Content-Type": "text/plain"}, timeout=30)
     assert r.status_code == 400 and "application/json" in r.json()["error"]["message"]
     assert len(r.content) < 2000  # the body is not echoed back
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "param"),
+    [
+        ("/v1/completions", "prompt", "prompt"),
+        ("/v1/completions", "model", "model"),
+        ("/v1/completions", "stop", "stop.1"),
+        ("/v1/chat/completions", "content", "messages.0.content"),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_where_it_is(server: Any, client: openai.OpenAI, path: str, field: str, param: str) -> None:
+    """JSON's ``"\\ud800"`` escape parses to a lone UTF-16 surrogate, which neither the tokenizer
+    nor a UTF-8 response can take: it was a 500 (a TypeError in the tokenizer; for ``model``,
+    the 404's own body failed to encode). Now a 400 naming the field, and the server goes on."""
+    bad = "ab\ud800c"
+    body: dict[str, Any] = {"model": NAME, "max_tokens": 2}
+    if "chat" in path:
+        body["messages"] = [{"role": "user", "content": bad}]
+    else:
+        body |= {"prompt": bad if field == "prompt" else "the", **({"model": bad} if field == "model" else {})}
+        body |= {"stop": ["x", bad]} if field == "stop" else {}
+    r = _post(server, path, json.dumps(body).encode())  # json.dumps writes the escape (ensure_ascii)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and "lone UTF-16 surrogate '\\ud800' at character 2" in err["message"], err
+    nxt = client.completions.create(model=NAME, prompt="the theory of", max_tokens=2, temperature=0)
+    assert nxt.usage is not None and nxt.usage.completion_tokens == 2
+
+
+def test_too_many_prompts_are_refused_before_tokenizing(server: Any) -> None:
+    """A list of more prompts than the server could ever queue together is a 400 at once: every
+    prompt was tokenized first, on the event loop (100,000 held every stream and /health for
+    seconds)."""
+    t = time.perf_counter()
+    r = _post(server, "/v1/completions", model=NAME, prompt=["the theory of relativity"] * 100_000, max_tokens=1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt" and "can never be queued together" in r.json()["error"]["message"]
+    assert time.perf_counter() - t < 5.0
+
+
+def test_chat_history_fields_reach_the_template_and_running_usage_is_refused(server: Any) -> None:
+    """A message's ``name``, ``tool_calls`` and ``tool_call_id`` go to the chat template as vLLM
+    passes them (they were dropped); ``stream_options.continuous_usage_stats`` (vLLM's usage in
+    every chunk) is a 400 instead of being ignored."""
+    from trtcore.serve.protocol import ChatMessage
+
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    m = ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": call, "name": "bot"})
+    assert m.template_message() == {"role": "assistant", "content": "", "tool_calls": call, "name": "bot"}
+    assert ChatMessage.model_validate({"role": "user", "content": "hi"}).template_message() == {"role": "user", "content": "hi"}
+    history = [
+        {"role": "user", "content": "hi", "name": "ann"},
+        {"role": "assistant", "content": None, "tool_calls": call},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    r = _post(server, "/v1/chat/completions", model=NAME, messages=history, max_tokens=2)
+    assert r.status_code == 200, r.text
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+    r = _post(server, "/v1/chat/completions", **chat, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options.continuous_usage_stats", r.text
 
 
 def test_a_prompt_far_beyond_the_context_is_refused_before_tokenizing(server: Any) -> None:

@@ -2,7 +2,8 @@
 
 Rendered the way transformers renders it (``PreTrainedTokenizerBase.apply_chat_template``,
 ``utils/chat_template_utils.py``): a sandboxed Jinja2 environment with ``trim_blocks`` and
-``lstrip_blocks``, the ``raise_exception`` helper and a ``tojson`` filter, and the
+``lstrip_blocks``, the ``raise_exception`` and ``strftime_now`` helpers, a ``tojson`` filter,
+the ``{% generation %}`` block (TRL's assistant-token mask: rendered as its body), and the
 variables ``messages``, ``add_generation_prompt`` and the special tokens (``bos_token``,
 ``eos_token``, ...).
 """
@@ -10,6 +11,7 @@ variables ``messages``, ``add_generation_prompt`` and the special tokens (``bos_
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,22 @@ from .errors import InvalidRequestError
 
 def _token_text(value: Any) -> Any:
     return value.get("content") if isinstance(value, dict) else value
+
+
+def _generation_block() -> type:
+    """The Jinja2 extension of ``{% generation %} ... {% endgeneration %}``, which marks the
+    assistant's tokens for training (TRL's ``assistant_only_loss``; transformers'
+    ``AssistantTracker``): rendering it gives its body unchanged."""
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return Generation
 
 
 def render_chat_template(model_dir: str | Path, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
@@ -51,9 +69,11 @@ def render_chat_template(model_dir: str | Path, messages: list[dict[str, str]], 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _generation_block()])
     env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
     env.globals["raise_exception"] = raise_exception
+    # today's date in the template's format (Mistral Small 3, SmolLM3 write it into the system turn)
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     specials = {k: _token_text(v) for k, v in cfg.items() if k.endswith("_token")}
     try:
         return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt, **specials)

@@ -521,9 +521,14 @@ def build_app(
             )
         # every prompt is checked before any is submitted: a bad one in a list submits nothing
         listed = isinstance(body.prompt, list) and isinstance(body.prompt[0], str | list)  # a list of prompts
+        prompts = body.prompts()
+        try:  # before tokenizing: 100,000 prompts held the event loop (every stream) for seconds
+            served.engine.check_batch(len(prompts))
+        except InvalidRequestError as exc:
+            raise ApiError(400, str(exc), param="prompt") from None
         requests: list[tuple[list[int], Any]] = []
-        for i, prompt in enumerate(body.prompts()):
-            ids = served.prompt_ids(prompt, "prompt", f"prompt[{i}]" if listed else None)
+        for i, prompt in enumerate(prompts):
+            ids = served.prompt_ids(prompt, "prompt", f"prompt[{i}]" if listed else None, body.add_special_tokens)
             requests.append((ids, served.params(body, served.max_tokens(body.max_tokens, 16, len(ids), "max_tokens"), body.logprobs)))
         streams = served.submit_batch(requests)
         rid, usage_opt = random_id("cmpl"), body.stream_options is not None and body.stream_options.include_usage
@@ -593,14 +598,14 @@ def build_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         served.check_model(body.model)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = [m.template_message() for m in body.messages]
         try:
             prompt = served.model.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
         except TrtcoreError as exc:
             raise ApiError(400, str(exc), param="messages") from None
         if body.continue_final_message:
             prompt = _continued(prompt, messages[-1]["content"])
-        ids = served.prompt_ids(prompt, "messages", add_special_tokens=False)  # the template wrote its BOS
+        ids = served.prompt_ids(prompt, "messages", add_special_tokens=body.add_special_tokens)  # default False: the template wrote its BOS
         asked, param = (
             (body.max_completion_tokens, "max_completion_tokens") if body.max_completion_tokens is not None else (body.max_tokens, "max_tokens")
         )

@@ -362,14 +362,23 @@ class AsyncEngine:
             InvalidRequestError: more than ``max_waiting`` plus the batch's ``max_batch_size``:
                 they could never be queued together, not even on an idle engine.
         """
-        if self.model is not None and len(requests) > self.max_waiting + self.model.max_batch_size:
+        self.check_batch(len(requests))
+        self._check_room(len(requests))
+        return [self._add(ids, params) for ids, params in requests]
+
+    def check_batch(self, k: int) -> None:
+        """Refuse ``k`` prompts in one request that could never be queued together (more than
+        ``max_waiting`` plus the batch's ``max_batch_size``), before their prompts are tokenized.
+
+        Raises:
+            InvalidRequestError: naming the count and the limit.
+        """
+        if self.model is not None and k > self.max_waiting + self.model.max_batch_size:
             raise InvalidRequestError(
-                f"{len(requests)} prompts can never be queued together: this server takes at most "
+                f"{k} prompts can never be queued together: this server takes at most "
                 f"{self.max_waiting + self.model.max_batch_size} at once (--max-waiting {self.max_waiting} + "
                 f"--max-batch-size {self.model.max_batch_size}); send fewer per request"
             )
-        self._check_room(len(requests))
-        return [self._add(ids, params) for ids, params in requests]
 
     def _check_room(self, k: int) -> None:
         """Refuse ``k`` new requests unless the engine takes them and they fit under ``max_waiting``."""

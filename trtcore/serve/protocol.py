@@ -87,6 +87,14 @@ class _Body(BaseModel):
             return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required() or fields[k].default is None}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        # JSON's "\ud800" escape gives a lone UTF-16 surrogate, which no tokenizer or UTF-8
+        # response can take (it was a 500): refused here, naming where it is
+        _check_unicode(data, [])
+        return data
+
 
 #: vLLM's request fields that would change the answer, which this server does not implement,
 #: and their neutral values (accepted): any other value is a 400 naming the field, never
@@ -116,6 +124,7 @@ UNSUPPORTED_CHAT_EXTRAS: dict[str, tuple[Any, ...]] = {
     "chat_template": (None,),
     "chat_template_kwargs": (None, {}),
     "documents": (None, []),
+    "reasoning_effort": (None,),  # vLLM passes it to the chat template
 }
 
 
@@ -125,6 +134,26 @@ def _refuse_extras(data: Any, table: dict[str, tuple[Any, ...]]) -> None:
         for name, neutral in table.items():
             if name in data and not any(data[name] == v and type(data[name]) is type(v) for v in neutral):
                 raise _Refused(name, f"{name}={data[name]!r} is not supported by this server (it would change the answer); leave it out")
+
+
+def _check_unicode(value: Any, path: list[str]) -> None:
+    """Raise :class:`_Refused` naming the first string in ``value`` (a parsed JSON body) that is
+    not valid Unicode (a lone surrogate), with its position."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            where = ".".join(path) or "body"
+            raise _Refused(
+                where, f"{where} holds a lone UTF-16 surrogate {value[exc.start]!r} at character {exc.start}; text must be valid Unicode"
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(key, path)
+            _check_unicode(item, [*path, str(key)])
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_unicode(item, [*path, str(i)])
 
 
 class _Refused(ValueError):
@@ -140,6 +169,14 @@ class StreamOptions(_Body):
     ``"usage": null`` in the others)."""
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _no_running_usage(cls, v: bool) -> bool:
+        if v:  # vLLM's usage in every chunk: not implemented, and never ignored
+            raise ValueError("continuous_usage_stats (usage in every chunk) is not supported by this server; use include_usage")
+        return v
 
 
 class _SamplingFields(_Body):
@@ -236,6 +273,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1)
+    add_special_tokens: bool = True  # vLLM's: what the tokenizer's post-processor adds (a BOS) to a text prompt
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -280,6 +318,9 @@ class ChatMessage(_Body):
 
     role: str
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -299,6 +340,14 @@ class ChatMessage(_Body):
             return "".join(p["text"] for p in self.content)  # text parts only (the validator)
         return self.content or ""
 
+    def template_message(self) -> dict[str, Any]:
+        """The message as the chat template reads it: ``role`` and ``content`` (:meth:`text`),
+        and ``name``, ``tool_calls`` (an assistant turn's calls) and ``tool_call_id`` (a tool
+        turn's) where given, as vLLM passes them (``chat_utils``)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        out.update({k: v for k, v in (("name", self.name), ("tool_calls", self.tool_calls), ("tool_call_id", self.tool_call_id)) if v is not None})
+        return out
+
 
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``: ``max_completion_tokens`` is OpenAI's newer name for
@@ -316,6 +365,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    add_special_tokens: bool = False  # vLLM's chat default: the rendered template writes its own BOS
 
     refused_extras: ClassVar[dict[str, tuple[Any, ...]]] = {**UNSUPPORTED_EXTRAS, **UNSUPPORTED_CHAT_EXTRAS}
 
