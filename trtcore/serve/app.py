@@ -18,12 +18,15 @@ Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}
   (``param`` names it), a prompt that does not fit the context (``param`` ``prompt`` /
   ``messages``), ``max_tokens`` beyond the context, ``n`` > 1, ``echo`` / ``suffix``,
   ``logprobs`` / ``top_logprobs`` above 20 (:data:`~trtcore.serve.protocol.MAX_LOGPROBS`, on
-  every backend); an empty, mixed or empty-item ``prompt`` list;
+  every backend); an empty, mixed or empty-item ``prompt`` list; a lone UTF-16 surrogate in
+  any string (``param`` its path); more prompts in a list than could ever be queued together;
 * 404 ``invalid_request_error`` / ``model_not_found``: another ``model`` than the served one;
 * 429 ``rate_limit_error`` with ``Retry-After``: ``--max-waiting`` requests wait already (a
   list of K prompts counts K: one that does not fit whole is refused whole);
 * 503 ``service_unavailable`` with ``Retry-After``: loading or shutting down, or the engine
-  process died (a request it ends mid-stream gets a ``service_unavailable`` error event).
+  process died (a request it ends mid-stream gets a ``service_unavailable`` error event);
+* 500 ``server_error`` (OpenAI's type): a failure of the server itself, with the exception's
+  type and message.
 
 A request that fails after its stream started gets one ``data: {"error": ...}`` event, then
 ``data: [DONE]``. A client that disconnects mid-stream aborts its request.
@@ -328,7 +331,7 @@ def _error_body(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, EngineNotReadyError):  # the engine process died under the request
         kind = "service_unavailable"
     else:
-        kind = "invalid_request_error" if isinstance(exc, TrtcoreError) else "internal_error"
+        kind = "invalid_request_error" if isinstance(exc, TrtcoreError) else "server_error"
     return ErrorResponse(error=ErrorInfo(message=str(exc), type=kind)).model_dump()
 
 
@@ -485,7 +488,7 @@ def build_app(
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        return ApiError(500, f"{type(exc).__name__}: {exc}", "internal_error").response()
+        return ApiError(500, f"{type(exc).__name__}: {exc}", "server_error").response()
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
