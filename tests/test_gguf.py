@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 import sys
 import zipfile
 from pathlib import Path
@@ -119,13 +120,23 @@ def write_synthetic_gguf(
     rope_freqs: np.ndarray | None = None,
     digit_merges: bool | None = None,
     seed: int = 0,
+    control_tokens: tuple[str, ...] = (),
+    metadata: dict[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """Write a tiny model; return its weights in Hugging Face layout (before llama.cpp's
-    permutation and quantization), keyed by HF name."""
+    permutation and quantization), keyed by HF name. ``control_tokens``: appended to the
+    vocabulary as CONTROL tokens, the first two the BOS and EOS (DeepSeek-R1-Distill's
+    layout); ``metadata``: extra key/values (float values as float32)."""
     rng = np.random.default_rng(seed)
     if digit_merges is None:
         digit_merges = pre != "smollm"
     vocab = _train_vocab(tokenizer, digits=not digit_merges)
+    if control_tokens:
+        n = len(vocab["tokens"])
+        vocab = {**vocab, "tokens": vocab["tokens"] + list(control_tokens), "types": vocab["types"] + [3] * len(control_tokens)}
+        vocab["bos"], vocab["eos"] = n, n + 1
+        if "scores" in vocab:
+            vocab["scores"] = list(vocab["scores"]) + [0.0] * len(control_tokens)
     n_vocab, hidden, inter, n_layers, n_heads, n_kv = len(vocab["tokens"]), 64, 128, 2, 4, 2
     head_dim = hidden // n_heads
 
@@ -156,6 +167,11 @@ def write_synthetic_gguf(
         w.add_pad_token_id(vocab["pad"])
     if add_bos is not None:
         w.add_add_bos_token(add_bos)
+    for key, value in (metadata or {}).items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_float32(key, float(value))
     w.add_chat_template(CHAT_TEMPLATE)
 
     hf: dict[str, np.ndarray] = {}
@@ -653,3 +669,58 @@ def test_default_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smollm2_
     tc = json.loads((out / "tokenizer_config.json").read_text())
     assert tc["bos_token"] == "<|im_start|>" and tc["eos_token"] == "<|im_end|>"
     assert_logits_match(out, model, list(range(1, 40, 3)))
+
+
+
+#: DeepSeek-R1-Distill's special tokens, spelled outside the byte-level alphabet, CONTROL in its GGUFs
+DEEPSEEK_SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>")
+
+
+def test_control_tokens_outside_the_byte_alphabet_keep_their_ids(tmp_path: Path) -> None:
+    """DeepSeek-R1-Distill GGUFs keep their BOS / EOS / role markers as CONTROL tokens spelled in
+    full-width characters. They were skipped as mislabels: the BOS was added again past the
+    vocabulary (every generate failed with "token ids outside [0, V)") and "<｜User｜>" became a
+    dozen byte tokens. As llama.cpp reads them, each is one special token at its GGUF id."""
+    from tokenizers import Tokenizer
+
+    from trtcore import LLM, SamplingParams
+    from trtcore.gguf_convert import convert_gguf
+
+    write_synthetic_gguf(tmp_path / "ds.gguf", "llama", tokenizer="gpt2", add_bos=True, control_tokens=DEEPSEEK_SPECIALS, seed=3)
+    out = Path(convert_gguf(tmp_path / "ds.gguf", tmp_path / "hf", progress=False))
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    config = json.loads((out / "config.json").read_text())
+    n = config["vocab_size"] - len(DEEPSEEK_SPECIALS)
+    assert tok.get_vocab_size(with_added_tokens=True) == config["vocab_size"]
+    assert [tok.token_to_id(t) for t in DEEPSEEK_SPECIALS] == [n, n + 1, n + 2, n + 3]
+    assert config["bos_token_id"] == n and config["eos_token_id"] == n + 1
+    ids = tok.encode("<｜User｜>the theory<｜Assistant｜>").ids
+    assert ids[:2] == [n, n + 2] and ids[-1] == n + 3 and max(ids) < config["vocab_size"], ids
+    assert tok.decode(ids, skip_special_tokens=False).startswith("<｜begin▁of▁sentence｜><｜User｜>")
+    llm = LLM(out, backend="reference", dtype="float32", max_batch_size=1, max_seq_len=64, progress=False)
+    [res] = llm.generate("the theory", SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    assert len(res.outputs[0].token_ids) == 2
+
+
+@pytest.mark.parametrize(
+    ("metadata", "want"),
+    [
+        ({"llama.rope.scale_linear": 4.0}, {"rope_type": "linear", "factor": 4.0}),  # convert.py's key of Aug-Oct 2023
+        ({"llama.rope.scaling.type": "linear"}, None),  # a type without a factor: llama.cpp's factor 1
+        ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 0.0}, None),
+        ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}, {"rope_type": "linear", "factor": 2.0}),
+    ],
+    ids=["scale-linear", "type-without-factor", "yarn-factor-0", "linear-2"],
+)
+def test_rope_scaling_keys_as_llama_cpp_reads_them(tmp_path: Path, metadata: dict[str, Any], want: dict[str, Any] | None) -> None:
+    """The old ``{arch}.rope.scale_linear`` key was ignored (every position rotated 4x wrong for a
+    factor-4 file), and a scaling type without a factor wrote ``"factor": NaN`` into config.json
+    (the model then failed with non-finite logits). llama.cpp reads the old key as the linear
+    factor and a missing or zero factor as 1, no scaling."""
+    from trtcore.gguf_convert import convert_gguf
+
+    write_synthetic_gguf(tmp_path / "m.gguf", "llama", tokenizer="gpt2", metadata=metadata)
+    out = Path(convert_gguf(tmp_path / "m.gguf", tmp_path / "hf", progress=False))
+    text = (out / "config.json").read_text()
+    assert "NaN" not in text
+    assert json.loads(text).get("rope_scaling") == want

@@ -346,7 +346,13 @@ def _build_config(meta: _Metadata, arch: str, tensors: dict[str, Any]) -> dict[s
 def _rope_scaling(meta: _Metadata, arch: str, tensors: dict[str, Any], head_dim: int, rope_theta: float) -> dict[str, Any] | None:
     kind = meta.get(f"{arch}.rope.scaling.type")
     factor = meta.get(f"{arch}.rope.scaling.factor")
-    if kind in (None, "none") and factor is not None and float(factor) not in (0.0, 1.0):
+    if factor is None:
+        factor = meta.get(f"{arch}.rope.scale_linear")  # convert.py's key of Aug-Oct 2023 (llama.cpp still reads it)
+    if factor is None or not math.isfinite(float(factor)) or float(factor) <= 0.0:
+        if kind not in (None, "none"):  # llama.cpp reads a scaling type without a factor as factor 1: no scaling
+            logger.warning("GGUF %s.rope.scaling.type %r has no usable factor (%r); read as no RoPE scaling, as llama.cpp does", arch, kind, factor)
+        kind, factor = "none", None
+    if kind in (None, "none") and factor is not None and float(factor) != 1.0:
         kind = "linear"  # old files: a factor without a type
     if kind == "linear":
         return {"rope_type": "linear", "factor": _clean_float(factor)}
@@ -621,14 +627,17 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
     }
     add_bos = meta.get("tokenizer.ggml.add_bos_token")
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
-    byte_level = kind == "gpt2"
 
     if kind == "gpt2":
         if merges is None:
             raise ConversionError("byte-level BPE tokenizer without tokenizer.ggml.merges")
         spelling = bytes_to_unicode()
         alphabet = set(spelling.values())
-        vocab = {(tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8"))): i for i, tok in enumerate(tokens)}
+        # a CONTROL or USER_DEFINED token spelled outside the byte alphabet is kept under its own
+        # text (DeepSeek-R1-Distill's "<｜begin▁of▁sentence｜>", "<｜User｜>"), as llama.cpp keeps it
+        # one token: it becomes an added token at its GGUF id below
+        raw = {i for i, ty in enumerate(token_types) if ty in (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)}
+        vocab = {(tok if set(tok) <= alphabet or i in raw else "".join(spelling[b] for b in tok.encode("utf-8"))): i for i, tok in enumerate(tokens)}
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
         pre = meta.get("tokenizer.ggml.pre", "default")
         split = _PRE_TOKENIZER_SPLITS.get(pre)
@@ -669,10 +678,10 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
     else:
         raise ConversionError(f"tokenizer model {kind!r} is not supported; supported: 'gpt2', 'llama'")
 
-    # CONTROL tokens are special; in a byte-level vocabulary one spelled outside the byte
-    # alphabet is a llama.cpp mislabel and is skipped (as transformers does).
-    byte_alphabet = set(bytes_to_unicode().values()) if byte_level else None
-    control = [t for t, ty in zip(tokens, token_types) if ty == _TOKEN_CONTROL and (byte_alphabet is None or set(t) <= byte_alphabet)]
+    # CONTROL tokens are special added tokens at their GGUF ids (llama.cpp's control tokens; one
+    # spelled outside a byte-level alphabet too: transformers' GGUF reader skipped those, and
+    # DeepSeek-R1-Distill's BOS then got an id past the vocabulary)
+    control = [t for t, ty in zip(tokens, token_types) if ty == _TOKEN_CONTROL]
     if control:
         tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
     user = [t for t, ty in zip(tokens, token_types) if ty == _TOKEN_USER_DEFINED]
