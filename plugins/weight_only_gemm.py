@@ -1287,13 +1287,15 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             self._check_add_norm(inputs)
         if self.add_residual:
             self._check_residual(inputs)
+        norm_w_ptr = 0
         if self.norm_input:
             w = self._extra(inputs, "norm_w")
             if tuple(w.shape)[-1:] != (self.in_features,) or int(np.prod(w.shape)) != self.in_features or np.dtype(w.dtype) != dtype:
                 raise PluginError(
                     f"WeightOnlyGemmPlugin.enqueue: norm weight {tuple(w.shape)} {np.dtype(w.dtype)}; [{self.in_features}] {dtype} expected"
                 )
-        norm_x = self.norm_in_kernel(dtype, m, x.ptr, bool(workspace), self._extra(inputs, "norm_w").ptr if self.norm_input else 0)
+            norm_w_ptr = w.ptr
+        norm_x = self.norm_in_kernel(dtype, m, x.ptr, bool(workspace), norm_w_ptr)
         if self.norm_input and not norm_x:  # x normalized into the workspace, then any path
             if not workspace:
                 raise PluginError(

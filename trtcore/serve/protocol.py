@@ -87,14 +87,6 @@ class _Body(BaseModel):
             return {k: v for k, v in data.items() if v is not None or k not in fields or fields[k].is_required() or fields[k].default is None}
         return data
 
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        # JSON's "\ud800" escape gives a lone UTF-16 surrogate, which no tokenizer or UTF-8
-        # response can take (it was a 500): refused here, naming where it is
-        _check_unicode(data, [])
-        return data
-
 
 #: vLLM's request fields that would change the answer, which this server does not implement,
 #: and their neutral values (accepted): any other value is a 400 naming the field, never
@@ -218,6 +210,15 @@ class _SamplingFields(_Body):
     @classmethod
     def _no_unsupported_extras(cls, data: Any) -> Any:
         _refuse_extras(data, cls.refused_extras)
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        # JSON's "\ud800" escape gives a lone UTF-16 surrogate, which no tokenizer or UTF-8
+        # response can take (it was a 500): refused here, naming where it is; the whole body
+        # once (the nested models' own data is part of it)
+        _check_unicode(data, [])
         return data
 
     @field_validator("logit_bias")
