@@ -12,12 +12,12 @@ the default; ``, natural order``: in the natural one; ``, SwiGLU unfused``: buil
 with :mod:`trtcore.cuda.rope_fusion`, off by default, so q/k/v's GEMM rotates q and k; ``, add+norm
 fused``: built with :mod:`trtcore.cuda.add_norm_fusion`, off by default, so o_proj's and down_proj's
 GEMV add the residual and normalize in their last block instead of a row kernel; ``, norm in
-GEMV``: built with :mod:`trtcore.cuda.norm_input_fusion`, off by default, so o_proj's and down_proj's
-GEMV add the residual in their epilogue and the GEMVs after them normalize their x, where their grid
-is at most ``weight_only_gemm.NORM_X_MAX_BLOCKS`` (1024: on Llama-3-8B q/k/v's; ``, gate/up too``:
-2048); ``, attention
+GEMV``: built with :mod:`trtcore.cuda.norm_input_fusion`, so o_proj's and down_proj's GEMV add the
+residual in their epilogue and the GEMVs after them (q/k/v, gate/up, lm_head) fold the RMSNorm into
+their x and output (``NORM_X``): no row kernel in the step; ``, attention
 unsplit``: the paged attention plugin's ``TUNING["splits"] = 1`` for the variant's life, so decode
-attention runs one slice per sequence and no reduction kernel), FP8 W8A8 with per-tensor weight scales
+attention runs one slice per sequence and no reduction kernel; ``, attention 4 splits``: 4 slices
+of at least 64 keys, ``min_keys_per_split`` 64, where the heuristic takes 2 at ``max_seq_len`` 256), FP8 W8A8 with per-tensor weight scales
 (one per packed module) and static or dynamic activation scales, or (``channel``) per-channel
 weight scales; the cuda engine fuses q/k/v and gate/up in both
 (:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's
@@ -59,9 +59,9 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("W4A16 g128 + lm_head, RoPE fused", 4, -128),  # TRTCORE_ROPE_FUSION=1 while it builds: RoPE in q/k/v's epilogue
     ("W4A16 g128 + lm_head, add+norm fused", 4, -128),  # TRTCORE_ADD_NORM_FUSION=1 while it builds: add + RMSNorm in o_proj's / down's GEMV
     ("W4A16 g128 + lm_head, norm in GEMV", 4, -128),  # TRTCORE_NORM_INPUT_FUSION=1: the add in o_proj's / down's epilogue, the norm in the next GEMVs
-    ("W4A16 g128 + lm_head, norm in GEMV, gate/up too", 4, -128),  # the same with NORM_X_MAX_BLOCKS 2048: gate/up's GEMV normalizes too
     ("W4A16 g128 + lm_head, attention unsplit", 4, -128),  # paged_attention.TUNING["splits"] = 1: no split-KV, no reduction kernel
     ("W4A16 g128 + lm_head, add+norm fused, attention unsplit", 4, -128),  # both
+    ("W4A16 g128 + lm_head, norm in GEMV, attention 4 splits", 4, -128),  # TUNING splits 4, min_keys_per_split 64
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
     ("FP8 W8A8 static + FP8 KV", "fp8", 1),  # and kv_cache_dtype="fp8" (E4M3 KV pool, scales 1.0)
@@ -159,9 +159,9 @@ def main() -> int:
                 before = {k: os.environ.get(k) for k in env}
                 os.environ.update(env)
                 # read at each enqueue (and so at graph capture): kept for the variant's life
-                pa.TUNING["splits"] = 1 if "attention unsplit" in parts else 0
-                norm_x_blocks = wog.NORM_X_MAX_BLOCKS
-                wog.NORM_X_MAX_BLOCKS = 2048 if "gate/up too" in parts else norm_x_blocks  # read at build and enqueue
+                pa.TUNING["splits"] = 1 if "attention unsplit" in parts else 4 if "attention 4 splits" in parts else 0
+                min_keys = pa.TUNING["min_keys_per_split"]
+                pa.TUNING["min_keys_per_split"] = 64 if "attention 4 splits" in parts else min_keys
                 try:
                     with random_checkpoint(make):
                         llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
@@ -235,7 +235,7 @@ def main() -> int:
                 llm.close()
                 del llm
                 pa.TUNING["splits"] = 0
-                wog.NORM_X_MAX_BLOCKS = norm_x_blocks
+                pa.TUNING["min_keys_per_split"] = min_keys
                 _free_gpu()
     print("JSON:", json.dumps(results))
     return 0

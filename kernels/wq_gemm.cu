@@ -98,8 +98,8 @@
 // trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "ADD_NORM": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "ADD_NORM": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "ADD_NORM": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "ADD_NORM": 1}]
 
 // x normalized in the kernel (NORM_X, the norm_input plugins): the default decode kernels, and 4-bit gated
-// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "NORM_X": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "NORM_X": 1}]
-// trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "NORM_X": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 2, "NORM_X": 1}]
+// trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 1, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}]
+// trtcore-variants: [{"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}, {"DTYPE": 2, "BITS": 8, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "NORM_X": 1}]
 // trtcore-variants: [{"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1, "NORM_X": 1}, {"DTYPE": 1, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1, "NORM_X": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1, "NORM_X": 1}, {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 1, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "UNROLL": 1, "GATED": 1, "NORM_X": 1}]
 
 #include "pdl.cuh"    // PDL_WAIT / PDL_LAUNCH: every kernel starts with them (launched programmatically)
@@ -769,16 +769,25 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #define XPF 0
 #endif
 // NORM_X 0 | 1: the plugin's norm_input on the v2 register path (trtcore.cuda.norm_input_fusion):
-// x is h, and every block first writes RMSNorm(h) * w of its M rows into dynamic shared memory
-// (norm_x_stage; w prefetched into L1 before PDL_WAIT), which the main loop then reads as x; the
-// block's partial sums reuse that memory at the end. The launch's dynamic shared memory: M K
-// elements, at least the partial sums' warps x ROW_TILES x 128 floats
-// (plugins/weight_only_gemm.py norm_x_shared_bytes).
+// x is h, and the kernel computes RMSNorm's scale itself, folded out of the GEMM (RMSNorm: Zhang &
+// Sennrich, arXiv:1910.07467; the scale is one number per row of x, so it factors out of the sum):
+//   y[m, n] = round(inv_m * sum_k W[n, k] * round(h[m, k] * w[k])),  inv_m = 1 / sqrt(sum_k h32[m, k]^2 / K + eps)
+// Each lane multiplies its x words by the norm weight's (one fma2 a word, rounded once: the mma's
+// B operand; the weight read from L1 beside x) and sums the squares of h on the way (M = 1: the
+// 8 lanes of a column run share its words, one word each; else each lane sums its own row's),
+// the block adds the sums in a fixed order beside its partial sums, and warp 0 scales each
+// output before its one rounding. No pass over x before the main loop and no shared-memory
+// stage, whatever the grid (plugins/weight_only_gemm.py norm_folds; the unfused graph rounds
+// h * inv before the weight: within an ulp of x, WeightOnlyGemmPlugin.reference). Measured on
+// an H100 (bench/results/h100-2026-12-05-session28) it still costs more per chunk than the row
+// kernel it saves: each warp's units run one after another, and the extra loads and
+// instructions lengthen every one (the sums of squares on the tensor cores instead, one more
+// mma a k-step, were slower still); trtcore.cuda.norm_input_fusion stays opt-in.
 #ifndef NORM_X
 #define NORM_X 0
 #endif
-#if NORM_X && (ASYNC > 0 || WQ_DECODE != 2 || ADD_NORM)
-#error "NORM_X is the v2 register path's (WQ_DECODE 2, no ASYNC, no ADD_NORM)"
+#if NORM_X && (ASYNC > 0 || WQ_DECODE != 2 || ADD_NORM || !CONTIG_X || DTYPE == 0)
+#error "NORM_X is the v2 register path's (WQ_DECODE 2, CONTIG_X, 16-bit x, no ASYNC, no ADD_NORM)"
 #endif
 #if XPF && !(ASYNC > 0 && CONTIG_X)
 #error "XPF (x loaded a unit ahead) needs ASYNC and CONTIG_X"
@@ -989,13 +998,75 @@ __device__ __forceinline__ void unit_x(const elem_t* xc, UnitX& x) {
 struct UnitX {};  // PRE needs CONTIG_X
 #endif
 
+// NORM_X's state in a lane (section above; empty without): the norm weight at the lane's x run of
+// its current unit (advanced with x), the lane's sum of h^2, and whether x has one row
+struct NormFold {
+#if NORM_X
+    const elem_t* w;
+    float ss;
+    bool one_row;
+#endif
+};
+
+#if NORM_X
+// a pair of 16-bit elements times another, rounded once (fma with -0: x * w exactly, signed zeros kept)
+__device__ __forceinline__ unsigned int mul2(unsigned int a, unsigned int b) {
+    unsigned int d;
+#if DTYPE == 1
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+#else
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+#endif
+    return d;
+}
+
+// ss plus the squares of a word's two elements, in float32
+__device__ __forceinline__ float sq2(unsigned int word, float ss) {
+    const float a = to_f32((elem_t)(word & 0xffffu)), b = to_f32((elem_t)(word >> 16));
+    return fmaf(b, b, fmaf(a, a, ss));
+}
+
+// a chunk's x words (h, from xr: the lane's run) become round(h * w) (w from wr, the norm weight's
+// same run), and nf.ss takes this lane's share of the squares of h: x of one row, word gid of the
+// run (the run's words are split among the 8 lanes that share it; int8's 4 words: lanes gid < 4);
+// else the lane's whole run (its row gid: the rows past M repeat row M - 1, never stored)
+__device__ __forceinline__ void norm_fold(unsigned int (&xw)[2 * CHUNK_STEPS], const elem_t* xr, const elem_t* wr, NormFold& nf) {
+    unsigned int ww[2 * CHUNK_STEPS];
+    chunk_x(wr, ww);
+    const int gid = (threadIdx.x & 31) >> 2;
+    if (nf.one_row) {
+        if (gid < 2 * CHUNK_STEPS) nf.ss = sq2(*reinterpret_cast<const unsigned int*>(xr + 2 * gid), nf.ss);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 2 * CHUNK_STEPS; ++i) nf.ss = sq2(xw[i], nf.ss);
+    }
+#pragma unroll
+    for (int i = 0; i < 2 * CHUNK_STEPS; ++i) xw[i] = mul2(xw[i], ww[i]);
+}
+
+// the warp's sum of h^2 of the row of this lane (every lane of a row gets the same bits: a
+// butterfly adds the same pairs in every lane)
+__device__ __forceinline__ float norm_row_sum(const NormFold& nf) {
+    float s = nf.ss;
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    if (nf.one_row) {
+        s += __shfl_xor_sync(0xffffffffu, s, 4);
+        s += __shfl_xor_sync(0xffffffffu, s, 8);
+        s += __shfl_xor_sync(0xffffffffu, s, 16);
+    }
+    return s;
+}
+#endif
+
 // one unit's products: its SEG chunks' vectors v (ROW_TILES tiles) against x from xc (the lane's
 // B-fragment row at the unit's first column) into d (and dx, the sums of x). A grouped unit
 // starts its sums (C = 0); per channel they run on. PRE (CONTIG_X): x comes from xp, loaded
-// ahead (unit_x), instead of xc.
+// ahead (unit_x), instead of xc. NORM_X: x is h, each chunk's words folded with the norm weight at
+// nf (norm_fold).
 template <bool GROUPED, bool PRE = false>
 __device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const elem_t* xc, float (&d)[ROW_TILES][4], float (&dx)[4],
-                                      const Frag2& f, const UnitX* xp = nullptr) {
+                                      const Frag2& f, const UnitX* xp = nullptr, NormFold* nf = nullptr) {
 #if NEED_X
     const unsigned int ones[4] = {f.one2, f.one2, f.one2, f.one2};
 #endif
@@ -1008,6 +1079,9 @@ __device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const el
             for (int i = 0; i < 2 * CHUNK_STEPS; ++i) xw[i] = xp->w[s][i];
         } else {
             chunk_x(xc + s * CHUNK, xw);
+#if NORM_X
+            norm_fold(xw, xc + s * CHUNK, nf->w + s * CHUNK, *nf);
+#endif
         }
 #else
         static_assert(!PRE, "x loaded ahead needs CONTIG_X");
@@ -1041,21 +1115,34 @@ __device__ __forceinline__ void unit2(const uint4 (&v)[SEG][ROW_TILES], const el
 }
 
 // the block's outputs: every warp's sums into shared memory (warp q's at red + q * wstride
-// floats), then warp 0 adds them in warp order (deterministic) and rounds each output once
+// floats), then warp 0 adds them in warp order (deterministic) and rounds each output once.
+// NORM_X: nf's sums of h^2 go beside them (per warp and row), and warp 0 scales each output by
+// its row's inv (section NORM_X; K and eps: the norm's)
 __device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], float* red, const OutRows& out, int M, int N,
-                                            int wstride = ROW_TILES * 4 * 32) {
+                                            int wstride = ROW_TILES * 4 * 32, const NormFold* nf = nullptr, int K = 0, float eps = 0.0f) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int gid = lane >> 2, tid = lane & 3;
-#if NORM_X
-    __syncthreads();  // red is the staged x's memory: every warp is done reading x
-#endif
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int i = 0; i < 4; ++i) red[warp * wstride + (r * 4 + i) * 32 + lane] = acc[r][i];
+#if NORM_X
+    __shared__ float nss[MAX_WARPS][8];  // [warp][x row] the sums of h^2
+    const float rs = norm_row_sum(*nf);
+    if (tid == 0) nss[warp][gid] = rs;
+#endif
     __syncthreads();
     if (warp == 0) {
+#if NORM_X
+        float inv[2];  // the rows of this lane's D columns, 2 tid and 2 tid + 1 (past M: unused)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float t = nss[0][2 * tid + i];
+            for (int q = 1; q < warps; ++q) t += nss[q][2 * tid + i];
+            inv[i] = 1.0f / sqrtf(t / (float)K + eps);
+        }
+#endif
 #pragma unroll
         for (int r = 0; r < RT; ++r) {
 #pragma unroll
@@ -1066,6 +1153,10 @@ __device__ __forceinline__ void gemv2_store(const float (&acc)[ROW_TILES][4], fl
                     lo += red[q * wstride + (r * 4 + i) * 32 + lane];
                     hi += red[q * wstride + (r * 4 + i + 2) * 32 + lane];
                 }
+#if NORM_X
+                lo *= inv[i];
+                hi *= inv[i];
+#endif
                 store_rows(out, (int)blockIdx.x * RT + r, gid, 2 * tid + i, M, N, lo, hi);
             }
         }
@@ -1087,11 +1178,12 @@ __device__ __forceinline__ const elem_t* x_row2(const elem_t* __restrict__ x, in
 // group): warps take units round robin, keep UNROLL units' vectors (SEG x ROW_TILES 16-byte
 // loads per lane each) in flight in registers, and refill a unit's buffers once it is computed.
 // GROUPED: more than one group, so a flush per unit; else one scale per row, applied at the end.
+// NORM_X: x is h, folded with the norm weight norm_w (eps: the norm's; section NORM_X).
 template <bool GROUPED>
 __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const uint4* const (&wt)[ROW_TILES], const float* const (&st)[ROW_TILES],
                                            const float* const (&zt)[ROW_TILES], uint4 (&buf)[UNROLL][SEG][ROW_TILES],
                                            GroupPair (&gbuf)[UNROLL][ROW_TILES], float* red, const OutRows& out, int M, int N, int K,
-                                           int cdiv, unsigned int cmagic, unsigned int opaque) {
+                                           int cdiv, unsigned int cmagic, unsigned int opaque, const elem_t* __restrict__ norm_w, float eps) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int gid = lane >> 2;
@@ -1100,6 +1192,12 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
     // pointers advance by `warps` units per unit: an add, not a multiply and a widening per load
     const elem_t* xc = x_row2(x, M, K);
     const size_t xstep = (size_t)warps * (SEG * CHUNK), wstep = (size_t)warps * (SEG * 32);
+    NormFold nf;
+#if NORM_X
+    nf.w = norm_w + XOFF_LANE(lane & 3) + warp * (SEG * CHUNK);  // x_row2's columns
+    nf.ss = 0.0f;
+    nf.one_row = M == 1;
+#endif
     const uint4* wn[RT];
 #pragma unroll
     for (int r = 0; r < RT; ++r) wn[r] = wt[r] + (size_t)(warp + UNROLL * warps) * (SEG * 32);
@@ -1120,7 +1218,7 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (base + u * warps >= units) break;
-            unit2<GROUPED>(buf[u], xc, d, dx, f);
+            unit2<GROUPED>(buf[u], xc, d, dx, f, nullptr, &nf);
             if (GROUPED) {
 #pragma unroll
                 for (int r = 0; r < RT; ++r) flush2(acc[r], d[r], dx, gbuf[u][r]);
@@ -1145,6 +1243,9 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
             }
             next += warps;
             xc += xstep;
+#if NORM_X
+            nf.w += xstep;
+#endif
 #pragma unroll
             for (int r = 0; r < RT; ++r) wn[r] += wstep;
         }
@@ -1153,7 +1254,7 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
 #pragma unroll
         for (int r = 0; r < RT; ++r) flush2(acc[r], d[r], dx, gbuf[0][r]);
     }
-    gemv2_store(acc, red, out, M, N);
+    gemv2_store(acc, red, out, M, N, RT * 4 * 32, &nf, K, eps);
 }
 
 // the block's ROW_TILES tiles: their weights (at this lane's vectors), scales and zero points; a
@@ -1172,66 +1273,8 @@ __device__ __forceinline__ void tile_pointers(const uint4* __restrict__ w, const
     }
 }
 
-#if NORM_X
-#include "cp_async.cuh"  // cp_async16 / cp_async_commit / cp_async_wait
-
-// The NORM_X stage in dynamic shared memory, xs [M][K] (x, then the warps' partial sums). Thread
-// t copies the 16-byte vectors t, t + blockDim.x, ... of every row and later reads only those,
-// so cp.async.wait_group is all the synchronization the copies need. The norm weight stays in
-// global memory, prefetched into L1 before PDL_WAIT (every block of an SM reads the same K
-// elements), so a block's shared memory is x's alone (in shared memory too, it measured the same:
-// bench/results/h100-2026-12-05-session27, calls 2 and 3).
-
-// before PDL_WAIT: this thread's vectors of the norm weight (a constant) into L1
-__device__ __forceinline__ void norm_w_prefetch(const elem_t* __restrict__ w, int K) {
-    for (int v = threadIdx.x; v < K / 8; v += blockDim.x) asm volatile("prefetch.global.L1 [%0];" ::"l"(w + 8 * v));
-}
-
-// after PDL_WAIT: xs[m][k] = round(round(h32 * inv_m) * w[k]) for m < M, inv_m = 1 / sqrt(sum_k
-// h32^2 / K + eps) (add_norm_row's formula, the unfused graph's RMSNorm; the sum in a fixed order:
-// a thread's vectors in turn, then the warps' sums in warp order). h's rows are copied by
-// cp.async, all at once; every thread of the block calls it, and the last barrier publishes xs.
-// K: a multiple of 8; h's rows and w 16-byte aligned.
-__device__ __forceinline__ void norm_x_stage(const elem_t* __restrict__ h, const elem_t* __restrict__ w, elem_t* xs, int M, int K, float eps) {
-    __shared__ float nred[32];
-    const int vecs = K / 8, nt = blockDim.x;
-    for (int m = 0; m < M; ++m)
-        for (int v = threadIdx.x; v < vecs; v += nt) cp_async16(smem_u32(xs + (size_t)m * K + 8 * v), h + (size_t)m * K + 8 * v, 16);
-    cp_async_commit();
-    cp_async_wait<0>();  // this thread's copies of h have landed
-    const uint4* wv = reinterpret_cast<const uint4*>(w);
-    for (int m = 0; m < M; ++m) {
-        uint4* xr = reinterpret_cast<uint4*>(xs + (size_t)m * K);
-        float ss = 0.0f;
-        for (int v = threadIdx.x; v < vecs; v += nt) {
-            const uint4 a4 = xr[v];
-            const unsigned int u[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float a = to_f32((elem_t)(u[i] & 0xffffu)), b = to_f32((elem_t)(u[i] >> 16));
-                ss += a * a;
-                ss += b * b;
-            }
-        }
-        const float inv = 1.0f / sqrtf(block_sum(ss, nred) / (float)K + eps);
-        for (int v = threadIdx.x; v < vecs; v += nt) {
-            const uint4 a4 = xr[v], w4 = __ldg(wv + v);
-            const unsigned int a[4] = {a4.x, a4.y, a4.z, a4.w}, b[4] = {w4.x, w4.y, w4.z, w4.w};
-            unsigned int o[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {  // two elements a conversion (cvt.rn's pairs: from_f32's rounding)
-                const unsigned int n = pack2(to_f32((elem_t)(a[i] & 0xffffu)) * inv, to_f32((elem_t)(a[i] >> 16)) * inv);
-                o[i] = pack2(to_f32((elem_t)(n & 0xffffu)) * to_f32((elem_t)(b[i] & 0xffffu)), to_f32((elem_t)(n >> 16)) * to_f32((elem_t)(b[i] >> 16)));
-            }
-            xr[v] = make_uint4(o[0], o[1], o[2], o[3]);
-        }
-    }
-    __syncthreads();  // xs complete for every warp
-}
-#endif
-
 // v2's body: the first units' vectors and scales before PDL_WAIT (constants), then gemv2_main.
-// NORM_X: x is h, normalized with norm_w and eps into shared memory first (norm_x_stage).
+// NORM_X: x is h, normalized with norm_w and eps on the way (section NORM_X).
 __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
                                            const float* __restrict__ zeros, const OutRows& out, int M, int N, int K, int group_size,
                                            int cdiv, unsigned int cmagic, const elem_t* __restrict__ norm_w = nullptr, float eps = 0.0f) {
@@ -1244,13 +1287,7 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
     const float* st[RT];
     const float* zt[RT];
     tile_pointers(w, scales, zeros, N, K, group_size, wt, st, zt);
-#if NORM_X
-    extern __shared__ __align__(16) unsigned char wq_staged[];  // x [M][K], then the partial sums
-    float* red = reinterpret_cast<float*>(wq_staged);
-    norm_w_prefetch(norm_w, K);  // a constant: on its way to L1 across PDL_WAIT
-#else
     __shared__ float red[MAX_WARPS * RT * 4 * 32];  // the warps' partial sums [warp][RT * 4][32]
-#endif
     const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
     uint4 buf[UNROLL][SEG][RT];
     GroupPair gbuf[UNROLL][RT];
@@ -1272,14 +1309,10 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
     }
     PDL_WAIT();
     PDL_LAUNCH();
-#if NORM_X
-    norm_x_stage(x, norm_w, reinterpret_cast<elem_t*>(wq_staged), M, K, eps);
-    x = reinterpret_cast<const elem_t*>(wq_staged);
-#endif
     if (grouped)
-        gemv2_main<true>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque);
+        gemv2_main<true>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque, norm_w, eps);
     else
-        gemv2_main<false>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque);
+        gemv2_main<false>(x, wt, st, zt, buf, gbuf, red, out, M, N, K, cdiv, cmagic, opaque, norm_w, eps);
 }
 
 #if ASYNC > 0
@@ -1444,7 +1477,11 @@ __device__ __forceinline__ void gemv3_body(const elem_t* __restrict__ x, const u
 // o_proj GEMV + tail 15.9 us against 4.2 + 3.9 for GEMV and row kernel; session 23)
 // (only there: an explicit minimum of 1 makes ptxas take 95 registers for the plain int4 kernel
 // instead of 50, the same halving)
-#if ADD_NORM
+// The symmetric int4 v2 kernel likewise: on an H100 the bound made its GEMVs 2-6% faster (the
+// Llama-3-8B shapes at M = 1, bench/bench_norm_fold.py, bench/results/h100-2026-12-05-session28);
+// NORM_X's symmetric kernels too (as measured there). With zero points (and plain int8) the
+// bound would make ptxas spill 8-24 bytes.
+#if ADD_NORM || (WQ_DECODE == 2 && !HAS_ZEROS && (BITS == 4 || NORM_X))
 #define WQ_GEMV_BOUNDS __launch_bounds__(MAX_WARPS * 32, 2)
 #else
 #define WQ_GEMV_BOUNDS __launch_bounds__(MAX_WARPS * 32)
@@ -1699,6 +1736,13 @@ trtcore_wq_rms_norm(const elem_t* h, const elem_t* __restrict__ w, elem_t* norme
     __shared__ float red[32];
     const size_t row = (size_t)blockIdx.x * N;
     add_norm_row(const_cast<elem_t*>(h) + row, nullptr, w, normed + row, N, eps, red);  // h is only read
+}
+
+// dst [total] = src: a folded-norm plugin's x (or norm weight) copied to 16-byte alignment (NORM_X's loads)
+extern "C" __global__ void __launch_bounds__(256) trtcore_wq_copy(const elem_t* __restrict__ src, elem_t* __restrict__ dst, long long total) {
+    PDL_WAIT();  // src: the previous kernel's output
+    PDL_LAUNCH();
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) dst[i] = src[i];
 }
 
 // y [total] = round(y + residual): the add_residual plugin's add where the GEMM has no epilogue

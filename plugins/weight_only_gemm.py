@@ -83,11 +83,14 @@ The same add and norm split between two GEMMs (:attr:`WeightOnlyGemmPlugin.add_r
 :attr:`WeightOnlyGemmPlugin.norm_input`, made by :mod:`trtcore.cuda.norm_input_fusion`): the
 GEMM before the add writes ``h = y + residual`` from its epilogue (``store_rows``; the tiled and
 cuBLAS paths launch ``trtcore_wq_add_residual`` after the GEMM), and each GEMM that reads the
-norm takes ``h`` and the norm's weight instead and normalizes x itself: the v2 decode kernel
-stages ``RMSNorm(h) * w`` in shared memory once per block (``NORM_X``), every other path runs
-``trtcore_wq_rms_norm`` into the workspace first. No kernel runs between the two GEMMs
-(:func:`rms_norm_reference`); every block of the reader normalizes x again, which costs more than
-the row kernel it saves in a large grid (:data:`NORM_X_MAX_BLOCKS`).
+norm takes ``h`` and the norm's weight instead and normalizes x itself. RMSNorm's scale is one
+number per row of x, so the v2 decode kernel folds it out of the GEMM (``NORM_X``,
+:meth:`WeightOnlyGemmPlugin.norm_folds`): ``y = round(inv * (round(h * w) @ W^T))``, the
+squares of h summed on the way (:func:`rms_norm_folded_reference`); no pass over x before the
+weights stream, whatever the grid. Every other path runs ``trtcore_wq_rms_norm`` into the
+workspace first, the unfused graph's numbers (:func:`rms_norm_reference`). No kernel runs
+between the two GEMMs at decode, but on an H100 the folded GEMVs cost more than the row kernel
+they save (the pass's module docstring), so the pass is opt-in.
 
 Numerical contract: :meth:`WeightOnlyGemmPlugin.reference` is float64 NumPy
 (``x64 @ QuantizedWeight.dequantize().T`` rounded once to x's dtype); the kernels accumulate
@@ -244,27 +247,6 @@ DEQUANT_BLOCK_BYTES = 256 << 20
 _BLOCK_ROW_UNIT = 128
 #: elements of a row each thread of ``trtcore_wq_add_norm`` keeps in registers (kernels/wq_gemm.cu AN_CACHE)
 _ADD_NORM_CACHE = 16
-#: the most bytes of x (``M x K`` elements) the v2 decode kernel stages in shared memory for a
-#: :attr:`WeightOnlyGemmPlugin.norm_input` plugin (``NORM_X``): the 48 KiB a launch takes without
-#: opting in to more
-NORM_X_MAX_BYTES = 48 << 10
-#: the most blocks of a ``NORM_X`` launch (16-row tiles of W): each block reads and normalizes all
-#: of x again, so a grid of many small blocks spends more on it than the row kernel it replaces. On
-#: an H100 (bench/results/h100-2026-12-05-session27), Llama-3-8B 4-bit: q/k/v's GEMV (384 blocks)
-#: took 8.5 us with NORM_X against 6.0 us plus the 4.8 us row kernel before it; gate/up's (1,792
-#: blocks of two warps) 35.4 us against 24.0 + 4.0. :meth:`WeightOnlyGemmPlugin.with_norm_input`
-#: refuses a weight of more tiles, and a larger grid at run time takes ``trtcore_wq_rms_norm``
-#: first (``TRTCORE_NORM_X_MAX_BLOCKS``, read at import)
-NORM_X_MAX_BLOCKS = int(os.environ.get("TRTCORE_NORM_X_MAX_BLOCKS", "1024"))
-
-
-def norm_x_shared_bytes(m: int, k: int, dtype: Any, warps: int, row_tiles: int) -> int:
-    """The ``NORM_X`` decode kernel's dynamic shared memory: x staged (``m x k`` of ``dtype``),
-    at least the warps' partial sums (``warps x row_tiles x 4 x 32`` floats), which reuse x's
-    bytes at the end."""
-    return max(m * k * np.dtype(dtype).itemsize, warps * row_tiles * 4 * 32 * 4)
-
-
 #: the activation dtypes of the tensor-core kernels and the ``"cublas"`` prefill
 _HALF_TYPES = (_FLOAT16, _BFLOAT16)
 #: the workspace's parts are aligned to this many bytes
@@ -547,6 +529,20 @@ def rms_norm_reference(h: np.ndarray, weight: np.ndarray, eps: float) -> np.ndar
     return normed.astype(dt)
 
 
+def rms_norm_folded_reference(h: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """RMSNorm with its scale folded out of the next GEMM, as the ``NORM_X`` decode kernel
+    computes it (:meth:`WeightOnlyGemmPlugin.norm_folds`): ``x = round(h * weight)`` in h's dtype
+    (the product exact, rounded once) and ``inv = 1 / sqrt(mean(h * h) + eps)`` per row (float64
+    here; the kernel's float32), so that ``RMSNorm(h) @ W^T = inv * (x @ W^T)`` up to the
+    roundings of x. ``h``: ``[M, N]`` float16 / bfloat16; ``weight``: ``[N]`` of h's dtype.
+    Returns ``(x [M, N] of h's dtype, inv [M, 1] float64)``. Source: Zhang & Sennrich,
+    arXiv:1910.07467, eq. 4 (the scale is one number per row)."""
+    h64 = h.astype(np.float64)
+    inv = 1.0 / np.sqrt(np.mean(h64 * h64, axis=-1, keepdims=True) + float(np.float32(eps)))
+    x = (h64 * np.asarray(weight).astype(np.float64).reshape(-1)).astype(h.dtype)
+    return x, inv
+
+
 def add_norm_reference(y: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
     """``h = y + residual`` (rounded to y's dtype) and :func:`rms_norm_reference` of it, as the
     unfused graph computes them. ``y``, ``residual``: ``[M, N]``; ``weight``: ``[N]``, all of one
@@ -736,7 +732,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             the unfused graph's add); made by :meth:`with_residual`
             (:mod:`trtcore.cuda.norm_input_fusion`); added after version 1, False when absent.
         norm_input: x is ``h`` and the GEMM's x is ``RMSNorm(h) * norm_w`` with
-            :attr:`norm_eps` (:func:`rms_norm_reference`); made by :meth:`with_norm_input`
+            :attr:`norm_eps` (:func:`rms_norm_reference`; folded into the decode kernel where
+            :meth:`norm_folds`, :func:`rms_norm_folded_reference`); made by :meth:`with_norm_input`
             (:mod:`trtcore.cuda.norm_input_fusion`); added after version 1, False when absent.
     """
 
@@ -927,10 +924,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         """This plugin reading ``h`` and normalizing it (:attr:`norm_input`, epsilon ``eps``):
         the plugin and its constant inputs as they are; the node then also takes the norm's
         weight ``[K]``. None where that cannot be (RoPE, add_norm or norm_input already, an
-        epsilon that is negative or not finite) or would not pay (more 16-row tiles than
-        :data:`NORM_X_MAX_BLOCKS`: the row kernel is cheaper there)."""
-        tiles = -(-self.out_features // TILE_ROWS)
-        if self.rope_rows or self.add_norm or self.norm_input or not (np.isfinite(eps) and eps >= 0) or tiles > NORM_X_MAX_BLOCKS:
+        epsilon that is negative or not finite)."""
+        if self.rope_rows or self.add_norm or self.norm_input or not (np.isfinite(eps) and eps >= 0):
             return None
         return dataclasses.replace(self, norm_input=True, norm_eps=float(np.float32(eps))), [np.asarray(c) for c in constants]
 
@@ -1006,8 +1001,10 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         :attr:`swiglu`, then :func:`swiglu_reference` of it; with :attr:`rope_rows`, then
         :func:`rope_reference` of it (inputs 5 and 6: the positions, ``inv_freq``); with
         :attr:`add_norm`, ``[h, RMSNorm(h)]`` of it (:func:`add_norm_reference`). With
-        :attr:`norm_input` x is first :func:`rms_norm_reference` of it; with
-        :attr:`add_residual` the output is ``round(y + resid)``.
+        :attr:`norm_input` x is first :func:`rms_norm_reference` of it, or where
+        :meth:`norm_folds` the GEMM is ``round(inv * (x' @ W^T))`` with ``x', inv`` from
+        :func:`rms_norm_folded_reference`; with :attr:`add_residual` the output is
+        ``round(y + resid)``.
 
         Raises:
             PluginError: wrong input count or x's last dimension is not in_features.
@@ -1019,14 +1016,18 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         # dequantized once while the same constants come back (the reference backend's, per token)
         w = self.from_constants(inputs[1 : 1 + self.num_weight_inputs], lambda arrays: self.quantized_weight(*arrays).dequantize())
         x2 = x.reshape(-1, self.in_features)
+        inv = 1.0
         if self.norm_input:
             norm_w = np.asarray(self._extra(inputs, "norm_w"))
             if norm_w.size != self.in_features or norm_w.shape[-1:] != (self.in_features,) or norm_w.dtype != x.dtype:
                 raise PluginError(
                     f"WeightOnlyGemmPlugin: the norm weight {norm_w.shape} {norm_w.dtype} must hold in_features={self.in_features} of {x.dtype}"
                 )
-            x2 = rms_norm_reference(x2, norm_w, self.norm_eps)
-        y = (x2.astype(np.float64) @ w.T).astype(x.dtype)
+            if self.norm_folds(x.dtype, x2.shape[0]):
+                x2, inv = rms_norm_folded_reference(x2, norm_w, self.norm_eps)
+            else:
+                x2 = rms_norm_reference(x2, norm_w, self.norm_eps)
+        y = (inv * (x2.astype(np.float64) @ w.T)).astype(x.dtype)
         if self.add_residual:
             resid = np.asarray(self._extra(inputs, "resid"))
             if resid.shape != (*x.shape[:-1], self.out_features) or resid.dtype != x.dtype:
@@ -1171,30 +1172,21 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         return self.norm_bytes(dtype, m) + self.staging_bytes(dtype, m) + cublas
 
     def norm_bytes(self, dtype: Any, m: int) -> int:
-        """Bytes at the workspace's start of a :attr:`norm_input` plugin's normalized x (``m x K``
-        of ``dtype``, aligned) for the paths that do not normalize in the kernel
-        (:meth:`norm_in_kernel`); 0 without norm_input. Reserved at every M."""
+        """Bytes at the workspace's start of a :attr:`norm_input` plugin's x: normalized
+        (``m x K`` of ``dtype``, aligned) for the paths that do not normalize in the kernel, or
+        for :meth:`norm_folds` x and the norm weight (``K`` more) copied to 16-byte alignment
+        where either is off it; 0 without norm_input. Reserved at every M."""
         if not self.norm_input:
             return 0
-        return -(-m * self.in_features * np.dtype(dtype).itemsize // _WS_ALIGN) * _WS_ALIGN
+        return -(-(m + 1) * self.in_features * np.dtype(dtype).itemsize // _WS_ALIGN) * _WS_ALIGN
 
-    def norm_in_kernel(self, dtype: Any, m: int, x_ptr: int, workspace: bool = True, w_ptr: int = 0) -> bool:
-        """Whether a :attr:`norm_input` plugin's ``m`` rows of ``dtype`` at ``x_ptr`` (norm weight
-        at ``w_ptr``) are normalized inside the v2 decode kernel (``NORM_X``): the tensor-core path
-        at up to 8 rows with :meth:`decode_variant` v2, x and the weight 16-byte aligned,
-        ``m x K`` elements within :data:`NORM_X_MAX_BYTES` of shared memory, and at most
-        :data:`NORM_X_MAX_BLOCKS` blocks. Elsewhere ``trtcore_wq_rms_norm`` writes the normalized
-        x into the workspace first."""
-        if not self.norm_input or m > 8 or x_ptr % 16 or w_ptr % 16:
-            return False
-        variant = self.decode_variant(dtype, m)
-        blocks = -(-self.out_features // (TILE_ROWS * variant.get("ROW_TILES", 1)))
-        return (
-            np.dtype(dtype).itemsize * m * self.in_features <= NORM_X_MAX_BYTES
-            and blocks <= NORM_X_MAX_BLOCKS
-            and self.kernel_path(dtype, m, workspace) == "tensor_cores"
-            and variant.get("WQ_DECODE") == 2
-        )
+    def norm_folds(self, dtype: Any, m: int) -> bool:
+        """Whether a :attr:`norm_input` plugin's ``m`` rows of ``dtype`` take the norm folded
+        into the v2 decode kernel (``NORM_X``: the numbers of :func:`rms_norm_folded_reference`,
+        see :meth:`reference`): up to 8 rows of float16 / bfloat16 where :meth:`decode_variant`
+        is v2 on the contiguous-x order. Elsewhere ``trtcore_wq_rms_norm`` writes the normalized
+        x (:func:`rms_norm_reference`) into the workspace first."""
+        return self.norm_input and self.contiguous_x and self.decode_variant(dtype, m).get("WQ_DECODE") == 2
 
     def chunks_per_group(self) -> int:
         """Whole chunks per group (0 when groups do not cover whole chunks): the decode
@@ -1225,9 +1217,10 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if chosen.get("WQ_DECODE", 1) != 2 or not self.fast_decode(dtype, m):
             return {}
         variant = dict(chosen)
-        if self.norm_input:  # NORM_X stages x in the shared memory the cp.async rings would take
+        if self.norm_input:  # NORM_X is the register path's, one unit in flight: int8's two took 79 registers
             variant.pop("ASYNC", None)
             variant.pop("XPF", None)
+            variant["UNROLL"] = 1
         if self.chunks_per_group() % variant.get("SEG", 1):
             del variant["SEG"]
         rt = variant.get("ROW_TILES", 1)
@@ -1268,8 +1261,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             PluginError: unsupported dtype, a staged SwiGLU or RoPE output without a workspace,
                 RoPE positions that are not one per row of x, an add + norm or add_residual
                 residual that is not one row of N per row of x, a norm_input weight that is not
-                ``[K]`` of x's dtype, a norm_input x to normalize before the GEMM without a
-                workspace, M beyond
+                ``[K]`` of x's dtype, a norm_input x to normalize before the GEMM (or, folded,
+                to copy to 16-byte alignment with its weight) without a workspace, M beyond
                 the tiled kernel's grid, or an x address the
                 kernel's loads cannot take (decode: 4-byte aligned; tiled: 16-byte, its 16-byte
                 x loads, unless act order gathers x by element): refused before a launch, which
@@ -1295,15 +1288,21 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
                     f"WeightOnlyGemmPlugin.enqueue: norm weight {tuple(w.shape)} {np.dtype(w.dtype)}; [{self.in_features}] {dtype} expected"
                 )
             norm_w_ptr = w.ptr
-        norm_x = self.norm_in_kernel(dtype, m, x.ptr, bool(workspace), norm_w_ptr)
-        if self.norm_input and not norm_x:  # x normalized into the workspace, then any path
+        norm_x = self.norm_folds(dtype, m)
+        if self.norm_input and (not norm_x or x.ptr % 16 or norm_w_ptr % 16):  # the workspace's first part is x's
             if not workspace:
                 raise PluginError(
-                    f"WeightOnlyGemmPlugin.enqueue: the norm_input plugin's M={m} rows of {dtype} normalize x in a workspace; none was given"
+                    f"WeightOnlyGemmPlugin.enqueue: the norm_input plugin's M={m} rows of {dtype} at {x.ptr:#x} (norm weight at "
+                    f"{norm_w_ptr:#x}) {'copy' if norm_x else 'normalize'} x in a workspace; none was given"
                 )
-            self._rms_norm(inputs, workspace, m, dtype, stream)
+            if norm_x:  # the folded norm's 16-byte loads: x and the weight copied to alignment
+                norm_w_ptr = self._align_norm_inputs(inputs, norm_w_ptr, workspace, m, dtype, stream)
+            else:  # x normalized into the workspace, then any path
+                self._rms_norm(inputs, workspace, m, dtype, stream)
             x = DeviceTensor(workspace, tuple(x.shape), x.dtype)
             inputs = [x, *inputs[1:]]
+            workspace += self.norm_bytes(dtype, m)
+        elif self.norm_input and workspace:
             workspace += self.norm_bytes(dtype, m)
         path = self.kernel_path(dtype, m, bool(workspace))
         if path == "cublas":
@@ -1341,7 +1340,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             # v2 reads a contiguous-x run in 16-byte loads: an x (a view) off that alignment takes v1
             variant = {} if self.contiguous_x and x.ptr % 16 else self.decode_variant(dtype, m)
             tail = self.add_norm and variant.get("WQ_DECODE") == 2  # v2's last block adds and normalizes
-            args += [(cdiv, "i32"), (cmagic, "u32"), *self._rope_args(inputs), *self._add_norm_args(inputs, outputs, tail, norm_x)]
+            an_norm_w = norm_w_ptr if norm_x else 0
+            args += [(cdiv, "i32"), (cmagic, "u32"), *self._rope_args(inputs), *self._add_norm_args(inputs, outputs, tail, an_norm_w)]
             warps = variant.pop("WARPS", 0) or self.decode_warps(variant.get("ROW_TILES", 1))
             rt = variant.get("ROW_TILES", 1)
             rings = warps * variant.get("ASYNC", 0) * variant.get("ASLOT", 0)  # bytes of the cp.async rings
@@ -1349,9 +1349,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
                 variant["GATED"] = 1  # the SwiGLU epilogue
             if tail:
                 variant["ADD_NORM"] = 1
-            if norm_x:  # x staged, then the warps' partial sums, in dynamic shared memory
+            if norm_x:  # the norm folded in (section NORM_X of kernels/wq_gemm.cu)
                 variant["NORM_X"] = 1
-                rings = norm_x_shared_bytes(m, self.in_features, dtype, warps, rt)
             if variant:
                 defines = tuple(sorted({**dict(defines), **variant}.items()))
             slices = 1 if m <= 8 else -(-m // DECODE_MAX_M)  # gemv16: blockIdx.y is a slice of 16 rows
@@ -1387,17 +1386,16 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if resid != want:
             raise PluginError(f"WeightOnlyGemmPlugin.enqueue: residual {resid} for x {tuple(inputs[0].shape)}; {want} expected")
 
-    def _add_norm_args(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], tail: bool, norm_x: bool) -> list[tuple[Any, str]]:
+    def _add_norm_args(self, inputs: Sequence[DeviceTensor], outputs: Sequence[DeviceTensor], tail: bool, norm_w_ptr: int) -> list[tuple[Any, str]]:
         """The decode kernels' ``an_*`` arguments: the ``ADD_NORM`` tail's residual, norm weight,
         normalized output, counter, epsilon where ``tail``; else the :attr:`add_residual`
-        epilogue's residual and the ``NORM_X`` stage's norm weight and epsilon where ``norm_x``
-        (null and 0 where unused: the kernels take them always)."""
+        epilogue's residual and the folded norm's (``NORM_X``) weight at ``norm_w_ptr`` and
+        epsilon where that is not 0 (null and 0 where unused: the kernels take them always)."""
         if tail:
             resid, weight, counter = inputs[-3:]
             return [(resid.ptr, "ptr"), (weight.ptr, "ptr"), (outputs[1].ptr, "ptr"), (counter.ptr, "ptr"), (self.norm_eps, "f32")]
         resid = self._extra(inputs, "resid").ptr if self.add_residual else 0
-        weight = self._extra(inputs, "norm_w").ptr if norm_x else 0
-        return [(resid, "ptr"), (weight, "ptr"), (0, "ptr"), (0, "ptr"), (self.norm_eps if norm_x else 0.0, "f32")]
+        return [(resid, "ptr"), (norm_w_ptr, "ptr"), (0, "ptr"), (0, "ptr"), (self.norm_eps if norm_w_ptr else 0.0, "f32")]
 
     def _check_residual(self, inputs: Sequence[DeviceTensor]) -> None:
         """Raises PluginError where an :attr:`add_residual` plugin's residual is not x's leading
@@ -1415,9 +1413,23 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         args = [(out.ptr, "ptr"), (self._extra(inputs, "resid").ptr, "ptr"), (total, "i64")]
         _launch(tuple(sorted(self.defines(dtype).items())), "trtcore_wq_add_residual", (min(4096, -(-total // 256)),), (256,), args, stream)
 
+    def _align_norm_inputs(self, inputs: Sequence[DeviceTensor], norm_w_ptr: int, workspace: int, m: int, dtype: np.dtype, stream: int) -> int:
+        """A :meth:`norm_folds` plugin's x (``m x K``) copied to the workspace's start, and its
+        norm weight after it where that is off 16-byte alignment (``trtcore_wq_copy``); returns
+        the norm weight's address to use."""
+        size = np.dtype(dtype).itemsize
+        defines = tuple(sorted(self.defines(dtype).items()))
+        pairs = [(inputs[0].ptr, workspace, m * self.in_features)]
+        if norm_w_ptr % 16:
+            pairs.append((norm_w_ptr, workspace + m * self.in_features * size, self.in_features))  # K: whole chunks, so aligned
+            norm_w_ptr = pairs[-1][1]
+        for src, dst, n in pairs:
+            _launch(defines, "trtcore_wq_copy", (min(4096, -(-n // 256)),), (256,), [(src, "ptr"), (dst, "ptr"), (n, "i64")], stream)
+        return norm_w_ptr
+
     def _rms_norm(self, inputs: Sequence[DeviceTensor], normed: int, m: int, dtype: np.dtype, stream: int) -> None:
         """A :attr:`norm_input` plugin's x normalized into ``normed`` (``[m, K]``) where the GEMM
-        does not do it (:meth:`norm_in_kernel`): ``trtcore_wq_rms_norm``, one block per row."""
+        does not fold it (:meth:`norm_folds`): ``trtcore_wq_rms_norm``, one block per row."""
         threads = min(1024, max(32, -(-self.in_features // _ADD_NORM_CACHE // 32) * 32))
         args = [
             (inputs[0].ptr, "ptr"),

@@ -431,11 +431,11 @@ def test_every_v2_variant_compiles(arch: str) -> None:
     extra = [{**V2_DEFINES[0], "UNROLL": 1}, {**V2_DEFINES[-1], "UNROLL": 3}, {**V2_DEFINES[-1], "SEG": 4, "UNROLL": 1}]
     extra += [{**V2_DEFINES[5], "L2_PF": 2}, {**V2_DEFINES[-1], "L2_PF": 3, "L2_HINT": 2}, {**V2_DEFINES[9], "L2_HINT": 1}]
     extra += [{**v, "WQ_FOLD": 2} for v in V2_DEFINES if v["WQ_FOLD"] == 1 and v["SEG"] == 1 and v["ROW_TILES"] == 1 and v["HAS_ZEROS"] == 0]
-    extra += [{**v, "NORM_X": 1} for v in V2_DEFINES[::3]]  # x normalized in the kernel (norm_input)
+    extra += [{**v, "NORM_X": 1, "CONTIG_X": 1} for v in V2_DEFINES[::3]]  # the norm folded in (norm_input; contiguous x)
     for v in V2_DEFINES + extra:
         c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
         assert kernels.cubin_arch(c.cubin) == arch
-        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x", "trtcore_wq_swiglu", "trtcore_wq_add_norm", "trtcore_wq_rms_norm", "trtcore_wq_add_residual"}
+        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x", "trtcore_wq_swiglu", "trtcore_wq_add_norm", "trtcore_wq_rms_norm", "trtcore_wq_add_residual", "trtcore_wq_copy"}
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -600,7 +600,7 @@ def test_every_variant_compiles(arch: str) -> None:
     for v in variants:
         c = kernels.compile_kernel("wq_gemm", defines=v, arch=arch)
         assert kernels.cubin_arch(c.cubin) == arch
-        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x", "trtcore_wq_swiglu", "trtcore_wq_add_norm", "trtcore_wq_rms_norm", "trtcore_wq_add_residual"}
+        assert set(c.symbols) == {"trtcore_wq_gemv", "trtcore_wq_gemv16", "trtcore_wq_gemm", "trtcore_wq_dequantize", "trtcore_wq_gather_x", "trtcore_wq_swiglu", "trtcore_wq_add_norm", "trtcore_wq_rms_norm", "trtcore_wq_add_residual", "trtcore_wq_copy"}
 
 
 NET_CASES = [

@@ -63,7 +63,9 @@ def _block_net(rng: np.random.Generator, eps: float = 1e-5, offset: float | None
 def test_norm_moves_into_its_readers_and_the_add_into_the_gemm_before_it(eps: float, rng: np.random.Generator) -> None:
     """o_proj's plugin writes h (``add_residual``, reading r); both readers of the norm read h
     and the norm's weight (``norm_input``); no elementwise, reduce or cast node is left. Each
-    plugin's reference equals the reference backend's unfused graph bit for bit."""
+    plugin's reference equals the reference backend's unfused graph bit for bit at 12 rows; at 5
+    (decode) the reader whose groups are whole chunks folds the norm (``norm_folds``): its output
+    is the folded formula written out here, within two bfloat16 ulps of the unfused graph's."""
     from trtcore.reference.evaluator import evaluate
 
     net = _block_net(rng, eps=eps)
@@ -80,18 +82,32 @@ def test_norm_moves_into_its_readers_and_the_add_into_the_gemm_before_it(eps: fl
         assert q.norm_input and not q.add_residual and q.norm_eps == np.float32(eps) and node.inputs[0] == "h"
     assert {"norm.variance", "norm.rsqrt", "norm"} <= set(readers[0].layers)
 
-    t = 5
-    xv = rng.standard_normal((t, 128)).astype(BF16)
-    rv = (rng.standard_normal((t, 64)) * 4).astype(BF16)
-    want = evaluate(net, {"x": xv, "r": rv})
-    consts = [plan.graph.constants[c] for c in o_proj.inputs[1:-1]]
-    (h,) = p.reference(xv, *consts, rv)
-    np.testing.assert_array_equal(h.view(np.uint16), want["h"].view(np.uint16))
-    for i, node in enumerate(readers):
-        consts = [plan.graph.constants[c] for c in node.inputs[1:]]
-        (y,) = node.attrs["plugin"].reference(h, *consts)
-        assert y.dtype == BF16 and y.shape == want[f"y{i}"].shape
-        np.testing.assert_array_equal(y.view(np.uint16), want[f"y{i}"].view(np.uint16))
+    for t in (12, 5):
+        xv = rng.standard_normal((t, 128)).astype(BF16)
+        rv = (rng.standard_normal((t, 64)) * 4).astype(BF16)
+        want = evaluate(net, {"x": xv, "r": rv})
+        consts = [plan.graph.constants[c] for c in o_proj.inputs[1:-1]]
+        (h,) = p.reference(xv, *consts, rv)
+        np.testing.assert_array_equal(h.view(np.uint16), want["h"].view(np.uint16))
+        folds = [node.attrs["plugin"].norm_folds(BF16, t) for node in readers]
+        assert folds == ([True, False] if t == 5 else [False, False])  # proj1's group 32 is half a chunk
+        for i, node in enumerate(readers):
+            q = node.attrs["plugin"]
+            consts = [plan.graph.constants[c] for c in node.inputs[1:]]
+            (y,) = q.reference(h, *consts)
+            assert y.dtype == BF16 and y.shape == want[f"y{i}"].shape
+            if not folds[i]:
+                np.testing.assert_array_equal(y.view(np.uint16), want[f"y{i}"].view(np.uint16))
+                continue
+            # RMSNorm's scale out of the sum: inv * (round(h * w) @ W^T), rounded once
+            norm_w = consts[-1].astype(np.float64)
+            h64 = h.astype(np.float64)
+            inv = 1.0 / np.sqrt((h64**2).mean(axis=-1, keepdims=True) + float(np.float32(eps)))
+            w64 = q.quantized_weight(*consts[:-1]).dequantize().astype(np.float64)
+            folded = (inv * ((h64 * norm_w).astype(BF16).astype(np.float64) @ w64.T)).astype(BF16)
+            np.testing.assert_array_equal(y.view(np.uint16), folded.view(np.uint16))
+            ulp = 2.0 ** (np.floor(np.log2(np.abs(want[f"y{i}"].astype(np.float64)).max())) - 7)
+            np.testing.assert_allclose(y.astype(np.float64), want[f"y{i}"].astype(np.float64), rtol=0, atol=2 * ulp)
 
 
 def test_a_norm_without_an_add_before_it_moves_alone(rng: np.random.Generator) -> None:
@@ -148,13 +164,14 @@ def _record(monkeypatch: pytest.MonkeyPatch) -> list[tuple[dict[str, Any], str, 
     return events
 
 
-def test_norm_input_plugin_normalizes_in_the_decode_kernel_or_before_the_gemm(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Up to the shared memory's 48 KiB for x (x and the weight 16-byte aligned) and
-    NORM_X_MAX_BLOCKS blocks the v2 decode kernel gets ``NORM_X``, the norm weight and epsilon in
-    its ``an_*`` arguments and x staged in dynamic shared memory; every other path
-    runs ``trtcore_wq_rms_norm`` into the workspace and then the GEMM on it. Without a workspace
-    where one is needed: refused before any launch."""
-    import trtcore.plugins.weight_only_gemm as wog
+def test_norm_input_plugin_folds_the_norm_in_the_decode_kernel_or_normalizes_before_the_gemm(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to 8 rows on the v2 decode kernel the norm is folded in (``NORM_X``: the norm weight and
+    epsilon in its ``an_*`` arguments, no shared memory, any grid); h or the weight off 16-byte
+    alignment is copied into the workspace first (``trtcore_wq_copy``) and the kernel reads the
+    copies; every other path runs ``trtcore_wq_rms_norm`` into the workspace and then the GEMM on
+    it. Without a workspace where one is needed: refused before any launch."""
 
     events = _record(monkeypatch)
     n, k = 64, 4096
@@ -162,40 +179,47 @@ def test_norm_input_plugin_normalizes_in_the_decode_kernel_or_before_the_gemm(rn
     fused, arrays = plugin.with_norm_input(packed.arrays(), 1e-6)  # type: ignore[misc]
     assert fused.num_inputs == plugin.num_inputs + 1 and fused.with_norm_input(arrays, 1e-6) is None
     assert plugin.with_norm_input(arrays, -1.0) is None and plugin.with_norm_input(arrays, float("nan")) is None
-    monkeypatch.setattr(wog, "NORM_X_MAX_BLOCKS", 3)  # 4 tiles: the row kernel is cheaper (NORM_X_MAX_BLOCKS)
-    assert plugin.with_norm_input(arrays, 1e-6) is None
     ins = [DeviceTensor(0x10000 * (i + 2), a.shape, a.dtype) for i, a in enumerate(arrays)]
     x_ptr, y_ptr, w_ptr, ws = (0x1000000 * i for i in range(1, 5))
     ws_size = fused.workspace_size([((64, k), BF16)], [((64, n), BF16)])
-    assert ws_size >= 64 * k * 2 + plugin.workspace_size([((64, k), BF16)], [((64, n), BF16)])
-    for m, xp, wp, blocks, want in (
-        (1, x_ptr, w_ptr, 2048, ["trtcore_wq_gemv"]),
-        (6, x_ptr, w_ptr, 2048, ["trtcore_wq_gemv"]),
-        (7, x_ptr, w_ptr, 2048, ["trtcore_wq_rms_norm", "trtcore_wq_gemv"]),  # 7 x 4096 x 2 bytes > 48 KiB
-        (1, x_ptr + 8, w_ptr, 2048, ["trtcore_wq_rms_norm", "trtcore_wq_gemv"]),  # h not 16-byte aligned
-        (1, x_ptr, w_ptr + 8, 2048, ["trtcore_wq_rms_norm", "trtcore_wq_gemv"]),  # nor the weight
-        (1, x_ptr, w_ptr, 3, ["trtcore_wq_rms_norm", "trtcore_wq_gemv"]),  # 4 blocks > NORM_X_MAX_BLOCKS
-        (12, x_ptr, w_ptr, 2048, ["trtcore_wq_rms_norm", "trtcore_wq_gemv16"]),
-        (64, x_ptr, w_ptr, 2048, ["trtcore_wq_rms_norm", "trtcore_wq_dequantize", "matmul"]),
+    assert ws_size >= 65 * k * 2 + plugin.workspace_size([((64, k), BF16)], [((64, n), BF16)])
+    for m, xp, wp, want in (
+        (1, x_ptr, w_ptr, ["trtcore_wq_gemv"]),
+        (8, x_ptr, w_ptr, ["trtcore_wq_gemv"]),  # 8 x 4096 x 2 bytes: no shared-memory bound any more
+        (1, x_ptr + 8, w_ptr, ["trtcore_wq_copy", "trtcore_wq_gemv"]),  # h not 16-byte aligned: copied
+        (3, x_ptr, w_ptr + 8, ["trtcore_wq_copy", "trtcore_wq_copy", "trtcore_wq_gemv"]),  # the weight: both copied
+        (12, x_ptr, w_ptr, ["trtcore_wq_rms_norm", "trtcore_wq_gemv16"]),
+        (64, x_ptr, w_ptr, ["trtcore_wq_rms_norm", "trtcore_wq_dequantize", "matmul"]),
     ):
-        monkeypatch.setattr(wog, "NORM_X_MAX_BLOCKS", blocks)
         events.clear()
         fused.enqueue([DeviceTensor(xp, (m, k), BF16), *ins, DeviceTensor(wp, (k,), BF16)], [DeviceTensor(y_ptr, (m, n), BF16)], ws, 0)
-        assert [e[1] for e in events] == want, (m, xp, wp, blocks)
+        assert [e[1] for e in events] == want, (m, xp, wp)
+        assert fused.norm_folds(BF16, m) == (m <= 8)
         gemm = events[-1]
-        if len(want) == 1:
-            assert gemm[0]["NORM_X"] == 1 and gemm[0]["WQ_DECODE"] == 2 and gemm[3][0][0] == xp
-            assert [a[0] for a in gemm[3][-5:]] == [0, wp, 0, 0, np.float32(1e-6)]
-            assert gemm[4] == m * k * 2  # x staged
+        if m <= 8:
+            copied = want[0] == "trtcore_wq_copy"
+            wgot = ws + m * k * 2 if wp % 16 else wp
+            assert gemm[0]["NORM_X"] == 1 and gemm[0]["WQ_DECODE"] == 2 and gemm[3][0][0] == (ws if copied else xp)
+            assert [a[0] for a in gemm[3][-5:]] == [0, wgot, 0, 0, np.float32(1e-6)]
+            assert gemm[4] == 0  # nothing staged in shared memory
+            if copied:
+                assert [a[0] for a in events[0][3]] == [xp, ws, m * k]
+            if wp % 16:
+                assert [a[0] for a in events[1][3]] == [wp, wgot, k]
         else:
             norm = events[0]
             assert norm[2] == (m,) and [a[0] for a in norm[3]] == [xp, wp, ws, k, np.float32(1e-6)]
             assert "NORM_X" not in gemm[0] and gemm[3][0][0] == ws  # the GEMM reads the normalized x
             assert all(a[0] == 0 for a in gemm[3][-5:-1]) if gemm[1] != "matmul" else True
+    for m, xp in ((12, x_ptr), (1, x_ptr + 8)):
+        events.clear()
+        with pytest.raises(PluginError, match="workspace"):
+            fused.enqueue([DeviceTensor(xp, (m, k), BF16), *ins, DeviceTensor(w_ptr, (k,), BF16)], [DeviceTensor(y_ptr, (m, n), BF16)], 0, 0)
+        assert events == []
+    # an aligned decode step needs no workspace at all
     events.clear()
-    with pytest.raises(PluginError, match="workspace"):
-        fused.enqueue([DeviceTensor(x_ptr, (12, k), BF16), *ins, DeviceTensor(w_ptr, (k,), BF16)], [DeviceTensor(y_ptr, (12, n), BF16)], 0, 0)
-    assert events == []
+    fused.enqueue([DeviceTensor(x_ptr, (1, k), BF16), *ins, DeviceTensor(w_ptr, (k,), BF16)], [DeviceTensor(y_ptr, (1, n), BF16)], 0, 0)
+    assert [e[1] for e in events] == ["trtcore_wq_gemv"]
 
 
 def test_add_residual_plugin_adds_in_the_epilogue_or_after_the_gemm(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:

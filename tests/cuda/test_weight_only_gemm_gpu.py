@@ -34,8 +34,9 @@ epilogue or by ``trtcore_wq_rope`` after a staged GEMM). The add + norm form of 
 plugin (``add_norm``: ``h = y + residual`` and RMSNorm(h) as two outputs, by the v2 decode
 kernel's last block or by ``trtcore_wq_add_norm`` after the other paths) is checked on four
 shapes at M = 1 .. 64, with the v2 variants, and with float32 x. So are the split forms:
-``norm_input`` (x is h, normalized by the v2 decode kernel into shared memory, ``NORM_X``, or by
-``trtcore_wq_rms_norm`` into the workspace first) and ``add_residual`` (the residual added by
+``norm_input`` (x is h: the v2 decode kernel folds the norm into x and its output, ``NORM_X``,
+whatever the grid, with x or the norm weight off 16-byte alignment copied first; every other path
+normalizes by ``trtcore_wq_rms_norm`` into the workspace first) and ``add_residual`` (the residual added by
 the tensor-core kernels' epilogue or by ``trtcore_wq_add_residual`` after the GEMM), alone, both
 in one plugin, and with SwiGLU.
 """
@@ -43,6 +44,7 @@ in one plugin, and with SwiGLU.
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -526,8 +528,8 @@ def test_add_norm_plugin_float32_runs_the_add_norm_kernel() -> None:
     check_plugin(fused, specs, rtol=rtol)
 
 
-# (N, K, bits, group_size, zeros, perm): a Llama-3-8B-wide K (from M = 7, x is past NORM_X's 48 KiB
-# and M = 8 normalizes before the GEMM), N not whole tiles, per channel int8, act order (v1 and the norm kernel)
+# (N, K, bits, group_size, zeros, perm): a Llama-3-8B-wide K, N not whole tiles, per channel int8,
+# act order (v1 and the norm kernel)
 SPLIT_CASES = [
     (256, 4096, 4, 128, "none", False),
     (300, 1536, 4, 64, "int", False),
@@ -566,9 +568,10 @@ def _split_specs(rng: np.random.Generator, case: tuple, m: int, dtype: np.dtype,
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
 def test_split_add_norm_plugin_matches_reference(case: tuple, form: str, dtype: np.dtype, m: int, prefill: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The norm_input / add_residual forms (trtcore.cuda.norm_input_fusion): the v2 decode
-    kernel's ``NORM_X`` stage and epilogue add, ``trtcore_wq_rms_norm`` / ``trtcore_wq_add_residual``
-    around the other paths, against the float64 reference of the unfused graph
-    (:meth:`~trtcore.plugins.weight_only_gemm.WeightOnlyGemmPlugin.reference`). check_plugin
+    kernel's folded norm (``NORM_X``) and epilogue add, ``trtcore_wq_rms_norm`` /
+    ``trtcore_wq_add_residual`` around the other paths, against the float64 reference
+    (:meth:`~trtcore.plugins.weight_only_gemm.WeightOnlyGemmPlugin.reference`: the folded formula
+    where ``norm_folds``, else the unfused graph's). check_plugin
     poisons the output and requires every input back unchanged (h is read, not normalized in place)."""
     monkeypatch.setattr(wog, "PREFILL_KERNEL", prefill)
     rng = np.random.default_rng(zlib.crc32(repr((case, form, str(dtype), m, prefill, "split")).encode()))
@@ -595,8 +598,45 @@ def test_norm_x_of_v2_variants(variant: dict, m: int, monkeypatch: pytest.Monkey
     dtype = np.dtype(ml_dtypes.bfloat16)
     rng = np.random.default_rng(zlib.crc32(repr((variant, m, "norm-x-v2")).encode()))
     plugin, specs, rtol = _split_specs(rng, SPLIT_CASES[0], m, dtype, "both")
-    assert plugin.norm_in_kernel(dtype, m, 0) and "ASYNC" not in plugin.decode_variant(dtype, m)
+    assert plugin.norm_folds(dtype, m) and "ASYNC" not in plugin.decode_variant(dtype, m)
     check_plugin(plugin, specs, rtol=rtol)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_norm_input_off_16_byte_alignment_is_copied(dtype: np.dtype, m: int) -> None:
+    """A folded-norm plugin (``norm_folds``) given h and the norm weight as views 8 bytes past
+    16-byte alignment: both are copied into the workspace first (``trtcore_wq_copy``), and the
+    output equals the reference of those values; h and the weight are left as they were."""
+    import cupy as cp
+
+    from trtcore.plugins.base import DeviceTensor
+
+    rng = np.random.default_rng(zlib.crc32(repr((str(dtype), m, "norm-misaligned")).encode()))
+    plugin, specs, rtol = _split_specs(rng, SPLIT_CASES[0], m, dtype, "norm_input")
+    assert plugin.norm_folds(dtype, m)
+    x, w = specs[0][2], specs[-1][2]
+    consts = [cp.asarray(a) for _, _, a in specs[1:-1]]
+
+    def view(a: np.ndarray) -> tuple[Any, int]:  # a copy of a at 16-byte alignment + 8
+        buf = cp.zeros(a.nbytes + 64, cp.uint8)
+        start = (-int(buf.data.ptr)) % 16 + 8
+        buf[start : start + a.nbytes] = cp.asarray(a.view(np.uint8).reshape(-1))
+        return buf, int(buf.data.ptr) + start
+
+    (xbuf, xp), (wbuf, wp) = view(x), view(w)
+    n, k = plugin.out_features, plugin.in_features
+    ws_bytes = plugin.workspace_size([((m, k), dtype)], [((m, n), dtype)])
+    ws = cp.full(ws_bytes, 0xA5, cp.uint8)
+    out = cp.full((m, n), 0xFFFF, cp.uint16)  # NaN
+    ins = [DeviceTensor(xp, (m, k), dtype)] + [DeviceTensor(int(a.data.ptr), a.shape, a.dtype) for a in consts] + [DeviceTensor(wp, (k,), dtype)]
+    before = (xbuf.copy(), wbuf.copy())
+    plugin.enqueue(ins, [DeviceTensor(int(out.data.ptr), (m, n), dtype)], int(ws.data.ptr), int(cp.cuda.get_current_stream().ptr))
+    got = cp.asnumpy(out).view(dtype).astype(np.float64)
+    (want,) = plugin.reference(x, *[a for _, _, a in specs[1:-1]], w)
+    want = want.astype(np.float64)
+    assert np.isfinite(got).all() and np.abs(got - want).max() <= rtol * np.abs(want).max()
+    assert bool((xbuf == before[0]).all()) and bool((wbuf == before[1]).all())
 
 
 def test_split_add_norm_plugin_float32() -> None:

@@ -17,34 +17,36 @@ the plugins offer it (duck-typed: the weight-only GEMM's
     h = plugin'(x, r)              # add_residual: r added in the GEMM's epilogue
     z = plugin_i'(h, w)            # norm_input: the GEMM normalizes its x itself
 
-The decode kernel of each reader stages ``rms_norm(h) * w`` in shared memory once per block (the
-8 KiB of one Llama-3-8B row, read from L2), so no kernel waits for the whole GEMM in between;
-the norm's numbers are the unfused graph's (``rms_norm_reference``), its sum of squares in the
-kernel's order. :mod:`.add_norm_fusion` made the producer's last block do the add and the norm
-instead, and that was slower (its module docstring).
+At decode each reader's v2 kernel folds the norm in (``NORM_X``): RMSNorm's scale is one number
+per row of x, so the GEMV multiplies h by the norm's weight on the way (one rounding), sums the
+squares of h beside the products, and scales each output by its row's ``1 / rms`` before the
+one rounding (``rms_norm_folded_reference``; the unfused graph rounds ``h / rms`` before the
+weight: within an ulp of x). No kernel runs between the two GEMMs and the reader's weights
+stream from its first instruction. Prefill (more than 8 rows) normalizes first, with the
+unfused graph's numbers (``rms_norm_reference``). :mod:`.add_norm_fusion` made the producer's
+last block do the add and the norm instead, and that was slower (its module docstring).
 
 The norm moves into its readers where every reader is such a plugin reading ``n`` as its x and
 nothing else, ``n`` is no engine output, and the weight is a constant of ``N`` elements; the
 first layer's norm (of the embeddings) has no add before it and moves alone. The add moves into
 the GEMM before it where that is such a plugin whose output only the add reads and the residual
 exists before it. Left as they are: RMSNorm with an offset (Gemma's ``1 + weight``), a
-LayerNorm, a norm with any other reader (an FP8 or cuBLAS GEMM, a captured value), a norm
-read by a GEMM of more than ``weight_only_gemm.NORM_X_MAX_BLOCKS`` 16-row tiles (``with_norm_input``
-refuses it: every block of the GEMV normalizes all of x again), and float32 networks (their
-``rms_norm`` has no cast to float32 to start from, as for :mod:`.add_norm_fusion`). A q/k/v plugin
-that takes the norm no longer takes RoPE: :mod:`.rope_fusion` runs after this pass and the
-plugin's ``norm_input`` and ``rope_rows`` exclude each other, so turning this pass on turns
-``TRTCORE_ROPE_FUSION=1`` off for those GEMMs (both are opt-in; neither was faster).
+LayerNorm, a norm with any other reader (an FP8 or cuBLAS GEMM, a captured value), and float32
+networks (their ``rms_norm`` has no cast to float32 to start from, as for
+:mod:`.add_norm_fusion`). A q/k/v plugin that takes the norm no longer takes RoPE:
+:mod:`.rope_fusion` runs after this pass and the plugin's ``norm_input`` and ``rope_rows``
+exclude each other, so turning this pass on turns ``TRTCORE_ROPE_FUSION=1`` off for those GEMMs.
 
-Off unless ``TRTCORE_NORM_INPUT_FUSION=1`` (read at each compile): not faster as measured. On an
-H100 (bench/results/h100-2026-12-05-session27), Llama-3-8B shape, W4A16 g128 + 4-bit lm_head, one
-decode step's GPU time with the norm in every reader (gate/up included, lm_head by the norm kernel):
-2,512 against 2,244 us. Per layer q/k/v's GEMV took 8.5 us with the norm against 6.0 + 4.8 for
-GEMV and row kernel (a gain), gate/up's 35.4 against 24.0 + 4.0 (its 1,792 blocks each read and
-normalize x: about 15 MB of L2 reads and 3 us of instructions before the weights stream), and
-down_proj's GEMV with the add 13.7 against 12.1. The default limit keeps gate/up out; that
-configuration was not timed on its own. It runs before :mod:`.add_norm_fusion`, which then finds
-nothing where it fused.
+Off unless ``TRTCORE_NORM_INPUT_FUSION=1`` (read at each compile): slower as measured, on an H100
+(Llama-3-8B shape, W4A16 g128 + 4-bit lm_head, one decode step's GPU time). The version that
+staged the normalized x in shared memory in every block: 2,512 against 2,244 us
+(bench/results/h100-2026-12-05-session27). The folded one with the norm weight prefetched into
+L1: 2,550 against 2,267 us (bench/results/h100-2026-12-05-session28, call 1; per layer q/k/v's
+GEMV 9.1 against 6.2 + 4.5 for GEMV and row kernel, gate/up's 34.7 against 23.4 + 3.9); alone
+(``bench/bench_norm_fold.py``, call 2) gate/up's GEMV took 28.3 us with it, 25.6 without the
+prefetch (as committed), against 23.5 plain, q/k/v's 8.5 against 6.8. Every warp of these GEMVs
+runs its units one after another, so a few more loads and instructions per chunk lengthen
+every unit. It runs before :mod:`.add_norm_fusion`, which then finds nothing where it fused.
 """
 
 from __future__ import annotations
