@@ -122,15 +122,19 @@ def write_synthetic_gguf(
     seed: int = 0,
     control_tokens: tuple[str, ...] = (),
     metadata: dict[str, Any] | None = None,
+    extra_tokens: tuple[str, ...] = (),
 ) -> dict[str, np.ndarray]:
     """Write a tiny model; return its weights in Hugging Face layout (before llama.cpp's
     permutation and quantization), keyed by HF name. ``control_tokens``: appended to the
     vocabulary as CONTROL tokens, the first two the BOS and EOS (DeepSeek-R1-Distill's
-    layout); ``metadata``: extra key/values (float values as float32)."""
+    layout); ``metadata``: extra key/values (float values as float32); ``extra_tokens``: NORMAL
+    tokens appended (byte-level spelling, no merge makes them), before any control tokens."""
     rng = np.random.default_rng(seed)
     if digit_merges is None:
         digit_merges = pre != "smollm"
     vocab = _train_vocab(tokenizer, digits=not digit_merges)
+    if extra_tokens:
+        vocab = {**vocab, "tokens": vocab["tokens"] + list(extra_tokens), "types": vocab["types"] + [1] * len(extra_tokens)}
     if control_tokens:
         n = len(vocab["tokens"])
         vocab = {**vocab, "tokens": vocab["tokens"] + list(control_tokens), "types": vocab["types"] + [3] * len(control_tokens)}
@@ -396,6 +400,34 @@ def test_smollm_pre_tokenizer_splits_digits(tmp_path: Path) -> None:
         pieces[pre] = [tok.id_to_token(i) for i in tok.encode("In 2024, 1234567 people").ids]
     assert any(len(t) > 1 and t.isdigit() for t in pieces["default"])
     assert [t for t in pieces["smollm"] if t.isdigit()] == list("20241234567")
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "llama3", "tekken", "default", "qwen2"])
+def test_llama3_and_tekken_pre_tokenizers_ignore_merges_and_add_bos(tmp_path: Path, pre: str) -> None:
+    """As llama.cpp (src/llama-vocab.cpp) reads a GGUF: with the Llama-3 and Tekken
+    pre-tokenizers a pre-token that is a whole vocabulary entry is that one token even where no
+    merge makes it (``ignore_merges``; Meta's Llama-3 tokenizer.json says the same), and BOS is
+    added where ``tokenizer.ggml.add_bos_token`` is absent; other pre-tokenizers run the merges
+    and add no BOS by default. The key, where present, decides BOS."""
+    from tokenizers import Tokenizer
+
+    whole = "Ġzebrafish"  # " zebrafish" in the byte-level alphabet: one pre-token for every regex here
+    write_synthetic_gguf(tmp_path / "m.gguf", pre=pre, extra_tokens=(whole,))
+    tok = Tokenizer.from_file(str(convert_gguf(tmp_path / "m.gguf", tmp_path / "hf", progress=False) / "tokenizer.json"))
+    ids = tok.encode("say zebrafish").ids
+    llama3 = pre in ("llama-bpe", "llama3", "tekken")
+    assert (ids[0] == 1) is llama3  # BOS (id 1 in the synthetic vocabulary)
+    body = ids[1:] if llama3 else ids
+    new_id = tok.token_to_id(whole)
+    if llama3:
+        assert body[-1] == new_id, [tok.id_to_token(i) for i in body]
+    else:
+        assert new_id not in body and "".join(tok.id_to_token(i) for i in body).endswith(whole)
+    config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert config["add_bos_token"] is llama3
+    write_synthetic_gguf(tmp_path / "k.gguf", pre=pre, add_bos=False)
+    tok = Tokenizer.from_file(str(convert_gguf(tmp_path / "k.gguf", tmp_path / "hf2", progress=False) / "tokenizer.json"))
+    assert tok.encode("say").ids[0] != 1
 
 
 def test_chunked_dequantization_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,7 +30,9 @@ What the conversion undoes or rebuilds:
   follows ``tokenizer.ggml.pre``; ``"llama"`` becomes a SentencePiece-style BPE with byte
   fallback (merges from the file, or rebuilt from the token scores). Tokens marked CONTROL become
   special added tokens, USER_DEFINED ones plain added tokens. The result gives the same token ids
-  as ``transformers``' own GGUF tokenizer converter.
+  as ``transformers``' own GGUF tokenizer converter, except where llama.cpp differs from it: the
+  Llama-3 and Tekken pre-tokenizers take a whole-vocabulary pre-token as one token
+  (``ignore_merges``, as Meta's own tokenizer.json) and add BOS where the file does not say.
 
 Tensors are processed one at a time (large ones in row chunks) and streamed into the
 safetensors file, so peak memory stays near one dequantized tensor, not the whole model.
@@ -123,6 +125,15 @@ _PRE_TOKENIZER_SPLITS = {
     "qwen35": _QWEN35_SPLIT,
     **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], _GPT4O_SPLIT),
 }
+# pre-tokenizers llama.cpp (src/llama-vocab.cpp, the LLAMA3 and TEKKEN arms) encodes with
+# ``ignore_merges``: a pre-token that is a whole vocabulary entry is that one token, merges or not
+# (as Meta's Llama-3 tokenizer.json says with ``"ignore_merges": true``; transformers' GGUF
+# converter leaves it out, llama.cpp PR #7193); and the ones it adds BOS for where
+# ``tokenizer.ggml.add_bos_token`` is absent (GGUFs written before the key existed, the original
+# Llama-3-8B-Instruct ones).
+_LLAMA3_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"}
+_IGNORE_MERGES_PRE = _LLAMA3_PRE | {"tekken", "youtu"}
+_DEFAULT_BOS_PRE = _LLAMA3_PRE | {"tekken"}
 # pre-tokenizers that are GPT-2's own ByteLevel regex, possibly preceded by an individual-digit
 # split; no warning for these.
 _GPT2_LIKE_PRE = {"default", "gpt2", "gpt-2", "smollm", "starcoder", "refact", "olmo", "codeshell"}
@@ -638,8 +649,12 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
         # one token: it becomes an added token at its GGUF id below
         raw = {i for i, ty in enumerate(token_types) if ty in (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)}
         vocab = {(tok if set(tok) <= alphabet or i in raw else "".join(spelling[b] for b in tok.encode("utf-8"))): i for i, tok in enumerate(tokens)}
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
         pre = meta.get("tokenizer.ggml.pre", "default")
+        bpe = models.BPE(
+            vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+            ignore_merges=pre in _IGNORE_MERGES_PRE,
+        )  # fmt: skip
+        tok = Tokenizer(bpe)
         split = _PRE_TOKENIZER_SPLITS.get(pre)
         if split is not None:
             tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -658,7 +673,7 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
                 logger.warning("GGUF pre-tokenizer %r is not known; using GPT-2's byte-level regex", pre)
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        add_bos = bool(add_bos) if add_bos is not None else False
+        add_bos = bool(add_bos) if add_bos is not None else pre in _DEFAULT_BOS_PRE  # llama.cpp's default
         add_prefix_space = False
     elif kind == "llama":
         vocab = {t: i for i, t in enumerate(tokens)}
