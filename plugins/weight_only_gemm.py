@@ -532,14 +532,17 @@ def rms_norm_reference(h: np.ndarray, weight: np.ndarray, eps: float) -> np.ndar
 def rms_norm_folded_reference(h: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
     """RMSNorm with its scale folded out of the next GEMM, as the ``NORM_X`` decode kernel
     computes it (:meth:`WeightOnlyGemmPlugin.norm_folds`): ``x = round(h * weight)`` in h's dtype
-    (the product exact, rounded once) and ``inv = 1 / sqrt(mean(h * h) + eps)`` per row (float64
-    here; the kernel's float32), so that ``RMSNorm(h) @ W^T = inv * (x @ W^T)`` up to the
+    (the product exact, rounded once) and ``inv = 1 / sqrt(mean(h32 * h32) + eps)`` per row in
+    float32, as the kernel and :func:`rms_norm_reference` (a sum of squares past float32's range
+    gives inv 0 in all three), so that ``RMSNorm(h) @ W^T = inv * (x @ W^T)`` up to the
     roundings of x. ``h``: ``[M, N]`` float16 / bfloat16; ``weight``: ``[N]`` of h's dtype.
-    Returns ``(x [M, N] of h's dtype, inv [M, 1] float64)``. Source: Zhang & Sennrich,
+    Returns ``(x [M, N] of h's dtype, inv [M, 1] float32)``. Source: Zhang & Sennrich,
     arXiv:1910.07467, eq. 4 (the scale is one number per row)."""
-    h64 = h.astype(np.float64)
-    inv = 1.0 / np.sqrt(np.mean(h64 * h64, axis=-1, keepdims=True) + float(np.float32(eps)))
-    x = (h64 * np.asarray(weight).astype(np.float64).reshape(-1)).astype(h.dtype)
+    h32 = h.astype(np.float32)
+    with np.errstate(over="ignore"):  # past float32's range: inf, inv 0 (the kernel's too)
+        var = np.mean(h32 * h32, axis=-1, keepdims=True) + np.float32(eps)
+    inv = np.float32(1.0) / np.sqrt(var)
+    x = (h.astype(np.float64) * np.asarray(weight).astype(np.float64).reshape(-1)).astype(h.dtype)
     return x, inv
 
 
@@ -1217,7 +1220,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if chosen.get("WQ_DECODE", 1) != 2 or not self.fast_decode(dtype, m):
             return {}
         variant = dict(chosen)
-        if self.norm_input:  # NORM_X is the register path's, one unit in flight: int8's two took 79 registers
+        if self.norm_input and self.contiguous_x:  # NORM_X (norm_folds) is the register path's, one unit in flight: int8's two took 79 registers
             variant.pop("ASYNC", None)
             variant.pop("XPF", None)
             variant["UNROLL"] = 1
@@ -1416,7 +1419,10 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     def _align_norm_inputs(self, inputs: Sequence[DeviceTensor], norm_w_ptr: int, workspace: int, m: int, dtype: np.dtype, stream: int) -> int:
         """A :meth:`norm_folds` plugin's x (``m x K``) copied to the workspace's start, and its
         norm weight after it where that is off 16-byte alignment (``trtcore_wq_copy``); returns
-        the norm weight's address to use."""
+        the norm weight's address to use. Raises PluginError for a workspace off 16-byte
+        alignment (before any launch)."""
+        if workspace % 16:
+            raise PluginError(f"WeightOnlyGemmPlugin.enqueue: workspace at {workspace:#x} is not 16-byte aligned, as the folded norm's copies need")
         size = np.dtype(dtype).itemsize
         defines = tuple(sorted(self.defines(dtype).items()))
         pairs = [(inputs[0].ptr, workspace, m * self.in_features)]

@@ -402,29 +402,42 @@ def test_smollm_pre_tokenizer_splits_digits(tmp_path: Path) -> None:
     assert [t for t in pieces["smollm"] if t.isdigit()] == list("20241234567")
 
 
-@pytest.mark.parametrize("pre", ["llama-bpe", "llama3", "tekken", "default", "qwen2"])
+# pre-tokenizer: (llama.cpp adds BOS without the key, llama.cpp ignores merges)
+IGNORE_MERGES_CASES = {
+    "llama-bpe": (True, True),
+    "llama3": (True, True),
+    "tekken": (True, True),
+    "chameleon": (True, False),
+    "minicpm5": (False, True),
+    "default": (False, False),
+    "qwen2": (False, False),
+}
+
+
+@pytest.mark.parametrize("pre", list(IGNORE_MERGES_CASES))
 def test_llama3_and_tekken_pre_tokenizers_ignore_merges_and_add_bos(tmp_path: Path, pre: str) -> None:
     """As llama.cpp (src/llama-vocab.cpp) reads a GGUF: with the Llama-3 and Tekken
-    pre-tokenizers a pre-token that is a whole vocabulary entry is that one token even where no
-    merge makes it (``ignore_merges``; Meta's Llama-3 tokenizer.json says the same), and BOS is
-    added where ``tokenizer.ggml.add_bos_token`` is absent; other pre-tokenizers run the merges
-    and add no BOS by default. The key, where present, decides BOS."""
+    pre-tokenizers (and minicpm5) a pre-token that is a whole vocabulary entry is that one token
+    even where no merge makes it (``ignore_merges``; Meta's Llama-3 tokenizer.json says the same),
+    and BOS is added where ``tokenizer.ggml.add_bos_token`` is absent (Llama-3, Tekken,
+    chameleon); other pre-tokenizers run the merges and add no BOS by default. The key, where
+    present, decides BOS."""
     from tokenizers import Tokenizer
 
+    bos, ignore = IGNORE_MERGES_CASES[pre]
     whole = "Ġzebrafish"  # " zebrafish" in the byte-level alphabet: one pre-token for every regex here
     write_synthetic_gguf(tmp_path / "m.gguf", pre=pre, extra_tokens=(whole,))
     tok = Tokenizer.from_file(str(convert_gguf(tmp_path / "m.gguf", tmp_path / "hf", progress=False) / "tokenizer.json"))
     ids = tok.encode("say zebrafish").ids
-    llama3 = pre in ("llama-bpe", "llama3", "tekken")
-    assert (ids[0] == 1) is llama3  # BOS (id 1 in the synthetic vocabulary)
-    body = ids[1:] if llama3 else ids
+    assert (ids[0] == 1) is bos  # BOS (id 1 in the synthetic vocabulary)
+    body = ids[1:] if bos else ids
     new_id = tok.token_to_id(whole)
-    if llama3:
+    if ignore:
         assert body[-1] == new_id, [tok.id_to_token(i) for i in body]
     else:
         assert new_id not in body and "".join(tok.id_to_token(i) for i in body).endswith(whole)
     config = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
-    assert config["add_bos_token"] is llama3
+    assert config["add_bos_token"] is bos
     write_synthetic_gguf(tmp_path / "k.gguf", pre=pre, add_bos=False)
     tok = Tokenizer.from_file(str(convert_gguf(tmp_path / "k.gguf", tmp_path / "hf2", progress=False) / "tokenizer.json"))
     assert tok.encode("say").ids[0] != 1

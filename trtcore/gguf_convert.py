@@ -132,8 +132,8 @@ _PRE_TOKENIZER_SPLITS = {
 # ``tokenizer.ggml.add_bos_token`` is absent (GGUFs written before the key existed, the original
 # Llama-3-8B-Instruct ones).
 _LLAMA3_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"}
-_IGNORE_MERGES_PRE = _LLAMA3_PRE | {"tekken", "youtu"}
-_DEFAULT_BOS_PRE = _LLAMA3_PRE | {"tekken"}
+_IGNORE_MERGES_PRE = _LLAMA3_PRE | {"tekken", "youtu", "minicpm5", "granite-embed-multi-97m"}
+_DEFAULT_BOS_PRE = _LLAMA3_PRE | {"tekken", "chameleon"}
 # pre-tokenizers that are GPT-2's own ByteLevel regex, possibly preceded by an individual-digit
 # split; no warning for these.
 _GPT2_LIKE_PRE = {"default", "gpt2", "gpt-2", "smollm", "starcoder", "refact", "olmo", "codeshell"}

@@ -102,7 +102,8 @@ def test_norm_moves_into_its_readers_and_the_add_into_the_gemm_before_it(eps: fl
             # RMSNorm's scale out of the sum: inv * (round(h * w) @ W^T), rounded once
             norm_w = consts[-1].astype(np.float64)
             h64 = h.astype(np.float64)
-            inv = 1.0 / np.sqrt((h64**2).mean(axis=-1, keepdims=True) + float(np.float32(eps)))
+            h32 = h.astype(np.float32)  # inv in float32, as the kernel computes it
+            inv = (np.float32(1) / np.sqrt((h32 * h32).mean(axis=-1, keepdims=True) + np.float32(eps))).astype(np.float64)
             w64 = q.quantized_weight(*consts[:-1]).dequantize().astype(np.float64)
             folded = (inv * ((h64 * norm_w).astype(BF16).astype(np.float64) @ w64.T)).astype(BF16)
             np.testing.assert_array_equal(y.view(np.uint16), folded.view(np.uint16))
@@ -171,7 +172,8 @@ def test_norm_input_plugin_folds_the_norm_in_the_decode_kernel_or_normalizes_bef
     epsilon in its ``an_*`` arguments, no shared memory, any grid); h or the weight off 16-byte
     alignment is copied into the workspace first (``trtcore_wq_copy``) and the kernel reads the
     copies; every other path runs ``trtcore_wq_rms_norm`` into the workspace and then the GEMM on
-    it. Without a workspace where one is needed: refused before any launch."""
+    it. Without a workspace where one is needed, or with one off 16-byte alignment for the
+    copies: refused before any launch."""
 
     events = _record(monkeypatch)
     n, k = 64, 4096
@@ -211,10 +213,10 @@ def test_norm_input_plugin_folds_the_norm_in_the_decode_kernel_or_normalizes_bef
             assert norm[2] == (m,) and [a[0] for a in norm[3]] == [xp, wp, ws, k, np.float32(1e-6)]
             assert "NORM_X" not in gemm[0] and gemm[3][0][0] == ws  # the GEMM reads the normalized x
             assert all(a[0] == 0 for a in gemm[3][-5:-1]) if gemm[1] != "matmul" else True
-    for m, xp in ((12, x_ptr), (1, x_ptr + 8)):
+    for m, xp, wsp in ((12, x_ptr, 0), (1, x_ptr + 8, 0), (1, x_ptr + 8, ws + 8)):
         events.clear()
         with pytest.raises(PluginError, match="workspace"):
-            fused.enqueue([DeviceTensor(xp, (m, k), BF16), *ins, DeviceTensor(w_ptr, (k,), BF16)], [DeviceTensor(y_ptr, (m, n), BF16)], 0, 0)
+            fused.enqueue([DeviceTensor(xp, (m, k), BF16), *ins, DeviceTensor(w_ptr, (k,), BF16)], [DeviceTensor(y_ptr, (m, n), BF16)], wsp, 0)
         assert events == []
     # an aligned decode step needs no workspace at all
     events.clear()
