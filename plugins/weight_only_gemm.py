@@ -522,11 +522,17 @@ def rms_norm_reference(h: np.ndarray, weight: np.ndarray, eps: float) -> np.ndar
     ``[M, N]``; ``weight``: ``[N]`` (or broadcastable) of h's dtype. Source: Zhang & Sennrich,
     arXiv:1910.07467, eq. 4; transformers' ``LlamaRMSNorm``."""
     dt = h.dtype
-    h32 = h.astype(np.float32)
-    var = np.mean(h32 * h32, axis=-1, keepdims=True) + np.float32(eps)
-    inv = np.float32(1.0) / np.sqrt(var)
-    normed = (h32 * inv).astype(dt) * np.asarray(weight, dt).reshape(-1)
+    normed = (h.astype(np.float32) * _rms_inv(h, eps)).astype(dt) * np.asarray(weight, dt).reshape(-1)
     return normed.astype(dt)
+
+
+def _rms_inv(h: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm's scale per row, ``1 / sqrt(mean(h32 * h32) + eps)`` in float32 (``[M, 1]``);
+    a sum of squares past float32's range gives inf, so 0, as the kernels."""
+    h32 = h.astype(np.float32)
+    with np.errstate(over="ignore"):
+        var = np.mean(h32 * h32, axis=-1, keepdims=True) + np.float32(eps)
+    return np.float32(1.0) / np.sqrt(var)
 
 
 def rms_norm_folded_reference(h: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -538,12 +544,8 @@ def rms_norm_folded_reference(h: np.ndarray, weight: np.ndarray, eps: float) -> 
     roundings of x. ``h``: ``[M, N]`` float16 / bfloat16; ``weight``: ``[N]`` of h's dtype.
     Returns ``(x [M, N] of h's dtype, inv [M, 1] float32)``. Source: Zhang & Sennrich,
     arXiv:1910.07467, eq. 4 (the scale is one number per row)."""
-    h32 = h.astype(np.float32)
-    with np.errstate(over="ignore"):  # past float32's range: inf, inv 0 (the kernel's too)
-        var = np.mean(h32 * h32, axis=-1, keepdims=True) + np.float32(eps)
-    inv = np.float32(1.0) / np.sqrt(var)
     x = (h.astype(np.float64) * np.asarray(weight).astype(np.float64).reshape(-1)).astype(h.dtype)
-    return x, inv
+    return x, _rms_inv(h, eps)
 
 
 def add_norm_reference(y: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
@@ -1304,8 +1306,7 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
                 self._rms_norm(inputs, workspace, m, dtype, stream)
             x = DeviceTensor(workspace, tuple(x.shape), x.dtype)
             inputs = [x, *inputs[1:]]
-            workspace += self.norm_bytes(dtype, m)
-        elif self.norm_input and workspace:
+        if self.norm_input and workspace:  # reserved at every M
             workspace += self.norm_bytes(dtype, m)
         path = self.kernel_path(dtype, m, bool(workspace))
         if path == "cublas":
