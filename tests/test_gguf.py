@@ -443,6 +443,64 @@ def test_llama3_and_tekken_pre_tokenizers_ignore_merges_and_add_bos(tmp_path: Pa
     assert tok.encode("say").ids[0] != 1
 
 
+# (text, its pre-tokens) for a tokenizer.ggml.pre, worked out by hand from the model's own
+# pre-tokenizer (its tokenizer.json, as llama.cpp's src/llama-vocab.cpp lists it): each step splits
+# every piece into its matches and the text between them
+PRE_TOKEN_CASES = {
+    # [\r\n], \s?\p{L}+, \s?\p{P}+, CJK runs, single digits
+    "deepseek-coder": ("Hello World 123\n中文!!", ["Hello", " World", " ", "1", "2", "3", "\n", "中文", "!!"]),
+    # [\r\n], \s? + cased letters, \s? + ASCII / full-width punctuation, \s+$, CJK runs, single digits
+    "deepseek-llm": ("Hello, World 2024\n  end", ["Hello", ",", " World", " ", "2", "0", "2", "4", "\n", " ", " end"]),
+    # Qwen2's regex with one digit a piece and no newline in the punctuation run
+    "seed-coder": ("it's 42 cats\r\n", ["it", "'s", " ", "4", "2", " cats", "\r\n"]),
+    # BLOOM's words (no whitespace or stops), then single digits
+    "viking": ("Hei, maailma 2024!", ["Hei", ",", " maailma", " ", "2", "0", "2", "4", "!"]),
+    # single digits, then GPT-2's regex
+    "starcoder": ("x = 1234", ["x", " =", " ", "1", "2", "3", "4"]),
+    # punctuation runs, GPT-2's regex, then digits in threes
+    "falcon": ("a+b=1234.", ["a", "+", "b", "=", "123", "4", "."]),
+    # digits in threes, CJK / kana runs, then words
+    "deepseek-v3": ("Hello世界 12345", ["Hello", "世界", " ", "123", "45"]),
+    "glm4": ("12345", ["123", "45"]),  # Llama-3's regex
+    "minicpm5": ("word 12345", ["word", " ", "123", "45"]),
+    "phi-2": ("x 1234", ["x", " 1234"]),  # GPT-2's regex
+    "default": ("x 1234", ["x", " 1234"]),
+}
+
+
+@pytest.mark.parametrize("pre", list(PRE_TOKEN_CASES))
+def test_byte_level_pre_tokenizers_split_as_the_models_own(tmp_path: Path, pre: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A converted GGUF's tokenizer.json pre-tokenizes as the model's own tokenizer does for the
+    ``tokenizer.ggml.pre`` names llama.cpp knows (trtcore.gguf_pretokenizers): before, DeepSeek's,
+    Seed-Coder's, Viking's and others were read with GPT-2's regex (a warning), and StarCoder's
+    kept digit runs whole. No warning for a known name; text round-trips."""
+    from tokenizers import Tokenizer
+
+    from trtcore.token_bytes import bytes_to_unicode
+
+    text, want = PRE_TOKEN_CASES[pre]
+    write_synthetic_gguf(tmp_path / "m.gguf", pre=pre, add_bos=False)
+    with caplog.at_level("WARNING", logger="trtcore"):
+        tok = Tokenizer.from_file(str(convert_gguf(tmp_path / "m.gguf", tmp_path / "hf", progress=False) / "tokenizer.json"))
+    assert not [r for r in caplog.records if "pre-tokenizer" in r.getMessage()]
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    got = [bytes(byte_of[c] for c in piece).decode() for piece, _ in tok.pre_tokenizer.pre_tokenize_str(text)]
+    assert got == want
+    assert tok.decode(tok.encode(text).ids) == text
+
+
+def test_unknown_pre_tokenizer_warns_and_reads_gpt2(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A name llama.cpp does not list (or handles with its own code, such as ``kimi-k2``) is read
+    with GPT-2's regex, and the warning names it."""
+    from tokenizers import Tokenizer
+
+    write_synthetic_gguf(tmp_path / "m.gguf", pre="kimi-k2", add_bos=False)
+    with caplog.at_level("WARNING", logger="trtcore"):
+        tok = Tokenizer.from_file(str(convert_gguf(tmp_path / "m.gguf", tmp_path / "hf", progress=False) / "tokenizer.json"))
+    assert any("'kimi-k2'" in r.getMessage() for r in caplog.records)
+    assert [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("x 1234")] == ["x", "Ġ1234"]
+
+
 def test_chunked_dequantization_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Large tensors are dequantized in row chunks; the result equals the whole-tensor one."""
     import trtcore.gguf_convert as gc

@@ -58,6 +58,7 @@ import numpy as np
 from .errors import ConversionError
 from .families import GGUFMapping, gguf_families
 from .fileio import atomic_folder, check_folder_free
+from .gguf_pretokenizers import DEFAULT_BOS_PRE, IGNORE_MERGES_PRE, byte_level_pre_tokenizer
 from .quant_formats.gguf_blocks import GGUF_TYPES
 from .token_bytes import bytes_to_unicode
 
@@ -88,55 +89,6 @@ _REQUIRED_LAYER_TENSORS = (
     "ffn_down.weight",
 )
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
-
-# ---------------------------------------------------------------------------------------------
-# pre-tokenizer split patterns for byte-level BPE, keyed by ``tokenizer.ggml.pre``. The same
-# table transformers' GGUF converter uses (patterns from llama.cpp's llama-vocab.cpp); a value
-# not listed falls back to GPT-2's ByteLevel regex, as transformers does.
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN35_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_TEKKEN_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_GPT4O_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_PRE_TOKENIZER_SPLITS = {
-    **dict.fromkeys(
-        ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano", "dbrx", "smaug-bpe"],
-        _LLAMA3_SPLIT,
-    ),
-    "tekken": _TEKKEN_SPLIT,
-    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"], _QWEN2_SPLIT),
-    "qwen35": _QWEN35_SPLIT,
-    **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], _GPT4O_SPLIT),
-}
-# pre-tokenizers llama.cpp (src/llama-vocab.cpp, the LLAMA3 and TEKKEN arms) encodes with
-# ``ignore_merges``: a pre-token that is a whole vocabulary entry is that one token, merges or not
-# (as Meta's Llama-3 tokenizer.json says with ``"ignore_merges": true``; transformers' GGUF
-# converter leaves it out, llama.cpp PR #7193); and the ones it adds BOS for where
-# ``tokenizer.ggml.add_bos_token`` is absent (GGUFs written before the key existed, the original
-# Llama-3-8B-Instruct ones).
-_LLAMA3_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"}
-_IGNORE_MERGES_PRE = _LLAMA3_PRE | {"tekken", "youtu", "minicpm5", "granite-embed-multi-97m"}
-_DEFAULT_BOS_PRE = _LLAMA3_PRE | {"tekken", "chameleon"}
-# pre-tokenizers that are GPT-2's own ByteLevel regex, possibly preceded by an individual-digit
-# split; no warning for these.
-_GPT2_LIKE_PRE = {"default", "gpt2", "gpt-2", "smollm", "starcoder", "refact", "olmo", "codeshell"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -604,7 +556,7 @@ def _sentencepiece_merges(tokens: list[str], scores: list[float]) -> list[tuple[
 
 
 def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
@@ -652,28 +604,12 @@ def _build_tokenizer(meta: _Metadata, config: dict[str, Any]) -> tuple[Any, dict
         pre = meta.get("tokenizer.ggml.pre", "default")
         bpe = models.BPE(
             vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
-            ignore_merges=pre in _IGNORE_MERGES_PRE,
+            ignore_merges=pre in IGNORE_MERGES_PRE,
         )  # fmt: skip
         tok = Tokenizer(bpe)
-        split = _PRE_TOKENIZER_SPLITS.get(pre)
-        if split is not None:
-            tok.pre_tokenizer = pre_tokenizers.Sequence(
-                [
-                    pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-                ]
-            )
-        elif pre == "smollm":
-            # llama.cpp: "\p{N}" then GPT-2's regex; SmolLM's own tokenizer.json spells it so
-            tok.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-            )
-        else:
-            if pre not in _GPT2_LIKE_PRE:
-                logger.warning("GGUF pre-tokenizer %r is not known; using GPT-2's byte-level regex", pre)
-            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.pre_tokenizer = byte_level_pre_tokenizer(pre)
         tok.decoder = decoders.ByteLevel()
-        add_bos = bool(add_bos) if add_bos is not None else pre in _DEFAULT_BOS_PRE  # llama.cpp's default
+        add_bos = bool(add_bos) if add_bos is not None else pre in DEFAULT_BOS_PRE  # llama.cpp's default
         add_prefix_space = False
     elif kind == "llama":
         vocab = {t: i for i, t in enumerate(tokens)}
