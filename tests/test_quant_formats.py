@@ -709,6 +709,82 @@ def test_static_fp8_linear_without_input_scale_is_refused(tmp_path: Path, layout
         assert fw.input_scale is None
 
 
+def test_transformers_fp8_activation_scale_is_the_input_scale(tmp_path: Path) -> None:
+    """transformers' ``FP8Linear`` (finegrained FP8, ``activation_scheme: "static"``) saves the
+    static activation scale as ``X.activation_scale`` beside ``X.weight_scale_inv``, as its
+    Ministral-3 / Devstral-2 FP8 checkpoints are published (transformers#42715); it is read as
+    the input scale, as SGLang reads it (it was refused: 'has no input_scale')."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(14)
+    codes = rng.integers(0, 0x7E, (N, K), dtype=np.uint8)
+    tensors = {"weight": codes.view(ml_dtypes.float8_e4m3fn), "weight_scale_inv": np.array(0.02, np.float32), "activation_scale": np.array(0.05, np.float32)}
+    fw = _read(tmp_path, {"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": None}, tensors)
+    assert fw.input_scale is not None and fw.input_scale.tolist() == [np.float32(0.05)]
+    np.testing.assert_array_equal(fw.weight_scale, [np.float32(0.02)])
+
+
+def test_gptqmodel_fp8_inverse_scales_divide(tmp_path: Path) -> None:
+    """GPTQModel's FP8 export stores ``weight_scale_inv = fp8_max / amax`` and dequantizes with
+    ``w = q / weight_scale_inv`` (``weight_scale_semantics: "inverse"``, GPTQModel
+    ``TorchFP8Linear.dequantize_weight``); read as Hugging Face's multiplier every weight was
+    off by (448 / amax)^2. Another semantics is refused by name."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(15)
+    w = rng.standard_normal((N, K))
+    inv = (448.0 / np.abs(w).max(axis=1)).astype(np.float32)  # per row, GPTQModel's weight_scale_method "row"
+    codes = np.clip(w * inv[:, None], -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    config = {"quant_method": "fp8", "format": "float8_e4m3fn", "weight_scale_method": "row", "weight_scale_semantics": "inverse"}
+    fw = _read(tmp_path, config, {"weight": codes, "weight_scale_inv": inv})
+    want = codes.astype(np.float64) / inv.astype(np.float64)[:, None]  # GPTQModel's dequantization, in float64
+    got = codes.astype(np.float64) * fw.weight_scale.astype(np.float64)[:, None]
+    np.testing.assert_allclose(got, want, rtol=2e-7)
+    assert np.abs(got - w).max() < 0.07 * np.abs(w).max()  # E4M3's step at the top of each row: an FP8 copy of w
+    with pytest.raises(UnsupportedQuantizationError, match="weight_scale_semantics 'direct'"):
+        detect_quantization({**config, "weight_scale_semantics": "direct"})
+
+
+def test_compressed_tensors_actorder_dynamic_needs_g_idx(tmp_path: Path) -> None:
+    """compressed-tensors' ``actorder: "dynamic"`` is an alias of ``"group"``
+    (``ActivationOrdering.get_aliases``): a linear without ``weight_g_idx`` is refused as for
+    ``"group"`` (the guard skipped the alias)."""
+    qz = quantize(_weight(16), 4, 32, sym=True, rng=np.random.default_rng(16), act_order=True)
+    tensors = pack_compressed(qz, 4, sym=True)  # without weight_g_idx
+    config = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32, "actorder": "dynamic"}}},
+    }
+    with pytest.raises(CheckpointError, match="weight_g_idx"):
+        _read(tmp_path, config, tensors)
+    (tmp_path / "ok").mkdir()
+    assert _read(tmp_path / "ok", config, pack_compressed(qz, 4, sym=True, with_g_idx=True)).perm is not None
+
+
+def test_autoawq_config_in_quantize_config_json_names_awq(tmp_path: Path) -> None:
+    """An AutoAWQ config (``w_bit``, ``q_group_size``) in ``quantize_config.json`` (vLLM reads AWQ's
+    config from that file too): without ``quantization`` the message names ``'awq'`` (it said
+    ``'gptq'``), ``quantization="gptq"`` is refused naming awq (it was read as GPTQ, ``w_bit``
+    ignored), and ``quantization="awq"`` reads it."""
+    import dataclasses
+    import json
+
+    from trtcore.quant_formats import resolve_quantization
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        quantization_config: dict[str, Any] | None = None
+
+    (tmp_path / "quantize_config.json").write_text(json.dumps({"zero_point": True, "q_group_size": 128, "w_bit": 4, "version": "GEMM"}))
+    with pytest.raises(InvalidArgumentError, match=r"quant_method 'awq'\); pass quantization='awq'"):
+        resolve_quantization(tmp_path, Config(), None)
+    with pytest.raises(InvalidArgumentError, match=r"holds a awq quantization config, not gptq; pass quantization='awq'"):
+        resolve_quantization(tmp_path, Config(), "gptq")
+    config, scheme = resolve_quantization(tmp_path, Config(), "awq")
+    assert scheme is not None and scheme.method == "awq" and config.quantization_config["quant_method"] == "awq"
+
+
 def test_packed_siblings_names_the_packed_module_s_linears() -> None:
     from trtcore.families import LLAMA_PACKED_MODULES
     from trtcore.quant_formats import packed_siblings

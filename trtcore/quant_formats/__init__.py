@@ -37,7 +37,17 @@ from trtcore.quantization import QuantizedWeight
 
 from .awq import AWQ_VERSIONS, awq_version, read_awq
 from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight_args
-from .fp8 import FLOAT_FORMATS, FP8_SUFFIXES, check_compressed_fp8, check_hf_fp8, compressed_per_token, fp8_weight_args, read_fp8, static_activations
+from .fp8 import (
+    FLOAT_FORMATS,
+    FP8_SUFFIXES,
+    check_compressed_fp8,
+    check_hf_fp8,
+    compressed_per_token,
+    fp8_weight_args,
+    inverse_scales,
+    read_fp8,
+    static_activations,
+)
 from .gguf_blocks import BLOCKS, GGUF_TYPES, gguf_weight
 from .gptq import ZERO_OFFSETS, checkpoint_format, dynamic_pattern, read_gptq
 from .groups import reset_warnings
@@ -279,6 +289,15 @@ def _online_transforms(transform_config: Any) -> list[str]:
 CONFIG_FILES = {"gptq": ("quantize_config.json",), "awq": ("quant_config.json", "quantize_config.json")}
 
 
+def _file_method(data: dict[str, Any], method: str) -> str:
+    """The method a quantization config file is written for: its ``quant_method``, else
+    ``"awq"`` for AutoAWQ's keys (``w_bit`` / ``q_group_size``: vLLM reads AWQ's config from
+    ``quantize_config.json`` too), else ``method`` (the file's name's)."""
+    if data.get("quant_method"):
+        return str(data["quant_method"]).lower()
+    return "awq" if "w_bit" in data or "q_group_size" in data else method
+
+
 def quantization_config_file(model_dir: str | os.PathLike[str], quantization: str | None) -> dict[str, Any] | None:
     """The quantization config of a checkpoint whose config.json has none, from AutoGPTQ's
     ``quantize_config.json`` or AutoAWQ's ``quant_config.json`` (:data:`CONFIG_FILES`), with
@@ -289,8 +308,9 @@ def quantization_config_file(model_dir: str | os.PathLike[str], quantization: st
 
     Raises:
         ConfigError: the file is not a JSON object.
-        InvalidArgumentError: ``quantization`` is None and such a file exists (the message
-            names it and the ``quantization`` that reads it).
+        InvalidArgumentError: ``quantization`` is None and such a file exists, or the file is
+            written for another method (an AutoAWQ config in ``quantize_config.json`` read as
+            ``"gptq"``): the message names the file and the ``quantization`` that reads it.
     """
     for method, names in CONFIG_FILES.items():
         if quantization is not None and quantization != method:
@@ -305,7 +325,11 @@ def quantization_config_file(model_dir: str | os.PathLike[str], quantization: st
                 raise ConfigError(f"cannot read the quantization config {path}: {e}") from None
             if not isinstance(data, dict):
                 raise ConfigError(f"{path} is {type(data).__name__}, expected a JSON object (the {method} quantization config)")
-            found = str(data.get("quant_method") or method).lower()
+            found = _file_method(data, method)
+            if quantization is not None and found != quantization:
+                raise InvalidArgumentError(
+                    f"{path} holds a {found} quantization config, not {quantization}; pass quantization={found!r} (--quantization {found}) to read it"
+                )
             if quantization is None:
                 raise InvalidArgumentError(
                     f"config.json has no quantization_config, but {path} holds a quantization config (quant_method {found!r}); pass quantization={found!r} "
@@ -479,7 +503,13 @@ class QuantizedCheckpoint:
             amax = max(self._amax_of(n) for n in packed_siblings(name, self.packed_modules) if self.is_quantized(n))
             return quantize_weight(self.checkpoint.get(name, copy=False), "tensor", amax=amax)
         if self.scheme.fp8:
-            return read_fp8(self.checkpoint, prefix, self.scheme.method == "compressed-tensors" and compressed_per_token(c), static_activations(c))
+            return read_fp8(
+                self.checkpoint,
+                prefix,
+                self.scheme.method == "compressed-tensors" and compressed_per_token(c),
+                static_activations(c),
+                inverse_scales(c),
+            )
         if self.scheme.method == "gguf":
             raw = self.checkpoint.get(name, copy=False)
             per_block, nbytes = BLOCKS[c["ggml_types"][name]]

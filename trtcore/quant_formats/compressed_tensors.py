@@ -84,7 +84,7 @@ def read_pack_quantized(weights: Any, prefix: str, config: dict[str, Any]) -> Qu
     Raises:
         CheckpointError: as :func:`pack_quantized_weight`, a packed width no config group's
             ``num_bits`` gives, or no ``weight_g_idx`` where every config group says ``actorder``
-            ``"group"``.
+            ``"group"`` (or its alias ``"dynamic"``).
     """
 
     def opt(suffix: str) -> np.ndarray | None:
@@ -94,7 +94,8 @@ def read_pack_quantized(weights: Any, prefix: str, config: dict[str, Any]) -> Qu
     packed = weights.get(f"{prefix}.weight_packed")
     g_idx = opt("weight_g_idx")
     # (every group: in a mixed config, this linear's group is not known without matching targets)
-    if g_idx is None and all(a.get("actorder") in ("group", True) for a in weight_args(config)):
+    # "dynamic": compressed-tensors' alias of "group" (ActivationOrdering.get_aliases)
+    if g_idx is None and all(a.get("actorder") in ("group", "dynamic", True) for a in weight_args(config)):
         raise CheckpointError(
             f"the quantization_config says actorder 'group', but '{prefix}.weight_g_idx' is not in the checkpoint "
             "(act-order groups are read from each linear's weight_g_idx; without it the input features' groups are unknown)"

@@ -14,7 +14,11 @@ Two published layouts, both with the E4M3 weight in the linear's own ``X.weight`
 * Hugging Face / vLLM ``quant_method: "fp8"`` (``activation_scheme: "static" | "dynamic"``):
   ``X.weight_scale`` (one per tensor, or ``[N]`` / ``[N, 1]`` per channel) or, from HF's
   ``FP8Linear``, ``X.weight_scale_inv`` (the same number: ``w = q * weight_scale_inv``), and
-  ``X.input_scale`` when static. Block-wise scales (``weight_block_size``) are refused.
+  ``X.input_scale`` when static (transformers' ``FP8Linear`` names it ``X.activation_scale``:
+  the same number, read as the input scale, as SGLang reads it). GPTQModel's FP8 export
+  (``weight_scale_semantics: "inverse"``) stores the reciprocal in ``X.weight_scale_inv``:
+  ``w = q / weight_scale_inv`` (GPTQModel ``TorchFP8Linear.dequantize_weight``); another
+  semantics is refused. Block-wise scales (``weight_block_size``) are refused.
 
 In both, ``w = e4m3(weight) * weight_scale`` (per row for channel scales).
 """
@@ -35,7 +39,7 @@ FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 #: tensor) and ``token`` (dynamic only, one scale per row)
 ACTIVATION_STRATEGIES = ("tensor", "token")
 #: the tensor suffixes an FP8 linear ``X`` owns (besides ``X.weight``)
-FP8_SUFFIXES = (".weight_scale", ".weight_scale_inv", ".input_scale")
+FP8_SUFFIXES = (".weight_scale", ".weight_scale_inv", ".input_scale", ".activation_scale")
 
 
 def fp8_weight_args(group_weights: list[dict[str, Any]]) -> bool:
@@ -96,7 +100,15 @@ def check_hf_fp8(config: dict[str, Any]) -> str | None:
         return f"FP8 fmt {config.get('fmt')!r} (E4M3 is read)"
     if str(config.get("format", "float8_e4m3fn")).lower() not in ("float8_e4m3fn", "e4m3", "e4m3fn"):  # GPTQModel names the dtype "format"
         return f"FP8 format {config.get('format')!r} (E4M3, float8_e4m3fn, is read)"
+    if str(config.get("weight_scale_semantics", "inverse")).lower() != "inverse":  # GPTQModel's, which knows only "inverse"
+        return f"FP8 weight_scale_semantics {config.get('weight_scale_semantics')!r} (GPTQModel's 'inverse' is read: w = q / weight_scale_inv)"
     return None
+
+
+def inverse_scales(config: dict[str, Any]) -> bool:
+    """Whether an FP8 ``quantization_config`` says ``weight_scale_inv`` holds the reciprocal of
+    the weight scale (GPTQModel's ``weight_scale_semantics: "inverse"``): ``w = q / weight_scale_inv``."""
+    return config.get("quant_method") == "fp8" and str(config.get("weight_scale_semantics", "")).lower() == "inverse"
 
 
 def static_activations(config: dict[str, Any]) -> bool:
@@ -109,10 +121,11 @@ def static_activations(config: dict[str, Any]) -> bool:
     return bool(acts) and all(isinstance(a, dict) and a.get("dynamic") is False for a in acts)
 
 
-def read_fp8(weights: Any, prefix: str, per_token: bool = False, static: bool = False) -> Fp8Weight:
+def read_fp8(weights: Any, prefix: str, per_token: bool = False, static: bool = False, inverse: bool = False) -> Fp8Weight:
     """The FP8 linear ``prefix`` of a checkpoint (either layout of the module docstring);
     ``per_token``: its activations are quantized per token (:func:`compressed_per_token`);
-    ``static``: the config says its activations have a static scale (:func:`static_activations`).
+    ``static``: the config says its activations have a static scale (:func:`static_activations`);
+    ``inverse``: ``weight_scale_inv`` is the reciprocal of the scale (:func:`inverse_scales`).
     An ``input_scale`` tensor of a linear whose config says dynamic is ignored, with a warning,
     as vLLM ignores it (its FP8 methods make no input scale for dynamic activations): the
     config, not the tensors present, decides the function.
@@ -133,12 +146,17 @@ def read_fp8(weights: Any, prefix: str, per_token: bool = False, static: bool = 
     scale = opt("weight_scale")
     if scale is None:
         scale = opt("weight_scale_inv")
+        if scale is not None and inverse:
+            with np.errstate(divide="ignore"):
+                scale = np.float32(1.0) / scale  # a zero gives inf: refused below as not positive and finite
     if scale is None:
         raise CheckpointError(f"FP8 linear '{prefix}' has neither weight_scale nor weight_scale_inv")
     scale = scale.reshape(-1)
     if scale.size not in (1, n):
         raise CheckpointError(f"'{prefix}.weight_scale' has {scale.size} values; expected 1 (per tensor) or {n} (per output channel)")
     inp = opt("input_scale")
+    if inp is None:
+        inp = opt("activation_scale")  # transformers' FP8Linear
     if inp is not None and inp.size != 1:
         raise CheckpointError(f"'{prefix}.input_scale' has {inp.size} values; expected 1 (per tensor)")
     if inp is None and static:
@@ -167,6 +185,7 @@ __all__ = [
     "compressed_per_token",
     "check_hf_fp8",
     "fp8_weight_args",
+    "inverse_scales",
     "read_fp8",
     "static_activations",
 ]
