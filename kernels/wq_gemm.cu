@@ -793,8 +793,9 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 // warp's units each wait for their load and then run their chain (read from the SASS of the
 // default int4 kernel; per channel, without the flush, ptxas hoists them itself). Not yet timed
 // on a GPU (bench_wq_gemm.py --tune's `_e1` entries, bench_quant_e2e.py's `, early refill`).
-// With 1, ptxas spills at 64 registers for NORM_X, int8 with UNROLL 2, and ADD_NORM with zero
-// points; zero points take 76-84 registers instead of 58-64 (sm_90).
+// With 1, ptxas spills at 64 registers for NORM_X, int8 with UNROLL 2, ADD_NORM with zero
+// points, ROW_TILES 2, UNROLL 3 and SEG 4; zero points take 76-84 registers instead of 58-64
+// (sm_90).
 #ifndef EARLY_REFILL
 #define EARLY_REFILL 0
 #endif

@@ -736,11 +736,14 @@ def test_gptqmodel_fp8_inverse_scales_divide(tmp_path: Path) -> None:
     inv = (448.0 / np.abs(w).max(axis=1)).astype(np.float32)  # per row, GPTQModel's weight_scale_method "row"
     codes = np.clip(w * inv[:, None], -448, 448).astype(ml_dtypes.float8_e4m3fn)
     config = {"quant_method": "fp8", "format": "float8_e4m3fn", "weight_scale_method": "row", "weight_scale_semantics": "inverse"}
-    fw = _read(tmp_path, config, {"weight": codes, "weight_scale_inv": inv})
     want = codes.astype(np.float64) / inv.astype(np.float64)[:, None]  # GPTQModel's dequantization, in float64
-    got = codes.astype(np.float64) * fw.weight_scale.astype(np.float64)[:, None]
-    np.testing.assert_allclose(got, want, rtol=2e-7)
-    assert np.abs(got - w).max() < 0.07 * np.abs(w).max()  # E4M3's step at the top of each row: an FP8 copy of w
+    # quant_method in capitals, and a null semantics (GPTQModel reads null as "inverse"), too
+    for i, cfg in enumerate([config, {**config, "quant_method": "FP8"}, {**config, "weight_scale_semantics": None}]):
+        (tmp_path / str(i)).mkdir()
+        fw = _read(tmp_path / str(i), cfg, {"weight": codes, "weight_scale_inv": inv})
+        got = codes.astype(np.float64) * fw.weight_scale.astype(np.float64)[:, None]
+        np.testing.assert_allclose(got, want, rtol=2e-7)
+        assert np.abs(got - w).max() < 0.07 * np.abs(w).max()  # E4M3's step at the top of each row: an FP8 copy of w
     with pytest.raises(UnsupportedQuantizationError, match="weight_scale_semantics 'direct'"):
         detect_quantization({**config, "weight_scale_semantics": "direct"})
 
@@ -783,6 +786,11 @@ def test_autoawq_config_in_quantize_config_json_names_awq(tmp_path: Path) -> Non
         resolve_quantization(tmp_path, Config(), "gptq")
     config, scheme = resolve_quantization(tmp_path, Config(), "awq")
     assert scheme is not None and scheme.method == "awq" and config.quantization_config["quant_method"] == "awq"
+    # a method no quantization= reads from these files: named, not offered as quantization='fp8'
+    (tmp_path / "quantize_config.json").write_text(json.dumps({"quant_method": "fp8", "activation_scheme": "dynamic"}))
+    for asked in (None, "gptq"):
+        with pytest.raises(InvalidArgumentError, match=r"quant_method 'fp8' config; trtcore reads only GPTQ and AWQ configs from"):
+            resolve_quantization(tmp_path, Config(), asked)
 
 
 def test_packed_siblings_names_the_packed_module_s_linears() -> None:

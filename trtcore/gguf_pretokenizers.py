@@ -16,10 +16,12 @@ same tokens).
 
 Deliberate differences: ``default`` (and a GGUF without the key) is GPT-2's regex, as
 transformers' GGUF converter reads it (llama.cpp's ``default`` list also isolates punctuation and
-cuts digit runs in threes); names llama.cpp handles with hand-written code or without byte-level
-encoding (``kimi-k2``, ``afmoe``, ``superbpe``, ``gemma4``, ``sarvam-moe``, ``whitespace``,
-``granite-embed-multi-*``, ``youtu``) and names it does not know fall back to GPT-2's regex with a
-warning (llama.cpp refuses an unknown name).
+cuts digit runs in threes); the names llama.cpp handles with hand-written code (``kimi-k2``,
+``afmoe``, ``superbpe``) or without byte-level encoding (``gemma4``, ``sarvam-moe``,
+``whitespace``, ``granite-embed-multi-311m``), two whose lists were not transcribed (``youtu``,
+``granite-embed-multi-97m``: non-ASCII classes, and llama.cpp's lookahead rewrite without its
+original) and names llama.cpp does not know fall back to GPT-2's regex with a warning (llama.cpp
+refuses an unknown name).
 """
 
 from __future__ import annotations

@@ -326,6 +326,11 @@ def quantization_config_file(model_dir: str | os.PathLike[str], quantization: st
             if not isinstance(data, dict):
                 raise ConfigError(f"{path} is {type(data).__name__}, expected a JSON object (the {method} quantization config)")
             found = _file_method(data, method)
+            if found not in CONFIG_FILES:  # e.g. quant_method "fp8": no quantization= reads it from this file
+                raise InvalidArgumentError(
+                    f"{path} holds a quant_method {found!r} config; trtcore reads only GPTQ and AWQ configs from "
+                    f"{' / '.join(sorted({n for names in CONFIG_FILES.values() for n in names}))}, others from config.json's quantization_config"
+                )
             if quantization is not None and found != quantization:
                 raise InvalidArgumentError(
                     f"{path} holds a {found} quantization config, not {quantization}; pass quantization={found!r} (--quantization {found}) to read it"
@@ -388,7 +393,8 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
         )
     # float linears: no scheme (the builder still reads the config's kv_cache_scheme, and
     # check_unquantized refuses quantized tensors the config does not describe)
-    return None if float_weights else QuantScheme(method, dict(quantization_config))
+    # the config's quant_method as the method (case-insensitive, as detected): the readers compare it
+    return None if float_weights else QuantScheme(method, dict(quantization_config) | {"quant_method": method})
 
 
 def resolve_quantization(model_dir: str | os.PathLike[str], config: Any, quantization: str | None) -> tuple[Any, QuantScheme | None]:

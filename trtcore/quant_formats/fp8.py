@@ -94,29 +94,39 @@ def check_hf_fp8(config: dict[str, Any]) -> str | None:
     """What in a ``quant_method: "fp8"`` config trtcore cannot read, or None."""
     if config.get("weight_block_size"):
         return f"FP8 weight_block_size {config['weight_block_size']!r} (block-wise scales; per-tensor and per-channel scales are read)"
-    if str(config.get("activation_scheme", "dynamic")) not in ("static", "dynamic"):
+    if str(config.get("activation_scheme", "dynamic")).lower() not in ("static", "dynamic"):
         return f"FP8 activation_scheme {config.get('activation_scheme')!r}"
     if str(config.get("fmt", "e4m3")) != "e4m3":
         return f"FP8 fmt {config.get('fmt')!r} (E4M3 is read)"
     if str(config.get("format", "float8_e4m3fn")).lower() not in ("float8_e4m3fn", "e4m3", "e4m3fn"):  # GPTQModel names the dtype "format"
         return f"FP8 format {config.get('format')!r} (E4M3, float8_e4m3fn, is read)"
-    if str(config.get("weight_scale_semantics", "inverse")).lower() != "inverse":  # GPTQModel's, which knows only "inverse"
+    if _scale_semantics(config) not in (None, "inverse"):  # GPTQModel's, which knows only "inverse"
         return f"FP8 weight_scale_semantics {config.get('weight_scale_semantics')!r} (GPTQModel's 'inverse' is read: w = q / weight_scale_inv)"
     return None
 
 
+def _scale_semantics(config: dict[str, Any]) -> str | None:
+    # GPTQModel's field as its _normalize_fp8_scale_semantics reads it (null: "inverse"); None
+    # where the config has no such field (Hugging Face's and vLLM's fp8)
+    if "weight_scale_semantics" not in config:
+        return None
+    value = config["weight_scale_semantics"]
+    return "inverse" if value is None else str(value).strip().lower()
+
+
 def inverse_scales(config: dict[str, Any]) -> bool:
     """Whether an FP8 ``quantization_config`` says ``weight_scale_inv`` holds the reciprocal of
-    the weight scale (GPTQModel's ``weight_scale_semantics: "inverse"``): ``w = q / weight_scale_inv``."""
-    return config.get("quant_method") == "fp8" and str(config.get("weight_scale_semantics", "")).lower() == "inverse"
+    the weight scale (GPTQModel's ``weight_scale_semantics: "inverse"``, or null, which GPTQModel
+    reads as it): ``w = q / weight_scale_inv``."""
+    return str(config.get("quant_method", "")).lower() == "fp8" and _scale_semantics(config) == "inverse"
 
 
 def static_activations(config: dict[str, Any]) -> bool:
     """Whether an FP8 ``quantization_config`` (either layout, accepted by the checks above)
     says every FP8 linear has a static ``input_scale``: ``activation_scheme: "static"``, or
     compressed-tensors config groups whose ``input_activations`` are all ``dynamic: false``."""
-    if config.get("quant_method") == "fp8":
-        return str(config.get("activation_scheme", "dynamic")) == "static" and not config.get("on_the_fly")
+    if str(config.get("quant_method", "")).lower() == "fp8":
+        return str(config.get("activation_scheme", "dynamic")).lower() == "static" and not config.get("on_the_fly")
     acts = [g.get("input_activations") for g in (config.get("config_groups") or {}).values() if isinstance(g, dict)]
     return bool(acts) and all(isinstance(a, dict) and a.get("dynamic") is False for a in acts)
 
