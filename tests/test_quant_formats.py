@@ -793,6 +793,21 @@ def test_autoawq_config_in_quantize_config_json_names_awq(tmp_path: Path) -> Non
             resolve_quantization(tmp_path, Config(), asked)
 
 
+@pytest.mark.parametrize("where", ["config", "group"])
+def test_compressed_tensors_format_that_is_not_a_string_is_refused_by_name(where: str) -> None:
+    """A compressed-tensors ``format`` that is a list or an object (a fuzzed config; no
+    published one) is refused naming it (the config's raised ``TypeError: unhashable type``; a
+    group's passed unread)."""
+    group = {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}}
+    config: dict[str, Any] = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": group}}
+    if where == "config":
+        config["format"] = ["pack-quantized"]
+    else:
+        config["config_groups"]["group_0"] = group | {"format": {"name": "pack-quantized"}}
+    with pytest.raises(UnsupportedQuantizationError, match=r"compressed-tensors format .*pack-quantized.* a format name, a string, is read"):
+        detect_quantization(config)
+
+
 def test_packed_siblings_names_the_packed_module_s_linears() -> None:
     from trtcore.families import LLAMA_PACKED_MODULES
     from trtcore.quant_formats import packed_siblings

@@ -189,6 +189,9 @@ def _check(method: str, c: dict[str, Any]) -> None:
             )
         # the checkpoint's format, or (newer files) each config group's
         groups = list(config_groups.values())
+        for where, f in [("quantization_config", c.get("format")), *((f"config group {n!r}", g.get("format")) for n, g in config_groups.items())]:
+            if f is not None and not isinstance(f, str):
+                raise _refuse(f"compressed-tensors format {f!r} ({where}; a format name, a string, is read)")
         if not weight_args(c):
             # no group quantizes weights: float linears (an FP8 KV cache's kv_cache_scheme alone,
             # merged transforms, dense sparsity), as vLLM's unquantized fallback reads them --
