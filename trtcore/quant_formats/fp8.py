@@ -117,15 +117,18 @@ def _scale_semantics(config: dict[str, Any]) -> str | None:
 def inverse_scales(config: dict[str, Any]) -> bool:
     """Whether an FP8 ``quantization_config`` says ``weight_scale_inv`` holds the reciprocal of
     the weight scale (GPTQModel's ``weight_scale_semantics: "inverse"``, or null, which GPTQModel
-    reads as it): ``w = q / weight_scale_inv``."""
-    return str(config.get("quant_method", "")).lower() == "fp8" and _scale_semantics(config) == "inverse"
+    reads as it): ``w = q / weight_scale_inv``. ``config``: a
+    :class:`~trtcore.quant_formats.QuantScheme`'s (its ``quant_method`` lower case, as detected)."""
+    return config.get("quant_method") == "fp8" and _scale_semantics(config) == "inverse"
 
 
 def static_activations(config: dict[str, Any]) -> bool:
     """Whether an FP8 ``quantization_config`` (either layout, accepted by the checks above)
     says every FP8 linear has a static ``input_scale``: ``activation_scheme: "static"``, or
-    compressed-tensors config groups whose ``input_activations`` are all ``dynamic: false``."""
-    if str(config.get("quant_method", "")).lower() == "fp8":
+    compressed-tensors config groups whose ``input_activations`` are all ``dynamic: false``.
+    ``config``: a :class:`~trtcore.quant_formats.QuantScheme`'s (its ``quant_method`` lower case,
+    as detected)."""
+    if config.get("quant_method") == "fp8":
         return str(config.get("activation_scheme", "dynamic")).lower() == "static" and not config.get("on_the_fly")
     acts = [g.get("input_activations") for g in (config.get("config_groups") or {}).values() if isinstance(g, dict)]
     return bool(acts) and all(isinstance(a, dict) and a.get("dynamic") is False for a in acts)
