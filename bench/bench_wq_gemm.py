@@ -18,8 +18,7 @@ side by side; ``--diag`` times where the 4-bit kernel's time goes (:data:`DIAG`)
 
 ``--tune`` times, per shape and quantization, the default decode kernel (v1) at every
 (warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
-the (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps, UNROLL) of :data:`TUNE_V2` (each also with
-``EARLY_REFILL 1``, name suffix ``_e1``: each unit's refill issued before its mmas) and the cp.async rings of
+the (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps, UNROLL) of :data:`TUNE_V2` and the cp.async rings of
 :data:`TUNE_ASYNC`, each output checked against
 float64 NumPy; a table per case (best first) and the JSON. ``--tune-only v2`` skips v1;
 ``--tune-filter REGEX`` keeps the entries whose names match (e.g. ``'v2_rt1_.*_w4_u[12]'``). The
@@ -117,8 +116,6 @@ def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
                 f = 0
             defines = {"UNROLL": u, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "L2_PF": pf, "L2_HINT": hint}
             out.append((f"v2_rt{rt}_f{f}_s{seg}_pf{pf}_h{hint}_w{w}_u{u}", defines, w))
-            # the same with each unit's refill issued before its mmas (EARLY_REFILL 1: one more slot)
-            out.append((f"v2_rt{rt}_f{f}_s{seg}_pf{pf}_h{hint}_w{w}_u{u}_e1", {**defines, "EARLY_REFILL": 1}, w))
         for rt, f, seg, a, w in TUNE_ASYNC:
             if f and bits == 8:
                 continue

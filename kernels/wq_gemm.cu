@@ -786,20 +786,6 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #ifndef NORM_X
 #define NORM_X 0
 #endif
-// EARLY_REFILL 0 | 1: the register path (ASYNC 0) keeps one more slot than UNROLL, so each
-// unit's refill (the unit UNROLL ahead) is issued into the slot the previous unit freed, before
-// the unit's mma chain. With 0 (the default) it is issued after the unit's flush, into the
-// unit's own slot: ptxas does not hoist those guarded loads over the chain, so with UNROLL 1 a
-// warp's units each wait for their load and then run their chain (read from the SASS of the
-// default int4 kernel; per channel, without the flush, ptxas hoists them itself). Not yet timed
-// on a GPU (bench_wq_gemm.py --tune's `_e1` entries, bench_quant_e2e.py's `, early refill`).
-// With 1, ptxas spills at 64 registers for NORM_X, int8 with UNROLL 2, ADD_NORM with zero
-// points, ROW_TILES 2, UNROLL 3 and SEG 4; zero points take 76-84 registers instead of 58-64
-// (sm_90).
-#ifndef EARLY_REFILL
-#define EARLY_REFILL 0
-#endif
-#define V2_SLOTS (UNROLL + (EARLY_REFILL ? 1 : 0))  // register-path slots of units per lane
 #if NORM_X && (ASYNC > 0 || WQ_DECODE != 2 || ADD_NORM || !CONTIG_X || DTYPE == 0)
 #error "NORM_X is the v2 register path's (WQ_DECODE 2, CONTIG_X, 16-bit x, no ASYNC, no ADD_NORM)"
 #endif
@@ -1195,8 +1181,8 @@ __device__ __forceinline__ const elem_t* x_row2(const elem_t* __restrict__ x, in
 // NORM_X: x is h, folded with the norm weight norm_w (eps: the norm's; section NORM_X).
 template <bool GROUPED>
 __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const uint4* const (&wt)[ROW_TILES], const float* const (&st)[ROW_TILES],
-                                           const float* const (&zt)[ROW_TILES], uint4 (&buf)[V2_SLOTS][SEG][ROW_TILES],
-                                           GroupPair (&gbuf)[V2_SLOTS][ROW_TILES], float* red, const OutRows& out, int M, int N, int K,
+                                           const float* const (&zt)[ROW_TILES], uint4 (&buf)[UNROLL][SEG][ROW_TILES],
+                                           GroupPair (&gbuf)[UNROLL][ROW_TILES], float* red, const OutRows& out, int M, int N, int K,
                                            int cdiv, unsigned int cmagic, unsigned int opaque, const elem_t* __restrict__ norm_w, float eps) {
     constexpr int RT = ROW_TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -1227,20 +1213,24 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
         for (int r = 0; r < RT; ++r) acc[r][i] = d[r][i] = 0.0f;
     }
 
-    int next = warp + UNROLL * warps;  // the unit the next refill loads
-    for (int base = warp; base < units; base += V2_SLOTS * warps) {
+    int next = warp + UNROLL * warps;
+    for (int base = warp; base < units; base += UNROLL * warps) {
 #pragma unroll
-        for (int u = 0; u < V2_SLOTS; ++u) {  // slot u holds unit base + u * warps
+        for (int u = 0; u < UNROLL; ++u) {
             if (base + u * warps >= units) break;
-            // unit `next` into slot `slot`, its vectors and its group's scales
-            auto refill = [&](int slot) {
-                if (next >= units) return;
+            unit2<GROUPED>(buf[u], xc, d, dx, f, nullptr, &nf);
+            if (GROUPED) {
+#pragma unroll
+                for (int r = 0; r < RT; ++r) flush2(acc[r], d[r], dx, gbuf[u][r]);
+            }
+            // refill after the unit's last use of buf[u]
+            if (next < units) {
                 const int g = GROUPED ? chunk_group2(next * SEG, cdiv, cmagic) : 0;
 #pragma unroll
                 for (int r = 0; r < RT; ++r) {
 #pragma unroll
-                    for (int s = 0; s < SEG; ++s) buf[slot][s][r] = load_stream2(wn[r] + s * 32);
-                    if (GROUPED) gbuf[slot][r] = group_pair(st[r], zt[r], g, gid);
+                    for (int s = 0; s < SEG; ++s) buf[u][s][r] = load_stream2(wn[r] + s * 32);
+                    if (GROUPED) gbuf[u][r] = group_pair(st[r], zt[r], g, gid);
                 }
 #if L2_PF > 0
                 if ((lane & 7) == 0 && next + L2_PF * warps < units) {  // lanes 8i: 128 bytes each
@@ -1250,15 +1240,7 @@ __device__ __forceinline__ void gemv2_main(const elem_t* __restrict__ x, const u
                         for (int s = 0; s < SEG; ++s) prefetch_l2(wn[r] + pfstep + s * 32);
                 }
 #endif
-            };
-            // EARLY_REFILL: into the slot the previous unit freed, before this unit's mmas
-            if (EARLY_REFILL) refill((u + UNROLL) % V2_SLOTS);
-            unit2<GROUPED>(buf[u], xc, d, dx, f, nullptr, &nf);
-            if (GROUPED) {
-#pragma unroll
-                for (int r = 0; r < RT; ++r) flush2(acc[r], d[r], dx, gbuf[u][r]);
             }
-            if (!EARLY_REFILL) refill(u);  // after the unit's last use of its slot
             next += warps;
             xc += xstep;
 #if NORM_X
@@ -1307,8 +1289,8 @@ __device__ __forceinline__ void gemv2_body(const elem_t* __restrict__ x, const u
     tile_pointers(w, scales, zeros, N, K, group_size, wt, st, zt);
     __shared__ float red[MAX_WARPS * RT * 4 * 32];  // the warps' partial sums [warp][RT * 4][32]
     const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
-    uint4 buf[V2_SLOTS][SEG][RT];  // the first UNROLL filled here
-    GroupPair gbuf[V2_SLOTS][RT];
+    uint4 buf[UNROLL][SEG][RT];
+    GroupPair gbuf[UNROLL][RT];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         const int c = warp + u * warps;

@@ -205,22 +205,14 @@ V2_VARIANTS += [
     {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 0, "SEG": 1, "L2_PF": 0, "ASYNC": 3},
     {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 2, "L2_PF": 0, "ASYNC": 4, "XPF": 1},
 ]
-# each unit's refill before its mmas into a ring of UNROLL + 1 slots (EARLY_REFILL): the same
-# sums, the units' loads in another order; UNROLL 1 (two slots) and the kernel's 2 (three)
-V2_VARIANTS += [
-    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "L2_PF": 0, "EARLY_REFILL": 1, "UNROLL": 1},
-    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 1, "L2_PF": 0, "EARLY_REFILL": 1},
-    {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 1, "SEG": 2, "L2_PF": 2, "EARLY_REFILL": 1, "UNROLL": 1},
-]
 
 
 #: v2 variants the contiguous-x order is checked with beside the default decode kernel
-CONTIG_X_VARIANTS = [V2_VARIANTS[i] for i in (0, 3, 5, 8, 11, 14, 15, 17)]  # 11, 14: the cp.async rings (14 with XPF); 15, 17: EARLY_REFILL
+CONTIG_X_VARIANTS = [V2_VARIANTS[i] for i in (0, 3, 5, 8, 11, 14)]  # 11, 14: the cp.async rings (14 with XPF)
 
 
 def _v2_id(v: dict) -> str:
-    early = f"_e1_u{v.get('UNROLL', 2)}" if v.get("EARLY_REFILL") else ""
-    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}_a{v.get('ASYNC', 0)}_x{v.get('XPF', 0)}{early}"
+    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}_a{v.get('ASYNC', 0)}_x{v.get('XPF', 0)}"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -385,8 +377,8 @@ def test_x_off_16_byte_alignment_takes_v1(case: tuple, offset: int, monkeypatch:
 
 
 #: v2 variants the SwiGLU epilogue is checked with beside the default: two row tiles (odd tile
-#: counts), the folded offset, the cp.async rings (ROW_TILES 2, and XPF) and EARLY_REFILL
-SWIGLU_V2_VARIANTS = [V2_VARIANTS[i] for i in (2, 5, 13, 14, 15)]
+#: counts), the folded offset, and the cp.async rings (ROW_TILES 2, and XPF)
+SWIGLU_V2_VARIANTS = [V2_VARIANTS[i] for i in (2, 5, 13, 14)]
 
 
 @pytest.mark.parametrize("m", [1, 3, 8])
