@@ -19,10 +19,13 @@
 //
 // Work decomposition: one block of BLOCK threads per row. Ranking thresholds are found
 // without sorting: the k-th largest value by an MSB-first radix select over the order-
-// preserving 64-bit key of the double (8 passes of 8 bits), the top-p cut by the same
-// radix descent over probability mass per bin; the draw and top-p's tie cut by a block
-// scan over contiguous per-thread chunks (id order). Passes re-read the row (it sits in
-// L2) instead of keeping a [batch, vocab] scratch buffer.
+// preserving 64-bit key of the double (up to 8 passes of 8 bits; a pass whose chosen bin
+// holds one value -- its smallest and largest keys equal -- ends the descent with that value,
+// after 2-3 passes on typical rows), the top-p cut by the same radix descent over
+// probability mass per bin; the draw and top-p's tie cut by a block scan over contiguous
+// per-thread chunks (id order). Passes re-read the row (it sits in L2) instead of keeping a
+// [batch, vocab] scratch buffer, and compute a token's weight (an exp) only where the pass
+// needs it.
 //
 // Buffers (all preallocated by trtcore.runtime.sampling_gpu.GpuSampler; nothing is
 // allocated here, no host synchronisation: capturable in a CUDA graph):
@@ -269,7 +272,8 @@ __device__ __forceinline__ double pen_of(const Row& r, double l, int i) {
 __device__ __forceinline__ double z_at(const Row& r, int i) {
     double l = pen_of(r, raw_at(r, i), i);
     if (l == neg_inf()) return l;
-    return __dadd_rn(clamp_finite(__ddiv_rn(l, r.temperature)), 0.0);
+    // l / 1.0 is l exactly (and l is finite here): the default temperature skips the division
+    return __dadd_rn(r.temperature == 1.0 ? l : clamp_finite(__ddiv_rn(l, r.temperature)), 0.0);
 }
 
 __device__ __forceinline__ double w_of(const Row& r, double z) { return exp(__dsub_rn(z, r.zmax)); }
@@ -277,6 +281,12 @@ __device__ __forceinline__ double w_of(const Row& r, double z) { return exp(__ds
 // step 6: min-p (and "not removed")
 __device__ __forceinline__ bool keep0(const Row& r, double z, double w) {
     return z != neg_inf() && (r.min_p <= 0.0 || w >= r.min_p);
+}
+
+// keep0 computing the weight only where min-p needs it (the radix passes of top-k, where an
+// exp per token and pass was most of the work)
+__device__ __forceinline__ bool keep0_lazy(const Row& r, double z) {
+    return z != neg_inf() && (r.min_p <= 0.0 || w_of(r, z) >= r.min_p);
 }
 
 // step 7 on top: what min-p and top-k keep (kth: the k-th largest remaining z, or -inf)
@@ -354,6 +364,51 @@ __device__ __forceinline__ void radix_extend(unsigned long long& prefix, unsigne
     mask |= 0xffULL << shift;
 }
 
+// The shared histograms of one radix pass: per bin the count of keys, their mass (top-p only)
+// and their smallest and largest key (a bin whose two are equal holds one value: the
+// descent can stop there, since every further digit follows that one key).
+struct Hist {
+    unsigned int count[256];
+    double mass[256];
+    unsigned long long kmin[256], kmax[256];
+};
+
+__device__ __forceinline__ void hist_clear(Hist& h) {
+    for (int b = threadIdx.x; b < 256; b += BLOCK) {
+        h.count[b] = 0u;
+        h.mass[b] = 0.0;
+        h.kmin[b] = ~0ULL;
+        h.kmax[b] = 0ULL;
+    }
+}
+
+// Adds each lane's key kk (with weight w, top-p's mass) to bin `bin` of h, bin -1 adding
+// nothing; every lane of the warp calls it (the passes' loops run whole warps: __syncwarp).
+// Counts and key bounds take one integer atomic per lane. The first digits put most of a row's
+// tokens in a few bins, and one double atomic add per token (in shared memory a compare-and-
+// swap loop) serialized the block there: so the lanes of a warp stage their weights and each
+// bin's first lane sums its bin's and adds once. Chosen on an H100 over shuffle reductions per
+// bin and over one atomic per lane (bench/results/h100-2026-12-05-session30). The sums are
+// associated differently from the reference's, as before.
+__device__ __forceinline__ void hist_add(Hist& h, double* stage, int bin, unsigned long long kk, double w, bool with_mass) {
+    if (bin >= 0) {
+        atomicAdd(&h.count[bin], 1u);
+        atomicMin(&h.kmin[bin], kk);
+        atomicMax(&h.kmax[bin], kk);
+    }
+    if (!with_mass) return;
+    const int lane = threadIdx.x & 31;
+    const unsigned int peers = __match_any_sync(FULL_MASK, bin);
+    stage[lane] = w;
+    __syncwarp();
+    if (bin >= 0 && (__ffs(peers) - 1) == lane) {
+        double m = 0.0;
+        for (unsigned int g = peers; g; g &= g - 1) m = __dadd_rn(m, stage[__ffs(g) - 1]);
+        atomicAdd(&h.mass[bin], m);
+    }
+    __syncwarp();
+}
+
 extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
     const elem_t* __restrict__ logits, long long row_stride, int vocab_size, const RowParams* __restrict__ params,
     int* __restrict__ counts, const unsigned char* __restrict__ prompt_mask, RowResult* __restrict__ results,
@@ -371,10 +426,11 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
     __syncthreads();
     extern __shared__ unsigned int ban_bits[];
     __shared__ Scratch s;
-    __shared__ unsigned int hist[256];
-    __shared__ double hist_mass[256];
-    __shared__ int sel_bin, sel_rem, choice;
+    __shared__ Hist hist;
+    __shared__ double hist_stage[NWARPS][32];  // hist_add's per-warp staging
+    __shared__ int sel_bin, sel_rem, sel_done, choice;
     __shared__ double sel_above;
+    __shared__ unsigned long long sel_key;
 
     const int row = blockIdx.x, tid = threadIdx.x, V = vocab_size;
     const RowParams* p = &rp;
@@ -451,41 +507,55 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
         const int top_k = p->top_k;
         const double top_p = p->top_p;
 
-        // step 7: top-k threshold = the k-th largest of y = keep0 ? z : -inf (radix select)
+        // step 7: top-k threshold = the k-th largest of y = keep0 ? z : -inf (radix select; it
+        // stops at the first digit whose chosen bin holds one value, which is then the answer)
         double kth = neg_inf();
         if (top_k > 0 && top_k < V) {
             unsigned long long prefix = 0ULL, mask = 0ULL;
             int rem = top_k;
             for (int shift = 56; shift >= 0; shift -= 8) {
-                for (int b = tid; b < 256; b += BLOCK) hist[b] = 0u;
+                hist_clear(hist);
                 __syncthreads();
-                for (int i = tid; i < V; i += BLOCK) {
-                    double z = z_at(r, i);
-                    double y = keep0(r, z, w_of(r, z)) ? z : neg_inf();
-                    unsigned long long kk = okey(y);
-                    if ((kk & mask) == prefix) atomicAdd(&hist[(kk >> shift) & 255ULL], 1u);
+                for (int base = 0; base < V; base += BLOCK) {  // whole warps: hist_add
+                    const int i = base + tid;
+                    int bin = -1;
+                    unsigned long long kk = 0ULL;
+                    if (i < V) {
+                        const double z = z_at(r, i);
+                        kk = okey(keep0_lazy(r, z) ? z : neg_inf());
+                        if ((kk & mask) == prefix) bin = (int)((kk >> shift) & 255ULL);
+                    }
+                    hist_add(hist, hist_stage[tid >> 5], bin, kk, 0.0, false);
                 }
                 __syncthreads();
                 if (tid == 0) {
                     int cum = 0, b = 255;
                     for (; b > 0; --b) {
-                        if (cum + (int)hist[b] >= rem) break;
-                        cum += (int)hist[b];
+                        if (cum + (int)hist.count[b] >= rem) break;
+                        cum += (int)hist.count[b];
                     }
                     sel_bin = b;
                     sel_rem = rem - cum;
+                    sel_done = hist.kmin[b] == hist.kmax[b];
+                    sel_key = hist.kmin[b];
                 }
                 __syncthreads();
+                if (sel_done) {
+                    prefix = sel_key;
+                    break;
+                }
                 radix_extend(prefix, mask, shift, sel_bin);
                 rem = sel_rem;
             }
             kth = unkey(prefix);
         }
 
-        // W1: total weight of what min-p and top-k keep
+        // W1: total weight of what min-p and top-k keep (the weight computed only past top-k)
         double local = 0.0;
         for (int i = tid; i < V; i += BLOCK) {
-            double z = z_at(r, i), w = w_of(r, z);
+            const double z = z_at(r, i);
+            if (z == neg_inf() || z < kth) continue;
+            const double w = w_of(r, z);
             if (keep1(r, z, w, kth)) local = __dadd_rn(local, w);
         }
         const double W1 = block_sum(local, s);
@@ -499,49 +569,68 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
             unsigned long long prefix = 0ULL, mask = 0ULL;
             double above = 0.0;
             for (int shift = 56; shift >= 0; shift -= 8) {
-                for (int b = tid; b < 256; b += BLOCK) { hist[b] = 0u; hist_mass[b] = 0.0; }
+                hist_clear(hist);
                 __syncthreads();
-                for (int i = tid; i < V; i += BLOCK) {
-                    double z = z_at(r, i), w = w_of(r, z);
-                    if (!keep1(r, z, w, kth)) continue;
-                    unsigned long long kk = okey(z);
-                    if ((kk & mask) == prefix) {
-                        int b = (int)((kk >> shift) & 255ULL);
-                        atomicAdd(&hist[b], 1u);
-                        atomicAdd(&hist_mass[b], w);
+                for (int base = 0; base < V; base += BLOCK) {  // whole warps: hist_add
+                    const int i = base + tid;
+                    int bin = -1;
+                    unsigned long long kk = 0ULL;
+                    double w = 0.0;
+                    if (i < V) {
+                        // keep1, its weight (an exp) computed only for keys under the prefix
+                        const double z = z_at(r, i);
+                        if (z != neg_inf() && z >= kth) {
+                            kk = okey(z);
+                            if ((kk & mask) == prefix) {
+                                w = w_of(r, z);
+                                if (keep1(r, z, w, kth)) bin = (int)((kk >> shift) & 255ULL);
+                            }
+                        }
                     }
+                    hist_add(hist, hist_stage[tid >> 5], bin, kk, w, true);
                 }
                 __syncthreads();
                 if (tid == 0) {
                     double acc = above, at = above;
                     int sel = -1;
                     for (int b = 255; b >= 0; --b) {
-                        if (hist[b] == 0u) continue;
+                        if (hist.count[b] == 0u) continue;
                         if (!(__ddiv_rn(acc, W1) < top_p)) break;
                         sel = b;
                         at = acc;
-                        acc = __dadd_rn(acc, hist_mass[b]);
+                        acc = __dadd_rn(acc, hist.mass[b]);
                     }
                     sel_bin = sel < 0 ? 0 : sel;  // sel >= 0: the first non-empty bin always qualifies
                     sel_above = at;
+                    // one value in the bin: v* is it, and `at` the mass strictly above it
+                    sel_done = hist.kmin[sel_bin] == hist.kmax[sel_bin];
+                    sel_key = hist.kmin[sel_bin];
                 }
                 __syncthreads();
-                radix_extend(prefix, mask, shift, sel_bin);
                 above = sel_above;
+                if (sel_done) {
+                    prefix = sel_key;
+                    break;
+                }
+                radix_extend(prefix, mask, shift, sel_bin);
             }
             vstar = unkey(prefix);
             // tied tokens at v*, in id order: kept while (above + their lower-id mass) / W1 < top_p
             double tl = 0.0;
             for (int i = c0; i < c1; ++i) {
-                double z = z_at(r, i), w = w_of(r, z);
-                if (keep1(r, z, w, kth) && z == vstar) tl = __dadd_rn(tl, w);
+                const double z = z_at(r, i);
+                if (z != vstar) continue;
+                const double w = w_of(r, z);
+                if (keep1(r, z, w, kth)) tl = __dadd_rn(tl, w);
             }
             double tot;
             double run = __dadd_rn(above, block_exclusive_scan(tl, s, &tot));
             int mine = -1;
             for (int i = c0; i < c1; ++i) {
-                double z = z_at(r, i), w = w_of(r, z);
-                if (!(keep1(r, z, w, kth) && z == vstar)) continue;
+                const double z = z_at(r, i);
+                if (z != vstar) continue;
+                const double w = w_of(r, z);
+                if (!keep1(r, z, w, kth)) continue;
                 if (__ddiv_rn(run, W1) < top_p) mine = i;
                 run = __dadd_rn(run, w);
             }
@@ -553,7 +642,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
         double wl = 0.0;
         int last = -1;
         for (int i = c0; i < c1; ++i) {
-            double z = z_at(r, i), w = w_of(r, z);
+            const double z = z_at(r, i);
+            if (z == neg_inf() || z < vstar || z < kth) continue;  // keep2 fails: no exp
+            const double w = w_of(r, z);
             if (keep2(r, z, w, kth, vstar, i, cut) && w > 0.0) { wl = __dadd_rn(wl, w); last = i; }
         }
         double total;
@@ -566,7 +657,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sampling_step(
             double run = excl;
             int got = last;
             for (int i = c0; i < c1; ++i) {
-                double z = z_at(r, i), w = w_of(r, z);
+                const double z = z_at(r, i);
+                if (z == neg_inf() || z < vstar || z < kth) continue;  // keep2 fails: no exp
+                const double w = w_of(r, z);
                 if (!(keep2(r, z, w, kth, vstar, i, cut) && w > 0.0)) continue;
                 run = __dadd_rn(run, w);
                 if (run > target) { got = i; break; }

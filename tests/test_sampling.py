@@ -509,3 +509,14 @@ def test_top_p_ranks_on_the_scaled_logits_not_the_shifted_ones():
     assert support == {1, 2}
     g = make_generator(p)
     assert all(int(sample(row[None], [p], [g]).token_ids[0]) in {1, 2} for _ in range(50))
+
+
+@pytest.mark.parametrize("n", [10, 15, 100, 257, 1000])
+@pytest.mark.parametrize("top_p", [0.1, 0.2, 0.6, 0.8, 0.9, 0.95])
+def test_top_p_over_a_run_of_equal_tokens_divides_the_count(n: int, top_p: float):
+    """n equal tokens: the mass before the j-th (0-based) is j/n, rounded once. Summing the
+    rounded probabilities 1/n instead drifts by many ulps and kept j with fl(j/n) == top_p
+    (10 tokens at 0.8 kept 9: the GPU sampler, which divides the summed weights, kept 8)."""
+    want = sum(1 for j in range(n) if j / n < top_p)  # Python's IEEE division, one rounding
+    got = processed_logits(np.zeros((1, n)), [SamplingParams(top_p=top_p)])[0]
+    assert np.flatnonzero(np.isfinite(got)).tolist() == list(range(want))

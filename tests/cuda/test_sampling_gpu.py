@@ -123,6 +123,10 @@ PARAMS = {
     "everything": dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.02, repetition_penalty=1.3, presence_penalty=0.5,
                        frequency_penalty=0.4, min_tokens=3, logprobs=20),
     "extreme": dict(temperature=1e-300, top_p=1e-12, repetition_penalty=1e-300, frequency_penalty=-2.0),
+    "top_p_cold": dict(temperature=0.45, top_p=0.95),
+    "top_p_wide": dict(temperature=1.7, top_p=0.999),
+    "top_k_wide": dict(temperature=1.3, top_k=700),
+    "top_k_top_p_min_p": dict(temperature=0.9, top_k=300, top_p=0.8, min_p=0.001),
 }  # fmt: skip
 
 
@@ -268,6 +272,61 @@ def test_raw_scan_at_every_row_alignment(stream, dtype: str, vocab: int) -> None
             dev.free()
     want = sample_rows(logits.astype(np.float32), rows, vocab_size=vocab)
     _assert_same(got, want, rows)
+
+
+LARGE_VOCAB_PARAMS = [
+    dict(temperature=1.0, top_p=0.9),
+    dict(temperature=0.7, top_k=50, top_p=0.9),
+    dict(temperature=1.0, top_k=50),
+    dict(temperature=1.3, top_k=20000),
+    dict(temperature=0.8, top_p=0.5, min_p=0.01),
+    dict(temperature=1.0, top_p=0.99, repetition_penalty=1.3),
+]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_top_k_and_top_p_at_a_large_vocabulary(stream, dtype: str) -> None:
+    """Llama-3's 128,256 tokens: the radix descents of top-k and top-p with their early stop
+    (a chosen bin holding one value), the per-warp histogram updates and the lazy weights,
+    against the reference token for token, on Gaussian logits (bfloat16: thousands of exact
+    ties) and on peaked ones (a few tokens hold most of the mass, as a trained model's do)."""
+    rng = np.random.default_rng(zlib.crc32(f"large:{dtype}".encode()))
+    vocab, batch = 128256, len(LARGE_VOCAB_PARAMS)
+    prompt = rng.integers(0, vocab, 30).tolist()
+    rows = [SamplingRow(SamplingParams(seed=int(rng.integers(0, 2**63)), **kw), prompt, []) for kw in LARGE_VOCAB_PARAMS]
+    from trtcore.runtime.sampling_gpu import GpuSampler
+
+    with GpuSampler(batch, vocab, dtype, stream) as s:
+        for i in range(batch):
+            s.add_request(i, prompt)
+        for step in range(4):
+            x = (rng.standard_normal((batch, vocab)) * 3).astype(np.float32)
+            if step % 2:
+                x[:, rng.integers(0, vocab, 8)] += 12.0  # peaked
+            logits = x.astype(DTYPES[dtype])
+            got = _gpu_step(s, logits, rows)
+            want = sample_rows(logits.astype(np.float32), rows, vocab_size=vocab)
+            _assert_same(got, want, rows)
+            rows = [SamplingRow(r.params, prompt, [*r.output_token_ids, int(t)]) for r, t in zip(rows, got.token_ids)]
+
+
+def test_top_p_over_runs_of_equal_tokens(stream) -> None:
+    """Rows of exactly tied logits, where the mass before a token is j/n and top_p can equal
+    it: the whole vocabulary equal, and a run of ten equal tokens far above the rest. The
+    kernel divides the summed weights by the total; the reference once summed rounded
+    probabilities and kept one token more (an adversarial review, session 30)."""
+    batch = 8
+    x = np.zeros((batch, WIDTH), np.float32)
+    x[4:, :VOCAB] = -60.0
+    x[4:, 100:110] = 5.0  # ten tied maxima, the rest below exp underflow of their mass share
+    x[:, VOCAB:] = 1e4
+    tops = [0.8, 0.1, 0.9, 0.25, 0.8, 0.1, 0.9, 0.3]
+    with _sampler(stream, batch) as s:
+        for step in range(25):
+            rows = [SamplingRow(SamplingParams(top_p=t, seed=1000 * step + i)) for i, t in enumerate(tops)]
+            got = _gpu_step(s, x, rows)
+            want = sample_rows(x, rows, vocab_size=VOCAB)
+            _assert_same(got, want, rows)
 
 
 def test_padding_rows_and_a_padded_vocabulary(stream) -> None:

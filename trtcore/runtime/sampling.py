@@ -44,8 +44,12 @@ d) Apply top_k and/or top_p. e) Sample"):
    their order does not matter.
 8. **top-p** over what is left, renormalized: keep the most likely tokens (descending
    ``z``, ties by lower id) while the probability mass strictly before a token is
-   ``< top_p``; always at least one token (the descending form of ``TopPLogitsWarper``,
-   which removes a token when the ascending cumulative sum is ``<= 1 - top_p``).
+   ``< top_p``, computed as the weight before it over the total weight (one rounded
+   division); always at least one token (the descending form of ``TopPLogitsWarper``,
+   which removes a token when the ascending cumulative sum is ``<= 1 - top_p``; where the
+   mass before a token equals ``top_p`` up to rounding, as in runs of exactly tied tokens,
+   the implementations' roundings can keep one token more or less: ten equal tokens at
+   ``top_p=0.1`` keep 1 here, 2 in transformers' float32).
 9. **Draw** by inverse CDF over the kept tokens in id order with one uniform ``u`` in
    ``[0, 1)``: the first token whose inclusive cumulative weight exceeds ``u`` times the
    total. Tokens of zero weight (``exp`` underflow) are never returned.
@@ -518,11 +522,14 @@ def _keep_mask(z: np.ndarray, w: np.ndarray, top_k: int, top_p: float, min_p: fl
     if top_p < 1.0:
         kept = np.flatnonzero(keep)  # ascending ids
         order = kept[np.argsort(-z[kept], kind="stable")]  # descending, ties by id
-        probs = w[order] / w[order].sum()
-        mass_before = np.empty_like(probs)
+        ws = w[order]
+        # the weight before each token over the total, one rounding each: summing the rounded
+        # probabilities instead drifts by many ulps over a long run of ties (a row of n equal
+        # tokens kept fl(j/n) >= top_p wrongly), and the GPU sampler divides the sums too
+        mass_before = np.empty_like(ws)
         mass_before[0] = 0.0
-        np.cumsum(probs[:-1], out=mass_before[1:])
-        keep[order[mass_before >= top_p]] = False  # the first token always stays: top_p > 0
+        np.cumsum(ws[:-1], out=mass_before[1:])
+        keep[order[mass_before / ws.sum() >= top_p]] = False  # the first token always stays: top_p > 0
     return keep
 
 

@@ -1,0 +1,1 @@
+bash call.sh bash -c "timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/cuda/test_sampling_gpu.py tests/cuda/test_device_runner_gpu.py > $OUT/t1.log 2>&1; timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/cuda/test_llm_gpu.py > $OUT/t2.log 2>&1"
