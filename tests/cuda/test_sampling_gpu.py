@@ -318,7 +318,7 @@ def test_top_p_over_runs_of_equal_tokens(stream) -> None:
     batch = 8
     x = np.zeros((batch, WIDTH), np.float32)
     x[4:, :VOCAB] = -60.0
-    x[4:, 100:110] = 5.0  # ten tied maxima, the rest below exp underflow of their mass share
+    x[4:, 100:110] = 5.0  # ten tied maxima; the rest weigh exp(-65) each, below one ulp of the total
     x[:, VOCAB:] = 1e4
     tops = [0.8, 0.1, 0.9, 0.25, 0.8, 0.1, 0.9, 0.3]
     with _sampler(stream, batch) as s:
