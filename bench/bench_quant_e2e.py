@@ -17,7 +17,9 @@ residual in their epilogue and the GEMVs after them (q/k/v, gate/up, lm_head) fo
 their x and output (``NORM_X``): no row kernel in the step; ``, attention
 unsplit``: the paged attention plugin's ``TUNING["splits"] = 1`` for the variant's life, so decode
 attention runs one slice per sequence and no reduction kernel; ``, attention 4 splits``: 4 slices
-of at least 64 keys, ``min_keys_per_split`` 64, where the heuristic takes 2 at ``max_seq_len`` 256), FP8 W8A8 with per-tensor weight scales
+of at least 64 keys, ``min_keys_per_split`` 64, where the heuristic takes 2 at ``max_seq_len`` 256;
+``, bulk BxR``: the 4-bit decode kernel with ``BULK`` B and ``BULK_R`` R, its tile moved by the TMA
+unit), FP8 W8A8 with per-tensor weight scales
 (one per packed module) and static or dynamic activation scales, or (``channel``) per-channel
 weight scales; the cuda engine fuses q/k/v and gate/up in both
 (:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's
@@ -63,6 +65,8 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("W4A16 g128 + lm_head, add+norm fused, attention unsplit", 4, -128),  # both
     ("W4A16 g128 + lm_head, norm in GEMV, attention 4 splits", 4, -128),  # TUNING splits 4, min_keys_per_split 64
     ("W4A16 g128 + lm_head, attention 4 splits", 4, -128),  # TUNING splits 4, min_keys_per_split 64
+    ("W4A16 g128 + lm_head, bulk 8x1", 4, -128),  # DEFAULT_DECODE[4] with BULK 8, BULK_R 1: the tile through the TMA unit
+    ("W4A16 g128 + lm_head, bulk 4x1", 4, -128),  # BULK 4, BULK_R 1
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
     ("FP8 W8A8 static + FP8 KV", "fp8", 1),  # and kv_cache_dtype="fp8" (E4M3 KV pool, scales 1.0)
@@ -163,6 +167,10 @@ def main() -> int:
                 pa.TUNING["splits"] = 1 if "attention unsplit" in parts else 4 if "attention 4 splits" in parts else 0
                 min_keys = pa.TUNING["min_keys_per_split"]
                 pa.TUNING["min_keys_per_split"] = 64 if "attention 4 splits" in parts else min_keys
+                default4 = dict(wog.DEFAULT_DECODE[4])  # ", bulk BxR": the default decode kernel with BULK B, BULK_R R
+                bulk = next((p.split()[1].split("x") for p in parts if p.startswith("bulk ")), None)
+                if bulk:
+                    wog.DEFAULT_DECODE[4] = {**default4, "BULK": int(bulk[0]), "BULK_R": int(bulk[1])}
                 try:
                     with random_checkpoint(make):
                         llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
@@ -237,6 +245,7 @@ def main() -> int:
                 del llm
                 pa.TUNING["splits"] = 0
                 pa.TUNING["min_keys_per_split"] = min_keys
+                wog.DEFAULT_DECODE[4] = default4
                 _free_gpu()
     print("JSON:", json.dumps(results))
     return 0
