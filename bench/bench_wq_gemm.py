@@ -19,7 +19,7 @@ side by side; ``--diag`` times where the 4-bit kernel's time goes (:data:`DIAG`)
 ``--tune`` times, per shape and quantization, the default decode kernel (v1) at every
 (warps, UNROLL) of :data:`TUNE` and the v2 kernel (``WQ_DECODE 2``, kernels/wq_gemm.cu) at
 the (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps, UNROLL) of :data:`TUNE_V2` and the cp.async rings of
-:data:`TUNE_ASYNC` and the TMA rings of :data:`TUNE_BULK`, each output checked against
+:data:`TUNE_ASYNC`, each output checked against
 float64 NumPy; a table per case (best first) and the JSON. ``--tune-only v2`` skips v1;
 ``--tune-filter REGEX`` keeps the entries whose names match (e.g. ``'v2_rt1_.*_w4_u[12]'``). The
 define sets are compiled by parallel threads in the background while the weights are made
@@ -103,12 +103,6 @@ TUNE_ASYNC = [
 ]
 
 
-#: v2 with the tile moved by the TMA unit (BULK, compute capability 9.0): (SEG, BULK pieces in the
-#: ring, BULK_R units per warp a piece, warps); with 8 pieces of one unit per warp a K = 4096 tile
-#: is in flight whole from the block's start
-TUNE_BULK = [(seg, b, r, w) for seg in (1, 2) for b, r in ((2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (16, 1)) for w in (4, 8, 16)]
-
-
 def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
     """``--tune``'s entries for a quantization: (name, extra defines (UNROLL included), warps)."""
     out = []
@@ -128,9 +122,6 @@ def _sweep(bits: int, only: str) -> list[tuple[str, dict[str, int], int]]:
             for xpf in (0, 1):  # x loaded a unit ahead (the bench's weights are in the contiguous-x order)
                 defines = {"UNROLL": 1, "WQ_DECODE": 2, "ROW_TILES": rt, "WQ_FOLD": f, "SEG": seg, "ASYNC": a, "XPF": xpf}
                 out.append((f"v2_rt{rt}_f{f}_s{seg}_a{a}_x{xpf}_w{w}", defines, w))
-        for seg, b, r, w in TUNE_BULK:
-            defines = {"UNROLL": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": seg, "BULK": b, "BULK_R": r}
-            out.append((f"v2_rt1_f0_s{seg}_b{b}_r{r}_w{w}", defines, w))
     return [e for e in out if re.fullmatch(TUNE_FILTER[0], e[0])] if TUNE_FILTER else out
 
 
@@ -322,8 +313,8 @@ def time_shape(
                     chosen = plugin.decode_variant(np.dtype(bf16), 1)
                     if variant and not chosen:
                         continue  # v2 does not apply (it never does here: no perm, whole-chunk groups)
-                    if any(chosen.get(key, 0) != variant.get(key, 0) for key in ("ASYNC", "SEG", "XPF", "BULK")):
-                        continue  # lowered by the plugin (SEG not dividing a group; a ring not fitting): another entry's kernel
+                    if any(chosen.get(key, 0) != variant.get(key, 0) for key in ("ASYNC", "SEG", "XPF")):
+                        continue  # lowered by the plugin (SEG not dividing a group; the ring not fitting): another entry's kernel
                     t_us, t_err = timed()
                     sweep[name] = {"us": round(t_us, 3), "speedup_vs_cublas": round(cublas_us / t_us, 3), "rel_err": t_err, "ok": t_err < 1e-2}
             finally:

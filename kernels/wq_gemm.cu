@@ -768,19 +768,6 @@ __device__ __forceinline__ void gemv_body(const elem_t* __restrict__ x, const ui
 #ifndef XPF
 #define XPF 0
 #endif
-// BULK 0 | 1 .. 16, BULK_R 1 ..: section "v2 with BULK" below (ROW_TILES 1, the register path)
-#ifndef BULK
-#define BULK 0
-#endif
-#ifndef BULK_R
-#define BULK_R 1
-#endif
-#if BULK < 0 || BULK > 16 || BULK_R < 1
-#error "BULK must be 0 .. 16 and BULK_R at least 1"
-#endif
-#if BULK && (WQ_DECODE != 2 || ROW_TILES != 1 || ASYNC > 0 || NORM_X || ADD_NORM)
-#error "BULK is v2's (WQ_DECODE 2) with ROW_TILES 1, without ASYNC, NORM_X or ADD_NORM"
-#endif
 // NORM_X 0 | 1: the plugin's norm_input on the v2 register path (trtcore.cuda.norm_input_fusion):
 // x is h, and the kernel computes RMSNorm's scale itself, folded out of the GEMM (RMSNorm: Zhang &
 // Sennrich, arXiv:1910.07467; the scale is one number per row of x, so it factors out of the sum):
@@ -1482,129 +1469,6 @@ __device__ __forceinline__ void gemv3_body(const elem_t* __restrict__ x, const u
 }
 #endif  // ASYNC
 
-#if BULK
-// ---- v2 with BULK: the tile's bytes moved by the TMA unit ---------------------------------------
-//
-// One thread of the block copies its tile's codes into a ring of BULK pieces of dynamic shared
-// memory with cp.async.bulk (bulk_copy.cuh: one instruction a piece, completing on the piece
-// slot's "full" mbarrier by its byte count) and the tile's scales (and zero points) once beside
-// them; no lane holds a register for bytes in flight, and the block keeps BULK pieces in flight
-// whatever its occupancy. A piece is BULK_R * warps units (of SEG chunks), which the warps take
-// round robin as gemv2_main does, so every warp computes the units (and reads the x columns) it
-// computes in v2, in the same order: the same sums, bit for bit. A slot is refilled with the piece
-// BULK further on once every warp has arrived on its "empty" mbarrier (lane 0 of each, after its
-// units). The first BULK pieces and the scales are issued before PDL_WAIT (constants).
-// Dynamic shared memory (plugins/weight_only_gemm.py bulk_smem_bytes): BULK pieces of
-// BULK_R * warps * SEG * 512 bytes, the tile's groups * 16 scales (and zero points) as float32,
-// then 2 * BULK + 1 mbarriers of 8 bytes; at the end the ring's start holds the warps' partial sums.
-#include "bulk_copy.cuh"
-
-// a group pair from the tile's scales (and zero points) in shared memory
-__device__ __forceinline__ GroupPair group_pair_smem(const float* st, const float* zt, int g, int gid) {
-    GroupPair q;
-    q.s[0] = st[g * 16 + gid];
-    q.s[1] = st[g * 16 + gid + 8];
-#if HAS_ZEROS
-    q.z[0] = zt[g * 16 + gid];
-    q.z[1] = zt[g * 16 + gid + 8];
-#endif
-    return q;
-}
-
-// piece p of the tile at gtile into its slot (p % BULK), completing on that slot's full barrier
-__device__ __forceinline__ void bulk_piece(const char* gtile, unsigned ring, unsigned full0, int p, int units, int piece_units) {
-    const int slot = p % BULK;
-    const unsigned bytes = (unsigned)min(piece_units, units - p * piece_units) * (SEG * 512u);
-    const unsigned bar = full0 + 8u * slot;
-    mbar_expect(bar, bytes);
-    bulk_copy(ring + (unsigned)slot * (unsigned)piece_units * (SEG * 512u), gtile + (size_t)p * piece_units * (SEG * 512), bytes, bar);
-}
-
-template <bool GROUPED>
-__device__ __forceinline__ void gemv4_main(const elem_t* __restrict__ x, const char* gtile, unsigned char* ring, const float* sst,
-                                           const float* szt, unsigned full0, unsigned empty0, const OutRows& out, int M, int N, int K,
-                                           int cdiv, unsigned int cmagic, unsigned int opaque) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int gid = lane >> 2;
-    const int units = K / (CHUNK * SEG);
-    const int piece_units = BULK_R * warps, pieces = (units + piece_units - 1) / piece_units;
-    const Frag2 f = frag2_consts(opaque);
-    const elem_t* xc = x_row2(x, M, K);
-    const size_t xstep = (size_t)warps * (SEG * CHUNK);
-    const unsigned ring_u32 = bulk_smem_u32(ring);
-    float acc[1][4], d[1][4], dx[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[0][i] = d[0][i] = dx[i] = 0.0f;
-    for (int p = 0; p < pieces; ++p) {
-        const int slot = p % BULK, u0 = p * piece_units;
-        const unsigned parity = (unsigned)(p / BULK) & 1u;
-        const bool mine = u0 + warp < units;  // every warp has BULK_R units in all but the last piece
-        if (mine) mbar_wait(full0 + 8u * slot, parity);
-        const uint4* pv = reinterpret_cast<const uint4*>(ring + (size_t)slot * piece_units * (SEG * 512)) + lane;
-#pragma unroll
-        for (int i = 0; i < BULK_R; ++i) {
-            const int ul = warp + i * warps, u = u0 + ul;
-            if (u >= units) break;
-            uint4 v[SEG][1];
-#pragma unroll
-            for (int s = 0; s < SEG; ++s) v[s][0] = pv[(ul * SEG + s) * 32];
-            unit2<GROUPED>(v, xc, d, dx, f);
-            if (GROUPED) flush2(acc[0], d[0], dx, group_pair_smem(sst, szt, chunk_group2(u * SEG, cdiv, cmagic), gid));
-            xc += xstep;
-        }
-        __syncwarp();
-        if (lane == 0 && mine) mbar_arrive(empty0 + 8u * slot);
-        if (threadIdx.x == 0 && p + BULK < pieces) {
-            mbar_wait(empty0 + 8u * slot, parity);  // every warp has read piece p from the slot
-            bulk_piece(gtile, ring_u32, full0, p + BULK, units, piece_units);
-        }
-        __syncwarp();  // warp 0 whole again before its next mma.sync
-    }
-    if (!GROUPED) flush2(acc[0], d[0], dx, group_pair_smem(sst, szt, 0, gid));
-    __syncthreads();  // every warp is done with the ring: its start takes the partial sums
-    gemv2_store(acc, reinterpret_cast<float*>(ring), out, M, N, 4 * 32);
-}
-
-__device__ __forceinline__ void gemv4_body(const elem_t* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scales,
-                                           const float* __restrict__ zeros, const OutRows& out, int M, int N, int K, int group_size,
-                                           int cdiv, unsigned int cmagic) {
-    const int warps = blockDim.x >> 5;
-    const int units = K / (CHUNK * SEG), groups = K / group_size;
-    const int piece_units = BULK_R * warps, pieces = (units + piece_units - 1) / piece_units;
-    const int t = min((int)blockIdx.x, (N + 15) / 16 - 1);
-    const char* gtile = reinterpret_cast<const char*>(w + (size_t)t * (K / CHUNK) * 32);
-    extern __shared__ __align__(128) unsigned char wq_bulk[];
-    unsigned char* ring = wq_bulk;
-    float* sst = reinterpret_cast<float*>(ring + (size_t)BULK * piece_units * (SEG * 512));
-    float* szt = sst + groups * 16;
-    const unsigned sbytes = (unsigned)groups * 64u;  // a group's 16 float32 per tile
-    const unsigned full0 = bulk_smem_u32(sst + groups * 16 * (1 + HAS_ZEROS)), empty0 = full0 + 8u * BULK, sbar = empty0 + 8u * BULK;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < BULK; ++s) {
-            mbar_init(full0 + 8u * s, 1);
-            mbar_init(empty0 + 8u * s, (unsigned)warps);
-        }
-        mbar_init(sbar, 1);
-        fence_barrier_init();
-        mbar_expect(sbar, sbytes * (1 + HAS_ZEROS));
-        bulk_copy(bulk_smem_u32(sst), scales + (size_t)t * groups * 16, sbytes, sbar);
-#if HAS_ZEROS
-        bulk_copy(bulk_smem_u32(szt), zeros + (size_t)t * groups * 16, sbytes, sbar);
-#endif
-        for (int p = 0; p < BULK && p < pieces; ++p) bulk_piece(gtile, bulk_smem_u32(ring), full0, p, units, piece_units);
-    }
-    __syncthreads();  // the barriers are initialized before anyone waits on them
-    const unsigned int opaque = (unsigned int)(group_size >> 31);  // 0, unknown to the compiler
-    mbar_wait(sbar, 0);
-    PDL_WAIT();
-    PDL_LAUNCH();
-    if (groups > 1)
-        gemv4_main<true>(x, gtile, ring, sst, szt, full0, empty0, out, M, N, K, cdiv, cmagic, opaque);
-    else
-        gemv4_main<false>(x, gtile, ring, sst, szt, full0, empty0, out, M, N, K, cdiv, cmagic, opaque);
-}
-#endif  // BULK
-
 // rope_*: the ROPE epilogue's arguments (OutRows; null / 0 without ROPE)
 // an_*: the ADD_NORM tail's arguments (OutRows; null / 0 without ADD_NORM, which only v2 takes).
 // With ADD_NORM at least two blocks per SM: without the bound ptxas spends up to 128 registers on
@@ -1633,10 +1497,6 @@ trtcore_wq_gemv(const elem_t* __restrict__ x, const uint4* __restrict__ w, const
 #endif
 #if WQ_DECODE == 2 && ASYNC > 0
     gemv3_body(x, w, scales, zeros,
-               add_norm_rows(out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), an_residual, an_weight, an_normed, an_counter, an_eps),
-               M, N, K, group_size, cdiv, cmagic);
-#elif WQ_DECODE == 2 && BULK
-    gemv4_body(x, w, scales, zeros,
                add_norm_rows(out_rows(out, rope_pos, rope_freq, rope_rows, rope_scale, 0, N), an_residual, an_weight, an_normed, an_counter, an_eps),
                M, N, K, group_size, cdiv, cmagic);
 #elif WQ_DECODE == 2 && NORM_X

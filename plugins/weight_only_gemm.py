@@ -187,12 +187,9 @@ def _variant_from_env() -> dict[str, int]:
 
 #: the M <= 8 decode kernel's variant, extra defines of kernels/wq_gemm.cu: {} is the default
 #: (v1); {"WQ_DECODE": 2, "ROW_TILES": 1 | 2, "WQ_FOLD": 0 | 1, "SEG": 1 .. 4, "L2_PF": 0 ..,
-#: "L2_HINT": 0 | 1 | 2, "ASYNC": 0 | 2 .., "XPF": 0 | 1, "BULK": 0 .. 16, "BULK_R": 1 ..} (ASYNC:
-#: units in flight per warp in shared memory, lowered to what :data:`_RING_SMEM` holds for the
-#: block's warps, :func:`async_depth`; XPF: with ASYNC on the contiguous-x order, x loaded a unit
-#: ahead; BULK: the tile moved by the TMA unit into a ring of BULK pieces of BULK_R units per warp,
-#: ROW_TILES 1 without ASYNC, NORM_X or the add + norm tail, compute capability 9.0, lowered to
-#: what :data:`_BULK_SMEM` holds, :func:`bulk_smem_bytes`; dropped where it cannot run)
+#: "L2_HINT": 0 | 1 | 2, "ASYNC": 0 | 2 .., "XPF": 0 | 1} (ASYNC: units in flight per warp in
+#: shared memory, lowered to what :data:`_RING_SMEM` holds for the block's warps,
+#: :func:`async_depth`; XPF: with ASYNC on the contiguous-x order, x loaded a unit ahead)
 #: (any subset; UNROLL too) selects v2 where :meth:`WeightOnlyGemmPlugin.fast_decode` allows it
 #: (SEG falls back to 1 where it does not divide the chunks per group); "WARPS" (not a define)
 #: sets its warps per block instead of :meth:`WeightOnlyGemmPlugin.decode_warps`.
@@ -279,31 +276,6 @@ GROUP_UNIT = 8
 #: GPU that runs it admits when asked (compute capability 8.0+: 99 KiB on 8.6 / 8.9, 163 on 8.0,
 #: 227 on 9.0; CUDA C++ Programming Guide, "Features and Technical Specifications")
 _RING_SMEM = 96 * 1024
-
-
-#: dynamic shared memory the BULK decode kernel's ring, scales and barriers may take per block
-#: (compute capability 9.0 admits 227 KiB; a third leaves room for several blocks per SM)
-_BULK_SMEM = 76 * 1024
-
-
-def bulk_smem_bytes(bulk: int, bulk_r: int, warps: int, seg: int, groups: int, has_zeros: bool) -> int:
-    """Dynamic shared memory of the ``BULK`` decode kernel (kernels/wq_gemm.cu, "v2 with BULK"):
-    ``bulk`` pieces of ``bulk_r * warps`` units of ``seg`` 512-byte chunks, the tile's
-    ``groups * 16`` float32 scales (and as many zero points), and ``2 * bulk + 1`` 8-byte
-    mbarriers."""
-    return bulk * bulk_r * warps * seg * 512 + groups * 64 * (2 if has_zeros else 1) + 8 * (2 * bulk + 1)
-
-
-_BULK_CAPABLE: list[bool] = []
-
-
-def _bulk_capable() -> bool:
-    """Whether this GPU runs ``cp.async.bulk`` (compute capability 9.0+), asked once."""
-    if not _BULK_CAPABLE:
-        from trtcore.kernels.nvrtc import current_arch
-
-        _BULK_CAPABLE.append(int(current_arch()[3:]) >= 90)
-    return _BULK_CAPABLE[0]
 
 
 #: the deepest ring (kernels/wq_gemm.cu refuses more: ptxas clamps cp.async.wait_group's count
@@ -1253,7 +1225,6 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
         if self.norm_input and self.contiguous_x:  # NORM_X (norm_folds) is the register path's, one unit in flight: int8's two took 79 registers
             variant.pop("ASYNC", None)
             variant.pop("XPF", None)
-            variant.pop("BULK", None)
             variant["UNROLL"] = 1
         if self.chunks_per_group() % variant.get("SEG", 1):
             del variant["SEG"]
@@ -1272,20 +1243,6 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             del variant["ASYNC"]  # the register path's define set, as without the key
         if variant.get("XPF") and not (variant.get("ASYNC") and self.contiguous_x):
             del variant["XPF"]  # x loaded a unit ahead: the cp.async path's, on the contiguous-x order
-        if variant.get("BULK") and (rt != 1 or variant.get("ASYNC") or self.add_norm):
-            del variant["BULK"]  # the TMA ring is the one-tile register path's, without the add + norm tail
-        if variant.get("BULK"):  # the launch's shared memory sizes the ring: WARPS set, BULK lowered to fit
-            warps = variant.get("WARPS") or self.decode_warps(rt)
-            variant["WARPS"] = warps
-            r, seg, groups = variant.get("BULK_R", 1), variant.get("SEG", 1), self.in_features // self.group_size
-            units = -(-self.in_features // chunk_codes(self.bits)) // seg
-            variant["BULK"] = min(variant["BULK"], -(-units // (r * warps)))  # no slot beyond the tile's pieces
-            while variant["BULK"] > 1 and bulk_smem_bytes(variant["BULK"], r, warps, seg, groups, self.has_zeros) > _BULK_SMEM:
-                variant["BULK"] -= 1
-        if not variant.get("BULK", 1):
-            del variant["BULK"]
-        if "BULK_R" in variant and not variant.get("BULK"):
-            del variant["BULK_R"]
         return variant
 
     def decode_warps(self, row_tiles: int = 1, target: int = _TARGET_WARPS) -> int:
@@ -1392,12 +1349,6 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             warps = variant.pop("WARPS", 0) or self.decode_warps(variant.get("ROW_TILES", 1))
             rt = variant.get("ROW_TILES", 1)
             rings = warps * variant.get("ASYNC", 0) * variant.get("ASLOT", 0)  # bytes of the cp.async rings
-            if variant.get("BULK") and not _bulk_capable():
-                variant.pop("BULK")  # cp.async.bulk needs compute capability 9.0: the register path
-                variant.pop("BULK_R", None)
-            if variant.get("BULK"):  # the TMA ring, the tile's scales and the barriers
-                groups = self.in_features // self.group_size
-                rings = bulk_smem_bytes(variant["BULK"], variant.get("BULK_R", 1), warps, variant.get("SEG", 1), groups, self.has_zeros)
             if self.swiglu:
                 variant["GATED"] = 1  # the SwiGLU epilogue
             if tail:

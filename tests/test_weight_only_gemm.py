@@ -22,9 +22,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 import zlib
 from pathlib import Path
 from typing import Any
@@ -551,48 +549,6 @@ def test_async_variant_sets_the_ring(rng: np.random.Generator, monkeypatch: pyte
     natural = WeightOnlyGemmPlugin(1024, 64, 4, 128, True, False, False)
     monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "ASYNC": 4, "XPF": 1, "WARPS": 4})
     assert "XPF" not in natural.decode_variant(BF16, 1) and natural.decode_variant(BF16, 1)["ASYNC"] == 4
-
-
-def test_bulk_variant_sizes_the_ring(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DECODE_VARIANT with BULK (the tile moved by the TMA unit): the plugin passes the warps the
-    ring is sized for, lowers BULK to the tile's pieces and until ring + scales + barriers fit
-    76 KiB, and drops it where
-    the kernel refuses it (two row tiles, the cp.async rings, the add + norm tail); the shared
-    memory, counted here from the kernel's layout: pieces of BULK_R x warps units of SEG 512-byte
-    chunks, 16 float32 scales a group (and as many zero points), 2 x BULK + 1 mbarriers."""
-    g128, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 14336, 4096, 4, 128, "frac", False))
-    assert wog.bulk_smem_bytes(8, 1, 4, 2, 32, False) == 8 * 4 * 1024 + 32 * 16 * 4 + 17 * 8
-    assert wog.bulk_smem_bytes(2, 2, 16, 1, 32, True) == 2 * 32 * 512 + 2 * 32 * 16 * 4 + 5 * 8
-    v = {"WQ_DECODE": 2, "SEG": 2, "BULK": 8, "BULK_R": 1}
-    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "WARPS": 4})
-    assert g128.decode_variant(BF16, 1) == {**v, "WARPS": 4}  # the whole 32 KiB tile in flight
-    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "WARPS": 8})
-    assert g128.decode_variant(BF16, 1)["BULK"] == 4  # 32 units of 2 chunks: 4 pieces of 8, no slot beyond them
-    down, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 64, 14336, 4, 128, "none", False))
-    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "WARPS": 16, "BULK_R": 2})
-    chosen = down.decode_variant(BF16, 1)  # 112 units: 4 pieces of 32 KiB do not fit, 2 do (and 7 KiB of scales)
-    assert chosen["BULK"] == 2 and wog.bulk_smem_bytes(2, 2, 16, 2, 112, False) <= 76 * 1024 < wog.bulk_smem_bytes(3, 2, 16, 2, 112, False)
-    for other in ({"ROW_TILES": 2}, {"ASYNC": 4}):
-        monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "WARPS": 4, **other})
-        assert "BULK" not in g128.decode_variant(BF16, 1) and "BULK_R" not in g128.decode_variant(BF16, 1)
-    monkeypatch.setattr(wog, "DECODE_VARIANT", {**v, "WARPS": 4})
-    assert "BULK" not in dataclasses.replace(g128, add_norm=True, norm_eps=1e-5).decode_variant(BF16, 1)
-
-
-@pytest.mark.parametrize("extra", [{"BULK": 4, "BULK_R": 1}, {"BULK": 16, "BULK_R": 2, "HAS_ZEROS": 1}, {"BULK": 2, "BITS": 8, "GATED": 1}])
-def test_bulk_kernel_compiles_for_hopper(extra: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The BULK decode kernel compiles for sm_90 (cp.async.bulk and mbarriers are Hopper's) with
-    no spills (ptxas's report; an empty cache, so that ptxas runs), and refuses BULK where it
-    cannot run: two row tiles, or with ASYNC."""
-    monkeypatch.setenv("TRTCORE_CACHE", str(tmp_path))
-    base = {"DTYPE": 2, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, "WQ_DECODE": 2, "ROW_TILES": 1, "SEG": 2, "UNROLL": 1}
-    k = kernels.compile_kernel("wq_gemm", defines={**base, **extra}, arch="sm_90", options=["--ptxas-options=-v"])
-    assert not k.from_cache and "trtcore_wq_gemv" in k.symbols
-    props = re.search(r"Function properties for trtcore_wq_gemv\n(.*)\n", k.log)
-    assert props and " 0 bytes spill stores" in props.group(1), k.log
-    for wrong in ({"ROW_TILES": 2}, {"ASYNC": 2, "ASLOT": wog.async_slot_bytes(2, 1, False)}):
-        with pytest.raises(kernels.NVRTCError, match="BULK is v2's"):
-            kernels.compile_kernel("wq_gemm", defines={**base, **extra, **wrong}, arch="sm_90")
 
 
 def test_decode_variant_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -205,12 +205,6 @@ V2_VARIANTS += [
     {"WQ_DECODE": 2, "ROW_TILES": 2, "WQ_FOLD": 0, "SEG": 1, "L2_PF": 0, "ASYNC": 3},
     {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 2, "L2_PF": 0, "ASYNC": 4, "XPF": 1},
 ]
-# the tile moved by the TMA unit (BULK): the same sums; a ring shorter than the tile (refills) and
-# one of two units per warp a piece
-V2_VARIANTS += [
-    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 0, "SEG": 2, "L2_PF": 0, "BULK": 2, "BULK_R": 1},
-    {"WQ_DECODE": 2, "ROW_TILES": 1, "WQ_FOLD": 1, "SEG": 1, "L2_PF": 0, "BULK": 3, "BULK_R": 2},
-]
 
 
 #: v2 variants the contiguous-x order is checked with beside the default decode kernel
@@ -218,8 +212,7 @@ CONTIG_X_VARIANTS = [V2_VARIANTS[i] for i in (0, 3, 5, 8, 11, 14)]  # 11, 14: th
 
 
 def _v2_id(v: dict) -> str:
-    bulk = f"_b{v['BULK']}r{v['BULK_R']}" if v.get("BULK") else ""
-    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}_a{v.get('ASYNC', 0)}_x{v.get('XPF', 0)}{bulk}"
+    return f"rt{v['ROW_TILES']}_f{v['WQ_FOLD']}_s{v['SEG']}_pf{v['L2_PF']}_h{v.get('L2_HINT', 0)}_a{v.get('ASYNC', 0)}_x{v.get('XPF', 0)}"
 
 
 @pytest.fixture(scope="module", autouse=True)
