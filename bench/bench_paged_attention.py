@@ -226,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sweep-at",
         default="",
-        help="also time these 'CTX:BATCH' decode points (';'-separated, block size 16) with 0 (the heuristic) to 4 forced "
-        "splits and 2 / 3 ring stages, the FP8 pool too with --kv-fp8",
+        help="also time these 'CTX:BATCH' decode points (';'-separated, block size 16) with the --sweep-splits forced "
+        "split counts (0: the heuristic) and --sweep-stages ring stages, the FP8 pool too with --kv-fp8",
     )
+    ap.add_argument("--sweep-splits", default="0,1,2,3,4", help="with --sweep-at: the split counts (0: the heuristic's)")
+    ap.add_argument("--sweep-stages", default="2,3", help="with --sweep-at: the ring stages")
     args = ap.parse_args(argv)
 
     import torch
@@ -313,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         for spec in args.sweep_at.split(";"):
             ctx, batch = (int(x) for x in spec.split(":"))
             for kv_fp8 in (False, True) if args.kv_fp8 else (False,):
-                for stages in (2, 3):
-                    for splits in range(5):
+                for stages in (int(x) for x in args.sweep_stages.split(",")):
+                    for splits in (int(x) for x in args.sweep_splits.split(",")):
                         pa.TUNING.update(splits=splits, stages=stages, min_keys_per_split=16 if splits else base["min_keys_per_split"])
                         at.append(forced_row("at", ctx, batch, splits, stages, kv_fp8))
         pa.TUNING.clear()

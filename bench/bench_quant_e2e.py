@@ -17,9 +17,10 @@ residual in their epilogue and the GEMVs after them (q/k/v, gate/up, lm_head) fo
 their x and output (``NORM_X``): no row kernel in the step; ``, attention
 unsplit``: the paged attention plugin's ``TUNING["splits"] = 1`` for the variant's life, so decode
 attention runs one slice per sequence and no reduction kernel; ``, attention 4 splits``: 4 slices
-of at least 64 keys, ``min_keys_per_split`` 64, where the heuristic takes 2 at ``max_seq_len`` 256;
-``, bulk BxR``: the 4-bit decode kernel with ``BULK`` B and ``BULK_R`` R, its tile moved by the TMA
-unit), FP8 W8A8 with per-tensor weight scales
+of at least 64 keys, ``min_keys_per_split`` 64 (what the split rule itself takes at batch 1 and
+``max_seq_len`` 256 since its few-CTA case; 2 before);
+``, few-CTA splits off``: the split rule without its few-CTA case, ``TUNING["few_cta_splits"] = 1``),
+FP8 W8A8 with per-tensor weight scales
 (one per packed module) and static or dynamic activation scales, or (``channel``) per-channel
 weight scales; the cuda engine fuses q/k/v and gate/up in both
 (:class:`~trtcore.cuda.synthetic.RandomFp8Weights`: the ``trtcore_fp8_gemm`` plugin, cuBLASLt's
@@ -65,8 +66,7 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("W4A16 g128 + lm_head, add+norm fused, attention unsplit", 4, -128),  # both
     ("W4A16 g128 + lm_head, norm in GEMV, attention 4 splits", 4, -128),  # TUNING splits 4, min_keys_per_split 64
     ("W4A16 g128 + lm_head, attention 4 splits", 4, -128),  # TUNING splits 4, min_keys_per_split 64
-    ("W4A16 g128 + lm_head, bulk 8x1", 4, -128),  # DEFAULT_DECODE[4] with BULK 8, BULK_R 1: the tile through the TMA unit
-    ("W4A16 g128 + lm_head, bulk 4x1", 4, -128),  # BULK 4, BULK_R 1
+    ("W4A16 g128 + lm_head, few-CTA splits off", 4, -128),  # paged_attention.TUNING["few_cta_splits"] = 1: the split rule before it
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
     ("FP8 W8A8 static + FP8 KV", "fp8", 1),  # and kv_cache_dtype="fp8" (E4M3 KV pool, scales 1.0)
@@ -167,10 +167,8 @@ def main() -> int:
                 pa.TUNING["splits"] = 1 if "attention unsplit" in parts else 4 if "attention 4 splits" in parts else 0
                 min_keys = pa.TUNING["min_keys_per_split"]
                 pa.TUNING["min_keys_per_split"] = 64 if "attention 4 splits" in parts else min_keys
-                default4 = dict(wog.DEFAULT_DECODE[4])  # ", bulk BxR": the default decode kernel with BULK B, BULK_R R
-                bulk = next((p.split()[1].split("x") for p in parts if p.startswith("bulk ")), None)
-                if bulk:
-                    wog.DEFAULT_DECODE[4] = {**default4, "BULK": int(bulk[0]), "BULK_R": int(bulk[1])}
+                few = pa.TUNING["few_cta_splits"]
+                pa.TUNING["few_cta_splits"] = 1 if "few-CTA splits off" in parts else few
                 try:
                     with random_checkpoint(make):
                         llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
@@ -195,7 +193,8 @@ def main() -> int:
                         entry["speedup_vs_bfloat16"] = ours["tok_per_s"] / base[batch]
                     results["runs"].append(entry)
                     print(
-                        f"  batch {batch}: TPOT {ours['tpot_ms']:.3f} ms, {ours['tok_per_s']:.0f} tok/s, one-token generate {ours['ttft_ms']:.2f} ms, x{entry.get('speedup_vs_bfloat16', float('nan')):.2f} vs bfloat16",
+                        f"  batch {batch}: TPOT {ours['tpot_ms']:.3f} ms, {ours['tok_per_s']:.0f} tok/s, one-token generate {ours['ttft_ms']:.2f} ms, "
+                        + (f"x{entry['speedup_vs_bfloat16']:.2f} vs bfloat16" if "speedup_vs_bfloat16" in entry else "no bfloat16 run to compare"),
                         flush=True,
                     )
                     (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))
@@ -245,7 +244,7 @@ def main() -> int:
                 del llm
                 pa.TUNING["splits"] = 0
                 pa.TUNING["min_keys_per_split"] = min_keys
-                wog.DEFAULT_DECODE[4] = default4
+                pa.TUNING["few_cta_splits"] = few
                 _free_gpu()
     print("JSON:", json.dumps(results))
     return 0

@@ -189,6 +189,17 @@ _THREADS = 128
 #: split count minimizes ``waves * (keys per slice + split_cost_keys)`` (fitted to the H200 at
 #: batch 256, context 256: 1 split 96 us against 2 splits 120 us; at context 4096 it keeps 3,
 #: bench/results/h200-2026-12-03-session10/call5);
+#: ``sms``, ``few_cta_splits``: with fewer decode CTAs than ``sms`` (the SMs: 132 on H100/H200), up
+#: to ``few_cta_splits`` slices of one key tile (``_TILE_KEYS``) each, as many as keep one CTA per
+#: SM, where the rules above give fewer: their slices of ``min_keys_per_split`` keys leave most SMs
+#: idle at short contexts. Measured on an H100, block 16, bfloat16 KV (bench_paged_attention.py
+#: --sweep-at, bench/results/h100-2026-12-06-session31/call1), us at 1 / 2 / 4 / 8 / 16 splits:
+#: context 256 batch 1: 10.38 / 8.62 / **6.92** / 7.26 / 9.06 (the rules above: 2); batch 2:
+#: 10.47 / 8.71 / **7.01** / 8.39 / 9.91; batch 4: 10.82 / 9.00 / **8.49** / 10.15 / 11.42;
+#: context 1024 batch 1: 30.45 / 18.69 / 11.72 / **8.83** / 9.33 (the rules above: 8, kept: more
+#: slices than 4 cost more in the merge than they gain). Batch 8 at context 256 keeps 2 (session
+#: 30: 9.51 us against 11.22 for 4). End to end (call 2): a 4-bit Llama-3-8B batch-1 step 2.199
+#: against 2.244 ms without it;
 #: ``stages``: K/V shared-memory ring depth (the kernel's ``PA_STAGES``);
 #: ``splits``: > 0 forces that many splits (benchmark sweeps only).
 TUNING: dict[str, Any] = {
@@ -198,6 +209,8 @@ TUNING: dict[str, Any] = {
     "max_splits": 64,
     "max_partial_rows": 1 << 17,
     "split_cost_keys": 128,
+    "sms": 132,
+    "few_cta_splits": 4,
     "stages": 2,
     "splits": 0,
 }
@@ -506,7 +519,9 @@ class PagedAttentionPlugin(Plugin):
         their waves within ``wave_efficiency`` of the best choice; with more, the fewest of the
         least ``waves * (keys per slice + split_cost_keys)``; with at least ``min_keys_per_split`` keys of
         the longest possible sequence per slice, at most ``max_splits``, and what
-        ``max_partial_rows`` allows; 1 means no split (no workspace, no reduction kernel)."""
+        ``max_partial_rows`` allows; with fewer CTAs than ``sms``, at least as many slices of one
+        key tile as keep a CTA per SM, up to ``few_cta_splits``; 1 means no split (no workspace,
+        no reduction kernel)."""
         if not self.uses_tensor_cores(dtype) or batch < 1:
             return 1
         max_keys = max(1, int(max_blocks_per_seq) * self.block_size)
@@ -536,7 +551,15 @@ class PagedAttentionPlugin(Plugin):
             return waves / math.ceil(waves)
 
         best = max(efficiency(s) for s in range(1, limit + 1))
-        return next(s for s in range(1, limit + 1) if efficiency(s) >= float(TUNING["wave_efficiency"]) * best)
+        chosen = next(s for s in range(1, limit + 1) if efficiency(s) >= float(TUNING["wave_efficiency"]) * best)
+        # few CTAs: up to few_cta_splits slices of one key tile, as many as keep one CTA per SM
+        fine = min(
+            int(TUNING["few_cta_splits"]),
+            max(1, max_keys // _TILE_KEYS),
+            int(TUNING["sms"]) // ctas,
+            max(1, int(TUNING["max_partial_rows"]) // (batch * int(num_q_heads))),
+        )
+        return max(chosen, fine)
 
     def workspace_size(self, inputs: Sequence[tuple[tuple[int, ...], np.dtype]], outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
         """Bytes of split partials for the largest shapes (any smaller batch fits too):

@@ -377,6 +377,29 @@ def test_splits_of_a_full_wave_minimize_waves_times_slice_cost() -> None:
         assert p.num_splits(batch, 32, blocks, BF16) == 1 + int(np.argmin(costs)), (batch, blocks)
 
 
+def test_few_ctas_split_down_to_one_key_tile() -> None:
+    """With fewer decode CTAs than SMs, up to ``few_cta_splits`` (4) slices of one key tile (64
+    keys) while each CTA keeps an SM, where the other rules give fewer: the H100 measurements
+    (bench/results/h100-2026-12-06-session31/call1, session 30): context 256 at batch 1, 2 and 4
+    takes 4 splits (6.92 / 7.01 / 8.49 us against the earlier 2's 8.62 / 8.71 / 9.00), batch 8
+    keeps 2 (4 were slower), batch 32 and 256 keep 1; context 1024 at batch 1 keeps 8 (8.83 us,
+    16 took 9.33); the full-wave rule is untouched."""
+    from trtcore.plugins.paged_attention import TUNING
+
+    p = PagedAttentionPlugin(layer_idx=0, num_kv_heads=8, head_dim=128, block_size=16)
+    assert [p.num_splits(b, 32, 256 // 16, BF16) for b in (1, 2, 4, 8, 32, 256)] == [4, 4, 4, 2, 1, 1]
+    assert p.num_splits(1, 32, 1024 // 16, BF16) == 8
+    sms, few = TUNING["sms"], TUNING["few_cta_splits"]
+    for batch in range(1, 17):
+        ctas = batch * 8
+        for keys in (64, 128, 256, 512, 1024, 4096):
+            s = p.num_splits(batch, 32, keys // 16, BF16)
+            tiles = keys // 64
+            # at least as many one-tile slices as keep a CTA per SM (up to `few`), never more slices than tiles
+            assert s >= min(tiles, sms // ctas, few), (batch, keys, s)
+            assert s <= max(tiles, 1), (batch, keys, s)
+
+
 def test_workspace_covers_every_batch() -> None:
     p = PagedAttentionPlugin(layer_idx=0, num_kv_heads=8, head_dim=128, block_size=16)
     hq, max_blocks = 32, 2048
