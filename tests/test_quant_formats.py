@@ -875,6 +875,9 @@ def test_gptq_rotated_and_e5m2_fp8_and_bitsandbytes_configs_are_refused_by_name(
             detect_quantization({"quant_method": None, key: True})
     with pytest.raises(UnsupportedQuantizationError, match=r"FP8 format 'float8_e4m3fnuz'"):  # AMD's E4M3: another bias, other numbers
         detect_quantization({"quant_method": "fp8", "activation_scheme": "dynamic", "format": "float8_e4m3fnuz"})
+    for config in ({"bits": 4}, {"quant_method": None, "bits": 4}, {"quant_method": ""}):  # said "quant_method None is not supported"
+        with pytest.raises(UnsupportedQuantizationError, match=r"quantization_config: a config without quant_method is not supported; supported formats"):
+            detect_quantization(config)
 
 
 _KV_FP8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}

@@ -94,6 +94,44 @@ def test_checkpoint_of_every_type(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("error::UserWarning")  # no tensor left unread
+def test_convert_keep_quantized_names_what_it_does_not_keep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """``--keep-quantized`` warns with the count and type of the quantized linear weights it
+    writes as float16 after all (the synthetic file's Q5_1 ones: trtcore keeps Q8_0 / Q4_0 /
+    Q4_1 / Q4_K / Q5_K / Q6_K), and says so when the file has no quantized linear to keep; before,
+    both converted silently (found by a new-user trial). Counted here from the file itself."""
+    from test_gguf import write_synthetic_gguf
+
+    from trtcore.gguf_convert import convert_gguf
+    from trtcore.quant_formats.gguf_blocks import GGUF_TYPES
+
+    write_synthetic_gguf(tmp_path / "m.gguf")
+    reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    linears = [t for t in reader.tensors if len(t.shape) == 2 and t.name != "token_embd.weight"]
+    lost = sorted({t.tensor_type.name for t in linears if t.tensor_type.name not in (*GGUF_TYPES, "F16", "BF16", "F32")})
+    assert lost == ["Q5_1"]  # the file's own mix, so that the warning has something to name
+    n_lost = sum(t.tensor_type.name == "Q5_1" for t in linears)
+    n_kept = sum(t.tensor_type.name in GGUF_TYPES for t in linears)
+    with caplog.at_level("WARNING", logger="trtcore.gguf_convert"):
+        convert_gguf(tmp_path / "m.gguf", tmp_path / "q", progress=False, keep_quantized=True)
+    assert f"m.gguf: kept {n_kept} linear weights quantized; {n_lost} Q5_1 of types trtcore does not keep" in caplog.text
+    caplog.clear()
+    add_tensor = gguf.GGUFWriter.add_tensor
+
+    def as_float16(self: gguf.GGUFWriter, name: str, tensor: np.ndarray, *args: object, **kwargs: object) -> None:
+        if "raw_dtype" in kwargs:  # a quantized tensor: float16 values of the same shape instead
+            shape = tensor.shape[:-1] + (tensor.shape[-1] * gguf.GGML_QUANT_SIZES[kwargs["raw_dtype"]][0] // gguf.GGML_QUANT_SIZES[kwargs["raw_dtype"]][1],)
+            return add_tensor(self, name, np.zeros(shape, np.float16))
+        return add_tensor(self, name, tensor, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_tensor", as_float16)
+    write_synthetic_gguf(tmp_path / "f.gguf")
+    monkeypatch.undo()
+    with caplog.at_level("WARNING", logger="trtcore.gguf_convert"):
+        convert_gguf(tmp_path / "f.gguf", tmp_path / "f", progress=False, keep_quantized=True)
+    assert "f.gguf: no linear weight is quantized (nothing to keep)" in caplog.text
+    assert load_config(tmp_path / "f").quantization_config is None
+
+
 def test_convert_keep_quantized_runs_from_the_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``trtcore convert --gguf --keep-quantized``: the kept tensors are the GGUF file's own
     blocks (q/k rows un-permuted as bytes), config.json names them; greedy tokens from the

@@ -356,6 +356,44 @@ def test_outputs_that_cannot_be_written_and_non_integer_options_are_refused_befo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "src", "work"] and not any(work.iterdir())
 
 
+def test_flags_must_be_bools_and_names_take_any_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """``symmetric`` and ``kv_cache_scales`` must be bools (``symmetric="no"`` was taken as true
+    and recorded so), refused before any work; method, observer, strategy and activations are
+    taken in any case by the API and the CLI alike, as ``--method`` and
+    ``LLM(quantization=...)`` already were (found by a new-user trial)."""
+    src = _tiny(tmp_path)
+    for name, value in (("symmetric", "no"), ("symmetric", 1), ("kv_cache_scales", "yes")):
+        flag = "--" + name.replace("_", "-")
+        with pytest.raises(InvalidArgumentError, match=rf"{name} \({flag}\) must be True or False, got {re.escape(repr(value))}"):
+            quantize_checkpoint(src, tmp_path / "q", **{name: value, "method": "fp8" if name == "kv_cache_scales" else "rtn"})
+    assert not (tmp_path / "q").exists()
+    out = quantize_checkpoint(src, tmp_path / "a", method="RTN", observer="MSE", group_size=32, symmetric=np.bool_(True))
+    group = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]
+    assert group["observer"] == "mse" and group["symmetric"] is True
+    out = quantize_checkpoint(src, tmp_path / "b", method="Fp8", strategy="TENSOR", activations="DYNAMIC")
+    fp8 = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]
+    assert fp8["weights"]["strategy"] == "tensor" and fp8["input_activations"]["dynamic"] is True
+    assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "c"), "--method", "FP8", "--strategy", "Tensor", "--activations", "Dynamic"]) == 0
+    assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "d"), "--observer", "MSE", "--group-size", "32"]) == 0
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq", "fp8"])
+def test_a_non_finite_weight_is_named_before_calibration(tmp_path: Path, method: str) -> None:
+    """A NaN in a weight made the calibrating methods fail in their calibration run with "the
+    model produced non-finite logits ... an overflow: e.g. a float16 engine", pointing away from
+    the checkpoint; now the tensor is named before the run, as rtn does; nothing is written."""
+    src = _tiny(tmp_path)
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors = load_file(src / "model.safetensors")
+    bad = tensors[name].copy()
+    bad[3, 5] = np.nan
+    tensors[name] = bad
+    save_file(tensors, src / "model.safetensors")
+    with pytest.raises(InvalidArgumentError, match=rf"{re.escape(name)}: the checkpoint's tensor holds a NaN or an infinity; {method} cannot"):
+        quantize_checkpoint(src, tmp_path / "q", method=method, calibration_ids=[[1, 2, 3, 4]])
+    assert not (tmp_path / "q").exists()
+
+
 def test_group_sizes_the_weight_only_gemm_cannot_run_are_refused(tmp_path: Path) -> None:
     """rtn / awq groups must be multiples of 8 (the weight-only GEMM's unit; per channel the
     whole row, K, is the group): such a checkpoint was written and then refused at load

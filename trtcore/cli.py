@@ -210,9 +210,16 @@ def _parser() -> argparse.ArgumentParser:
         help="awq, gptq, and fp8 with static activations or --kv-cache-scales: calibration tokens in all (default 4096, or all of the built-in text where it gives fewer; fewer tokens "
         "quantize faster and with less memory)",
     )
-    q.add_argument("--strategy", choices=["channel", "tensor"], default=None, help="fp8: weight scales per output channel (default) or per tensor")
+    q.add_argument(
+        "--strategy",
+        type=str.lower,
+        choices=["channel", "tensor"],
+        default=None,
+        help="fp8: weight scales per output channel (default) or per tensor",
+    )
     q.add_argument(
         "--activations",
+        type=str.lower,  # as --method: STATIC is static
         choices=["static", "dynamic", "token"],
         default=None,
         help="fp8: input scales calibrated (amax / 448 over the calibration text; the default), computed per call, or per token per call",
@@ -233,6 +240,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--symmetric", action="store_true", help="no zero points")
     q.add_argument(
         "--observer",
+        type=str.lower,
         choices=["minmax", "mse"],
         default=None,
         help="rtn, awq, gptq: each group's range as it is (minmax), or shrunk to minimize its error (mse: GPTQ's / llm-compressor's grid search); default minmax",

@@ -107,7 +107,9 @@ def convert_gguf(
 
     ``keep_quantized``: linear weights (not the embedding) of a kept GGUF type
     (:data:`~trtcore.quant_formats.gguf_blocks.GGUF_TYPES`) stay in their blocks (module
-    docstring); other tensors are dequantized to float16 as without it.
+    docstring); other tensors are dequantized to float16 as without it, and a warning (logger
+    ``trtcore.gguf_convert``) counts the quantized linear weights of other types written so, or
+    says that the file has none to keep.
 
     Returns ``output_dir`` as a :class:`~pathlib.Path`. Raises :class:`ConversionError` if the
     file is not GGUF, its architecture is not one of :data:`SUPPORTED_ARCHITECTURES`, a tensor
@@ -131,6 +133,8 @@ def convert_gguf(
     kept = {p.hf_name: p.gguf.tensor_type.name for p in plan if p.keep}
     if kept:
         config["quantization_config"] = {"quant_method": "gguf", "ggml_types": kept}
+    if keep_quantized:
+        _warn_not_kept(gguf_path.name, plan, len(kept))
     tokenizer, tokenizer_config = _build_tokenizer(meta, config)
     generation_config = _build_generation_config(meta, config)
 
@@ -409,6 +413,30 @@ class _PlannedTensor:
     @property
     def stored_shape(self) -> tuple[int, ...]:
         return tuple(self.gguf.data.shape) if self.keep else self.shape
+
+
+#: GGUF tensor types that are not quantized (converted to float16 with or without keep_quantized)
+_FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def _warn_not_kept(file: str, plan: list[_PlannedTensor], kept: int) -> None:
+    """A warning (``keep_quantized``) naming the quantized linear weights written as float16
+    after all (types outside :data:`GGUF_TYPES`), or saying that nothing was kept."""
+    from collections import Counter
+
+    lost = Counter(
+        p.gguf.tensor_type.name
+        for p in plan
+        if not p.keep and len(p.shape) == 2 and p.gguf.name != "token_embd.weight" and p.gguf.tensor_type.name not in _FLOAT_TYPES
+    )
+    types = ", ".join(f"{n} {t}" for t, n in sorted(lost.items()))
+    if lost:
+        logger.warning(
+            "%s: kept %d linear weights quantized; %s of types trtcore does not keep (it keeps %s) are written as float16",
+            file, kept, types, ", ".join(GGUF_TYPES),
+        )  # fmt: skip
+    elif not kept:
+        logger.warning("%s: no linear weight is quantized (nothing to keep); written as float16 as without --keep-quantized", file)
 
 
 def _plan_tensors(tensors: dict[str, Any], config: dict[str, Any], arch: str, keep_quantized: bool = False) -> list[_PlannedTensor]:

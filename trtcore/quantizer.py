@@ -365,6 +365,15 @@ _USED_BY = {
 _API_ONLY = {"calibration_ids"}
 
 
+def _all_finite(a: np.ndarray, chunk: int = 1 << 24) -> bool:
+    """Whether every element of ``a`` is finite (integer tensors are), ``chunk`` elements at a
+    time (a memory-mapped tensor is never held twice in full)."""
+    if a.dtype.kind in "biu":
+        return True
+    flat = a.reshape(-1)
+    return all(bool(np.isfinite(flat[i : i + chunk]).all()) for i in range(0, flat.size, chunk))
+
+
 def _option(name: str) -> str:
     """An option as both the function and ``trtcore quantize`` name it: ``group_size
     (--group-size)``; ``calibration_ids (Python API only)``. Errors reach users of both."""
@@ -485,7 +494,9 @@ def quantize_checkpoint(
         ``output_dir``.
 
     Raises:
-        InvalidArgumentError: an unknown method, an option the method does not use (named),
+        InvalidArgumentError: an unknown method (method, observer, strategy and activations are
+            taken in any case), ``symmetric`` or ``kv_cache_scales`` not a bool, an option the
+            method does not use (named), a tensor holding a NaN or an infinity (named),
             bits / group size / calibration_tokens not integers, a ``dampening_frac`` that is not a
             number in (0, :data:`MAX_DAMPENING_FRAC`], a ``first_token_weight`` that is not one in
             [1, :data:`MAX_FIRST_TOKEN_WEIGHT`], bad bits / group size, a linear whose K the
@@ -505,8 +516,13 @@ def quantize_checkpoint(
     from .config import load_config
     from .fileio import atomic_folder, check_folder_free
 
+    # the names in any case, as the CLI and LLM(quantization=...) take them: "AWQ" is "awq"
+    method, observer, strategy, activations = (v.lower() if isinstance(v, str) else v for v in (method, observer, strategy, activations))
     if method not in METHODS:
         raise InvalidArgumentError(f"quantization method {method!r} is not implemented; available: {', '.join(METHODS)}")
+    for name, flag in (("symmetric", symmetric), ("kv_cache_scales", kv_cache_scales)):
+        if not isinstance(flag, bool | np.bool_):
+            raise InvalidArgumentError(f"{_option(name)} must be True or False, got {flag!r} ({type(flag).__name__})")
     for name, given in (("bits", bits), ("group_size", group_size), ("calibration_tokens", calibration_tokens)):
         if given is not None and (isinstance(given, bool) or not isinstance(given, int | np.integer)):
             raise InvalidArgumentError(f"{_option(name)} must be an integer, got {given!r} ({type(given).__name__})")
@@ -620,6 +636,12 @@ def quantize_checkpoint(
                 "per channel (0): vLLM may not load this checkpoint",
                 stacklevel=2,
             )
+        if calibrated:  # a NaN or infinity would first surface as non-finite logits of the calibration run: name its tensor
+            for name in weights.names:
+                if not _all_finite(weights.get(name, copy=False)):
+                    raise InvalidArgumentError(
+                        f"{name}: the checkpoint's tensor holds a NaN or an infinity; {method} cannot calibrate or quantize it"
+                    )
         plan = None
         amax: dict[str, float] = {}
         packed = family_of(config.model_type).packed_modules

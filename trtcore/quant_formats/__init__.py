@@ -384,6 +384,8 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
     method = str(quantization_config.get("quant_method") or "").lower()
     if not method and (quantization_config.get("load_in_4bit") or quantization_config.get("load_in_8bit")):
         raise _refuse("bitsandbytes (load_in_4bit / load_in_8bit without quant_method, which transformers reads as bitsandbytes)")
+    if not method:
+        raise _refuse("a config without quant_method")
     if method not in QUANTIZATION_METHODS:
         raise _refuse(f"quant_method {quantization_config.get('quant_method')!r}")
     _check(method, quantization_config)
