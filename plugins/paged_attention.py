@@ -529,11 +529,8 @@ class PagedAttentionPlugin(Plugin):
             max_keys = min(max_keys, self.sliding_window)
         group = max(1, int(num_q_heads) // self.num_kv_heads)
         ctas = batch * self.num_kv_heads * _cdiv(group, 16)
-        limit = min(
-            int(TUNING["max_splits"]),
-            max(1, max_keys // int(TUNING["min_keys_per_split"])),
-            max(1, int(TUNING["max_partial_rows"]) // (batch * int(num_q_heads))),
-        )
+        rows_cap = max(1, int(TUNING["max_partial_rows"]) // (batch * int(num_q_heads)))  # the workspace's partials
+        limit = min(int(TUNING["max_splits"]), max(1, max_keys // int(TUNING["min_keys_per_split"])), rows_cap)
         if TUNING["splits"]:
             return max(1, min(int(TUNING["splits"]), limit))
         slots = int(TUNING["slots"])
@@ -553,12 +550,7 @@ class PagedAttentionPlugin(Plugin):
         best = max(efficiency(s) for s in range(1, limit + 1))
         chosen = next(s for s in range(1, limit + 1) if efficiency(s) >= float(TUNING["wave_efficiency"]) * best)
         # few CTAs: up to few_cta_splits slices of one key tile, as many as keep one CTA per SM
-        fine = min(
-            int(TUNING["few_cta_splits"]),
-            max(1, max_keys // _TILE_KEYS),
-            int(TUNING["sms"]) // ctas,
-            max(1, int(TUNING["max_partial_rows"]) // (batch * int(num_q_heads))),
-        )
+        fine = min(int(TUNING["few_cta_splits"]), max(1, max_keys // _TILE_KEYS), int(TUNING["sms"]) // ctas, rows_cap)
         return max(chosen, fine)
 
     def workspace_size(self, inputs: Sequence[tuple[tuple[int, ...], np.dtype]], outputs: Sequence[tuple[tuple[int, ...], np.dtype]]) -> int:
