@@ -132,6 +132,26 @@ def _assert_input_scales_are_amax(src: Path, sequences: list[list[int]], out: Pa
         np.testing.assert_allclose(float(got[f"{name}.input_scale"]), a / 448, rtol=1e-5)
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # an input_scale dropped as "dynamic" warns
+def test_static_fp8_config_with_fields_left_out_reads_its_input_scales(src: Path, tmp_path: Path) -> None:
+    """The FP8 config as transformers' compressed-tensors page shows it (for
+    nm-testing/Meta-Llama-3.1-8B-Instruct-FP8-hf): ``input_activations`` ``{"num_bits": 8,
+    "strategy": "tensor", "type": "float"}``, no ``dynamic``, which compressed-tensors reads as
+    static (its default, false). trtcore read it as dynamic and dropped every input_scale (a
+    helper's trial); now its greedy tokens equal transformers' on the same folder."""
+    out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", strategy="tensor", calibration_ids=_calibration())
+    config = json.loads((out / "config.json").read_text())
+    group = config["quantization_config"]["config_groups"]["group_0"]
+    group["weights"] = {"num_bits": 8, "strategy": "tensor", "type": "float"}
+    group["input_activations"] = {"num_bits": 8, "strategy": "tensor", "type": "float"}
+    (out / "config.json").write_text(json.dumps(config))
+    llm = LLM(out, backend="reference", dtype="float32", progress=False)
+    prompt = random_prompt(np.random.default_rng(17), 10, V.vocab_size)
+    [res] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    expected, _ = hf_greedy(_hf_fp8(out), prompt, 12)
+    assert res.outputs[0].token_ids == expected
+
+
 def test_calibrated_input_scales_are_amax_over_448(src: Path, tmp_path: Path) -> None:
     """Each linear's input_scale is max|x| / 448 of its input over the calibration tokens,
     captured here with forward pre-hooks on transformers' float model."""
@@ -399,6 +419,30 @@ def test_check_compares_an_fp8_checkpoint_with_transformers(src: Path, tmp_path:
     out = quantize_checkpoint(src, tmp_path / "fp8", method="fp8", activations=activations, **kwargs)
     prompt = random_prompt(np.random.default_rng(3), 9, V.vocab_size)
     report = compare_with_transformers(out, prompt, steps=4)
+    assert report["greedy_equal"] and report["max_rel_error"] <= 1e-4, report
+
+
+@pytest.mark.parametrize("layout", ["fp8 weight_scale", "fp8 weight_scale_inv", "naive-quantized"])
+def test_check_judges_other_fp8_layouts_with_quantized_inputs(src: Path, tmp_path: Path, layout: str) -> None:
+    """A helper's trial: the same E4M3 tensors under the Hugging Face / vLLM ``quant_method:
+    "fp8"`` config (AutoFP8's) and compressed-tensors ``naive-quantized`` gave trtcore the same
+    tokens, but ``trtcore check`` FAILed the first (transformers on the CPU drops weight_scale and
+    input_scale and ran the raw codes: error 1.38) and passed the others only under the FP8
+    allowance (it ran float inputs: 0.055). Now transformers quantizes the inputs in each, as with
+    ``float-quantized``."""
+    pytest.importorskip("compressed_tensors")
+    from trtcore.check import compare_with_transformers
+
+    ct = quantize_checkpoint(src, tmp_path / "ct", method="fp8", strategy="tensor", calibration_ids=_calibration())
+    if layout == "naive-quantized":
+        config = json.loads((ct / "config.json").read_text())
+        config["quantization_config"]["format"] = "naive-quantized"
+        (ct / "config.json").write_text(json.dumps(config))
+        folder = ct
+    else:
+        folder = _to_hf_fp8(ct, tmp_path / "hf", "." + layout.split()[1])
+    prompt = random_prompt(np.random.default_rng(5), 9, V.vocab_size)
+    report = compare_with_transformers(folder, prompt, steps=4)
     assert report["greedy_equal"] and report["max_rel_error"] <= 1e-4, report
 
 

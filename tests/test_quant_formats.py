@@ -155,6 +155,56 @@ def test_compressed_tensors_mixed_num_bits_read_each_linear_by_its_packed_width(
         _read(tmp_path / "bad", config, bad)
 
 
+def _args_product() -> list[dict[str, Any]]:
+    """QuantizationArgs objects leaving out any of the fields trtcore reads (``...``: left out)."""
+    import itertools
+
+    fields = {
+        "num_bits": (..., 4, 8),
+        "type": (..., "int", "FLOAT"),
+        "symmetric": (..., False),
+        "group_size": (..., None, 128, -1),
+        "strategy": (..., None, "Group", "channel", "tensor", "token"),
+        "dynamic": (..., True, False),
+    }
+    return [{k: v for k, v in zip(fields, values) if v is not ...} for values in itertools.product(*fields.values())]
+
+
+def test_quantization_args_fill_what_compressed_tensors_fills() -> None:
+    """A field a config group's ``weights`` / ``input_activations`` leaves out means what
+    compressed-tensors' ``QuantizationArgs`` makes of it (the judge: the library itself, as
+    transformers and vLLM read configs through it). A helper's trial found static FP8 input
+    scales dropped where ``dynamic`` was left out (``{"num_bits": 8, "type": "float", "strategy":
+    "tensor"}``, transformers' documented config) and int weights without ``strategy`` refused."""
+    from compressed_tensors.quantization import QuantizationArgs
+
+    from trtcore.quant_formats.compressed_tensors import quantization_args
+
+    checked = 0
+    for args in _args_product():
+        try:
+            want = QuantizationArgs.model_validate(args)
+        except ValueError:
+            continue  # compressed-tensors refuses it (e.g. static per-token): no meaning to match
+        got = quantization_args(dict(args))
+        for key in ("num_bits", "type", "symmetric", "group_size", "strategy", "dynamic"):
+            assert got[key] == getattr(want, key), (args, key, got[key], getattr(want, key))
+        checked += 1
+    assert checked > 100
+
+
+def test_compressed_tensors_int_weights_without_strategy_or_num_bits_read_as_the_library_reads_them(tmp_path: Path) -> None:
+    """``{"group_size": 32, "num_bits": 4}`` is group quantization and ``{"strategy":
+    "channel"}`` 8-bit (compressed-tensors' inference and default): read, not refused."""
+    for bits, weights, group_size in ((4, {"num_bits": 4, "group_size": 32, "symmetric": False}, 32), (8, {"strategy": "channel"}, -1)):
+        config = _ct_config(bits, "group", group_size, True)
+        config["config_groups"]["group_0"]["weights"] = weights
+        qz = quantize(_weight(bits), bits, group_size, sym=weights.get("symmetric", True), rng=np.random.default_rng(bits))
+        (tmp_path / str(bits)).mkdir()
+        qw = _read(tmp_path / str(bits), config, pack_compressed(qz, bits, sym=weights.get("symmetric", True)))
+        np.testing.assert_array_equal(qw.dequantize(), qz.dequantize())
+
+
 def test_compressed_tensors_format_per_config_group() -> None:
     config = _ct_config(4, "group", 32, True)
     config["config_groups"]["group_0"]["format"] = config.pop("format")

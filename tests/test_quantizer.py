@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -309,6 +310,14 @@ def test_bad_requests_are_refused_and_leave_nothing(tmp_path: Path, capsys: Any)
         quantize_checkpoint(src, tmp_path / "q")
     with pytest.raises(InvalidArgumentError, match="already quantized"):
         quantize_checkpoint(tmp_path / "q", tmp_path / "qq")
+    # an AutoGPTQ folder keeps its config in quantize_config.json, not config.json (a helper's
+    # trial: "the checkpoint lacks the linears ..." was all it said)
+    old = tmp_path / "old_gptq"
+    shutil.copytree(src, old)
+    (old / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128, "desc_act": False}))
+    with pytest.raises(InvalidArgumentError, match=r"already quantized: it has quantize_config.json \(AutoGPTQ's / AutoAWQ's"):
+        quantize_checkpoint(old, tmp_path / "qq")
+    assert not (tmp_path / "qq").exists()
     assert main(["quantize", "--model", str(src), "--output", str(tmp_path / "q"), "--bits", "8", "--group-size", "0", "--overwrite"]) == 0
     assert "wrote" in capsys.readouterr().out
     assert (

@@ -89,10 +89,12 @@ def linear_weight_bits(quantization: str | None, quantization_config: dict[str, 
     c = quantization_config or {}
     if quantization in ("gptq", "awq", "compressed-tensors"):
         if quantization == "compressed-tensors":
+            from .quant_formats.compressed_tensors import quantization_args
+
             groups: dict[str, Any] = c.get("config_groups") or {}
             first: dict[str, Any] = next(iter(groups.values()), {})
-            group: dict[str, Any] = first.get("weights") or {}
-            bits, size = int(group.get("num_bits", 4)), group.get("group_size")
+            group: dict[str, Any] = quantization_args(first.get("weights") or {})  # fields left out: compressed-tensors' defaults
+            bits, size = int(group["num_bits"]), group["group_size"]
         else:
             bits, size = int(c.get("bits", c.get("w_bit", 4))), c.get("group_size", c.get("q_group_size"))
         return float(bits) + ((16 + bits) / int(size) if size and int(size) > 0 else 0.0)

@@ -24,6 +24,9 @@ import contextlib
 import inspect
 import json
 import logging
+import re
+import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,14 +64,18 @@ def decompressing_config() -> Any:
 
 def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
     """transformers' float32 model of ``folder`` with eager attention, in eval mode. A
-    compressed-tensors checkpoint (what ``trtcore quantize`` writes) is read decompressed
-    (:func:`decompressing_config`: its packed int weights as float
-    weights), the form transformers runs on the CPU; an FP8 one (``float-quantized``) as it
-    is, so that its linears quantize their inputs (static ``input_scale`` or dynamic) too, with
-    the per-tensor scales of each packed module (q/k/v, gate/up) made one, the largest, as
-    trtcore and vLLM run them (:func:`share_hf_fp8_scales`). GGUF blocks kept by ``trtcore
-    convert --gguf --keep-quantized`` (trtcore's own ``quant_method: "gguf"``, which
-    transformers cannot read) run as their dequantized float weights (:func:`_load_hf_gguf`).
+    compressed-tensors checkpoint of int weights (what ``trtcore quantize`` writes for rtn / awq
+    / gptq) is read decompressed (:func:`decompressing_config`: its packed int weights as float
+    weights), the form transformers runs on the CPU; an FP8 one (float weights,
+    ``float-quantized`` or ``naive-quantized``) as it is, so that its linears quantize their
+    inputs (static ``input_scale`` or dynamic) too, with the per-tensor scales of each packed
+    module (q/k/v, gate/up) made one, the largest, as trtcore and vLLM run them
+    (:func:`share_hf_fp8_scales`). The ``quant_method: "fp8"`` layout, which transformers runs
+    on the CPU only as dequantized weights (its ``weight_scale_inv``; it drops ``weight_scale``
+    and ``input_scale``), is read through a ``float-quantized`` copy (:func:`_fp8_as_float_quantized`).
+    GGUF blocks kept by ``trtcore convert --gguf --keep-quantized`` (trtcore's own
+    ``quant_method: "gguf"``, which transformers cannot read) run as their dequantized float
+    weights (:func:`_load_hf_gguf`).
 
     Raises:
         TrtcoreError: the checkpoint needs a package that is not installed (named).
@@ -78,11 +85,16 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
         quant = json.loads((Path(folder) / "config.json").read_text()).get("quantization_config") or {}
     except (OSError, ValueError):
         quant = {}  # transformers says what is wrong with the folder
-    if quant.get("quant_method") == "gguf":
+    method = str(quant.get("quant_method") or "").lower()
+    if method == "gguf":
         return _load_hf_gguf(auto_model, torch, folder, quant)
-    # FP8 (float-quantized) is read as it is: transformers then fake-quantizes each linear's
+    if method == "fp8":
+        with tempfile.TemporaryDirectory(prefix="trtcore-check-fp8-") as tmp:
+            # the copy's files may go once loaded: transformers holds the tensors in memory
+            return _load_hf(auto_model, torch, _fp8_as_float_quantized(Path(folder), quant, Path(tmp)))
+    # FP8 (float weights) is read as it is: transformers then fake-quantizes each linear's
     # input as trtcore does; decompressed it would run float inputs and ignore input_scale
-    if quant.get("quant_method") == "compressed-tensors" and quant.get("format") != "float-quantized":
+    if method == "compressed-tensors" and not _float_weights(quant):
         kwargs["quantization_config"] = decompressing_config()
     with _transformers_quiet() as report:
         try:
@@ -100,6 +112,78 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
             ) from exc
     share_hf_fp8_scales(model, torch)
     return model.eval()
+
+
+def _float_weights(quantization_config: dict[str, Any]) -> bool:
+    """Whether a compressed-tensors config's groups quantize weights to floats (FP8)."""
+    from .quant_formats.compressed_tensors import weight_args, with_defaults
+    from .quant_formats.fp8 import fp8_weight_args
+
+    return fp8_weight_args(weight_args(with_defaults(quantization_config)))
+
+
+def _fp8_as_float_quantized(folder: Path, quantization_config: dict[str, Any], dst: Path) -> Path:
+    """A copy of the ``quant_method: "fp8"`` checkpoint ``folder`` in compressed-tensors'
+    ``float-quantized`` layout, in ``dst``: each FP8 linear as trtcore reads it
+    (:class:`~trtcore.fp8.Fp8Weight`: its E4M3 codes, ``weight_scale`` per tensor or per
+    channel, the static ``input_scale``), the other tensors as they are, and one config group
+    whose targets are those linears (by name), so that transformers quantizes their inputs as
+    the checkpoint says (static or dynamic per tensor). Returns ``dst``.
+
+    Raises:
+        CheckpointError: the checkpoint's tensors do not read (named), or its FP8 linears mix
+            static and dynamic inputs."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    from .checkpoint import Checkpoint
+    from .quant_formats import quantized_weights
+
+    tensors: dict[str, np.ndarray] = {}
+    linears: list[str] = []
+    per_channel, static = set(), set()
+    with Checkpoint(folder) as ck:
+        weights = quantized_weights(ck, quantization_config)
+        for name in weights:
+            if not weights.is_quantized(name):
+                tensors[name] = np.ascontiguousarray(weights.get(name))
+                continue
+            w = weights.quantized(name)
+            prefix = name[: -len(".weight")]
+            linears.append(prefix)
+            tensors[name] = w.weight.view(ml_dtypes.float8_e4m3fn)
+            tensors[f"{prefix}.weight_scale"] = w.weight_scale.reshape(-1, 1) if w.weight_scale.size > 1 else w.weight_scale.reshape(1)
+            per_channel.add(w.weight_scale.size > 1)
+            static.add(w.input_scale is not None)
+            if w.input_scale is not None:
+                tensors[f"{prefix}.input_scale"] = w.input_scale.reshape(1)
+    if len(static) > 1:
+        raise CheckpointError(f"{folder}: its FP8 linears mix static and dynamic input scales; one kind is read")
+    if per_channel == {True, False}:  # one config group: per-tensor scales as equal per-channel ones
+        for p in linears:
+            s = tensors[f"{p}.weight_scale"]
+            tensors[f"{p}.weight_scale"] = np.broadcast_to(s.reshape(-1, 1), (tensors[f"{p}.weight"].shape[0], 1)).copy()
+    strategy = "channel" if True in per_channel else "tensor"
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": [f"re:^{re.escape(p)}$" for p in sorted(linears)],
+                "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "dynamic": False},
+                "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": static != {True}},
+            }
+        },
+        "ignore": [],
+    }
+    save_file(tensors, str(dst / "model.safetensors"))
+    (dst / "config.json").write_text(json.dumps(config))
+    for extra in ("generation_config.json",):
+        if (folder / extra).is_file():
+            shutil.copy2(folder / extra, dst / extra)
+    return dst
 
 
 def _load_hf_gguf(auto_model: Any, torch: Any, folder: str | Path, quantization_config: dict[str, Any]) -> Any:

@@ -78,7 +78,7 @@ from .errors import InvalidArgumentError, UnsupportedArchitectureError
 from .families import family_of
 from .fp8 import E4M3, WEIGHT_STRATEGIES, Fp8Weight, amax_scale, quantize_weight
 from .plugins.weight_only_gemm import GROUP_UNIT  # the groups the weight-only GEMM runs: quantize refuses others
-from .quant_formats import KV_CACHE_SCHEME, packed_siblings
+from .quant_formats import CONFIG_FILES, KV_CACHE_SCHEME, packed_siblings
 from .quant_formats.packing import pack_int32
 from .quantization import QuantizedWeight
 
@@ -579,6 +579,12 @@ def quantize_checkpoint(
         raise InvalidArgumentError(
             f"{model_dir} is already quantized ({config.quantization_config.get('quant_method')}); quantize a float checkpoint"
         )
+    for name in sorted({n for names in CONFIG_FILES.values() for n in names}):  # AutoGPTQ / AutoAWQ keep it beside config.json
+        if (model_dir / name).is_file():
+            raise InvalidArgumentError(
+                f"{model_dir} is already quantized: it has {name} (AutoGPTQ's / AutoAWQ's quantization config, read with "
+                "quantization='gptq' or 'awq'); quantize a float checkpoint"
+            )
     raw_config = json.loads((model_dir / "config.json").read_text())
     linears = set(_linear_names(config))
     calibrated = method in ("awq", "gptq") or (method == "fp8" and (activations == "static" or kv_cache_scales))

@@ -36,7 +36,7 @@ from trtcore.fp8 import E4M3, Fp8Weight, quantize_weight
 from trtcore.quantization import QuantizedWeight
 
 from .awq import AWQ_VERSIONS, awq_version, read_awq
-from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight_args
+from .compressed_tensors import FORMATS, STRATEGIES, read_pack_quantized, weight_args, with_defaults
 from .fp8 import (
     FLOAT_FORMATS,
     FP8_SUFFIXES,
@@ -388,6 +388,8 @@ def detect_quantization(quantization_config: dict[str, Any] | None, quantization
         raise _refuse("a config without quant_method")
     if method not in QUANTIZATION_METHODS:
         raise _refuse(f"quant_method {quantization_config.get('quant_method')!r}")
+    if method == "compressed-tensors":  # fields left out mean compressed-tensors' defaults (e.g. dynamic: false)
+        quantization_config = with_defaults(quantization_config)
     _check(method, quantization_config)
     float_weights = method == "compressed-tensors" and not weight_args(quantization_config)
     if quantization is not None and quantization != method:

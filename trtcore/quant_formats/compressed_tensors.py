@@ -125,6 +125,63 @@ def config_group_sizes(config: dict[str, Any]) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+#: compressed-tensors ``QuantizationArgs``' defaults of the fields trtcore reads (``num_bits``,
+#: ``type``, ``symmetric``, ``group_size``, ``strategy``, ``dynamic``, ``actorder``): what a
+#: ``weights`` / ``input_activations`` / ``output_activations`` object means where it leaves a
+#: field out (compressed_tensors.quantization.quant_args; transformers and vLLM read it through it)
+ARGS_DEFAULTS: dict[str, Any] = {
+    "num_bits": 8,
+    "type": "int",
+    "symmetric": True,
+    "group_size": None,
+    "strategy": None,
+    "dynamic": False,
+    "actorder": None,
+}
+#: the argument objects of a config group (:func:`with_defaults` fills each)
+GROUP_ARGS = ("weights", "input_activations", "output_activations")
+
+
+def quantization_args(args: Any) -> Any:
+    """One ``QuantizationArgs`` object of a config group as compressed-tensors reads it: each
+    field of :data:`ARGS_DEFAULTS` it leaves out takes its default, ``type`` / ``strategy`` /
+    ``dynamic`` strings in lower case, and a ``strategy`` left out or null inferred from
+    ``group_size`` as ``QuantizationArgs``' validator infers it (none: ``"tensor"``, positive:
+    ``"group"``, -1: ``"channel"``). E.g. ``{"num_bits": 8, "type": "float"}`` (input
+    activations) is static per tensor: ``dynamic`` False, so the ``input_scale`` tensors hold
+    the scales. Fields given as null other than ``strategy`` stay null (the readers refuse them,
+    naming the value); anything but an object is returned as it is (the same)."""
+    if not isinstance(args, dict):
+        return args
+    out = {**ARGS_DEFAULTS, **args}
+    for key in ("type", "strategy", "dynamic"):
+        if isinstance(out[key], str):
+            out[key] = out[key].lower()
+    if out["strategy"] is None:
+        size = out["group_size"]
+        if size is None:
+            out["strategy"] = "tensor"
+        elif isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            out["strategy"] = "group"
+        elif size == -1:
+            out["strategy"] = "channel"
+    return out
+
+
+def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """A compressed-tensors ``quantization_config`` with each config group's argument objects
+    (:data:`GROUP_ARGS`) through :func:`quantization_args` (a copy; groups or ``config_groups``
+    that are not objects are left for the checks to refuse)."""
+    groups = config.get("config_groups")
+    if not isinstance(groups, dict):
+        return dict(config)
+    filled = {
+        name: ({**g, **{key: quantization_args(g[key]) for key in GROUP_ARGS if g.get(key) is not None}} if isinstance(g, dict) else g)
+        for name, g in groups.items()
+    }
+    return {**config, "config_groups": filled}
+
+
 def weight_args(config: dict[str, Any]) -> list[dict[str, Any]]:
     """The ``weights`` argument objects of every config group."""
     groups = config.get("config_groups") or {}
@@ -141,7 +198,7 @@ def linear_bits(config: dict[str, Any], k: int, packed_columns: int, name: str =
     Raises:
         CheckpointError: no config group's ``num_bits`` packs K into ``packed_columns``.
     """
-    choices = sorted({int(a.get("num_bits", 4)) for a in weight_args(config)})
+    choices = sorted({int(a.get("num_bits", ARGS_DEFAULTS["num_bits"])) for a in weight_args(config)})
     for bits in choices:
         if packed_columns == -(-k // (32 // bits)):
             return bits
