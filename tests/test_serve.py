@@ -399,6 +399,9 @@ def _post(server: Any, path: str, content: bytes | None = None, **body: Any) -> 
         (None, {"model": NAME, "prompt": "x", "logit_bias": {"5": 100}}, 400, "logit_bias"),
         (None, {"model": NAME, "prompt": "x", "best_of": 2}, 400, "best_of"),
         (None, {"model": NAME, "prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
+        (None, {"model": NAME, "prompt": "x", "stop_token_ids": [3, -1]}, 400, "stop_token_ids.1"),
+        (None, {"model": NAME, "prompt": "x", "stop": [f"s{i}" for i in range(1025)]}, 400, "stop"),
+        (None, {"model": NAME, "prompt": "x", "stop": ["y" * 70_000]}, 400, "stop"),
     ],
     ids=[
         "malformed-json",
@@ -417,6 +420,9 @@ def _post(server: Any, path: str, content: bytes | None = None, **body: Any) -> 
         "logit-bias",
         "best-of-2",
         "json-mode",
+        "negative-stop-token-id",
+        "stop-strings-beyond-the-bound",
+        "stop-characters-beyond-the-bound",
     ],
 )
 def test_bad_requests_get_their_status_and_the_server_goes_on(server: Any, client: openai.OpenAI, content: Any, body: Any, status: int, param: Any) -> None:
@@ -455,10 +461,13 @@ def test_chat_options_this_server_lacks_are_refused_not_ignored(server: Any, bod
     assert r.json()["error"]["param"] == param and param in r.json()["error"]["message"]
     ok = _post(server, "/v1/chat/completions", **chat, tools=[], tool_choice="none", response_format={"type": "text"}, logprobs=True, top_logprobs=1)
     assert ok.status_code == 200, ok.text
-    parts = [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]  # text parts: joined, the same prompt as "hi"
+    # text parts: one a line, the same prompt as "h\ni" (vLLM's and llama.cpp's join; they were glued into "hi")
+    parts = [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]
     as_parts = _post(server, "/v1/chat/completions", **{**chat, "messages": [{"role": "user", "content": parts}]}, temperature=0)
-    plain = _post(server, "/v1/chat/completions", **chat, temperature=0)
+    plain = _post(server, "/v1/chat/completions", **{**chat, "messages": [{"role": "user", "content": "h\ni"}]}, temperature=0)
     assert as_parts.status_code == 200 and as_parts.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+    glued = _post(server, "/v1/chat/completions", **chat, temperature=0)  # "hi": another prompt
+    assert as_parts.json()["usage"] == plain.json()["usage"] != glued.json()["usage"]
 
 
 def test_unknown_model_through_the_client(client: openai.OpenAI) -> None:
@@ -509,6 +518,8 @@ def test_retrieve_model_head_health_and_version(server: Any, client: openai.Open
         with pytest.raises(openai.NotFoundError) as e:
             client.models.retrieve(other)
         assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"  # type: ignore[index]
+    # "model": "" is the served one, as in vLLM (it was a 404)
+    assert _post(server, "/v1/completions", model="", prompt="x", max_tokens=1).status_code == 200
     head = httpx.head(server.url + "/health")
     assert head.status_code == 200 and head.content == b""
     version = httpx.get(server.url + "/version")
@@ -709,7 +720,8 @@ def test_chat_history_fields_reach_the_template_and_running_usage_is_refused(ser
 
     call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     m = ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": call, "name": "bot"})
-    assert m.template_message() == {"role": "assistant", "content": "", "tool_calls": call, "name": "bot"}
+    parsed = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}]  # the JSON string as the object
+    assert m.template_message() == {"role": "assistant", "content": "", "tool_calls": parsed, "name": "bot"}
     assert ChatMessage.model_validate({"role": "user", "content": "hi"}).template_message() == {"role": "user", "content": "hi"}
     history = [
         {"role": "user", "content": "hi", "name": "ann"},
@@ -721,6 +733,36 @@ def test_chat_history_fields_reach_the_template_and_running_usage_is_refused(ser
     chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
     r = _post(server, "/v1/chat/completions", **chat, stream_options={"include_usage": True, "continuous_usage_stats": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options.continuous_usage_stats", r.text
+
+
+def test_tool_call_arguments_reach_the_template_as_objects(tmp_path: Path, server: Any) -> None:
+    """OpenAI's tool-call ``arguments`` is a JSON string; templates read an object (Qwen3-Coder's
+    ``arguments|items`` raised TypeError, a 500; Qwen2.5's ``arguments | tojson`` encoded it
+    twice): parsed as vLLM does, with transformers' ``tojson`` arguments; a template that fails on
+    the messages' data is a 400 naming messages, and arguments that are not JSON are refused."""
+    from pydantic import ValidationError
+
+    from trtcore.chat import render_chat_template
+    from trtcore.errors import InvalidRequestError
+    from trtcore.serve.protocol import ChatMessage
+
+    template = (
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.name }}:{% for k, v in c.function.arguments|items %}"
+        "{{ k }}={{ v|tojson(sort_keys=True, separators=(',', ':')) }};{% endfor %}{% endfor %}{% endfor %}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    args = '{"city": "Paris", "opts": {"b": 1, "a": [1, 2]}}'
+    call = [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": args}}]
+    msgs = [ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": call}).template_message()]
+    assert render_chat_template(tmp_path, msgs, add_generation_prompt=False) == 'get_weather:city="Paris";opts={"a":[1,2],"b":1};'
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% for k, v in messages[0].content|items %}{{ k }}{% endfor %}"}))
+    with pytest.raises(InvalidRequestError, match="chat template failed on these messages: TypeError"):
+        render_chat_template(tmp_path, [{"role": "user", "content": "hi"}])
+    bad = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{city: Paris}"}}]
+    with pytest.raises(ValidationError, match=r"tool_calls\[0\].function.arguments is not JSON"):
+        ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": bad})
+    r = _post(server, "/v1/chat/completions", model=NAME, messages=[{"role": "assistant", "content": None, "tool_calls": bad}], max_tokens=2)
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages"), r.text
 
 
 def test_a_prompt_far_beyond_the_context_is_refused_before_tokenizing(server: Any) -> None:

@@ -30,11 +30,11 @@ import trtcore
 from trtcore.cli import main
 from trtcore.errors import InvalidArgumentError
 from trtcore.serve import auth
-from trtcore.serve.app import build_app
+from trtcore.serve.app import CorsPolicy, build_app
 from trtcore.serve.engine import AsyncEngine
 from trtcore.serve.metrics import ServerMetrics
 from trtcore.serve.process import ServerProcess
-from trtcore.serve.server import api_key_of
+from trtcore.serve.server import api_key_of, cors_policy_of
 
 KEY = "sk-test-7f3a9c2e-not-a-real-key"
 V1 = [
@@ -114,6 +114,43 @@ def test_the_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -
     assert _request(app, "GET", "/v1/models", f"Bearer {KEY}").status_code == 503
     assert _request(app, "GET", "/v1/models", "Bearer short").status_code == 401
     assert len(calls) == 2 and all(len(a) == len(b) == 32 for a, b in calls)  # SHA-256 digests: the length leaks nothing
+
+
+def _send(app: Any, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+            return await c.request(method, path, headers=headers)
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("api_key", [None, KEY])
+def test_browser_clients_get_cors_answers(api_key: str | None) -> None:
+    """A browser's preflight (``OPTIONS`` with ``Origin`` and ``Access-Control-Request-*``) is
+    answered 200 with the allow headers, before any key is asked for, and every answer (a 401
+    too) allows the origin: vLLM's defaults (a helper's trial: the preflight got 405 and no
+    answer had an ``Access-Control-*`` header, so Open WebUI's direct connections failed)."""
+    app = _app(api_key)
+    origin = "http://localhost:3000"
+    pre = _send(app, "OPTIONS", "/v1/chat/completions", {
+        "Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type",
+    })  # fmt: skip
+    assert pre.status_code == 200, pre.text
+    assert pre.headers["access-control-allow-origin"] in ("*", origin)
+    assert "POST" in pre.headers["access-control-allow-methods"]
+    assert "authorization" in pre.headers["access-control-allow-headers"].lower()
+    r = _send(app, "GET", "/v1/models", {"Origin": origin})
+    assert r.status_code == (401 if api_key else 503) and r.headers["access-control-allow-origin"] in ("*", origin)
+    narrow = build_app(AsyncEngine(lambda: None, ServerMetrics(NAME), in_process=True), NAME, cors=CorsPolicy(allowed_origins=("https://ui.example",)))
+    other = _send(narrow, "OPTIONS", "/v1/models", {"Origin": origin, "Access-Control-Request-Method": "GET"})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+
+
+def test_cors_options_from_the_command_line() -> None:
+    ns = argparse.Namespace(allowed_origins=["https://ui.example"], allow_credentials=True, allowed_methods=["GET", "POST"], allowed_headers=["*"])
+    assert cors_policy_of(ns) == CorsPolicy(("https://ui.example",), True, ("GET", "POST"), ("*",))
+    with pytest.raises(InvalidArgumentError, match="--allowed-origins must be a JSON list of strings"):
+        cors_policy_of(argparse.Namespace(allowed_origins="*", allow_credentials=False, allowed_methods=["*"], allowed_headers=["*"]))
 
 
 def test_where_the_key_comes_from(monkeypatch: pytest.MonkeyPatch) -> None:

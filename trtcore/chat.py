@@ -70,7 +70,10 @@ def render_chat_template(model_dir: str | Path, messages: list[dict[str, str]], 
         raise jinja2.exceptions.TemplateError(message)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _generation_block()])
-    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+    # transformers' tojson: the same arguments (templates pass separators / sort_keys)
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
     env.globals["raise_exception"] = raise_exception
     # today's date in the template's format (Mistral Small 3, SmolLM3 write it into the system turn)
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -79,3 +82,5 @@ def render_chat_template(model_dir: str | Path, messages: list[dict[str, str]], 
         return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt, **specials)
     except jinja2.exceptions.TemplateError as exc:
         raise InvalidRequestError(f"chat template failed: {exc}") from exc
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:  # the messages' data did not fit it
+        raise InvalidRequestError(f"chat template failed on these messages: {type(exc).__name__}: {exc}") from exc

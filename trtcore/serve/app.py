@@ -10,7 +10,8 @@ draining, or once the engine process died; no body),
 
 With an API key (``build_app(api_key=...)``, ``trtcore serve --api-key``), the ``/v1`` routes
 need ``Authorization: Bearer KEY``, else 401 ``invalid_api_key``
-(:mod:`trtcore.serve.auth`); ``/health``, ``/metrics`` and ``/version`` stay open.
+(:mod:`trtcore.serve.auth`); ``/health``, ``/metrics`` and ``/version`` stay open. CORS:
+:class:`CorsPolicy` (vLLM's options and defaults: any origin).
 
 Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}}``:
 
@@ -20,7 +21,8 @@ Errors are OpenAI's JSON object ``{"error": {"message", "type", "param", "code"}
   ``logprobs`` / ``top_logprobs`` above 20 (:data:`~trtcore.serve.protocol.MAX_LOGPROBS`, on
   every backend); an empty, mixed or empty-item ``prompt`` list; a lone UTF-16 surrogate in
   any string (``param`` its path); more prompts in a list than could ever be queued together;
-* 404 ``invalid_request_error`` / ``model_not_found``: another ``model`` than the served one;
+* 404 ``invalid_request_error`` / ``model_not_found``: another ``model`` than the served one
+  (none, or ``""``, is the served one, as in vLLM);
 * 429 ``rate_limit_error`` with ``Retry-After``: ``--max-waiting`` requests wait already (a
   list of K prompts counts K: one that does not fit whole is refused whole);
 * 503 ``service_unavailable`` with ``Retry-After``: loading or shutting down, or the engine
@@ -56,10 +58,12 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -172,7 +176,7 @@ class _Served:
         return self.engine.model
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.name:
+        if model and model != self.name:  # none or "": the served one (vLLM's _is_model_supported)
             raise ApiError(404, f"The model `{model}` does not exist; this server serves `{self.name}`", param="model", code="model_not_found")
 
     def prompt_ids(self, prompt: str | list[int], param: str, what: str | None = None, add_special_tokens: bool = True) -> list[int]:
@@ -433,19 +437,36 @@ async def _events_batch(streams: list[RequestStream], chunks: list[Callable[[Any
     yield "data: [DONE]\n\n"
 
 
+@dataclass(frozen=True)
+class CorsPolicy:
+    """The server's CORS answers (Starlette's ``CORSMiddleware``), vLLM's options and defaults
+    (``--allowed-origins``, ``--allow-credentials``, ``--allowed-methods``,
+    ``--allowed-headers``): any origin, method and header, no credentials, so that browser
+    clients (Open WebUI's direct connections, chat front ends) can call the API; a preflight
+    ``OPTIONS`` is answered before the API key is asked for, and every answer, a 401 too,
+    carries the allow headers."""
+
+    allowed_origins: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+
+
 def build_app(
     engine: AsyncEngine,
     served_model_name: str,
     on_load_error: Callable[[BaseException], None] | None = None,
     on_ready: Callable[[], None] | None = None,
     api_key: str | None = None,
+    cors: CorsPolicy | None = None,
 ) -> FastAPI:
     """The FastAPI application serving ``engine`` as ``served_model_name``.
 
     The lifespan starts the engine and its model loading in the background (``/health``
     answers 503 until it is ready); ``on_ready`` is called once it is, ``on_load_error`` if
     that fails. On shutdown the engine drains. ``api_key`` (None or empty: none): the ``/v1``
-    routes need it as a bearer token (:class:`~trtcore.serve.auth.ApiKeyMiddleware`).
+    routes need it as a bearer token (:class:`~trtcore.serve.auth.ApiKeyMiddleware`). ``cors``:
+    the CORS answers (None: :class:`CorsPolicy`'s defaults, vLLM's).
     """
     served = _Served(engine, served_model_name)
 
@@ -469,6 +490,14 @@ def build_app(
     app = FastAPI(title="trtcore", lifespan=lifespan)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    cors = cors or CorsPolicy()
+    app.add_middleware(  # added last, so outermost: a 401 carries the allow headers too
+        CORSMiddleware,
+        allow_origins=list(cors.allowed_origins),
+        allow_credentials=cors.allow_credentials,
+        allow_methods=list(cors.allowed_methods),
+        allow_headers=list(cors.allowed_headers),
+    )
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:

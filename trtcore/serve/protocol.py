@@ -22,9 +22,10 @@ is a number, though); ``null`` for a field with a default is that default.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -59,6 +60,11 @@ __all__ = [
 #: the most top log-probabilities per token a request may ask for (vLLM's ``max_logprobs``,
 #: the GPU sampler kernel's ``max_logprobs``): the same limit on every backend
 MAX_LOGPROBS = 20
+#: most ``stop`` strings a request may give, and most characters in all: every step of the
+#: engine matches each running request's stops, so one request's thousands would slow every
+#: other request's stream (OpenAI takes 4; vLLM sets no bound)
+MAX_STOP_STRINGS = 1024
+MAX_STOP_CHARS = 65536
 
 
 def _logprobs_limit(name: str, v: int | None) -> int | None:
@@ -185,7 +191,7 @@ class _SamplingFields(_Body):
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # vLLM's int64; a negative seed is taken mod 2**64
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
@@ -195,6 +201,17 @@ class _SamplingFields(_Body):
     user: str | None = None
     logit_bias: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_bounded(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else v or []
+        if len(stops) > MAX_STOP_STRINGS or sum(map(len, stops)) > MAX_STOP_CHARS:
+            raise ValueError(
+                f"{len(stops)} stop strings of {sum(map(len, stops))} characters in all; this server takes at most "
+                f"{MAX_STOP_STRINGS} strings and {MAX_STOP_CHARS} characters (each is matched at every step)"
+            )
+        return v
 
     @field_validator("stream_options")
     @classmethod
@@ -323,6 +340,31 @@ class ChatMessage(_Body):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("tool_calls")
+    @classmethod
+    def _arguments_as_objects(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        # OpenAI sends a call's "arguments" as a JSON string; chat templates read an object
+        # (Qwen3-Coder's `arguments|items`, Qwen2.5's `arguments | tojson`): parsed, as vLLM's
+        # chat_utils does; null or "" is {}
+        if v is None:
+            return v
+        calls = []
+        for i, call in enumerate(v):
+            fn = call.get("function")
+            if not isinstance(fn, dict):
+                calls.append(call)
+                continue
+            args = fn.get("arguments")
+            if isinstance(args, str) and args.strip():
+                try:
+                    args = json.loads(args)
+                except ValueError as exc:
+                    raise ValueError(f"tool_calls[{i}].function.arguments is not JSON ({exc}): {fn['arguments'][:80]!r}") from None
+            elif not args:
+                args = {}
+            calls.append({**call, "function": {**fn, "arguments": args}})
+        return calls
+
     @field_validator("content")
     @classmethod
     def _text_parts_only(cls, v: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
@@ -336,9 +378,10 @@ class ChatMessage(_Body):
         return v
 
     def text(self) -> str:
-        """The content as one string (the ``text`` of each ``{"type": "text"}`` part)."""
+        """The content as one string: the ``text`` of each ``{"type": "text"}`` part, one part
+        a line (joined with ``"\n"``, as vLLM's ``chat_utils`` and llama.cpp's server join them)."""
         if isinstance(self.content, list):
-            return "".join(p["text"] for p in self.content)  # text parts only (the validator)
+            return "\n".join(p["text"] for p in self.content)  # text parts only (the validator)
         return self.content or ""
 
     def template_message(self) -> dict[str, Any]:

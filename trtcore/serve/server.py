@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import signal
 import socket
@@ -66,6 +67,11 @@ def add_serve_parser(p: argparse.ArgumentParser, add_engine: Callable[[argparse.
         help="pin the engine process's step loop to CPUs: 'auto' (one CPU on the GPU's NUMA node) or a CPU list such as '2,5-7' (default: not pinned)",
     )
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (default warning)")
+    # CORS, vLLM's options (JSON lists) and defaults: browser clients may call the API
+    p.add_argument("--allowed-origins", type=json.loads, default=["*"], help='CORS allowed origins, a JSON list (default ["*"])')
+    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (default: not)")
+    p.add_argument("--allowed-methods", type=json.loads, default=["*"], help='CORS allowed methods, a JSON list (default ["*"])')
+    p.add_argument("--allowed-headers", type=json.loads, default=["*"], help='CORS allowed headers, a JSON list (default ["*"])')
     p.add_argument(
         "--api-key",
         help="the /v1 routes need 'Authorization: Bearer KEY' (default: the TRTCORE_API_KEY environment variable; none if unset or empty)",
@@ -157,14 +163,34 @@ def serve(args: argparse.Namespace) -> int:
             raise InvalidArgumentError(f"{flag} {value}: no such file or folder (expected {expected})")
     name = _served_name(args)
     api_key = api_key_of(args)
+    cors = cors_policy_of(args)
     engine = AsyncEngine(make_llm_factory(args), ServerMetrics(name), args.max_waiting, args.max_queue_delay_ms / 1000.0)
-    return run_server(engine, name, args.host, args.port, args.log_level, api_key=api_key)
+    return run_server(engine, name, args.host, args.port, args.log_level, api_key=api_key, cors=cors)
 
 
-def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "warning", api_key: str | None = None) -> int:
+def cors_policy_of(args: argparse.Namespace) -> Any:
+    """The :class:`~trtcore.serve.app.CorsPolicy` of ``--allowed-origins`` / ``--allow-credentials``
+    / ``--allowed-methods`` / ``--allowed-headers``.
+
+    Raises:
+        InvalidArgumentError: a list option that is not a JSON list of strings (named)."""
+    from ..errors import InvalidArgumentError
+    from .app import CorsPolicy
+
+    lists = {}
+    for field in ("allowed_origins", "allowed_methods", "allowed_headers"):
+        value = getattr(args, field, ["*"])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InvalidArgumentError(f"--{field.replace('_', '-')} must be a JSON list of strings, e.g. '[\"*\"]', got {value!r}")
+        lists[field] = tuple(value)
+    return CorsPolicy(allow_credentials=bool(getattr(args, "allow_credentials", False)), **lists)
+
+
+def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "warning", api_key: str | None = None, cors: Any = None) -> int:
     """Serve ``engine`` (an :class:`~trtcore.serve.engine.AsyncEngine`, not started) as ``name``
     on ``host:port`` with uvicorn until SIGTERM / SIGINT or the engine's death (module
-    docstring: the announced address, the drain); ``api_key``: the ``/v1`` routes need it. The
+    docstring: the announced address, the drain); ``api_key``: the ``/v1`` routes need it;
+    ``cors``: a :class:`~trtcore.serve.app.CorsPolicy` (None: its defaults). The
     exit status: 0 after a drain, 1 if the engine process died, 2 if the model failed to load.
 
     Raises:
@@ -197,7 +223,7 @@ def run_server(engine: Any, name: str, host: str, port: int, log_level: str = "w
         server.should_exit = True
 
     engine.on_dead = dead
-    app = build_app(engine, name, on_load_error=load_error, on_ready=ready, api_key=api_key)
+    app = build_app(engine, name, on_load_error=load_error, on_ready=ready, api_key=api_key, cors=cors)
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=None, lifespan="on")
     server = _Server(config)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
