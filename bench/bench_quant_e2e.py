@@ -19,7 +19,8 @@ unsplit``: the paged attention plugin's ``TUNING["splits"] = 1`` for the variant
 attention runs one slice per sequence and no reduction kernel; ``, attention 4 splits``: 4 slices
 of at least 64 keys, ``min_keys_per_split`` 64 (what the split rule itself takes at batch 1 and
 ``max_seq_len`` 256 since its few-CTA case; 2 before);
-``, few-CTA splits off``: the split rule without its few-CTA case, ``TUNING["few_cta_splits"] = 1``),
+``, few-CTA splits off``: the split rule without its few-CTA case, ``TUNING["few_cta_splits"] = 1``;
+``, decode rule off``: the 4-bit decode GEMVs without ``weight_only_gemm.DECODE_RULE``'s choices),
 FP8 W8A8 with per-tensor weight scales
 (one per packed module) and static or dynamic activation scales, or (``channel``) per-channel
 weight scales; the cuda engine fuses q/k/v and gate/up in both
@@ -67,6 +68,7 @@ VARIANTS: list[tuple[str, Any, int]] = [
     ("W4A16 g128 + lm_head, norm in GEMV, attention 4 splits", 4, -128),  # TUNING splits 4, min_keys_per_split 64
     ("W4A16 g128 + lm_head, attention 4 splits", 4, -128),  # TUNING splits 4, min_keys_per_split 64
     ("W4A16 g128 + lm_head, few-CTA splits off", 4, -128),  # paged_attention.TUNING["few_cta_splits"] = 1: the split rule before it
+    ("W4A16 g128 + lm_head, decode rule off", 4, -128),  # weight_only_gemm.DECODE_RULE as before it: 1 warp a block at least, UNROLL 1
     ("W8A16 per-channel", 8, 0),
     ("FP8 W8A8 static", "fp8", 1),
     ("FP8 W8A8 static + FP8 KV", "fp8", 1),  # and kv_cache_dtype="fp8" (E4M3 KV pool, scales 1.0)
@@ -121,6 +123,7 @@ def main() -> int:
     from trtcore.plugins import paged_attention as pa
     from trtcore.plugins import weight_only_gemm as wog
 
+    default_rule = dict(wog.DECODE_RULE)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.batches.split(",")]
@@ -169,6 +172,8 @@ def main() -> int:
                 pa.TUNING["min_keys_per_split"] = 64 if "attention 4 splits" in parts else min_keys
                 few = pa.TUNING["few_cta_splits"]
                 pa.TUNING["few_cta_splits"] = 1 if "few-CTA splits off" in parts else few
+                # the decode GEMV's shape rule, read at each enqueue: as before it, or the default
+                wog.DECODE_RULE.update({"min_warps": 1, "unroll2_max_warps": 0} if "decode rule off" in parts else default_rule)
                 try:
                     with random_checkpoint(make):
                         llm = LLM(d, backend="cuda", dtype="bfloat16", max_batch_size=seqs, max_seq_len=256,
@@ -186,7 +191,15 @@ def main() -> int:
                 print(f"{name} {label}: started in {start_s:.1f} s, weights {weight_bytes / 2**30:.2f} GiB", flush=True)
                 for batch in batches:
                     ours = trtcore_tpot(llm, batch)
-                    entry = {"model": name, "variant": label, "batch": batch, "rope": llm.plan.rope, "start_s": start_s, "weight_bytes": weight_bytes, **ours}
+                    entry = {
+                        "model": name,
+                        "variant": label,
+                        "batch": batch,
+                        "rope": llm.plan.rope,
+                        "start_s": start_s,
+                        "weight_bytes": weight_bytes,
+                        **ours,
+                    }
                     if bits == 16:
                         base[batch] = ours["tok_per_s"]
                     if batch in base:
@@ -236,7 +249,10 @@ def main() -> int:
                             flush=True,
                         )
                         for kname, k in prof["kinds"].items():
-                            print(f"    {kname:<30} {k['ms']:8.1f} ms spans {k['exclusive_ms']:8.1f} ms exclusive {k['launches']:7d} launches", flush=True)
+                            print(
+                                f"    {kname:<30} {k['ms']:8.1f} ms spans {k['exclusive_ms']:8.1f} ms exclusive {k['launches']:7d} launches",
+                                flush=True,
+                            )
                         for t in prof["top_kernels"][:15]:
                             print(f"      {t['ms']:8.1f} ms {t['exclusive_ms']:8.1f} ms {t['launches']:6d}x  {t['name'][:100]}", flush=True)
                         (out / "quant_e2e.json").write_text(json.dumps(results, indent=1))

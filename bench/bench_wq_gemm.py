@@ -74,13 +74,19 @@ def _quantized(rng: np.random.Generator, n: int, k: int, bits: int, gs: int, zer
 #: decode-kernel settings ``--tune`` times: (warps per tile, UNROLL)
 TUNE = [(w, u) for w in (4, 8, 16) for u in (1, 2, 3)]
 #: v2 settings: (ROW_TILES, WQ_FOLD, SEG, L2_PF, L2_HINT, warps per block, UNROLL): every
-#: (ROW_TILES, WQ_FOLD, SEG, warps, UNROLL) without the memory knobs, then the memory knobs
+#: (ROW_TILES, WQ_FOLD, SEG, warps, UNROLL) without the memory knobs (1 and 2 warps with one tile:
+#: what the plugin launches on the fused gate+up and the lm_head), then the memory knobs
 #: (L2 prefetch 2 units ahead, 256-byte L2 fetches, both) on WQ_FOLD 1 at 8 and 16 warps.
 #: bfloat16 int8 ignores WQ_FOLD (kernels/wq_gemm.cu): its FOLD 1 entries are skipped, and its
 #: memory-knob entries use FOLD 0. Registers grow with ROW_TILES x SEG x UNROLL (16-byte vectors
 #: in flight per lane): UNROLL 3 only with one tile.
 TUNE_V2 = [
-    (rt, f, seg, 0, 0, w, u) for rt in (1, 2) for f in (0, 1) for seg in (1, 2) for w in (4, 8, 16) for u in ((1, 2, 3) if rt == 1 else (1, 2))
+    (rt, f, seg, 0, 0, w, u)
+    for rt in (1, 2)
+    for f in (0, 1)
+    for seg in (1, 2)
+    for w in ((1, 2, 4, 8, 16) if rt == 1 else (4, 8, 16))
+    for u in ((1, 2, 3) if rt == 1 else (1, 2))
 ] + [(rt, 1, seg, pf, hint, w, u) for rt in (1, 2) for seg in (1, 2) for pf, hint in ((2, 0), (0, 2), (2, 2)) for w in (8, 16) for u in (1, 2)]
 
 
@@ -89,6 +95,7 @@ def _fits(depth: int, warps: int, seg: int, rt: int) -> bool:
     from trtcore.plugins.weight_only_gemm import async_depth
 
     return async_depth(depth, warps, seg, rt, True) == depth
+
 
 #: v2 with the weights in flight in shared memory: (ROW_TILES, WQ_FOLD, SEG, ASYNC, warps), the
 #: depths whose rings fit with zero points too (weight_only_gemm.async_depth: not lowered)

@@ -131,6 +131,7 @@ __all__ = [
     "DECODE_MAX_M",
     "DECODE_VARIANT",
     "DEFAULT_DECODE",
+    "DECODE_RULE",
     "GROUP_UNIT",
     "DEQUANT_BLOCK_BYTES",
     "PREFILL_KERNEL",
@@ -262,6 +263,23 @@ CONTIGUOUS_X: bool = os.environ.get("TRTCORE_WQ_CONTIGUOUS_X", "1") != "0"
 #: warps :data:`DEFAULT_DECODE`'s kernel launches in all (the tune's best: 4 per tile on
 #: 14336 rows, 16 on 4096)
 _V2_TARGET_WARPS = 4096
+#: the default v2 decode kernel's choices by shape (:meth:`WeightOnlyGemmPlugin.decode_variant`),
+#: from bench/bench_wq_gemm.py --tune at M = 1 on the shapes the cuda engine runs for Llama-3-8B
+#: (H100, bench/results/h200-2026-12-06-session32/call1; the H200's of session 16 agree on
+#: 14336 x 4096, 10.61 against 10.90 us):
+#:
+#: * ``"min_warps"``: at least this many warps a block (where K has the units): the 4-bit
+#:   lm_head (128256 x 4096, 8016 tiles) got one from the warp target and took 96.6 us against
+#:   88.6 with two (zero points 111.9 against 101.1, int8 182.9 against 171.3);
+#: * ``"unroll2_max_warps"``: 4-bit without zero points, ``UNROLL`` 2 where a block has at most
+#:   this many warps (a long chain of units each): 14336 x 4096 11.43 against 12.01 us, gate+up
+#:   fused 28672 x 4096 21.63 against 22.38; with more warps (qkv 8, o_proj and down 16) and with
+#:   zero points UNROLL 1 stays faster (6.49 / 4.35 / 11.53 us; zero points 13.64 against 18.89).
+#:
+#: ``{"min_warps": 1, "unroll2_max_warps": 0}`` is the rule before (bench_quant_e2e's
+#: ``, decode rule off``). On the H200 (bench/results/h200-2026-12-06-session32, call 2) the 4-bit
+#: Llama-3-8B batch-1 step took 1.887 ms with it against 1.927 without.
+DECODE_RULE: dict[str, int] = {"min_warps": 2, "unroll2_max_warps": 4}
 #: warps the decode kernel should launch in all (about two H200 waves of 132 SMs x 32 warps):
 #: a weight with few tiles gives each tile more warps (measured on the 8B MLP shapes,
 #: bench/bench_wq_gemm.py --tune)
@@ -1208,7 +1226,8 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
     def decode_variant(self, dtype: Any, m: int) -> dict[str, int]:
         """The extra defines of the decode kernel for ``m`` rows: :data:`DECODE_VARIANT`, or
         when it is empty :data:`DEFAULT_DECODE` of the bit width (with ``WARPS`` for about
-        :data:`_V2_TARGET_WARPS` in all), where :meth:`fast_decode` allows v2, else none (v1);
+        :data:`_V2_TARGET_WARPS` in all, and the shape's choices of :data:`DECODE_RULE`), where
+        :meth:`fast_decode` allows v2, else none (v1);
         ``SEG`` left out (1) where it does not divide :meth:`chunks_per_group` (a unit of SEG
         chunks must lie inside one group); ``ASYNC`` lowered by :func:`async_depth` (left out
         where that is 0), and with it ``ASLOT`` (:func:`async_slot_bytes`) and ``WARPS`` (the
@@ -1230,7 +1249,12 @@ class WeightOnlyGemmPlugin(LinearShapes, Plugin):
             del variant["SEG"]
         rt = variant.get("ROW_TILES", 1)
         if not DECODE_VARIANT:
-            variant["WARPS"] = self.decode_warps(rt, _V2_TARGET_WARPS)
+            units = max(1, self.in_features // (chunk_codes(self.bits) * variant.get("SEG", 1)))
+            warps = max(self.decode_warps(rt, _V2_TARGET_WARPS), min(int(DECODE_RULE["min_warps"]), units))
+            variant["WARPS"] = warps
+            if self.bits == 4 and not self.has_zeros and variant.get("UNROLL", 1) == 1 and warps <= int(DECODE_RULE["unroll2_max_warps"]):
+                if not (self.norm_input and self.contiguous_x):  # NORM_X keeps its one unit in flight (above)
+                    variant["UNROLL"] = 2
         if not 1 <= variant.get("WARPS", 1) <= _MAX_WARPS:
             raise PluginError(f"DECODE_VARIANT: WARPS must be 1 .. {_MAX_WARPS}, got {variant['WARPS']}")
         if variant.get("ASYNC", 0):  # the launch's shared memory: WARPS x ASYNC x ASLOT bytes

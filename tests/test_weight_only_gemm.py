@@ -455,6 +455,10 @@ def test_the_default_decode_defines_compile(arch: str) -> None:
         for d in (1, 2):
             for z in (0, 1):
                 assert {"DTYPE": d, "BITS": bits, "HAS_ZEROS": z, "HAS_PERM": 0, **extra} in listed
+    # DECODE_RULE's UNROLL 2 for 4-bit without zero points, in the contiguous-x order, plain and gated
+    for d in (1, 2):
+        for gated in ({}, {"GATED": 1}):
+            assert {"DTYPE": d, "BITS": 4, "HAS_ZEROS": 0, "HAS_PERM": 0, "CONTIG_X": 1, **wog.DEFAULT_DECODE[4], "UNROLL": 2, **gated} in listed
 
 
 def test_v2_is_chosen_only_where_it_applies(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -474,6 +478,17 @@ def test_v2_is_chosen_only_where_it_applies(rng: np.random.Generator, monkeypatc
     gate_up, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 14336, 256, 4, 128, "none", False))
     down, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 4096, 1024, 4, 128, "none", False))
     assert gate_up.decode_variant(BF16, 1)["WARPS"] == 4 and down.decode_variant(BF16, 1)["WARPS"] == 16
+    # DECODE_RULE: 4-bit without zero points takes UNROLL 2 at 4 warps or fewer (down keeps 1);
+    # with zero points it keeps 1; a weight with more tiles than the warp target (the lm_head)
+    # gets 2 warps a block, not 1
+    assert gate_up.decode_variant(BF16, 1)["UNROLL"] == 2 and down.decode_variant(BF16, 1)["UNROLL"] == 1
+    gate_up_z, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 14336, 256, 4, 128, "int", False))
+    assert gate_up_z.decode_variant(BF16, 1)["UNROLL"] == 1
+    head, _ = WeightOnlyGemmPlugin.from_quantized(random_qw(rng, 16 * 4100, 256, 4, 128, "none", False))
+    assert head.decode_warps(1, wog._V2_TARGET_WARPS) == 1 and head.decode_variant(BF16, 1) == {**wog.DEFAULT_DECODE[4], "WARPS": 2, "UNROLL": 2}
+    monkeypatch.setattr(wog, "DECODE_RULE", {"min_warps": 1, "unroll2_max_warps": 0})  # the rule before
+    assert head.decode_variant(BF16, 1) == {**wog.DEFAULT_DECODE[4], "WARPS": 1} and gate_up.decode_variant(BF16, 1)["UNROLL"] == 1
+    monkeypatch.undo()
     monkeypatch.setattr(wog, "DECODE_VARIANT", {"WQ_DECODE": 1})
     assert g128.decode_variant(BF16, 1) == {} and chan.decode_variant(BF16, 1) == {}
     monkeypatch.setattr(wog, "DECODE_VARIANT", v2)

@@ -162,6 +162,38 @@ def test_swiglu_plugin_matches_reference(case: tuple, dtype: np.dtype, m: int, p
     check_plugin(fused, specs, rtol=4 * (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24))
 
 
+#: many-tile weights where DECODE_RULE changes the default decode kernel: (case, WARPS, UNROLL)
+RULE_CASES = [
+    ((16 * 1024, 256, 4, 128, "none", False), 4, 2),  # 1024 tiles: 4 warps, UNROLL 2
+    ((16 * 4100, 256, 4, 128, "none", False), 2, 2),  # more tiles than the warp target: 2 warps, not 1
+    ((16 * 1024, 256, 4, 128, "int", False), 4, 1),  # zero points keep UNROLL 1
+    ((16 * 4100, 256, 8, 0, "none", False), 2, 2),  # int8: UNROLL 2 always; 2 warps
+]
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize(("case", "warps", "unroll"), RULE_CASES, ids=str)
+def test_decode_rule_kernels_match_reference(case: tuple, warps: int, unroll: int, m: int, gated: bool) -> None:
+    """The default decode kernel on the shapes where weight_only_gemm.DECODE_RULE picks more
+    warps or UNROLL 2 (the lm_head's and gate/up's), alone and with the SwiGLU epilogue, against
+    the reference (bfloat16 x)."""
+    dtype = DTYPES[1]
+    rng = np.random.default_rng(zlib.crc32(repr((case, m, gated, "rule")).encode()))
+    qw = _qw(rng, *case)
+    plugin, packed = WeightOnlyGemmPlugin.from_quantized(qw)
+    arrays = packed.arrays()
+    if gated:
+        made = plugin.with_swiglu(arrays)
+        assert made is not None
+        plugin, arrays = made
+    variant = plugin.decode_variant(dtype, m)
+    assert (variant["WARPS"], variant["UNROLL"]) == (warps, unroll), variant
+    k = qw.shape[1]
+    specs = [((m, k), dtype)] + [(a.shape, a.dtype, a) for a in arrays]
+    check_plugin(plugin, specs, rtol=(4 if gated else 1) * (default_tolerance(dtype)[0] + np.sqrt(k) * 2.0**-24))
+
+
 @pytest.mark.parametrize("case", SWIGLU_CASES[:2], ids=str)
 def test_swiglu_plugin_float32_stages_the_tiled_output(case: tuple) -> None:
     """float32 x: the tiled kernel into the workspace, then trtcore_wq_swiglu."""
