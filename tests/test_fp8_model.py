@@ -446,6 +446,32 @@ def test_check_judges_other_fp8_layouts_with_quantized_inputs(src: Path, tmp_pat
     assert report["greedy_equal"] and report["max_rel_error"] <= 1e-4, report
 
 
+def test_check_judges_an_fp8_checkpoint_mixing_tensor_and_channel_scales(src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """q/k/v and gate/up per tensor with a scale per linear (trtcore gives each packed module
+    the largest), down_proj per channel, in the ``quant_method: "fp8"`` layout: check's copy once
+    made every scale per channel, so transformers' scales went unshared and a correct checkpoint
+    scored 0.05-0.09 (a reviewing helper's find). Each strategy now has its config group."""
+    pytest.importorskip("compressed_tensors")
+    import trtcore.quantizer as quantizer
+    from trtcore.check import compare_with_transformers
+
+    monkeypatch.setattr(quantizer, "packed_siblings", lambda name, packed: [name])  # a scale per linear
+    ct = quantize_checkpoint(src, tmp_path / "ct", method="fp8", strategy="tensor", calibration_ids=_calibration())
+    monkeypatch.undo()
+    hf = _to_hf_fp8(ct, tmp_path / "hf", ".weight_scale")
+    from safetensors.torch import save_file as save_torch
+
+    tensors = load_torch(str(hf / "model.safetensors"))
+    for k in [k for k in tensors if ".down_proj.weight_scale" in k]:  # per channel, every row the same: the same weights
+        tensors[k] = tensors[k].reshape(-1)[:1].expand(tensors[k.replace("weight_scale", "weight")].shape[0]).clone()
+    save_torch(tensors, str(hf / "model.safetensors"))
+    qkv = [float(tensors[f"model.layers.0.self_attn.{p}_proj.weight_scale"].reshape(-1)[0]) for p in "qkv"]
+    assert len(set(qkv)) == 3  # scales that differ: sharing them changes the codes
+    prompt = random_prompt(np.random.default_rng(5), 9, V.vocab_size)
+    report = compare_with_transformers(hf, prompt, steps=6)
+    assert report["greedy_equal"] and report["max_rel_error"] <= 1e-4, report
+
+
 @pytest.mark.parametrize("family", ["phi3", "gpt_neox", "mixtral"])
 def test_on_the_fly_fp8_of_families_that_read_fused_or_router_weights(tmp_path: Path, family: str, caplog: pytest.LogCaptureFixture) -> None:
     """``quantization="fp8"`` on a float checkpoint of a family whose network reads linears as

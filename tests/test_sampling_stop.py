@@ -172,3 +172,19 @@ def test_online_step_stops_at_a_stop_string(char_llm) -> None:
     assert "".join(o.text for o in outs) == text[: text.find(stop)]
     assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == stop
     assert np.all([o.finish_reason is None for o in outs[:-1]])
+
+
+def test_stop_token_ids_outside_the_vocabulary_are_refused_and_the_llm_goes_on(char_llm) -> None:
+    """An id the model cannot sample never stops it; one past int64 (with ``min_tokens``, so that
+    it is banned) broke the sampler for every request after it (a reviewing helper's find, through
+    the server): refused at admission, naming the field, and the next request runs."""
+    from trtcore.errors import InvalidRequestError
+
+    vocab = char_llm.config.vocab_size
+    for ids in ([vocab], [3, 2**63]):
+        with pytest.raises(InvalidRequestError, match=rf"stop_token_ids has ids outside the vocabulary \[0, {vocab}\)"):
+            char_llm.generate([5, 6], SamplingParams(temperature=0, max_tokens=4, min_tokens=2, stop_token_ids=ids))
+    # in a list: that request's output carries the error, the others run
+    bad, ok = char_llm.generate([[5, 6], [5, 6]], [SamplingParams(max_tokens=4, stop_token_ids=[vocab]), SamplingParams(temperature=0, max_tokens=4)])
+    assert isinstance(bad.error, InvalidRequestError) and bad.outputs[0].finish_reason == "error"
+    assert ok.error is None and len(ok.outputs[0].token_ids) >= 1

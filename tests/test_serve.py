@@ -402,6 +402,10 @@ def _post(server: Any, path: str, content: bytes | None = None, **body: Any) -> 
         (None, {"model": NAME, "prompt": "x", "stop_token_ids": [3, -1]}, 400, "stop_token_ids.1"),
         (None, {"model": NAME, "prompt": "x", "stop": [f"s{i}" for i in range(1025)]}, 400, "stop"),
         (None, {"model": NAME, "prompt": "x", "stop": ["y" * 70_000]}, 400, "stop"),
+        (None, {"model": NAME, "prompt": "x", "stop_token_ids": list(range(1025))}, 400, "stop_token_ids"),
+        (None, {"model": NAME, "prompt": "x", "stop_token_ids": [10**6]}, 400, "stop_token_ids"),
+        # past int64 it broke the sampler's ban list, and every later request got a 500
+        (None, {"model": NAME, "prompt": "x", "stop_token_ids": [2**63], "min_tokens": 2}, 400, "stop_token_ids"),
     ],
     ids=[
         "malformed-json",
@@ -423,6 +427,9 @@ def _post(server: Any, path: str, content: bytes | None = None, **body: Any) -> 
         "negative-stop-token-id",
         "stop-strings-beyond-the-bound",
         "stop-characters-beyond-the-bound",
+        "stop-token-ids-beyond-the-bound",
+        "stop-token-id-outside-the-vocabulary",
+        "stop-token-id-past-int64",
     ],
 )
 def test_bad_requests_get_their_status_and_the_server_goes_on(server: Any, client: openai.OpenAI, content: Any, body: Any, status: int, param: Any) -> None:
@@ -518,8 +525,9 @@ def test_retrieve_model_head_health_and_version(server: Any, client: openai.Open
         with pytest.raises(openai.NotFoundError) as e:
             client.models.retrieve(other)
         assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"  # type: ignore[index]
-    # "model": "" is the served one, as in vLLM (it was a 404)
+    # "model": "" is the served one, as in vLLM (it was a 404); "GET /v1/models/" names none
     assert _post(server, "/v1/completions", model="", prompt="x", max_tokens=1).status_code == 200
+    assert httpx.get(server.url + "/v1/models/", timeout=30).status_code == 404
     head = httpx.head(server.url + "/health")
     assert head.status_code == 200 and head.content == b""
     version = httpx.get(server.url + "/version")
@@ -762,6 +770,9 @@ def test_tool_call_arguments_reach_the_template_as_objects(tmp_path: Path, serve
     with pytest.raises(ValidationError, match=r"tool_calls\[0\].function.arguments is not JSON"):
         ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": bad})
     r = _post(server, "/v1/chat/completions", model=NAME, messages=[{"role": "assistant", "content": None, "tool_calls": bad}], max_tokens=2)
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages"), r.text
+    deep = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 100_000 + "]" * 100_000}}]  # past the parser's depth: a 500 before
+    r = _post(server, "/v1/chat/completions", model=NAME, messages=[{"role": "assistant", "content": None, "tool_calls": deep}], max_tokens=2)
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages"), r.text
 
 

@@ -85,13 +85,18 @@ def _load_hf(auto_model: Any, torch: Any, folder: str | Path) -> Any:
         quant = json.loads((Path(folder) / "config.json").read_text()).get("quantization_config") or {}
     except (OSError, ValueError):
         quant = {}  # transformers says what is wrong with the folder
+    from .quant_formats.fp8 import check_hf_fp8
+
     method = str(quant.get("quant_method") or "").lower()
     if method == "gguf":
         return _load_hf_gguf(auto_model, torch, folder, quant)
-    if method == "fp8":
+    if method == "fp8" and check_hf_fp8(quant) is None:  # a layout trtcore reads (block-wise scales: transformers' own)
         with tempfile.TemporaryDirectory(prefix="trtcore-check-fp8-") as tmp:
             # the copy's files may go once loaded: transformers holds the tensors in memory
-            return _load_hf(auto_model, torch, _fp8_as_float_quantized(Path(folder), quant, Path(tmp)))
+            try:
+                return _load_hf(auto_model, torch, _fp8_as_float_quantized(Path(folder), quant, Path(tmp)))
+            except CheckpointError as exc:  # name the user's folder, not the copy
+                raise CheckpointError(str(exc).replace(tmp, f"{folder} (as compressed-tensors float-quantized)")) from exc
     # FP8 (float weights) is read as it is: transformers then fake-quantizes each linear's
     # input as trtcore does; decompressed it would run float inputs and ignore input_scale
     if method == "compressed-tensors" and not _float_weights(quant):
@@ -126,9 +131,9 @@ def _fp8_as_float_quantized(folder: Path, quantization_config: dict[str, Any], d
     """A copy of the ``quant_method: "fp8"`` checkpoint ``folder`` in compressed-tensors'
     ``float-quantized`` layout, in ``dst``: each FP8 linear as trtcore reads it
     (:class:`~trtcore.fp8.Fp8Weight`: its E4M3 codes, ``weight_scale`` per tensor or per
-    channel, the static ``input_scale``), the other tensors as they are, and one config group
-    whose targets are those linears (by name), so that transformers quantizes their inputs as
-    the checkpoint says (static or dynamic per tensor). Returns ``dst``.
+    channel, the static ``input_scale``), the other tensors as they are, and a config group per
+    weight-scale strategy whose targets are those linears (by name), so that transformers
+    quantizes their inputs as the checkpoint says (static or dynamic per tensor). Returns ``dst``.
 
     Raises:
         CheckpointError: the checkpoint's tensors do not read (named), or its FP8 linears mix
@@ -140,8 +145,8 @@ def _fp8_as_float_quantized(folder: Path, quantization_config: dict[str, Any], d
     from .quant_formats import quantized_weights
 
     tensors: dict[str, np.ndarray] = {}
-    linears: list[str] = []
-    per_channel, static = set(), set()
+    linears: dict[str, list[str]] = {"tensor": [], "channel": []}  # by weight-scale strategy: a config group each
+    static = set()
     with Checkpoint(folder) as ck:
         weights = quantized_weights(ck, quantization_config)
         for name in weights:
@@ -150,39 +155,38 @@ def _fp8_as_float_quantized(folder: Path, quantization_config: dict[str, Any], d
                 continue
             w = weights.quantized(name)
             prefix = name[: -len(".weight")]
-            linears.append(prefix)
+            channel = w.weight_scale.size > 1
+            linears["channel" if channel else "tensor"].append(prefix)
             tensors[name] = w.weight.view(ml_dtypes.float8_e4m3fn)
-            tensors[f"{prefix}.weight_scale"] = w.weight_scale.reshape(-1, 1) if w.weight_scale.size > 1 else w.weight_scale.reshape(1)
-            per_channel.add(w.weight_scale.size > 1)
+            tensors[f"{prefix}.weight_scale"] = w.weight_scale.reshape(-1, 1) if channel else w.weight_scale.reshape(1)
             static.add(w.input_scale is not None)
             if w.input_scale is not None:
                 tensors[f"{prefix}.input_scale"] = w.input_scale.reshape(1)
     if len(static) > 1:
         raise CheckpointError(f"{folder}: its FP8 linears mix static and dynamic input scales; one kind is read")
-    if per_channel == {True, False}:  # one config group: per-tensor scales as equal per-channel ones
-        for p in linears:
-            s = tensors[f"{p}.weight_scale"]
-            tensors[f"{p}.weight_scale"] = np.broadcast_to(s.reshape(-1, 1), (tensors[f"{p}.weight"].shape[0], 1)).copy()
-    strategy = "channel" if True in per_channel else "tensor"
+    activations = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": static != {True}}
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = {
         "quant_method": "compressed-tensors",
         "format": "float-quantized",
         "quantization_status": "compressed",
+        # per-tensor linears keep their one scale, so share_hf_fp8_scales gives each packed
+        # module one as trtcore does
         "config_groups": {
-            "group_0": {
-                "targets": [f"re:^{re.escape(p)}$" for p in sorted(linears)],
+            f"group_{strategy}": {
+                "targets": [f"re:^{re.escape(p)}$" for p in sorted(names)],
                 "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "dynamic": False},
-                "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": static != {True}},
+                "input_activations": activations,
             }
+            for strategy, names in linears.items()
+            if names
         },
         "ignore": [],
     }
     save_file(tensors, str(dst / "model.safetensors"))
     (dst / "config.json").write_text(json.dumps(config))
-    for extra in ("generation_config.json",):
-        if (folder / extra).is_file():
-            shutil.copy2(folder / extra, dst / extra)
+    if (folder / "generation_config.json").is_file():
+        shutil.copy2(folder / "generation_config.json", dst / "generation_config.json")
     return dst
 
 

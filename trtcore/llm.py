@@ -610,6 +610,9 @@ class LLM:
         bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
         if bad:
             raise InvalidRequestError(f"prompt {index} has token ids outside [0, {self.config.vocab_size}): {bad[:5]}")
+        bad = [t for t in params.stop_token_ids or [] if t >= self.config.vocab_size]
+        if bad:  # never sampled, so never a stop; past int64 it broke the sampler's ban list for every request
+            raise InvalidRequestError(f"request {index}: stop_token_ids has ids outside the vocabulary [0, {self.config.vocab_size}): {bad[:5]}")
         limit = self.build_config.max_seq_len
         if len(ids) >= limit:
             raise InvalidRequestError(

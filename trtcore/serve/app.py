@@ -259,6 +259,10 @@ class _Served:
         or a value SamplingParams refuses."""
         if body.n != 1:
             raise ApiError(400, f"n={body.n} is not supported; only n=1", param="n")
+        vocab = self.model.vocab_size
+        bad = [t for t in body.stop_token_ids or [] if t >= vocab]
+        if bad:  # an id the model cannot sample never stops it; one past int64 broke the sampler
+            raise ApiError(400, f"stop_token_ids has ids outside the vocabulary [0, {vocab}): {bad[:5]}", param="stop_token_ids")
         try:
             return body.sampling_params(max_tokens, logprobs)
         except TrtcoreError as exc:  # SamplingParams names its field (the API's name)
@@ -538,6 +542,8 @@ def build_app(
 
     @app.get("/v1/models/{model:path}")
     async def retrieve_model(model: str) -> ModelCard:
+        if not model:  # "/v1/models/" names no model: not the served one (as "model": "" is in a request)
+            raise ApiError(404, f"GET /v1/models/ names no model; this server serves `{served.name}`", param="model", code="model_not_found")
         served.check_model(model)
         return _model_card(served)
 

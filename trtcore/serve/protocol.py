@@ -60,9 +60,9 @@ __all__ = [
 #: the most top log-probabilities per token a request may ask for (vLLM's ``max_logprobs``,
 #: the GPU sampler kernel's ``max_logprobs``): the same limit on every backend
 MAX_LOGPROBS = 20
-#: most ``stop`` strings a request may give, and most characters in all: every step of the
-#: engine matches each running request's stops, so one request's thousands would slow every
-#: other request's stream (OpenAI takes 4; vLLM sets no bound)
+#: most ``stop`` strings (and ``stop_token_ids``) a request may give, and most characters in
+#: all: every step of the engine matches each running request's stops, so one request's
+#: thousands would slow every other request's stream (OpenAI takes 4; vLLM sets no bound)
 MAX_STOP_STRINGS = 1024
 MAX_STOP_CHARS = 65536
 
@@ -191,7 +191,7 @@ class _SamplingFields(_Body):
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # vLLM's int64; a negative seed is taken mod 2**64
     stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
@@ -358,7 +358,7 @@ class ChatMessage(_Body):
             if isinstance(args, str) and args.strip():
                 try:
                     args = json.loads(args)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
                     raise ValueError(f"tool_calls[{i}].function.arguments is not JSON ({exc}): {fn['arguments'][:80]!r}") from None
             elif not args:
                 args = {}
