@@ -448,7 +448,8 @@ class CorsPolicy:
     ``--allowed-headers``): any origin, method and header, no credentials, so that browser
     clients (Open WebUI's direct connections, chat front ends) can call the API; a preflight
     ``OPTIONS`` is answered before the API key is asked for, and every answer, a 401 too,
-    carries the allow headers."""
+    carries the allow headers -- but a 500 from an unexpected failure: Starlette answers those
+    outside every middleware."""
 
     allowed_origins: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
